@@ -1,0 +1,98 @@
+#pragma once
+// Eigen types as shardwise tensors: Matrix (dynamic or fixed size, row- or column-major; compile-time
+// vectors are rank 1), Map of a Matrix with contiguous storage, and Tensor<T, N>.
+#include <Eigen/Core>
+#include <array>
+#include <cstddef>
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/tensor/concept.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+template <class Plain>
+struct eigen_dense_traits {
+  using element_type = typename Plain::Scalar;
+  static constexpr bool is_vector = Plain::RowsAtCompileTime == 1 || Plain::ColsAtCompileTime == 1;
+  static constexpr std::size_t rank = is_vector ? 1 : 2;
+  static constexpr storage_order order =
+      (Plain::Options & Eigen::RowMajor) ? storage_order::row_major : storage_order::col_major;
+
+  template <class M>
+  static extents shape(M const& m) {
+    if constexpr (is_vector) return {static_cast<std::size_t>(m.size())};
+    else return {static_cast<std::size_t>(m.rows()), static_cast<std::size_t>(m.cols())};
+  }
+};
+
+}  // namespace detail
+
+template <class Scalar, int Rows, int Cols, int Options, int MaxRows, int MaxCols>
+struct tensor_traits<Eigen::Matrix<Scalar, Rows, Cols, Options, MaxRows, MaxCols>>
+    : detail::eigen_dense_traits<Eigen::Matrix<Scalar, Rows, Cols, Options, MaxRows, MaxCols>> {
+  using type = Eigen::Matrix<Scalar, Rows, Cols, Options, MaxRows, MaxCols>;
+  using base = detail::eigen_dense_traits<type>;
+
+  static Scalar* data(type& m) { return m.data(); }
+  static Scalar const* data(type const& m) { return m.data(); }
+
+  static type make(extents const& e) {
+    if (e.rank != base::rank)
+      detail::fail("shardwise::tensor_traits<Eigen::Matrix>: cannot make a rank-", base::rank, " Eigen type of shape ",
+                   e);
+    Eigen::Index rows, cols;
+    if constexpr (base::is_vector) {
+      rows = Rows == 1 ? 1 : static_cast<Eigen::Index>(e[0]);
+      cols = Rows == 1 ? static_cast<Eigen::Index>(e[0]) : 1;
+    } else {
+      rows = static_cast<Eigen::Index>(e[0]);
+      cols = static_cast<Eigen::Index>(e[1]);
+    }
+    if ((Rows != Eigen::Dynamic && rows != Rows) || (Cols != Eigen::Dynamic && cols != Cols) ||
+        (MaxRows != Eigen::Dynamic && rows > MaxRows) || (MaxCols != Eigen::Dynamic && cols > MaxCols))
+      detail::fail("shardwise::tensor_traits<Eigen::Matrix>: a fixed-size ", Rows, "x", Cols,
+                   " matrix cannot have shape ", e, "; use Eigen::Dynamic sizes for tensors that are sharded");
+    type m;
+    m.resize(rows, cols);
+    return m;
+  }
+};
+
+/// A Map of contiguous storage (the default stride); shardwise reads and writes it but cannot resize it.
+template <class Plain, int MapOptions>
+struct tensor_traits<Eigen::Map<Plain, MapOptions, Eigen::Stride<0, 0>>> : detail::eigen_dense_traits<Plain> {
+  using type = Eigen::Map<Plain, MapOptions, Eigen::Stride<0, 0>>;
+  using element_type = typename Plain::Scalar;
+  static element_type* data(type& m) { return m.data(); }
+  static element_type const* data(type const& m) { return m.data(); }
+};
+
+template <class Scalar, int N, int Options, class Index>
+struct tensor_traits<Eigen::Tensor<Scalar, N, Options, Index>> {
+  using type = Eigen::Tensor<Scalar, N, Options, Index>;
+  using element_type = Scalar;
+  static constexpr std::size_t rank = static_cast<std::size_t>(N);
+  static constexpr storage_order order =
+      (Options & Eigen::RowMajor) ? storage_order::row_major : storage_order::col_major;
+
+  static extents shape(type const& t) {
+    extents e;
+    e.rank = rank;
+    for (std::size_t i = 0; i < rank; ++i) e[i] = static_cast<std::size_t>(t.dimension(static_cast<Index>(i)));
+    return e;
+  }
+  static Scalar* data(type& t) { return t.data(); }
+  static Scalar const* data(type const& t) { return t.data(); }
+  static type make(extents const& e) {
+    if (e.rank != rank)
+      detail::fail("shardwise::tensor_traits<Eigen::Tensor>: cannot make a rank-", rank, " tensor of shape ", e);
+    std::array<Index, static_cast<std::size_t>(N)> dims{};
+    for (std::size_t i = 0; i < rank; ++i) dims[i] = static_cast<Index>(e[i]);
+    return type(dims);
+  }
+};
+
+}  // namespace shardwise

@@ -1,0 +1,70 @@
+#pragma once
+// xtensor types as shardwise tensors: xt::xtensor<T, N> (static rank) and xt::xarray<T> (rank known at run
+// time), row- or column-major.
+#include <cstddef>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xtensor.hpp>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/tensor/concept.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+template <xt::layout_type L>
+constexpr storage_order xtensor_order() {
+  static_assert(L == xt::layout_type::row_major || L == xt::layout_type::column_major,
+                "shardwise::tensor_traits<xtensor>: the layout must be fixed at compile time; use "
+                "xt::layout_type::row_major or xt::layout_type::column_major");
+  return L == xt::layout_type::row_major ? storage_order::row_major : storage_order::col_major;
+}
+
+template <class Container, class Shape>
+extents xtensor_extents(Shape const& shape) {
+  extents e;
+  if (shape.size() > max_rank)
+    fail("shardwise::tensor_traits<xtensor>: rank ", shape.size(), " exceeds shardwise's maximum of ", max_rank);
+  e.rank = shape.size();
+  for (std::size_t i = 0; i < e.rank; ++i) e[i] = static_cast<std::size_t>(shape[i]);
+  return e;
+}
+
+}  // namespace detail
+
+template <class EC, std::size_t N, xt::layout_type L, class Tag>
+struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> {
+  using type = xt::xtensor_container<EC, N, L, Tag>;
+  using element_type = typename type::value_type;
+  static constexpr std::size_t rank = N;
+  static constexpr storage_order order = detail::xtensor_order<L>();
+
+  static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }
+  static element_type* data(type& t) { return t.data(); }
+  static element_type const* data(type const& t) { return t.data(); }
+  static type make(extents const& e) {
+    if (e.rank != N) detail::fail("shardwise::tensor_traits<xt::xtensor>: cannot make a rank-", N, " tensor of shape ", e);
+    typename type::shape_type shape{};
+    for (std::size_t i = 0; i < N; ++i) shape[i] = e[i];
+    return type(shape);
+  }
+};
+
+template <class EC, xt::layout_type L, class SC, class Tag>
+struct tensor_traits<xt::xarray_container<EC, L, SC, Tag>> {
+  using type = xt::xarray_container<EC, L, SC, Tag>;
+  using element_type = typename type::value_type;
+  static constexpr std::size_t rank = dynamic_rank;
+  static constexpr storage_order order = detail::xtensor_order<L>();
+
+  static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }
+  static element_type* data(type& t) { return t.data(); }
+  static element_type const* data(type const& t) { return t.data(); }
+  static type make(extents const& e) {
+    typename type::shape_type shape(e.rank);
+    for (std::size_t i = 0; i < e.rank; ++i) shape[i] = e[i];
+    return type(shape);
+  }
+};
+
+}  // namespace shardwise

@@ -1,0 +1,374 @@
+#pragma once
+// Collectives on tensors along any dimension, over a 1-D mesh (mesh.axis<"tp">()). On shared-memory
+// backends every rank reads its peers' buffers directly (one copy per byte); on MPI contiguous cases go
+// straight to MPI and strided ones are packed once. Shapes are checked on every rank before data moves, so
+// a mismatch raises the same error everywhere instead of corrupting memory or hanging.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "shardwise/collectives/detail.hpp"
+#include "shardwise/core/reduce.hpp"
+#include "shardwise/mesh/mesh.hpp"
+#include "shardwise/mesh/thread.hpp"
+#include "shardwise/placement/chunk.hpp"
+#include "shardwise/placement/placement.hpp"
+#include "shardwise/tensor/box.hpp"
+#include "shardwise/tensor/concept.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// dst[i] = reduction over ranks, in rank order, of source(q)[i]; identical on every backend and rank.
+template <op_kind Op, class E, class Source>
+void reduce_rank_order(E* dst, int ranks, Source&& source, std::size_t count) {
+  constexpr std::size_t block = 1024;
+  E acc[block];
+  for (std::size_t start = 0; start < count; start += block) {
+    std::size_t const n = std::min(block, count - start);
+    std::memcpy(acc, source(0) + start, n * sizeof(E));
+    for (int q = 1; q < ranks; ++q) {
+      E const* from = source(q) + start;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine<Op>(acc[i], from[i]);
+    }
+    if constexpr (Op == op_kind::avg) divide_by_ranks(acc, n, ranks);
+    std::memcpy(dst + start, acc, n * sizeof(E));
+  }
+}
+
+template <class E>
+E const* slot_input(thread_slot const& slot) {
+  return static_cast<E const*>(slot.in);
+}
+
+template <class Comm, tensor T>
+void all_reduce_on(Comm const& comm, T& t, op_kind op) {
+  using E = element_t<T>;
+  auto const site = site_of(comm, "all_reduce");
+  extents const shape = shape_of(t);
+  E* const data = data_of(t);
+  std::size_t const n = shape.elements();
+  int const ranks = comm.size();
+  if constexpr (Comm::shared_memory) {
+    comm.exchange({data, data, shape}, "all_reduce", [&](std::vector<thread_slot> const& slots) {
+      check_shapes_agree(ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
+      if (ranks == 1) return;
+      // Each rank reduces one piece into its own buffer, then copies the other pieces from their owners.
+      auto const me = static_cast<std::size_t>(comm.rank());
+      std::size_t const start = chunk_offset(n, static_cast<std::size_t>(ranks), me);
+      dispatch_op(op, [&]<op_kind Op>() {
+        reduce_rank_order<Op>(data + start, ranks,
+                              [&](int q) { return slot_input<E>(slots[static_cast<std::size_t>(q)]) + start; },
+                              chunk_size(n, static_cast<std::size_t>(ranks), me));
+      });
+      comm.barrier("all_reduce");
+      for (std::size_t q = 0; q < slots.size(); ++q) {
+        if (q == me) continue;
+        std::size_t const from = chunk_offset(n, slots.size(), q);
+        std::memcpy(data + from, slot_input<E>(slots[q]) + from, chunk_size(n, slots.size(), q) * sizeof(E));
+      }
+    });
+  } else {
+    auto const shapes = comm.all_gather_value(shape);
+    check_shapes_agree(ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
+    if (ranks == 1) return;
+    comm.all_reduce(data, n, op);
+    if (op == op_kind::avg) divide_by_ranks(data, n, ranks);
+  }
+}
+
+template <class Comm, tensor In, tensor Out>
+void all_gather_on(Comm const& comm, In const& in, Out& out, int dim) {
+  check_same_element<In, Out>();
+  using E = element_t<In>;
+  constexpr storage_order order = traits_of<In>::order;
+  auto const site = site_of(comm, "all_gather");
+  check_not_aliased(in, out, site);
+  extents const shape = shape_of(in);
+  std::size_t const d = normalize_dim(dim, shape.rank, site);
+  E const* const data = traits_of<In>::data(in);
+  int const ranks = comm.size();
+  auto gathered_shape = [&](auto&& shape_of_rank) {
+    check_shapes_agree(ranks, shape_of_rank, d, site);
+    std::size_t total = 0;
+    for (int q = 0; q < ranks; ++q) total += shape_of_rank(q)[d];
+    return with_dim(shape, d, total);
+  };
+  if constexpr (Comm::shared_memory) {
+    comm.exchange({data, nullptr, shape}, "all_gather", [&](std::vector<thread_slot> const& slots) {
+      auto slot_shape = [&](int q) { return slots[static_cast<std::size_t>(q)].shape; };
+      extents const result = gathered_shape(slot_shape);
+      prepare_output(out, result, site);
+      extents offset = zero_offset(shape.rank);
+      for (auto const& slot : slots) {
+        copy_box(slot_input<E>(slot), slot.shape, zero_offset(shape.rank), data_of(out), result, offset, slot.shape,
+                 order);
+        offset[d] += slot.shape[d];
+      }
+    });
+  } else {
+    auto const shapes = comm.all_gather_value(shape);
+    auto shape_at = [&](int q) { return shapes[static_cast<std::size_t>(q)]; };
+    extents const result = gathered_shape(shape_at);
+    prepare_output(out, result, site);
+    std::vector<std::size_t> counts(shapes.size());
+    for (std::size_t q = 0; q < shapes.size(); ++q) counts[q] = shapes[q].elements();
+    if (rows_outside(shape, d, order) == 1) {  // pieces are contiguous in the output: gather in place
+      comm.all_gatherv(data, data_of(out), counts);
+      return;
+    }
+    std::vector<E> packed(result.elements());
+    comm.all_gatherv(data, packed.data(), counts);
+    extents offset = zero_offset(shape.rank);
+    std::size_t position = 0;
+    for (std::size_t q = 0; q < shapes.size(); ++q) {
+      copy_box(packed.data() + position, shapes[q], zero_offset(shape.rank), data_of(out), result, offset, shapes[q],
+               order);
+      offset[d] += shapes[q][d];
+      position += counts[q];
+    }
+  }
+}
+
+template <class Comm, tensor In, tensor Out>
+void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kind op) {
+  check_same_element<In, Out>();
+  using E = element_t<In>;
+  constexpr storage_order order = traits_of<In>::order;
+  auto const site = site_of(comm, "reduce_scatter");
+  check_not_aliased(in, out, site);
+  extents const shape = shape_of(in);
+  std::size_t const d = normalize_dim(dim, shape.rank, site);
+  E const* const data = traits_of<In>::data(in);
+  int const ranks = comm.size();
+  auto const pieces = static_cast<std::size_t>(ranks);
+  auto const me = static_cast<std::size_t>(comm.rank());
+  extents const mine = with_dim(shape, d, chunk_size(shape[d], pieces, me));
+  extents const my_offset = with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], pieces, me));
+  if constexpr (Comm::shared_memory) {
+    comm.exchange({data, nullptr, shape}, "reduce_scatter", [&](std::vector<thread_slot> const& slots) {
+      check_shapes_agree(ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
+      prepare_output(out, mine, site);
+      E* const result = data_of(out);
+      dispatch_op(op, [&]<op_kind Op>() {
+        for_each_run(mine, zero_offset(shape.rank), shape, my_offset, mine, order,
+                     [&](std::size_t to, std::size_t from, std::size_t n) {
+                       reduce_rank_order<Op>(
+                           result + to, ranks,
+                           [&](int q) { return slot_input<E>(slots[static_cast<std::size_t>(q)]) + from; }, n);
+                     });
+      });
+    });
+  } else {
+    auto const shapes = comm.all_gather_value(shape);
+    check_shapes_agree(ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
+    prepare_output(out, mine, site);
+    std::vector<std::size_t> counts(pieces);
+    for (std::size_t q = 0; q < pieces; ++q) counts[q] = with_dim(shape, d, chunk_size(shape[d], pieces, q)).elements();
+    if (ranks == 1) {
+      std::memcpy(data_of(out), data, shape.elements() * sizeof(E));
+    } else if (rows_outside(shape, d, order) == 1) {  // each rank's piece is contiguous in the input
+      comm.reduce_scatterv(data, data_of(out), counts, op);
+    } else {
+      std::vector<E> packed(shape.elements());
+      std::size_t position = 0;
+      for (std::size_t q = 0; q < pieces; ++q) {
+        extents const piece = with_dim(shape, d, chunk_size(shape[d], pieces, q));
+        copy_box(data, shape, with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], pieces, q)),
+                 packed.data() + position, piece, zero_offset(shape.rank), piece, order);
+        position += counts[q];
+      }
+      comm.reduce_scatterv(packed.data(), data_of(out), counts, op);
+    }
+    if (op == op_kind::avg && ranks > 1) divide_by_ranks(data_of(out), mine.elements(), ranks);
+  }
+}
+
+template <class Comm, tensor T>
+void broadcast_on(Comm const& comm, T& t, int root) {
+  using E = element_t<T>;
+  auto const site = site_of(comm, "broadcast");
+  int const ranks = comm.size();
+  if (root < 0 || root >= ranks)
+    fail(site, ": root rank ", root, " does not exist; the axis has ranks 0 to ", ranks - 1);
+  bool const is_root = comm.rank() == root;
+  if constexpr (Comm::shared_memory) {
+    comm.exchange({data_of(t), nullptr, shape_of(t)}, "broadcast", [&](std::vector<thread_slot> const& slots) {
+      if (is_root) return;
+      auto const& from = slots[static_cast<std::size_t>(root)];
+      prepare_output(t, from.shape, site);
+      if (from.shape.elements()) std::memcpy(data_of(t), from.in, from.shape.elements() * sizeof(E));
+    });
+  } else {
+    extents shape = shape_of(t);
+    comm.broadcast(reinterpret_cast<unsigned char*>(&shape), sizeof(extents), root);
+    if (!is_root) prepare_output(t, shape, site);
+    comm.broadcast(data_of(t), shape.elements(), root);
+  }
+}
+
+template <class Comm, tensor In, tensor Out>
+void all_to_all_on(Comm const& comm, In const& in, Out& out, int split_dim, int concat_dim) {
+  check_same_element<In, Out>();
+  using E = element_t<In>;
+  constexpr storage_order order = traits_of<In>::order;
+  auto const site = site_of(comm, "all_to_all");
+  check_not_aliased(in, out, site);
+  extents const shape = shape_of(in);
+  std::size_t const sd = normalize_dim(split_dim, shape.rank, site);
+  std::size_t const cd = normalize_dim(concat_dim, shape.rank, site);
+  E const* const data = traits_of<In>::data(in);
+  int const ranks = comm.size();
+  auto const pieces = static_cast<std::size_t>(ranks);
+  auto const me = static_cast<std::size_t>(comm.rank());
+  // The piece rank `from` (input shape s) sends to rank `to`: its chunk `to` along the split dimension.
+  auto piece = [&](extents const& s, std::size_t to) { return with_dim(s, sd, chunk_size(s[sd], pieces, to)); };
+  auto piece_offset = [&](extents const& s, std::size_t to) {
+    return with_dim(zero_offset(s.rank), sd, chunk_offset(s[sd], pieces, to));
+  };
+  auto result_shape = [&](auto&& shape_of_rank) {
+    check_shapes_agree(ranks, shape_of_rank, cd, site);
+    extents result = piece(shape, me);
+    std::size_t total = 0;
+    for (int q = 0; q < ranks; ++q) total += piece(shape_of_rank(q), me)[cd];
+    result[cd] = total;
+    return result;
+  };
+  if constexpr (Comm::shared_memory) {
+    comm.exchange({data, nullptr, shape}, "all_to_all", [&](std::vector<thread_slot> const& slots) {
+      extents const result = result_shape([&](int q) { return slots[static_cast<std::size_t>(q)].shape; });
+      prepare_output(out, result, site);
+      extents offset = zero_offset(shape.rank);
+      for (auto const& slot : slots) {
+        extents const block = piece(slot.shape, me);
+        copy_box(slot_input<E>(slot), slot.shape, piece_offset(slot.shape, me), data_of(out), result, offset, block,
+                 order);
+        offset[cd] += block[cd];
+      }
+    });
+  } else {
+    auto const shapes = comm.all_gather_value(shape);
+    extents const result = result_shape([&](int q) { return shapes[static_cast<std::size_t>(q)]; });
+    prepare_output(out, result, site);
+    std::vector<std::size_t> send_counts(pieces), recv_counts(pieces);
+    for (std::size_t q = 0; q < pieces; ++q) {
+      send_counts[q] = piece(shape, q).elements();
+      recv_counts[q] = piece(shapes[q], me).elements();
+    }
+    std::vector<E> send(shape.elements()), received(result.elements());
+    std::size_t position = 0;
+    for (std::size_t q = 0; q < pieces; ++q) {
+      copy_box(data, shape, piece_offset(shape, q), send.data() + position, piece(shape, q), zero_offset(shape.rank),
+               piece(shape, q), order);
+      position += send_counts[q];
+    }
+    comm.all_to_allv(send.data(), send_counts, received.data(), recv_counts);
+    extents offset = zero_offset(shape.rank);
+    position = 0;
+    for (std::size_t q = 0; q < pieces; ++q) {
+      extents const block = piece(shapes[q], me);
+      copy_box(received.data() + position, block, zero_offset(shape.rank), data_of(out), result, offset, block, order);
+      offset[cd] += block[cd];
+      position += recv_counts[q];
+    }
+  }
+}
+
+/// Every rank's value of a small trivially copyable record, on any backend.
+template <class Comm, class V>
+std::vector<V> gather_values(Comm const& comm, V const& mine) {
+  static_assert(std::is_trivially_copyable_v<V>);
+  if constexpr (Comm::shared_memory) {
+    std::vector<V> all(static_cast<std::size_t>(comm.size()));
+    comm.exchange({&mine, nullptr, {}}, "gather_values", [&](std::vector<thread_slot> const& slots) {
+      for (std::size_t q = 0; q < slots.size(); ++q) all[q] = *static_cast<V const*>(slots[q].in);
+    });
+    return all;
+  } else {
+    return comm.all_gather_value(mine);
+  }
+}
+
+template <class Mesh>
+constexpr void require_1d_mesh() {
+  static_assert(device_mesh<Mesh>, "shardwise::collective: the first argument must be a shardwise mesh");
+  static_assert(Mesh::ndim == 1, "shardwise::collective: collectives run over one mesh axis; pass "
+                                 "mesh.axis<\"name\">() instead of the whole mesh");
+}
+
+}  // namespace detail
+
+/// Reduces t over the ranks of a 1-D mesh, in place; every rank gets the result.
+template <device_mesh Mesh, tensor T, reduce_op Op = Sum>
+void all_reduce(Mesh const& mesh, T& t, Op = {}) {
+  detail::require_1d_mesh<Mesh>();
+  detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>());
+}
+
+/// Concatenates every rank's `in` along dimension `dim` (negative counts from the end) into `out`, in rank
+/// order. Pieces may differ in size along `dim` and nowhere else.
+template <device_mesh Mesh, tensor In, tensor Out>
+void all_gather(Mesh const& mesh, In const& in, Out& out, int dim) {
+  detail::require_1d_mesh<Mesh>();
+  detail::all_gather_on(mesh.comm(0), in, out, dim);
+}
+
+/// Reduces `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.
+template <device_mesh Mesh, tensor In, tensor Out, reduce_op Op = Sum>
+void reduce_scatter(Mesh const& mesh, In const& in, Out& out, int dim, Op = {}) {
+  detail::require_1d_mesh<Mesh>();
+  detail::reduce_scatter_on(mesh.comm(0), in, out, dim, detail::op_kind_of<Op>());
+}
+
+/// Copies root's tensor to every rank (resizing where the type allows).
+template <device_mesh Mesh, tensor T>
+void broadcast(Mesh const& mesh, T& t, int root = 0) {
+  detail::require_1d_mesh<Mesh>();
+  detail::broadcast_on(mesh.comm(0), t, root);
+}
+
+/// Cuts `in` along split_dim into one torch.chunk piece per rank, sends piece q to rank q, and concatenates
+/// what arrives along concat_dim in rank order.
+template <device_mesh Mesh, tensor In, tensor Out>
+void all_to_all(Mesh const& mesh, In const& in, Out& out, int split_dim, int concat_dim) {
+  detail::require_1d_mesh<Mesh>();
+  detail::all_to_all_on(mesh.comm(0), in, out, split_dim, concat_dim);
+}
+
+/// Sends t to rank `destination` of the axis; returns once the data is buffered or delivered.
+template <device_mesh Mesh, tensor T>
+void send(Mesh const& mesh, T const& t, int destination, int tag = 0) {
+  detail::require_1d_mesh<Mesh>();
+  auto const shape = shape_of(t);
+  mesh.comm(0).send_bytes(detail::traits_of<T>::data(t), shape.elements() * sizeof(element_t<T>), shape, destination,
+                          tag);
+}
+
+/// Receives into t what rank `source` sent with `tag` (resizing t where the type allows).
+template <device_mesh Mesh, tensor T>
+void recv(Mesh const& mesh, T& t, int source, int tag = 0) {
+  detail::require_1d_mesh<Mesh>();
+  using E = element_t<T>;
+  auto const& comm = mesh.comm(0);
+  detail::collective_site const site{"recv", comm.label()};
+  comm.recv_bytes(source, tag, [&](extents const& shape, auto const& bytes) {
+    if (bytes.size() != shape.elements() * sizeof(E))
+      detail::fail(site, ": rank ", source, " sent ", bytes.size(), " bytes for shape ", shape, ", but ",
+                   shape.elements() * sizeof(E), " are needed for this element type; send and receive the same type");
+    if (shape.rank != shape_of(t).rank && rank_v<T> != dynamic_rank)
+      detail::fail(site, ": rank ", source, " sent a tensor of shape ", shape, " to a tensor of rank ",
+                   shape_of(t).rank);
+    detail::prepare_output(t, shape, site);
+    if (!bytes.empty()) std::memcpy(data_of(t), bytes.data(), bytes.size());
+  });
+}
+
+template <device_mesh Mesh>
+void barrier(Mesh const& mesh) {
+  mesh.world().barrier();
+}
+
+}  // namespace shardwise

@@ -1,0 +1,24 @@
+#pragma once
+// A string usable as a template argument: mesh axis names and (later) plan paths are spelled in types,
+// so the compiler can check them and print them in diagnostics.
+#include <algorithm>
+#include <cstddef>
+#include <string_view>
+
+namespace shardwise {
+
+template <std::size_t N>
+struct fixed_string {
+  char chars[N]{};  // includes the terminating '\0'
+
+  constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }  // NOLINT: implicit on purpose
+  [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
+  [[nodiscard]] static constexpr std::size_t size() { return N - 1; }
+
+  template <std::size_t M>
+  constexpr bool operator==(fixed_string<M> const& other) const {
+    return view() == other.view();
+  }
+};
+
+}  // namespace shardwise

@@ -1,0 +1,370 @@
+#pragma once
+// A distributed tensor: this rank's shard, the global shape, and the layout (one placement per mesh axis) in
+// the type. Moving between layouts picks its collectives at compile time (dtensor/plan.hpp).
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/dtensor/plan.hpp"
+#include "shardwise/mesh/mesh.hpp"
+#include "shardwise/placement/chunk.hpp"
+#include "shardwise/placement/placement.hpp"
+#include "shardwise/tensor/box.hpp"
+#include "shardwise/tensor/concept.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+template <int D>
+struct shard_dimension_out_of_range;  // incomplete on purpose: the diagnostic shows D
+template <std::size_t LayoutSize, std::size_t MeshAxes>
+struct layout_size_for_mesh;
+
+template <std::size_t K>
+using placements = std::array<placement_value, K>;
+
+/// Checks a layout against a mesh and a tensor type; true when usable.
+template <class Tensor, class Mesh, class L>
+constexpr bool check_layout() {
+  static_assert(layout<L>, "shardwise::DTensor: the layout must be shardwise::Layout<P...> with placements "
+                           "Shard<D>, Replicate or Partial<Sum|Avg|Max|Min>");
+  if constexpr (layout<L>) {
+    constexpr bool sizes_match = L::size == Mesh::ndim;
+    static_assert(sizes_match, "shardwise::DTensor: the layout needs one placement per mesh axis; give Layout<...> "
+                               "exactly as many placements as the mesh has axes");
+    if constexpr (!sizes_match) {
+      [[maybe_unused]] layout_size_for_mesh<L::size, Mesh::ndim> placements_vs_axes;
+      return false;
+    } else if constexpr (rank_v<Tensor> != dynamic_rank) {
+      constexpr auto values = layout_values<L>::value;
+      constexpr std::size_t rank = rank_v<Tensor>;
+      constexpr bool in_range = [&] {
+        for (auto p : values)
+          if (!dim_in_range(p, rank)) return false;
+        return true;
+      }();
+      static_assert(in_range, "shardwise::Shard<D>: D is out of range for the tensor's rank; use 0..rank-1, or "
+                              "-rank..-1 to count from the last dimension");
+      if constexpr (!in_range) {
+        constexpr int bad = [&] {
+          for (auto p : values)
+            if (!dim_in_range(p, rank)) return p.dim;
+          return 0;
+        }();
+        [[maybe_unused]] shard_dimension_out_of_range<bad> offending_dim;
+      }
+      return in_range;
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
+
+template <std::size_t K>
+placements<K> normalized_checked(placements<K> values, std::size_t rank) {
+  for (auto& p : values) {
+    if (!dim_in_range(p, rank))
+      fail("shardwise::Shard<", p.dim, ">: dimension out of range for a tensor of rank ", rank,
+           "; use 0..rank-1, or -rank..-1 to count from the last dimension");
+    p = normalized(p, rank);
+  }
+  return values;
+}
+
+struct box {
+  extents offset, size;
+};
+
+/// The part of the global tensor this rank holds: cuts applied axis by axis, in mesh order.
+template <std::size_t K>
+box local_box(extents const& global, placements<K> const& layout, std::array<int, K> const& sizes,
+              std::array<int, K> const& coords) {
+  box b{zero_offset(global.rank), global};
+  for (std::size_t i = 0; i < K; ++i) {
+    if (layout[i].kind != placement_kind::shard) continue;
+    auto const d = static_cast<std::size_t>(layout[i].dim);
+    auto const n = static_cast<std::size_t>(sizes[i]), c = static_cast<std::size_t>(coords[i]);
+    b.offset[d] += chunk_offset(b.size[d], n, c);
+    b.size[d] = chunk_size(b.size[d], n, c);
+  }
+  return b;
+}
+
+/// A Partial<Sum> placement keeps the value on coordinate 0 only; the other ranks hold zeros.
+template <std::size_t K>
+bool holds_zeros(placements<K> const& layout, std::array<int, K> const& coords) {
+  for (std::size_t i = 0; i < K; ++i)
+    if (layout[i].kind == placement_kind::partial && layout[i].op == op_kind::sum && coords[i] != 0) return true;
+  return false;
+}
+
+template <class Tensor>
+Tensor copy_of_box(Tensor const& from, box const& b) {
+  Tensor to = make_tensor<Tensor>(b.size);
+  copy_box(traits_of<Tensor>::data(from), shape_of(from), b.offset, data_of(to), b.size, zero_offset(b.size.rank),
+           b.size, traits_of<Tensor>::order);
+  return to;
+}
+
+template <class Tensor>
+void fill_zero(Tensor& t) {
+  std::size_t const n = shape_of(t).elements();
+  auto* p = data_of(t);
+  for (std::size_t i = 0; i < n; ++i) p[i] = element_t<Tensor>(0);
+}
+
+/// Raises the same error on every rank of `comm` if any rank's check failed, so no rank is left waiting.
+template <class Comm>
+void agree_or_fail(Comm const& comm, bool ok, char const* what, std::string const& message) {
+  auto const all = gather_values(comm, static_cast<unsigned char>(ok ? 1 : 0));
+  for (std::size_t q = 0; q < all.size(); ++q)
+    if (!all[q]) {
+      if (!ok) fail(message);
+      fail("shardwise::", what, ": rank ", q, " of the mesh rejected its shard (see that rank's error)");
+    }
+}
+
+/// A shape of the same rank with no elements: an output the collective will size.
+template <class Tensor>
+extents empty_like(Tensor const& t) {
+  extents e = shape_of(t);
+  if (e.rank) e[0] = 0;
+  return e;
+}
+
+template <class Comm, class Tensor>
+void run_step(redistribute_step const& step, Comm const& comm, int coordinate, Tensor& local) {
+  switch (step.kind) {
+    case step_kind::slice: {
+      auto const d = static_cast<std::size_t>(step.to.dim);
+      extents const shape = shape_of(local);
+      auto const n = static_cast<std::size_t>(comm.size()), c = static_cast<std::size_t>(coordinate);
+      box const b{with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], n, c)),
+                  with_dim(shape, d, chunk_size(shape[d], n, c))};
+      local = copy_of_box(local, b);
+      break;
+    }
+    case step_kind::all_gather: {
+      Tensor out = make_tensor<Tensor>(empty_like(local));
+      all_gather_on(comm, local, out, step.from.dim);
+      local = std::move(out);
+      break;
+    }
+    case step_kind::all_to_all: {
+      Tensor out = make_tensor<Tensor>(empty_like(local));
+      all_to_all_on(comm, local, out, step.to.dim, step.from.dim);
+      local = std::move(out);
+      break;
+    }
+    case step_kind::all_reduce: all_reduce_on(comm, local, step.from.op); break;
+    case step_kind::reduce_scatter: {
+      Tensor out = make_tensor<Tensor>(empty_like(local));
+      reduce_scatter_on(comm, local, out, step.to.dim, step.from.op);
+      local = std::move(out);
+      break;
+    }
+    case step_kind::repartial:
+      all_reduce_on(comm, local, step.from.op);
+      [[fallthrough]];
+    case step_kind::keep_one:
+      if (step.to.op == op_kind::sum && coordinate != 0) fill_zero(local);
+      break;
+  }
+}
+
+template <class... P>
+Layout<P...> layout_of_placements(P...);
+
+template <std::size_t K>
+auto replicated_layout() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return Layout<std::enable_if_t<(I < K), Replicate>...>{};
+  }(std::make_index_sequence<K>{});
+}
+
+}  // namespace detail
+
+template <tensor Tensor, device_mesh Mesh, layout L>
+class DTensor {
+  static_assert(detail::check_creatable_tensor<Tensor>());
+  static_assert(detail::check_layout<Tensor, Mesh, L>());
+
+ public:
+  using tensor_type = Tensor;
+  using mesh_type = Mesh;
+  using layout_type = L;
+  using element_type = element_t<Tensor>;
+  static constexpr std::size_t mesh_axes = Mesh::ndim;
+
+  /// Wraps a shard without checks; use from_local or distribute, which check.
+  DTensor(Mesh mesh, Tensor local, extents global) : mesh_(std::move(mesh)), local_(std::move(local)), global_(global) {}
+
+  [[nodiscard]] Tensor const& to_local() const& { return local_; }
+  [[nodiscard]] Tensor to_local() && { return std::move(local_); }
+  [[nodiscard]] Tensor& local() { return local_; }
+  [[nodiscard]] extents const& global_shape() const { return global_; }
+  [[nodiscard]] Mesh const& mesh() const { return mesh_; }
+
+  /// The placements with negative dimensions resolved for this tensor's rank.
+  [[nodiscard]] detail::placements<mesh_axes> placements() const {
+    return detail::normalized_checked(detail::layout_values<L>::value, global_.rank);
+  }
+
+  /// Where this rank's shard sits in the global tensor.
+  [[nodiscard]] detail::box local_box() const {
+    return detail::local_box(global_, placements(), mesh_.sizes(), mesh_.coordinates());
+  }
+
+  /// The same tensor in layout To, moved with the collectives the two layouts call for.
+  template <layout To>
+  [[nodiscard]] DTensor<Tensor, Mesh, To> redistribute() const {
+    static_assert(detail::check_layout<Tensor, Mesh, To>());
+    Tensor local = local_;
+    auto run = [&](detail::redistribute_step const& step) {
+      detail::run_step(step, mesh_.comm(step.axis), mesh_.coordinate(step.axis), local);
+    };
+    if constexpr (rank_v<Tensor> != dynamic_rank) {
+      constexpr std::size_t rank = rank_v<Tensor>;
+      constexpr auto plan = planned<To, rank>();
+      static_assert(plan.valid, "shardwise::redistribute: Shard to Partial is not a redistribution; a sharded "
+                                "tensor is already reduced, so redistribute to Replicate or another Shard");
+      for (std::size_t s = 0; s < plan.count; ++s) run(plan.steps[s]);
+    } else {
+      auto const plan = detail::plan_redistribute(placements(), detail::normalized_checked(
+                                                                     detail::layout_values<To>::value, global_.rank));
+      if (!plan.valid)
+        detail::fail("shardwise::redistribute: Shard to Partial on mesh axis \"", Mesh::names[plan.invalid_axis],
+                     "\" is not a redistribution; a sharded tensor is already reduced, so redistribute to Replicate "
+                     "or another Shard");
+      for (std::size_t s = 0; s < plan.count; ++s) run(plan.steps[s]);
+    }
+    return DTensor<Tensor, Mesh, To>(mesh_, std::move(local), global_);
+  }
+
+  /// The whole tensor, on every rank.
+  [[nodiscard]] Tensor full_tensor() const {
+    using Replicated = decltype(detail::replicated_layout<mesh_axes>());
+    return redistribute<Replicated>().to_local();
+  }
+
+  /// The compile-time plan of redistribute<To>() for a tensor of static rank.
+  template <layout To, std::size_t Rank = rank_v<Tensor>>
+  static constexpr auto planned() {
+    return detail::plan_redistribute(normalized_all<L>(Rank), normalized_all<To>(Rank));
+  }
+
+ private:
+  template <class Of>
+  static constexpr detail::placements<mesh_axes> normalized_all(std::size_t rank) {
+    auto values = detail::layout_values<Of>::value;
+    for (auto& p : values) p = detail::normalized(p, rank);
+    return values;
+  }
+
+  Mesh mesh_;
+  Tensor local_;
+  extents global_;
+};
+
+/// Cuts a tensor every rank holds in full into this rank's shard (no communication).
+template <layout L, device_mesh Mesh, tensor Tensor>
+[[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> distribute(Mesh const& mesh, Tensor const& full) {
+  using T = std::remove_cvref_t<Tensor>;
+  static_assert(detail::check_layout<T, Mesh, L>());
+  extents const global = shape_of(full);
+  auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
+  T local = detail::copy_of_box(full, detail::local_box(global, layout, mesh.sizes(), mesh.coordinates()));
+  if (detail::holds_zeros(layout, mesh.coordinates())) detail::fill_zero(local);
+  return DTensor<T, Mesh, L>(mesh, std::move(local), global);
+}
+
+/// Like distribute, but only rank `root` of the mesh holds the full tensor (the others pass any tensor of the
+/// type, typically empty); each rank receives just its shard, so no other rank ever holds the whole tensor.
+template <layout L, device_mesh Mesh, tensor Tensor>
+[[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> distribute_from(Mesh const& mesh, Tensor const& full,
+                                                                             int root = 0) {
+  using T = std::remove_cvref_t<Tensor>;
+  static_assert(detail::check_layout<T, Mesh, L>());
+  auto const& world = mesh.world();
+  if (root < 0 || root >= world.size())
+    detail::fail("shardwise::distribute_from: root rank ", root, " does not exist; the mesh has ranks 0 to ",
+                 world.size() - 1);
+  extents global = shape_of(full);
+  global = detail::gather_values(world, global)[static_cast<std::size_t>(root)];
+  auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
+  auto coords_of = [&](int rank) {
+    std::array<int, Mesh::ndim> coords{};
+    for (std::size_t i = Mesh::ndim; i-- > 0;) {
+      coords[i] = rank % mesh.size(i);
+      rank /= mesh.size(i);
+    }
+    return coords;
+  };
+  constexpr int tag = 0x5357;  // "SW": keeps these messages apart from a user's tag 0
+  if (world.rank() == root) {
+    for (int r = 0; r < world.size(); ++r) {
+      auto const coords = coords_of(r);
+      if (r == root || detail::holds_zeros(layout, coords)) continue;
+      T const piece = detail::copy_of_box(full, detail::local_box(global, layout, mesh.sizes(), coords));
+      auto const shape = shape_of(piece);
+      world.send_bytes(detail::traits_of<T>::data(piece), shape.elements() * sizeof(element_t<T>), shape, r, tag);
+    }
+  }
+  auto const mine = detail::local_box(global, layout, mesh.sizes(), mesh.coordinates());
+  T local = make_tensor<T>(mine.size);
+  if (detail::holds_zeros(layout, mesh.coordinates())) {
+    detail::fill_zero(local);
+  } else if (world.rank() == root) {
+    local = detail::copy_of_box(full, mine);
+  } else {
+    world.recv_bytes(root, tag, [&](extents const&, auto const& bytes) {
+      if (!bytes.empty()) std::memcpy(data_of(local), bytes.data(), bytes.size());
+    });
+  }
+  return DTensor<T, Mesh, L>(mesh, std::move(local), global);
+}
+
+/// Takes this rank's shard as it is, with the global shape given; checks on every rank that each shard is
+/// sized as the layout says (torch.chunk sizes) and raises the same error everywhere if not.
+template <layout L, device_mesh Mesh, tensor Tensor>
+[[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> from_local(Mesh const& mesh, Tensor&& local,
+                                                                        extents const& global) {
+  using T = std::remove_cvref_t<Tensor>;
+  static_assert(detail::check_layout<T, Mesh, L>());
+  auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
+  extents const expected = detail::local_box(global, layout, mesh.sizes(), mesh.coordinates()).size;
+  extents const actual = shape_of(local);
+  bool const ok = expected == actual;
+  detail::agree_or_fail(mesh.world(), ok, "from_local",
+                        ok ? std::string() : detail::concat("shardwise::from_local: rank ", mesh.rank(), " holds a shard of shape ",
+                                            actual, " but the layout puts a shard of shape ", expected,
+                                            " there for the global shape ", global,
+                                            "; shards are sized like torch.chunk"));
+  return DTensor<T, Mesh, L>(mesh, T(std::forward<Tensor>(local)), global);
+}
+
+/// from_local without the global shape: it is worked out from the shards' sizes (one small collective per
+/// sharded axis), then checked like the overload above.
+template <layout L, device_mesh Mesh, tensor Tensor>
+[[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> from_local(Mesh const& mesh, Tensor&& local) {
+  using T = std::remove_cvref_t<Tensor>;
+  static_assert(detail::check_layout<T, Mesh, L>());
+  extents global = shape_of(local);
+  auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
+  for (std::size_t i = Mesh::ndim; i-- > 0;) {  // innermost cuts first: a chunk of a chunk
+    if (layout[i].kind != detail::placement_kind::shard) continue;
+    auto const d = static_cast<std::size_t>(layout[i].dim);
+    std::size_t total = 0;
+    for (auto const& e : detail::gather_values(mesh.comm(i), global)) total += e[d];
+    global[d] = total;
+  }
+  return from_local<L>(mesh, std::forward<Tensor>(local), global);
+}
+
+}  // namespace shardwise

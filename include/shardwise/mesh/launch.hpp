@@ -1,0 +1,39 @@
+#pragma once
+// One program, two ways to run: under mpiexec it runs on MPI, started directly it runs its ranks as
+// threads. Examples use this so they need no launcher by default and run unchanged under mpiexec.
+#include <cstdlib>
+#include <string_view>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/mesh/mpi.hpp"
+#include "shardwise/mesh/thread.hpp"
+
+namespace shardwise {
+
+/// True when an MPI launcher (OpenMPI's mpiexec, or a PMI/PMIx one) started this process.
+[[nodiscard]] inline bool launched_by_mpi() {
+  for (char const* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+/// Runs fn(world) on every MPI rank when launched by mpiexec, otherwise on `threads` thread ranks
+/// (SHARDWISE_THREADS overrides the number). fn must accept any world type: write it as a generic lambda.
+template <class Fn>
+void launch(int& argc, char**& argv, int threads, Fn&& fn) {
+  if (launched_by_mpi()) {
+    auto world = mpi_world(argc, argv);
+    fn(world);
+    return;
+  }
+  if (char const* text = std::getenv("SHARDWISE_THREADS")) {
+    char* end = nullptr;
+    long const n = std::strtol(text, &end, 10);
+    if (end == text || *end != '\0' || n < 1 || n > 4096)
+      detail::fail("shardwise::launch: SHARDWISE_THREADS=\"", text, "\" is not a rank count; use a number from 1");
+    threads = static_cast<int>(n);
+  }
+  run_threads(threads, fn);
+}
+
+}  // namespace shardwise

@@ -1,0 +1,313 @@
+#pragma once
+// Ranks as threads of one process. Collectives read peers' buffers directly through shared memory, so a
+// byte moves once. An exception on any rank reaches every rank blocked in a collective and is rethrown by
+// run_threads; a rank that returns while peers wait for it is reported by name instead of hanging.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/tensor/extents.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// Thrown on ranks that were blocked when another rank failed; run_threads reports the original error.
+class peer_failure : public error {
+ public:
+  peer_failure() : error("shardwise::run_threads: another rank failed; its exception is rethrown") {}
+};
+
+struct thread_group;
+
+/// What one rank publishes to its group for a collective: its buffers and their shape.
+struct thread_slot {
+  void const* in = nullptr;
+  void* out = nullptr;
+  extents shape{};
+  std::int64_t a = 0, b = 0;
+  std::shared_ptr<thread_group> group;  // used by split
+};
+
+/// Shared by every group of one run_threads call.
+struct thread_run_state {
+  explicit thread_run_state(int n) : world_size(n), finished(new std::atomic<bool>[static_cast<std::size_t>(n)]) {
+    for (int i = 0; i < n; ++i) finished[static_cast<std::size_t>(i)] = false;
+  }
+  int world_size;
+  std::atomic<bool> aborted{false};
+  std::unique_ptr<std::atomic<bool>[]> finished;
+  std::mutex registry_mutex;
+  std::vector<std::weak_ptr<thread_group>> groups;
+
+  void register_group(std::shared_ptr<thread_group> const& group) {
+    std::lock_guard lock(registry_mutex);
+    groups.push_back(group);
+  }
+  void wake_all();
+};
+
+struct thread_group {
+  thread_group(std::shared_ptr<thread_run_state> run_state, std::vector<int> world_ranks, std::string axis_label)
+      : run(std::move(run_state)),
+        members(std::move(world_ranks)),
+        label(std::move(axis_label)),
+        slots(members.size()) {}
+
+  std::shared_ptr<thread_run_state> run;
+  std::vector<int> members;  // world rank of each group rank
+  std::string label;         // mesh axis name, for error messages
+  std::vector<thread_slot> slots;
+  // Low 32 bits: barrier generation. High bits: wake-ups for failure checks, which must not look like a
+  // completed barrier.
+  std::atomic<std::uint64_t> word{0};
+  std::atomic<int> arrived{0};
+
+  // Point-to-point messages, buffered: (source, destination, tag) -> queue of messages.
+  struct message {
+    extents shape;
+    std::vector<unsigned char> bytes;
+  };
+  std::mutex mail_mutex;
+  std::condition_variable mail_ready;
+  std::map<std::tuple<int, int, int>, std::deque<message>> mailbox;
+
+  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+
+  void signal() {
+    word.fetch_add(std::uint64_t{1} << 32, std::memory_order_acq_rel);
+    word.notify_all();
+    { std::lock_guard lock(mail_mutex); }
+    mail_ready.notify_all();
+  }
+
+  [[nodiscard]] bool peers_cannot_arrive() const {
+    if (run->aborted.load(std::memory_order_acquire)) return true;
+    for (int member : members)
+      if (run->finished[static_cast<std::size_t>(member)].load(std::memory_order_acquire)) return true;
+    return false;
+  }
+
+  /// Throws if this wait can never finish: a rank failed, or a member returned from its function.
+  void check_peers(int rank, char const* what) const {
+    if (run->aborted.load(std::memory_order_acquire)) throw peer_failure();
+    for (std::size_t q = 0; q < members.size(); ++q) {
+      if (run->finished[static_cast<std::size_t>(members[q])].load(std::memory_order_acquire)) {
+        fail("shardwise::ThreadMesh: rank ", q, " of mesh axis \"", label, "\" returned from its function while rank ",
+             rank, " waits for it in ", what, "; every rank must call the same collectives in the same order");
+      }
+    }
+  }
+
+  void barrier(int rank, char const* what) {
+    if (members.size() == 1) return;
+    std::uint64_t seen = word.load(std::memory_order_acquire);
+    auto const generation = static_cast<std::uint32_t>(seen);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == size() - 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      word.fetch_add(1, std::memory_order_acq_rel);
+      word.notify_all();
+      return;
+    }
+    for (int spin = 0;; ++spin) {
+      seen = word.load(std::memory_order_acquire);
+      if (static_cast<std::uint32_t>(seen) != generation) return;
+      if (spin < 256) continue;  // the common case: peers arrive within a microsecond
+      if (peers_cannot_arrive()) {
+        // A member may have passed this very barrier and then returned: look at the generation once more.
+        if (static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation) return;
+        check_peers(rank, what);
+      }
+      if (spin < 320) std::this_thread::yield();
+      else word.wait(seen, std::memory_order_acquire);  // more ranks than cores: sleep until woken
+    }
+  }
+};
+
+inline void thread_run_state::wake_all() {
+  std::vector<std::shared_ptr<thread_group>> live;
+  {
+    std::lock_guard lock(registry_mutex);
+    for (auto const& weak : groups)
+      if (auto group = weak.lock()) live.push_back(std::move(group));
+  }
+  for (auto const& group : live) group->signal();
+}
+
+}  // namespace detail
+
+/// One rank's handle on a group of threads: the world of run_threads, or a mesh axis split from it.
+class ThreadComm {
+ public:
+  static constexpr bool shared_memory = true;
+
+  ThreadComm(std::shared_ptr<detail::thread_group> group, int rank) : group_(std::move(group)), rank_(rank) {}
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return group_->size(); }
+  [[nodiscard]] std::string_view label() const { return group_->label; }
+
+  void barrier(char const* what = "barrier") const { group_->barrier(rank_, what); }
+
+  /// Publishes this rank's slot, waits for every rank's, calls fn(slots), then waits until every rank is
+  /// done reading, so no buffer is reused while a peer still reads it. Collective.
+  template <class Fn>
+  void exchange(detail::thread_slot mine, char const* what, Fn&& fn) const {
+    group_->slots[static_cast<std::size_t>(rank_)] = std::move(mine);
+    group_->barrier(rank_, what);
+    std::exception_ptr failure;
+    try {
+      fn(static_cast<std::vector<detail::thread_slot> const&>(group_->slots));
+    } catch (detail::peer_failure const&) {
+      throw;  // peers are gone; waiting for them would throw again
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    group_->barrier(rank_, what);
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  /// Ranks with the same color form a new communicator, ordered by key then rank. Collective.
+  [[nodiscard]] ThreadComm split(int color, int key, std::string_view label) const {
+    detail::thread_slot mine;
+    mine.a = color;
+    mine.b = key;
+    group_->slots[static_cast<std::size_t>(rank_)] = mine;
+    group_->barrier(rank_, "split");
+    std::vector<std::pair<std::int64_t, int>> order;  // (key, old rank) of the ranks with my color
+    for (int q = 0; q < size(); ++q) {
+      auto const& slot = group_->slots[static_cast<std::size_t>(q)];
+      if (slot.a == color) order.emplace_back(slot.b, q);
+    }
+    std::sort(order.begin(), order.end());
+    int new_rank = 0;
+    while (order[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
+    int const leader = order.front().second;
+    group_->barrier(rank_, "split");  // everyone has read color and key
+    if (leader == rank_) {
+      std::vector<int> world_ranks;
+      for (auto const& [k, q] : order) world_ranks.push_back(group_->members[static_cast<std::size_t>(q)]);
+      auto group = std::make_shared<detail::thread_group>(group_->run, std::move(world_ranks), std::string(label));
+      group_->run->register_group(group);
+      group_->slots[static_cast<std::size_t>(rank_)].group = std::move(group);
+    }
+    group_->barrier(rank_, "split");
+    auto group = group_->slots[static_cast<std::size_t>(leader)].group;
+    group_->barrier(rank_, "split");  // everyone holds its group; the slots may be reused
+    if (leader == rank_) group_->slots[static_cast<std::size_t>(rank_)].group.reset();
+    return ThreadComm(std::move(group), new_rank);
+  }
+
+  /// Buffered send of raw bytes with the tensor shape they came from.
+  void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
+    check_peer(destination, "send");
+    detail::thread_group::message message{shape, std::vector<unsigned char>(bytes)};
+    if (bytes) std::memcpy(message.bytes.data(), data, bytes);
+    {
+      std::lock_guard lock(group_->mail_mutex);
+      group_->mailbox[{rank_, destination, tag}].push_back(std::move(message));
+    }
+    group_->mail_ready.notify_all();
+  }
+
+  /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
+  template <class Take>
+  void recv_bytes(int source, int tag, Take&& take) const {
+    check_peer(source, "recv");
+    std::unique_lock lock(group_->mail_mutex);
+    auto const key = std::tuple{source, rank_, tag};
+    while (true) {
+      auto found = group_->mailbox.find(key);
+      if (found != group_->mailbox.end() && !found->second.empty()) {
+        auto message = std::move(found->second.front());
+        found->second.pop_front();
+        lock.unlock();
+        take(message.shape, message.bytes);
+        return;
+      }
+      if (group_->run->aborted.load(std::memory_order_acquire)) throw detail::peer_failure();
+      if (group_->run->finished[static_cast<std::size_t>(group_->members[static_cast<std::size_t>(source)])].load())
+        detail::fail("shardwise::recv on mesh axis \"", label(), "\": rank ", source,
+                     " returned from its function without sending the message rank ", rank_, " waits for (tag ", tag,
+                     ")");
+      group_->mail_ready.wait(lock);
+    }
+  }
+
+ private:
+  void check_peer(int peer, char const* what) const {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      detail::fail("shardwise::", what, " on mesh axis \"", label(), "\": peer rank ", peer,
+                   " is not another rank of this axis (size ", size(), ", this rank ", rank_, ")");
+  }
+
+  std::shared_ptr<detail::thread_group> group_;
+  int rank_;
+};
+
+/// Runs fn(ThreadComm& world) on `ranks` threads (rank 0 on the calling thread) and returns when all are
+/// done. If any rank throws, every rank blocked in a collective is released and the first exception is
+/// rethrown here.
+template <class Fn>
+void run_threads(int ranks, Fn&& fn) {
+  if (ranks < 1) detail::fail("shardwise::run_threads: needs at least 1 rank, got ", ranks);
+  auto run = std::make_shared<detail::thread_run_state>(ranks);
+  std::vector<int> everyone(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) everyone[static_cast<std::size_t>(r)] = r;
+  auto world = std::make_shared<detail::thread_group>(run, std::move(everyone), "world");
+  run->register_group(world);
+
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  bool first_is_real = false;  // a peer_failure only stands in until the original error is recorded
+  auto rank_main = [&](int rank) {
+    try {
+      ThreadComm comm(world, rank);
+      fn(comm);
+      run->finished[static_cast<std::size_t>(rank)].store(true, std::memory_order_release);
+    } catch (...) {
+      bool const real = [] {
+        try {
+          throw;
+        } catch (detail::peer_failure const&) {
+          return false;
+        } catch (...) {
+          return true;
+        }
+      }();
+      {
+        std::lock_guard lock(error_mutex);
+        if (!first_error || (real && !first_is_real)) {
+          first_error = std::current_exception();
+          first_is_real = real;
+        }
+      }
+      run->aborted.store(true, std::memory_order_release);
+    }
+    run->wake_all();
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(ranks - 1));
+  for (int r = 1; r < ranks; ++r) threads.emplace_back(rank_main, r);
+  rank_main(0);
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace shardwise
