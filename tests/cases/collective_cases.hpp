@@ -1,0 +1,227 @@
+#pragma once
+// Every collective on every tensor type, along every dimension, with uneven pieces, checked against the
+// reference computed from all ranks' inputs. Written once for any world (threads, MPI) and any 1-D mesh.
+#include <shardwise/adapters/eigen.hpp>
+#include <shardwise/adapters/xtensor.hpp>
+#include <shardwise/shardwise.hpp>
+#include <algorithm>
+#include <string>
+
+#include "support/convert.hpp"
+
+namespace cases {
+
+namespace sw = shardwise;
+
+template <class T>
+double tolerance() {
+  using S = sw::element_t<T>;
+  if constexpr (std::is_same_v<S, double>) return 1e-12;
+  else if constexpr (std::is_same_v<S, float>) return 1e-6;
+  else return 1e-2;  // bfloat16: 8 significant bits
+}
+
+template <class T>
+bool small_values() {
+  return !std::is_arithmetic_v<sw::element_t<T>>;  // bfloat16 holds small integers exactly
+}
+
+template <class T>
+std::vector<std::size_t> base_shape() {
+  std::size_t const rank = sw::rank_v<T> == sw::dynamic_rank ? 3 : sw::rank_v<T>;
+  std::vector<std::size_t> shape{5, 3, 4};
+  shape.resize(rank);
+  return shape;
+}
+
+#define CASES_CHECK_CLOSE(got, expected, tol)                                                               \
+  do {                                                                                                     \
+    auto const got_ = (got);                                                                               \
+    auto const expected_ = (expected);                                                                     \
+    INFO("shape " << ref::describe(got_.shape) << ", expected " << ref::describe(expected_.shape));      \
+    CHECK(ref::relative_error(got_, expected_) <= (tol));                                                  \
+  } while (0)
+
+/// Runs every collective over the 1-D mesh `axis`. `seed` makes this group's inputs differ from other groups'.
+template <class T, class AxisMesh>
+void check_collectives(AxisMesh const& axis, int seed) {
+  int const n = axis.size(0);
+  int const me = axis.coordinate(0);
+  auto const un = static_cast<std::size_t>(n), ume = static_cast<std::size_t>(me);
+  auto const shape = base_shape<T>();
+  std::size_t const rank = shape.size();
+  double const tol = tolerance<T>();
+  bool const small = small_values<T>();
+  auto input_of = [&](int q, std::vector<std::size_t> s) { return ref::pattern(std::move(s), seed + q, small); };
+  INFO("ranks " << n << ", rank " << me << ", seed " << seed);
+
+  {  // not a SUBCASE: doctest re-enters subcases, which ranks on threads cannot share
+    INFO("all_reduce");
+    std::vector<ref::Array> all;
+    for (int q = 0; q < n; ++q) all.push_back(input_of(q, shape));
+    auto run = [&](auto op, auto&& combine) {
+      T t = ref::make<T>(all[ume]);
+      sw::all_reduce(axis, t, op);
+      CASES_CHECK_CLOSE(ref::read(t), ref::combine(all, combine), tol);
+    };
+    run(sw::Sum{}, [](double a, double b) { return a + b; });
+    run(sw::Max{}, [](double a, double b) { return std::max(a, b); });
+    run(sw::Min{}, [](double a, double b) { return std::min(a, b); });
+    T t = ref::make<T>(all[ume]);
+    sw::all_reduce(axis, t, sw::Avg{});
+    auto average = ref::combine(all, [](double a, double b) { return a + b; });
+    for (auto& v : average.values) v /= n;
+    CASES_CHECK_CLOSE(ref::read(t), average, tol);
+  }
+
+  {
+    INFO("all_gather along every dimension, uneven pieces");
+    for (std::size_t d = 0; d < rank; ++d) {
+      std::vector<ref::Array> parts;
+      for (int q = 0; q < n; ++q) {
+        auto s = shape;
+        s[d] = static_cast<std::size_t>((q * 2 + 1) % 4);  // 1, 3, 1, 3 ... and never all equal
+        parts.push_back(input_of(q, s));
+      }
+      T const in = ref::make<T>(parts[ume]);
+      T out;
+      int const dim = d == rank - 1 ? -1 : static_cast<int>(d);  // also the negative spelling
+      sw::all_gather(axis, in, out, dim);
+      INFO("dim " << dim);
+      CASES_CHECK_CLOSE(ref::read(out), ref::concat(parts, d), 0.0);
+    }
+  }
+
+  {
+    INFO("reduce_scatter along every dimension, torch.chunk pieces");
+    std::vector<ref::Array> all;
+    for (int q = 0; q < n; ++q) all.push_back(input_of(q, shape));
+    auto const sum = ref::combine(all, [](double a, double b) { return a + b; });
+    auto const max = ref::combine(all, [](double a, double b) { return std::max(a, b); });
+    for (std::size_t d = 0; d < rank; ++d) {
+      INFO("dim " << d);
+      T const in = ref::make<T>(all[ume]);
+      T out;
+      sw::reduce_scatter(axis, in, out, static_cast<int>(d));
+      CASES_CHECK_CLOSE(ref::read(out), ref::chunk(sum, d, un, ume), tol);
+      sw::reduce_scatter(axis, in, out, static_cast<int>(d) - static_cast<int>(rank), sw::Max{});
+      CASES_CHECK_CLOSE(ref::read(out), ref::chunk(max, d, un, ume), 0.0);
+    }
+  }
+
+  {
+    INFO("broadcast from the last rank");
+    int const root = n - 1;
+    auto const expected = input_of(root, shape);
+    auto empty_shape = shape;
+    empty_shape[0] = 0;
+    T t = ref::make<T>(me == root ? expected : ref::Array::zeros(empty_shape));
+    sw::broadcast(axis, t, root);
+    CASES_CHECK_CLOSE(ref::read(t), expected, 0.0);
+  }
+
+  {
+    INFO("all_to_all for every pair of dimensions");
+    for (std::size_t split = 0; split < rank; ++split)
+      for (std::size_t concat = 0; concat < rank; ++concat) {
+        if (split == concat) continue;
+        INFO("split " << split << ", concat " << concat);
+        std::vector<ref::Array> inputs;
+        for (int q = 0; q < n; ++q) {
+          auto s = shape;
+          s[concat] = static_cast<std::size_t>(q % 2 + 1);
+          inputs.push_back(input_of(q, s));
+        }
+        std::vector<ref::Array> received;
+        for (int q = 0; q < n; ++q) received.push_back(ref::chunk(inputs[static_cast<std::size_t>(q)], split, un, ume));
+        T const in = ref::make<T>(inputs[ume]);
+        T out;
+        sw::all_to_all(axis, in, out, static_cast<int>(split), static_cast<int>(concat));
+        CASES_CHECK_CLOSE(ref::read(out), ref::concat(received, concat), 0.0);
+      }
+  }
+
+  {
+    INFO("send and recv around a ring");
+    if (n > 1) {
+      int const next = (me + 1) % n, previous = (me + n - 1) % n;
+      T const mine = ref::make<T>(input_of(me, shape));
+      T got;
+      if (me % 2 == 0) {
+        sw::send(axis, mine, next, 7);
+        sw::recv(axis, got, previous, 7);
+      } else {
+        sw::recv(axis, got, previous, 7);
+        sw::send(axis, mine, next, 7);
+      }
+      CASES_CHECK_CLOSE(ref::read(got), input_of(previous, shape), 0.0);
+    }
+    sw::barrier(axis);
+  }
+
+  {
+    INFO("bad input raises the same error on every rank");
+    if (n > 1) {
+      auto s = shape;
+      if (me == 0) s[0] += 1;
+      T t = ref::make<T>(input_of(me, s));
+      CHECK_THROWS_WITH_AS(sw::all_reduce(axis, t), doctest::Contains("shapes differ across ranks"), sw::error);
+      T out;
+      CHECK_THROWS_WITH_AS(sw::all_gather(axis, t, out, rank == 1 ? 1 : static_cast<int>(rank) - 1),
+                           doctest::Contains("all_gather on mesh axis"), sw::error);
+    }
+    T t = ref::make<T>(input_of(me, shape));
+    T out;
+    CHECK_THROWS_WITH_AS(sw::all_gather(axis, t, out, 7), doctest::Contains("dimension 7 does not exist"), sw::error);
+    CHECK_THROWS_WITH_AS(sw::broadcast(axis, t, n), doctest::Contains("root rank"), sw::error);
+  }
+}
+
+/// The tensor types every collective is checked on, one list per library (two files compile in parallel).
+template <class Fn>
+void for_each_eigen_type(Fn&& fn) {
+  fn.template operator()<Eigen::MatrixXf>("Eigen::MatrixXf (column-major)");
+  fn.template operator()<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+      "Eigen::Matrix<double, row-major>");
+  fn.template operator()<Eigen::VectorXd>("Eigen::VectorXd");
+  fn.template operator()<Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, Eigen::Dynamic>>("Eigen bfloat16 matrix");
+  fn.template operator()<Eigen::Tensor<float, 3>>("Eigen::Tensor<float, 3> (column-major)");
+  fn.template operator()<Eigen::Tensor<double, 3, Eigen::RowMajor>>("Eigen::Tensor<double, 3, RowMajor>");
+}
+
+template <class Fn>
+void for_each_xtensor_type(Fn&& fn) {
+  fn.template operator()<xt::xtensor<float, 3>>("xt::xtensor<float, 3>");
+  fn.template operator()<xt::xtensor<double, 2, xt::layout_type::column_major>>("xt::xtensor<double, 2, column-major>");
+  fn.template operator()<xt::xarray<double>>("xt::xarray<double>");
+}
+
+struct eigen_types {
+  template <class Fn>
+  static void each(Fn&& fn) {
+    for_each_eigen_type(fn);
+  }
+};
+struct xtensor_types {
+  template <class Fn>
+  static void each(Fn&& fn) {
+    for_each_xtensor_type(fn);
+  }
+};
+
+/// All collectives, on a 1-D mesh over the world and on both axes of a 2-D mesh.
+template <class Types, class World>
+void check_all_collectives(World const& world) {
+  int const n = world.size();
+  auto line = sw::make_mesh<"tp">(world, {n});
+  int const rows = n % 2 == 0 ? 2 : 1;
+  auto grid = sw::make_mesh<"dp", "tp">(world, {rows, n / rows});
+  Types::each([&]<class T>(char const* name) {
+    INFO("tensor type " << name);
+    check_collectives<T>(line, 0);
+    check_collectives<T>(grid.template axis<"tp">(), 100 * grid.template coordinate<"dp">());
+    check_collectives<T>(grid.template axis<"dp">(), 100 * grid.template coordinate<"tp">() + 50);
+  });
+}
+
+}  // namespace cases
