@@ -293,79 +293,88 @@ std::vector<V> gather_values(Comm const& comm, V const& mine) {
 }
 
 template <class Mesh>
-constexpr void require_1d_mesh() {
+constexpr bool require_1d_mesh() {
   static_assert(device_mesh<Mesh>, "shardwise::collective: the first argument must be a shardwise mesh");
-  static_assert(Mesh::ndim == 1, "shardwise::collective: collectives run over one mesh axis; pass "
-                                 "mesh.axis<\"name\">() instead of the whole mesh");
+  if constexpr (device_mesh<Mesh>) {
+    static_assert(Mesh::ndim == 1, "shardwise::collective: collectives run over one mesh axis; pass "
+                                   "mesh.axis<\"name\">() instead of the whole mesh");
+    return Mesh::ndim == 1;
+  }
+  return false;
 }
 
 }  // namespace detail
 
+// The public collectives take any type and explain, part by part, why one that is not a tensor is rejected
+// (detail::check_tensor), rather than leaving the reader with an unsatisfied constraint.
+
 /// Reduces t over the ranks of a 1-D mesh, in place; every rank gets the result.
-template <device_mesh Mesh, tensor T, reduce_op Op = Sum>
+template <class Mesh, class T, reduce_op Op = Sum>
 void all_reduce(Mesh const& mesh, T& t, Op = {}) {
-  detail::require_1d_mesh<Mesh>();
-  detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>());
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>())
+    detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>());
 }
 
 /// Concatenates every rank's `in` along dimension `dim` (negative counts from the end) into `out`, in rank
 /// order. Pieces may differ in size along `dim` and nowhere else.
-template <device_mesh Mesh, tensor In, tensor Out>
+template <class Mesh, class In, class Out>
 void all_gather(Mesh const& mesh, In const& in, Out& out, int dim) {
-  detail::require_1d_mesh<Mesh>();
-  detail::all_gather_on(mesh.comm(0), in, out, dim);
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
+    detail::all_gather_on(mesh.comm(0), in, out, dim);
 }
 
 /// Reduces `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.
-template <device_mesh Mesh, tensor In, tensor Out, reduce_op Op = Sum>
+template <class Mesh, class In, class Out, reduce_op Op = Sum>
 void reduce_scatter(Mesh const& mesh, In const& in, Out& out, int dim, Op = {}) {
-  detail::require_1d_mesh<Mesh>();
-  detail::reduce_scatter_on(mesh.comm(0), in, out, dim, detail::op_kind_of<Op>());
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
+    detail::reduce_scatter_on(mesh.comm(0), in, out, dim, detail::op_kind_of<Op>());
 }
 
 /// Copies root's tensor to every rank (resizing where the type allows).
-template <device_mesh Mesh, tensor T>
+template <class Mesh, class T>
 void broadcast(Mesh const& mesh, T& t, int root = 0) {
-  detail::require_1d_mesh<Mesh>();
-  detail::broadcast_on(mesh.comm(0), t, root);
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) detail::broadcast_on(mesh.comm(0), t, root);
 }
 
 /// Cuts `in` along split_dim into one torch.chunk piece per rank, sends piece q to rank q, and concatenates
 /// what arrives along concat_dim in rank order.
-template <device_mesh Mesh, tensor In, tensor Out>
+template <class Mesh, class In, class Out>
 void all_to_all(Mesh const& mesh, In const& in, Out& out, int split_dim, int concat_dim) {
-  detail::require_1d_mesh<Mesh>();
-  detail::all_to_all_on(mesh.comm(0), in, out, split_dim, concat_dim);
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
+    detail::all_to_all_on(mesh.comm(0), in, out, split_dim, concat_dim);
 }
 
 /// Sends t to rank `destination` of the axis; returns once the data is buffered or delivered.
-template <device_mesh Mesh, tensor T>
+template <class Mesh, class T>
 void send(Mesh const& mesh, T const& t, int destination, int tag = 0) {
-  detail::require_1d_mesh<Mesh>();
-  auto const shape = shape_of(t);
-  mesh.comm(0).send_bytes(detail::traits_of<T>::data(t), shape.elements() * sizeof(element_t<T>), shape, destination,
-                          tag);
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) {
+    auto const shape = shape_of(t);
+    mesh.comm(0).send_bytes(detail::traits_of<T>::data(t), shape.elements() * sizeof(element_t<T>), shape,
+                            destination, tag);
+  }
 }
 
 /// Receives into t what rank `source` sent with `tag` (resizing t where the type allows).
-template <device_mesh Mesh, tensor T>
+template <class Mesh, class T>
 void recv(Mesh const& mesh, T& t, int source, int tag = 0) {
-  detail::require_1d_mesh<Mesh>();
-  using E = element_t<T>;
-  auto const& comm = mesh.comm(0);
-  detail::collective_site const site{"recv", comm.label()};
-  comm.recv_bytes(source, tag, [&](extents const& shape, auto const& bytes) {
-    if (bytes.size() != shape.elements() * sizeof(E))
-      detail::fail(site, ": rank ", source, " sent ", bytes.size(), " bytes for shape ", shape, ", but ",
-                   shape.elements() * sizeof(E), " are needed for this element type; send and receive the same type");
-    if (shape.rank != shape_of(t).rank && rank_v<T> != dynamic_rank)
-      detail::fail(site, ": rank ", source, " sent a tensor of shape ", shape, " to a tensor of rank ",
-                   shape_of(t).rank);
-    detail::prepare_output(t, shape, site);
-    if (!bytes.empty()) std::memcpy(data_of(t), bytes.data(), bytes.size());
-  });
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) {
+    using E = element_t<T>;
+    auto const& comm = mesh.comm(0);
+    detail::collective_site const site{"recv", comm.label()};
+    comm.recv_bytes(source, tag, [&](extents const& shape, auto const& bytes) {
+      if (bytes.size() != shape.elements() * sizeof(E))
+        detail::fail(site, ": rank ", source, " sent ", bytes.size(), " bytes for shape ", shape, ", but ",
+                     shape.elements() * sizeof(E), " are needed for this element type; send and receive the same type");
+      if (shape.rank != shape_of(t).rank && rank_v<T> != dynamic_rank)
+        detail::fail(site, ": rank ", source, " sent a tensor of shape ", shape, " to a tensor of rank ",
+                     shape_of(t).rank);
+      detail::prepare_output(t, shape, site);
+      if (!bytes.empty()) std::memcpy(data_of(t), bytes.data(), bytes.size());
+    });
+  }
 }
 
+/// Waits until every rank of the mesh arrives.
 template <device_mesh Mesh>
 void barrier(Mesh const& mesh) {
   mesh.world().barrier();

@@ -40,6 +40,8 @@ constexpr bool check_layout() {
     if constexpr (!sizes_match) {
       [[maybe_unused]] layout_size_for_mesh<L::size, Mesh::ndim> placements_vs_axes;
       return false;
+    } else if constexpr (!tensor<Tensor>) {
+      return false;  // check_tensor reports it
     } else if constexpr (rank_v<Tensor> != dynamic_rank) {
       constexpr auto values = layout_values<L>::value;
       constexpr std::size_t rank = rank_v<Tensor>;
@@ -190,7 +192,7 @@ auto replicated_layout() {
 
 }  // namespace detail
 
-template <tensor Tensor, device_mesh Mesh, layout L>
+template <class Tensor, device_mesh Mesh, class L>
 class DTensor {
   static_assert(detail::check_creatable_tensor<Tensor>());
   static_assert(detail::check_layout<Tensor, Mesh, L>());
@@ -222,7 +224,7 @@ class DTensor {
   }
 
   /// The same tensor in layout To, moved with the collectives the two layouts call for.
-  template <layout To>
+  template <class To>
   [[nodiscard]] DTensor<Tensor, Mesh, To> redistribute() const {
     static_assert(detail::check_layout<Tensor, Mesh, To>());
     Tensor local = local_;
@@ -254,7 +256,7 @@ class DTensor {
   }
 
   /// The compile-time plan of redistribute<To>() for a tensor of static rank.
-  template <layout To, std::size_t Rank = rank_v<Tensor>>
+  template <class To, std::size_t Rank = rank_v<Tensor>>
   static constexpr auto planned() {
     return detail::plan_redistribute(normalized_all<L>(Rank), normalized_all<To>(Rank));
   }
@@ -273,10 +275,10 @@ class DTensor {
 };
 
 /// Cuts a tensor every rank holds in full into this rank's shard (no communication).
-template <layout L, device_mesh Mesh, tensor Tensor>
+template <class L, device_mesh Mesh, class Tensor>
 [[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> distribute(Mesh const& mesh, Tensor const& full) {
   using T = std::remove_cvref_t<Tensor>;
-  static_assert(detail::check_layout<T, Mesh, L>());
+  static_assert(detail::check_creatable_tensor<T>() && detail::check_layout<T, Mesh, L>());
   extents const global = shape_of(full);
   auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
   T local = detail::copy_of_box(full, detail::local_box(global, layout, mesh.sizes(), mesh.coordinates()));
@@ -286,11 +288,11 @@ template <layout L, device_mesh Mesh, tensor Tensor>
 
 /// Like distribute, but only rank `root` of the mesh holds the full tensor (the others pass any tensor of the
 /// type, typically empty); each rank receives just its shard, so no other rank ever holds the whole tensor.
-template <layout L, device_mesh Mesh, tensor Tensor>
+template <class L, device_mesh Mesh, class Tensor>
 [[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> distribute_from(Mesh const& mesh, Tensor const& full,
                                                                              int root = 0) {
   using T = std::remove_cvref_t<Tensor>;
-  static_assert(detail::check_layout<T, Mesh, L>());
+  static_assert(detail::check_creatable_tensor<T>() && detail::check_layout<T, Mesh, L>());
   auto const& world = mesh.world();
   if (root < 0 || root >= world.size())
     detail::fail("shardwise::distribute_from: root rank ", root, " does not exist; the mesh has ranks 0 to ",
@@ -332,11 +334,11 @@ template <layout L, device_mesh Mesh, tensor Tensor>
 
 /// Takes this rank's shard as it is, with the global shape given; checks on every rank that each shard is
 /// sized as the layout says (torch.chunk sizes) and raises the same error everywhere if not.
-template <layout L, device_mesh Mesh, tensor Tensor>
+template <class L, device_mesh Mesh, class Tensor>
 [[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> from_local(Mesh const& mesh, Tensor&& local,
                                                                         extents const& global) {
   using T = std::remove_cvref_t<Tensor>;
-  static_assert(detail::check_layout<T, Mesh, L>());
+  static_assert(detail::check_creatable_tensor<T>() && detail::check_layout<T, Mesh, L>());
   auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
   extents const expected = detail::local_box(global, layout, mesh.sizes(), mesh.coordinates()).size;
   extents const actual = shape_of(local);
@@ -351,10 +353,10 @@ template <layout L, device_mesh Mesh, tensor Tensor>
 
 /// from_local without the global shape: it is worked out from the shards' sizes (one small collective per
 /// sharded axis), then checked like the overload above.
-template <layout L, device_mesh Mesh, tensor Tensor>
+template <class L, device_mesh Mesh, class Tensor>
 [[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> from_local(Mesh const& mesh, Tensor&& local) {
   using T = std::remove_cvref_t<Tensor>;
-  static_assert(detail::check_layout<T, Mesh, L>());
+  static_assert(detail::check_creatable_tensor<T>() && detail::check_layout<T, Mesh, L>());
   extents global = shape_of(local);
   auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
   for (std::size_t i = Mesh::ndim; i-- > 0;) {  // innermost cuts first: a chunk of a chunk

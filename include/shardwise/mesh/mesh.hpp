@@ -53,16 +53,17 @@ template <communicator Comm, class... Axes>
 class Mesh {
   static_assert(sizeof...(Axes) >= 1, "shardwise::Mesh: a mesh needs at least one named axis");
 
+  static constexpr bool axes_named_once = ((detail::count_axis<Axes::name, Axes...>() == 1) && ...);
+  static_assert(axes_named_once,
+                "shardwise::Mesh: a mesh axis is named twice; give every axis of make_mesh a different name");
   template <class A>
-  static constexpr bool named_once() {
-    constexpr bool once = detail::count_axis<A::name, Axes...>() == 1;
-    if constexpr (!once) {
+  static constexpr bool show_if_named_twice() {  // the diagnostic then spells the repeated name
+    if constexpr (detail::count_axis<A::name, Axes...>() != 1) {
       [[maybe_unused]] detail::mesh_axis_named_twice<A::name> offending_axis;
     }
-    return once;
+    return true;
   }
-  static_assert((named_once<Axes>() && ...),
-                "shardwise::Mesh: a mesh axis is named twice; give every axis of make_mesh a different name");
+  static_assert(axes_named_once || (show_if_named_twice<Axes>() && ...));
 
  public:
   using comm_type = Comm;
