@@ -369,4 +369,10 @@ template <class L, device_mesh Mesh, class Tensor>
   return from_local<L>(mesh, std::forward<Tensor>(local), global);
 }
 
+/// redistribute as a free function: dt.redistribute<To>() without `.template` in generic code.
+template <class To, class Tensor, class Mesh, class From>
+[[nodiscard]] DTensor<Tensor, Mesh, To> redistribute(DTensor<Tensor, Mesh, From> const& dt) {
+  return dt.template redistribute<To>();
+}
+
 }  // namespace shardwise

@@ -195,3 +195,26 @@ template <class M>
 concept device_mesh = mesh_types<M> && mesh_members<M>;
 
 }  // namespace shardwise
+
+namespace shardwise {
+
+// Free-function spellings of the named-axis members: in generic code (a lambda taking `auto& world`) they
+// spare the reader `mesh.template axis<"tp">()`.
+
+/// The 1-D mesh of axis Name: the ranks that share this rank's coordinates on every other axis.
+template <fixed_string Name, device_mesh Mesh>
+[[nodiscard]] auto submesh(Mesh const& mesh) {
+  return mesh.template axis<Name>();
+}
+/// This rank's coordinate on axis Name.
+template <fixed_string Name, device_mesh Mesh>
+[[nodiscard]] int coordinate(Mesh const& mesh) {
+  return mesh.template coordinate<Name>();
+}
+/// The number of ranks along axis Name.
+template <fixed_string Name, device_mesh Mesh>
+[[nodiscard]] int axis_size(Mesh const& mesh) {
+  return mesh.template size<Name>();
+}
+
+}  // namespace shardwise

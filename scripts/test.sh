@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds everything and runs every test: the suite (threads, MPI under mpiexec,
+# compile-fail, consumers, examples), then the thread-mesh tests under ThreadSanitizer and the suite under
+# AddressSanitizer + UndefinedBehaviorSanitizer. This is what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+
+echo "== build and test (Release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=ON -DSHARDWISE_BUILD_EXAMPLES=ON \
+  -DSHARDWISE_BUILD_BENCH=ON >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build -j"$jobs" --output-on-failure
+
+thread_tests="test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh"
+
+echo "== thread-mesh tests under ThreadSanitizer"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -g" \
+  -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=OFF >/dev/null
+cmake --build build-tsan -j"$jobs" --target ${thread_tests//|/ }
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan -j"$jobs" --output-on-failure -R "^(${thread_tests})$"
+
+echo "== suite under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
+  -DSHARDWISE_BUILD_EXAMPLES=ON -DSHARDWISE_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+# OpenMPI keeps its allocations until exit by design: leak reports would be its, not ours.
+ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
+  ctest --test-dir build-asan -j"$jobs" --output-on-failure -LE "compile_fail|consumer"
