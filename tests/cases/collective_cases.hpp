@@ -170,9 +170,36 @@ void check_collectives(AxisMesh const& axis, int seed) {
       CHECK_THROWS_WITH_AS(sw::all_gather(axis, t, out, rank == 1 ? 1 : static_cast<int>(rank) - 1),
                            doctest::Contains("all_gather on mesh axis"), sw::error);
     }
+    if (n == 2 && rank == 2) {  // the whole message: the collective, the axis, every rank's sizes, the fix
+      auto s = shape;
+      if (me == 0) s[1] += 1;
+      T t = ref::make<T>(input_of(me, s));
+      std::string const axis_name(axis.comm(0).label());
+      CHECK_THROWS_WITH_AS(sw::all_reduce(axis, t),
+                           ("shardwise::all_reduce on mesh axis \"" + axis_name +
+                            "\": shapes differ across ranks: rank 0 has [5, 4], rank 1 has [5, 3]; every rank must "
+                            "pass a tensor of the same shape")
+                               .c_str(),
+                           sw::error);
+    }
+    if constexpr (sw::rank_v<T> == sw::dynamic_rank) {
+      if (n > 1) {  // a tensor of the wrong rank on one rank
+        auto s = shape;
+        if (me == n - 1) s.pop_back();
+        T t = ref::make<T>(input_of(me, s));
+        T out;
+        CHECK_THROWS_WITH_AS(sw::reduce_scatter(axis, t, out, 0), doctest::Contains("shapes differ across ranks"),
+                             sw::error);
+      }
+    }
     T t = ref::make<T>(input_of(me, shape));
     T out;
-    CHECK_THROWS_WITH_AS(sw::all_gather(axis, t, out, 7), doctest::Contains("dimension 7 does not exist"), sw::error);
+    CHECK_THROWS_WITH_AS(sw::all_gather(axis, t, out, 7),
+                         doctest::Contains(("all_gather on mesh axis \"" + std::string(axis.comm(0).label()) +
+                                            "\": dimension 7 does not exist in a tensor of rank " +
+                                            std::to_string(rank))
+                                               .c_str()),
+                         sw::error);
     CHECK_THROWS_WITH_AS(sw::broadcast(axis, t, n), doctest::Contains("root rank"), sw::error);
   }
 }

@@ -164,6 +164,7 @@ void check_dtensor_2d(World const& world) {
     INFO("mesh " << rows << " x " << n / rows);
     auto const mesh = sw::make_mesh<"dp", "tp">(world, {rows, n / rows});
     check_redistribute_pairs<Eigen::MatrixXf>(mesh, full, all_2d{}, all_2d{});
+    check_redistribute_pairs<xt::xtensor<double, 2>>(mesh, full, all_2d{}, all_2d{});
   };
   for (int rows = 1; rows <= n; ++rows)
     if (n % rows == 0) check_grid(rows);

@@ -68,7 +68,7 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
       for (std::size_t q = 0; q < slots.size(); ++q) {
         if (q == me) continue;
         std::size_t const from = chunk_offset(n, slots.size(), q);
-        std::memcpy(data + from, slot_input<E>(slots[q]) + from, chunk_size(n, slots.size(), q) * sizeof(E));
+        copy_elements(data + from, slot_input<E>(slots[q]) + from, chunk_size(n, slots.size(), q));
       }
     });
   } else {
@@ -169,7 +169,7 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
     std::vector<std::size_t> counts(pieces);
     for (std::size_t q = 0; q < pieces; ++q) counts[q] = with_dim(shape, d, chunk_size(shape[d], pieces, q)).elements();
     if (ranks == 1) {
-      std::memcpy(data_of(out), data, shape.elements() * sizeof(E));
+      copy_elements(data_of(out), data, shape.elements());
     } else if (rows_outside(shape, d, order) == 1) {  // each rank's piece is contiguous in the input
       comm.reduce_scatterv(data, data_of(out), counts, op);
     } else {
@@ -200,7 +200,7 @@ void broadcast_on(Comm const& comm, T& t, int root) {
       if (is_root) return;
       auto const& from = slots[static_cast<std::size_t>(root)];
       prepare_output(t, from.shape, site);
-      if (from.shape.elements()) std::memcpy(data_of(t), from.in, from.shape.elements() * sizeof(E));
+      copy_elements(data_of(t), static_cast<E const*>(from.in), from.shape.elements());
     });
   } else {
     extents shape = shape_of(t);
@@ -292,6 +292,11 @@ std::vector<V> gather_values(Comm const& comm, V const& mine) {
   }
 }
 
+/// MPI guarantees tags up to 32767; the MPI backend uses two per message.
+inline void check_tag(int tag, collective_site const& site) {
+  if (tag < 0 || tag > 16383) fail(site, ": tag ", tag, " is out of range; use a tag from 0 to 16383");
+}
+
 template <class Mesh>
 constexpr bool require_1d_mesh() {
   static_assert(device_mesh<Mesh>, "shardwise::collective: the first argument must be a shardwise mesh");
@@ -348,6 +353,7 @@ void all_to_all(Mesh const& mesh, In const& in, Out& out, int split_dim, int con
 template <class Mesh, class T>
 void send(Mesh const& mesh, T const& t, int destination, int tag = 0) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) {
+    detail::check_tag(tag, {"send", mesh.comm(0).label()});
     auto const shape = shape_of(t);
     mesh.comm(0).send_bytes(detail::traits_of<T>::data(t), shape.elements() * sizeof(element_t<T>), shape,
                             destination, tag);
@@ -361,6 +367,7 @@ void recv(Mesh const& mesh, T& t, int source, int tag = 0) {
     using E = element_t<T>;
     auto const& comm = mesh.comm(0);
     detail::collective_site const site{"recv", comm.label()};
+    detail::check_tag(tag, site);
     comm.recv_bytes(source, tag, [&](extents const& shape, auto const& bytes) {
       if (bytes.size() != shape.elements() * sizeof(E))
         detail::fail(site, ": rank ", source, " sent ", bytes.size(), " bytes for shape ", shape, ", but ",

@@ -71,6 +71,12 @@ void for_each_run(extents const& a_shape, extents const& a_offset, extents const
   }
 }
 
+/// memcpy of n elements that allows n == 0 with null pointers (an empty shard has no storage).
+template <class T>
+void copy_elements(T* dst, T const* src, std::size_t n) {
+  if (n) std::memcpy(dst, src, n * sizeof(T));
+}
+
 /// Copies the box of `size` at `src_offset` in src into dst at `dst_offset`.
 template <class T>
 void copy_box(T const* src, extents const& src_shape, extents const& src_offset, T* dst, extents const& dst_shape,
