@@ -4,12 +4,11 @@
 //
 //   ./quickstart                 # 4 ranks on threads (SHARDWISE_THREADS=n for another count)
 //   mpiexec -n 4 ./quickstart    # 4 MPI processes
+#include <cstdio>
+#include <mutex>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/shardwise.hpp>
-
-#include <cstdio>
-#include <mutex>
 #include <sstream>
 
 namespace sw = shardwise;
@@ -51,10 +50,9 @@ int main(int argc, char** argv) {
     bool const ok = round_trip && reduced == expected && gather_ok;
     std::lock_guard lock(print_mutex);  // ranks on threads share stdout
     std::ostringstream line;
-    line << "rank " << world.rank() << " (dp " << sw::coordinate<"dp">(mesh) << ", tp "
-         << sw::coordinate<"tp">(mesh) << "): weight shard " << mine.rows() << "x" << mine.cols()
-         << ", row shard " << by_rows.to_local().rows() << "x" << by_rows.to_local().cols() << ", tp sum " << reduced
-         << (ok ? "  ok" : "  WRONG");
+    line << "rank " << world.rank() << " (dp " << sw::coordinate<"dp">(mesh) << ", tp " << sw::coordinate<"tp">(mesh)
+         << "): weight shard " << mine.rows() << "x" << mine.cols() << ", row shard " << by_rows.to_local().rows()
+         << "x" << by_rows.to_local().cols() << ", tp sum " << reduced << (ok ? "  ok" : "  WRONG");
     std::puts(line.str().c_str());
     std::fflush(stdout);
     if (!ok) all_correct = false;

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 
+echo "== formatting (.clang-format)"
+git ls-files '*.hpp' '*.cpp' | xargs clang-format --dry-run --Werror
+
 echo "== build and test (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=ON -DSHARDWISE_BUILD_EXAMPLES=ON \
   -DSHARDWISE_BUILD_BENCH=ON >/dev/null

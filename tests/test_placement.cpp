@@ -16,10 +16,11 @@ static_assert(std::is_same_v<Partial<>::op, sw::Sum>);
 
 using Tensor1D = sw::DTensor<Eigen::MatrixXf, sw::Mesh<sw::SerialComm, sw::axis<"tp">>, Layout<Shard<0>>>;
 template <class From, class To>
-constexpr auto plan_1d = sw::DTensor<Eigen::MatrixXf, sw::Mesh<sw::SerialComm, sw::axis<"tp">>, From>::template planned<To>();
+constexpr auto plan_1d =
+    sw::DTensor<Eigen::MatrixXf, sw::Mesh<sw::SerialComm, sw::axis<"tp">>, From>::template planned<To>();
 template <class From, class To>
-constexpr auto plan_2d =
-    sw::DTensor<Eigen::MatrixXf, sw::Mesh<sw::SerialComm, sw::axis<"dp">, sw::axis<"tp">>, From>::template planned<To>();
+constexpr auto plan_2d = sw::DTensor<Eigen::MatrixXf, sw::Mesh<sw::SerialComm, sw::axis<"dp">, sw::axis<"tp">>,
+                                     From>::template planned<To>();
 
 template <auto Plan, step_kind... Kinds>
 constexpr bool steps_are() {

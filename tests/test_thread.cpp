@@ -2,9 +2,9 @@
 // while others wait for it is named.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/shardwise.hpp>
-#include <atomic>
 #include <stdexcept>
 
 namespace sw = shardwise;
@@ -16,7 +16,8 @@ TEST_CASE("an exception on one rank is rethrown by run_threads while its peers w
     CHECK_THROWS_WITH_AS(sw::run_threads(n,
                                          [&](auto& world) {
                                            auto mesh = sw::make_mesh<"tp">(world, {world.size()});
-                                           if (world.rank() == n - 1) throw std::runtime_error("rank failed on purpose");
+                                           if (world.rank() == n - 1)
+                                             throw std::runtime_error("rank failed on purpose");
                                            Eigen::VectorXf v = Eigen::VectorXf::Ones(16);
                                            try {
                                              sw::all_reduce(mesh, v);
@@ -78,8 +79,10 @@ TEST_CASE("many collectives in a row stay in step (barrier generations)") {
     Eigen::VectorXd v(3);
     for (int i = 0; i < 2000; ++i) {
       v.setConstant(world.rank() + i);
-      if (i % 2) sw::all_reduce(tp, v);
-      else sw::all_reduce(dp, v);
+      if (i % 2)
+        sw::all_reduce(tp, v);
+      else
+        sw::all_reduce(dp, v);
       int const expected = i % 2 ? 2 * (world.rank() / 2 * 2) + 1 + 2 * i : 2 * (world.rank() % 2) + 2 + 2 * i;
       REQUIRE(v(2) == expected);
     }

@@ -1,10 +1,10 @@
 #pragma once
 // Every collective on every tensor type, along every dimension, with uneven pieces, checked against the
 // reference computed from all ranks' inputs. Written once for any world (threads, MPI) and any 1-D mesh.
+#include <algorithm>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/adapters/xtensor.hpp>
 #include <shardwise/shardwise.hpp>
-#include <algorithm>
 #include <string>
 
 #include "support/convert.hpp"
@@ -16,9 +16,12 @@ namespace sw = shardwise;
 template <class T>
 double tolerance() {
   using S = sw::element_t<T>;
-  if constexpr (std::is_same_v<S, double>) return 1e-12;
-  else if constexpr (std::is_same_v<S, float>) return 1e-6;
-  else return 1e-2;  // bfloat16: 8 significant bits
+  if constexpr (std::is_same_v<S, double>)
+    return 1e-12;
+  else if constexpr (std::is_same_v<S, float>)
+    return 1e-6;
+  else
+    return 1e-2;  // bfloat16: 8 significant bits
 }
 
 template <class T>
@@ -34,12 +37,12 @@ std::vector<std::size_t> base_shape() {
   return shape;
 }
 
-#define CASES_CHECK_CLOSE(got, expected, tol)                                                               \
-  do {                                                                                                     \
-    auto const got_ = (got);                                                                               \
-    auto const expected_ = (expected);                                                                     \
-    INFO("shape " << ref::describe(got_.shape) << ", expected " << ref::describe(expected_.shape));      \
-    CHECK(ref::relative_error(got_, expected_) <= (tol));                                                  \
+#define CASES_CHECK_CLOSE(got, expected, tol)                                                       \
+  do {                                                                                              \
+    auto const got_ = (got);                                                                        \
+    auto const expected_ = (expected);                                                              \
+    INFO("shape " << ref::describe(got_.shape) << ", expected " << ref::describe(expected_.shape)); \
+    CHECK(ref::relative_error(got_, expected_) <= (tol));                                           \
   } while (0)
 
 /// Runs every collective over the 1-D mesh `axis`. `seed` makes this group's inputs differ from other groups'.
@@ -194,12 +197,12 @@ void check_collectives(AxisMesh const& axis, int seed) {
     }
     T t = ref::make<T>(input_of(me, shape));
     T out;
-    CHECK_THROWS_WITH_AS(sw::all_gather(axis, t, out, 7),
-                         doctest::Contains(("all_gather on mesh axis \"" + std::string(axis.comm(0).label()) +
-                                            "\": dimension 7 does not exist in a tensor of rank " +
-                                            std::to_string(rank))
-                                               .c_str()),
-                         sw::error);
+    CHECK_THROWS_WITH_AS(
+        sw::all_gather(axis, t, out, 7),
+        doctest::Contains(("all_gather on mesh axis \"" + std::string(axis.comm(0).label()) +
+                           "\": dimension 7 does not exist in a tensor of rank " + std::to_string(rank))
+                              .c_str()),
+        sw::error);
     CHECK_THROWS_WITH_AS(sw::broadcast(axis, t, n), doctest::Contains("root rank"), sw::error);
   }
 }

@@ -1,11 +1,11 @@
 #pragma once
 // Distributed tensors: distribute, distribute_from, from_local, full_tensor and redistribute between every
 // pair of layouts, on 1-D and 2-D meshes, checked against shards cut by the reference (test-side torch.chunk).
+#include <algorithm>
+#include <array>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/adapters/xtensor.hpp>
 #include <shardwise/shardwise.hpp>
-#include <algorithm>
-#include <array>
 #include <tuple>
 
 #include "support/convert.hpp"
@@ -22,11 +22,16 @@ struct expected_placement {
 };
 template <class P>
 constexpr expected_placement describe_placement() {
-  if constexpr (std::is_same_v<P, sw::Replicate>) return {'R', 0, 0};
-  else if constexpr (std::is_same_v<P, sw::Partial<sw::Sum>>) return {'P', 0, '+'};
-  else if constexpr (std::is_same_v<P, sw::Partial<sw::Max>>) return {'P', 0, 'M'};
-  else if constexpr (std::is_same_v<P, sw::Partial<sw::Avg>>) return {'P', 0, 'A'};
-  else return {'S', P::dim, 0};
+  if constexpr (std::is_same_v<P, sw::Replicate>)
+    return {'R', 0, 0};
+  else if constexpr (std::is_same_v<P, sw::Partial<sw::Sum>>)
+    return {'P', 0, '+'};
+  else if constexpr (std::is_same_v<P, sw::Partial<sw::Max>>)
+    return {'P', 0, 'M'};
+  else if constexpr (std::is_same_v<P, sw::Partial<sw::Avg>>)
+    return {'P', 0, 'A'};
+  else
+    return {'S', P::dim, 0};
 }
 template <class L>
 struct layout_description;
@@ -37,7 +42,9 @@ struct layout_description<sw::Layout<P...>> {
     std::string text;
     for (auto p : get()) {
       text += text.empty() ? "<" : ", ";
-      text += p.kind == 'S' ? "Shard" + std::to_string(p.dim) : p.kind == 'R' ? std::string("R") : std::string("P") + p.op;
+      text += p.kind == 'S'   ? "Shard" + std::to_string(p.dim)
+              : p.kind == 'R' ? std::string("R")
+                              : std::string("P") + p.op;
     }
     return text + ">";
   }
@@ -62,14 +69,15 @@ void check_represents(D const& dt, ref::Array const& full, double tol) {
   using T = typename D::tensor_type;
   auto const layout = layout_description<typename D::layout_type>::get();
   auto const& mesh = dt.mesh();
-  CHECK(std::vector<std::size_t>(dt.global_shape().dims.begin(), dt.global_shape().dims.begin() + dt.global_shape().rank) == full.shape);
+  CHECK(std::vector<std::size_t>(dt.global_shape().dims.begin(),
+                                 dt.global_shape().dims.begin() + dt.global_shape().rank) == full.shape);
   T local = dt.to_local();
   auto without_partial = layout;
   for (std::size_t i = 0; i < layout.size(); ++i) {
     if (layout[i].kind != 'P') continue;
     without_partial[i] = {'R', 0, 0};
     auto const& comm = mesh.comm(i);  // reduce over this axis with the library's all_reduce, tested on its own
-    auto op = layout[i].op == '+' ? sw::detail::op_kind::sum
+    auto op = layout[i].op == '+'   ? sw::detail::op_kind::sum
               : layout[i].op == 'M' ? sw::detail::op_kind::max
                                     : sw::detail::op_kind::avg;
     sw::detail::all_reduce_on(comm, local, op);
@@ -197,8 +205,8 @@ void check_dtensor_construction(World const& world) {
     auto shard = expected_shard(full, layout_description<Grid>::get(), mesh);
     if (world.rank() == 0) shard = ref::pattern({shard.shape[0] + 1, shard.shape[1]}, 1);
     sw::extents const global{9, 6};
-    CHECK_THROWS_WITH_AS((void)sw::from_local<Grid>(mesh, ref::make<T>(shard), global),
-                         doctest::Contains("from_local"), sw::error);
+    CHECK_THROWS_WITH_AS((void)sw::from_local<Grid>(mesh, ref::make<T>(shard), global), doctest::Contains("from_local"),
+                         sw::error);
   }
   {
     INFO("a Shard dimension out of range for a tensor whose rank is known only at run time");

@@ -1,7 +1,6 @@
+#include <cstdio>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/shardwise.hpp>
-
-#include <cstdio>
 
 namespace sw = shardwise;
 

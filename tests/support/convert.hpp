@@ -14,13 +14,17 @@ namespace ref {
 
 template <class S>
 S to_scalar(double x) {
-  if constexpr (std::is_arithmetic_v<S>) return static_cast<S>(x);
-  else return S(static_cast<float>(x));
+  if constexpr (std::is_arithmetic_v<S>)
+    return static_cast<S>(x);
+  else
+    return S(static_cast<float>(x));
 }
 template <class S>
 double to_double(S x) {
-  if constexpr (std::is_arithmetic_v<S>) return static_cast<double>(x);
-  else return static_cast<double>(static_cast<float>(x));
+  if constexpr (std::is_arithmetic_v<S>)
+    return static_cast<double>(x);
+  else
+    return static_cast<double>(static_cast<float>(x));
 }
 
 template <class T>

@@ -1,14 +1,14 @@
 #pragma once
 // An independent reference for the tests: a row-major array of doubles with naive index loops. It shares no
 // code with shardwise (no boxes, no chunk helpers), so what it computes is a second opinion, not a copy.
+#include <doctest/doctest.h>
+
 #include <cmath>
 #include <cstddef>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <doctest/doctest.h>
 
 namespace ref {
 

@@ -23,8 +23,10 @@ struct eigen_dense_traits {
 
   template <class M>
   static extents shape(M const& m) {
-    if constexpr (is_vector) return {static_cast<std::size_t>(m.size())};
-    else return {static_cast<std::size_t>(m.rows()), static_cast<std::size_t>(m.cols())};
+    if constexpr (is_vector)
+      return {static_cast<std::size_t>(m.size())};
+    else
+      return {static_cast<std::size_t>(m.rows()), static_cast<std::size_t>(m.cols())};
   }
 };
 

@@ -43,7 +43,8 @@ struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> {
   static element_type* data(type& t) { return t.data(); }
   static element_type const* data(type const& t) { return t.data(); }
   static type make(extents const& e) {
-    if (e.rank != N) detail::fail("shardwise::tensor_traits<xt::xtensor>: cannot make a rank-", N, " tensor of shape ", e);
+    if (e.rank != N)
+      detail::fail("shardwise::tensor_traits<xt::xtensor>: cannot make a rank-", N, " tensor of shape ", e);
     typename type::shape_type shape{};
     for (std::size_t i = 0; i < N; ++i) shape[i] = e[i];
     return type(shape);

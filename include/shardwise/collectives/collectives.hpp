@@ -54,15 +54,16 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
   int const ranks = comm.size();
   if constexpr (Comm::shared_memory) {
     comm.exchange({data, data, shape}, "all_reduce", [&](std::vector<thread_slot> const& slots) {
-      check_shapes_agree(ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
+      check_shapes_agree(
+          ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       if (ranks == 1) return;
       // Each rank reduces one piece into its own buffer, then copies the other pieces from their owners.
       auto const me = static_cast<std::size_t>(comm.rank());
       std::size_t const start = chunk_offset(n, static_cast<std::size_t>(ranks), me);
       dispatch_op(op, [&]<op_kind Op>() {
-        reduce_rank_order<Op>(data + start, ranks,
-                              [&](int q) { return slot_input<E>(slots[static_cast<std::size_t>(q)]) + start; },
-                              chunk_size(n, static_cast<std::size_t>(ranks), me));
+        reduce_rank_order<Op>(
+            data + start, ranks, [&](int q) { return slot_input<E>(slots[static_cast<std::size_t>(q)]) + start; },
+            chunk_size(n, static_cast<std::size_t>(ranks), me));
       });
       comm.barrier("all_reduce");
       for (std::size_t q = 0; q < slots.size(); ++q) {
@@ -73,7 +74,8 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
     });
   } else {
     auto const shapes = comm.all_gather_value(shape);
-    check_shapes_agree(ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
+    check_shapes_agree(
+        ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
     if (ranks == 1) return;
     comm.all_reduce(data, n, op);
     if (op == op_kind::avg) divide_by_ranks(data, n, ranks);
@@ -150,7 +152,8 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
   extents const my_offset = with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], pieces, me));
   if constexpr (Comm::shared_memory) {
     comm.exchange({data, nullptr, shape}, "reduce_scatter", [&](std::vector<thread_slot> const& slots) {
-      check_shapes_agree(ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
+      check_shapes_agree(
+          ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       prepare_output(out, mine, site);
       E* const result = data_of(out);
       dispatch_op(op, [&]<op_kind Op>() {
@@ -164,7 +167,8 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
     });
   } else {
     auto const shapes = comm.all_gather_value(shape);
-    check_shapes_agree(ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
+    check_shapes_agree(
+        ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
     prepare_output(out, mine, site);
     std::vector<std::size_t> counts(pieces);
     for (std::size_t q = 0; q < pieces; ++q) counts[q] = with_dim(shape, d, chunk_size(shape[d], pieces, q)).elements();
@@ -301,8 +305,9 @@ template <class Mesh>
 constexpr bool require_1d_mesh() {
   static_assert(device_mesh<Mesh>, "shardwise::collective: the first argument must be a shardwise mesh");
   if constexpr (device_mesh<Mesh>) {
-    static_assert(Mesh::ndim == 1, "shardwise::collective: collectives run over one mesh axis; pass "
-                                   "mesh.axis<\"name\">() instead of the whole mesh");
+    static_assert(Mesh::ndim == 1,
+                  "shardwise::collective: collectives run over one mesh axis; pass "
+                  "mesh.axis<\"name\">() instead of the whole mesh");
     return Mesh::ndim == 1;
   }
   return false;
@@ -338,7 +343,8 @@ void reduce_scatter(Mesh const& mesh, In const& in, Out& out, int dim, Op = {}) 
 /// Copies root's tensor to every rank (resizing where the type allows).
 template <class Mesh, class T>
 void broadcast(Mesh const& mesh, T& t, int root = 0) {
-  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) detail::broadcast_on(mesh.comm(0), t, root);
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>())
+    detail::broadcast_on(mesh.comm(0), t, root);
 }
 
 /// Cuts `in` along split_dim into one torch.chunk piece per rank, sends piece q to rank q, and concatenates
@@ -355,8 +361,8 @@ void send(Mesh const& mesh, T const& t, int destination, int tag = 0) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) {
     detail::check_tag(tag, {"send", mesh.comm(0).label()});
     auto const shape = shape_of(t);
-    mesh.comm(0).send_bytes(detail::traits_of<T>::data(t), shape.elements() * sizeof(element_t<T>), shape,
-                            destination, tag);
+    mesh.comm(0).send_bytes(detail::traits_of<T>::data(t), shape.elements() * sizeof(element_t<T>), shape, destination,
+                            tag);
   }
 }
 

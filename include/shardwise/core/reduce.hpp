@@ -8,19 +8,26 @@ namespace shardwise::detail {
 
 template <op_kind Op, class T>
 [[nodiscard]] inline T combine(T a, T b) {
-  if constexpr (Op == op_kind::sum || Op == op_kind::avg) return static_cast<T>(a + b);
-  else if constexpr (Op == op_kind::max) return b > a ? b : a;
-  else return b < a ? b : a;
+  if constexpr (Op == op_kind::sum || Op == op_kind::avg)
+    return static_cast<T>(a + b);
+  else if constexpr (Op == op_kind::max)
+    return b > a ? b : a;
+  else
+    return b < a ? b : a;
 }
 
 /// Calls fn(std::integral_constant-like tag) with the op as a compile-time value.
 template <class Fn>
 decltype(auto) dispatch_op(op_kind op, Fn&& fn) {
   switch (op) {
-    case op_kind::sum: return fn.template operator()<op_kind::sum>();
-    case op_kind::avg: return fn.template operator()<op_kind::avg>();
-    case op_kind::max: return fn.template operator()<op_kind::max>();
-    default: return fn.template operator()<op_kind::min>();
+    case op_kind::sum:
+      return fn.template operator()<op_kind::sum>();
+    case op_kind::avg:
+      return fn.template operator()<op_kind::avg>();
+    case op_kind::max:
+      return fn.template operator()<op_kind::max>();
+    default:
+      return fn.template operator()<op_kind::min>();
   }
 }
 

@@ -31,12 +31,14 @@ using placements = std::array<placement_value, K>;
 /// Checks a layout against a mesh and a tensor type; true when usable.
 template <class Tensor, class Mesh, class L>
 constexpr bool check_layout() {
-  static_assert(layout<L>, "shardwise::DTensor: the layout must be shardwise::Layout<P...> with placements "
-                           "Shard<D>, Replicate or Partial<Sum|Avg|Max|Min>");
+  static_assert(layout<L>,
+                "shardwise::DTensor: the layout must be shardwise::Layout<P...> with placements "
+                "Shard<D>, Replicate or Partial<Sum|Avg|Max|Min>");
   if constexpr (layout<L>) {
     constexpr bool sizes_match = L::size == Mesh::ndim;
-    static_assert(sizes_match, "shardwise::DTensor: the layout needs one placement per mesh axis; give Layout<...> "
-                               "exactly as many placements as the mesh has axes");
+    static_assert(sizes_match,
+                  "shardwise::DTensor: the layout needs one placement per mesh axis; give Layout<...> "
+                  "exactly as many placements as the mesh has axes");
     if constexpr (!sizes_match) {
       [[maybe_unused]] layout_size_for_mesh<L::size, Mesh::ndim> placements_vs_axes;
       return false;
@@ -50,8 +52,9 @@ constexpr bool check_layout() {
           if (!dim_in_range(p, rank)) return false;
         return true;
       }();
-      static_assert(in_range, "shardwise::Shard<D>: D is out of range for the tensor's rank; use 0..rank-1, or "
-                              "-rank..-1 to count from the last dimension");
+      static_assert(in_range,
+                    "shardwise::Shard<D>: D is out of range for the tensor's rank; use 0..rank-1, or "
+                    "-rank..-1 to count from the last dimension");
       if constexpr (!in_range) {
         constexpr int bad = [&] {
           for (auto p : values)
@@ -164,7 +167,9 @@ void run_step(redistribute_step const& step, Comm const& comm, int coordinate, T
       local = std::move(out);
       break;
     }
-    case step_kind::all_reduce: all_reduce_on(comm, local, step.from.op); break;
+    case step_kind::all_reduce:
+      all_reduce_on(comm, local, step.from.op);
+      break;
     case step_kind::reduce_scatter: {
       Tensor out = make_tensor<Tensor>(empty_like(local));
       reduce_scatter_on(comm, local, out, step.to.dim, step.from.op);
@@ -185,9 +190,8 @@ Layout<P...> layout_of_placements(P...);
 
 template <std::size_t K>
 auto replicated_layout() {
-  return []<std::size_t... I>(std::index_sequence<I...>) {
-    return Layout<std::enable_if_t<(I < K), Replicate>...>{};
-  }(std::make_index_sequence<K>{});
+  return []<std::size_t... I>(std::index_sequence<I...>) { return Layout<std::enable_if_t<(I < K), Replicate>...>{}; }
+  (std::make_index_sequence<K>{});
 }
 
 }  // namespace detail
@@ -205,7 +209,8 @@ class DTensor {
   static constexpr std::size_t mesh_axes = Mesh::ndim;
 
   /// Wraps a shard without checks; use from_local or distribute, which check.
-  DTensor(Mesh mesh, Tensor local, extents global) : mesh_(std::move(mesh)), local_(std::move(local)), global_(global) {}
+  DTensor(Mesh mesh, Tensor local, extents global)
+      : mesh_(std::move(mesh)), local_(std::move(local)), global_(global) {}
 
   [[nodiscard]] Tensor const& to_local() const& { return local_; }
   [[nodiscard]] Tensor to_local() && { return std::move(local_); }
@@ -234,12 +239,13 @@ class DTensor {
     if constexpr (rank_v<Tensor> != dynamic_rank) {
       constexpr std::size_t rank = rank_v<Tensor>;
       constexpr auto plan = planned<To, rank>();
-      static_assert(plan.valid, "shardwise::redistribute: Shard to Partial is not a redistribution; a sharded "
-                                "tensor is already reduced, so redistribute to Replicate or another Shard");
+      static_assert(plan.valid,
+                    "shardwise::redistribute: Shard to Partial is not a redistribution; a sharded "
+                    "tensor is already reduced, so redistribute to Replicate or another Shard");
       for (std::size_t s = 0; s < plan.count; ++s) run(plan.steps[s]);
     } else {
-      auto const plan = detail::plan_redistribute(placements(), detail::normalized_checked(
-                                                                     detail::layout_values<To>::value, global_.rank));
+      auto const plan = detail::plan_redistribute(
+          placements(), detail::normalized_checked(detail::layout_values<To>::value, global_.rank));
       if (!plan.valid)
         detail::fail("shardwise::redistribute: Shard to Partial on mesh axis \"", Mesh::names[plan.invalid_axis],
                      "\" is not a redistribution; a sharded tensor is already reduced, so redistribute to Replicate "
@@ -290,7 +296,7 @@ template <class L, device_mesh Mesh, class Tensor>
 /// type, typically empty); each rank receives just its shard, so no other rank ever holds the whole tensor.
 template <class L, device_mesh Mesh, class Tensor>
 [[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> distribute_from(Mesh const& mesh, Tensor const& full,
-                                                                             int root = 0) {
+                                                                            int root = 0) {
   using T = std::remove_cvref_t<Tensor>;
   static_assert(detail::check_creatable_tensor<T>() && detail::check_layout<T, Mesh, L>());
   auto const& world = mesh.world();
@@ -336,18 +342,19 @@ template <class L, device_mesh Mesh, class Tensor>
 /// sized as the layout says (torch.chunk sizes) and raises the same error everywhere if not.
 template <class L, device_mesh Mesh, class Tensor>
 [[nodiscard]] DTensor<std::remove_cvref_t<Tensor>, Mesh, L> from_local(Mesh const& mesh, Tensor&& local,
-                                                                        extents const& global) {
+                                                                       extents const& global) {
   using T = std::remove_cvref_t<Tensor>;
   static_assert(detail::check_creatable_tensor<T>() && detail::check_layout<T, Mesh, L>());
   auto const layout = detail::normalized_checked(detail::layout_values<L>::value, global.rank);
   extents const expected = detail::local_box(global, layout, mesh.sizes(), mesh.coordinates()).size;
   extents const actual = shape_of(local);
   bool const ok = expected == actual;
-  detail::agree_or_fail(mesh.world(), ok, "from_local",
-                        ok ? std::string() : detail::concat("shardwise::from_local: rank ", mesh.rank(), " holds a shard of shape ",
-                                            actual, " but the layout puts a shard of shape ", expected,
-                                            " there for the global shape ", global,
-                                            "; shards are sized like torch.chunk"));
+  detail::agree_or_fail(
+      mesh.world(), ok, "from_local",
+      ok ? std::string()
+         : detail::concat("shardwise::from_local: rank ", mesh.rank(), " holds a shard of shape ", actual,
+                          " but the layout puts a shard of shape ", expected, " there for the global shape ", global,
+                          "; shards are sized like torch.chunk"));
   return DTensor<T, Mesh, L>(mesh, T(std::forward<Tensor>(local)), global);
 }
 

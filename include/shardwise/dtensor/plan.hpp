@@ -5,8 +5,8 @@
 // Per mesh axis (design.md): Replicate -> Shard: local slice; Shard -> Replicate: all-gather;
 // Shard<d> -> Shard<e>: all-to-all; Partial -> Replicate: all-reduce; Partial -> Shard: reduce-scatter;
 // Replicate -> Partial: keep on one rank; Shard -> Partial: not a redistribution.
-// When two mesh axes cut the same tensor dimension (in either layout), the inner pieces are gathered first (last axis first)
-// and re-cut from the first axis on, because a chunk of a chunk depends on the order of the cuts.
+// When two mesh axes cut the same tensor dimension (in either layout), the inner pieces are gathered first (last axis
+// first) and re-cut from the first axis on, because a chunk of a chunk depends on the order of the cuts.
 #include <array>
 #include <cstddef>
 

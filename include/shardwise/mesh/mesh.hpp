@@ -2,12 +2,12 @@
 // A device mesh: ranks arranged in named axes (like torch's DeviceMesh, ranks laid out row-major, the last
 // axis fastest), with one communicator per axis. Axis names live in the type, so a wrong name is a compile error.
 #include <array>
-#include <optional>
-#include <string>
-#include <tuple>
 #include <concepts>
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -75,8 +75,9 @@ class Mesh {
   template <fixed_string Name>
   static constexpr std::size_t index_of() {
     constexpr std::size_t found = detail::count_axis<Name, Axes...>();
-    static_assert(found == 1, "shardwise::Mesh::axis: the mesh has no axis of this name; use one of the names "
-                              "given to make_mesh");
+    static_assert(found == 1,
+                  "shardwise::Mesh::axis: the mesh has no axis of this name; use one of the names "
+                  "given to make_mesh");
     if constexpr (found != 1) {
       [[maybe_unused]] detail::unknown_mesh_axis<Name> offending_name;
       return 0;
@@ -91,15 +92,17 @@ class Mesh {
   Mesh(Comm const& world, std::array<int, ndim> const& sizes) : world_(world), sizes_(sizes) {
     int total = 1;
     for (std::size_t i = 0; i < ndim; ++i) {
-      if (sizes_[i] < 1) detail::fail("shardwise::make_mesh: axis \"", names[i], "\" has size ", sizes_[i], "; sizes must be at least 1");
+      if (sizes_[i] < 1)
+        detail::fail("shardwise::make_mesh: axis \"", names[i], "\" has size ", sizes_[i],
+                     "; sizes must be at least 1");
       if (static_sizes[i] != dynamic_size && static_cast<std::size_t>(sizes_[i]) != static_sizes[i])
         detail::fail("shardwise::make_mesh: axis \"", names[i], "\" is declared with size ", static_sizes[i],
                      " but was given ", sizes_[i]);
       total *= sizes_[i];
     }
     if (total != world.size())
-      detail::fail("shardwise::make_mesh: the mesh has ", total, " ranks (", describe_sizes(),
-                   ") but the world has ", world.size(), "; choose axis sizes whose product is the world size");
+      detail::fail("shardwise::make_mesh: the mesh has ", total, " ranks (", describe_sizes(), ") but the world has ",
+                   world.size(), "; choose axis sizes whose product is the world size");
     int rest = world.rank();
     for (std::size_t i = ndim; i-- > 0;) {
       coords_[i] = rest % sizes_[i];
@@ -145,7 +148,8 @@ class Mesh {
   friend class Mesh;
 
   // A 1-D mesh over an existing axis communicator: no split needed.
-  Mesh(detail::from_axis_comm, Comm const& axis_comm, int coordinate) : world_(axis_comm), sizes_{axis_comm.size()}, coords_{coordinate} {
+  Mesh(detail::from_axis_comm, Comm const& axis_comm, int coordinate)
+      : world_(axis_comm), sizes_{axis_comm.size()}, coords_{coordinate} {
     axis_comms_[0] = axis_comm;
   }
 
@@ -170,8 +174,8 @@ template <fixed_string... Names, communicator Comm>
 
 /// make_mesh<axis<"dp", 2>, axis<"tp", 2>>(world): sizes fixed at compile time.
 template <class... Axes, communicator Comm>
-  requires(sizeof...(Axes) > 0 && ((Axes::static_size != dynamic_size) && ...))
-[[nodiscard]] auto make_mesh(Comm const& world) {
+requires(sizeof...(Axes) > 0 && ((Axes::static_size != dynamic_size) && ...))
+    [[nodiscard]] auto make_mesh(Comm const& world) {
   return Mesh<Comm, Axes...>(world, {static_cast<int>(Axes::static_size)...});
 }
 
@@ -180,7 +184,7 @@ template <class M>
 concept mesh_types = requires {
   typename M::comm_type;
   { M::ndim } -> std::convertible_to<std::size_t>;
-  { M::names };
+  {M::names};
 };
 template <class M>
 concept mesh_members = requires(M const& m, std::size_t i) {

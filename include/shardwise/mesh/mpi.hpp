@@ -24,20 +24,32 @@ namespace detail {
 
 template <class T>
 MPI_Datatype mpi_datatype() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<T, std::int8_t>) return MPI_INT8_T;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return MPI_UINT8_T;
-  else if constexpr (std::is_same_v<T, std::int16_t>) return MPI_INT16_T;
-  else if constexpr (std::is_same_v<T, std::uint16_t>) return MPI_UINT16_T;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return MPI_UINT32_T;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return MPI_UINT64_T;
-  else if constexpr (sizeof(T) == 2) return MPI_UINT16_T;  // bfloat16, half: moved as bits, reduced by our own op
+  if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::int8_t>)
+    return MPI_INT8_T;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return MPI_UINT8_T;
+  else if constexpr (std::is_same_v<T, std::int16_t>)
+    return MPI_INT16_T;
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return MPI_UINT16_T;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return MPI_UINT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return MPI_UINT64_T;
+  else if constexpr (sizeof(T) == 2)
+    return MPI_UINT16_T;  // bfloat16, half: moved as bits, reduced by our own op
   else {
-    static_assert(sizeof(T) == 0, "shardwise::MpiComm: no MPI datatype for this element type; use float, double, "
-                                  "Eigen::bfloat16, Eigen::half or a fixed-width integer");
+    static_assert(sizeof(T) == 0,
+                  "shardwise::MpiComm: no MPI datatype for this element type; use float, double, "
+                  "Eigen::bfloat16, Eigen::half or a fixed-width integer");
     return MPI_BYTE;
   }
 }
@@ -56,9 +68,12 @@ void mpi_user_reduce(void* in, void* inout, int* count, MPI_Datatype*) {
 template <class T, op_kind Op>
 MPI_Op mpi_op() {
   if constexpr (mpi_reduces_natively<T>) {
-    if constexpr (Op == op_kind::max) return MPI_MAX;
-    else if constexpr (Op == op_kind::min) return MPI_MIN;
-    else return MPI_SUM;
+    if constexpr (Op == op_kind::max)
+      return MPI_MAX;
+    else if constexpr (Op == op_kind::min)
+      return MPI_MIN;
+    else
+      return MPI_SUM;
   } else {
     static MPI_Op const op = [] {
       MPI_Op created;
@@ -132,8 +147,8 @@ class MpiComm {
     detail::dispatch_op(op, [&]<detail::op_kind Op>() {
       for (std::size_t start = 0; start < n; start += piece) {
         std::size_t const count = std::min(piece, n - start);
-        detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, data + start, static_cast<int>(count),
-                                        detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(), native()),
+        detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, data + start, static_cast<int>(count), detail::mpi_datatype<T>(),
+                                        detail::mpi_op<T, Op>(), native()),
                           "MPI_Allreduce");
       }
     });
@@ -153,16 +168,16 @@ class MpiComm {
   void reduce_scatterv(T const* in, T* out, std::vector<std::size_t> const& counts, detail::op_kind op) const {
     auto [sizes, offsets] = counts_and_displacements(counts, "reduce_scatter");
     detail::dispatch_op(op, [&]<detail::op_kind Op>() {
-      detail::mpi_check(MPI_Reduce_scatter(in, out, sizes.data(), detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(),
-                                           native()),
-                        "MPI_Reduce_scatter");
+      detail::mpi_check(
+          MPI_Reduce_scatter(in, out, sizes.data(), detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(), native()),
+          "MPI_Reduce_scatter");
     });
   }
 
   template <class T>
   void broadcast(T* data, std::size_t n, int root) const {
-    detail::mpi_check(
-        MPI_Bcast(data, detail::mpi_count(n, "broadcast"), detail::mpi_datatype<T>(), root, native()), "MPI_Bcast");
+    detail::mpi_check(MPI_Bcast(data, detail::mpi_count(n, "broadcast"), detail::mpi_datatype<T>(), root, native()),
+                      "MPI_Bcast");
   }
 
   template <class T>
@@ -193,8 +208,8 @@ class MpiComm {
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
     std::vector<unsigned char> data(static_cast<std::size_t>(bytes));
-    detail::mpi_check(
-        MPI_Recv(data.data(), bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE), "MPI_Recv");
+    detail::mpi_check(MPI_Recv(data.data(), bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
+                      "MPI_Recv");
     take(shape, data);
   }
 

@@ -133,8 +133,10 @@ struct thread_group {
         if (static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation) return;
         check_peers(rank, what);
       }
-      if (spin < 320) std::this_thread::yield();
-      else word.wait(seen, std::memory_order_acquire);  // more ranks than cores: sleep until woken
+      if (spin < 320)
+        std::this_thread::yield();
+      else
+        word.wait(seen, std::memory_order_acquire);  // more ranks than cores: sleep until woken
     }
   }
 };

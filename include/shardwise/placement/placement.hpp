@@ -44,11 +44,11 @@ template <class Op>
 inline constexpr bool is_partial_v<Partial<Op>> = true;
 
 template <class T>
-concept reduce_op = std::is_same_v<T, Sum> || std::is_same_v<T, Avg> || std::is_same_v<T, Max> ||
-                    std::is_same_v<T, Min>;
+concept reduce_op =
+    std::is_same_v<T, Sum> || std::is_same_v<T, Avg> || std::is_same_v<T, Max> || std::is_same_v<T, Min>;
 
 template <class T>
-concept placement = is_shard_v<T> || std::is_same_v<T, Replicate> || (is_partial_v<T> && reduce_op<typename T::op>);
+concept placement = is_shard_v<T> || std::is_same_v<T, Replicate> ||(is_partial_v<T>&& reduce_op<typename T::op>);
 
 template <class T>
 inline constexpr bool is_layout_v = false;
@@ -73,17 +73,24 @@ struct placement_value {
 
 template <reduce_op Op>
 constexpr op_kind op_kind_of() {
-  if constexpr (std::is_same_v<Op, Sum>) return op_kind::sum;
-  else if constexpr (std::is_same_v<Op, Avg>) return op_kind::avg;
-  else if constexpr (std::is_same_v<Op, Max>) return op_kind::max;
-  else return op_kind::min;
+  if constexpr (std::is_same_v<Op, Sum>)
+    return op_kind::sum;
+  else if constexpr (std::is_same_v<Op, Avg>)
+    return op_kind::avg;
+  else if constexpr (std::is_same_v<Op, Max>)
+    return op_kind::max;
+  else
+    return op_kind::min;
 }
 
 template <placement P>
 constexpr placement_value placement_value_of() {
-  if constexpr (is_shard_v<P>) return {placement_kind::shard, P::dim, op_kind::sum};
-  else if constexpr (is_partial_v<P>) return {placement_kind::partial, 0, op_kind_of<typename P::op>()};
-  else return {};
+  if constexpr (is_shard_v<P>)
+    return {placement_kind::shard, P::dim, op_kind::sum};
+  else if constexpr (is_partial_v<P>)
+    return {placement_kind::partial, 0, op_kind_of<typename P::op>()};
+  else
+    return {};
 }
 
 }  // namespace detail
