@@ -11,6 +11,7 @@ template <std::size_t N>
 struct fixed_string {
   char chars[N]{};  // includes the terminating '\0'
 
+  constexpr fixed_string() = default;
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }  // NOLINT: implicit on purpose
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
   [[nodiscard]] static constexpr std::size_t size() { return N - 1; }
@@ -20,5 +21,21 @@ struct fixed_string {
     return view() == other.view();
   }
 };
+
+/// "a" + "." + "b", or just one of them when the other is empty: plan paths are joined at compile time.
+template <fixed_string A, fixed_string B>
+constexpr auto join_path() {
+  if constexpr (A.size() == 0) {
+    return B;
+  } else if constexpr (B.size() == 0) {
+    return A;
+  } else {
+    fixed_string<A.size() + B.size() + 2> joined;
+    std::copy_n(A.chars, A.size(), joined.chars);
+    joined.chars[A.size()] = '.';
+    std::copy_n(B.chars, B.size(), joined.chars + A.size() + 1);
+    return joined;
+  }
+}
 
 }  // namespace shardwise

@@ -1,0 +1,97 @@
+#pragma once
+// Activations between layers carry their layout on the tensor-parallel axis in their type, so a plan whose
+// layouts do not chain (a Colwise output fed to a layer that expects a replicated input, a Rowwise output fed
+// to a vocabulary-parallel loss) does not compile. `local` is this rank's part, a plain Eigen matrix.
+#include <type_traits>
+
+#include "shardwise/nn/group.hpp"
+#include "shardwise/placement/placement.hpp"
+
+namespace shardwise {
+
+template <class T, class P = Replicate>
+struct Activation {
+  static_assert(placement<P>, "shardwise::Activation: the layout must be Replicate, Shard<D> or Partial<Op>");
+  using element_type = T;
+  using placement = P;
+  nn::matrix<T> local;
+};
+
+namespace detail {
+
+/// Activations are [tokens, features]: Shard<-1> and Shard<1> are the same placement, as are Shard<-2> and 0.
+template <class P>
+struct normalize_2d {
+  using type = P;
+};
+template <int D>
+struct normalize_2d<Shard<D>> {
+  using type = Shard<(D < 0 ? D + 2 : D)>;
+};
+template <class P>
+using normalize_2d_t = typename normalize_2d<P>::type;
+
+template <class A, class B>
+inline constexpr bool same_layout_v = std::is_same_v<normalize_2d_t<A>, normalize_2d_t<B>>;
+
+/// Incomplete on purpose: the diagnostic shows the layer's path and both layouts.
+template <fixed_string Path, class Expected, class Got>
+struct input_layout_mismatch_at;
+
+template <class T>
+inline constexpr bool is_activation_v = false;
+template <class T, class P>
+inline constexpr bool is_activation_v<Activation<T, P>> = true;
+
+/// The layout of what a layer is given: a typed activation says it; a plain matrix is taken to be in the
+/// style's declared input layout, as PyTorch annotates plain tensors.
+template <class X, class Declared>
+struct given_layout {
+  using type = Declared;
+};
+template <class T, class P, class Declared>
+struct given_layout<Activation<T, P>, Declared> {
+  using type = P;
+};
+
+template <fixed_string Path, class Expected, class X>
+constexpr bool input_layout_ok() {
+  using Got = typename given_layout<std::remove_cvref_t<X>, Expected>::type;
+  constexpr bool ok = same_layout_v<Expected, Got>;
+  if constexpr (!ok) {
+    [[maybe_unused]] input_layout_mismatch_at<Path, Expected, Got> offending_layouts;
+  }
+  return ok;
+}
+
+template <class T, class X>
+nn::matrix<T> const& local_of(X const& x) {
+  if constexpr (is_activation_v<X>)
+    return x.local;
+  else
+    return x;
+}
+
+}  // namespace detail
+
+// Element-wise arithmetic between activations keeps the layout and refuses to mix layouts.
+template <class T, class P, class Q>
+Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q> const& b) {
+  static_assert(detail::same_layout_v<P, Q>,
+                "shardwise::operator*: the two activations have different layouts; "
+                "redistribute one of them first");
+  static_assert(!is_partial_v<P>,
+                "shardwise::operator*: a product of partial sums is not the product of the sums; "
+                "reduce the activations first (RowwiseParallel's output_layouts)");
+  return {a.local.cwiseProduct(b.local)};
+}
+
+template <class T, class P, class Q>
+Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q> const& b) {
+  static_assert(detail::same_layout_v<P, Q>,
+                "shardwise::operator+: the two activations have different layouts; "
+                "redistribute one of them first");
+  return {a.local + b.local};
+}
+
+}  // namespace shardwise

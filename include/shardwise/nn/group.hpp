@@ -1,0 +1,72 @@
+#pragma once
+// The tensor-parallel group a layer talks to after parallelize. Layers are types of the model, not of the
+// backend, so the mesh is held behind a small interface; one indirect call per collective costs nothing next
+// to the collective, and the arithmetic around it stays the same code as without sharding.
+#include <Eigen/Core>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "shardwise/adapters/eigen.hpp"
+#include "shardwise/collectives/collectives.hpp"
+
+namespace shardwise::nn {
+
+/// Activations and weights: row-major, rows are tokens (or output features for a weight).
+template <class T>
+using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+
+template <class T>
+class group {
+ public:
+  virtual ~group() = default;
+  [[nodiscard]] virtual int size() const = 0;
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual std::string_view axis() const = 0;
+  virtual void all_reduce(T* data, std::size_t n, detail::op_kind op) const = 0;
+  virtual void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
+  virtual void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
+
+  void all_reduce(matrix<T>& m, detail::op_kind op = detail::op_kind::sum) const {
+    all_reduce(m.data(), static_cast<std::size_t>(m.size()), op);
+  }
+  void all_reduce(vector<T>& v, detail::op_kind op = detail::op_kind::sum) const {
+    all_reduce(v.data(), static_cast<std::size_t>(v.size()), op);
+  }
+};
+
+template <class Mesh, class T>
+class group_of final : public group<T> {
+ public:
+  explicit group_of(Mesh mesh) : mesh_(std::move(mesh)) {}
+  int size() const override { return mesh_.size(); }
+  int rank() const override { return mesh_.rank(); }
+  std::string_view axis() const override { return Mesh::names[0]; }
+  void all_reduce(T* data, std::size_t n, detail::op_kind op) const override {
+    Eigen::Map<vector<T>> view(data, static_cast<Eigen::Index>(n));
+    detail::all_reduce_on(mesh_.comm(0), view, op);
+  }
+  void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const override {
+    detail::all_gather_on(mesh_.comm(0), in, out, dim);
+  }
+  void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const override {
+    detail::reduce_scatter_on(mesh_.comm(0), in, out, dim, detail::op_kind::sum);
+  }
+
+ private:
+  Mesh mesh_;
+};
+
+/// The group of a 1-D mesh; a layer keeps one after parallelize.
+template <class T, class Mesh>
+std::shared_ptr<group<T> const> make_group(Mesh const& mesh) {
+  static_assert(Mesh::ndim == 1,
+                "shardwise::parallelize: tensor parallelism runs over one mesh axis; pass "
+                "mesh.axis<\"tp\">() (or sw::submesh<\"tp\">(mesh))");
+  return std::make_shared<group_of<Mesh, T> const>(mesh);
+}
+
+}  // namespace shardwise::nn

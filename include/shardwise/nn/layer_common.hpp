@@ -1,0 +1,58 @@
+#pragma once
+// What every layer shares: its place in the plan, the group it talks to, deterministic initialisation (the
+// same seed gives the same full parameters on every rank, so a sharded model starts from exactly the weights
+// of the unsharded one) and the checks that name the layer's path.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string_view>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/group.hpp"
+#include "shardwise/nn/styles.hpp"
+#include "shardwise/plan/plan.hpp"
+
+namespace shardwise {
+
+/// The location of a layer used outside any plan.
+using unplanned = located<NoParallel, "", serial_plan>;
+
+namespace detail {
+
+/// Incomplete on purpose: the diagnostic shows the path and the style that cannot apply.
+template <fixed_string Path, class Style>
+struct style_cannot_shard_layer_at;
+
+template <class Location, bool Allowed>
+constexpr bool style_allowed() {
+  if constexpr (!Allowed) {
+    [[maybe_unused]] style_cannot_shard_layer_at<Location::path, typename Location::style> offending_style;
+  }
+  return Allowed;
+}
+
+/// Uniform in [-bound, bound], the same on every rank for the same seed.
+template <class T, class Dense>
+void fill_uniform(Dense& m, T bound, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<T>(bound * uniform(rng));
+}
+
+/// Sizes a style cuts must divide over the group: checked when parallelize gives the layer its group.
+inline void require_divisible(std::string_view style, std::string_view path, char const* what, std::size_t size,
+                              int ranks, std::string_view axis) {
+  if (size % static_cast<std::size_t>(ranks) != 0)
+    fail("shardwise::", style, " at \"", path, "\": ", size, " ", what, " do not divide over ", ranks,
+         " ranks of mesh axis \"", axis, "\"; choose sizes the tp size divides");
+}
+
+template <class T>
+nn::matrix<T> columns(nn::matrix<T> const& m, Eigen::Index start, Eigen::Index count) {
+  return m.middleCols(start, count);
+}
+
+}  // namespace detail
+}  // namespace shardwise

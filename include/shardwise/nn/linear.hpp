@@ -1,0 +1,188 @@
+#pragma once
+// Linear: y = x W^T + b with W of shape [out, in] (PyTorch's layout), forward and backward, unsharded or
+// under ColwiseParallel / RowwiseParallel. Each style's backward runs the conjugate of its forward
+// communication: replicate <-> all-reduce, all-gather <-> reduce-scatter.
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+
+#include "shardwise/nn/layer_common.hpp"
+
+namespace shardwise {
+
+template <class T, class Location = unplanned>
+class Linear {
+  using Style = typename Location::style;
+  static constexpr bool colwise = is_colwise_v<Style>;
+  static constexpr bool rowwise = is_rowwise_v<Style>;
+  static constexpr bool serial = std::is_same_v<Style, NoParallel>;
+  static_assert(serial || colwise || rowwise,
+                "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
+                "the layer out of the plan");
+  static_assert(detail::style_allowed<Location, serial || colwise || rowwise>());
+
+  template <class S>
+  struct layouts {
+    using in = Replicate;
+    using out = Replicate;
+  };
+  template <class I, class O>
+  struct layouts<ColwiseParallel<I, O>> {
+    using in = detail::normalize_2d_t<I>;
+    using out = detail::normalize_2d_t<O>;
+    static_assert(std::is_same_v<in, Replicate> || std::is_same_v<in, Shard<0>>,
+                  "shardwise::ColwiseParallel on a Linear: input_layouts must be Replicate or Shard<0> (sequence)");
+    static_assert(std::is_same_v<out, Shard<1>> || std::is_same_v<out, Replicate>,
+                  "shardwise::ColwiseParallel on a Linear: output_layouts must be Shard<-1> or Replicate");
+  };
+  template <class I, class O>
+  struct layouts<RowwiseParallel<I, O>> {
+    using in = detail::normalize_2d_t<I>;
+    using out = detail::normalize_2d_t<O>;
+    static_assert(std::is_same_v<in, Shard<1>> || std::is_same_v<in, Replicate>,
+                  "shardwise::RowwiseParallel on a Linear: input_layouts must be Shard<-1> or Replicate");
+    static_assert(std::is_same_v<out, Replicate> || std::is_same_v<out, Shard<0>>,
+                  "shardwise::RowwiseParallel on a Linear: output_layouts must be Replicate or Shard<0> (sequence)");
+  };
+
+ public:
+  using shardwise_location = Location;
+  using style = Style;
+  using input_layout = typename layouts<Style>::in;
+  using output_layout = typename layouts<Style>::out;
+  using matrix = nn::matrix<T>;
+  using vector = nn::vector<T>;
+
+  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
+  Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
+      : in_(in), out_(out), has_bias_(with_bias) {
+    T const bound = T(1) / std::sqrt(static_cast<T>(in));
+    weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
+    detail::fill_uniform(weight, bound, seed);
+    if (has_bias_) {
+      bias.resize(static_cast<Eigen::Index>(out));
+      detail::fill_uniform(bias, bound, seed ^ 0x9e3779b97f4a7c15ull);
+    }
+    zero_grad();
+  }
+
+  /// This rank's parameters (the whole of them before parallelize) and their gradients.
+  matrix weight, weight_grad;
+  vector bias, bias_grad;
+
+  [[nodiscard]] std::size_t in_features() const { return in_; }
+  [[nodiscard]] std::size_t out_features() const { return out_; }
+  [[nodiscard]] bool has_bias() const { return has_bias_; }
+
+  void zero_grad() {
+    weight_grad.setZero(weight.rows(), weight.cols());
+    bias_grad.setZero(bias.size());
+  }
+
+  /// Keeps this rank's shard of the parameters and the group to talk to.
+  template <class Mesh>
+  void shardwise_parallelize(Mesh const& mesh) {
+    group_ = nn::make_group<T>(mesh);
+    if constexpr (serial) return;
+    int const n = group_->size(), r = group_->rank();
+    if constexpr (colwise) {
+      detail::require_divisible("ColwiseParallel", Location::path.view(), "output features", out_, n, group_->axis());
+      auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
+      weight = matrix(weight.middleRows(r * rows, rows));
+      if (has_bias_) bias = vector(bias.segment(r * rows, rows));
+    } else {
+      detail::require_divisible("RowwiseParallel", Location::path.view(), "input features", in_, n, group_->axis());
+      auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
+      weight = matrix(weight.middleCols(r * cols, cols));
+    }
+    zero_grad();
+  }
+
+  /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
+  /// matrix (taken to be in the style's input layout).
+  template <class X>
+  Activation<T, output_layout> operator()(X const& x) {
+    static_assert(std::is_same_v<X, matrix> || detail::is_activation_v<X>,
+                  "shardwise::Linear: the input must be a row-major Eigen matrix or a shardwise::Activation");
+    static_assert(detail::input_layout_ok<Location::path, input_layout, X>(),
+                  "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
+                  "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
+                  "RowwiseParallel");
+    require_group();
+    matrix const& given = detail::local_of<T>(x);
+    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {
+      group_->all_gather(given, saved_input_, 0);  // the whole sequence: each rank computes its columns for it
+    } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
+      auto const cols = weight.cols();
+      saved_input_ = given.middleCols(group_->rank() * cols, cols);
+    } else {
+      saved_input_ = given;
+    }
+    matrix y(saved_input_.rows(), weight.rows());
+    y.noalias() = saved_input_ * weight.transpose();
+    if constexpr (rowwise) {
+      if constexpr (std::is_same_v<output_layout, Replicate>) {
+        group_->all_reduce(y);
+      } else {
+        matrix mine;
+        group_->reduce_scatter(y, mine, 0);
+        y = std::move(mine);
+      }
+    }
+    if (has_bias_) y.rowwise() += bias.transpose();  // after the reduction: once, not once per rank
+    if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
+      matrix all;
+      group_->all_gather(y, all, -1);
+      return {std::move(all)};
+    } else {
+      return {std::move(y)};
+    }
+  }
+
+  /// Backward: accumulates the parameter gradients and returns the input gradient in the input's layout.
+  Activation<T, input_layout> backward(Activation<T, output_layout> const& dy_given) {
+    require_group();
+    matrix const* dy = &dy_given.local;
+    matrix dy_part;
+    if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
+      dy_part = dy->middleCols(group_->rank() * weight.rows(), weight.rows());  // conjugate of the all-gather
+      dy = &dy_part;
+    } else if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
+      group_->all_gather(*dy, dy_part, 0);  // conjugate of the reduce-scatter
+      dy = &dy_part;
+    }
+    weight_grad.noalias() += dy->transpose() * saved_input_;
+    if (has_bias_) bias_grad += dy->colwise().sum().transpose();
+    matrix dx(dy->rows(), weight.cols());
+    dx.noalias() = *dy * weight;
+    if constexpr (colwise) {  // dx is a partial sum over the ranks' output columns
+      if constexpr (std::is_same_v<input_layout, Replicate>) {
+        group_->all_reduce(dx);  // conjugate of using one replicated input
+      } else {
+        matrix mine;
+        group_->reduce_scatter(dx, mine, 0);  // conjugate of the all-gather over the sequence
+        dx = std::move(mine);
+      }
+    } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
+      matrix all;
+      group_->all_gather(dx, all, -1);  // conjugate of taking this rank's columns
+      dx = std::move(all);
+    }
+    return {std::move(dx)};
+  }
+
+ private:
+  void require_group() const {
+    if constexpr (!serial)
+      if (!group_)
+        detail::fail("shardwise::Linear at \"", Location::path.view(),
+                     "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
+  }
+
+  std::size_t in_, out_;
+  bool has_bias_;
+  std::shared_ptr<nn::group<T> const> group_;
+  matrix saved_input_;
+};
+
+}  // namespace shardwise

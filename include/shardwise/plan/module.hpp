@@ -1,0 +1,162 @@
+#pragma once
+// Modules name their children once (SHARDWISE_CHILDREN), for plans and checkpoints. parallelize walks the
+// children, hands every layer the tensor-parallel group so it can cut its parameters to this rank's shard,
+// and checks at compile time that every plan entry reached a layer.
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shardwise/plan/plan.hpp"
+
+/// Inside a module: SHARDWISE_CHILDREN(w1, w3, w2) names the members that are layers or modules.
+#define SHARDWISE_CHILDREN(...)                                                         \
+  static constexpr std::string_view shardwise_child_list = #__VA_ARGS__;              \
+  auto shardwise_children() { return std::tie(__VA_ARGS__); }                          \
+  auto shardwise_children() const { return std::tie(__VA_ARGS__); }
+
+namespace shardwise {
+
+/// A module: has children named with SHARDWISE_CHILDREN.
+template <class M>
+concept module = requires(M& m) {
+  { M::shardwise_child_list } -> std::convertible_to<std::string_view>;
+  m.shardwise_children();
+};
+
+/// A layer: the leaves a plan styles. It knows its place in the plan and takes its group in parallelize.
+template <class L>
+concept layer = requires { typename L::shardwise_location; };
+
+namespace detail {
+
+/// Child i's name from the stringized member list "w1, w3, w2".
+constexpr std::string_view child_name(std::string_view list, std::size_t index) {
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < index; ++i) start = list.find(',', start) + 1;
+  std::size_t end = list.find(',', start);
+  if (end == std::string_view::npos) end = list.size();
+  while (start < end && list[start] == ' ') ++start;
+  while (end > start && list[end - 1] == ' ') --end;
+  return list.substr(start, end - start);
+}
+
+template <class M>
+using children_t = decltype(std::declval<M&>().shardwise_children());
+
+template <class T>
+struct repeated {
+  static constexpr bool value = false;
+};
+template <class T, class A>
+struct repeated<std::vector<T, A>> {
+  static constexpr bool value = true;
+  using element = T;
+};
+template <class T, std::size_t N>
+struct repeated<std::array<T, N>> {
+  static constexpr bool value = true;
+  using element = T;
+};
+
+/// Calls fn(layer) for every layer under `node` (a layer, a module, or a vector/array of them).
+template <class Node, class Fn>
+void for_each_layer(Node& node, Fn&& fn) {
+  using N = std::remove_cvref_t<Node>;
+  if constexpr (layer<N>) {
+    fn(node);
+  } else if constexpr (module<N>) {
+    std::apply([&](auto&... child) { (for_each_layer(child, fn), ...); }, node.shardwise_children());
+  } else if constexpr (repeated<N>::value) {
+    for (auto& element : node) for_each_layer(element, fn);
+  }
+}
+
+/// Whether some layer under Node was looked up at `path`; Prefix is Node's own path.
+template <class Node>
+constexpr bool has_layer_at(std::string_view path) {
+  using N = std::remove_cvref_t<Node>;
+  if constexpr (layer<N>) {
+    return N::shardwise_location::path.view() == path;
+  } else if constexpr (module<N>) {
+    using Children = children_t<N>;
+    return []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
+      return (has_layer_at<std::tuple_element_t<I, Children>>(p) || ...);
+    }(path, std::make_index_sequence<std::tuple_size_v<Children>>{});
+  } else if constexpr (repeated<N>::value) {
+    return has_layer_at<typename repeated<N>::element>(path);
+  } else {
+    return false;
+  }
+}
+
+/// The plan the layers under Node were built with (plan<> if there are none).
+template <class Node>
+struct plan_of_tree;
+template <class Node>
+using plan_of_tree_t = typename plan_of_tree<std::remove_cvref_t<Node>>::type;
+
+template <class... Ts>
+struct first_plan {
+  using type = serial_plan;
+};
+template <class T, class... Rest>
+struct first_plan<T, Rest...> {
+  using type = std::conditional_t<std::is_same_v<plan_of_tree_t<T>, serial_plan>, typename first_plan<Rest...>::type,
+                                  plan_of_tree_t<T>>;
+};
+template <class Tuple>
+struct first_plan_of_tuple;
+template <class... Ts>
+struct first_plan_of_tuple<std::tuple<Ts...>> : first_plan<Ts...> {};
+
+template <class Node>
+struct plan_of_tree {
+  static auto pick() {
+    if constexpr (layer<Node>) return std::type_identity<typename Node::shardwise_location::plan>{};
+    else if constexpr (module<Node>) return std::type_identity<typename first_plan_of_tuple<children_t<Node>>::type>{};
+    else if constexpr (repeated<Node>::value) return std::type_identity<plan_of_tree_t<typename repeated<Node>::element>>{};
+    else return std::type_identity<serial_plan>{};
+  }
+  using type = typename decltype(pick())::type;
+};
+
+template <fixed_string Path>
+struct plan_path_matches_no_child;  // incomplete on purpose: the diagnostic spells the path
+
+template <class Model, class Entry>
+constexpr bool entry_found() {
+  constexpr bool found = has_layer_at<Model>(Entry::path.view());
+  if constexpr (!found) {
+    [[maybe_unused]] plan_path_matches_no_child<Entry::path> offending_path;
+  }
+  return found;
+}
+
+template <class Model, class Plan>
+struct plan_check;
+template <class Model, class... Entries>
+struct plan_check<Model, plan<Entries...>> {
+  static constexpr bool all_found = (has_layer_at<Model>(Entries::path.view()) && ...);
+  static_assert(all_found,
+                "shardwise::parallelize: a plan path matches no layer of the model; check its spelling against the "
+                "names in SHARDWISE_CHILDREN, and use \"*\" for the elements of a repeated child");
+  static constexpr bool shown = all_found || (entry_found<Model, Entries>() && ...);
+};
+
+}  // namespace detail
+
+/// Checks the model's plan against the model at compile time, then lets every layer take its shard over the
+/// 1-D mesh `tp` (collective on `tp`). Returns the model for chaining.
+template <module Model, class Group>
+Model& parallelize(Model& model, Group const& tp) {
+  using check = detail::plan_check<Model, detail::plan_of_tree_t<Model>>;
+  static_assert(check::shown);
+  detail::for_each_layer(model, [&](auto& l) { l.shardwise_parallelize(tp); });
+  return model;
+}
+
+}  // namespace shardwise

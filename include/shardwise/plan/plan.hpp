@@ -1,0 +1,114 @@
+#pragma once
+// A sharding plan is a type: a compile-time map from child paths ("layers.*.attention.wq") to parallel styles.
+// A module asks for its children's styles with style_at<Plan, "w1"> and passes subplan<Plan, "attention"> to
+// a child module; every lookup carries its full path, so a layer can name itself in an error and parallelize
+// can check that every entry of the plan found a layer.
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+
+#include "shardwise/core/fixed_string.hpp"
+
+namespace shardwise {
+
+/// The style of a layer the plan does not mention: whole parameters on every rank.
+struct NoParallel {};
+
+/// One plan entry: the style for the child at Path. "*" stands for every element of a repeated child.
+template <fixed_string Path, class Style>
+struct at {
+  static constexpr auto path = Path;
+  using style = Style;
+};
+
+namespace detail {
+template <fixed_string Path>
+struct plan_path_named_twice;  // incomplete on purpose: the diagnostic spells the path
+template <class T>
+inline constexpr bool is_plan_entry_v = false;
+template <fixed_string P, class S>
+inline constexpr bool is_plan_entry_v<at<P, S>> = true;
+}  // namespace detail
+
+template <class... Entries>
+struct plan {
+  static_assert((detail::is_plan_entry_v<Entries> && ...),
+                "shardwise::plan: every entry must be shardwise::at<\"path\", Style>");
+  static constexpr std::array<std::string_view, sizeof...(Entries)> paths{Entries::path.view()...};
+
+ private:
+  static constexpr bool paths_distinct = [] {
+    for (std::size_t i = 0; i < paths.size(); ++i)
+      for (std::size_t j = i + 1; j < paths.size(); ++j)
+        if (paths[i] == paths[j]) return false;
+    return true;
+  }();
+  static_assert(paths_distinct, "shardwise::plan: two entries name the same path; keep one style per path");
+  template <class E>
+  static constexpr bool show_if_named_twice() {
+    constexpr std::size_t count = ((Entries::path.view() == E::path.view() ? 1 : 0) + ... + 0);
+    if constexpr (count != 1) {
+      [[maybe_unused]] detail::plan_path_named_twice<E::path> offending_path;
+    }
+    return true;
+  }
+  static_assert(paths_distinct || (show_if_named_twice<Entries>() && ...));
+};
+
+/// The plan with nothing sharded: every module built with it is the unsharded reference.
+using serial_plan = plan<>;
+
+/// A plan as seen from inside a child module: lookups happen below Prefix.
+template <class Root, fixed_string Prefix>
+struct scoped_plan {};
+
+namespace detail {
+template <class P>
+struct plan_parts;
+template <class... E>
+struct plan_parts<plan<E...>> {
+  using root = plan<E...>;
+  static constexpr fixed_string<1> prefix{""};
+};
+template <class Root, fixed_string Prefix>
+struct plan_parts<scoped_plan<Root, Prefix>> {
+  using root = Root;
+  static constexpr auto prefix = Prefix;
+};
+
+template <class Root, fixed_string Path>
+struct lookup_style;
+template <fixed_string Path>
+struct lookup_style<plan<>, Path> {
+  using type = NoParallel;
+};
+template <fixed_string Path, class First, class... Rest>
+struct lookup_style<plan<First, Rest...>, Path> {
+  using type = std::conditional_t<First::path.view() == Path.view(), typename First::style,
+                                  typename lookup_style<plan<Rest...>, Path>::type>;
+};
+}  // namespace detail
+
+/// The style the plan gives one layer, with the layer's full path and the whole plan.
+template <class Style, fixed_string Path, class Root>
+struct located {
+  using style = Style;
+  static constexpr auto path = Path;
+  using plan = Root;
+};
+
+template <class Plan, fixed_string Name>
+using subplan = scoped_plan<typename detail::plan_parts<Plan>::root,
+                            join_path<detail::plan_parts<Plan>::prefix, Name>()>;
+
+template <class Plan, fixed_string Name>
+using style_at = located<typename detail::lookup_style<typename detail::plan_parts<Plan>::root,
+                                                       join_path<detail::plan_parts<Plan>::prefix, Name>()>::type,
+                         join_path<detail::plan_parts<Plan>::prefix, Name>(), typename detail::plan_parts<Plan>::root>;
+
+/// The style at the module's own path (for PrepareModuleInput and friends on a whole module).
+template <class Plan>
+using own_style = style_at<Plan, "">;
+
+}  // namespace shardwise
