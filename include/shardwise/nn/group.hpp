@@ -10,14 +10,9 @@
 
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/collectives/collectives.hpp"
+#include "shardwise/nn/functional_types.hpp"
 
 namespace shardwise::nn {
-
-/// Activations and weights: row-major, rows are tokens (or output features for a weight).
-template <class T>
-using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
 template <class T>
 class group {

@@ -4,9 +4,11 @@
 // communication: replicate <-> all-reduce, all-gather <-> reduce-scatter.
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 
 #include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/parameter.hpp"
 
 namespace shardwise {
 
@@ -19,7 +21,7 @@ class Linear {
   static_assert(serial || colwise || rowwise,
                 "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
                 "the layer out of the plan");
-  static_assert(detail::style_allowed<Location, serial || colwise || rowwise>());
+  static_assert(detail::style_allowed < Location, serial || colwise || rowwise > ());
 
   template <class S>
   struct layouts {
@@ -169,6 +171,16 @@ class Linear {
       dx = std::move(all);
     }
     return {std::move(dx)};
+  }
+
+  using weight_grad_placement = std::conditional_t<colwise, Shard<0>, std::conditional_t<rowwise, Shard<1>, Replicate>>;
+  using bias_grad_placement = std::conditional_t<colwise, Shard<0>, Replicate>;
+
+  /// The parameters with their gradients (a bias-free layer has only the weight).
+  auto parameters() {
+    Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view()};
+    Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), Location::path.view()};
+    return std::make_tuple(w, b);  // an empty bias updates nothing
   }
 
  private:

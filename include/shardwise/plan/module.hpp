@@ -13,9 +13,9 @@
 #include "shardwise/plan/plan.hpp"
 
 /// Inside a module: SHARDWISE_CHILDREN(w1, w3, w2) names the members that are layers or modules.
-#define SHARDWISE_CHILDREN(...)                                                         \
-  static constexpr std::string_view shardwise_child_list = #__VA_ARGS__;              \
-  auto shardwise_children() { return std::tie(__VA_ARGS__); }                          \
+#define SHARDWISE_CHILDREN(...)                                          \
+  static constexpr std::string_view shardwise_child_list = #__VA_ARGS__; \
+  auto shardwise_children() { return std::tie(__VA_ARGS__); }            \
   auto shardwise_children() const { return std::tie(__VA_ARGS__); }
 
 namespace shardwise {
@@ -29,7 +29,9 @@ concept module = requires(M& m) {
 
 /// A layer: the leaves a plan styles. It knows its place in the plan and takes its group in parallelize.
 template <class L>
-concept layer = requires { typename L::shardwise_location; };
+concept layer = requires {
+  typename L::shardwise_location;
+};
 
 namespace detail {
 
@@ -85,7 +87,8 @@ constexpr bool has_layer_at(std::string_view path) {
     using Children = children_t<N>;
     return []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
       return (has_layer_at<std::tuple_element_t<I, Children>>(p) || ...);
-    }(path, std::make_index_sequence<std::tuple_size_v<Children>>{});
+    }
+    (path, std::make_index_sequence<std::tuple_size_v<Children>>{});
   } else if constexpr (repeated<N>::value) {
     return has_layer_at<typename repeated<N>::element>(path);
   } else {
@@ -116,10 +119,14 @@ struct first_plan_of_tuple<std::tuple<Ts...>> : first_plan<Ts...> {};
 template <class Node>
 struct plan_of_tree {
   static auto pick() {
-    if constexpr (layer<Node>) return std::type_identity<typename Node::shardwise_location::plan>{};
-    else if constexpr (module<Node>) return std::type_identity<typename first_plan_of_tuple<children_t<Node>>::type>{};
-    else if constexpr (repeated<Node>::value) return std::type_identity<plan_of_tree_t<typename repeated<Node>::element>>{};
-    else return std::type_identity<serial_plan>{};
+    if constexpr (layer<Node>)
+      return std::type_identity<typename Node::shardwise_location::plan>{};
+    else if constexpr (module<Node>)
+      return std::type_identity<typename first_plan_of_tuple<children_t<Node>>::type>{};
+    else if constexpr (repeated<Node>::value)
+      return std::type_identity<plan_of_tree_t<typename repeated<Node>::element>>{};
+    else
+      return std::type_identity<serial_plan>{};
   }
   using type = typename decltype(pick())::type;
 };

@@ -99,8 +99,8 @@ struct located {
 };
 
 template <class Plan, fixed_string Name>
-using subplan = scoped_plan<typename detail::plan_parts<Plan>::root,
-                            join_path<detail::plan_parts<Plan>::prefix, Name>()>;
+using subplan =
+    scoped_plan<typename detail::plan_parts<Plan>::root, join_path<detail::plan_parts<Plan>::prefix, Name>()>;
 
 template <class Plan, fixed_string Name>
 using style_at = located<typename detail::lookup_style<typename detail::plan_parts<Plan>::root,

@@ -1,0 +1,142 @@
+#pragma once
+// Embedding: a lookup table [vocabulary, dim], unsharded, RowwiseParallel (vocabulary parallel: each rank
+// holds a slice of the vocabulary, looks up the ids that fall in it, and the partial rows are summed) or
+// ColwiseParallel (each rank holds a slice of the embedding columns). Ids are the same on every rank.
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <tuple>
+#include <type_traits>
+
+#include "shardwise/nn/functional.hpp"
+#include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/parameter.hpp"
+
+namespace shardwise {
+
+template <class T, class Location = unplanned>
+class Embedding {
+  using Style = typename Location::style;
+  static constexpr bool colwise = is_colwise_v<Style>;
+  static constexpr bool rowwise = is_rowwise_v<Style>;
+  static constexpr bool serial = std::is_same_v<Style, NoParallel>;
+  static_assert(serial || colwise || rowwise,
+                "shardwise::Embedding: this style cannot shard an Embedding; use RowwiseParallel (vocabulary), "
+                "ColwiseParallel (embedding columns), or leave it out of the plan");
+  static_assert(detail::style_allowed < Location, serial || colwise || rowwise > ());
+
+  template <class S>
+  struct out_of {
+    using type = Replicate;
+  };
+  template <class I, class O>
+  struct out_of<ColwiseParallel<I, O>> {
+    using type = detail::normalize_2d_t<O>;
+    static_assert(std::is_same_v<type, Shard<1>> || std::is_same_v<type, Replicate>,
+                  "shardwise::ColwiseParallel on an Embedding: output_layouts must be Shard<-1> or Replicate");
+  };
+  template <class I, class O>
+  struct out_of<RowwiseParallel<I, O>> {
+    using type = detail::normalize_2d_t<O>;
+    static_assert(std::is_same_v<type, Replicate> || std::is_same_v<type, Shard<0>>,
+                  "shardwise::RowwiseParallel on an Embedding: output_layouts must be Replicate or Shard<0>");
+  };
+
+ public:
+  using shardwise_location = Location;
+  using style = Style;
+  using output_layout = typename out_of<Style>::type;
+  using grad_placement = std::conditional_t<colwise, Shard<1>, std::conditional_t<rowwise, Shard<0>, Replicate>>;
+  using matrix = nn::matrix<T>;
+
+  /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
+  Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed) : vocabulary_(vocabulary), dim_(dim) {
+    weight.resize(static_cast<Eigen::Index>(vocabulary), static_cast<Eigen::Index>(dim));
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (Eigen::Index i = 0; i < weight.size(); ++i) weight.data()[i] = static_cast<T>(normal(rng));
+    zero_grad();
+  }
+
+  matrix weight, weight_grad;
+
+  [[nodiscard]] std::size_t vocabulary() const { return vocabulary_; }
+  [[nodiscard]] std::size_t dim() const { return dim_; }
+  /// The first id of this rank's vocabulary slice (0 unless RowwiseParallel).
+  [[nodiscard]] std::int64_t vocab_start() const { return vocab_start_; }
+
+  void zero_grad() { weight_grad.setZero(weight.rows(), weight.cols()); }
+
+  template <class Mesh>
+  void shardwise_parallelize(Mesh const& mesh) {
+    group_ = nn::make_group<T>(mesh);
+    int const n = group_->size(), r = group_->rank();
+    if constexpr (rowwise) {
+      detail::require_divisible("RowwiseParallel", Location::path.view(), "vocabulary entries", vocabulary_, n,
+                                group_->axis());
+      auto const rows = static_cast<Eigen::Index>(vocabulary_ / static_cast<std::size_t>(n));
+      vocab_start_ = r * rows;
+      weight = matrix(weight.middleRows(r * rows, rows));
+    } else if constexpr (colwise) {
+      detail::require_divisible("ColwiseParallel", Location::path.view(), "embedding columns", dim_, n, group_->axis());
+      auto const cols = static_cast<Eigen::Index>(dim_ / static_cast<std::size_t>(n));
+      weight = matrix(weight.middleCols(r * cols, cols));
+    }
+    zero_grad();
+  }
+
+  Activation<T, output_layout> operator()(std::span<const std::int64_t> ids) {
+    if constexpr (!serial)
+      if (!group_)
+        detail::fail("shardwise::Embedding at \"", Location::path.view(),
+                     "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
+    for (auto id : ids)
+      if (id < 0 || static_cast<std::size_t>(id) >= vocabulary_)
+        detail::fail("shardwise::Embedding at \"", Location::path.view(), "\": id ", id,
+                     " is outside the vocabulary of ", vocabulary_);
+    ids_.assign(ids.begin(), ids.end());
+    matrix rows(static_cast<Eigen::Index>(ids.size()), weight.cols());
+    nn::embedding_forward<T>(ids, weight, rows, vocab_start_);
+    if constexpr (rowwise) {  // each token's row lives on one rank; the others contributed zeros
+      if constexpr (std::is_same_v<output_layout, Replicate>) {
+        group_->all_reduce(rows);
+      } else {
+        matrix mine;
+        group_->reduce_scatter(rows, mine, 0);
+        rows = std::move(mine);
+      }
+    } else if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
+      matrix all;
+      group_->all_gather(rows, all, -1);
+      rows = std::move(all);
+    }
+    return {std::move(rows)};
+  }
+
+  void backward(Activation<T, output_layout> const& dy_given) {
+    matrix const* dy = &dy_given.local;
+    matrix part;
+    if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
+      group_->all_gather(*dy, part, 0);  // conjugate of the reduce-scatter
+      dy = &part;
+    } else if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
+      part = dy->middleCols(group_->rank() * weight.cols(), weight.cols());  // conjugate of the all-gather
+      dy = &part;
+    }
+    nn::embedding_backward<T>(ids_, *dy, weight_grad, vocab_start_);
+  }
+
+  auto parameters() {
+    return std::make_tuple(
+        Parameter<matrix, grad_placement>{&weight, &weight_grad, group_.get(), Location::path.view()});
+  }
+
+ private:
+  std::size_t vocabulary_, dim_;
+  std::int64_t vocab_start_ = 0;
+  std::shared_ptr<nn::group<T> const> group_;
+  std::vector<std::int64_t> ids_;
+};
+
+}  // namespace shardwise

@@ -1,0 +1,90 @@
+#pragma once
+// Cross-entropy on logits [tokens, vocabulary]: on replicated logits (every rank computes the same), or
+// loss parallel on logits cut along the vocabulary (Shard<-1>, a ColwiseParallel output) without ever
+// gathering them: two small all-reduces of per-token values (the max, then the sum of exponentials and the
+// target logit).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+
+#include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/functional.hpp"
+#include "shardwise/nn/group.hpp"
+
+namespace shardwise {
+
+template <class T, class P>
+struct LossAndGradient {
+  T loss;                    // mean over the targets that are not ignored, the same on every rank
+  Activation<T, P> dlogits;  // gradient of that mean, in the logits' layout
+};
+
+namespace detail {
+template <class P>
+struct loss_parallel_needs_shard_last_got;  // incomplete on purpose: shows the logits' layout
+}
+
+/// Cross-entropy of replicated logits (PyTorch's F.cross_entropy, reduction "mean", ignore_index -100).
+template <class T>
+LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate> const& logits,
+                                            std::span<const std::int64_t> targets, std::int64_t ignore_index = -100) {
+  LossAndGradient<T, Replicate> result{T(0), {nn::matrix<T>(logits.local.rows(), logits.local.cols())}};
+  result.loss = nn::cross_entropy_forward_backward<T>(logits.local, targets, result.dlogits.local, ignore_index);
+  return result;
+}
+
+/// Loss parallel: logits cut along the vocabulary over the 1-D mesh `tp` (ColwiseParallel's default output).
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logits,
+                                    std::span<const std::int64_t> targets, std::int64_t ignore_index = -100) {
+  constexpr bool sharded_vocab = std::is_same_v<detail::normalize_2d_t<P>, Shard<1>>;
+  static_assert(sharded_vocab,
+                "shardwise::loss_parallel: expects logits cut along the vocabulary (Shard<-1>, the "
+                "output of a ColwiseParallel with its default output_layouts); a RowwiseParallel or "
+                "replicated output needs sw::cross_entropy instead");
+  if constexpr (!sharded_vocab) {
+    [[maybe_unused]] detail::loss_parallel_needs_shard_last_got<P> offending_layout;
+  }
+  static_assert(Mesh::ndim == 1, "shardwise::loss_parallel: pass the tensor-parallel axis, sw::submesh<\"tp\">(mesh)");
+  auto const& comm = tp.comm(0);
+  auto const& local = logits.local;
+  Eigen::Index const rows = local.rows(), cols = local.cols();
+  if (static_cast<std::size_t>(rows) != targets.size())
+    detail::fail("shardwise::loss_parallel: ", rows, " rows of logits but ", targets.size(), " targets");
+  std::int64_t const vocab_start = static_cast<std::int64_t>(comm.rank()) * cols;
+
+  nn::vector<T> max(rows);
+  for (Eigen::Index i = 0; i < rows; ++i) max(i) = cols ? local.row(i).maxCoeff() : -std::numeric_limits<T>::infinity();
+  Eigen::Map<nn::vector<T>> max_view(max.data(), rows);
+  detail::all_reduce_on(comm, max_view, detail::op_kind::max);
+
+  nn::matrix<T> exps = (local.colwise() - max).array().exp().matrix();
+  nn::vector<T> sums(2 * rows);  // [sum of exp, target logit] per token, reduced in one call
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    sums(i) = exps.row(i).sum();
+    std::int64_t const t = targets[static_cast<std::size_t>(i)] - vocab_start;
+    sums(rows + i) = (t >= 0 && t < cols) ? local(i, t) : T(0);
+  }
+  Eigen::Map<nn::vector<T>> sums_view(sums.data(), 2 * rows);
+  detail::all_reduce_on(comm, sums_view, detail::op_kind::sum);
+
+  std::size_t counted = 0;
+  for (auto t : targets) counted += t == ignore_index ? 0 : 1;
+  LossAndGradient<T, P> result{T(0), {nn::matrix<T>::Zero(rows, cols)}};
+  if (counted == 0) return result;  // as nn::cross_entropy_forward_backward: zero loss and gradient, not NaN
+  T const scale = T(1) / static_cast<T>(counted);
+  for (Eigen::Index i = 0; i < rows; ++i) {
+    std::int64_t const target = targets[static_cast<std::size_t>(i)];
+    if (target == ignore_index) continue;
+    result.loss += std::log(sums(i)) + max(i) - sums(rows + i);
+    result.dlogits.local.row(i) = exps.row(i) * (scale / sums(i));
+    std::int64_t const t = target - vocab_start;
+    if (t >= 0 && t < cols) result.dlogits.local(i, t) -= scale;
+  }
+  result.loss *= scale;
+  return result;
+}
+
+}  // namespace shardwise

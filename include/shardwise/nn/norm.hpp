@@ -1,0 +1,119 @@
+#pragma once
+// LayerNorm and RMSNorm over the feature dimension, unsharded or under SequenceParallel (activations cut
+// along the sequence; each rank normalizes its own tokens, no communication). Under SequenceParallel the
+// weight gradients are partial sums over each rank's tokens, and their type says so.
+#include <cstddef>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
+#include "shardwise/nn/functional.hpp"
+#include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/parameter.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+enum class norm_kind { layer, rms };
+
+template <class T, class Location, norm_kind Kind>
+class norm_layer {
+  using Style = typename Location::style;
+  static constexpr bool sequence_parallel = is_sequence_parallel_v<Style>;
+  static constexpr bool allowed = std::is_same_v<Style, NoParallel> || sequence_parallel;
+  static_assert(allowed,
+                "shardwise::LayerNorm/RMSNorm: a norm cannot be split by columns or rows; use "
+                "SequenceParallel, or leave it out of the plan");
+  static_assert(style_allowed<Location, allowed>());
+
+ public:
+  using shardwise_location = Location;
+  using style = Style;
+  using layout = std::conditional_t<sequence_parallel, Shard<0>, Replicate>;
+  using input_layout = layout;
+  using output_layout = layout;
+  using grad_placement = std::conditional_t<sequence_parallel, Partial<Sum>, Replicate>;
+  using matrix = nn::matrix<T>;
+  using vector = nn::vector<T>;
+
+  explicit norm_layer(std::size_t features, T eps = T(1e-5)) : eps_(eps) {
+    weight = vector::Ones(static_cast<Eigen::Index>(features));
+    if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
+    zero_grad();
+  }
+
+  vector weight, weight_grad, bias, bias_grad;  // bias: LayerNorm only
+
+  void zero_grad() {
+    weight_grad.setZero(weight.size());
+    bias_grad.setZero(bias.size());
+  }
+
+  template <class Mesh>
+  void shardwise_parallelize(Mesh const& mesh) {
+    group_ = nn::make_group<T>(mesh);
+  }
+
+  template <class X>
+  Activation<T, layout> operator()(X const& x) {
+    static_assert(
+        std::is_same_v<X, matrix> || is_activation_v<X>,
+        "shardwise::LayerNorm/RMSNorm: the input must be a row-major Eigen matrix or a shardwise::Activation");
+    static_assert(input_layout_ok<Location::path, layout, X>(),
+                  "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
+                  "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
+    saved_input_ = local_of<T>(x);
+    Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
+    rstd_.resize(saved_input_.rows());
+    if constexpr (Kind == norm_kind::layer) {
+      mean_.resize(saved_input_.rows());
+      nn::layer_norm_forward<T>(saved_input_, weight, bias, eps_, y.local, mean_, rstd_);
+    } else {
+      nn::rms_norm_forward<T>(saved_input_, weight, eps_, y.local, rstd_);
+    }
+    return y;
+  }
+
+  Activation<T, layout> backward(Activation<T, layout> const& dy) {
+    Activation<T, layout> dx{matrix(dy.local.rows(), dy.local.cols())};
+    if constexpr (Kind == norm_kind::layer)
+      nn::layer_norm_backward<T>(saved_input_, weight, dy.local, mean_, rstd_, dx.local, weight_grad, bias_grad);
+    else
+      nn::rms_norm_backward<T>(saved_input_, weight, dy.local, rstd_, dx.local, weight_grad);
+    return dx;
+  }
+
+  /// The parameters with their gradients; under SequenceParallel the gradients are Partial until reduced.
+  auto parameters() {
+    auto const* g = group_.get();
+    if constexpr (Kind == norm_kind::layer)
+      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view()},
+                             Parameter<vector, grad_placement>{&bias, &bias_grad, g, Location::path.view()});
+    else
+      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view()});
+  }
+
+ private:
+  T eps_;
+  std::shared_ptr<nn::group<T> const> group_;
+  matrix saved_input_;
+  vector mean_, rstd_;
+};
+
+}  // namespace detail
+
+template <class T, class Location = unplanned>
+class LayerNorm : public detail::norm_layer<T, Location, detail::norm_kind::layer> {
+ public:
+  using detail::norm_layer<T, Location, detail::norm_kind::layer>::norm_layer;
+};
+
+template <class T, class Location = unplanned>
+class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
+ public:
+  explicit RMSNorm(std::size_t features, T eps = T(1e-6))
+      : detail::norm_layer<T, Location, detail::norm_kind::rms>(features, eps) {}
+};
+
+}  // namespace shardwise

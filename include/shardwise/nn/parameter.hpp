@@ -1,0 +1,70 @@
+#pragma once
+// A parameter with its gradient, and the gradient's layout on the tensor-parallel axis in the type. A
+// replicated weight used on sequence-sharded activations (a norm under SequenceParallel) has a Partial
+// gradient: each rank holds the sum over its own tokens. An optimizer refuses it at compile time until
+// reduce() has summed it over the group.
+#include <cstddef>
+#include <memory>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "shardwise/core/fixed_string.hpp"
+#include "shardwise/nn/group.hpp"
+#include "shardwise/placement/placement.hpp"
+
+namespace shardwise {
+
+template <class Tensor, class GradPlacement>
+struct Parameter {
+  using tensor_type = Tensor;
+  using grad_placement = GradPlacement;
+  Tensor* value;
+  Tensor* grad;
+  nn::group<typename Tensor::Scalar> const* group;  // null before parallelize
+  std::string_view path;
+};
+
+/// Sums a partial gradient over the group, in place; the result's type says it is reduced.
+template <class Tensor>
+Parameter<Tensor, Replicate> reduce(Parameter<Tensor, Partial<Sum>> const& p) {
+  if (p.group) p.group->all_reduce(*p.grad);
+  return {p.value, p.grad, p.group, p.path};
+}
+template <class Tensor, class P>
+Parameter<Tensor, P> reduce(Parameter<Tensor, P> const& p) {
+  return p;  // nothing pending
+}
+
+/// Every parameter of a tuple reduced.
+template <class... Ps>
+auto reduce(std::tuple<Ps...> const& parameters) {
+  return std::apply([](auto const&... p) { return std::make_tuple(reduce(p)...); }, parameters);
+}
+
+namespace detail {
+template <fixed_string Path, class Placement>
+struct partial_gradient_reaches_optimizer;
+}
+
+/// Plain SGD, enough to show the rule: a Partial gradient does not compile here.
+template <class T>
+struct SGD {
+  T learning_rate;
+
+  template <class... Ps>
+  void step(std::tuple<Ps...> const& parameters) const {
+    static_assert(((!is_partial_v<typename Ps::grad_placement>)&&...),
+                  "shardwise::SGD::step: a gradient is still Partial (a replicated weight used on sequence-sharded "
+                  "activations); pass the parameters through sw::reduce(...) first");
+    std::apply([&](auto const&... p) { (update(p), ...); }, parameters);
+  }
+
+ private:
+  template <class P>
+  void update(P const& p) const {
+    *p.value -= learning_rate * *p.grad;
+  }
+};
+
+}  // namespace shardwise
