@@ -8,6 +8,7 @@
 #include "shardwise/nn/loss.hpp"
 #include "shardwise/nn/norm.hpp"
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/prepare.hpp"
 #include "shardwise/nn/styles.hpp"
 #include "shardwise/plan/module.hpp"
 #include "shardwise/plan/plan.hpp"

@@ -77,6 +77,18 @@ void for_each_layer(Node& node, Fn&& fn) {
   }
 }
 
+/// Calls fn(module) for every module under `node`, outermost first.
+template <class Node, class Fn>
+void for_each_module(Node& node, Fn&& fn) {
+  using N = std::remove_cvref_t<Node>;
+  if constexpr (module<N>) {
+    fn(node);
+    std::apply([&](auto&... child) { (for_each_module(child, fn), ...); }, node.shardwise_children());
+  } else if constexpr (repeated<N>::value) {
+    for (auto& element : node) for_each_module(element, fn);
+  }
+}
+
 /// Whether some layer under Node was looked up at `path`; Prefix is Node's own path.
 template <class Node>
 constexpr bool has_layer_at(std::string_view path) {
@@ -162,6 +174,10 @@ template <module Model, class Group>
 Model& parallelize(Model& model, Group const& tp) {
   using check = detail::plan_check<Model, detail::plan_of_tree_t<Model>>;
   static_assert(check::shown);
+  // Modules may check what only they know (heads must split whole) before any layer is cut.
+  detail::for_each_module(model, [&](auto& m) {
+    if constexpr (requires { m.shardwise_on_parallelize(1); }) m.shardwise_on_parallelize(tp.size());
+  });
   detail::for_each_layer(model, [&](auto& l) { l.shardwise_parallelize(tp); });
   return model;
 }

@@ -1,0 +1,278 @@
+#pragma once
+// Unsharded numerical kernels of transformer layers, forward and backward, on row-major Eigen matrices
+// [rows = tokens, cols = features]. Sharded layers call them on their local slices, so every output goes into a
+// caller-provided buffer of the right shape (an Eigen::Ref: a block of a larger matrix works without a copy) and
+// nothing is resized.
+//
+// For every function here:
+//  - T is float or double and is NOT deduced (an Eigen::Ref parameter does not deduce from a Matrix or a block):
+//    call as linear_forward<float>(x, w, b, y).
+//  - Gradients of parameters (dweight, dbias, dgamma, dbeta, dtable) are ACCUMULATED (+=), as PyTorch accumulates
+//    .grad over backward calls: zero them once per optimizer step. Gradients of inputs (dx, dlogits) are assigned.
+//  - "None" for an optional argument is std::nullopt. Pass the matrix or block straight to the call: a
+//    std::optional<const_..._ref> whose source had to be copied (not row-major, strided) must not be copied itself,
+//    because Eigen::Ref's copy points into the original's copy.
+//  - Shapes are checked at run time (O(1)); a mismatch throws shardwise::error naming the argument.
+//  - Inputs that are not row-major with contiguous rows are copied by Eigen::Ref<const ...>; keep the hot path
+//    row-major.
+// Include this header for all of them; nn/functional_elementwise.hpp (relu, silu, gelu) and nn/functional_types.hpp
+// (the aliases) are its parts.
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <type_traits>
+
+#include "shardwise/nn/functional_elementwise.hpp"
+#include "shardwise/nn/functional_types.hpp"
+
+namespace shardwise::detail {
+/// The row of a table holding ids [vocab_start, vocab_start + rows), or -1 when id is elsewhere. Compares before
+/// subtracting, so that no id (negative, huge) can overflow.
+constexpr std::int64_t nn_local_row(std::int64_t id, std::int64_t vocab_start, std::int64_t rows) {
+  return id >= vocab_start && id - vocab_start < rows ? id - vocab_start : -1;
+}
+
+inline void nn_check_embedding(char const* fn, std::size_t ids, std::int64_t vocab_start) {
+  if (vocab_start < 0) fail("shardwise::nn::", fn, ": vocab_start is ", vocab_start, "; it must be >= 0");
+  if (ids > static_cast<std::size_t>(Eigen::NumTraits<Eigen::Index>::highest()))
+    fail("shardwise::nn::", fn, ": too many ids");
+}
+inline void nn_check_norm(char const* fn, Eigen::Index features) {
+  if (features == 0) fail("shardwise::nn::", fn, ": x has no features (0 columns); normalize at least one");
+}
+}  // namespace shardwise::detail
+
+namespace shardwise::nn {
+
+// ---------------------------------------------------------------------------------------------------------- linear
+
+/// y = x W^T + b, as torch.nn.Linear. x [N, in], weight [out, in] (PyTorch layout), bias [out] or std::nullopt,
+/// y [N, out]. y must not alias x or weight.
+template <std::floating_point T>
+void linear_forward(const_matrix_ref<T> x, const_matrix_ref<T> weight, std::optional<const_vector_ref<T>> bias,
+                    matrix_ref<T> y) {
+  constexpr char const* fn = "linear_forward";
+  detail::nn_check_shape(fn, "weight [out, in]", weight, weight.rows(), x.cols());
+  detail::nn_check_shape(fn, "y [N, out]", y, x.rows(), weight.rows());
+  if (bias) {
+    detail::nn_check_size(fn, "bias [out]", *bias, weight.rows());
+    // Start y at b so the GEMM adds into it (beta = 1) instead of a second pass over y.
+    y.rowwise() = bias->transpose();
+    y.noalias() += x * weight.transpose();
+  } else {
+    y.noalias() = x * weight.transpose();
+  }
+}
+
+/// Backward of linear_forward, given dy [N, out]: dx = dy W (assigned; std::nullopt skips it, e.g. for a first
+/// layer whose input needs no gradient), dweight += dy^T x, dbias += column sums of dy (std::nullopt when the
+/// layer has no bias). Parameter gradients accumulate, as PyTorch's .grad does.
+template <std::floating_point T>
+void linear_backward(const_matrix_ref<T> x, const_matrix_ref<T> weight, const_matrix_ref<T> dy,
+                     std::optional<matrix_ref<T>> dx, matrix_ref<T> dweight, std::optional<vector_ref<T>> dbias) {
+  constexpr char const* fn = "linear_backward";
+  detail::nn_check_shape(fn, "weight [out, in]", weight, weight.rows(), x.cols());
+  detail::nn_check_shape(fn, "dy [N, out]", dy, x.rows(), weight.rows());
+  detail::nn_check_shape(fn, "dweight [out, in]", dweight, weight.rows(), weight.cols());
+  if (dx) {
+    detail::nn_check_shape(fn, "dx [N, in]", *dx, x.rows(), x.cols());
+    dx->noalias() = dy * weight;
+  }
+  dweight.noalias() += dy.transpose() * x;
+  if (dbias) {
+    detail::nn_check_size(fn, "dbias [out]", *dbias, weight.rows());
+    *dbias += dy.colwise().sum().transpose();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------- embedding
+
+/// out row i = table row (ids[i] - vocab_start) when the id falls in this table's slice [vocab_start,
+/// vocab_start + table.rows()), else zeros: a vocabulary-parallel embedding sums the partial outputs of all
+/// slices. ids [N], table [rows, D], out [N, D]. Ids outside the full vocabulary are the caller's to reject; any
+/// id, negative included, is safe here (it gives a zero row).
+template <std::floating_point T>
+void embedding_forward(std::span<const std::int64_t> ids, const_matrix_ref<T> table, matrix_ref<T> out,
+                       std::int64_t vocab_start = 0) {
+  constexpr char const* fn = "embedding_forward";
+  detail::nn_check_embedding(fn, ids.size(), vocab_start);
+  auto const n = static_cast<Eigen::Index>(ids.size());
+  detail::nn_check_shape(fn, "out [N, D]", out, n, table.cols());
+  for (Eigen::Index i = 0; i < n; ++i) {
+    std::int64_t const row = detail::nn_local_row(ids[static_cast<std::size_t>(i)], vocab_start, table.rows());
+    if (row < 0)
+      out.row(i).setZero();
+    else
+      out.row(i) = table.row(row);
+  }
+}
+
+/// Backward of embedding_forward: dtable row (ids[i] - vocab_start) += dout row i, for ids in this slice only;
+/// repeated ids add up. dout [N, D], dtable [rows, D]. dtable accumulates, as PyTorch's .grad does.
+template <std::floating_point T>
+void embedding_backward(std::span<const std::int64_t> ids, const_matrix_ref<T> dout, matrix_ref<T> dtable,
+                        std::int64_t vocab_start = 0) {
+  constexpr char const* fn = "embedding_backward";
+  detail::nn_check_embedding(fn, ids.size(), vocab_start);
+  auto const n = static_cast<Eigen::Index>(ids.size());
+  detail::nn_check_shape(fn, "dout [N, D]", dout, n, dtable.cols());
+  for (Eigen::Index i = 0; i < n; ++i) {
+    std::int64_t const row = detail::nn_local_row(ids[static_cast<std::size_t>(i)], vocab_start, dtable.rows());
+    if (row >= 0) dtable.row(row) += dout.row(i);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------ layer norm
+
+/// y = (x - mean) * rstd * gamma + beta per row, rstd = 1 / sqrt(biased variance + eps), as torch.nn.LayerNorm
+/// over the last dimension. x, y [N, D]; gamma, beta [D]; mean and rstd [N] are saved for the backward.
+/// y may be the same memory as x.
+template <std::floating_point T>
+void layer_norm_forward(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_vector_ref<T> beta, T eps,
+                        matrix_ref<T> y, vector_ref<T> mean, vector_ref<T> rstd) {
+  constexpr char const* fn = "layer_norm_forward";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_norm(fn, d);
+  detail::nn_check_size(fn, "gamma [D]", gamma, d);
+  detail::nn_check_size(fn, "beta [D]", beta, d);
+  detail::nn_check_shape(fn, "y [N, D]", y, n, d);
+  detail::nn_check_size(fn, "mean [N]", mean, n);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    auto const xi = x.row(i).array();
+    T const mu = xi.mean();
+    // Two passes (mean, then squares about it): the one-pass E[x^2] - E[x]^2 cancels badly when |mean| >> std.
+    T const r = T(1) / std::sqrt((xi - mu).square().mean() + eps);
+    mean(i) = mu;
+    rstd(i) = r;
+    y.row(i).array() = (xi - mu) * r * gamma.transpose().array() + beta.transpose().array();
+  }
+}
+
+/// Backward of layer_norm_forward from its saved mean and rstd: with xhat = (x - mean) rstd and g = dy * gamma,
+/// dx = rstd (g - mean(g) - xhat mean(g xhat)) (assigned), dgamma += column sums of dy * xhat, dbeta += column
+/// sums of dy (parameter gradients accumulate, as PyTorch's .grad does). dx may be the same memory as dy.
+template <std::floating_point T>
+void layer_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_matrix_ref<T> dy,
+                         const_vector_ref<T> mean, const_vector_ref<T> rstd, matrix_ref<T> dx, vector_ref<T> dgamma,
+                         vector_ref<T> dbeta) {
+  constexpr char const* fn = "layer_norm_backward";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_norm(fn, d);
+  detail::nn_check_size(fn, "gamma [D]", gamma, d);
+  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
+  detail::nn_check_size(fn, "mean [N]", mean, n);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  detail::nn_check_shape(fn, "dx [N, D]", dx, n, d);
+  detail::nn_check_size(fn, "dgamma [D]", dgamma, d);
+  detail::nn_check_size(fn, "dbeta [D]", dbeta, d);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    auto const xhat = (x.row(i).array() - mean(i)) * rstd(i);
+    auto const dyi = dy.row(i).array();
+    auto const g = dyi * gamma.transpose().array();
+    T const g_mean = g.mean(), gx_mean = (g * xhat).mean();
+    // The parameter gradients read dy before dx, which may share its memory, is written.
+    dgamma.transpose().array() += dyi * xhat;
+    dbeta.transpose().array() += dyi;
+    dx.row(i).array() = (g - g_mean - xhat * gx_mean) * rstd(i);
+  }
+}
+
+// -------------------------------------------------------------------------------------------------------- RMS norm
+
+/// y = x * rsqrt(mean(x^2) + eps) * weight per row, as Llama's RMSNorm in Hugging Face transformers (which, for
+/// float and double inputs, is this computation in the input's type). x, y [N, D]; weight [D]; rstd [N] is saved
+/// for the backward. y may be the same memory as x.
+template <std::floating_point T>
+void rms_norm_forward(const_matrix_ref<T> x, const_vector_ref<T> weight, T eps, matrix_ref<T> y, vector_ref<T> rstd) {
+  constexpr char const* fn = "rms_norm_forward";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_norm(fn, d);
+  detail::nn_check_size(fn, "weight [D]", weight, d);
+  detail::nn_check_shape(fn, "y [N, D]", y, n, d);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    T const r = T(1) / std::sqrt(x.row(i).squaredNorm() / static_cast<T>(d) + eps);
+    rstd(i) = r;
+    y.row(i).array() = x.row(i).array() * r * weight.transpose().array();
+  }
+}
+
+/// Backward of rms_norm_forward from its saved rstd: with xhat = x rstd and g = dy * weight,
+/// dx = rstd (g - xhat mean(g xhat)) (assigned), dweight += column sums of dy * xhat (accumulates, as PyTorch's
+/// .grad does). dx may be the same memory as dy.
+template <std::floating_point T>
+void rms_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> weight, const_matrix_ref<T> dy,
+                       const_vector_ref<T> rstd, matrix_ref<T> dx, vector_ref<T> dweight) {
+  constexpr char const* fn = "rms_norm_backward";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_norm(fn, d);
+  detail::nn_check_size(fn, "weight [D]", weight, d);
+  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  detail::nn_check_shape(fn, "dx [N, D]", dx, n, d);
+  detail::nn_check_size(fn, "dweight [D]", dweight, d);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    auto const xhat = x.row(i).array() * rstd(i);
+    auto const dyi = dy.row(i).array();
+    auto const g = dyi * weight.transpose().array();
+    T const gx_mean = (g * xhat).mean();
+    dweight.transpose().array() += dyi * xhat;  // before dx, which may share dy's memory, is written
+    dx.row(i).array() = (g - xhat * gx_mean) * rstd(i);
+  }
+}
+
+// --------------------------------------------------------------------------------------------------- cross-entropy
+
+/// Mean cross-entropy of logits [N, V] against targets [N] over the targets that are not ignore_index, as
+/// torch.nn.functional.cross_entropy(logits, targets, ignore_index=..., reduction='mean'); also writes dlogits
+/// [N, V] = the gradient of that mean (rows of ignored targets are zero). Max-subtracted log-sum-exp, so large
+/// logits do not overflow. dlogits may be the same memory as logits (saves a vocabulary-sized buffer).
+/// When every target is ignored, torch returns NaN (0/0); this returns 0 with a zero gradient, so that a micro-batch
+/// of padding adds nothing instead of poisoning the step. A target outside [0, V) that is not ignore_index throws.
+/// Not covered: class weights, label smoothing, a vocabulary split across ranks (that needs the max and the sum of
+/// exponentials reduced across the slices between the steps here).
+template <std::floating_point T>
+T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std::int64_t> targets,
+                                 matrix_ref<T> dlogits, std::int64_t ignore_index = -100) {
+  constexpr char const* fn = "cross_entropy_forward_backward";
+  Eigen::Index const n = logits.rows(), v = logits.cols();
+  if (targets.size() != static_cast<std::size_t>(n))
+    detail::fail("shardwise::nn::", fn, ": ", targets.size(), " targets for ", n, " rows of logits; give one per row");
+  detail::nn_check_shape(fn, "dlogits [N, V]", dlogits, n, v);
+
+  std::int64_t counted = 0;
+  for (std::int64_t t : targets) {
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= v)
+      detail::fail("shardwise::nn::", fn, ": target ", t, " is outside [0, ", v, ") and is not ignore_index (",
+                   ignore_index, ")");
+    ++counted;
+  }
+  if (counted == 0) {
+    dlogits.setZero();
+    return T(0);
+  }
+
+  T const inv_count = T(1) / static_cast<T>(counted);
+  // The sum of N losses in at least double: float would lose digits over a long sequence.
+  using acc_t = std::common_type_t<T, double>;
+  acc_t total = 0;
+  for (Eigen::Index i = 0; i < n; ++i) {
+    std::int64_t const t = targets[static_cast<std::size_t>(i)];
+    if (t == ignore_index) {
+      dlogits.row(i).setZero();
+      continue;
+    }
+    auto const row = logits.row(i).array();
+    T const max = row.maxCoeff();
+    T const lse = max + std::log((row - max).exp().sum());
+    total += static_cast<acc_t>(lse - logits(i, t));  // read logits(i, t) before an in-place dlogits overwrites it
+    dlogits.row(i).array() = (row - lse).exp() * inv_count;
+    dlogits(i, t) -= inv_count;
+  }
+  return static_cast<T>(total / static_cast<acc_t>(counted));
+}
+
+}  // namespace shardwise::nn

@@ -1,0 +1,142 @@
+#pragma once
+// PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput on a whole module: a module holds a
+// sw::Prepare<T, sw::own_style<Plan>> child and passes its input (or output) through it. Without a plan entry
+// it passes activations through unchanged. Layouts here are Replicate, Shard<0> (sequence) and Shard<-1>.
+#include <memory>
+#include <type_traits>
+
+#include "shardwise/nn/layer_common.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+template <class P>
+constexpr bool preparable() {
+  using N = normalize_2d_t<P>;
+  return std::is_same_v<N, Replicate> || std::is_same_v<N, Shard<0>> || std::is_same_v<N, Shard<1>>;
+}
+
+/// Moves an activation between layouts over the group. Used backwards too: a gradient in the target layout
+/// goes back to the source layout by the same rule (the gradient of a gather is a slice and vice versa).
+template <class From, class To, class T>
+nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const& x) {
+  using F = normalize_2d_t<From>;
+  using G = normalize_2d_t<To>;
+  static_assert(preparable<F>() && preparable<G>(),
+                "shardwise::PrepareModuleInput/Output: layouts must be Replicate, Shard<0> or Shard<-1>");
+  if constexpr (std::is_same_v<F, G>) {
+    return x;
+  } else if constexpr (std::is_same_v<F, Replicate>) {  // take this rank's piece: no communication
+    constexpr int d = G::dim;
+    auto const n = g.size(), r = g.rank();
+    auto const total = d == 0 ? x.rows() : x.cols();
+    if (total % n != 0)
+      fail("shardwise::PrepareModule: ", total, d == 0 ? " tokens" : " features", " do not divide over ", n,
+           " ranks of mesh axis \"", g.axis(), "\"");
+    auto const part = total / n;
+    return d == 0 ? nn::matrix<T>(x.middleRows(r * part, part)) : nn::matrix<T>(x.middleCols(r * part, part));
+  } else if constexpr (std::is_same_v<G, Replicate>) {
+    nn::matrix<T> all;
+    g.all_gather(x, all, F::dim);
+    return all;
+  } else {
+    return redistribute_activation<Replicate, To>(g, redistribute_activation<From, Replicate>(g, x));
+  }
+}
+
+template <class S>
+struct prepare_layouts {
+  static constexpr bool input = false, output = false;
+};
+template <class I, class D>
+struct prepare_layouts<PrepareModuleInput<I, D>> {
+  static constexpr bool input = true, output = false;
+  using in = I;
+  using desired_in = D;
+};
+template <class O, class D>
+struct prepare_layouts<PrepareModuleOutput<O, D>> {
+  static constexpr bool input = false, output = true;
+  using out = O;
+  using desired_out = D;
+};
+template <class I, class DI, class O, class DO>
+struct prepare_layouts<PrepareModuleInputOutput<I, DI, O, DO>> {
+  static constexpr bool input = true, output = true;
+  using in = I;
+  using desired_in = DI;
+  using out = O;
+  using desired_out = DO;
+};
+
+}  // namespace detail
+
+template <class T, class Location = unplanned>
+class Prepare {
+  using Style = typename Location::style;
+  using L = detail::prepare_layouts<Style>;
+  static constexpr bool allowed = std::is_same_v<Style, NoParallel> || L::input || L::output;
+  static_assert(allowed, "shardwise::Prepare: a module's own plan entry must be PrepareModuleInput, "
+                         "PrepareModuleOutput or PrepareModuleInputOutput");
+  static_assert(detail::style_allowed<Location, allowed>());
+
+ public:
+  using shardwise_location = Location;
+  using style = Style;
+
+  template <class Mesh>
+  void shardwise_parallelize(Mesh const& mesh) {
+    group_ = nn::make_group<T>(mesh);
+  }
+
+  /// The module's input in the layout the module wants.
+  template <class X>
+  auto input(X const& x) const {
+    if constexpr (!L::input) {
+      return x;
+    } else {
+      static_assert(detail::input_layout_ok<Location::path, typename L::in, X>(),
+                    "shardwise::PrepareModuleInput: the module's input does not have the style's input_layouts");
+      return Activation<T, typename L::desired_in>{
+          detail::redistribute_activation<typename L::in, typename L::desired_in>(group(), detail::local_of<T>(x))};
+    }
+  }
+  /// The gradient of the module's input, back in the layout the input came in.
+  template <class G>
+  auto input_backward(G const& dx) const {
+    if constexpr (!L::input) return dx;
+    else
+      return Activation<T, typename L::in>{
+          detail::redistribute_activation<typename L::desired_in, typename L::in>(group(), dx.local)};
+  }
+  template <class Y>
+  auto output(Y const& y) const {
+    if constexpr (!L::output) {
+      return y;
+    } else {
+      static_assert(detail::input_layout_ok<Location::path, typename L::out, Y>(),
+                    "shardwise::PrepareModuleOutput: the module's output does not have the style's output_layouts");
+      return Activation<T, typename L::desired_out>{
+          detail::redistribute_activation<typename L::out, typename L::desired_out>(group(), detail::local_of<T>(y))};
+    }
+  }
+  template <class G>
+  auto output_backward(G const& dy) const {
+    if constexpr (!L::output) return dy;
+    else
+      return Activation<T, typename L::out>{
+          detail::redistribute_activation<typename L::desired_out, typename L::out>(group(), dy.local)};
+  }
+
+ private:
+  nn::group<T> const& group() const {
+    if (!group_)
+      detail::fail("shardwise::Prepare at \"", Location::path.view(),
+                   "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
+    return *group_;
+  }
+  std::shared_ptr<nn::group<T> const> group_;
+};
+
+}  // namespace shardwise

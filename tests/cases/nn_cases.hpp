@@ -1,0 +1,286 @@
+#pragma once
+// Tensor parallelism against the unsharded run of the same code: every style, the feed-forward and attention
+// blocks, sequence-parallel norms, both embedding styles and loss parallel. Forward output, input gradient and
+// every parameter gradient must match (fp64: 1e-12, fp32: 1e-5, relative to the largest entry).
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "../../examples/blocks.hpp"
+
+namespace nn_cases {
+
+namespace sw = shardwise;
+template <class T>
+using M = sw::nn::matrix<T>;
+
+template <class T>
+double tolerance() {
+  return std::is_same_v<T, double> ? 1e-12 : 1e-5;
+}
+
+template <class T>
+M<T> random_matrix(Eigen::Index rows, Eigen::Index cols, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  M<T> m(rows, cols);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<T>(u(rng));
+  return m;
+}
+
+template <class A, class B>
+double relative_error(A const& got, B const& expected) {
+  if (got.rows() != expected.rows() || got.cols() != expected.cols()) return 1e300;
+  double const scale = std::max(1e-30, static_cast<double>(expected.cwiseAbs().maxCoeff()));
+  return static_cast<double>((got - expected).cwiseAbs().maxCoeff()) / scale;
+}
+
+#define NN_CHECK_CLOSE(got, expected, what)                              \
+  do {                                                                   \
+    double const error_ = relative_error((got), (expected));             \
+    INFO(what << ": relative error " << error_);                        \
+    CHECK(error_ <= tolerance<T>());                                     \
+  } while (0)
+
+/// This rank's part of a full activation in layout P, cut with Eigen blocks (not with shardwise).
+template <class P, class T>
+M<T> part_of(M<T> const& full, int rank, int n) {
+  using N = sw::detail::normalize_2d_t<P>;
+  if constexpr (std::is_same_v<N, sw::Shard<0>>) {
+    auto const rows = full.rows() / n;
+    return full.middleRows(rank * rows, rows);
+  } else if constexpr (std::is_same_v<N, sw::Shard<1>>) {
+    auto const cols = full.cols() / n;
+    return full.middleCols(rank * cols, cols);
+  } else {
+    return full;
+  }
+}
+
+/// The full activation from every rank's part in layout P.
+template <class P, class Mesh, class T>
+M<T> whole_of(Mesh const& tp, M<T> const& local) {
+  using N = sw::detail::normalize_2d_t<P>;
+  M<T> all;
+  if constexpr (std::is_same_v<N, sw::Shard<0>>) sw::all_gather(tp, local, all, 0);
+  else if constexpr (std::is_same_v<N, sw::Shard<1>>) sw::all_gather(tp, local, all, 1);
+  else all = local;
+  return all;
+}
+template <class P, class Mesh, class T>
+sw::nn::vector<T> whole_of(Mesh const& tp, sw::nn::vector<T> const& local) {
+  M<T> as_row = local.transpose();
+  return whole_of<std::conditional_t<std::is_same_v<P, sw::Shard<0>>, sw::Shard<1>, P>>(tp, as_row).transpose();
+}
+
+template <class T, class Plan>
+struct OneLinear {
+  sw::Linear<T, sw::style_at<Plan, "lin">> lin;
+  SHARDWISE_CHILDREN(lin)
+  OneLinear(std::size_t in, std::size_t out) : lin(in, out, 17) {}
+};
+
+template <class T, class Style, class Mesh>
+void check_linear_style(Mesh const& tp, char const* name) {
+  INFO("Linear with " << name);
+  int const n = tp.size(), r = tp.rank();
+  OneLinear<T, sw::serial_plan> serial(8, 12);
+  OneLinear<T, sw::plan<sw::at<"lin", Style>>> sharded(8, 12);
+  sw::parallelize(sharded, tp);
+  using L = decltype(sharded.lin);
+  using In = typename L::input_layout;
+  using Out = typename L::output_layout;
+  M<T> const x = random_matrix<T>(8, 8, 1), dy = random_matrix<T>(8, 12, 2);
+
+  auto const y0 = serial.lin(x);
+  auto const dx0 = serial.lin.backward(sw::Activation<T>{dy});
+  auto const y = sharded.lin(sw::Activation<T, In>{part_of<In>(x, r, n)});
+  NN_CHECK_CLOSE(whole_of<Out>(tp, y.local), y0.local, "output");
+  auto const dx = sharded.lin.backward(sw::Activation<T, Out>{part_of<Out>(dy, r, n)});
+  NN_CHECK_CLOSE(whole_of<In>(tp, dx.local), dx0.local, "input gradient");
+  NN_CHECK_CLOSE(whole_of<typename L::weight_grad_placement>(tp, sharded.lin.weight_grad), serial.lin.weight_grad,
+                 "weight gradient");
+  NN_CHECK_CLOSE(whole_of<typename L::bias_grad_placement>(tp, sharded.lin.bias_grad), serial.lin.bias_grad,
+                 "bias gradient");
+}
+
+template <class T, class Plan>
+struct OneEmbedding {
+  sw::Embedding<T, sw::style_at<Plan, "tok">> tok;
+  SHARDWISE_CHILDREN(tok)
+  OneEmbedding() : tok(12, 8, 5) {}
+};
+
+template <class T, class Style, class Mesh>
+void check_embedding_style(Mesh const& tp, char const* name) {
+  INFO("Embedding with " << name);
+  int const n = tp.size(), r = tp.rank();
+  OneEmbedding<T, sw::serial_plan> serial;
+  OneEmbedding<T, sw::plan<sw::at<"tok", Style>>> sharded;
+  sw::parallelize(sharded, tp);
+  using Out = typename decltype(sharded.tok)::output_layout;
+  std::vector<std::int64_t> const ids{3, 11, 0, 7, 3, 5, 9, 1};
+  M<T> const dy = random_matrix<T>(8, 8, 3);
+  auto const y0 = serial.tok(ids);
+  serial.tok.backward(sw::Activation<T>{dy});
+  auto const y = sharded.tok(ids);
+  NN_CHECK_CLOSE(whole_of<Out>(tp, y.local), y0.local, "output");
+  sharded.tok.backward(sw::Activation<T, Out>{part_of<Out>(dy, r, n)});
+  using G = typename decltype(sharded.tok)::grad_placement;
+  NN_CHECK_CLOSE(whole_of<G>(tp, sharded.tok.weight_grad), serial.tok.weight_grad, "table gradient");
+}
+
+template <class T, class Plan, template <class, class> class Norm>
+struct OneNorm {
+  Norm<T, sw::style_at<Plan, "norm">> norm;
+  SHARDWISE_CHILDREN(norm)
+  OneNorm() : norm(8) {
+    for (Eigen::Index i = 0; i < norm.weight.size(); ++i) norm.weight(i) = T(1) + T(0.1) * T(i);
+  }
+};
+
+template <class T, template <class, class> class Norm, class Mesh>
+void check_sequence_parallel_norm(Mesh const& tp, char const* name) {
+  INFO(name << " with SequenceParallel");
+  int const n = tp.size(), r = tp.rank();
+  OneNorm<T, sw::serial_plan, Norm> serial;
+  OneNorm<T, sw::plan<sw::at<"norm", sw::SequenceParallel<>>>, Norm> sharded;
+  sw::parallelize(sharded, tp);
+  M<T> const x = random_matrix<T>(8, 8, 7), dy = random_matrix<T>(8, 8, 8);
+  auto const y0 = serial.norm(x);
+  auto const dx0 = serial.norm.backward(sw::Activation<T>{dy});
+  auto const y = sharded.norm(sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(x, r, n)});
+  NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, y.local), y0.local, "output");
+  auto const dx = sharded.norm.backward(sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(dy, r, n)});
+  NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, dx.local), dx0.local, "input gradient");
+  // The weight gradient is a partial sum over this rank's tokens until reduced; its type says so.
+  auto const partial = sharded.norm.parameters();
+  static_assert(sw::is_partial_v<typename std::tuple_element_t<0, decltype(partial)>::grad_placement>);
+  auto const reduced = sw::reduce(partial);
+  static_assert(!sw::is_partial_v<typename std::tuple_element_t<0, decltype(reduced)>::grad_placement>);
+  NN_CHECK_CLOSE(*std::get<0>(reduced).grad, serial.norm.weight_grad, "weight gradient, reduced");
+}
+
+template <class T, class Mesh>
+void check_loss_parallel(Mesh const& tp) {
+  INFO("loss parallel");
+  int const n = tp.size(), r = tp.rank();
+  M<T> const logits = random_matrix<T>(8, 12, 9) * T(3);
+  std::vector<std::int64_t> const targets{1, 11, -100, 4, 0, 7, 7, 10};
+  auto const serial = sw::cross_entropy(sw::Activation<T>{logits}, targets);
+  auto const sharded = sw::loss_parallel(tp, sw::Activation<T, sw::Shard<-1>>{part_of<sw::Shard<1>>(logits, r, n)},
+                                         targets);
+  CHECK(std::abs(static_cast<double>(sharded.loss - serial.loss)) <=
+        tolerance<T>() * std::max(1.0, std::abs(static_cast<double>(serial.loss))));
+  NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.dlogits.local), serial.dlogits.local, "logit gradient");
+}
+
+/// A block with a sequence-parallel norm in front of the feed-forward, as torchtitan lays out Llama.
+template <class T, class Plan>
+struct NormFeedForward {
+  sw::RMSNorm<T, sw::style_at<Plan, "norm">> norm;
+  blocks::FeedForward<T, sw::subplan<Plan, "feed_forward">> feed_forward;
+  SHARDWISE_CHILDREN(norm, feed_forward)
+  NormFeedForward() : norm(8), feed_forward(8, 16, 30) {}
+};
+
+using feed_forward_plan = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>, sw::at<"w3", sw::ColwiseParallel<>>,
+                                   sw::at<"w2", sw::RowwiseParallel<>>>;
+using sequence_parallel_plan =
+    sw::plan<sw::at<"norm", sw::SequenceParallel<>>,
+             sw::at<"feed_forward", sw::PrepareModuleInput<sw::Shard<0>, sw::Replicate>>,
+             sw::at<"feed_forward.w1", sw::ColwiseParallel<>>, sw::at<"feed_forward.w3", sw::ColwiseParallel<>>,
+             sw::at<"feed_forward.w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>>;
+using attention_plan = sw::plan<sw::at<"wq", sw::ColwiseParallel<>>, sw::at<"wk", sw::ColwiseParallel<>>,
+                                sw::at<"wv", sw::ColwiseParallel<>>, sw::at<"wo", sw::RowwiseParallel<>>>;
+
+template <class T, class Mesh>
+void check_blocks(Mesh const& tp) {
+  int const n = tp.size(), r = tp.rank();
+  M<T> const x = random_matrix<T>(8, 8, 11), dy = random_matrix<T>(8, 8, 12);
+  {
+    INFO("feed-forward: w1, w3 Colwise, w2 Rowwise");
+    blocks::FeedForward<T> serial(8, 16, 30);
+    blocks::FeedForward<T, feed_forward_plan> sharded(8, 16, 30);
+    sw::parallelize(sharded, tp);
+    auto const y0 = serial.forward(x);
+    auto const dx0 = serial.backward(sw::Activation<T>{dy});
+    auto const y = sharded.forward(x);
+    NN_CHECK_CLOSE(y.local, y0.local, "output");
+    NN_CHECK_CLOSE(sharded.backward(sw::Activation<T>{dy}).local, dx0.local, "input gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.w1.weight_grad), serial.w1.weight_grad, "w1 gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.w3.weight_grad), serial.w3.weight_grad, "w3 gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.w2.weight_grad), serial.w2.weight_grad, "w2 gradient");
+  }
+  {
+    INFO("sequence parallel: SequenceParallel norm, PrepareModuleInput, w2 Rowwise to Shard<0>");
+    NormFeedForward<T, sw::serial_plan> serial;
+    NormFeedForward<T, sequence_parallel_plan> sharded;
+    sw::parallelize(sharded, tp);
+    auto const h0 = serial.norm(x);
+    auto const y0 = serial.feed_forward.forward(h0);
+    auto const dx0 = serial.norm.backward(serial.feed_forward.backward(sw::Activation<T>{dy}));
+    auto const h = sharded.norm(sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(x, r, n)});
+    auto const y = sharded.feed_forward.forward(h);
+    static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(y)>::placement, sw::Shard<0>>);
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, y.local), y0.local, "output");
+    auto const dx = sharded.norm.backward(
+        sharded.feed_forward.backward(sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(dy, r, n)}));
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, dx.local), dx0.local, "input gradient");
+    NN_CHECK_CLOSE(*std::get<0>(sw::reduce(sharded.norm.parameters())).grad, serial.norm.weight_grad, "norm gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.feed_forward.w2.weight_grad), serial.feed_forward.w2.weight_grad,
+                   "w2 gradient");
+  }
+  {
+    INFO("attention: wq, wk, wv Colwise (heads split), wo Rowwise");
+    blocks::Attention<T> serial(8, 4, 40);
+    blocks::Attention<T, attention_plan> sharded(8, 4, 40);
+    sw::parallelize(sharded, tp);
+    auto const y0 = serial.forward(x);
+    auto const dx0 = serial.backward(sw::Activation<T>{dy});
+    NN_CHECK_CLOSE(sharded.forward(x).local, y0.local, "output");
+    NN_CHECK_CLOSE(sharded.backward(sw::Activation<T>{dy}).local, dx0.local, "input gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wq.weight_grad), serial.wq.weight_grad, "wq gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wk.weight_grad), serial.wk.weight_grad, "wk gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wv.bias_grad), serial.wv.bias_grad, "wv bias gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.wo.weight_grad), serial.wo.weight_grad, "wo gradient");
+    NN_CHECK_CLOSE(sharded.wo.bias_grad, serial.wo.bias_grad, "wo bias gradient");
+  }
+  if (n == 4) {
+    INFO("a head count the tp size does not divide is refused at parallelize, on every rank");
+    blocks::Attention<T, attention_plan> two_heads(8, 2, 40);
+    CHECK_THROWS_WITH_AS(sw::parallelize(two_heads, tp),
+                         "shardwise::ColwiseParallel at \"\": 2 heads do not divide over 4 ranks; choose a head count "
+                         "the tp size divides",
+                         sw::error);
+    OneLinear<T, sw::plan<sw::at<"lin", sw::ColwiseParallel<>>>> odd(8, 6);
+    CHECK_THROWS_WITH_AS(sw::parallelize(odd, tp),
+                         "shardwise::ColwiseParallel at \"lin\": 6 output features do not divide over 4 ranks of mesh "
+                         "axis \"tp\"; choose sizes the tp size divides",
+                         sw::error);
+  }
+}
+
+template <class T, class World>
+void check_all(World const& world) {
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  check_linear_style<T, sw::ColwiseParallel<>>(tp, "ColwiseParallel<Replicate, Shard<-1>>");
+  check_linear_style<T, sw::ColwiseParallel<sw::Replicate, sw::Replicate>>(tp, "ColwiseParallel<Replicate, Replicate>");
+  check_linear_style<T, sw::ColwiseParallel<sw::Shard<0>>>(tp, "ColwiseParallel<Shard<0>, Shard<-1>>");
+  check_linear_style<T, sw::RowwiseParallel<>>(tp, "RowwiseParallel<Shard<-1>, Replicate>");
+  check_linear_style<T, sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>(tp, "RowwiseParallel<Shard<-1>, Shard<0>>");
+  check_linear_style<T, sw::RowwiseParallel<sw::Replicate, sw::Replicate>>(tp, "RowwiseParallel<Replicate, Replicate>");
+  check_embedding_style<T, sw::RowwiseParallel<sw::Replicate, sw::Replicate>>(tp, "RowwiseParallel (vocabulary)");
+  check_embedding_style<T, sw::RowwiseParallel<sw::Replicate, sw::Shard<0>>>(tp, "RowwiseParallel to Shard<0>");
+  check_embedding_style<T, sw::ColwiseParallel<>>(tp, "ColwiseParallel");
+  check_embedding_style<T, sw::ColwiseParallel<sw::Replicate, sw::Replicate>>(tp, "ColwiseParallel to Replicate");
+  check_sequence_parallel_norm<T, sw::LayerNorm>(tp, "LayerNorm");
+  check_sequence_parallel_norm<T, sw::RMSNorm>(tp, "RMSNorm");
+  check_loss_parallel<T>(tp);
+  check_blocks<T>(tp);
+}
+
+}  // namespace nn_cases
