@@ -54,14 +54,19 @@ struct given_layout<Activation<T, P>, Declared> {
   using type = P;
 };
 
+template <class Expected, class X>
+inline constexpr bool input_layout_matches =
+    same_layout_v<Expected, typename given_layout<std::remove_cvref_t<X>, Expected>::type>;
+
+/// Used beside a static_assert on input_layout_matches: names the layer and both layouts in the diagnostic.
 template <fixed_string Path, class Expected, class X>
-constexpr bool input_layout_ok() {
-  using Got = typename given_layout<std::remove_cvref_t<X>, Expected>::type;
-  constexpr bool ok = same_layout_v<Expected, Got>;
-  if constexpr (!ok) {
-    [[maybe_unused]] input_layout_mismatch_at<Path, Expected, Got> offending_layouts;
+constexpr bool show_layout_mismatch() {
+  if constexpr (!input_layout_matches<Expected, X>) {
+    [[maybe_unused]] input_layout_mismatch_at<Path, Expected,
+                                              typename given_layout<std::remove_cvref_t<X>, Expected>::type>
+        offending_layouts;
   }
-  return ok;
+  return true;
 }
 
 template <class T, class X>

@@ -106,10 +106,11 @@ class Linear {
   Activation<T, output_layout> operator()(X const& x) {
     static_assert(std::is_same_v<X, matrix> || detail::is_activation_v<X>,
                   "shardwise::Linear: the input must be a row-major Eigen matrix or a shardwise::Activation");
-    static_assert(detail::input_layout_ok<Location::path, input_layout, X>(),
+    static_assert(detail::input_layout_matches<input_layout, X>,
                   "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
                   "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
                   "RowwiseParallel");
+    static_assert(detail::show_layout_mismatch<Location::path, input_layout, X>());
     require_group();
     matrix const& given = detail::local_of<T>(x);
     if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {

@@ -60,9 +60,10 @@ class norm_layer {
     static_assert(
         std::is_same_v<X, matrix> || is_activation_v<X>,
         "shardwise::LayerNorm/RMSNorm: the input must be a row-major Eigen matrix or a shardwise::Activation");
-    static_assert(input_layout_ok<Location::path, layout, X>(),
+    static_assert(detail::input_layout_matches<layout, X>,
                   "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
                   "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
+    static_assert(detail::show_layout_mismatch<Location::path, layout, X>());
     saved_input_ = local_of<T>(x);
     Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
     rstd_.resize(saved_input_.rows());

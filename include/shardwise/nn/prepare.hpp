@@ -77,8 +77,9 @@ class Prepare {
   using Style = typename Location::style;
   using L = detail::prepare_layouts<Style>;
   static constexpr bool allowed = std::is_same_v<Style, NoParallel> || L::input || L::output;
-  static_assert(allowed, "shardwise::Prepare: a module's own plan entry must be PrepareModuleInput, "
-                         "PrepareModuleOutput or PrepareModuleInputOutput");
+  static_assert(allowed,
+                "shardwise::Prepare: a module's own plan entry must be PrepareModuleInput, "
+                "PrepareModuleOutput or PrepareModuleInputOutput");
   static_assert(detail::style_allowed<Location, allowed>());
 
  public:
@@ -96,8 +97,9 @@ class Prepare {
     if constexpr (!L::input) {
       return x;
     } else {
-      static_assert(detail::input_layout_ok<Location::path, typename L::in, X>(),
+      static_assert(detail::input_layout_matches<typename L::in, X>,
                     "shardwise::PrepareModuleInput: the module's input does not have the style's input_layouts");
+      static_assert(detail::show_layout_mismatch<Location::path, typename L::in, X>());
       return Activation<T, typename L::desired_in>{
           detail::redistribute_activation<typename L::in, typename L::desired_in>(group(), detail::local_of<T>(x))};
     }
@@ -105,7 +107,8 @@ class Prepare {
   /// The gradient of the module's input, back in the layout the input came in.
   template <class G>
   auto input_backward(G const& dx) const {
-    if constexpr (!L::input) return dx;
+    if constexpr (!L::input)
+      return dx;
     else
       return Activation<T, typename L::in>{
           detail::redistribute_activation<typename L::desired_in, typename L::in>(group(), dx.local)};
@@ -115,15 +118,17 @@ class Prepare {
     if constexpr (!L::output) {
       return y;
     } else {
-      static_assert(detail::input_layout_ok<Location::path, typename L::out, Y>(),
+      static_assert(detail::input_layout_matches<typename L::out, Y>,
                     "shardwise::PrepareModuleOutput: the module's output does not have the style's output_layouts");
+      static_assert(detail::show_layout_mismatch<Location::path, typename L::out, Y>());
       return Activation<T, typename L::desired_out>{
           detail::redistribute_activation<typename L::out, typename L::desired_out>(group(), detail::local_of<T>(y))};
     }
   }
   template <class G>
   auto output_backward(G const& dy) const {
-    if constexpr (!L::output) return dy;
+    if constexpr (!L::output)
+      return dy;
     else
       return Activation<T, typename L::out>{
           detail::redistribute_activation<typename L::desired_out, typename L::out>(group(), dy.local)};
