@@ -2,10 +2,9 @@
 // Two transformer blocks written the way a user writes them against shardwise: the layers come from the
 // plan by name, forward and backward are plain code. Used by the examples and by the tests, which compare
 // every sharded run with the same block built with sw::serial_plan.
-#include <shardwise/nn.hpp>
-
 #include <cmath>
 #include <cstdint>
+#include <shardwise/nn.hpp>
 
 namespace blocks {
 
@@ -56,8 +55,12 @@ struct Attention {
   SHARDWISE_CHILDREN(prepare, wq, wk, wv, wo)
 
   Attention(std::size_t dim, std::size_t heads, std::uint64_t seed)
-      : wq(dim, dim, seed + 1), wk(dim, dim, seed + 2), wv(dim, dim, seed + 3), wo(dim, dim, seed + 4),
-        heads_(heads), head_dim_(dim / heads) {}
+      : wq(dim, dim, seed + 1),
+        wk(dim, dim, seed + 2),
+        wv(dim, dim, seed + 3),
+        wo(dim, dim, seed + 4),
+        heads_(heads),
+        head_dim_(dim / heads) {}
 
   /// Called by sw::parallelize: heads must split whole over the group.
   void shardwise_on_parallelize(int tp_size) const {
@@ -112,7 +115,8 @@ struct Attention {
   }
 
  private:
-  using projection = decltype(std::declval<sw::Linear<T, sw::style_at<Plan, "wq">>&>()(std::declval<sw::nn::matrix<T>>()));
+  using projection =
+      decltype(std::declval<sw::Linear<T, sw::style_at<Plan, "wq">>&>()(std::declval<sw::nn::matrix<T>>()));
   std::size_t heads_, head_dim_;
   projection q_, k_, v_;
   std::vector<sw::nn::matrix<T>> probabilities_;

@@ -2,12 +2,12 @@
 // Tensor parallelism against the unsharded run of the same code: every style, the feed-forward and attention
 // blocks, sequence-parallel norms, both embedding styles and loss parallel. Forward output, input gradient and
 // every parameter gradient must match (fp64: 1e-12, fp32: 1e-5, relative to the largest entry).
+#include <doctest/doctest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
-
-#include <doctest/doctest.h>
 
 #include "../../examples/blocks.hpp"
 
@@ -38,11 +38,11 @@ double relative_error(A const& got, B const& expected) {
   return static_cast<double>((got - expected).cwiseAbs().maxCoeff()) / scale;
 }
 
-#define NN_CHECK_CLOSE(got, expected, what)                              \
-  do {                                                                   \
-    double const error_ = relative_error((got), (expected));             \
-    INFO(what << ": relative error " << error_);                        \
-    CHECK(error_ <= tolerance<T>());                                     \
+#define NN_CHECK_CLOSE(got, expected, what)                  \
+  do {                                                       \
+    double const error_ = relative_error((got), (expected)); \
+    INFO(what << ": relative error " << error_);             \
+    CHECK(error_ <= tolerance<T>());                         \
   } while (0)
 
 /// This rank's part of a full activation in layout P, cut with Eigen blocks (not with shardwise).
@@ -65,9 +65,12 @@ template <class P, class Mesh, class T>
 M<T> whole_of(Mesh const& tp, M<T> const& local) {
   using N = sw::detail::normalize_2d_t<P>;
   M<T> all;
-  if constexpr (std::is_same_v<N, sw::Shard<0>>) sw::all_gather(tp, local, all, 0);
-  else if constexpr (std::is_same_v<N, sw::Shard<1>>) sw::all_gather(tp, local, all, 1);
-  else all = local;
+  if constexpr (std::is_same_v<N, sw::Shard<0>>)
+    sw::all_gather(tp, local, all, 0);
+  else if constexpr (std::is_same_v<N, sw::Shard<1>>)
+    sw::all_gather(tp, local, all, 1);
+  else
+    all = local;
   return all;
 }
 template <class P, class Mesh, class T>
@@ -171,8 +174,8 @@ void check_loss_parallel(Mesh const& tp) {
   M<T> const logits = random_matrix<T>(8, 12, 9) * T(3);
   std::vector<std::int64_t> const targets{1, 11, -100, 4, 0, 7, 7, 10};
   auto const serial = sw::cross_entropy(sw::Activation<T>{logits}, targets);
-  auto const sharded = sw::loss_parallel(tp, sw::Activation<T, sw::Shard<-1>>{part_of<sw::Shard<1>>(logits, r, n)},
-                                         targets);
+  auto const sharded =
+      sw::loss_parallel(tp, sw::Activation<T, sw::Shard<-1>>{part_of<sw::Shard<1>>(logits, r, n)}, targets);
   CHECK(std::abs(static_cast<double>(sharded.loss - serial.loss)) <=
         tolerance<T>() * std::max(1.0, std::abs(static_cast<double>(serial.loss))));
   NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.dlogits.local), serial.dlogits.local, "logit gradient");
