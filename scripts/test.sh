@@ -10,9 +10,12 @@ jobs=$(nproc)
 echo "== formatting (.clang-format)"
 git ls-files '*.hpp' '*.cpp' | xargs clang-format --dry-run --Werror
 
+echo "== outside references (PyTorch from PyPI, in a virtual environment outside the clone)"
+python=$(bash scripts/torch-venv.sh)
+
 echo "== build and test (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=ON -DSHARDWISE_BUILD_EXAMPLES=ON \
-  -DSHARDWISE_BUILD_BENCH=ON >/dev/null
+  -DSHARDWISE_BUILD_BENCH=ON -DSHARDWISE_PYTHON="$python" >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build -j"$jobs" --output-on-failure
 

@@ -1,0 +1,180 @@
+// The C++ half of the outside check against PyTorch (tp_reference.py holds the other half, which shares no
+// code with this): the MLP, the attention block and a sequence-parallel norm + MLP, sharded at TP 2 on the
+// thread mesh, each rank's local outputs and local parameter gradients written to .npy files; and the
+// unsharded forward and backward of Linear, Embedding, LayerNorm, RMSNorm and cross-entropy. Inputs and
+// weights are written too, so PyTorch starts from exactly the same numbers.
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <shardwise/nn.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+
+#include "../../examples/blocks.hpp"
+#include "npy.hpp"
+
+namespace sw = shardwise;
+using T = double;
+using Matrix = sw::nn::matrix<T>;
+namespace fs = std::filesystem;
+
+Matrix random_matrix(long rows, long cols, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal;
+  Matrix m(rows, cols);
+  for (long i = 0; i < m.size(); ++i) m.data()[i] = normal(rng);
+  return m;
+}
+
+template <class T2, class Plan>
+struct NormFeedForward {
+  sw::RMSNorm<T2, sw::style_at<Plan, "norm">> norm;
+  blocks::FeedForward<T2, sw::subplan<Plan, "feed_forward">> feed_forward;
+  SHARDWISE_CHILDREN(norm, feed_forward)
+  NormFeedForward(std::size_t dim, std::size_t hidden) : norm(dim, 1e-6), feed_forward(dim, hidden, 30) {
+    for (long i = 0; i < norm.weight.size(); ++i) norm.weight(i) = 1.0 + 0.05 * double(i);
+  }
+};
+
+using mlp_plan = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>, sw::at<"w3", sw::ColwiseParallel<>>,
+                          sw::at<"w2", sw::RowwiseParallel<>>>;
+using attention_plan = sw::plan<sw::at<"wq", sw::ColwiseParallel<>>, sw::at<"wk", sw::ColwiseParallel<>>,
+                                sw::at<"wv", sw::ColwiseParallel<>>, sw::at<"wo", sw::RowwiseParallel<>>>;
+using sp_plan =
+    sw::plan<sw::at<"norm", sw::SequenceParallel<>>,
+             sw::at<"feed_forward", sw::PrepareModuleInput<sw::Shard<0>, sw::Replicate>>,
+             sw::at<"feed_forward.w1", sw::ColwiseParallel<>>, sw::at<"feed_forward.w3", sw::ColwiseParallel<>>,
+             sw::at<"feed_forward.w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>>;
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: tp_dump OUTPUT_DIR\n");
+    return 2;
+  }
+  fs::path const out = argv[1];
+  fs::create_directories(out);
+  constexpr long tokens = 8, dim = 16, hidden = 32, heads = 4, vocab = 24;
+  Matrix const x = random_matrix(tokens, dim, 1), dy = random_matrix(tokens, dim, 2);
+  npy::write(out / "x.npy", x);
+  npy::write(out / "dy.npy", dy);
+
+  {  // weights, from the unsharded blocks (the sharded ones are built from the same seeds)
+    blocks::FeedForward<T> mlp(dim, hidden, 10);
+    npy::write(out / "mlp.w1.npy", mlp.w1.weight);
+    npy::write(out / "mlp.w3.npy", mlp.w3.weight);
+    npy::write(out / "mlp.w2.npy", mlp.w2.weight);
+    blocks::Attention<T> attention(dim, heads, 20);
+    auto weights = [&](std::string const& name, auto const& layer) {
+      npy::write(out / ("attention." + name + ".weight.npy"), layer.weight);
+      npy::write(out / ("attention." + name + ".bias.npy"), layer.bias);
+    };
+    weights("wq", attention.wq), weights("wk", attention.wk), weights("wv", attention.wv), weights("wo", attention.wo);
+    NormFeedForward<T, sw::serial_plan> sp(dim, hidden);
+    npy::write(out / "sp.norm.npy", sp.norm.weight);
+    npy::write(out / "sp.w1.npy", sp.feed_forward.w1.weight);
+    npy::write(out / "sp.w3.npy", sp.feed_forward.w3.weight);
+    npy::write(out / "sp.w2.npy", sp.feed_forward.w2.weight);
+  }
+
+  sw::run_threads(2, [&](auto& world) {
+    auto tp = sw::make_mesh<"tp">(world, {2});
+    std::string const r = std::to_string(tp.rank());
+    {
+      blocks::FeedForward<T, mlp_plan> mlp(dim, hidden, 10);
+      sw::parallelize(mlp, tp);
+      npy::write(out / ("mlp.y." + r + ".npy"), mlp.forward(x).local);
+      npy::write(out / ("mlp.dx." + r + ".npy"), mlp.backward(sw::Activation<T>{dy}).local);
+      npy::write(out / ("mlp.w1.grad." + r + ".npy"), mlp.w1.weight_grad);
+      npy::write(out / ("mlp.w3.grad." + r + ".npy"), mlp.w3.weight_grad);
+      npy::write(out / ("mlp.w2.grad." + r + ".npy"), mlp.w2.weight_grad);
+    }
+    {
+      blocks::Attention<T, attention_plan> attention(dim, heads, 20);
+      sw::parallelize(attention, tp);
+      npy::write(out / ("attention.y." + r + ".npy"), attention.forward(x).local);
+      npy::write(out / ("attention.dx." + r + ".npy"), attention.backward(sw::Activation<T>{dy}).local);
+      auto gradients = [&](std::string const& name, auto const& layer) {
+        npy::write(out / ("attention." + name + ".weight.grad." + r + ".npy"), layer.weight_grad);
+        npy::write(out / ("attention." + name + ".bias.grad." + r + ".npy"), layer.bias_grad);
+      };
+      gradients("wq", attention.wq), gradients("wk", attention.wk), gradients("wv", attention.wv),
+          gradients("wo", attention.wo);
+    }
+    {
+      NormFeedForward<T, sp_plan> sp(dim, hidden);
+      sw::parallelize(sp, tp);
+      long const rows = tokens / 2;
+      auto const y =
+          sp.feed_forward.forward(sp.norm(sw::Activation<T, sw::Shard<0>>{x.middleRows(tp.rank() * rows, rows)}));
+      npy::write(out / ("sp.y." + r + ".npy"), y.local);
+      auto const dx = sp.norm.backward(
+          sp.feed_forward.backward(sw::Activation<T, sw::Shard<0>>{dy.middleRows(tp.rank() * rows, rows)}));
+      npy::write(out / ("sp.dx." + r + ".npy"), dx.local);
+      npy::write(out / ("sp.norm.partial_grad." + r + ".npy"), sp.norm.weight_grad);
+      npy::write(out / ("sp.norm.grad." + r + ".npy"), *std::get<0>(sw::reduce(sp.norm.parameters())).grad);
+      npy::write(out / ("sp.w1.grad." + r + ".npy"), sp.feed_forward.w1.weight_grad);
+      npy::write(out / ("sp.w2.grad." + r + ".npy"), sp.feed_forward.w2.weight_grad);
+    }
+    {  // loss parallel on logits cut along the vocabulary
+      Matrix const logits = random_matrix(tokens, vocab, 5);
+      std::vector<std::int64_t> const targets{3, 23, 0, 7, -100, 12, 12, 5};
+      if (tp.rank() == 0) npy::write(out / "loss_parallel.logits.npy", logits);
+      long const cols = vocab / 2;
+      auto const result =
+          sw::loss_parallel(tp, sw::Activation<T, sw::Shard<-1>>{logits.middleCols(tp.rank() * cols, cols)}, targets);
+      Eigen::Matrix<double, 1, 1> loss;
+      loss(0) = result.loss;
+      npy::write(out / ("loss_parallel.loss." + r + ".npy"), loss);
+      npy::write(out / ("loss_parallel.dlogits." + r + ".npy"), result.dlogits.local);
+    }
+  });
+
+  {  // unsharded layers
+    Matrix const xl = random_matrix(tokens, dim, 3), dyl = random_matrix(tokens, hidden, 4);
+    npy::write(out / "layers.x.npy", xl);
+    sw::Linear<T> linear(dim, hidden, 50);
+    npy::write(out / "linear.weight.npy", linear.weight);
+    npy::write(out / "linear.bias.npy", linear.bias);
+    npy::write(out / "linear.y.npy", linear(xl).local);
+    npy::write(out / "layers.dy_hidden.npy", dyl);
+    npy::write(out / "linear.dx.npy", linear.backward(sw::Activation<T>{dyl}).local);
+    npy::write(out / "linear.weight.grad.npy", linear.weight_grad);
+    npy::write(out / "linear.bias.grad.npy", linear.bias_grad);
+
+    Matrix const dyd = random_matrix(tokens, dim, 6);
+    npy::write(out / "layers.dy.npy", dyd);
+    sw::LayerNorm<T> layer_norm(dim, 1e-5);
+    for (long i = 0; i < dim; ++i) layer_norm.weight(i) = 1.0 + 0.1 * double(i), layer_norm.bias(i) = 0.01 * double(i);
+    npy::write(out / "layer_norm.weight.npy", layer_norm.weight);
+    npy::write(out / "layer_norm.bias.npy", layer_norm.bias);
+    npy::write(out / "layer_norm.y.npy", layer_norm(xl).local);
+    npy::write(out / "layer_norm.dx.npy", layer_norm.backward(sw::Activation<T>{dyd}).local);
+    npy::write(out / "layer_norm.weight.grad.npy", layer_norm.weight_grad);
+    npy::write(out / "layer_norm.bias.grad.npy", layer_norm.bias_grad);
+
+    sw::RMSNorm<T> rms_norm(dim, 1e-6);
+    for (long i = 0; i < dim; ++i) rms_norm.weight(i) = 1.0 - 0.02 * double(i);
+    npy::write(out / "rms_norm.weight.npy", rms_norm.weight);
+    npy::write(out / "rms_norm.y.npy", rms_norm(xl).local);
+    npy::write(out / "rms_norm.dx.npy", rms_norm.backward(sw::Activation<T>{dyd}).local);
+    npy::write(out / "rms_norm.weight.grad.npy", rms_norm.weight_grad);
+
+    sw::Embedding<T> embedding(vocab, dim, 60);
+    std::vector<std::int64_t> const ids{3, 23, 0, 7, 3, 12, 19, 5};
+    npy::write(out / "embedding.weight.npy", embedding.weight);
+    npy::write(out / "embedding.y.npy", embedding(ids).local);
+    embedding.backward(sw::Activation<T>{dyd});
+    npy::write(out / "embedding.weight.grad.npy", embedding.weight_grad);
+
+    Matrix const logits = random_matrix(tokens, vocab, 7);
+    std::vector<std::int64_t> const targets{1, 2, -100, 23, 0, 4, 4, 9};
+    auto const ce = sw::cross_entropy(sw::Activation<T>{logits}, targets);
+    npy::write(out / "cross_entropy.logits.npy", logits);
+    Eigen::Matrix<double, 1, 1> loss;
+    loss(0) = ce.loss;
+    npy::write(out / "cross_entropy.loss.npy", loss);
+    npy::write(out / "cross_entropy.dlogits.npy", ce.dlogits.local);
+  }
+  std::puts("tp_dump: written");
+  return 0;
+}
