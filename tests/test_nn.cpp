@@ -17,3 +17,47 @@ TEST_CASE("tensor-parallel styles and blocks equal the unsharded run, fp32, thre
     shardwise::run_threads(n, [](auto& world) { nn_cases::check_all<float>(world); });
   }
 }
+
+// A layer type of the user's own joins plans and parallelize through sw::layer_traits.
+namespace user {
+template <class Location>
+struct MyLinear {  // the user's own: a weight [out, in] and nothing shardwise-specific
+  Eigen::MatrixXd weight;
+};
+template <class Plan>
+struct Model {
+  MyLinear<shardwise::style_at<Plan, "proj">> proj;
+  SHARDWISE_CHILDREN(proj)
+};
+}  // namespace user
+
+template <class Location>
+struct shardwise::layer_traits<user::MyLinear<Location>> {
+  using location = Location;
+  template <class Mesh>
+  static void parallelize(user::MyLinear<Location>& layer, Mesh const& tp) {
+    static_assert(is_colwise_v<typename Location::style>, "this user layer only knows ColwiseParallel");
+    auto const rows = layer.weight.rows() / tp.size();
+    layer.weight = Eigen::MatrixXd(layer.weight.middleRows(tp.rank() * rows, rows));
+  }
+};
+
+TEST_CASE("a user-defined layer joins through layer_traits, and its plan entry is checked like any other") {
+  using plan = shardwise::plan<shardwise::at<"proj", shardwise::ColwiseParallel<>>>;
+  static_assert(shardwise::layer<user::MyLinear<shardwise::style_at<plan, "proj">>>);
+  static_assert(shardwise::detail::has_layer_at<user::Model<plan>>("proj"));
+  static_assert(!shardwise::detail::has_layer_at<user::Model<plan>>("projection"));
+  Eigen::MatrixXd full(8, 4);
+  for (Eigen::Index i = 0; i < full.size(); ++i) full.data()[i] = double(i);
+  Eigen::MatrixXd const x = Eigen::MatrixXd::Ones(3, 4);
+  shardwise::run_threads(4, [&](auto& world) {
+    auto tp = shardwise::make_mesh<"tp">(world, {4});
+    user::Model<plan> model{{full}};
+    shardwise::parallelize(model, tp);
+    CHECK(model.proj.weight.rows() == 2);
+    Eigen::MatrixXd const y_local = x * model.proj.weight.transpose();
+    Eigen::MatrixXd y;
+    shardwise::all_gather(tp, y_local, y, -1);
+    CHECK((y - x * full.transpose()).norm() == 0.0);
+  });
+}

@@ -1,4 +1,5 @@
 #include <shardwise/nn.hpp>
+
 #include "../../examples/blocks.hpp"
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL

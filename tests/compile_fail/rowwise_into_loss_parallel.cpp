@@ -10,7 +10,7 @@ using plan = sw::plan<sw::at<"output", sw::RowwiseParallel<sw::Replicate>>>;
 #else
 using plan = sw::plan<sw::at<"output", sw::ColwiseParallel<>>>;
 #endif
-float use(sw::Mesh<sw::ThreadComm, sw::axis<"tp">> const& tp, Head<float, plan>& head,
-          sw::nn::matrix<float> const& x, std::vector<std::int64_t> const& targets) {
+float use(sw::Mesh<sw::ThreadComm, sw::axis<"tp">> const& tp, Head<float, plan>& head, sw::nn::matrix<float> const& x,
+          std::vector<std::int64_t> const& targets) {
   return sw::loss_parallel(tp, head.output(x), targets).loss;
 }

@@ -5,8 +5,8 @@
 // nothing is resized.
 //
 // For every function here:
-//  - T is float or double and is NOT deduced (an Eigen::Ref parameter does not deduce from a Matrix or a block):
-//    call as linear_forward<float>(x, w, b, y).
+//  - T is float or double (any std::floating_point) and is NOT deduced (an Eigen::Ref parameter does not deduce
+//    from a Matrix or a block): call as linear_forward<float>(x, w, b, y).
 //  - Gradients of parameters (dweight, dbias, dgamma, dbeta, dtable) are ACCUMULATED (+=), as PyTorch accumulates
 //    .grad over backward calls: zero them once per optimizer step. Gradients of inputs (dx, dlogits) are assigned.
 //  - "None" for an optional argument is std::nullopt. Pass the matrix or block straight to the call: a
@@ -18,6 +18,7 @@
 // Include this header for all of them; nn/functional_elementwise.hpp (relu, silu, gelu) and nn/functional_types.hpp
 // (the aliases) are its parts.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -265,11 +266,13 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
       dlogits.row(i).setZero();
       continue;
     }
-    auto const row = logits.row(i).array();
-    T const max = row.maxCoeff();
-    T const lse = max + std::log((row - max).exp().sum());
-    total += static_cast<acc_t>(lse - logits(i, t));  // read logits(i, t) before an in-place dlogits overwrites it
-    dlogits.row(i).array() = (row - lse).exp() * inv_count;
+    T const max = logits.row(i).maxCoeff();
+    T const target_logit = logits(i, t);  // read before an in-place dlogits overwrites it
+    // One exp per logit: the exponentials go straight into dlogits, then their sum makes them the softmax.
+    dlogits.row(i).array() = (logits.row(i).array() - max).exp();
+    T const sum = dlogits.row(i).sum();
+    total += static_cast<acc_t>(max + std::log(sum) - target_logit);
+    dlogits.row(i) *= inv_count / sum;
     dlogits(i, t) -= inv_count;
   }
   return static_cast<T>(total / static_cast<acc_t>(counted));

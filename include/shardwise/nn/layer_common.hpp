@@ -49,6 +49,28 @@ inline void require_divisible(std::string_view style, std::string_view path, cha
          " ranks of mesh axis \"", axis, "\"; choose sizes the tp size divides");
 }
 
+/// Incomplete on purpose: the diagnostic shows the layer's path, the size and the tp size.
+template <fixed_string Path, std::size_t Size, std::size_t Ranks>
+struct size_does_not_divide_at;
+
+/// The compile-time twin of require_divisible, for sizes and a tp size both known at compile time.
+template <fixed_string Path, std::size_t Size, std::size_t Ranks>
+constexpr bool static_divides() {
+  if constexpr (Size == 0 || Ranks == 0) {  // dynamic: checked at run time
+    return true;
+  } else if constexpr (Size % Ranks != 0) {
+    [[maybe_unused]] size_does_not_divide_at<Path, Size, Ranks> offending_size;
+    return false;
+  } else {
+    return true;
+  }
+}
+
+inline void require_static_size(std::string_view path, char const* what, std::size_t declared, std::size_t given) {
+  if (declared != 0 && declared != given)
+    fail("shardwise::Linear at \"", path, "\": declared with ", declared, " ", what, " but built with ", given);
+}
+
 template <class T>
 nn::matrix<T> columns(nn::matrix<T> const& m, Eigen::Index start, Eigen::Index count) {
   return m.middleCols(start, count);

@@ -12,7 +12,10 @@
 
 namespace shardwise {
 
-template <class T, class Location = unplanned>
+/// StaticIn / StaticOut (optional): sizes known at compile time, so that with a tp axis of static size
+/// (sw::axis<"tp", 4>) a size the tp size does not divide is a compile error rather than a run-time one.
+template <class T, class Location = unplanned, std::size_t StaticIn = dynamic_size,
+          std::size_t StaticOut = dynamic_size>
 class Linear {
   using Style = typename Location::style;
   static constexpr bool colwise = is_colwise_v<Style>;
@@ -58,6 +61,8 @@ class Linear {
   /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
   Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
       : in_(in), out_(out), has_bias_(with_bias) {
+    detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
+    detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
     T const bound = T(1) / std::sqrt(static_cast<T>(in));
     weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
     detail::fill_uniform(weight, bound, seed);
@@ -79,6 +84,18 @@ class Linear {
   void zero_grad() {
     weight_grad.setZero(weight.rows(), weight.cols());
     bias_grad.setZero(bias.size());
+  }
+
+  /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
+  template <std::size_t Ranks>
+  static constexpr bool shardwise_static_check() {
+    constexpr std::size_t cut = colwise ? StaticOut : rowwise ? StaticIn : dynamic_size;
+    constexpr bool ok = cut == dynamic_size || cut % Ranks == 0;
+    static_assert(ok,
+                  "shardwise::Linear: the features this style cuts do not divide over the tp size; choose sizes "
+                  "the tp size divides");
+    constexpr bool named = detail::static_divides<Location::path, cut, Ranks>();  // spells path and sizes
+    return ok && named;
   }
 
   /// Keeps this rank's shard of the parameters and the group to talk to.

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/mesh/mesh.hpp"
 #include "shardwise/plan/plan.hpp"
 
 /// Inside a module: SHARDWISE_CHILDREN(w1, w3, w2) names the members that are layers or modules.
@@ -27,11 +28,38 @@ concept module = requires(M& m) {
   m.shardwise_children();
 };
 
-/// A layer: the leaves a plan styles. It knows its place in the plan and takes its group in parallelize.
+/// How a layer type that is not shardwise's joins plans and parallelize, without changing the type:
+///   template <> struct shardwise::layer_traits<MyLinear> {
+///     using location = ...;                                   // what style_at<Plan, "name"> gave it
+///     template <class Mesh> static void parallelize(MyLinear&, Mesh const& tp);  // keep this rank's shard
+///   };
 template <class L>
-concept layer = requires {
+struct layer_traits {};
+
+namespace detail {
+template <class L>
+concept member_layer = requires {
   typename L::shardwise_location;
 };
+template <class L>
+concept traits_layer = requires {
+  typename layer_traits<L>::location;
+};
+
+template <class L>
+struct location_of {
+  using type = typename layer_traits<L>::location;
+};
+template <member_layer L>
+struct location_of<L> {
+  using type = typename L::shardwise_location;
+};
+}  // namespace detail
+
+/// A layer: the leaves a plan styles. It knows its place in the plan and takes its group in parallelize,
+/// through its own members (shardwise's layers) or through layer_traits (anyone's).
+template <class L>
+concept layer = detail::member_layer<L> || detail::traits_layer<L>;
 
 namespace detail {
 
@@ -94,7 +122,7 @@ template <class Node>
 constexpr bool has_layer_at(std::string_view path) {
   using N = std::remove_cvref_t<Node>;
   if constexpr (layer<N>) {
-    return N::shardwise_location::path.view() == path;
+    return location_of<N>::type::path.view() == path;
   } else if constexpr (module<N>) {
     using Children = children_t<N>;
     return []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
@@ -132,7 +160,7 @@ template <class Node>
 struct plan_of_tree {
   static auto pick() {
     if constexpr (layer<Node>)
-      return std::type_identity<typename Node::shardwise_location::plan>{};
+      return std::type_identity<typename location_of<Node>::type::plan>{};
     else if constexpr (module<Node>)
       return std::type_identity<typename first_plan_of_tuple<children_t<Node>>::type>{};
     else if constexpr (repeated<Node>::value)
@@ -142,6 +170,29 @@ struct plan_of_tree {
   }
   using type = typename decltype(pick())::type;
 };
+
+/// For a tp size known at compile time: every layer and module that can check its sizes does.
+template <class Node, std::size_t Ranks>
+constexpr bool static_sizes_divide() {
+  using N = std::remove_cvref_t<Node>;
+  constexpr bool own = [] {
+    if constexpr (requires { N::template shardwise_static_check<Ranks>(); })
+      return N::template shardwise_static_check<Ranks>();
+    else
+      return true;
+  }();
+  if constexpr (module<N>) {
+    using Children = children_t<N>;
+    return own&&[]<std::size_t... I>(std::index_sequence<I...>) {
+      return (static_sizes_divide<std::tuple_element_t<I, Children>, Ranks>() && ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<Children>>{});
+  } else if constexpr (repeated<N>::value) {
+    return own && static_sizes_divide<typename repeated<N>::element, Ranks>();
+  } else {
+    return own;
+  }
+}
 
 template <fixed_string Path>
 struct plan_path_matches_no_child;  // incomplete on purpose: the diagnostic spells the path
@@ -174,11 +225,21 @@ template <module Model, class Group>
 Model& parallelize(Model& model, Group const& tp) {
   using check = detail::plan_check<Model, detail::plan_of_tree_t<Model>>;
   static_assert(check::shown);
+  if constexpr (requires { Group::static_sizes[0]; }) {
+    if constexpr (Group::static_sizes[0] != dynamic_size)
+      static_assert(detail::static_sizes_divide<Model, Group::static_sizes[0]>());
+  }
   // Modules may check what only they know (heads must split whole) before any layer is cut.
   detail::for_each_module(model, [&](auto& m) {
     if constexpr (requires { m.shardwise_on_parallelize(1); }) m.shardwise_on_parallelize(tp.size());
   });
-  detail::for_each_layer(model, [&](auto& l) { l.shardwise_parallelize(tp); });
+  detail::for_each_layer(model, [&](auto& l) {
+    using L = std::remove_cvref_t<decltype(l)>;
+    if constexpr (detail::member_layer<L>)
+      l.shardwise_parallelize(tp);
+    else
+      layer_traits<L>::parallelize(l, tp);
+  });
   return model;
 }
 
