@@ -14,8 +14,11 @@
 // batches of the per-call time, taken on rank 0 from a barrier to the end of its last call. "Effective GB/s"
 // is message bytes (the all-reduced vector, the gathered output) per second. --smoke: one call per size, sizes
 // up to 1 MiB, results checked, times meaningless.
+#include "shardwise/collectives/collectives.hpp"
+
 #include <mpi.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
@@ -39,7 +42,6 @@
 #include <vector>
 
 #include "shardwise/adapters/eigen.hpp"
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/mpi.hpp"
 #include "shardwise/mesh/thread.hpp"
@@ -58,6 +60,7 @@ double seconds_now() {
 /// Per-call seconds of one variant at one size: median, fastest and slowest batch.
 struct stats {
   double median = 0, lo = 0, hi = 0;
+  double faults = 0;  // minor page faults per call in this process, over the timed batches
   int iters = 0, batches = 0;
   [[nodiscard]] double spread() const { return median > 0 ? (hi - lo) / median : 0; }
 };
@@ -82,15 +85,26 @@ struct sync {
 
 using op = std::function<void()>;
 
+/// Minor page faults of this process so far: an allocation mapped afresh on every call shows up here.
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 /// Times each op (all collective across the ranks of `s`), in alternating order per batch. Every rank runs
 /// the same number of calls; the returned times are this rank's.
 std::vector<stats> time_ops(sync const& s, std::vector<op> const& ops, bool smoke) {
   std::size_t const k = ops.size();
+  std::vector<long> faults(k, 0);
   auto batch = [&](std::size_t i, int iters) {
     s.barrier();
+    long const f0 = minor_faults();
     double const t0 = seconds_now();
     for (int it = 0; it < iters; ++it) ops[i]();
-    return (seconds_now() - t0) / iters;
+    double const t1 = seconds_now();
+    faults[i] += minor_faults() - f0;
+    return (t1 - t0) / iters;
   };
   std::vector<stats> out(k);
   if (smoke) {
@@ -107,13 +121,17 @@ std::vector<stats> time_ops(sync const& s, std::vector<op> const& ops, bool smok
   int batches = 7;
   if (batch_time * batches > variant_budget) batches = std::max(3, static_cast<int>(variant_budget / batch_time));
   for (std::size_t i = 0; i < k; ++i) batch(i, iters);  // warm-up
+  std::fill(faults.begin(), faults.end(), 0);
   std::vector<std::vector<double>> per_call(k);
   for (int b = 0; b < batches; ++b)
     for (std::size_t j = 0; j < k; ++j) {
       std::size_t const i = b % 2 ? k - 1 - j : j;
       per_call[i].push_back(batch(i, iters));
     }
-  for (std::size_t i = 0; i < k; ++i) out[i] = summarize(std::move(per_call[i]), iters);
+  for (std::size_t i = 0; i < k; ++i) {
+    out[i] = summarize(std::move(per_call[i]), iters);
+    out[i].faults = static_cast<double>(faults[i]) / (static_cast<double>(iters) * batches);
+  }
   return out;
 }
 
@@ -123,9 +141,9 @@ inline void clobber(void* p) { asm volatile("" : : "r"(p) : "memory"); }
 // ---------------------------------------------------------------------------------------------------------
 // Data and checks
 
-constexpr std::array<std::size_t, 8> all_sizes{std::size_t{4} << 10,  std::size_t{16} << 10, std::size_t{64} << 10,
+constexpr std::array<std::size_t, 8> all_sizes{std::size_t{4} << 10,   std::size_t{16} << 10, std::size_t{64} << 10,
                                                std::size_t{256} << 10, std::size_t{1} << 20,  std::size_t{4} << 20,
-                                               std::size_t{16} << 20, std::size_t{64} << 20};
+                                               std::size_t{16} << 20,  std::size_t{64} << 20};
 
 /// Rank r's all-reduce input: small integers, so any summation order gives exact results.
 void fill_reduce(Eigen::VectorXf& v, int rank) {
@@ -200,17 +218,19 @@ std::string utc_now() {
 void print_table(std::string const& title, char const* raw_name, char const* mesh_name, std::vector<row> const& rows,
                  int ranks) {
   std::printf("\n### %s\n\n", title.c_str());
-  std::printf("| size | %s µs | sw-MPI µs | sw-MPI/raw | thread-mesh µs | raw/thread (speedup) | memcpy µs | "
-              "GB/s raw | GB/s sw-MPI | GB/s thread | GB/s memcpy |\n",
-              raw_name);
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| size | %s µs | sw-MPI µs | sw-MPI/raw | thread-mesh µs | raw/thread (speedup) | memcpy µs | "
+      "GB/s raw | GB/s sw-MPI | GB/s thread | GB/s memcpy | page faults/call raw · sw-MPI · thread |\n",
+      raw_name);
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (auto const& r : rows) {
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", size_name(r.bytes).c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s · %s · %s |\n", size_name(r.bytes).c_str(),
                 micros(r.raw.median).c_str(), micros(r.mesh_mpi.median).c_str(),
                 fmt(r.mesh_mpi.median / r.raw.median, 3).c_str(), micros(r.threads.median).c_str(),
                 fmt(r.raw.median / r.threads.median, 2).c_str(), micros(r.copy.median).c_str(),
                 gbps(r.bytes, r.raw.median).c_str(), gbps(r.bytes, r.mesh_mpi.median).c_str(),
-                gbps(r.bytes, r.threads.median).c_str(), gbps(r.bytes, r.copy.median).c_str());
+                gbps(r.bytes, r.threads.median).c_str(), gbps(r.bytes, r.copy.median).c_str(),
+                fmt(r.raw.faults, 0).c_str(), fmt(r.mesh_mpi.faults, 0).c_str(), fmt(r.threads.faults, 0).c_str());
   }
   // Noise: the widest batch-to-batch spread of each column.
   auto worst = [&](stats row::*column) {
@@ -219,16 +239,18 @@ void print_table(std::string const& title, char const* raw_name, char const* mes
       if ((r.*column).spread() > (w->*column).spread()) w = &r;
     return fmt(100 * (w->*column).spread(), 0) + "% (" + size_name(w->bytes) + ")";
   };
-  std::printf("\nraw = `%s` on MPI_COMM_WORLD; sw-MPI = `sw::%s` on an MpiComm mesh; thread-mesh = the same on a "
-              "ThreadComm mesh of %d threads in rank 0; memcpy = one thread copying `size` bytes. Batch spread "
-              "(slowest − fastest batch) / median, worst size: raw %s, sw-MPI %s, thread %s, memcpy %s.\n",
-              raw_name, mesh_name, ranks, worst(&row::raw).c_str(), worst(&row::mesh_mpi).c_str(),
-              worst(&row::threads).c_str(), worst(&row::copy).c_str());
+  std::printf(
+      "\nraw = `%s` on MPI_COMM_WORLD; sw-MPI = `sw::%s` on an MpiComm mesh; thread-mesh = the same on a "
+      "ThreadComm mesh of %d threads in rank 0; memcpy = one thread copying `size` bytes. Batch spread "
+      "(slowest − fastest batch) / median, worst size: raw %s, sw-MPI %s, thread %s, memcpy %s.\n",
+      raw_name, mesh_name, ranks, worst(&row::raw).c_str(), worst(&row::mesh_mpi).c_str(), worst(&row::threads).c_str(),
+      worst(&row::copy).c_str());
 }
 
 void report(results const& res, int argc, char** argv, int ranks, int rank0_cpus, std::string const& load_start,
             bool smoke) {
-  std::printf("# shardwise collectives benchmark%s\n\n", smoke ? " (smoke run: one call per size, not a measurement)" : "");
+  std::printf("# shardwise collectives benchmark%s\n\n",
+              smoke ? " (smoke run: one call per size, not a measurement)" : "");
   std::printf("- date: %s\n", utc_now().c_str());
   std::string command = read_text(("/proc/" + std::to_string(getppid()) + "/cmdline").c_str());
   std::string binary;
@@ -247,11 +269,14 @@ void report(results const& res, int argc, char** argv, int ranks, int rank0_cpus
               EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION);
   std::printf("- load average at start: %s; at end: %s\n", load_start.c_str(), read_text("/proc/loadavg").c_str());
   if (rank0_cpus < ranks)
-    std::printf("- **warning**: rank 0 may use only %d CPU(s), so its %d thread ranks share them and the thread-mesh "
-                "column is meaningless; launch with `--bind-to none`\n",
-                rank0_cpus, ranks);
-  std::printf("- per-call times: median over batches of ~25 ms (7 batches, fewer for slow calls), after warm-up; "
-              "effective GB/s = message bytes / time\n");
+    std::printf(
+        "- **warning**: rank 0 may use only %d CPU(s), so its %d thread ranks share them and the thread-mesh "
+        "column is meaningless; launch with `--bind-to none`\n",
+        rank0_cpus, ranks);
+  std::printf(
+      "- per-call times: median over batches of ~25 ms (7 batches, fewer for slow calls), after warm-up; "
+      "effective GB/s = message bytes / time; page faults/call = minor page faults of rank 0's process per call "
+      "(a buffer mapped afresh on every call shows up there)\n");
 
   print_table("all_reduce (float, sum, in place)", "MPI_Allreduce", "all_reduce", res.reduce, ranks);
   print_table("all_gather (float; size = gathered output, each rank contributes size / ranks)", "MPI_Allgather",
@@ -275,8 +300,8 @@ void report(results const& res, int argc, char** argv, int ranks, int rank0_cpus
     for (auto const& r : res.reduce)
       if (r.bytes == (std::size_t{4} << 20)) {
         double const speedup = r.raw.median / r.threads.median;
-        std::printf("- thread-mesh all_reduce at 4 MiB >= 4x faster than in-place MPI_Allreduce: %.2fx — %s\n",
-                    speedup, speedup >= 4 ? "met" : "NOT met");
+        std::printf("- thread-mesh all_reduce at 4 MiB >= 4x faster than in-place MPI_Allreduce: %.2fx — %s\n", speedup,
+                    speedup >= 4 ? "met" : "NOT met");
       }
   }
   std::printf("\nResults checked on every rank: %s\n", res.ok ? "all correct" : "FAILURES");
@@ -312,11 +337,10 @@ void mpi_part(sw::MpiComm const& world, std::vector<std::size_t> const& sizes, b
     sw::all_reduce(tp, v);
     if (!all_ok(check_reduce(v, ranks))) res.fail("sw::all_reduce on MPI " + size_name(bytes));
     v.setZero();  // sums of zeros stay zero: no overflow, no denormals over thousands of calls
-    auto t = time_ops(
-        s,
-        {[&] { MPI_Allreduce(MPI_IN_PLACE, v.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
-         [&] { sw::all_reduce(tp, v); }},
-        smoke);
+    auto t = time_ops(s,
+                      {[&] { MPI_Allreduce(MPI_IN_PLACE, v.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+                       [&] { sw::all_reduce(tp, v); }},
+                      smoke);
     res.reduce.push_back({bytes, t[0], t[1], {}, {}});
   }
 
@@ -331,11 +355,11 @@ void mpi_part(sw::MpiComm const& world, std::vector<std::size_t> const& sizes, b
     out.setZero();
     sw::all_gather(tp, in, out, 0);
     if (!all_ok(check_gather(out, piece, ranks))) res.fail("sw::all_gather on MPI " + size_name(bytes));
-    auto t = time_ops(
-        s,
-        {[&] { MPI_Allgather(in.data(), count, MPI_FLOAT, out.data(), count, MPI_FLOAT, MPI_COMM_WORLD); },
-         [&] { sw::all_gather(tp, in, out, 0); }},
-        smoke);
+    auto t =
+        time_ops(s,
+                 {[&] { MPI_Allgather(in.data(), count, MPI_FLOAT, out.data(), count, MPI_FLOAT, MPI_COMM_WORLD); },
+                  [&] { sw::all_gather(tp, in, out, 0); }},
+                 smoke);
     res.gather.push_back({bytes, t[0], t[1], {}, {}});
   }
 }
@@ -348,8 +372,7 @@ void memcpy_part(std::vector<std::size_t> const& sizes, bool smoke, results& res
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     std::size_t const bytes = sizes[i];
     std::vector<float> src(bytes / sizeof(float), 1.0f), dst(bytes / sizeof(float), 0.0f);
-    auto t = time_ops(alone,
-                      {[&] {
+    auto t = time_ops(alone, {[&] {
                         std::memcpy(dst.data(), src.data(), bytes);
                         clobber(dst.data());
                       }},
