@@ -61,3 +61,28 @@ TEST_CASE("a user-defined layer joins through layer_traits, and its plan entry i
     CHECK((y - x * full.transpose()).norm() == 0.0);
   });
 }
+
+#include <shardwise/adapters/xtensor.hpp>
+
+TEST_CASE("layers take xtensor inputs: the same results as from an Eigen matrix, at TP 1, 2 and 4") {
+  using T = double;
+  nn_cases::M<T> const x = nn_cases::random_matrix<T>(8, 8, 21);
+  xt::xtensor<T, 2> x_xt({8, 8});
+  for (std::size_t i = 0; i < 8; ++i)
+    for (std::size_t j = 0; j < 8; ++j) x_xt(i, j) = x(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j));
+  static_assert(shardwise::detail::layer_input_v<T, xt::xtensor<T, 2>>);
+  static_assert(!shardwise::detail::layer_input_v<T, xt::xtensor<T, 2, xt::layout_type::column_major>>);
+  static_assert(!shardwise::detail::layer_input_v<T, Eigen::MatrixXd>);  // column-major: not [tokens, features] rows
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    shardwise::run_threads(n, [&](auto& world) {
+      auto tp = shardwise::make_mesh<"tp">(world, {n});
+      blocks::FeedForward<T, nn_cases::feed_forward_plan> from_eigen(8, 16, 30), from_xtensor(8, 16, 30);
+      shardwise::parallelize(from_eigen, tp);
+      shardwise::parallelize(from_xtensor, tp);
+      CHECK((from_xtensor.forward(x_xt).local - from_eigen.forward(x).local).norm() == 0.0);
+      shardwise::RMSNorm<T> norm(8);
+      CHECK((norm(x_xt).local - norm(x).local).norm() == 0.0);
+    });
+  }
+}

@@ -6,6 +6,7 @@
 
 #include "shardwise/nn/group.hpp"
 #include "shardwise/placement/placement.hpp"
+#include "shardwise/tensor/concept.hpp"
 
 namespace shardwise {
 
@@ -69,12 +70,30 @@ constexpr bool show_layout_mismatch() {
   return true;
 }
 
+/// What a layer accepts: a typed Activation, or a plain row-major [tokens, features] tensor of element T (an
+/// Eigen row-major matrix, an xt::xtensor<T, 2>, any rank-2 row-major shardwise tensor).
 template <class T, class X>
-nn::matrix<T> const& local_of(X const& x) {
+inline constexpr bool layer_input_v = [] {
   if constexpr (is_activation_v<X>)
-    return x.local;
+    return std::is_same_v<typename X::element_type, T>;
+  else if constexpr (tensor<X>)
+    return std::is_same_v<element_t<X>, T> && rank_v<X> == 2 && traits_of<X>::order == storage_order::row_major;
   else
-    return x;
+    return false;
+}();
+
+/// The local part of a layer's input: the Activation's matrix, or a view of a plain tensor (no copy).
+template <class T, class X>
+decltype(auto) local_of(X const& x) {
+  if constexpr (is_activation_v<X>) {
+    return (x.local);
+  } else if constexpr (std::is_same_v<X, nn::matrix<T>>) {
+    return (x);
+  } else {
+    extents const e = shape_of(x);
+    return Eigen::Map<const nn::matrix<T>>(traits_of<X>::data(x), static_cast<Eigen::Index>(e[0]),
+                                           static_cast<Eigen::Index>(e[1]));
+  }
 }
 
 }  // namespace detail

@@ -121,15 +121,16 @@ class Linear {
   /// matrix (taken to be in the style's input layout).
   template <class X>
   Activation<T, output_layout> operator()(X const& x) {
-    static_assert(std::is_same_v<X, matrix> || detail::is_activation_v<X>,
-                  "shardwise::Linear: the input must be a row-major Eigen matrix or a shardwise::Activation");
+    static_assert(detail::layer_input_v<T, X>,
+                  "shardwise::Linear: the input must be a shardwise::Activation or a row-major [tokens, features] "
+                  "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
     static_assert(detail::input_layout_matches<input_layout, X>,
                   "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
                   "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
                   "RowwiseParallel");
     static_assert(detail::show_layout_mismatch<Location::path, input_layout, X>());
     require_group();
-    matrix const& given = detail::local_of<T>(x);
+    auto const& given = detail::local_of<T>(x);
     if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {
       group_->all_gather(given, saved_input_, 0);  // the whole sequence: each rank computes its columns for it
     } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {

@@ -58,8 +58,9 @@ class norm_layer {
   template <class X>
   Activation<T, layout> operator()(X const& x) {
     static_assert(
-        std::is_same_v<X, matrix> || is_activation_v<X>,
-        "shardwise::LayerNorm/RMSNorm: the input must be a row-major Eigen matrix or a shardwise::Activation");
+        layer_input_v<T, X>,
+        "shardwise::LayerNorm/RMSNorm: the input must be a shardwise::Activation or a row-major [tokens, features] "
+        "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
     static_assert(detail::input_layout_matches<layout, X>,
                   "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
                   "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");

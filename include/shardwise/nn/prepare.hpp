@@ -101,7 +101,8 @@ class Prepare {
                     "shardwise::PrepareModuleInput: the module's input does not have the style's input_layouts");
       static_assert(detail::show_layout_mismatch<Location::path, typename L::in, X>());
       return Activation<T, typename L::desired_in>{
-          detail::redistribute_activation<typename L::in, typename L::desired_in>(group(), detail::local_of<T>(x))};
+          detail::redistribute_activation<typename L::in, typename L::desired_in>(
+              group(), nn::matrix<T>(detail::local_of<T>(x)))};
     }
   }
   /// The gradient of the module's input, back in the layout the input came in.
@@ -122,7 +123,8 @@ class Prepare {
                     "shardwise::PrepareModuleOutput: the module's output does not have the style's output_layouts");
       static_assert(detail::show_layout_mismatch<Location::path, typename L::out, Y>());
       return Activation<T, typename L::desired_out>{
-          detail::redistribute_activation<typename L::out, typename L::desired_out>(group(), detail::local_of<T>(y))};
+          detail::redistribute_activation<typename L::out, typename L::desired_out>(
+              group(), nn::matrix<T>(detail::local_of<T>(y)))};
     }
   }
   template <class G>
