@@ -7,6 +7,7 @@
 #include "shardwise/nn/linear.hpp"
 #include "shardwise/nn/loss.hpp"
 #include "shardwise/nn/norm.hpp"
+#include "shardwise/nn/optim.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/prepare.hpp"
 #include "shardwise/nn/styles.hpp"

@@ -3,6 +3,7 @@
 // sw::Prepare<T, sw::own_style<Plan>> child and passes its input (or output) through it. Without a plan entry
 // it passes activations through unchanged. Layouts here are Replicate, Shard<0> (sequence) and Shard<-1>.
 #include <memory>
+#include <tuple>
 #include <type_traits>
 
 #include "shardwise/nn/layer_common.hpp"
@@ -135,6 +136,9 @@ class Prepare {
       return Activation<T, typename L::out>{
           detail::redistribute_activation<typename L::desired_out, typename L::out>(group(), dy.local)};
   }
+
+  /// No parameters of its own.
+  static std::tuple<> parameters() { return {}; }
 
  private:
   nn::group<T> const& group() const {

@@ -1,0 +1,256 @@
+#pragma once
+// A Llama-style decoder written against shardwise's public API, the way a user would write it: token
+// embedding, RMSNorm, rotary position embedding (Hugging Face's rotate-half convention), causal grouped-query
+// attention, SwiGLU feed-forward, final norm, output projection (tied to the embedding or not); forward and
+// backward. The plan decides how it is sharded (models/llama_plan.hpp); with sw::serial_plan it is the
+// unsharded reference.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "shardwise/nn.hpp"
+
+namespace shardwise::models {
+
+struct LlamaConfig {
+  std::size_t vocabulary = 256;
+  std::size_t dim = 64;
+  std::size_t layers = 2;
+  std::size_t heads = 4;
+  std::size_t kv_heads = 2;
+  std::size_t hidden = 176;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  std::size_t sequence = 32;  // tokens per sequence; a batch is rows of whole sequences
+  std::uint64_t seed = 1234;
+  [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
+};
+
+namespace detail {
+
+/// cos and sin tables [sequence, head_dim], Hugging Face's layout: the frequencies repeated twice.
+template <class T>
+struct rope_tables {
+  nn::matrix<T> cos, sin;
+  rope_tables(std::size_t sequence, std::size_t head_dim, double theta) {
+    auto const s = static_cast<Eigen::Index>(sequence), d = static_cast<Eigen::Index>(head_dim);
+    cos.resize(s, d), sin.resize(s, d);
+    for (Eigen::Index p = 0; p < s; ++p)
+      for (Eigen::Index i = 0; i < d / 2; ++i) {
+        double const angle = double(p) / std::pow(theta, double(2 * i) / double(head_dim));
+        cos(p, i) = cos(p, i + d / 2) = static_cast<T>(std::cos(angle));
+        sin(p, i) = sin(p, i + d / 2) = static_cast<T>(std::sin(angle));
+      }
+  }
+};
+
+/// x <- x * cos + rotate_half(x) * sin on one head's columns, for every sequence in the rows. With
+/// inverse = true it applies the transpose (the backward): rotate_half's transpose is minus itself.
+template <class T, class Block>
+void apply_rope(Block&& x, rope_tables<T> const& rope, std::size_t sequence, bool inverse) {
+  auto const s = static_cast<Eigen::Index>(sequence), d = x.cols(), half = d / 2;
+  T const sign = inverse ? T(-1) : T(1);
+  for (Eigen::Index row = 0; row < x.rows(); ++row) {
+    Eigen::Index const p = row % s;
+    for (Eigen::Index i = 0; i < half; ++i) {
+      T const a = x(row, i), b = x(row, i + half);
+      x(row, i) = a * rope.cos(p, i) - sign * b * rope.sin(p, i);
+      x(row, i + half) = b * rope.cos(p, i + half) + sign * a * rope.sin(p, i + half);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Causal grouped-query attention with rotary embeddings. Under ColwiseParallel on wq, wk and wv each rank
+/// computes heads / tp query heads and kv_heads / tp key-value heads, the groups intact.
+template <class T, class Plan = serial_plan>
+struct LlamaAttention {
+  Prepare<T, own_style<Plan>> prepare;
+  Linear<T, style_at<Plan, "wq">> wq;
+  Linear<T, style_at<Plan, "wk">> wk;
+  Linear<T, style_at<Plan, "wv">> wv;
+  Linear<T, style_at<Plan, "wo">> wo;
+  SHARDWISE_CHILDREN(prepare, wq, wk, wv, wo)
+
+  LlamaAttention(LlamaConfig const& c, std::uint64_t seed)
+      : wq(c.dim, c.heads * c.head_dim(), seed + 1, false),
+        wk(c.dim, c.kv_heads * c.head_dim(), seed + 2, false),
+        wv(c.dim, c.kv_heads * c.head_dim(), seed + 3, false),
+        wo(c.heads * c.head_dim(), c.dim, seed + 4, false),
+        config_(c),
+        rope_(c.sequence, c.head_dim(), c.rope_theta) {}
+
+  void shardwise_on_parallelize(int tp) const {
+    auto const ranks = static_cast<std::size_t>(tp);
+    if (config_.heads % ranks != 0 || config_.kv_heads % ranks != 0)
+      shardwise::detail::fail("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
+                              " heads and ", config_.kv_heads, " key-value heads must both divide over ", tp,
+                              " ranks; choose a tp size that divides the key-value heads");
+  }
+
+  template <class X>
+  auto forward(X const& x) {
+    auto in = prepare.input(x);
+    q_ = wq(in), k_ = wk(in), v_ = wv(in);
+    Eigen::Index const d = static_cast<Eigen::Index>(config_.head_dim());
+    Eigen::Index const q_heads = q_.local.cols() / d, kv_heads = k_.local.cols() / d, group = q_heads / kv_heads;
+    for (Eigen::Index h = 0; h < q_heads; ++h)
+      detail::apply_rope(q_.local.middleCols(h * d, d), rope_, config_.sequence, false);
+    for (Eigen::Index h = 0; h < kv_heads; ++h)
+      detail::apply_rope(k_.local.middleCols(h * d, d), rope_, config_.sequence, false);
+    auto out = q_;
+    Eigen::Index const s = static_cast<Eigen::Index>(config_.sequence), sequences = q_.local.rows() / s;
+    T const scale = T(1) / std::sqrt(static_cast<T>(d));
+    probabilities_.assign(static_cast<std::size_t>(sequences * q_heads), nn::matrix<T>());
+    for (Eigen::Index b = 0; b < sequences; ++b)
+      for (Eigen::Index h = 0; h < q_heads; ++h) {
+        auto const kvh = h / group;
+        nn::matrix<T> p = q_.local.block(b * s, h * d, s, d) * k_.local.block(b * s, kvh * d, s, d).transpose() * scale;
+        for (Eigen::Index i = 0; i < s; ++i) {
+          for (Eigen::Index j = i + 1; j < s; ++j) p(i, j) = -std::numeric_limits<T>::infinity();
+          p.row(i) = (p.row(i).array() - p.row(i).maxCoeff()).exp().matrix();
+          p.row(i) /= p.row(i).sum();
+        }
+        out.local.block(b * s, h * d, s, d) = p * v_.local.block(b * s, kvh * d, s, d);
+        probabilities_[static_cast<std::size_t>(b * q_heads + h)] = std::move(p);
+      }
+    return prepare.output(wo(out));
+  }
+
+  template <class DY>
+  auto backward(DY const& dy) {
+    auto dout = wo.backward(prepare.output_backward(dy));
+    Eigen::Index const d = static_cast<Eigen::Index>(config_.head_dim());
+    Eigen::Index const q_heads = q_.local.cols() / d, kv_heads = k_.local.cols() / d, group = q_heads / kv_heads;
+    Eigen::Index const s = static_cast<Eigen::Index>(config_.sequence), sequences = q_.local.rows() / s;
+    T const scale = T(1) / std::sqrt(static_cast<T>(d));
+    auto dq = q_, dk = k_, dv = v_;
+    dq.local.setZero(), dk.local.setZero(), dv.local.setZero();
+    for (Eigen::Index b = 0; b < sequences; ++b)
+      for (Eigen::Index h = 0; h < q_heads; ++h) {
+        auto const kvh = h / group;
+        auto const& p = probabilities_[static_cast<std::size_t>(b * q_heads + h)];
+        auto const dO = dout.local.block(b * s, h * d, s, d);
+        nn::matrix<T> const dp = dO * v_.local.block(b * s, kvh * d, s, d).transpose();
+        dv.local.block(b * s, kvh * d, s, d) += p.transpose() * dO;
+        nn::matrix<T> ds = p.cwiseProduct(dp);
+        ds -= p.cwiseProduct(ds.rowwise().sum().replicate(1, p.cols()));
+        dq.local.block(b * s, h * d, s, d) = ds * k_.local.block(b * s, kvh * d, s, d) * scale;
+        dk.local.block(b * s, kvh * d, s, d) += ds.transpose() * q_.local.block(b * s, h * d, s, d) * scale;
+      }
+    for (Eigen::Index h = 0; h < q_heads; ++h)
+      detail::apply_rope(dq.local.middleCols(h * d, d), rope_, config_.sequence, true);
+    for (Eigen::Index h = 0; h < kv_heads; ++h)
+      detail::apply_rope(dk.local.middleCols(h * d, d), rope_, config_.sequence, true);
+    return prepare.input_backward(wq.backward(dq) + wk.backward(dk) + wv.backward(dv));
+  }
+
+ private:
+  using projection = decltype(std::declval<Linear<T, style_at<Plan, "wq">>&>()(std::declval<nn::matrix<T>>()));
+  using kv_projection = decltype(std::declval<Linear<T, style_at<Plan, "wk">>&>()(std::declval<nn::matrix<T>>()));
+  LlamaConfig config_;
+  detail::rope_tables<T> rope_;
+  projection q_;
+  kv_projection k_, v_;
+  std::vector<nn::matrix<T>> probabilities_;
+};
+
+template <class T, class Plan = serial_plan>
+struct LlamaFeedForward {
+  Prepare<T, own_style<Plan>> prepare;
+  Linear<T, style_at<Plan, "w1">> w1;
+  Linear<T, style_at<Plan, "w3">> w3;
+  Linear<T, style_at<Plan, "w2">> w2;
+  SHARDWISE_CHILDREN(prepare, w1, w3, w2)
+
+  LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
+      : w1(c.dim, c.hidden, seed + 1, false),
+        w3(c.dim, c.hidden, seed + 2, false),
+        w2(c.hidden, c.dim, seed + 3, false) {}
+
+  template <class X>
+  auto forward(X const& x) {
+    auto in = prepare.input(x);
+    h1_ = w1(in), h3_ = w3(in);
+    a_ = silu(h1_);
+    return prepare.output(w2(a_ * h3_));
+  }
+  template <class DY>
+  auto backward(DY const& dy) {
+    auto dp = w2.backward(prepare.output_backward(dy));
+    auto dh1 = silu_backward(h1_, dp * h3_);
+    return prepare.input_backward(w1.backward(dh1) + w3.backward(dp * a_));
+  }
+
+ private:
+  decltype(std::declval<Linear<T, style_at<Plan, "w1">>&>()(std::declval<nn::matrix<T>>())) h1_, h3_, a_;
+};
+
+template <class T, class Plan = serial_plan>
+struct LlamaBlock {
+  RMSNorm<T, style_at<Plan, "attention_norm">> attention_norm;
+  LlamaAttention<T, subplan<Plan, "attention">> attention;
+  RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;
+  LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;
+  SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
+
+  LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
+      : attention_norm(c.dim, static_cast<T>(c.norm_eps)),
+        attention(c, seed),
+        ffn_norm(c.dim, static_cast<T>(c.norm_eps)),
+        feed_forward(c, seed + 10) {}
+
+  template <class X>
+  auto forward(X const& x) {
+    auto h = x + attention.forward(attention_norm(x));
+    return h + feed_forward.forward(ffn_norm(h));
+  }
+  template <class DY>
+  auto backward(DY const& dy) {
+    auto dh = dy + ffn_norm.backward(feed_forward.backward(dy));
+    return dh + attention_norm.backward(attention.backward(dh));
+  }
+};
+
+/// The decoder. forward(ids) gives logits [tokens, vocabulary] (this rank's part, in the plan's layout);
+/// backward(dlogits) accumulates every parameter's gradient.
+template <class T, class Plan = serial_plan>
+struct Llama {
+  Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;
+  std::vector<LlamaBlock<T, subplan<Plan, "layers.*">>> layers;
+  RMSNorm<T, style_at<Plan, "norm">> norm;
+  Linear<T, style_at<Plan, "output">> output;
+  SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
+
+  explicit Llama(LlamaConfig const& c)
+      : tok_embeddings(c.vocabulary, c.dim, c.seed),
+        norm(c.dim, static_cast<T>(c.norm_eps)),
+        output(c.dim, c.vocabulary, c.seed + 1, false),
+        config_(c) {
+    layers.reserve(c.layers);
+    for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
+  }
+
+  [[nodiscard]] LlamaConfig const& config() const { return config_; }
+
+  auto forward(std::span<const std::int64_t> ids) {
+    auto h = tok_embeddings(ids);
+    for (auto& block : layers) h = block.forward(h);
+    return output(norm(h));
+  }
+
+  template <class DY>
+  void backward(DY const& dlogits) {
+    auto dh = norm.backward(output.backward(dlogits));
+    for (auto block = layers.rbegin(); block != layers.rend(); ++block) dh = block->backward(dh);
+    tok_embeddings.backward(dh);
+  }
+
+ private:
+  LlamaConfig config_;
+};
+
+}  // namespace shardwise::models

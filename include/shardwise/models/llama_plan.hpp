@@ -1,0 +1,50 @@
+#pragma once
+// The Llama plan, as torchtitan shards Llama in PyTorch, with optimum-neuron's Parallelizer options as
+// template parameters: parallelize_embeddings and sequence_parallel. Under sequence parallelism the residual
+// stream is cut along the tokens (Shard<0>) between blocks; each attention and feed-forward gathers it
+// (PrepareModuleInput), and its output projection reduce-scatters back. The output projection is
+// ColwiseParallel into loss parallel, so the logits are never gathered.
+#include <type_traits>
+
+#include "shardwise/models/llama.hpp"
+
+namespace shardwise::models {
+
+template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true>
+struct llama_plan_options {
+  static_assert(ParallelizeEmbeddings || !SequenceParallel,
+                "shardwise::models::llama_plan: sequence parallelism starts at the embedding's reduce-scatter; "
+                "with parallelize_embeddings off, turn sequence_parallel off too");
+  using stream = std::conditional_t<SequenceParallel, Shard<0>, Replicate>;  // the residual stream's layout
+  using norm_style = std::conditional_t<SequenceParallel, shardwise::SequenceParallel<>, NoParallel>;
+  using embedding_style = std::conditional_t<ParallelizeEmbeddings, RowwiseParallel<Replicate, stream>, NoParallel>;
+  using type = plan<at<"tok_embeddings", embedding_style>,                               //
+                    at<"norm", norm_style>,                                              //
+                    at<"output", ColwiseParallel<stream, Shard<-1>>>,                    //
+                    at<"layers.*.attention_norm", norm_style>,                           //
+                    at<"layers.*.attention", PrepareModuleInput<stream, Replicate>>,     //
+                    at<"layers.*.attention.wq", ColwiseParallel<>>,                      //
+                    at<"layers.*.attention.wk", ColwiseParallel<>>,                      //
+                    at<"layers.*.attention.wv", ColwiseParallel<>>,                      //
+                    at<"layers.*.attention.wo", RowwiseParallel<Shard<-1>, stream>>,     //
+                    at<"layers.*.ffn_norm", norm_style>,                                 //
+                    at<"layers.*.feed_forward", PrepareModuleInput<stream, Replicate>>,  //
+                    at<"layers.*.feed_forward.w1", ColwiseParallel<>>,                   //
+                    at<"layers.*.feed_forward.w3", ColwiseParallel<>>,                   //
+                    at<"layers.*.feed_forward.w2", RowwiseParallel<Shard<-1>, stream>>>;
+};
+
+template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true>
+using llama_plan = typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type;
+
+/// Cross-entropy matching the logits' layout: loss parallel on vocabulary-sharded logits, plain otherwise.
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits,
+                                 std::span<const std::int64_t> targets) {
+  if constexpr (std::is_same_v<P, Replicate>)
+    return cross_entropy(logits, targets);
+  else
+    return loss_parallel(tp, logits, targets);
+}
+
+}  // namespace shardwise::models

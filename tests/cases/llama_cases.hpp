@@ -1,0 +1,98 @@
+#pragma once
+// Training the Llama model sharded: the loss curve and the parameters after the run must equal the unsharded
+// run's, for tensor parallelism, sequence parallelism, data parallelism and ZeRO-1 on a dp x tp mesh.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace llama_cases {
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+
+inline models::LlamaConfig small_config() {
+  models::LlamaConfig c;
+  c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 4, c.hidden = 64, c.sequence = 8;
+  return c;
+}
+
+/// Batches of `sequences` sequences of a deterministic pseudo-text; each dp rank takes its own sequences.
+inline void batch(models::LlamaConfig const& c, int step, int sequences, int first, int count,
+                  std::vector<std::int64_t>& ids, std::vector<std::int64_t>& targets) {
+  ids.clear(), targets.clear();
+  for (int b = first; b < first + count; ++b)
+    for (std::size_t t = 0; t < c.sequence; ++t) {
+      auto const base = static_cast<std::uint64_t>(step * sequences + b) * 7919u + t * 104729u;
+      ids.push_back(static_cast<std::int64_t>((base * 2654435761u >> 7) % c.vocabulary));
+      targets.push_back(static_cast<std::int64_t>(((base + 104729u) * 2654435761u >> 7) % c.vocabulary));
+    }
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<float> parameters;  // all parameters, gathered to full tensors, in traversal order
+};
+
+/// Trains for `steps` on a dp x tp mesh of `world`; every rank returns the same Run.
+template <class Plan, class World>
+Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaConfig const& c) {
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, world.size() / dp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  models::Llama<float, Plan> model(c);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = zero1});
+  sw::parallelize(model, tp);
+  constexpr int sequences = 4;
+  int const per_rank = sequences / dp_size;
+  Run run;
+  std::vector<std::int64_t> ids, targets;
+  for (int step = 0; step < steps; ++step) {
+    batch(c, step, sequences, dp.rank() * per_rank, per_rank, ids, targets);
+    auto const logits = model.forward(ids);
+    auto const result = models::llama_loss(tp, logits, targets);
+    model.backward(result.dlogits);
+    optimizer.step(sw::finish_gradients(model), dp);
+    sw::detail::for_each_layer(model, [](auto& l) {
+      if constexpr (requires { l.zero_grad(); }) l.zero_grad();
+    });
+    // The loss of the whole batch: the mean over dp ranks (each saw the same number of tokens).
+    sw::nn::vector<float> loss(1);
+    loss(0) = result.loss;
+    sw::detail::all_reduce_on(dp.comm(0), loss, sw::detail::op_kind::avg);
+    run.losses.push_back(loss(0));
+  }
+  sw::detail::for_each_parameter(model, [&](auto const& p) {
+    using P = typename std::remove_cvref_t<decltype(p)>::grad_placement;
+    using Tensor = typename std::remove_cvref_t<decltype(p)>::tensor_type;
+    Tensor whole = *p.value;
+    if constexpr (sw::is_shard_v<P>) {
+      Tensor gathered;
+      sw::all_gather(tp, *p.value, gathered, P::dim);
+      whole = gathered;
+    }
+    run.parameters.insert(run.parameters.end(), whole.data(), whole.data() + whole.size());
+  });
+  return run;
+}
+
+inline void check_same_run(Run const& got, Run const& expected) {
+  REQUIRE(got.losses.size() == expected.losses.size());
+  for (std::size_t i = 0; i < got.losses.size(); ++i) {
+    INFO("step " << i << ": " << got.losses[i] << " vs " << expected.losses[i]);
+    CHECK(std::abs(got.losses[i] - expected.losses[i]) <= 1e-4 * std::abs(expected.losses[i]));
+  }
+  REQUIRE(got.parameters.size() == expected.parameters.size());
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < got.parameters.size(); ++i) {
+    worst = std::max(worst, double(std::abs(got.parameters[i] - expected.parameters[i])));
+    scale = std::max(scale, double(std::abs(expected.parameters[i])));
+  }
+  INFO("parameters after training: largest difference " << worst << " of largest entry " << scale);
+  CHECK(worst <= 1e-4 * scale);
+}
+
+}  // namespace llama_cases
