@@ -1,0 +1,26 @@
+// The Llama training cases on the MPI mesh: at 2 ranks TP 2 with and without sequence parallelism, at 4 ranks
+// TP 4, dp 2 x tp 2 and dp 2 x tp 2 with ZeRO-1; each against the unsharded run computed on every rank.
+#include <doctest/doctest.h>
+
+#include <shardwise/mesh/mpi.hpp>
+
+#include "cases/llama_cases.hpp"
+
+TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
+  constexpr int steps = 50;
+  auto const world = shardwise::mpi_world();
+  auto const c = llama_cases::small_config();
+  auto const serial = llama_cases::train<shardwise::serial_plan>(shardwise::serial_world(), 1, steps, false, c);
+  using tp_only = shardwise::models::llama_plan<false>;
+  using sequence_parallel = shardwise::models::llama_plan<true>;
+  if (world.size() == 2) {
+    llama_cases::check_same_run(llama_cases::train<tp_only>(world, 1, steps, false, c), serial);
+    llama_cases::check_same_run(llama_cases::train<sequence_parallel>(world, 1, steps, false, c), serial);
+  } else if (world.size() == 4) {
+    llama_cases::check_same_run(llama_cases::train<tp_only>(world, 1, steps, false, c), serial);
+    llama_cases::check_same_run(llama_cases::train<sequence_parallel>(world, 2, steps, false, c), serial);
+    llama_cases::check_same_run(llama_cases::train<sequence_parallel>(world, 2, steps, true, c), serial);
+  } else {
+    FAIL("run with mpiexec -n 2 or -n 4");
+  }
+}
