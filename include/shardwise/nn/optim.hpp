@@ -154,6 +154,15 @@ class AdamW {
     return norm;
   }
 
+  /// A model whose gradients need no finishing (no Partial ones) may be passed directly.
+  template <module Model, class DataMesh>
+  T step(Model& model, DataMesh const& dp) {
+    static_assert(!detail::has_partial_gradients<Model>(),
+                  "shardwise::AdamW::step: the model has Partial gradients (norms under SequenceParallel) that no "
+                  "rank holds whole yet; pass sw::finish_gradients(model) instead of the model");
+    return step(FinishedGradients<Model>{model}, dp);
+  }
+
   /// Elements of optimizer state this rank holds (moments): with ZeRO-1, about 2 x parameters / dp.
   [[nodiscard]] std::size_t state_elements() const {
     std::size_t n = 0;
