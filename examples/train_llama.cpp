@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
         }
       }
       auto const logits = model.forward(ids);
-      auto const result = models::llama_loss(tp, logits, targets);
+      auto const result = models::llama_loss(tp, logits, targets, config.vocabulary);
       model.backward(result.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
       sw::detail::for_each_layer(model, [](auto& l) {

@@ -31,3 +31,49 @@ TEST_CASE("Llama: sharded training equals the unsharded run, thread mesh") {
   check("dp 2 x tp 2", 4, 2, false, sequence_parallel{});
   check("dp 2 x tp 2 with ZeRO-1", 4, 2, true, sequence_parallel{});
 }
+
+TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumulation") {
+  auto check_against_serial = [](char const* name, llama_cases::Run const& serial, int ranks, int dp, auto plan_tag,
+                                 shardwise::models::LlamaConfig const& c, int micro_batches) {
+    using Plan = typename decltype(plan_tag)::type;
+    INFO(name);
+    shardwise::run_threads(ranks, [&](auto& world) {
+      auto const run = llama_cases::train<Plan>(world, dp, steps, false, c, micro_batches);
+      if (world.rank() == 0) llama_cases::check_same_run(run, serial);
+    });
+  };
+  using sequence_parallel = std::type_identity<shardwise::models::llama_plan<true>>;
+  auto serial_run = [](shardwise::models::LlamaConfig const& c) {
+    llama_cases::Run run;
+    shardwise::run_threads(
+        1, [&](auto& world) { run = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c); });
+    return run;
+  };
+  {
+    auto c = llama_cases::small_config();
+    c.kv_heads = 2;  // two query heads per key-value head
+    check_against_serial("GQA at TP 2", serial_run(c), 2, 1, sequence_parallel{}, c, 1);
+  }
+  {
+    auto c = llama_cases::small_config();
+    c.vocabulary = 30;  // padded to 32 at TP 4; the padding must not change the loss
+    check_against_serial("vocabulary 30 at TP 4", serial_run(c), 4, 1, sequence_parallel{}, c, 1);
+  }
+  {
+    auto const c = llama_cases::small_config();
+    check_against_serial("2 micro-batches, dp 2 x tp 2", serial_run(c), 4, 2, sequence_parallel{}, c, 2);
+  }
+}
+
+TEST_CASE("Llama: a tp size the key-value heads cannot serve is refused with the reason") {
+  auto c = llama_cases::small_config();
+  c.kv_heads = 2;
+  shardwise::run_threads(4, [&](auto& world) {
+    auto const tp = shardwise::make_mesh<"tp">(world, {4});
+    shardwise::models::Llama<float, shardwise::models::llama_plan<true>> model(c);
+    CHECK_THROWS_WITH_AS(shardwise::parallelize(model, tp),
+                         "shardwise::models::Llama at \"layers.*.attention\": 4 heads and 2 key-value heads must both "
+                         "divide over 4 ranks; choose a tp size that divides the key-value heads",
+                         shardwise::error);
+  });
+}

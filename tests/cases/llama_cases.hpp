@@ -39,7 +39,7 @@ struct Run {
 
 /// Trains for `steps` on a dp x tp mesh of `world`; every rank returns the same Run.
 template <class Plan, class World>
-Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaConfig const& c) {
+Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaConfig const& c, int micro_batches = 1) {
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, world.size() / dp_size});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
@@ -51,17 +51,24 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaC
   Run run;
   std::vector<std::int64_t> ids, targets;
   for (int step = 0; step < steps; ++step) {
-    batch(c, step, sequences, dp.rank() * per_rank, per_rank, ids, targets);
-    auto const logits = model.forward(ids);
-    auto const result = models::llama_loss(tp, logits, targets);
-    model.backward(result.dlogits);
+    // Gradient accumulation: micro-batches of whole sequences, each loss's gradient scaled by its share.
+    int const per_micro = per_rank / micro_batches;
+    float step_loss = 0;
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      batch(c, step, sequences, dp.rank() * per_rank + micro * per_micro, per_micro, ids, targets);
+      auto const logits = model.forward(ids);
+      auto result = models::llama_loss(tp, logits, targets, c.vocabulary);
+      result.dlogits.local /= float(micro_batches);
+      model.backward(result.dlogits);
+      step_loss += result.loss / float(micro_batches);
+    }
     optimizer.step(sw::finish_gradients(model), dp);
     sw::detail::for_each_layer(model, [](auto& l) {
       if constexpr (requires { l.zero_grad(); }) l.zero_grad();
     });
     // The loss of the whole batch: the mean over dp ranks (each saw the same number of tokens).
     sw::nn::vector<float> loss(1);
-    loss(0) = result.loss;
+    loss(0) = step_loss;
     sw::detail::all_reduce_on(dp.comm(0), loss, sw::detail::op_kind::avg);
     run.losses.push_back(loss(0));
   }
@@ -74,7 +81,12 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaC
       sw::all_gather(tp, *p.value, gathered, P::dim);
       whole = gathered;
     }
-    run.parameters.insert(run.parameters.end(), whole.data(), whole.data() + whole.size());
+    // Vocabulary padding (rows past the real vocabulary) is not part of the model: leave it out.
+    auto const rows = std::min<Eigen::Index>(whole.rows(), p.path == "tok_embeddings" || p.path == "output"
+                                                               ? static_cast<Eigen::Index>(c.vocabulary)
+                                                               : whole.rows());
+    for (Eigen::Index i = 0; i < rows; ++i)
+      for (Eigen::Index j = 0; j < whole.cols(); ++j) run.parameters.push_back(whole(i, j));
   });
   return run;
 }

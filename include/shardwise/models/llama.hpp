@@ -236,6 +236,15 @@ struct Llama {
 
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
 
+  /// Called by sw::parallelize before any layer is cut: a vocabulary the tp size does not divide is padded
+  /// (zero embedding rows no id reaches, zero output rows the loss leaves out), as Megatron does.
+  void shardwise_on_parallelize(int tp) {
+    auto const ranks = static_cast<std::size_t>(tp);
+    std::size_t const padded = (config_.vocabulary + ranks - 1) / ranks * ranks;
+    tok_embeddings.pad_vocabulary(padded);
+    output.pad_outputs(padded);
+  }
+
   auto forward(std::span<const std::int64_t> ids) {
     auto h = tok_embeddings(ids);
     for (auto& block : layers) h = block.forward(h);

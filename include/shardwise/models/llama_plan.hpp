@@ -38,13 +38,15 @@ template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true>
 using llama_plan = typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type;
 
 /// Cross-entropy matching the logits' layout: loss parallel on vocabulary-sharded logits, plain otherwise.
+/// `vocabulary`: the real vocabulary size, so the columns of vocabulary padding are left out.
 template <class Mesh, class T, class P>
-LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits,
-                                 std::span<const std::int64_t> targets) {
+LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits, std::span<const std::int64_t> targets,
+                                 std::size_t vocabulary) {
+  auto const classes = static_cast<std::int64_t>(vocabulary);
   if constexpr (std::is_same_v<P, Replicate>)
-    return cross_entropy(logits, targets);
+    return cross_entropy(logits, targets, -100, classes);
   else
-    return loss_parallel(tp, logits, targets);
+    return loss_parallel(tp, logits, targets, -100, classes);
 }
 
 }  // namespace shardwise::models

@@ -68,14 +68,25 @@ class Embedding {
 
   void zero_grad() { weight_grad.setZero(weight.rows(), weight.cols()); }
 
+  /// Pads the table with zero rows up to `rows` entries (before parallelize), as Megatron pads a vocabulary
+  /// the tp size does not divide; ids never reach the padding.
+  void pad_vocabulary(std::size_t rows) {
+    if (rows <= vocabulary_) return;
+    matrix padded = matrix::Zero(static_cast<Eigen::Index>(rows), weight.cols());
+    padded.topRows(weight.rows()) = weight;
+    weight = std::move(padded);
+    padded_ = rows;
+    zero_grad();
+  }
+
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
     group_ = nn::make_group<T>(mesh);
     int const n = group_->size(), r = group_->rank();
     if constexpr (rowwise) {
-      detail::require_divisible("RowwiseParallel", Location::path.view(), "vocabulary entries", vocabulary_, n,
+      detail::require_divisible("RowwiseParallel", Location::path.view(), "vocabulary entries", table_rows(), n,
                                 group_->axis());
-      auto const rows = static_cast<Eigen::Index>(vocabulary_ / static_cast<std::size_t>(n));
+      auto const rows = static_cast<Eigen::Index>(table_rows() / static_cast<std::size_t>(n));
       vocab_start_ = r * rows;
       weight = matrix(weight.middleRows(r * rows, rows));
     } else if constexpr (colwise) {
@@ -133,7 +144,9 @@ class Embedding {
   }
 
  private:
-  std::size_t vocabulary_, dim_;
+  std::size_t table_rows() const { return padded_ ? padded_ : vocabulary_; }
+
+  std::size_t vocabulary_, dim_, padded_ = 0;
   std::int64_t vocab_start_ = 0;
   std::shared_ptr<nn::group<T> const> group_;
   std::vector<std::int64_t> ids_;

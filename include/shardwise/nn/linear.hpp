@@ -81,6 +81,18 @@ class Linear {
   [[nodiscard]] std::size_t out_features() const { return out_; }
   [[nodiscard]] bool has_bias() const { return has_bias_; }
 
+  /// Pads the output features with zero rows up to `out` (before parallelize): a padded vocabulary's logits,
+  /// which the loss then leaves out.
+  void pad_outputs(std::size_t out) {
+    if (out <= out_) return;
+    matrix padded = matrix::Zero(static_cast<Eigen::Index>(out), weight.cols());
+    padded.topRows(weight.rows()) = weight;
+    weight = std::move(padded);
+    if (has_bias_) bias.conservativeResizeLike(vector::Zero(static_cast<Eigen::Index>(out)));
+    out_ = out;
+    zero_grad();
+  }
+
   void zero_grad() {
     weight_grad.setZero(weight.rows(), weight.cols());
     bias_grad.setZero(bias.size());

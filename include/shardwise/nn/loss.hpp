@@ -3,6 +3,7 @@
 // loss parallel on logits cut along the vocabulary (Shard<-1>, a ColwiseParallel output) without ever
 // gathering them: two small all-reduces of per-token values (the max, then the sum of exponentials and the
 // target logit).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -27,18 +28,25 @@ struct loss_parallel_needs_shard_last_got;  // incomplete on purpose: shows the 
 }
 
 /// Cross-entropy of replicated logits (PyTorch's F.cross_entropy, reduction "mean", ignore_index -100).
+/// `classes` (optional): only the first columns are classes; the rest is vocabulary padding, left out of the
+/// softmax and given zero gradient.
 template <class T>
 LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate> const& logits,
-                                            std::span<const std::int64_t> targets, std::int64_t ignore_index = -100) {
-  LossAndGradient<T, Replicate> result{T(0), {nn::matrix<T>(logits.local.rows(), logits.local.cols())}};
-  result.loss = nn::cross_entropy_forward_backward<T>(logits.local, targets, result.dlogits.local, ignore_index);
+                                            std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
+                                            std::int64_t classes = -1) {
+  Eigen::Index const valid = classes < 0 ? logits.local.cols() : std::min<Eigen::Index>(classes, logits.local.cols());
+  LossAndGradient<T, Replicate> result{T(0), {nn::matrix<T>::Zero(logits.local.rows(), logits.local.cols())}};
+  nn::matrix<T> dvalid(logits.local.rows(), valid);
+  result.loss = nn::cross_entropy_forward_backward<T>(logits.local.leftCols(valid), targets, dvalid, ignore_index);
+  result.dlogits.local.leftCols(valid) = dvalid;
   return result;
 }
 
 /// Loss parallel: logits cut along the vocabulary over the 1-D mesh `tp` (ColwiseParallel's default output).
 template <class Mesh, class T, class P>
 LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logits,
-                                    std::span<const std::int64_t> targets, std::int64_t ignore_index = -100) {
+                                    std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
+                                    std::int64_t classes = -1) {
   constexpr bool sharded_vocab = std::is_same_v<detail::normalize_2d_t<P>, Shard<1>>;
   static_assert(sharded_vocab,
                 "shardwise::loss_parallel: expects logits cut along the vocabulary (Shard<-1>, the "
@@ -54,18 +62,22 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   if (static_cast<std::size_t>(rows) != targets.size())
     detail::fail("shardwise::loss_parallel: ", rows, " rows of logits but ", targets.size(), " targets");
   std::int64_t const vocab_start = static_cast<std::int64_t>(comm.rank()) * cols;
+  // Columns at or past `classes` are vocabulary padding: out of the softmax, zero gradient.
+  Eigen::Index const valid =
+      classes < 0 ? cols : static_cast<Eigen::Index>(std::clamp<std::int64_t>(classes - vocab_start, 0, cols));
 
   nn::vector<T> max(rows);
   for (Eigen::Index i = 0; i < rows; ++i) max(i) = cols ? local.row(i).maxCoeff() : -std::numeric_limits<T>::infinity();
   Eigen::Map<nn::vector<T>> max_view(max.data(), rows);
   detail::all_reduce_on(comm, max_view, detail::op_kind::max);
 
-  nn::matrix<T> exps = (local.colwise() - max).array().exp().matrix();
+  nn::matrix<T> exps = nn::matrix<T>::Zero(rows, cols);
+  exps.leftCols(valid) = (local.leftCols(valid).colwise() - max).array().exp().matrix();
   nn::vector<T> sums(2 * rows);  // [sum of exp, target logit] per token, reduced in one call
   for (Eigen::Index i = 0; i < rows; ++i) {
     sums(i) = exps.row(i).sum();
     std::int64_t const t = targets[static_cast<std::size_t>(i)] - vocab_start;
-    sums(rows + i) = (t >= 0 && t < cols) ? local(i, t) : T(0);
+    sums(rows + i) = (t >= 0 && t < valid) ? local(i, t) : T(0);
   }
   Eigen::Map<nn::vector<T>> sums_view(sums.data(), 2 * rows);
   detail::all_reduce_on(comm, sums_view, detail::op_kind::sum);
