@@ -6,8 +6,8 @@ build=${1:?usage: run_tp_mlp.sh BUILD_DIR [options]}
 shift
 here=$(cd "$(dirname "$0")" && pwd)
 python=$(bash "$here/../scripts/torch-venv.sh")
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-echo "# $(date -u +%Y-%m-%d), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "# $(date -u +%Y-%m-%d), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # one thread per rank, BLAS included
 shardwise_out=$("$build/bench/bench_tp_mlp" "$@")
 echo "$shardwise_out" | grep -v '^RESULT'
 torch_out=$("$python" "$here/torch_tp_mlp.py" "$@" | grep -v '^$')
