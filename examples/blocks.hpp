@@ -44,8 +44,9 @@ struct FeedForward {
 };
 
 /// Multi-head self-attention with a causal mask; q, k, v and the output projection are Linear layers, and
-/// under ColwiseParallel on wq/wk/wv each rank holds whole heads (heads / tp of them).
-template <class T, class Plan = sw::serial_plan>
+/// under ColwiseParallel on wq/wk/wv each rank holds whole heads (heads / tp of them). StaticHeads (optional):
+/// the head count known at compile time, so a static tp size that does not divide it does not compile.
+template <class T, class Plan = sw::serial_plan, std::size_t StaticHeads = sw::dynamic_size>
 struct Attention {
   sw::Prepare<T, sw::own_style<Plan>> prepare;
   sw::Linear<T, sw::style_at<Plan, "wq">> wq;
@@ -60,7 +61,21 @@ struct Attention {
         wv(dim, dim, seed + 3),
         wo(dim, dim, seed + 4),
         heads_(heads),
-        head_dim_(dim / heads) {}
+        head_dim_(dim / heads) {
+    if (StaticHeads != sw::dynamic_size && heads != StaticHeads)
+      sw::detail::fail("blocks::Attention: declared with ", StaticHeads, " heads but built with ", heads);
+  }
+
+  /// Called by sw::parallelize when the tp size is static.
+  template <std::size_t Ranks>
+  static constexpr bool shardwise_static_check() {
+    constexpr bool ok = StaticHeads == sw::dynamic_size || StaticHeads % Ranks == 0;
+    static_assert(ok,
+                  "shardwise::ColwiseParallel on attention: the heads do not divide over the tp size; choose a "
+                  "head count the tp size divides");
+    constexpr bool named = sw::detail::static_divides<sw::own_style<Plan>::path, StaticHeads, Ranks>();
+    return ok && named;
+  }
 
   /// Called by sw::parallelize: heads must split whole over the group.
   void shardwise_on_parallelize(int tp_size) const {
