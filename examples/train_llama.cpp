@@ -66,9 +66,7 @@ int main(int argc, char** argv) {
       auto const result = models::llama_loss(tp, logits, targets, config.vocabulary);
       model.backward(result.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
-      sw::detail::for_each_layer(model, [](auto& l) {
-        if constexpr (requires { l.zero_grad(); }) l.zero_grad();
-      });
+      sw::zero_grad(model);
       sw::nn::vector<float> loss(1);
       loss(0) = result.loss;
       sw::detail::all_reduce_on(dp.comm(0), loss, sw::detail::op_kind::avg);

@@ -63,9 +63,7 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaC
       step_loss += result.loss / float(micro_batches);
     }
     optimizer.step(sw::finish_gradients(model), dp);
-    sw::detail::for_each_layer(model, [](auto& l) {
-      if constexpr (requires { l.zero_grad(); }) l.zero_grad();
-    });
+    sw::zero_grad(model);
     // The loss of the whole batch: the mean over dp ranks (each saw the same number of tokens).
     sw::nn::vector<float> loss(1);
     loss(0) = step_loss;

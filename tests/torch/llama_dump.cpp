@@ -68,9 +68,7 @@ int main(int argc, char** argv) {
       auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
       model.backward(result.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
-      sw::detail::for_each_layer(model, [](auto& l) {
-        if constexpr (requires { l.zero_grad(); }) l.zero_grad();
-      });
+      sw::zero_grad(model);
       losses(step) = result.loss;
     }
     if (tp.rank() == 0) npy::write(out / ("losses." + tag + ".npy"), losses);

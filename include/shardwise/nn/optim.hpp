@@ -52,6 +52,14 @@ void for_each_parameter(Model& model, Fn&& fn) {
 
 }  // namespace detail
 
+/// Sets every layer's gradients to zero (after an optimizer step; backward accumulates).
+template <class Model>
+void zero_grad(Model& model) {
+  detail::for_each_layer(model, [](auto& l) {
+    if constexpr (requires { l.zero_grad(); }) l.zero_grad();
+  });
+}
+
 /// A model whose gradients are complete: the only thing an optimizer takes.
 template <class Model>
 struct FinishedGradients {
