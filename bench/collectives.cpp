@@ -9,11 +9,12 @@
 // other ranks wait in MPI_Ibarrier, polled every millisecond: OpenMPI's blocking barrier busy-polls and would
 // take a core away from the threads. Rank 0 needs two cores, so launch without core binding.
 //
-// Timing: a first untimed call, a short estimate, a warm-up batch, then batches of ~25 ms (at least one call)
-// — 7 batches, fewer for very slow calls, about 0.1-0.3 s per variant and size. Reported: the median over
-// batches of the per-call time, taken on rank 0 from a barrier to the end of its last call. "Effective GB/s"
-// is message bytes (the all-reduced vector, the gathered output) per second. --smoke: one call per size, sizes
-// up to 1 MiB, results checked, times meaningless.
+// Timing: a first untimed call, a short estimate, a warm-up batch, then batches of ~13 ms (at least one call)
+// — 11 batches, fewer for very slow calls, about 0.15-0.3 s per variant and size. Reported: the median over
+// batches of the per-call time, taken on rank 0 from a barrier to the end of its last call; shardwise/raw is
+// the median of the ratios of batches that ran back to back. "Effective GB/s" is message bytes (the
+// all-reduced vector, the gathered output) per second. --smoke: one call per size, sizes up to 1 MiB, results
+// checked, times meaningless.
 #include "shardwise/collectives/collectives.hpp"
 
 #include <mpi.h>
@@ -60,21 +61,36 @@ double seconds_now() {
 /// Per-call seconds of one variant at one size: median, fastest and slowest batch.
 struct stats {
   double median = 0, lo = 0, hi = 0;
-  double faults = 0;  // minor page faults per call in this process, over the timed batches
+  double faults = 0;              // minor page faults per call in this process, over the timed batches
+  std::vector<double> per_batch;  // per-call time of each batch, in the order they ran
   int iters = 0, batches = 0;
   [[nodiscard]] double spread() const { return median > 0 ? (hi - lo) / median : 0; }
 };
 
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  std::size_t const n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 stats summarize(std::vector<double> per_call, int iters) {
-  std::sort(per_call.begin(), per_call.end());
   stats s;
-  std::size_t const n = per_call.size();
-  s.median = n % 2 ? per_call[n / 2] : 0.5 * (per_call[n / 2 - 1] + per_call[n / 2]);
-  s.lo = per_call.front();
-  s.hi = per_call.back();
+  s.per_batch = per_call;
+  s.median = median_of(per_call);
+  s.lo = *std::min_element(per_call.begin(), per_call.end());
+  s.hi = *std::max_element(per_call.begin(), per_call.end());
   s.iters = iters;
-  s.batches = static_cast<int>(n);
+  s.batches = static_cast<int>(per_call.size());
   return s;
+}
+
+/// b relative to a, from batches that ran back to back (a and b alternate): the median of the per-batch
+/// ratios, which drift on a shared machine affects far less than a ratio of two medians.
+double paired_ratio(stats const& a, stats const& b) {
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < a.per_batch.size() && i < b.per_batch.size(); ++i)
+    ratios.push_back(b.per_batch[i] / a.per_batch[i]);
+  return ratios.empty() ? 0 : median_of(std::move(ratios));
 }
 
 /// How the ranks taking part in a timed loop line up (barrier) and agree on a number (maximum).
@@ -115,10 +131,10 @@ std::vector<stats> time_ops(sync const& s, std::vector<op> const& ops, bool smok
   double estimate = 0;
   for (std::size_t i = 0; i < k; ++i) estimate = std::max(estimate, batch(i, 2));
   estimate = s.max_all(estimate);  // every rank must plan the same number of calls
-  constexpr double batch_target = 0.025, variant_budget = 0.3;
+  constexpr double batch_target = 0.013, variant_budget = 0.3;
   int const iters = std::max(1, static_cast<int>(std::lround(batch_target / estimate)));
   double const batch_time = iters * estimate;
-  int batches = 7;
+  int batches = 11;
   if (batch_time * batches > variant_budget) batches = std::max(3, static_cast<int>(variant_budget / batch_time));
   for (std::size_t i = 0; i < k; ++i) batch(i, iters);  // warm-up
   std::fill(faults.begin(), faults.end(), 0);
@@ -175,6 +191,7 @@ struct row {
 
 struct results {
   std::vector<row> reduce, gather;
+  std::string mpi_ranks;  // where each rank ran during the MPI part, and how often it was preempted
   bool ok = true;
   std::vector<std::string> failures;
   void fail(std::string what) {
@@ -208,6 +225,15 @@ std::string read_text(char const* path) {
   return text;
 }
 
+/// CPU time the hypervisor gave to others while this VM wanted it ("steal"), all CPUs, in milliseconds.
+double steal_ms() {
+  std::istringstream cpu(read_text("/proc/stat"));
+  std::string label;
+  double user, nice, system, idle, iowait, irq, softirq, steal = 0;
+  cpu >> label >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return label == "cpu" ? steal * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK)) : 0;
+}
+
 std::string utc_now() {
   std::time_t const t = std::time(nullptr);
   char text[64];
@@ -226,7 +252,7 @@ void print_table(std::string const& title, char const* raw_name, char const* mes
   for (auto const& r : rows) {
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s · %s · %s |\n", size_name(r.bytes).c_str(),
                 micros(r.raw.median).c_str(), micros(r.mesh_mpi.median).c_str(),
-                fmt(r.mesh_mpi.median / r.raw.median, 3).c_str(), micros(r.threads.median).c_str(),
+                fmt(paired_ratio(r.raw, r.mesh_mpi), 3).c_str(), micros(r.threads.median).c_str(),
                 fmt(r.raw.median / r.threads.median, 2).c_str(), micros(r.copy.median).c_str(),
                 gbps(r.bytes, r.raw.median).c_str(), gbps(r.bytes, r.mesh_mpi.median).c_str(),
                 gbps(r.bytes, r.threads.median).c_str(), gbps(r.bytes, r.copy.median).c_str(),
@@ -248,7 +274,7 @@ void print_table(std::string const& title, char const* raw_name, char const* mes
 }
 
 void report(results const& res, int argc, char** argv, int ranks, int rank0_cpus, std::string const& load_start,
-            bool smoke) {
+            double steal_start, double wall_start, bool smoke) {
   std::printf("# shardwise collectives benchmark%s\n\n",
               smoke ? " (smoke run: one call per size, not a measurement)" : "");
   std::printf("- date: %s\n", utc_now().c_str());
@@ -267,15 +293,20 @@ void report(results const& res, int argc, char** argv, int ranks, int rank0_cpus
   std::printf("- host: %s, %u hardware threads, rank 0 may run on %d CPUs; %s; compiler %s; Eigen %d.%d.%d\n", host,
               std::thread::hardware_concurrency(), rank0_cpus, mpi_version.c_str(), __VERSION__, EIGEN_WORLD_VERSION,
               EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION);
-  std::printf("- load average at start: %s; at end: %s\n", load_start.c_str(), read_text("/proc/loadavg").c_str());
+  std::printf("- MPI part: %s\n", res.mpi_ranks.c_str());
+  std::printf(
+      "- load average at start: %s; at end: %s; CPU time stolen by the hypervisor during the run: %.0f ms "
+      "in %.1f s\n",
+      load_start.c_str(), read_text("/proc/loadavg").c_str(), steal_ms() - steal_start, seconds_now() - wall_start);
   if (rank0_cpus < ranks)
     std::printf(
         "- **warning**: rank 0 may use only %d CPU(s), so its %d thread ranks share them and the thread-mesh "
         "column is meaningless; launch with `--bind-to none`\n",
         rank0_cpus, ranks);
   std::printf(
-      "- per-call times: median over batches of ~25 ms (7 batches, fewer for slow calls), after warm-up; "
-      "effective GB/s = message bytes / time; page faults/call = minor page faults of rank 0's process per call "
+      "- per-call times: median over batches of ~13 ms (11 batches, fewer for slow calls), after warm-up; "
+      "sw-MPI/raw: median of the ratios of back-to-back batches; effective GB/s = message bytes / time; page "
+      "faults/call = minor page faults of rank 0's process per call "
       "(a buffer mapped afresh on every call shows up there)\n");
 
   print_table("all_reduce (float, sum, in place)", "MPI_Allreduce", "all_reduce", res.reduce, ranks);
@@ -288,8 +319,8 @@ void report(results const& res, int argc, char** argv, int ranks, int rank0_cpus
       double worst = 0;
       std::size_t at = 0;
       for (auto const& r : rows)
-        if (r.bytes >= (std::size_t{256} << 10) && r.mesh_mpi.median / r.raw.median > worst) {
-          worst = r.mesh_mpi.median / r.raw.median;
+        if (r.bytes >= (std::size_t{256} << 10) && paired_ratio(r.raw, r.mesh_mpi) > worst) {
+          worst = paired_ratio(r.raw, r.mesh_mpi);
           at = r.bytes;
         }
       std::printf("- sw-MPI %s within 5%% of raw MPI at >= 256 KiB: worst ratio %.3f at %s — %s\n", name, worst,
@@ -457,12 +488,27 @@ int main(int argc, char** argv) {
     auto world = sw::mpi_world(argc, argv);
     int const rank = world.rank(), ranks = world.size();
     std::string const load_start = read_text("/proc/loadavg");
+    double const steal_start = steal_ms(), wall_start = seconds_now();
     std::vector<std::size_t> sizes;
     for (std::size_t bytes : all_sizes)
       if (!smoke || bytes <= (std::size_t{1} << 20)) sizes.push_back(bytes);
 
     results res;
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    int const cpu_before = sched_getcpu();
     mpi_part(world, sizes, smoke, res);
+    getrusage(RUSAGE_SELF, &after);
+    long const mine[3] = {cpu_before * 1000L + sched_getcpu(), after.ru_nivcsw - before.ru_nivcsw,
+                          after.ru_nvcsw - before.ru_nvcsw};
+    std::vector<long> all(3 * static_cast<std::size_t>(ranks));
+    MPI_Gather(mine, 3, MPI_LONG, all.data(), 3, MPI_LONG, 0, MPI_COMM_WORLD);
+    for (int r = 0; r < ranks; ++r) {
+      long const* a = &all[3 * static_cast<std::size_t>(r)];
+      res.mpi_ranks += (r ? "; rank " : "rank ") + std::to_string(r) + " on CPU " + std::to_string(a[0] / 1000) +
+                       " then " + std::to_string(a[0] % 1000) + ", " + std::to_string(a[1]) + " involuntary / " +
+                       std::to_string(a[2]) + " voluntary context switches";
+    }
 
     int rank0_cpus = 0;
     if (rank == 0) {
@@ -482,7 +528,7 @@ int main(int argc, char** argv) {
     int ok = res.ok ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) {
-      report(res, argc, argv, ranks, rank0_cpus, load_start, smoke);
+      report(res, argc, argv, ranks, rank0_cpus, load_start, steal_start, wall_start, smoke);
       std::fflush(stdout);
     }
     return ok ? 0 : 1;
