@@ -65,6 +65,27 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
   }
 }
 
+// optimum-neuron's "layers to leave alone", as a compile-time predicate on plan paths.
+struct leave_feed_forward_alone {
+  static constexpr bool matches(std::string_view path) { return path.starts_with("layers.*.feed_forward"); }
+};
+static_assert(
+    std::is_same_v<shardwise::detail::lookup_style<shardwise::models::llama_plan<false, true, leave_feed_forward_alone>,
+                                                   "layers.*.feed_forward.w1">::type,
+                   shardwise::NoParallel>);
+
+TEST_CASE("Llama: feed-forwards left alone by a predicate train like the unsharded run") {
+  auto const c = llama_cases::small_config();
+  llama_cases::Run serial;
+  shardwise::run_threads(
+      1, [&](auto& world) { serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c); });
+  using Plan = shardwise::models::llama_plan<false, true, leave_feed_forward_alone>;
+  shardwise::run_threads(2, [&](auto& world) {
+    auto const run = llama_cases::train<Plan>(world, 1, steps, false, c);
+    if (world.rank() == 0) llama_cases::check_same_run(run, serial);
+  });
+}
+
 TEST_CASE("Llama: a tp size the key-value heads cannot serve is refused with the reason") {
   auto c = llama_cases::small_config();
   c.kv_heads = 2;

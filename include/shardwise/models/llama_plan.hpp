@@ -4,13 +4,31 @@
 // stream is cut along the tokens (Shard<0>) between blocks; each attention and feed-forward gathers it
 // (PrepareModuleInput), and its output projection reduce-scatters back. The output projection is
 // ColwiseParallel into loss parallel, so the logits are never gathered.
+#include <string_view>
 #include <type_traits>
 
 #include "shardwise/models/llama.hpp"
 
 namespace shardwise::models {
 
-template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true>
+/// optimum-neuron's predicate for modules to leave alone, at compile time: a type with
+/// `static constexpr bool matches(std::string_view path)`. Matching entries get NoParallel; if what is left
+/// does not chain (a sharded activation reaching an unsharded layer), that is a compile error.
+struct leave_none {
+  static constexpr bool matches(std::string_view) { return false; }
+};
+
+namespace detail {
+template <class Plan, class LeaveAlone>
+struct leave_alone;
+template <class... Entries, class LeaveAlone>
+struct leave_alone<plan<Entries...>, LeaveAlone> {
+  using type =
+      plan<std::conditional_t<LeaveAlone::matches(Entries::path.view()), at<Entries::path, NoParallel>, Entries>...>;
+};
+}  // namespace detail
+
+template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
 struct llama_plan_options {
   static_assert(ParallelizeEmbeddings || !SequenceParallel,
                 "shardwise::models::llama_plan: sequence parallelism starts at the embedding's reduce-scatter; "
@@ -34,8 +52,10 @@ struct llama_plan_options {
                     at<"layers.*.feed_forward.w2", RowwiseParallel<Shard<-1>, stream>>>;
 };
 
-template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true>
-using llama_plan = typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type;
+template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
+using llama_plan =
+    typename detail::leave_alone<typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type,
+                                 LeaveAlone>::type;
 
 /// Cross-entropy matching the logits' layout: loss parallel on vocabulary-sharded logits, plain otherwise.
 /// `vocabulary`: the real vocabulary size, so the columns of vocabulary padding are left out.

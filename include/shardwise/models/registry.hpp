@@ -24,8 +24,8 @@ template <>
 struct parallelizer<Llama> {
   static constexpr std::string_view name = "llama";
   static constexpr support supported{true, true, false};
-  template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true>
-  using plan = llama_plan<SequenceParallel, ParallelizeEmbeddings>;
+  template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
+  using plan = llama_plan<SequenceParallel, ParallelizeEmbeddings, LeaveAlone>;
 };
 
 template <template <class, class> class Model>
