@@ -57,20 +57,21 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
       check_shapes_agree(
           ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       if (ranks == 1) return;
-      // Each rank reduces one piece into its own buffer, then copies the other pieces from their owners.
+      // One pass: rank `me` reduces piece `me` of every buffer, in rank order, and writes the result into that
+      // piece of every buffer. Only rank `me` touches piece `me` anywhere, so the exchange's two barriers
+      // suffice, and each byte crosses between cores once (two passes with a copy-back measured 2-3x slower).
       auto const me = static_cast<std::size_t>(comm.rank());
-      std::size_t const start = chunk_offset(n, static_cast<std::size_t>(ranks), me);
+      std::size_t const start = chunk_offset(n, slots.size(), me), count = chunk_size(n, slots.size(), me);
       dispatch_op(op, [&]<op_kind Op>() {
-        reduce_rank_order<Op>(
-            data + start, ranks, [&](int q) { return slot_input<E>(slots[static_cast<std::size_t>(q)]) + start; },
-            chunk_size(n, static_cast<std::size_t>(ranks), me));
+        constexpr std::size_t block = 1024;
+        E acc[block];
+        for (std::size_t b = 0; b < count; b += block) {
+          std::size_t const m = std::min(block, count - b);
+          reduce_rank_order<Op>(
+              acc, ranks, [&](int q) { return slot_input<E>(slots[static_cast<std::size_t>(q)]) + start + b; }, m);
+          for (auto const& slot : slots) copy_elements(static_cast<E*>(slot.out) + start + b, acc, m);
+        }
       });
-      comm.barrier("all_reduce");
-      for (std::size_t q = 0; q < slots.size(); ++q) {
-        if (q == me) continue;
-        std::size_t const from = chunk_offset(n, slots.size(), q);
-        copy_elements(data + from, slot_input<E>(slots[q]) + from, chunk_size(n, slots.size(), q));
-      }
     });
   } else {
     auto const shapes = comm.all_gather_value(shape);
