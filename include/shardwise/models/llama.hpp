@@ -97,10 +97,8 @@ struct LlamaAttention {
     q_ = wq(in), k_ = wk(in), v_ = wv(in);
     Eigen::Index const d = static_cast<Eigen::Index>(config_.head_dim());
     Eigen::Index const q_heads = q_.local.cols() / d, kv_heads = k_.local.cols() / d, group = q_heads / kv_heads;
-    for (Eigen::Index h = 0; h < q_heads; ++h)
-      detail::apply_rope(q_.local.middleCols(h * d, d), rope_, config_.sequence, false);
-    for (Eigen::Index h = 0; h < kv_heads; ++h)
-      detail::apply_rope(k_.local.middleCols(h * d, d), rope_, config_.sequence, false);
+    rotate_heads(q_.local, false);
+    rotate_heads(k_.local, false);
     auto out = q_;
     Eigen::Index const s = static_cast<Eigen::Index>(config_.sequence), sequences = q_.local.rows() / s;
     T const scale = T(1) / std::sqrt(static_cast<T>(d));
@@ -141,14 +139,19 @@ struct LlamaAttention {
         dq.local.block(b * s, h * d, s, d) = ds * k_.local.block(b * s, kvh * d, s, d) * scale;
         dk.local.block(b * s, kvh * d, s, d) += ds.transpose() * q_.local.block(b * s, h * d, s, d) * scale;
       }
-    for (Eigen::Index h = 0; h < q_heads; ++h)
-      detail::apply_rope(dq.local.middleCols(h * d, d), rope_, config_.sequence, true);
-    for (Eigen::Index h = 0; h < kv_heads; ++h)
-      detail::apply_rope(dk.local.middleCols(h * d, d), rope_, config_.sequence, true);
+    rotate_heads(dq.local, true);  // the transpose of the forward rotation
+    rotate_heads(dk.local, true);
     return prepare.input_backward(wq.backward(dq) + wk.backward(dk) + wv.backward(dv));
   }
 
  private:
+  /// Rotary embedding on every head of [tokens, heads * head_dim] (inverse: its transpose, for backward).
+  void rotate_heads(nn::matrix<T>& x, bool inverse) const {
+    auto const d = static_cast<Eigen::Index>(config_.head_dim());
+    for (Eigen::Index h = 0; h < x.cols() / d; ++h)
+      detail::apply_rope(x.middleCols(h * d, d), rope_, config_.sequence, inverse);
+  }
+
   using projection = decltype(std::declval<Linear<T, style_at<Plan, "wq">>&>()(std::declval<nn::matrix<T>>()));
   using kv_projection = decltype(std::declval<Linear<T, style_at<Plan, "wk">>&>()(std::declval<nn::matrix<T>>()));
   LlamaConfig config_;
