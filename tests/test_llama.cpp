@@ -17,7 +17,7 @@ TEST_CASE("Llama: sharded training equals the unsharded run, thread mesh") {
   CHECK(serial.losses.back() < serial.losses.front());  // it learns
   auto check = [&](char const* name, int ranks, int dp, bool zero1, auto plan_tag) {
     using Plan = typename decltype(plan_tag)::type;
-    INFO(name);
+    INFO(std::string(name));
     shardwise::run_threads(ranks, [&](auto& world) {
       auto const run = llama_cases::train<Plan>(world, dp, steps, zero1, c);
       if (world.rank() == 0) llama_cases::check_same_run(run, serial);
@@ -36,7 +36,7 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
   auto check_against_serial = [](char const* name, llama_cases::Run const& serial, int ranks, int dp, auto plan_tag,
                                  shardwise::models::LlamaConfig const& c, int micro_batches) {
     using Plan = typename decltype(plan_tag)::type;
-    INFO(name);
+    INFO(std::string(name));
     shardwise::run_threads(ranks, [&](auto& world) {
       auto const run = llama_cases::train<Plan>(world, dp, steps, false, c, micro_batches);
       if (world.rank() == 0) llama_cases::check_same_run(run, serial);
@@ -53,6 +53,20 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
     auto c = llama_cases::small_config();
     c.kv_heads = 2;  // two query heads per key-value head
     check_against_serial("GQA at TP 2", serial_run(c), 2, 1, sequence_parallel{}, c, 1);
+  }
+  {
+    // Fewer key-value heads than tp ranks: each is repeated (kv_size_multiplier 2, then 4), the copies'
+    // gradients summed, counted once in the clipped norm.
+    auto c = llama_cases::small_config();
+    c.kv_heads = 1;
+    auto const serial = serial_run(c);
+    check_against_serial("1 key-value head at TP 2", serial, 2, 1, sequence_parallel{}, c, 1);
+    check_against_serial("1 key-value head at TP 4", serial, 4, 1, sequence_parallel{}, c, 1);
+    c.kv_heads = 2;
+    check_against_serial("2 key-value heads at TP 4", serial_run(c), 4, 1, sequence_parallel{}, c, 1);
+    c.heads = 8, c.kv_size_multiplier = 4;  // more copies than needed: 8 repeated heads, 2 per rank
+    check_against_serial("8 heads, 2 key-value heads at TP 4, multiplier 4", serial_run(c), 4, 1, sequence_parallel{},
+                         c, 1);
   }
   {
     auto c = llama_cases::small_config();
@@ -86,15 +100,37 @@ TEST_CASE("Llama: feed-forwards left alone by a predicate train like the unshard
   });
 }
 
-TEST_CASE("Llama: a tp size the key-value heads cannot serve is refused with the reason") {
+TEST_CASE("Llama: a tp size the heads cannot serve is refused with the reason") {
   auto c = llama_cases::small_config();
-  c.kv_heads = 2;
+  c.heads = 6, c.kv_heads = 3, c.dim = 36;  // 4 ranks: neither 6 heads nor 3 key-value heads split
   shardwise::run_threads(4, [&](auto& world) {
     auto const tp = shardwise::make_mesh<"tp">(world, {4});
     shardwise::models::Llama<float, shardwise::models::llama_plan<true>> model(c);
     CHECK_THROWS_WITH_AS(shardwise::parallelize(model, tp),
-                         "shardwise::models::Llama at \"layers.*.attention\": 4 heads and 2 key-value heads must both "
-                         "divide over 4 ranks; choose a tp size that divides the key-value heads",
+                         "shardwise::models::Llama at \"layers.*.attention\": 4 ranks cannot serve 6 heads and 3 "
+                         "key-value heads with kv_size_multiplier 0 (0: derived); the heads must divide over the "
+                         "ranks, and the ranks must divide the key-value heads or be a multiple of them: choose "
+                         "another tp size",
+                         shardwise::error);
+  });
+  c = llama_cases::small_config();
+  c.heads = 8, c.kv_heads = 2, c.kv_size_multiplier = 3;  // 6 repeated heads do not split over 4 ranks
+  shardwise::run_threads(4, [&](auto& world) {
+    auto const tp = shardwise::make_mesh<"tp">(world, {4});
+    shardwise::models::Llama<float, shardwise::models::llama_plan<true>> model(c);
+    CHECK_THROWS_WITH_AS(shardwise::parallelize(model, tp),
+                         doctest::Contains("4 ranks cannot serve 8 heads and 2 key-value heads with "
+                                           "kv_size_multiplier 3"),
                          shardwise::error);
   });
 }
+
+// kv_size_multiplier at compile time: derived when tp exceeds the key-value heads, 0 (refused) when no
+// repetition lets each rank hold the key-value heads of its query heads.
+static_assert(shardwise::models::kv_size_multiplier(4, 4, 2) == 1);
+static_assert(shardwise::models::kv_size_multiplier(4, 1, 4) == 4);
+static_assert(shardwise::models::kv_size_multiplier(8, 2, 4) == 2);
+static_assert(shardwise::models::kv_size_multiplier(32, 8, 16) == 2);
+static_assert(shardwise::models::kv_size_multiplier(6, 3, 4) == 0);   // heads do not split
+static_assert(shardwise::models::kv_size_multiplier(12, 3, 4) == 0);  // rank 1's query heads need two kv heads
+static_assert(shardwise::models::kv_size_multiplier(8, 2, 4, 3) == 0);

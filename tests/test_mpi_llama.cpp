@@ -24,3 +24,26 @@ TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
     FAIL("run with mpiexec -n 2 or -n 4");
   }
 }
+
+TEST_CASE("Llama: fewer key-value heads than ranks, and a padded vocabulary, MPI mesh") {
+  constexpr int steps = 50;
+  auto const world = shardwise::mpi_world();
+  using sequence_parallel = shardwise::models::llama_plan<true>;
+  auto against_serial = [&](shardwise::models::LlamaConfig const& c, int dp, bool zero1) {
+    auto const serial = llama_cases::train<shardwise::serial_plan>(shardwise::serial_world(), 1, steps, false, c);
+    llama_cases::check_same_run(llama_cases::train<sequence_parallel>(world, dp, steps, zero1, c), serial);
+  };
+  auto c = llama_cases::small_config();
+  c.kv_heads = world.size() == 4 ? 2 : 1;  // kv_size_multiplier 2 at tp 4 and at tp 2
+  INFO("key-value heads " << c.kv_heads << " at TP " << world.size());
+  against_serial(c, 1, false);
+  if (world.size() == 4) {
+    INFO("and dp 2 x tp 2 with ZeRO-1, 1 key-value head");
+    c.kv_heads = 1;
+    against_serial(c, 2, true);
+  }
+  c = llama_cases::small_config();
+  c.vocabulary = world.size() == 4 ? 30 : 63;  // padded to 32 / 64
+  INFO("vocabulary " << c.vocabulary << " at TP " << world.size());
+  against_serial(c, 1, false);
+}

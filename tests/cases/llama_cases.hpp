@@ -79,6 +79,17 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaC
       sw::all_gather(tp, *p.value, gathered, P::dim);
       whole = gathered;
     }
+    if (p.copies > 1) {  // repeated key-value heads: every copy must equal the first; keep the first
+      auto const block = static_cast<Eigen::Index>(p.copy_block), copies = static_cast<Eigen::Index>(p.copies);
+      Tensor first(whole.rows() / copies, whole.cols());
+      for (Eigen::Index b = 0; b < first.rows() / block; ++b) {
+        first.middleRows(b * block, block) = whole.middleRows(b * copies * block, block);
+        for (Eigen::Index k = 1; k < copies; ++k)
+          CHECK_MESSAGE(whole.middleRows((b * copies + k) * block, block) == first.middleRows(b * block, block),
+                        "copy " << k << " of block " << b << " of " << p.path << " drifted from the first");
+      }
+      whole = first;
+    }
     // Vocabulary padding (rows past the real vocabulary) is not part of the model: leave it out.
     auto const rows = std::min<Eigen::Index>(whole.rows(), p.path == "tok_embeddings" || p.path == "output"
                                                                ? static_cast<Eigen::Index>(c.vocabulary)

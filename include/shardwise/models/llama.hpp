@@ -25,6 +25,10 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   std::size_t sequence = 32;  // tokens per sequence; a batch is rows of whole sequences
   std::uint64_t seed = 1234;
+  // optimum-neuron's kv_size_multiplier: how many times each key-value head is repeated before wk and wv are
+  // cut, so that more tp ranks than key-value heads each hold the head their query heads use. 0: derived
+  // (tp / kv_heads when tp exceeds kv_heads, else 1).
+  std::size_t kv_size_multiplier = 0;
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
 };
 
@@ -64,9 +68,38 @@ void apply_rope(Block&& x, rope_tables<T> const& rope, std::size_t sequence, boo
 
 }  // namespace detail
 
+/// The kv_size_multiplier that lets `tp` ranks serve `heads` query heads and `kv_heads` key-value heads, each
+/// rank holding whole heads and the key-value heads its query heads use; `requested` 0 derives it. Returns 0
+/// when no multiplier can (the heads do not divide over tp, or tp neither divides the key-value heads nor is a
+/// multiple of them).
+constexpr std::size_t kv_size_multiplier(std::size_t heads, std::size_t kv_heads, std::size_t tp,
+                                         std::size_t requested = 0) {
+  if (tp == 0 || kv_heads == 0 || heads % kv_heads != 0 || heads % tp != 0) return 0;
+  std::size_t const m = requested != 0 ? requested : kv_heads % tp == 0 ? 1 : tp % kv_heads == 0 ? tp / kv_heads : 0;
+  if (m == 0 || (kv_heads * m) % tp != 0) return 0;
+  std::size_t const local_q = heads / tp, local_kv = kv_heads * m / tp;
+  if (local_kv == 0 || local_q % local_kv != 0) return 0;
+  // Every rank's query head must find its own key-value head among the repeated ones it holds.
+  for (std::size_t rank = 0; rank < tp; ++rank)
+    for (std::size_t i = 0; i < local_q; ++i) {
+      std::size_t const needed = (rank * local_q + i) / (heads / kv_heads);
+      std::size_t const held = (rank * local_kv + i / (local_q / local_kv)) / m;
+      if (needed != held) return 0;
+    }
+  return m;
+}
+
+namespace detail {
+template <fixed_string Path, std::size_t Heads, std::size_t KvHeads, std::size_t Ranks>
+struct tp_cannot_serve_heads_at;  // incomplete on purpose: the diagnostic spells the path and the counts
+}
+
 /// Causal grouped-query attention with rotary embeddings. Under ColwiseParallel on wq, wk and wv each rank
-/// computes heads / tp query heads and kv_heads / tp key-value heads, the groups intact.
-template <class T, class Plan = serial_plan>
+/// computes heads / tp query heads and kv_heads / tp key-value heads, the groups intact; with more ranks than
+/// key-value heads, each key-value head is repeated (kv_size_multiplier) and the copies' gradients summed.
+/// StaticHeads / StaticKvHeads (optional): head counts known at compile time, checked against a static tp size.
+template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
+          std::size_t StaticKvHeads = dynamic_size>
 struct LlamaAttention {
   Prepare<T, own_style<Plan>> prepare;
   Linear<T, style_at<Plan, "wq">> wq;
@@ -81,14 +114,50 @@ struct LlamaAttention {
         wv(c.dim, c.kv_heads * c.head_dim(), seed + 3, false),
         wo(c.heads * c.head_dim(), c.dim, seed + 4, false),
         config_(c),
-        rope_(c.sequence, c.head_dim(), c.rope_theta) {}
+        rope_(c.sequence, c.head_dim(), c.rope_theta) {
+    if ((StaticHeads != dynamic_size && c.heads != StaticHeads) ||
+        (StaticKvHeads != dynamic_size && c.kv_heads != StaticKvHeads))
+      shardwise::detail::fail("shardwise::models::LlamaAttention at \"", own_style<Plan>::path.view(),
+                              "\": declared with ", StaticHeads, " heads and ", StaticKvHeads,
+                              " key-value heads but built from a config with ", c.heads, " and ", c.kv_heads);
+  }
 
-  void shardwise_on_parallelize(int tp) const {
-    auto const ranks = static_cast<std::size_t>(tp);
-    if (config_.heads % ranks != 0 || config_.kv_heads % ranks != 0)
-      shardwise::detail::fail("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
-                              " heads and ", config_.kv_heads, " key-value heads must both divide over ", tp,
-                              " ranks; choose a tp size that divides the key-value heads");
+  static constexpr bool sharded_heads = is_colwise_v<typename Linear<T, style_at<Plan, "wk">>::style>;
+
+  /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
+  template <std::size_t Ranks>
+  static constexpr bool shardwise_static_check() {
+    if constexpr (!sharded_heads || StaticHeads == dynamic_size || StaticKvHeads == dynamic_size) {
+      return true;
+    } else {
+      constexpr bool ok = kv_size_multiplier(StaticHeads, StaticKvHeads, Ranks) != 0;
+      static_assert(ok,
+                    "shardwise::models::LlamaAttention: the tp size cannot serve these heads: the query heads must "
+                    "divide over tp, and tp must divide the key-value heads or be a multiple of them "
+                    "(kv_size_multiplier); choose another tp size");
+      if constexpr (!ok) {
+        [[maybe_unused]] detail::tp_cannot_serve_heads_at<own_style<Plan>::path, StaticHeads, StaticKvHeads, Ranks>
+            offending;
+      }
+      return ok;
+    }
+  }
+
+  /// Called by sw::parallelize before any layer is cut: with more ranks than key-value heads, wk and wv repeat
+  /// each key-value head kv_size_multiplier times, so that every rank holds the one its query heads use.
+  void shardwise_on_parallelize(int tp) {
+    if constexpr (sharded_heads) {
+      auto const ranks = static_cast<std::size_t>(tp);
+      std::size_t const m = kv_size_multiplier(config_.heads, config_.kv_heads, ranks, config_.kv_size_multiplier);
+      if (m == 0)
+        shardwise::detail::fail("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", tp,
+                                " ranks cannot serve ", config_.heads, " heads and ", config_.kv_heads,
+                                " key-value heads with kv_size_multiplier ", config_.kv_size_multiplier,
+                                " (0: derived); the heads must divide over the ranks, and the ranks must divide the "
+                                "key-value heads or be a multiple of them: choose another tp size");
+      wk.replicate_output_blocks(config_.head_dim(), m);
+      wv.replicate_output_blocks(config_.head_dim(), m);
+    }
   }
 
   template <class X>
@@ -192,10 +261,11 @@ struct LlamaFeedForward {
   decltype(std::declval<Linear<T, style_at<Plan, "w1">>&>()(std::declval<nn::matrix<T>>())) h1_, h3_, a_;
 };
 
-template <class T, class Plan = serial_plan>
+template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
+          std::size_t StaticKvHeads = dynamic_size>
 struct LlamaBlock {
   RMSNorm<T, style_at<Plan, "attention_norm">> attention_norm;
-  LlamaAttention<T, subplan<Plan, "attention">> attention;
+  LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads> attention;
   RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;
   LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
@@ -219,11 +289,13 @@ struct LlamaBlock {
 };
 
 /// The decoder. forward(ids) gives logits [tokens, vocabulary] (this rank's part, in the plan's layout);
-/// backward(dlogits) accumulates every parameter's gradient.
-template <class T, class Plan = serial_plan>
+/// backward(dlogits) accumulates every parameter's gradient. StaticHeads / StaticKvHeads (optional): the head
+/// counts at compile time, so that a static tp size that cannot serve them is a compile error.
+template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
+          std::size_t StaticKvHeads = dynamic_size>
 struct Llama {
   Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;
-  std::vector<LlamaBlock<T, subplan<Plan, "layers.*">>> layers;
+  std::vector<LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>> layers;
   RMSNorm<T, style_at<Plan, "norm">> norm;
   Linear<T, style_at<Plan, "output">> output;
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)

@@ -140,7 +140,7 @@ class Embedding {
 
   auto parameters() {
     return std::make_tuple(
-        Parameter<matrix, grad_placement>{&weight, &weight_grad, group_.get(), Location::path.view()});
+        Parameter<matrix, grad_placement>{&weight, &weight_grad, group_.get(), Location::path.view(), 1, 0});
   }
 
  private:

@@ -93,6 +93,30 @@ class Linear {
     zero_grad();
   }
 
+  /// Repeats every block of `block` output rows `copies` times in a row (before parallelize): key-value heads
+  /// replicated so that each of more tp ranks than heads holds the head its query heads use (optimum-neuron's
+  /// kv_size_multiplier). The copies' gradients are summed over the group by sw::finish_gradients.
+  void replicate_output_blocks(std::size_t block, std::size_t copies) {
+    if (copies <= 1) return;
+    if (block == 0 || out_ % block != 0 || copies_ != 1)
+      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": cannot repeat blocks of ", block,
+                   " output rows of ", out_, " (once, before parallelize, with a block size that divides the rows)");
+    auto const b = static_cast<Eigen::Index>(block), c = static_cast<Eigen::Index>(copies);
+    matrix repeated(weight.rows() * c, weight.cols());
+    vector repeated_bias(has_bias_ ? bias.size() * c : 0);
+    for (Eigen::Index i = 0; i < weight.rows() / b; ++i)
+      for (Eigen::Index k = 0; k < c; ++k) {
+        repeated.middleRows((i * c + k) * b, b) = weight.middleRows(i * b, b);
+        if (has_bias_) repeated_bias.segment((i * c + k) * b, b) = bias.segment(i * b, b);
+      }
+    weight = std::move(repeated);
+    bias = std::move(repeated_bias);
+    out_ *= copies;
+    copies_ = copies;
+    copy_block_ = block;
+    zero_grad();
+  }
+
   void zero_grad() {
     weight_grad.setZero(weight.rows(), weight.cols());
     bias_grad.setZero(bias.size());
@@ -209,8 +233,10 @@ class Linear {
 
   /// The parameters with their gradients (a bias-free layer has only the weight).
   auto parameters() {
-    Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view()};
-    Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), Location::path.view()};
+    Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view(),
+                                               copies_, copy_block_};
+    Parameter<vector, bias_grad_placement> b{&bias,   &bias_grad, group_.get(), Location::path.view(),
+                                             copies_, copy_block_};
     return std::make_tuple(w, b);  // an empty bias updates nothing
   }
 
@@ -224,6 +250,7 @@ class Linear {
 
   std::size_t in_, out_;
   bool has_bias_;
+  std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
   std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
 };

@@ -90,10 +90,10 @@ class norm_layer {
   auto parameters() {
     auto const* g = group_.get();
     if constexpr (Kind == norm_kind::layer)
-      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view()},
-                             Parameter<vector, grad_placement>{&bias, &bias_grad, g, Location::path.view()});
+      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view(), 1, 0},
+                             Parameter<vector, grad_placement>{&bias, &bias_grad, g, Location::path.view(), 1, 0});
     else
-      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view()});
+      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view(), 1, 0});
   }
 
  private:

@@ -50,6 +50,28 @@ void for_each_parameter(Model& model, Fn&& fn) {
   for_each_layer(model, [&](auto& l) { std::apply([&](auto const&... p) { (fn(p), ...); }, l.parameters()); });
 }
 
+/// Sums the gradients of replicated blocks (Parameter::copies) over the tp group: every copy of a block then
+/// holds the gradient of the one block of the unsharded model, so the copies stay equal after the update.
+template <class P>
+void sum_over_copies(P const& p) {
+  using T = typename P::tensor_type::Scalar;
+  auto& grad = *p.grad;
+  if (p.copies <= 1 || p.group == nullptr || grad.size() == 0) return;
+  auto const rows = static_cast<std::size_t>(grad.rows());
+  auto const cols = static_cast<Eigen::Index>(static_cast<std::size_t>(grad.size()) / rows);
+  auto const rank = static_cast<std::size_t>(p.group->rank()), ranks = static_cast<std::size_t>(p.group->size());
+  std::size_t const original_rows = rows * ranks / p.copies;
+  auto original_row = [&](std::size_t i) {  // this rank's row i -> the row of the unsharded tensor it copies
+    std::size_t const global = rank * rows + i, block = global / p.copy_block;
+    return static_cast<Eigen::Index>((block / p.copies) * p.copy_block + global % p.copy_block);
+  };
+  nn::matrix<T> sum = nn::matrix<T>::Zero(static_cast<Eigen::Index>(original_rows), cols);
+  Eigen::Map<nn::matrix<T>> mine(grad.data(), static_cast<Eigen::Index>(rows), cols);
+  for (std::size_t i = 0; i < rows; ++i) sum.row(original_row(i)) += mine.row(static_cast<Eigen::Index>(i));
+  p.group->all_reduce(sum);
+  for (std::size_t i = 0; i < rows; ++i) mine.row(static_cast<Eigen::Index>(i)) = sum.row(original_row(i));
+}
+
 }  // namespace detail
 
 /// Sets every layer's gradients to zero (after an optimizer step; backward accumulates).
@@ -66,11 +88,16 @@ struct FinishedGradients {
   Model& model;
 };
 
-/// Sums every Partial gradient over the tensor-parallel group (the norms under SequenceParallel).
+/// Sums every Partial gradient over the tensor-parallel group (the norms under SequenceParallel), and the
+/// gradients of replicated key-value heads over their copies.
 template <class Model>
 FinishedGradients<Model> finish_gradients(Model& model) {
   detail::for_each_parameter(model, [](auto const& p) {
-    if constexpr (is_partial_v<typename std::remove_cvref_t<decltype(p)>::grad_placement>) (void)reduce(p);
+    using P = std::remove_cvref_t<decltype(p)>;
+    if constexpr (is_partial_v<typename P::grad_placement>)
+      (void)reduce(p);
+    else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>)
+      detail::sum_over_copies(p);  // replicated blocks are rows of a ColwiseParallel weight
   });
   return {model};
 }
@@ -117,10 +144,13 @@ class AdamW {
       }
       T const* g = sliced ? s.grad.data() : grad + s.start;
       // 2. The global norm: a gradient that is not sharded over tp is the same on every tp rank (Partial ones
-      // have been summed by finish_gradients), so only tp rank 0 counts it.
+      // have been summed by finish_gradients), so only tp rank 0 counts it; a replicated block counts once.
       int const tp_rank = p.group ? p.group->rank() : 0;
-      if (is_shard_v<typename P::grad_placement> || tp_rank == 0)
-        for (std::size_t i = 0; i < s.count; ++i) square_sum += g[i] * g[i];
+      if (is_shard_v<typename P::grad_placement> || tp_rank == 0) {
+        T squares = 0;
+        for (std::size_t i = 0; i < s.count; ++i) squares += g[i] * g[i];
+        square_sum += squares / static_cast<T>(p.copies);
+      }
     });
     // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
     nn::vector<T> total(1);

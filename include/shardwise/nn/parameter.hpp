@@ -23,13 +23,18 @@ struct Parameter {
   Tensor* grad;
   nn::group<typename Tensor::Scalar> const* group;  // null before parallelize
   std::string_view path;
+  // Replicated blocks (key-value heads repeated so that more tp ranks than heads each hold one): each block of
+  // `copy_block` rows of the unsharded tensor appears `copies` times in a row. The copies' gradients are summed
+  // over the group (finish_gradients) and count once in the gradient norm.
+  std::size_t copies = 1;
+  std::size_t copy_block = 0;
 };
 
 /// Sums a partial gradient over the group, in place; the result's type says it is reduced.
 template <class Tensor>
 Parameter<Tensor, Replicate> reduce(Parameter<Tensor, Partial<Sum>> const& p) {
   if (p.group) p.group->all_reduce(*p.grad);
-  return {p.value, p.grad, p.group, p.path};
+  return {p.value, p.grad, p.group, p.path, p.copies, p.copy_block};
 }
 template <class Tensor, class P>
 Parameter<Tensor, P> reduce(Parameter<Tensor, P> const& p) {
