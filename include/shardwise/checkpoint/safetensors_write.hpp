@@ -1,0 +1,133 @@
+#pragma once
+// Writing safetensors files: tensors added by name (borrowed when already row-major, copied otherwise), a
+// string -> string __metadata__, the header written with nlohmann::json and padded to 8 bytes, the data
+// ordered by element size then name so every tensor starts aligned to its element. The file is replaced
+// atomically (temporary file, fsync, rename).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/dtype.hpp"
+#include "shardwise/checkpoint/safetensors_read.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/tensor/concept.hpp"
+
+namespace shardwise {
+
+class safetensors_writer {
+ public:
+  /// Adds raw little-endian row-major bytes; they are borrowed and must stay alive until write().
+  void add(std::string name, dtype type, std::vector<std::uint64_t> shape, std::span<std::byte const> bytes) {
+    if (name == "__metadata__")
+      detail::fail("shardwise::safetensors_writer: tensor \"", name,
+                   "\": the name is reserved for the file's metadata; pass metadata to write() and rename the tensor");
+    if (!names_.insert(name).second)
+      detail::fail("shardwise::safetensors_writer: tensor \"", name,
+                   "\" is added twice; give every tensor of a file its own name");
+    std::uint64_t elements = 1;
+    bool overflow = false;
+    for (std::uint64_t d : shape) overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
+    std::uint64_t expected = 0;
+    overflow = overflow || __builtin_mul_overflow(elements, dtype_size(type), &expected);
+    if (overflow || expected != bytes.size())
+      detail::fail("shardwise::safetensors_writer: tensor \"", name, "\": its shape of ", dtype_name(type), " needs ",
+                   overflow ? std::string("more than 2^64") : std::to_string(expected), " bytes but ", bytes.size(),
+                   " were given; pass the tensor's whole storage");
+    entries_.push_back({std::move(name), type, std::move(shape), bytes, {}});
+  }
+
+  /// Adds elements of a safetensors type with the given shape (borrowed).
+  template <safetensors_element T>
+  void add(std::string name, std::vector<std::uint64_t> shape, std::span<T const> data) {
+    add(std::move(name), dtype_of<T>, std::move(shape), std::as_bytes(data));
+  }
+
+  /// Adds a shardwise tensor (Eigen, xtensor...): borrowed when its storage is row-major, else copied.
+  template <class Tensor>
+  void add(std::string name, Tensor const& t) {
+    static_assert(detail::check_tensor<Tensor>());
+    using T = element_t<Tensor>;
+    static_assert(safetensors_element<T>,
+                  "shardwise::safetensors_writer: the tensor's element type has no safetensors dtype; use double, "
+                  "float, float16, bfloat16, int64_t, int32_t, uint8_t or bool");
+    extents const size = shape_of(t);
+    std::vector<std::uint64_t> shape(size.dims.begin(), size.dims.begin() + static_cast<std::ptrdiff_t>(size.rank));
+    T const* data = detail::traits_of<Tensor>::data(t);
+    std::span<std::byte const> bytes(reinterpret_cast<std::byte const*>(data), size.elements() * sizeof(T));
+    if (detail::traits_of<Tensor>::order == storage_order::row_major || size.rank <= 1) {
+      add(std::move(name), dtype_of<T>, std::move(shape), bytes);
+      return;
+    }
+    std::vector<std::byte> rows(bytes.size());  // column-major storage: write it out row-major
+    T* out = reinterpret_cast<T*>(rows.data());
+    detail::for_each_element_in_order(size, storage_order::col_major,
+                                      [&](std::size_t to, std::size_t from) { out[to] = data[from]; });
+    add(std::move(name), dtype_of<T>, std::move(shape), std::span<std::byte const>(rows));
+    entries_.back().owned = std::move(rows);  // moving keeps the buffer the span points to
+  }
+
+  [[nodiscard]] std::size_t size() const { return entries_.size(); }
+
+  /// Writes the file, replacing `path` atomically.
+  void write(std::filesystem::path const& path, std::map<std::string, std::string> const& metadata = {}) const {
+    std::vector<entry const*> order;
+    order.reserve(entries_.size());
+    for (auto const& e : entries_) order.push_back(&e);
+    std::sort(order.begin(), order.end(), [](entry const* a, entry const* b) {
+      std::size_t const sa = dtype_size(a->type), sb = dtype_size(b->type);
+      return sa != sb ? sa > sb : a->name < b->name;
+    });
+    nlohmann::json header = nlohmann::json::object();
+    if (!metadata.empty()) {
+      nlohmann::json m = nlohmann::json::object();
+      for (auto const& [k, v] : metadata) m[k] = v;
+      header["__metadata__"] = std::move(m);
+    }
+    std::uint64_t offset = 0;
+    for (entry const* e : order) {
+      header[e->name] = {
+          {"dtype", dtype_name(e->type)}, {"shape", e->shape}, {"data_offsets", {offset, offset + e->bytes.size()}}};
+      offset += e->bytes.size();
+    }
+    std::string text;
+    try {
+      text = header.dump();
+    } catch (nlohmann::json::exception const& e) {
+      detail::fail("shardwise::safetensors_writer: \"", path.string(),
+                   "\": a tensor name or metadata is not valid UTF-8 (", e.what(),
+                   "); name tensors and metadata in UTF-8");
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts at a multiple of 8
+    std::uint64_t const length = text.size();
+    std::byte length_bytes[8];
+    std::memcpy(length_bytes, &length, 8);  // little-endian host (dtype.hpp)
+    std::vector<std::span<std::byte const>> pieces;
+    pieces.reserve(order.size() + 2);
+    pieces.emplace_back(length_bytes, 8);
+    pieces.emplace_back(reinterpret_cast<std::byte const*>(text.data()), text.size());
+    for (entry const* e : order) pieces.push_back(e->bytes);
+    detail::write_file_atomically(path, pieces);
+  }
+
+ private:
+  struct entry {
+    std::string name;
+    dtype type;
+    std::vector<std::uint64_t> shape;
+    std::span<std::byte const> bytes;
+    std::vector<std::byte> owned;
+  };
+  std::vector<entry> entries_;
+  std::set<std::string, std::less<>> names_;
+};
+
+}  // namespace shardwise
