@@ -1,6 +1,7 @@
 #pragma once
 // Shared pieces of the tensor collectives: dimension checks, shape agreement across ranks, output sizing.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -66,6 +67,19 @@ void check_shapes_agree(int ranks, ShapeOf&& shape_of_rank, std::size_t free_dim
            "; every rank must pass a tensor of the same shape");
     }
   }
+}
+
+/// The shape outside dimension `free_dim` (and the rank and free_dim themselves) folded into 64 bits.
+inline std::uint64_t shape_fingerprint(extents const& shape, std::size_t free_dim) {
+  auto mix = [](std::uint64_t h, std::uint64_t v) {  // splitmix64 of h + v
+    std::uint64_t z = h + v + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t h = mix(shape.rank, free_dim);
+  for (std::size_t i = 0; i < shape.rank; ++i) h = mix(h, i == free_dim ? ~std::uint64_t{0} : shape[i]);
+  return h;
 }
 
 /// Gives `out` the shape `wanted`: resized when shardwise can create the type, otherwise it must already fit.

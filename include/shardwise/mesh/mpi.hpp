@@ -3,6 +3,7 @@
 // built-in reductions reach MPI as MPI_SUM/MPI_MAX/MPI_MIN on native types, and all-reduce runs in place.
 #include <mpi.h>
 
+#include <algorithm>
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
 #include <climits>
@@ -158,6 +159,13 @@ class MpiComm {
   /// Rank q's `counts[q]` elements, concatenated in rank order into `out`.
   template <class T>
   void all_gatherv(T const* in, T* out, std::vector<std::size_t> const& counts) const {
+    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
+      int const count = detail::mpi_count(counts[0], "all_gather");  // equal pieces: MPI's own all-gather
+      detail::mpi_check(
+          MPI_Allgather(in, count, detail::mpi_datatype<T>(), out, count, detail::mpi_datatype<T>(), native()),
+          "MPI_Allgather");
+      return;
+    }
     auto [sizes, offsets] = counts_and_displacements(counts, "all_gather");
     detail::mpi_check(MPI_Allgatherv(in, sizes[static_cast<std::size_t>(rank())], detail::mpi_datatype<T>(), out,
                                      sizes.data(), offsets.data(), detail::mpi_datatype<T>(), native()),
