@@ -1,12 +1,17 @@
 // Training throughput and per-rank memory of the Llama model at TP 1, 2, 4 and dp 2 x tp 2 (sequence
-// parallel, ZeRO-1 on dp), on the thread mesh, in one run. Memory is counted, per rank, as the elements held
-// in parameters, gradients and optimizer state, beside the ideal (parameters / tp; state / (tp x dp)).
+// parallel, ZeRO-1 on dp), on the thread mesh, in one run. Memory, per rank: the elements held in parameters,
+// gradients and optimizer state, beside the ideal (parameters / tp; ZeRO-1 state / (tp x dp)), and, measured,
+// the process's peak resident set (VmHWM). Each configuration runs in a process of its own (this program
+// started again with --configuration N), so each peak is that configuration's alone.
 //
 //   bench_train_llama [--steps 10] [--smoke]
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -20,11 +25,22 @@ namespace models = shardwise::models;
 struct Result {
   double tokens_per_second = 0;
   std::size_t parameters = 0, gradients = 0, state = 0;
+  double rss_before_mib = 0, peak_rss_mib = 0;  // this process, before the model is built and at its peak
 };
+
+// A field of /proc/self/status in MiB (VmRSS: resident now, VmHWM: peak resident); 0 where there is none.
+double status_mib(char const* field) {
+  std::ifstream status("/proc/self/status");
+  std::string const key = std::string(field) + ":";
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
+  return 0;
+}
 
 template <class Plan>
 Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, int sequences, bool zero1) {
   Result result;
+  result.rss_before_mib = status_mib("VmRSS");
   sw::run_threads(ranks, [&](auto& world) {
     auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, ranks / dp_size});
     auto const tp = sw::submesh<"tp">(mesh);
@@ -61,11 +77,49 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
       result.state = optimizer.state_elements();
     }
   });
+  result.peak_rss_mib = status_mib("VmHWM");
   return result;
 }
 
+struct Configuration {
+  char const* name;
+  int ranks, dp, tp;
+};
+constexpr std::array<Configuration, 4> configurations{{
+    {"TP 1", 1, 1, 1},
+    {"TP 2 (sequence parallel)", 2, 1, 2},
+    {"TP 4 (sequence parallel, 4 threads on 2 cores)", 4, 1, 4},
+    {"dp 2 x tp 2, ZeRO-1 (4 threads on 2 cores)", 4, 2, 2},
+}};
+
+Result run_configuration(int which, int steps, models::LlamaConfig const& c, int sequences) {
+  auto const& k = configurations[std::size_t(which)];
+  if (k.tp == 1) return measure<models::llama_plan<false>>(k.ranks, k.dp, steps, c, sequences, false);
+  return measure<models::llama_plan<true>>(k.ranks, k.dp, steps, c, sequences, k.dp > 1);
+}
+
+// Runs one configuration in a fresh process: this program again, with --configuration, read back from a pipe.
+Result in_own_process(char const* self, int which, std::string const& options) {
+  std::string const command = std::string("'") + self + "' --configuration " + std::to_string(which) + options;
+  FILE* pipe = popen(command.c_str(), "r");
+  Result r;
+  int got = 0;
+  if (pipe) {
+    got = std::fscanf(pipe, "RESULT %lf %zu %zu %zu %lf %lf", &r.tokens_per_second, &r.parameters, &r.gradients,
+                      &r.state, &r.rss_before_mib, &r.peak_rss_mib);
+    int const status = pclose(pipe);
+    if (status != 0) got = 0;
+  }
+  if (got != 6) {
+    std::fprintf(stderr, "bench_train_llama: configuration %d failed (%s)\n", which, command.c_str());
+    std::exit(1);
+  }
+  return r;
+}
+
 int main(int argc, char** argv) {
-  int steps = 10;
+  int steps = 10, configuration = -1;
+  bool smoke = false;
   models::LlamaConfig c;
   c.vocabulary = 2048, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.hidden = 704, c.sequence = 128;
   int sequences = 8;
@@ -73,32 +127,68 @@ int main(int argc, char** argv) {
     std::string const a = argv[i];
     if (a == "--steps" && i + 1 < argc)
       steps = std::atoi(argv[++i]);
+    else if (a == "--configuration" && i + 1 < argc)
+      configuration = std::atoi(argv[++i]);
     else if (a == "--smoke")
-      steps = 1, c.vocabulary = 64, c.dim = 32, c.layers = 1, c.hidden = 64, c.sequence = 8, sequences = 4;
+      smoke = true, steps = 1, c.vocabulary = 64, c.dim = 32, c.layers = 1, c.hidden = 64, c.sequence = 8,
+      sequences = 4;
     else {
       std::fprintf(stderr, "usage: bench_train_llama [--steps N] [--smoke]\n");
       return 2;
     }
   }
+  if (steps < 1 || configuration >= int(configurations.size())) {
+    std::fprintf(stderr, "bench_train_llama: --steps must be >= 1, --configuration 0..%zu\n",
+                 configurations.size() - 1);
+    return 2;
+  }
   openblas_set_num_threads(1);
+  if (configuration >= 0) {  // the child: one configuration, one line back to the parent
+    auto const r = run_configuration(configuration, steps, c, sequences);
+    std::printf("RESULT %.3f %zu %zu %zu %.3f %.3f\n", r.tokens_per_second, r.parameters, r.gradients, r.state,
+                r.rss_before_mib, r.peak_rss_mib);
+    return 0;
+  }
+  std::string const options = " --steps " + std::to_string(steps) + (smoke ? " --smoke" : "");
+  std::error_code no_proc;  // this program's own path, whatever the caller's working directory and PATH
+  auto const self = std::filesystem::read_symlink("/proc/self/exe", no_proc);
+  std::string const program = no_proc ? std::string(argv[0]) : self.string();
+  std::vector<Result> results;
+  for (int k = 0; k < int(configurations.size()); ++k) results.push_back(in_own_process(program.c_str(), k, options));
+
   std::printf(
       "# Llama training, fp32, vocabulary %zu, dim %zu, %zu layers, %zu heads (%zu kv), hidden %zu, %d x %zu "
-      "tokens per step, median of %d steps, thread mesh on %d cores\n",
+      "tokens per step, median of %d steps, thread mesh on %d cores, each configuration in its own process\n",
       c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, sequences, c.sequence, steps, 2);
-  auto const serial = measure<models::llama_plan<false>>(1, 1, steps, c, sequences, false);
+  auto const& serial = results[0];
   std::printf(
       "| mesh | tokens/s | vs TP 1 | parameters / rank | ideal | gradients / rank | optimizer state / rank | "
       "ideal |\n|---|---|---|---|---|---|---|---|\n");
-  auto row = [&](char const* name, Result const& r, int tp, int dp) {
-    std::printf("| %s | %.0f | %.2f | %zu | %zu | %zu | %zu | %zu |\n", name, r.tokens_per_second,
-                r.tokens_per_second / serial.tokens_per_second, r.parameters, serial.parameters / std::size_t(tp),
-                r.gradients, r.state, 2 * serial.parameters / std::size_t(tp * dp));
-  };
-  row("TP 1", serial, 1, 1);
-  row("TP 2 (sequence parallel)", measure<models::llama_plan<true>>(2, 1, steps, c, sequences, false), 2, 1);
-  row("TP 4 (sequence parallel, 4 threads on 2 cores)",
-      measure<models::llama_plan<true>>(4, 1, steps, c, sequences, false), 4, 1);
-  row("dp 2 x tp 2, ZeRO-1 (4 threads on 2 cores)", measure<models::llama_plan<true>>(4, 2, steps, c, sequences, true),
-      2, 2);
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    auto const& r = results[k];
+    auto const tp = std::size_t(configurations[k].tp), dp = std::size_t(configurations[k].dp);
+    std::printf("| %s | %.0f | %.2f | %zu | %zu | %zu | %zu | %zu |\n", configurations[k].name, r.tokens_per_second,
+                r.tokens_per_second / serial.tokens_per_second, r.parameters, serial.parameters / tp, r.gradients,
+                r.state, 2 * serial.parameters / (tp * dp));
+  }
+  // Memory in MiB: what the counts hold in fp32 (ideal: parameters / tp, gradients / tp, AdamW's two moments
+  // / (tp x dp) under ZeRO-1), and the process's measured peak resident set. The thread mesh runs all ranks in
+  // one process, so the peak covers them all: the growth over the resident set before the model (the program
+  // and its libraries) divided by the ranks is the measured share per rank, activations and buffers included.
+  double const mib = 1024.0 * 1024.0, bytes = sizeof(float);
+  std::printf(
+      "\n| mesh | ranks | parameters + gradients + optimizer state MiB / rank | ideal | process peak RSS MiB | "
+      "RSS before the model MiB | (peak - before) / ranks MiB |\n|---|---|---|---|---|---|---|\n");
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    auto const& r = results[k];
+    auto const& conf = configurations[k];
+    double const held = double(r.parameters + r.gradients + r.state) * bytes / mib;
+    double const ideal =
+        (2.0 * double(serial.parameters) / conf.tp + 2.0 * double(serial.parameters) / (conf.tp * conf.dp)) * bytes /
+        mib;
+    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", conf.name, conf.ranks, held, ideal,
+                r.peak_rss_mib, r.rss_before_mib, (r.peak_rss_mib - r.rss_before_mib) / conf.ranks);
+  }
+  std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);
   return 0;
 }
