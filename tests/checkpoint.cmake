@@ -14,3 +14,27 @@ endif()
 target_link_libraries(shardwise_header_check PRIVATE shardwise::checkpoint)
 
 shardwise_add_test(test_safetensors test_safetensors.cpp LINK shardwise::checkpoint shardwise::eigen)
+
+# Outside check with Hugging Face's own safetensors: files it writes (numpy API; torch API for BF16) load here,
+# and files written here load there, every dtype and the metadata.
+add_executable(safetensors_check torch/safetensors_check.cpp)
+target_link_libraries(safetensors_check PRIVATE shardwise::checkpoint)
+if(SHARDWISE_PYTHON)
+  set(safetensors_dir ${CMAKE_CURRENT_BINARY_DIR}/safetensors_parity)
+  add_test(NAME torch.safetensors_parity
+           COMMAND sh -c "rm -rf '${safetensors_dir}' && '${SHARDWISE_PYTHON}' '${CMAKE_CURRENT_SOURCE_DIR}/torch/safetensors_reference.py' '$<TARGET_FILE:safetensors_check>' '${safetensors_dir}'")
+  set_tests_properties(torch.safetensors_parity PROPERTIES LABELS torch TIMEOUT 300 PASS_REGULAR_EXPRESSION
+                                                            "[1-9][0-9]* passed, 0 failed")
+endif()
+
+# The header parser under libFuzzer for 20 s, when clang with libFuzzer is at hand (scripts/fuzz.sh builds it in
+# its own folder with clang, ASan and UBSan; run it longer by hand: scripts/fuzz.sh 600).
+find_program(SHARDWISE_FUZZ_CXX NAMES clang++-14 clang++)
+if(SHARDWISE_FUZZ_CXX AND EXISTS ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh)
+  add_test(NAME fuzz.safetensors_header
+           COMMAND ${CMAKE_COMMAND} -E env SHARDWISE_FUZZ_CXX=${SHARDWISE_FUZZ_CXX}
+                   bash ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh 20 ${CMAKE_BINARY_DIR}/fuzz)
+  # libFuzzer prints "Done N runs" only when the time is up without a finding.
+  set_tests_properties(fuzz.safetensors_header PROPERTIES LABELS fuzz TIMEOUT 600 PASS_REGULAR_EXPRESSION
+                                                          "Done [0-9]+ runs")
+endif()

@@ -123,7 +123,9 @@ inline safetensors_header parse_safetensors_header(std::span<std::byte const> fi
     where("the header is a JSON ", detail::json_kind(root),
           ", not an object of tensors; no tensor can be read. The file is not safetensors: save it again");
 
-  for (auto const& [name, entry] : root.items()) {
+  for (auto const& item : root.items()) {
+    std::string const& name = item.key();
+    json const& entry = item.value();
     auto const bad = [&](auto const&... parts) { where("tensor \"", name, "\": ", parts...); };
     if (name == "__metadata__") {
       if (!entry.is_object())
