@@ -4,6 +4,7 @@
 #include "shardwise/nn/elementwise.hpp"
 #include "shardwise/nn/embedding.hpp"
 #include "shardwise/nn/functional.hpp"
+#include "shardwise/nn/lazy.hpp"
 #include "shardwise/nn/linear.hpp"
 #include "shardwise/nn/loss.hpp"
 #include "shardwise/nn/norm.hpp"

@@ -51,7 +51,10 @@ class Embedding {
   using matrix = nn::matrix<T>;
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
-  Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed) : vocabulary_(vocabulary), dim_(dim) {
+  Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
+      : vocabulary_(vocabulary), dim_(dim), local_rows_(vocabulary), local_cols_(dim) {
+    lazy_ = detail::constructing_lazily();
+    if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
     weight.resize(static_cast<Eigen::Index>(vocabulary), static_cast<Eigen::Index>(dim));
     std::mt19937_64 rng(seed);
     std::normal_distribution<double> normal(0.0, 1.0);
@@ -72,10 +75,14 @@ class Embedding {
   /// the tp size does not divide; ids never reach the padding.
   void pad_vocabulary(std::size_t rows) {
     if (rows <= vocabulary_) return;
+    padded_ = rows;
+    if (lazy_) {
+      local_rows_ = rows;
+      return;
+    }
     matrix padded = matrix::Zero(static_cast<Eigen::Index>(rows), weight.cols());
     padded.topRows(weight.rows()) = weight;
     weight = std::move(padded);
-    padded_ = rows;
     zero_grad();
   }
 
@@ -88,16 +95,30 @@ class Embedding {
                                 group_->axis());
       auto const rows = static_cast<Eigen::Index>(table_rows() / static_cast<std::size_t>(n));
       vocab_start_ = r * rows;
+      local_rows_ = static_cast<std::size_t>(rows);
+      if (lazy_) return;
       weight = matrix(weight.middleRows(r * rows, rows));
     } else if constexpr (colwise) {
       detail::require_divisible("ColwiseParallel", Location::path.view(), "embedding columns", dim_, n, group_->axis());
       auto const cols = static_cast<Eigen::Index>(dim_ / static_cast<std::size_t>(n));
+      local_cols_ = static_cast<std::size_t>(cols);
+      if (lazy_) return;
       weight = matrix(weight.middleCols(r * cols, cols));
     }
     zero_grad();
   }
 
+  /// A lazily constructed table allocates this rank's shard (zeros, to be filled from a checkpoint).
+  void shardwise_materialize() {
+    if (!lazy_) return;
+    weight.setZero(static_cast<Eigen::Index>(local_rows_), static_cast<Eigen::Index>(local_cols_));
+    lazy_ = false;
+    zero_grad();
+  }
+  [[nodiscard]] bool materialized() const { return !lazy_; }
+
   Activation<T, output_layout> operator()(std::span<const std::int64_t> ids) {
+    detail::require_materialized(lazy_, "Embedding", Location::path.view());
     if constexpr (!serial)
       if (!group_)
         detail::fail("shardwise::Embedding at \"", Location::path.view(),
@@ -126,6 +147,7 @@ class Embedding {
   }
 
   void backward(Activation<T, output_layout> const& dy_given) {
+    detail::require_materialized(lazy_, "Embedding", Location::path.view());
     matrix const* dy = &dy_given.local;
     matrix part;
     if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
@@ -146,7 +168,8 @@ class Embedding {
  private:
   std::size_t table_rows() const { return padded_ ? padded_ : vocabulary_; }
 
-  std::size_t vocabulary_, dim_, padded_ = 0;
+  std::size_t vocabulary_, dim_, local_rows_, local_cols_, padded_ = 0;  // local: this rank's shard
+  bool lazy_ = false;  // declared under sw::Lazy and not materialized yet
   std::int64_t vocab_start_ = 0;
   std::shared_ptr<nn::group<T> const> group_;
   std::vector<std::int64_t> ids_;

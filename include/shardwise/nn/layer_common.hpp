@@ -42,6 +42,21 @@ void fill_uniform(Dense& m, T bound, std::uint64_t seed) {
 }
 
 /// Sizes a style cuts must divide over the group: checked when parallelize gives the layer its group.
+/// Set while sw::Lazy constructs a model: layers then record their sizes and allocate nothing until
+/// sw::materialize (one flag per thread, so thread-mesh ranks construct independently).
+inline bool& constructing_lazily() {
+  thread_local bool lazily = false;
+  return lazily;
+}
+
+/// A lazily constructed layer used before its parameters exist: refused, naming the layer and the fix.
+inline void require_materialized(bool pending, char const* layer, std::string_view path) {
+  if (pending)
+    fail("shardwise::", layer, " at \"", path,
+         "\": its parameters are not materialized (the model was declared with sw::Lazy); fill it from a "
+         "checkpoint or call sw::materialize(model) first");
+}
+
 inline void require_divisible(std::string_view style, std::string_view path, char const* what, std::size_t size,
                               int ranks, std::string_view axis) {
   if (size % static_cast<std::size_t>(ranks) != 0)

@@ -60,9 +60,11 @@ class Linear {
 
   /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
   Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
-      : in_(in), out_(out), has_bias_(with_bias) {
+      : in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
     detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
     detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
+    lazy_ = detail::constructing_lazily();
+    if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
     T const bound = T(1) / std::sqrt(static_cast<T>(in));
     weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
     detail::fill_uniform(weight, bound, seed);
@@ -85,6 +87,10 @@ class Linear {
   /// which the loss then leaves out.
   void pad_outputs(std::size_t out) {
     if (out <= out_) return;
+    if (lazy_) {
+      out_ = local_out_ = out;
+      return;
+    }
     matrix padded = matrix::Zero(static_cast<Eigen::Index>(out), weight.cols());
     padded.topRows(weight.rows()) = weight;
     weight = std::move(padded);
@@ -101,6 +107,12 @@ class Linear {
     if (block == 0 || out_ % block != 0 || copies_ != 1)
       detail::fail("shardwise::Linear at \"", Location::path.view(), "\": cannot repeat blocks of ", block,
                    " output rows of ", out_, " (once, before parallelize, with a block size that divides the rows)");
+    copies_ = copies;
+    copy_block_ = block;
+    if (lazy_) {
+      out_ = local_out_ = out_ * copies;
+      return;
+    }
     auto const b = static_cast<Eigen::Index>(block), c = static_cast<Eigen::Index>(copies);
     matrix repeated(weight.rows() * c, weight.cols());
     vector repeated_bias(has_bias_ ? bias.size() * c : 0);
@@ -111,9 +123,7 @@ class Linear {
       }
     weight = std::move(repeated);
     bias = std::move(repeated_bias);
-    out_ *= copies;
-    copies_ = copies;
-    copy_block_ = block;
+    out_ = local_out_ = out_ * copies;
     zero_grad();
   }
 
@@ -143,15 +153,29 @@ class Linear {
     if constexpr (colwise) {
       detail::require_divisible("ColwiseParallel", Location::path.view(), "output features", out_, n, group_->axis());
       auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
+      local_out_ = static_cast<std::size_t>(rows);
+      if (lazy_) return;
       weight = matrix(weight.middleRows(r * rows, rows));
       if (has_bias_) bias = vector(bias.segment(r * rows, rows));
     } else {
       detail::require_divisible("RowwiseParallel", Location::path.view(), "input features", in_, n, group_->axis());
       auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
+      local_in_ = static_cast<std::size_t>(cols);
+      if (lazy_) return;
       weight = matrix(weight.middleCols(r * cols, cols));
     }
     zero_grad();
   }
+
+  /// A lazily constructed layer allocates this rank's shard (zeros, to be filled from a checkpoint).
+  void shardwise_materialize() {
+    if (!lazy_) return;
+    weight.setZero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_));
+    if (has_bias_) bias.setZero(static_cast<Eigen::Index>(local_out_));
+    lazy_ = false;
+    zero_grad();
+  }
+  [[nodiscard]] bool materialized() const { return !lazy_; }
 
   /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
   /// matrix (taken to be in the style's input layout).
@@ -242,6 +266,7 @@ class Linear {
 
  private:
   void require_group() const {
+    detail::require_materialized(lazy_, "Linear", Location::path.view());
     if constexpr (!serial)
       if (!group_)
         detail::fail("shardwise::Linear at \"", Location::path.view(),
@@ -251,6 +276,8 @@ class Linear {
   std::size_t in_, out_;
   bool has_bias_;
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
+  std::size_t local_in_, local_out_;         // this rank's shard of the weight
+  bool lazy_ = false;                        // declared under sw::Lazy and not materialized yet
   std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
 };

@@ -37,7 +37,9 @@ class norm_layer {
   using matrix = nn::matrix<T>;
   using vector = nn::vector<T>;
 
-  explicit norm_layer(std::size_t features, T eps = T(1e-5)) : eps_(eps) {
+  explicit norm_layer(std::size_t features, T eps = T(1e-5)) : eps_(eps), features_(features) {
+    lazy_ = constructing_lazily();
+    if (lazy_) return;  // sizes only: sw::materialize allocates
     weight = vector::Ones(static_cast<Eigen::Index>(features));
     if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
     zero_grad();
@@ -55,6 +57,16 @@ class norm_layer {
     group_ = nn::make_group<T>(mesh);
   }
 
+  /// A lazily constructed norm allocates its (replicated) parameters: zeros, to be filled from a checkpoint.
+  void shardwise_materialize() {
+    if (!lazy_) return;
+    weight.setZero(static_cast<Eigen::Index>(features_));
+    if constexpr (Kind == norm_kind::layer) bias.setZero(static_cast<Eigen::Index>(features_));
+    lazy_ = false;
+    zero_grad();
+  }
+  [[nodiscard]] bool materialized() const { return !lazy_; }
+
   template <class X>
   Activation<T, layout> operator()(X const& x) {
     static_assert(
@@ -65,6 +77,7 @@ class norm_layer {
                   "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
                   "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
     static_assert(detail::show_layout_mismatch<Location::path, layout, X>());
+    require_materialized(lazy_, Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", Location::path.view());
     saved_input_ = local_of<T>(x);
     Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
     rstd_.resize(saved_input_.rows());
@@ -98,6 +111,8 @@ class norm_layer {
 
  private:
   T eps_;
+  std::size_t features_;
+  bool lazy_ = false;  // declared under sw::Lazy and not materialized yet
   std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
   vector mean_, rstd_;
