@@ -38,3 +38,6 @@ if(SHARDWISE_FUZZ_CXX AND EXISTS ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh)
   set_tests_properties(fuzz.safetensors_header PROPERTIES LABELS fuzz TIMEOUT 600 PASS_REGULAR_EXPRESSION
                                                           "Done [0-9]+ runs")
 endif()
+
+# Sharded save and load of the Llama model on the thread mesh, resharding, bad checkpoints, a killed save.
+shardwise_add_test(test_checkpoint_sharded test_checkpoint_sharded.cpp LINK shardwise::checkpoint shardwise::eigen)

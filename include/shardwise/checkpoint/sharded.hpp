@@ -1,0 +1,446 @@
+#pragma once
+// Sharded checkpoints of a parallelized model, resharded on load.
+//
+//   sw::save_sharded(model, tp, "ckpt", step);   // every tp rank writes its shard, collectively
+//   sw::load_sharded(model, tp, "ckpt");         // into the same or another tp size; no communication
+//
+// Layout (optimum-neuron's): ckpt/tensor_parallel_shards/tp_rank_XX_pp_rank_00/model.safetensors holds the
+// rank's pieces of the parameters — a tensor cut over tp is saved once, in pieces; a replicated one by tp rank
+// 0 only — and ckpt/shardwise_checkpoint.json lists every tensor (name, global shape, dtype, placement on tp,
+// the pieces and the boxes they hold), the mesh and the step. Global shapes are the model's own: vocabulary
+// padding is left out and repeated key-value heads are saved once. A parameter is named after its layer's
+// place in the model ("layers.0.attention.wq") with ".weight" or ".bias".
+//
+// The save is atomic at the folder level: everything goes to a hidden sibling ".ckpt.incomplete"; tp rank 0
+// then reopens every rank's file, checks that the pieces cover every tensor exactly once, writes the index
+// and swaps the folder in (renameat2 RENAME_EXCHANGE, or two renames where the file system has no exchange).
+// Until then the previous checkpoint in "ckpt" is untouched and loadable.
+//
+// Loading reads, on each rank, only the boxes of the pieces its shard needs, through the memory map.
+// With data parallelism, call save_sharded on one replica (dp rank 0) and load_sharded on every rank.
+// Optimizer state is not saved yet.
+#include <fcntl.h>
+
+#include <Eigen/Core>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shardwise/adapters/eigen.hpp"
+#include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/safetensors_read.hpp"
+#include "shardwise/checkpoint/safetensors_write.hpp"
+#include "shardwise/checkpoint/sharded_index.hpp"
+#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/placement/placement.hpp"
+#include "shardwise/plan/module.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// For tests: called at the stages of a save — "rank_file_written" on every rank, "before_commit" on tp rank 0.
+inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
+
+/// How one parameter lies on this rank (a block of the physical global tensor, which may hold padded rows and
+/// repeated blocks) and in the checkpoint (the stored global tensor, without them).
+struct tensor_layout {
+  std::string name;
+  dtype type = dtype::F32;
+  int shard_dim = -1;  // on the tp axis; -1: replicated
+  bool is_vector = false;
+  std::size_t local_rows = 0, local_cols = 0;
+  std::size_t row_offset = 0, col_offset = 0;  // this rank's block in the physical global tensor
+  std::size_t physical_rows = 0, cols = 0;
+  std::size_t stored_rows = 0;
+  std::size_t copies = 1, block = 0;  // repeated blocks: each `block` rows appear `copies` times in a row
+
+  [[nodiscard]] std::vector<std::uint64_t> stored_shape() const {
+    if (is_vector) return {stored_rows};
+    return {stored_rows, cols};
+  }
+  [[nodiscard]] std::string placement() const {
+    return shard_dim < 0 ? std::string("Replicate()") : "Shard(dim=" + std::to_string(shard_dim) + ")";
+  }
+  /// The stored row of physical row i (the block's first copy), or stored_rows for padding.
+  [[nodiscard]] std::size_t stored_row(std::size_t i) const {
+    std::size_t const s = copies > 1 ? (i / (block * copies)) * block + i % block : i;
+    return s < stored_rows ? s : stored_rows;
+  }
+  /// Whether physical row i is the first copy of its block (the one saved).
+  [[nodiscard]] bool first_copy(std::size_t i) const { return copies <= 1 || (i / block) % copies == 0; }
+};
+
+/// Local rows [local, local + count) that are stored rows [stored, stored + count).
+struct row_run {
+  std::size_t local, stored, count;
+};
+
+/// The runs of this rank's rows; when saving, only first copies.
+inline std::vector<row_run> row_runs(tensor_layout const& t, bool saving) {
+  std::vector<row_run> runs;
+  for (std::size_t k = 0; k < t.local_rows; ++k) {
+    std::size_t const i = t.row_offset + k;
+    std::size_t const s = t.stored_row(i);
+    if (s == t.stored_rows || (saving && !t.first_copy(i))) continue;
+    if (!runs.empty() && runs.back().local + runs.back().count == k && runs.back().stored + runs.back().count == s)
+      ++runs.back().count;
+    else
+      runs.push_back({k, s, 1});
+  }
+  return runs;
+}
+
+inline std::string join_path(std::string const& prefix, std::string_view name) {
+  return prefix.empty() ? std::string(name) : prefix + "." + std::string(name);
+}
+
+/// Calls fn(layer, path) for every layer, with its place in the model: "layers.0.attention.wq".
+template <class Node, class Fn>
+void for_each_named_layer(Node& node, std::string const& prefix, Fn& fn) {
+  using N = std::remove_cvref_t<Node>;
+  if constexpr (layer<N>) {
+    fn(node, prefix);
+  } else if constexpr (module<N>) {
+    auto children = node.shardwise_children();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (for_each_named_layer(std::get<I>(children), join_path(prefix, child_name(N::shardwise_child_list, I)), fn), ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
+  } else if constexpr (repeated<N>::value) {
+    std::size_t i = 0;
+    for (auto& element : node) for_each_named_layer(element, join_path(prefix, std::to_string(i++)), fn);
+  }
+}
+
+/// The vocabulary of a model that pads it (models::Llama: its "output" layer has that many real rows; an
+/// Embedding knows its own). Linear itself does not remember the rows it had before pad_outputs.
+template <class Model>
+std::optional<std::size_t> model_vocabulary(Model const& model) {
+  if constexpr (requires { model.config().vocabulary; })
+    return static_cast<std::size_t>(model.config().vocabulary);
+  else
+    return std::nullopt;
+}
+
+/// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
+/// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused.
+template <class Model, class Fn>
+void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
+  auto const vocabulary = model_vocabulary(model);
+  auto const tp = static_cast<std::size_t>(size);
+  auto visit_layer = [&](auto& l, std::string const& path) {
+    if constexpr (requires { l.materialized(); }) {
+      if (!l.materialized()) {
+        if constexpr (requires { l.shardwise_materialize(); })
+          if (materialize) l.shardwise_materialize();
+        if (!l.materialized())
+          fail("shardwise::save_sharded: the layer at \"", path,
+               "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
+      }
+    }
+    auto parameters = l.parameters();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&](auto const& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            using Tensor = typename P::tensor_type;
+            using T = typename Tensor::Scalar;
+            using G = typename P::grad_placement;
+            if (I > 0 && p.value->size() == 0) return;  // a layer without bias
+            tensor_layout t;
+            t.name = path + (I == 0 ? ".weight" : I == 1 ? ".bias" : ".parameter" + std::to_string(I));
+            t.type = dtype_of<T>;
+            t.is_vector = Tensor::ColsAtCompileTime == 1;
+            t.local_rows = static_cast<std::size_t>(p.value->rows());
+            t.local_cols = static_cast<std::size_t>(p.value->cols());
+            if constexpr (is_shard_v<G>) t.shard_dim = G::dim < 0 ? G::dim + (t.is_vector ? 1 : 2) : G::dim;
+            t.physical_rows = t.local_rows * (t.shard_dim == 0 ? tp : 1);
+            t.cols = t.local_cols * (t.shard_dim == 1 ? tp : 1);
+            t.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(rank) : 0;
+            t.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(rank) : 0;
+            t.copies = p.copies;
+            t.block = p.copy_block;
+            if (t.copies > 1) {
+              if (t.block == 0 || t.physical_rows % (t.block * t.copies) != 0)
+                fail("shardwise::checkpoint: tensor \"", t.name, "\": ", t.copies, " copies of blocks of ", t.block,
+                     " rows do not tile its ", t.physical_rows, " rows");
+              t.stored_rows = t.physical_rows / t.copies;
+            } else if constexpr (requires { l.vocabulary(); }) {
+              t.stored_rows = std::min(t.physical_rows, static_cast<std::size_t>(l.vocabulary()));
+            } else if (vocabulary && path == "output") {
+              t.stored_rows = std::min(t.physical_rows, *vocabulary);  // Llama pads its output projection too
+            } else {
+              t.stored_rows = t.physical_rows;
+            }
+            fn(t, *p.value);
+          }(std::get<I>(parameters)),
+          ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
+  };
+  for_each_named_layer(model, std::string(), visit_layer);
+}
+
+/// Every tp rank passes its error (empty if none). If any failed, every rank throws the same message: that of
+/// the lowest failing rank, sent over the mesh (so threads and MPI processes all report the cause).
+template <class TpMesh>
+void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
+                     std::filesystem::path const& dir) {
+  int const size = tp.size(), rank = tp.rank();
+  Eigen::VectorXd failed(1);
+  failed(0) = error.empty() ? 0.0 : static_cast<double>(size - rank);
+  all_reduce_on(tp.comm(0), failed, op_kind::max);
+  if (failed(0) == 0.0) return;
+  int const source = size - static_cast<int>(failed(0));
+  std::string message;
+  if (rank == source)
+    message = error.rfind("shardwise::", 0) == 0 ? error
+                                                 : concat("shardwise::save_sharded: \"", dir.string(), "\": ", error,
+                                                          " (while ", stage, "); the previous checkpoint is unchanged");
+  constexpr std::size_t longest = 2048;
+  Eigen::VectorXd text = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(longest));
+  for (std::size_t i = 0; i < message.size() && i < longest; ++i)
+    text(static_cast<Eigen::Index>(i)) = static_cast<double>(static_cast<unsigned char>(message[i]));
+  all_reduce_on(tp.comm(0), text, op_kind::sum);  // only the source wrote: the sum is its message
+  message.clear();
+  for (Eigen::Index i = 0; i < text.size() && text(i) != 0.0; ++i)
+    message.push_back(static_cast<char>(static_cast<unsigned char>(text(i))));
+  if (source != rank) message += concat(" [reported by tp rank ", source, "]");
+  throw shardwise::error(message);
+}
+
+/// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.
+inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target) {
+  namespace fs = std::filesystem;
+  fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  if (!fs::exists(target)) {
+    fs::rename(temp, target);
+    fsync_directory(parent);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_directory(parent);
+    fs::remove_all(temp);  // now the previous checkpoint
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+    fail("shardwise::save_sharded: cannot swap \"", temp.string(), "\" into \"", target.string(),
+         "\": ", std::strerror(errno), "; the previous checkpoint is unchanged");
+  // No exchange on this file system: move the previous one aside first (load_sharded falls back to it).
+  fs::path const previous = parent / ("." + target.filename().string() + ".previous");
+  fs::remove_all(previous);
+  fs::rename(target, previous);
+  fs::rename(temp, target);
+  fsync_directory(parent);
+  fs::remove_all(previous);
+}
+
+inline std::filesystem::path normalized_dir(std::filesystem::path const& dir) {
+  auto d = dir.lexically_normal();
+  if (d.has_filename()) return d;
+  return d.parent_path();  // "ckpt/" -> "ckpt"
+}
+
+}  // namespace detail
+
+/// Saves the model's parameters as a sharded checkpoint in `dir`, collectively over the tp mesh (every tp rank
+/// calls it). `dir` is replaced atomically: a new folder, or a previous checkpoint.
+template <class Model, class TpMesh>
+void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  namespace fs = std::filesystem;
+  int const size = tp.size(), rank = tp.rank();
+  fs::path const target = detail::normalized_dir(dir);
+  fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  fs::path const temp = parent / ("." + target.filename().string() + ".incomplete");
+  std::string const shard_file = "model.safetensors";
+  std::string error;
+
+  if (rank == 0) {
+    try {
+      if (fs::exists(target) && !fs::exists(target / checkpoint_index_name) && !fs::is_empty(target))
+        detail::fail("shardwise::save_sharded: \"", target.string(),
+                     "\" exists and is not a shardwise checkpoint; give a new or empty folder, or a previous "
+                     "checkpoint's, which is then replaced");
+      fs::remove_all(temp);  // what a save that died left behind
+      fs::create_directories(temp / "tensor_parallel_shards");
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+  }
+  detail::agree_on_errors(tp, error, "preparing the folder", target);
+
+  try {
+    safetensors_writer writer;
+    std::deque<std::vector<std::byte>> buffers;  // alive until the writer has written
+    nlohmann::json offsets = nlohmann::json::object();
+    detail::for_each_checkpoint_tensor(model, size, rank, false, [&](detail::tensor_layout const& t, auto& value) {
+      using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+      if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
+      auto const runs = detail::row_runs(t, true);
+      if (runs.empty()) return;
+      std::size_t rows = 0;
+      for (auto const& r : runs) {
+        if (r.stored != runs.front().stored + rows)
+          detail::fail("shardwise::save_sharded: tensor \"", t.name,
+                       "\": this rank's rows are not one range of the stored tensor; this layout is not supported");
+        rows += r.count;
+      }
+      auto& bytes = buffers.emplace_back(rows * t.local_cols * sizeof(T));
+      T const* from = value.data();
+      for (auto const& r : runs)
+        std::memcpy(bytes.data() + (r.stored - runs.front().stored) * t.local_cols * sizeof(T),
+                    from + r.local * t.local_cols, r.count * t.local_cols * sizeof(T));
+      std::vector<std::uint64_t> shape{rows}, offset{runs.front().stored};
+      if (!t.is_vector) shape.push_back(t.local_cols), offset.push_back(t.col_offset);
+      writer.add(t.name, t.type, shape, std::span<std::byte const>(bytes));
+      offsets[t.name] = offset;
+    });
+    fs::create_directories(temp / rank_folder(rank, 0));
+    writer.write(temp / rank_folder(rank, 0) / shard_file,
+                 {{"format", "pt"}, {"shardwise.offsets", offsets.dump()}, {"shardwise.step", std::to_string(step)}});
+    if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("rank_file_written", rank);
+  } catch (std::exception const& e) {
+    error = e.what();
+  }
+  detail::agree_on_errors(tp, error, "writing the rank's shard", target);
+
+  if (rank == 0) {
+    try {
+      checkpoint_index index;
+      index.step = step;
+      index.tp = size;
+      index.metadata = metadata;
+      detail::for_each_checkpoint_tensor(model, size, 0, false, [&](detail::tensor_layout const& t, auto&) {
+        index.tensors.push_back({t.name, t.type, t.stored_shape(), t.placement(), {}});
+      });
+      // The pieces as the files hold them (not as this rank believes they were written), then the cover check.
+      for (int r = 0; r < size; ++r) {
+        std::string const file = rank_folder(r, 0) + "/" + shard_file;
+        safetensors_file shard((temp / file).string());
+        auto const offsets = nlohmann::json::parse(shard.metadata().at("shardwise.offsets"));
+        for (tensor_info const& info : shard.tensors()) {
+          checkpoint_tensor* t = index.find(info.name);
+          if (!t || info.type != t->type)
+            detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
+                         "\" is not the model's (or has another dtype)");
+          t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
+        }
+      }
+      for (auto const& t : index.tensors) detail::check_coverage(t, temp.string());
+      std::string const json = to_json(index);
+      std::span<std::byte const> const pieces[] = {std::as_bytes(std::span(json.data(), json.size()))};
+      detail::write_file_atomically(temp / checkpoint_index_name, pieces);
+      detail::fsync_directory(temp / "tensor_parallel_shards");
+      detail::fsync_directory(temp);
+      if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("before_commit", rank);
+      detail::commit_directory(temp, target);
+    } catch (std::exception const& e) {
+      error = e.what();
+      std::error_code ignored;
+      fs::remove_all(temp, ignored);
+    }
+  }
+  detail::agree_on_errors(tp, error, "checking and committing the checkpoint", target);
+}
+
+/// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
+/// shard needs. Independent on every rank (no communication). Returns the checkpoint's index (step, metadata).
+template <class Model, class TpMesh>
+checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir) {
+  namespace fs = std::filesystem;
+  int const size = tp.size(), rank = tp.rank();
+  fs::path source = detail::normalized_dir(dir);
+  fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
+                            ("." + source.filename().string() + ".previous");
+  if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
+    source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
+  checkpoint_index const index = read_checkpoint_index(source);
+  std::string const index_file = (source / checkpoint_index_name).string();
+
+  // The model and the checkpoint must hold the same tensors with the same global shapes.
+  std::size_t matched = 0;
+  detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto&) {
+    checkpoint_tensor const* c = index.find(t.name);
+    if (!c)
+      detail::fail("shardwise::load_sharded: \"", index_file, "\": the model's tensor \"", t.name,
+                   "\" is not in the checkpoint; load a checkpoint saved from this model");
+    if (c->shape != t.stored_shape())
+      detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" has shape ",
+                   detail::shape_text(c->shape), " in the checkpoint but ", detail::shape_text(t.stored_shape()),
+                   " in the model; load a checkpoint of the same model configuration");
+    if (!is_floating(c->type))
+      detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
+                   dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
+    ++matched;
+  });
+  if (matched != index.tensors.size())
+    for (auto const& c : index.tensors) {
+      bool found = false;
+      detail::for_each_checkpoint_tensor(
+          model, size, rank, true, [&](detail::tensor_layout const& t, auto&) { found = found || t.name == c.name; });
+      if (!found)
+        detail::fail("shardwise::load_sharded: \"", index_file, "\": the checkpoint's tensor \"", c.name,
+                     "\" is not in the model; load the checkpoint into the model it was saved from");
+    }
+  for (auto const& c : index.tensors)
+    for (auto const& p : c.pieces)
+      if (!fs::exists(source / p.file))
+        detail::fail("shardwise::load_sharded: \"", (source / p.file).string(), "\" is missing (tensor \"", c.name,
+                     "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
+                     "\" is gone; restore it, or load another checkpoint");
+
+  std::map<std::string, std::unique_ptr<safetensors_file>> files;  // opened on first use
+  detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
+    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+    checkpoint_tensor const& c = *index.find(t.name);
+    value.setZero();  // rows the checkpoint does not hold (vocabulary padding) stay zero
+    T* out = value.data();
+    std::vector<T> box;
+    for (auto const& run : detail::row_runs(t, false)) {
+      for (auto const& p : c.pieces) {
+        // The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols).
+        std::uint64_t const r0 = std::max<std::uint64_t>(run.stored, p.offset[0]);
+        std::uint64_t const r1 = std::min<std::uint64_t>(run.stored + run.count, p.offset[0] + p.shape[0]);
+        std::uint64_t const c0 = t.is_vector ? 0 : std::max<std::uint64_t>(t.col_offset, p.offset[1]);
+        std::uint64_t const c1 =
+            t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
+        if (r0 >= r1 || c0 >= c1) continue;
+        auto& file = files[p.file];
+        if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
+        if (file->info(t.name).shape != p.shape)
+          detail::fail("shardwise::load_sharded: \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
+                       detail::shape_text(file->info(t.name).shape), " but the index says ",
+                       detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
+        extents offset{static_cast<std::size_t>(r0 - p.offset[0])}, count{static_cast<std::size_t>(r1 - r0)};
+        if (!t.is_vector) {
+          offset = {static_cast<std::size_t>(r0 - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
+          count = {static_cast<std::size_t>(r1 - r0), static_cast<std::size_t>(c1 - c0)};
+        }
+        box.resize(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
+        file->read_box(t.name, offset, count, box.data());
+        for (std::uint64_t r = r0; r < r1; ++r)
+          std::memcpy(out + (run.local + (r - run.stored)) * t.local_cols + (c0 - (t.is_vector ? 0 : t.col_offset)),
+                      box.data() + (r - r0) * (c1 - c0), static_cast<std::size_t>(c1 - c0) * sizeof(T));
+      }
+    }
+  });
+  return index;
+}
+
+}  // namespace shardwise

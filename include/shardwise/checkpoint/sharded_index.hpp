@@ -1,0 +1,184 @@
+#pragma once
+// The index of a sharded checkpoint, dir/shardwise_checkpoint.json: every tensor with its global (unpadded)
+// shape, dtype and placement on the tp axis, and the pieces that hold it — a file under
+// tensor_parallel_shards/tp_rank_XX_pp_rank_XX/ and the box of the global tensor it stores — plus the mesh
+// sizes, the step and the user's metadata. Written and read with nlohmann::json; everything read is checked,
+// including that the pieces of every tensor cover it exactly once.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardwise/checkpoint/dtype.hpp"
+#include "shardwise/core/error.hpp"
+
+namespace shardwise {
+
+inline constexpr std::string_view checkpoint_index_name = "shardwise_checkpoint.json";
+inline constexpr std::string_view checkpoint_format = "shardwise.sharded_checkpoint";
+
+/// One file's part of a tensor: the box [offset, offset + shape) of the global tensor.
+struct checkpoint_piece {
+  std::string file;  // relative to the checkpoint folder
+  std::vector<std::uint64_t> offset, shape;
+};
+
+struct checkpoint_tensor {
+  std::string name;
+  dtype type = dtype::F32;
+  std::vector<std::uint64_t> shape;  // global, without vocabulary padding or repeated key-value heads
+  std::string placement;             // on the tp axis: "Shard(dim=0)", "Shard(dim=1)" or "Replicate()"
+  std::vector<checkpoint_piece> pieces;
+};
+
+struct checkpoint_index {
+  std::int64_t step = 0;
+  int tp = 1, pp = 1;  // the mesh the checkpoint was saved from
+  std::map<std::string, std::string> metadata;
+  std::vector<checkpoint_tensor> tensors;  // in the model's order
+
+  [[nodiscard]] checkpoint_tensor const* find(std::string_view name) const {
+    for (auto const& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  [[nodiscard]] checkpoint_tensor* find(std::string_view name) {
+    return const_cast<checkpoint_tensor*>(std::as_const(*this).find(name));
+  }
+};
+
+/// "tensor_parallel_shards/tp_rank_03_pp_rank_00" (optimum-neuron's layout).
+[[nodiscard]] inline std::string rank_folder(int tp_rank, int pp_rank) {
+  char name[96];
+  std::snprintf(name, sizeof name, "tensor_parallel_shards/tp_rank_%02d_pp_rank_%02d", tp_rank, pp_rank);
+  return name;
+}
+
+namespace detail {
+
+inline std::uint64_t volume(std::vector<std::uint64_t> const& shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+/// Throws unless the pieces lie inside the tensor and cover it exactly once (no gap, no overlap).
+inline void check_coverage(checkpoint_tensor const& t, std::string_view where) {
+  std::uint64_t covered = 0;
+  for (std::size_t i = 0; i < t.pieces.size(); ++i) {
+    auto const& p = t.pieces[i];
+    if (p.offset.size() != t.shape.size() || p.shape.size() != t.shape.size())
+      fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": the piece in \"", p.file,
+           "\" has a box of another rank than the tensor's shape; the checkpoint is corrupt: save it again");
+    for (std::size_t d = 0; d < t.shape.size(); ++d)
+      if (p.offset[d] > t.shape[d] || p.shape[d] > t.shape[d] - p.offset[d])
+        fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": the piece in \"", p.file,
+             "\" reaches beyond the tensor in dimension ", d, "; the checkpoint is corrupt: save it again");
+    for (std::size_t j = 0; j < i; ++j) {
+      auto const& q = t.pieces[j];
+      bool disjoint = false;
+      for (std::size_t d = 0; d < t.shape.size(); ++d)
+        disjoint = disjoint || p.offset[d] + p.shape[d] <= q.offset[d] || q.offset[d] + q.shape[d] <= p.offset[d];
+      if (!disjoint && volume(p.shape) && volume(q.shape))
+        fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": the pieces in \"", q.file, "\" and \"",
+             p.file, "\" overlap; each element must be saved once: save the checkpoint again");
+    }
+    covered += volume(p.shape);
+  }
+  if (covered != volume(t.shape))
+    fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": its pieces hold ", covered, " of its ",
+         volume(t.shape), " elements; a rank's shard is missing: save the checkpoint again");
+}
+
+template <class... Parts>
+[[noreturn]] void fail_index(std::string const& file, Parts const&... parts) {
+  fail("shardwise::load_sharded: \"", file, "\" ", parts...,
+       "; the checkpoint is corrupt or of another version: save it again");
+}
+
+inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  return out.str() + ']';
+}
+
+}  // namespace detail
+
+[[nodiscard]] inline std::string to_json(checkpoint_index const& index) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (auto const& t : index.tensors) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (auto const& p : t.pieces) pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"shape", p.shape}});
+    tensors.push_back({{"name", t.name},
+                       {"shape", t.shape},
+                       {"dtype", dtype_name(t.type)},
+                       {"placement", {{"tp", t.placement}}},
+                       {"pieces", std::move(pieces)}});
+  }
+  nlohmann::json root = {{"format", checkpoint_format}, {"version", 1},
+                         {"step", index.step},          {"mesh", {{"tp", index.tp}, {"pp", index.pp}}},
+                         {"metadata", index.metadata},  {"tensors", std::move(tensors)}};
+  return root.dump(1) + "\n";
+}
+
+/// Reads and checks dir/shardwise_checkpoint.json.
+[[nodiscard]] inline checkpoint_index read_checkpoint_index(std::filesystem::path const& dir) {
+  using nlohmann::json;
+  std::string const file = (dir / checkpoint_index_name).string();
+  auto const bad = [&](auto const&... parts) { detail::fail_index(file, parts...); };
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    detail::fail("shardwise::load_sharded: \"", file, "\" cannot be opened: \"", dir.string(),
+                 "\" is not a complete shardwise checkpoint (no ", checkpoint_index_name,
+                 "); give the folder save_sharded wrote");
+  json root;
+  try {
+    root = json::parse(in);
+  } catch (json::exception const& e) {
+    bad("is not valid JSON (", e.what(), ")");
+  }
+  checkpoint_index index;
+  try {
+    if (!root.is_object() || root.value("format", "") != checkpoint_format)
+      bad("is not a shardwise checkpoint index (no \"format\": \"", checkpoint_format, "\")");
+    if (root.at("version").get<int>() != 1) bad("has version ", root.at("version").dump(), "; this shardwise reads 1");
+    index.step = root.at("step").get<std::int64_t>();
+    index.tp = root.at("mesh").at("tp").get<int>();
+    index.pp = root.at("mesh").at("pp").get<int>();
+    if (index.tp < 1 || index.pp < 1) bad("has a mesh of tp ", index.tp, " x pp ", index.pp);
+    index.metadata = root.at("metadata").get<std::map<std::string, std::string>>();
+    for (auto const& t : root.at("tensors")) {
+      checkpoint_tensor tensor;
+      tensor.name = t.at("name").get<std::string>();
+      auto const type = parse_dtype(t.at("dtype").get<std::string>());
+      if (!type)
+        bad("tensor \"", tensor.name, "\" has dtype ", t.at("dtype").dump(), ", which shardwise does not read");
+      tensor.type = *type;
+      tensor.shape = t.at("shape").get<std::vector<std::uint64_t>>();
+      tensor.placement = t.at("placement").at("tp").get<std::string>();
+      for (auto const& p : t.at("pieces"))
+        tensor.pieces.push_back({p.at("file").get<std::string>(), p.at("offset").get<std::vector<std::uint64_t>>(),
+                                 p.at("shape").get<std::vector<std::uint64_t>>()});
+      for (auto const& p : tensor.pieces)
+        if (p.file.find("..") != std::string::npos || (!p.file.empty() && p.file.front() == '/'))
+          bad("tensor \"", tensor.name, "\" names the file \"", p.file, "\" outside the checkpoint folder");
+      if (index.find(tensor.name)) bad("lists tensor \"", tensor.name, "\" twice");
+      detail::check_coverage(tensor, file);
+      index.tensors.push_back(std::move(tensor));
+    }
+  } catch (json::exception const& e) {
+    bad("lacks a field or has one of the wrong type (", e.what(), ")");
+  }
+  return index;
+}
+
+}  // namespace shardwise
