@@ -41,3 +41,29 @@ endif()
 
 # Sharded save and load of the Llama model on the thread mesh, resharding, bad checkpoints, a killed save.
 shardwise_add_test(test_checkpoint_sharded test_checkpoint_sharded.cpp LINK shardwise::checkpoint shardwise::eigen)
+
+# Consolidation into one safetensors file, and the `shardwise` command (tools/).
+shardwise_add_test(test_checkpoint_consolidate test_checkpoint_consolidate.cpp LINK shardwise::checkpoint shardwise::eigen)
+find_package(CLI11 CONFIG QUIET)
+if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after the tests
+  foreach(command IN ITEMS "" consolidate inspect)
+    add_test(NAME cli.help${command} COMMAND shardwise_cli ${command} --help)
+    set_tests_properties(cli.help${command} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "Usage:.*shardwise")
+  endforeach()
+  # A bad checkpoint: exit code 1 and the library's words (a pass regex alone would ignore the exit code).
+  add_test(NAME cli.bad_checkpoint
+           COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' consolidate '${CMAKE_CURRENT_BINARY_DIR}/no_such_checkpoint' '${CMAKE_CURRENT_BINARY_DIR}/no_output' 2>&1; echo exit code $?")
+  set_tests_properties(cli.bad_checkpoint PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
+                                                     "holds no shardwise_checkpoint.json.*exit code 1")
+  # Consolidated from TP 4 and loaded by Hugging Face transformers' LlamaForCausalLM: the same logits.
+  add_executable(safetensors_llama_checkpoint torch/safetensors_llama_checkpoint.cpp)
+  target_link_libraries(safetensors_llama_checkpoint PRIVATE shardwise::checkpoint shardwise::eigen)
+  if(SHARDWISE_PYTHON)
+    set(consolidate_dir ${CMAKE_CURRENT_BINARY_DIR}/consolidate_parity)
+    add_test(NAME torch.consolidate_transformers_parity
+             COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+                     sh -c "rm -rf '${consolidate_dir}' && '${SHARDWISE_PYTHON}' '${CMAKE_CURRENT_SOURCE_DIR}/torch/safetensors_llama_reference.py' '$<TARGET_FILE:safetensors_llama_checkpoint>' '$<TARGET_FILE:shardwise_cli>' '${consolidate_dir}'")
+    set_tests_properties(torch.consolidate_transformers_parity PROPERTIES LABELS torch TIMEOUT 600
+                                                                       PASS_REGULAR_EXPRESSION "[1-9][0-9]* passed, 0 failed")
+  endif()
+endif()

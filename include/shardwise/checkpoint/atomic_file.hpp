@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardwise/core/error.hpp"
@@ -46,38 +47,69 @@ inline int write_all(int fd, std::span<std::byte const> bytes) {
   return 0;
 }
 
+/// A file written in pieces that replaces `path` only at commit(); destroyed uncommitted (an error), it leaves
+/// `path` as it was and removes its temporary ".<name>.tmp.XXXXXX". A crash leaves at most that temporary.
+class atomic_file_writer {
+ public:
+  explicit atomic_file_writer(std::filesystem::path path) : path_(std::move(path)) {
+    temp_ = (path_.parent_path() / ("." + path_.filename().string() + ".tmp.XXXXXX")).string();
+    fd_ = ::mkstemp(temp_.data());
+    if (fd_ < 0)
+      fail("shardwise::checkpoint: cannot create a temporary file beside \"", path_.string(),
+           "\": ", std::strerror(errno), "; check that the directory exists and is writable");
+    if (::fchmod(fd_, 0644) != 0) give_up("set permissions of", errno);
+  }
+  atomic_file_writer(atomic_file_writer const&) = delete;
+  atomic_file_writer& operator=(atomic_file_writer const&) = delete;
+  ~atomic_file_writer() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(temp_.c_str());
+    }
+  }
+
+  void write(std::span<std::byte const> bytes) {
+    if (int const error = write_all(fd_, bytes)) give_up("write", error);
+  }
+
+  /// Flushes the bytes to disk and renames the temporary over the target, then flushes the directory.
+  void commit() {
+    if (::fsync(fd_) != 0) give_up("flush", errno);
+    int const fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) {
+      int const error = errno;
+      ::unlink(temp_.c_str());
+      fail("shardwise::checkpoint: cannot close \"", temp_, "\" for \"", path_.string(), "\": ", std::strerror(error));
+    }
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+      int const error = errno;
+      ::unlink(temp_.c_str());
+      fail("shardwise::checkpoint: cannot rename \"", temp_, "\" to \"", path_.string(), "\": ", std::strerror(error),
+           "; the previous file, if any, is unchanged");
+    }
+    fsync_directory(path_.parent_path());
+  }
+
+ private:
+  [[noreturn]] void give_up(char const* what, int error) {
+    ::close(std::exchange(fd_, -1));
+    ::unlink(temp_.c_str());
+    fail("shardwise::checkpoint: cannot ", what, " \"", path_.string(), "\" (through \"", temp_,
+         "\"): ", std::strerror(error), "; the previous file, if any, is unchanged. Free space or fix permissions");
+  }
+
+  std::filesystem::path path_;
+  std::string temp_;
+  int fd_ = -1;
+};
+
 /// Replaces `path` with the concatenation of `pieces`, atomically: until the rename, `path` (if it existed)
 /// is untouched; a crash leaves at most a hidden temporary file ".<name>.tmp.XXXXXX" beside it.
 inline void write_file_atomically(std::filesystem::path const& path,
                                   std::span<std::span<std::byte const> const> pieces) {
-  std::filesystem::path const dir = path.parent_path();
-  std::string temp = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
-  int const fd = ::mkstemp(temp.data());
-  if (fd < 0)
-    fail("shardwise::checkpoint: cannot create a temporary file beside \"", path.string(), "\": ", std::strerror(errno),
-         "; check that the directory exists and is writable");
-  auto const give_up = [&](char const* what, int error) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    fail("shardwise::checkpoint: cannot ", what, " \"", path.string(), "\" (through \"", temp,
-         "\"): ", std::strerror(error), "; the previous file, if any, is unchanged. Free space or fix permissions");
-  };
-  if (::fchmod(fd, 0644) != 0) give_up("set permissions of", errno);
-  for (auto const& piece : pieces)
-    if (int const error = write_all(fd, piece)) give_up("write", error);
-  if (::fsync(fd) != 0) give_up("flush", errno);
-  if (::close(fd) != 0) {
-    int const error = errno;
-    ::unlink(temp.c_str());
-    fail("shardwise::checkpoint: cannot close \"", temp, "\" for \"", path.string(), "\": ", std::strerror(error));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    int const error = errno;
-    ::unlink(temp.c_str());
-    fail("shardwise::checkpoint: cannot rename \"", temp, "\" to \"", path.string(), "\": ", std::strerror(error),
-         "; the previous file, if any, is unchanged");
-  }
-  fsync_directory(dir);
+  atomic_file_writer out(path);
+  for (auto const& piece : pieces) out.write(piece);
+  out.commit();
 }
 
 }  // namespace shardwise::detail

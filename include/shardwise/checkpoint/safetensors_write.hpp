@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -42,7 +43,7 @@ class safetensors_writer {
       detail::fail("shardwise::safetensors_writer: tensor \"", name, "\": its shape of ", dtype_name(type), " needs ",
                    overflow ? std::string("more than 2^64") : std::to_string(expected), " bytes but ", bytes.size(),
                    " were given; pass the tensor's whole storage");
-    entries_.push_back({std::move(name), type, std::move(shape), bytes, {}});
+    entries_.push_back({std::move(name), type, std::move(shape), bytes, {}, {}});
   }
 
   /// Adds elements of a safetensors type with the given shape (borrowed).
@@ -73,6 +74,23 @@ class safetensors_writer {
                                       [&](std::size_t to, std::size_t from) { out[to] = data[from]; });
     add(std::move(name), dtype_of<T>, std::move(shape), std::span<std::byte const>(rows));
     entries_.back().owned = std::move(rows);  // moving keeps the buffer the span points to
+  }
+
+  /// Adds a tensor whose bytes are produced only when the file is written: fill(out) writes them (little-endian,
+  /// row-major) into `out`. Tensors are then produced and written one at a time, so writing a file needs the
+  /// memory of its largest tensor, not of all of them.
+  void add_deferred(std::string name, dtype type, std::vector<std::uint64_t> shape,
+                    std::function<void(std::span<std::byte>)> fill) {
+    std::uint64_t elements = 1;
+    bool overflow = false;
+    for (std::uint64_t d : shape) overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
+    std::uint64_t bytes = 0;
+    if (overflow || __builtin_mul_overflow(elements, dtype_size(type), &bytes))
+      detail::fail("shardwise::safetensors_writer: tensor \"", name, "\": its shape needs more than 2^64 bytes");
+    // A placeholder span of the right size (never read): the header is laid out from it.
+    add(std::move(name), type, std::move(shape),
+        std::span<std::byte const>(static_cast<std::byte const*>(nullptr), static_cast<std::size_t>(bytes)));
+    entries_.back().fill = std::move(fill);
   }
 
   [[nodiscard]] std::size_t size() const { return entries_.size(); }
@@ -110,12 +128,19 @@ class safetensors_writer {
     std::uint64_t const length = text.size();
     std::byte length_bytes[8];
     std::memcpy(length_bytes, &length, 8);  // little-endian host (dtype.hpp)
-    std::vector<std::span<std::byte const>> pieces;
-    pieces.reserve(order.size() + 2);
-    pieces.emplace_back(length_bytes, 8);
-    pieces.emplace_back(reinterpret_cast<std::byte const*>(text.data()), text.size());
-    for (entry const* e : order) pieces.push_back(e->bytes);
-    detail::write_file_atomically(path, pieces);
+    detail::atomic_file_writer out(path);
+    out.write(std::span<std::byte const>(length_bytes, 8));
+    out.write(std::as_bytes(std::span(text.data(), text.size())));
+    for (entry const* e : order) {
+      if (!e->fill) {
+        out.write(e->bytes);
+        continue;
+      }
+      std::vector<std::byte> bytes(e->bytes.size());
+      e->fill(bytes);
+      out.write(bytes);
+    }
+    out.commit();
   }
 
  private:
@@ -125,6 +150,7 @@ class safetensors_writer {
     std::vector<std::uint64_t> shape;
     std::span<std::byte const> bytes;
     std::vector<std::byte> owned;
+    std::function<void(std::span<std::byte>)> fill;  // deferred: produces the bytes at write time
   };
   std::vector<entry> entries_;
   std::set<std::string, std::less<>> names_;

@@ -1,0 +1,43 @@
+#pragma once
+// The names Hugging Face transformers' LlamaForCausalLM gives the parameters of shardwise's models::Llama (same
+// layouts: weights [out, in], rotate-half rotary embeddings), for consolidated checkpoints transformers loads.
+#include <string>
+#include <string_view>
+
+#include "shardwise/core/error.hpp"
+
+namespace shardwise {
+
+/// "layers.0.attention.wq.weight" -> "model.layers.0.self_attn.q_proj.weight"; throws for a name the Llama
+/// model does not have.
+[[nodiscard]] inline std::string transformers_llama_name(std::string const& name) {
+  if (name == "tok_embeddings.weight") return "model.embed_tokens.weight";
+  if (name == "norm.weight") return "model.norm.weight";
+  if (name == "output.weight") return "lm_head.weight";
+  std::string_view rest(name);
+  if (rest.substr(0, 7) == "layers.") {
+    rest.remove_prefix(7);
+    std::size_t const dot = rest.find('.');
+    if (dot != std::string_view::npos && dot > 0 &&
+        rest.substr(0, dot).find_first_not_of("0123456789") == std::string_view::npos) {
+      std::string const prefix = "model.layers." + std::string(rest.substr(0, dot)) + ".";
+      std::string_view const leaf = rest.substr(dot + 1);
+      struct pair {
+        std::string_view from, to;
+      };
+      static constexpr pair names[] = {
+          {"attention_norm.weight", "input_layernorm.weight"}, {"attention.wq.weight", "self_attn.q_proj.weight"},
+          {"attention.wk.weight", "self_attn.k_proj.weight"},  {"attention.wv.weight", "self_attn.v_proj.weight"},
+          {"attention.wo.weight", "self_attn.o_proj.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
+          {"feed_forward.w1.weight", "mlp.gate_proj.weight"},  {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+          {"feed_forward.w2.weight", "mlp.down_proj.weight"}};
+      for (auto const& [from, to] : names)
+        if (leaf == from) return prefix + std::string(to);
+    }
+  }
+  detail::fail(
+      "shardwise::transformers_llama_name: tensor \"", name,
+      "\" is not a parameter of shardwise's Llama; consolidate without Hugging Face names (--names shardwise)");
+}
+
+}  // namespace shardwise

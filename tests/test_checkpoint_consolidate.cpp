@@ -1,0 +1,142 @@
+// Consolidation: a checkpoint saved sharded at TP 4 (padded vocabulary, repeated key-value heads) and at TP 2
+// with sequence parallelism, written whole into one safetensors file whose tensors equal the unsharded model's;
+// Hugging Face names; the folder given either way; bad checkpoints.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/llama_names.hpp>
+#include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+
+namespace {
+
+models::LlamaConfig config() {
+  models::LlamaConfig c;
+  c.vocabulary = 62, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
+  return c;
+}
+
+struct scratch_dir {
+  fs::path path;
+  explicit scratch_dir(std::string const& name)
+      : path(fs::temp_directory_path() / ("shardwise_test_consolidate_" + std::to_string(::getpid()) + "_" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch_dir() { fs::remove_all(path); }
+};
+
+/// The unsharded model's parameters (built on one rank, nothing padded or repeated), in traversal order.
+std::vector<std::vector<float>> unsharded_parameters(models::LlamaConfig const& c) {
+  std::vector<std::vector<float>> all;
+  models::Llama<float> model(c);
+  sw::detail::for_each_parameter(model, [&](auto const& p) {
+    if (p.value->size() == 0) return;
+    all.emplace_back(p.value->data(), p.value->data() + p.value->size());  // row-major, like safetensors
+  });
+  return all;
+}
+
+template <class Plan>
+void save_at(int ranks, models::LlamaConfig const& c, fs::path const& dir) {
+  sw::run_threads(ranks, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+    models::Llama<float, Plan> model(c);
+    sw::parallelize(model, tp);
+    sw::save_sharded(model, tp, dir, 3, {{"run", "consolidate test"}});
+  });
+}
+
+template <class Fn>
+void check_error(Fn&& fn, std::initializer_list<std::string> words) {
+  bool thrown = false;
+  try {
+    fn();
+  } catch (sw::error const& e) {
+    thrown = true;
+    std::string const message = e.what();
+    for (auto const& w : words)
+      CHECK_MESSAGE(message.find(w) != std::string::npos, "missing \"" << w << "\" in: " << message);
+  }
+  CHECK_MESSAGE(thrown, "no shardwise::error was thrown");
+}
+
+}  // namespace
+
+TEST_CASE("consolidated tensors equal the unsharded model's, from TP 4 and from TP 2 with sequence parallelism") {
+  auto const c = config();
+  auto const expected = unsharded_parameters(c);
+  scratch_dir dir("equal");
+  save_at<models::llama_plan<false>>(4, c, dir.path / "tp4");
+  save_at<models::llama_plan<true>>(2, c, dir.path / "sp2");
+  for (fs::path const from : {dir.path / "tp4", dir.path / "sp2/tensor_parallel_shards"}) {
+    INFO("from " << from.string());
+    std::vector<std::string> progress;
+    sw::consolidate_options options;
+    options.progress = [&](std::size_t i, std::size_t n, std::string const& name, std::uint64_t) {
+      progress.push_back(std::to_string(i) + "/" + std::to_string(n) + " " + name);
+    };
+    fs::path const out = dir.path / "model.safetensors";
+    auto const index = sw::consolidate(from, out, options);
+    sw::safetensors_file file(out.string());
+    REQUIRE(file.tensors().size() == expected.size());
+    REQUIRE(index.tensors.size() == expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      INFO(index.tensors[i].name);
+      CHECK(file.read<float>(index.tensors[i].name) == expected[i]);
+    }
+    CHECK(file.info("tok_embeddings.weight").shape == std::vector<std::uint64_t>{62, 32});
+    CHECK(file.info("layers.1.attention.wv.weight").shape == std::vector<std::uint64_t>{16, 32});
+    CHECK(file.metadata().at("run") == "consolidate test");
+    CHECK(file.metadata().at("format") == "pt");
+    CHECK(file.metadata().at("shardwise.step") == "3");
+    REQUIRE(progress.size() == expected.size());
+    CHECK(progress.front() == "0/21 layers.0.attention.wk.weight");  // written sorted by name ('.' before '_')
+    CHECK(progress.back() == "20/21 tok_embeddings.weight");
+  }
+}
+
+TEST_CASE("Hugging Face transformers' names for the Llama model") {
+  CHECK(sw::transformers_llama_name("tok_embeddings.weight") == "model.embed_tokens.weight");
+  CHECK(sw::transformers_llama_name("layers.10.attention.wk.weight") == "model.layers.10.self_attn.k_proj.weight");
+  CHECK(sw::transformers_llama_name("layers.0.feed_forward.w1.weight") == "model.layers.0.mlp.gate_proj.weight");
+  CHECK(sw::transformers_llama_name("layers.0.feed_forward.w3.weight") == "model.layers.0.mlp.up_proj.weight");
+  CHECK(sw::transformers_llama_name("layers.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight");
+  CHECK(sw::transformers_llama_name("output.weight") == "lm_head.weight");
+  check_error([] { (void)sw::transformers_llama_name("layers.x.attention.wq.weight"); },
+              {"\"layers.x.attention.wq.weight\"", "--names shardwise"});
+  check_error([] { (void)sw::transformers_llama_name("output.bias"); }, {"\"output.bias\""});
+
+  auto const c = config();
+  scratch_dir dir("names");
+  save_at<models::llama_plan<false>>(2, c, dir.path / "ckpt");
+  sw::consolidate_options options;
+  options.rename = sw::transformers_llama_name;
+  sw::consolidate(dir.path / "ckpt", dir.path / "hf.safetensors", options);
+  sw::safetensors_file file((dir.path / "hf.safetensors").string());
+  CHECK(file.contains("model.layers.1.self_attn.o_proj.weight"));
+  CHECK(file.contains("lm_head.weight"));
+  CHECK(!file.contains("output.weight"));
+}
+
+TEST_CASE("consolidating a bad checkpoint: an error naming the file and the tensor") {
+  auto const c = config();
+  scratch_dir dir("bad");
+  check_error([&] { sw::consolidate(dir.path, dir.path / "m.safetensors"); },
+              {"shardwise::consolidate", dir.path.string(), "holds no shardwise_checkpoint.json"});
+  save_at<models::llama_plan<false>>(2, c, dir.path / "ckpt");
+  fs::remove_all(dir.path / "ckpt/tensor_parallel_shards/tp_rank_00_pp_rank_00");
+  check_error([&] { sw::consolidate(dir.path / "ckpt", dir.path / "m.safetensors"); },
+              {"tp_rank_00_pp_rank_00/model.safetensors", "is missing", "tensor \"tok_embeddings.weight\""});
+  CHECK(!fs::exists(dir.path / "m.safetensors"));
+}

@@ -1,0 +1,41 @@
+// The shardwise half of the consolidation check against Hugging Face transformers (safetensors_llama_reference.py):
+// shardwise's Llama saved sharded at TP 4 (a vocabulary of 62 padded to 64, 2 key-value heads repeated for 4
+// ranks) into DIR/ckpt, and the unsharded model's logits for one batch in DIR/logits.npy. The Python side runs
+// `shardwise consolidate --names transformers-llama`, loads model.safetensors into LlamaForCausalLM and compares.
+#include <cstdio>
+#include <filesystem>
+#include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <vector>
+
+#include "npy.hpp"
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: safetensors_llama_checkpoint OUTPUT_DIR\n");
+    return 2;
+  }
+  fs::path const out = argv[1];
+  fs::create_directories(out);
+  models::LlamaConfig c;
+  c.vocabulary = 62, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
+  std::vector<std::int64_t> ids;  // the batch safetensors_llama_reference.py uses: 2 sequences of 8
+  for (int i = 0; i < 16; ++i) ids.push_back((i * 7 + 3) % 62);
+
+  models::Llama<float> reference(c);
+  npy::write(out / "logits.npy", reference.forward(ids).local);
+
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+    models::Llama<float, models::llama_plan<false>> model(c);
+    sw::parallelize(model, tp);
+    sw::save_sharded(model, tp, out / "ckpt", 17, {{"model", "llama-test"}});
+  });
+  std::printf("wrote %s/ckpt and %s/logits.npy\n", out.c_str(), out.c_str());
+  return 0;
+}

@@ -1,0 +1,124 @@
+// shardwise: the checkpoint command line.
+//   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names shardwise|transformers-llama]
+//   shardwise inspect FILE_OR_DIR
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/llama_names.hpp>
+#include <shardwise/checkpoint/safetensors.hpp>
+#include <shardwise/checkpoint/sharded_index.hpp>
+#include <sstream>
+#include <string>
+
+namespace sw = shardwise;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string human_bytes(std::uint64_t n) {
+  char const* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  std::ostringstream out;
+  out.precision(u ? 1 : 0);
+  out << std::fixed << v << ' ' << units[u];
+  return out.str();
+}
+
+int consolidate(std::string const& checkpoint, std::string const& output_dir, bool remove, std::string const& names) {
+  fs::path const source = sw::find_checkpoint_folder(checkpoint);
+  fs::path const out = fs::path(output_dir);
+  fs::path const canonical_source = fs::weakly_canonical(source);
+  fs::path const canonical_out = fs::weakly_canonical(out);
+  if (remove &&
+      std::mismatch(canonical_source.begin(), canonical_source.end(), canonical_out.begin(), canonical_out.end())
+              .first == canonical_source.end())
+    sw::detail::fail("shardwise consolidate: the output \"", output_dir, "\" is inside the checkpoint \"",
+                     source.string(), "\" that --remove-checkpoint-dir would remove; write it elsewhere");
+  fs::create_directories(out);
+  sw::consolidate_options options;
+  if (names == "transformers-llama") options.rename = sw::transformers_llama_name;
+  options.progress = [](std::size_t i, std::size_t n, std::string const& name, std::uint64_t bytes) {
+    std::fprintf(stderr, "[%zu/%zu] %s (%s)\n", i + 1, n, name.c_str(), human_bytes(bytes).c_str());
+  };
+  fs::path const file = out / "model.safetensors";
+  auto const index = sw::consolidate(source, file, options);
+  std::fprintf(stderr, "wrote %s: %zu tensors, %s, step %lld (saved at tp %d)\n", file.c_str(), index.tensors.size(),
+               human_bytes(fs::file_size(file)).c_str(), static_cast<long long>(index.step), index.tp);
+  if (remove) {
+    fs::remove_all(source);
+    std::fprintf(stderr, "removed %s\n", source.c_str());
+  }
+  return 0;
+}
+
+std::string shape_of(std::vector<std::uint64_t> const& shape) { return sw::detail::shape_text(shape); }
+
+int inspect(std::string const& path) {
+  if (fs::is_directory(path) && !fs::exists(fs::path(path) / "model.safetensors")) {
+    fs::path const dir = sw::find_checkpoint_folder(path);
+    auto const index = sw::read_checkpoint_index(dir);
+    std::cout << "sharded checkpoint " << dir.string() << ": step " << index.step << ", mesh tp " << index.tp
+              << " x pp " << index.pp << ", " << index.tensors.size() << " tensors\n";
+    for (auto const& [k, v] : index.metadata) std::cout << "  metadata " << k << " = " << v << '\n';
+    for (auto const& t : index.tensors)
+      std::cout << "  " << t.name << "  " << sw::dtype_name(t.type) << ' ' << shape_of(t.shape) << "  tp "
+                << t.placement << "  " << t.pieces.size() << (t.pieces.size() == 1 ? " piece" : " pieces") << '\n';
+    return 0;
+  }
+  fs::path const file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
+  sw::safetensors_file f(file.string());
+  std::uint64_t total = 0;
+  for (auto const& t : f.tensors()) total += t.bytes();
+  std::cout << "safetensors " << file.string() << ": " << f.tensors().size() << " tensors, " << human_bytes(total)
+            << '\n';
+  for (auto const& [k, v] : f.metadata()) std::cout << "  metadata " << k << " = " << v << '\n';
+  for (auto const& t : f.tensors())
+    std::cout << "  " << t.name << "  " << sw::dtype_name(t.type) << ' ' << shape_of(t.shape) << "  "
+              << human_bytes(t.bytes()) << '\n';
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardwise: sharded checkpoints and safetensors files"};
+  app.require_subcommand(1);
+
+  std::string checkpoint, output, names = "shardwise";
+  bool remove = false;
+  auto* cons = app.add_subcommand(
+      "consolidate",
+      "Writes the full tensors of a sharded checkpoint (save_sharded) into OUTPUT_DIR/model.safetensors");
+  cons->add_option("CHECKPOINT_DIR", checkpoint,
+                   "The folder holding shardwise_checkpoint.json and tensor_parallel_shards, or that "
+                   "tensor_parallel_shards folder itself")
+      ->required();
+  cons->add_option("OUTPUT_DIR", output, "Where to write model.safetensors (created if needed)")->required();
+  cons->add_flag("--remove-checkpoint-dir", remove,
+                 "Remove the sharded checkpoint once the consolidated file is written");
+  cons->add_option("--names", names, "Tensor names: shardwise's, or transformers-llama (LlamaForCausalLM's)")
+      ->check(CLI::IsMember({"shardwise", "transformers-llama"}))
+      ->capture_default_str();
+
+  std::string target;
+  auto* insp = app.add_subcommand(
+      "inspect", "Lists the tensors (shapes, dtypes, placements) of a safetensors file or a sharded checkpoint");
+  insp->add_option("FILE_OR_DIR", target,
+                   "A .safetensors file, a folder with model.safetensors, or a sharded checkpoint")
+      ->required();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*cons) return consolidate(checkpoint, output, remove, names);
+    return inspect(target);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
