@@ -67,7 +67,7 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
   std::size_t const n = shape.elements();
   int const ranks = comm.size();
   if constexpr (Comm::shared_memory) {
-    comm.exchange({data, data, shape}, "all_reduce", [&](std::vector<thread_slot> const& slots) {
+    comm.exchange(make_slot(data, data, shape), "all_reduce", [&](std::vector<thread_slot> const& slots) {
       check_shapes_agree(
           ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       if (ranks == 1) return;
@@ -129,7 +129,7 @@ void all_gather_on(Comm const& comm, In const& in, Out& out, int dim) {
     return with_dim(shape, d, total);
   };
   if constexpr (Comm::shared_memory) {
-    comm.exchange({data, nullptr, shape}, "all_gather", [&](std::vector<thread_slot> const& slots) {
+    comm.exchange(make_slot(data, nullptr, shape), "all_gather", [&](std::vector<thread_slot> const& slots) {
       auto slot_shape = [&](int q) { return slots[static_cast<std::size_t>(q)].shape; };
       extents const result = gathered_shape(slot_shape);
       prepare_output(out, result, site);
@@ -194,7 +194,7 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
   extents const mine = with_dim(shape, d, chunk_size(shape[d], pieces, me));
   extents const my_offset = with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], pieces, me));
   if constexpr (Comm::shared_memory) {
-    comm.exchange({data, nullptr, shape}, "reduce_scatter", [&](std::vector<thread_slot> const& slots) {
+    comm.exchange(make_slot(data, nullptr, shape), "reduce_scatter", [&](std::vector<thread_slot> const& slots) {
       check_shapes_agree(
           ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       prepare_output(out, mine, site);
@@ -243,7 +243,7 @@ void broadcast_on(Comm const& comm, T& t, int root) {
     fail(site, ": root rank ", root, " does not exist; the axis has ranks 0 to ", ranks - 1);
   bool const is_root = comm.rank() == root;
   if constexpr (Comm::shared_memory) {
-    comm.exchange({data_of(t), nullptr, shape_of(t)}, "broadcast", [&](std::vector<thread_slot> const& slots) {
+    comm.exchange(make_slot(data_of(t), nullptr, shape_of(t)), "broadcast", [&](std::vector<thread_slot> const& slots) {
       if (is_root) return;
       auto const& from = slots[static_cast<std::size_t>(root)];
       prepare_output(t, from.shape, site);
@@ -285,7 +285,7 @@ void all_to_all_on(Comm const& comm, In const& in, Out& out, int split_dim, int 
     return result;
   };
   if constexpr (Comm::shared_memory) {
-    comm.exchange({data, nullptr, shape}, "all_to_all", [&](std::vector<thread_slot> const& slots) {
+    comm.exchange(make_slot(data, nullptr, shape), "all_to_all", [&](std::vector<thread_slot> const& slots) {
       extents const result = result_shape([&](int q) { return slots[static_cast<std::size_t>(q)].shape; });
       prepare_output(out, result, site);
       extents offset = zero_offset(shape.rank);
@@ -330,7 +330,7 @@ std::vector<V> gather_values(Comm const& comm, V const& mine) {
   static_assert(std::is_trivially_copyable_v<V>);
   if constexpr (Comm::shared_memory) {
     std::vector<V> all(static_cast<std::size_t>(comm.size()));
-    comm.exchange({&mine, nullptr, {}}, "gather_values", [&](std::vector<thread_slot> const& slots) {
+    comm.exchange(make_slot(&mine), "gather_values", [&](std::vector<thread_slot> const& slots) {
       for (std::size_t q = 0; q < slots.size(); ++q) all[q] = *static_cast<V const*>(slots[q].in);
     });
     return all;

@@ -44,6 +44,13 @@ struct thread_slot {
   std::shared_ptr<thread_group> group;  // used by split
 };
 
+/// A slot for a collective: what this rank reads, where it writes, and its shape.
+inline thread_slot make_slot(void const* in, void* out = nullptr, extents const& shape = {}) {
+  thread_slot slot;
+  slot.in = in, slot.out = out, slot.shape = shape;
+  return slot;
+}
+
 /// Shared by every group of one run_threads call.
 struct thread_run_state {
   explicit thread_run_state(int n) : world_size(n), finished(new std::atomic<bool>[static_cast<std::size_t>(n)]) {
