@@ -67,3 +67,9 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
                                                                        PASS_REGULAR_EXPRESSION "[1-9][0-9]* passed, 0 failed")
   endif()
 endif()
+
+# The same on MPI: saved and loaded across processes, at 2 and 4 of them.
+if(TARGET shardwise::mpi)
+  shardwise_add_mpi_doctest(test_checkpoint_mpi test_checkpoint_mpi.cpp RANKS 2 4)
+  target_link_libraries(test_checkpoint_mpi PRIVATE shardwise::checkpoint)
+endif()

@@ -1,0 +1,122 @@
+// Sharded checkpoints on the MPI mesh (run by CTest under mpiexec at 2 and 4 processes): saved at TP = world
+// size, loaded at every TP size that divides it (dp x tp meshes), the logits equal to the unsharded model's; a
+// save from one data-parallel replica; an error on rank 0 raised with its words on every process.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+
+namespace {
+
+models::LlamaConfig config() {
+  models::LlamaConfig c;
+  c.vocabulary = 62, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
+  return c;
+}
+
+std::vector<std::int64_t> some_ids() {
+  std::vector<std::int64_t> ids;
+  for (int t = 0; t < 16; ++t) ids.push_back((t * 37 + 5) % 62);
+  return ids;
+}
+
+/// A folder all processes name alike (one per world size, so runs at 2 and 4 processes do not meet).
+fs::path shared_dir(int world_size) {
+  return fs::current_path() / ("checkpoint_mpi_test_" + std::to_string(world_size));
+}
+
+template <class Plan, class Mesh>
+void check_logits(Mesh const& mesh, fs::path const& dir, sw::nn::matrix<float> const& expected, std::int64_t step) {
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto c = config();
+  c.seed = 999;  // other weights until loaded
+  models::Llama<float, Plan> model(c);
+  sw::parallelize(model, tp);
+  auto const index = sw::load_sharded(model, tp, dir);
+  CHECK(index.step == step);
+  auto const logits = model.forward(some_ids());
+  sw::nn::matrix<float> all;
+  sw::all_gather(tp, logits.local, all, -1);
+  sw::nn::matrix<float> const got = all.leftCols(62);
+  REQUIRE(got.rows() == expected.rows());
+  REQUIRE(got.cols() == expected.cols());
+  CHECK((got - expected).cwiseAbs().maxCoeff() <= 1e-5f * expected.cwiseAbs().maxCoeff());
+}
+
+}  // namespace
+
+TEST_CASE("MPI: saved at TP = world size, loaded at every TP size that divides it") {
+  auto const world = sw::mpi_world();
+  int const n = world.size();
+  models::Llama<float> reference(config());
+  sw::nn::matrix<float> const expected = reference.forward(some_ids()).local;
+  fs::path const dir = shared_dir(n) / "ckpt";
+  if (world.rank() == 0) fs::create_directories(dir.parent_path());
+  world.barrier();
+
+  auto const flat = sw::make_mesh<"dp", "tp">(world, {1, n});
+  {
+    auto const tp = sw::submesh<"tp">(flat);
+    models::Llama<float, models::llama_plan<false>> model(config());
+    sw::parallelize(model, tp);
+    sw::save_sharded(model, tp, dir, 11);
+  }
+  world.barrier();
+  for (int tp_size = 1; tp_size <= n; tp_size *= 2) {
+    INFO("loading at dp " << n / tp_size << " x tp " << tp_size);
+    auto const mesh = sw::make_mesh<"dp", "tp">(world, {n / tp_size, tp_size});
+    check_logits<models::llama_plan<false>>(mesh, dir, expected, 11);
+    check_logits<models::llama_plan<true>>(mesh, dir, expected, 11);
+  }
+
+  // Saved from one data-parallel replica of a dp 2 x tp n/2 mesh with sequence parallelism, loaded at tp n.
+  auto const grid = sw::make_mesh<"dp", "tp">(world, {2, n / 2});
+  if (sw::submesh<"dp">(grid).rank() == 0) {
+    auto const tp = sw::submesh<"tp">(grid);
+    models::Llama<float, models::llama_plan<true>> model(config());
+    sw::parallelize(model, tp);
+    sw::save_sharded(model, tp, dir, 12);
+  }
+  world.barrier();
+  check_logits<models::llama_plan<false>>(flat, dir, expected, 12);
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(shared_dir(n));
+}
+
+TEST_CASE("MPI: a save that fails on rank 0 fails on every process with rank 0's words") {
+  auto const world = sw::mpi_world();
+  int const n = world.size();
+  fs::path const dir = shared_dir(n) / "not_a_checkpoint";
+  if (world.rank() == 0) {
+    fs::create_directories(dir);
+    std::ofstream(dir / "notes.txt") << "keep me";
+  }
+  world.barrier();
+  auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {n}));
+  models::Llama<float, models::llama_plan<false>> model(config());
+  sw::parallelize(model, tp);
+  std::string message;
+  try {
+    sw::save_sharded(model, tp, dir, 1);
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  CHECK(message.find("not_a_checkpoint\" exists and is not a shardwise checkpoint") != std::string::npos);
+  if (world.rank() != 0) CHECK(message.find("[reported by tp rank 0]") != std::string::npos);
+  world.barrier();
+  if (world.rank() == 0) {
+    CHECK(fs::exists(dir / "notes.txt"));
+    fs::remove_all(shared_dir(n));
+  }
+}
