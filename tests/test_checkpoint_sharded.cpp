@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/sharded.hpp>
@@ -300,11 +299,10 @@ TEST_CASE("bad checkpoints: an error naming the file, the tensor and the fix") {
 }
 
 namespace {
-void kill_now(std::string_view stage, int rank) {
-  static std::string wanted;
-  if (wanted.empty()) wanted = std::getenv("SHARDWISE_TEST_KILL_AT") ? std::getenv("SHARDWISE_TEST_KILL_AT") : "";
-  (void)rank;
-  if (stage == wanted) ::raise(SIGKILL);  // the whole process: every rank thread dies with it
+char const* kill_stage = "";  // set in the child before its rank threads start; read-only afterwards
+
+void kill_now(std::string_view stage, int) {
+  if (stage == kill_stage) ::raise(SIGKILL);  // the whole process: every rank thread dies with it
 }
 
 /// Runs a save of `c` at TP 2 into `dir` in a child process that SIGKILLs itself at `stage`.
@@ -312,7 +310,7 @@ void save_killed_at(char const* stage, models::LlamaConfig const& c, fs::path co
   pid_t const child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    ::setenv("SHARDWISE_TEST_KILL_AT", stage, 1);
+    kill_stage = stage;
     sw::detail::checkpoint_save_hook = kill_now;
     try {
       save_at<tp_plan>(2, c, dir, 99);
