@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace sw = shardwise;
@@ -164,12 +167,12 @@ void check_error(Fn&& fn, std::initializer_list<std::string> words) {
 }
 
 template <class Plan = tp_plan>
-void load_at(int ranks, models::LlamaConfig const& c, fs::path const& dir) {
+void load_at(int ranks, models::LlamaConfig const& c, fs::path const& dir, sw::load_options const& options = {}) {
   sw::run_threads(ranks, [&](auto& world) {
     auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
     models::Llama<float, Plan> model(c);
     sw::parallelize(model, tp);
-    (void)sw::load_sharded(model, tp, dir);
+    (void)sw::load_sharded(model, tp, dir, options);
   });
 }
 
@@ -295,6 +298,9 @@ TEST_CASE("bad checkpoints: an error naming the file, the tensor and the fix") {
     fs::path const shard = ckpt / "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
     fs::resize_file(shard, fs::file_size(shard) - 100);
     check_error([&] { load_at(2, c, ckpt); }, {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
+    // Reading in turns: the failing rank's words reach every rank, and none waits forever at a turn.
+    check_error([&] { load_at(4, c, ckpt, {.ranks_per_step = 1}); },
+                {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
   }
 }
 
@@ -343,4 +349,65 @@ TEST_CASE("a save killed midway (SIGKILL) leaves the previous checkpoint loadabl
   save_at<tp_plan>(4, c, ckpt, 6);
   CHECK(!fs::exists(dir.path / ".ckpt.incomplete"));
   load_and_check<tp_plan>(1, c, ckpt, expected, 6);
+}
+
+TEST_CASE("a lazily declared model is filled with its shard only") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("lazy");
+  save_at<tp_plan>(2, c, dir.path / "ckpt", 8);
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+    sw::Lazy<models::Llama<float, tp_plan>> lazy(c);
+    sw::parallelize(lazy, tp);
+    auto& model = sw::load_sharded(lazy, tp, dir.path / "ckpt");
+    CHECK(model.layers[0].feed_forward.w1.weight.rows() == 64 / 4);  // this rank's shard, never the whole
+    CHECK(model.tok_embeddings.weight.rows() == 64 / 4);             // 62 padded to 64, cut in 4
+    auto const parameters = full_parameters(model, tp, c.vocabulary);
+    auto const logits = full_logits(model, tp, some_ids(c), c.vocabulary);
+    if (world.rank() != 0) return;
+    CHECK(parameters == expected.parameters);
+    CHECK((logits - expected.logits).cwiseAbs().maxCoeff() <= 1e-5f * expected.logits.cwiseAbs().maxCoeff());
+  });
+}
+
+namespace {
+std::atomic<int> reading{0}, most_reading{0};
+void count_readers(std::string_view stage, int) {
+  if (stage == "read_begin") {
+    int const now = ++reading;
+    int seen = most_reading.load();
+    while (now > seen && !most_reading.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // without turns, the ranks would overlap here
+  } else {
+    --reading;
+  }
+}
+}  // namespace
+
+TEST_CASE("ranks_per_step: at most that many ranks read at once") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("turns");
+  save_at<tp_plan>(4, c, dir.path / "ckpt", 9);
+  sw::detail::checkpoint_load_hook = count_readers;
+  for (int per_step : {0, 1, 2}) {
+    INFO("ranks_per_step " << per_step);
+    most_reading = 0;
+    std::vector<std::vector<std::vector<float>>> loaded(4);
+    sw::run_threads(4, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+      models::Llama<float, tp_plan> model(config(555));
+      sw::parallelize(model, tp);
+      (void)sw::load_sharded(model, tp, dir.path / "ckpt", {.ranks_per_step = per_step});
+      loaded[static_cast<std::size_t>(world.rank())] = full_parameters(model, tp, c.vocabulary);
+    });
+    if (per_step == 0)
+      CHECK(most_reading.load() >= 2);  // all at once: they overlap (what the turns must prevent)
+    else
+      CHECK(most_reading.load() <= per_step);
+    for (auto const& got : loaded) CHECK(got == expected.parameters);
+  }
+  sw::detail::checkpoint_load_hook = nullptr;
 }

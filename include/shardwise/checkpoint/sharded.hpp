@@ -3,6 +3,7 @@
 //
 //   sw::save_sharded(model, tp, "ckpt", step);   // every tp rank writes its shard, collectively
 //   sw::load_sharded(model, tp, "ckpt");         // into the same or another tp size; no communication
+//   Model& m = sw::load_sharded(lazy, tp, "ckpt");  // a sw::Lazy model: only this rank's shard is allocated
 //
 // Layout (optimum-neuron's): ckpt/tensor_parallel_shards/tp_rank_XX_pp_rank_00/model.safetensors holds the
 // rank's pieces of the parameters — a tensor cut over tp is saved once, in pieces; a replicated one by tp rank
@@ -46,6 +47,7 @@
 #include "shardwise/checkpoint/safetensors_write.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/collectives/collectives.hpp"
+#include "shardwise/nn/lazy.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"
 
@@ -55,6 +57,8 @@ namespace detail {
 
 /// For tests: called at the stages of a save — "rank_file_written" on every rank, "before_commit" on tp rank 0.
 inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
+/// For tests: called when a rank starts ("read_begin") and ends ("read_end") reading its shard in load_sharded.
+inline void (*checkpoint_load_hook)(std::string_view stage, int tp_rank) = nullptr;
 
 /// How one parameter lies on this rank (a block of the physical global tensor, which may hold padded rows and
 /// repeated blocks) and in the checkpoint (the stored global tensor, without them).
@@ -200,7 +204,7 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
 /// the lowest failing rank, sent over the mesh (so threads and MPI processes all report the cause).
 template <class TpMesh>
 void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
-                     std::filesystem::path const& dir) {
+                     std::filesystem::path const& dir, std::string_view who = "save_sharded") {
   int const size = tp.size(), rank = tp.rank();
   Eigen::VectorXd failed(1);
   failed(0) = error.empty() ? 0.0 : static_cast<double>(size - rank);
@@ -359,88 +363,143 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
   detail::agree_on_errors(tp, error, "checking and committing the checkpoint", target);
 }
 
+struct load_options {
+  /// How many tp ranks read at once (optimum-neuron's num_local_ranks_per_step): the others wait their turn,
+  /// which bounds the concurrent disk and page-cache load. 0: all at once, with no communication at all.
+  int ranks_per_step = 0;
+};
+
 /// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
-/// shard needs. Independent on every rank (no communication). Returns the checkpoint's index (step, metadata).
+/// shard needs. Without ranks_per_step, independent on every rank (no communication). Returns the checkpoint's
+/// index (step, metadata).
 template <class Model, class TpMesh>
-checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir) {
+checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
+                              load_options const& options = {}) {
   namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
-  fs::path source = detail::normalized_dir(dir);
-  fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
-                            ("." + source.filename().string() + ".previous");
-  if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
-    source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
-  checkpoint_index const index = read_checkpoint_index(source);
-  std::string const index_file = (source / checkpoint_index_name).string();
+  bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < size;
+  fs::path source;
+  checkpoint_index index;
+  auto const check = [&] {
+    source = detail::normalized_dir(dir);
+    fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
+                              ("." + source.filename().string() + ".previous");
+    if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
+      source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
+    index = read_checkpoint_index(source);
+    std::string const index_file = (source / checkpoint_index_name).string();
 
-  // The model and the checkpoint must hold the same tensors with the same global shapes.
-  std::size_t matched = 0;
-  detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto&) {
-    checkpoint_tensor const* c = index.find(t.name);
-    if (!c)
-      detail::fail("shardwise::load_sharded: \"", index_file, "\": the model's tensor \"", t.name,
-                   "\" is not in the checkpoint; load a checkpoint saved from this model");
-    if (c->shape != t.stored_shape())
-      detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" has shape ",
-                   detail::shape_text(c->shape), " in the checkpoint but ", detail::shape_text(t.stored_shape()),
-                   " in the model; load a checkpoint of the same model configuration");
-    if (!is_floating(c->type))
-      detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
-                   dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
-    ++matched;
-  });
-  if (matched != index.tensors.size())
-    for (auto const& c : index.tensors) {
-      bool found = false;
-      detail::for_each_checkpoint_tensor(
-          model, size, rank, true, [&](detail::tensor_layout const& t, auto&) { found = found || t.name == c.name; });
-      if (!found)
-        detail::fail("shardwise::load_sharded: \"", index_file, "\": the checkpoint's tensor \"", c.name,
-                     "\" is not in the model; load the checkpoint into the model it was saved from");
+    // The model and the checkpoint must hold the same tensors with the same global shapes.
+    std::size_t matched = 0;
+    detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto&) {
+      checkpoint_tensor const* c = index.find(t.name);
+      if (!c)
+        detail::fail("shardwise::load_sharded: \"", index_file, "\": the model's tensor \"", t.name,
+                     "\" is not in the checkpoint; load a checkpoint saved from this model");
+      if (c->shape != t.stored_shape())
+        detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" has shape ",
+                     detail::shape_text(c->shape), " in the checkpoint but ", detail::shape_text(t.stored_shape()),
+                     " in the model; load a checkpoint of the same model configuration");
+      if (!is_floating(c->type))
+        detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
+                     dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
+      ++matched;
+    });
+    if (matched != index.tensors.size())
+      for (auto const& c : index.tensors) {
+        bool found = false;
+        detail::for_each_checkpoint_tensor(
+            model, size, rank, true, [&](detail::tensor_layout const& t, auto&) { found = found || t.name == c.name; });
+        if (!found)
+          detail::fail("shardwise::load_sharded: \"", index_file, "\": the checkpoint's tensor \"", c.name,
+                       "\" is not in the model; load the checkpoint into the model it was saved from");
+      }
+    for (auto const& c : index.tensors)
+      for (auto const& p : c.pieces)
+        if (!fs::exists(source / p.file))
+          detail::fail("shardwise::load_sharded: \"", (source / p.file).string(), "\" is missing (tensor \"", c.name,
+                       "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
+                       "\" is gone; restore it, or load another checkpoint");
+  };
+  if (!in_turns) {
+    check();
+  } else {  // every rank must reach the turns' barriers: errors are agreed on first
+    std::string error;
+    try {
+      check();
+    } catch (std::exception const& e) {
+      error = e.what();
     }
-  for (auto const& c : index.tensors)
-    for (auto const& p : c.pieces)
-      if (!fs::exists(source / p.file))
-        detail::fail("shardwise::load_sharded: \"", (source / p.file).string(), "\" is missing (tensor \"", c.name,
-                     "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
-                     "\" is gone; restore it, or load another checkpoint");
+    detail::agree_on_errors(tp, error, "checking the checkpoint against the model", dir, "load_sharded");
+  }
 
   std::map<std::string, std::unique_ptr<safetensors_file>> files;  // opened on first use
-  detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
-    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
-    checkpoint_tensor const& c = *index.find(t.name);
-    value.setZero();  // rows the checkpoint does not hold (vocabulary padding) stay zero
-    T* out = value.data();
-    std::vector<T> box;
-    for (auto const& run : detail::row_runs(t, false)) {
-      for (auto const& p : c.pieces) {
-        // The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols).
-        std::uint64_t const r0 = std::max<std::uint64_t>(run.stored, p.offset[0]);
-        std::uint64_t const r1 = std::min<std::uint64_t>(run.stored + run.count, p.offset[0] + p.shape[0]);
-        std::uint64_t const c0 = t.is_vector ? 0 : std::max<std::uint64_t>(t.col_offset, p.offset[1]);
-        std::uint64_t const c1 =
-            t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
-        if (r0 >= r1 || c0 >= c1) continue;
-        auto& file = files[p.file];
-        if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
-        if (file->info(t.name).shape != p.shape)
-          detail::fail("shardwise::load_sharded: \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
-                       detail::shape_text(file->info(t.name).shape), " but the index says ",
-                       detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
-        extents offset{static_cast<std::size_t>(r0 - p.offset[0])}, count{static_cast<std::size_t>(r1 - r0)};
-        if (!t.is_vector) {
-          offset = {static_cast<std::size_t>(r0 - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
-          count = {static_cast<std::size_t>(r1 - r0), static_cast<std::size_t>(c1 - c0)};
+  auto const read_shard = [&] {
+    if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
+    detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
+      using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+      checkpoint_tensor const& c = *index.find(t.name);
+      value.setZero();  // rows the checkpoint does not hold (vocabulary padding) stay zero
+      T* out = value.data();
+      std::vector<T> box;
+      for (auto const& run : detail::row_runs(t, false)) {
+        for (auto const& p : c.pieces) {
+          // The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols).
+          std::uint64_t const r0 = std::max<std::uint64_t>(run.stored, p.offset[0]);
+          std::uint64_t const r1 = std::min<std::uint64_t>(run.stored + run.count, p.offset[0] + p.shape[0]);
+          std::uint64_t const c0 = t.is_vector ? 0 : std::max<std::uint64_t>(t.col_offset, p.offset[1]);
+          std::uint64_t const c1 =
+              t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
+          if (r0 >= r1 || c0 >= c1) continue;
+          auto& file = files[p.file];
+          if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
+          if (file->info(t.name).shape != p.shape)
+            detail::fail("shardwise::load_sharded: \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
+                         detail::shape_text(file->info(t.name).shape), " but the index says ",
+                         detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
+          extents offset{static_cast<std::size_t>(r0 - p.offset[0])}, count{static_cast<std::size_t>(r1 - r0)};
+          if (!t.is_vector) {
+            offset = {static_cast<std::size_t>(r0 - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
+            count = {static_cast<std::size_t>(r1 - r0), static_cast<std::size_t>(c1 - c0)};
+          }
+          box.resize(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
+          file->read_box(t.name, offset, count, box.data());
+          for (std::uint64_t r = r0; r < r1; ++r)
+            std::memcpy(out + (run.local + (r - run.stored)) * t.local_cols + (c0 - (t.is_vector ? 0 : t.col_offset)),
+                        box.data() + (r - r0) * (c1 - c0), static_cast<std::size_t>(c1 - c0) * sizeof(T));
         }
-        box.resize(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
-        file->read_box(t.name, offset, count, box.data());
-        for (std::uint64_t r = r0; r < r1; ++r)
-          std::memcpy(out + (run.local + (r - run.stored)) * t.local_cols + (c0 - (t.is_vector ? 0 : t.col_offset)),
-                      box.data() + (r - r0) * (c1 - c0), static_cast<std::size_t>(c1 - c0) * sizeof(T));
+      }
+    });
+    files.clear();  // unmap before the next ranks' turn
+    if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
+  };
+  if (!in_turns) {
+    read_shard();
+    return index;
+  }
+  // In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
+  std::string error;
+  for (int turn = 0; turn * options.ranks_per_step < size; ++turn) {
+    if (rank / options.ranks_per_step == turn && error.empty()) {
+      try {
+        read_shard();
+      } catch (std::exception const& e) {
+        error = e.what();
       }
     }
-  });
+    tp.comm(0).barrier();
+  }
+  detail::agree_on_errors(tp, error, "reading the rank's shard", dir, "load_sharded");
   return index;
+}
+
+/// Fills a lazily declared, parallelized model: each rank allocates and reads only its shard. Returns the
+/// model, now usable.
+template <module Model, class TpMesh>
+Model& load_sharded(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& dir,
+                    load_options const& options = {}) {
+  (void)load_sharded(lazy.unmaterialized(), tp, dir, options);
+  return lazy.unmaterialized();
 }
 
 }  // namespace shardwise
