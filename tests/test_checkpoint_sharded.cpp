@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
@@ -36,6 +38,8 @@ models::LlamaConfig config(std::uint64_t seed = 1234, std::size_t layers = 2, st
   c.seed = seed;
   return c;
 }
+
+models::LlamaConfig llama_config_with_layers(std::size_t layers) { return config(1234, layers); }
 
 std::vector<std::int64_t> some_ids(models::LlamaConfig const& c) {
   std::vector<std::int64_t> ids;
@@ -410,4 +414,49 @@ TEST_CASE("ranks_per_step: at most that many ranks read at once") {
     for (auto const& got : loaded) CHECK(got == expected.parameters);
   }
   sw::detail::checkpoint_load_hook = nullptr;
+}
+
+TEST_CASE("a consolidated file (shardwise's or Hugging Face's names) loaded at any TP size, each rank slicing it") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("consolidated");
+  save_at<tp_plan>(2, c, dir.path / "ckpt", 4);
+  sw::consolidate(dir.path / "ckpt", dir.path / "model.safetensors");
+  sw::consolidate_options hf;
+  hf.rename = sw::transformers_llama_name;
+  sw::consolidate(dir.path / "ckpt", dir.path / "hf.safetensors", hf);
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      models::Llama<float, tp_plan> model(config(555));
+      sw::parallelize(model, tp);
+      auto const metadata = sw::load_consolidated(model, tp, dir.path / "model.safetensors");
+      auto const parameters = full_parameters(model, tp, c.vocabulary);
+      sw::Lazy<models::Llama<float, sequence_plan>> lazy(c);
+      sw::parallelize(lazy, tp);
+      auto& from_hf = sw::load_consolidated(lazy, tp, dir.path / "hf.safetensors", sw::transformers_llama_name);
+      auto const hf_parameters = full_parameters(from_hf, tp, c.vocabulary);
+      auto const logits = full_logits(from_hf, tp, some_ids(c), c.vocabulary);
+      if (world.rank() != 0) return;
+      CHECK(metadata.at("shardwise.step") == "4");
+      CHECK(parameters == expected.parameters);
+      CHECK(hf_parameters == expected.parameters);
+      CHECK((logits - expected.logits).cwiseAbs().maxCoeff() <= 1e-5f * expected.logits.cwiseAbs().maxCoeff());
+    });
+  }
+  auto const load_file = [&](models::LlamaConfig const& config, fs::path const& file) {
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+      models::Llama<float, tp_plan> model(config);
+      sw::parallelize(model, tp);
+      (void)sw::load_consolidated(model, tp, file);
+    });
+  };
+  check_error([&] { load_file(llama_config_with_layers(3), dir.path / "model.safetensors"); },
+              {"shardwise::load_consolidated", "model.safetensors",
+               "the model's tensor \"layers.2.attention_norm.weight\"", "is not in the checkpoint"});
+  check_error([&] { load_file(c, dir.path / "hf.safetensors"); },
+              {"shardwise::load_consolidated", "hf.safetensors", "\"tok_embeddings.weight\" is not in the checkpoint"});
+  check_error([&] { load_file(c, dir.path / "missing.safetensors"); }, {"missing.safetensors", "cannot open"});
 }

@@ -4,6 +4,7 @@
 //   sw::save_sharded(model, tp, "ckpt", step);   // every tp rank writes its shard, collectively
 //   sw::load_sharded(model, tp, "ckpt");         // into the same or another tp size; no communication
 //   Model& m = sw::load_sharded(lazy, tp, "ckpt");  // a sw::Lazy model: only this rank's shard is allocated
+//   sw::load_consolidated(model, tp, "model.safetensors");  // one file of full tensors, sliced per rank
 //
 // Layout (optimum-neuron's): ckpt/tensor_parallel_shards/tp_rank_XX_pp_rank_00/model.safetensors holds the
 // rank's pieces of the parameters — a tensor cut over tp is saved once, in pieces; a replicated one by tp rank
@@ -30,6 +31,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -369,39 +371,35 @@ struct load_options {
   int ranks_per_step = 0;
 };
 
-/// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
-/// shard needs. Without ranks_per_step, independent on every rank (no communication). Returns the checkpoint's
-/// index (step, metadata).
-template <class Model, class TpMesh>
-checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
-                              load_options const& options = {}) {
+namespace detail {
+/// The loader behind load_sharded and load_consolidated: locate(source, index, label) finds the checkpoint (the
+/// folder its pieces' files are relative to, the index, and the file to name in errors); then the model and
+/// the index are compared and each rank reads the boxes its shard needs.
+template <class Model, class TpMesh, class Locate>
+checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
+                           load_options const& options, std::string_view who, Locate&& locate) {
   namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
   bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < size;
   fs::path source;
   checkpoint_index index;
+  std::string index_file;
   auto const check = [&] {
-    source = detail::normalized_dir(dir);
-    fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
-                              ("." + source.filename().string() + ".previous");
-    if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
-      source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
-    index = read_checkpoint_index(source);
-    std::string const index_file = (source / checkpoint_index_name).string();
+    locate(source, index, index_file);
 
     // The model and the checkpoint must hold the same tensors with the same global shapes.
     std::size_t matched = 0;
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto&) {
       checkpoint_tensor const* c = index.find(t.name);
       if (!c)
-        detail::fail("shardwise::load_sharded: \"", index_file, "\": the model's tensor \"", t.name,
+        detail::fail("shardwise::", who, ": \"", index_file, "\": the model's tensor \"", t.name,
                      "\" is not in the checkpoint; load a checkpoint saved from this model");
       if (c->shape != t.stored_shape())
-        detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" has shape ",
+        detail::fail("shardwise::", who, ": \"", index_file, "\": tensor \"", t.name, "\" has shape ",
                      detail::shape_text(c->shape), " in the checkpoint but ", detail::shape_text(t.stored_shape()),
                      " in the model; load a checkpoint of the same model configuration");
       if (!is_floating(c->type))
-        detail::fail("shardwise::load_sharded: \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
+        detail::fail("shardwise::", who, ": \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
                      dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
       ++matched;
     });
@@ -411,13 +409,13 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
         detail::for_each_checkpoint_tensor(
             model, size, rank, true, [&](detail::tensor_layout const& t, auto&) { found = found || t.name == c.name; });
         if (!found)
-          detail::fail("shardwise::load_sharded: \"", index_file, "\": the checkpoint's tensor \"", c.name,
+          detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint's tensor \"", c.name,
                        "\" is not in the model; load the checkpoint into the model it was saved from");
       }
     for (auto const& c : index.tensors)
       for (auto const& p : c.pieces)
         if (!fs::exists(source / p.file))
-          detail::fail("shardwise::load_sharded: \"", (source / p.file).string(), "\" is missing (tensor \"", c.name,
+          detail::fail("shardwise::", who, ": \"", (source / p.file).string(), "\" is missing (tensor \"", c.name,
                        "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
                        "\" is gone; restore it, or load another checkpoint");
   };
@@ -430,7 +428,7 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
     } catch (std::exception const& e) {
       error = e.what();
     }
-    detail::agree_on_errors(tp, error, "checking the checkpoint against the model", dir, "load_sharded");
+    detail::agree_on_errors(tp, error, "checking the checkpoint against the model", dir, who);
   }
 
   std::map<std::string, std::unique_ptr<safetensors_file>> files;  // opened on first use
@@ -453,9 +451,10 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
           if (r0 >= r1 || c0 >= c1) continue;
           auto& file = files[p.file];
           if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
-          if (file->info(t.name).shape != p.shape)
-            detail::fail("shardwise::load_sharded: \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
-                         detail::shape_text(file->info(t.name).shape), " but the index says ",
+          std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
+          if (file->info(stored_name).shape != p.shape)
+            detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
+                         detail::shape_text(file->info(stored_name).shape), " but the index says ",
                          detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
           extents offset{static_cast<std::size_t>(r0 - p.offset[0])}, count{static_cast<std::size_t>(r1 - r0)};
           if (!t.is_vector) {
@@ -463,7 +462,7 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
             count = {static_cast<std::size_t>(r1 - r0), static_cast<std::size_t>(c1 - c0)};
           }
           box.resize(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
-          file->read_box(t.name, offset, count, box.data());
+          file->read_box(stored_name, offset, count, box.data());
           for (std::uint64_t r = r0; r < r1; ++r)
             std::memcpy(out + (run.local + (r - run.stored)) * t.local_cols + (c0 - (t.is_vector ? 0 : t.col_offset)),
                         box.data() + (r - r0) * (c1 - c0), static_cast<std::size_t>(c1 - c0) * sizeof(T));
@@ -489,8 +488,66 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
     }
     tp.comm(0).barrier();
   }
-  detail::agree_on_errors(tp, error, "reading the rank's shard", dir, "load_sharded");
+  detail::agree_on_errors(tp, error, "reading the rank's shard", dir, who);
   return index;
+}
+
+}  // namespace detail
+
+/// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
+/// shard needs. Without ranks_per_step, independent on every rank (no communication). Returns the checkpoint's
+/// index (step, metadata).
+template <class Model, class TpMesh>
+checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
+                              load_options const& options = {}) {
+  namespace fs = std::filesystem;
+  return detail::load_into(
+      model, tp, dir, options, "load_sharded", [&](fs::path& source, checkpoint_index& index, std::string& label) {
+        source = detail::normalized_dir(dir);
+        fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
+                                  ("." + source.filename().string() + ".previous");
+        if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
+          source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
+        index = read_checkpoint_index(source);
+        label = (source / checkpoint_index_name).string();
+      });
+}
+
+/// Loads one consolidated safetensors file of full tensors (from `shardwise consolidate`, or a Hugging Face
+/// model.safetensors with `names` = sw::transformers_llama_name) into a parallelized model of any tp size: each
+/// rank reads only its slices through the memory map. `names` maps shardwise's parameter names to the file's.
+/// Returns the file's metadata.
+template <class Model, class TpMesh>
+std::map<std::string, std::string> load_consolidated(Model& model, TpMesh const& tp, std::filesystem::path const& file,
+                                                     std::function<std::string(std::string const&)> const& names = {},
+                                                     load_options const& options = {}) {
+  namespace fs = std::filesystem;
+  checkpoint_index found;
+  detail::load_into(
+      model, tp, file, options, "load_consolidated",
+      [&](fs::path& source, checkpoint_index& index, std::string& label) {
+        safetensors_file const f(file.string());
+        source = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+        label = file.string();
+        index.metadata.insert(f.metadata().begin(), f.metadata().end());
+        // The model's names, each a single piece: the whole tensor, in this file, under the file's name for it.
+        std::map<std::string, std::string> model_name_of;  // file name -> model name
+        detail::for_each_checkpoint_tensor(
+            model, tp.size(), tp.rank(), true, [&](detail::tensor_layout const& t, auto&) {
+              std::string const stored = names ? names(t.name) : t.name;
+              model_name_of[stored] = t.name;
+              if (!f.contains(stored)) return;  // reported as missing by the comparison
+              tensor_info const& info = f.info(stored);
+              index.tensors.push_back({t.name, info.type, info.shape, "", {}});
+              index.tensors.back().pieces.push_back(
+                  {file.filename().string(), std::vector<std::uint64_t>(info.shape.size(), 0), info.shape, stored});
+            });
+        for (tensor_info const& info : f.tensors())
+          if (!model_name_of.count(info.name))
+            index.tensors.push_back({info.name, info.type, info.shape, "", {}});  // reported as not in the model
+        found.metadata = index.metadata;
+      });
+  return found.metadata;
 }
 
 /// Fills a lazily declared, parallelized model: each rank allocates and reads only its shard. Returns the
@@ -499,6 +556,16 @@ template <module Model, class TpMesh>
 Model& load_sharded(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& dir,
                     load_options const& options = {}) {
   (void)load_sharded(lazy.unmaterialized(), tp, dir, options);
+  return lazy.unmaterialized();
+}
+
+/// Fills a lazily declared, parallelized model from a consolidated file: each rank allocates and reads only its
+/// shard. Returns the model, now usable.
+template <module Model, class TpMesh>
+Model& load_consolidated(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& file,
+                         std::function<std::string(std::string const&)> const& names = {},
+                         load_options const& options = {}) {
+  (void)load_consolidated(lazy.unmaterialized(), tp, file, names, options);
   return lazy.unmaterialized();
 }
 

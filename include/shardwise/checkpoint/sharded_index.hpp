@@ -29,6 +29,7 @@ inline constexpr std::string_view checkpoint_format = "shardwise.sharded_checkpo
 struct checkpoint_piece {
   std::string file;  // relative to the checkpoint folder
   std::vector<std::uint64_t> offset, shape;
+  std::string name_in_file = {};  // when the file names the tensor otherwise (a consolidated file); not saved
 };
 
 struct checkpoint_tensor {
