@@ -37,13 +37,14 @@ fs::path shared_dir(int world_size) {
 }
 
 template <class Plan, class Mesh>
-void check_logits(Mesh const& mesh, fs::path const& dir, sw::nn::matrix<float> const& expected, std::int64_t step) {
+void check_logits(Mesh const& mesh, fs::path const& dir, sw::nn::matrix<float> const& expected, std::int64_t step,
+                  sw::load_options const& options = {}) {
   auto const tp = sw::submesh<"tp">(mesh);
   auto c = config();
   c.seed = 999;  // other weights until loaded
   models::Llama<float, Plan> model(c);
   sw::parallelize(model, tp);
-  auto const index = sw::load_sharded(model, tp, dir);
+  auto const index = sw::load_sharded(model, tp, dir, options);
   CHECK(index.step == step);
   auto const logits = model.forward(some_ids());
   sw::nn::matrix<float> all;
@@ -78,6 +79,8 @@ TEST_CASE("MPI: saved at TP = world size, loaded at every TP size that divides i
     auto const mesh = sw::make_mesh<"dp", "tp">(world, {n / tp_size, tp_size});
     check_logits<models::llama_plan<false>>(mesh, dir, expected, 11);
     check_logits<models::llama_plan<true>>(mesh, dir, expected, 11);
+    check_logits<models::llama_plan<false>>(mesh, dir, expected, 11, {.only_rank0_reads = true});  // sent over MPI
+    check_logits<models::llama_plan<false>>(mesh, dir, expected, 11, {.ranks_per_step = 1});
   }
 
   // Saved from one data-parallel replica of a dp 2 x tp n/2 mesh with sequence parallelism, loaded at tp n.

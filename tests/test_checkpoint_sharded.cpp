@@ -460,3 +460,40 @@ TEST_CASE("a consolidated file (shardwise's or Hugging Face's names) loaded at a
               {"shardwise::load_consolidated", "hf.safetensors", "\"tok_embeddings.weight\" is not in the checkpoint"});
   check_error([&] { load_file(c, dir.path / "missing.safetensors"); }, {"missing.safetensors", "cannot open"});
 }
+
+namespace {
+std::atomic<int> readers{0};
+void count_reading_ranks(std::string_view stage, int) {
+  if (stage == "read_begin") ++readers;
+}
+}  // namespace
+
+TEST_CASE("only_rank0_reads: rank 0 reads, the others receive their shards over the mesh") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("rank0");
+  save_at<tp_plan>(2, c, dir.path / "ckpt", 13);  // loaded at TP 4: padded vocabulary, repeated heads
+  sw::detail::checkpoint_load_hook = count_reading_ranks;
+  for (int ranks : {4, 2}) {
+    INFO("TP " << ranks);
+    readers = 0;
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      sw::Lazy<models::Llama<float, sequence_plan>> lazy(c);
+      sw::parallelize(lazy, tp);
+      auto& model = sw::load_sharded(lazy, tp, dir.path / "ckpt", {.only_rank0_reads = true});
+      auto const parameters = full_parameters(model, tp, c.vocabulary);
+      auto const logits = full_logits(model, tp, some_ids(c), c.vocabulary);
+      if (world.rank() != 0) return;
+      CHECK(parameters == expected.parameters);
+      CHECK((logits - expected.logits).cwiseAbs().maxCoeff() <= 1e-5f * expected.logits.cwiseAbs().maxCoeff());
+    });
+    CHECK(readers.load() == 1);
+  }
+  sw::detail::checkpoint_load_hook = nullptr;
+  // A rank file cut short: rank 0's error reaches every rank (none waits for a shard that never comes).
+  fs::path const shard = dir.path / "ckpt/tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  check_error([&] { load_at(4, c, dir.path / "ckpt", {.only_rank0_reads = true}); },
+              {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
+}

@@ -369,6 +369,9 @@ struct load_options {
   /// How many tp ranks read at once (optimum-neuron's num_local_ranks_per_step): the others wait their turn,
   /// which bounds the concurrent disk and page-cache load. 0: all at once, with no communication at all.
   int ranks_per_step = 0;
+  /// The RAM-efficient mode: only tp rank 0 opens the files; it reads one tensor at a time and sends every
+  /// other rank its shard over the mesh (the others never touch the disk nor hold more than their shard).
+  bool only_rank0_reads = false;
 };
 
 namespace detail {
@@ -380,7 +383,8 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
                            load_options const& options, std::string_view who, Locate&& locate) {
   namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
-  bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < size;
+  bool const rank0_reads = options.only_rank0_reads && size > 1;
+  bool const in_turns = !rank0_reads && options.ranks_per_step > 0 && options.ranks_per_step < size;
   fs::path source;
   checkpoint_index index;
   std::string index_file;
@@ -419,9 +423,9 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
                        "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
                        "\" is gone; restore it, or load another checkpoint");
   };
-  if (!in_turns) {
+  if (!in_turns && !rank0_reads) {
     check();
-  } else {  // every rank must reach the turns' barriers: errors are agreed on first
+  } else {  // every rank must reach the collectives that follow: errors are agreed on first
     std::string error;
     try {
       check();
@@ -472,6 +476,62 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
     files.clear();  // unmap before the next ranks' turn
     if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
   };
+  if (rank0_reads) {
+    if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
+    detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
+      using Tensor = std::remove_cvref_t<decltype(value)>;
+      using T = typename Tensor::Scalar;
+      std::string error;
+      std::vector<T> whole;  // the stored tensor, on rank 0 only
+      if (rank == 0) {
+        try {
+          checkpoint_tensor const& c = *index.find(t.name);
+          whole.assign(t.stored_rows * t.cols, T(0));
+          std::vector<T> box;
+          for (auto const& p : c.pieces) {
+            auto& file = files[p.file];
+            if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
+            std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
+            extents const shape = file->shape(stored_name);
+            if (shape.elements() != detail::volume(p.shape))
+              fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ", shape,
+                   " but the index says ", detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
+            box.resize(shape.elements());
+            file->read_box(stored_name, zero_offset(shape.rank), shape, box.data());
+            std::size_t const rows = static_cast<std::size_t>(p.shape[0]);
+            std::size_t const width = t.is_vector ? 1 : static_cast<std::size_t>(p.shape[1]);
+            std::size_t const column = t.is_vector ? 0 : static_cast<std::size_t>(p.offset[1]);
+            for (std::size_t r = 0; r < rows; ++r)
+              std::memcpy(whole.data() + (static_cast<std::size_t>(p.offset[0]) + r) * t.cols + column,
+                          box.data() + r * width, width * sizeof(T));
+          }
+        } catch (std::exception const& e) {
+          error = e.what();
+        }
+      }
+      detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
+      if (rank != 0) {
+        shardwise::recv(tp, value, 0);
+        return;
+      }
+      for (int r = size - 1; r >= 0; --r) {  // rank 0's own block last, into its own storage
+        detail::tensor_layout theirs = t;
+        theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
+        theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
+        Tensor block = Tensor::Zero(value.rows(), value.cols());
+        for (auto const& run : detail::row_runs(theirs, false))
+          for (std::size_t k = 0; k < run.count; ++k)
+            std::memcpy(block.data() + (run.local + k) * t.local_cols,
+                        whole.data() + (run.stored + k) * t.cols + theirs.col_offset, t.local_cols * sizeof(T));
+        if (r == 0)
+          value = std::move(block);
+        else
+          shardwise::send(tp, block, r);
+      }
+    });
+    if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
+    return index;
+  }
   if (!in_turns) {
     read_shard();
     return index;
