@@ -7,7 +7,7 @@ time after warm-up -> tokens/s, and per-rank memory) and a RESULT line for run_t
 transformers' "eager" one (matmul, softmax, matmul, as shardwise computes it), which ran faster here at this size
 than "sdpa" given the same explicit causal mask.
 
-usage: torch_train_llama.py [--tp 2] [--steps 10] [--warmup 2] [--attention eager|sdpa] [--smoke]
+usage: torch_train_llama.py [--tp 2] [--steps 10] [--warmup 2] [--attention eager|sdpa] [--smoke] [--no-header]
 """
 import argparse
 import os
@@ -128,7 +128,7 @@ def run(rank, world, port, args, queue):
     gradients = local_numel(p.grad for p in model.parameters() if p.grad is not None)
     state = local_numel(v for st in optimizer.state.values() for v in st.values()
                         if torch.is_tensor(v) and v.dim() > 0)
-    report = dict(rank=rank, median=statistics.median(times), parameters=parameters, gradients=gradients,
+    report = dict(rank=rank, median=statistics.median(times), fastest=min(times), slowest=max(times), parameters=parameters, gradients=gradients,
                   state=state, baseline=baseline, peak=rss_mib("VmHWM"), first_loss=losses[0], last_loss=losses[-1])
     gathered = [None] * world
     dist.all_gather_object(gathered, report)
@@ -150,6 +150,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="eager")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--no-header", action="store_true", help="the row without the table's header")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.warmup = 1, 1
@@ -161,15 +162,19 @@ def main():
     tokens_per_second = s["sequences"] * s["sequence"] / median
     r0 = reports[0]
     held = (r0["parameters"] + r0["gradients"] + r0["state"]) * 4 / MIB
-    print(f"# PyTorch {torch.__version__.split('+')[0]} TP {args.tp}: transformers LlamaForCausalLM, "
-          f"parallelize_module with torchtitan's plan (sequence + loss parallel), gloo, {args.tp} processes x 1 "
-          f"thread, attention {args.attention}, AdamW + clipping, median of {args.steps} steps after "
-          f"{args.warmup} warm-up; loss {r0['first_loss']:.4f} -> {r0['last_loss']:.4f}")
-    print("| run | tokens/s | step ms | parameters / rank | gradients / rank | optimizer state / rank | "
+    how = (f"parallelize_module with torchtitan's plan (sequence + loss parallel), gloo, {args.tp} processes x 1 "
+           f"thread" if args.tp > 1 else "not parallelized, 1 process x 1 thread")
+    print(f"# PyTorch {torch.__version__.split('+')[0]} TP {args.tp}: transformers LlamaForCausalLM, {how}, "
+          f"attention {args.attention}, AdamW + clipping, median of {args.steps} steps after "
+          f"{args.warmup} warm-up (fastest {r0['fastest'] * 1e3:.0f} ms, slowest {r0['slowest'] * 1e3:.0f} ms); "
+          f"loss {r0['first_loss']:.4f} -> {r0['last_loss']:.4f}")
+    if not args.no_header:
+        print("| run | tokens/s | step ms | parameters / rank | gradients / rank | optimizer state / rank | "
           "held MiB / rank | peak RSS MiB / rank (before the model) |")
-    print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
     peaks = ", ".join(f"{r['peak']:.0f} ({r['baseline']:.0f})" for r in reports)
-    print(f"| PyTorch TP {args.tp} (sequence parallel, gloo) | {tokens_per_second:.0f} | {median * 1e3:.1f} | "
+    name = f"PyTorch TP {args.tp} (sequence parallel, gloo)" if args.tp > 1 else "PyTorch TP 1 (not parallelized)"
+    print(f"| {name} | {tokens_per_second:.0f} | {median * 1e3:.1f} | "
           f"{r0['parameters']} | {r0['gradients']} | {r0['state']} | {held:.1f} | {peaks} |")
     print(f"RESULT torch_tp{args.tp} {tokens_per_second:.1f}")
     return 0
