@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run, side by side: shardwise's Llama training at TP 1, 2, 4 and dp 2 x tp 2 (bench_train_llama, thread mesh,
 # each configuration in its own process), then PyTorch's own TP at TP 2 on the same model and plan
-# (torch_train_llama.py: transformers' LlamaForCausalLM, parallelize_module, gloo), and the ratio at TP 2.
+# (torch_train_llama.py: transformers' LlamaForCausalLM, parallelize_module, gloo) and unsharded, and the ratio at
+# TP 2.
 #   bench/run_train_llama.sh BUILD_DIR [--steps N]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
@@ -24,6 +25,8 @@ echo "$shardwise_out" | grep -v '^RESULT'
 echo
 torch_out=$("$python" "$here/torch_train_llama.py" --tp 2 --steps "$steps" | grep -v '^$')
 echo "$torch_out" | grep -v '^RESULT'
+# PyTorch unsharded, for its own TP 2 / TP 1 (one process, one thread)
+"$python" "$here/torch_train_llama.py" --tp 1 --steps "$steps" --no-header | grep -v -e '^RESULT' -e '^#' -e '^$'
 ours=$(echo "$shardwise_out" | awk '/^RESULT shardwise_tp2/ {print $3}')
 theirs=$(echo "$torch_out" | awk '/^RESULT torch_tp2/ {print $3}')
 echo
