@@ -1,0 +1,378 @@
+// Checkpoint benchmark (issue 5): save, load and consolidate throughput against plain `cp -r` of the same
+// bytes in the same run, and the peak resident memory of each rank when a Llama of >= 1 GiB of fp32
+// parameters is loaded lazily at TP 4, against the rank's shard.
+//
+//   bench_checkpoint throughput --dir D [--repeat N] [--smoke]
+//       Thread mesh, one process. Creates the model at TP 4 without ever holding it whole (sw::Lazy,
+//       sw::materialize, each rank fills its own shard deterministically), then times, side by side:
+//       save_sharded at TP 4, `cp -r` of the checkpoint (and `cp -r` + `sync` of the copies, since the save
+//       fsyncs), load_sharded at TP 4 and at TP 2 (resharding) into sw::Lazy models, sw::consolidate, `cp` of
+//       the consolidated file — with the page cache warm, and cold (caches dropped before each timed step)
+//       where /proc/sys/vm/drop_caches is writable. Leaves D/ckpt and D/consolidated/model.safetensors.
+//
+//   mpiexec -n 4 bench_checkpoint rss --dir D --mode sharded|rank0|steps|consolidated [--smoke]
+//       One MPI process per rank: sw::Lazy model, parallelize at TP 4, load (load_sharded; with
+//       only_rank0_reads; with ranks_per_step = 1; or load_consolidated of the consolidated file), then
+//       every rank's baseline (VmRSS before the model exists), peak (VmHWM) and shard bytes, printed by rank 0.
+//
+// --smoke: a tiny model, one repetition; proves the binary works (CTest bench_checkpoint.smoke).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Plan = models::llama_plan<false>;
+using Model = models::Llama<float, Plan>;
+
+models::LlamaConfig config(bool smoke) {
+  models::LlamaConfig c;
+  if (smoke) {
+    c.vocabulary = 512, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 4, c.hidden = 176, c.sequence = 8;
+  } else {  // 388 M parameters: 1.55 GB (1.45 GiB) of fp32
+    c.vocabulary = 32000, c.dim = 2048, c.layers = 5, c.heads = 16, c.kv_heads = 16, c.hidden = 5632;
+    c.sequence = 16;
+  }
+  return c;
+}
+
+// A field of /proc/self/status in bytes (VmRSS: resident now, VmHWM: peak resident); 0 where there is none.
+double status_bytes(char const* field) {
+  std::ifstream status("/proc/self/status");
+  std::string const key = std::string(field) + ":";
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) * 1024.0;
+  return 0;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::uint64_t bytes_under(fs::path const& p) {
+  if (fs::is_regular_file(p)) return fs::file_size(p);
+  std::uint64_t total = 0;
+  for (auto const& e : fs::recursive_directory_iterator(p))
+    if (e.is_regular_file()) total += e.file_size();
+  return total;
+}
+
+std::string quoted(fs::path const& p) { return "'" + p.string() + "'"; }
+
+void run(std::string const& command) {
+  if (std::system(command.c_str()) != 0) {
+    std::fprintf(stderr, "bench_checkpoint: \"%s\" failed\n", command.c_str());
+    std::exit(1);
+  }
+}
+
+// Writes back dirty pages and drops the page cache; false where this process may not.
+bool drop_caches() {
+  ::sync();
+  std::FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w");
+  if (!f) return false;
+  bool const ok = std::fputs("3\n", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Fills this rank's shard deterministically (values in [-0.5, 0.5)) and returns its sum. Replicated
+// parameters (the norms) get the same values on every rank, as a model's would.
+double fill_shard(Model& model, int rank) {
+  double sum = 0;
+  std::uint64_t parameter = 0;
+  sw::detail::for_each_parameter(model, [&](auto const& p) {
+    using P = std::remove_cvref_t<decltype(p)>;
+    bool const sharded = sw::is_shard_v<typename P::grad_placement>;
+    float* v = p.value->data();
+    auto const n = static_cast<std::uint64_t>(p.value->size());
+    std::uint64_t const seed = (std::uint64_t(sharded ? rank : 0) << 56) ^ (parameter++ << 40);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      v[i] = float(splitmix(seed + i) >> 40) * 0x1p-24f - 0.5f;
+      sum += v[i];
+    }
+  });
+  return sum;
+}
+
+double shard_sum(Model& model) {
+  double sum = 0;
+  sw::detail::for_each_parameter(model, [&](auto const& p) {
+    float const* v = p.value->data();
+    for (Eigen::Index i = 0; i < p.value->size(); ++i) sum += v[i];
+  });
+  return sum;
+}
+
+struct Footprint {
+  double parameters = 0, gradients = 0;  // bytes of this rank's shard
+};
+Footprint footprint(Model& model) {
+  Footprint f;
+  sw::detail::for_each_parameter(model, [&](auto const& p) {
+    f.parameters += double(p.value->size()) * sizeof(float);
+    f.gradients += double(p.grad->size()) * sizeof(float);
+  });
+  return f;
+}
+
+struct Row {
+  std::string what, cache;
+  double bytes = 0, seconds = 0, cp_seconds = 0;
+  std::string against;
+};
+
+void print_rows(std::vector<Row> const& rows) {
+  std::printf("| operation | page cache | bytes | seconds | GB/s | cp | cp GB/s | ours / cp |\n");
+  std::printf("|---|---|---:|---:|---:|---|---:|---:|\n");
+  for (auto const& r : rows) {
+    double const ours = r.bytes / r.seconds / 1e9, theirs = r.bytes / r.cp_seconds / 1e9;
+    std::printf("| %s | %s | %.0f MB | %.2f | %.2f | %s | %.2f | %.2f |\n", r.what.c_str(), r.cache.c_str(),
+                r.bytes / 1e6, r.seconds, ours, r.against.c_str(), theirs, ours / theirs);
+  }
+  std::fflush(stdout);
+}
+
+int throughput(fs::path const& dir, int repeat, bool smoke) {
+  auto const c = config(smoke);
+  fs::create_directories(dir);
+  fs::path const ckpt = dir / "ckpt", copy = dir / "ckpt_cp", consolidated = dir / "consolidated";
+  fs::path const file = consolidated / "model.safetensors";
+  fs::remove_all(ckpt), fs::remove_all(copy), fs::remove_all(consolidated);
+  fs::create_directories(consolidated);
+  bool const can_drop = drop_caches();
+  std::printf("bench_checkpoint: Llama vocabulary %zu, dim %zu, %zu layers, %zu heads, %zu kv heads, hidden %zu; "
+              "folder %s; dropping the page cache %s\n",
+              c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, dir.c_str(),
+              can_drop ? "works (cold rows: caches dropped before each timed step)" : "is not permitted (warm only)");
+  std::fflush(stdout);
+
+  // Time one operation `repeat` times (the best is kept); `prepare` runs before each, untimed.
+  auto best = [&](std::function<void()> const& prepare, std::function<double()> const& timed) {
+    double t = 1e300;
+    for (int i = 0; i < repeat; ++i) {
+      prepare();
+      t = std::min(t, timed());
+    }
+    return t;
+  };
+  auto timed_command = [](std::string const& command) {
+    return [command] {
+      auto const start = std::chrono::steady_clock::now();
+      run(command);
+      return seconds_since(start);
+    };
+  };
+
+  // Create the model at TP 4, each rank its own shard, and save it (timed, between barriers, on rank 0).
+  std::vector<double> created_sums(4), loaded_sums(4);
+  double save_seconds = 1e300;
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+    sw::Lazy<Model> lazy(c);
+    sw::parallelize(lazy, tp);
+    Model& model = sw::materialize(lazy);
+    created_sums[std::size_t(world.rank())] = fill_shard(model, world.rank());
+    for (int i = 0; i < repeat; ++i) {
+      sw::barrier(tp);
+      auto const start = std::chrono::steady_clock::now();
+      sw::save_sharded(model, tp, ckpt, 100 + i, {{"bench", "checkpoint"}});
+      sw::barrier(tp);
+      if (world.rank() == 0) save_seconds = std::min(save_seconds, seconds_since(start));
+    }
+  });
+  double const bytes = double(bytes_under(ckpt));
+  std::printf("checkpoint: %.0f MB in %s (the model's fp32 parameters: %.3f GiB)\n", bytes / 1e6, ckpt.c_str(),
+              bytes / double(1ull << 30));
+  std::fflush(stdout);
+
+  std::vector<Row> rows;
+  auto const remove_copy = [&] { fs::remove_all(copy); };
+  std::string const cp_ckpt = "cp -r " + quoted(ckpt) + " " + quoted(copy);
+  // The save writes through the page cache and fsyncs every file: against cp alone and cp + sync of its files.
+  double const cp_seconds = best(remove_copy, timed_command(cp_ckpt));
+  double const cp_sync_seconds =
+      best(remove_copy, timed_command(cp_ckpt + " && sync " + quoted(copy) + "/tensor_parallel_shards/*/* " +
+                                      quoted(copy) + "/*.json"));
+  rows.push_back({"save_sharded, TP 4 (4 threads), fsync", "source in memory", bytes, save_seconds, cp_sync_seconds,
+                  "cp -r + sync, warm"});
+  rows.push_back({"save_sharded, TP 4 (4 threads), fsync", "source in memory", bytes, save_seconds, cp_seconds,
+                  "cp -r, warm"});
+
+  // Loading into lazily declared models: each rank allocates and reads only its shard.
+  auto load = [&](int ranks, bool check) {
+    return [&, ranks, check] {
+      double seconds = 0;
+      sw::run_threads(ranks, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+        sw::Lazy<Model> lazy(c);
+        sw::parallelize(lazy, tp);
+        sw::barrier(tp);
+        auto const start = std::chrono::steady_clock::now();
+        Model& model = sw::load_sharded(lazy, tp, ckpt);
+        sw::barrier(tp);
+        if (world.rank() == 0) seconds = seconds_since(start);
+        if (check) loaded_sums[std::size_t(world.rank())] = shard_sum(model);
+      });
+      return seconds;
+    };
+  };
+  std::function<void()> const nothing = [] {};
+  std::function<void()> const cold = [] { (void)drop_caches(); };
+  std::function<void()> const cold_copy = [&] { remove_copy(), (void)drop_caches(); };
+  std::function<void()> const warm_copy = remove_copy;
+  auto const consolidate = [&] {
+    auto const start = std::chrono::steady_clock::now();
+    (void)sw::consolidate(ckpt, file);
+    return seconds_since(start);
+  };
+  std::vector<std::string> const caches = can_drop ? std::vector<std::string>{"warm", "cold"}
+                                                   : std::vector<std::string>{"warm"};
+  for (auto const& cache : caches) {
+    bool const is_cold = cache == "cold";
+    double const cp_read = best(is_cold ? cold_copy : warm_copy, timed_command(cp_ckpt));
+    std::string const against = "cp -r, " + cache;
+    rows.push_back({"load_sharded, TP 4 (4 threads), lazy", cache, bytes,
+                    best(is_cold ? cold : nothing, load(4, true)), cp_read, against});
+    rows.push_back({"load_sharded, TP 2 (2 threads), lazy, resharded", cache, bytes,
+                    best(is_cold ? cold : nothing, load(2, false)), cp_read, against});
+    // Consolidation writes a new file (atomically, fsync): against cp and cp + sync of the checkpoint.
+    double const cp_read_sync =
+        best(is_cold ? cold_copy : warm_copy,
+             timed_command(cp_ckpt + " && sync " + quoted(copy) + "/tensor_parallel_shards/*/*"));
+    rows.push_back({"consolidate (library call), fsync", cache, bytes,
+                    best([&] { fs::remove(file), is_cold ? (void)drop_caches() : (void)0; }, consolidate),
+                    cp_read_sync, "cp -r + sync, " + cache});
+  }
+  fs::remove_all(copy);
+  for (int r = 0; r < 4; ++r)
+    if (loaded_sums[std::size_t(r)] != created_sums[std::size_t(r)]) {
+      std::fprintf(stderr, "bench_checkpoint: rank %d's shard loaded at TP 4 differs from the one saved\n", r);
+      return 1;
+    }
+  std::printf("\nloaded at TP 4: every rank's shard sums to the saved one's (bit-identical sums)\n\n");
+  print_rows(rows);
+  return 0;
+}
+
+int rss(int& argc, char**& argv, fs::path const& dir, std::string const& mode, bool smoke) {
+  auto world = sw::mpi_world(argc, argv);
+  if (world.size() != 4) {
+    std::fprintf(stderr, "bench_checkpoint rss: run it on 4 MPI processes (mpiexec -n 4), not %d\n", world.size());
+    return 2;
+  }
+  auto const c = config(smoke);
+  struct Measured {
+    double baseline = 0, baseline_peak = 0, peak = 0, after = 0, parameters = 0, gradients = 0, seconds = 0;
+  } m;
+  m.baseline = status_bytes("VmRSS");
+  m.baseline_peak = status_bytes("VmHWM");
+  auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+  sw::Lazy<Model> lazy(c);
+  sw::parallelize(lazy, tp);
+  world.barrier();
+  auto const start = std::chrono::steady_clock::now();
+  Model* model = nullptr;
+  if (mode == "sharded")
+    model = &sw::load_sharded(lazy, tp, dir / "ckpt");
+  else if (mode == "rank0")
+    model = &sw::load_sharded(lazy, tp, dir / "ckpt", {.only_rank0_reads = true});
+  else if (mode == "steps")
+    model = &sw::load_sharded(lazy, tp, dir / "ckpt", {.ranks_per_step = 1});
+  else if (mode == "consolidated")
+    model = &sw::load_consolidated(lazy, tp, dir / "consolidated" / "model.safetensors");
+  else {
+    std::fprintf(stderr, "bench_checkpoint rss: --mode sharded, rank0, steps or consolidated\n");
+    return 2;
+  }
+  world.barrier();
+  m.seconds = seconds_since(start);
+  m.peak = status_bytes("VmHWM");
+  m.after = status_bytes("VmRSS");
+  auto const f = footprint(*model);
+  m.parameters = f.parameters, m.gradients = f.gradients;
+  auto const all = world.all_gather_value(m);
+  if (world.rank() != 0) return 0;
+  char const* what = mode == "sharded"        ? "load_sharded"
+                     : mode == "rank0"        ? "load_sharded, only_rank0_reads"
+                     : mode == "steps"        ? "load_sharded, ranks_per_step = 1"
+                                              : "load_consolidated (one file of full tensors, sliced per rank)";
+  std::printf("\n%s at TP 4, 4 MPI processes, into sw::Lazy models: %.2f s\n", what, m.seconds);
+  std::printf("| rank | baseline RSS | peak RSS (VmHWM) | RSS after | shard (parameters) | gradients | "
+              "peak / shard | (peak - baseline) / shard | (peak - baseline) / (parameters + gradients) |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  constexpr double mib = 1024.0 * 1024.0;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto const& x = all[r];
+    std::printf("| %zu | %.0f MiB | %.0f MiB | %.0f MiB | %.0f MiB | %.0f MiB | %.2f | %.2f | %.2f |\n", r,
+                x.baseline / mib, x.peak / mib, x.after / mib, x.parameters / mib, x.gradients / mib,
+                x.peak / x.parameters, (x.peak - x.baseline) / x.parameters,
+                (x.peak - x.baseline) / (x.parameters + x.gradients));
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string command, mode = "sharded";
+  fs::path dir;
+  int repeat = 2;
+  bool smoke = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    if (a == "--dir" && i + 1 < argc)
+      dir = argv[++i];
+    else if (a == "--mode" && i + 1 < argc)
+      mode = argv[++i];
+    else if (a == "--repeat" && i + 1 < argc)
+      repeat = std::atoi(argv[++i]);
+    else if (a == "--smoke")
+      smoke = true;
+    else if (command.empty() && (a == "throughput" || a == "rss"))
+      command = a;
+    else
+      command = "?";
+  }
+  if (command.empty() || command == "?" || dir.empty() || repeat < 1) {
+    std::fprintf(stderr,
+                 "usage: bench_checkpoint throughput --dir DIR [--repeat N] [--smoke]\n"
+                 "       mpiexec -n 4 bench_checkpoint rss --dir DIR --mode sharded|rank0|steps|consolidated "
+                 "[--smoke]\n");
+    return 2;
+  }
+  if (smoke) repeat = 1;
+  try {
+    if (command == "throughput") return throughput(dir, repeat, smoke);
+    return rss(argc, argv, dir, mode, smoke);
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "bench_checkpoint: %s\n", e.what());
+    return 1;
+  }
+}
