@@ -19,7 +19,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=ON -DSHAR
 cmake --build build -j"$jobs"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
-thread_tests="test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh|test_nn|test_llama"
+thread_tests="test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh|test_nn|test_llama|test_lazy|test_checkpoint_sharded|test_safetensors"
 
 echo "== thread-mesh tests under ThreadSanitizer"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -g" \
@@ -35,4 +35,4 @@ cmake --build build-asan -j"$jobs"
 # OpenMPI keeps its allocations until exit by design: leak reports would be its, not ours. The PyTorch
 # comparisons ran in the Release build above; here they would only re-run Python.
 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
-  ctest --test-dir build-asan -j"$jobs" --output-on-failure -LE "compile_fail|consumer|torch"
+  ctest --test-dir build-asan -j"$jobs" --output-on-failure -LE "compile_fail|consumer|torch|fuzz"

@@ -133,21 +133,10 @@ void for_each_named_layer(Node& node, std::string const& prefix, Fn& fn) {
   }
 }
 
-/// The vocabulary of a model that pads it (models::Llama: its "output" layer has that many real rows; an
-/// Embedding knows its own). Linear itself does not remember the rows it had before pad_outputs.
-template <class Model>
-std::optional<std::size_t> model_vocabulary(Model const& model) {
-  if constexpr (requires { model.config().vocabulary; })
-    return static_cast<std::size_t>(model.config().vocabulary);
-  else
-    return std::nullopt;
-}
-
 /// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
 /// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused.
 template <class Model, class Fn>
 void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
-  auto const vocabulary = model_vocabulary(model);
   auto const tp = static_cast<std::size_t>(size);
   auto visit_layer = [&](auto& l, std::string const& path) {
     if constexpr (requires { l.materialized(); }) {
@@ -188,8 +177,8 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
               t.stored_rows = t.physical_rows / t.copies;
             } else if constexpr (requires { l.vocabulary(); }) {
               t.stored_rows = std::min(t.physical_rows, static_cast<std::size_t>(l.vocabulary()));
-            } else if (vocabulary && path == "output") {
-              t.stored_rows = std::min(t.physical_rows, *vocabulary);  // Llama pads its output projection too
+            } else if constexpr (requires { l.unpadded_out_features(); }) {
+              t.stored_rows = std::min(t.physical_rows, l.unpadded_out_features());  // a padded Linear
             } else {
               t.stored_rows = t.physical_rows;
             }

@@ -81,12 +81,15 @@ class Linear {
 
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
+  /// The output features before pad_outputs (a padded vocabulary's real size); checkpoints store only these.
+  [[nodiscard]] std::size_t unpadded_out_features() const { return unpadded_out_ ? unpadded_out_ : out_; }
   [[nodiscard]] bool has_bias() const { return has_bias_; }
 
   /// Pads the output features with zero rows up to `out` (before parallelize): a padded vocabulary's logits,
   /// which the loss then leaves out.
   void pad_outputs(std::size_t out) {
     if (out <= out_) return;
+    unpadded_out_ = out_;
     if (lazy_) {
       out_ = local_out_ = out;
       return;
@@ -276,6 +279,7 @@ class Linear {
   std::size_t in_, out_;
   bool has_bias_;
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
+  std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
   std::size_t local_in_, local_out_;         // this rank's shard of the weight
   bool lazy_ = false;                        // declared under sw::Lazy and not materialized yet
   std::shared_ptr<nn::group<T> const> group_;
