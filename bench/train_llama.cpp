@@ -186,8 +186,8 @@ int main(int argc, char** argv) {
     double const ideal =
         (2.0 * double(serial.parameters) / conf.tp + 2.0 * double(serial.parameters) / (conf.tp * conf.dp)) * bytes /
         mib;
-    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", conf.name, conf.ranks, held, ideal,
-                r.peak_rss_mib, r.rss_before_mib, (r.peak_rss_mib - r.rss_before_mib) / conf.ranks);
+    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", conf.name, conf.ranks, held, ideal, r.peak_rss_mib,
+                r.rss_before_mib, (r.peak_rss_mib - r.rss_before_mib) / conf.ranks);
   }
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);
   return 0;
