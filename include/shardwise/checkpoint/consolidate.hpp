@@ -83,10 +83,10 @@ inline checkpoint_index consolidate(std::filesystem::path const& checkpoint, std
           size[d] = static_cast<std::size_t>(p.shape[d]);
           offset[d] = static_cast<std::size_t>(p.offset[d]);
         }
-        auto const bytes = file.raw(t.name);
+        file.will_need(t.name);
         detail::for_each_run(full, offset, size, detail::zero_offset(full.rank), size, storage_order::row_major,
                              [&](std::size_t to, std::size_t from, std::size_t n) {
-                               std::memcpy(out.data() + to * element, bytes.data() + from * element, n * element);
+                               file.read_bytes(t.name, from * element, n * element, out.data() + to * element);
                              });
       }
     });

@@ -1,6 +1,7 @@
 #pragma once
 // A file mapped read-only into memory (POSIX mmap). Pages are read from disk only when touched, so reading a
-// slice of one tensor costs that slice, not the file.
+// slice of one tensor costs that slice, not the file. read() copies a byte range with pread instead, which
+// leaves no mapped page resident (what loaders use: a rank's memory then holds its shard, not the file too).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -46,23 +47,28 @@ class mapped_file {
         detail::fail("shardwise::mapped_file: cannot map \"", path_, "\" (", size_, " bytes): ", std::strerror(error));
       }
       data_ = static_cast<std::byte const*>(p);
-      // No read-ahead around faults (the kernel's window is megabytes): readers ask for the ranges they need
-      // with will_need, so a slice costs the slice.
+      // No read-ahead around faults nor around reads (the kernel's window is megabytes): readers ask for the
+      // ranges they need with will_need, so a slice costs the slice.
       (void)::madvise(p, size_, MADV_RANDOM);
+      (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+      fd_ = fd;  // kept for read(): copies that leave the mapping's pages untouched
+    } else {
+      ::close(fd);
     }
-    ::close(fd);  // the mapping keeps the file alive
   }
 
   mapped_file(mapped_file&& other) noexcept
       : path_(std::move(other.path_)),
         data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)) {}
+        size_(std::exchange(other.size_, 0)),
+        fd_(std::exchange(other.fd_, -1)) {}
   mapped_file& operator=(mapped_file&& other) noexcept {
     if (this != &other) {
       unmap();
       path_ = std::move(other.path_);
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      fd_ = std::exchange(other.fd_, -1);
     }
     return *this;
   }
@@ -82,16 +88,38 @@ class mapped_file {
     (void)::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_WILLNEED);
   }
 
+  /// Copies bytes [offset, offset + length) of the file into `out`. Through pread, not the mapping: a page of
+  /// the mapping counts in the process's resident memory once touched (and, with MADV_RANDOM, is faulted in
+  /// 4 KiB at a time), while a read copies from the page cache and leaves nothing resident but `out`.
+  void read(std::size_t offset, std::size_t length, void* out) const {
+    if (offset > size_ || length > size_ - offset)
+      detail::fail("shardwise::mapped_file: \"", path_, "\": bytes [", offset, ", ", offset + length,
+                   ") go beyond the file's ", size_, " bytes");
+    auto* to = static_cast<std::byte*>(out);
+    while (length > 0) {
+      ssize_t const n = ::pread(fd_, to, length, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        detail::fail("shardwise::mapped_file: cannot read \"", path_, "\" at byte ", offset, ": ",
+                     n < 0 ? std::strerror(errno) : "the file is shorter than when it was opened",
+                     "; check the file and the disk");
+      to += n, offset += static_cast<std::size_t>(n), length -= static_cast<std::size_t>(n);
+    }
+  }
+
  private:
   void unmap() {
     if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
     data_ = nullptr;
     size_ = 0;
+    fd_ = -1;
   }
 
   std::string path_;
   std::byte const* data_ = nullptr;
   std::size_t size_ = 0;
+  int fd_ = -1;  // open while mapped
 };
 
 }  // namespace shardwise

@@ -3,6 +3,7 @@
 // rows, a block of columns...) copied without touching the rest of the file, into plain buffers or into any
 // shardwise tensor (Eigen, xtensor). Floating-point data converts between F64, F32, F16 and BF16 on the way;
 // integers and bools are read as their own type.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -153,7 +154,6 @@ class safetensors_file {
     check_type<T>(t);
     extents const full = to_extents(t);
     check_box(t, full, offset, size);
-    std::byte const* base = file_.bytes().data() + header_.data_start + t.begin;
     std::size_t const stored = dtype_size(t.type);
     if (size.elements() == 0) return;
     // Read ahead exactly the bytes from the box's first element to its last.
@@ -164,10 +164,40 @@ class safetensors_file {
       stride *= full[d];
     }
     file_.will_need(header_.data_start + t.begin + first * stored, (last + 1 - first) * stored);
+    // Copied with pread (the mapping's pages stay untouched, so they add nothing to the resident memory):
+    // straight into `out` when stored as T, else through a small buffer and converted.
+    std::size_t const start = header_.data_start + t.begin;
+    std::vector<std::byte> buffer;
     detail::for_each_run(size, detail::zero_offset(size.rank), full, offset, size, storage_order::row_major,
                          [&](std::size_t to, std::size_t from, std::size_t n) {
-                           detail::decode_elements(base + from * stored, t.type, out + to, n);
+                           if (t.type == dtype_of<T> && !std::is_same_v<T, bool>) {
+                             file_.read(start + from * stored, n * stored, out + to);
+                             return;
+                           }
+                           constexpr std::size_t chunk = std::size_t(1) << 16;  // elements
+                           buffer.resize(std::min(n, chunk) * stored);
+                           for (std::size_t done = 0; done < n; done += chunk) {
+                             std::size_t const k = std::min(chunk, n - done);
+                             file_.read(start + (from + done) * stored, k * stored, buffer.data());
+                             detail::decode_elements(buffer.data(), t.type, out + to + done, k);
+                           }
                          });
+  }
+
+  /// Copies `length` bytes of tensor `name`'s data from byte `first` of it into `out` as stored (pread; the
+  /// mapping's pages stay untouched).
+  void read_bytes(std::string_view name, std::size_t first, std::size_t length, std::byte* out) const {
+    tensor_info const& t = info(name);
+    if (first > t.bytes() || length > t.bytes() - first)
+      detail::fail("shardwise::safetensors: \"", path(), "\": tensor \"", name, "\" has ", t.bytes(),
+                   " bytes; bytes [", first, ", ", first + length, ") go beyond them");
+    file_.read(header_.data_start + t.begin + first, length, out);
+  }
+
+  /// Asks the kernel to read tensor `name`'s bytes ahead, in the background (a hint).
+  void will_need(std::string_view name) const {
+    tensor_info const& t = info(name);
+    file_.will_need(header_.data_start + t.begin, t.bytes());
   }
 
   /// Rows [first, first + count) of tensor `name` (along its first dimension), row-major, into `out`.
