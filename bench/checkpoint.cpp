@@ -170,10 +170,11 @@ int throughput(fs::path const& dir, int repeat, bool smoke) {
   fs::remove_all(ckpt), fs::remove_all(copy), fs::remove_all(consolidated);
   fs::create_directories(consolidated);
   bool const can_drop = drop_caches();
-  std::printf("bench_checkpoint: Llama vocabulary %zu, dim %zu, %zu layers, %zu heads, %zu kv heads, hidden %zu; "
-              "folder %s; dropping the page cache %s\n",
-              c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, dir.c_str(),
-              can_drop ? "works (cold rows: caches dropped before each timed step)" : "is not permitted (warm only)");
+  std::printf(
+      "bench_checkpoint: Llama vocabulary %zu, dim %zu, %zu layers, %zu heads, %zu kv heads, hidden %zu; "
+      "folder %s; dropping the page cache %s\n",
+      c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, dir.c_str(),
+      can_drop ? "works (cold rows: caches dropped before each timed step)" : "is not permitted (warm only)");
   std::fflush(stdout);
 
   // Time one operation `repeat` times (the best is kept); `prepare` runs before each, untimed.
@@ -220,13 +221,13 @@ int throughput(fs::path const& dir, int repeat, bool smoke) {
   std::string const cp_ckpt = "cp -r " + quoted(ckpt) + " " + quoted(copy);
   // The save writes through the page cache and fsyncs every file: against cp alone and cp + sync of its files.
   double const cp_seconds = best(remove_copy, timed_command(cp_ckpt));
-  double const cp_sync_seconds =
-      best(remove_copy, timed_command(cp_ckpt + " && sync " + quoted(copy) + "/tensor_parallel_shards/*/* " +
-                                      quoted(copy) + "/*.json"));
+  double const cp_sync_seconds = best(
+      remove_copy,
+      timed_command(cp_ckpt + " && sync " + quoted(copy) + "/tensor_parallel_shards/*/* " + quoted(copy) + "/*.json"));
   rows.push_back({"save_sharded, TP 4 (4 threads), fsync", "source in memory", bytes, save_seconds, cp_sync_seconds,
                   "cp -r + sync, warm"});
-  rows.push_back({"save_sharded, TP 4 (4 threads), fsync", "source in memory", bytes, save_seconds, cp_seconds,
-                  "cp -r, warm"});
+  rows.push_back(
+      {"save_sharded, TP 4 (4 threads), fsync", "source in memory", bytes, save_seconds, cp_seconds, "cp -r, warm"});
 
   // Loading into lazily declared models: each rank allocates and reads only its shard.
   auto load = [&](int ranks, bool check) {
@@ -276,14 +277,14 @@ int throughput(fs::path const& dir, int repeat, bool smoke) {
     (void)sw::consolidate(ckpt, file);
     return seconds_since(start);
   };
-  std::vector<std::string> const caches = can_drop ? std::vector<std::string>{"warm", "cold"}
-                                                   : std::vector<std::string>{"warm"};
+  std::vector<std::string> const caches =
+      can_drop ? std::vector<std::string>{"warm", "cold"} : std::vector<std::string>{"warm"};
   for (auto const& cache : caches) {
     bool const is_cold = cache == "cold";
     double const cp_read = best(is_cold ? cold_copy : warm_copy, timed_command(cp_ckpt));
     std::string const against = "cp -r, " + cache;
-    rows.push_back({"load_sharded, TP 4 (4 threads), lazy", cache, bytes,
-                    best(is_cold ? cold : nothing, load(4, true)), cp_read, against});
+    rows.push_back({"load_sharded, TP 4 (4 threads), lazy", cache, bytes, best(is_cold ? cold : nothing, load(4, true)),
+                    cp_read, against});
     rows.push_back({"load_sharded, TP 2 (2 threads), lazy, resharded", cache, bytes,
                     best(is_cold ? cold : nothing, load(2, false)), cp_read, against});
     // Consolidation writes a new file (atomically, fsync): against cp and cp + sync of the checkpoint.
@@ -291,8 +292,8 @@ int throughput(fs::path const& dir, int repeat, bool smoke) {
         best(is_cold ? cold_copy : warm_copy,
              timed_command(cp_ckpt + " && sync " + quoted(copy) + "/tensor_parallel_shards/*/*"));
     rows.push_back({"consolidate (library call), fsync", cache, bytes,
-                    best([&] { fs::remove(file), is_cold ? (void)drop_caches() : (void)0; }, consolidate),
-                    cp_read_sync, "cp -r + sync, " + cache});
+                    best([&] { fs::remove(file), is_cold ? (void)drop_caches() : (void)0; }, consolidate), cp_read_sync,
+                    "cp -r + sync, " + cache});
   }
   fs::remove_all(copy);
   for (int r = 0; r < 4; ++r)
@@ -343,13 +344,14 @@ int rss(int& argc, char**& argv, fs::path const& dir, std::string const& mode, b
   m.parameters = f.parameters, m.gradients = f.gradients;
   auto const all = world.all_gather_value(m);
   if (world.rank() != 0) return 0;
-  char const* what = mode == "sharded"        ? "load_sharded"
-                     : mode == "rank0"        ? "load_sharded, only_rank0_reads"
-                     : mode == "steps"        ? "load_sharded, ranks_per_step = 1"
-                                              : "load_consolidated (one file of full tensors, sliced per rank)";
+  char const* what = mode == "sharded" ? "load_sharded"
+                     : mode == "rank0" ? "load_sharded, only_rank0_reads"
+                     : mode == "steps" ? "load_sharded, ranks_per_step = 1"
+                                       : "load_consolidated (one file of full tensors, sliced per rank)";
   std::printf("\n%s at TP 4, 4 MPI processes, into sw::Lazy models: %.2f s\n", what, m.seconds);
-  std::printf("| rank | baseline RSS | peak RSS (VmHWM) | RSS after | shard (parameters) | gradients | "
-              "peak / shard | (peak - baseline) / shard | (peak - baseline) / (parameters + gradients) |\n");
+  std::printf(
+      "| rank | baseline RSS | peak RSS (VmHWM) | RSS after | shard (parameters) | gradients | "
+      "peak / shard | (peak - baseline) / shard | (peak - baseline) / (parameters + gradients) |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   constexpr double mib = 1024.0 * 1024.0;
   for (std::size_t r = 0; r < all.size(); ++r) {

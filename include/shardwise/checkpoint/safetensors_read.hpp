@@ -189,8 +189,8 @@ class safetensors_file {
   void read_bytes(std::string_view name, std::size_t first, std::size_t length, std::byte* out) const {
     tensor_info const& t = info(name);
     if (first > t.bytes() || length > t.bytes() - first)
-      detail::fail("shardwise::safetensors: \"", path(), "\": tensor \"", name, "\" has ", t.bytes(),
-                   " bytes; bytes [", first, ", ", first + length, ") go beyond them");
+      detail::fail("shardwise::safetensors: \"", path(), "\": tensor \"", name, "\" has ", t.bytes(), " bytes; bytes [",
+                   first, ", ", first + length, ") go beyond them");
     file_.read(header_.data_start + t.begin + first, length, out);
   }
 
