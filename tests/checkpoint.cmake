@@ -73,3 +73,6 @@ if(TARGET shardwise::mpi)
   shardwise_add_mpi_doctest(test_checkpoint_mpi test_checkpoint_mpi.cpp RANKS 2 4)
   target_link_libraries(test_checkpoint_mpi PRIVATE shardwise::checkpoint)
 endif()
+
+# Model and AdamW state (ZeRO-1 slices per dp rank) saved together; resuming equals the uninterrupted run.
+shardwise_add_test(test_checkpoint_optimizer test_checkpoint_optimizer.cpp LINK shardwise::checkpoint shardwise::eigen)

@@ -255,9 +255,12 @@ inline std::filesystem::path normalized_dir(std::filesystem::path const& dir) {
 
 /// Saves the model's parameters as a sharded checkpoint in `dir`, collectively over the tp mesh (every tp rank
 /// calls it). `dir` is replaced atomically: a new folder, or a previous checkpoint.
+/// `also_write(folder, tp_rank)`, if given, runs on every tp rank after its shard is written and may add files
+/// under `folder` (the checkpoint being built): they are committed with it, atomically (optimizer state).
 template <class Model, class TpMesh>
 void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
-                  std::map<std::string, std::string> const& metadata = {}) {
+                  std::map<std::string, std::string> const& metadata = {},
+                  std::function<void(std::filesystem::path const&, int)> const& also_write = {}) {
   namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
   fs::path const target = detail::normalized_dir(dir);
@@ -309,6 +312,7 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
     fs::create_directories(temp / rank_folder(rank, 0));
     writer.write(temp / rank_folder(rank, 0) / shard_file,
                  {{"format", "pt"}, {"shardwise.offsets", offsets.dump()}, {"shardwise.step", std::to_string(step)}});
+    if (also_write) also_write(temp, rank);
     if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("rank_file_written", rank);
   } catch (std::exception const& e) {
     error = e.what();

@@ -5,6 +5,7 @@
 // reduce-scattered and the updated slices all-gathered.
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -200,6 +201,26 @@ class AdamW {
                   "rank holds whole yet; pass sw::finish_gradients(model) instead of the model");
     return step(FinishedGradients<Model>{model}, dp);
   }
+
+  /// The state, for checkpoints: allocates it as the first step would (this rank's slice of every parameter,
+  /// in the model's parameter order) if no step has yet, then calls fn(index, start, m, v) per parameter, where
+  /// m and v (first and second moments) cover elements [start, start + m.size()) of the flattened local tensor.
+  template <class Model, class DataMesh, class Fn>
+  void for_each_state(Model& model, DataMesh const& dp, Fn&& fn) {
+    std::size_t index = 0;
+    detail::for_each_parameter(model, [&](auto const& p) {
+      slice& s = slice_of(index, static_cast<std::size_t>(p.value->size()), dp.size(0), dp.coordinate(0));
+      if (s.start + s.count > static_cast<std::size_t>(p.value->size()))
+        detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", p.path,
+                     "\") does not fit it; use one optimizer per model");
+      fn(index, s.start, std::span<T>(s.m), std::span<T>(s.v));
+      ++index;
+    });
+  }
+  /// Steps taken (bias correction depends on it); set when resuming from a checkpoint.
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  void set_steps(std::size_t steps) { steps_ = steps; }
+  [[nodiscard]] AdamWOptions<T> const& options() const { return options_; }
 
   /// Elements of optimizer state this rank holds (moments): with ZeRO-1, about 2 x parameters / dp.
   [[nodiscard]] std::size_t state_elements() const {
