@@ -1,6 +1,9 @@
 # A compile-fail test passes only if the bad twin fails to build AND the output contains the library's own
 # message; the good twin (same file, without SHARDWISE_SHOULD_FAIL) must build, so the file itself is sound.
 function(shardwise_add_compile_fail_test name)
+  if(NOT SHARDWISE_BUILD_COMPILE_CHECKS)
+    return()
+  endif()
   cmake_parse_arguments(A "" "SOURCE" "EXPECT;LINK" ${ARGN})
   add_library(cf_${name}_ok OBJECT ${A_SOURCE})
   add_library(cf_${name}_ko OBJECT EXCLUDE_FROM_ALL ${A_SOURCE})

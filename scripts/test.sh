@@ -23,16 +23,18 @@ thread_tests="test_collectives|test_collectives_xtensor|test_dtensor|test_thread
 
 echo "== thread-mesh tests under ThreadSanitizer"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -g" \
-  -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=OFF >/dev/null
+  -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=OFF -DSHARDWISE_BUILD_TOOLS=OFF \
+  -DSHARDWISE_BUILD_COMPILE_CHECKS=OFF >/dev/null
 cmake --build build-tsan -j"$jobs" --target ${thread_tests//|/ }
-TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan -j"$jobs" --output-on-failure -R "^(${thread_tests})$"
+SHARDWISE_TEST_STEPS=5 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan -j"$jobs" --output-on-failure -R "^(${thread_tests})$"
 
 echo "== suite under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g" \
-  -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=OFF >/dev/null  # the examples ran in the Release build
+  -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=OFF -DSHARDWISE_BUILD_TOOLS=OFF \
+  -DSHARDWISE_BUILD_COMPILE_CHECKS=OFF >/dev/null  # examples, tools and compile checks ran in the Release build
 cmake --build build-asan -j"$jobs"
 # OpenMPI keeps its allocations until exit by design: leak reports would be its, not ours. The PyTorch
 # comparisons ran in the Release build above; here they would only re-run Python.
-ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
+SHARDWISE_TEST_STEPS=5 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
   ctest --test-dir build-asan -j"$jobs" --output-on-failure -LE "compile_fail|consumer|torch|fuzz"

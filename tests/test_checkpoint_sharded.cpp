@@ -246,6 +246,14 @@ TEST_CASE("resharding: saved at TP 4, loaded at TP 2 and 1, and the reverse, wit
   load_and_check<tp_plan>(2, c, dir.path / "tp1", expected, 10);
   save_at<sequence_plan>(2, c, dir.path / "sp2", 20);
   load_and_check<tp_plan>(4, c, dir.path / "sp2", expected, 20);
+  // A column-cut tensor is staged a few rows at a time: down to one row per read, the same parameters.
+  for (std::size_t staging : {std::size_t{1}, std::size_t{100}}) {
+    INFO("staging " << staging << " bytes");
+    sw::detail::load_staging_bytes = staging;
+    load_and_check<tp_plan>(2, c, dir.path / "tp4", expected, 40);
+    load_and_check<tp_plan>(4, c, dir.path / "tp1", expected, 10);
+  }
+  sw::detail::load_staging_bytes = std::size_t{4} << 20;
 }
 
 TEST_CASE("saving again replaces the checkpoint; a folder that is not a checkpoint is refused") {

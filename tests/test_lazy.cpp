@@ -68,6 +68,76 @@ TEST_CASE("Lazy: nothing is allocated until materialize, then each rank holds ex
   }
 }
 
+TEST_CASE("Lazy: a materialized model allocates gradients on first use and then trains like the eager one") {
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks << " ranks");
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, ranks});
+      auto const tp = sw::submesh<"tp">(mesh);
+      auto const dp = sw::submesh<"dp">(mesh);
+      Model eager(config());
+      sw::parallelize(eager, tp);
+      sw::Lazy<Model> lazy(config());
+      sw::parallelize(lazy, tp);
+      Model& model = sw::materialize(lazy);
+
+      // A load holds the parameters and no more: the weight matrices (Linear, Embedding) have no gradient yet.
+      // Read through layer.parameters(), which allocates nothing (the optimizer's traversal would).
+      std::size_t matrix_elements = 0, matrix_gradient_elements = 0;
+      sw::detail::for_each_layer(model, [&](auto& layer) {
+        std::apply(
+            [&](auto const&... p) {
+              auto count = [&](auto const& q) {
+                if constexpr (std::remove_cvref_t<decltype(*q.value)>::ColsAtCompileTime != 1) {
+                  matrix_elements += static_cast<std::size_t>(q.value->size());
+                  matrix_gradient_elements += static_cast<std::size_t>(q.grad->size());
+                }
+              };
+              (count(p), ...);
+            },
+            layer.parameters());
+      });
+      CHECK(matrix_elements > 0);
+      CHECK(matrix_gradient_elements == 0);
+
+      // Fill it as a checkpoint would, then train both the same way: identical losses and parameters.
+      std::vector<float*> targets_of_copy;
+      sw::detail::for_each_layer(model, [&](auto& layer) {
+        std::apply([&](auto const&... p) { (targets_of_copy.push_back(p.value->data()), ...); }, layer.parameters());
+      });
+      std::size_t i = 0;
+      sw::detail::for_each_layer(eager, [&](auto& layer) {
+        std::apply(
+            [&](auto const&... p) {
+              ((std::copy(p.value->data(), p.value->data() + p.value->size(), targets_of_copy[i++])), ...);
+            },
+            layer.parameters());
+      });
+      sw::AdamW<float> eager_optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+      sw::AdamW<float> lazy_optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+      std::vector<std::int64_t> ids, targets;
+      for (int t = 0; t < 16; ++t) ids.push_back((t * 7 + 3) % 30), targets.push_back((t * 5 + 1) % 30);
+      for (int step = 0; step < 3; ++step) {
+        auto const expected = models::llama_loss(tp, eager.forward(ids), targets, 30);
+        auto const got = models::llama_loss(tp, model.forward(ids), targets, 30);
+        CHECK(got.loss == expected.loss);
+        eager.backward(expected.dlogits);
+        model.backward(got.dlogits);
+        eager_optimizer.step(sw::finish_gradients(eager), dp);
+        lazy_optimizer.step(sw::finish_gradients(model), dp);
+        sw::zero_grad(eager);
+        sw::zero_grad(model);
+      }
+      std::vector<float> a, b;
+      sw::detail::for_each_parameter(
+          eager, [&](auto const& p) { a.insert(a.end(), p.value->data(), p.value->data() + p.value->size()); });
+      sw::detail::for_each_parameter(
+          model, [&](auto const& p) { b.insert(b.end(), p.value->data(), p.value->data() + p.value->size()); });
+      CHECK(a == b);
+    });
+  }
+}
+
 TEST_CASE("Lazy: a layer used before it is materialized is refused with its path and the fix") {
   sw::run_threads(2, [&](auto& world) {
     auto const tp = sw::make_mesh<"tp">(world, {2});

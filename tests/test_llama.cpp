@@ -6,7 +6,7 @@
 #include "cases/llama_cases.hpp"
 
 namespace {
-constexpr int steps = 50;
+int const steps = llama_cases::steps();
 }
 
 TEST_CASE("Llama: sharded training equals the unsharded run, thread mesh") {

@@ -7,7 +7,7 @@
 #include "cases/llama_cases.hpp"
 
 TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
-  constexpr int steps = 50;
+  int const steps = llama_cases::steps();
   auto const world = shardwise::mpi_world();
   auto const c = llama_cases::small_config();
   auto const serial = llama_cases::train<shardwise::serial_plan>(shardwise::serial_world(), 1, steps, false, c);
@@ -26,7 +26,7 @@ TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
 }
 
 TEST_CASE("Llama: fewer key-value heads than ranks, and a padded vocabulary, MPI mesh") {
-  constexpr int steps = 50;
+  int const steps = llama_cases::steps();
   auto const world = shardwise::mpi_world();
   using sequence_parallel = shardwise::models::llama_plan<true>;
   auto against_serial = [&](shardwise::models::LlamaConfig const& c, int dp, bool zero1) {

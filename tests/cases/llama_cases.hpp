@@ -3,7 +3,9 @@
 // run's, for tensor parallelism, sequence parallelism, data parallelism and ZeRO-1 on a dp x tp mesh.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -30,6 +32,13 @@ inline void batch(models::LlamaConfig const& c, int step, int sequences, int fir
       ids.push_back(static_cast<std::int64_t>((base * 2654435761u >> 7) % c.vocabulary));
       targets.push_back(static_cast<std::int64_t>(((base + 104729u) * 2654435761u >> 7) % c.vocabulary));
     }
+}
+
+/// Training steps per run: 50, or SHARDWISE_TEST_STEPS. The sanitizer builds (scripts/test.sh) run 5: they look
+/// for races and memory errors, which every step's code shows; the Release build checks the 50-step curves.
+inline int steps(int usual = 50) {
+  char const* given = std::getenv("SHARDWISE_TEST_STEPS");
+  return given ? std::max(1, std::atoi(given)) : usual;
 }
 
 struct Run {

@@ -61,6 +61,9 @@ namespace detail {
 inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
 /// For tests: called when a rank starts ("read_begin") and ends ("read_end") reading its shard in load_sharded.
 inline void (*checkpoint_load_hook)(std::string_view stage, int tp_rank) = nullptr;
+/// The most a load stages at once for a column-cut tensor (rows of part of a row are read, then copied into
+/// place); whole rows are read straight into the parameter. Tests lower it to exercise many reads per box.
+inline std::size_t load_staging_bytes = std::size_t{4} << 20;
 
 /// How one parameter lies on this rank (a block of the physical global tensor, which may hold padded rows and
 /// repeated blocks) and in the checkpoint (the stored global tensor, without them).
@@ -453,16 +456,32 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
             detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
                          detail::shape_text(file->info(stored_name).shape), " but the index says ",
                          detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
-          extents offset{static_cast<std::size_t>(r0 - p.offset[0])}, count{static_cast<std::size_t>(r1 - r0)};
-          if (!t.is_vector) {
-            offset = {static_cast<std::size_t>(r0 - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
-            count = {static_cast<std::size_t>(r1 - r0), static_cast<std::size_t>(c1 - c0)};
+          auto const width = static_cast<std::size_t>(c1 - c0);
+          auto read_rows = [&](std::uint64_t first, std::uint64_t end, T* into) {
+            extents offset{static_cast<std::size_t>(first - p.offset[0])}, count{static_cast<std::size_t>(end - first)};
+            if (!t.is_vector) {
+              offset = {static_cast<std::size_t>(first - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
+              count = {static_cast<std::size_t>(end - first), width};
+            }
+            file->read_box(stored_name, offset, count, into);
+          };
+          T* const first_row = out + (run.local + (r0 - run.stored)) * t.local_cols;
+          if (width == t.local_cols) {  // whole local rows: straight into the parameter, no staging copy
+            read_rows(r0, r1, first_row);
+            continue;
           }
-          box.resize(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
-          file->read_box(stored_name, offset, count, box.data());
-          for (std::uint64_t r = r0; r < r1; ++r)
-            std::memcpy(out + (run.local + (r - run.stored)) * t.local_cols + (c0 - (t.is_vector ? 0 : t.col_offset)),
-                        box.data() + (r - r0) * (c1 - c0), static_cast<std::size_t>(c1 - c0) * sizeof(T));
+          // Part of each row (a column-cut tensor): staged, a few MiB of rows at a time, so that the load holds
+          // little more than the parameters.
+          std::uint64_t const rows_per_read =
+              std::max<std::uint64_t>(1, detail::load_staging_bytes / (width * sizeof(T)));
+          box.resize(static_cast<std::size_t>(std::min<std::uint64_t>(rows_per_read, r1 - r0)) * width);
+          for (std::uint64_t first = r0; first < r1; first += rows_per_read) {
+            std::uint64_t const end = std::min(r1, first + rows_per_read);
+            read_rows(first, end, box.data());
+            for (std::uint64_t r = first; r < end; ++r)
+              std::memcpy(first_row + (r - r0) * t.local_cols + (c0 - t.col_offset), box.data() + (r - first) * width,
+                          width * sizeof(T));
+          }
         }
       }
     });

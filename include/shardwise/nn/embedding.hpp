@@ -112,8 +112,7 @@ class Embedding {
   void shardwise_materialize() {
     if (!lazy_) return;
     weight.setZero(static_cast<Eigen::Index>(local_rows_), static_cast<Eigen::Index>(local_cols_));
-    lazy_ = false;
-    zero_grad();
+    lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
   }
   [[nodiscard]] bool materialized() const { return !lazy_; }
 
@@ -157,6 +156,7 @@ class Embedding {
       part = dy->middleCols(group_->rank() * weight.cols(), weight.cols());  // conjugate of the all-gather
       dy = &part;
     }
+    if (weight_grad.size() != weight.size()) zero_grad();  // a materialized table's first backward
     nn::embedding_backward<T>(ids_, *dy, weight_grad, vocab_start_);
   }
 

@@ -175,8 +175,7 @@ class Linear {
     if (!lazy_) return;
     weight.setZero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_));
     if (has_bias_) bias.setZero(static_cast<Eigen::Index>(local_out_));
-    lazy_ = false;
-    zero_grad();
+    lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
   }
   [[nodiscard]] bool materialized() const { return !lazy_; }
 
@@ -235,6 +234,7 @@ class Linear {
       group_->all_gather(*dy, dy_part, 0);  // conjugate of the reduce-scatter
       dy = &dy_part;
     }
+    if (weight_grad.size() != weight.size()) zero_grad();  // a materialized layer's first backward
     weight_grad.noalias() += dy->transpose() * saved_input_;
     if (has_bias_) bias_grad += dy->colwise().sum().transpose();
     matrix dx(dy->rows(), weight.cols());

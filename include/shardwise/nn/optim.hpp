@@ -48,7 +48,9 @@ constexpr bool has_partial_gradients() {
 /// Calls fn(parameter) for every parameter of every layer, in a fixed order (the optimizer's state follows it).
 template <class Model, class Fn>
 void for_each_parameter(Model& model, Fn&& fn) {
-  for_each_layer(model, [&](auto& l) { std::apply([&](auto const&... p) { (fn(p), ...); }, l.parameters()); });
+  for_each_layer(model, [&](auto& l) {
+    std::apply([&](auto const&... p) { ((ensure_gradient(p), fn(p)), ...); }, l.parameters());
+  });
 }
 
 /// Sums the gradients of replicated blocks (Parameter::copies) over the tp group: every copy of a block then

@@ -31,8 +31,19 @@ struct Parameter {
 };
 
 /// Sums a partial gradient over the group, in place; the result's type says it is reduced.
+namespace detail {
+/// A layer filled from a checkpoint (sw::Lazy, then a load) allocates its gradients on first use, not when it
+/// is materialized: a load then holds the parameters and no more. Until backward has run, the gradient is
+/// zero, as it is for a layer constructed eagerly.
+template <class P>
+void ensure_gradient(P const& p) {
+  if (p.grad->size() != p.value->size()) p.grad->setZero(p.value->rows(), p.value->cols());
+}
+}  // namespace detail
+
 template <class Tensor>
 Parameter<Tensor, Replicate> reduce(Parameter<Tensor, Partial<Sum>> const& p) {
+  detail::ensure_gradient(p);
   if (p.group) p.group->all_reduce(*p.grad);
   return {p.value, p.grad, p.group, p.path, p.copies, p.copy_block};
 }
@@ -68,6 +79,7 @@ struct SGD {
  private:
   template <class P>
   void update(P const& p) const {
+    detail::ensure_gradient(p);
     *p.value -= learning_rate * *p.grad;
   }
 };
