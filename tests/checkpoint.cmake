@@ -11,7 +11,9 @@ if(NOT TARGET shardwise::checkpoint)
 endif()
 
 # Every public checkpoint header compiles alone (the header check above globs them; they need nlohmann::json).
-target_link_libraries(shardwise_header_check PRIVATE shardwise::checkpoint)
+if(TARGET shardwise_header_check)
+  target_link_libraries(shardwise_header_check PRIVATE shardwise::checkpoint)
+endif()
 
 shardwise_add_test(test_safetensors test_safetensors.cpp LINK shardwise::checkpoint shardwise::eigen)
 
