@@ -46,6 +46,8 @@ constexpr bool has_partial_gradients() {
 }
 
 /// Calls fn(parameter) for every parameter of every layer, in a fixed order (the optimizer's state follows it).
+/// A gradient not allocated yet (a layer filled from a checkpoint, before its first backward) is allocated as
+/// zeros first, so optimizers, clipping and reductions always see a whole gradient.
 template <class Model, class Fn>
 void for_each_parameter(Model& model, Fn&& fn) {
   for_each_layer(model, [&](auto& l) {
