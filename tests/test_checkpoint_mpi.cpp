@@ -1,6 +1,7 @@
 // Sharded checkpoints on the MPI mesh (run by CTest under mpiexec at 2 and 4 processes): saved at TP = world
 // size, loaded at every TP size that divides it (dp x tp meshes), the logits equal to the unsharded model's; a
-// save from one data-parallel replica; an error on rank 0 raised with its words on every process.
+// round trip at TP 1 (dp = world size) giving back the parameters bit for bit; a save from one data-parallel
+// replica; an error on rank 0 raised with its words on every process.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace sw = shardwise;
@@ -55,7 +57,49 @@ void check_logits(Mesh const& mesh, fs::path const& dir, sw::nn::matrix<float> c
   CHECK((got - expected).cwiseAbs().maxCoeff() <= 1e-5f * expected.cwiseAbs().maxCoeff());
 }
 
+/// Every parameter's bytes, in traversal order: equal strings are bit-identical parameters.
+template <class Model>
+std::vector<std::string> parameter_bytes(Model& model) {
+  std::vector<std::string> all;
+  sw::detail::for_each_parameter(model, [&](auto const& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::tensor_type::Scalar;
+    all.emplace_back(reinterpret_cast<char const*>(p.value->data()),
+                     static_cast<std::size_t>(p.value->size()) * sizeof(T));
+  });
+  return all;
+}
+
 }  // namespace
+
+TEST_CASE("MPI: a round trip at TP 1 (dp = world size) gives back the parameters bit for bit") {
+  auto const world = sw::mpi_world();
+  int const n = world.size();
+  fs::path const dir = shared_dir(n) / "tp1";
+  if (world.rank() == 0) fs::create_directories(dir.parent_path());
+  world.barrier();
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {n, 1});
+  auto const tp = sw::submesh<"tp">(mesh);
+  REQUIRE(tp.size() == 1);
+  models::Llama<float, models::llama_plan<false>> saved(config());
+  sw::parallelize(saved, tp);
+  if (sw::submesh<"dp">(mesh).rank() == 0) sw::save_sharded(saved, tp, dir, 21);
+  world.barrier();
+
+  auto other = config();
+  other.seed = 999;  // other weights until loaded
+  models::Llama<float, models::llama_plan<false>> loaded(other);
+  sw::parallelize(loaded, tp);
+  auto const expected = parameter_bytes(saved);
+  REQUIRE(parameter_bytes(loaded) != expected);  // the load has something to do
+  auto const index = sw::load_sharded(loaded, tp, dir);
+  CHECK(index.step == 21);
+  CHECK(index.tp == 1);
+  auto const got = parameter_bytes(loaded);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK_MESSAGE(got[i] == expected[i], "parameter " << i);
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(shared_dir(n));
+}
 
 TEST_CASE("MPI: saved at TP = world size, loaded at every TP size that divides it") {
   auto const world = sw::mpi_world();

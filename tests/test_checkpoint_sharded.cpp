@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
@@ -155,19 +158,60 @@ void load_and_check(int ranks, models::LlamaConfig const& c, fs::path const& dir
   });
 }
 
+/// Runs fn, which must throw a shardwise::error holding every one of `words`; returns the message.
 template <class Fn>
-void check_error(Fn&& fn, std::initializer_list<std::string> words) {
-  bool thrown = false;
+std::string check_error(Fn&& fn, std::initializer_list<std::string> words) {
+  std::string message;
   try {
     fn();
   } catch (sw::error const& e) {
-    thrown = true;
-    std::string const message = e.what();
+    message = e.what();
     CHECK_MESSAGE(message.rfind("shardwise::", 0) == 0, message);
     for (auto const& w : words)
       CHECK_MESSAGE(message.find(w) != std::string::npos, "missing \"" << w << "\" in: " << message);
   }
-  CHECK_MESSAGE(thrown, "no shardwise::error was thrown");
+  CHECK_MESSAGE(!message.empty(), "no shardwise::error was thrown");
+  return message;
+}
+
+/// Edits the checkpoint's index as JSON, as a corrupt or hand-edited index would be.
+template <class Edit>
+void edit_index(fs::path const& ckpt, Edit&& edit) {
+  fs::path const file = ckpt / "shardwise_checkpoint.json";
+  auto index = nlohmann::json::parse(std::ifstream(file));
+  edit(index);
+  std::ofstream(file, std::ios::trunc) << index.dump(1);
+}
+
+/// The entry of tensor `name` in an index.
+nlohmann::json& entry(nlohmann::json& index, std::string const& name) {
+  for (auto& t : index.at("tensors"))
+    if (t.at("name") == name) return t;
+  FAIL("no tensor " << name << " in the index");
+  throw;
+}
+
+/// A safetensors file taken apart here (not by the code under test): 8-byte little-endian header length, the
+/// header's JSON, then the data, whose offsets count from the end of the header.
+struct safetensors_bytes {
+  nlohmann::json header;
+  std::string data;
+};
+safetensors_bytes read_safetensors(fs::path const& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string const bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() >= 8);
+  std::uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = length << 8 | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  REQUIRE(8 + length <= bytes.size());
+  return {nlohmann::json::parse(bytes.substr(8, length)), bytes.substr(8 + length)};
+}
+void write_safetensors(fs::path const& path, safetensors_bytes const& f) {
+  std::string header = f.header.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');  // the data stays 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(header.size() >> (8 * i) & 0xff));
+  out << header << f.data;
 }
 
 template <class Plan = tp_plan>
@@ -308,11 +352,97 @@ TEST_CASE("bad checkpoints: an error naming the file, the tensor and the fix") {
   }
   SUBCASE("a rank file cut short") {
     fs::path const shard = ckpt / "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
+    // The tensors whose bytes the cut removes (at least in part): the error must name one of them.
+    auto const file = read_safetensors(shard);
+    std::vector<std::string> cut;
+    for (auto const& [name, info] : file.header.items())
+      if (name != "__metadata__" && info.at("data_offsets")[1].get<std::size_t>() > file.data.size() - 100)
+        cut.push_back("tensor \"" + name + "\"");
+    REQUIRE(!cut.empty());
     fs::resize_file(shard, fs::file_size(shard) - 100);
-    check_error([&] { load_at(2, c, ckpt); }, {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
+    auto const names_a_cut_tensor = [&](std::string const& message) {
+      return std::any_of(cut.begin(), cut.end(), [&](auto const& t) { return message.find(t) != std::string::npos; });
+    };
+    auto message = check_error([&] { load_at(2, c, ckpt); }, {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
+    CHECK_MESSAGE(names_a_cut_tensor(message), message);
     // Reading in turns: the failing rank's words reach every rank, and none waits forever at a turn.
-    check_error([&] { load_at(4, c, ckpt, {.ranks_per_step = 1}); },
-                {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
+    message = check_error([&] { load_at(4, c, ckpt, {.ranks_per_step = 1}); },
+                          {"tp_rank_01_pp_rank_00/model.safetensors", "truncated"});
+    CHECK_MESSAGE(names_a_cut_tensor(message), message);
+  }
+  SUBCASE("a rank file whose tensor has another shape than the index says") {
+    fs::path const shard = ckpt / "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
+    auto file = read_safetensors(shard);
+    REQUIRE(file.header.at("layers.0.attention.wq.weight").at("shape") == nlohmann::json{16, 32});
+    file.header["layers.0.attention.wq.weight"]["shape"] = {32, 16};  // as many bytes, another shape
+    write_safetensors(shard, file);
+    for (bool rank0_reads : {false, true}) {
+      INFO("only_rank0_reads " << rank0_reads);
+      check_error([&] { load_at(2, c, ckpt, {.only_rank0_reads = rank0_reads}); },
+                  {"tp_rank_01_pp_rank_00/model.safetensors", "tensor \"layers.0.attention.wq.weight\"",
+                   "has shape [32, 16] but the index says [16, 32]", "save it again"});
+    }
+  }
+}
+
+TEST_CASE("a corrupt index: an error naming the index file, the tensor and the fix") {
+  auto const c = config();
+  scratch_dir dir("bad_index");
+  fs::path const ckpt = dir.path / "ckpt";
+  save_at<tp_plan>(2, c, ckpt, 5);
+  std::string const index_file = "ckpt/shardwise_checkpoint.json\"";
+  std::string const wq = "layers.0.attention.wq.weight";  // 32 x 32, rows [0, 16) at tp rank 0, [16, 32) at 1
+  auto const rank_file = [](int r) {
+    return "tensor_parallel_shards/tp_rank_0" + std::to_string(r) + "_pp_rank_00/model.safetensors";
+  };
+  edit_index(ckpt, [&](nlohmann::json& index) {  // the pieces as this test expects them
+    REQUIRE(entry(index, wq).at("pieces").size() == 2);
+    CHECK(entry(index, wq).at("pieces")[1].at("offset") == nlohmann::json{16, 0});
+    CHECK(entry(index, wq).at("pieces")[1].at("file") == rank_file(1));
+  });
+
+  SUBCASE("pieces that overlap") {
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"][1]["offset"] = {8, 0}; });
+    check_error([&] { load_at(1, c, ckpt); },
+                {index_file, "tensor \"" + wq + "\"", rank_file(0) + "\" and \"" + rank_file(1) + "\" overlap",
+                 "save the checkpoint again"});
+  }
+  SUBCASE("pieces that leave a hole") {
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"].erase(1); });
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "tensor \"" + wq + "\"", "its pieces hold 512 of its 1024",
+                                               "a rank's shard is missing: save the checkpoint again"});
+  }
+  SUBCASE("a piece beyond the tensor") {
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"][1]["offset"] = {24, 0}; });
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "tensor \"" + wq + "\"", rank_file(1),
+                                               "reaches beyond the tensor in dimension 0", "save it again"});
+  }
+  SUBCASE("an unknown dtype") {
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, "norm.weight")["dtype"] = "F8_E4M3"; });
+    check_error(
+        [&] { load_at(1, c, ckpt); },
+        {index_file, "tensor \"norm.weight\" has dtype \"F8_E4M3\", which shardwise does not read", "save it again"});
+  }
+  SUBCASE("a tensor listed twice") {
+    edit_index(ckpt, [&](nlohmann::json& index) { index["tensors"].push_back(entry(index, "norm.weight")); });
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "lists tensor \"norm.weight\" twice", "save it again"});
+  }
+  SUBCASE("a piece outside the checkpoint folder") {
+    for (std::string const outside : {"../x", "tensor_parallel_shards/../../x", "/etc/passwd"}) {
+      INFO(outside);
+      edit_index(ckpt, [&](nlohmann::json& index) { entry(index, "norm.weight")["pieces"][0]["file"] = outside; });
+      check_error(
+          [&] { load_at(1, c, ckpt); },
+          {index_file, "tensor \"norm.weight\" names the file \"" + outside + "\" outside the checkpoint folder",
+           "save it again"});
+    }
+  }
+  SUBCASE("a mesh that disagrees with the pieces") {
+    edit_index(ckpt, [&](nlohmann::json& index) { index["mesh"]["tp"] = 1; });  // saved at TP 2
+    check_error([&] { load_at(1, c, ckpt); },
+                {index_file, "tensor \"tok_embeddings.weight\" has a piece in \"" + rank_file(1),
+                 "of tp rank 1 and pp rank 0, outside the index's mesh of tp 1 x pp 1",
+                 "the mesh and the pieces disagree", "save it again"});
   }
 }
 
@@ -361,6 +491,86 @@ TEST_CASE("a save killed midway (SIGKILL) leaves the previous checkpoint loadabl
   save_at<tp_plan>(4, c, ckpt, 6);
   CHECK(!fs::exists(dir.path / ".ckpt.incomplete"));
   load_and_check<tp_plan>(1, c, ckpt, expected, 6);
+}
+
+namespace {
+fs::path tampered_save;                          // the checkpoint folder being saved
+std::function<void(safetensors_bytes&)> tamper;  // applied to tp rank 1's file once it is written
+
+/// A rank that wrote a wrong file: tp rank 1's file is edited after it is written, before tp rank 0 reopens every
+/// rank's file to check the cover (the save's own hook, at the stage the save calls it).
+void tamper_with_rank1(std::string_view stage, int tp_rank) {
+  if (stage != "rank_file_written" || tp_rank != 1) return;
+  fs::path const file = tampered_save.parent_path() / ("." + tampered_save.filename().string() + ".incomplete") /
+                        "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
+  auto f = read_safetensors(file);
+  tamper(f);
+  write_safetensors(file, f);
+}
+}  // namespace
+
+TEST_CASE("the cover check at save time: shards that miss or repeat part of a tensor fail the save, not the last one") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("cover");
+  fs::path const ckpt = dir.path / "ckpt";
+  save_at<tp_plan>(2, c, ckpt, 5);
+  std::string const wq = "layers.0.attention.wq.weight";  // 32 x 32, rows [16, 32) at tp rank 1
+  std::string words;
+  SUBCASE("a tensor's rows saved twice") {
+    tamper = [&](safetensors_bytes& f) {
+      auto& header = f.header;
+      auto offsets = nlohmann::json::parse(header.at("__metadata__").at("shardwise.offsets").get<std::string>());
+      REQUIRE(offsets.at(wq) == nlohmann::json{16, 0});
+      offsets[wq] = {8, 0};  // rows [8, 24): half of them are rank 0's too
+      header["__metadata__"]["shardwise.offsets"] = offsets.dump();
+    };
+    words = "overlap; each element must be saved once";
+  }
+  SUBCASE("a tensor's rows not saved") {
+    tamper = [&](safetensors_bytes& f) {  // the tensor and its bytes taken out, the bytes after it moved up
+      auto const range = f.header.at(wq).at("data_offsets").get<std::vector<std::size_t>>();
+      f.data.erase(range[0], range[1] - range[0]);
+      f.header.erase(wq);
+      for (auto& [name, info] : f.header.items())
+        if (name != "__metadata__" && info.at("data_offsets")[0].get<std::size_t>() >= range[1])
+          for (auto& at : info["data_offsets"]) at = at.get<std::size_t>() - (range[1] - range[0]);
+    };
+    words = "its pieces hold 512 of its 1024 elements; a rank's shard is missing";
+  }
+  tampered_save = ckpt;
+  sw::detail::checkpoint_save_hook = tamper_with_rank1;
+  check_error([&] { save_at<tp_plan>(2, config(4321), ckpt, 6); },
+              {".ckpt.incomplete\"", "tensor \"" + wq + "\"", words, "save the checkpoint again"});
+  sw::detail::checkpoint_save_hook = nullptr;
+  CHECK(!fs::exists(dir.path / ".ckpt.incomplete"));
+  load_and_check<tp_plan>(2, c, ckpt, expected, 5);  // the last good checkpoint, untouched
+}
+
+TEST_CASE(
+    "without RENAME_EXCHANGE: the previous checkpoint is moved aside, and a save killed then leaves it loadable") {
+  struct fallback {
+    fallback() { sw::detail::checkpoint_without_exchange = true; }
+    ~fallback() { sw::detail::checkpoint_without_exchange = false; }
+  } const forced;  // inherited by the forked child below
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("no_exchange");
+  fs::path const ckpt = dir.path / "ckpt";
+  save_at<tp_plan>(2, config(77), ckpt, 1);
+  save_at<tp_plan>(2, c, ckpt, 2);  // replaces it through the two renames
+  load_and_check<tp_plan>(2, c, ckpt, expected, 2);
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);  // nothing left beside
+
+  save_killed_at("previous_moved_aside", config(4321), ckpt);  // between the two renames
+  CHECK(!fs::exists(ckpt));
+  CHECK(fs::exists(dir.path / ".ckpt.previous/shardwise_checkpoint.json"));
+  load_and_check<tp_plan>(2, c, ckpt, expected, 2);
+  load_and_check<tp_plan>(4, c, ckpt, expected, 2);
+
+  save_at<tp_plan>(2, c, ckpt, 3);  // the next save commits and clears what the dead one left
+  load_and_check<tp_plan>(1, c, ckpt, expected, 3);
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
 }
 
 TEST_CASE("a lazily declared model is filled with its shard only") {

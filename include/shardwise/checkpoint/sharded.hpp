@@ -57,8 +57,11 @@ namespace shardwise {
 
 namespace detail {
 
-/// For tests: called at the stages of a save — "rank_file_written" on every rank, "before_commit" on tp rank 0.
+/// For tests: called at the stages of a save — "rank_file_written" on every rank, "before_commit" on tp rank 0,
+/// and "previous_moved_aside" on tp rank 0 between the two renames of a commit without RENAME_EXCHANGE.
 inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
+/// For tests: commit as on a file system without renameat2 RENAME_EXCHANGE (the two renames).
+inline bool checkpoint_without_exchange = false;
 /// For tests: called when a rank starts ("read_begin") and ends ("read_end") reading its shard in load_sharded.
 inline void (*checkpoint_load_hook)(std::string_view stage, int tp_rank) = nullptr;
 /// The most a load stages at once for a column-cut tensor (rows of part of a row are read, then copied into
@@ -226,12 +229,16 @@ void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_vie
 inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target) {
   namespace fs = std::filesystem;
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  fs::path const previous = parent / ("." + target.filename().string() + ".previous");
   if (!fs::exists(target)) {
     fs::rename(temp, target);
     fsync_directory(parent);
+    fs::remove_all(previous);  // left by a save that died between the two renames below; now superseded
     return;
   }
-  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+  errno = ENOSYS;  // what checkpoint_without_exchange pretends renameat2 answered
+  if (!checkpoint_without_exchange &&
+      ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
     fsync_directory(parent);
     fs::remove_all(temp);  // now the previous checkpoint
     return;
@@ -240,9 +247,9 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
     fail("shardwise::save_sharded: cannot swap \"", temp.string(), "\" into \"", target.string(),
          "\": ", std::strerror(errno), "; the previous checkpoint is unchanged");
   // No exchange on this file system: move the previous one aside first (load_sharded falls back to it).
-  fs::path const previous = parent / ("." + target.filename().string() + ".previous");
   fs::remove_all(previous);
   fs::rename(target, previous);
+  if (checkpoint_save_hook) checkpoint_save_hook("previous_moved_aside", 0);
   fs::rename(temp, target);
   fsync_directory(parent);
   fs::remove_all(previous);
@@ -504,10 +511,11 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
             auto& file = files[p.file];
             if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
             std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
+            if (file->info(stored_name).shape != p.shape)
+              fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
+                   detail::shape_text(file->info(stored_name).shape), " but the index says ",
+                   detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
             extents const shape = file->shape(stored_name);
-            if (shape.elements() != detail::volume(p.shape))
-              fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ", shape,
-                   " but the index says ", detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
             box.resize(shape.elements());
             file->read_box(stored_name, zero_offset(shape.rank), shape, box.data());
             std::size_t const rows = static_cast<std::size_t>(p.shape[0]);

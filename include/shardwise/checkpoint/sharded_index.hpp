@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -105,6 +106,15 @@ template <class... Parts>
        "; the checkpoint is corrupt or of another version: save it again");
 }
 
+/// The tp and pp ranks of the folder "tensor_parallel_shards/tp_rank_XX_pp_rank_YY/" a piece's file is in.
+inline std::optional<std::pair<int, int>> piece_ranks(std::string const& file) {
+  auto const at = file.find("tp_rank_");
+  int tp = -1, pp = -1;
+  if (at == std::string::npos || std::sscanf(file.c_str() + at, "tp_rank_%d_pp_rank_%d", &tp, &pp) != 2)
+    return std::nullopt;
+  return std::pair{tp, pp};
+}
+
 inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   std::ostringstream out;
   out << '[';
@@ -172,6 +182,11 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
       for (auto const& p : tensor.pieces)
         if (p.file.find("..") != std::string::npos || (!p.file.empty() && p.file.front() == '/'))
           bad("tensor \"", tensor.name, "\" names the file \"", p.file, "\" outside the checkpoint folder");
+      for (auto const& p : tensor.pieces)
+        if (auto const r = detail::piece_ranks(p.file); r && (r->first >= index.tp || r->second >= index.pp))
+          bad("tensor \"", tensor.name, "\" has a piece in \"", p.file, "\", of tp rank ", r->first, " and pp rank ",
+              r->second, ", outside the index's mesh of tp ", index.tp, " x pp ", index.pp,
+              ": the mesh and the pieces disagree");
       if (index.find(tensor.name)) bad("lists tensor \"", tensor.name, "\" twice");
       detail::check_coverage(tensor, file);
       index.tensors.push_back(std::move(tensor));
