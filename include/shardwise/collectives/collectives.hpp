@@ -417,15 +417,16 @@ void recv(Mesh const& mesh, T& t, int source, int tag = 0) {
     auto const& comm = mesh.comm(0);
     detail::collective_site const site{"recv", comm.label()};
     detail::check_tag(tag, site);
-    comm.recv_bytes(source, tag, [&](extents const& shape, auto const& bytes) {
-      if (bytes.size() != shape.elements() * sizeof(E))
-        detail::fail(site, ": rank ", source, " sent ", bytes.size(), " bytes for shape ", shape, ", but ",
+    // Straight into the tensor once its shape is checked: a large shard is never held twice.
+    comm.recv_into(source, tag, [&](extents const& shape, std::size_t bytes) -> void* {
+      if (bytes != shape.elements() * sizeof(E))
+        detail::fail(site, ": rank ", source, " sent ", bytes, " bytes for shape ", shape, ", but ",
                      shape.elements() * sizeof(E), " are needed for this element type; send and receive the same type");
       if (shape.rank != shape_of(t).rank && rank_v<T> != dynamic_rank)
         detail::fail(site, ": rank ", source, " sent a tensor of shape ", shape, " to a tensor of rank ",
                      shape_of(t).rank);
       detail::prepare_output(t, shape, site);
-      if (!bytes.empty()) std::memcpy(data_of(t), bytes.data(), bytes.size());
+      return data_of(t);
     });
   }
 }

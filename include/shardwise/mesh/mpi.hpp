@@ -223,6 +223,32 @@ class MpiComm {
     take(shape, data);
   }
 
+  /// Like recv_bytes, but the message lands where `where(shape, byte_count)` says (a pointer to at least
+  /// byte_count bytes): no staging buffer as large as the message. If `where` throws (a shape this rank cannot
+  /// take), the message is still received, into a scratch buffer, so that none is left pending, and the error
+  /// propagates.
+  template <class Where>
+  void recv_into(int source, int tag, Where&& where) const {
+    check_peer(source, "recv");
+    extents shape;
+    detail::mpi_check(MPI_Recv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), MPI_STATUS_IGNORE),
+                      "MPI_Recv");
+    MPI_Status status;
+    detail::mpi_check(MPI_Probe(source, 2 * tag + 1, native(), &status), "MPI_Probe");
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    void* destination = nullptr;
+    try {
+      destination = where(shape, static_cast<std::size_t>(bytes));
+    } catch (...) {
+      std::vector<unsigned char> scratch(static_cast<std::size_t>(bytes));
+      (void)MPI_Recv(scratch.data(), bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE);
+      throw;
+    }
+    detail::mpi_check(MPI_Recv(destination, bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
+                      "MPI_Recv");
+  }
+
  private:
   void check_peer(int peer, char const* what) const {
     if (peer < 0 || peer >= size() || peer == rank())

@@ -38,6 +38,10 @@ class SerialComm {
     detail::fail("shardwise::recv on mesh axis \"", label_, "\": peer rank ", source,
                  " does not exist; a serial mesh has one rank");
   }
+  template <class Where>
+  void recv_into(int source, int tag, Where&& where) const {
+    recv_bytes(source, tag, where);
+  }
 
  private:
   std::string label_ = "world";

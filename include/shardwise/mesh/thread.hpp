@@ -234,6 +234,15 @@ class ThreadComm {
     group_->mail_ready.notify_all();
   }
 
+  /// recv_bytes, copying the message to where(shape, byte_count) points (the MPI backend receives it there).
+  template <class Where>
+  void recv_into(int source, int tag, Where&& where) const {
+    recv_bytes(source, tag, [&](extents const& shape, std::vector<unsigned char> const& bytes) {
+      void* const destination = where(shape, bytes.size());
+      if (!bytes.empty()) std::memcpy(destination, bytes.data(), bytes.size());
+    });
+  }
+
   /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
   template <class Take>
   void recv_bytes(int source, int tag, Take&& take) const {
