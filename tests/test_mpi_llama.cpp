@@ -1,5 +1,6 @@
-// The Llama training cases on the MPI mesh: at 2 ranks TP 2 with and without sequence parallelism, at 4 ranks
-// TP 4, dp 2 x tp 2 and dp 2 x tp 2 with ZeRO-1; each against the unsharded run computed on every rank.
+// The Llama training cases on the MPI mesh: at 2 ranks TP 2 with and without sequence parallelism, and with
+// the embeddings not parallelized (optimum-neuron's parallelize_embeddings=False); at 4 ranks TP 4, dp 2 x tp 2
+// and dp 2 x tp 2 with ZeRO-1; each against the unsharded run computed on every rank.
 #include <doctest/doctest.h>
 
 #include <shardwise/mesh/mpi.hpp>
@@ -16,6 +17,8 @@ TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
   if (world.size() == 2) {
     llama_cases::check_same_run(llama_cases::train<tp_only>(world, 1, steps, false, c), serial);
     llama_cases::check_same_run(llama_cases::train<sequence_parallel>(world, 1, steps, false, c), serial);
+    using embeddings_whole = shardwise::models::llama_plan<false, false>;
+    llama_cases::check_same_run(llama_cases::train<embeddings_whole>(world, 1, steps, false, c), serial);
   } else if (world.size() == 4) {
     llama_cases::check_same_run(llama_cases::train<tp_only>(world, 1, steps, false, c), serial);
     llama_cases::check_same_run(llama_cases::train<sequence_parallel>(world, 2, steps, false, c), serial);

@@ -1,9 +1,9 @@
 #pragma once
 // A Llama-style decoder written against shardwise's public API, the way a user would write it: token
 // embedding, RMSNorm, rotary position embedding (Hugging Face's rotate-half convention), causal grouped-query
-// attention, SwiGLU feed-forward, final norm, output projection (tied to the embedding or not); forward and
-// backward. The plan decides how it is sharded (models/llama_plan.hpp); with sw::serial_plan it is the
-// unsharded reference.
+// attention, SwiGLU feed-forward, final norm, output projection (untied: its weights are not shared with the
+// embedding); forward and backward. The plan decides how it is sharded (models/llama_plan.hpp); with
+// sw::serial_plan it is the unsharded reference.
 #include <cmath>
 #include <cstdint>
 #include <limits>

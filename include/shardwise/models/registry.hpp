@@ -1,7 +1,10 @@
 #pragma once
 // The compile-time counterpart of optimum-neuron's ParallelizersManager: which model types shardwise can
 // parallelize, under which name, with which kinds of parallelism, and their parallelizer (the plan). A user's
-// model joins by specializing shardwise::models::parallelizer for its template.
+// model joins by specializing shardwise::models::parallelizer for its template; lists of models
+// (builtin_models, extended with builtin_models::with<UserModel>) answer by name at run time.
+#include <array>
+#include <cstddef>
 #include <string_view>
 
 #include "shardwise/models/llama_plan.hpp"
@@ -41,6 +44,59 @@ constexpr support is_model_supported() {
     return parallelizer<Model>::supported;
   else
     return {};
+}
+
+/// A list of registered model templates, the set a name is looked up in. builtin_models holds shardwise's
+/// own; a user's list extends it: `using my_models = shardwise::models::builtin_models::with<MyModel>;`.
+template <template <class, class> class... Models>
+requires(registered_model<Models>&&...) struct model_list {
+  static constexpr std::size_t size = sizeof...(Models);
+  static constexpr std::array<std::string_view, size> names{std::string_view(parallelizer<Models>::name)...};
+  static constexpr std::array<support, size> supported{support(parallelizer<Models>::supported)...};
+  /// Whether no two models share a name (a lookup by name needs this).
+  static constexpr bool unique_names = [] {
+    for (std::size_t i = 0; i < size; ++i)
+      for (std::size_t j = i + 1; j < size; ++j)
+        if (names[i] == names[j]) return false;
+    return true;
+  }();
+  template <template <class, class> class... More>
+  using with = model_list<Models..., More...>;
+};
+
+/// The models shardwise itself can parallelize.
+using builtin_models = model_list<Llama>;
+
+namespace detail {
+template <class List>
+inline constexpr bool is_model_list = false;
+template <template <class, class> class... Models>
+inline constexpr bool is_model_list<model_list<Models...>> = true;
+}  // namespace detail
+
+/// The names of the models in a list (by default the built-in ones), in the list's order.
+template <class List = builtin_models>
+constexpr std::array<std::string_view, List::size> model_names() {
+  static_assert(detail::is_model_list<List>,
+                "shardwise::models::model_names: expects a shardwise::models::model_list<...>, such as "
+                "builtin_models or builtin_models::with<YourModel>");
+  return List::names;
+}
+
+/// (tensor parallel, sequence parallel, pipeline parallel) for a model type given by name, as optimum-neuron's
+/// ParallelizersManager.is_model_supported(model_type) answers; all false for a name the list does not hold.
+/// Usable at run time (a name read from a config file) and at compile time.
+template <class List = builtin_models>
+constexpr support is_model_supported(std::string_view name) {
+  static_assert(detail::is_model_list<List>,
+                "shardwise::models::is_model_supported: expects a shardwise::models::model_list<...>, such as "
+                "builtin_models or builtin_models::with<YourModel>");
+  static_assert(List::unique_names,
+                "shardwise::models::is_model_supported: two models in the list share a name; give each "
+                "parallelizer<Model>::name its own");
+  for (std::size_t i = 0; i < List::size; ++i)
+    if (List::names[i] == name) return List::supported[i];
+  return {};
 }
 
 /// The model built with its registered plan (options forwarded), ready for sw::parallelize.
