@@ -439,114 +439,98 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
   }
 
   std::map<std::string, std::unique_ptr<safetensors_file>> files;  // opened on first use
+  // Reads the part of tensor t that layout t describes (a rank's shard) into `out` (zeroed by the caller: rows
+  // the checkpoint does not hold, vocabulary padding, stay zero), straight from the pieces' files.
+  auto const read_layout = [&]<class T>(detail::tensor_layout const& t, T* out, std::vector<T>& box) {
+    checkpoint_tensor const& c = *index.find(t.name);
+    for (auto const& run : detail::row_runs(t, false)) {
+      for (auto const& p : c.pieces) {
+        // The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols).
+        std::uint64_t const r0 = std::max<std::uint64_t>(run.stored, p.offset[0]);
+        std::uint64_t const r1 = std::min<std::uint64_t>(run.stored + run.count, p.offset[0] + p.shape[0]);
+        std::uint64_t const c0 = t.is_vector ? 0 : std::max<std::uint64_t>(t.col_offset, p.offset[1]);
+        std::uint64_t const c1 =
+            t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
+        if (r0 >= r1 || c0 >= c1) continue;
+        auto& file = files[p.file];
+        if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
+        std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
+        if (file->info(stored_name).shape != p.shape)
+          detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
+                       detail::shape_text(file->info(stored_name).shape), " but the index says ",
+                       detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
+        auto const width = static_cast<std::size_t>(c1 - c0);
+        auto read_rows = [&](std::uint64_t first, std::uint64_t end, T* into) {
+          extents offset{static_cast<std::size_t>(first - p.offset[0])}, count{static_cast<std::size_t>(end - first)};
+          if (!t.is_vector) {
+            offset = {static_cast<std::size_t>(first - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
+            count = {static_cast<std::size_t>(end - first), width};
+          }
+          file->read_box(stored_name, offset, count, into);
+        };
+        T* const first_row = out + (run.local + (r0 - run.stored)) * t.local_cols;
+        if (width == t.local_cols) {  // whole local rows: straight into the parameter, no staging copy
+          read_rows(r0, r1, first_row);
+          continue;
+        }
+        // Part of each row (a column-cut tensor): staged, a few MiB of rows at a time, so that the load holds
+        // little more than the parameters.
+        std::uint64_t const rows_per_read =
+            std::max<std::uint64_t>(1, detail::load_staging_bytes / (width * sizeof(T)));
+        box.resize(static_cast<std::size_t>(std::min<std::uint64_t>(rows_per_read, r1 - r0)) * width);
+        for (std::uint64_t first = r0; first < r1; first += rows_per_read) {
+          std::uint64_t const end = std::min(r1, first + rows_per_read);
+          read_rows(first, end, box.data());
+          for (std::uint64_t r = first; r < end; ++r)
+            std::memcpy(first_row + (r - r0) * t.local_cols + (c0 - t.col_offset), box.data() + (r - first) * width,
+                        width * sizeof(T));
+        }
+      }
+    }
+  };
   auto const read_shard = [&] {
     if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
       using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
-      checkpoint_tensor const& c = *index.find(t.name);
-      value.setZero();  // rows the checkpoint does not hold (vocabulary padding) stay zero
-      T* out = value.data();
+      value.setZero();
       std::vector<T> box;
-      for (auto const& run : detail::row_runs(t, false)) {
-        for (auto const& p : c.pieces) {
-          // The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols).
-          std::uint64_t const r0 = std::max<std::uint64_t>(run.stored, p.offset[0]);
-          std::uint64_t const r1 = std::min<std::uint64_t>(run.stored + run.count, p.offset[0] + p.shape[0]);
-          std::uint64_t const c0 = t.is_vector ? 0 : std::max<std::uint64_t>(t.col_offset, p.offset[1]);
-          std::uint64_t const c1 =
-              t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
-          if (r0 >= r1 || c0 >= c1) continue;
-          auto& file = files[p.file];
-          if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
-          std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
-          if (file->info(stored_name).shape != p.shape)
-            detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
-                         detail::shape_text(file->info(stored_name).shape), " but the index says ",
-                         detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
-          auto const width = static_cast<std::size_t>(c1 - c0);
-          auto read_rows = [&](std::uint64_t first, std::uint64_t end, T* into) {
-            extents offset{static_cast<std::size_t>(first - p.offset[0])}, count{static_cast<std::size_t>(end - first)};
-            if (!t.is_vector) {
-              offset = {static_cast<std::size_t>(first - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
-              count = {static_cast<std::size_t>(end - first), width};
-            }
-            file->read_box(stored_name, offset, count, into);
-          };
-          T* const first_row = out + (run.local + (r0 - run.stored)) * t.local_cols;
-          if (width == t.local_cols) {  // whole local rows: straight into the parameter, no staging copy
-            read_rows(r0, r1, first_row);
-            continue;
-          }
-          // Part of each row (a column-cut tensor): staged, a few MiB of rows at a time, so that the load holds
-          // little more than the parameters.
-          std::uint64_t const rows_per_read =
-              std::max<std::uint64_t>(1, detail::load_staging_bytes / (width * sizeof(T)));
-          box.resize(static_cast<std::size_t>(std::min<std::uint64_t>(rows_per_read, r1 - r0)) * width);
-          for (std::uint64_t first = r0; first < r1; first += rows_per_read) {
-            std::uint64_t const end = std::min(r1, first + rows_per_read);
-            read_rows(first, end, box.data());
-            for (std::uint64_t r = first; r < end; ++r)
-              std::memcpy(first_row + (r - r0) * t.local_cols + (c0 - t.col_offset), box.data() + (r - first) * width,
-                          width * sizeof(T));
-          }
-        }
-      }
+      read_layout(t, value.data(), box);
     });
     files.clear();  // unmap before the next ranks' turn
     if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
   };
   if (rank0_reads) {
+    // tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
+    // holds a whole tensor, only its own shard and the one block in flight. Errors are agreed on per block, so
+    // a failed read raises on every rank and none waits for a block that will not come.
     if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
       using Tensor = std::remove_cvref_t<decltype(value)>;
       using T = typename Tensor::Scalar;
-      std::string error;
-      std::vector<T> whole;  // the stored tensor, on rank 0 only
-      if (rank == 0) {
-        try {
-          checkpoint_tensor const& c = *index.find(t.name);
-          whole.assign(t.stored_rows * t.cols, T(0));
-          std::vector<T> box;
-          for (auto const& p : c.pieces) {
-            auto& file = files[p.file];
-            if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
-            std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
-            if (file->info(stored_name).shape != p.shape)
-              fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
-                   detail::shape_text(file->info(stored_name).shape), " but the index says ",
-                   detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
-            extents const shape = file->shape(stored_name);
-            box.resize(shape.elements());
-            file->read_box(stored_name, zero_offset(shape.rank), shape, box.data());
-            std::size_t const rows = static_cast<std::size_t>(p.shape[0]);
-            std::size_t const width = t.is_vector ? 1 : static_cast<std::size_t>(p.shape[1]);
-            std::size_t const column = t.is_vector ? 0 : static_cast<std::size_t>(p.offset[1]);
-            for (std::size_t r = 0; r < rows; ++r)
-              std::memcpy(whole.data() + (static_cast<std::size_t>(p.offset[0]) + r) * t.cols + column,
-                          box.data() + r * width, width * sizeof(T));
-          }
-        } catch (std::exception const& e) {
-          error = e.what();
-        }
-      }
-      detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
-      if (rank != 0) {
-        shardwise::recv(tp, value, 0);
-        return;
-      }
+      std::vector<T> box;
       for (int r = size - 1; r >= 0; --r) {  // rank 0's own block last, into its own storage
-        detail::tensor_layout theirs = t;
-        theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
-        theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
-        Tensor block = Tensor::Zero(value.rows(), value.cols());
-        for (auto const& run : detail::row_runs(theirs, false))
-          for (std::size_t k = 0; k < run.count; ++k)
-            std::memcpy(block.data() + (run.local + k) * t.local_cols,
-                        whole.data() + (run.stored + k) * t.cols + theirs.col_offset, t.local_cols * sizeof(T));
-        if (r == 0)
-          value = std::move(block);
-        else
-          shardwise::send(tp, block, r);
+        std::string error;
+        Tensor block;
+        if (rank == 0) {
+          try {
+            detail::tensor_layout theirs = t;
+            theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
+            theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
+            block = Tensor::Zero(value.rows(), value.cols());
+            read_layout(theirs, block.data(), box);
+          } catch (std::exception const& e) {
+            error = e.what();
+          }
+        }
+        detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
+        if (rank == 0) {
+          if (r == 0)
+            value = std::move(block);
+          else
+            shardwise::send(tp, block, r);
+        } else if (rank == r) {
+          shardwise::recv(tp, value, 0);
+        }
       }
     });
     if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
