@@ -78,3 +78,11 @@ endif()
 
 # Model and AdamW state (ZeRO-1 slices per dp rank) saved together; resuming equals the uninterrupted run.
 shardwise_add_test(test_checkpoint_optimizer test_checkpoint_optimizer.cpp LINK shardwise::checkpoint shardwise::eigen)
+
+# Compile-time checks of safetensors reading and writing: element types without a safetensors dtype.
+shardwise_add_compile_fail_test(core_safetensors_read_dtype SOURCE compile_fail/core_safetensors_read_dtype.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::safetensors: the tensor's element type has no safetensors dtype; use double, float, float16, bfloat16, int64_t, int32_t, uint8_t or bool")
+shardwise_add_compile_fail_test(core_safetensors_write_dtype SOURCE compile_fail/core_safetensors_write_dtype.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::safetensors_writer: the tensor's element type has no safetensors dtype; use double, float, float16, bfloat16, int64_t, int32_t, uint8_t or bool")
