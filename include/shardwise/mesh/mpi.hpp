@@ -135,7 +135,9 @@ class MpiComm {
   /// Every rank's value of a small trivially copyable record (shapes, for checking them).
   template <class V>
   [[nodiscard]] std::vector<V> all_gather_value(V const& mine) const {
-    static_assert(std::is_trivially_copyable_v<V>);
+    static_assert(std::is_trivially_copyable_v<V>,
+                  "shardwise::MpiComm::all_gather_value: the value is sent as bytes, so its type must be trivially "
+                  "copyable; gather a tensor with sw::all_gather instead");
     std::vector<V> all(static_cast<std::size_t>(size()));
     detail::mpi_check(MPI_Allgather(&mine, sizeof(V), MPI_BYTE, all.data(), sizeof(V), MPI_BYTE, native()),
                       "MPI_Allgather");
@@ -183,7 +185,9 @@ class MpiComm {
   /// so nothing stays pending, and the error propagates.
   template <class T, class Record, class Place>
   void pair_exchange(Record const& mine, T const* in, std::size_t count, Place&& place) const {
-    static_assert(std::is_trivially_copyable_v<Record>);
+    static_assert(std::is_trivially_copyable_v<Record>,
+                  "shardwise::MpiComm::pair_exchange: the record is sent as bytes, so its type must be trivially "
+                  "copyable; send a plain struct of numbers");
     MPI_Comm const c = internal();
     int const peer = 1 - rank();
     int const n = detail::mpi_count(count, "all_gather");

@@ -76,11 +76,14 @@ inline constexpr bool is_model_list<model_list<Models...>> = true;
 
 /// The names of the models in a list (by default the built-in ones), in the list's order.
 template <class List = builtin_models>
-constexpr std::array<std::string_view, List::size> model_names() {
+constexpr auto model_names() {
   static_assert(detail::is_model_list<List>,
                 "shardwise::models::model_names: expects a shardwise::models::model_list<...>, such as "
                 "builtin_models or builtin_models::with<YourModel>");
-  return List::names;
+  if constexpr (detail::is_model_list<List>)
+    return List::names;
+  else
+    return std::array<std::string_view, 0>{};  // never used: the static_assert above has failed
 }
 
 /// (tensor parallel, sequence parallel, pipeline parallel) for a model type given by name, as optimum-neuron's
