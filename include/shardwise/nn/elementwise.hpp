@@ -9,9 +9,10 @@ namespace shardwise {
 namespace detail {
 template <class P>
 constexpr bool nonlinear_input_ok() {
-  static_assert(!is_partial_v<P>,
-                "shardwise: a non-linear function of a Partial activation is not the function of "
-                "the sum; reduce it first (RowwiseParallel's output_layouts)");
+  static_assert(
+      !is_partial_v<P>,
+      "shardwise::relu/silu/gelu/gelu_tanh: a non-linear function of a Partial activation is not the function of "
+      "the sum; reduce it first (RowwiseParallel's output_layouts)");
   return !is_partial_v<P>;
 }
 }  // namespace detail

@@ -1,0 +1,8 @@
+#include <shardwise/nn/linear.hpp>
+namespace sw = shardwise;
+#ifdef SHARDWISE_SHOULD_FAIL
+using plan = sw::plan<sw::at<"w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<-1>>>>;
+#else
+using plan = sw::plan<sw::at<"w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>>;
+#endif
+template class sw::Linear<float, sw::style_at<plan, "w2">>;

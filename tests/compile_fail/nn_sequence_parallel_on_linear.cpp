@@ -1,0 +1,8 @@
+#include <shardwise/nn/linear.hpp>
+namespace sw = shardwise;
+#ifdef SHARDWISE_SHOULD_FAIL
+using plan = sw::plan<sw::at<"w1", sw::SequenceParallel<>>>;
+#else
+using plan = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>>;
+#endif
+template class sw::Linear<float, sw::style_at<plan, "w1">>;
