@@ -258,17 +258,13 @@ class MpiComm {
 
   template <class Take>
   void recv_bytes(int source, int tag, Take&& take) const {
-    check_peer(source, "recv");
     extents shape;
-    detail::mpi_check(MPI_Recv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), MPI_STATUS_IGNORE),
-                      "MPI_Recv");
-    MPI_Status status;
-    detail::mpi_check(MPI_Probe(source, 2 * tag + 1, native(), &status), "MPI_Probe");
-    int bytes = 0;
-    MPI_Get_count(&status, MPI_BYTE, &bytes);
-    std::vector<unsigned char> data(static_cast<std::size_t>(bytes));
-    detail::mpi_check(MPI_Recv(data.data(), bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
-                      "MPI_Recv");
+    std::vector<unsigned char> data;
+    recv_into(source, tag, [&](extents const& sent, std::size_t bytes) -> void* {
+      shape = sent;
+      data.resize(bytes);
+      return data.data();
+    });
     take(shape, data);
   }
 
