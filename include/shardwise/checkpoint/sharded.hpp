@@ -18,9 +18,9 @@
 // and swaps the folder in (renameat2 RENAME_EXCHANGE, or two renames where the file system has no exchange).
 // Until then the previous checkpoint in "ckpt" is untouched and loadable.
 //
-// Loading reads, on each rank, only the boxes of the pieces its shard needs, through the memory map.
-// With data parallelism, call save_sharded on one replica (dp rank 0) and load_sharded on every rank.
-// Optimizer state is not saved yet.
+// Loading reads, on each rank, only the boxes of the pieces its shard needs (pread, straight into the parameter
+// where whole rows are wanted). With data parallelism, call save_sharded on one replica (dp rank 0) and
+// load_sharded on every rank. Optimizer state is saved beside the model by checkpoint/optimizer_state.hpp.
 #include <fcntl.h>
 
 #include <Eigen/Core>
@@ -236,16 +236,18 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
     fs::remove_all(previous);  // left by a save that died between the two renames below; now superseded
     return;
   }
-  errno = ENOSYS;  // what checkpoint_without_exchange pretends renameat2 answered
-  if (!checkpoint_without_exchange &&
-      ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+  // 0 when swapped; checkpoint_without_exchange answers as a file system without the exchange would.
+  int refused = ENOSYS;
+  if (!checkpoint_without_exchange)
+    refused = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0 ? 0 : errno;
+  if (refused == 0) {
     fsync_directory(parent);
     fs::remove_all(temp);  // now the previous checkpoint
     return;
   }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+  if (refused != EINVAL && refused != ENOSYS && refused != ENOTSUP)
     fail("shardwise::save_sharded: cannot swap \"", temp.string(), "\" into \"", target.string(),
-         "\": ", std::strerror(errno), "; the previous checkpoint is unchanged");
+         "\": ", std::strerror(refused), "; the previous checkpoint is unchanged");
   // No exchange on this file system: move the previous one aside first (load_sharded falls back to it).
   fs::remove_all(previous);
   fs::rename(target, previous);
@@ -501,37 +503,34 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
   };
   if (rank0_reads) {
     // tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
-    // holds a whole tensor, only its own shard and the one block in flight. Errors are agreed on per block, so
-    // a failed read raises on every rank and none waits for a block that will not come.
+    // holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as
+    // zeros, so no rank waits for one that will not come; the error is agreed on once the tensor is sent, and
+    // raised on every rank.
     if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
       using Tensor = std::remove_cvref_t<decltype(value)>;
       using T = typename Tensor::Scalar;
       std::vector<T> box;
-      for (int r = size - 1; r >= 0; --r) {  // rank 0's own block last, into its own storage
-        std::string error;
-        Tensor block;
-        if (rank == 0) {
+      std::string error;
+      if (rank != 0) shardwise::recv(tp, value, 0);
+      for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
+        Tensor block = Tensor::Zero(value.rows(), value.cols());
+        if (error.empty()) {
           try {
             detail::tensor_layout theirs = t;
             theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
             theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
-            block = Tensor::Zero(value.rows(), value.cols());
             read_layout(theirs, block.data(), box);
           } catch (std::exception const& e) {
             error = e.what();
           }
         }
-        detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
-        if (rank == 0) {
-          if (r == 0)
-            value = std::move(block);
-          else
-            shardwise::send(tp, block, r);
-        } else if (rank == r) {
-          shardwise::recv(tp, value, 0);
-        }
+        if (r == 0)
+          value = std::move(block);
+        else
+          shardwise::send(tp, block, r);
       }
+      detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
     });
     if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
     return index;

@@ -197,14 +197,7 @@ class MpiComm {
     detail::mpi_check(MPI_Isend(&mine, sizeof(Record), MPI_BYTE, peer, 0, c, &requests[1]), "MPI_Isend");
     detail::mpi_check(MPI_Isend(in, n, detail::mpi_datatype<T>(), peer, 1, c, &requests[2]), "MPI_Isend");
     detail::mpi_check(MPI_Wait(&requests[0], MPI_STATUS_IGNORE), "MPI_Wait");
-    auto drop = [&] {
-      MPI_Status status;
-      detail::mpi_check(MPI_Probe(peer, 1, c, &status), "MPI_Probe");
-      int bytes = 0;
-      MPI_Get_count(&status, MPI_BYTE, &bytes);
-      std::vector<unsigned char> scratch(static_cast<std::size_t>(bytes));
-      detail::mpi_check(MPI_Recv(scratch.data(), bytes, MPI_BYTE, peer, 1, c, MPI_STATUS_IGNORE), "MPI_Recv");
-    };
+    auto drop = [&] { discard(c, peer, 1, probed_bytes(c, peer, 1)); };
     try {
       auto const [where, expected] = place(static_cast<Record const&>(theirs));
       if (where == nullptr) {
@@ -278,16 +271,12 @@ class MpiComm {
     extents shape;
     detail::mpi_check(MPI_Recv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), MPI_STATUS_IGNORE),
                       "MPI_Recv");
-    MPI_Status status;
-    detail::mpi_check(MPI_Probe(source, 2 * tag + 1, native(), &status), "MPI_Probe");
-    int bytes = 0;
-    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    int const bytes = probed_bytes(native(), source, 2 * tag + 1);
     void* destination = nullptr;
     try {
       destination = where(shape, static_cast<std::size_t>(bytes));
     } catch (...) {
-      std::vector<unsigned char> scratch(static_cast<std::size_t>(bytes));
-      (void)MPI_Recv(scratch.data(), bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE);
+      discard(native(), source, 2 * tag + 1, bytes);
       throw;
     }
     detail::mpi_check(MPI_Recv(destination, bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
@@ -299,6 +288,21 @@ class MpiComm {
     if (peer < 0 || peer >= size() || peer == rank())
       detail::fail("shardwise::", what, " on mesh axis \"", label_, "\": peer rank ", peer,
                    " is not another rank of this axis (size ", size(), ", this rank ", rank(), ")");
+  }
+
+  /// The size in bytes of the next message from `source` with `tag`, once it has arrived.
+  static int probed_bytes(MPI_Comm c, int source, int tag) {
+    MPI_Status status;
+    detail::mpi_check(MPI_Probe(source, tag, c, &status), "MPI_Probe");
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    return bytes;
+  }
+
+  /// Receives a message of `bytes` bytes and drops it, so that a refused message is not left pending.
+  static void discard(MPI_Comm c, int source, int tag, int bytes) {
+    std::vector<unsigned char> scratch(static_cast<std::size_t>(bytes));
+    detail::mpi_check(MPI_Recv(scratch.data(), bytes, MPI_BYTE, source, tag, c, MPI_STATUS_IGNORE), "MPI_Recv");
   }
 
   static std::pair<std::vector<int>, std::vector<int>> counts_and_displacements(std::vector<std::size_t> const& counts,
