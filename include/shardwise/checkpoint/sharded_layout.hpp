@@ -1,0 +1,248 @@
+#pragma once
+// What sharded save and load share: how each parameter lies on a tp rank and in the checkpoint, the walk over
+// a model's parameters under their checkpoint names, errors agreed across the tp group, the atomic commit of
+// a checkpoint folder, and the switches tests use to reach the failure paths. See checkpoint/sharded.hpp.
+#include <fcntl.h>
+
+#include <Eigen/Core>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shardwise/adapters/eigen.hpp"
+#include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/safetensors_read.hpp"
+#include "shardwise/checkpoint/safetensors_write.hpp"
+#include "shardwise/checkpoint/sharded_index.hpp"
+#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/nn/lazy.hpp"
+#include "shardwise/placement/placement.hpp"
+#include "shardwise/plan/module.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// For tests: called at the stages of a save — "rank_file_written" on every rank, "before_commit" on tp rank 0,
+/// and "previous_moved_aside" on tp rank 0 between the two renames of a commit without RENAME_EXCHANGE.
+inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
+/// For tests: commit as on a file system without renameat2 RENAME_EXCHANGE (the two renames).
+inline bool checkpoint_without_exchange = false;
+/// For tests: called when a rank starts ("read_begin") and ends ("read_end") reading its shard in load_sharded.
+inline void (*checkpoint_load_hook)(std::string_view stage, int tp_rank) = nullptr;
+/// The most a load stages at once for a column-cut tensor (rows of part of a row are read, then copied into
+/// place); whole rows are read straight into the parameter. Tests lower it to exercise many reads per box.
+inline std::size_t load_staging_bytes = std::size_t{4} << 20;
+
+/// How one parameter lies on this rank (a block of the physical global tensor, which may hold padded rows and
+/// repeated blocks) and in the checkpoint (the stored global tensor, without them).
+struct tensor_layout {
+  std::string name;
+  dtype type = dtype::F32;
+  int shard_dim = -1;  // on the tp axis; -1: replicated
+  bool is_vector = false;
+  std::size_t local_rows = 0, local_cols = 0;
+  std::size_t row_offset = 0, col_offset = 0;  // this rank's block in the physical global tensor
+  std::size_t physical_rows = 0, cols = 0;
+  std::size_t stored_rows = 0;
+  std::size_t copies = 1, block = 0;  // repeated blocks: each `block` rows appear `copies` times in a row
+
+  [[nodiscard]] std::vector<std::uint64_t> stored_shape() const {
+    if (is_vector) return {stored_rows};
+    return {stored_rows, cols};
+  }
+  [[nodiscard]] std::string placement() const {
+    return shard_dim < 0 ? std::string("Replicate()") : "Shard(dim=" + std::to_string(shard_dim) + ")";
+  }
+  /// The stored row of physical row i (the block's first copy), or stored_rows for padding.
+  [[nodiscard]] std::size_t stored_row(std::size_t i) const {
+    std::size_t const s = copies > 1 ? (i / (block * copies)) * block + i % block : i;
+    return s < stored_rows ? s : stored_rows;
+  }
+  /// Whether physical row i is the first copy of its block (the one saved).
+  [[nodiscard]] bool first_copy(std::size_t i) const { return copies <= 1 || (i / block) % copies == 0; }
+};
+
+/// Local rows [local, local + count) that are stored rows [stored, stored + count).
+struct row_run {
+  std::size_t local, stored, count;
+};
+
+/// The runs of this rank's rows; when saving, only first copies.
+inline std::vector<row_run> row_runs(tensor_layout const& t, bool saving) {
+  std::vector<row_run> runs;
+  for (std::size_t k = 0; k < t.local_rows; ++k) {
+    std::size_t const i = t.row_offset + k;
+    std::size_t const s = t.stored_row(i);
+    if (s == t.stored_rows || (saving && !t.first_copy(i))) continue;
+    if (!runs.empty() && runs.back().local + runs.back().count == k && runs.back().stored + runs.back().count == s)
+      ++runs.back().count;
+    else
+      runs.push_back({k, s, 1});
+  }
+  return runs;
+}
+
+inline std::string join_path(std::string const& prefix, std::string_view name) {
+  return prefix.empty() ? std::string(name) : prefix + "." + std::string(name);
+}
+
+/// Calls fn(layer, path) for every layer, with its place in the model: "layers.0.attention.wq".
+template <class Node, class Fn>
+void for_each_named_layer(Node& node, std::string const& prefix, Fn& fn) {
+  using N = std::remove_cvref_t<Node>;
+  if constexpr (layer<N>) {
+    fn(node, prefix);
+  } else if constexpr (module<N>) {
+    auto children = node.shardwise_children();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (for_each_named_layer(std::get<I>(children), join_path(prefix, child_name(N::shardwise_child_list, I)), fn), ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
+  } else if constexpr (repeated<N>::value) {
+    std::size_t i = 0;
+    for (auto& element : node) for_each_named_layer(element, join_path(prefix, std::to_string(i++)), fn);
+  }
+}
+
+/// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
+/// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused.
+template <class Model, class Fn>
+void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
+  auto const tp = static_cast<std::size_t>(size);
+  auto visit_layer = [&](auto& l, std::string const& path) {
+    if constexpr (requires { l.materialized(); }) {
+      if (!l.materialized()) {
+        if constexpr (requires { l.shardwise_materialize(); })
+          if (materialize) l.shardwise_materialize();
+        if (!l.materialized())
+          fail("shardwise::save_sharded: the layer at \"", path,
+               "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
+      }
+    }
+    auto parameters = l.parameters();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&](auto const& p) {
+            using P = std::remove_cvref_t<decltype(p)>;
+            using Tensor = typename P::tensor_type;
+            using T = typename Tensor::Scalar;
+            using G = typename P::grad_placement;
+            if (I > 0 && p.value->size() == 0) return;  // a layer without bias
+            tensor_layout t;
+            t.name = path + (I == 0 ? ".weight" : I == 1 ? ".bias" : ".parameter" + std::to_string(I));
+            t.type = dtype_of<T>;
+            t.is_vector = Tensor::ColsAtCompileTime == 1;
+            t.local_rows = static_cast<std::size_t>(p.value->rows());
+            t.local_cols = static_cast<std::size_t>(p.value->cols());
+            if constexpr (is_shard_v<G>) t.shard_dim = G::dim < 0 ? G::dim + (t.is_vector ? 1 : 2) : G::dim;
+            t.physical_rows = t.local_rows * (t.shard_dim == 0 ? tp : 1);
+            t.cols = t.local_cols * (t.shard_dim == 1 ? tp : 1);
+            t.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(rank) : 0;
+            t.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(rank) : 0;
+            t.copies = p.copies;
+            t.block = p.copy_block;
+            if (t.copies > 1) {
+              if (t.block == 0 || t.physical_rows % (t.block * t.copies) != 0)
+                fail("shardwise::checkpoint: tensor \"", t.name, "\": ", t.copies, " copies of blocks of ", t.block,
+                     " rows do not tile its ", t.physical_rows, " rows");
+              t.stored_rows = t.physical_rows / t.copies;
+            } else if constexpr (requires { l.vocabulary(); }) {
+              t.stored_rows = std::min(t.physical_rows, static_cast<std::size_t>(l.vocabulary()));
+            } else if constexpr (requires { l.unpadded_out_features(); }) {
+              t.stored_rows = std::min(t.physical_rows, l.unpadded_out_features());  // a padded Linear
+            } else {
+              t.stored_rows = t.physical_rows;
+            }
+            fn(t, *p.value);
+          }(std::get<I>(parameters)),
+          ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
+  };
+  for_each_named_layer(model, std::string(), visit_layer);
+}
+
+/// Every tp rank passes its error (empty if none). If any failed, every rank throws the same message: that of
+/// the lowest failing rank, sent over the mesh (so threads and MPI processes all report the cause).
+template <class TpMesh>
+void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
+                     std::filesystem::path const& dir, std::string_view who = "save_sharded") {
+  int const size = tp.size(), rank = tp.rank();
+  Eigen::VectorXd failed(1);
+  failed(0) = error.empty() ? 0.0 : static_cast<double>(size - rank);
+  all_reduce_on(tp.comm(0), failed, op_kind::max);
+  if (failed(0) == 0.0) return;
+  int const source = size - static_cast<int>(failed(0));
+  std::string message;
+  if (rank == source)
+    message = error.rfind("shardwise::", 0) == 0 ? error
+                                                 : concat("shardwise::save_sharded: \"", dir.string(), "\": ", error,
+                                                          " (while ", stage, "); the previous checkpoint is unchanged");
+  constexpr std::size_t longest = 2048;
+  Eigen::VectorXd text = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(longest));
+  for (std::size_t i = 0; i < message.size() && i < longest; ++i)
+    text(static_cast<Eigen::Index>(i)) = static_cast<double>(static_cast<unsigned char>(message[i]));
+  all_reduce_on(tp.comm(0), text, op_kind::sum);  // only the source wrote: the sum is its message
+  message.clear();
+  for (Eigen::Index i = 0; i < text.size() && text(i) != 0.0; ++i)
+    message.push_back(static_cast<char>(static_cast<unsigned char>(text(i))));
+  if (source != rank) message += concat(" [reported by tp rank ", source, "]");
+  throw shardwise::error(message);
+}
+
+/// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.
+inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target) {
+  namespace fs = std::filesystem;
+  fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  fs::path const previous = parent / ("." + target.filename().string() + ".previous");
+  if (!fs::exists(target)) {
+    fs::rename(temp, target);
+    fsync_directory(parent);
+    fs::remove_all(previous);  // left by a save that died between the two renames below; now superseded
+    return;
+  }
+  // 0 when swapped; checkpoint_without_exchange answers as a file system without the exchange would.
+  int refused = ENOSYS;
+  if (!checkpoint_without_exchange)
+    refused = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0 ? 0 : errno;
+  if (refused == 0) {
+    fsync_directory(parent);
+    fs::remove_all(temp);  // now the previous checkpoint
+    return;
+  }
+  if (refused != EINVAL && refused != ENOSYS && refused != ENOTSUP)
+    fail("shardwise::save_sharded: cannot swap \"", temp.string(), "\" into \"", target.string(),
+         "\": ", std::strerror(refused), "; the previous checkpoint is unchanged");
+  // No exchange on this file system: move the previous one aside first (load_sharded falls back to it).
+  fs::remove_all(previous);
+  fs::rename(target, previous);
+  if (checkpoint_save_hook) checkpoint_save_hook("previous_moved_aside", 0);
+  fs::rename(temp, target);
+  fsync_directory(parent);
+  fs::remove_all(previous);
+}
+
+inline std::filesystem::path normalized_dir(std::filesystem::path const& dir) {
+  auto d = dir.lexically_normal();
+  if (d.has_filename()) return d;
+  return d.parent_path();  // "ckpt/" -> "ckpt"
+}
+
+}  // namespace detail
+}  // namespace shardwise
