@@ -259,3 +259,60 @@ static_assert(shardwise::models::kv_size_multiplier(32, 8, 16) == 2);
 static_assert(shardwise::models::kv_size_multiplier(6, 3, 4) == 0);   // heads do not split
 static_assert(shardwise::models::kv_size_multiplier(12, 3, 4) == 0);  // rank 1's query heads need two kv heads
 static_assert(shardwise::models::kv_size_multiplier(8, 2, 4, 3) == 0);
+
+TEST_CASE("Llama with tied word embeddings: one tensor, trained sharded as unsharded") {
+  auto c = llama_cases::small_config();
+  c.tie_word_embeddings = true;
+  llama_cases::Run serial, untied;
+  shardwise::run_threads(1, [&](auto& world) {
+    serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c, 1, 0.1f);
+    auto u = c;
+    u.tie_word_embeddings = false;
+    untied = llama_cases::train<shardwise::serial_plan>(world, 1, 1, false, u);
+  });
+  CHECK(serial.losses.back() < serial.losses.front());
+  // One tensor: the output projection's weight is the embedding's, walked (and saved, and stepped) once.
+  REQUIRE(serial.parameters.size() + 1 == untied.parameters.size());
+  for (auto const& t : serial.parameters) CHECK(t.path != "output.weight");
+  CHECK(serial.state_elements + 2 * c.vocabulary * c.dim == untied.state_elements);
+  auto check = [&](char const* name, int ranks, int dp, bool zero1, auto plan_tag,
+                   shardwise::models::LlamaConfig const& config, llama_cases::Run const& expected) {
+    using Plan = typename decltype(plan_tag)::type;
+    INFO(std::string(name));
+    shardwise::run_threads(ranks, [&](auto& world) {
+      auto const run = llama_cases::train<Plan>(world, dp, steps, zero1, config, 1, 0.1f);
+      if (world.rank() != 0) return;
+      // Clipping engaged (max norm 0.1): the tied gradient counts once in the global norm at every tp size.
+      for (std::size_t i = 0; i < run.norms.size(); ++i) {
+        INFO("step " << i << ": norm " << run.norms[i] << " vs unsharded " << expected.norms[i]);
+        CHECK(std::abs(run.norms[i] - expected.norms[i]) <= 1e-5 * expected.norms[i]);
+      }
+      llama_cases::check_same_run(run, expected);
+    });
+  };
+  using tp_only = std::type_identity<shardwise::models::llama_plan<false>>;
+  using sequence_parallel = std::type_identity<shardwise::models::llama_plan<true>>;
+  check("tied, TP 1", 1, 1, false, sequence_parallel{}, c, serial);
+  check("tied, TP 2", 2, 1, false, tp_only{}, c, serial);
+  check("tied, TP 4", 4, 1, false, tp_only{}, c, serial);
+  check("tied, TP 2 with sequence parallelism", 2, 1, false, sequence_parallel{}, c, serial);
+  check("tied, dp 2 x tp 2 with ZeRO-1", 4, 2, true, sequence_parallel{}, c, serial);
+  auto padded = c;
+  padded.vocabulary = 30;  // padded to 32 at TP 4: the shared table is padded once, by its owner
+  llama_cases::Run padded_serial;
+  shardwise::run_threads(1, [&](auto& world) {
+    padded_serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, padded, 1, 0.1f);
+  });
+  check("tied, vocabulary 30 at TP 4", 4, 1, false, sequence_parallel{}, padded, padded_serial);
+}
+
+TEST_CASE("Llama with tied word embeddings refuses a plan that cuts the two differently") {
+  auto c = llama_cases::small_config();
+  c.tie_word_embeddings = true;
+  using embeddings_whole = shardwise::models::llama_plan<false, false>;  // output cut, embedding whole
+  using Model = shardwise::models::Llama<float, embeddings_whole>;
+  static_assert(!Model::can_tie);
+  CHECK_THROWS_WITH(Model{c},
+                    doctest::Contains("shardwise::models::Llama: tie_word_embeddings needs the plan to cut \"output\" "
+                                      "and \"tok_embeddings\" the same way"));
+}

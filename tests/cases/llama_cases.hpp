@@ -89,44 +89,36 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaC
     auto finished = sw::finish_gradients(model);
     if (world.size() == 1) {
       double squares = 0;
-      sw::detail::for_each_parameter(model, [&](auto const& p) { squares += double(p.grad->squaredNorm()); });
+      sw::for_each_parameter(finished,
+                             [&](std::string const&, auto const& p) { squares += double(p.grad->squaredNorm()); });
       run.own_norms.push_back(std::sqrt(squares));
     }
     run.norms.push_back(optimizer.step(finished, dp));
     sw::zero_grad(model);
     // The loss of the whole batch: the mean over dp ranks (each saw the same number of tokens).
-    sw::nn::vector<float> loss(1);
-    loss(0) = step_loss;
-    sw::detail::all_reduce_on(dp.comm(0), loss, sw::detail::op_kind::avg);
-    run.losses.push_back(loss(0));
+    run.losses.push_back(sw::all_reduce(dp, step_loss, sw::Avg{}));
   }
   run.state_elements = optimizer.state_elements();
-  sw::detail::for_each_parameter(model, [&](auto const& p) {
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
     using P = typename std::remove_cvref_t<decltype(p)>::grad_placement;
     using Tensor = typename std::remove_cvref_t<decltype(p)>::tensor_type;
-    Tensor whole = *p.value;
-    if constexpr (sw::is_shard_v<P>) {
-      Tensor gathered;
-      sw::all_gather(tp, *p.value, gathered, P::dim);
-      whole = gathered;
-    }
-    if (p.copies > 1) {  // repeated key-value heads: every copy must equal the first; keep the first
+    if constexpr (sw::is_shard_v<P>) {  // repeated key-value heads: every copy must still equal the first
+      if (p.copies <= 1) return;
+      Tensor whole;
+      sw::all_gather(tp, *p.value, whole, P::dim);
       auto const block = static_cast<Eigen::Index>(p.copy_block), copies = static_cast<Eigen::Index>(p.copies);
-      Tensor first(whole.rows() / copies, whole.cols());
-      for (Eigen::Index b = 0; b < first.rows() / block; ++b) {
-        first.middleRows(b * block, block) = whole.middleRows(b * copies * block, block);
+      for (Eigen::Index b = 0; b < whole.rows() / (block * copies); ++b)
         for (Eigen::Index k = 1; k < copies; ++k)
-          CHECK_MESSAGE(whole.middleRows((b * copies + k) * block, block) == first.middleRows(b * block, block),
-                        "copy " << k << " of block " << b << " of " << p.path << " drifted from the first");
-      }
-      whole = first;
+          CHECK_MESSAGE(
+              whole.middleRows((b * copies + k) * block, block) == whole.middleRows(b * copies * block, block),
+              "copy " << k << " of block " << b << " of " << name << " drifted from the first");
     }
-    // Vocabulary padding (rows past the real vocabulary) is not part of the model: leave it out.
-    auto const rows = std::min<Eigen::Index>(whole.rows(), p.path == "tok_embeddings" || p.path == "output"
-                                                               ? static_cast<Eigen::Index>(c.vocabulary)
-                                                               : whole.rows());
-    TrainedTensor& kept = run.parameters.emplace_back(TrainedTensor{std::string(p.path), {}});
-    for (Eigen::Index i = 0; i < rows; ++i)
+  });
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    using Tensor = typename std::remove_cvref_t<decltype(p)>::tensor_type;
+    Tensor const whole = sw::full_tensor(p);  // copies once, vocabulary padding left out
+    TrainedTensor& kept = run.parameters.emplace_back(TrainedTensor{name, {}});
+    for (Eigen::Index i = 0; i < whole.rows(); ++i)
       for (Eigen::Index j = 0; j < whole.cols(); ++j) kept.values.push_back(whole(i, j));
   });
   return run;

@@ -27,17 +27,11 @@ namespace detail {
 
 inline constexpr char const* optimizer_file_name = "optimizer.safetensors";
 
-/// The checkpoint names of the model's parameters in the optimizer's order (empty biases included, as the
-/// optimizer keeps a slot for them).
+/// The checkpoint names of the model's parameters in the optimizer's order (sw::for_each_parameter's).
 template <class Model>
 std::vector<std::string> parameter_names(Model& model) {
   std::vector<std::string> names;
-  auto visit = [&](auto& l, std::string const& path) {
-    constexpr std::size_t count = std::tuple_size_v<decltype(l.parameters())>;
-    for (std::size_t i = 0; i < count; ++i)
-      names.push_back(path + (i == 0 ? ".weight" : i == 1 ? ".bias" : ".parameter" + std::to_string(i)));
-  };
-  for_each_named_layer(model, std::string(), visit);
+  for_each_parameter(model, [&](std::string const& name, auto const&) { names.push_back(name); });
   return names;
 }
 

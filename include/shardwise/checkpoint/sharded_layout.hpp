@@ -98,28 +98,6 @@ inline std::vector<row_run> row_runs(tensor_layout const& t, bool saving) {
   return runs;
 }
 
-inline std::string join_path(std::string const& prefix, std::string_view name) {
-  return prefix.empty() ? std::string(name) : prefix + "." + std::string(name);
-}
-
-/// Calls fn(layer, path) for every layer, with its place in the model: "layers.0.attention.wq".
-template <class Node, class Fn>
-void for_each_named_layer(Node& node, std::string const& prefix, Fn& fn) {
-  using N = std::remove_cvref_t<Node>;
-  if constexpr (layer<N>) {
-    fn(node, prefix);
-  } else if constexpr (module<N>) {
-    auto children = node.shardwise_children();
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (for_each_named_layer(std::get<I>(children), join_path(prefix, child_name(N::shardwise_child_list, I)), fn), ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
-  } else if constexpr (repeated<N>::value) {
-    std::size_t i = 0;
-    for (auto& element : node) for_each_named_layer(element, join_path(prefix, std::to_string(i++)), fn);
-  }
-}
-
 /// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
 /// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused.
 template <class Model, class Fn>
@@ -143,9 +121,9 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
             using Tensor = typename P::tensor_type;
             using T = typename Tensor::Scalar;
             using G = typename P::grad_placement;
-            if (I > 0 && p.value->size() == 0) return;  // a layer without bias
+            if (!p.present) return;  // a layer without bias, a weight tied to another layer's (saved there)
             tensor_layout t;
-            t.name = path + (I == 0 ? ".weight" : I == 1 ? ".bias" : ".parameter" + std::to_string(I));
+            t.name = path + "." + std::string(p.leaf);
             t.type = dtype_of<T>;
             t.is_vector = Tensor::ColsAtCompileTime == 1;
             t.local_rows = static_cast<std::size_t>(p.value->rows());
@@ -162,12 +140,8 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
                 fail("shardwise::checkpoint: tensor \"", t.name, "\": ", t.copies, " copies of blocks of ", t.block,
                      " rows do not tile its ", t.physical_rows, " rows");
               t.stored_rows = t.physical_rows / t.copies;
-            } else if constexpr (requires { l.vocabulary(); }) {
-              t.stored_rows = std::min(t.physical_rows, static_cast<std::size_t>(l.vocabulary()));
-            } else if constexpr (requires { l.unpadded_out_features(); }) {
-              t.stored_rows = std::min(t.physical_rows, l.unpadded_out_features());  // a padded Linear
             } else {
-              t.stored_rows = t.physical_rows;
+              t.stored_rows = p.real_rows ? std::min(t.physical_rows, p.real_rows) : t.physical_rows;  // padding
             }
             fn(t, *p.value);
           }(std::get<I>(parameters)),
@@ -175,7 +149,7 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
     }
     (std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
   };
-  for_each_named_layer(model, std::string(), visit_layer);
+  for_each_named_layer(model, visit_layer);
 }
 
 /// Every tp rank passes its error (empty if none). If any failed, every rank throws the same message: that of

@@ -388,9 +388,37 @@ constexpr bool require_1d_mesh() {
 
 /// Reduces t over the ranks of a 1-D mesh, in place; every rank gets the result.
 template <class Mesh, class T, reduce_op Op = Sum>
-void all_reduce(Mesh const& mesh, T& t, Op = {}) {
+requires(!std::is_arithmetic_v<T>) void all_reduce(Mesh const& mesh, T& t, Op = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>())
     detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>());
+}
+
+namespace detail {
+/// One number seen as a rank-1 tensor of one element, for the scalar all_reduce.
+template <class E>
+struct scalar_cell {
+  E value;
+};
+}  // namespace detail
+
+template <class E>
+struct tensor_traits<detail::scalar_cell<E>> {
+  using element_type = E;
+  static constexpr std::size_t rank = 1;
+  static constexpr storage_order order = storage_order::row_major;
+  static extents shape(detail::scalar_cell<E> const&) { return {1}; }
+  static E* data(detail::scalar_cell<E>& c) { return &c.value; }
+  static E const* data(detail::scalar_cell<E> const& c) { return &c.value; }
+};
+
+/// Reduces one number over the ranks of a 1-D mesh and returns the result, the same on every rank (in rank
+/// order, so threads and MPI agree to the bit): float loss = sw::all_reduce(dp, local_loss, sw::Avg{}).
+template <class Mesh, class S, reduce_op Op = Sum>
+requires std::is_arithmetic_v<S>
+[[nodiscard]] S all_reduce(Mesh const& mesh, S value, Op = {}) {
+  detail::scalar_cell<S> cell{value};
+  if constexpr (detail::require_1d_mesh<Mesh>()) detail::all_reduce_on(mesh.comm(0), cell, detail::op_kind_of<Op>());
+  return cell.value;
 }
 
 /// Concatenates every rank's `in` along dimension `dim` (negative counts from the end) into `out`, in rank

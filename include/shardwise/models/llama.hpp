@@ -29,6 +29,9 @@ struct LlamaConfig {
   // cut, so that more tp ranks than key-value heads each hold the head their query heads use. 0: derived
   // (tp / kv_heads when tp exceeds kv_heads, else 1).
   std::size_t kv_size_multiplier = 0;
+  // transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
+  // tensor, one gradient, one optimizer state, saved once as the embedding).
+  bool tie_word_embeddings = false;
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
 };
 
@@ -221,12 +224,10 @@ struct LlamaAttention {
       detail::apply_rope(x.middleCols(h * d, d), rope_, config_.sequence, inverse);
   }
 
-  using projection = decltype(std::declval<Linear<T, style_at<Plan, "wq">>&>()(std::declval<nn::matrix<T>>()));
-  using kv_projection = decltype(std::declval<Linear<T, style_at<Plan, "wk">>&>()(std::declval<nn::matrix<T>>()));
   LlamaConfig config_;
   detail::rope_tables<T> rope_;
-  projection q_;
-  kv_projection k_, v_;
+  output_t<decltype(wq)> q_;
+  output_t<decltype(wk)> k_, v_;
   std::vector<nn::matrix<T>> probabilities_;
 };
 
@@ -258,7 +259,7 @@ struct LlamaFeedForward {
   }
 
  private:
-  decltype(std::declval<Linear<T, style_at<Plan, "w1">>&>()(std::declval<nn::matrix<T>>())) h1_, h3_, a_;
+  output_t<decltype(w1)> h1_, h3_, a_;
 };
 
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
@@ -307,7 +308,12 @@ struct Llama {
         config_(c) {
     layers.reserve(c.layers);
     for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
+    if (c.tie_word_embeddings) tie_output_to_embedding();
   }
+
+  /// Whether the plan cuts the output projection and the embedding the same way, as tied weights need.
+  static constexpr bool can_tie = std::is_same_v<typename decltype(output)::weight_grad_placement,
+                                                 typename decltype(tok_embeddings)::weight_grad_placement>;
 
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
 
@@ -334,6 +340,16 @@ struct Llama {
   }
 
  private:
+  void tie_output_to_embedding() {
+    if constexpr (can_tie)
+      tie_weights(output, tok_embeddings);
+    else
+      shardwise::detail::fail(
+          "shardwise::models::Llama: tie_word_embeddings needs the plan to cut \"output\" and "
+          "\"tok_embeddings\" the same way (ColwiseParallel with RowwiseParallel, as llama_plan "
+          "does with parallelize_embeddings on); parallelize the embeddings or untie them");
+  }
+
   LlamaConfig config_;
 };
 

@@ -98,6 +98,11 @@ decltype(auto) local_of(X const& x) {
 
 }  // namespace detail
 
+/// The type of a layer's output: an Activation in the layout its style gives. For the activations a module
+/// keeps for its backward: `sw::output_t<decltype(w1)> h1_;`.
+template <class Layer>
+using output_t = Activation<typename Layer::matrix::Scalar, typename Layer::output_layout>;
+
 // Element-wise arithmetic between activations keeps the layout and refuses to mix layouts.
 template <class T, class P, class Q>
 Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q> const& b) {

@@ -48,6 +48,7 @@ class Embedding {
   using style = Style;
   using output_layout = typename out_of<Style>::type;
   using grad_placement = std::conditional_t<colwise, Shard<1>, std::conditional_t<rowwise, Shard<0>, Replicate>>;
+  using weight_grad_placement = grad_placement;
   using matrix = nn::matrix<T>;
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
@@ -161,8 +162,9 @@ class Embedding {
   }
 
   auto parameters() {
-    return std::make_tuple(
-        Parameter<matrix, grad_placement>{&weight, &weight_grad, group_.get(), Location::path.view(), 1, 0});
+    Parameter<matrix, grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view()};
+    w.real_rows = vocabulary_;  // rows past it are vocabulary padding
+    return std::make_tuple(w);
   }
 
  private:

@@ -3,6 +3,7 @@
 // same seed gives the same full parameters on every rank, so a sharded model starts from exactly the weights
 // of the unsharded one) and the checks that name the layer's path.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -85,6 +86,29 @@ inline void require_static_size(std::string_view path, char const* what, std::si
   if (declared != 0 && declared != given)
     fail("shardwise::Linear at \"", path, "\": declared with ", declared, " ", what, " but built with ", given);
 }
+
+/// A weight that belongs to another layer of the same model, kept as its distance from the layer that uses it
+/// (as Boost.Interprocess's offset_ptr does): copying or moving the whole model keeps the tie, to the copy's own
+/// owner. Both layers must therefore live in one model object (members, or members of its members).
+template <class M>
+class weight_tie {
+ public:
+  bool tied = false;
+  std::string_view owner_path;
+
+  void bind(void const* self, M& value, M& grad, std::string_view path) {
+    tied = true;
+    owner_path = path;
+    value_offset_ = address(&value) - address(self);
+    grad_offset_ = address(&grad) - address(self);
+  }
+  M& value(void const* self) const { return *reinterpret_cast<M*>(address(self) + value_offset_); }
+  M& grad(void const* self) const { return *reinterpret_cast<M*>(address(self) + grad_offset_); }
+
+ private:
+  static std::intptr_t address(void const* p) { return reinterpret_cast<std::intptr_t>(p); }
+  std::intptr_t value_offset_ = 0, grad_offset_ = 0;
+};
 
 template <class T>
 nn::matrix<T> columns(nn::matrix<T> const& m, Eigen::Index start, Eigen::Index count) {

@@ -90,7 +90,7 @@ class Linear {
   void pad_outputs(std::size_t out) {
     if (out <= out_) return;
     unpadded_out_ = out_;
-    if (lazy_) {
+    if (lazy_ || tied()) {  // a tied weight is padded by its owner
       out_ = local_out_ = out;
       return;
     }
@@ -107,9 +107,10 @@ class Linear {
   /// kv_size_multiplier). The copies' gradients are summed over the group by sw::finish_gradients.
   void replicate_output_blocks(std::size_t block, std::size_t copies) {
     if (copies <= 1) return;
-    if (block == 0 || out_ % block != 0 || copies_ != 1)
+    if (block == 0 || out_ % block != 0 || copies_ != 1 || tied())
       detail::fail("shardwise::Linear at \"", Location::path.view(), "\": cannot repeat blocks of ", block,
-                   " output rows of ", out_, " (once, before parallelize, with a block size that divides the rows)");
+                   " output rows of ", out_,
+                   " (once, before parallelize, with a block size that divides the rows, on a weight it owns)");
     copies_ = copies;
     copy_block_ = block;
     if (lazy_) {
@@ -131,8 +132,9 @@ class Linear {
   }
 
   void zero_grad() {
-    weight_grad.setZero(weight.rows(), weight.cols());
+    weight_grad.setZero(weight.rows(), weight.cols());  // a tied layer's own weight is empty: its owner's is zeroed
     bias_grad.setZero(bias.size());
+    copies_summed_ = false;
   }
 
   /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
@@ -158,14 +160,14 @@ class Linear {
       auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
       local_out_ = static_cast<std::size_t>(rows);
       if (lazy_) return;
-      weight = matrix(weight.middleRows(r * rows, rows));
+      if (!tied()) weight = matrix(weight.middleRows(r * rows, rows));  // a tied weight is cut by its owner
       if (has_bias_) bias = vector(bias.segment(r * rows, rows));
     } else {
       detail::require_divisible("RowwiseParallel", Location::path.view(), "input features", in_, n, group_->axis());
       auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
       local_in_ = static_cast<std::size_t>(cols);
       if (lazy_) return;
-      weight = matrix(weight.middleCols(r * cols, cols));
+      if (!tied()) weight = matrix(weight.middleCols(r * cols, cols));
     }
     zero_grad();
   }
@@ -173,7 +175,7 @@ class Linear {
   /// A lazily constructed layer allocates this rank's shard (zeros, to be filled from a checkpoint).
   void shardwise_materialize() {
     if (!lazy_) return;
-    weight.setZero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_));
+    if (!tied()) weight.setZero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_));
     if (has_bias_) bias.setZero(static_cast<Eigen::Index>(local_out_));
     lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
   }
@@ -193,16 +195,24 @@ class Linear {
     static_assert(detail::show_layout_mismatch<Location::path, input_layout, X>());
     require_group();
     auto const& given = detail::local_of<T>(x);
+    matrix const& w = current_weight();
+    // Release builds too: a wrong width would read past the input (the sliced cases) or give wrong numbers.
+    constexpr bool local_input = rowwise && std::is_same_v<input_layout, Shard<1>>;
+    auto const width = static_cast<Eigen::Index>(local_input ? local_in_ : in_);
+    if (given.cols() != width)
+      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": the input has ", given.cols(),
+                   " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
+                   "); give it [tokens, features] inputs of that width");
     if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {
       group_->all_gather(given, saved_input_, 0);  // the whole sequence: each rank computes its columns for it
     } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
-      auto const cols = weight.cols();
+      auto const cols = w.cols();
       saved_input_ = given.middleCols(group_->rank() * cols, cols);
     } else {
       saved_input_ = given;
     }
-    matrix y(saved_input_.rows(), weight.rows());
-    y.noalias() = saved_input_ * weight.transpose();
+    matrix y(saved_input_.rows(), w.rows());
+    y.noalias() = saved_input_ * w.transpose();
     if constexpr (rowwise) {
       if constexpr (std::is_same_v<output_layout, Replicate>) {
         group_->all_reduce(y);
@@ -225,20 +235,28 @@ class Linear {
   /// Backward: accumulates the parameter gradients and returns the input gradient in the input's layout.
   Activation<T, input_layout> backward(Activation<T, output_layout> const& dy_given) {
     require_group();
+    matrix const& w = current_weight();
     matrix const* dy = &dy_given.local;
     matrix dy_part;
     if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
-      dy_part = dy->middleCols(group_->rank() * weight.rows(), weight.rows());  // conjugate of the all-gather
+      dy_part = dy->middleCols(group_->rank() * w.rows(), w.rows());  // conjugate of the all-gather
       dy = &dy_part;
     } else if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
       group_->all_gather(*dy, dy_part, 0);  // conjugate of the reduce-scatter
       dy = &dy_part;
     }
-    if (weight_grad.size() != weight.size()) zero_grad();  // a materialized layer's first backward
-    weight_grad.noalias() += dy->transpose() * saved_input_;
+    if (dy->rows() != saved_input_.rows() || dy->cols() != w.rows())
+      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": backward got a gradient of ", dy->rows(), "x",
+                   dy->cols(), " on this rank after a forward of ", saved_input_.rows(), "x", w.rows(),
+                   "; pass the gradient of this layer's last output");
+    matrix& wg = current_weight_grad();
+    if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
+    if (bias_grad.size() != bias.size()) bias_grad.setZero(bias.size());
+    if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
+    wg.noalias() += dy->transpose() * saved_input_;
     if (has_bias_) bias_grad += dy->colwise().sum().transpose();
-    matrix dx(dy->rows(), weight.cols());
-    dx.noalias() = *dy * weight;
+    matrix dx(dy->rows(), w.cols());
+    dx.noalias() = *dy * w;
     if constexpr (colwise) {  // dx is a partial sum over the ranks' output columns
       if constexpr (std::is_same_v<input_layout, Replicate>) {
         group_->all_reduce(dx);  // conjugate of using one replicated input
@@ -258,13 +276,35 @@ class Linear {
   using weight_grad_placement = std::conditional_t<colwise, Shard<0>, std::conditional_t<rowwise, Shard<1>, Replicate>>;
   using bias_grad_placement = std::conditional_t<colwise, Shard<0>, Replicate>;
 
-  /// The parameters with their gradients (a bias-free layer has only the weight).
+  /// The parameters with their gradients. A bias-free layer's bias and a tied weight (its owner's) are there
+  /// but not present: walks over the model's parameters pass them by.
   auto parameters() {
     Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view(),
                                                copies_, copy_block_};
+    w.real_rows = unpadded_out_, w.present = !tied(), w.copies_summed = copies_ > 1 ? &copies_summed_ : nullptr;
     Parameter<vector, bias_grad_placement> b{&bias,   &bias_grad, group_.get(), Location::path.view(),
                                              copies_, copy_block_};
-    return std::make_tuple(w, b);  // an empty bias updates nothing
+    b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_;
+    b.copies_summed = w.copies_summed;
+    return std::make_tuple(w, b);
+  }
+
+  /// Whether the weight is another layer's (sw::tie_weights), and that layer's path.
+  [[nodiscard]] bool tied() const { return tie_.tied; }
+  [[nodiscard]] std::string_view tied_to() const { return tie_.owner_path; }
+
+  /// The weight this layer computes with: its own, or the one it is tied to.
+  [[nodiscard]] matrix const& current_weight() const { return tied() ? tie_.value(this) : weight; }
+  [[nodiscard]] matrix& current_weight_grad() { return tied() ? tie_.grad(this) : weight_grad; }
+
+  /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
+  void shardwise_tie(matrix& value, matrix& grad, std::string_view owner_path) {
+    if (group_ || copies_ > 1 || unpadded_out_ != 0)
+      detail::fail("shardwise::tie_weights: the Linear at \"", Location::path.view(),
+                   "\" is already parallelized, padded or repeated; tie weights in the model's constructor");
+    tie_.bind(this, value, grad, owner_path);
+    weight = matrix();  // one tensor: this layer's own is gone
+    weight_grad = matrix();
   }
 
  private:
@@ -276,8 +316,23 @@ class Linear {
                      "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
   }
 
+  /// Replicated blocks whose gradients were summed: keep the sum in each block's first copy and zero the others,
+  /// so the next sum over copies counts it once.
+  void unsum_copies() {
+    copies_summed_ = false;
+    auto const rows = static_cast<std::size_t>(weight_grad.rows());
+    std::size_t const first = group_ ? static_cast<std::size_t>(group_->rank()) * rows : 0;
+    for (std::size_t i = 0; i < rows; ++i)
+      if (((first + i) / copy_block_) % copies_ != 0) {
+        weight_grad.row(static_cast<Eigen::Index>(i)).setZero();
+        if (has_bias_) bias_grad(static_cast<Eigen::Index>(i)) = T(0);
+      }
+  }
+
   std::size_t in_, out_;
   bool has_bias_;
+  bool copies_summed_ = false;  // see unsum_copies
+  detail::weight_tie<matrix> tie_;
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
   std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
   std::size_t local_in_, local_out_;         // this rank's shard of the weight

@@ -45,11 +45,15 @@ class norm_layer {
     zero_grad();
   }
 
-  vector weight, weight_grad, bias, bias_grad;  // bias: LayerNorm only
+  vector weight, weight_grad, bias, bias_grad;  // bias: LayerNorm only; gradients: finished (reduced) ones
 
   void zero_grad() {
     weight_grad.setZero(weight.size());
     bias_grad.setZero(bias.size());
+    if constexpr (sequence_parallel) {
+      pending_weight_grad_.setZero(weight.size());
+      pending_bias_grad_.setZero(bias.size());
+    }
   }
 
   template <class Mesh>
@@ -92,30 +96,42 @@ class norm_layer {
 
   Activation<T, layout> backward(Activation<T, layout> const& dy) {
     Activation<T, layout> dx{matrix(dy.local.rows(), dy.local.cols())};
+    // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
+    vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
+    [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
+    if (dweight.size() != weight.size()) zero_grad();  // a materialized norm's first backward
     if constexpr (Kind == norm_kind::layer)
-      nn::layer_norm_backward<T>(saved_input_, weight, dy.local, mean_, rstd_, dx.local, weight_grad, bias_grad);
+      nn::layer_norm_backward<T>(saved_input_, weight, dy.local, mean_, rstd_, dx.local, dweight, dbias);
     else
-      nn::rms_norm_backward<T>(saved_input_, weight, dy.local, rstd_, dx.local, weight_grad);
+      nn::rms_norm_backward<T>(saved_input_, weight, dy.local, rstd_, dx.local, dweight);
     return dx;
   }
 
-  /// The parameters with their gradients; under SequenceParallel the gradients are Partial until reduced.
+  /// The parameters with their gradients; under SequenceParallel the gradients are Partial until reduced
+  /// (sw::reduce, sw::finish_gradients), which adds them into weight_grad and bias_grad.
   auto parameters() {
-    auto const* g = group_.get();
     if constexpr (Kind == norm_kind::layer)
-      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view(), 1, 0},
-                             Parameter<vector, grad_placement>{&bias, &bias_grad, g, Location::path.view(), 1, 0});
+      return std::make_tuple(parameter(weight, weight_grad, pending_weight_grad_, "weight"),
+                             parameter(bias, bias_grad, pending_bias_grad_, "bias"));
     else
-      return std::make_tuple(Parameter<vector, grad_placement>{&weight, &weight_grad, g, Location::path.view(), 1, 0});
+      return std::make_tuple(parameter(weight, weight_grad, pending_weight_grad_, "weight"));
   }
 
  private:
   T eps_;
   std::size_t features_;
   bool lazy_ = false;  // declared under sw::Lazy and not materialized yet
+  Parameter<vector, grad_placement> parameter(vector& value, vector& grad, vector& pending, std::string_view leaf) {
+    Parameter<vector, grad_placement> p{&value, &grad, group_.get(), Location::path.view()};
+    if constexpr (sequence_parallel) p.grad = &pending, p.reduced_into = &grad;
+    p.leaf = leaf;
+    return p;
+  }
+
   std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
   vector mean_, rstd_;
+  vector pending_weight_grad_, pending_bias_grad_;  // SequenceParallel: this rank's partial sums, not reduced yet
 };
 
 }  // namespace detail

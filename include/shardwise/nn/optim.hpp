@@ -5,12 +5,17 @@
 // reduce-scattered and the updated slices all-gathered.
 #include <cmath>
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/plan/module.hpp"
 
@@ -45,67 +50,45 @@ constexpr bool has_partial_gradients() {
   }
 }
 
-/// Calls fn(parameter) for every parameter of every layer, in a fixed order (the optimizer's state follows it).
-/// A gradient not allocated yet (a layer filled from a checkpoint, before its first backward) is allocated as
-/// zeros first, so optimizers, clipping and reductions always see a whole gradient.
-template <class Model, class Fn>
-void for_each_parameter(Model& model, Fn&& fn) {
-  for_each_layer(model, [&](auto& l) {
-    std::apply([&](auto const&... p) { ((ensure_gradient(p), fn(p)), ...); }, l.parameters());
-  });
-}
-
-/// Sums the gradients of replicated blocks (Parameter::copies) over the tp group: every copy of a block then
-/// holds the gradient of the one block of the unsharded model, so the copies stay equal after the update.
-template <class P>
-void sum_over_copies(P const& p) {
-  using T = typename P::tensor_type::Scalar;
-  auto& grad = *p.grad;
-  if (p.copies <= 1 || p.group == nullptr || grad.size() == 0) return;
-  auto const rows = static_cast<std::size_t>(grad.rows());
-  auto const cols = static_cast<Eigen::Index>(static_cast<std::size_t>(grad.size()) / rows);
-  auto const rank = static_cast<std::size_t>(p.group->rank()), ranks = static_cast<std::size_t>(p.group->size());
-  std::size_t const original_rows = rows * ranks / p.copies;
-  auto original_row = [&](std::size_t i) {  // this rank's row i -> the row of the unsharded tensor it copies
-    std::size_t const global = rank * rows + i, block = global / p.copy_block;
-    return static_cast<Eigen::Index>((block / p.copies) * p.copy_block + global % p.copy_block);
-  };
-  nn::matrix<T> sum = nn::matrix<T>::Zero(static_cast<Eigen::Index>(original_rows), cols);
-  Eigen::Map<nn::matrix<T>> mine(grad.data(), static_cast<Eigen::Index>(rows), cols);
-  for (std::size_t i = 0; i < rows; ++i) sum.row(original_row(i)) += mine.row(static_cast<Eigen::Index>(i));
-  p.group->all_reduce(sum);
-  for (std::size_t i = 0; i < rows; ++i) mine.row(static_cast<Eigen::Index>(i)) = sum.row(original_row(i));
-}
-
 }  // namespace detail
 
-/// Sets every layer's gradients to zero (after an optimizer step; backward accumulates).
-template <class Model>
-void zero_grad(Model& model) {
-  detail::for_each_layer(model, [](auto& l) {
-    if constexpr (requires { l.zero_grad(); }) l.zero_grad();
-  });
+/// Whether a parameter name matches a pattern in which "*" stands for any run of characters (dots too):
+/// "*.bias", "*norm.weight", "layers.0.*".
+[[nodiscard]] constexpr bool name_matches(std::string_view pattern, std::string_view name) {
+  std::size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++, resume = n;
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
+      ++p, ++n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1, n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
 }
 
-/// A model whose gradients are complete: the only thing an optimizer takes.
-template <class Model>
-struct FinishedGradients {
-  Model& model;
+/// A predicate on parameter names: true when any of the patterns matches (see name_matches).
+[[nodiscard]] inline std::function<bool(std::string_view)> names_matching(std::vector<std::string> patterns) {
+  return [patterns = std::move(patterns)](std::string_view name) {
+    for (auto const& p : patterns)
+      if (name_matches(p, name)) return true;
+    return false;
+  };
+}
+
+/// A parameter group of AdamW, as torch.optim's param_groups: the parameters whose names `matches` accepts
+/// take this weight decay (and learning rate, if set) instead of the options'. Every GPT and Llama recipe
+/// exempts biases and norms: {.matches = sw::names_matching({"*.bias", "*norm.weight"}), .weight_decay = 0}.
+template <class T>
+struct AdamWGroup {
+  std::function<bool(std::string_view name)> matches;
+  T weight_decay = T(0);
+  std::optional<T> learning_rate = {};
 };
-
-/// Sums every Partial gradient over the tensor-parallel group (the norms under SequenceParallel), and the
-/// gradients of replicated key-value heads over their copies.
-template <class Model>
-FinishedGradients<Model> finish_gradients(Model& model) {
-  detail::for_each_parameter(model, [](auto const& p) {
-    using P = std::remove_cvref_t<decltype(p)>;
-    if constexpr (is_partial_v<typename P::grad_placement>)
-      (void)reduce(p);
-    else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>)
-      detail::sum_over_copies(p);  // replicated blocks are rows of a ColwiseParallel weight
-  });
-  return {model};
-}
 
 template <class T>
 struct AdamWOptions {
@@ -113,87 +96,27 @@ struct AdamWOptions {
   T beta1 = T(0.9), beta2 = T(0.999), eps = T(1e-8), weight_decay = T(0.01);
   T max_grad_norm = T(0);  // 0: no clipping
   bool zero1 = false;      // shard the moments over data parallelism
+  /// Parameter groups; a parameter takes the first group that matches its name, else the options above.
+  std::vector<AdamWGroup<T>> groups = {};
 };
 
-/// torch.optim.AdamW (decoupled weight decay, bias correction), with global-norm clipping and optional ZeRO-1.
-/// Declared before the model is parallelized, as users write it: state is allocated at the first step, and
-/// then only for this rank's slice.
+/// torch.optim.AdamW (decoupled weight decay, bias correction), with parameter groups, global-norm clipping
+/// and optional ZeRO-1. Declared before the model is parallelized, as users write it: state is allocated at the
+/// first step, and then only for this rank's slice.
 template <class T>
 class AdamW {
  public:
-  explicit AdamW(AdamWOptions<T> options) : options_(options) {}
+  explicit AdamW(AdamWOptions<T> options) : options_(std::move(options)) {}
 
   /// One step. `dp` is the data-parallel 1-D mesh (a serial one for none); gradients are averaged over it.
   /// Returns the global gradient norm before clipping.
   template <class Model, class DataMesh>
   T step(FinishedGradients<Model> ready, DataMesh const& dp) {
-    Model& model = ready.model;
     ++steps_;
-    int const dp_size = dp.size(0), dp_rank = dp.coordinate(0);
-    auto const& dp_comm = dp.comm(0);
-    // 1. Average over data parallelism: the whole gradient, or (ZeRO-1) this rank's slice of it.
-    std::size_t index = 0;
-    T square_sum = 0;
-    detail::for_each_parameter(model, [&](auto const& p) {
-      using P = std::remove_cvref_t<decltype(p)>;
-      T* grad = p.grad->data();
-      auto const n = static_cast<std::size_t>(p.grad->size());
-      slice& s = slice_of(index++, n, dp_size, dp_rank);
-      bool const sliced = options_.zero1 && dp_size > 1;
-      if (dp_size > 1) {
-        Eigen::Map<nn::vector<T>> whole(grad, static_cast<Eigen::Index>(n));
-        if (sliced)
-          detail::reduce_scatter_on(dp_comm, whole, s.grad, 0, detail::op_kind::avg);
-        else
-          detail::all_reduce_on(dp_comm, whole, detail::op_kind::avg);
-      }
-      T const* g = sliced ? s.grad.data() : grad + s.start;
-      // 2. The global norm: a gradient that is not sharded over tp is the same on every tp rank (Partial ones
-      // have been summed by finish_gradients), so only tp rank 0 counts it; a replicated block counts once.
-      int const tp_rank = p.group ? p.group->rank() : 0;
-      if (is_shard_v<typename P::grad_placement> || tp_rank == 0) {
-        T squares = 0;
-        for (std::size_t i = 0; i < s.count; ++i) squares += g[i] * g[i];
-        square_sum += squares / static_cast<T>(p.copies);
-      }
-    });
-    // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
-    nn::vector<T> total(1);
-    total(0) = square_sum;
-    bool have_group = false;
-    detail::for_each_parameter(model, [&](auto const& p) {
-      if (!have_group && p.group) {
-        p.group->all_reduce(total);
-        have_group = true;
-      }
-    });
-    if (options_.zero1 && dp_size > 1) detail::all_reduce_on(dp_comm, total, detail::op_kind::sum);
-    T const norm = std::sqrt(total(0));
+    T const norm = average_and_norm(ready, dp);
     T const clip =
         options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6)) : T(1);
-    // 3. AdamW on this rank's slice, then (ZeRO-1) the updated slices gathered.
-    T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
-    T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
-    index = 0;
-    detail::for_each_parameter(model, [&](auto const& p) {
-      slice& s = slices_[index++];
-      T* value = p.value->data();
-      T const* g = (dp_size > 1 && options_.zero1) ? s.grad.data() : p.grad->data() + s.start;
-      T* w = value + s.start;
-      for (std::size_t i = 0; i < s.count; ++i) {
-        T const gi = g[i] * clip;
-        w[i] -= options_.learning_rate * options_.weight_decay * w[i];
-        s.m[i] = options_.beta1 * s.m[i] + (T(1) - options_.beta1) * gi;
-        s.v[i] = options_.beta2 * s.v[i] + (T(1) - options_.beta2) * gi * gi;
-        w[i] -= options_.learning_rate * (s.m[i] / correction1) / (std::sqrt(s.v[i] / correction2) + options_.eps);
-      }
-      if (options_.zero1 && dp_size > 1) {
-        auto const n = static_cast<std::size_t>(p.value->size());
-        nn::vector<T> const mine = Eigen::Map<nn::vector<T>>(w, static_cast<Eigen::Index>(s.count));
-        Eigen::Map<nn::vector<T>> whole(value, static_cast<Eigen::Index>(n));
-        detail::all_gather_on(dp_comm, mine, whole, 0);
-      }
-    });
+    update(ready, dp, clip);
     return norm;
   }
 
@@ -207,15 +130,16 @@ class AdamW {
   }
 
   /// The state, for checkpoints: allocates it as the first step would (this rank's slice of every parameter,
-  /// in the model's parameter order) if no step has yet, then calls fn(index, start, m, v) per parameter, where
-  /// m and v (first and second moments) cover elements [start, start + m.size()) of the flattened local tensor.
+  /// in the order of sw::for_each_parameter) if no step has yet, then calls fn(index, start, m, v) per
+  /// parameter, where m and v (first and second moments) cover elements [start, start + m.size()) of the
+  /// flattened local tensor.
   template <class Model, class DataMesh, class Fn>
   void for_each_state(Model& model, DataMesh const& dp, Fn&& fn) {
     std::size_t index = 0;
-    detail::for_each_parameter(model, [&](auto const& p) {
-      slice& s = slice_of(index, static_cast<std::size_t>(p.value->size()), dp.size(0), dp.coordinate(0));
+    for_each_parameter(model, [&](std::string const& name, auto const& p) {
+      slice& s = slice_of(index, name, static_cast<std::size_t>(p.value->size()), dp.size(0), dp.coordinate(0));
       if (s.start + s.count > static_cast<std::size_t>(p.value->size()))
-        detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", p.path,
+        detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
                      "\") does not fit it; use one optimizer per model");
       fn(index, s.start, std::span<T>(s.m), std::span<T>(s.v));
       ++index;
@@ -236,11 +160,80 @@ class AdamW {
  private:
   struct slice {
     std::size_t start = 0, count = 0;  // this rank's range of the flattened parameter
+    T weight_decay = 0, learning_rate = 0;
     std::vector<T> m, v;
     nn::vector<T> grad;  // ZeRO-1: the reduce-scattered gradient slice
   };
 
-  slice& slice_of(std::size_t index, std::size_t n, int dp_size, int dp_rank) {
+  bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
+
+  /// Averages the gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns the
+  /// global norm: a gradient not sharded over tp is the same on every tp rank, so only tp rank 0 counts it; a
+  /// replicated block counts once.
+  template <class Model, class DataMesh>
+  T average_and_norm(FinishedGradients<Model> ready, DataMesh const& dp) {
+    int const dp_size = dp.size(0), dp_rank = dp.coordinate(0);
+    std::size_t index = 0;
+    T square_sum = 0;
+    nn::group<T> const* tp_group = nullptr;
+    for_each_parameter(ready, [&](std::string const& name, auto const& p) {
+      using P = std::remove_cvref_t<decltype(p)>;
+      T* grad = p.grad->data();
+      auto const n = static_cast<std::size_t>(p.grad->size());
+      slice& s = slice_of(index++, name, n, dp_size, dp_rank);
+      if (dp_size > 1) {
+        Eigen::Map<nn::vector<T>> whole(grad, static_cast<Eigen::Index>(n));
+        if (sliced(dp_size))
+          detail::reduce_scatter_on(dp.comm(0), whole, s.grad, 0, detail::op_kind::avg);
+        else
+          detail::all_reduce_on(dp.comm(0), whole, detail::op_kind::avg);
+      }
+      T const* g = sliced(dp_size) ? s.grad.data() : grad + s.start;
+      if (p.group) tp_group = p.group;
+      if (is_shard_v<typename P::grad_placement> || (p.group ? p.group->rank() : 0) == 0) {
+        T squares = 0;
+        for (std::size_t i = 0; i < s.count; ++i) squares += g[i] * g[i];
+        square_sum += squares / static_cast<T>(p.copies);
+      }
+    });
+    // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
+    nn::vector<T> total(1);
+    total(0) = square_sum;
+    if (tp_group) tp_group->all_reduce(total);
+    if (sliced(dp_size)) detail::all_reduce_on(dp.comm(0), total, detail::op_kind::sum);
+    return std::sqrt(total(0));
+  }
+
+  /// AdamW on this rank's slice of every parameter, then (ZeRO-1) the updated slices gathered.
+  template <class Model, class DataMesh>
+  void update(FinishedGradients<Model> ready, DataMesh const& dp, T clip) {
+    int const dp_size = dp.size(0);
+    T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
+    T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
+    std::size_t index = 0;
+    for_each_parameter(ready, [&](std::string const&, auto const& p) {
+      slice& s = slices_[index++];
+      T* value = p.value->data();
+      T const* g = sliced(dp_size) ? s.grad.data() : p.grad->data() + s.start;
+      T* w = value + s.start;
+      T const lr = s.learning_rate, decay = s.weight_decay;
+      for (std::size_t i = 0; i < s.count; ++i) {
+        T const gi = g[i] * clip;
+        w[i] -= lr * decay * w[i];
+        s.m[i] = options_.beta1 * s.m[i] + (T(1) - options_.beta1) * gi;
+        s.v[i] = options_.beta2 * s.v[i] + (T(1) - options_.beta2) * gi * gi;
+        w[i] -= lr * (s.m[i] / correction1) / (std::sqrt(s.v[i] / correction2) + options_.eps);
+      }
+      if (sliced(dp_size)) {
+        auto const n = static_cast<std::size_t>(p.value->size());
+        nn::vector<T> const mine = Eigen::Map<nn::vector<T>>(w, static_cast<Eigen::Index>(s.count));
+        Eigen::Map<nn::vector<T>> whole(value, static_cast<Eigen::Index>(n));
+        detail::all_gather_on(dp.comm(0), mine, whole, 0);
+      }
+    });
+  }
+
+  slice& slice_of(std::size_t index, std::string const& name, std::size_t n, int dp_size, int dp_rank) {
     if (index == slices_.size()) {
       slice s;
       if (options_.zero1) {
@@ -249,6 +242,14 @@ class AdamW {
       } else {
         s.count = n;
       }
+      s.weight_decay = options_.weight_decay;
+      s.learning_rate = options_.learning_rate;
+      for (auto const& group : options_.groups)
+        if (group.matches && group.matches(name)) {
+          s.weight_decay = group.weight_decay;
+          s.learning_rate = group.learning_rate.value_or(options_.learning_rate);
+          break;
+        }
       s.m.assign(s.count, T(0));
       s.v.assign(s.count, T(0));
       s.grad.resize(static_cast<Eigen::Index>(s.count));

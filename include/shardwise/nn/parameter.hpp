@@ -15,22 +15,35 @@
 
 namespace shardwise {
 
+/// One parameter of a layer: its value (this rank's shard), its gradient, and the gradient's placement on the
+/// tensor-parallel axis in the type. Layers hand them out through parameters(); sw::for_each_parameter walks
+/// them with their names.
 template <class Tensor, class GradPlacement>
 struct Parameter {
   using tensor_type = Tensor;
   using grad_placement = GradPlacement;
   Tensor* value;
-  Tensor* grad;
+  Tensor* grad;  // for a Partial gradient: the sum of this rank's contributions not yet reduced
   nn::group<typename Tensor::Scalar> const* group;  // null before parallelize
-  std::string_view path;
+  std::string_view path;                            // the layer's plan path ("layers.*.attention.wq")
   // Replicated blocks (key-value heads repeated so that more tp ranks than heads each hold one): each block of
   // `copy_block` rows of the unsharded tensor appears `copies` times in a row. The copies' gradients are summed
   // over the group (finish_gradients) and count once in the gradient norm.
   std::size_t copies = 1;
   std::size_t copy_block = 0;
+  /// Partial gradients only: the layer's gradient, into which reduce() adds the sum over the group (and then
+  /// clears `grad`), so reducing twice adds nothing twice.
+  Tensor* reduced_into = nullptr;
+  /// Rows of the unsharded tensor that are the model's (0: all); the rest is vocabulary padding.
+  std::size_t real_rows = 0;
+  /// "weight", "bias": the parameter's name within its layer.
+  std::string_view leaf = "weight";
+  /// False for a bias the layer does not have and for a weight tied to another layer's (walked there).
+  bool present = true;
+  /// Replicated blocks only: whether the copies' gradients have been summed since the last backward.
+  bool* copies_summed = nullptr;
 };
 
-/// Sums a partial gradient over the group, in place; the result's type says it is reduced.
 namespace detail {
 /// A layer filled from a checkpoint (sw::Lazy, then a load) allocates its gradients on first use, not when it
 /// is materialized: a load then holds the parameters and no more. Until backward has run, the gradient is
@@ -38,14 +51,35 @@ namespace detail {
 template <class P>
 void ensure_gradient(P const& p) {
   if (p.grad->size() != p.value->size()) p.grad->setZero(p.value->rows(), p.value->cols());
+  if (p.reduced_into && p.reduced_into->size() != p.value->size())
+    p.reduced_into->setZero(p.value->rows(), p.value->cols());
+}
+
+/// The parameter with its finished gradient: a Partial one seen through the gradient reduce() fills.
+template <class Tensor, class P>
+auto finished_view(Parameter<Tensor, P> const& p) {
+  if constexpr (is_partial_v<P>) {
+    Parameter<Tensor, Replicate> q{p.value,     p.reduced_into ? p.reduced_into : p.grad, p.group, p.path, p.copies,
+                                   p.copy_block};
+    q.real_rows = p.real_rows, q.leaf = p.leaf, q.present = p.present;
+    return q;
+  } else {
+    return p;
+  }
 }
 }  // namespace detail
 
+/// Sums a partial gradient over the group; the result's type says it is reduced. The layer's gradient receives
+/// the sum and the partial one is cleared, so calling it again (for logging, say) adds nothing.
 template <class Tensor>
 Parameter<Tensor, Replicate> reduce(Parameter<Tensor, Partial<Sum>> const& p) {
   detail::ensure_gradient(p);
   if (p.group) p.group->all_reduce(*p.grad);
-  return {p.value, p.grad, p.group, p.path, p.copies, p.copy_block};
+  if (p.reduced_into) {
+    *p.reduced_into += *p.grad;
+    p.grad->setZero();
+  }
+  return detail::finished_view(p);
 }
 template <class Tensor, class P>
 Parameter<Tensor, P> reduce(Parameter<Tensor, P> const& p) {

@@ -7,44 +7,11 @@
 #include <type_traits>
 
 #include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/redistribute.hpp"
 
 namespace shardwise {
 
 namespace detail {
-
-template <class P>
-constexpr bool preparable() {
-  using N = normalize_2d_t<P>;
-  return std::is_same_v<N, Replicate> || std::is_same_v<N, Shard<0>> || std::is_same_v<N, Shard<1>>;
-}
-
-/// Moves an activation between layouts over the group. Used backwards too: a gradient in the target layout
-/// goes back to the source layout by the same rule (the gradient of a gather is a slice and vice versa).
-template <class From, class To, class T>
-nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const& x) {
-  using F = normalize_2d_t<From>;
-  using G = normalize_2d_t<To>;
-  static_assert(preparable<F>() && preparable<G>(),
-                "shardwise::PrepareModuleInput/Output: layouts must be Replicate, Shard<0> or Shard<-1>");
-  if constexpr (std::is_same_v<F, G>) {
-    return x;
-  } else if constexpr (std::is_same_v<F, Replicate>) {  // take this rank's piece: no communication
-    constexpr int d = G::dim;
-    auto const n = g.size(), r = g.rank();
-    auto const total = d == 0 ? x.rows() : x.cols();
-    if (total % n != 0)
-      fail("shardwise::PrepareModule: ", total, d == 0 ? " tokens" : " features", " do not divide over ", n,
-           " ranks of mesh axis \"", g.axis(), "\"");
-    auto const part = total / n;
-    return d == 0 ? nn::matrix<T>(x.middleRows(r * part, part)) : nn::matrix<T>(x.middleCols(r * part, part));
-  } else if constexpr (std::is_same_v<G, Replicate>) {
-    nn::matrix<T> all;
-    g.all_gather(x, all, F::dim);
-    return all;
-  } else {
-    return redistribute_activation<Replicate, To>(g, redistribute_activation<From, Replicate>(g, x));
-  }
-}
 
 template <class S>
 struct prepare_layouts {
@@ -83,6 +50,13 @@ class Prepare {
                 "PrepareModuleOutput or PrepareModuleInputOutput");
   static_assert(detail::style_allowed<Location, allowed>());
 
+  template <class From, class To>
+  static constexpr bool preparable() {
+    static_assert(detail::activation_layout<From>() && detail::activation_layout<To>(),
+                  "shardwise::PrepareModuleInput/Output: layouts must be Replicate, Shard<0> or Shard<-1>");
+    return true;
+  }
+
  public:
   using shardwise_location = Location;
   using style = Style;
@@ -101,6 +75,7 @@ class Prepare {
       static_assert(detail::input_layout_matches<typename L::in, X>,
                     "shardwise::PrepareModuleInput: the module's input does not have the style's input_layouts");
       static_assert(detail::show_layout_mismatch<Location::path, typename L::in, X>());
+      static_assert(preparable<typename L::in, typename L::desired_in>());
       return Activation<T, typename L::desired_in>{
           detail::redistribute_activation<typename L::in, typename L::desired_in>(
               group(), nn::matrix<T>(detail::local_of<T>(x)))};
@@ -123,6 +98,7 @@ class Prepare {
       static_assert(detail::input_layout_matches<typename L::out, Y>,
                     "shardwise::PrepareModuleOutput: the module's output does not have the style's output_layouts");
       static_assert(detail::show_layout_mismatch<Location::path, typename L::out, Y>());
+      static_assert(preparable<typename L::out, typename L::desired_out>());
       return Activation<T, typename L::desired_out>{
           detail::redistribute_activation<typename L::out, typename L::desired_out>(
               group(), nn::matrix<T>(detail::local_of<T>(y)))};

@@ -4,6 +4,7 @@
 // and checks at compile time that every plan entry reached a layer.
 #include <array>
 #include <cstddef>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -92,29 +93,62 @@ struct repeated<std::array<T, N>> {
   using element = T;
 };
 
+/// Walking without building names (the optimizer's and parallelize's walks, every step).
+struct unnamed {};
+inline unnamed child_path(unnamed, std::string_view) { return {}; }
+inline unnamed child_path(unnamed, std::size_t) { return {}; }
+inline std::string child_path(std::string const& prefix, std::string_view name) {
+  return prefix.empty() ? std::string(name) : prefix + "." + std::string(name);
+}
+inline std::string child_path(std::string const& prefix, std::size_t index) {
+  return child_path(prefix, std::to_string(index));
+}
+
+/// The one walk over a module tree: on_module(module, path) for every module, outermost first, and
+/// on_layer(layer, path) for every layer, in the order of SHARDWISE_CHILDREN; the elements of a repeated child
+/// (a vector or array) are named by their index ("layers.0.attention.wq"). Path is std::string or unnamed.
+template <class Node, class Path, class OnModule, class OnLayer>
+void walk_tree(Node& node, Path const& path, OnModule& on_module, OnLayer& on_layer) {
+  using N = std::remove_cvref_t<Node>;
+  if constexpr (layer<N>) {
+    on_layer(node, path);
+  } else if constexpr (module<N>) {
+    on_module(node, path);
+    auto children = node.shardwise_children();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (walk_tree(std::get<I>(children), child_path(path, child_name(N::shardwise_child_list, I)), on_module, on_layer),
+       ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
+  } else if constexpr (repeated<N>::value) {
+    std::size_t i = 0;
+    for (auto& element : node) walk_tree(element, child_path(path, i++), on_module, on_layer);
+  }
+}
+
+inline constexpr auto skip_node = [](auto&, auto const&) {};
+
 /// Calls fn(layer) for every layer under `node` (a layer, a module, or a vector/array of them).
 template <class Node, class Fn>
 void for_each_layer(Node& node, Fn&& fn) {
-  using N = std::remove_cvref_t<Node>;
-  if constexpr (layer<N>) {
-    fn(node);
-  } else if constexpr (module<N>) {
-    std::apply([&](auto&... child) { (for_each_layer(child, fn), ...); }, node.shardwise_children());
-  } else if constexpr (repeated<N>::value) {
-    for (auto& element : node) for_each_layer(element, fn);
-  }
+  auto on_layer = [&](auto& l, unnamed) { fn(l); };
+  auto on_module = skip_node;
+  walk_tree(node, unnamed{}, on_module, on_layer);
+}
+
+/// Calls fn(layer, path) for every layer, with its place in the model: "layers.0.attention.wq".
+template <class Node, class Fn>
+void for_each_named_layer(Node& node, Fn&& fn) {
+  auto on_module = skip_node;
+  walk_tree(node, std::string(), on_module, fn);
 }
 
 /// Calls fn(module) for every module under `node`, outermost first.
 template <class Node, class Fn>
 void for_each_module(Node& node, Fn&& fn) {
-  using N = std::remove_cvref_t<Node>;
-  if constexpr (module<N>) {
-    fn(node);
-    std::apply([&](auto&... child) { (for_each_module(child, fn), ...); }, node.shardwise_children());
-  } else if constexpr (repeated<N>::value) {
-    for (auto& element : node) for_each_module(element, fn);
-  }
+  auto on_module = [&](auto& m, unnamed) { fn(m); };
+  auto on_layer = skip_node;
+  walk_tree(node, unnamed{}, on_module, on_layer);
 }
 
 /// Whether some layer under Node was looked up at `path`; Prefix is Node's own path.
