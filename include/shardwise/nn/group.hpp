@@ -12,6 +12,41 @@
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/nn/functional_types.hpp"
 
+namespace shardwise {
+
+/// What the layers' collectives moved on this rank: calls and bytes (of each call's input) by kind.
+struct collective_count {
+  std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
+  std::size_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
+  [[nodiscard]] std::size_t calls() const { return all_reduce + all_gather + reduce_scatter; }
+  [[nodiscard]] std::size_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes; }
+};
+
+namespace detail {
+inline collective_count*& layer_collective_counter() {
+  thread_local collective_count* counter = nullptr;
+  return counter;
+}
+}  // namespace detail
+
+/// Counts the collectives the layers (and module boundaries) run on this thread while it lives — one rank's
+/// communication: a block's forward and backward, say. Scopes nest; the innermost counts.
+class count_collectives {
+ public:
+  count_collectives() : previous_(detail::layer_collective_counter()) { detail::layer_collective_counter() = &count_; }
+  ~count_collectives() { detail::layer_collective_counter() = previous_; }
+  count_collectives(count_collectives const&) = delete;
+  count_collectives& operator=(count_collectives const&) = delete;
+  [[nodiscard]] collective_count const& count() const { return count_; }
+  void reset() { count_ = {}; }
+
+ private:
+  collective_count count_;
+  collective_count* previous_;
+};
+
+}  // namespace shardwise
+
 namespace shardwise::nn {
 
 template <class T>
@@ -41,13 +76,18 @@ class group_of final : public group<T> {
   int rank() const override { return mesh_.rank(); }
   std::string_view axis() const override { return Mesh::names[0]; }
   void all_reduce(T* data, std::size_t n, detail::op_kind op) const override {
+    if (auto* c = detail::layer_collective_counter()) ++c->all_reduce, c->all_reduce_bytes += n * sizeof(T);
     Eigen::Map<vector<T>> view(data, static_cast<Eigen::Index>(n));
     detail::all_reduce_on(mesh_.comm(0), view, op);
   }
   void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const override {
+    if (auto* c = detail::layer_collective_counter())
+      ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
     detail::all_gather_on(mesh_.comm(0), in, out, dim);
   }
   void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const override {
+    if (auto* c = detail::layer_collective_counter())
+      ++c->reduce_scatter, c->reduce_scatter_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
     detail::reduce_scatter_on(mesh_.comm(0), in, out, dim, detail::op_kind::sum);
   }
 
