@@ -70,6 +70,12 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
   endif()
 endif()
 
+# Checkpoints of full tensors from other programs (Hugging Face's save_pretrained): mappings that rename,
+# transpose, split fused tensors and slice; strict errors and the non-strict report; sharded folders.
+shardwise_add_test(test_checkpoint_hf test_checkpoint_hf.cpp LINK shardwise::checkpoint shardwise::eigen)
+# ... and transformers' own save_pretrained folders (LlamaForCausalLM), loaded at TP 1, 2 and 4: the same logits.
+include(${CMAKE_CURRENT_SOURCE_DIR}/torch/hf_checkpoints.cmake)
+
 # The same on MPI: saved and loaded across processes, at 2 and 4 of them.
 if(TARGET shardwise::mpi)
   shardwise_add_mpi_doctest(test_checkpoint_mpi test_checkpoint_mpi.cpp RANKS 2 4)

@@ -5,6 +5,7 @@
 //   sw::load_sharded(model, tp, "ckpt");         // into the same or another tp size; no communication
 //   Model& m = sw::load_sharded(lazy, tp, "ckpt");  // a sw::Lazy model: only this rank's shard is allocated
 //   sw::load_consolidated(model, tp, "model.safetensors");  // one file of full tensors, sliced per rank
+//   sw::load_pretrained(model, tp, "hf_folder", mapping);   // a save_pretrained folder: renamed, transposed, split
 //
 // Layout (optimum-neuron's): ckpt/tensor_parallel_shards/tp_rank_XX_pp_rank_00/model.safetensors holds the
 // rank's pieces of the parameters — a tensor cut over tp is saved once, in pieces; a replicated one by tp rank
@@ -22,7 +23,8 @@
 // where whole rows are wanted). With data parallelism, call save_sharded on one replica (dp rank 0) and
 // load_sharded on every rank. Optimizer state is saved beside the model by checkpoint/optimizer_state.hpp.
 //
-// This header has save_sharded and includes the rest: loading in checkpoint/sharded_load.hpp, what both share
+// This header has save_sharded and includes the rest: loading in checkpoint/sharded_load.hpp (and of full
+// tensors, Hugging Face's among them, in checkpoint/pretrained.hpp), what both share
 // (parameter layouts, the walk over the model, agreed errors, the atomic commit) in sharded_layout.hpp.
 #include <fcntl.h>
 
@@ -48,6 +50,7 @@
 
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/pretrained.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/safetensors_write.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"

@@ -31,6 +31,11 @@ struct checkpoint_piece {
   std::string file;  // relative to the checkpoint folder
   std::vector<std::uint64_t> offset, shape;
   std::string name_in_file = {};  // when the file names the tensor otherwise (a consolidated file); not saved
+  // A Hugging Face file may store the tensor otherwise (neither is saved): transposed (GPT-2's Conv1D keeps
+  // [in, out]), and as part of a bigger tensor (q of a fused q|k|v): the box then starts at offset_in_file of
+  // the file's tensor, counted after transposing it (in the model's orientation). Empty: at the origin.
+  bool transposed = false;
+  std::vector<std::uint64_t> offset_in_file = {};
 };
 
 struct checkpoint_tensor {

@@ -1,6 +1,7 @@
 #pragma once
-// Loading sharded and consolidated checkpoints into a parallelized (or lazily declared) model, resharded to
-// its tp size: load_sharded, load_consolidated and their load_options. See checkpoint/sharded.hpp.
+// Loading sharded checkpoints into a parallelized (or lazily declared) model, resharded to its tp size:
+// load_sharded, load_options, and the loader that load_consolidated and load_pretrained
+// (checkpoint/pretrained.hpp) share. See checkpoint/sharded.hpp.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -8,9 +9,11 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "shardwise/checkpoint/safetensors_read.hpp"
@@ -27,32 +30,77 @@ struct load_options {
   /// The RAM-efficient mode: only tp rank 0 opens the files; it reads one tensor at a time and sends every
   /// other rank its shard over the mesh (the others never touch the disk nor hold more than their shard).
   bool only_rank0_reads = false;
+  /// Strict (transformers' load_state_dict(strict=True)): a model tensor the checkpoint lacks, or a checkpoint
+  /// tensor no model tensor reads, is an error naming it. Non-strict: such tensors are skipped — a missing one
+  /// keeps its current value (zeros in a sw::Lazy model) — and load_pretrained reports them.
+  bool strict = true;
 };
 
 namespace detail {
-/// The loader behind load_sharded and load_consolidated: locate(source, index, label) finds the checkpoint (the
-/// folder its pieces' files are relative to, the index, and the file to name in errors); then the model and
-/// the index are compared and each rank reads the boxes its shard needs.
+/// Reads rows [rows.first, rows.second) x columns [cols.first, cols.second) of a tensor that `file` stores
+/// transposed (GPT-2's Conv1D: [in, out]), so as file rows [cols) x file columns [rows), into `out`: the
+/// block's first row, rows `stride` apart, starting at column `col`. A box of at most load_staging_bytes is read
+/// at a time, then transposed into place, so a rank still reads only its block.
+template <class T>
+void read_transposed(safetensors_file const& file, std::string const& name, std::pair<std::size_t, std::size_t> rows,
+                     std::pair<std::size_t, std::size_t> cols, T* out, std::size_t stride, std::size_t col,
+                     std::vector<T>& box) {
+  std::size_t const budget = std::max<std::size_t>(1, load_staging_bytes / sizeof(T));
+  std::size_t const rows_per_read = std::min(rows.second - rows.first, budget);  // a file row's run
+  std::size_t const cols_per_read = std::max<std::size_t>(1, budget / std::max<std::size_t>(1, rows_per_read));
+  for (std::size_t r0 = rows.first; r0 < rows.second; r0 += rows_per_read) {
+    std::size_t const r1 = std::min(rows.second, r0 + rows_per_read);
+    for (std::size_t c0 = cols.first; c0 < cols.second; c0 += cols_per_read) {
+      std::size_t const c1 = std::min(cols.second, c0 + cols_per_read);
+      box.resize((c1 - c0) * (r1 - r0));
+      file.read_box(name, extents{c0, r0}, extents{c1 - c0, r1 - r0}, box.data());
+      for (std::size_t r = r0; r < r1; ++r)  // written along the parameter's rows, read down the box's columns
+        for (std::size_t c = c0; c < c1; ++c)
+          out[(r - rows.first) * stride + col + (c - cols.first)] = box[(c - c0) * (r1 - r0) + (r - r0)];
+    }
+  }
+}
+
+/// What load_into found: the index it read, and (non-strict) the model tensors it left as they were and the
+/// checkpoint tensors it did not read.
+struct load_outcome {
+  checkpoint_index index;
+  std::vector<std::string> missing, unexpected;
+};
+
+/// The loader behind load_sharded, load_consolidated and load_pretrained: locate(source, index, label,
+/// unexpected) finds the checkpoint (the folder its pieces' files are relative to, the index, the file to name
+/// in errors, and the file's tensors it leaves unread); then the model and the index are compared and each rank
+/// reads the boxes its shard needs.
 template <class Model, class TpMesh, class Locate>
-checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
-                           load_options const& options, std::string_view who, Locate&& locate) {
+load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir, load_options const& options,
+                       std::string_view who, Locate&& locate) {
   namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
   bool const rank0_reads = options.only_rank0_reads && size > 1;
   bool const in_turns = !rank0_reads && options.ranks_per_step > 0 && options.ranks_per_step < size;
   fs::path source;
-  checkpoint_index index;
+  load_outcome outcome;
+  checkpoint_index& index = outcome.index;
   std::string index_file;
   auto const check = [&] {
-    locate(source, index, index_file);
+    outcome.missing.clear();
+    outcome.unexpected.clear();
+    locate(source, index, index_file, outcome.unexpected);
 
-    // The model and the checkpoint must hold the same tensors with the same global shapes.
-    std::size_t matched = 0;
+    // The model and the checkpoint must hold the same tensors (unless non-strict) with the same global shapes.
+    std::set<std::string> in_model;
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto&) {
+      in_model.insert(t.name);
       checkpoint_tensor const* c = index.find(t.name);
+      if (!c && !options.strict) {
+        outcome.missing.push_back(t.name);
+        return;
+      }
       if (!c)
         detail::fail("shardwise::", who, ": \"", index_file, "\": the model's tensor \"", t.name,
-                     "\" is not in the checkpoint; load a checkpoint saved from this model");
+                     "\" is not in the checkpoint; load a checkpoint saved from this model, or pass "
+                     "load_options{.strict = false} to keep its current value");
       if (c->shape != t.stored_shape())
         detail::fail("shardwise::", who, ": \"", index_file, "\": tensor \"", t.name, "\" has shape ",
                      detail::shape_text(c->shape), " in the checkpoint but ", detail::shape_text(t.stored_shape()),
@@ -60,17 +108,15 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
       if (!is_floating(c->type))
         detail::fail("shardwise::", who, ": \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
                      dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
-      ++matched;
     });
-    if (matched != index.tensors.size())
-      for (auto const& c : index.tensors) {
-        bool found = false;
-        detail::for_each_checkpoint_tensor(
-            model, size, rank, true, [&](detail::tensor_layout const& t, auto&) { found = found || t.name == c.name; });
-        if (!found)
-          detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint's tensor \"", c.name,
-                       "\" is not in the model; load the checkpoint into the model it was saved from");
-      }
+    for (auto const& c : index.tensors) {
+      if (in_model.count(c.name)) continue;
+      if (options.strict)
+        detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint's tensor \"", c.name,
+                     "\" is not in the model; load the checkpoint into the model it was saved from, or pass "
+                     "load_options{.strict = false} to skip it");
+      outcome.unexpected.push_back(c.name);
+    }
     for (auto const& c : index.tensors)
       for (auto const& p : c.pieces)
         if (!fs::exists(source / p.file))
@@ -107,20 +153,30 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
         auto& file = files[p.file];
         if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
         std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
-        if (file->info(stored_name).shape != p.shape)
+        bool const plain = !p.transposed && p.offset_in_file.empty();  // else checked against the mapping
+        if (plain && file->info(stored_name).shape != p.shape)
           detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
                        detail::shape_text(file->info(stored_name).shape), " but the index says ",
                        detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
+        // Index v of dimension d of the global tensor, in the file's tensor (in the model's orientation).
+        auto const at = [&](std::size_t d, std::uint64_t v) {
+          return static_cast<std::size_t>(v - p.offset[d] + (p.offset_in_file.empty() ? 0 : p.offset_in_file[d]));
+        };
         auto const width = static_cast<std::size_t>(c1 - c0);
+        T* const first_row = out + (run.local + (r0 - run.stored)) * t.local_cols;
+        if (p.transposed) {
+          detail::read_transposed(*file, stored_name, {at(0, r0), at(0, r1)}, {at(1, c0), at(1, c1)}, first_row,
+                                  t.local_cols, c0 - t.col_offset, box);
+          continue;
+        }
         auto read_rows = [&](std::uint64_t first, std::uint64_t end, T* into) {
-          extents offset{static_cast<std::size_t>(first - p.offset[0])}, count{static_cast<std::size_t>(end - first)};
+          extents offset{at(0, first)}, count{static_cast<std::size_t>(end - first)};
           if (!t.is_vector) {
-            offset = {static_cast<std::size_t>(first - p.offset[0]), static_cast<std::size_t>(c0 - p.offset[1])};
+            offset = {at(0, first), at(1, c0)};
             count = {static_cast<std::size_t>(end - first), width};
           }
           file->read_box(stored_name, offset, count, into);
         };
-        T* const first_row = out + (run.local + (r0 - run.stored)) * t.local_cols;
         if (width == t.local_cols) {  // whole local rows: straight into the parameter, no staging copy
           read_rows(r0, r1, first_row);
           continue;
@@ -144,6 +200,7 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
     if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
       using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+      if (!index.find(t.name)) return;  // missing (non-strict): keeps its value
       value.setZero();
       std::vector<T> box;
       read_layout(t, value.data(), box);
@@ -160,6 +217,7 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
     detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
       using Tensor = std::remove_cvref_t<decltype(value)>;
       using T = typename Tensor::Scalar;
+      if (!index.find(t.name)) return;  // missing (non-strict): skipped alike on every rank
       std::vector<T> box;
       std::string error;
       if (rank != 0) shardwise::recv(tp, value, 0);
@@ -183,11 +241,11 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
       detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
     });
     if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
-    return index;
+    return outcome;
   }
   if (!in_turns) {
     read_shard();
-    return index;
+    return outcome;
   }
   // In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
   std::string error;
@@ -202,7 +260,7 @@ checkpoint_index load_into(Model& model, TpMesh const& tp, std::filesystem::path
     tp.comm(0).barrier();
   }
   detail::agree_on_errors(tp, error, "reading the rank's shard", dir, who);
-  return index;
+  return outcome;
 }
 
 }  // namespace detail
@@ -215,52 +273,17 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
                               load_options const& options = {}) {
   namespace fs = std::filesystem;
   return detail::load_into(
-      model, tp, dir, options, "load_sharded", [&](fs::path& source, checkpoint_index& index, std::string& label) {
-        source = detail::normalized_dir(dir);
-        fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
-                                  ("." + source.filename().string() + ".previous");
-        if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
-          source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
-        index = read_checkpoint_index(source);
-        label = (source / checkpoint_index_name).string();
-      });
-}
-
-/// Loads one consolidated safetensors file of full tensors (from `shardwise consolidate`, or a Hugging Face
-/// model.safetensors with `names` = sw::transformers_llama_name) into a parallelized model of any tp size: each
-/// rank reads only its slices through the memory map. `names` maps shardwise's parameter names to the file's.
-/// Returns the file's metadata.
-template <class Model, class TpMesh>
-std::map<std::string, std::string> load_consolidated(Model& model, TpMesh const& tp, std::filesystem::path const& file,
-                                                     std::function<std::string(std::string const&)> const& names = {},
-                                                     load_options const& options = {}) {
-  namespace fs = std::filesystem;
-  checkpoint_index found;
-  detail::load_into(
-      model, tp, file, options, "load_consolidated",
-      [&](fs::path& source, checkpoint_index& index, std::string& label) {
-        safetensors_file const f(file.string());
-        source = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-        label = file.string();
-        index.metadata.insert(f.metadata().begin(), f.metadata().end());
-        // The model's names, each a single piece: the whole tensor, in this file, under the file's name for it.
-        std::map<std::string, std::string> model_name_of;  // file name -> model name
-        detail::for_each_checkpoint_tensor(
-            model, tp.size(), tp.rank(), true, [&](detail::tensor_layout const& t, auto&) {
-              std::string const stored = names ? names(t.name) : t.name;
-              model_name_of[stored] = t.name;
-              if (!f.contains(stored)) return;  // reported as missing by the comparison
-              tensor_info const& info = f.info(stored);
-              index.tensors.push_back({t.name, info.type, info.shape, "", {}});
-              index.tensors.back().pieces.push_back(
-                  {file.filename().string(), std::vector<std::uint64_t>(info.shape.size(), 0), info.shape, stored});
-            });
-        for (tensor_info const& info : f.tensors())
-          if (!model_name_of.count(info.name))
-            index.tensors.push_back({info.name, info.type, info.shape, "", {}});  // reported as not in the model
-        found.metadata = index.metadata;
-      });
-  return found.metadata;
+             model, tp, dir, options, "load_sharded",
+             [&](fs::path& source, checkpoint_index& index, std::string& label, std::vector<std::string>&) {
+               source = detail::normalized_dir(dir);
+               fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
+                                         ("." + source.filename().string() + ".previous");
+               if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
+                 source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
+               index = read_checkpoint_index(source);
+               label = (source / checkpoint_index_name).string();
+             })
+      .index;
 }
 
 /// Fills a lazily declared, parallelized model: each rank allocates and reads only its shard. Returns the
@@ -269,16 +292,6 @@ template <module Model, class TpMesh>
 Model& load_sharded(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& dir,
                     load_options const& options = {}) {
   (void)load_sharded(lazy.unmaterialized(), tp, dir, options);
-  return lazy.unmaterialized();
-}
-
-/// Fills a lazily declared, parallelized model from a consolidated file: each rank allocates and reads only its
-/// shard. Returns the model, now usable.
-template <module Model, class TpMesh>
-Model& load_consolidated(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& file,
-                         std::function<std::string(std::string const&)> const& names = {},
-                         load_options const& options = {}) {
-  (void)load_consolidated(lazy.unmaterialized(), tp, file, names, options);
   return lazy.unmaterialized();
 }
 

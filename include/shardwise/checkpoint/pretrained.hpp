@@ -1,0 +1,279 @@
+#pragma once
+// Loading checkpoints of full tensors that another program wrote — Hugging Face's save_pretrained folders
+// (model.safetensors, or shards listed by model.safetensors.index.json), `shardwise consolidate` output — into
+// a parallelized (or lazily declared) model of any tp size, each rank reading only its slices.
+//
+//   sw::load_report r = sw::load_pretrained(model, tp, "gpt2/", gpt2_mapping, {.strict = false});
+//   sw::load_consolidated(model, tp, "model.safetensors", sw::transformers_llama_name);  // names only
+//
+// A mapping says where each model tensor lies in the file: under which name, whether transposed, and which
+// slice of a bigger (fused) tensor. The report lists, as transformers' load_state_dict(strict=False) does, the
+// model tensors the checkpoint lacks and the checkpoint tensors nothing read.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardwise/checkpoint/safetensors_read.hpp"
+#include "shardwise/checkpoint/sharded_index.hpp"
+#include "shardwise/checkpoint/sharded_layout.hpp"
+#include "shardwise/checkpoint/sharded_load.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/nn/lazy.hpp"
+
+namespace shardwise {
+
+/// Where one model tensor comes from in the checkpoint.
+struct tensor_source {
+  std::string name;        ///< the file's tensor
+  bool transpose = false;  ///< the file stores it transposed (GPT-2's Conv1D: [in, out]); no-op for a vector
+  /// -1: the whole tensor; else the model tensor is [slice_start, slice_start + slice_size) along this dimension
+  /// of the file's tensor after transposing (q, k or v of GPT-2's fused c_attn: slice_dim 0). A vector: 0.
+  int slice_dim = -1;
+  std::uint64_t slice_start = 0, slice_size = 0;
+};
+
+/// Model tensor name ("h.0.attn.wq.weight") -> its source, or std::nullopt when the checkpoint has none (the
+/// tensor is then missing: an error when strict, reported and left as it is otherwise).
+using checkpoint_mapping = std::function<std::optional<tensor_source>(std::string const& model_name)>;
+
+/// What a load found, as transformers' load_state_dict(strict=False) reports it.
+struct load_report {
+  std::map<std::string, std::string> metadata;  ///< the files' __metadata__ and the shard index's "metadata"
+  std::vector<std::string> missing;             ///< model tensors the checkpoint does not provide (kept as they were)
+  std::vector<std::string> unexpected;          ///< checkpoint tensors that no model tensor read
+};
+
+/// save_pretrained's names: one file, or shards listed by the index (tensor name -> file).
+inline constexpr std::string_view pretrained_file_name = "model.safetensors";
+inline constexpr std::string_view pretrained_index_name = "model.safetensors.index.json";
+
+namespace detail {
+
+/// The safetensors files of a checkpoint of full tensors and which file holds each tensor.
+struct pretrained_files {
+  std::filesystem::path folder;                 // the files are named relative to it
+  std::string label;                            // the file or index named in errors
+  std::map<std::string, std::string> file_of;   // tensor -> file
+  std::map<std::string, std::string> metadata;  // the index's "metadata", as text
+};
+
+/// Reads model.safetensors.index.json: its "weight_map" and "metadata".
+inline pretrained_files read_pretrained_index(std::filesystem::path const& folder, std::string_view who) {
+  using nlohmann::json;
+  pretrained_files found{folder, (folder / pretrained_index_name).string(), {}, {}};
+  auto const bad = [&](auto const&... parts) {
+    fail("shardwise::", who, ": \"", found.label, "\" ", parts...,
+         "; it is not a save_pretrained shard index: save the model again");
+  };
+  std::ifstream in(found.label, std::ios::binary);
+  if (!in) fail("shardwise::", who, ": \"", found.label, "\" cannot be opened; check its permissions");
+  json root;
+  try {
+    root = json::parse(in);
+  } catch (json::exception const& e) {
+    bad("is not valid JSON (", e.what(), ")");
+  }
+  if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object())
+    bad("has no \"weight_map\" object of tensor names to files");
+  for (auto const& [name, file] : root["weight_map"].items()) {
+    if (!file.is_string()) bad("maps tensor \"", name, "\" to ", file.dump(), ", not a file name");
+    std::string const f = file.get<std::string>();
+    if (f.empty() || f.front() == '/' || f.find("..") != std::string::npos)
+      bad("puts tensor \"", name, "\" in \"", f, "\", outside the folder");
+    found.file_of[name] = f;
+  }
+  if (root.contains("metadata") && root["metadata"].is_object())
+    for (auto const& [key, value] : root["metadata"].items())
+      found.metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();  // total_size: a number
+  return found;
+}
+
+/// A safetensors file, or a folder holding model.safetensors.index.json (preferred: a sharded save) or
+/// model.safetensors.
+inline pretrained_files find_pretrained_files(std::filesystem::path const& path, std::string_view who) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) {  // a file: its own tensors (opening it raises if it is not there)
+    pretrained_files found{path.parent_path().empty() ? fs::path(".") : path.parent_path(), path.string(), {}, {}};
+    safetensors_file const f(path.string());
+    for (tensor_info const& info : f.tensors()) found.file_of[info.name] = path.filename().string();
+    return found;
+  }
+  if (fs::exists(path / pretrained_index_name)) return read_pretrained_index(path, who);
+  if (fs::exists(path / pretrained_file_name)) return find_pretrained_files(path / pretrained_file_name, who);
+  fail("shardwise::", who, ": \"", path.string(), "\" holds neither ", pretrained_file_name, " nor ",
+       pretrained_index_name, "; give a safetensors file or a folder that save_pretrained wrote");
+}
+
+inline std::string source_text(tensor_source const& s, std::vector<std::uint64_t> const& file_shape) {
+  std::string text = "file tensor \"" + s.name + "\" of shape " + shape_text(file_shape);
+  if (s.transpose && file_shape.size() == 2) text += ", transposed";
+  if (s.slice_dim >= 0)
+    text +=
+        concat(", sliced to [", s.slice_start, ", ", s.slice_start + s.slice_size, ") along dimension ", s.slice_dim);
+  return text;
+}
+
+/// The checkpoint piece that source `s` gives model tensor t, checked: the file's tensor, transposed and sliced,
+/// must have the model's stored shape.
+inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const& s, tensor_info const& info,
+                                     std::string const& file, std::string const& label, std::string_view who) {
+  std::vector<std::uint64_t> shape = info.shape;
+  bool const transposed = s.transpose && shape.size() == 2;
+  if (s.transpose && shape.size() > 2)
+    fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
+         source_text(s, info.shape), ", which has ", shape.size(),
+         " dimensions; transpose takes a matrix: fix the mapping");
+  if (transposed) std::swap(shape[0], shape[1]);
+  std::vector<std::uint64_t> offset(shape.size(), 0);
+  if (s.slice_dim >= 0) {
+    auto const d = static_cast<std::size_t>(s.slice_dim);
+    if (d >= shape.size())
+      fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
+           source_text(s, info.shape), ", which has no dimension ", d, "; slice dimension 0 or ",
+           shape.size() > 1 ? "1" : "0 only", ": fix the mapping");
+    if (s.slice_start > shape[d] || s.slice_size > shape[d] - s.slice_start)
+      fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
+           source_text(s, info.shape), ", beyond its ", shape[d], " along dimension ", d,
+           "; slice inside the tensor: fix the mapping");
+    offset[d] = s.slice_start;
+    shape[d] = s.slice_size;
+  }
+  if (shape != t.stored_shape())
+    fail("shardwise::", who, ": \"", label, "\": tensor \"", t.name, "\" has shape ", shape_text(t.stored_shape()),
+         " in the model but ", shape_text(shape), " in the checkpoint (", source_text(s, info.shape),
+         "); fix the mapping's transpose or slice, or load a checkpoint of the same model configuration");
+  checkpoint_piece p{file, std::vector<std::uint64_t>(shape.size(), 0), shape, s.name};
+  p.transposed = transposed;
+  if (s.slice_dim >= 0) p.offset_in_file = std::move(offset);
+  return p;
+}
+
+/// load_pretrained and load_consolidated: builds an index of the model's tensors from the mapping and the
+/// files' headers (missing and unexpected tensors checked per options.strict), then loads through load_into.
+template <class Model, class TpMesh>
+load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path const& path,
+                        checkpoint_mapping const& mapping, load_options const& options, std::string_view who) {
+  namespace fs = std::filesystem;
+  load_report report;
+  auto locate = [&](fs::path& source, checkpoint_index& index, std::string& label,
+                    std::vector<std::string>& unexpected) {
+    pretrained_files found = find_pretrained_files(path, who);
+    source = found.folder;
+    label = found.label;
+    index = {};
+    index.metadata = std::move(found.metadata);
+    std::map<std::string, std::unique_ptr<safetensors_file>> files;  // headers only; closed once checked
+    std::set<std::string> used;
+    for_each_checkpoint_tensor(model, tp.size(), tp.rank(), true, [&](tensor_layout const& t, auto&) {
+      std::optional<tensor_source> const s = mapping ? mapping(t.name) : tensor_source{t.name};
+      auto const where = s ? found.file_of.find(s->name) : found.file_of.end();
+      if (where == found.file_of.end()) {  // missing: strict raises here, saying why; else load_into reports it
+        if (options.strict)
+          fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" is not in the checkpoint",
+               !s                  ? std::string(" (the mapping gives it no source)")
+               : s->name != t.name ? " (as \"" + s->name + "\")"
+                                   : std::string(),
+               "; load a checkpoint of this model, fix the mapping, or pass load_options{.strict = false} to keep "
+               "its current value");
+        return;
+      }
+      auto& file = files[where->second];
+      if (!file && !fs::exists(source / where->second))
+        fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"",
+             (source / where->second).string(),
+             "\", which is missing; the folder is incomplete: copy the file back or "
+             "save the model again");
+      if (!file) {
+        file = std::make_unique<safetensors_file>((source / where->second).string());
+        index.metadata.insert(file->metadata().begin(), file->metadata().end());
+      }
+      if (!file->contains(s->name))
+        fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"", file->path(),
+             "\", which does not hold it; the folder is incomplete or mixed: save the model again");
+      tensor_info const& info = file->info(s->name);
+      checkpoint_piece piece = mapped_piece(t, *s, info, where->second, label, who);
+      index.tensors.push_back({t.name, info.type, piece.shape, "", {}});
+      index.tensors.back().pieces.push_back(std::move(piece));
+      used.insert(s->name);
+    });
+    for (auto const& [name, file] : found.file_of) {
+      if (used.count(name)) continue;
+      if (options.strict)
+        fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name,
+             "\" is not in the model (no model tensor reads it); load it into the model it was saved from, map a "
+             "model tensor to it, or pass load_options{.strict = false} to skip it");
+      unexpected.push_back(name);
+    }
+    report.metadata = index.metadata;
+  };
+  auto outcome = load_into(model, tp, path, options, who, locate);
+  report.missing = std::move(outcome.missing);
+  report.unexpected = std::move(outcome.unexpected);
+  return report;
+}
+
+}  // namespace detail
+
+/// Loads a checkpoint of full tensors into a parallelized model of any tp size, each rank reading only the
+/// slices its shard needs (transposed ones are read in bounded boxes and transposed into place). `path` is a
+/// safetensors file or a save_pretrained folder (model.safetensors, or shards with model.safetensors.index.json).
+/// `mapping` gives each model tensor's source (default: the same name, as stored). options.strict (default)
+/// makes a missing or unexpected tensor an error; otherwise they are reported, and missing tensors keep their
+/// values. Returns the files' metadata and those lists.
+template <class Model, class TpMesh>
+load_report load_pretrained(Model& model, TpMesh const& tp, std::filesystem::path const& path,
+                            checkpoint_mapping const& mapping = {}, load_options const& options = {}) {
+  return detail::load_mapped(model, tp, path, mapping, options, "load_pretrained");
+}
+
+/// Fills a lazily declared, parallelized model (each rank allocates and reads only its shard; a missing tensor
+/// stays zero). Returns the model, now usable; the report goes to *report when given.
+template <module Model, class TpMesh>
+Model& load_pretrained(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& path,
+                       checkpoint_mapping const& mapping = {}, load_options const& options = {},
+                       load_report* report = nullptr) {
+  load_report r = load_pretrained(lazy.unmaterialized(), tp, path, mapping, options);
+  if (report) *report = std::move(r);
+  return lazy.unmaterialized();
+}
+
+namespace detail {
+/// A rename-only mapping: every tensor whole and as stored, under names(model_name).
+inline checkpoint_mapping renaming(std::function<std::string(std::string const&)> const& names) {
+  if (!names) return {};
+  return [names](std::string const& name) -> std::optional<tensor_source> { return tensor_source{names(name)}; };
+}
+}  // namespace detail
+
+/// Loads one consolidated safetensors file of full tensors (from `shardwise consolidate`, or a Hugging Face
+/// model.safetensors with `names` = sw::transformers_llama_name) into a parallelized model of any tp size: each
+/// rank reads only its slices. `names` maps shardwise's parameter names to the file's (renames only; for
+/// transposed or fused tensors use load_pretrained). Returns the file's metadata.
+template <class Model, class TpMesh>
+std::map<std::string, std::string> load_consolidated(Model& model, TpMesh const& tp, std::filesystem::path const& file,
+                                                     std::function<std::string(std::string const&)> const& names = {},
+                                                     load_options const& options = {}) {
+  return detail::load_mapped(model, tp, file, detail::renaming(names), options, "load_consolidated").metadata;
+}
+
+/// Fills a lazily declared, parallelized model from a consolidated file: each rank allocates and reads only its
+/// shard. Returns the model, now usable.
+template <module Model, class TpMesh>
+Model& load_consolidated(Lazy<Model>& lazy, TpMesh const& tp, std::filesystem::path const& file,
+                         std::function<std::string(std::string const&)> const& names = {},
+                         load_options const& options = {}) {
+  (void)load_consolidated(lazy.unmaterialized(), tp, file, names, options);
+  return lazy.unmaterialized();
+}
+
+}  // namespace shardwise

@@ -1,0 +1,477 @@
+// Checkpoints of full tensors written by other programs (Hugging Face's save_pretrained), loaded through a
+// mapping that renames, transposes, splits a fused tensor and slices: every rank's shard at TP 1, 2 and 4
+// against the full tensor sliced here; strict errors word for word; the non-strict report; a sharded folder
+// with model.safetensors.index.json. The files are written with safetensors_writer, apart from the loader.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <shardwise/checkpoint/pretrained.hpp>
+#include <shardwise/checkpoint/safetensors_write.hpp>
+#include <shardwise/nn/embedding.hpp>
+#include <shardwise/nn/linear.hpp>
+#include <shardwise/nn/norm.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace sw = shardwise;
+namespace fs = std::filesystem;
+
+namespace {
+
+using matrix = sw::nn::matrix<float>;
+using vector = sw::nn::vector<float>;
+
+constexpr std::size_t vocab = 16, dim = 8, hidden = 12, positions = 8;
+
+/// A GPT-2-like block in shardwise's layout (weights [out, in]): embeddings cut along the features (wte) and
+/// along the positions (wpe), a replicated norm, attention q, k, v cut along their outputs and its output
+/// projection along its inputs (its bias replicated), an MLP input cut along its outputs.
+template <class Plan = sw::serial_plan>
+struct Mini {
+  sw::Embedding<float, sw::style_at<Plan, "wte">> wte{vocab, dim, 1};
+  sw::Embedding<float, sw::style_at<Plan, "wpe">> wpe{positions, dim, 2};
+  sw::LayerNorm<float, sw::style_at<Plan, "ln">> ln{dim};
+  sw::Linear<float, sw::style_at<Plan, "wq">> wq{dim, dim, 3};
+  sw::Linear<float, sw::style_at<Plan, "wk">> wk{dim, dim, 4};
+  sw::Linear<float, sw::style_at<Plan, "wv">> wv{dim, dim, 5};
+  sw::Linear<float, sw::style_at<Plan, "proj">> proj{dim, dim, 6};
+  sw::Linear<float, sw::style_at<Plan, "fc">> fc{dim, hidden, 7};
+  SHARDWISE_CHILDREN(wte, wpe, ln, wq, wk, wv, proj, fc)
+};
+using mini_plan =
+    sw::plan<sw::at<"wte", sw::ColwiseParallel<sw::Replicate, sw::Shard<-1>>>,
+             sw::at<"wpe", sw::RowwiseParallel<sw::Replicate, sw::Replicate>>, sw::at<"wq", sw::ColwiseParallel<>>,
+             sw::at<"wk", sw::ColwiseParallel<>>, sw::at<"wv", sw::ColwiseParallel<>>,
+             sw::at<"proj", sw::RowwiseParallel<>>, sw::at<"fc", sw::ColwiseParallel<>>>;
+using Model = Mini<mini_plan>;
+
+/// Each model tensor, whole, in shardwise's orientation, and how the plan cuts it (-1: replicated).
+struct expected_tensor {
+  matrix value;  // a vector as one column
+  int shard_dim;
+};
+using tensors = std::map<std::string, expected_tensor>;
+
+matrix values(std::size_t rows, std::size_t cols, int seed) {
+  matrix m(static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(cols));
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<float>(seed * 1000 + i) / 64.0f;
+  return m;
+}
+
+tensors model_tensors() {
+  tensors t;
+  t["wte.weight"] = {values(vocab, dim, 1), 1};
+  t["wpe.weight"] = {values(positions, dim, 2), 0};
+  t["ln.weight"] = {values(dim, 1, 3), -1};
+  t["ln.bias"] = {values(dim, 1, 4), -1};
+  int seed = 5;
+  for (std::string const l : {"wq", "wk", "wv"}) {
+    t[l + ".weight"] = {values(dim, dim, seed++), 0};
+    t[l + ".bias"] = {values(dim, 1, seed++), 0};
+  }
+  t["proj.weight"] = {values(dim, dim, 20), 1};
+  t["proj.bias"] = {values(dim, 1, 21), -1};
+  t["fc.weight"] = {values(hidden, dim, 22), 0};
+  t["fc.bias"] = {values(hidden, 1, 23), 0};
+  return t;
+}
+
+/// GPT-2's names and layouts: Conv1D weights [in, out]; q, k and v fused along the outputs in c_attn.
+std::map<std::string, matrix> gpt2_file(tensors const& m) {
+  std::map<std::string, matrix> f;
+  f["transformer.wte.weight"] = m.at("wte.weight").value;
+  f["transformer.wpe.weight"] = m.at("wpe.weight").value;
+  f["transformer.h.0.ln_1.weight"] = m.at("ln.weight").value;
+  f["transformer.h.0.ln_1.bias"] = m.at("ln.bias").value;
+  matrix fused(3 * dim, dim), fused_bias(3 * dim, 1);
+  fused << m.at("wq.weight").value, m.at("wk.weight").value, m.at("wv.weight").value;
+  fused_bias << m.at("wq.bias").value, m.at("wk.bias").value, m.at("wv.bias").value;
+  f["transformer.h.0.attn.c_attn.weight"] = fused.transpose();
+  f["transformer.h.0.attn.c_attn.bias"] = fused_bias;
+  f["transformer.h.0.attn.c_proj.weight"] = m.at("proj.weight").value.transpose();
+  f["transformer.h.0.attn.c_proj.bias"] = m.at("proj.bias").value;
+  f["transformer.h.0.mlp.c_fc.weight"] = m.at("fc.weight").value.transpose();
+  f["transformer.h.0.mlp.c_fc.bias"] = m.at("fc.bias").value;
+  return f;
+}
+
+/// A GPT-2 mapping, as a user writes one: names, Conv1D's transposed weights, q, k, v sliced out of c_attn.
+std::optional<sw::tensor_source> gpt2_mapping(std::string const& name) {
+  std::string const layer = name.substr(0, name.find('.')), leaf = name.substr(name.find('.') + 1);
+  if (layer == "wte" || layer == "wpe") return sw::tensor_source{"transformer." + name};
+  if (layer == "ln") return sw::tensor_source{"transformer.h.0.ln_1." + leaf};
+  bool const weight = leaf == "weight";  // Conv1D: every weight is stored [in, out]
+  if (layer == "proj") return sw::tensor_source{"transformer.h.0.attn.c_proj." + leaf, weight};
+  if (layer == "fc") return sw::tensor_source{"transformer.h.0.mlp.c_fc." + leaf, weight};
+  std::uint64_t const part = layer == "wq" ? 0 : layer == "wk" ? 1 : 2;  // q | k | v along c_attn's outputs
+  return sw::tensor_source{"transformer.h.0.attn.c_attn." + leaf, weight, 0, part * dim, dim};
+}
+
+void write_file(fs::path const& path, std::map<std::string, matrix> const& f,
+                std::map<std::string, std::string> const& metadata = {{"format", "pt"}}) {
+  sw::safetensors_writer w;
+  for (auto const& [name, m] : f) {
+    std::vector<std::uint64_t> shape{static_cast<std::uint64_t>(m.rows()), static_cast<std::uint64_t>(m.cols())};
+    if (m.cols() == 1) shape.pop_back();  // a vector (no model matrix here has one column)
+    w.add(name, sw::dtype::F32, shape, std::as_bytes(std::span<float const>(m.data(), std::size_t(m.size()))));
+  }
+  w.write(path, metadata);
+}
+
+struct scratch_dir {
+  fs::path path;
+  explicit scratch_dir(std::string const& name)
+      : path(fs::temp_directory_path() / ("shardwise_test_hf_" + std::to_string(::getpid()) + "_" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch_dir() { fs::remove_all(path); }
+};
+
+/// This rank's block of a whole tensor, cut here (not by the code under test).
+matrix slice(expected_tensor const& t, int rank, int ranks) {
+  if (t.shard_dim == 0) {
+    Eigen::Index const n = t.value.rows() / ranks;
+    return t.value.middleRows(rank * n, n);
+  }
+  if (t.shard_dim == 1) {
+    Eigen::Index const n = t.value.cols() / ranks;
+    return t.value.middleCols(rank * n, n);
+  }
+  return t.value;
+}
+
+/// Every parameter of this rank's model by name, as a matrix (a vector as one column).
+template <class M>
+std::map<std::string, matrix> local_parameters(M& model) {
+  std::map<std::string, matrix> out;
+  auto add = [&](std::string const& name, auto const& v) { out[name] = v.template cast<float>(); };
+  add("wte.weight", model.wte.weight);
+  add("wpe.weight", model.wpe.weight);
+  add("ln.weight", model.ln.weight);
+  add("ln.bias", model.ln.bias);
+  auto add_linear = [&](std::string const& name, auto const& l) {
+    add(name + ".weight", l.weight);
+    add(name + ".bias", l.bias);
+  };
+  add_linear("wq", model.wq);
+  add_linear("wk", model.wk);
+  add_linear("wv", model.wv);
+  add("proj.weight", model.proj.weight);
+  add("proj.bias", model.proj.bias);
+  add("fc.weight", model.fc.weight);
+  add("fc.bias", model.fc.bias);
+  return out;
+}
+
+/// Checks every parameter of this rank against the expected tensors (those in `kept`: against `before`).
+void check_shard(std::map<std::string, matrix> const& got, tensors const& expected, int rank, int ranks,
+                 std::map<std::string, matrix> const& before = {}) {
+  for (auto const& [name, t] : expected) {
+    INFO("tensor " << name << " on rank " << rank << " of " << ranks);
+    matrix const want = before.count(name) ? before.at(name) : slice(t, rank, ranks);
+    REQUIRE(got.at(name).rows() == want.rows());
+    REQUIRE(got.at(name).cols() == want.cols());
+    CHECK(got.at(name) == want);
+  }
+}
+
+/// Runs `load(model, tp)` at TP `ranks` on a model built from other values; checks every rank's shard.
+template <class Load>
+void load_and_check(int ranks, tensors const& expected, Load&& load) {
+  sw::run_threads(ranks, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+    Model model;
+    sw::parallelize(model, tp);
+    load(model, tp);
+    check_shard(local_parameters(model), expected, tp.rank(), ranks);
+  });
+}
+
+/// The message of the shardwise::error fn throws ("" when none).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (sw::error const& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// Loads `path` into the model at TP 1 with `mapping` and `options`.
+sw::load_report load_at_tp1(fs::path const& path, sw::checkpoint_mapping const& mapping,
+                            sw::load_options const& options = {}) {
+  sw::load_report report;
+  sw::run_threads(1, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {1}));
+    Model model;
+    sw::parallelize(model, tp);
+    report = sw::load_pretrained(model, tp, path, mapping, options);
+  });
+  return report;
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2's layout: renamed, Conv1D weights transposed, q, k and v split out of c_attn, at TP 1, 2 and 4") {
+  auto const expected = model_tensors();
+  scratch_dir dir("gpt2");
+  write_file(dir.path / "model.safetensors", gpt2_file(expected));
+  auto const staging = sw::detail::load_staging_bytes;
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    load_and_check(ranks, expected, [&](Model& model, auto const& tp) {
+      auto const report = sw::load_pretrained(model, tp, dir.path, gpt2_mapping);
+      CHECK(report.missing.empty());
+      CHECK(report.unexpected.empty());  // the fused c_attn counts as read
+      CHECK(report.metadata.at("format") == "pt");
+    });
+    // Many small reads: transposed blocks staged 12 bytes at a time; rank 0 reading for everyone; in turns.
+    sw::detail::load_staging_bytes = 12;
+    for (sw::load_options const options :
+         {sw::load_options{}, sw::load_options{.only_rank0_reads = true}, sw::load_options{.ranks_per_step = 1}}) {
+      INFO("only_rank0_reads " << options.only_rank0_reads << ", ranks_per_step " << options.ranks_per_step);
+      load_and_check(ranks, expected, [&](Model& model, auto const& tp) {
+        (void)sw::load_pretrained(model, tp, dir.path / "model.safetensors", gpt2_mapping, options);
+      });
+    }
+    sw::detail::load_staging_bytes = staging;
+    // A lazily declared model: each rank allocates its shard only, filled through the same mapping.
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      sw::Lazy<Model> lazy;
+      sw::parallelize(lazy, tp);
+      sw::load_report report;
+      Model& model = sw::load_pretrained(lazy, tp, dir.path, gpt2_mapping, {}, &report);
+      CHECK(report.metadata.at("format") == "pt");
+      check_shard(local_parameters(model), expected, tp.rank(), ranks);
+    });
+  }
+}
+
+TEST_CASE("slices along either dimension, of a transposed tensor too; renames only, with either function") {
+  auto const expected = model_tensors();
+  scratch_dir dir("slices");
+  // wq and wk side by side in one [dim, 2 dim] tensor; proj stored transposed in the lower half of a
+  // [2 dim, dim] tensor, so that its model orientation is the right half of [dim, 2 dim]; the rest as named.
+  std::map<std::string, matrix> f;
+  for (auto const& [name, t] : expected) f["model." + name] = t.value;
+  matrix packed(dim, 2 * dim), lower(2 * dim, dim);
+  packed << expected.at("wq.weight").value, expected.at("wk.weight").value;
+  lower << values(dim, dim, 99), expected.at("proj.weight").value.transpose();
+  f.erase("model.wq.weight"), f.erase("model.wk.weight"), f.erase("model.proj.weight");
+  f["packed"] = packed;
+  f["lower"] = lower;
+  write_file(dir.path / "model.safetensors", f);
+  auto const mapping = [](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "wq.weight") return sw::tensor_source{"packed", false, 1, 0, dim};
+    if (name == "wk.weight") return sw::tensor_source{"packed", false, 1, dim, dim};
+    if (name == "proj.weight") return sw::tensor_source{"lower", true, 1, dim, dim};
+    return sw::tensor_source{"model." + name};
+  };
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    load_and_check(ranks, expected, [&](Model& model, auto const& tp) {
+      auto const report = sw::load_pretrained(model, tp, dir.path / "model.safetensors", mapping);
+      CHECK(report.unexpected.empty());
+    });
+  }
+
+  // Renames only: the rename overload of load_consolidated and a mapping that gives names alone agree.
+  std::map<std::string, matrix> renamed;
+  for (auto const& [name, t] : expected) renamed["model." + name] = t.value;
+  write_file(dir.path / "renamed.safetensors", renamed, {{"run", "7"}});
+  auto const prefix = [](std::string const& name) { return "model." + name; };
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    load_and_check(ranks, expected, [&](Model& model, auto const& tp) {
+      CHECK(sw::load_consolidated(model, tp, dir.path / "renamed.safetensors", prefix).at("run") == "7");
+    });
+    load_and_check(ranks, expected, [&](Model& model, auto const& tp) {
+      auto const by_name = [&](std::string const& name) -> std::optional<sw::tensor_source> {
+        return sw::tensor_source{prefix(name)};
+      };
+      CHECK(sw::load_pretrained(model, tp, dir.path / "renamed.safetensors", by_name).metadata.at("run") == "7");
+    });
+  }
+  // Without a mapping, the model's own names.
+  std::map<std::string, matrix> own;
+  for (auto const& [name, t] : expected) own[name] = t.value;
+  write_file(dir.path / "own.safetensors", own);
+  load_and_check(2, expected, [&](Model& model, auto const& tp) {
+    (void)sw::load_pretrained(model, tp, dir.path / "own.safetensors");
+  });
+}
+
+TEST_CASE("non-strict: missing and unexpected tensors reported, missing ones keep their values, at TP 1, 2, 4") {
+  auto const expected = model_tensors();
+  scratch_dir dir("report");
+  auto f = gpt2_file(expected);
+  f.erase("transformer.h.0.mlp.c_fc.bias");
+  f["lm_head.weight"] = values(vocab, dim, 50);
+  f["transformer.h.0.attn.masked_bias"] = values(1, 1, 51);
+  write_file(dir.path / "model.safetensors", f);
+  auto const mapping = [](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "wpe.weight") return std::nullopt;  // the mapping has no source for it
+    return gpt2_mapping(name);
+  };
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      Model model;
+      sw::parallelize(model, tp);
+      auto const before = local_parameters(model);
+      auto const report = sw::load_pretrained(model, tp, dir.path, mapping, {.strict = false});
+      CHECK(report.missing == std::vector<std::string>{"wpe.weight", "fc.bias"});  // in the model's order
+      CHECK(report.unexpected == std::vector<std::string>{"lm_head.weight", "transformer.h.0.attn.masked_bias",
+                                                          "transformer.wpe.weight"});  // nothing reads it now
+      check_shard(local_parameters(model), expected, tp.rank(), ranks,
+                  {{"wpe.weight", before.at("wpe.weight")}, {"fc.bias", before.at("fc.bias")}});
+    });
+  }
+  // A lazily declared model: the missing tensors stay zero.
+  sw::run_threads(2, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+    sw::Lazy<Model> lazy;
+    sw::parallelize(lazy, tp);
+    sw::load_report report;
+    Model& model = sw::load_pretrained(lazy, tp, dir.path, mapping, {.strict = false}, &report);
+    CHECK(report.missing.size() == 2);
+    CHECK(model.wpe.weight.isZero());
+    CHECK(model.fc.bias.isZero());
+    CHECK(model.fc.weight == slice(expected.at("fc.weight"), tp.rank(), 2));
+  });
+}
+
+TEST_CASE("strict: missing, unexpected, misshapen and out-of-range sources are errors naming the tensor and the fix") {
+  auto const expected = model_tensors();
+  scratch_dir dir("strict");
+  fs::path const file = dir.path / "model.safetensors";
+  std::string const where = "shardwise::load_pretrained: \"" + file.string() + "\": ";
+  auto f = gpt2_file(expected);
+  f["lm_head.weight"] = values(vocab, dim, 50);
+  write_file(file, f);
+  CHECK(error_of([&] { load_at_tp1(file, gpt2_mapping); }) ==
+        where +
+            "the checkpoint's tensor \"lm_head.weight\" is not in the model (no model tensor reads it); load it into "
+            "the model it was saved from, map a model tensor to it, or pass load_options{.strict = false} to skip it");
+  f.erase("lm_head.weight");
+  f.erase("transformer.h.0.mlp.c_fc.bias");
+  write_file(file, f);
+  CHECK(error_of([&] { load_at_tp1(file, gpt2_mapping); }) ==
+        where +
+            "the model's tensor \"fc.bias\" is not in the checkpoint (as \"transformer.h.0.mlp.c_fc.bias\"); load a "
+            "checkpoint of this model, fix the mapping, or pass load_options{.strict = false} to keep its current "
+            "value");
+  auto const no_wpe = [](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "wpe.weight") return std::nullopt;
+    return gpt2_mapping(name);
+  };
+  CHECK(error_of([&] { load_at_tp1(file, no_wpe); }) ==
+        where +
+            "the model's tensor \"wpe.weight\" is not in the checkpoint (the mapping gives it no source); load a "
+            "checkpoint of this model, fix the mapping, or pass load_options{.strict = false} to keep its current "
+            "value");
+  f["transformer.h.0.mlp.c_fc.bias"] = expected.at("fc.bias").value;
+  write_file(file, f);
+  // c_fc's weight read without its transpose: [8, 12] in the file, [12, 8] in the model.
+  auto const untransposed = [](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "fc.weight") return sw::tensor_source{"transformer.h.0.mlp.c_fc.weight"};
+    return gpt2_mapping(name);
+  };
+  CHECK(error_of([&] { load_at_tp1(file, untransposed); }) ==
+        where +
+            "tensor \"fc.weight\" has shape [12, 8] in the model but [8, 12] in the checkpoint (file tensor "
+            "\"transformer.h.0.mlp.c_fc.weight\" of shape [8, 12]); fix the mapping's transpose or slice, or load a "
+            "checkpoint of the same model configuration");
+  // A slice of the wrong size after transposing, and one beyond the tensor.
+  auto const sliced = [](std::uint64_t start, std::uint64_t size) {
+    return [=](std::string const& name) -> std::optional<sw::tensor_source> {
+      if (name == "wv.weight") return sw::tensor_source{"transformer.h.0.attn.c_attn.weight", true, 0, start, size};
+      return gpt2_mapping(name);
+    };
+  };
+  CHECK(error_of([&] { load_at_tp1(file, sliced(8, 16)); }) ==
+        where +
+            "tensor \"wv.weight\" has shape [8, 8] in the model but [16, 8] in the checkpoint (file tensor "
+            "\"transformer.h.0.attn.c_attn.weight\" of shape [8, 24], transposed, sliced to [8, 24) along dimension "
+            "0); fix the mapping's transpose or slice, or load a checkpoint of the same model configuration");
+  CHECK(error_of([&] { load_at_tp1(file, sliced(20, 8)); }) ==
+        where +
+            "the model's tensor \"wv.weight\" maps to file tensor \"transformer.h.0.attn.c_attn.weight\" of shape [8, "
+            "24], transposed, sliced to [20, 28) along dimension 0, beyond its 24 along dimension 0; slice inside the "
+            "tensor: fix the mapping");
+  // The same checks through the rename-only load_consolidated, in its own name.
+  CHECK(
+      error_of([&] {
+        sw::run_threads(1, [&](auto& world) {
+          auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {1}));
+          Model model;
+          sw::parallelize(model, tp);
+          (void)sw::load_consolidated(model, tp, file);
+        });
+      })
+          .rfind("shardwise::load_consolidated: \"" + file.string() +
+                     "\": the model's tensor \"wte.weight\" is not in the checkpoint; load a checkpoint of this model",
+                 0) == 0);
+  // Not a checkpoint.
+  CHECK(error_of([&] { load_at_tp1(dir.path / "empty", gpt2_mapping); }).find("cannot open") != std::string::npos);
+  fs::create_directories(dir.path / "empty");
+  CHECK(error_of([&] { load_at_tp1(dir.path / "empty", gpt2_mapping); }) ==
+        "shardwise::load_pretrained: \"" + (dir.path / "empty").string() +
+            "\" holds neither model.safetensors nor model.safetensors.index.json; give a safetensors file or a "
+            "folder that save_pretrained wrote");
+}
+
+TEST_CASE("a sharded save_pretrained folder: model.safetensors.index.json maps each tensor to its file") {
+  auto const expected = model_tensors();
+  scratch_dir dir("sharded");
+  auto const all = gpt2_file(expected);
+  std::map<std::string, matrix> first, second;  // the fused c_attn in one file, the rest split between both
+  for (auto const& [name, m] : all) (name.find(".h.0.attn") != std::string::npos ? first : second)[name] = m;
+  second["transformer.h.0.mlp.c_fc.bias"] = all.at("transformer.h.0.mlp.c_fc.bias");
+  first["transformer.wte.weight"] = all.at("transformer.wte.weight");
+  second.erase("transformer.wte.weight");
+  write_file(dir.path / "model-00001-of-00002.safetensors", first);
+  write_file(dir.path / "model-00002-of-00002.safetensors", second);
+  nlohmann::json index = {{"metadata", {{"total_size", 4096}}}, {"weight_map", nlohmann::json::object()}};
+  for (auto const& [name, m] : first) index["weight_map"][name] = "model-00001-of-00002.safetensors";
+  for (auto const& [name, m] : second) index["weight_map"][name] = "model-00002-of-00002.safetensors";
+  std::ofstream(dir.path / "model.safetensors.index.json") << index.dump(2);
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    load_and_check(ranks, expected, [&](Model& model, auto const& tp) {
+      auto const report = sw::load_pretrained(model, tp, dir.path, gpt2_mapping);
+      CHECK(report.metadata.at("total_size") == "4096");
+      CHECK(report.metadata.at("format") == "pt");
+      CHECK(report.unexpected.empty());
+    });
+  }
+  // The index names a file that is gone, and a tensor a file does not hold.
+  std::string const label = (dir.path / "model.safetensors.index.json").string();
+  index["weight_map"]["transformer.h.0.ln_1.bias"] = "model-00003-of-00002.safetensors";
+  std::ofstream(dir.path / "model.safetensors.index.json", std::ios::trunc) << index.dump(2);
+  CHECK(error_of([&] { load_at_tp1(dir.path, gpt2_mapping); }) ==
+        "shardwise::load_pretrained: \"" + label + "\" puts tensor \"transformer.h.0.ln_1.bias\" in \"" +
+            (dir.path / "model-00003-of-00002.safetensors").string() +
+            "\", which is missing; the folder is incomplete: copy the file back or save the model again");
+  index["weight_map"]["transformer.h.0.ln_1.bias"] = "model-00001-of-00002.safetensors";
+  std::ofstream(dir.path / "model.safetensors.index.json", std::ios::trunc) << index.dump(2);
+  CHECK(error_of([&] { load_at_tp1(dir.path, gpt2_mapping); }) ==
+        "shardwise::load_pretrained: \"" + label + "\" puts tensor \"transformer.h.0.ln_1.bias\" in \"" +
+            (dir.path / "model-00001-of-00002.safetensors").string() +
+            "\", which does not hold it; the folder is incomplete or mixed: save the model again");
+  std::ofstream(dir.path / "model.safetensors.index.json", std::ios::trunc) << "{\"metadata\": {}}";
+  CHECK(error_of([&] { load_at_tp1(dir.path, gpt2_mapping); }) ==
+        "shardwise::load_pretrained: \"" + label +
+            "\" has no \"weight_map\" object of tensor names to files; it is not a save_pretrained shard index: save "
+            "the model again");
+}
