@@ -12,11 +12,13 @@
 #include <optional>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/safetensors_write.hpp>
+#include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/nn/embedding.hpp>
 #include <shardwise/nn/linear.hpp>
 #include <shardwise/nn/norm.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sw = shardwise;
@@ -50,6 +52,26 @@ using mini_plan =
              sw::at<"wk", sw::ColwiseParallel<>>, sw::at<"wv", sw::ColwiseParallel<>>,
              sw::at<"proj", sw::RowwiseParallel<>>, sw::at<"fc", sw::ColwiseParallel<>>>;
 using Model = Mini<mini_plan>;
+
+/// The same with one more layer: what a checkpoint of Mini lacks, and what Mini does not read of its own.
+template <class Plan = sw::serial_plan>
+struct MiniPlus {
+  sw::Embedding<float, sw::style_at<Plan, "wte">> wte{vocab, dim, 1};
+  sw::Embedding<float, sw::style_at<Plan, "wpe">> wpe{positions, dim, 2};
+  sw::LayerNorm<float, sw::style_at<Plan, "ln">> ln{dim};
+  sw::Linear<float, sw::style_at<Plan, "wq">> wq{dim, dim, 3};
+  sw::Linear<float, sw::style_at<Plan, "wk">> wk{dim, dim, 4};
+  sw::Linear<float, sw::style_at<Plan, "wv">> wv{dim, dim, 5};
+  sw::Linear<float, sw::style_at<Plan, "proj">> proj{dim, dim, 6};
+  sw::Linear<float, sw::style_at<Plan, "fc">> fc{dim, hidden, 7};
+  sw::Linear<float, sw::style_at<Plan, "head">> head{dim, vocab, 8};
+  SHARDWISE_CHILDREN(wte, wpe, ln, wq, wk, wv, proj, fc, head)
+};
+using PlusModel = MiniPlus<sw::plan<sw::at<"wte", sw::ColwiseParallel<sw::Replicate, sw::Shard<-1>>>,
+                                    sw::at<"wpe", sw::RowwiseParallel<sw::Replicate, sw::Replicate>>,
+                                    sw::at<"wq", sw::ColwiseParallel<>>, sw::at<"wk", sw::ColwiseParallel<>>,
+                                    sw::at<"wv", sw::ColwiseParallel<>>, sw::at<"proj", sw::RowwiseParallel<>>,
+                                    sw::at<"fc", sw::ColwiseParallel<>>, sw::at<"head", sw::ColwiseParallel<>>>>;
 
 /// Each model tensor, whole, in shardwise's orientation, and how the plan cuts it (-1: replicated).
 struct expected_tensor {
@@ -256,6 +278,44 @@ TEST_CASE("GPT-2's layout: renamed, Conv1D weights transposed, q, k and v split 
   }
 }
 
+TEST_CASE("the GPT-2 mapping of docs/checkpoints.md gives GPT-2's names, transposes and slices") {
+  std::uint64_t const dim = 768;
+  auto gpt2 = [dim](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "lm_head.weight") return sw::tensor_source{"transformer.wte.weight"};  // tied: saved once
+    std::string hf = "transformer." + name;  // h.0.ln_1.weight, wte.weight, ln_f.bias, ...
+    bool const weight = name.ends_with(".weight");
+    std::string_view const parts[] = {".attn.q_proj.", ".attn.k_proj.", ".attn.v_proj."};
+    for (std::uint64_t i = 0; i < 3; ++i)  // q | k | v: rows [i dim, (i + 1) dim) of c_attnᵀ
+      if (auto const at = hf.find(parts[i]); at != std::string::npos)
+        return sw::tensor_source{hf.replace(at, parts[i].size(), ".attn.c_attn."), weight, 0, i * dim, dim};
+    bool const conv1d = hf.find(".c_proj.") != std::string::npos || hf.find(".c_fc.") != std::string::npos;
+    return sw::tensor_source{hf, conv1d && weight};  // Conv1D weights are stored [in, out]
+  };
+  auto const is = [&](std::string const& name, std::string const& file, bool transpose, int dim_, std::uint64_t start,
+                      std::uint64_t size) {
+    INFO(name);
+    auto const s = gpt2(name);
+    REQUIRE(s);
+    CHECK(s->name == file);
+    CHECK(s->transpose == transpose);
+    CHECK(s->slice_dim == dim_);
+    CHECK(s->slice_start == start);
+    CHECK(s->slice_size == size);
+  };
+  is("h.0.attn.q_proj.weight", "transformer.h.0.attn.c_attn.weight", true, 0, 0, dim);
+  is("h.11.attn.k_proj.bias", "transformer.h.11.attn.c_attn.bias", false, 0, dim, dim);
+  is("h.2.attn.v_proj.weight", "transformer.h.2.attn.c_attn.weight", true, 0, 2 * dim, dim);
+  is("h.2.attn.c_proj.weight", "transformer.h.2.attn.c_proj.weight", true, -1, 0, 0);
+  is("h.2.attn.c_proj.bias", "transformer.h.2.attn.c_proj.bias", false, -1, 0, 0);
+  is("h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight", true, -1, 0, 0);
+  is("h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.weight", true, -1, 0, 0);
+  is("h.0.ln_2.weight", "transformer.h.0.ln_2.weight", false, -1, 0, 0);
+  is("wte.weight", "transformer.wte.weight", false, -1, 0, 0);
+  is("wpe.weight", "transformer.wpe.weight", false, -1, 0, 0);
+  is("ln_f.bias", "transformer.ln_f.bias", false, -1, 0, 0);
+  is("lm_head.weight", "transformer.wte.weight", false, -1, 0, 0);
+}
+
 TEST_CASE("slices along either dimension, of a transposed tensor too; renames only, with either function") {
   auto const expected = model_tensors();
   scratch_dir dir("slices");
@@ -322,21 +382,23 @@ TEST_CASE("non-strict: missing and unexpected tensors reported, missing ones kee
     if (name == "wpe.weight") return std::nullopt;  // the mapping has no source for it
     return gpt2_mapping(name);
   };
-  for (int ranks : {1, 2, 4}) {
-    INFO("TP " << ranks);
-    sw::run_threads(ranks, [&](auto& world) {
-      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
-      Model model;
-      sw::parallelize(model, tp);
-      auto const before = local_parameters(model);
-      auto const report = sw::load_pretrained(model, tp, dir.path, mapping, {.strict = false});
-      CHECK(report.missing == std::vector<std::string>{"wpe.weight", "fc.bias"});  // in the model's order
-      CHECK(report.unexpected == std::vector<std::string>{"lm_head.weight", "transformer.h.0.attn.masked_bias",
-                                                          "transformer.wpe.weight"});  // nothing reads it now
-      check_shard(local_parameters(model), expected, tp.rank(), ranks,
-                  {{"wpe.weight", before.at("wpe.weight")}, {"fc.bias", before.at("fc.bias")}});
-    });
-  }
+  for (int ranks : {1, 2, 4})
+    for (bool const rank0_reads : {false, true}) {  // every rank skips the missing ones alike
+      INFO("TP " << ranks << ", only_rank0_reads " << rank0_reads);
+      sw::run_threads(ranks, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+        Model model;
+        sw::parallelize(model, tp);
+        auto const before = local_parameters(model);
+        auto const report =
+            sw::load_pretrained(model, tp, dir.path, mapping, {.only_rank0_reads = rank0_reads, .strict = false});
+        CHECK(report.missing == std::vector<std::string>{"wpe.weight", "fc.bias"});  // in the model's order
+        CHECK(report.unexpected == std::vector<std::string>{"lm_head.weight", "transformer.h.0.attn.masked_bias",
+                                                            "transformer.wpe.weight"});  // nothing reads it now
+        check_shard(local_parameters(model), expected, tp.rank(), ranks,
+                    {{"wpe.weight", before.at("wpe.weight")}, {"fc.bias", before.at("fc.bias")}});
+      });
+    }
   // A lazily declared model: the missing tensors stay zero.
   sw::run_threads(2, [&](auto& world) {
     auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
@@ -474,4 +536,64 @@ TEST_CASE("a sharded save_pretrained folder: model.safetensors.index.json maps e
         "shardwise::load_pretrained: \"" + label +
             "\" has no \"weight_map\" object of tensor names to files; it is not a save_pretrained shard index: save "
             "the model again");
+}
+
+TEST_CASE("load_sharded takes strict = false too: a checkpoint with a tensor more or less than the model") {
+  auto const expected = model_tensors();
+  scratch_dir dir("sharded_non_strict");
+  std::map<std::string, matrix> own;
+  for (auto const& [name, t] : expected) own[name] = t.value;
+  write_file(dir.path / "own.safetensors", own);
+  sw::run_threads(2, [&](auto& world) {  // Mini's values saved sharded at TP 2, and MiniPlus's at TP 2
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+    Model model;
+    sw::parallelize(model, tp);
+    (void)sw::load_pretrained(model, tp, dir.path / "own.safetensors");
+    sw::save_sharded(model, tp, dir.path / "mini", 1);
+    PlusModel plus;
+    sw::parallelize(plus, tp);
+    (void)sw::load_pretrained(plus, tp, dir.path / "own.safetensors", {}, {.strict = false});
+    sw::save_sharded(plus, tp, dir.path / "plus", 1);
+  });
+  for (int ranks : {1, 4}) {
+    INFO("TP " << ranks);
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      PlusModel plus;
+      sw::parallelize(plus, tp);
+      matrix const head = plus.head.weight;
+      (void)sw::load_sharded(plus, tp, dir.path / "mini", {.strict = false});
+      check_shard(local_parameters(plus), expected, tp.rank(), ranks);
+      CHECK(plus.head.weight == head);  // missing: kept
+      Model model;
+      sw::parallelize(model, tp);
+      (void)sw::load_sharded(model, tp, dir.path / "plus", {.strict = false});  // head.*: not read
+      check_shard(local_parameters(model), expected, tp.rank(), ranks);
+    });
+  }
+  auto const strict_error = [&](fs::path const& ckpt, bool plus) {
+    return error_of([&] {
+      sw::run_threads(1, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {1}));
+        if (plus) {
+          PlusModel m;
+          sw::parallelize(m, tp);
+          (void)sw::load_sharded(m, tp, ckpt);
+        } else {
+          Model m;
+          sw::parallelize(m, tp);
+          (void)sw::load_sharded(m, tp, ckpt);
+        }
+      });
+    });
+  };
+  std::string const index = "shardwise::load_sharded: \"" + (dir.path / "plus/shardwise_checkpoint.json").string();
+  CHECK(strict_error(dir.path / "plus", false) ==
+        index +
+            "\": the checkpoint's tensor \"head.weight\" is not in the model; load the checkpoint into the model it "
+            "was saved from, or pass load_options{.strict = false} to skip it");
+  CHECK(strict_error(dir.path / "mini", true) ==
+        "shardwise::load_sharded: \"" + (dir.path / "mini/shardwise_checkpoint.json").string() +
+            "\": the model's tensor \"head.weight\" is not in the checkpoint; load a checkpoint saved from this "
+            "model, or pass load_options{.strict = false} to keep its current value");
 }
