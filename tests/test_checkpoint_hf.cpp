@@ -471,6 +471,15 @@ TEST_CASE("strict: missing, unexpected, misshapen and out-of-range sources are e
             "the model's tensor \"wv.weight\" maps to file tensor \"transformer.h.0.attn.c_attn.weight\" of shape [8, "
             "24], transposed, sliced to [20, 28) along dimension 0, beyond its 24 along dimension 0; slice inside the "
             "tensor: fix the mapping");
+  auto const bias_along_1 = [](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "wq.bias") return sw::tensor_source{"transformer.h.0.attn.c_attn.bias", false, 1, 0, dim};
+    return gpt2_mapping(name);
+  };
+  CHECK(error_of([&] { load_at_tp1(file, bias_along_1); }) ==
+        where +
+            "the model's tensor \"wq.bias\" maps to file tensor \"transformer.h.0.attn.c_attn.bias\" of shape [24], "
+            "sliced to [0, 8) along dimension 1, which has no dimension 1; slice along dimension 0 (or -1: whole): "
+            "fix the mapping");
   // The same checks through the rename-only load_consolidated, in its own name.
   CHECK(
       error_of([&] {

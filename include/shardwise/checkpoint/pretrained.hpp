@@ -117,7 +117,7 @@ inline pretrained_files find_pretrained_files(std::filesystem::path const& path,
 inline std::string source_text(tensor_source const& s, std::vector<std::uint64_t> const& file_shape) {
   std::string text = "file tensor \"" + s.name + "\" of shape " + shape_text(file_shape);
   if (s.transpose && file_shape.size() == 2) text += ", transposed";
-  if (s.slice_dim >= 0)
+  if (s.slice_dim != -1)
     text +=
         concat(", sliced to [", s.slice_start, ", ", s.slice_start + s.slice_size, ") along dimension ", s.slice_dim);
   return text;
@@ -135,12 +135,14 @@ inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const
          " dimensions; transpose takes a matrix: fix the mapping");
   if (transposed) std::swap(shape[0], shape[1]);
   std::vector<std::uint64_t> offset(shape.size(), 0);
-  if (s.slice_dim >= 0) {
+  if (s.slice_dim != -1) {
     auto const d = static_cast<std::size_t>(s.slice_dim);
-    if (d >= shape.size())
+    if (s.slice_dim < 0 || d >= shape.size())
       fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
-           source_text(s, info.shape), ", which has no dimension ", d, "; slice dimension 0 or ",
-           shape.size() > 1 ? "1" : "0 only", ": fix the mapping");
+           source_text(s, info.shape), ", which has no dimension ", s.slice_dim,
+           shape.size() > 1 ? "; slice along dimension 0 or 1 (or -1: whole)"
+                            : "; slice along dimension 0 (or -1: whole)",
+           ": fix the mapping");
     if (s.slice_start > shape[d] || s.slice_size > shape[d] - s.slice_start)
       fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
            source_text(s, info.shape), ", beyond its ", shape[d], " along dimension ", d,
@@ -154,7 +156,7 @@ inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const
          "); fix the mapping's transpose or slice, or load a checkpoint of the same model configuration");
   checkpoint_piece p{file, std::vector<std::uint64_t>(shape.size(), 0), shape, s.name};
   p.transposed = transposed;
-  if (s.slice_dim >= 0) p.offset_in_file = std::move(offset);
+  if (s.slice_dim != -1) p.offset_in_file = std::move(offset);
   return p;
 }
 
