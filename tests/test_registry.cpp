@@ -1,5 +1,5 @@
-// The model registry: Llama is there, a user's model joins by specialization, an unknown one is not supported;
-// lists of models give their names and answer is_model_supported by name, at compile time and at run time.
+// The model registry: Llama and GPT-2 are there, a user's model joins by specialization, an unknown one is not
+// supported; lists of models give their names and answer is_model_supported by name, at compile time and at run time.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -47,13 +47,17 @@ static_assert(!models::registered_model<user::Unregistered>);
 static_assert(models::is_model_supported<user::Unregistered>() == models::support{});
 static_assert(
     std::is_same_v<models::parallelized<models::Llama, float, false>, models::Llama<float, models::llama_plan<false>>>);
+static_assert(models::is_model_supported<models::GPT2>() == models::support{true, true, false});
+static_assert(
+    std::is_same_v<models::parallelized<models::GPT2, float, true>, models::GPT2<float, models::gpt2_plan<true>>>);
 
 // Lists of models: the built-in ones, and a user's list that extends them.
 using user_models = models::builtin_models::with<user::TinyMlp>;
-static_assert(models::builtin_models::size == 1);
-static_assert(models::model_names() == std::array<std::string_view, 1>{"llama"});
-static_assert(models::model_names<user_models>() == std::array<std::string_view, 2>{"llama", "tiny-mlp"});
+static_assert(models::builtin_models::size == 2);
+static_assert(models::model_names() == std::array<std::string_view, 2>{"llama", "gpt2"});
+static_assert(models::model_names<user_models>() == std::array<std::string_view, 3>{"llama", "gpt2", "tiny-mlp"});
 static_assert(models::is_model_supported("llama") == models::support{true, true, false});
+static_assert(models::is_model_supported("gpt2") == models::support{true, true, false});
 static_assert(models::is_model_supported("tiny-mlp") == models::support{});  // not built in
 static_assert(models::is_model_supported<user_models>("tiny-mlp") == models::support{true, false, false});
 static_assert(models::is_model_supported<user_models>("llama") == models::support{true, true, false});
@@ -71,7 +75,7 @@ static_assert(!listable<user::Unregistered>);
 
 TEST_CASE("is_model_supported answers a model type named at run time") {
   // Names as they arrive from a configuration file: not constants.
-  std::vector<std::string> const names{"llama", "tiny-mlp", "gpt2"};
+  std::vector<std::string> const names{"llama", "tiny-mlp", "mistral"};
   CHECK(models::is_model_supported(names[0]) == models::support{true, true, false});
   CHECK(models::is_model_supported(names[1]) == models::support{});
   CHECK(models::is_model_supported(names[2]) == models::support{});
@@ -79,7 +83,7 @@ TEST_CASE("is_model_supported answers a model type named at run time") {
   CHECK(models::is_model_supported<user_models>(names[2]) == models::support{});
   std::vector<std::string> listed;
   for (auto name : models::model_names<user_models>()) listed.emplace_back(name);
-  CHECK(listed == std::vector<std::string>{"llama", "tiny-mlp"});
+  CHECK(listed == std::vector<std::string>{"llama", "gpt2", "tiny-mlp"});
 }
 
 TEST_CASE("a registered user model is parallelized with its registered plan") {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include "shardwise/models/gpt2_plan.hpp"
 #include "shardwise/models/llama_plan.hpp"
 
 namespace shardwise::models {
@@ -29,6 +30,14 @@ struct parallelizer<Llama> {
   static constexpr support supported{true, true, false};
   template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
   using plan = llama_plan<SequenceParallel, ParallelizeEmbeddings, LeaveAlone>;
+};
+
+template <>
+struct parallelizer<GPT2> {
+  static constexpr std::string_view name = "gpt2";  // transformers' model_type
+  static constexpr support supported{true, true, false};
+  template <bool SequenceParallel = true>
+  using plan = gpt2_plan<SequenceParallel>;
 };
 
 template <template <class, class> class Model>
@@ -65,7 +74,7 @@ requires(registered_model<Models>&&...) struct model_list {
 };
 
 /// The models shardwise itself can parallelize.
-using builtin_models = model_list<Llama>;
+using builtin_models = model_list<Llama, GPT2>;
 
 namespace detail {
 template <class List>
