@@ -1,0 +1,145 @@
+"""The Hugging Face half of the outside check of tied word embeddings: transformers' own LlamaForCausalLM
+(tie_word_embeddings=True) and GPT2LMHeadModel, built from the configs transformers_dump.cpp used and loaded with
+the weights it wrote, give the same logits, loss and gradients of one batch, and torch.nn.utils.clip_grad_norm_
+with torch.optim.AdamW (two parameter groups) the same losses and global norms over 5 steps, as every shardwise run
+named on the command line (unsharded, tp1, tp2, tp4 on threads; mpi2, mpi4). Nothing is shared with the C++ side.
+Relative errors: max |got - expected| / max |expected| per tensor (fp32), 1e-4; losses and norms per step, 1e-4.
+
+usage: transformers_reference.py DUMP_DIR TAG...
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+TOLERANCE = 1e-4
+VOCAB, DIM, LAYERS, HEADS, SEQUENCE = 64, 32, 2, 4, 8
+STEPS, MAX_NORM = 5, 0.05
+
+
+def ids_of(step, targets):  # the batches transformers_dump.cpp uses (inputs, not results)
+    return torch.tensor([(step * 31 + i * 7 + (3 if targets else 0)) % 64 for i in range(16)]).view(2, SEQUENCE)
+
+
+def llama():
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False,
+                         mlp_bias=False, attn_implementation="eager")
+    model = LlamaForCausalLM(config).float()
+    return model, model.model.embed_tokens
+
+
+def gpt2():
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=DIM, n_layer=LAYERS, n_head=HEADS,
+                        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+                        attn_implementation="eager")
+    model = GPT2LMHeadModel(config).float()
+    return model, model.transformer.wte
+
+
+def no_decay(name):  # shardwise's group: "*.bias", "*norm.weight", "*ln_*.weight"
+    return name.endswith(".bias") or "norm" in name or ".ln_" in name
+
+
+class Results:
+    def __init__(self):
+        self.rows = []
+
+    def tensor(self, name, got, expected):
+        got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+        if got.shape != expected.shape:
+            self.rows.append((name, False, f"shape {got.shape} vs {expected.shape}"))
+            return
+        error = float(np.abs(got - expected).max()) / max(float(np.abs(expected).max()), 1e-30)
+        self.rows.append((name, error <= TOLERANCE, f"relative error {error:.1e}"))
+
+    def check(self, name, ok, detail):
+        self.rows.append((name, bool(ok), detail))
+
+
+def reference(build, directory):
+    """transformers' numbers for one model: logits, loss and gradients of batch 0; losses and norms of 5 steps."""
+    torch.manual_seed(0)
+    model, embedding = build()
+    weights = os.path.join(directory, "weights")
+    state = {name[:-4]: torch.from_numpy(np.load(os.path.join(weights, name))).float() for name in os.listdir(weights)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = model.lm_head.weight is embedding.weight
+    out = {"missing": list(missing), "unexpected": list(unexpected), "tied": tied, "grads": {}}
+    named = dict(model.named_parameters())  # the tied tensor once, under the embedding's name
+    out["names"] = sorted(named)
+    decay = [p for n, p in named.items() if not no_decay(n)]
+    plain = [p for n, p in named.items() if no_decay(n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}],
+                                  lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    out["losses"], out["norms"] = [], []
+    for step in range(STEPS):
+        logits = model(ids_of(step, False)).logits.reshape(-1, VOCAB)
+        loss = F.cross_entropy(logits, ids_of(step, True).reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            out["logits"] = logits.detach().numpy()
+            out["loss"] = loss.item()
+            out["grads"] = {n: p.grad.detach().numpy().copy() for n, p in named.items()}
+        out["norms"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizer.step()
+        out["losses"].append(loss.item())
+    return out
+
+
+def compare(results, model_name, expected, run, tag):
+    label = f"{model_name} {tag}"
+    results.tensor(f"{label}: logits", np.load(os.path.join(run, "logits.npy")), expected["logits"])
+    results.tensor(f"{label}: loss", np.load(os.path.join(run, "loss.npy")), [expected["loss"]])
+    grads = os.path.join(run, "grad")
+    written = sorted(name[:-4] for name in os.listdir(grads))
+    results.check(f"{label}: a gradient for every parameter, none more", written == expected["names"],
+                  f"{len(written)} written, {len(expected['names'])} in the model")
+    for name in expected["names"]:
+        if name in written:
+            results.tensor(f"{label}: gradient {name}", np.load(os.path.join(grads, name + ".npy")),
+                           expected["grads"][name])
+    losses, norms = np.load(os.path.join(run, "losses.npy")), np.load(os.path.join(run, "norms.npy"))
+    for step in range(STEPS):
+        results.tensor(f"{label}: loss at step {step}", [losses[step]], [expected["losses"][step]])
+        results.tensor(f"{label}: global norm at step {step}", [norms[step]], [expected["norms"][step]])
+    results.check(f"{label}: every step clipped (norms over {MAX_NORM})", min(expected["norms"]) > MAX_NORM,
+                  f"smallest norm {min(expected['norms']):.3g}")
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    directory, tags = sys.argv[1], sys.argv[2:]
+    results = Results()
+    for model_name, build in (("llama", llama), ("gpt2", gpt2)):
+        expected = reference(build, os.path.join(directory, model_name))
+        results.check(f"{model_name}: lm_head.weight is the embedding's tensor after loading", expected["tied"], "")
+        results.check(f"{model_name}: loaded every weight but the tied lm_head",
+                      expected["missing"] == ["lm_head.weight"] and not expected["unexpected"],
+                      f"missing {expected['missing']}, unexpected {expected['unexpected']}")
+        for tag in tags:
+            compare(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
+    worst = {}
+    for name, ok, detail in results.rows:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+        if detail.startswith("relative error"):
+            kind = {"global": "norm"}.get(name.split(": ")[1].split(" ")[0], name.split(": ")[1].split(" ")[0])
+            key = (name.split(":")[0].split(" ")[0], kind)
+            worst[key] = max(worst.get(key, 0.0), float(detail.split()[-1]))
+    for (model_name, kind), error in sorted(worst.items()):
+        print(f"worst {model_name} {kind}: {error:.1e}")
+    failed = sum(1 for _, ok, _ in results.rows if not ok)
+    print(f"{len(results.rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
