@@ -63,8 +63,7 @@ struct GPT2Attention {
     if (sharded_heads && config_.heads % static_cast<std::size_t>(tp) != 0)
       gpt2_fail("shardwise::models::GPT2 at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
                 " heads do not divide over ", tp,
-                " ranks; each rank computes whole heads: choose a tp size that "
-                "divides the heads");
+                " ranks; each rank computes whole heads: choose a tp size that divides the heads");
   }
 
   template <class X>
