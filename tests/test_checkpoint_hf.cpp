@@ -10,13 +10,16 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <shardwise/checkpoint/gpt2_names.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/safetensors_write.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/nn/embedding.hpp>
 #include <shardwise/nn/linear.hpp>
 #include <shardwise/nn/norm.hpp>
+#include <shardwise/nn/tie.hpp>
 #include <shardwise/shardwise.hpp>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -605,4 +608,160 @@ TEST_CASE("load_sharded takes strict = false too: a checkpoint with a tensor mor
         "shardwise::load_sharded: \"" + (dir.path / "mini/shardwise_checkpoint.json").string() +
             "\": the model's tensor \"head.weight\" is not in the checkpoint; load a checkpoint saved from this "
             "model, or pass load_options{.strict = false} to keep its current value");
+}
+
+TEST_CASE("transformers_gpt2_mapping: GPT2LMHeadModel's names, Conv1D weights transposed, q, k, v sliced from c_attn") {
+  std::uint64_t const dim = 768;
+  auto const gpt2 = sw::transformers_gpt2_mapping(dim);
+  auto const is = [&](std::string const& name, std::string const& file, bool transpose, int slice_dim,
+                      std::uint64_t start, std::uint64_t size) {
+    INFO(name);
+    auto const s = gpt2(name);
+    REQUIRE(s);
+    CHECK(s->name == file);
+    CHECK(s->transpose == transpose);
+    CHECK(s->slice_dim == slice_dim);
+    CHECK(s->slice_start == start);
+    CHECK(s->slice_size == size);
+  };
+  is("h.0.attn.q_proj.weight", "transformer.h.0.attn.c_attn.weight", true, 0, 0, dim);
+  is("h.0.attn.q_proj.bias", "transformer.h.0.attn.c_attn.bias", false, 0, 0, dim);
+  is("h.11.attn.k_proj.bias", "transformer.h.11.attn.c_attn.bias", false, 0, dim, dim);
+  is("h.2.attn.v_proj.weight", "transformer.h.2.attn.c_attn.weight", true, 0, 2 * dim, dim);
+  is("h.2.attn.c_proj.weight", "transformer.h.2.attn.c_proj.weight", true, -1, 0, 0);
+  is("h.2.attn.c_proj.bias", "transformer.h.2.attn.c_proj.bias", false, -1, 0, 0);
+  is("h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight", true, -1, 0, 0);
+  is("h.0.mlp.c_fc.bias", "transformer.h.0.mlp.c_fc.bias", false, -1, 0, 0);
+  is("h.10.mlp.c_proj.weight", "transformer.h.10.mlp.c_proj.weight", true, -1, 0, 0);
+  is("h.0.ln_1.bias", "transformer.h.0.ln_1.bias", false, -1, 0, 0);
+  is("h.0.ln_2.weight", "transformer.h.0.ln_2.weight", false, -1, 0, 0);
+  is("wte.weight", "transformer.wte.weight", false, -1, 0, 0);
+  is("wpe.weight", "transformer.wpe.weight", false, -1, 0, 0);
+  is("ln_f.weight", "transformer.ln_f.weight", false, -1, 0, 0);
+  is("ln_f.bias", "transformer.ln_f.bias", false, -1, 0, 0);
+  is("lm_head.weight", "lm_head.weight", false, -1, 0, 0);  // tied to wte: a tied model never asks
+  for (std::string const wrong : {"h.x.ln_1.weight", "h.0.attn.c_attn.weight", "h.0.ln_1.scale", "h..ln_1.weight",
+                                  "transformer.wte.weight", "lm_head.bias", "h.0.attn.q_proj"})
+    CHECK_THROWS_WITH_AS((void)gpt2(wrong),
+                         ("shardwise::transformers_gpt2_source: tensor \"" + wrong +
+                          "\" is not a parameter of shardwise's GPT-2 (models::GPT2); map it with a mapping of your "
+                          "own")
+                             .c_str(),
+                         sw::error);
+}
+
+namespace {
+/// An LM head tied to the token embedding (as GPT-2's): the table cut along the vocabulary on both.
+template <class Plan = sw::serial_plan>
+struct TiedMini {
+  sw::Embedding<float, sw::style_at<Plan, "wte">> wte{vocab, dim, 1};
+  sw::LayerNorm<float, sw::style_at<Plan, "ln_f">> ln_f{dim};
+  sw::Linear<float, sw::style_at<Plan, "lm_head">> lm_head{dim, vocab, 2, false};
+  SHARDWISE_CHILDREN(wte, ln_f, lm_head)
+  TiedMini() { sw::tie_weights(lm_head, wte); }
+};
+using TiedModel = TiedMini<sw::plan<sw::at<"wte", sw::RowwiseParallel<sw::Replicate, sw::Replicate>>,
+                                    sw::at<"lm_head", sw::ColwiseParallel<sw::Replicate, sw::Shard<-1>>>>>;
+}  // namespace
+
+TEST_CASE(
+    "a tied weight: loaded once as its owner; a file's copy (lm_head.weight) is unexpected, or when strict "
+    "an error saying the model ties it") {
+  scratch_dir dir("tied");
+  matrix const table = values(vocab, dim, 1), head = values(vocab, dim, 9);
+  std::map<std::string, matrix> f{{"transformer.wte.weight", table},
+                                  {"transformer.ln_f.weight", values(dim, 1, 2)},
+                                  {"transformer.ln_f.bias", values(dim, 1, 3)}};
+  write_file(dir.path / "model.safetensors", f);  // as save_pretrained writes a tied model: no lm_head.weight
+  f["lm_head.weight"] = head;
+  fs::create_directories(dir.path / "with_head");
+  write_file(dir.path / "with_head/model.safetensors", f);
+  auto const mapping = sw::transformers_gpt2_mapping(dim);
+  for (int ranks : {1, 2, 4}) {
+    INFO("TP " << ranks);
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      Eigen::Index const rows = vocab / ranks;
+      TiedModel model;
+      sw::parallelize(model, tp);
+      auto const report = sw::load_pretrained(model, tp, dir.path, mapping);  // strict
+      CHECK(report.missing.empty());
+      CHECK(report.unexpected.empty());
+      CHECK(model.wte.weight == table.middleRows(tp.rank() * rows, rows));
+      CHECK(model.lm_head.current_weight() == model.wte.weight);
+      TiedModel other;
+      sw::parallelize(other, tp);
+      auto const with_head = sw::load_pretrained(other, tp, dir.path / "with_head", mapping, {.strict = false});
+      CHECK(with_head.missing.empty());
+      CHECK(with_head.unexpected == std::vector<std::string>{"lm_head.weight"});
+      CHECK(other.lm_head.current_weight() == table.middleRows(tp.rank() * rows, rows));  // the file's copy unread
+    });
+  }
+  std::string const message = error_of([&] {
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+      TiedModel model;
+      sw::parallelize(model, tp);
+      (void)sw::load_pretrained(model, tp, dir.path / "with_head", mapping);
+    });
+  });
+  CHECK(message == "shardwise::load_pretrained: \"" + (dir.path / "with_head/model.safetensors").string() +
+                       "\": the checkpoint's tensor \"lm_head.weight\" is the model's \"lm_head.weight\", which the "
+                       "model ties to \"wte.weight\" (it computes with that tensor and does not read this one); load "
+                       "the checkpoint into a model that does not tie them, or pass load_options{.strict = false} "
+                       "to skip it");
+  // A mapping that cannot name the tied weight (it throws for it) leaves the plain message.
+  auto const no_head = [&](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "lm_head.weight") throw std::out_of_range("no lm_head here");
+    return mapping(name);
+  };
+  CHECK(error_of([&] {
+          sw::run_threads(1, [&](auto& world) {
+            auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {1}));
+            TiedModel model;
+            sw::parallelize(model, tp);
+            (void)sw::load_pretrained(model, tp, dir.path / "with_head", no_head);
+          });
+        }).find("the checkpoint's tensor \"lm_head.weight\" is not in the model (no model tensor reads it)") !=
+        std::string::npos);
+}
+
+TEST_CASE("an error that is not shardwise's, agreed on by the tp group, is reported for the function that met it") {
+  auto const expected = model_tensors();
+  scratch_dir dir("agreed");
+  write_file(dir.path / "model.safetensors", gpt2_file(expected));
+  auto const throwing = [](std::string const& name) -> std::optional<sw::tensor_source> {
+    if (name == "fc.bias") throw std::out_of_range("the user's mapping has no fc.bias");
+    return gpt2_mapping(name);
+  };
+  // In turns and with rank 0 reading for all, the ranks agree on errors (no rank may wait for one that threw).
+  for (sw::load_options const options :
+       {sw::load_options{.ranks_per_step = 1}, sw::load_options{.only_rank0_reads = true}}) {
+    INFO("ranks_per_step " << options.ranks_per_step << ", only_rank0_reads " << options.only_rank0_reads);
+    std::string const message = error_of([&] {
+      sw::run_threads(2, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+        Model model;
+        sw::parallelize(model, tp);
+        (void)sw::load_pretrained(model, tp, dir.path, throwing, options);
+      });
+    });
+    std::string const said = "shardwise::load_pretrained: \"" + dir.path.string() +
+                             "\": the user's mapping has no fc.bias (while checking the checkpoint against the model)";
+    CHECK(message.substr(0, said.size()) == said);
+    CHECK(message.find("previous checkpoint") == std::string::npos);
+  }
+  // A save still says that the checkpoint it would have replaced is untouched.
+  std::ofstream(dir.path / "a_file") << "not a folder";
+  std::string const message = error_of([&] {
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+      Model model;
+      sw::parallelize(model, tp);
+      sw::save_sharded(model, tp, dir.path / "a_file/ckpt", 1);
+    });
+  });
+  std::string const said = "shardwise::save_sharded: \"" + (dir.path / "a_file/ckpt").string() + "\": ";
+  CHECK(message.substr(0, said.size()) == said);
+  CHECK(message.find("(while preparing the folder); the previous checkpoint is unchanged") != std::string::npos);
 }

@@ -2,11 +2,17 @@
 // LlamaForCausalLM saved as one model.safetensors and as shards with model.safetensors.index.json, loaded with
 // sw::load_pretrained through the Hugging Face names at TP 1, 2 and 4 on threads; the vocabulary-sharded logits,
 // gathered, must equal transformers' to 1e-4 relative. The non-strict report must list what transformers'
-// load_state_dict(strict=False) lists for a 3-layer and a 1-layer model. Prints "N passed, M failed" and exits
-// non-zero when any check failed.
+// load_state_dict(strict=False) lists for a 3-layer and a 1-layer model. The same logits check for a
+// LlamaForCausalLM with tie_word_embeddings=True (no lm_head.weight in the file: the strict load passes; the
+// untied file's lm_head.weight is unexpected, and when strict an error saying the model ties it) and for a
+// GPT2LMHeadModel through sw::transformers_gpt2_mapping (one file and a sharded folder, with and without
+// sequence parallelism). Every rank reads its own shard (checkpoint_load_hook). Prints "N passed, M failed" and
+// exits non-zero when any check failed.
 //
 // usage: hf_checkpoint_load DIR
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -14,8 +20,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <shardwise/checkpoint/gpt2_names.hpp>
 #include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
+#include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -30,14 +38,30 @@ namespace fs = std::filesystem;
 namespace {
 
 using Model = models::Llama<float, models::llama_plan<true>>;
+template <bool SequenceParallel>
+using GPT2 = models::GPT2<float, models::gpt2_plan<SequenceParallel>>;
 constexpr double tolerance = 1e-4;  // fp32 on both sides
 
-models::LlamaConfig config(std::size_t layers = 2) {  // hf_checkpoints.py's values
+models::LlamaConfig config(std::size_t layers = 2, bool tied = false) {  // hf_checkpoints.py's values
   models::LlamaConfig c;
   c.vocabulary = 64, c.dim = 32, c.layers = layers, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
   c.norm_eps = 1e-5, c.rope_theta = 10000.0;
+  c.tie_word_embeddings = tied;
   c.seed = 99;  // other values than transformers': everything compared must come from the files
   return c;
+}
+
+models::GPT2Config gpt2_config() {  // hf_checkpoints.py's GPT2Config
+  models::GPT2Config c;
+  c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.sequence = 8, c.layer_norm_eps = 1e-5;
+  c.seed = 99;
+  return c;
+}
+
+/// How many times each tp rank started reading its shard (checkpoint_load_hook's "read_begin").
+std::array<std::atomic<int>, 4> reads_begun{};
+void count_reads(std::string_view stage, int tp_rank) {
+  if (stage == "read_begin") reads_begun.at(static_cast<std::size_t>(tp_rank)) += 1;
 }
 
 std::optional<sw::tensor_source> hf_names(std::string const& name) {
@@ -75,21 +99,24 @@ double relative_error(sw::nn::matrix<float> const& got, npy::array const& expect
 }
 
 /// Where a rank's model lives while it is checked: built eagerly, or declared lazily.
+template <class M = Model>
 struct storage {
-  std::optional<Model> model;
-  std::optional<sw::Lazy<Model>> lazy;
+  std::optional<M> model;
+  std::optional<sw::Lazy<M>> lazy;
 };
 
-/// Loads at TP `ranks` with `load(tp, storage) -> Model&` and compares the gathered logits with transformers'.
-template <class Load>
-void check_logits(checks& results, std::string const& name, int ranks, npy::array const& expected, Load&& load) {
+/// Loads at TP `ranks` with `load(tp, storage<M>) -> M&` and compares the gathered logits with transformers'.
+/// With `differ`, the check is that they do not match (a wrong load must show).
+template <class M = Model, class Load>
+void check_logits(checks& results, std::string const& name, int ranks, npy::array const& expected, Load&& load,
+                  bool differ = false) {
   results.run(name, [&] {
     std::vector<std::int64_t> ids;  // hf_checkpoints.py's batch: 2 sequences of 8
     for (int i = 0; i < 16; ++i) ids.push_back((i * 7 + 3) % 64);
     sw::run_threads(ranks, [&](auto& world) {
       auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
-      storage kept;
-      Model& model = load(tp, kept);
+      storage<M> kept;
+      M& model = load(tp, kept);
       auto const logits = model.forward(ids);
       sw::nn::matrix<float> whole;
       sw::all_gather(tp, logits.local, whole, -1);
@@ -97,7 +124,7 @@ void check_logits(checks& results, std::string const& name, int ranks, npy::arra
       double const error = relative_error(whole, expected);
       char shown[48];
       std::snprintf(shown, sizeof shown, " (relative error %.2g)", error);
-      results.add(name + shown, error <= tolerance);
+      results.add(name + shown, differ ? error > 100 * tolerance : error <= tolerance);
     });
   });
 }
@@ -126,7 +153,7 @@ int main(int argc, char** argv) {
 
   for (int ranks : {1, 2, 4}) {
     std::string const at = " at TP " + std::to_string(ranks);
-    check_logits(results, "model.safetensors" + at, ranks, expected, [&](auto const& tp, storage& kept) -> Model& {
+    check_logits(results, "model.safetensors" + at, ranks, expected, [&](auto const& tp, storage<>& kept) -> Model& {
       auto& model = kept.model.emplace(config());
       sw::parallelize(model, tp);
       auto const report = sw::load_pretrained(model, tp, dir / "single", hf_names);
@@ -137,7 +164,7 @@ int main(int argc, char** argv) {
       return model;
     });
     check_logits(results, "sharded folder with model.safetensors.index.json, into sw::Lazy" + at, ranks, expected,
-                 [&](auto const& tp, storage& kept) -> Model& {
+                 [&](auto const& tp, storage<>& kept) -> Model& {
                    auto& lazy = kept.lazy.emplace(config());
                    sw::parallelize(lazy, tp);
                    sw::load_report report;
@@ -151,19 +178,166 @@ int main(int argc, char** argv) {
                  });
   }
   check_logits(results, "sharded folder, only_rank0_reads, at TP 4", 4, expected,
-               [&](auto const& tp, storage& kept) -> Model& {
+               [&](auto const& tp, storage<>& kept) -> Model& {
                  auto& model = kept.model.emplace(config());
                  sw::parallelize(model, tp);
                  (void)sw::load_pretrained(model, tp, dir / "sharded", hf_names, {.only_rank0_reads = true});
                  return model;
                });
   check_logits(results, "load_consolidated with transformers_llama_name (renames only), at TP 2", 2, expected,
-               [&](auto const& tp, storage& kept) -> Model& {
+               [&](auto const& tp, storage<>& kept) -> Model& {
                  auto& model = kept.model.emplace(config());
                  sw::parallelize(model, tp);
                  (void)sw::load_consolidated(model, tp, dir / "single/model.safetensors", sw::transformers_llama_name);
                  return model;
                });
+
+  // LlamaForCausalLM(tie_word_embeddings=True): save_pretrained wrote no lm_head.weight; the strict load reads the
+  // one table as tok_embeddings.weight, and the output projection computes with it.
+  npy::array const tied_expected = npy::read(dir / "tied_logits.npy");
+  for (int ranks : {1, 2, 4}) {
+    std::string const at = " at TP " + std::to_string(ranks);
+    check_logits(results, "tied Llama, model.safetensors" + at, ranks, tied_expected,
+                 [&](auto const& tp, storage<>& kept) -> Model& {
+                   auto& model = kept.model.emplace(config(2, true));
+                   sw::parallelize(model, tp);
+                   auto const report = sw::load_pretrained(model, tp, dir / "tied", hf_names);
+                   if (tp.rank() == 0)
+                     results.add("tied Llama" + at + ": strict, nothing missing or unexpected",
+                                 report.missing.empty() && report.unexpected.empty(),
+                                 joined(report.missing) + " " + joined(report.unexpected));
+                   return model;
+                 });
+  }
+  check_logits(results, "tied Llama into sw::Lazy, in turns of one rank, at TP 4", 4, tied_expected,
+               [&](auto const& tp, storage<>& kept) -> Model& {
+                 auto& lazy = kept.lazy.emplace(config(2, true));
+                 sw::parallelize(lazy, tp);
+                 return sw::load_pretrained(lazy, tp, dir / "tied", hf_names, {.ranks_per_step = 1});
+               });
+  // A file that does carry lm_head.weight (the untied model's) for the tied model: not read.
+  results.run("tied Llama, a file with lm_head.weight, non-strict: reported unexpected", [&] {
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+      Model model(config(2, true));
+      sw::parallelize(model, tp);
+      auto const report = sw::load_pretrained(model, tp, dir / "single", hf_names, {.strict = false});
+      if (world.rank() != 0) return;
+      results.add("tied Llama, a file with lm_head.weight, non-strict: reported unexpected",
+                  report.missing.empty() && report.unexpected == std::vector<std::string>{"lm_head.weight"},
+                  joined(report.missing) + " " + joined(report.unexpected));
+    });
+  });
+  results.run("tied Llama, a file with lm_head.weight, strict: an error saying the model ties it", [&] {
+    std::string message;
+    try {
+      sw::run_threads(2, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+        Model model(config(2, true));
+        sw::parallelize(model, tp);
+        (void)sw::load_pretrained(model, tp, dir / "single", hf_names);
+      });
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    std::printf("     %s\n", message.c_str());
+    results.add("tied Llama, a file with lm_head.weight, strict: an error saying the model ties it",
+                message.find("the checkpoint's tensor \"lm_head.weight\" is the model's \"output.weight\", which the "
+                             "model ties to \"tok_embeddings.weight\"") != std::string::npos,
+                message);
+  });
+
+  // GPT2LMHeadModel (lm_head tied to wte, left out of the file) through sw::transformers_gpt2_mapping.
+  npy::array const gpt2_expected = npy::read(dir / "gpt2_logits.npy");
+  auto const gpt2_mapping = sw::transformers_gpt2_mapping(gpt2_config().dim);
+  for (int ranks : {1, 2, 4}) {
+    std::string const at = " at TP " + std::to_string(ranks);
+    check_logits<GPT2<false>>(
+        results, "GPT-2, model.safetensors" + at, ranks, gpt2_expected,
+        [&](auto const& tp, storage<GPT2<false>>& kept) -> GPT2<false>& {
+          auto& model = kept.model.emplace(gpt2_config());
+          sw::parallelize(model, tp);
+          auto const report = sw::load_pretrained(model, tp, dir / "gpt2", gpt2_mapping);
+          if (tp.rank() == 0)
+            results.add("GPT-2" + at + ": strict, nothing missing or unexpected, metadata",
+                        report.missing.empty() && report.unexpected.empty() && report.metadata.count("format"),
+                        joined(report.missing) + " " + joined(report.unexpected));
+          return model;
+        });
+    check_logits<GPT2<false>>(
+        results, "GPT-2, sharded folder with model.safetensors.index.json, into sw::Lazy" + at, ranks, gpt2_expected,
+        [&](auto const& tp, storage<GPT2<false>>& kept) -> GPT2<false>& {
+          auto& lazy = kept.lazy.emplace(gpt2_config());
+          sw::parallelize(lazy, tp);
+          sw::load_report report;
+          auto& model = sw::load_pretrained(lazy, tp, dir / "gpt2_sharded", gpt2_mapping, {}, &report);
+          if (tp.rank() == 0)
+            results.add("GPT-2 sharded folder" + at + ": nothing missing or unexpected, the index's metadata",
+                        report.missing.empty() && report.unexpected.empty() && report.metadata.count("total_size"),
+                        joined(report.missing) + " " + joined(report.unexpected));
+          return model;
+        });
+  }
+  for (int ranks : {2, 4})
+    check_logits<GPT2<true>>(results, "GPT-2 with sequence parallelism, at TP " + std::to_string(ranks), ranks,
+                             gpt2_expected, [&](auto const& tp, storage<GPT2<true>>& kept) -> GPT2<true>& {
+                               auto& model = kept.model.emplace(gpt2_config());
+                               sw::parallelize(model, tp);
+                               (void)sw::load_pretrained(model, tp, dir / "gpt2_sharded", gpt2_mapping);
+                               return model;
+                             });
+  check_logits<GPT2<false>>(results, "GPT-2, only_rank0_reads, at TP 4", 4, gpt2_expected,
+                            [&](auto const& tp, storage<GPT2<false>>& kept) -> GPT2<false>& {
+                              auto& model = kept.model.emplace(gpt2_config());
+                              sw::parallelize(model, tp);
+                              (void)sw::load_pretrained(model, tp, dir / "gpt2", gpt2_mapping,
+                                                        {.only_rank0_reads = true});
+                              return model;
+                            });
+
+  // The comparison sees a wrong load: q and k swapped in the mapping.
+  check_logits<GPT2<false>>(
+      results, "GPT-2 through a mapping that swaps q and k differs, at TP 2", 2, gpt2_expected,
+      [&](auto const& tp, storage<GPT2<false>>& kept) -> GPT2<false>& {
+        auto& model = kept.model.emplace(gpt2_config());
+        sw::parallelize(model, tp);
+        auto const swapped = [&](std::string const& name) -> std::optional<sw::tensor_source> {
+          std::string other = name;
+          if (auto const q = other.find("q_proj"); q != std::string::npos)
+            other.replace(q, 6, "k_proj");
+          else if (auto const k = other.find("k_proj"); k != std::string::npos)
+            other.replace(k, 6, "q_proj");
+          return gpt2_mapping(other);
+        };
+        (void)sw::load_pretrained(model, tp, dir / "gpt2", swapped);
+        return model;
+      },
+      true);
+
+  // Who reads: by default every rank opens the files and reads its own shard (the boxes of its slices); with
+  // only_rank0_reads, rank 0 alone.
+  for (bool rank0 : {false, true}) {
+    std::string const name = rank0 ? "GPT-2 at TP 4, only_rank0_reads: tp rank 0 alone reads"
+                                   : "GPT-2 at TP 4: each tp rank reads its own shard, once";
+    results.run(name, [&] {
+      for (auto& n : reads_begun) n = 0;
+      sw::detail::checkpoint_load_hook = count_reads;
+      sw::run_threads(4, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+        GPT2<false> model(gpt2_config());
+        sw::parallelize(model, tp);
+        (void)sw::load_pretrained(model, tp, dir / "gpt2_sharded", gpt2_mapping, {.only_rank0_reads = rank0});
+      });
+      sw::detail::checkpoint_load_hook = nullptr;
+      std::string counts;
+      bool ok = true;
+      for (std::size_t r = 0; r < reads_begun.size(); ++r) {
+        counts += " " + std::to_string(reads_begun[r].load());
+        ok = ok && reads_begun[r] == (rank0 && r > 0 ? 0 : 1);
+      }
+      results.add(name, ok, "reads begun per rank:" + counts);
+    });
+  }
 
   // Non-strict: the same lists as transformers' load_state_dict(strict=False), in Hugging Face's names.
   nlohmann::json const reference = nlohmann::json::parse(std::ifstream(dir / "report.json"));

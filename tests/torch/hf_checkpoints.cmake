@@ -1,8 +1,8 @@
 # Hugging Face save_pretrained folders loaded by shardwise (included from tests/checkpoint.cmake, so only with
 # the checkpoint headers): hf_checkpoints.py saves a random transformers.LlamaForCausalLM as one
 # model.safetensors and as shards with model.safetensors.index.json, with its logits and transformers'
-# non-strict load report; hf_checkpoint_load loads both folders with sw::load_pretrained at TP 1, 2 and 4 on
-# threads and compares.
+# non-strict load report, and a tied LlamaForCausalLM and a GPT2LMHeadModel (one file, and shards) with their
+# logits; hf_checkpoint_load loads every folder with sw::load_pretrained at TP 1, 2 and 4 on threads and compares.
 add_executable(hf_checkpoint_load ${CMAKE_CURRENT_LIST_DIR}/hf_checkpoint_load.cpp)
 target_link_libraries(hf_checkpoint_load PRIVATE shardwise::checkpoint shardwise::eigen)
 if(SHARDWISE_PYTHON)

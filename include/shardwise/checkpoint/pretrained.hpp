@@ -9,7 +9,9 @@
 // A mapping says where each model tensor lies in the file: under which name, whether transposed, and which
 // slice of a bigger (fused) tensor. The report lists, as transformers' load_state_dict(strict=False) does, the
 // model tensors the checkpoint lacks and the checkpoint tensors nothing read.
+#include <concepts>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -160,6 +162,32 @@ inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const
   return p;
 }
 
+/// When file tensor `file_name` is the source the mapping gives a weight the model ties to another layer's
+/// (a tied output projection: transformers' lm_head.weight), that weight's name and its owner's; else nullopt.
+/// A mapping that has no source for the tied weight, or throws for it, answers nullopt.
+template <class Model>
+std::optional<std::pair<std::string, std::string>> tied_source(Model& model, checkpoint_mapping const& mapping,
+                                                               std::string const& file_name) {
+  std::optional<std::pair<std::string, std::string>> found;
+  for_each_named_layer(model, [&](auto& l, std::string const& path) {
+    if constexpr (requires {
+                    { l.tied() } -> std::convertible_to<bool>;
+                    l.tied_to();
+                  }) {
+      if (found || !l.tied()) return;
+      std::string const name = path + ".weight";
+      std::optional<tensor_source> s;
+      try {
+        s = mapping ? mapping(name) : tensor_source{name};
+      } catch (std::exception const&) {  // only asked to explain an error: the error stays as it was
+        return;
+      }
+      if (s && s->name == file_name) found.emplace(name, std::string(l.tied_to()) + ".weight");
+    }
+  });
+  return found;
+}
+
 /// load_pretrained and load_consolidated: builds an index of the model's tensors from the mapping and the
 /// files' headers (missing and unexpected tensors checked per options.strict), then loads through load_into.
 template <class Model, class TpMesh>
@@ -210,10 +238,16 @@ load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path co
     });
     for (auto const& [name, file] : found.file_of) {
       if (used.count(name)) continue;
-      if (options.strict)
+      if (options.strict) {
+        if (auto const tied = tied_source(model, mapping, name))
+          fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name, "\" is the model's \"",
+               tied->first, "\", which the model ties to \"", tied->second,
+               "\" (it computes with that tensor and does not read this one); load the checkpoint into a model "
+               "that does not tie them, or pass load_options{.strict = false} to skip it");
         fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name,
              "\" is not in the model (no model tensor reads it); load it into the model it was saved from, map a "
              "model tensor to it, or pass load_options{.strict = false} to skip it");
+      }
       unexpected.push_back(name);
     }
     report.metadata = index.metadata;
@@ -231,7 +265,10 @@ load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path co
 /// safetensors file or a save_pretrained folder (model.safetensors, or shards with model.safetensors.index.json).
 /// `mapping` gives each model tensor's source (default: the same name, as stored). options.strict (default)
 /// makes a missing or unexpected tensor an error; otherwise they are reported, and missing tensors keep their
-/// values. Returns the files' metadata and those lists.
+/// values. A weight the model ties to another (sw::tie_weights: an output projection tied to the embedding) is
+/// loaded once, as its owner; a file tensor the mapping gives the tied weight (lm_head.weight, which
+/// save_pretrained leaves out of a tied model) is not read: unexpected, and when strict an error saying that the
+/// model ties it. Returns the files' metadata and those lists.
 template <class Model, class TpMesh>
 load_report load_pretrained(Model& model, TpMesh const& tp, std::filesystem::path const& path,
                             checkpoint_mapping const& mapping = {}, load_options const& options = {}) {

@@ -153,7 +153,9 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
 }
 
 /// Every tp rank passes its error (empty if none). If any failed, every rank throws the same message: that of
-/// the lowest failing rank, sent over the mesh (so threads and MPI processes all report the cause).
+/// the lowest failing rank, sent over the mesh (so threads and MPI processes all report the cause). An error
+/// that is not shardwise's own is put in shardwise's words for `who` ("save_sharded", "load_pretrained", ...):
+/// a save adds that the previous checkpoint is unchanged.
 template <class TpMesh>
 void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
                      std::filesystem::path const& dir, std::string_view who = "save_sharded") {
@@ -165,9 +167,10 @@ void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_vie
   int const source = size - static_cast<int>(failed(0));
   std::string message;
   if (rank == source)
-    message = error.rfind("shardwise::", 0) == 0 ? error
-                                                 : concat("shardwise::save_sharded: \"", dir.string(), "\": ", error,
-                                                          " (while ", stage, "); the previous checkpoint is unchanged");
+    message = error.rfind("shardwise::", 0) == 0
+                  ? error
+                  : concat("shardwise::", who, ": \"", dir.string(), "\": ", error, " (while ", stage, ")",
+                           who.rfind("save", 0) == 0 ? "; the previous checkpoint is unchanged" : "");
   constexpr std::size_t longest = 2048;
   Eigen::VectorXd text = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(longest));
   for (std::size_t i = 0; i < message.size() && i < longest; ++i)
