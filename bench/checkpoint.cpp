@@ -101,12 +101,11 @@ std::uint64_t splitmix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/// Every parameter of every layer, through layer.parameters(): unlike the optimizer's traversal it allocates
-/// no gradient, so what a load holds is measured as the load left it.
+/// Every parameter, through sw::for_each_parameter: it allocates no gradient, so what a load holds is measured
+/// as the load left it.
 template <class Fn>
 void for_each_parameter_as_is(Model& model, Fn&& fn) {
-  sw::detail::for_each_layer(
-      model, [&](auto& layer) { std::apply([&](auto const&... p) { (fn(p), ...); }, layer.parameters()); });
+  sw::for_each_parameter(model, [&](std::string const&, auto const& p) { fn(p); });
 }
 
 // Fills this rank's shard deterministically (values in [-0.5, 0.5)) and returns its sum. Replicated

@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
       sw::parallelize(mlp, tp);
       double const t_sw = median_seconds(tp, s.repeats, [&] {
         auto const y = mlp.forward(x);
-        auto const dx = mlp.backward(sw::Activation<float>{dy});
+        auto const dx = sw::redistribute<sw::Replicate>(tp, mlp.backward(sw::Activation<float>{dy}));
         (void)y, (void)dx;
       });
       HandWritten hand(tp, s);

@@ -70,7 +70,7 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
     std::sort(times.begin(), times.end());
     if (world.rank() == 0) {
       result.tokens_per_second = double(sequences) * double(c.sequence) / times[times.size() / 2];
-      sw::detail::for_each_parameter(model, [&](auto const& p) {
+      sw::for_each_parameter(model, [&](std::string const&, auto const& p) {
         result.parameters += static_cast<std::size_t>(p.value->size());
         result.gradients += static_cast<std::size_t>(p.grad->size());
       });

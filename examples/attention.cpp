@@ -16,7 +16,7 @@ using attention_plan = sw::plan<sw::at<"wq", sw::ColwiseParallel<>>, sw::at<"wk"
                                 sw::at<"wv", sw::ColwiseParallel<>>, sw::at<"wo", sw::RowwiseParallel<>>>;
 
 int main(int argc, char** argv) {
-  constexpr std::size_t tokens = 32, dim = 64, heads = 8;
+  constexpr std::size_t tokens = 32, sequence = 16, dim = 64, heads = 8;  // two sequences of 16 tokens
   Matrix x(tokens, dim), dy(tokens, dim);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
@@ -26,12 +26,13 @@ int main(int argc, char** argv) {
   std::mutex print;
   sw::launch(argc, argv, /*threads=*/4, [&](auto& world) {
     auto tp = sw::make_mesh<"tp">(world, {world.size()});
-    blocks::Attention<float, attention_plan> attention(dim, heads, /*seed=*/3);
+    blocks::Attention<float, attention_plan> attention(dim, heads, sequence, /*seed=*/3);
     sw::parallelize(attention, tp);  // refuses a head count the tp size does not divide
     auto const y = attention.forward(x);
-    auto const dx = attention.backward(sw::Activation<float>{dy});
+    // Partial<Sum> under ColwiseParallel (wq's, wk's and wv's parts): one all-reduce makes it whole.
+    auto const dx = sw::redistribute<sw::Replicate>(tp, attention.backward(sw::Activation<float>{dy}));
 
-    blocks::Attention<float> reference(dim, heads, 3);
+    blocks::Attention<float> reference(dim, heads, sequence, 3);
     auto const y_ref = reference.forward(x);
     auto const dx_ref = reference.backward(sw::Activation<float>{dy});
     float const y_error = (y.local - y_ref.local).cwiseAbs().maxCoeff() / y_ref.local.cwiseAbs().maxCoeff();

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     blocks::FeedForward<float, mlp_plan> mlp(dim, hidden, /*seed=*/1);  // same seed: same weights as unsharded
     sw::parallelize(mlp, tp);
     auto const y = mlp.forward(x);
-    auto const dx = mlp.backward(sw::Activation<float>{dy});
+    // Partial<Sum> under ColwiseParallel (w1's and w3's parts): one all-reduce makes it whole.
+    auto const dx = sw::redistribute<sw::Replicate>(tp, mlp.backward(sw::Activation<float>{dy}));
 
     blocks::FeedForward<float> reference(dim, hidden, 1);
     auto const y_ref = reference.forward(x);

@@ -67,14 +67,12 @@ int main(int argc, char** argv) {
       model.backward(result.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
       sw::zero_grad(model);
-      sw::nn::vector<float> loss(1);
-      loss(0) = result.loss;
-      sw::detail::all_reduce_on(dp.comm(0), loss, sw::detail::op_kind::avg);
-      if (step == 1) first_loss = loss(0);
-      last_loss = loss(0);
+      float const loss = sw::all_reduce(dp, result.loss, sw::Avg{});  // the mean over the dp ranks' sequences
+      if (step == 1) first_loss = loss;
+      last_loss = loss;
       if (world.rank() == 0 && (step % 25 == 0 || step == 1)) {
         double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-        std::printf("step %4d/%d (%3d%%)  loss %.4f  %7.0f tokens/s\n", step, steps, 100 * step / steps, loss(0),
+        std::printf("step %4d/%d (%3d%%)  loss %.4f  %7.0f tokens/s\n", step, steps, 100 * step / steps, loss,
                     double(step) * sequences_per_step * double(config.sequence) / seconds);
         std::fflush(stdout);
       }

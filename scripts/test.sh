@@ -10,6 +10,9 @@ jobs=$(nproc)
 echo "== formatting (.clang-format)"
 git ls-files '*.hpp' '*.cpp' | xargs clang-format --dry-run --Werror
 
+echo "== API reference from the headers (doxygen, warnings as errors)"
+doxygen docs/Doxyfile
+
 echo "== outside references (PyTorch from PyPI, in a virtual environment outside the clone)"
 python=$(bash scripts/torch-venv.sh)
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <shardwise/nn/functional.hpp>
+#include <shardwise/nn/functional_attention.hpp>
 #include <utility>
 #include <vector>
 
@@ -447,6 +448,49 @@ std::vector<mat> run_all(mat const& x, mat const& w, vec const& b, mat const& r_
   return results;
 }
 }  // namespace
+
+TEST_CASE("causal_attention: against a loop over sequences, heads and keys; backward against finite differences") {
+  // 2 sequences of 3 tokens, 4 query heads reading 2 key-value heads, head_dim 2.
+  Index const s = 3, d = 2, heads = 4, kv_heads = 2, tokens = 6;
+  mat q = random_matrix(tokens, heads * d, 81), k = random_matrix(tokens, kv_heads * d, 82);
+  mat v = random_matrix(tokens, kv_heads * d, 83);
+  mat const r = random_matrix(tokens, heads * d, 84);
+  nn::attention_saved<double> saved;
+  mat out(tokens, heads * d);
+  nn::causal_attention<double>(q, k, v, std::size_t(s), std::size_t(d), out, saved);
+  mat expected = mat::Zero(tokens, heads * d);  // softmax over keys j <= i of the same sequence, written plainly
+  for (Index b = 0; b < tokens / s; ++b)
+    for (Index h = 0; h < heads; ++h)
+      for (Index i = 0; i < s; ++i) {
+        Index const kv = h / (heads / kv_heads);
+        std::vector<double> w(std::size_t(i + 1));
+        double total = 0;
+        for (Index j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (Index c = 0; c < d; ++c) dot += q(b * s + i, h * d + c) * k(b * s + j, kv * d + c);
+          total += w[std::size_t(j)] = std::exp(dot / std::sqrt(double(d)));
+        }
+        for (Index j = 0; j <= i; ++j)
+          for (Index c = 0; c < d; ++c)
+            expected(b * s + i, h * d + c) += w[std::size_t(j)] / total * v(b * s + j, kv * d + c);
+      }
+  CHECK(rel_err(out, expected) <= 1e-14);
+  mat dq(tokens, heads * d), dk(tokens, kv_heads * d), dv(tokens, kv_heads * d);
+  nn::causal_attention_backward<double>(r, q, k, v, saved, dq, dk, dv);
+  auto loss = [&] {
+    nn::attention_saved<double> again;
+    mat y(tokens, heads * d);
+    nn::causal_attention<double>(q, k, v, std::size_t(s), std::size_t(d), y, again);
+    return weighted_sum(y, r);
+  };
+  CHECK(rel_err(dq, numeric_grad(q, loss)) <= 1e-8);
+  CHECK(rel_err(dk, numeric_grad(k, loss)) <= 1e-8);
+  CHECK(rel_err(dv, numeric_grad(v, loss)) <= 1e-8);
+  mat odd(5, heads * d);  // not whole sequences
+  CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q.topRows(5), k.topRows(5), v.topRows(5), std::size_t(s),
+                                                    std::size_t(d), odd, saved),
+                       doctest::Contains("are not whole sequences of 3"), shardwise::error);
+}
 
 TEST_CASE("float agrees with double") {
   Index const n = 6, d = 8, out = 5;

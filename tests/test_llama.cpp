@@ -194,6 +194,17 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
                          c, 1);
   }
   {
+    // Sequence parallelism with token counts tp does not divide: 4 micro-batches of one 5-token sequence, cut
+    // as torch.chunk cuts (3 + 2 at TP 2; 2 + 2 + 1 + 0 at TP 4), forward and backward.
+    auto c = llama_cases::small_config();
+    c.sequence = 5;
+    llama_cases::Run serial;
+    shardwise::run_threads(
+        1, [&](auto& world) { serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c, 4); });
+    check_against_serial("5 tokens per micro-batch at TP 2 with SP", serial, 2, 1, sequence_parallel{}, c, 4);
+    check_against_serial("5 tokens per micro-batch at TP 4 with SP", serial, 4, 1, sequence_parallel{}, c, 4);
+  }
+  {
     auto c = llama_cases::small_config();
     c.vocabulary = 30;  // padded to 32 at TP 4; the padding must not change the loss
     check_against_serial("vocabulary 30 at TP 4", serial_run(c), 4, 1, sequence_parallel{}, c, 1);

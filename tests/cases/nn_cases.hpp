@@ -103,7 +103,11 @@ void check_linear_style(Mesh const& tp, char const* name) {
   auto const y = sharded.lin(sw::Activation<T, In>{part_of<In>(x, r, n)});
   NN_CHECK_CLOSE(whole_of<Out>(tp, y.local), y0.local, "output");
   auto const dx = sharded.lin.backward(sw::Activation<T, Out>{part_of<Out>(dy, r, n)});
-  NN_CHECK_CLOSE(whole_of<In>(tp, dx.local), dx0.local, "input gradient");
+  // ColwiseParallel on a replicated input leaves its input gradient Partial<Sum>: reduced by whoever needs it.
+  using DX = typename std::remove_cvref_t<decltype(dx)>::placement;
+  static_assert(std::is_same_v<DX, sw::Partial<sw::Sum>> ==
+                (sw::is_colwise_v<Style> && std::is_same_v<In, sw::Replicate>));
+  NN_CHECK_CLOSE(whole_of<In>(tp, sw::redistribute<In>(tp, dx).local), dx0.local, "input gradient");
   NN_CHECK_CLOSE(whole_of<typename L::weight_grad_placement>(tp, sharded.lin.weight_grad), serial.lin.weight_grad,
                  "weight gradient");
   NN_CHECK_CLOSE(whole_of<typename L::bias_grad_placement>(tp, sharded.lin.bias_grad), serial.lin.bias_grad,
@@ -181,7 +185,8 @@ void check_loss_parallel(Mesh const& tp) {
   NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.dlogits.local), serial.dlogits.local, "logit gradient");
 }
 
-/// A block with a sequence-parallel norm in front of the feed-forward, as torchtitan lays out Llama.
+/// A block with a sequence-parallel norm in front of the feed-forward, as torchtitan lays out Llama; the
+/// feed-forward's own plan entry (PrepareModuleInput) is applied by sw::forward / sw::backward.
 template <class T, class Plan>
 struct NormFeedForward {
   sw::RMSNorm<T, sw::style_at<Plan, "norm">> norm;
@@ -213,7 +218,8 @@ void check_blocks(Mesh const& tp) {
     auto const dx0 = serial.backward(sw::Activation<T>{dy});
     auto const y = sharded.forward(x);
     NN_CHECK_CLOSE(y.local, y0.local, "output");
-    NN_CHECK_CLOSE(sharded.backward(sw::Activation<T>{dy}).local, dx0.local, "input gradient");
+    auto const dx = sharded.backward(sw::Activation<T>{dy});  // Partial<Sum>: w1's and w3's parts, not reduced
+    NN_CHECK_CLOSE(sw::redistribute<sw::Replicate>(tp, dx).local, dx0.local, "input gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.w1.weight_grad), serial.w1.weight_grad, "w1 gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.w3.weight_grad), serial.w3.weight_grad, "w3 gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.w2.weight_grad), serial.w2.weight_grad, "w2 gradient");
@@ -227,11 +233,11 @@ void check_blocks(Mesh const& tp) {
     auto const y0 = serial.feed_forward.forward(h0);
     auto const dx0 = serial.norm.backward(serial.feed_forward.backward(sw::Activation<T>{dy}));
     auto const h = sharded.norm(sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(x, r, n)});
-    auto const y = sharded.feed_forward.forward(h);
+    auto const y = sw::forward(sharded.feed_forward, h);
     static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(y)>::placement, sw::Shard<0>>);
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, y.local), y0.local, "output");
     auto const dx = sharded.norm.backward(
-        sharded.feed_forward.backward(sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(dy, r, n)}));
+        sw::backward(sharded.feed_forward, sw::Activation<T, sw::Shard<0>>{part_of<sw::Shard<0>>(dy, r, n)}));
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, dx.local), dx0.local, "input gradient");
     NN_CHECK_CLOSE(*std::get<0>(sw::reduce(sharded.norm.parameters())).grad, serial.norm.weight_grad, "norm gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.feed_forward.w2.weight_grad), serial.feed_forward.w2.weight_grad,
@@ -239,30 +245,43 @@ void check_blocks(Mesh const& tp) {
   }
   {
     INFO("attention: wq, wk, wv Colwise (heads split), wo Rowwise");
-    blocks::Attention<T> serial(8, 4, 40);
-    blocks::Attention<T, attention_plan> sharded(8, 4, 40);
+    blocks::Attention<T> serial(8, 4, 4, 40);  // 8 tokens: two sequences of 4
+    blocks::Attention<T, attention_plan> sharded(8, 4, 4, 40);
     sw::parallelize(sharded, tp);
     auto const y0 = serial.forward(x);
     auto const dx0 = serial.backward(sw::Activation<T>{dy});
     NN_CHECK_CLOSE(sharded.forward(x).local, y0.local, "output");
-    NN_CHECK_CLOSE(sharded.backward(sw::Activation<T>{dy}).local, dx0.local, "input gradient");
+    NN_CHECK_CLOSE(sw::redistribute<sw::Replicate>(tp, sharded.backward(sw::Activation<T>{dy})).local, dx0.local,
+                   "input gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wq.weight_grad), serial.wq.weight_grad, "wq gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wk.weight_grad), serial.wk.weight_grad, "wk gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wv.bias_grad), serial.wv.bias_grad, "wv bias gradient");
     NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.wo.weight_grad), serial.wo.weight_grad, "wo gradient");
     NN_CHECK_CLOSE(sharded.wo.bias_grad, serial.wo.bias_grad, "wo bias gradient");
   }
+  {
+    INFO("attention over a batch: each sequence attends to itself only, as if run alone");
+    blocks::Attention<T> batch(8, 4, 4, 40), alone(8, 4, 4, 40);
+    auto const y = batch.forward(x).local;
+    NN_CHECK_CLOSE(M<T>(y.topRows(4)), alone.forward(M<T>(x.topRows(4))).local, "first sequence");
+    NN_CHECK_CLOSE(M<T>(y.bottomRows(4)), alone.forward(M<T>(x.bottomRows(4))).local, "second sequence");
+    CHECK_THROWS_WITH_AS(
+        batch.forward(M<T>(x.topRows(6))),
+        "shardwise::nn::causal_attention: 6 tokens are not whole sequences of 4; give it rows of whole "
+        "sequences",
+        sw::error);
+  }
   if (n == 4) {
     INFO("a head count the tp size does not divide is refused at parallelize, on every rank");
-    blocks::Attention<T, attention_plan> two_heads(8, 2, 40);
+    blocks::Attention<T, attention_plan> two_heads(8, 2, 4, 40);
     CHECK_THROWS_WITH_AS(sw::parallelize(two_heads, tp),
-                         "shardwise::ColwiseParallel at \"\": 2 heads do not divide over 4 ranks; choose a head count "
-                         "the tp size divides",
+                         "shardwise::parallelize at \"\": 2 heads do not divide over 4 ranks; choose sizes the tp size "
+                         "divides",
                          sw::error);
     OneLinear<T, sw::plan<sw::at<"lin", sw::ColwiseParallel<>>>> odd(8, 6);
     CHECK_THROWS_WITH_AS(sw::parallelize(odd, tp),
                          "shardwise::ColwiseParallel at \"lin\": 6 output features do not divide over 4 ranks of mesh "
-                         "axis \"tp\"; choose sizes the tp size divides",
+                         "axis \"tp\"; choose sizes the tp size divides, or pad them with pad_outputs_for_tp()",
                          sw::error);
   }
 }

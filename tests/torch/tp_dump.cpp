@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     npy::write(out / "mlp.w1.npy", mlp.w1.weight);
     npy::write(out / "mlp.w3.npy", mlp.w3.weight);
     npy::write(out / "mlp.w2.npy", mlp.w2.weight);
-    blocks::Attention<T> attention(dim, heads, 20);
+    blocks::Attention<T> attention(dim, heads, tokens, 20);
     auto weights = [&](std::string const& name, auto const& layer) {
       npy::write(out / ("attention." + name + ".weight.npy"), layer.weight);
       npy::write(out / ("attention." + name + ".bias.npy"), layer.bias);
@@ -83,16 +83,19 @@ int main(int argc, char** argv) {
       blocks::FeedForward<T, mlp_plan> mlp(dim, hidden, 10);
       sw::parallelize(mlp, tp);
       npy::write(out / ("mlp.y." + r + ".npy"), mlp.forward(x).local);
-      npy::write(out / ("mlp.dx." + r + ".npy"), mlp.backward(sw::Activation<T>{dy}).local);
+      // Partial<Sum> (w1's and w3's parts): reduced to what PyTorch's replicated input receives.
+      npy::write(out / ("mlp.dx." + r + ".npy"),
+                 sw::redistribute<sw::Replicate>(tp, mlp.backward(sw::Activation<T>{dy})).local);
       npy::write(out / ("mlp.w1.grad." + r + ".npy"), mlp.w1.weight_grad);
       npy::write(out / ("mlp.w3.grad." + r + ".npy"), mlp.w3.weight_grad);
       npy::write(out / ("mlp.w2.grad." + r + ".npy"), mlp.w2.weight_grad);
     }
     {
-      blocks::Attention<T, attention_plan> attention(dim, heads, 20);
+      blocks::Attention<T, attention_plan> attention(dim, heads, tokens, 20);
       sw::parallelize(attention, tp);
       npy::write(out / ("attention.y." + r + ".npy"), attention.forward(x).local);
-      npy::write(out / ("attention.dx." + r + ".npy"), attention.backward(sw::Activation<T>{dy}).local);
+      npy::write(out / ("attention.dx." + r + ".npy"),
+                 sw::redistribute<sw::Replicate>(tp, attention.backward(sw::Activation<T>{dy})).local);
       auto gradients = [&](std::string const& name, auto const& layer) {
         npy::write(out / ("attention." + name + ".weight.grad." + r + ".npy"), layer.weight_grad);
         npy::write(out / ("attention." + name + ".bias.grad." + r + ".npy"), layer.bias_grad);
@@ -105,12 +108,12 @@ int main(int argc, char** argv) {
       sw::parallelize(sp, tp);
       long const rows = tokens / 2;
       auto const y =
-          sp.feed_forward.forward(sp.norm(sw::Activation<T, sw::Shard<0>>{x.middleRows(tp.rank() * rows, rows)}));
+          sw::forward(sp.feed_forward, sp.norm(sw::Activation<T, sw::Shard<0>>{x.middleRows(tp.rank() * rows, rows)}));
       npy::write(out / ("sp.y." + r + ".npy"), y.local);
       auto const dx = sp.norm.backward(
-          sp.feed_forward.backward(sw::Activation<T, sw::Shard<0>>{dy.middleRows(tp.rank() * rows, rows)}));
+          sw::backward(sp.feed_forward, sw::Activation<T, sw::Shard<0>>{dy.middleRows(tp.rank() * rows, rows)}));
       npy::write(out / ("sp.dx." + r + ".npy"), dx.local);
-      npy::write(out / ("sp.norm.partial_grad." + r + ".npy"), sp.norm.weight_grad);
+      npy::write(out / ("sp.norm.partial_grad." + r + ".npy"), *std::get<0>(sp.norm.parameters()).grad);
       npy::write(out / ("sp.norm.grad." + r + ".npy"), *std::get<0>(sw::reduce(sp.norm.parameters())).grad);
       npy::write(out / ("sp.w1.grad." + r + ".npy"), sp.feed_forward.w1.weight_grad);
       npy::write(out / ("sp.w2.grad." + r + ".npy"), sp.feed_forward.w2.weight_grad);

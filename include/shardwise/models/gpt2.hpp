@@ -7,12 +7,8 @@
 // without its "transformer." prefix ("h.0.attn.c_proj.weight"), but for q/k/v, which GPT2LMHeadModel fuses
 // into c_attn (Conv1D, [in, out]): here q_proj, k_proj and v_proj, each [out, in]. The plan decides how it is
 // sharded (models/gpt2_plan.hpp); with sw::serial_plan it is the unsharded reference.
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <span>
-#include <sstream>
-#include <string>
 #include <vector>
 
 #include "shardwise/nn.hpp"
@@ -31,24 +27,15 @@ struct GPT2Config {
   [[nodiscard]] std::size_t hidden() const { return 4 * dim; }  // GPT-2's n_inner default
 };
 
-/// Throws shardwise::error with the parts written one after another (the public way to fail with a message).
-template <class... Parts>
-[[noreturn]] void gpt2_fail(Parts const&... parts) {
-  std::ostringstream message;
-  (message << ... << parts);
-  throw error(message.str());
-}
-
 /// Causal multi-head self-attention with biases. Under ColwiseParallel on q_proj, k_proj and v_proj each rank
 /// computes heads / tp whole heads; c_proj (RowwiseParallel) sums the heads' contributions.
 template <class T, class Plan = serial_plan>
 struct GPT2Attention {
-  Prepare<T, own_style<Plan>> prepare;
   Linear<T, style_at<Plan, "q_proj">> q_proj;
   Linear<T, style_at<Plan, "k_proj">> k_proj;
   Linear<T, style_at<Plan, "v_proj">> v_proj;
   Linear<T, style_at<Plan, "c_proj">> c_proj;
-  SHARDWISE_CHILDREN(prepare, q_proj, k_proj, v_proj, c_proj)
+  SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
 
   GPT2Attention(GPT2Config const& c, std::uint64_t seed)
       : q_proj(c.dim, c.dim, seed + 1),
@@ -61,85 +48,51 @@ struct GPT2Attention {
   void shardwise_on_parallelize(int tp) {
     constexpr bool sharded_heads = is_colwise_v<typename decltype(q_proj)::style>;
     if (sharded_heads && config_.heads % static_cast<std::size_t>(tp) != 0)
-      gpt2_fail("shardwise::models::GPT2 at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
-                " heads do not divide over ", tp,
-                " ranks; each rank computes whole heads: choose a tp size that divides the heads");
+      shardwise::raise("shardwise::models::GPT2 at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
+                       " heads do not divide over ", tp,
+                       " ranks; each rank computes whole heads: choose a tp size that divides the heads");
   }
 
   template <class X>
   auto forward(X const& x) {
-    auto in = prepare.input(x);
-    q_ = q_proj(in), k_ = k_proj(in), v_ = v_proj(in);
-    auto const d = static_cast<Eigen::Index>(config_.head_dim()), s = static_cast<Eigen::Index>(config_.sequence);
-    Eigen::Index const heads = q_.local.cols() / d, sequences = q_.local.rows() / s;
-    T const scale = T(1) / std::sqrt(static_cast<T>(d));
+    q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
     auto out = q_;
-    probabilities_.assign(static_cast<std::size_t>(sequences * heads), nn::matrix<T>());
-    for (Eigen::Index b = 0; b < sequences; ++b)
-      for (Eigen::Index h = 0; h < heads; ++h) {
-        nn::matrix<T> p = q_.local.block(b * s, h * d, s, d) * k_.local.block(b * s, h * d, s, d).transpose() * scale;
-        causal_softmax(p);
-        out.local.block(b * s, h * d, s, d) = p * v_.local.block(b * s, h * d, s, d);
-        probabilities_[static_cast<std::size_t>(b * heads + h)] = std::move(p);
-      }
-    return prepare.output(c_proj(out));
+    nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
+    return c_proj(out);
   }
 
   template <class DY>
   auto backward(DY const& dy) {
-    auto dout = c_proj.backward(prepare.output_backward(dy));
-    auto const d = static_cast<Eigen::Index>(config_.head_dim()), s = static_cast<Eigen::Index>(config_.sequence);
-    Eigen::Index const heads = q_.local.cols() / d, sequences = q_.local.rows() / s;
-    T const scale = T(1) / std::sqrt(static_cast<T>(d));
+    auto dout = c_proj.backward(dy);
     auto dq = q_, dk = k_, dv = v_;
-    for (Eigen::Index b = 0; b < sequences; ++b)
-      for (Eigen::Index h = 0; h < heads; ++h) {
-        auto const& p = probabilities_[static_cast<std::size_t>(b * heads + h)];
-        auto const dO = dout.local.block(b * s, h * d, s, d);
-        dv.local.block(b * s, h * d, s, d) = p.transpose() * dO;
-        nn::matrix<T> ds = p.cwiseProduct(dO * v_.local.block(b * s, h * d, s, d).transpose());
-        ds -= p.cwiseProduct(ds.rowwise().sum().replicate(1, p.cols()));  // the softmax's backward
-        dq.local.block(b * s, h * d, s, d) = ds * k_.local.block(b * s, h * d, s, d) * scale;
-        dk.local.block(b * s, h * d, s, d) = ds.transpose() * q_.local.block(b * s, h * d, s, d) * scale;
-      }
-    return prepare.input_backward(q_proj.backward(dq) + k_proj.backward(dk) + v_proj.backward(dv));
+    nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
+    return q_proj.backward(dq) + k_proj.backward(dk) + v_proj.backward(dv);  // Partial<Sum> under ColwiseParallel
   }
 
  private:
-  /// Row-wise softmax of the scores with every future position left out (-inf, so exactly zero weight).
-  static void causal_softmax(nn::matrix<T>& p) {
-    for (Eigen::Index i = 0; i < p.rows(); ++i) {
-      for (Eigen::Index j = i + 1; j < p.cols(); ++j) p(i, j) = -std::numeric_limits<T>::infinity();
-      p.row(i) = (p.row(i).array() - p.row(i).maxCoeff()).exp().matrix();
-      p.row(i) /= p.row(i).sum();
-    }
-  }
-
   GPT2Config config_;
   output_t<decltype(q_proj)> q_, k_, v_;
-  std::vector<nn::matrix<T>> probabilities_;  // [sequence, sequence] per (sequence, head), for backward
+  nn::attention_saved<T> saved_;  // the softmax probabilities, for backward
 };
 
 /// The feed-forward: c_fc (dim -> 4 dim), gelu_new, c_proj (4 dim -> dim), both with bias.
 template <class T, class Plan = serial_plan>
 struct GPT2MLP {
-  Prepare<T, own_style<Plan>> prepare;
   Linear<T, style_at<Plan, "c_fc">> c_fc;
   Linear<T, style_at<Plan, "c_proj">> c_proj;
-  SHARDWISE_CHILDREN(prepare, c_fc, c_proj)
+  SHARDWISE_CHILDREN(c_fc, c_proj)
 
   GPT2MLP(GPT2Config const& c, std::uint64_t seed)
       : c_fc(c.dim, c.hidden(), seed + 1), c_proj(c.hidden(), c.dim, seed + 2) {}
 
   template <class X>
   auto forward(X const& x) {
-    h_ = c_fc(prepare.input(x));
-    return prepare.output(c_proj(gelu_tanh(h_)));
+    h_ = c_fc(x);
+    return c_proj(gelu_tanh(h_));
   }
   template <class DY>
   auto backward(DY const& dy) {
-    auto da = c_proj.backward(prepare.output_backward(dy));
-    return prepare.input_backward(c_fc.backward(gelu_tanh_backward(h_, da)));
+    return c_fc.backward(gelu_tanh_backward(h_, c_proj.backward(dy)));
   }
 
  private:
@@ -160,15 +113,16 @@ struct GPT2Block {
         ln_2(c.dim, static_cast<T>(c.layer_norm_eps)),
         mlp(c, seed + 10) {}
 
+  // sw::forward / sw::backward apply the children's plan entries (PrepareModuleInput under sequence parallelism).
   template <class X>
   auto forward(X const& x) {
-    auto h = x + attn.forward(ln_1(x));
-    return h + mlp.forward(ln_2(h));
+    auto h = x + shardwise::forward(attn, ln_1(x));
+    return h + shardwise::forward(mlp, ln_2(h));
   }
   template <class DY>
   auto backward(DY const& dy) {
-    auto dh = dy + ln_2.backward(mlp.backward(dy));
-    return dh + ln_1.backward(attn.backward(dh));
+    auto dh = dy + ln_2.backward(shardwise::backward(mlp, dy));
+    return dh + ln_1.backward(shardwise::backward(attn, dh));
   }
 };
 
@@ -192,8 +146,8 @@ struct GPT2 {
         lm_head(c.dim, c.vocabulary, c.seed + 2, false),
         config_(c) {
     if (c.heads == 0 || c.dim % c.heads != 0)
-      gpt2_fail("shardwise::models::GPT2: dim ", c.dim, " does not divide into ", c.heads,
-                " heads; choose a dim that is a multiple of the heads");
+      shardwise::raise("shardwise::models::GPT2: dim ", c.dim, " does not divide into ", c.heads,
+                       " heads; choose a dim that is a multiple of the heads");
     // transformers' initializer_range: N(0, 0.02) embeddings (Embedding draws N(0, 1)); a lazily constructed
     // table is empty here and filled from a checkpoint.
     wte.weight *= T(0.02);
@@ -201,20 +155,14 @@ struct GPT2 {
     h.reserve(c.layers);
     for (std::size_t i = 0; i < c.layers; ++i) h.emplace_back(c, c.seed + 100 * (i + 1));
     tie_weights(lm_head, wte);  // the plan must cut both the same way: checked at compile time
+    // A vocabulary (or, where the plan cuts wpe, a position count) the tp size does not divide is padded at
+    // parallelize with zero rows no id reaches, as Megatron does; the loss leaves the padded logits out.
+    wte.pad_vocabulary_for_tp();
+    lm_head.pad_outputs_for_tp();
+    wpe.pad_vocabulary_for_tp();
   }
 
   [[nodiscard]] GPT2Config const& config() const { return config_; }
-
-  /// Called by sw::parallelize before any layer is cut: a vocabulary (or, where the plan cuts wpe, a
-  /// position count) the tp size does not divide is padded with zero rows no id reaches, as Megatron does.
-  void shardwise_on_parallelize(int tp) {
-    auto const ranks = static_cast<std::size_t>(tp);
-    std::size_t const padded = (config_.vocabulary + ranks - 1) / ranks * ranks;
-    wte.pad_vocabulary(padded);
-    lm_head.pad_outputs(padded);  // tied: wte pads the shared table; this only widens the logits
-    if constexpr (is_rowwise_v<typename decltype(wpe)::style>)
-      wpe.pad_vocabulary((config_.sequence + ranks - 1) / ranks * ranks);
-  }
 
   auto forward(std::span<const std::int64_t> ids) {
     auto x = wte(ids) + wpe(positions(ids.size()));
@@ -234,8 +182,8 @@ struct GPT2 {
   /// The position of every token: 0, 1, ..., sequence - 1, again for each sequence of the batch.
   std::span<const std::int64_t> positions(std::size_t tokens) {
     if (tokens % config_.sequence != 0)
-      gpt2_fail("shardwise::models::GPT2: ", tokens, " ids are not whole sequences of ", config_.sequence,
-                " tokens; give forward a batch of complete sequences");
+      shardwise::raise("shardwise::models::GPT2: ", tokens, " ids are not whole sequences of ", config_.sequence,
+                       " tokens; give forward a batch of complete sequences");
     positions_.resize(tokens);
     for (std::size_t i = 0; i < tokens; ++i) positions_[i] = static_cast<std::int64_t>(i % config_.sequence);
     return positions_;

@@ -104,12 +104,11 @@ struct tp_cannot_serve_heads_at;  // incomplete on purpose: the diagnostic spell
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size>
 struct LlamaAttention {
-  Prepare<T, own_style<Plan>> prepare;
   Linear<T, style_at<Plan, "wq">> wq;
   Linear<T, style_at<Plan, "wk">> wk;
   Linear<T, style_at<Plan, "wv">> wv;
   Linear<T, style_at<Plan, "wo">> wo;
-  SHARDWISE_CHILDREN(prepare, wq, wk, wv, wo)
+  SHARDWISE_CHILDREN(wq, wk, wv, wo)
 
   LlamaAttention(LlamaConfig const& c, std::uint64_t seed)
       : wq(c.dim, c.heads * c.head_dim(), seed + 1, false),
@@ -120,9 +119,9 @@ struct LlamaAttention {
         rope_(c.sequence, c.head_dim(), c.rope_theta) {
     if ((StaticHeads != dynamic_size && c.heads != StaticHeads) ||
         (StaticKvHeads != dynamic_size && c.kv_heads != StaticKvHeads))
-      shardwise::detail::fail("shardwise::models::LlamaAttention at \"", own_style<Plan>::path.view(),
-                              "\": declared with ", StaticHeads, " heads and ", StaticKvHeads,
-                              " key-value heads but built from a config with ", c.heads, " and ", c.kv_heads);
+      shardwise::raise("shardwise::models::LlamaAttention at \"", own_style<Plan>::path.view(), "\": declared with ",
+                       StaticHeads, " heads and ", StaticKvHeads, " key-value heads but built from a config with ",
+                       c.heads, " and ", c.kv_heads);
   }
 
   static constexpr bool sharded_heads = is_colwise_v<typename Linear<T, style_at<Plan, "wk">>::style>;
@@ -153,11 +152,11 @@ struct LlamaAttention {
       auto const ranks = static_cast<std::size_t>(tp);
       std::size_t const m = kv_size_multiplier(config_.heads, config_.kv_heads, ranks, config_.kv_size_multiplier);
       if (m == 0)
-        shardwise::detail::fail("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", tp,
-                                " ranks cannot serve ", config_.heads, " heads and ", config_.kv_heads,
-                                " key-value heads with kv_size_multiplier ", config_.kv_size_multiplier,
-                                " (0: derived); the heads must divide over the ranks, and the ranks must divide the "
-                                "key-value heads or be a multiple of them: choose another tp size");
+        shardwise::raise("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", tp,
+                         " ranks cannot serve ", config_.heads, " heads and ", config_.kv_heads,
+                         " key-value heads with kv_size_multiplier ", config_.kv_size_multiplier,
+                         " (0: derived); the heads must divide over the ranks, and the ranks must divide the "
+                         "key-value heads or be a multiple of them: choose another tp size");
       wk.replicate_output_blocks(config_.head_dim(), m);
       wv.replicate_output_blocks(config_.head_dim(), m);
     }
@@ -165,55 +164,22 @@ struct LlamaAttention {
 
   template <class X>
   auto forward(X const& x) {
-    auto in = prepare.input(x);
-    q_ = wq(in), k_ = wk(in), v_ = wv(in);
-    Eigen::Index const d = static_cast<Eigen::Index>(config_.head_dim());
-    Eigen::Index const q_heads = q_.local.cols() / d, kv_heads = k_.local.cols() / d, group = q_heads / kv_heads;
+    q_ = wq(x), k_ = wk(x), v_ = wv(x);
     rotate_heads(q_.local, false);
     rotate_heads(k_.local, false);
     auto out = q_;
-    Eigen::Index const s = static_cast<Eigen::Index>(config_.sequence), sequences = q_.local.rows() / s;
-    T const scale = T(1) / std::sqrt(static_cast<T>(d));
-    probabilities_.assign(static_cast<std::size_t>(sequences * q_heads), nn::matrix<T>());
-    for (Eigen::Index b = 0; b < sequences; ++b)
-      for (Eigen::Index h = 0; h < q_heads; ++h) {
-        auto const kvh = h / group;
-        nn::matrix<T> p = q_.local.block(b * s, h * d, s, d) * k_.local.block(b * s, kvh * d, s, d).transpose() * scale;
-        for (Eigen::Index i = 0; i < s; ++i) {
-          for (Eigen::Index j = i + 1; j < s; ++j) p(i, j) = -std::numeric_limits<T>::infinity();
-          p.row(i) = (p.row(i).array() - p.row(i).maxCoeff()).exp().matrix();
-          p.row(i) /= p.row(i).sum();
-        }
-        out.local.block(b * s, h * d, s, d) = p * v_.local.block(b * s, kvh * d, s, d);
-        probabilities_[static_cast<std::size_t>(b * q_heads + h)] = std::move(p);
-      }
-    return prepare.output(wo(out));
+    nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
+    return wo(out);
   }
 
   template <class DY>
   auto backward(DY const& dy) {
-    auto dout = wo.backward(prepare.output_backward(dy));
-    Eigen::Index const d = static_cast<Eigen::Index>(config_.head_dim());
-    Eigen::Index const q_heads = q_.local.cols() / d, kv_heads = k_.local.cols() / d, group = q_heads / kv_heads;
-    Eigen::Index const s = static_cast<Eigen::Index>(config_.sequence), sequences = q_.local.rows() / s;
-    T const scale = T(1) / std::sqrt(static_cast<T>(d));
+    auto dout = wo.backward(dy);
     auto dq = q_, dk = k_, dv = v_;
-    dq.local.setZero(), dk.local.setZero(), dv.local.setZero();
-    for (Eigen::Index b = 0; b < sequences; ++b)
-      for (Eigen::Index h = 0; h < q_heads; ++h) {
-        auto const kvh = h / group;
-        auto const& p = probabilities_[static_cast<std::size_t>(b * q_heads + h)];
-        auto const dO = dout.local.block(b * s, h * d, s, d);
-        nn::matrix<T> const dp = dO * v_.local.block(b * s, kvh * d, s, d).transpose();
-        dv.local.block(b * s, kvh * d, s, d) += p.transpose() * dO;
-        nn::matrix<T> ds = p.cwiseProduct(dp);
-        ds -= p.cwiseProduct(ds.rowwise().sum().replicate(1, p.cols()));
-        dq.local.block(b * s, h * d, s, d) = ds * k_.local.block(b * s, kvh * d, s, d) * scale;
-        dk.local.block(b * s, kvh * d, s, d) += ds.transpose() * q_.local.block(b * s, h * d, s, d) * scale;
-      }
+    nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
     rotate_heads(dq.local, true);  // the transpose of the forward rotation
     rotate_heads(dk.local, true);
-    return prepare.input_backward(wq.backward(dq) + wk.backward(dk) + wv.backward(dv));
+    return wq.backward(dq) + wk.backward(dk) + wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
   }
 
  private:
@@ -228,16 +194,15 @@ struct LlamaAttention {
   detail::rope_tables<T> rope_;
   output_t<decltype(wq)> q_;
   output_t<decltype(wk)> k_, v_;
-  std::vector<nn::matrix<T>> probabilities_;
+  nn::attention_saved<T> saved_;  // the softmax probabilities, for backward
 };
 
 template <class T, class Plan = serial_plan>
 struct LlamaFeedForward {
-  Prepare<T, own_style<Plan>> prepare;
   Linear<T, style_at<Plan, "w1">> w1;
   Linear<T, style_at<Plan, "w3">> w3;
   Linear<T, style_at<Plan, "w2">> w2;
-  SHARDWISE_CHILDREN(prepare, w1, w3, w2)
+  SHARDWISE_CHILDREN(w1, w3, w2)
 
   LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
       : w1(c.dim, c.hidden, seed + 1, false),
@@ -246,16 +211,14 @@ struct LlamaFeedForward {
 
   template <class X>
   auto forward(X const& x) {
-    auto in = prepare.input(x);
-    h1_ = w1(in), h3_ = w3(in);
+    h1_ = w1(x), h3_ = w3(x);
     a_ = silu(h1_);
-    return prepare.output(w2(a_ * h3_));
+    return w2(a_ * h3_);
   }
   template <class DY>
   auto backward(DY const& dy) {
-    auto dp = w2.backward(prepare.output_backward(dy));
-    auto dh1 = silu_backward(h1_, dp * h3_);
-    return prepare.input_backward(w1.backward(dh1) + w3.backward(dp * a_));
+    auto dp = w2.backward(dy);
+    return w1.backward(silu_backward(h1_, dp * h3_)) + w3.backward(dp * a_);
   }
 
  private:
@@ -277,15 +240,16 @@ struct LlamaBlock {
         ffn_norm(c.dim, static_cast<T>(c.norm_eps)),
         feed_forward(c, seed + 10) {}
 
+  // sw::forward / sw::backward apply the children's plan entries (PrepareModuleInput under sequence parallelism).
   template <class X>
   auto forward(X const& x) {
-    auto h = x + attention.forward(attention_norm(x));
-    return h + feed_forward.forward(ffn_norm(h));
+    auto h = x + shardwise::forward(attention, attention_norm(x));
+    return h + shardwise::forward(feed_forward, ffn_norm(h));
   }
   template <class DY>
   auto backward(DY const& dy) {
-    auto dh = dy + ffn_norm.backward(feed_forward.backward(dy));
-    return dh + attention_norm.backward(attention.backward(dh));
+    auto dh = dy + ffn_norm.backward(shardwise::backward(feed_forward, dy));
+    return dh + attention_norm.backward(shardwise::backward(attention, dh));
   }
 };
 
@@ -309,6 +273,10 @@ struct Llama {
     layers.reserve(c.layers);
     for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
     if (c.tie_word_embeddings) tie_output_to_embedding();
+    // A vocabulary the tp size does not divide is padded at parallelize (zero embedding rows no id reaches,
+    // zero output rows the loss leaves out), as Megatron does.
+    tok_embeddings.pad_vocabulary_for_tp();
+    output.pad_outputs_for_tp();
   }
 
   /// Whether the plan cuts the output projection and the embedding the same way, as tied weights need.
@@ -316,15 +284,6 @@ struct Llama {
                                                  typename decltype(tok_embeddings)::weight_grad_placement>;
 
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
-
-  /// Called by sw::parallelize before any layer is cut: a vocabulary the tp size does not divide is padded
-  /// (zero embedding rows no id reaches, zero output rows the loss leaves out), as Megatron does.
-  void shardwise_on_parallelize(int tp) {
-    auto const ranks = static_cast<std::size_t>(tp);
-    std::size_t const padded = (config_.vocabulary + ranks - 1) / ranks * ranks;
-    tok_embeddings.pad_vocabulary(padded);
-    output.pad_outputs(padded);
-  }
 
   auto forward(std::span<const std::int64_t> ids) {
     auto h = tok_embeddings(ids);
@@ -344,7 +303,7 @@ struct Llama {
     if constexpr (can_tie)
       tie_weights(output, tok_embeddings);
     else
-      shardwise::detail::fail(
+      shardwise::raise(
           "shardwise::models::Llama: tie_word_embeddings needs the plan to cut \"output\" and "
           "\"tok_embeddings\" the same way (ColwiseParallel with RowwiseParallel, as llama_plan "
           "does with parallelize_embeddings on); parallelize the embeddings or untie them");

@@ -62,11 +62,7 @@ using llama_plan =
 template <class Mesh, class T, class P>
 LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits, std::span<const std::int64_t> targets,
                                  std::size_t vocabulary) {
-  auto const classes = static_cast<std::int64_t>(vocabulary);
-  if constexpr (std::is_same_v<P, Replicate>)
-    return cross_entropy(logits, targets, -100, classes);
-  else
-    return loss_parallel(tp, logits, targets, -100, classes);
+  return cross_entropy(tp, logits, targets, -100, static_cast<std::int64_t>(vocabulary));
 }
 
 }  // namespace shardwise::models

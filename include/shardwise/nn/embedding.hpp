@@ -12,6 +12,7 @@
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/redistribute.hpp"
 
 namespace shardwise {
 
@@ -87,13 +88,23 @@ class Embedding {
     zero_grad();
   }
 
+  /// Pads the table at parallelize, with zero rows no id reaches, up to a multiple of the tp size (under
+  /// RowwiseParallel, a vocabulary the tp size does not divide), as Megatron does. Checkpoints store the real
+  /// rows only; give the loss the real vocabulary as `classes`.
+  Embedding& pad_vocabulary_for_tp() {
+    pad_for_tp_ = true;
+    return *this;
+  }
+
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
     group_ = nn::make_group<T>(mesh);
     int const n = group_->size(), r = group_->rank();
     if constexpr (rowwise) {
+      if (pad_for_tp_)
+        pad_vocabulary((table_rows() + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
       detail::require_divisible("RowwiseParallel", Location::path.view(), "vocabulary entries", table_rows(), n,
-                                group_->axis());
+                                group_->axis(), ", or pad the table with pad_vocabulary_for_tp()");
       auto const rows = static_cast<Eigen::Index>(table_rows() / static_cast<std::size_t>(n));
       vocab_start_ = r * rows;
       local_rows_ = static_cast<std::size_t>(rows);
@@ -146,9 +157,12 @@ class Embedding {
     return {std::move(rows)};
   }
 
-  void backward(Activation<T, output_layout> const& dy_given) {
+  /// Backward; the gradient given is in the output's layout or Partial<Sum> (reduced into it here first).
+  template <class P>
+  void backward(Activation<T, P> const& dy_given) {
     detail::require_materialized(lazy_, "Embedding", Location::path.view());
-    matrix const* dy = &dy_given.local;
+    auto&& dy_whole = detail::gradient_in<output_layout>(group_.get(), dy_given, "Embedding", Location::path.view());
+    matrix const* dy = &dy_whole;
     matrix part;
     if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
       group_->all_gather(*dy, part, 0);  // conjugate of the reduce-scatter
@@ -161,6 +175,9 @@ class Embedding {
     nn::embedding_backward<T>(ids_, *dy, weight_grad, vocab_start_);
   }
 
+  /// The tensor-parallel group parallelize gave the layer (null before).
+  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
+
   auto parameters() {
     Parameter<matrix, grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view()};
     w.real_rows = vocabulary_;  // rows past it are vocabulary padding
@@ -172,6 +189,8 @@ class Embedding {
 
   std::size_t vocabulary_, dim_, local_rows_, local_cols_, padded_ = 0;  // local: this rank's shard
   bool lazy_ = false;  // declared under sw::Lazy and not materialized yet
+  bool pad_for_tp_ = false;
+  detail::registered_layer registration_{"Embedding", Location::path.view()};
   std::int64_t vocab_start_ = 0;
   std::shared_ptr<nn::group<T> const> group_;
   std::vector<std::int64_t> ids_;

@@ -14,6 +14,7 @@
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/styles.hpp"
 #include "shardwise/plan/plan.hpp"
+#include "shardwise/plan/registration.hpp"
 
 namespace shardwise {
 
@@ -59,27 +60,10 @@ inline void require_materialized(bool pending, char const* layer, std::string_vi
 }
 
 inline void require_divisible(std::string_view style, std::string_view path, char const* what, std::size_t size,
-                              int ranks, std::string_view axis) {
+                              int ranks, std::string_view axis, char const* or_else = "") {
   if (size % static_cast<std::size_t>(ranks) != 0)
     fail("shardwise::", style, " at \"", path, "\": ", size, " ", what, " do not divide over ", ranks,
-         " ranks of mesh axis \"", axis, "\"; choose sizes the tp size divides");
-}
-
-/// Incomplete on purpose: the diagnostic shows the layer's path, the size and the tp size.
-template <fixed_string Path, std::size_t Size, std::size_t Ranks>
-struct size_does_not_divide_at;
-
-/// The compile-time twin of require_divisible, for sizes and a tp size both known at compile time.
-template <fixed_string Path, std::size_t Size, std::size_t Ranks>
-constexpr bool static_divides() {
-  if constexpr (Size == 0 || Ranks == 0) {  // dynamic: checked at run time
-    return true;
-  } else if constexpr (Size % Ranks != 0) {
-    [[maybe_unused]] size_does_not_divide_at<Path, Size, Ranks> offending_size;
-    return false;
-  } else {
-    return true;
-  }
+         " ranks of mesh axis \"", axis, "\"; choose sizes the tp size divides", or_else);
 }
 
 inline void require_static_size(std::string_view path, char const* what, std::size_t declared, std::size_t given) {
@@ -116,4 +100,41 @@ nn::matrix<T> columns(nn::matrix<T> const& m, Eigen::Index start, Eigen::Index c
 }
 
 }  // namespace detail
+
+namespace detail {
+/// Incomplete on purpose: the diagnostic shows the path, the size and the tp size.
+template <fixed_string Path, std::size_t Size, std::size_t Ranks>
+struct size_does_not_divide_at;
+}  // namespace detail
+
+/// For a module's shardwise_static_check<Ranks>() (called by parallelize when the tp size is static): whether
+/// a size known at compile time divides over Ranks (a dynamic size, 0, passes: check it at run time with
+/// require_divides). When it does not, the diagnostic spells Path, Size and Ranks beside the caller's
+/// static_assert message.
+template <fixed_string Path, std::size_t Size, std::size_t Ranks>
+constexpr bool static_divides() {
+  if constexpr (Size == 0 || Ranks == 0) {  // dynamic: checked at run time
+    return true;
+  } else if constexpr (Size % Ranks != 0) {
+    [[maybe_unused]] detail::size_does_not_divide_at<Path, Size, Ranks> offending_size;
+    return false;
+  } else {
+    return true;
+  }
+}
+
+/// For a module's shardwise_on_parallelize(tp_size): raises sw::error (on every rank, as every rank runs it)
+/// when `count` `what` ("heads") do not divide over `ranks`, naming the module's path and the fix.
+inline void require_divides(std::string_view path, char const* what, std::size_t count, int ranks) {
+  if (ranks <= 0 || count % static_cast<std::size_t>(ranks) != 0)
+    detail::fail("shardwise::parallelize at \"", path, "\": ", count, " ", what, " do not divide over ", ranks,
+                 " ranks; choose sizes the tp size divides");
+}
+
+/// Throws sw::error with the parts written one after another: for a module's own checks, in the library's words.
+template <class... Parts>
+[[noreturn]] void raise(Parts const&... parts) {
+  detail::fail(parts...);
+}
+
 }  // namespace shardwise

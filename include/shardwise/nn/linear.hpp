@@ -9,6 +9,7 @@
 
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/redistribute.hpp"
 
 namespace shardwise {
 
@@ -102,6 +103,14 @@ class Linear {
     zero_grad();
   }
 
+  /// Pads the output features at parallelize, with zero rows, up to a multiple of the tp size (a vocabulary
+  /// the tp size does not divide, under ColwiseParallel): the logits of the padding are left out by the loss
+  /// when it is given the real vocabulary as `classes`. Checkpoints store the real rows only.
+  Linear& pad_outputs_for_tp() {
+    pad_for_tp_ = true;
+    return *this;
+  }
+
   /// Repeats every block of `block` output rows `copies` times in a row (before parallelize): key-value heads
   /// replicated so that each of more tp ranks than heads holds the head its query heads use (optimum-neuron's
   /// kv_size_multiplier). The copies' gradients are summed over the group by sw::finish_gradients.
@@ -145,7 +154,7 @@ class Linear {
     static_assert(ok,
                   "shardwise::Linear: the features this style cuts do not divide over the tp size; choose sizes "
                   "the tp size divides");
-    constexpr bool named = detail::static_divides<Location::path, cut, Ranks>();  // spells path and sizes
+    constexpr bool named = static_divides<Location::path, cut, Ranks>();  // spells path and sizes
     return ok && named;
   }
 
@@ -156,7 +165,9 @@ class Linear {
     if constexpr (serial) return;
     int const n = group_->size(), r = group_->rank();
     if constexpr (colwise) {
-      detail::require_divisible("ColwiseParallel", Location::path.view(), "output features", out_, n, group_->axis());
+      if (pad_for_tp_) pad_outputs((out_ + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
+      detail::require_divisible("ColwiseParallel", Location::path.view(), "output features", out_, n, group_->axis(),
+                                ", or pad them with pad_outputs_for_tp()");
       auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
       local_out_ = static_cast<std::size_t>(rows);
       if (lazy_) return;
@@ -232,11 +243,20 @@ class Linear {
     }
   }
 
-  /// Backward: accumulates the parameter gradients and returns the input gradient in the input's layout.
-  Activation<T, input_layout> backward(Activation<T, output_layout> const& dy_given) {
+  /// The input gradient's layout: the input's, but for ColwiseParallel on a replicated input, where each rank's
+  /// gradient is a partial sum over its output features: Partial<Sum>, reduced once where it meets a layout
+  /// (the next layer back, a module boundary, sw::redistribute) — one reduction for wq, wk and wv together.
+  using input_grad_layout =
+      std::conditional_t<colwise && std::is_same_v<input_layout, Replicate>, Partial<Sum>, input_layout>;
+
+  /// Backward: accumulates the parameter gradients and returns the input gradient (input_grad_layout). The
+  /// gradient given is in the output's layout or Partial<Sum> (reduced here first).
+  template <class P>
+  Activation<T, input_grad_layout> backward(Activation<T, P> const& dy_given) {
     require_group();
     matrix const& w = current_weight();
-    matrix const* dy = &dy_given.local;
+    auto&& dy_whole = detail::gradient_in<output_layout>(group_.get(), dy_given, "Linear", Location::path.view());
+    matrix const* dy = &dy_whole;
     matrix dy_part;
     if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
       dy_part = dy->middleCols(group_->rank() * w.rows(), w.rows());  // conjugate of the all-gather
@@ -259,7 +279,7 @@ class Linear {
     dx.noalias() = *dy * w;
     if constexpr (colwise) {  // dx is a partial sum over the ranks' output columns
       if constexpr (std::is_same_v<input_layout, Replicate>) {
-        group_->all_reduce(dx);  // conjugate of using one replicated input
+        // Left Partial: the conjugate of using one replicated input is an all-reduce, done where it is needed.
       } else {
         matrix mine;
         group_->reduce_scatter(dx, mine, 0);  // conjugate of the all-gather over the sequence
@@ -288,6 +308,9 @@ class Linear {
     b.copies_summed = w.copies_summed;
     return std::make_tuple(w, b);
   }
+
+  /// The tensor-parallel group parallelize gave the layer (null before).
+  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
 
   /// Whether the weight is another layer's (sw::tie_weights), and that layer's path.
   [[nodiscard]] bool tied() const { return tie_.tied; }
@@ -332,6 +355,8 @@ class Linear {
   std::size_t in_, out_;
   bool has_bias_;
   bool copies_summed_ = false;  // see unsum_copies
+  bool pad_for_tp_ = false;     // see pad_outputs_for_tp
+  detail::registered_layer registration_{"Linear", Location::path.view()};
   detail::weight_tie<matrix> tie_;
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
   std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)

@@ -99,4 +99,17 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   return result;
 }
 
+/// Cross-entropy matching the logits' layout: loss parallel on logits cut along the vocabulary (Shard<-1>, over
+/// the 1-D mesh `tp`), plain cross-entropy on replicated ones. `classes`: the real vocabulary, when the logits
+/// carry vocabulary padding (pad_outputs_for_tp); -1: every column is a class.
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> cross_entropy(Mesh const& tp, Activation<T, P> const& logits,
+                                    std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
+                                    std::int64_t classes = -1) {
+  if constexpr (std::is_same_v<P, Replicate>)
+    return cross_entropy(logits, targets, ignore_index, classes);
+  else
+    return loss_parallel(tp, logits, targets, ignore_index, classes);
+}
+
 }  // namespace shardwise

@@ -10,6 +10,7 @@
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/redistribute.hpp"
 
 namespace shardwise {
 
@@ -94,18 +95,29 @@ class norm_layer {
     return y;
   }
 
-  Activation<T, layout> backward(Activation<T, layout> const& dy) {
-    Activation<T, layout> dx{matrix(dy.local.rows(), dy.local.cols())};
+  /// Backward; the gradient given is in the norm's layout or Partial<Sum> (reduced into it here first).
+  template <class P>
+  Activation<T, layout> backward(Activation<T, P> const& dy_given) {
+    char const* name = Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm";
+    auto&& dy_local = gradient_in<layout>(group_.get(), dy_given, name, Location::path.view());
+    if (dy_local.rows() != saved_input_.rows() || dy_local.cols() != saved_input_.cols())
+      fail("shardwise::", name, " at \"", Location::path.view(), "\": backward got a gradient of ", dy_local.rows(),
+           "x", dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
+           "; pass the gradient of this norm's last output");
+    Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
     // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
     vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
     [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
     if (dweight.size() != weight.size()) zero_grad();  // a materialized norm's first backward
     if constexpr (Kind == norm_kind::layer)
-      nn::layer_norm_backward<T>(saved_input_, weight, dy.local, mean_, rstd_, dx.local, dweight, dbias);
+      nn::layer_norm_backward<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local, dweight, dbias);
     else
-      nn::rms_norm_backward<T>(saved_input_, weight, dy.local, rstd_, dx.local, dweight);
+      nn::rms_norm_backward<T>(saved_input_, weight, dy_local, rstd_, dx.local, dweight);
     return dx;
   }
+
+  /// The tensor-parallel group parallelize gave the layer (null before).
+  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
 
   /// The parameters with their gradients; under SequenceParallel the gradients are Partial until reduced
   /// (sw::reduce, sw::finish_gradients), which adds them into weight_grad and bias_grad.
@@ -131,7 +143,9 @@ class norm_layer {
   std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
   vector mean_, rstd_;
-  vector pending_weight_grad_, pending_bias_grad_;  // SequenceParallel: this rank's partial sums, not reduced yet
+  vector pending_weight_grad_, pending_bias_grad_;
+  registered_layer registration_{Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm",
+                                 Location::path.view()};  // SequenceParallel: this rank's partial sums, not reduced yet
 };
 
 }  // namespace detail

@@ -178,6 +178,7 @@ class AdamW {
     nn::group<T> const* tp_group = nullptr;
     for_each_parameter(ready, [&](std::string const& name, auto const& p) {
       using P = std::remove_cvref_t<decltype(p)>;
+      detail::ensure_gradient(p);  // a layer loaded lazily has none before its first backward: zeros
       T* grad = p.grad->data();
       auto const n = static_cast<std::size_t>(p.grad->size());
       slice& s = slice_of(index++, name, n, dp_size, dp_rank);

@@ -1,44 +1,17 @@
 #pragma once
-// PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput on a whole module: a module holds a
-// sw::Prepare<T, sw::own_style<Plan>> child and passes its input (or output) through it. Without a plan entry
-// it passes activations through unchanged. Layouts here are Replicate, Shard<0> (sequence) and Shard<-1>.
+// PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput held by hand: a module holds a
+// sw::Prepare<T, sw::own_style<Plan>> child and passes its input (or output) through it. Modules no longer need
+// it — the parent's sw::forward(child, x) / sw::backward(child, dy) applies the child's plan entry
+// (nn/module_call.hpp) — but code written that way keeps working. Layouts: Replicate, Shard<0>, Shard<-1>.
 #include <memory>
 #include <tuple>
 #include <type_traits>
 
 #include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/module_call.hpp"
 #include "shardwise/nn/redistribute.hpp"
 
 namespace shardwise {
-
-namespace detail {
-
-template <class S>
-struct prepare_layouts {
-  static constexpr bool input = false, output = false;
-};
-template <class I, class D>
-struct prepare_layouts<PrepareModuleInput<I, D>> {
-  static constexpr bool input = true, output = false;
-  using in = I;
-  using desired_in = D;
-};
-template <class O, class D>
-struct prepare_layouts<PrepareModuleOutput<O, D>> {
-  static constexpr bool input = false, output = true;
-  using out = O;
-  using desired_out = D;
-};
-template <class I, class DI, class O, class DO>
-struct prepare_layouts<PrepareModuleInputOutput<I, DI, O, DO>> {
-  static constexpr bool input = true, output = true;
-  using in = I;
-  using desired_in = DI;
-  using out = O;
-  using desired_out = DO;
-};
-
-}  // namespace detail
 
 template <class T, class Location = unplanned>
 class Prepare {
@@ -88,7 +61,7 @@ class Prepare {
       return dx;
     else
       return Activation<T, typename L::in>{
-          detail::redistribute_activation<typename L::desired_in, typename L::in>(group(), dx.local)};
+          detail::redistribute_activation<typename G::placement, typename L::in>(group(), dx.local)};
   }
   template <class Y>
   auto output(Y const& y) const {
@@ -110,8 +83,11 @@ class Prepare {
       return dy;
     else
       return Activation<T, typename L::out>{
-          detail::redistribute_activation<typename L::desired_out, typename L::out>(group(), dy.local)};
+          detail::redistribute_activation<typename G::placement, typename L::out>(group(), dy.local)};
   }
+
+  /// The tensor-parallel group parallelize gave the layer (null before).
+  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
 
   /// No parameters of its own.
   static std::tuple<> parameters() { return {}; }
@@ -124,6 +100,7 @@ class Prepare {
     return *group_;
   }
   std::shared_ptr<nn::group<T> const> group_;
+  detail::registered_layer registration_{"Prepare", Location::path.view()};
 };
 
 }  // namespace shardwise

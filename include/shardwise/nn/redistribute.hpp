@@ -2,11 +2,13 @@
 // Activations moved between layouts over the tensor-parallel group: sw::redistribute<To>(tp, x) in user code,
 // and the rule PrepareModuleInput/Output and module boundaries apply. Layouts are Replicate, Shard<0> (the
 // sequence), Shard<-1> (the features) and, as a source, Partial<Sum> (each rank holds a summand).
+#include <string_view>
 #include <type_traits>
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
+#include "shardwise/placement/chunk.hpp"
 
 namespace shardwise {
 
@@ -39,19 +41,40 @@ nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const
     return y;
   } else if constexpr (std::is_same_v<F, Replicate>) {  // take this rank's piece: no communication
     constexpr int d = G::dim;
-    auto const n = g.size(), r = g.rank();
-    auto const total = d == 0 ? x.rows() : x.cols();
-    if (total % n != 0)
-      fail("shardwise::redistribute: ", total, d == 0 ? " tokens" : " features", " do not divide over ", n,
-           " ranks of mesh axis \"", g.axis(), "\"; choose sizes the tp size divides");
-    auto const part = total / n;
-    return d == 0 ? nn::matrix<T>(x.middleRows(r * part, part)) : nn::matrix<T>(x.middleCols(r * part, part));
+    // torch.chunk's pieces, as the collectives cut uneven sizes: ceil(total / n) each, the last ranks the rest.
+    auto const total = static_cast<std::size_t>(d == 0 ? x.rows() : x.cols());
+    auto const n = static_cast<std::size_t>(g.size()), r = static_cast<std::size_t>(g.rank());
+    auto const first = static_cast<Eigen::Index>(chunk_offset(total, n, r));
+    auto const part = static_cast<Eigen::Index>(chunk_size(total, n, r));
+    return d == 0 ? nn::matrix<T>(x.middleRows(first, part)) : nn::matrix<T>(x.middleCols(first, part));
   } else if constexpr (std::is_same_v<G, Replicate>) {
     nn::matrix<T> all;
     g.all_gather(x, all, F::dim);
     return all;
   } else {
     return redistribute_activation<Replicate, To>(g, redistribute_activation<From, Replicate>(g, x));
+  }
+}
+
+template <class Layout, class Given>
+inline constexpr bool gradient_layout_ok = same_layout_v<Layout, Given> || std::is_same_v<Given, Partial<Sum>>;
+
+/// A gradient as a layer's backward takes it: in the layer's output layout, or Partial<Sum> — summands several
+/// consumers produced and nobody has reduced yet — which is reduced into that layout here, where the layout
+/// changes, once. Returns the local matrix (a reference when nothing moves).
+template <class Layout, class T, class P>
+decltype(auto) gradient_in(nn::group<T> const* group, Activation<T, P> const& dy, char const* layer,
+                           std::string_view path) {
+  static_assert(gradient_layout_ok<Layout, P>,
+                "shardwise::backward: the gradient's layout is neither the layer's output layout nor Partial<Sum>; "
+                "pass the gradient of this layer's output (redistribute it with sw::redistribute if it moved)");
+  if constexpr (std::is_same_v<P, Partial<Sum>> && !std::is_same_v<normalize_2d_t<Layout>, Partial<Sum>>) {
+    if (!group)
+      fail("shardwise::", layer, " at \"", path,
+           "\": backward got a Partial gradient before parallelize gave the layer its group; call sw::parallelize");
+    return nn::matrix<T>(redistribute_activation<Partial<Sum>, Layout>(*group, dy.local));
+  } else {
+    return (dy.local);
   }
 }
 

@@ -30,7 +30,7 @@ void for_each_present_parameter(Layer& l, Name const& path, Fn& fn) {
         (
             [&](auto const& q) {
               if (!q.present) return;
-              ensure_gradient(q);
+              if constexpr (std::is_same_v<Name, unnamed>) ensure_gradient(q);
               if constexpr (std::is_same_v<Name, unnamed>)
                 fn(q);
               else
@@ -54,7 +54,8 @@ void for_each_parameter(Model& model, Fn&& fn) {
 /// model with the layer's parameter name ("layers.0.attention.wq.weight"); `parameter.value` and
 /// `parameter.grad` point to this rank's shard of it and of its gradient, and its type's grad_placement says how
 /// the gradient lies on the tensor-parallel axis (Shard<0>, Shard<1>, Replicate, or Partial<Sum> until
-/// finished). A layer without bias has no bias here; a tied weight appears once, under its owner's name.
+/// finished). A layer without bias has no bias here; a tied weight appears once, under its owner's name. The
+/// walk allocates nothing: a gradient a lazily loaded layer has not allocated yet (no backward so far) is empty.
 template <module Model, class Fn>
 void for_each_parameter(Model& model, Fn&& fn) {
   detail::for_each_named_layer(
@@ -116,6 +117,7 @@ Tensor full_gradient(Parameter<Tensor, G> const& p) {
   static_assert(!is_partial_v<G>,
                 "shardwise::full_gradient: the gradient is still Partial (each rank holds a sum over its own "
                 "tokens); walk sw::finish_gradients(model) instead of the model, or sw::reduce the parameter");
+  detail::ensure_gradient(p);  // not allocated before the first backward: zeros
   return detail::gather_whole(p, *p.grad, is_shard_v<G>, detail::gather_dim<G>());
 }
 

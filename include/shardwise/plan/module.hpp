@@ -4,6 +4,7 @@
 // and checks at compile time that every plan entry reached a layer.
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -11,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/core/error.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/plan/plan.hpp"
+#include "shardwise/plan/registration.hpp"
 
 /// Inside a module: SHARDWISE_CHILDREN(w1, w3, w2) names the members that are layers or modules.
 #define SHARDWISE_CHILDREN(...)                                          \
@@ -30,10 +33,12 @@ concept module = requires(M& m) {
 };
 
 /// How a layer type that is not shardwise's joins plans and parallelize, without changing the type:
+/// \code
 ///   template <> struct shardwise::layer_traits<MyLinear> {
 ///     using location = ...;                                   // what style_at<Plan, "name"> gave it
 ///     template <class Mesh> static void parallelize(MyLinear&, Mesh const& tp);  // keep this rank's shard
 ///   };
+/// \endcode
 template <class L>
 struct layer_traits {};
 
@@ -151,6 +156,60 @@ void for_each_module(Node& node, Fn&& fn) {
   walk_tree(node, unnamed{}, on_module, on_layer);
 }
 
+/// A plan path found for a node of the tree (a module's is read off its children's).
+struct found_path {
+  bool found = false;
+  std::string_view path;
+};
+
+/// `path` minus the last component `name` (and `.*` after it for a repeated child): the parent's path.
+constexpr found_path parent_path(std::string_view path, std::string_view name, bool repeated_child) {
+  std::string_view const tail = repeated_child ? std::string_view(".*") : std::string_view();
+  if (path.size() < name.size() + tail.size() || path.substr(path.size() - tail.size()) != tail) return {};
+  path.remove_suffix(tail.size());
+  if (path.substr(path.size() - name.size()) != name) return {};
+  path.remove_suffix(name.size());
+  if (path.empty()) return {true, path};
+  if (path.back() != '.') return {};
+  path.remove_suffix(1);
+  return {true, path};
+}
+
+template <class Node>
+constexpr found_path node_path();
+
+/// A module's path in its plan, read off the first child whose own path ends with the child's name.
+template <class M, std::size_t I = 0>
+constexpr found_path module_path() {
+  using Children = children_t<M>;
+  if constexpr (I == std::tuple_size_v<Children>) {
+    return {};
+  } else {
+    using C = std::remove_cvref_t<std::tuple_element_t<I, Children>>;
+    constexpr std::string_view name = child_name(M::shardwise_child_list, I);
+    constexpr found_path child = node_path<C>();
+    constexpr found_path mine = child.found ? parent_path(child.path, name, repeated<C>::value) : found_path{};
+    if constexpr (mine.found)
+      return mine;
+    else
+      return module_path<M, I + 1>();
+  }
+}
+
+template <class Node>
+constexpr found_path node_path() {
+  if constexpr (layer<Node>) {
+    constexpr std::string_view p = location_of<Node>::type::path.view();
+    return {!p.empty(), p};
+  } else if constexpr (module<Node>) {
+    return module_path<Node>();
+  } else if constexpr (repeated<Node>::value) {
+    return node_path<typename repeated<Node>::element>();
+  } else {
+    return {};
+  }
+}
+
 /// Whether some layer under Node was looked up at `path`; Prefix is Node's own path.
 template <class Node>
 constexpr bool has_layer_at(std::string_view path) {
@@ -159,7 +218,8 @@ constexpr bool has_layer_at(std::string_view path) {
     return location_of<N>::type::path.view() == path;
   } else if constexpr (module<N>) {
     using Children = children_t<N>;
-    return []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
+    constexpr found_path own = module_path<N>();  // a plan entry for the module itself (PrepareModuleInput)
+    return (own.found && own.path == path) || []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
       return (has_layer_at<std::tuple_element_t<I, Children>>(p) || ...);
     }
     (path, std::make_index_sequence<std::tuple_size_v<Children>>{});
@@ -251,6 +311,95 @@ struct plan_check<Model, plan<Entries...>> {
   static constexpr bool shown = all_found || (entry_found<Model, Entries>() && ...);
 };
 
+/// Incomplete on purpose: the diagnostic spells the member's name and the plan path it was declared with.
+template <fixed_string MemberName, fixed_string DeclaredPath>
+struct member_declared_with_another_path;
+
+template <std::string_view const& Text>
+constexpr auto spelled() {
+  fixed_string<Text.size() + 1> s;
+  for (std::size_t i = 0; i < Text.size(); ++i) s.chars[i] = Text[i];
+  return s;
+}
+
+template <class M, std::size_t I>
+struct child_facts {
+  using C = std::remove_cvref_t<std::tuple_element_t<I, children_t<M>>>;
+  static constexpr std::string_view name = child_name(M::shardwise_child_list, I);
+  static constexpr found_path path = node_path<C>();
+  static constexpr std::string_view path_text = path.path;
+  static constexpr found_path own = module_path<M>();
+  static constexpr found_path parent = path.found ? parent_path(path.path, name, repeated<C>::value) : found_path{};
+  // A layer at the module's own path is a Prepare child (the older way of applying a module's plan entry).
+  static constexpr bool prepare_child = layer<C> && own.found && path.found && path.path == own.path;
+  static constexpr bool ok = !path.found || prepare_child || (parent.found && (!own.found || parent.path == own.path));
+};
+
+/// Whether every member's plan path ends with its name in SHARDWISE_CHILDREN: a member declared with another
+/// member's path (copied and not renamed) would take that member's style and be saved under its own name.
+template <class Node>
+constexpr bool children_named_as_declared() {
+  if constexpr (module<Node>) {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return ((child_facts<Node, I>::ok && children_named_as_declared<typename child_facts<Node, I>::C>()) && ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
+  } else if constexpr (repeated<Node>::value) {
+    return children_named_as_declared<typename repeated<Node>::element>();
+  } else {
+    return true;
+  }
+}
+
+/// Beside the static_assert on children_named_as_declared: spells the member and its path in the diagnostic.
+template <class Node>
+constexpr bool show_members_named_otherwise() {
+  if constexpr (module<Node>) {
+    []<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [] {
+            using F = child_facts<Node, I>;
+            if constexpr (!F::ok) {
+              [[maybe_unused]] member_declared_with_another_path<spelled<F::name>(), spelled<F::path_text>()> offending;
+            }
+            (void)show_members_named_otherwise<typename F::C>();
+          }(),
+          ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
+  } else if constexpr (repeated<Node>::value) {
+    (void)show_members_named_otherwise<typename repeated<Node>::element>();
+  }
+  return true;
+}
+
+/// Every shardwise layer inside a module's object must be one its children list reaches: a held layer missing
+/// from SHARDWISE_CHILDREN would get no shard, no optimizer step and no checkpoint entry. Checked at
+/// parallelize (C++ cannot list a class's members at compile time).
+template <class Model>
+void check_children_listed(Model& model) {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> reached;  // the walked layers' objects
+  auto on_layer = [&](auto& l, unnamed) {
+    auto const begin = layer_registry::address(&l);
+    reached.emplace_back(begin, begin + sizeof(l));
+  };
+  auto ignore = skip_node;
+  walk_tree(model, unnamed{}, ignore, on_layer);
+  auto on_module = [&](auto& m, std::string const& path) {
+    layer_registry::instance().for_each_in(
+        &m, reinterpret_cast<char const*>(&m) + sizeof(m), [&](std::uintptr_t at, registered_layer_info const& info) {
+          for (auto const& [begin, end] : reached)
+            if (at >= begin && at < end) return;
+          fail("shardwise::parallelize: the module at \"", path, "\" holds a ", info.kind, " (plan path \"", info.path,
+               "\") that its SHARDWISE_CHILDREN does not list; add the member to "
+               "the list, or it gets no shard, no optimizer step and no "
+               "checkpoint entry");
+        });
+  };
+  auto no_layers = skip_node;
+  walk_tree(model, std::string(), on_module, no_layers);
+}
+
 }  // namespace detail
 
 /// Checks the model's plan against the model at compile time, then lets every layer take its shard over the
@@ -259,6 +408,13 @@ template <module Model, class Group>
 Model& parallelize(Model& model, Group const& tp) {
   using check = detail::plan_check<Model, detail::plan_of_tree_t<Model>>;
   static_assert(check::shown);
+  static_assert(detail::children_named_as_declared<Model>(),
+                "shardwise::parallelize: a member's plan path does not end with its name in SHARDWISE_CHILDREN; "
+                "declare member m with style_at<Plan, \"m\"> (a module: subplan<Plan, \"m\">) so that its plan "
+                "entry and its checkpoint name agree");
+  if constexpr (!detail::children_named_as_declared<Model>())
+    static_assert(detail::show_members_named_otherwise<Model>());
+  detail::check_children_listed(model);
   if constexpr (requires { Group::static_sizes[0]; }) {
     if constexpr (Group::static_sizes[0] != dynamic_size)
       static_assert(detail::static_sizes_divide<Model, Group::static_sizes[0]>());

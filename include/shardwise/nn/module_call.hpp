@@ -1,0 +1,189 @@
+#pragma once
+// A parent calls a child module through the library — y = sw::forward(child, x), dx = sw::backward(child, dy) —
+// and the child's own plan entry (PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput at the
+// module's path, PyTorch's hooks) is applied around it: the input redistributed to the layouts the module
+// wants, its output to the layouts the parent wants, and the gradients back by the conjugate rule. A module
+// holds no Prepare member and names no layout. A gradient that comes back Partial<Sum> (the sum of several
+// ColwiseParallel layers' partial input gradients) is reduced once, at the boundary, into the input's layout.
+//
+// The module's path is not declared: it is read off its layers' plan paths ("feed_forward.w1" under the child
+// named "w1" puts the module at "feed_forward"). The same call is where pipeline stages, FSDP units and
+// activation checkpointing hook in.
+#include <cstddef>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "shardwise/core/fixed_string.hpp"
+#include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/redistribute.hpp"
+#include "shardwise/nn/styles.hpp"
+#include "shardwise/plan/module.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// What a plan entry at a module's path asks for at the module's boundary.
+template <class S>
+struct prepare_layouts {
+  static constexpr bool input = false, output = false, known = std::is_same_v<S, NoParallel>;
+};
+template <class I, class D>
+struct prepare_layouts<PrepareModuleInput<I, D>> {
+  static constexpr bool input = true, output = false, known = true;
+  using in = I;
+  using desired_in = D;
+};
+template <class O, class D>
+struct prepare_layouts<PrepareModuleOutput<O, D>> {
+  static constexpr bool input = false, output = true, known = true;
+  using out = O;
+  using desired_out = D;
+};
+template <class I, class DI, class O, class DO>
+struct prepare_layouts<PrepareModuleInputOutput<I, DI, O, DO>> {
+  static constexpr bool input = true, output = true, known = true;
+  using in = I;
+  using desired_in = DI;
+  using out = O;
+  using desired_out = DO;
+};
+
+template <class Key, class... Entries>
+struct style_by_path {
+  using type = NoParallel;
+};
+template <class Key, class First, class... Rest>
+struct style_by_path<Key, First, Rest...> {
+  using type = std::conditional_t<First::path.view() == Key::value, typename First::style,
+                                  typename style_by_path<Key, Rest...>::type>;
+};
+template <class Key, class Plan>
+struct style_in_plan;
+template <class Key, class... Entries>
+struct style_in_plan<Key, plan<Entries...>> : style_by_path<Key, Entries...> {};
+
+template <class M>
+struct own_path_key {
+  static constexpr found_path where = module_path<M>();
+  static constexpr std::string_view value = where.path;
+  static constexpr auto spelled = [] {
+    fixed_string<value.size() + 1> s;
+    for (std::size_t i = 0; i < value.size(); ++i) s.chars[i] = value[i];
+    return s;
+  }();
+};
+
+/// The plan entry at the module's own path (NoParallel if none, or if the module has no planned layers).
+template <class M>
+using module_style_t = std::conditional_t<own_path_key<M>::where.found,
+                                          typename style_in_plan<own_path_key<M>, plan_of_tree_t<M>>::type, NoParallel>;
+
+/// The tensor-parallel group of the first layer under `node` that has one (null before parallelize).
+template <class T, class Node>
+nn::group<T> const* group_under(Node& node) {
+  nn::group<T> const* found = nullptr;
+  for_each_layer(node, [&](auto& l) {
+    if constexpr (requires { l.shardwise_group(); })
+      if (!found) found = l.shardwise_group();
+  });
+  return found;
+}
+
+template <class T, class X>
+nn::matrix<T> moved(nn::group<T> const* g, X const& x, std::string_view path) {
+  if (!g)
+    fail("shardwise::forward at \"", path,
+         "\": the module's plan entry moves activations, but no layer under it has its group yet; call "
+         "sw::parallelize(model, tp) first");
+  return nn::matrix<T>(local_of<T>(x));
+}
+
+template <class X>
+struct element_of {
+  using type = element_t<X>;  // a plain row-major tensor, taken to be in the entry's input layout
+};
+template <class T, class P>
+struct element_of<Activation<T, P>> {
+  using type = T;
+};
+template <class X>
+using element_of_t = typename element_of<std::remove_cvref_t<X>>::type;
+
+}  // namespace detail
+
+/// Calls the module's forward with its plan entry applied: the input moved from the entry's input_layouts to its
+/// desired_input_layouts, the output from output_layouts to desired_output_layouts (collective where they
+/// differ). Without an entry, it is module.forward(x).
+template <module Module, class X>
+auto forward(Module& module, X const& x) {
+  using S = detail::module_style_t<Module>;
+  using L = detail::prepare_layouts<S>;
+  using Key = detail::own_path_key<Module>;
+  static_assert(L::known,
+                "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, "
+                "PrepareModuleOutput or PrepareModuleInputOutput; styles such as ColwiseParallel go on its layers");
+  auto prepared_input = [&]() -> decltype(auto) {
+    if constexpr (!L::input) {
+      return (x);
+    } else {
+      using T = detail::element_of_t<X>;
+      static_assert(detail::input_layout_matches<typename L::in, X>,
+                    "shardwise::forward: the module's input does not have its plan entry's input_layouts");
+      static_assert(detail::show_layout_mismatch<Key::spelled, typename L::in, X>());
+      auto const* g = detail::group_under<T>(module);
+      return Activation<T, typename L::desired_in>{
+          detail::redistribute_activation<typename L::in, typename L::desired_in>(*g,
+                                                                                  detail::moved<T>(g, x, Key::value))};
+    }
+  };
+  auto&& y = module.forward(prepared_input());
+  if constexpr (!L::output) {
+    return y;
+  } else {
+    using Y = std::remove_cvref_t<decltype(y)>;
+    using T = detail::element_of_t<Y>;
+    static_assert(detail::input_layout_matches<typename L::out, Y>,
+                  "shardwise::forward: the module's output does not have its plan entry's output_layouts");
+    static_assert(detail::show_layout_mismatch<Key::spelled, typename L::out, Y>());
+    auto const* g = detail::group_under<T>(module);
+    return Activation<T, typename L::desired_out>{
+        detail::redistribute_activation<typename L::out, typename L::desired_out>(*g,
+                                                                                  detail::moved<T>(g, y, Key::value))};
+  }
+}
+
+/// Calls the module's backward with its plan entry's conjugates applied: the output gradient back to the
+/// module's output layout, the input gradient (in the layout the module gives it, or Partial<Sum>) back to the
+/// layout the input came in. Without an entry, it is module.backward(dy).
+template <module Module, class DY>
+auto backward(Module& module, DY const& dy) {
+  using S = detail::module_style_t<Module>;
+  using L = detail::prepare_layouts<S>;
+  using T = detail::element_of_t<DY>;
+  auto* const g = (L::input || L::output) ? detail::group_under<T>(module) : nullptr;
+  auto output_gradient = [&]() -> decltype(auto) {
+    if constexpr (!L::output) {
+      return (dy);
+    } else {
+      static_assert(detail::gradient_layout_ok<typename L::desired_out, typename DY::placement>,
+                    "shardwise::backward: the gradient is not in the module's desired_output_layouts");
+      return Activation<T, typename L::out>{detail::redistribute_activation<typename DY::placement, typename L::out>(
+          *g, detail::moved<T>(g, dy, detail::own_path_key<Module>::value))};
+    }
+  };
+  auto&& dx = module.backward(output_gradient());
+  if constexpr (!L::input) {
+    return dx;
+  } else {
+    using From = typename std::remove_cvref_t<decltype(dx)>::placement;
+    static_assert(detail::gradient_layout_ok<typename L::desired_in, From>,
+                  "shardwise::backward: the module's input gradient is neither in its desired_input_layouts nor "
+                  "Partial<Sum>");
+    return Activation<T, typename L::in>{detail::redistribute_activation<From, typename L::in>(*g, dx.local)};
+  }
+}
+
+}  // namespace shardwise

@@ -1,0 +1,20 @@
+# Compile-fail tests for tied weights, module calls and module structure (included from tests/CMakeLists.txt):
+# each needs the failure and the library's own words (and the offending names where the check spells them).
+shardwise_add_compile_fail_test(nn_tie_cut_differently SOURCE compile_fail/nn_tie_cut_differently.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::tie_weights: the two layers' plans cut the shared weight differently; give the Linear"
+         "tied_weight_cut_differently<shardwise::fixed_string<7>{\"output\"}, shardwise::Shard<1>, shardwise::fixed_string<15>{\"tok_embeddings\"}, shardwise::Shard<0> ?>")
+shardwise_add_compile_fail_test(nn_tie_not_a_linear SOURCE compile_fail/nn_tie_not_a_linear.cpp LINK shardwise::eigen
+  EXPECT "shardwise::tie_weights: the first layer must be a shardwise::Linear \\(the one that reuses the weight\\)")
+shardwise_add_compile_fail_test(plan_member_named_otherwise SOURCE compile_fail/plan_member_named_otherwise.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::parallelize: a member's plan path does not end with its name in SHARDWISE_CHILDREN"
+         "member_declared_with_another_path<shardwise::fixed_string<3>{\"w3\"}, shardwise::fixed_string<3>{\"w1\"}>")
+shardwise_add_compile_fail_test(module_entry_not_prepare SOURCE compile_fail/module_entry_not_prepare.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, PrepareModuleOutput")
+shardwise_add_compile_fail_test(module_input_layout SOURCE compile_fail/module_input_layout.cpp LINK shardwise::eigen
+  EXPECT "shardwise::forward: the module's input does not have its plan entry's input_layouts"
+         "input_layout_mismatch_at<shardwise::fixed_string<13>{\"feed_forward\"}, shardwise::Shard<0>, shardwise::Replicate>")
+shardwise_add_compile_fail_test(full_gradient_partial SOURCE compile_fail/full_gradient_partial.cpp LINK shardwise::eigen
+  EXPECT "shardwise::full_gradient: the gradient is still Partial")

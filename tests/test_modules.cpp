@@ -1,0 +1,279 @@
+// Modules as users write them: plan entries applied at module calls (sw::forward / sw::backward), input
+// gradients left Partial and reduced once, the collectives one Llama block sends (counted, per rank, against
+// counts worked out from the sizes), the structure checks at parallelize, tied weights' run-time checks,
+// finishing gradients more than once, AdamW parameter groups and the scalar all-reduce. Thread mesh.
+#include <doctest/doctest.h>
+
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+
+#include "../examples/blocks.hpp"
+
+namespace {
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using Matrix = sw::nn::matrix<float>;
+
+Matrix random_matrix(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Matrix m(rows, cols);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = u(rng);
+  return m;
+}
+
+template <class Plan>
+struct OneBlock {
+  std::vector<models::LlamaBlock<float, sw::subplan<Plan, "layers.*">>> layers;
+  SHARDWISE_CHILDREN(layers)
+  explicit OneBlock(models::LlamaConfig const& c) { layers.emplace_back(c, 7); }
+};
+
+/// The block entries of llama_plan, for a model of one block.
+template <bool SequenceParallel>
+struct block_plan_of {
+  template <class... E>
+  static auto only_layers(sw::plan<E...>) -> sw::plan<E...>;
+  using stream = std::conditional_t<SequenceParallel, sw::Shard<0>, sw::Replicate>;
+  using norm = std::conditional_t<SequenceParallel, sw::SequenceParallel<>, sw::NoParallel>;
+  using type = sw::plan<
+      sw::at<"layers.*.attention_norm", norm>,
+      sw::at<"layers.*.attention", sw::PrepareModuleInput<stream, sw::Replicate>>,
+      sw::at<"layers.*.attention.wq", sw::ColwiseParallel<>>, sw::at<"layers.*.attention.wk", sw::ColwiseParallel<>>,
+      sw::at<"layers.*.attention.wv", sw::ColwiseParallel<>>,
+      sw::at<"layers.*.attention.wo", sw::RowwiseParallel<sw::Shard<-1>, stream>>, sw::at<"layers.*.ffn_norm", norm>,
+      sw::at<"layers.*.feed_forward", sw::PrepareModuleInput<stream, sw::Replicate>>,
+      sw::at<"layers.*.feed_forward.w1", sw::ColwiseParallel<>>,
+      sw::at<"layers.*.feed_forward.w3", sw::ColwiseParallel<>>,
+      sw::at<"layers.*.feed_forward.w2", sw::RowwiseParallel<sw::Shard<-1>, stream>>>;
+};
+}  // namespace
+
+TEST_CASE("One Llama block: the collectives it sends per rank, and the same numbers as unsharded") {
+  models::LlamaConfig c;
+  c.dim = 32, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
+  std::size_t const tokens = 16, bytes = tokens * c.dim * sizeof(float);  // a [tokens, dim] fp32 activation
+  Matrix const x = random_matrix(16, 32, 1), dy = random_matrix(16, 32, 2);
+  OneBlock<sw::serial_plan> serial(c);
+  auto const y0 = serial.layers[0].forward(sw::Activation<float>{x});
+  auto const dx0 = serial.layers[0].backward(sw::Activation<float>{dy});
+  auto run = [&](auto sequence_parallel) {
+    constexpr bool sp = decltype(sequence_parallel)::value;
+    using Plan = typename block_plan_of<sp>::type;
+    using Stream = typename block_plan_of<sp>::stream;
+    INFO((sp ? "TP 2 with sequence parallelism" : "TP 2"));
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::make_mesh<"tp">(world, {2});
+      OneBlock<Plan> model(c);
+      sw::parallelize(model, tp);
+      auto& block = model.layers[0];
+      Eigen::Index const rows = sp ? 8 : 16, first = sp ? 8 * tp.rank() : 0;
+      sw::count_collectives forward_count;
+      auto const y = block.forward(sw::Activation<float, Stream>{x.middleRows(first, rows)});
+      auto const f = forward_count.count();
+      sw::count_collectives backward_count;
+      auto const dx = block.backward(sw::Activation<float, Stream>{dy.middleRows(first, rows)});
+      auto const b = backward_count.count();
+      CHECK((y.local - y0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= 1e-5f);
+      CHECK((dx.local - dx0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= 1e-5f);
+      if (sp) {  // two PrepareModuleInput all-gathers and two reduce-scatters (wo, w2) forward; conjugates back
+        CHECK(f.all_gather == 2);
+        CHECK(f.all_gather_bytes == 2 * bytes / 2);
+        CHECK(f.reduce_scatter == 2);
+        CHECK(f.reduce_scatter_bytes == 2 * bytes);
+        CHECK(f.all_reduce == 0);
+        CHECK(b.all_gather == 2);
+        CHECK(b.all_gather_bytes == 2 * bytes / 2);
+        CHECK(b.reduce_scatter == 2);  // once per module, where there were 3 + 2 all-reduces
+        CHECK(b.reduce_scatter_bytes == 2 * bytes);
+        CHECK(b.all_reduce == 0);
+      } else {  // wo and w2 all-reduce forward; backward, the two Partial input gradients once each
+        CHECK(f.all_reduce == 2);
+        CHECK(f.all_reduce_bytes == 2 * bytes);
+        CHECK(f.calls() == 2);
+        CHECK(b.all_reduce == 2);
+        CHECK(b.all_reduce_bytes == 2 * bytes);
+        CHECK(b.calls() == 2);
+      }
+    });
+  };
+  run(std::false_type{});
+  run(std::true_type{});
+}
+
+namespace {
+using ffn_plan =
+    sw::plan<sw::at<"feed_forward", sw::PrepareModuleInput<sw::Shard<0>, sw::Replicate>>,
+             sw::at<"feed_forward.w1", sw::ColwiseParallel<>>, sw::at<"feed_forward.w3", sw::ColwiseParallel<>>,
+             sw::at<"feed_forward.w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>>;
+struct WithFeedForward {
+  blocks::FeedForward<float, sw::subplan<ffn_plan, "feed_forward">> feed_forward{8, 16, 3};
+  SHARDWISE_CHILDREN(feed_forward)
+};
+struct LinearAndNorm {
+  sw::Linear<float> lin{4, 3, 1};
+  sw::LayerNorm<float> norm{3};
+  SHARDWISE_CHILDREN(lin, norm)
+};
+}  // namespace
+
+TEST_CASE("sw::forward / sw::backward apply a module's PrepareModuleInput; without an entry they are plain calls") {
+  Matrix const x = random_matrix(6, 8, 3), dy = random_matrix(6, 8, 4);  // 6 tokens: uneven over 4 ranks
+  blocks::FeedForward<float> serial(8, 16, 3);
+  auto const y0 = serial.forward(x);
+  auto const dx0 = serial.backward(sw::Activation<float>{dy});
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks << " ranks");
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::make_mesh<"tp">(world, {ranks});
+      WithFeedForward model;
+      sw::parallelize(model, tp);
+      auto const n = std::size_t(ranks), r = std::size_t(tp.rank());
+      auto const first = Eigen::Index(sw::chunk_offset(6, n, r)), rows = Eigen::Index(sw::chunk_size(6, n, r));
+      auto const y = sw::forward(model.feed_forward, sw::Activation<float, sw::Shard<0>>{x.middleRows(first, rows)});
+      static_assert(std::is_same_v<typename decltype(y)::placement, sw::Shard<0>>);
+      if (rows > 0)
+        CHECK((y.local - y0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= 1e-5f);  // 0: rank 4 of 4
+      CHECK(y.local.rows() == rows);
+      auto const dx = sw::backward(model.feed_forward, sw::Activation<float, sw::Shard<0>>{dy.middleRows(first, rows)});
+      static_assert(std::is_same_v<typename decltype(dx)::placement, sw::Shard<0>>);  // reduce-scattered once
+      if (rows > 0) CHECK((dx.local - dx0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= 1e-5f);
+      CHECK(dx.local.rows() == rows);
+    });
+  }
+  blocks::FeedForward<float> plain(8, 16, 3);  // no plan entry: the module's own forward and backward
+  CHECK((sw::forward(plain, x).local - y0.local).cwiseAbs().maxCoeff() == 0.0f);
+  CHECK((sw::backward(plain, sw::Activation<float>{dy}).local - dx0.local).cwiseAbs().maxCoeff() == 0.0f);
+}
+
+namespace {
+template <class T, class Plan>
+struct Forgetful {  // holds w3 but does not list it
+  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::style_at<Plan, "w3">> w3;
+  SHARDWISE_CHILDREN(w1)
+  Forgetful() : w1(8, 16, 1), w3(8, 16, 2) {}
+};
+template <class T, class Plan>
+struct Outer {
+  std::vector<Forgetful<T, sw::subplan<Plan, "layers.*">>> layers;
+  SHARDWISE_CHILDREN(layers)
+  Outer() { layers.resize(2); }
+};
+template <class T, class Plan>
+struct Tied {
+  sw::Embedding<T, sw::style_at<Plan, "tok_embeddings">> tok_embeddings;
+  sw::Linear<T, sw::style_at<Plan, "output">> output;
+  SHARDWISE_CHILDREN(tok_embeddings, output)
+  Tied(std::size_t out) : tok_embeddings(16, 8, 1), output(8, out, 2, false) {}
+};
+}  // namespace
+
+TEST_CASE("parallelize finds a layer a module holds but does not list, on every rank") {
+  sw::run_threads(2, [](auto& world) {
+    auto const tp = sw::make_mesh<"tp">(world, {2});
+    Forgetful<float, sw::plan<sw::at<"w1", sw::ColwiseParallel<>>>> model;
+    CHECK_THROWS_WITH_AS(sw::parallelize(model, tp),
+                         "shardwise::parallelize: the module at \"\" holds a Linear (plan path \"w3\") that its "
+                         "SHARDWISE_CHILDREN does not list; add the member to the list, or it gets no shard, no "
+                         "optimizer step and no checkpoint entry",
+                         sw::error);
+    Outer<float, sw::plan<>> nested;  // in the elements of a repeated child too, named by index
+    CHECK_THROWS_WITH_AS(sw::parallelize(nested, tp),
+                         doctest::Contains("the module at \"layers.0\" holds a Linear (plan path \"layers.*.w3\")"),
+                         sw::error);
+  });
+}
+
+TEST_CASE("tied weights: a wrong shape and a tie after parallelize are refused; the tie survives a copy") {
+  using Plan = sw::plan<sw::at<"tok_embeddings", sw::RowwiseParallel<sw::Replicate, sw::Replicate>>,
+                        sw::at<"output", sw::ColwiseParallel<sw::Replicate, sw::Replicate>>>;
+  Tied<float, Plan> wrong(12);
+  CHECK_THROWS_WITH_AS(sw::tie_weights(wrong.output, wrong.tok_embeddings),
+                       "shardwise::tie_weights: the Linear at \"output\" has a [12, 8] weight but the layer at "
+                       "\"tok_embeddings\" owns a [16, 8] one; tie layers of the same shape ([vocabulary, dim] for an "
+                       "output projection)",
+                       sw::error);
+  sw::run_threads(2, [](auto& world) {
+    auto const tp = sw::make_mesh<"tp">(world, {2});
+    Tied<float, Plan> late(16);
+    sw::parallelize(late, tp);
+    CHECK_THROWS_WITH_AS(sw::tie_weights(late.output, late.tok_embeddings),
+                         "shardwise::tie_weights: the Linear at \"output\" is already parallelized, padded or "
+                         "repeated; tie weights in the model's constructor",
+                         sw::error);
+    Tied<float, Plan> model(16);
+    sw::tie_weights(model.output, model.tok_embeddings);
+    Tied<float, Plan> copy = model;  // the copy's output uses the copy's table, not the original's
+    sw::parallelize(copy, tp);
+    copy.tok_embeddings.weight.setConstant(0.5f);
+    Matrix const x = random_matrix(3, 8, 9);
+    auto const y = copy.output(x);
+    REQUIRE(y.local.cols() == 16);
+    for (Eigen::Index i = 0; i < 3; ++i) CHECK(std::abs(y.local(i, 0) - 0.5f * x.row(i).sum()) <= 1e-5f);
+    CHECK(model.tok_embeddings.weight.cwiseAbs().maxCoeff() != 0.5f);
+  });
+}
+
+TEST_CASE("finishing gradients twice, and across accumulation, counts every contribution once") {
+  models::LlamaConfig c;
+  c.vocabulary = 32, c.dim = 16, c.layers = 1, c.heads = 4, c.kv_heads = 1, c.hidden = 32, c.sequence = 4;
+  std::vector<std::int64_t> const ids{1, 5, 9, 3, 7, 2, 0, 4}, targets{5, 9, 3, 7, 2, 0, 4, 1};
+  auto gradients = [&](bool finish_between) {
+    std::vector<Matrix> all;
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::make_mesh<"tp">(world, {2});
+      models::Llama<float, models::llama_plan<true>> model(c);  // SP norms (Partial) and 2 copies of the kv head
+      sw::parallelize(model, tp);
+      for (int pass = 0; pass < 2; ++pass) {
+        auto const logits = model.forward(ids);
+        model.backward(models::llama_loss(tp, logits, targets, c.vocabulary).dlogits);
+        if (finish_between) (void)sw::finish_gradients(model), (void)sw::finish_gradients(model);
+      }
+      auto finished = sw::finish_gradients(model);
+      std::vector<Matrix> mine;
+      sw::for_each_parameter(finished, [&](std::string const&, auto const& p) {
+        auto const g = sw::full_gradient(p);
+        mine.push_back(Eigen::Map<Matrix const>(g.data(), g.rows(), g.cols()));
+      });
+      if (tp.rank() == 0) all = mine;
+    });
+    return all;
+  };
+  auto const once = gradients(false), often = gradients(true);
+  REQUIRE(once.size() == often.size());
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK((once[i] - often[i]).cwiseAbs().maxCoeff() <= 1e-5f * std::max(1.0f, once[i].cwiseAbs().maxCoeff()));
+  }
+}
+
+TEST_CASE("AdamW parameter groups: biases and norms without weight decay") {
+  LinearAndNorm model;
+  Matrix const w = model.lin.weight;
+  Eigen::VectorXf const b = model.lin.bias, gamma = model.norm.weight;
+  model.norm.bias.setConstant(0.25f);
+  // Zero gradients: AdamW's moment update moves nothing, so only the decoupled decay acts: w <- w (1 - lr wd).
+  sw::AdamW<float> optimizer({.learning_rate = 0.1f,
+                              .weight_decay = 0.5f,
+                              .groups = {{.matches = sw::names_matching({"*.bias", "norm.*"}), .weight_decay = 0.0f}}});
+  optimizer.step(model, sw::make_mesh<"dp">(sw::serial_world(), {1}));
+  CHECK((model.lin.weight - w * 0.95f).cwiseAbs().maxCoeff() <= 1e-7f);
+  CHECK(model.lin.bias == b);
+  CHECK(model.norm.weight == gamma);
+  CHECK(model.norm.bias == Eigen::VectorXf::Constant(3, 0.25f));
+  CHECK(sw::name_matches("layers.*.attention.w?", "layers.0.attention.w?"));
+  CHECK(sw::name_matches("*norm.weight", "layers.3.ffn_norm.weight"));
+  CHECK(!sw::name_matches("*.bias", "layers.0.bias_scale"));
+}
+
+TEST_CASE("sw::all_reduce of one number, the same on every rank") {
+  for (int ranks : {1, 2, 4})
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const mesh = sw::make_mesh<"dp">(world, {ranks});
+      float const mine = float(mesh.rank() + 1);
+      CHECK(sw::all_reduce(mesh, mine, sw::Avg{}) == float(ranks + 1) / 2);
+      CHECK(sw::all_reduce(mesh, mine) == float(ranks * (ranks + 1) / 2));
+      CHECK(sw::all_reduce(mesh, mesh.rank(), sw::Max{}) == ranks - 1);
+    });
+}
