@@ -15,28 +15,33 @@
 
 namespace shardwise::models {
 
+/// The sizes and settings of a GPT-2 model.
 struct GPT2Config {
-  std::size_t vocabulary = 256;
-  std::size_t dim = 64;
-  std::size_t layers = 2;
-  std::size_t heads = 4;
-  std::size_t sequence = 32;  // tokens per sequence, and the positions wpe holds (transformers' n_positions)
-  double layer_norm_eps = 1e-5;
-  std::uint64_t seed = 1234;
+  std::size_t vocabulary = 256;  ///< Token ids are in [0, vocabulary).
+  std::size_t dim = 64;          ///< The model (embedding) width; a multiple of heads.
+  std::size_t layers = 2;        ///< Number of blocks.
+  std::size_t heads = 4;         ///< Attention heads.
+  /// Tokens per sequence, and the positions wpe holds (transformers' n_positions).
+  std::size_t sequence = 32;
+  double layer_norm_eps = 1e-5;  ///< The LayerNorms' epsilon.
+  std::uint64_t seed = 1234;     ///< Seed of the initial parameters.
+  /// Width of one attention head: dim / heads.
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
-  [[nodiscard]] std::size_t hidden() const { return 4 * dim; }  // GPT-2's n_inner default
+  /// The MLP's inner width, 4 * dim (GPT-2's n_inner default).
+  [[nodiscard]] std::size_t hidden() const { return 4 * dim; }
 };
 
 /// Causal multi-head self-attention with biases. Under ColwiseParallel on q_proj, k_proj and v_proj each rank
 /// computes heads / tp whole heads; c_proj (RowwiseParallel) sums the heads' contributions.
 template <class T, class Plan = serial_plan>
 struct GPT2Attention {
-  Linear<T, style_at<Plan, "q_proj">> q_proj;
-  Linear<T, style_at<Plan, "k_proj">> k_proj;
-  Linear<T, style_at<Plan, "v_proj">> v_proj;
-  Linear<T, style_at<Plan, "c_proj">> c_proj;
+  Linear<T, style_at<Plan, "q_proj">> q_proj;  ///< Query projection, dim -> dim, with bias.
+  Linear<T, style_at<Plan, "k_proj">> k_proj;  ///< Key projection, dim -> dim, with bias.
+  Linear<T, style_at<Plan, "v_proj">> v_proj;  ///< Value projection, dim -> dim, with bias.
+  Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
   SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
 
+  /// The projections' parameters are drawn from seed + 1 .. seed + 4.
   GPT2Attention(GPT2Config const& c, std::uint64_t seed)
       : q_proj(c.dim, c.dim, seed + 1),
         k_proj(c.dim, c.dim, seed + 2),
@@ -53,6 +58,7 @@ struct GPT2Attention {
                        " ranks; each rank computes whole heads: choose a tp size that divides the heads");
   }
 
+  /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
     q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
@@ -61,6 +67,7 @@ struct GPT2Attention {
     return c_proj(out);
   }
 
+  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
     auto dout = c_proj.backward(dy);
@@ -78,18 +85,21 @@ struct GPT2Attention {
 /// The feed-forward: c_fc (dim -> 4 dim), gelu_new, c_proj (4 dim -> dim), both with bias.
 template <class T, class Plan = serial_plan>
 struct GPT2MLP {
-  Linear<T, style_at<Plan, "c_fc">> c_fc;
-  Linear<T, style_at<Plan, "c_proj">> c_proj;
+  Linear<T, style_at<Plan, "c_fc">> c_fc;      ///< dim -> 4 dim, with bias.
+  Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< 4 dim -> dim, with bias.
   SHARDWISE_CHILDREN(c_fc, c_proj)
 
+  /// The parameters are drawn from seed + 1 and seed + 2.
   GPT2MLP(GPT2Config const& c, std::uint64_t seed)
       : c_fc(c.dim, c.hidden(), seed + 1), c_proj(c.hidden(), c.dim, seed + 2) {}
 
+  /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
     h_ = c_fc(x);
     return c_proj(gelu_tanh(h_));
   }
+  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
     return c_fc.backward(gelu_tanh_backward(h_, c_proj.backward(dy)));
@@ -99,26 +109,30 @@ struct GPT2MLP {
   output_t<decltype(c_fc)> h_;  // before the activation: gelu_tanh_backward needs it
 };
 
+/// One block, pre-norm with residuals: h = x + attn(ln_1(x)), h + mlp(ln_2(h)).
 template <class T, class Plan = serial_plan>
 struct GPT2Block {
-  LayerNorm<T, style_at<Plan, "ln_1">> ln_1;
-  GPT2Attention<T, subplan<Plan, "attn">> attn;
-  LayerNorm<T, style_at<Plan, "ln_2">> ln_2;
-  GPT2MLP<T, subplan<Plan, "mlp">> mlp;
+  LayerNorm<T, style_at<Plan, "ln_1">> ln_1;     ///< LayerNorm before attention.
+  GPT2Attention<T, subplan<Plan, "attn">> attn;  ///< The attention.
+  LayerNorm<T, style_at<Plan, "ln_2">> ln_2;     ///< LayerNorm before the MLP.
+  GPT2MLP<T, subplan<Plan, "mlp">> mlp;          ///< The MLP.
   SHARDWISE_CHILDREN(ln_1, attn, ln_2, mlp)
 
+  /// The attention's parameters are drawn from `seed`, the MLP's from seed + 10.
   GPT2Block(GPT2Config const& c, std::uint64_t seed)
       : ln_1(c.dim, static_cast<T>(c.layer_norm_eps)),
         attn(c, seed),
         ln_2(c.dim, static_cast<T>(c.layer_norm_eps)),
         mlp(c, seed + 10) {}
 
-  // sw::forward / sw::backward apply the children's plan entries (PrepareModuleInput under sequence parallelism).
+  /// Forward on x [tokens, dim]. sw::forward / sw::backward apply the children's plan entries
+  /// (PrepareModuleInput under sequence parallelism).
   template <class X>
   auto forward(X const& x) {
     auto h = x + shardwise::forward(attn, ln_1(x));
     return h + shardwise::forward(mlp, ln_2(h));
   }
+  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
     auto dh = dy + ln_2.backward(shardwise::backward(mlp, dy));
@@ -132,13 +146,15 @@ struct GPT2Block {
 /// saved once, as "wte.weight".
 template <class T, class Plan = serial_plan>
 struct GPT2 {
-  Embedding<T, style_at<Plan, "wte">> wte;
-  Embedding<T, style_at<Plan, "wpe">> wpe;
-  std::vector<GPT2Block<T, subplan<Plan, "h.*">>> h;
-  LayerNorm<T, style_at<Plan, "ln_f">> ln_f;
-  Linear<T, style_at<Plan, "lm_head">> lm_head;
+  Embedding<T, style_at<Plan, "wte">> wte;            ///< Token embedding [vocabulary, dim].
+  Embedding<T, style_at<Plan, "wpe">> wpe;            ///< Position embedding [sequence, dim].
+  std::vector<GPT2Block<T, subplan<Plan, "h.*">>> h;  ///< The blocks.
+  LayerNorm<T, style_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
+  Linear<T, style_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
   SHARDWISE_CHILDREN(wte, wpe, h, ln_f, lm_head)
 
+  /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not
+  /// divide into the heads.
   explicit GPT2(GPT2Config const& c)
       : wte(c.vocabulary, c.dim, c.seed),
         wpe(c.sequence, c.dim, c.seed + 1),
@@ -162,14 +178,17 @@ struct GPT2 {
     wpe.pad_vocabulary_for_tp();
   }
 
+  /// The config the model was built from.
   [[nodiscard]] GPT2Config const& config() const { return config_; }
 
+  /// Logits [tokens, vocabulary] for the token ids (whole sequences of config().sequence tokens).
   auto forward(std::span<const std::int64_t> ids) {
     auto x = wte(ids) + wpe(positions(ids.size()));
     for (auto& block : h) x = block.forward(x);
     return lm_head(ln_f(x));
   }
 
+  /// Backward of the last forward from the logits' gradient: accumulates every parameter's gradient.
   template <class DY>
   void backward(DY const& dlogits) {
     auto dx = ln_f.backward(lm_head.backward(dlogits));

@@ -12,11 +12,16 @@
 
 namespace shardwise::models {
 
+/// Builds the GPT-2 plan; use it through gpt2_plan. SequenceParallel: cut the residual stream along the tokens
+/// between blocks.
 template <bool SequenceParallel = true>
 struct gpt2_plan_options {
-  using stream = std::conditional_t<SequenceParallel, Shard<0>, Replicate>;  // the residual stream's layout
+  using stream = std::conditional_t<SequenceParallel, Shard<0>, Replicate>;  ///< The residual stream's layout.
+  /// The LayerNorms' style: SequenceParallel, or none.
   using norm_style = std::conditional_t<SequenceParallel, shardwise::SequenceParallel<>, NoParallel>;
+  /// wpe's style: RowwiseParallel into the stream's Shard<0>, or none (whole on every rank).
   using position_style = std::conditional_t<SequenceParallel, RowwiseParallel<Replicate, Shard<0>>, NoParallel>;
+  /// The plan.
   using type = plan<at<"wte", RowwiseParallel<Replicate, stream>>,              //
                     at<"wpe", position_style>,                                  //
                     at<"ln_f", norm_style>,                                     //

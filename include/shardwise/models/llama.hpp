@@ -14,24 +14,26 @@
 
 namespace shardwise::models {
 
+/// The sizes and settings of a Llama model.
 struct LlamaConfig {
-  std::size_t vocabulary = 256;
-  std::size_t dim = 64;
-  std::size_t layers = 2;
-  std::size_t heads = 4;
-  std::size_t kv_heads = 2;
-  std::size_t hidden = 176;
-  double norm_eps = 1e-5;
-  double rope_theta = 10000.0;
-  std::size_t sequence = 32;  // tokens per sequence; a batch is rows of whole sequences
-  std::uint64_t seed = 1234;
-  // optimum-neuron's kv_size_multiplier: how many times each key-value head is repeated before wk and wv are
-  // cut, so that more tp ranks than key-value heads each hold the head their query heads use. 0: derived
-  // (tp / kv_heads when tp exceeds kv_heads, else 1).
+  std::size_t vocabulary = 256;  ///< Token ids are in [0, vocabulary).
+  std::size_t dim = 64;          ///< The model (embedding) width.
+  std::size_t layers = 2;        ///< Number of decoder blocks.
+  std::size_t heads = 4;         ///< Query heads.
+  std::size_t kv_heads = 2;      ///< Key-value heads (grouped-query: each serves heads / kv_heads query heads).
+  std::size_t hidden = 176;      ///< The feed-forward's inner width.
+  double norm_eps = 1e-5;        ///< RMSNorm's epsilon.
+  double rope_theta = 10000.0;   ///< The rotary embedding's base.
+  std::size_t sequence = 32;     ///< Tokens per sequence; a batch is rows of whole sequences.
+  std::uint64_t seed = 1234;     ///< Seed of the initial parameters.
+  /// optimum-neuron's kv_size_multiplier: how many times each key-value head is repeated before wk and wv are
+  /// cut, so that more tp ranks than key-value heads each hold the head their query heads use. 0: derived
+  /// (tp / kv_heads when tp exceeds kv_heads, else 1).
   std::size_t kv_size_multiplier = 0;
-  // transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
-  // tensor, one gradient, one optimizer state, saved once as the embedding).
+  /// transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
+  /// tensor, one gradient, one optimizer state, saved once as the embedding).
   bool tie_word_embeddings = false;
+  /// Width of one attention head: dim / heads.
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
 };
 
@@ -104,12 +106,14 @@ struct tp_cannot_serve_heads_at;  // incomplete on purpose: the diagnostic spell
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size>
 struct LlamaAttention {
-  Linear<T, style_at<Plan, "wq">> wq;
-  Linear<T, style_at<Plan, "wk">> wk;
-  Linear<T, style_at<Plan, "wv">> wv;
-  Linear<T, style_at<Plan, "wo">> wo;
+  Linear<T, style_at<Plan, "wq">> wq;  ///< Query projection, dim -> heads * head_dim, no bias.
+  Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim, no bias.
+  Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim, no bias.
+  Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim, no bias.
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
 
+  /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
+  /// from StaticHeads / StaticKvHeads.
   LlamaAttention(LlamaConfig const& c, std::uint64_t seed)
       : wq(c.dim, c.heads * c.head_dim(), seed + 1, false),
         wk(c.dim, c.kv_heads * c.head_dim(), seed + 2, false),
@@ -124,6 +128,7 @@ struct LlamaAttention {
                        c.heads, " and ", c.kv_heads);
   }
 
+  /// Whether the plan shards the heads (ColwiseParallel on wk).
   static constexpr bool sharded_heads = is_colwise_v<typename Linear<T, style_at<Plan, "wk">>::style>;
 
   /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
@@ -162,6 +167,7 @@ struct LlamaAttention {
     }
   }
 
+  /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
     q_ = wq(x), k_ = wk(x), v_ = wv(x);
@@ -172,6 +178,7 @@ struct LlamaAttention {
     return wo(out);
   }
 
+  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
     auto dout = wo.backward(dy);
@@ -197,24 +204,28 @@ struct LlamaAttention {
   nn::attention_saved<T> saved_;  // the softmax probabilities, for backward
 };
 
+/// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
 template <class T, class Plan = serial_plan>
 struct LlamaFeedForward {
-  Linear<T, style_at<Plan, "w1">> w1;
-  Linear<T, style_at<Plan, "w3">> w3;
-  Linear<T, style_at<Plan, "w2">> w2;
+  Linear<T, style_at<Plan, "w1">> w1;  ///< Gate projection, dim -> hidden, no bias.
+  Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden, no bias.
+  Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim, no bias.
   SHARDWISE_CHILDREN(w1, w3, w2)
 
+  /// The parameters are drawn from seed + 1 .. seed + 3.
   LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
       : w1(c.dim, c.hidden, seed + 1, false),
         w3(c.dim, c.hidden, seed + 2, false),
         w2(c.hidden, c.dim, seed + 3, false) {}
 
+  /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
     h1_ = w1(x), h3_ = w3(x);
     a_ = silu(h1_);
     return w2(a_ * h3_);
   }
+  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
     auto dp = w2.backward(dy);
@@ -225,27 +236,31 @@ struct LlamaFeedForward {
   output_t<decltype(w1)> h1_, h3_, a_;
 };
 
+/// One decoder block, pre-norm with residuals: h = x + attention(attention_norm(x)), h + feed_forward(ffn_norm(h)).
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size>
 struct LlamaBlock {
-  RMSNorm<T, style_at<Plan, "attention_norm">> attention_norm;
-  LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads> attention;
-  RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;
-  LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;
+  RMSNorm<T, style_at<Plan, "attention_norm">> attention_norm;                          ///< Norm before attention.
+  LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads> attention;  ///< The attention.
+  RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;                  ///< Norm before the feed-forward.
+  LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;  ///< The feed-forward.
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
 
+  /// The attention's parameters are drawn from `seed`, the feed-forward's from seed + 10.
   LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
       : attention_norm(c.dim, static_cast<T>(c.norm_eps)),
         attention(c, seed),
         ffn_norm(c.dim, static_cast<T>(c.norm_eps)),
         feed_forward(c, seed + 10) {}
 
-  // sw::forward / sw::backward apply the children's plan entries (PrepareModuleInput under sequence parallelism).
+  /// Forward on x [tokens, dim]. sw::forward / sw::backward apply the children's plan entries
+  /// (PrepareModuleInput under sequence parallelism).
   template <class X>
   auto forward(X const& x) {
     auto h = x + shardwise::forward(attention, attention_norm(x));
     return h + shardwise::forward(feed_forward, ffn_norm(h));
   }
+  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
     auto dh = dy + ffn_norm.backward(shardwise::backward(feed_forward, dy));
@@ -259,12 +274,14 @@ struct LlamaBlock {
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size>
 struct Llama {
-  Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;
-  std::vector<LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>> layers;
-  RMSNorm<T, style_at<Plan, "norm">> norm;
-  Linear<T, style_at<Plan, "output">> output;
+  Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;                             ///< Token embedding.
+  std::vector<LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>> layers;  ///< The blocks.
+  RMSNorm<T, style_at<Plan, "norm">> norm;                                                   ///< The final norm.
+  Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
 
+  /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
+  /// c.tie_word_embeddings is set.
   explicit Llama(LlamaConfig const& c)
       : tok_embeddings(c.vocabulary, c.dim, c.seed),
         norm(c.dim, static_cast<T>(c.norm_eps)),
@@ -283,14 +300,17 @@ struct Llama {
   static constexpr bool can_tie = std::is_same_v<typename decltype(output)::weight_grad_placement,
                                                  typename decltype(tok_embeddings)::weight_grad_placement>;
 
+  /// The config the model was built from.
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
 
+  /// Logits [tokens, vocabulary] for the token ids (whole sequences, config().sequence each).
   auto forward(std::span<const std::int64_t> ids) {
     auto h = tok_embeddings(ids);
     for (auto& block : layers) h = block.forward(h);
     return output(norm(h));
   }
 
+  /// Backward of the last forward from the logits' gradient: accumulates every parameter's gradient.
   template <class DY>
   void backward(DY const& dlogits) {
     auto dh = norm.backward(output.backward(dlogits));

@@ -15,6 +15,7 @@ namespace shardwise::models {
 /// `static constexpr bool matches(std::string_view path)`. Matching entries get NoParallel; if what is left
 /// does not chain (a sharded activation reaching an unsharded layer), that is a compile error.
 struct leave_none {
+  /// No path matches: every module is sharded as the plan says.
   static constexpr bool matches(std::string_view) { return false; }
 };
 
@@ -28,14 +29,19 @@ struct leave_alone<plan<Entries...>, LeaveAlone> {
 };
 }  // namespace detail
 
+/// Builds the Llama plan; use it through llama_plan. SequenceParallel: cut the residual stream along the tokens
+/// between blocks (needs ParallelizeEmbeddings). ParallelizeEmbeddings: cut tok_embeddings by the vocabulary.
 template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
 struct llama_plan_options {
   static_assert(ParallelizeEmbeddings || !SequenceParallel,
                 "shardwise::models::llama_plan: sequence parallelism starts at the embedding's reduce-scatter; "
                 "with parallelize_embeddings off, turn sequence_parallel off too");
-  using stream = std::conditional_t<SequenceParallel, Shard<0>, Replicate>;  // the residual stream's layout
+  using stream = std::conditional_t<SequenceParallel, Shard<0>, Replicate>;  ///< The residual stream's layout.
+  /// The RMSNorms' style: SequenceParallel, or none.
   using norm_style = std::conditional_t<SequenceParallel, shardwise::SequenceParallel<>, NoParallel>;
+  /// tok_embeddings' style: RowwiseParallel (vocabulary-parallel) into the stream's layout, or none.
   using embedding_style = std::conditional_t<ParallelizeEmbeddings, RowwiseParallel<Replicate, stream>, NoParallel>;
+  /// The plan, before LeaveAlone is applied.
   using type = plan<at<"tok_embeddings", embedding_style>,                               //
                     at<"norm", norm_style>,                                              //
                     at<"output", ColwiseParallel<stream, Shard<-1>>>,                    //

@@ -14,9 +14,10 @@ namespace shardwise::models {
 
 /// What is_model_supported answers, like optimum-neuron's (tensor, sequence, pipeline) triple.
 struct support {
-  bool tensor_parallel = false;
-  bool sequence_parallel = false;
-  bool pipeline_parallel = false;
+  bool tensor_parallel = false;    ///< Tensor parallelism (a plan that cuts the layers over tp).
+  bool sequence_parallel = false;  ///< Sequence parallelism (the residual stream cut along the tokens).
+  bool pipeline_parallel = false;  ///< Pipeline parallelism.
+  /// Equal when all three agree.
   constexpr bool operator==(support const&) const = default;
 };
 
@@ -24,22 +25,27 @@ struct support {
 template <template <class, class> class Model>
 struct parallelizer;
 
+/// models::Llama, as "llama", with llama_plan.
 template <>
 struct parallelizer<Llama> {
-  static constexpr std::string_view name = "llama";
-  static constexpr support supported{true, true, false};
+  static constexpr std::string_view name = "llama";       ///< transformers' model_type.
+  static constexpr support supported{true, true, false};  ///< Tensor and sequence parallel.
+  /// The plan, with llama_plan's options.
   template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
   using plan = llama_plan<SequenceParallel, ParallelizeEmbeddings, LeaveAlone>;
 };
 
+/// models::GPT2, as "gpt2", with gpt2_plan.
 template <>
 struct parallelizer<GPT2> {
-  static constexpr std::string_view name = "gpt2";  // transformers' model_type
-  static constexpr support supported{true, true, false};
+  static constexpr std::string_view name = "gpt2";        ///< transformers' model_type.
+  static constexpr support supported{true, true, false};  ///< Tensor and sequence parallel.
+  /// The plan, with gpt2_plan's options.
   template <bool SequenceParallel = true>
   using plan = gpt2_plan<SequenceParallel>;
 };
 
+/// A model template with a parallelizer specialization giving its name and what it supports.
 template <template <class, class> class Model>
 concept registered_model = requires {
   { parallelizer<Model>::name } -> std::convertible_to<std::string_view>;
@@ -59,8 +65,10 @@ constexpr support is_model_supported() {
 /// own; a user's list extends it: `using my_models = shardwise::models::builtin_models::with<MyModel>;`.
 template <template <class, class> class... Models>
 requires(registered_model<Models>&&...) struct model_list {
-  static constexpr std::size_t size = sizeof...(Models);
+  static constexpr std::size_t size = sizeof...(Models);  ///< How many models.
+  /// Each model's name, in the list's order.
   static constexpr std::array<std::string_view, size> names{std::string_view(parallelizer<Models>::name)...};
+  /// What each model supports, in the list's order.
   static constexpr std::array<support, size> supported{support(parallelizer<Models>::supported)...};
   /// Whether no two models share a name (a lookup by name needs this).
   static constexpr bool unique_names = [] {
@@ -69,6 +77,7 @@ requires(registered_model<Models>&&...) struct model_list {
         if (names[i] == names[j]) return false;
     return true;
   }();
+  /// This list with More appended.
   template <template <class, class> class... More>
   using with = model_list<Models..., More...>;
 };
