@@ -32,16 +32,18 @@ extents xtensor_extents(Shape const& shape) {
 
 }  // namespace detail
 
+/// An xt::xtensor<T, N>: rank N, the storage order its (compile-time) layout.
 template <class EC, std::size_t N, xt::layout_type L, class Tag>
 struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> {
-  using type = xt::xtensor_container<EC, N, L, Tag>;
-  using element_type = typename type::value_type;
-  static constexpr std::size_t rank = N;
-  static constexpr storage_order order = detail::xtensor_order<L>();
+  using type = xt::xtensor_container<EC, N, L, Tag>;                  ///< The tensor type.
+  using element_type = typename type::value_type;                     ///< The tensor's value type.
+  static constexpr std::size_t rank = N;                              ///< N.
+  static constexpr storage_order order = detail::xtensor_order<L>();  ///< From the layout L.
 
-  static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }
-  static element_type* data(type& t) { return t.data(); }
-  static element_type const* data(type const& t) { return t.data(); }
+  static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }  ///< The tensor's shape.
+  static element_type* data(type& t) { return t.data(); }              ///< The tensor's contiguous storage.
+  static element_type const* data(type const& t) { return t.data(); }  ///< The tensor's contiguous storage.
+  /// A tensor of shape `e`; throws if the rank is not N.
   static type make(extents const& e) {
     if (e.rank != N)
       detail::fail("shardwise::tensor_traits<xt::xtensor>: cannot make a rank-", N, " tensor of shape ", e);
@@ -51,16 +53,18 @@ struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> {
   }
 };
 
+/// An xt::xarray<T>: the rank known at run time, the storage order its (compile-time) layout.
 template <class EC, xt::layout_type L, class SC, class Tag>
 struct tensor_traits<xt::xarray_container<EC, L, SC, Tag>> {
-  using type = xt::xarray_container<EC, L, SC, Tag>;
-  using element_type = typename type::value_type;
-  static constexpr std::size_t rank = dynamic_rank;
-  static constexpr storage_order order = detail::xtensor_order<L>();
+  using type = xt::xarray_container<EC, L, SC, Tag>;                  ///< The array type.
+  using element_type = typename type::value_type;                     ///< The array's value type.
+  static constexpr std::size_t rank = dynamic_rank;                   ///< Known at run time only.
+  static constexpr storage_order order = detail::xtensor_order<L>();  ///< From the layout L.
 
-  static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }
-  static element_type* data(type& t) { return t.data(); }
-  static element_type const* data(type const& t) { return t.data(); }
+  static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }  ///< The array's shape.
+  static element_type* data(type& t) { return t.data(); }              ///< The array's contiguous storage.
+  static element_type const* data(type const& t) { return t.data(); }  ///< The array's contiguous storage.
+  /// An array of shape `e`.
   static type make(extents const& e) {
     typename type::shape_type shape(e.rank);
     for (std::size_t i = 0; i < e.rank; ++i) shape[i] = e[i];

@@ -33,6 +33,7 @@ namespace shardwise {
                " (nor does its parent); give the folder save_sharded wrote, or its tensor_parallel_shards folder");
 }
 
+/// Options of consolidate.
 struct consolidate_options {
   /// Renames tensors on the way (for example to Hugging Face transformers' names); identity when empty.
   std::function<std::string(std::string const&)> rename;

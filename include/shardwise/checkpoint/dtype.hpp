@@ -73,12 +73,13 @@ inline constexpr dtype all_dtypes[] = {dtype::F64, dtype::F32, dtype::F16, dtype
   return std::nullopt;
 }
 
-/// A 16-bit float (IEEE binary16) or bfloat16 held as its bits; read them into float with to_float.
+/// A 16-bit float (IEEE binary16) held as its bits; read them into float with to_float.
 struct float16 {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< The IEEE binary16 bits.
 };
+/// A bfloat16 held as its bits (the top 16 bits of a float); read them into float with to_float.
 struct bfloat16 {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< The bfloat16 bits.
 };
 
 namespace detail {

@@ -18,6 +18,7 @@
 
 namespace shardwise {
 
+/// A file mapped read-only into memory, unmapped when destroyed; movable, not copyable.
 class mapped_file {
  public:
   mapped_file() = default;
@@ -57,11 +58,13 @@ class mapped_file {
     }
   }
 
+  /// Takes over `other`'s mapping, leaving `other` empty.
   mapped_file(mapped_file&& other) noexcept
       : path_(std::move(other.path_)),
         data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)),
         fd_(std::exchange(other.fd_, -1)) {}
+  /// Unmaps this file and takes over `other`'s mapping, leaving `other` empty.
   mapped_file& operator=(mapped_file&& other) noexcept {
     if (this != &other) {
       unmap();
@@ -76,8 +79,8 @@ class mapped_file {
   mapped_file& operator=(mapped_file const&) = delete;
   ~mapped_file() { unmap(); }
 
-  [[nodiscard]] std::span<std::byte const> bytes() const { return {data_, size_}; }
-  [[nodiscard]] std::string const& path() const { return path_; }
+  [[nodiscard]] std::span<std::byte const> bytes() const { return {data_, size_}; }  ///< The whole file's bytes.
+  [[nodiscard]] std::string const& path() const { return path_; }                    ///< The path it was opened with.
 
   /// Asks the kernel to read bytes [offset, offset + length) ahead, in the background (a hint; errors ignored).
   void will_need(std::size_t offset, std::size_t length) const {

@@ -41,7 +41,10 @@ struct tensor_source {
   /// -1: the whole tensor; else the model tensor is [slice_start, slice_start + slice_size) along this dimension
   /// of the file's tensor after transposing (q, k or v of GPT-2's fused c_attn: slice_dim 0). A vector: 0.
   int slice_dim = -1;
+  /// The slice's start and size along slice_dim, when slice_dim is not -1.
+  /// @{
   std::uint64_t slice_start = 0, slice_size = 0;
+  /// @}
 };
 
 /// Model tensor name ("h.0.attn.wq.weight") -> its source, or std::nullopt when the checkpoint has none (the

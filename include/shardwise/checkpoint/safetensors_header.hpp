@@ -25,18 +25,19 @@ inline constexpr std::uint64_t max_safetensors_header_bytes = 100'000'000;
 
 /// One tensor of a safetensors file, as its header describes it (already checked against the file).
 struct tensor_info {
-  std::string name;
-  dtype type = dtype::F32;
-  std::vector<std::uint64_t> shape;
-  std::uint64_t begin = 0;  // byte offsets into the data section
-  std::uint64_t end = 0;
+  std::string name;                  ///< The tensor's name.
+  dtype type = dtype::F32;           ///< Its element type.
+  std::vector<std::uint64_t> shape;  ///< Its shape.
+  std::uint64_t begin = 0;           ///< Byte offset of its first byte in the data section.
+  std::uint64_t end = 0;             ///< Byte offset one past its last byte in the data section.
 
+  /// The number of elements (the product of the shape).
   [[nodiscard]] std::uint64_t elements() const {
     std::uint64_t n = 1;
     for (std::uint64_t d : shape) n *= d;  // cannot overflow: checked against the byte count when parsed
     return n;
   }
-  [[nodiscard]] std::uint64_t bytes() const { return end - begin; }
+  [[nodiscard]] std::uint64_t bytes() const { return end - begin; }  ///< The size of its data.
 };
 
 struct safetensors_header;
@@ -45,10 +46,10 @@ struct safetensors_header;
 
 /// A parsed and checked header.
 struct safetensors_header {
-  std::vector<tensor_info> tensors;  // in the order of their data
-  std::map<std::string, std::string, std::less<>> metadata;
-  std::uint64_t data_start = 0;  // 8 + header length
-  std::uint64_t data_size = 0;
+  std::vector<tensor_info> tensors;                          ///< The tensors, in the order of their data.
+  std::map<std::string, std::string, std::less<>> metadata;  ///< The header's "__metadata__".
+  std::uint64_t data_start = 0;                              ///< Where the data section starts: 8 + header length.
+  std::uint64_t data_size = 0;                               ///< The data section's size (the rest of the file).
 
   /// The tensor called `name`, or null.
   [[nodiscard]] tensor_info const* find(std::string_view name) const {

@@ -98,9 +98,11 @@ class safetensors_file {
     header_ = parse_safetensors_header(file_.bytes(), file_.path());
   }
 
-  [[nodiscard]] std::string const& path() const { return file_.path(); }
+  [[nodiscard]] std::string const& path() const { return file_.path(); }  ///< The path it was opened with.
+  /// Every tensor, in the order of their data.
   [[nodiscard]] std::vector<tensor_info> const& tensors() const { return header_.tensors; }
-  [[nodiscard]] auto const& metadata() const { return header_.metadata; }
+  [[nodiscard]] auto const& metadata() const { return header_.metadata; }  ///< The header's "__metadata__".
+  /// Whether the file has a tensor called `name`.
   [[nodiscard]] bool contains(std::string_view name) const { return header_.find(name) != nullptr; }
 
   /// The tensor called `name`; throws, listing a few names the file has, when it has none of that name.

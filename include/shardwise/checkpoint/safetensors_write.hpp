@@ -24,6 +24,7 @@
 
 namespace shardwise {
 
+/// Collects tensors, then writes them as one safetensors file.
 class safetensors_writer {
  public:
   /// Adds raw little-endian row-major bytes; they are borrowed and must stay alive until write().
@@ -93,7 +94,7 @@ class safetensors_writer {
     entries_.back().fill = std::move(fill);
   }
 
-  [[nodiscard]] std::size_t size() const { return entries_.size(); }
+  [[nodiscard]] std::size_t size() const { return entries_.size(); }  ///< How many tensors were added.
 
   /// Writes the file, replacing `path` atomically.
   void write(std::filesystem::path const& path, std::map<std::string, std::string> const& metadata = {}) const {

@@ -23,40 +23,55 @@
 
 namespace shardwise {
 
+/// The index's file name in the checkpoint folder.
 inline constexpr std::string_view checkpoint_index_name = "shardwise_checkpoint.json";
+/// The index's "format" value.
 inline constexpr std::string_view checkpoint_format = "shardwise.sharded_checkpoint";
 
 /// One file's part of a tensor: the box [offset, offset + shape) of the global tensor.
 struct checkpoint_piece {
-  std::string file;  // relative to the checkpoint folder
+  std::string file;  ///< The safetensors file, relative to the checkpoint folder.
+  /// The box's start and size in the global tensor, one number a dimension.
+  /// @{
   std::vector<std::uint64_t> offset, shape;
-  std::string name_in_file = {};  // when the file names the tensor otherwise (a consolidated file); not saved
-  // A Hugging Face file may store the tensor otherwise (neither is saved): transposed (GPT-2's Conv1D keeps
-  // [in, out]), and as part of a bigger tensor (q of a fused q|k|v): the box then starts at offset_in_file of
-  // the file's tensor, counted after transposing it (in the model's orientation). Empty: at the origin.
+  /// @}
+  /// The tensor's name in the file when it differs (a consolidated file); not saved.
+  std::string name_in_file = {};
+  /// Whether the file stores the tensor transposed (GPT-2's Conv1D keeps [in, out]); not saved.
   bool transposed = false;
+  /// Where the box starts in the file's tensor when that tensor is bigger (q of a fused q|k|v), counted after
+  /// transposing it (in the model's orientation). Empty: at the origin. Not saved.
   std::vector<std::uint64_t> offset_in_file = {};
 };
 
+/// One tensor of a sharded checkpoint and the pieces that hold it.
 struct checkpoint_tensor {
-  std::string name;
-  dtype type = dtype::F32;
-  std::vector<std::uint64_t> shape;  // global, without vocabulary padding or repeated key-value heads
-  std::string placement;             // on the tp axis: "Shard(dim=0)", "Shard(dim=1)" or "Replicate()"
-  std::vector<checkpoint_piece> pieces;
+  std::string name;         ///< The tensor's name in the model ("layers.0.attention.wq.weight").
+  dtype type = dtype::F32;  ///< Its element type in the files.
+  /// The global shape, without vocabulary padding or repeated key-value heads.
+  std::vector<std::uint64_t> shape;
+  /// The placement on the tp axis: "Shard(dim=0)", "Shard(dim=1)" or "Replicate()".
+  std::string placement;
+  std::vector<checkpoint_piece> pieces;  ///< The pieces, which together cover the tensor exactly once.
 };
 
+/// The contents of a checkpoint's index file.
 struct checkpoint_index {
-  std::int64_t step = 0;
-  int tp = 1, pp = 1;  // the mesh the checkpoint was saved from
-  std::map<std::string, std::string> metadata;
-  std::vector<checkpoint_tensor> tensors;  // in the model's order
+  std::int64_t step = 0;  ///< The training step it was saved at.
+  /// The mesh the checkpoint was saved from: its tp and pp sizes.
+  /// @{
+  int tp = 1, pp = 1;
+  /// @}
+  std::map<std::string, std::string> metadata;  ///< The user's metadata.
+  std::vector<checkpoint_tensor> tensors;       ///< The tensors, in the model's order.
 
+  /// The tensor called `name`, or null.
   [[nodiscard]] checkpoint_tensor const* find(std::string_view name) const {
     for (auto const& t : tensors)
       if (t.name == name) return &t;
     return nullptr;
   }
+  /// The tensor called `name`, or null.
   [[nodiscard]] checkpoint_tensor* find(std::string_view name) {
     return const_cast<checkpoint_tensor*>(std::as_const(*this).find(name));
   }

@@ -23,6 +23,7 @@
 #include "shardwise/nn/lazy.hpp"
 
 namespace shardwise {
+/// Options of load_sharded, load_consolidated and load_pretrained.
 struct load_options {
   /// How many tp ranks read at once (optimum-neuron's num_local_ranks_per_step): the others wait their turn,
   /// which bounds the concurrent disk and page-cache load. 0: all at once, with no communication at all.
