@@ -401,6 +401,8 @@ struct scalar_cell {
 };
 }  // namespace detail
 
+// An internal specialization: \cond keeps it out of the API reference.
+/// \cond
 template <class E>
 struct tensor_traits<detail::scalar_cell<E>> {
   using element_type = E;
@@ -410,6 +412,7 @@ struct tensor_traits<detail::scalar_cell<E>> {
   static E* data(detail::scalar_cell<E>& c) { return &c.value; }
   static E const* data(detail::scalar_cell<E> const& c) { return &c.value; }
 };
+/// \endcond
 
 /// Reduces one number over the ranks of a 1-D mesh and returns the result, the same on every rank (in rank
 /// order, so threads and MPI agree to the bit): float loss = sw::all_reduce(dp, local_loss, sw::Avg{}).

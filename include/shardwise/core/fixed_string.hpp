@@ -7,15 +7,21 @@
 
 namespace shardwise {
 
+/// A string of N - 1 characters usable as a template argument: fixed_string<3>{"tp"}, or just "tp" where a
+/// template parameter is a fixed_string.
 template <std::size_t N>
 struct fixed_string {
-  char chars[N]{};  // includes the terminating '\0'
+  char chars[N]{};  ///< The characters, including the terminating '\0'.
 
-  constexpr fixed_string() = default;
+  constexpr fixed_string() = default;  ///< Every character '\0'.
+  /// From a string literal; implicit, so that "tp" can be a template argument.
   constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, chars); }  // NOLINT: implicit on purpose
+  /// The characters.
   [[nodiscard]] constexpr std::string_view view() const { return {chars, N - 1}; }
+  /// The length, without the '\0'.
   [[nodiscard]] static constexpr std::size_t size() { return N - 1; }
 
+  /// Equal when the characters are, whatever the sizes.
   template <std::size_t M>
   constexpr bool operator==(fixed_string<M> const& other) const {
     return view() == other.view();

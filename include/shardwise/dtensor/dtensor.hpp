@@ -196,27 +196,29 @@ auto replicated_layout() {
 
 }  // namespace detail
 
+/// A distributed tensor: this rank's shard (a Tensor), the global shape, and the layout L (one placement per
+/// mesh axis) in the type. Made by distribute or from_local.
 template <class Tensor, device_mesh Mesh, class L>
 class DTensor {
   static_assert(detail::check_creatable_tensor<Tensor>());
   static_assert(detail::check_layout<Tensor, Mesh, L>());
 
  public:
-  using tensor_type = Tensor;
-  using mesh_type = Mesh;
-  using layout_type = L;
-  using element_type = element_t<Tensor>;
-  static constexpr std::size_t mesh_axes = Mesh::ndim;
+  using tensor_type = Tensor;                           ///< The type of the local shard.
+  using mesh_type = Mesh;                               ///< The mesh it is distributed over.
+  using layout_type = L;                                ///< Its layout: one placement per mesh axis.
+  using element_type = element_t<Tensor>;               ///< The element type.
+  static constexpr std::size_t mesh_axes = Mesh::ndim;  ///< The number of mesh axes.
 
   /// Wraps a shard without checks; use from_local or distribute, which check.
   DTensor(Mesh mesh, Tensor local, extents global)
       : mesh_(std::move(mesh)), local_(std::move(local)), global_(global) {}
 
-  [[nodiscard]] Tensor const& to_local() const& { return local_; }
-  [[nodiscard]] Tensor to_local() && { return std::move(local_); }
-  [[nodiscard]] Tensor& local() { return local_; }
-  [[nodiscard]] extents const& global_shape() const { return global_; }
-  [[nodiscard]] Mesh const& mesh() const { return mesh_; }
+  [[nodiscard]] Tensor const& to_local() const& { return local_; }       ///< This rank's shard.
+  [[nodiscard]] Tensor to_local() && { return std::move(local_); }       ///< This rank's shard, moved out.
+  [[nodiscard]] Tensor& local() { return local_; }                       ///< This rank's shard, to change in place.
+  [[nodiscard]] extents const& global_shape() const { return global_; }  ///< The whole tensor's shape.
+  [[nodiscard]] Mesh const& mesh() const { return mesh_; }               ///< The mesh.
 
   /// The placements with negative dimensions resolved for this tensor's rank.
   [[nodiscard]] detail::placements<mesh_axes> placements() const {

@@ -16,13 +16,14 @@
 
 namespace shardwise {
 
+/// A size known only at run time.
 inline constexpr std::size_t dynamic_size = 0;
 
 /// A mesh axis: its name and, when known at compile time, its size.
 template <fixed_string Name, std::size_t Size = dynamic_size>
 struct axis {
-  static constexpr auto name = Name;
-  static constexpr std::size_t static_size = Size;
+  static constexpr auto name = Name;                ///< The axis' name.
+  static constexpr std::size_t static_size = Size;  ///< Its size, or dynamic_size when known only at run time.
 };
 
 /// What a mesh backend's communicator provides (SerialComm, ThreadComm, MpiComm).
@@ -49,6 +50,8 @@ constexpr std::size_t count_axis() {
 }
 }  // namespace detail
 
+/// A device mesh: the ranks of a communicator arranged along named axes (sw::axis), with a communicator along
+/// each axis. Built by make_mesh.
 template <communicator Comm, class... Axes>
 class Mesh {
   static_assert(sizeof...(Axes) >= 1, "shardwise::Mesh: a mesh needs at least one named axis");
@@ -66,9 +69,10 @@ class Mesh {
   static_assert(axes_named_once || (show_if_named_twice<Axes>() && ...));
 
  public:
-  using comm_type = Comm;
-  static constexpr std::size_t ndim = sizeof...(Axes);
-  static constexpr std::array<std::string_view, ndim> names{Axes::name.view()...};
+  using comm_type = Comm;                                                           ///< The communicator type.
+  static constexpr std::size_t ndim = sizeof...(Axes);                              ///< The number of axes.
+  static constexpr std::array<std::string_view, ndim> names{Axes::name.view()...};  ///< The axes' names.
+  /// The axes' sizes declared at compile time (dynamic_size where not).
   static constexpr std::array<std::size_t, ndim> static_sizes{Axes::static_size...};
 
   /// Position of the axis called Name; a compile error naming it if there is none.
@@ -116,23 +120,29 @@ class Mesh {
     }
   }
 
-  [[nodiscard]] int size() const { return world_.size(); }
-  [[nodiscard]] int rank() const { return world_.rank(); }
+  [[nodiscard]] int size() const { return world_.size(); }  ///< The number of ranks in the mesh.
+  [[nodiscard]] int rank() const { return world_.rank(); }  ///< This rank in the whole mesh.
+  /// The size of axis `axis_index`.
   [[nodiscard]] int size(std::size_t axis_index) const { return sizes_[axis_index]; }
+  /// This rank's coordinate along axis `axis_index`.
   [[nodiscard]] int coordinate(std::size_t axis_index) const { return coords_[axis_index]; }
-  [[nodiscard]] std::array<int, ndim> const& sizes() const { return sizes_; }
+  [[nodiscard]] std::array<int, ndim> const& sizes() const { return sizes_; }  ///< Every axis' size.
+  /// This rank's coordinate along every axis.
   [[nodiscard]] std::array<int, ndim> const& coordinates() const { return coords_; }
+  /// The size of the axis called Name.
   template <fixed_string Name>
   [[nodiscard]] int size() const {
     return sizes_[index_of<Name>()];
   }
+  /// This rank's coordinate along the axis called Name.
   template <fixed_string Name>
   [[nodiscard]] int coordinate() const {
     return coords_[index_of<Name>()];
   }
 
-  /// The communicator along axis i, and the one spanning the whole mesh.
+  /// The communicator along axis `axis_index`.
   [[nodiscard]] Comm const& comm(std::size_t axis_index) const { return *axis_comms_[axis_index]; }
+  /// The communicator spanning the whole mesh.
   [[nodiscard]] Comm const& world() const { return world_; }
 
   /// The 1-D mesh of the ranks that share this rank's coordinates on every other axis.

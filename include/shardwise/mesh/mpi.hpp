@@ -113,21 +113,28 @@ inline std::shared_ptr<boost::mpi::environment> mpi_environment(int* argc = null
 
 }  // namespace detail
 
+/// An MPI communicator (through Boost.MPI): the world of one process per rank, or a mesh axis split from it.
 class MpiComm {
  public:
+  /// Ranks are separate processes: collectives go through MPI.
   static constexpr bool shared_memory = false;
 
+  /// Wraps `comm`, labelled `label` (the name errors give it); `env` keeps MPI initialized while it lives.
   MpiComm(std::shared_ptr<boost::mpi::environment> env, boost::mpi::communicator comm, std::string label)
       : env_(std::move(env)), comm_(std::move(comm)), label_(std::move(label)) {}
 
-  [[nodiscard]] int rank() const { return comm_.rank(); }
-  [[nodiscard]] int size() const { return comm_.size(); }
-  [[nodiscard]] std::string_view label() const { return label_; }
+  [[nodiscard]] int rank() const { return comm_.rank(); }          ///< This rank in the communicator.
+  [[nodiscard]] int size() const { return comm_.size(); }          ///< The number of ranks.
+  [[nodiscard]] std::string_view label() const { return label_; }  ///< Its name, for errors.
+  /// The MPI_Comm, for calling MPI directly.
   [[nodiscard]] MPI_Comm native() const { return static_cast<MPI_Comm>(comm_); }
+  /// The Boost.MPI communicator it wraps.
   [[nodiscard]] boost::mpi::communicator const& boost_communicator() const { return comm_; }
 
+  /// MPI_Barrier over the communicator.
   void barrier(char const* = "barrier") const { detail::mpi_check(MPI_Barrier(native()), "MPI_Barrier"); }
 
+  /// Ranks with the same color form a new communicator, ordered by key then rank, labelled `label`. Collective.
   [[nodiscard]] MpiComm split(int color, int key, std::string_view label) const {
     return MpiComm(env_, comm_.split(color, key), std::string(label));
   }
@@ -226,12 +233,15 @@ class MpiComm {
     });
   }
 
+  /// Root's `n` elements at `data` into every rank's `data` (MPI_Bcast).
   template <class T>
   void broadcast(T* data, std::size_t n, int root) const {
     detail::mpi_check(MPI_Bcast(data, detail::mpi_count(n, "broadcast"), detail::mpi_datatype<T>(), root, native()),
                       "MPI_Bcast");
   }
 
+  /// Sends send_counts[q] elements of `send` (in rank order) to rank q and receives recv_counts[q] from rank q
+  /// into `recv`, in rank order (MPI_Alltoallv).
   template <class T>
   void all_to_allv(T const* send, std::vector<std::size_t> const& send_counts, T* recv,
                    std::vector<std::size_t> const& recv_counts) const {
@@ -242,6 +252,7 @@ class MpiComm {
                       "MPI_Alltoallv");
   }
 
+  /// Sends raw bytes with the tensor shape they came from to rank `destination`.
   void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
     check_peer(destination, "send");
     detail::mpi_check(MPI_Send(&shape, sizeof(extents), MPI_BYTE, destination, 2 * tag, native()), "MPI_Send");
@@ -249,6 +260,7 @@ class MpiComm {
                       "MPI_Send");
   }
 
+  /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
   template <class Take>
   void recv_bytes(int source, int tag, Take&& take) const {
     extents shape;

@@ -163,14 +163,17 @@ inline void thread_run_state::wake_all() {
 /// One rank's handle on a group of threads: the world of run_threads, or a mesh axis split from it.
 class ThreadComm {
  public:
+  /// Ranks share memory: collectives copy straight from each other's buffers.
   static constexpr bool shared_memory = true;
 
+  /// Rank `rank` of `group` (made by run_threads and split; not for users to build).
   ThreadComm(std::shared_ptr<detail::thread_group> group, int rank) : group_(std::move(group)), rank_(rank) {}
 
-  [[nodiscard]] int rank() const { return rank_; }
-  [[nodiscard]] int size() const { return group_->size(); }
-  [[nodiscard]] std::string_view label() const { return group_->label; }
+  [[nodiscard]] int rank() const { return rank_; }                        ///< This rank in the group.
+  [[nodiscard]] int size() const { return group_->size(); }               ///< The number of ranks in the group.
+  [[nodiscard]] std::string_view label() const { return group_->label; }  ///< The group's name, for errors.
 
+  /// Waits until every rank of the group has reached it; `what` names the call in errors.
   void barrier(char const* what = "barrier") const { group_->barrier(rank_, what); }
 
   /// Publishes this rank's slot, waits for every rank's, calls fn(slots), then waits until every rank is
