@@ -10,12 +10,13 @@
 
 namespace shardwise {
 
+/// An activation between layers: this rank's part and, in the type, its layout P on the tensor-parallel axis.
 template <class T, class P = Replicate>
 struct Activation {
   static_assert(placement<P>, "shardwise::Activation: the layout must be Replicate, Shard<D> or Partial<Op>");
-  using element_type = T;
-  using placement = P;
-  nn::matrix<T> local;
+  using element_type = T;  ///< The element type.
+  using placement = P;     ///< The layout on the tp axis: Replicate, Shard<D> or Partial<Op>.
+  nn::matrix<T> local;     ///< This rank's part, a plain Eigen matrix.
 };
 
 namespace detail {

@@ -17,8 +17,11 @@ namespace shardwise::nn {
 /// sequence and query head ([sequence, sequence] each), and the sizes.
 template <class T>
 struct attention_saved {
-  std::vector<matrix<T>> probabilities;
+  std::vector<matrix<T>> probabilities;  ///< One [sequence, sequence] matrix per sequence and query head.
+  /// The sizes causal_attention was called with.
+  /// @{
   Eigen::Index sequence = 0, head_dim = 0, heads = 0, kv_heads = 0;
+  /// @}
 };
 
 /// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `sequence` rows and each query head.

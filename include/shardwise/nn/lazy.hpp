@@ -49,6 +49,7 @@ inline constexpr bool lazy_use_refused = false;
 template <module Model>
 class Lazy : private detail::lazy_scope {  // the base is built first: the flag is up while Model is built
  public:
+  /// Builds Model(args...) with no parameter allocated.
   template <class... Args>
   explicit Lazy(Args&&... args) : model_(std::forward<Args>(args)...) {
     end();
@@ -61,6 +62,7 @@ class Lazy : private detail::lazy_scope {  // the base is built first: the flag 
                   "shardwise::Lazy::forward: the model's parameters are not materialized; fill it from a checkpoint "
                   "or call sw::materialize(lazy), and use the model it returns");
   }
+  /// Not before the parameters exist, as forward.
   template <class... Args>
   void backward(Args&&...) {
     static_assert(detail::lazy_use_refused<Args...>,

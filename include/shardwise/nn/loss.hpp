@@ -16,10 +16,11 @@
 
 namespace shardwise {
 
+/// What cross_entropy returns: the loss and its gradient with respect to the logits.
 template <class T, class P>
 struct LossAndGradient {
-  T loss;                    // mean over the targets that are not ignored, the same on every rank
-  Activation<T, P> dlogits;  // gradient of that mean, in the logits' layout
+  T loss;                    ///< Mean over the targets that are not ignored, the same on every rank.
+  Activation<T, P> dlogits;  ///< Gradient of that mean, in the logits' layout.
 };
 
 namespace detail {

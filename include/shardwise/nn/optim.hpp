@@ -85,17 +85,21 @@ constexpr bool has_partial_gradients() {
 /// exempts biases and norms: {.matches = sw::names_matching({"*.bias", "*norm.weight"}), .weight_decay = 0}.
 template <class T>
 struct AdamWGroup {
-  std::function<bool(std::string_view name)> matches;
-  T weight_decay = T(0);
-  std::optional<T> learning_rate = {};
+  std::function<bool(std::string_view name)> matches;  ///< Whether a parameter (by name) is in the group.
+  T weight_decay = T(0);                               ///< The group's weight decay.
+  std::optional<T> learning_rate = {};                 ///< The group's learning rate; unset: the options'.
 };
 
+/// The settings of AdamW, with torch.optim.AdamW's defaults.
 template <class T>
 struct AdamWOptions {
-  T learning_rate = T(1e-3);
+  T learning_rate = T(1e-3);  ///< The learning rate.
+  /// The moments' decay rates, the denominator's epsilon and the decoupled weight decay, as torch.optim.AdamW's.
+  /// @{
   T beta1 = T(0.9), beta2 = T(0.999), eps = T(1e-8), weight_decay = T(0.01);
-  T max_grad_norm = T(0);  // 0: no clipping
-  bool zero1 = false;      // shard the moments over data parallelism
+  /// @}
+  T max_grad_norm = T(0);  ///< Clip the global gradient norm to this; 0: no clipping.
+  bool zero1 = false;      ///< ZeRO-1: shard the moments over data parallelism.
   /// Parameter groups; a parameter takes the first group that matches its name, else the options above.
   std::vector<AdamWGroup<T>> groups = {};
 };
@@ -106,7 +110,7 @@ struct AdamWOptions {
 template <class T>
 class AdamW {
  public:
-  explicit AdamW(AdamWOptions<T> options) : options_(std::move(options)) {}
+  explicit AdamW(AdamWOptions<T> options) : options_(std::move(options)) {}  ///< No state until the first step.
 
   /// One step. `dp` is the data-parallel 1-D mesh (a serial one for none); gradients are averaged over it.
   /// Returns the global gradient norm before clipping.
@@ -147,8 +151,8 @@ class AdamW {
   }
   /// Steps taken (bias correction depends on it); set when resuming from a checkpoint.
   [[nodiscard]] std::size_t steps() const { return steps_; }
-  void set_steps(std::size_t steps) { steps_ = steps; }
-  [[nodiscard]] AdamWOptions<T> const& options() const { return options_; }
+  void set_steps(std::size_t steps) { steps_ = steps; }                      ///< Sets the steps taken, when resuming.
+  [[nodiscard]] AdamWOptions<T> const& options() const { return options_; }  ///< The options it was made with.
 
   /// Elements of optimizer state this rank holds (moments): with ZeRO-1, about 2 x parameters / dp.
   [[nodiscard]] std::size_t state_elements() const {

@@ -13,6 +13,8 @@
 
 namespace shardwise {
 
+/// A module's own PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput entry, held as a child:
+/// input(x) and output(y) redistribute, input_backward and output_backward take the gradients back.
 template <class T, class Location = unplanned>
 class Prepare {
   using Style = typename Location::style;
@@ -31,9 +33,10 @@ class Prepare {
   }
 
  public:
-  using shardwise_location = Location;
-  using style = Style;
+  using shardwise_location = Location;  ///< Its place in the plan: the style, its path and the whole plan.
+  using style = Style;                  ///< The module's own plan entry (NoParallel: passes everything through).
 
+  /// Called by sw::parallelize: keeps the tensor-parallel group to redistribute over.
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
     group_ = nn::make_group<T>(mesh);
@@ -63,6 +66,7 @@ class Prepare {
       return Activation<T, typename L::in>{
           detail::redistribute_activation<typename G::placement, typename L::in>(group(), dx.local)};
   }
+  /// The module's output in the layout the style wants.
   template <class Y>
   auto output(Y const& y) const {
     if constexpr (!L::output) {
@@ -77,6 +81,7 @@ class Prepare {
               group(), nn::matrix<T>(detail::local_of<T>(y)))};
     }
   }
+  /// The gradient of the module's output, back in the layout the module gave it.
   template <class G>
   auto output_backward(G const& dy) const {
     if constexpr (!L::output)

@@ -12,8 +12,8 @@ namespace shardwise {
 /// the output comes out Shard<-1>. Embedding: the table cut by embedding columns.
 template <class InputLayouts = Replicate, class OutputLayouts = Shard<-1>>
 struct ColwiseParallel {
-  using input_layouts = InputLayouts;
-  using output_layouts = OutputLayouts;
+  using input_layouts = InputLayouts;    ///< The layout the input arrives in.
+  using output_layouts = OutputLayouts;  ///< The layout the output leaves in.
 };
 
 /// Linear: weight cut by input features, bias replicated; the input is Shard<-1>, the partial output is
@@ -21,8 +21,8 @@ struct ColwiseParallel {
 /// Embedding: the table cut by vocabulary (masked lookup, then the reduction).
 template <class InputLayouts = Shard<-1>, class OutputLayouts = Replicate>
 struct RowwiseParallel {
-  using input_layouts = InputLayouts;
-  using output_layouts = OutputLayouts;
+  using input_layouts = InputLayouts;    ///< The layout the input arrives in.
+  using output_layouts = OutputLayouts;  ///< The layout the output leaves in.
 };
 
 /// Norms on activations cut along the sequence: weights replicated, their gradients partial until reduced.
@@ -31,31 +31,32 @@ struct SequenceParallel {
   static_assert(SequenceDim == 0,
                 "shardwise::SequenceParallel: activations are [tokens, features]; the sequence "
                 "dimension is 0");
-  using input_layouts = Shard<SequenceDim>;
-  using output_layouts = Shard<SequenceDim>;
+  using input_layouts = Shard<SequenceDim>;   ///< The input arrives cut along the sequence.
+  using output_layouts = Shard<SequenceDim>;  ///< The output leaves cut along the sequence.
 };
 
 /// Redistributes a module's input from InputLayouts to DesiredInputLayouts (one placement: the module takes
 /// one activation).
 template <class InputLayouts, class DesiredInputLayouts>
 struct PrepareModuleInput {
-  using input_layouts = InputLayouts;
-  using desired_input_layouts = DesiredInputLayouts;
+  using input_layouts = InputLayouts;                 ///< The layout the input arrives in.
+  using desired_input_layouts = DesiredInputLayouts;  ///< The layout the module receives it in.
 };
 
 /// Redistributes a module's output from OutputLayouts to DesiredOutputLayouts.
 template <class OutputLayouts, class DesiredOutputLayouts>
 struct PrepareModuleOutput {
-  using output_layouts = OutputLayouts;
-  using desired_output_layouts = DesiredOutputLayouts;
+  using output_layouts = OutputLayouts;                 ///< The layout the module's output comes out in.
+  using desired_output_layouts = DesiredOutputLayouts;  ///< The layout it is passed on in.
 };
 
+/// PrepareModuleInput and PrepareModuleOutput on one module.
 template <class InputLayouts, class DesiredInputLayouts, class OutputLayouts, class DesiredOutputLayouts>
 struct PrepareModuleInputOutput {
-  using input_layouts = InputLayouts;
-  using desired_input_layouts = DesiredInputLayouts;
-  using output_layouts = OutputLayouts;
-  using desired_output_layouts = DesiredOutputLayouts;
+  using input_layouts = InputLayouts;                   ///< The layout the input arrives in.
+  using desired_input_layouts = DesiredInputLayouts;    ///< The layout the module receives it in.
+  using output_layouts = OutputLayouts;                 ///< The layout the module's output comes out in.
+  using desired_output_layouts = DesiredOutputLayouts;  ///< The layout it is passed on in.
 };
 
 template <class S>

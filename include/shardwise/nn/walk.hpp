@@ -19,7 +19,7 @@ namespace shardwise {
 /// A model whose gradients are complete: returned by sw::finish_gradients, taken by optimizers.
 template <class Model>
 struct FinishedGradients {
-  Model& model;
+  Model& model;  ///< The model, its gradients complete.
 };
 
 namespace detail {

@@ -9,7 +9,7 @@ namespace shardwise {
 /// in pieces sized like torch.chunk: ceil(size / ranks) each, the last ones shorter or empty.
 template <int D>
 struct Shard {
-  static constexpr int dim = D;
+  static constexpr int dim = D;  ///< The tensor dimension it is cut along (negative: from the last).
 };
 
 /// Every rank of the mesh axis holds the whole tensor.
@@ -17,20 +17,23 @@ struct Replicate {};
 
 /// Reductions a partial tensor is waiting for.
 struct Sum {};
+/// The mean over the ranks.
 struct Avg {};
+/// The maximum over the ranks.
 struct Max {};
+/// The minimum over the ranks.
 struct Min {};
 
 /// Every rank holds a contribution; the tensor is the reduction (Op) of them over the mesh axis.
 template <class Op = Sum>
 struct Partial {
-  using op = Op;
+  using op = Op;  ///< The reduction: Sum, Avg, Max or Min.
 };
 
 /// One placement per mesh axis, in the mesh's axis order.
 template <class... Placements>
 struct Layout {
-  static constexpr std::size_t size = sizeof...(Placements);
+  static constexpr std::size_t size = sizeof...(Placements);  ///< The number of placements (mesh axes).
 };
 
 template <class T>

@@ -18,8 +18,8 @@ struct NoParallel {};
 /// One plan entry: the style for the child at Path. "*" stands for every element of a repeated child.
 template <fixed_string Path, class Style>
 struct at {
-  static constexpr auto path = Path;
-  using style = Style;
+  static constexpr auto path = Path;  ///< The child's path ("layers.*.attention.wq").
+  using style = Style;                ///< Its parallel style.
 };
 
 namespace detail {
@@ -31,10 +31,13 @@ template <fixed_string P, class S>
 inline constexpr bool is_plan_entry_v<at<P, S>> = true;
 }  // namespace detail
 
+/// A parallelization plan: at<"path", Style> entries, one style per path; a layer no entry names gets
+/// NoParallel.
 template <class... Entries>
 struct plan {
   static_assert((detail::is_plan_entry_v<Entries> && ...),
                 "shardwise::plan: every entry must be shardwise::at<\"path\", Style>");
+  /// The entries' paths, in order.
   static constexpr std::array<std::string_view, sizeof...(Entries)> paths{Entries::path.view()...};
 
  private:
@@ -93,15 +96,17 @@ struct lookup_style<plan<First, Rest...>, Path> {
 /// The style the plan gives one layer, with the layer's full path and the whole plan.
 template <class Style, fixed_string Path, class Root>
 struct located {
-  using style = Style;
-  static constexpr auto path = Path;
-  using plan = Root;
+  using style = Style;                ///< The layer's style.
+  static constexpr auto path = Path;  ///< The layer's full path from the root of the plan.
+  using plan = Root;                  ///< The whole plan.
 };
 
+/// The plan as seen from inside the child `Name`: what a child module takes as its Plan.
 template <class Plan, fixed_string Name>
 using subplan =
     scoped_plan<typename detail::plan_parts<Plan>::root, join_path<detail::plan_parts<Plan>::prefix, Name>()>;
 
+/// The style the plan gives the child `Name`, as a located (style, full path, whole plan): what a layer takes.
 template <class Plan, fixed_string Name>
 using style_at = located<typename detail::lookup_style<typename detail::plan_parts<Plan>::root,
                                                        join_path<detail::plan_parts<Plan>::prefix, Name>()>::type,
