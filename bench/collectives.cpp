@@ -259,7 +259,7 @@ void print_table(std::string const& title, char const* raw_name, char const* mes
                 fmt(r.raw.faults, 0).c_str(), fmt(r.mesh_mpi.faults, 0).c_str(), fmt(r.threads.faults, 0).c_str());
   }
   // Noise: the widest batch-to-batch spread of each column.
-  auto worst = [&](stats row::*column) {
+  auto worst = [&](stats row::* column) {
     row const* w = &rows.front();
     for (auto const& r : rows)
       if ((r.*column).spread() > (w->*column).spread()) w = &r;

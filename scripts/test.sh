@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 
-echo "== formatting (.clang-format)"
-git ls-files '*.hpp' '*.cpp' | xargs clang-format --dry-run --Werror
+echo "== formatting (.clang-format, clang-format 19: it parses C++20)"
+git ls-files '*.hpp' '*.cpp' | xargs clang-format-19 --dry-run --Werror
 
 echo "== API reference from the headers (doxygen, warnings as errors)"
 doxygen docs/Doxyfile

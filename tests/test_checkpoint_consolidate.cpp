@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <shardwise/checkpoint/consolidate.hpp>
-#include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>

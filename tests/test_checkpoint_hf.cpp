@@ -10,10 +10,10 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <shardwise/checkpoint/gpt2_names.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/safetensors_write.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/models/gpt2_names.hpp>
 #include <shardwise/nn/embedding.hpp>
 #include <shardwise/nn/linear.hpp>
 #include <shardwise/nn/norm.hpp>

@@ -17,8 +17,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
-#include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>

@@ -67,9 +67,7 @@ static_assert(models::is_model_supported("") == models::support{});
 static_assert(user_models::unique_names);
 static_assert(!models::builtin_models::with<user::Impostor>::unique_names);
 template <template <class, class> class Model>
-concept listable = requires {
-  typename models::model_list<Model>;
-};
+concept listable = requires { typename models::model_list<Model>; };
 static_assert(listable<user::TinyMlp>);
 static_assert(!listable<user::Unregistered>);
 

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <iostream>
 #include <shardwise/checkpoint/consolidate.hpp>
-#include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/safetensors.hpp>
 #include <shardwise/checkpoint/sharded_index.hpp>
+#include <shardwise/models/llama_names.hpp>
 #include <sstream>
 #include <string>
 

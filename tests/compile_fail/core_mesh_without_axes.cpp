@@ -5,6 +5,6 @@ namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using Grid = sw::Mesh<sw::ThreadComm>;
 #else
-using Grid = sw::Mesh<sw::ThreadComm, sw::axis<"tp"> >;
+using Grid = sw::Mesh<sw::ThreadComm, sw::axis<"tp">>;
 #endif
 int ranks(Grid const& mesh) { return mesh.size(0); }

@@ -4,6 +4,6 @@ namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using Plan = sw::plan<sw::at<"w1", sw::NoParallel>, sw::NoParallel>;
 #else
-using Plan = sw::plan<sw::at<"w1", sw::NoParallel>, sw::at<"w2", sw::NoParallel> >;
+using Plan = sw::plan<sw::at<"w1", sw::NoParallel>, sw::at<"w2", sw::NoParallel>>;
 #endif
 std::size_t entries() { return Plan::paths.size(); }

@@ -20,10 +20,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <shardwise/checkpoint/gpt2_names.hpp>
-#include <shardwise/checkpoint/llama_names.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
+#include <shardwise/models/gpt2_names.hpp>
 #include <shardwise/models/gpt2_plan.hpp>
+#include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>

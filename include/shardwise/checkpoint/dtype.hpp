@@ -105,9 +105,7 @@ struct dtype_for_type<bool> : std::integral_constant<dtype, dtype::BOOL> {};
 
 /// Element types with a safetensors dtype: double, float, float16, bfloat16, int64_t, int32_t, uint8_t, bool.
 template <class T>
-concept safetensors_element = requires {
-  detail::dtype_for_type<std::remove_cv_t<T>>::value;
-};
+concept safetensors_element = requires { detail::dtype_for_type<std::remove_cv_t<T>>::value; };
 
 template <safetensors_element T>
 inline constexpr dtype dtype_of = detail::dtype_for_type<std::remove_cv_t<T>>::value;

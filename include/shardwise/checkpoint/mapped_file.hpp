@@ -29,7 +29,7 @@ class mapped_file {
     if (fd < 0)
       detail::fail("shardwise::mapped_file: cannot open \"", path_, "\": ", std::strerror(errno),
                    "; check the path and its permissions");
-    struct stat info {};
+    struct stat info{};
     if (::fstat(fd, &info) != 0) {
       int const error = errno;
       ::close(fd);

@@ -29,7 +29,7 @@ namespace detail {
 template <class T>
 constexpr bool can_read_as(dtype from) {
   if (from == dtype_of<T>) return true;
-  return (std::is_same_v<T, float> || std::is_same_v<T, double>)&&is_floating(from);
+  return (std::is_same_v<T, float> || std::is_same_v<T, double>) && is_floating(from);
 }
 
 /// Decodes n elements of dtype `from` at src (any alignment) into dst. can_read_as<T>(from) holds.

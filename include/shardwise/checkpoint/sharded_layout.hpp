@@ -146,8 +146,7 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
             fn(t, *p.value);
           }(std::get<I>(parameters)),
           ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
+    }(std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
   };
   for_each_named_layer(model, visit_layer);
 }

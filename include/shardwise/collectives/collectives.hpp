@@ -48,8 +48,7 @@ void reduce_rank_order(E* dst, int ranks, Source&& source, std::size_t count) {
   E acc[block];
   for (std::size_t start = 0; start < count; start += block) {
     std::size_t const n = std::min(block, count - start);
-    reduce_block_rank_order<Op>(
-        acc, ranks, [&](int q) { return source(q) + start; }, n);
+    reduce_block_rank_order<Op>(acc, ranks, [&](int q) { return source(q) + start; }, n);
     std::memcpy(dst + start, acc, n * sizeof(E));
   }
 }
@@ -69,8 +68,7 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
   int const ranks = comm.size();
   if constexpr (Comm::shared_memory) {
     comm.exchange(make_slot(data, data, shape), "all_reduce", [&](std::vector<thread_slot> const& slots) {
-      check_shapes_agree(
-          ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
+      check_shapes_agree(ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       if (ranks == 1) return;
       // One pass: rank `me` reduces piece `me` of every buffer, in rank order, and writes the result into that
       // piece of every buffer. Only rank `me` touches piece `me` anywhere, so the exchange's two barriers
@@ -104,8 +102,7 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op) {
     });
   } else {
     auto const shapes = comm.all_gather_value(shape);
-    check_shapes_agree(
-        ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
+    check_shapes_agree(ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
     if (ranks == 1) return;
     comm.all_reduce(data, n, op);
     if (op == op_kind::avg) divide_by_ranks(data, n, ranks);
@@ -220,8 +217,7 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
   extents const my_offset = with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], pieces, me));
   if constexpr (Comm::shared_memory) {
     comm.exchange(make_slot(data, nullptr, shape), "reduce_scatter", [&](std::vector<thread_slot> const& slots) {
-      check_shapes_agree(
-          ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
+      check_shapes_agree(ranks, [&](int q) { return slots[static_cast<std::size_t>(q)].shape; }, max_rank, site);
       prepare_output(out, mine, site);
       E* const result = data_of(out);
       dispatch_op(op, [&]<op_kind Op>() {
@@ -235,8 +231,7 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
     });
   } else {
     auto const shapes = comm.all_gather_value(shape);
-    check_shapes_agree(
-        ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
+    check_shapes_agree(ranks, [&](int q) { return shapes[static_cast<std::size_t>(q)]; }, max_rank, site);
     prepare_output(out, mine, site);
     std::vector<std::size_t> counts(pieces);
     for (std::size_t q = 0; q < pieces; ++q) counts[q] = with_dim(shape, d, chunk_size(shape[d], pieces, q)).elements();
@@ -388,7 +383,8 @@ constexpr bool require_1d_mesh() {
 
 /// Reduces t over the ranks of a 1-D mesh, in place; every rank gets the result.
 template <class Mesh, class T, reduce_op Op = Sum>
-requires(!std::is_arithmetic_v<T>) void all_reduce(Mesh const& mesh, T& t, Op = {}) {
+  requires(!std::is_arithmetic_v<T>)
+void all_reduce(Mesh const& mesh, T& t, Op = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>())
     detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>());
 }
@@ -417,7 +413,7 @@ struct tensor_traits<detail::scalar_cell<E>> {
 /// Reduces one number over the ranks of a 1-D mesh and returns the result, the same on every rank (in rank
 /// order, so threads and MPI agree to the bit): float loss = sw::all_reduce(dp, local_loss, sw::Avg{}).
 template <class Mesh, class S, reduce_op Op = Sum>
-requires std::is_arithmetic_v<S>
+  requires std::is_arithmetic_v<S>
 [[nodiscard]] S all_reduce(Mesh const& mesh, S value, Op = {}) {
   detail::scalar_cell<S> cell{value};
   if constexpr (detail::require_1d_mesh<Mesh>()) detail::all_reduce_on(mesh.comm(0), cell, detail::op_kind_of<Op>());

@@ -190,8 +190,9 @@ Layout<P...> layout_of_placements(P...);
 
 template <std::size_t K>
 auto replicated_layout() {
-  return []<std::size_t... I>(std::index_sequence<I...>) { return Layout<std::enable_if_t<(I < K), Replicate>...>{}; }
-  (std::make_index_sequence<K>{});
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return Layout<std::enable_if_t<(I < K), Replicate>...>{};
+  }(std::make_index_sequence<K>{});
 }
 
 }  // namespace detail

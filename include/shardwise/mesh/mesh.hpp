@@ -184,8 +184,8 @@ template <fixed_string... Names, communicator Comm>
 
 /// make_mesh<axis<"dp", 2>, axis<"tp", 2>>(world): sizes fixed at compile time.
 template <class... Axes, communicator Comm>
-requires(sizeof...(Axes) > 0 && ((Axes::static_size != dynamic_size) && ...))
-    [[nodiscard]] auto make_mesh(Comm const& world) {
+  requires(sizeof...(Axes) > 0 && ((Axes::static_size != dynamic_size) && ...))
+[[nodiscard]] auto make_mesh(Comm const& world) {
   return Mesh<Comm, Axes...>(world, {static_cast<int>(Axes::static_size)...});
 }
 
@@ -194,7 +194,7 @@ template <class M>
 concept mesh_types = requires {
   typename M::comm_type;
   { M::ndim } -> std::convertible_to<std::size_t>;
-  {M::names};
+  { M::names };
 };
 template <class M>
 concept mesh_members = requires(M const& m, std::size_t i) {

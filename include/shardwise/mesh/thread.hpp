@@ -99,7 +99,9 @@ struct thread_group {
   void signal() {
     word.fetch_add(std::uint64_t{1} << 32, std::memory_order_acq_rel);
     word.notify_all();
-    { std::lock_guard lock(mail_mutex); }
+    {
+      std::lock_guard lock(mail_mutex);
+    }
     mail_ready.notify_all();
   }
 

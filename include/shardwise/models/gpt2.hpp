@@ -125,18 +125,16 @@ struct GPT2Block {
         ln_2(c.dim, static_cast<T>(c.layer_norm_eps)),
         mlp(c, seed + 10) {}
 
-  /// Forward on x [tokens, dim]. sw::forward / sw::backward apply the children's plan entries
-  /// (PrepareModuleInput under sequence parallelism).
+  /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
+  /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).
   template <class X>
   auto forward(X const& x) {
-    auto h = x + shardwise::forward(attn, ln_1(x));
-    return h + shardwise::forward(mlp, ln_2(h));
+    return residual(ln_2, mlp, residual(ln_1, attn, x));
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
-    auto dh = dy + ln_2.backward(shardwise::backward(mlp, dy));
-    return dh + ln_1.backward(shardwise::backward(attn, dh));
+    return residual_backward(ln_1, attn, residual_backward(ln_2, mlp, dy));
   }
 };
 

@@ -253,18 +253,16 @@ struct LlamaBlock {
         ffn_norm(c.dim, static_cast<T>(c.norm_eps)),
         feed_forward(c, seed + 10) {}
 
-  /// Forward on x [tokens, dim]. sw::forward / sw::backward apply the children's plan entries
-  /// (PrepareModuleInput under sequence parallelism).
+  /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
+  /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).
   template <class X>
   auto forward(X const& x) {
-    auto h = x + shardwise::forward(attention, attention_norm(x));
-    return h + shardwise::forward(feed_forward, ffn_norm(h));
+    return residual(ffn_norm, feed_forward, residual(attention_norm, attention, x));
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
-    auto dh = dy + ffn_norm.backward(shardwise::backward(feed_forward, dy));
-    return dh + attention_norm.backward(shardwise::backward(attention, dh));
+    return residual_backward(attention_norm, attention, residual_backward(ffn_norm, feed_forward, dy));
   }
 };
 

@@ -64,7 +64,8 @@ constexpr support is_model_supported() {
 /// A list of registered model templates, the set a name is looked up in. builtin_models holds shardwise's
 /// own; a user's list extends it: `using my_models = shardwise::models::builtin_models::with<MyModel>;`.
 template <template <class, class> class... Models>
-requires(registered_model<Models>&&...) struct model_list {
+  requires(registered_model<Models> && ...)
+struct model_list {
   static constexpr std::size_t size = sizeof...(Models);  ///< How many models.
   /// Each model's name, in the list's order.
   static constexpr std::array<std::string_view, size> names{std::string_view(parallelizer<Models>::name)...};

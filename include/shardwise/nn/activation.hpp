@@ -64,9 +64,8 @@ inline constexpr bool input_layout_matches =
 template <fixed_string Path, class Expected, class X>
 constexpr bool show_layout_mismatch() {
   if constexpr (!input_layout_matches<Expected, X>) {
-    [[maybe_unused]] input_layout_mismatch_at<Path, Expected,
-                                              typename given_layout<std::remove_cvref_t<X>, Expected>::type>
-        offending_layouts;
+    [[maybe_unused]] input_layout_mismatch_at<
+        Path, Expected, typename given_layout<std::remove_cvref_t<X>, Expected>::type> offending_layouts;
   }
   return true;
 }

@@ -16,8 +16,13 @@
 
 namespace shardwise {
 
+/// A lookup table [vocabulary, dim] (torch.nn.Embedding), forward and backward: unsharded, RowwiseParallel
+/// (a slice of the vocabulary per rank) or ColwiseParallel (a slice of the columns per rank).
 template <class T, class Location = unplanned>
-class Embedding {
+class Embedding : public detail::layer_plumbing<T, Location> {
+  using plumbing = detail::layer_plumbing<T, Location>;
+  using plumbing::group_;
+  using plumbing::lazy_;
   using Style = typename Location::style;
   static constexpr bool colwise = is_colwise_v<Style>;
   static constexpr bool rowwise = is_rowwise_v<Style>;
@@ -25,7 +30,7 @@ class Embedding {
   static_assert(serial || colwise || rowwise,
                 "shardwise::Embedding: this style cannot shard an Embedding; use RowwiseParallel (vocabulary), "
                 "ColwiseParallel (embedding columns), or leave it out of the plan");
-  static_assert(detail::style_allowed < Location, serial || colwise || rowwise > ());
+  static_assert(detail::style_allowed<Location, serial || colwise || rowwise>());
 
   template <class S>
   struct out_of {
@@ -45,17 +50,17 @@ class Embedding {
   };
 
  public:
-  using shardwise_location = Location;
-  using style = Style;
-  using output_layout = typename out_of<Style>::type;
+  using shardwise_location = Location;                 ///< Its place in the plan (style, path, plan).
+  using style = Style;                                 ///< The parallel style the plan gives it.
+  using output_layout = typename out_of<Style>::type;  ///< The layout of its output on the tp axis.
+  /// How the table (and its gradient) is cut over tp: Shard<0> (vocabulary), Shard<1> (columns) or Replicate.
   using grad_placement = std::conditional_t<colwise, Shard<1>, std::conditional_t<rowwise, Shard<0>, Replicate>>;
-  using weight_grad_placement = grad_placement;
-  using matrix = nn::matrix<T>;
+  using weight_grad_placement = grad_placement;  ///< The same, under the name Linear uses (for ties).
+  using matrix = nn::matrix<T>;                  ///< Row-major matrix of T.
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
   Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
-      : vocabulary_(vocabulary), dim_(dim), local_rows_(vocabulary), local_cols_(dim) {
-    lazy_ = detail::constructing_lazily();
+      : plumbing("Embedding"), vocabulary_(vocabulary), dim_(dim), local_rows_(vocabulary), local_cols_(dim) {
     if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
     weight.resize(static_cast<Eigen::Index>(vocabulary), static_cast<Eigen::Index>(dim));
     std::mt19937_64 rng(seed);
@@ -64,13 +69,18 @@ class Embedding {
     zero_grad();
   }
 
+  /// @{ This rank's table (the whole of it before parallelize) and its gradient.
   matrix weight, weight_grad;
+  /// @}
 
+  /// The real vocabulary (without padding).
   [[nodiscard]] std::size_t vocabulary() const { return vocabulary_; }
+  /// The embedding width.
   [[nodiscard]] std::size_t dim() const { return dim_; }
   /// The first id of this rank's vocabulary slice (0 unless RowwiseParallel).
   [[nodiscard]] std::int64_t vocab_start() const { return vocab_start_; }
 
+  /// Sets the gradient to zero.
   void zero_grad() { weight_grad.setZero(weight.rows(), weight.cols()); }
 
   /// Pads the table with zero rows up to `rows` entries (before parallelize), as Megatron pads a vocabulary
@@ -96,6 +106,7 @@ class Embedding {
     return *this;
   }
 
+  /// Called by sw::parallelize: keeps this rank's slice and the group.
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
     group_ = nn::make_group<T>(mesh);
@@ -126,14 +137,10 @@ class Embedding {
     weight.setZero(static_cast<Eigen::Index>(local_rows_), static_cast<Eigen::Index>(local_cols_));
     lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
   }
-  [[nodiscard]] bool materialized() const { return !lazy_; }
 
+  /// The rows of `ids` ([tokens, dim], in output_layout); ids outside the vocabulary are refused.
   Activation<T, output_layout> operator()(std::span<const std::int64_t> ids) {
-    detail::require_materialized(lazy_, "Embedding", Location::path.view());
-    if constexpr (!serial)
-      if (!group_)
-        detail::fail("shardwise::Embedding at \"", Location::path.view(),
-                     "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
+    this->require_ready(!serial);
     for (auto id : ids)
       if (id < 0 || static_cast<std::size_t>(id) >= vocabulary_)
         detail::fail("shardwise::Embedding at \"", Location::path.view(), "\": id ", id,
@@ -160,7 +167,7 @@ class Embedding {
   /// Backward; the gradient given is in the output's layout or Partial<Sum> (reduced into it here first).
   template <class P>
   void backward(Activation<T, P> const& dy_given) {
-    detail::require_materialized(lazy_, "Embedding", Location::path.view());
+    this->require_ready(!serial);
     auto&& dy_whole = detail::gradient_in<output_layout>(group_.get(), dy_given, "Embedding", Location::path.view());
     matrix const* dy = &dy_whole;
     matrix part;
@@ -175,9 +182,7 @@ class Embedding {
     nn::embedding_backward<T>(ids_, *dy, weight_grad, vocab_start_);
   }
 
-  /// The tensor-parallel group parallelize gave the layer (null before).
-  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
-
+  /// The table with its gradient.
   auto parameters() {
     Parameter<matrix, grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view()};
     w.real_rows = vocabulary_;  // rows past it are vocabulary padding
@@ -188,11 +193,8 @@ class Embedding {
   std::size_t table_rows() const { return padded_ ? padded_ : vocabulary_; }
 
   std::size_t vocabulary_, dim_, local_rows_, local_cols_, padded_ = 0;  // local: this rank's shard
-  bool lazy_ = false;  // declared under sw::Lazy and not materialized yet
   bool pad_for_tp_ = false;
-  detail::registered_layer registration_{"Embedding", Location::path.view()};
   std::int64_t vocab_start_ = 0;
-  std::shared_ptr<nn::group<T> const> group_;
   std::vector<std::int64_t> ids_;
 };
 

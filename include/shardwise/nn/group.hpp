@@ -16,9 +16,15 @@ namespace shardwise {
 
 /// What the layers' collectives moved on this rank: calls and bytes (of each call's input) by kind.
 struct collective_count {
+  /// @{ Calls of each kind.
   std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
+  /// @}
+  /// @{ Bytes of each kind's inputs on this rank.
   std::size_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
+  /// @}
+  /// Calls of every kind.
   [[nodiscard]] std::size_t calls() const { return all_reduce + all_gather + reduce_scatter; }
+  /// Bytes of every kind.
   [[nodiscard]] std::size_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes; }
 };
 
@@ -37,7 +43,9 @@ class count_collectives {
   ~count_collectives() { detail::layer_collective_counter() = previous_; }
   count_collectives(count_collectives const&) = delete;
   count_collectives& operator=(count_collectives const&) = delete;
+  /// What was counted so far.
   [[nodiscard]] collective_count const& count() const { return count_; }
+  /// Starts counting again from zero.
   void reset() { count_ = {}; }
 
  private:
@@ -49,42 +57,61 @@ class count_collectives {
 
 namespace shardwise::nn {
 
+/// The tensor-parallel group a layer holds after parallelize: the 1-D mesh behind a small interface, so that a
+/// layer's type does not depend on the backend.
 template <class T>
 class group {
  public:
   virtual ~group() = default;
+  /// Ranks in the group.
   [[nodiscard]] virtual int size() const = 0;
+  /// This rank's place in it.
   [[nodiscard]] virtual int rank() const = 0;
+  /// The mesh axis's name ("tp"), for messages.
   [[nodiscard]] virtual std::string_view axis() const = 0;
+  /// Reduces n elements in place, in rank order.
   virtual void all_reduce(T* data, std::size_t n, detail::op_kind op) const = 0;
+  /// Concatenates every rank's `in` along `dim` (uneven pieces allowed) into `out`.
   virtual void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
+  /// Sums `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.
   virtual void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
 
+  /// Reduces a matrix in place.
   void all_reduce(matrix<T>& m, detail::op_kind op = detail::op_kind::sum) const {
     all_reduce(m.data(), static_cast<std::size_t>(m.size()), op);
   }
+  /// Reduces a vector in place.
   void all_reduce(vector<T>& v, detail::op_kind op = detail::op_kind::sum) const {
     all_reduce(v.data(), static_cast<std::size_t>(v.size()), op);
   }
 };
 
+/// The group of a 1-D mesh of any backend (make_group builds it); counts its collectives when a
+/// sw::count_collectives is alive on the calling thread.
 template <class Mesh, class T>
 class group_of final : public group<T> {
  public:
+  /// Keeps the mesh.
   explicit group_of(Mesh mesh) : mesh_(std::move(mesh)) {}
+  /// See group.
   int size() const override { return mesh_.size(); }
+  /// See group.
   int rank() const override { return mesh_.rank(); }
+  /// See group.
   std::string_view axis() const override { return Mesh::names[0]; }
+  /// See group.
   void all_reduce(T* data, std::size_t n, detail::op_kind op) const override {
     if (auto* c = detail::layer_collective_counter()) ++c->all_reduce, c->all_reduce_bytes += n * sizeof(T);
     Eigen::Map<vector<T>> view(data, static_cast<Eigen::Index>(n));
     detail::all_reduce_on(mesh_.comm(0), view, op);
   }
+  /// See group.
   void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const override {
     if (auto* c = detail::layer_collective_counter())
       ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
     detail::all_gather_on(mesh_.comm(0), in, out, dim);
   }
+  /// See group.
   void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const override {
     if (auto* c = detail::layer_collective_counter())
       ++c->reduce_scatter, c->reduce_scatter_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);

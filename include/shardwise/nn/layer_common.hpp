@@ -71,6 +71,36 @@ inline void require_static_size(std::string_view path, char const* what, std::si
     fail("shardwise::Linear at \"", path, "\": declared with ", declared, " ", what, " but built with ", given);
 }
 
+/// What every shardwise layer keeps beside its parameters: the tensor-parallel group parallelize gives it,
+/// whether it was declared lazily (sw::Lazy) and has no parameters yet, and its registration (how parallelize
+/// finds a layer missing from SHARDWISE_CHILDREN). Linear, Embedding and the norms derive from it.
+template <class T, class Location>
+class layer_plumbing {
+ public:
+  /// The tensor-parallel group parallelize gave the layer (null before).
+  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
+  /// Whether the parameters exist (a layer declared under sw::Lazy has none until it is materialized).
+  [[nodiscard]] bool materialized() const { return !lazy_; }
+
+ protected:
+  explicit layer_plumbing(char const* kind) : kind_(kind), registration_(kind, Location::path.view()) {}
+
+  /// Refuses a layer used before it is materialized and, when its style communicates, before parallelize.
+  void require_ready(bool needs_group) const {
+    require_materialized(lazy_, kind_, Location::path.view());
+    if (needs_group && !group_)
+      fail("shardwise::", kind_, " at \"", Location::path.view(),
+           "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
+  }
+
+  char const* kind_;
+  bool lazy_ = constructing_lazily();  // declared under sw::Lazy and not materialized yet
+  std::shared_ptr<nn::group<T> const> group_;
+
+ private:
+  registered_layer registration_;
+};
+
 /// A weight that belongs to another layer of the same model, kept as its distance from the layer that uses it
 /// (as Boost.Interprocess's offset_ptr does): copying or moving the whole model keeps the tie, to the copy's own
 /// owner. Both layers must therefore live in one model object (members, or members of its members).

@@ -4,9 +4,11 @@
 // communication: replicate <-> all-reduce, all-gather <-> reduce-scatter.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
+#include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
@@ -17,7 +19,10 @@ namespace shardwise {
 /// (sw::axis<"tp", 4>) a size the tp size does not divide is a compile error rather than a run-time one.
 template <class T, class Location = unplanned, std::size_t StaticIn = dynamic_size,
           std::size_t StaticOut = dynamic_size>
-class Linear {
+class Linear : public detail::layer_plumbing<T, Location> {
+  using plumbing = detail::layer_plumbing<T, Location>;
+  using plumbing::group_;
+  using plumbing::lazy_;
   using Style = typename Location::style;
   static constexpr bool colwise = is_colwise_v<Style>;
   static constexpr bool rowwise = is_rowwise_v<Style>;
@@ -25,7 +30,7 @@ class Linear {
   static_assert(serial || colwise || rowwise,
                 "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
                 "the layer out of the plan");
-  static_assert(detail::style_allowed < Location, serial || colwise || rowwise > ());
+  static_assert(detail::style_allowed<Location, serial || colwise || rowwise>());
 
   template <class S>
   struct layouts {
@@ -52,19 +57,18 @@ class Linear {
   };
 
  public:
-  using shardwise_location = Location;
-  using style = Style;
-  using input_layout = typename layouts<Style>::in;
-  using output_layout = typename layouts<Style>::out;
-  using matrix = nn::matrix<T>;
-  using vector = nn::vector<T>;
+  using shardwise_location = Location;                 ///< Its place in the plan (style, path, plan).
+  using style = Style;                                 ///< The parallel style the plan gives it.
+  using input_layout = typename layouts<Style>::in;    ///< The layout its input must have on the tp axis.
+  using output_layout = typename layouts<Style>::out;  ///< The layout of its output.
+  using matrix = nn::matrix<T>;                        ///< Row-major matrix of T.
+  using vector = nn::vector<T>;                        ///< Column vector of T.
 
   /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
   Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
-      : in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
+      : plumbing("Linear"), in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
     detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
     detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
-    lazy_ = detail::constructing_lazily();
     if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
     T const bound = T(1) / std::sqrt(static_cast<T>(in));
     weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
@@ -76,14 +80,18 @@ class Linear {
     zero_grad();
   }
 
-  /// This rank's parameters (the whole of them before parallelize) and their gradients.
+  /// @{ This rank's parameters (the whole of them before parallelize) and their gradients.
   matrix weight, weight_grad;
   vector bias, bias_grad;
+  /// @}
 
+  /// Input features (unsharded).
   [[nodiscard]] std::size_t in_features() const { return in_; }
+  /// Output features (unsharded, padding included).
   [[nodiscard]] std::size_t out_features() const { return out_; }
   /// The output features before pad_outputs (a padded vocabulary's real size); checkpoints store only these.
   [[nodiscard]] std::size_t unpadded_out_features() const { return unpadded_out_ ? unpadded_out_ : out_; }
+  /// Whether it adds a bias.
   [[nodiscard]] bool has_bias() const { return has_bias_; }
 
   /// Pads the output features with zero rows up to `out` (before parallelize): a padded vocabulary's logits,
@@ -140,6 +148,7 @@ class Linear {
     zero_grad();
   }
 
+  /// Sets the gradients to zero (a tied weight's are its owner's).
   void zero_grad() {
     weight_grad.setZero(weight.rows(), weight.cols());  // a tied layer's own weight is empty: its owner's is zeroed
     bias_grad.setZero(bias.size());
@@ -190,8 +199,6 @@ class Linear {
     if (has_bias_) bias.setZero(static_cast<Eigen::Index>(local_out_));
     lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
   }
-  [[nodiscard]] bool materialized() const { return !lazy_; }
-
   /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
   /// matrix (taken to be in the style's input layout).
   template <class X>
@@ -223,7 +230,9 @@ class Linear {
       saved_input_ = given;
     }
     matrix y(saved_input_.rows(), w.rows());
-    y.noalias() = saved_input_ * w.transpose();
+    // The bias goes in with the product, except under RowwiseParallel: there after the reduction, once.
+    bool const bias_now = has_bias_ && !rowwise;
+    nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
     if constexpr (rowwise) {
       if constexpr (std::is_same_v<output_layout, Replicate>) {
         group_->all_reduce(y);
@@ -233,7 +242,7 @@ class Linear {
         y = std::move(mine);
       }
     }
-    if (has_bias_) y.rowwise() += bias.transpose();  // after the reduction: once, not once per rank
+    if (has_bias_ && rowwise) y.rowwise() += bias.transpose();
     if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
       matrix all;
       group_->all_gather(y, all, -1);
@@ -273,10 +282,9 @@ class Linear {
     if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
     if (bias_grad.size() != bias.size()) bias_grad.setZero(bias.size());
     if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
-    wg.noalias() += dy->transpose() * saved_input_;
-    if (has_bias_) bias_grad += dy->colwise().sum().transpose();
     matrix dx(dy->rows(), w.cols());
-    dx.noalias() = *dy * w;
+    nn::linear_backward<T>(saved_input_, w, *dy, dx, wg,
+                           has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
     if constexpr (colwise) {  // dx is a partial sum over the ranks' output columns
       if constexpr (std::is_same_v<input_layout, Replicate>) {
         // Left Partial: the conjugate of using one replicated input is an all-reduce, done where it is needed.
@@ -293,7 +301,9 @@ class Linear {
     return {std::move(dx)};
   }
 
+  /// How the weight (and its gradient) is cut over tp: Shard<0> (Colwise), Shard<1> (Rowwise) or Replicate.
   using weight_grad_placement = std::conditional_t<colwise, Shard<0>, std::conditional_t<rowwise, Shard<1>, Replicate>>;
+  /// How the bias is cut over tp.
   using bias_grad_placement = std::conditional_t<colwise, Shard<0>, Replicate>;
 
   /// The parameters with their gradients. A bias-free layer's bias and a tied weight (its owner's) are there
@@ -309,15 +319,14 @@ class Linear {
     return std::make_tuple(w, b);
   }
 
-  /// The tensor-parallel group parallelize gave the layer (null before).
-  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
-
-  /// Whether the weight is another layer's (sw::tie_weights), and that layer's path.
+  /// Whether the weight is another layer's (sw::tie_weights).
   [[nodiscard]] bool tied() const { return tie_.tied; }
+  /// The plan path of the layer that owns a tied weight.
   [[nodiscard]] std::string_view tied_to() const { return tie_.owner_path; }
 
   /// The weight this layer computes with: its own, or the one it is tied to.
   [[nodiscard]] matrix const& current_weight() const { return tied() ? tie_.value(this) : weight; }
+  /// The gradient it accumulates into: its own, or its owner's.
   [[nodiscard]] matrix& current_weight_grad() { return tied() ? tie_.grad(this) : weight_grad; }
 
   /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
@@ -331,13 +340,7 @@ class Linear {
   }
 
  private:
-  void require_group() const {
-    detail::require_materialized(lazy_, "Linear", Location::path.view());
-    if constexpr (!serial)
-      if (!group_)
-        detail::fail("shardwise::Linear at \"", Location::path.view(),
-                     "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
-  }
+  void require_group() const { this->require_ready(!serial); }
 
   /// Replicated blocks whose gradients were summed: keep the sum in each block's first copy and zero the others,
   /// so the next sum over copies counts it once.
@@ -356,13 +359,10 @@ class Linear {
   bool has_bias_;
   bool copies_summed_ = false;  // see unsum_copies
   bool pad_for_tp_ = false;     // see pad_outputs_for_tp
-  detail::registered_layer registration_{"Linear", Location::path.view()};
   detail::weight_tie<matrix> tie_;
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
   std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
   std::size_t local_in_, local_out_;         // this rank's shard of the weight
-  bool lazy_ = false;                        // declared under sw::Lazy and not materialized yet
-  std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
 };
 

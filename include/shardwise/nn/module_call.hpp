@@ -112,6 +112,15 @@ struct element_of<Activation<T, P>> {
 template <class X>
 using element_of_t = typename element_of<std::remove_cvref_t<X>>::type;
 
+/// x moved from layout From to layout To at a module's boundary, over the group of the module's layers.
+template <class From, class To, class Key, class Module, class X>
+auto move_at_boundary(Module& module, X const& x) {
+  using T = element_of_t<X>;
+  static_assert(show_layout_mismatch<Key::spelled, From, X>());  // names the module and both layouts
+  auto const* g = group_under<T>(module);
+  return Activation<T, To>{redistribute_activation<From, To>(*g, moved<T>(g, x, Key::value))};
+}
+
 }  // namespace detail
 
 /// Calls the module's forward with its plan entry applied: the input moved from the entry's input_layouts to its
@@ -129,14 +138,9 @@ auto forward(Module& module, X const& x) {
     if constexpr (!L::input) {
       return (x);
     } else {
-      using T = detail::element_of_t<X>;
       static_assert(detail::input_layout_matches<typename L::in, X>,
                     "shardwise::forward: the module's input does not have its plan entry's input_layouts");
-      static_assert(detail::show_layout_mismatch<Key::spelled, typename L::in, X>());
-      auto const* g = detail::group_under<T>(module);
-      return Activation<T, typename L::desired_in>{
-          detail::redistribute_activation<typename L::in, typename L::desired_in>(*g,
-                                                                                  detail::moved<T>(g, x, Key::value))};
+      return detail::move_at_boundary<typename L::in, typename L::desired_in, Key>(module, x);
     }
   };
   auto&& y = module.forward(prepared_input());
@@ -144,14 +148,9 @@ auto forward(Module& module, X const& x) {
     return y;
   } else {
     using Y = std::remove_cvref_t<decltype(y)>;
-    using T = detail::element_of_t<Y>;
     static_assert(detail::input_layout_matches<typename L::out, Y>,
                   "shardwise::forward: the module's output does not have its plan entry's output_layouts");
-    static_assert(detail::show_layout_mismatch<Key::spelled, typename L::out, Y>());
-    auto const* g = detail::group_under<T>(module);
-    return Activation<T, typename L::desired_out>{
-        detail::redistribute_activation<typename L::out, typename L::desired_out>(*g,
-                                                                                  detail::moved<T>(g, y, Key::value))};
+    return detail::move_at_boundary<typename L::out, typename L::desired_out, Key>(module, y);
   }
 }
 
@@ -184,6 +183,18 @@ auto backward(Module& module, DY const& dy) {
                   "Partial<Sum>");
     return Activation<T, typename L::in>{detail::redistribute_activation<From, typename L::in>(*g, dx.local)};
   }
+}
+
+/// x + sw::forward(module, norm(x)): the pre-norm residual branch of a transformer block.
+template <class Norm, module Module, class X>
+auto residual(Norm& norm, Module& module, X const& x) {
+  return x + forward(module, norm(x));
+}
+
+/// The backward of residual: dy + norm.backward(sw::backward(module, dy)).
+template <class Norm, module Module, class DY>
+auto residual_backward(Norm& norm, Module& module, DY const& dy) {
+  return dy + norm.backward(backward(module, dy));
 }
 
 }  // namespace shardwise

@@ -19,7 +19,10 @@ namespace detail {
 enum class norm_kind { layer, rms };
 
 template <class T, class Location, norm_kind Kind>
-class norm_layer {
+class norm_layer : public layer_plumbing<T, Location> {
+  using plumbing = layer_plumbing<T, Location>;
+  using plumbing::group_;
+  using plumbing::lazy_;
   using Style = typename Location::style;
   static constexpr bool sequence_parallel = is_sequence_parallel_v<Style>;
   static constexpr bool allowed = std::is_same_v<Style, NoParallel> || sequence_parallel;
@@ -38,8 +41,8 @@ class norm_layer {
   using matrix = nn::matrix<T>;
   using vector = nn::vector<T>;
 
-  explicit norm_layer(std::size_t features, T eps = T(1e-5)) : eps_(eps), features_(features) {
-    lazy_ = constructing_lazily();
+  explicit norm_layer(std::size_t features, T eps = T(1e-5))
+      : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm"), eps_(eps), features_(features) {
     if (lazy_) return;  // sizes only: sw::materialize allocates
     weight = vector::Ones(static_cast<Eigen::Index>(features));
     if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
@@ -70,7 +73,6 @@ class norm_layer {
     lazy_ = false;
     zero_grad();
   }
-  [[nodiscard]] bool materialized() const { return !lazy_; }
 
   template <class X>
   Activation<T, layout> operator()(X const& x) {
@@ -82,7 +84,7 @@ class norm_layer {
                   "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
                   "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
     static_assert(detail::show_layout_mismatch<Location::path, layout, X>());
-    require_materialized(lazy_, Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", Location::path.view());
+    this->require_ready(false);  // a norm communicates nothing
     saved_input_ = local_of<T>(x);
     Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
     rstd_.resize(saved_input_.rows());
@@ -116,9 +118,6 @@ class norm_layer {
     return dx;
   }
 
-  /// The tensor-parallel group parallelize gave the layer (null before).
-  [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
-
   /// The parameters with their gradients; under SequenceParallel the gradients are Partial until reduced
   /// (sw::reduce, sw::finish_gradients), which adds them into weight_grad and bias_grad.
   auto parameters() {
@@ -132,7 +131,6 @@ class norm_layer {
  private:
   T eps_;
   std::size_t features_;
-  bool lazy_ = false;  // declared under sw::Lazy and not materialized yet
   Parameter<vector, grad_placement> parameter(vector& value, vector& grad, vector& pending, std::string_view leaf) {
     Parameter<vector, grad_placement> p{&value, &grad, group_.get(), Location::path.view()};
     if constexpr (sequence_parallel) p.grad = &pending, p.reduced_into = &grad;
@@ -140,12 +138,9 @@ class norm_layer {
     return p;
   }
 
-  std::shared_ptr<nn::group<T> const> group_;
   matrix saved_input_;
   vector mean_, rstd_;
-  vector pending_weight_grad_, pending_bias_grad_;
-  registered_layer registration_{Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm",
-                                 Location::path.view()};  // SequenceParallel: this rank's partial sums, not reduced yet
+  vector pending_weight_grad_, pending_bias_grad_;  // SequenceParallel: this rank's partial sums, not reduced yet
 };
 
 }  // namespace detail
@@ -156,9 +151,11 @@ class LayerNorm : public detail::norm_layer<T, Location, detail::norm_kind::laye
   using detail::norm_layer<T, Location, detail::norm_kind::layer>::norm_layer;
 };
 
+/// RMSNorm over the features (Llama's), with a weight; unsharded or under SequenceParallel.
 template <class T, class Location = unplanned>
 class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
  public:
+  /// `features` weights set to one; eps 1e-6 unless given (Llama's configs give 1e-5 or 1e-6).
   explicit RMSNorm(std::size_t features, T eps = T(1e-6))
       : detail::norm_layer<T, Location, detail::norm_kind::rms>(features, eps) {}
 };

@@ -41,8 +41,7 @@ constexpr bool has_partial_gradients() {
     using Children = children_t<N>;
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (has_partial_gradients<std::tuple_element_t<I, Children>>() || ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<Children>>{});
+    }(std::make_index_sequence<std::tuple_size_v<Children>>{});
   } else if constexpr (repeated<N>::value) {
     return has_partial_gradients<typename repeated<N>::element>();
   } else {

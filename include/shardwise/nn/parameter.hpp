@@ -20,17 +20,17 @@ namespace shardwise {
 /// them with their names.
 template <class Tensor, class GradPlacement>
 struct Parameter {
-  using tensor_type = Tensor;
-  using grad_placement = GradPlacement;
-  Tensor* value;
-  Tensor* grad;  // for a Partial gradient: the sum of this rank's contributions not yet reduced
-  nn::group<typename Tensor::Scalar> const* group;  // null before parallelize
-  std::string_view path;                            // the layer's plan path ("layers.*.attention.wq")
-  // Replicated blocks (key-value heads repeated so that more tp ranks than heads each hold one): each block of
-  // `copy_block` rows of the unsharded tensor appears `copies` times in a row. The copies' gradients are summed
-  // over the group (finish_gradients) and count once in the gradient norm.
+  using tensor_type = Tensor;            ///< The value's and gradient's type (an Eigen matrix or vector).
+  using grad_placement = GradPlacement;  ///< How the gradient lies on the tp axis.
+  Tensor* value;                         ///< This rank's shard of the parameter.
+  Tensor* grad;  ///< Its gradient; for a Partial one, the sum of this rank's contributions not yet reduced.
+  nn::group<typename Tensor::Scalar> const* group;  ///< The layer's tp group (null before parallelize).
+  std::string_view path;                            ///< The layer's plan path ("layers.*.attention.wq").
+  /// Replicated blocks (key-value heads repeated so that more tp ranks than heads each hold one): each block of
+  /// `copy_block` rows of the unsharded tensor appears `copies` times in a row. The copies' gradients are summed
+  /// over the group (finish_gradients) and count once in the gradient norm.
   std::size_t copies = 1;
-  std::size_t copy_block = 0;
+  std::size_t copy_block = 0;  ///< Rows per repeated block (see copies).
   /// Partial gradients only: the layer's gradient, into which reduce() adds the sum over the group (and then
   /// clears `grad`), so reducing twice adds nothing twice.
   Tensor* reduced_into = nullptr;
@@ -100,11 +100,12 @@ struct partial_gradient_reaches_optimizer;
 /// Plain SGD, enough to show the rule: a Partial gradient does not compile here.
 template <class T>
 struct SGD {
-  T learning_rate;
+  T learning_rate;  ///< The step size.
 
+  /// w -= learning_rate * g for each parameter of the tuple (layer.parameters(), or sw::reduce of them).
   template <class... Ps>
   void step(std::tuple<Ps...> const& parameters) const {
-    static_assert(((!is_partial_v<typename Ps::grad_placement>)&&...),
+    static_assert(((!is_partial_v<typename Ps::grad_placement>) && ...),
                   "shardwise::SGD::step: a gradient is still Partial (a replicated weight used on sequence-sharded "
                   "activations); pass the parameters through sw::reduce(...) first");
     std::apply([&](auto const&... p) { (update(p), ...); }, parameters);

@@ -26,7 +26,7 @@ template <class From, class To, class T>
 nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const& x) {
   using F = normalize_2d_t<From>;
   using G = normalize_2d_t<To>;
-  static_assert((activation_layout<F>() || std::is_same_v<F, Partial<Sum>>)&&activation_layout<G>(),
+  static_assert((activation_layout<F>() || std::is_same_v<F, Partial<Sum>>) && activation_layout<G>(),
                 "shardwise::redistribute: activations move from Replicate, Shard<0>, Shard<-1> or Partial<Sum> to "
                 "Replicate, Shard<0> or Shard<-1>");
   if constexpr (std::is_same_v<F, G>) {

@@ -51,7 +51,7 @@ concept reduce_op =
     std::is_same_v<T, Sum> || std::is_same_v<T, Avg> || std::is_same_v<T, Max> || std::is_same_v<T, Min>;
 
 template <class T>
-concept placement = is_shard_v<T> || std::is_same_v<T, Replicate> ||(is_partial_v<T>&& reduce_op<typename T::op>);
+concept placement = is_shard_v<T> || std::is_same_v<T, Replicate> || (is_partial_v<T> && reduce_op<typename T::op>);
 
 template <class T>
 inline constexpr bool is_layout_v = false;

@@ -44,13 +44,9 @@ struct layer_traits {};
 
 namespace detail {
 template <class L>
-concept member_layer = requires {
-  typename L::shardwise_location;
-};
+concept member_layer = requires { typename L::shardwise_location; };
 template <class L>
-concept traits_layer = requires {
-  typename layer_traits<L>::location;
-};
+concept traits_layer = requires { typename layer_traits<L>::location; };
 
 template <class L>
 struct location_of {
@@ -123,8 +119,7 @@ void walk_tree(Node& node, Path const& path, OnModule& on_module, OnLayer& on_la
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (walk_tree(std::get<I>(children), child_path(path, child_name(N::shardwise_child_list, I)), on_module, on_layer),
        ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
+    }(std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
   } else if constexpr (repeated<N>::value) {
     std::size_t i = 0;
     for (auto& element : node) walk_tree(element, child_path(path, i++), on_module, on_layer);
@@ -221,8 +216,7 @@ constexpr bool has_layer_at(std::string_view path) {
     constexpr found_path own = module_path<N>();  // a plan entry for the module itself (PrepareModuleInput)
     return (own.found && own.path == path) || []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
       return (has_layer_at<std::tuple_element_t<I, Children>>(p) || ...);
-    }
-    (path, std::make_index_sequence<std::tuple_size_v<Children>>{});
+    }(path, std::make_index_sequence<std::tuple_size_v<Children>>{});
   } else if constexpr (repeated<N>::value) {
     return has_layer_at<typename repeated<N>::element>(path);
   } else {
@@ -277,10 +271,9 @@ constexpr bool static_sizes_divide() {
   }();
   if constexpr (module<N>) {
     using Children = children_t<N>;
-    return own&&[]<std::size_t... I>(std::index_sequence<I...>) {
+    return own && []<std::size_t... I>(std::index_sequence<I...>) {
       return (static_sizes_divide<std::tuple_element_t<I, Children>, Ranks>() && ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<Children>>{});
+    }(std::make_index_sequence<std::tuple_size_v<Children>>{});
   } else if constexpr (repeated<N>::value) {
     return own && static_sizes_divide<typename repeated<N>::element, Ranks>();
   } else {
@@ -342,8 +335,7 @@ constexpr bool children_named_as_declared() {
   if constexpr (module<Node>) {
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return ((child_facts<Node, I>::ok && children_named_as_declared<typename child_facts<Node, I>::C>()) && ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
+    }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
   } else if constexpr (repeated<Node>::value) {
     return children_named_as_declared<typename repeated<Node>::element>();
   } else {
@@ -365,8 +357,7 @@ constexpr bool show_members_named_otherwise() {
             (void)show_members_named_otherwise<typename F::C>();
           }(),
           ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
+    }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
   } else if constexpr (repeated<Node>::value) {
     (void)show_members_named_otherwise<typename repeated<Node>::element>();
   }

@@ -27,9 +27,7 @@ using traits_of = tensor_traits<std::remove_cvref_t<T>>;
 
 /// The parts of the tensor concept, named so a failed check says which part is missing.
 template <class T>
-concept tensor_has_traits = requires {
-  typename detail::traits_of<T>::element_type;
-};
+concept tensor_has_traits = requires { typename detail::traits_of<T>::element_type; };
 
 template <class T>
 concept tensor_has_element =
@@ -43,11 +41,11 @@ concept tensor_has_shape = tensor_has_traits<T> && requires(std::remove_cvref_t<
 };
 
 template <class T>
-concept tensor_has_storage = tensor_has_traits<T> &&
-    requires(std::remove_cvref_t<T>& t, std::remove_cvref_t<T> const& c) {
-  { detail::traits_of<T>::data(t) } -> std::convertible_to<typename detail::traits_of<T>::element_type*>;
-  { detail::traits_of<T>::data(c) } -> std::convertible_to<typename detail::traits_of<T>::element_type const*>;
-};
+concept tensor_has_storage =
+    tensor_has_traits<T> && requires(std::remove_cvref_t<T>& t, std::remove_cvref_t<T> const& c) {
+      { detail::traits_of<T>::data(t) } -> std::convertible_to<typename detail::traits_of<T>::element_type*>;
+      { detail::traits_of<T>::data(c) } -> std::convertible_to<typename detail::traits_of<T>::element_type const*>;
+    };
 
 template <class T>
 concept tensor = tensor_has_element<T> && tensor_has_shape<T> && tensor_has_storage<T>;
