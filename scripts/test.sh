@@ -11,7 +11,7 @@ echo "== formatting (.clang-format, clang-format 19: it parses C++20)"
 git ls-files '*.hpp' '*.cpp' | xargs clang-format-19 --dry-run --Werror
 
 echo "== API reference from the headers (doxygen, warnings as errors)"
-doxygen docs/Doxyfile
+mkdir -p build && doxygen docs/Doxyfile  # writes build/api/html
 
 echo "== outside references (PyTorch from PyPI, in a virtual environment outside the clone)"
 python=$(bash scripts/torch-venv.sh)
