@@ -116,6 +116,7 @@ class AdamW {
   template <class Model, class DataMesh>
   T step(FinishedGradients<Model> ready, DataMesh const& dp) {
     ++steps_;
+    if (slices_.empty()) for_each_state(ready.model, dp, [](auto&&...) {});  // the names, once: parameter groups
     T const norm = average_and_norm(ready, dp);
     T const clip =
         options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6)) : T(1);
@@ -170,21 +171,27 @@ class AdamW {
 
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
 
+  /// Every parameter with its finished gradient (allocated if a lazy load left none), in the order of the slices;
+  /// no names are built: a step walks the model twice.
+  template <class Model, class Fn>
+  static void for_each_finished(FinishedGradients<Model> ready, Fn&& fn) {
+    detail::for_each_parameter(ready.model, [&](auto const& p) { fn(detail::finished_view(p)); });
+  }
+
   /// Averages the gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns the
   /// global norm: a gradient not sharded over tp is the same on every tp rank, so only tp rank 0 counts it; a
   /// replicated block counts once.
   template <class Model, class DataMesh>
   T average_and_norm(FinishedGradients<Model> ready, DataMesh const& dp) {
-    int const dp_size = dp.size(0), dp_rank = dp.coordinate(0);
+    int const dp_size = dp.size(0);
     std::size_t index = 0;
     T square_sum = 0;
     nn::group<T> const* tp_group = nullptr;
-    for_each_parameter(ready, [&](std::string const& name, auto const& p) {
+    for_each_finished(ready, [&](auto const& p) {
       using P = std::remove_cvref_t<decltype(p)>;
-      detail::ensure_gradient(p);  // a layer loaded lazily has none before its first backward: zeros
       T* grad = p.grad->data();
       auto const n = static_cast<std::size_t>(p.grad->size());
-      slice& s = slice_of(index++, name, n, dp_size, dp_rank);
+      slice& s = slices_[index++];
       if (dp_size > 1) {
         Eigen::Map<nn::vector<T>> whole(grad, static_cast<Eigen::Index>(n));
         if (sliced(dp_size))
@@ -215,7 +222,7 @@ class AdamW {
     T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
     T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
     std::size_t index = 0;
-    for_each_parameter(ready, [&](std::string const&, auto const& p) {
+    for_each_finished(ready, [&](auto const& p) {
       slice& s = slices_[index++];
       T* value = p.value->data();
       T const* g = sliced(dp_size) ? s.grad.data() : p.grad->data() + s.start;
