@@ -4,6 +4,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,7 +34,8 @@ concept communicator = std::copy_constructible<C> && requires(C const& c) {
   { c.size() } -> std::convertible_to<int>;
   { c.label() } -> std::convertible_to<std::string_view>;
   { c.split(0, 0, std::string_view{}) } -> std::same_as<C>;
-  { C::shared_memory } -> std::convertible_to<bool>;
+  typename C::collectives;  // the backend's collective algorithms
+  { c.next_call_number() } -> std::convertible_to<std::uint64_t>;
   c.barrier();
 };
 

@@ -19,6 +19,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/reduce.hpp"
+#include "shardwise/mesh/mpi_collectives.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -116,8 +117,8 @@ inline std::shared_ptr<boost::mpi::environment> mpi_environment(int* argc = null
 /// An MPI communicator (through Boost.MPI): the world of one process per rank, or a mesh axis split from it.
 class MpiComm {
  public:
-  /// Ranks are separate processes: collectives go through MPI.
-  static constexpr bool shared_memory = false;
+  /// The collective algorithms: ranks are separate processes, so data goes through MPI.
+  using collectives = detail::mpi_collectives;
 
   /// Wraps `comm`, labelled `label` (the name errors give it); `env` keeps MPI initialized while it lives.
   MpiComm(std::shared_ptr<boost::mpi::environment> env, boost::mpi::communicator comm, std::string label)
@@ -130,6 +131,10 @@ class MpiComm {
   [[nodiscard]] MPI_Comm native() const { return static_cast<MPI_Comm>(comm_); }
   /// The Boost.MPI communicator it wraps.
   [[nodiscard]] boost::mpi::communicator const& boost_communicator() const { return comm_; }
+
+  /// The number of this rank's next collective call on the communicator (0, 1, 2, ...), which its peers must
+  /// match; copies of one MpiComm count together.
+  [[nodiscard]] std::uint64_t next_call_number() const { return state_->calls++; }
 
   /// MPI_Barrier over the communicator.
   void barrier(char const* = "barrier") const { detail::mpi_check(MPI_Barrier(native()), "MPI_Barrier"); }
@@ -184,27 +189,35 @@ class MpiComm {
                       "MPI_Allgatherv");
   }
 
-  /// Two ranks only: sends `mine` and then `count` elements of `in` to the peer, while the peer's record
-  /// arrives; `place(theirs)` returns where the peer's elements go and how many (nullptr: received and dropped,
-  /// as when the shapes disagree). The record travels beside the data on a private duplicate of the
-  /// communicator, so a check of it costs no round trip of its own (a key exchange before MPI_Allgather cost
-  /// 5-6% at 256 KiB). If `place` throws, the peer's message is still received and this rank's sends complete,
-  /// so nothing stays pending, and the error propagates.
-  template <class T, class Record, class Place>
-  void pair_exchange(Record const& mine, T const* in, std::size_t count, Place&& place) const {
+  /// Two ranks only: sends `mine`, and then (when sends_data(mine)) `count` elements of `in`, to the peer, and
+  /// returns the peer's record. When sends_data(theirs), the peer's elements follow: `place(theirs)` says where
+  /// they go and how many (nullptr: received and dropped, as when the calls disagree). The records travel on a
+  /// private duplicate of the communicator, so checking one costs no round trip of its own when data follows.
+  /// If `place` throws, the peer's data is still received and this rank's sends complete, so nothing stays
+  /// pending, and the error propagates.
+  template <class T, class Record, class SendsData, class Place>
+  Record pair_exchange(Record const& mine, T const* in, std::size_t count, SendsData&& sends_data,
+                       Place&& place) const {
     static_assert(std::is_trivially_copyable_v<Record>,
                   "shardwise::MpiComm::pair_exchange: the record is sent as bytes, so its type must be trivially "
                   "copyable; send a plain struct of numbers");
     MPI_Comm const c = internal();
     int const peer = 1 - rank();
-    int const n = detail::mpi_count(count, "all_gather");
     Record theirs;
     MPI_Request requests[3];
+    int sends = 2;
     detail::mpi_check(MPI_Irecv(&theirs, sizeof(Record), MPI_BYTE, peer, 0, c, &requests[0]), "MPI_Irecv");
     detail::mpi_check(MPI_Isend(&mine, sizeof(Record), MPI_BYTE, peer, 0, c, &requests[1]), "MPI_Isend");
-    detail::mpi_check(MPI_Isend(in, n, detail::mpi_datatype<T>(), peer, 1, c, &requests[2]), "MPI_Isend");
+    if (sends_data(mine)) {
+      int const n = detail::mpi_count(count, "all_gather");
+      detail::mpi_check(MPI_Isend(in, n, detail::mpi_datatype<T>(), peer, 1, c, &requests[2]), "MPI_Isend");
+    } else {
+      sends = 1;
+    }
     detail::mpi_check(MPI_Wait(&requests[0], MPI_STATUS_IGNORE), "MPI_Wait");
-    auto drop = [&] { discard(c, peer, 1, probed_bytes(c, peer, 1)); };
+    auto drop = [&] {
+      if (sends_data(static_cast<Record const&>(theirs))) discard(c, peer, 1, probed_bytes(c, peer, 1));
+    };
     try {
       auto const [where, expected] = place(static_cast<Record const&>(theirs));
       if (where == nullptr) {
@@ -216,10 +229,11 @@ class MpiComm {
       }
     } catch (...) {
       drop();
-      MPI_Waitall(2, requests + 1, MPI_STATUSES_IGNORE);
+      MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE);
       throw;
     }
-    detail::mpi_check(MPI_Waitall(2, requests + 1, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    detail::mpi_check(MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    return theirs;
   }
 
   /// Reduces `in` (the concatenation of every rank's piece) over ranks; this rank keeps piece `rank()`.
@@ -333,15 +347,18 @@ class MpiComm {
   /// The communicator for shardwise's own point-to-point traffic, so it never meets a user's send/recv.
   /// Duplicated on first use, which is inside a collective every rank of the axis calls.
   MPI_Comm internal() const {
-    if (!*internal_) internal_->emplace(static_cast<MPI_Comm>(comm_), boost::mpi::comm_duplicate);
-    return static_cast<MPI_Comm>(**internal_);
+    if (!state_->internal) state_->internal.emplace(static_cast<MPI_Comm>(comm_), boost::mpi::comm_duplicate);
+    return static_cast<MPI_Comm>(*state_->internal);
   }
 
   std::shared_ptr<boost::mpi::environment> env_;  // declared first: destroyed after the communicators
   boost::mpi::communicator comm_;
   std::string label_;
-  std::shared_ptr<std::optional<boost::mpi::communicator>> internal_ =
-      std::make_shared<std::optional<boost::mpi::communicator>>();
+  struct shared_state {
+    std::optional<boost::mpi::communicator> internal;  // see internal()
+    std::uint64_t calls = 0;                           // see next_call_number()
+  };
+  std::shared_ptr<shared_state> state_ = std::make_shared<shared_state>();
 };
 
 /// The MPI world; initialises MPI on first use. Launch with mpiexec.

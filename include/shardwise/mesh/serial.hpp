@@ -1,5 +1,6 @@
 #pragma once
 // One rank, no communication: the unsharded reference that every parallel result is compared with.
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,17 +13,18 @@ namespace shardwise {
 /// The communicator of a single rank (serial_world): every collective is a copy or nothing.
 class SerialComm {
  public:
-  /// Its one "peer" is itself, so the collectives' zero-copy (shared-memory) path applies.
-  static constexpr bool shared_memory = true;
+  /// The collective algorithms: its one "peer" is itself, so the shared-memory ones apply.
+  using collectives = detail::shared_memory_collectives;
 
   SerialComm() = default;  ///< The world, labelled "world".
   /// A communicator labelled `label` (the name errors give it).
   explicit SerialComm(std::string_view label) : label_(label) {}
 
-  [[nodiscard]] static int rank() { return 0; }                    ///< Always 0.
-  [[nodiscard]] static int size() { return 1; }                    ///< Always 1.
-  [[nodiscard]] std::string_view label() const { return label_; }  ///< The name errors give it.
-  static void barrier(char const* = "barrier") {}                  ///< Nothing to wait for.
+  [[nodiscard]] static int rank() { return 0; }                        ///< Always 0.
+  [[nodiscard]] static int size() { return 1; }                        ///< Always 1.
+  [[nodiscard]] std::string_view label() const { return label_; }      ///< The name errors give it.
+  static void barrier(char const* = "barrier") {}                      ///< Nothing to wait for.
+  [[nodiscard]] static std::uint64_t next_call_number() { return 0; }  ///< No peer to match: always 0.
 
   /// The collectives' exchange of buffers: calls fn with this rank's slot as the only one.
   template <class Fn>

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/mesh/shared_memory_collectives.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -32,24 +33,6 @@ class peer_failure : public error {
  public:
   peer_failure() : error("shardwise::run_threads: another rank failed; its exception is rethrown") {}
 };
-
-struct thread_group;
-
-/// What one rank publishes to its group for a collective: its buffers and their shape.
-struct thread_slot {
-  void const* in = nullptr;
-  void* out = nullptr;
-  extents shape{};
-  std::int64_t a = 0, b = 0;
-  std::shared_ptr<thread_group> group;  // used by split
-};
-
-/// A slot for a collective: what this rank reads, where it writes, and its shape.
-inline thread_slot make_slot(void const* in, void* out = nullptr, extents const& shape = {}) {
-  thread_slot slot;
-  slot.in = in, slot.out = out, slot.shape = shape;
-  return slot;
-}
 
 /// Shared by every group of one run_threads call.
 struct thread_run_state {
@@ -74,12 +57,14 @@ struct thread_group {
       : run(std::move(run_state)),
         members(std::move(world_ranks)),
         label(std::move(axis_label)),
-        slots(members.size()) {}
+        slots(members.size()),
+        calls(members.size()) {}
 
   std::shared_ptr<thread_run_state> run;
   std::vector<int> members;  // world rank of each group rank
   std::string label;         // mesh axis name, for error messages
   std::vector<thread_slot> slots;
+  std::vector<std::uint64_t> calls;  // collective calls made so far, per group rank (each rank counts its own)
   // Low 32 bits: barrier generation. High bits: wake-ups for failure checks, which must not look like a
   // completed barrier.
   std::atomic<std::uint64_t> word{0};
@@ -165,8 +150,8 @@ inline void thread_run_state::wake_all() {
 /// One rank's handle on a group of threads: the world of run_threads, or a mesh axis split from it.
 class ThreadComm {
  public:
-  /// Ranks share memory: collectives copy straight from each other's buffers.
-  static constexpr bool shared_memory = true;
+  /// The collective algorithms: ranks share memory, so they copy straight from each other's buffers.
+  using collectives = detail::shared_memory_collectives;
 
   /// Rank `rank` of `group` (made by run_threads and split; not for users to build).
   ThreadComm(std::shared_ptr<detail::thread_group> group, int rank) : group_(std::move(group)), rank_(rank) {}
@@ -174,6 +159,9 @@ class ThreadComm {
   [[nodiscard]] int rank() const { return rank_; }                        ///< This rank in the group.
   [[nodiscard]] int size() const { return group_->size(); }               ///< The number of ranks in the group.
   [[nodiscard]] std::string_view label() const { return group_->label; }  ///< The group's name, for errors.
+
+  /// The number of this rank's next collective call on the group (0, 1, 2, ...), which its peers must match.
+  [[nodiscard]] std::uint64_t next_call_number() const { return group_->calls[static_cast<std::size_t>(rank_)]++; }
 
   /// Waits until every rank of the group has reached it; `what` names the call in errors.
   void barrier(char const* what = "barrier") const { group_->barrier(rank_, what); }

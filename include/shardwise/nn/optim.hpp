@@ -34,19 +34,12 @@ struct tuple_has_partial<std::tuple<Ps...>> : std::bool_constant<(is_partial_v<t
 /// Whether any layer under Node has a Partial gradient type (a norm under SequenceParallel).
 template <class Node>
 constexpr bool has_partial_gradients() {
-  using N = std::remove_cvref_t<Node>;
-  if constexpr (layer<N>) {
-    return tuple_has_partial<parameters_t<N>>::value;
-  } else if constexpr (module<N>) {
-    using Children = children_t<N>;
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      return (has_partial_gradients<std::tuple_element_t<I, Children>>() || ...);
-    }(std::make_index_sequence<std::tuple_size_v<Children>>{});
-  } else if constexpr (repeated<N>::value) {
-    return has_partial_gradients<typename repeated<N>::element>();
-  } else {
-    return false;
-  }
+  return any_node<Node>([]<class N>() {
+    if constexpr (layer<N>)
+      return tuple_has_partial<parameters_t<N>>::value;
+    else
+      return false;
+  });
 }
 
 }  // namespace detail

@@ -205,80 +205,110 @@ constexpr found_path node_path() {
   }
 }
 
-/// Whether some layer under Node was looked up at `path`; Prefix is Node's own path.
-template <class Node>
-constexpr bool has_layer_at(std::string_view path) {
-  using N = std::remove_cvref_t<Node>;
-  if constexpr (layer<N>) {
-    return location_of<N>::type::path.view() == path;
-  } else if constexpr (module<N>) {
-    using Children = children_t<N>;
-    constexpr found_path own = module_path<N>();  // a plan entry for the module itself (PrepareModuleInput)
-    return (own.found && own.path == path) || []<std::size_t... I>(std::string_view p, std::index_sequence<I...>) {
-      return (has_layer_at<std::tuple_element_t<I, Children>>(p) || ...);
-    }(path, std::make_index_sequence<std::tuple_size_v<Children>>{});
-  } else if constexpr (repeated<N>::value) {
-    return has_layer_at<typename repeated<N>::element>(path);
-  } else {
-    return false;
-  }
-}
-
-/// The plan the layers under Node were built with (plan<> if there are none).
-template <class Node>
-struct plan_of_tree;
-template <class Node>
-using plan_of_tree_t = typename plan_of_tree<std::remove_cvref_t<Node>>::type;
-
 template <class... Ts>
-struct first_plan {
-  using type = serial_plan;
+struct type_list {};
+template <class... Lists>
+struct concat_lists {
+  using type = type_list<>;
 };
-template <class T, class... Rest>
-struct first_plan<T, Rest...> {
-  using type = std::conditional_t<std::is_same_v<plan_of_tree_t<T>, serial_plan>, typename first_plan<Rest...>::type,
-                                  plan_of_tree_t<T>>;
+template <class... A>
+struct concat_lists<type_list<A...>> {
+  using type = type_list<A...>;
 };
-template <class Tuple>
-struct first_plan_of_tuple;
-template <class... Ts>
-struct first_plan_of_tuple<std::tuple<Ts...>> : first_plan<Ts...> {};
+template <class... A, class... B, class... Rest>
+struct concat_lists<type_list<A...>, type_list<B...>, Rest...> : concat_lists<type_list<A..., B...>, Rest...> {};
 
 template <class Node>
-struct plan_of_tree {
+struct tree_nodes;
+/// The one compile-time walk over a module tree: every node type under Node (itself first, then its
+/// children's trees in SHARDWISE_CHILDREN order; a vector or array counts as its element type). The checks
+/// below are folds over this list.
+template <class Node>
+using tree_nodes_t = typename tree_nodes<std::remove_cvref_t<Node>>::type;
+
+template <class Node>
+struct tree_nodes {
   static auto pick() {
-    if constexpr (layer<Node>)
-      return std::type_identity<typename location_of<Node>::type::plan>{};
-    else if constexpr (module<Node>)
-      return std::type_identity<typename first_plan_of_tuple<children_t<Node>>::type>{};
-    else if constexpr (repeated<Node>::value)
-      return std::type_identity<plan_of_tree_t<typename repeated<Node>::element>>{};
-    else
-      return std::type_identity<serial_plan>{};
+    if constexpr (layer<Node>) {
+      return std::type_identity<type_list<Node>>{};
+    } else if constexpr (module<Node>) {
+      return []<std::size_t... I>(std::index_sequence<I...>) {
+        return std::type_identity<
+            typename concat_lists<type_list<Node>, tree_nodes_t<std::tuple_element_t<I, children_t<Node>>>...>::type>{};
+      }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
+    } else if constexpr (repeated<Node>::value) {
+      return std::type_identity<tree_nodes_t<typename repeated<Node>::element>>{};
+    } else {
+      return std::type_identity<type_list<>>{};
+    }
   }
   using type = typename decltype(pick())::type;
 };
 
+/// Whether test.template operator()<N>() holds for some node type N under Node.
+template <class Node, class Test>
+constexpr bool any_node(Test test) {
+  return []<class... N>(Test const& t, type_list<N...>) { return (t.template operator()<N>() || ...); }(
+             test, tree_nodes_t<Node>{});
+}
+
+/// Whether test.template operator()<N>() holds for every node type N under Node.
+template <class Node, class Test>
+constexpr bool every_node(Test test) {
+  return []<class... N>(Test const& t, type_list<N...>) { return (t.template operator()<N>() && ...); }(
+             test, tree_nodes_t<Node>{});
+}
+
+/// Whether some layer under Node was looked up at `path`, or a module's own plan entry is there.
+template <class Node>
+constexpr bool has_layer_at(std::string_view path) {
+  return any_node<Node>([path]<class N>() {
+    if constexpr (layer<N>) {
+      return location_of<N>::type::path.view() == path;
+    } else {
+      constexpr found_path own = module_path<N>();  // a plan entry for the module itself (PrepareModuleInput)
+      return own.found && own.path == path;
+    }
+  });
+}
+
+/// The plan a layer was built with (serial_plan for a module).
+template <class N>
+struct plan_of_node {
+  using type = serial_plan;
+};
+template <layer N>
+struct plan_of_node<N> {
+  using type = typename location_of<N>::type::plan;
+};
+
+template <class... Ns>
+struct first_plan {
+  using type = serial_plan;
+};
+template <class N, class... Rest>
+struct first_plan<N, Rest...> {
+  using type = std::conditional_t<std::is_same_v<typename plan_of_node<N>::type, serial_plan>,
+                                  typename first_plan<Rest...>::type, typename plan_of_node<N>::type>;
+};
+template <class List>
+struct first_plan_in;
+template <class... Ns>
+struct first_plan_in<type_list<Ns...>> : first_plan<Ns...> {};
+
+/// The plan the layers under Node were built with (serial_plan if there are none).
+template <class Node>
+using plan_of_tree_t = typename first_plan_in<tree_nodes_t<Node>>::type;
+
 /// For a tp size known at compile time: every layer and module that can check its sizes does.
 template <class Node, std::size_t Ranks>
 constexpr bool static_sizes_divide() {
-  using N = std::remove_cvref_t<Node>;
-  constexpr bool own = [] {
+  return every_node<Node>([]<class N>() {
     if constexpr (requires { N::template shardwise_static_check<Ranks>(); })
       return N::template shardwise_static_check<Ranks>();
     else
       return true;
-  }();
-  if constexpr (module<N>) {
-    using Children = children_t<N>;
-    return own && []<std::size_t... I>(std::index_sequence<I...>) {
-      return (static_sizes_divide<std::tuple_element_t<I, Children>, Ranks>() && ...);
-    }(std::make_index_sequence<std::tuple_size_v<Children>>{});
-  } else if constexpr (repeated<N>::value) {
-    return own && static_sizes_divide<typename repeated<N>::element, Ranks>();
-  } else {
-    return own;
-  }
+  });
 }
 
 template <fixed_string Path>
@@ -332,15 +362,15 @@ struct child_facts {
 /// member's path (copied and not renamed) would take that member's style and be saved under its own name.
 template <class Node>
 constexpr bool children_named_as_declared() {
-  if constexpr (module<Node>) {
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      return ((child_facts<Node, I>::ok && children_named_as_declared<typename child_facts<Node, I>::C>()) && ...);
-    }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
-  } else if constexpr (repeated<Node>::value) {
-    return children_named_as_declared<typename repeated<Node>::element>();
-  } else {
-    return true;
-  }
+  return every_node<Node>([]<class N>() {
+    if constexpr (module<N>) {
+      return []<std::size_t... I>(std::index_sequence<I...>) {
+        return (child_facts<N, I>::ok && ...);
+      }(std::make_index_sequence<std::tuple_size_v<children_t<N>>>{});
+    } else {
+      return true;
+    }
+  });
 }
 
 /// Beside the static_assert on children_named_as_declared: spells the member and its path in the diagnostic.

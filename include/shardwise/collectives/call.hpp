@@ -1,0 +1,168 @@
+#pragma once
+// What every rank must agree on in one collective call: its kind, element type, reduction, root, dimensions,
+// shape, and its number among the calls on that communicator. Every backend exchanges these records before
+// any data moves (on the thread mesh, before any rank touches a peer's buffer) and every rank raises the same
+// error when they differ, naming what each rank called.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "shardwise/collectives/detail.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/placement/chunk.hpp"
+#include "shardwise/placement/placement.hpp"
+#include "shardwise/tensor/box.hpp"
+#include "shardwise/tensor/extents.hpp"
+
+namespace shardwise::detail {
+
+enum class collective_kind : std::uint8_t {
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  broadcast,
+  all_to_all,
+  gather_values,
+  barrier
+};
+
+constexpr std::string_view kind_name(collective_kind kind) {
+  constexpr std::array<std::string_view, 7> names{"all_reduce", "all_gather",    "reduce_scatter", "broadcast",
+                                                  "all_to_all", "gather_values", "barrier"};
+  return names[static_cast<std::size_t>(kind)];
+}
+
+constexpr std::string_view op_name(op_kind op) {
+  constexpr std::array<std::string_view, 4> names{"sum", "avg", "max", "min"};
+  return names[static_cast<std::size_t>(op)];
+}
+
+/// The spelling of T as the compiler prints it ("float", "Eigen::bfloat16"), the same in every process of
+/// one program, so ranks can compare element types by name.
+template <class T>
+constexpr std::string_view type_name() {
+  std::string_view const function = __PRETTY_FUNCTION__;  // "... [with T = float; ...]" or "... [T = float]"
+  std::size_t const start = function.find("T = ") + 4;
+  std::size_t const end = function.find_first_of(";]", start);
+  return function.substr(start, end - start);
+}
+
+/// One rank's description of a collective call; plain bytes, so MPI can carry it.
+struct call_record {
+  std::uint64_t sequence = 0;  ///< The call's number on its communicator, counted by every rank.
+  extents shape{};             ///< The shape of this rank's input (the root's, for broadcast).
+  collective_kind kind{};
+  op_kind op = op_kind::sum;  ///< all_reduce and reduce_scatter only.
+  std::int16_t dim = -1;      ///< all_gather, reduce_scatter: the dimension; all_to_all: the split one.
+  std::int16_t dim2 = -1;     ///< all_to_all: the concatenation dimension.
+  std::int32_t root = -1;     ///< broadcast only.
+  storage_order order = storage_order::row_major;  ///< The input's layout.
+  bool pair_data = false;  ///< MPI, two ranks: this rank's data follows its record (all_gather of whole pieces).
+  std::array<char, 32> element{};  ///< The element type's name, cut to fit.
+
+  [[nodiscard]] std::string_view element_name() const {
+    return {element.data(),
+            static_cast<std::size_t>(std::find(element.begin(), element.end(), '\0') - element.begin())};
+  }
+  /// Equal in everything but the shape, which each collective checks by its own rule.
+  [[nodiscard]] bool same_call(call_record const& other) const {
+    return sequence == other.sequence && kind == other.kind && op == other.op && dim == other.dim &&
+           dim2 == other.dim2 && root == other.root && order == other.order && element == other.element;
+  }
+  /// "all_gather<float>([4, 8], dim 0)".
+  friend std::ostream& operator<<(std::ostream& out, call_record const& call) {
+    if (call.kind == collective_kind::barrier) return out << "barrier()";
+    out << kind_name(call.kind) << '<' << call.element_name() << ">(" << call.shape;
+    switch (call.kind) {
+      case collective_kind::all_reduce:
+        return out << ", " << op_name(call.op) << ')';
+      case collective_kind::reduce_scatter:
+        return out << ", dim " << call.dim << ", " << op_name(call.op) << ')';
+      case collective_kind::all_gather:
+        return out << ", dim " << call.dim << ')';
+      case collective_kind::broadcast:
+        return out << ", root " << call.root << ')';
+      case collective_kind::all_to_all:
+        return out << ", split dim " << call.dim << ", concat dim " << call.dim2 << ')';
+      default:
+        return out << ')';
+    }
+  }
+};
+
+/// The record of a call of `kind` on elements of type E with input shape `shape`; the caller fills in the
+/// fields its kind uses.
+template <class E, class Comm>
+call_record make_call(Comm const& comm, collective_kind kind, extents const& shape,
+                      storage_order order = storage_order::row_major) {
+  call_record call;
+  call.sequence = comm.next_call_number();
+  call.shape = shape;
+  call.kind = kind;
+  call.order = order;
+  constexpr std::string_view name = type_name<E>();
+  std::copy_n(name.begin(), std::min(name.size(), call.element.size() - 1), call.element.begin());
+  return call;
+}
+
+/// Raises, on every rank alike, when the ranks' records describe different calls.
+template <class RecordOf>
+void check_calls_agree(int ranks, RecordOf&& record_of_rank, std::string_view axis) {
+  call_record const& first = record_of_rank(0);
+  for (int q = 1; q < ranks; ++q) {
+    if (record_of_rank(q).same_call(first)) continue;
+    std::ostringstream calls;
+    for (int r = 0; r < ranks; ++r) {
+      call_record const& call = record_of_rank(r);
+      calls << (r ? "; " : "") << "rank " << r << " called " << call << " as call #" << call.sequence;
+    }
+    fail("shardwise: ranks called different collectives on mesh axis \"", axis, "\": ", calls.str(),
+         ". Every rank of an axis must make the same collective calls in the same order, with the same element "
+         "type, reduction, root and dimensions");
+  }
+}
+
+/// A broadcast's root, once every rank agrees on it, must be a rank of the axis.
+inline void check_root(int root, int ranks, collective_site const& site) {
+  if (root < 0 || root >= ranks)
+    fail(site, ": root rank ", root, " does not exist; the axis has ranks 0 to ", ranks - 1);
+}
+
+/// Shape rule of all_gather: shapes agree outside dimension d; the result stacks them along d in rank order.
+template <class ShapeOf>
+extents gathered_shape(int ranks, ShapeOf&& shape_of_rank, std::size_t d, collective_site const& site) {
+  check_shapes_agree(ranks, shape_of_rank, d, site);
+  std::size_t total = 0;
+  for (int q = 0; q < ranks; ++q) total += shape_of_rank(q)[d];
+  return with_dim(shape_of_rank(0), d, total);
+}
+
+/// The torch.chunk piece `q` of `shape` along d, cut for `ranks` ranks.
+inline extents piece_of(extents const& shape, std::size_t d, int ranks, int q) {
+  return with_dim(shape, d, chunk_size(shape[d], static_cast<std::size_t>(ranks), static_cast<std::size_t>(q)));
+}
+
+/// Where piece_of(shape, d, ranks, q) starts inside `shape`.
+inline extents piece_offset(extents const& shape, std::size_t d, int ranks, int q) {
+  return with_dim(zero_offset(shape.rank), d,
+                  chunk_offset(shape[d], static_cast<std::size_t>(ranks), static_cast<std::size_t>(q)));
+}
+
+/// Shape rule of all_to_all: shapes agree outside the concatenation dimension; rank `me` receives piece `me`
+/// (along the split dimension) of every rank's input, stacked along the concatenation dimension.
+template <class ShapeOf>
+extents all_to_all_shape(int ranks, int me, ShapeOf&& shape_of_rank, std::size_t split, std::size_t concat,
+                         collective_site const& site) {
+  check_shapes_agree(ranks, shape_of_rank, concat, site);
+  extents result = piece_of(shape_of_rank(me), split, ranks, me);
+  std::size_t total = 0;
+  for (int q = 0; q < ranks; ++q) total += piece_of(shape_of_rank(q), split, ranks, me)[concat];
+  result[concat] = total;
+  return result;
+}
+
+}  // namespace shardwise::detail

@@ -1,0 +1,125 @@
+#pragma once
+// The collective fault matrix, written once for any world (threads, MPI): ranks that make different calls —
+// kinds, element types, roots, reductions, shapes, dimensions — all raise the same error, which names what
+// each rank called, and the axis stays usable afterwards (the next matched call gives the right values).
+#include <doctest/doctest.h>
+
+#include <Eigen/Dense>
+#include <functional>
+#include <shardwise/adapters/eigen.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace cases {
+
+namespace sw = shardwise;
+
+/// Runs call(mesh, rank) on every rank; each must throw a shardwise::error containing every `expected` part,
+/// with the same text on every rank.
+template <class World, class Call>
+void expect_error_everywhere(World const& world, char const* what, Call&& call,
+                             std::vector<std::string> const& expected) {
+  CAPTURE(what);
+  auto const mesh = sw::make_mesh<"tp">(world, {world.size()});
+  std::string message = "(no error)";
+  try {
+    call(mesh, world.rank());
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  for (auto const& part : expected) CHECK_MESSAGE(message.find(part) != std::string::npos, part);
+  auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);  // exact in a double
+  CHECK(sw::all_reduce(mesh, text_hash, sw::Max{}) == sw::all_reduce(mesh, text_hash, sw::Min{}));
+  Eigen::VectorXd one = Eigen::VectorXd::Constant(3, world.rank() + 1.0);
+  sw::all_reduce(mesh, one);  // the axis still works after the error
+  double const expected_sum = world.size() * (world.size() + 1) / 2.0;
+  CHECK(one == Eigen::VectorXd::Constant(3, expected_sum));
+}
+
+template <class World>
+void check_mismatched_calls(World const& world) {
+  std::string const first = "rank 0 called ", second = "rank 1 called ";
+  auto const header = "ranks called different collectives on mesh axis \"tp\"";
+  auto const vector = [](int n) { return Eigen::VectorXf::Ones(n).eval(); };
+
+  expect_error_everywhere(world, "kinds",
+                          [&](auto const& mesh, int rank) {
+                            Eigen::VectorXf v = vector(4), out;
+                            if (rank == 0)
+                              sw::all_gather(mesh, v, out, 0);
+                            else
+                              sw::all_reduce(mesh, v);
+                          },
+                          {header, first + "all_gather<float>([4], dim 0)", second + "all_reduce<float>([4], sum)"});
+
+  expect_error_everywhere(
+      world, "kinds, large data (MPI sends it beside the record on two ranks)",
+      [&](auto const& mesh, int rank) {
+        Eigen::VectorXf v = vector(1 << 20), out;
+        if (rank == 0)
+          sw::all_gather(mesh, v, out, 0);
+        else
+          sw::all_reduce(mesh, v);
+      },
+      {header, first + "all_gather<float>([1048576], dim 0)", second + "all_reduce<float>([1048576], sum)"});
+
+  expect_error_everywhere(world, "element types",
+                          [&](auto const& mesh, int rank) {
+                            if (rank == 0) {
+                              Eigen::VectorXd v = Eigen::VectorXd::Ones(4);
+                              sw::all_reduce(mesh, v);
+                            } else {
+                              Eigen::VectorXf v = vector(4);
+                              sw::all_reduce(mesh, v);
+                            }
+                          },
+                          {header, first + "all_reduce<double>([4], sum)", second + "all_reduce<float>([4], sum)"});
+
+  expect_error_everywhere(world, "roots",
+                          [&](auto const& mesh, int rank) {
+                            Eigen::VectorXf v = vector(4);
+                            sw::broadcast(mesh, v, rank == 0 ? 0 : 1);
+                          },
+                          {header, first + "broadcast<float>([4], root 0)", second + "broadcast<float>([4], root 1)"});
+
+  expect_error_everywhere(world, "reductions",
+                          [&](auto const& mesh, int rank) {
+                            Eigen::VectorXf v = vector(4);
+                            if (rank == 0)
+                              sw::all_reduce(mesh, v, sw::Sum{});
+                            else
+                              sw::all_reduce(mesh, v, sw::Max{});
+                          },
+                          {header, first + "all_reduce<float>([4], sum)", second + "all_reduce<float>([4], max)"});
+
+  expect_error_everywhere(
+      world, "counts",
+      [&](auto const& mesh, int rank) {
+        Eigen::VectorXf v = vector(rank == 0 ? 4 : 5);
+        sw::all_reduce(mesh, v);
+      },
+      {"all_reduce on mesh axis \"tp\": shapes differ across ranks", "rank 0 has [4]", "rank 1 has [5]"});
+
+  expect_error_everywhere(
+      world, "dimensions",
+      [&](auto const& mesh, int rank) {
+        Eigen::MatrixXf m = Eigen::MatrixXf::Ones(2, 2), out;
+        sw::all_gather(mesh, m, out, rank == 0 ? 0 : 1);
+      },
+      {header, first + "all_gather<float>([2, 2], dim 0)", second + "all_gather<float>([2, 2], dim 1)"});
+
+  expect_error_everywhere(world, "reduce_scatter against all_to_all",
+                          [&](auto const& mesh, int rank) {
+                            Eigen::MatrixXf m = Eigen::MatrixXf::Ones(4, 4), out;
+                            if (rank == 0)
+                              sw::reduce_scatter(mesh, m, out, 0);
+                            else
+                              sw::all_to_all(mesh, m, out, 0, 1);
+                          },
+                          {header, first + "reduce_scatter<float>([4, 4], dim 0, sum)",
+                           second + "all_to_all<float>([4, 4], split dim 0, concat dim 1)"});
+}
+
+}  // namespace cases
