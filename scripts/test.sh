@@ -22,7 +22,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=ON -DSHAR
 cmake --build build -j"$jobs"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
-thread_tests="test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh|test_adapters|test_nn|test_llama|test_lazy|test_checkpoint_sharded|test_safetensors"
+thread_tests="test_faults|test_bad_sizes|test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh|test_adapters|test_nn|test_llama|test_lazy|test_checkpoint_sharded|test_safetensors"
 
 echo "== thread-mesh tests under ThreadSanitizer"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread -g" \

@@ -43,12 +43,13 @@ endif()
 
 # Sharded save and load of the Llama model on the thread mesh, resharding, bad checkpoints, a killed save.
 shardwise_add_test(test_checkpoint_sharded test_checkpoint_sharded.cpp LINK shardwise::checkpoint shardwise::eigen)
+shardwise_add_test(test_checkpoint_concurrency test_checkpoint_concurrency.cpp LINK shardwise::checkpoint shardwise::eigen)
 
 # Consolidation into one safetensors file, and the `shardwise` command (tools/).
 shardwise_add_test(test_checkpoint_consolidate test_checkpoint_consolidate.cpp LINK shardwise::checkpoint shardwise::eigen)
 find_package(CLI11 CONFIG QUIET)
 if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after the tests
-  foreach(command IN ITEMS "" consolidate inspect)
+  foreach(command IN ITEMS "" consolidate inspect verify)
     add_test(NAME cli.help${command} COMMAND shardwise_cli ${command} --help)
     set_tests_properties(cli.help${command} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "Usage:.*shardwise")
   endforeach()
@@ -57,6 +58,9 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
            COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' consolidate '${CMAKE_CURRENT_BINARY_DIR}/no_such_checkpoint' '${CMAKE_CURRENT_BINARY_DIR}/no_output' 2>&1; echo exit code $?")
   set_tests_properties(cli.bad_checkpoint PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
                                                      "holds no shardwise_checkpoint.json.*exit code 1")
+  # verify and inspect on a damaged checkpoint (the doctest case is skipped in test_checkpoint_concurrency's own run).
+  add_test(NAME cli.verify COMMAND test_checkpoint_concurrency --no-skip "--test-case=cli: *" --no-colors)
+  set_tests_properties(cli.verify PROPERTIES LABELS cli ENVIRONMENT "SHARDWISE_CLI=$<TARGET_FILE:shardwise_cli>")
   # Consolidated from TP 4 and loaded by Hugging Face transformers' LlamaForCausalLM: the same logits.
   add_executable(safetensors_llama_checkpoint torch/safetensors_llama_checkpoint.cpp)
   target_link_libraries(safetensors_llama_checkpoint PRIVATE shardwise::checkpoint shardwise::eigen)

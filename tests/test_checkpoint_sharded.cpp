@@ -308,13 +308,33 @@ TEST_CASE("saving again replaces the checkpoint; a folder that is not a checkpoi
   save_at<tp_plan>(4, c, dir.path / "ckpt", 2);  // over the previous one, at another TP size
   load_and_check<tp_plan>(2, c, dir.path / "ckpt", reference(c), 2);
   CHECK(fs::exists(dir.path / "ckpt/tensor_parallel_shards/tp_rank_03_pp_rank_00"));
-  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);  // nothing left beside
+  for (auto const& entry : fs::directory_iterator(dir.path))  // nothing left beside it but the savers' lock
+    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
 
   fs::create_directories(dir.path / "photos");
   std::ofstream(dir.path / "photos/cat.jpg") << "meow";
   check_error([&] { save_at<tp_plan>(2, c, dir.path / "photos", 3); },
               {"photos", "exists and is not a shardwise checkpoint"});
   CHECK(fs::exists(dir.path / "photos/cat.jpg"));
+}
+
+TEST_CASE("the model's configuration is saved beside the weights; a load into another one is refused by field") {
+  auto const c = config();
+  scratch_dir dir("config");
+  save_at<tp_plan>(2, c, dir.path / "ckpt", 1);
+  CHECK(sw::read_checkpoint_index(dir.path / "ckpt").config.at("rope_theta") == "10000");
+  auto other_theta = c;
+  other_theta.rope_theta = 500000;
+  check_error([&] { load_at(2, other_theta, dir.path / "ckpt"); },
+              {"shardwise_checkpoint.json",
+               "the checkpoint was saved from a model with rope_theta = 10000 but this "
+               "model has rope_theta = 500000; build the model with the checkpoint's "
+               "configuration"});
+  auto other_heads = c;  // 2 query heads of width 16 and 1 key-value head: every tensor has the same shape
+  other_heads.heads = 2, other_heads.kv_heads = 1;
+  check_error([&] { load_at(1, other_heads, dir.path / "ckpt"); },
+              {"saved from a model with heads = 4 but this model has heads = 2"});
+  load_at(2, c, dir.path / "ckpt");  // the same configuration loads
 }
 
 TEST_CASE("bad checkpoints: an error naming the file, the tensor and the fix") {
@@ -474,6 +494,14 @@ void save_killed_at(char const* stage, models::LlamaConfig const& c, fs::path co
 }
 }  // namespace
 
+/// The staging folders of saves in `parent` (".ckpt.incomplete.<generation>"), finished or not.
+std::vector<fs::path> staging_folders(fs::path const& parent) {
+  std::vector<fs::path> found;
+  for (auto const& entry : fs::directory_iterator(parent))
+    if (entry.path().filename().string().rfind(".ckpt.incomplete", 0) == 0) found.push_back(entry.path());
+  return found;
+}
+
 TEST_CASE("a save killed midway (SIGKILL) leaves the previous checkpoint loadable") {
   auto const c = config();
   auto const expected = reference(c);
@@ -482,14 +510,14 @@ TEST_CASE("a save killed midway (SIGKILL) leaves the previous checkpoint loadabl
   save_at<tp_plan>(2, c, ckpt, 5);
   for (char const* stage : {"rank_file_written", "before_commit"}) {
     INFO("killed at " << stage);
-    save_killed_at(stage, config(4321), ckpt);         // other weights, never committed
-    CHECK(fs::exists(dir.path / ".ckpt.incomplete"));  // the dead save's folder, beside the checkpoint
+    save_killed_at(stage, config(4321), ckpt);  // other weights, never committed
+    CHECK(!staging_folders(dir.path).empty());  // the dead save's folder, beside the checkpoint
     load_and_check<tp_plan>(2, c, ckpt, expected, 5);
     load_and_check<tp_plan>(4, c, ckpt, expected, 5);
   }
   // The next save clears what the dead one left and commits.
   save_at<tp_plan>(4, c, ckpt, 6);
-  CHECK(!fs::exists(dir.path / ".ckpt.incomplete"));
+  CHECK(staging_folders(dir.path).empty());
   load_and_check<tp_plan>(1, c, ckpt, expected, 6);
 }
 
@@ -501,8 +529,9 @@ std::function<void(safetensors_bytes&)> tamper;  // applied to tp rank 1's file 
 /// rank's file to check the cover (the save's own hook, at the stage the save calls it).
 void tamper_with_rank1(std::string_view stage, int tp_rank) {
   if (stage != "rank_file_written" || tp_rank != 1) return;
-  fs::path const file = tampered_save.parent_path() / ("." + tampered_save.filename().string() + ".incomplete") /
-                        "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
+  auto const staging = staging_folders(tampered_save.parent_path());
+  REQUIRE(staging.size() == 1);
+  fs::path const file = staging.front() / "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
   auto f = read_safetensors(file);
   tamper(f);
   write_safetensors(file, f);
@@ -541,7 +570,7 @@ TEST_CASE("the cover check at save time: shards that miss or repeat part of a te
   tampered_save = ckpt;
   sw::detail::checkpoint_save_hook = tamper_with_rank1;
   check_error([&] { save_at<tp_plan>(2, config(4321), ckpt, 6); },
-              {".ckpt.incomplete\"", "tensor \"" + wq + "\"", words, "save the checkpoint again"});
+              {".ckpt.incomplete.", "tensor \"" + wq + "\"", words, "save the checkpoint again"});
   sw::detail::checkpoint_save_hook = nullptr;
   CHECK(!fs::exists(dir.path / ".ckpt.incomplete"));
   load_and_check<tp_plan>(2, c, ckpt, expected, 5);  // the last good checkpoint, untouched
@@ -560,7 +589,8 @@ TEST_CASE(
   save_at<tp_plan>(2, config(77), ckpt, 1);
   save_at<tp_plan>(2, c, ckpt, 2);  // replaces it through the two renames
   load_and_check<tp_plan>(2, c, ckpt, expected, 2);
-  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);  // nothing left beside
+  for (auto const& entry : fs::directory_iterator(dir.path))  // nothing left beside it but the savers' lock
+    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
 
   save_killed_at("previous_moved_aside", config(4321), ckpt);  // between the two renames
   CHECK(!fs::exists(ckpt));
@@ -570,7 +600,8 @@ TEST_CASE(
 
   save_at<tp_plan>(2, c, ckpt, 3);  // the next save commits and clears what the dead one left
   load_and_check<tp_plan>(1, c, ckpt, expected, 3);
-  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+  for (auto const& entry : fs::directory_iterator(dir.path))  // nothing left beside it but the savers' lock
+    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
 }
 
 TEST_CASE("a lazily declared model is filled with its shard only") {

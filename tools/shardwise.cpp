@@ -1,6 +1,7 @@
 // shardwise: the checkpoint command line.
 //   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names shardwise|transformers-llama]
 //   shardwise inspect FILE_OR_DIR
+//   shardwise verify CHECKPOINT_DIR
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/safetensors.hpp>
 #include <shardwise/checkpoint/sharded_index.hpp>
+#include <shardwise/checkpoint/verify.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <sstream>
 #include <string>
@@ -59,6 +61,21 @@ int consolidate(std::string const& checkpoint, std::string const& output_dir, bo
 
 std::string shape_of(std::vector<std::uint64_t> const& shape) { return sw::detail::shape_text(shape); }
 
+/// Prints each problem to stderr; 0 when there are none.
+int report(std::vector<std::string> const& problems, char const* what) {
+  for (auto const& p : problems) std::fprintf(stderr, "problem: %s\n", p.c_str());
+  if (!problems.empty()) std::fprintf(stderr, "%zu problem(s) in the %s\n", problems.size(), what);
+  return problems.empty() ? 0 : 1;
+}
+
+int verify(std::string const& path) {
+  fs::path const dir = sw::find_checkpoint_folder(path);
+  auto const problems = sw::verify_checkpoint(dir, true);
+  if (problems.empty())
+    std::cout << "checkpoint " << dir.string() << ": every rank file and every checksum is as its save wrote it\n";
+  return report(problems, "checkpoint");
+}
+
 int inspect(std::string const& path) {
   if (fs::is_directory(path) && !fs::exists(fs::path(path) / "model.safetensors")) {
     fs::path const dir = sw::find_checkpoint_folder(path);
@@ -69,7 +86,7 @@ int inspect(std::string const& path) {
     for (auto const& t : index.tensors)
       std::cout << "  " << t.name << "  " << sw::dtype_name(t.type) << ' ' << shape_of(t.shape) << "  tp "
                 << t.placement << "  " << t.pieces.size() << (t.pieces.size() == 1 ? " piece" : " pieces") << '\n';
-    return 0;
+    return report(sw::verify_checkpoint(dir, false), "rank files");
   }
   fs::path const file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
   sw::safetensors_file f(file.string());
@@ -113,9 +130,16 @@ int main(int argc, char** argv) {
                    "A .safetensors file, a folder with model.safetensors, or a sharded checkpoint")
       ->required();
 
+  std::string verified;
+  auto* ver = app.add_subcommand("verify",
+                                 "Checks a sharded checkpoint: its rank files, and every tensor piece against the "
+                                 "checksum its save recorded; exits 1 naming each problem");
+  ver->add_option("CHECKPOINT_DIR", verified, "The folder holding shardwise_checkpoint.json")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*cons) return consolidate(checkpoint, output, remove, names);
+    if (*ver) return verify(verified);
     return inspect(target);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "%s\n", e.what());

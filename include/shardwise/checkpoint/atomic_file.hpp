@@ -113,3 +113,77 @@ inline void write_file_atomically(std::filesystem::path const& path,
 }
 
 }  // namespace shardwise::detail
+
+#include <sys/file.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+namespace shardwise::detail {
+
+/// An exclusive lock on a checkpoint folder's name (flock on the hidden sibling ".NAME.lock"), held by the one
+/// rank that stages and commits a save, so that two savers of one folder take turns instead of interleaving.
+/// flock locks belong to the open file, so savers in one process (threads) exclude each other too.
+class directory_lock {
+ public:
+  directory_lock() = default;
+  /// Blocks until no other saver of `target` holds the lock.
+  explicit directory_lock(std::filesystem::path const& target) {
+    std::filesystem::path const parent = target.parent_path().empty() ? "." : target.parent_path();
+    std::filesystem::create_directories(parent);
+    std::filesystem::path const file = parent / ("." + target.filename().string() + ".lock");
+    fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      fail("shardwise::save_sharded: cannot create the lock file \"", file.string(), "\": ", std::strerror(errno),
+           "; check that the folder is writable");
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      int const error = errno;
+      ::close(fd_);
+      fd_ = -1;
+      fail("shardwise::save_sharded: cannot lock \"", file.string(), "\": ", std::strerror(error));
+    }
+  }
+  directory_lock(directory_lock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  directory_lock& operator=(directory_lock&& other) noexcept {
+    std::swap(fd_, other.fd_);
+    return *this;
+  }
+  directory_lock(directory_lock const&) = delete;
+  directory_lock& operator=(directory_lock const&) = delete;
+  ~directory_lock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Where the save of generation `g` stages its files: the hidden sibling ".NAME.incomplete.<generation>".
+inline std::filesystem::path staging_dir(std::filesystem::path const& target, std::uint64_t g) {
+  std::filesystem::path const parent = target.parent_path().empty() ? "." : target.parent_path();
+  std::string hex(16, '0');
+  for (int i = 15; i >= 0; --i, g >>= 4) hex[static_cast<std::size_t>(i)] = "0123456789abcdef"[g & 15];
+  return parent / ("." + target.filename().string() + ".incomplete." + hex);
+}
+
+/// Removes the staging folders of saves of `target` that died (call it holding the folder's lock).
+inline void remove_stale_staging(std::filesystem::path const& target) {
+  std::filesystem::path const parent = target.parent_path().empty() ? "." : target.parent_path();
+  std::string const prefix = "." + target.filename().string() + ".incomplete";
+  for (auto const& entry : std::filesystem::directory_iterator(parent))
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove_all(entry.path());
+}
+
+/// A number that names one save: different for every save, in every process, with overwhelming probability.
+inline std::uint64_t new_generation() {
+  static std::atomic<std::uint64_t> counter{0};
+  std::random_device device;
+  std::uint64_t g = (std::uint64_t{device()} << 32) ^ device();
+  g ^= static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+  g ^= (static_cast<std::uint64_t>(::getpid()) << 40) ^ counter.fetch_add(1);
+  return g == 0 ? 1 : g;  // 0 means "none" (checkpoints written before generations)
+}
+
+}  // namespace shardwise::detail

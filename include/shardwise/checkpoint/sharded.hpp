@@ -56,6 +56,7 @@
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
 #include "shardwise/checkpoint/sharded_load.hpp"
+#include "shardwise/checkpoint/verify.hpp"
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/placement/placement.hpp"
@@ -75,17 +76,30 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
   int const size = tp.size(), rank = tp.rank();
   fs::path const target = detail::normalized_dir(dir);
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  fs::path const temp = parent / ("." + target.filename().string() + ".incomplete");
   std::string const shard_file = "model.safetensors";
   std::string error;
-
+  // tp rank 0 holds the folder's lock from staging to commit, so two savers of one folder take turns; each save
+  // stages in a folder of its own, named by its generation, which every rank file and the index carry.
+  detail::directory_lock lock;
+  std::uint64_t generation = 0;
   if (rank == 0) {
     try {
+      lock = detail::directory_lock(target);
       if (fs::exists(target) && !fs::exists(target / checkpoint_index_name) && !fs::is_empty(target))
         detail::fail("shardwise::save_sharded: \"", target.string(),
                      "\" exists and is not a shardwise checkpoint; give a new or empty folder, or a previous "
                      "checkpoint's, which is then replaced");
-      fs::remove_all(temp);  // what a save that died left behind
+      detail::remove_stale_staging(target);  // under the lock, any staging folder is a dead save's
+      generation = detail::new_generation();
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+  }
+  detail::agree_on_errors(tp, error, "preparing the folder", target);
+  generation = all_reduce(tp, generation, Max{});  // rank 0's: the others pass 0
+  fs::path const temp = detail::staging_dir(target, generation);
+  if (rank == 0) {
+    try {
       fs::create_directories(temp / "tensor_parallel_shards");
     } catch (std::exception const& e) {
       error = e.what();
@@ -96,7 +110,7 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
   try {
     safetensors_writer writer;
     std::deque<std::vector<std::byte>> buffers;  // alive until the writer has written
-    nlohmann::json offsets = nlohmann::json::object();
+    nlohmann::json offsets = nlohmann::json::object(), checksums = nlohmann::json::object();
     detail::for_each_checkpoint_tensor(model, size, rank, false, [&](detail::tensor_layout const& t, auto& value) {
       using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
       if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
@@ -118,10 +132,14 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
       if (!t.is_vector) shape.push_back(t.local_cols), offset.push_back(t.col_offset);
       writer.add(t.name, t.type, shape, std::span<std::byte const>(bytes));
       offsets[t.name] = offset;
+      checksums[t.name] = detail::hex64(checksum64(bytes));
     });
     fs::create_directories(temp / rank_folder(rank, 0));
-    writer.write(temp / rank_folder(rank, 0) / shard_file,
-                 {{"format", "pt"}, {"shardwise.offsets", offsets.dump()}, {"shardwise.step", std::to_string(step)}});
+    writer.write(temp / rank_folder(rank, 0) / shard_file, {{"format", "pt"},
+                                                            {"shardwise.offsets", offsets.dump()},
+                                                            {"shardwise.checksums", checksums.dump()},
+                                                            {"shardwise.generation", detail::hex64(generation)},
+                                                            {"shardwise.step", std::to_string(step)}});
     if (also_write) also_write(temp, rank);
     if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("rank_file_written", rank);
   } catch (std::exception const& e) {
@@ -135,6 +153,8 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
       index.step = step;
       index.tp = size;
       index.metadata = metadata;
+      index.generation = generation;
+      if constexpr (requires { model.shardwise_config(); }) index.config = model.shardwise_config();
       detail::for_each_checkpoint_tensor(model, size, 0, false, [&](detail::tensor_layout const& t, auto&) {
         index.tensors.push_back({t.name, t.type, t.stored_shape(), t.placement(), {}});
       });
@@ -143,12 +163,14 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
         std::string const file = rank_folder(r, 0) + "/" + shard_file;
         safetensors_file shard((temp / file).string());
         auto const offsets = nlohmann::json::parse(shard.metadata().at("shardwise.offsets"));
+        auto const checksums = nlohmann::json::parse(shard.metadata().at("shardwise.checksums"));
         for (tensor_info const& info : shard.tensors()) {
           checkpoint_tensor* t = index.find(info.name);
           if (!t || info.type != t->type)
             detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
                          "\" is not the model's (or has another dtype)");
           t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
+          t->pieces.back().checksum = checksums.at(info.name).get<std::string>();
         }
       }
       for (auto const& t : index.tensors) detail::check_coverage(t, temp.string());

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/checksum.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
 #include "shardwise/core/error.hpp"
 
@@ -42,6 +43,8 @@ struct checkpoint_piece {
   /// Where the box starts in the file's tensor when that tensor is bigger (q of a fused q|k|v), counted after
   /// transposing it (in the model's orientation). Empty: at the origin. Not saved.
   std::vector<std::uint64_t> offset_in_file = {};
+  /// The checksum64 of the piece's bytes in the file, 16 hex digits (empty: not recorded).
+  std::string checksum = {};
 };
 
 /// One tensor of a sharded checkpoint and the pieces that hold it.
@@ -63,7 +66,12 @@ struct checkpoint_index {
   int tp = 1, pp = 1;
   /// @}
   std::map<std::string, std::string> metadata;  ///< The user's metadata.
-  std::vector<checkpoint_tensor> tensors;       ///< The tensors, in the model's order.
+  /// The model's configuration (its shardwise_config()), compared with the loading model's.
+  std::map<std::string, std::string> config;
+  std::vector<checkpoint_tensor> tensors;  ///< The tensors, in the model's order.
+  /// The number naming this save, also written into every rank file, so that a loader can tell a whole save
+  /// from files of two saves (a reader racing a saver); 0 in checkpoints written before it existed.
+  std::uint64_t generation = 0;
 
   /// The tensor called `name`, or null.
   [[nodiscard]] checkpoint_tensor const* find(std::string_view name) const {
@@ -148,7 +156,11 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   nlohmann::json tensors = nlohmann::json::array();
   for (auto const& t : index.tensors) {
     nlohmann::json pieces = nlohmann::json::array();
-    for (auto const& p : t.pieces) pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"shape", p.shape}});
+    for (auto const& p : t.pieces) {
+      nlohmann::json piece = {{"file", p.file}, {"offset", p.offset}, {"shape", p.shape}};
+      if (!p.checksum.empty()) piece["checksum"] = p.checksum;
+      pieces.push_back(std::move(piece));
+    }
     tensors.push_back({{"name", t.name},
                        {"shape", t.shape},
                        {"dtype", dtype_name(t.type)},
@@ -158,6 +170,8 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   nlohmann::json root = {{"format", checkpoint_format}, {"version", 1},
                          {"step", index.step},          {"mesh", {{"tp", index.tp}, {"pp", index.pp}}},
                          {"metadata", index.metadata},  {"tensors", std::move(tensors)}};
+  if (index.generation != 0) root["generation"] = detail::hex64(index.generation);
+  if (!index.config.empty()) root["config"] = index.config;
   return root.dump(1) + "\n";
 }
 
@@ -187,6 +201,13 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
     index.pp = root.at("mesh").at("pp").get<int>();
     if (index.tp < 1 || index.pp < 1) bad("has a mesh of tp ", index.tp, " x pp ", index.pp);
     index.metadata = root.at("metadata").get<std::map<std::string, std::string>>();
+    if (root.contains("config")) index.config = root.at("config").get<std::map<std::string, std::string>>();
+    if (root.contains("generation")) {
+      std::string const g = root.at("generation").get<std::string>();
+      if (g.size() != 16 || g.find_first_not_of("0123456789abcdef") != std::string::npos)
+        bad("has generation \"", g, "\", which is not 16 hex digits");
+      index.generation = std::stoull(g, nullptr, 16);
+    }
     for (auto const& t : root.at("tensors")) {
       checkpoint_tensor tensor;
       tensor.name = t.at("name").get<std::string>();
@@ -196,9 +217,11 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
       tensor.type = *type;
       tensor.shape = t.at("shape").get<std::vector<std::uint64_t>>();
       tensor.placement = t.at("placement").at("tp").get<std::string>();
-      for (auto const& p : t.at("pieces"))
+      for (auto const& p : t.at("pieces")) {
         tensor.pieces.push_back({p.at("file").get<std::string>(), p.at("offset").get<std::vector<std::uint64_t>>(),
                                  p.at("shape").get<std::vector<std::uint64_t>>()});
+        tensor.pieces.back().checksum = p.value("checksum", "");
+      }
       for (auto const& p : tensor.pieces)
         if (p.file.find("..") != std::string::npos || (!p.file.empty() && p.file.front() == '/'))
           bad("tensor \"", tensor.name, "\" names the file \"", p.file, "\" outside the checkpoint folder");

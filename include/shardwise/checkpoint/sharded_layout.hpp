@@ -183,14 +183,25 @@ void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_vie
 }
 
 /// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.
+/// An error after the new checkpoint is in place says so: the save then happened, only its flush or clean-up
+/// did not.
 inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target) {
   namespace fs = std::filesystem;
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   fs::path const previous = parent / ("." + target.filename().string() + ".previous");
+  auto const committed = [&](auto&& finish) {
+    try {
+      finish();
+    } catch (std::exception const& e) {
+      fail("shardwise::save_sharded: the new checkpoint is in \"", target.string(),
+           "\" (committed), but finishing the save failed: ", e.what());
+    }
+  };
+  std::error_code ignored;
   if (!fs::exists(target)) {
     fs::rename(temp, target);
-    fsync_directory(parent);
-    fs::remove_all(previous);  // left by a save that died between the two renames below; now superseded
+    committed([&] { fsync_directory(parent); });
+    fs::remove_all(previous, ignored);  // left by a save that died between the two renames below; now superseded
     return;
   }
   // 0 when swapped; checkpoint_without_exchange answers as a file system without the exchange would.
@@ -198,8 +209,8 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
   if (!checkpoint_without_exchange)
     refused = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0 ? 0 : errno;
   if (refused == 0) {
-    fsync_directory(parent);
-    fs::remove_all(temp);  // now the previous checkpoint
+    committed([&] { fsync_directory(parent); });
+    fs::remove_all(temp, ignored);  // now the previous checkpoint
     return;
   }
   if (refused != EINVAL && refused != ENOSYS && refused != ENOTSUP)
@@ -210,8 +221,8 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
   fs::rename(target, previous);
   if (checkpoint_save_hook) checkpoint_save_hook("previous_moved_aside", 0);
   fs::rename(temp, target);
-  fsync_directory(parent);
-  fs::remove_all(previous);
+  committed([&] { fsync_directory(parent); });
+  fs::remove_all(previous, ignored);
 }
 
 inline std::filesystem::path normalized_dir(std::filesystem::path const& dir) {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/checksum.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -35,9 +36,29 @@ struct load_options {
   /// tensor no model tensor reads, is an error naming it. Non-strict: such tensors are skipped — a missing one
   /// keeps its current value (zeros in a sw::Lazy model) — and load_pretrained reports them.
   bool strict = true;
+  /// Check every piece a rank reads against the checksum its save recorded (the piece is read whole once for
+  /// that); off: only the boxes the rank needs are read.
+  bool verify_checksums = true;
 };
 
 namespace detail {
+
+/// A file of the checkpoint belongs to another save than the index read first: a save replaced the folder
+/// while it was read. load_sharded reads it again.
+class checkpoint_changed : public error {
+ public:
+  using error::error;
+};
+
+/// The generation in dir's index, or 0 if it cannot be read.
+inline std::uint64_t current_generation(std::filesystem::path const& dir) {
+  try {
+    return read_checkpoint_index(dir).generation;
+  } catch (std::exception const&) {
+    return 0;
+  }
+}
+
 /// Reads rows [rows.first, rows.second) x columns [cols.first, cols.second) of a tensor that `file` stores
 /// transposed (GPT-2's Conv1D: [in, out]), so as file rows [cols) x file columns [rows), into `out`: the
 /// block's first row, rows `stride` apart, starting at column `col`. A box of at most load_staging_bytes is read
@@ -118,6 +139,16 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
                      "load_options{.strict = false} to skip it");
       outcome.unexpected.push_back(c.name);
     }
+    // A model that states its configuration must have the checkpoint's: the same shapes can mean other weights.
+    if constexpr (requires { model.shardwise_config(); }) {
+      for (auto const& [field, value] : model.shardwise_config()) {
+        auto const saved = index.config.find(field);
+        if (saved != index.config.end() && saved->second != value)
+          detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint was saved from a model with ", field,
+                       " = ", saved->second, " but this model has ", field, " = ", value,
+                       "; build the model with the checkpoint's configuration");
+      }
+    }
     for (auto const& c : index.tensors)
       for (auto const& p : c.pieces)
         if (!fs::exists(source / p.file))
@@ -138,6 +169,27 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
   }
 
   std::map<std::string, std::unique_ptr<safetensors_file>> files;  // opened on first use
+  std::set<std::string> verified;                                  // "file\ntensor" checked against its checksum
+  // A rank file of another save than the index (a save replaced the folder meanwhile) is refused.
+  auto const open_piece_file = [&](std::filesystem::path const& path) {
+    auto file = std::make_unique<safetensors_file>(path.string());
+    if (index.generation != 0) {
+      auto const found = file->metadata().find("shardwise.generation");
+      if (found == file->metadata().end() || found->second != detail::hex64(index.generation))
+        throw checkpoint_changed(concat("shardwise::", who, ": \"", path.string(),
+                                        "\" belongs to another save than the index; a save replaced the checkpoint "
+                                        "while it was read"));
+    }
+    return file;
+  };
+  auto const check_piece = [&](safetensors_file const& file, std::string const& name, std::string const& stored) {
+    std::string const computed = detail::hex64(checksum64(file.raw(name)));
+    if (computed != stored)
+      detail::fail("shardwise::", who, ": \"", file.path(), "\": tensor \"", name,
+                   "\" does not match the checksum its save recorded (", stored, ", now ", computed,
+                   "): the file is damaged; restore it or load another checkpoint, and run `shardwise verify` on the "
+                   "folder");
+  };
   // Reads the part of tensor t that layout t describes (a rank's shard) into `out` (zeroed by the caller: rows
   // the checkpoint does not hold, vocabulary padding, stay zero), straight from the pieces' files.
   auto const read_layout = [&]<class T>(detail::tensor_layout const& t, T* out, std::vector<T>& box) {
@@ -152,8 +204,10 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
             t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
         if (r0 >= r1 || c0 >= c1) continue;
         auto& file = files[p.file];
-        if (!file) file = std::make_unique<safetensors_file>((source / p.file).string());
+        if (!file) file = open_piece_file(source / p.file);
         std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
+        if (options.verify_checksums && !p.checksum.empty() && verified.insert(p.file + '\n' + stored_name).second)
+          check_piece(*file, stored_name, p.checksum);
         bool const plain = !p.transposed && p.offset_in_file.empty();  // else checked against the mapping
         if (plain && file->info(stored_name).shape != p.shape)
           detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
@@ -267,24 +321,52 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
 }  // namespace detail
 
 /// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
-/// shard needs. Without ranks_per_step, independent on every rank (no communication). Returns the checkpoint's
-/// index (step, metadata).
+/// shard needs, and checks them against the checksums of the save (load_options::verify_checksums). A save
+/// that replaces the folder meanwhile is noticed (every rank file carries its save's generation) and the load
+/// starts again, so every rank ends with the data of one and the same save. Returns the checkpoint's index
+/// (step, metadata).
 template <class Model, class TpMesh>
 checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
                               load_options const& options = {}) {
   namespace fs = std::filesystem;
-  return detail::load_into(
-             model, tp, dir, options, "load_sharded",
-             [&](fs::path& source, checkpoint_index& index, std::string& label, std::vector<std::string>&) {
-               source = detail::normalized_dir(dir);
-               fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
-                                         ("." + source.filename().string() + ".previous");
-               if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
-                 source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
-               index = read_checkpoint_index(source);
-               label = (source / checkpoint_index_name).string();
-             })
-      .index;
+  auto const locate = [&](fs::path& source, checkpoint_index& index, std::string& label, std::vector<std::string>&) {
+    source = detail::normalized_dir(dir);
+    fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
+                              ("." + source.filename().string() + ".previous");
+    if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
+      source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
+    index = read_checkpoint_index(source);
+    label = (source / checkpoint_index_name).string();
+  };
+  constexpr int attempts = 50;
+  for (int attempt = 1;; ++attempt) {
+    std::uint64_t const before = detail::current_generation(detail::normalized_dir(dir));
+    std::string error;
+    int status = 0;  // 0 read, 1 the folder changed under this rank, 2 failed
+    checkpoint_index index;
+    try {
+      index = detail::load_into(model, tp, dir, options, "load_sharded", locate).index;
+    } catch (detail::checkpoint_changed const& e) {
+      status = 1, error = e.what();
+    } catch (std::exception const& e) {
+      // A file a save removed while this rank read it looks like a damaged checkpoint: look again.
+      status = detail::current_generation(detail::normalized_dir(dir)) != before ? 1 : 2;
+      error = e.what();
+    }
+    // Every rank must have read the same save: its generation, agreed across the tp ranks.
+    int const worst = all_reduce(tp, status, Max{});
+    std::uint64_t const newest = all_reduce(tp, status == 0 ? index.generation : 0, Max{});
+    std::uint64_t const oldest = all_reduce(tp, status == 0 ? index.generation : ~std::uint64_t{0}, Min{});
+    if (worst == 0 && newest == oldest) return index;
+    if (worst == 2 || attempt == attempts)
+      detail::agree_on_errors(tp, status == 0 ? std::string() : error, "reading the checkpoint", dir, "load_sharded");
+    if (worst < 2 && attempt == attempts)
+      detail::agree_on_errors(tp,
+                              tp.rank() == 0 ? std::string("shardwise::load_sharded: \"") + dir.string() +
+                                                   "\" was replaced by other saves during 50 reads in a row"
+                                             : std::string(),
+                              "reading the checkpoint", dir, "load_sharded");
+  }
 }
 
 /// Fills a lazily declared, parallelized model: each rank allocates and reads only its shard. Returns the

@@ -27,12 +27,13 @@ enum class collective_kind : std::uint8_t {
   broadcast,
   all_to_all,
   gather_values,
-  barrier
+  barrier,
+  split
 };
 
 constexpr std::string_view kind_name(collective_kind kind) {
-  constexpr std::array<std::string_view, 7> names{"all_reduce", "all_gather",    "reduce_scatter", "broadcast",
-                                                  "all_to_all", "gather_values", "barrier"};
+  constexpr std::array<std::string_view, 8> names{"all_reduce", "all_gather",    "reduce_scatter", "broadcast",
+                                                  "all_to_all", "gather_values", "barrier",        "split"};
   return names[static_cast<std::size_t>(kind)];
 }
 
@@ -75,7 +76,8 @@ struct call_record {
   }
   /// "all_gather<float>([4, 8], dim 0)".
   friend std::ostream& operator<<(std::ostream& out, call_record const& call) {
-    if (call.kind == collective_kind::barrier) return out << "barrier()";
+    if (call.kind == collective_kind::barrier || call.kind == collective_kind::split)
+      return out << kind_name(call.kind) << "()";
     out << kind_name(call.kind) << '<' << call.element_name() << ">(" << call.shape;
     switch (call.kind) {
       case collective_kind::all_reduce:

@@ -2,6 +2,7 @@
 // One program, two ways to run: under mpiexec it runs on MPI, started directly it runs its ranks as
 // threads. Examples use this so they need no launcher by default and run unchanged under mpiexec.
 #include <cstdlib>
+#include <exception>
 #include <string_view>
 
 #include "shardwise/core/error.hpp"
@@ -23,7 +24,12 @@ template <class Fn>
 void launch(int& argc, char**& argv, int threads, Fn&& fn) {
   if (launched_by_mpi()) {
     auto world = mpi_world(argc, argv);
-    fn(world);
+    try {
+      fn(world);
+    } catch (std::exception const& e) {
+      detail::mpi_tell_peers(e.what());  // the other ranks raise it at their next collective
+      throw;
+    }
     return;
   }
   if (char const* text = std::getenv("SHARDWISE_THREADS")) {

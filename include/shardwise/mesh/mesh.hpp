@@ -14,6 +14,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fixed_string.hpp"
+#include "shardwise/mesh/timeout.hpp"
 
 namespace shardwise {
 
@@ -36,6 +37,7 @@ concept communicator = std::copy_constructible<C> && requires(C const& c) {
   { c.split(0, 0, std::string_view{}) } -> std::same_as<C>;
   typename C::collectives;  // the backend's collective algorithms
   { c.next_call_number() } -> std::convertible_to<std::uint64_t>;
+  c.set_timeout(timeout_duration{});
   c.barrier();
 };
 
@@ -146,6 +148,14 @@ class Mesh {
   [[nodiscard]] Comm const& comm(std::size_t axis_index) const { return *axis_comms_[axis_index]; }
   /// The communicator spanning the whole mesh.
   [[nodiscard]] Comm const& world() const { return world_; }
+
+  /// How long a rank waits for its peers in a collective on this mesh (any axis, and the world) before it
+  /// raises, naming the ranks that did not arrive. Call it on every rank; SHARDWISE_TIMEOUT (seconds) sets the
+  /// default, which is 30 minutes.
+  void set_timeout(timeout_duration limit) const {
+    world_.set_timeout(limit);
+    for (auto const& c : axis_comms_) c->set_timeout(limit);
+  }
 
   /// The 1-D mesh of the ranks that share this rank's coordinates on every other axis.
   template <fixed_string Name>

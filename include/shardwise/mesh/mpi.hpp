@@ -6,13 +6,19 @@
 #include <algorithm>
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/environment.hpp>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -20,6 +26,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/mesh/mpi_collectives.hpp"
+#include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -103,11 +110,88 @@ inline int mpi_count(std::size_t n, char const* what) {
   return static_cast<int>(n);
 }
 
+/// The process-wide channel on which a failing rank tells every other rank why (a duplicate of the world,
+/// so notices never meet user or collective traffic), and whether this rank has told them already.
+struct mpi_notices {
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool told = false;
+  std::string text;  // kept alive while the notices are in flight
+};
+inline mpi_notices& notices() {
+  static mpi_notices state;
+  return state;
+}
+
+/// Sends `message` to every other rank of the world, once; they raise it at their next collective or wait.
+inline void mpi_tell_peers(std::string_view message) {
+  auto& n = notices();
+  if (n.comm == MPI_COMM_NULL || n.told) return;
+  n.told = true;
+  n.text = std::string(message.substr(0, 4000));
+  int me = 0, size = 0;
+  MPI_Comm_rank(n.comm, &me);
+  MPI_Comm_size(n.comm, &size);
+  for (int q = 0; q < size; ++q) {
+    if (q == me) continue;
+    MPI_Request request;
+    MPI_Isend(n.text.data(), static_cast<int>(n.text.size()), MPI_CHAR, q, 0, n.comm, &request);
+    MPI_Request_free(&request);  // small: delivered eagerly; the text stays alive in `notices()`
+  }
+}
+
+/// Raises if another rank has sent a failure notice: "rank 2 failed: ...".
+inline void mpi_raise_notice(char const* what, std::string_view axis, int rank) {
+  auto& n = notices();
+  if (n.comm == MPI_COMM_NULL) return;
+  int arrived = 0;
+  MPI_Status status;
+  MPI_Iprobe(MPI_ANY_SOURCE, 0, n.comm, &arrived, &status);
+  if (!arrived) return;
+  int length = 0;
+  MPI_Get_count(&status, MPI_CHAR, &length);
+  std::string text(static_cast<std::size_t>(length), '\0');
+  MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, 0, n.comm, MPI_STATUS_IGNORE);
+  fail("shardwise: world rank ", status.MPI_SOURCE, " failed, so rank ", rank, " of mesh axis \"", axis,
+       "\" stops waiting in ", what, ". Its error: ", text);
+}
+
+/// An exception that escapes a rank ends the whole job: its message goes to the other ranks and to stderr,
+/// then MPI_Abort (a rank that just died would leave its peers waiting until their timeout).
+[[noreturn]] inline void mpi_terminate() {
+  std::string message = "an unknown exception";
+  if (auto current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (std::exception const& e) {
+      message = e.what();
+    } catch (...) {
+    }
+  }
+  int me = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  std::fprintf(stderr, "shardwise: rank %d ends the job (MPI_Abort) after an uncaught exception: %s\n", me,
+               message.c_str());
+  std::fflush(stderr);
+  mpi_tell_peers(message);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the notices leave before the abort
+  // MPI_Abort was seen to hang when several ranks abort while another waits in MPI_Finalize: if the job is
+  // not gone in 5 s, leave anyway (mpiexec then ends the job: a rank exited without finalizing).
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(1);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
 /// MPI is initialised once per process and finalised at exit, after every communicator is gone.
 inline std::shared_ptr<boost::mpi::environment> mpi_environment(int* argc = nullptr, char*** argv = nullptr) {
   static std::shared_ptr<boost::mpi::environment> env = [&] {
-    if (argc && argv) return std::make_shared<boost::mpi::environment>(*argc, *argv);
-    return std::make_shared<boost::mpi::environment>();
+    auto made = argc && argv ? std::make_shared<boost::mpi::environment>(*argc, *argv)
+                             : std::make_shared<boost::mpi::environment>();
+    MPI_Comm_dup(MPI_COMM_WORLD, &notices().comm);
+    std::set_terminate(&mpi_terminate);
+    return made;
   }();
   return env;
 }
@@ -121,8 +205,12 @@ class MpiComm {
   using collectives = detail::mpi_collectives;
 
   /// Wraps `comm`, labelled `label` (the name errors give it); `env` keeps MPI initialized while it lives.
+  /// Collective over `comm`: it duplicates `comm` for shardwise's own messages here, not lazily inside a later
+  /// call that a crossing could leave half-done.
   MpiComm(std::shared_ptr<boost::mpi::environment> env, boost::mpi::communicator comm, std::string label)
-      : env_(std::move(env)), comm_(std::move(comm)), label_(std::move(label)) {}
+      : env_(std::move(env)), comm_(std::move(comm)), label_(std::move(label)) {
+    state_->internal.emplace(static_cast<MPI_Comm>(comm_), boost::mpi::comm_duplicate);
+  }
 
   [[nodiscard]] int rank() const { return comm_.rank(); }          ///< This rank in the communicator.
   [[nodiscard]] int size() const { return comm_.size(); }          ///< The number of ranks.
@@ -141,8 +229,23 @@ class MpiComm {
 
   /// Ranks with the same color form a new communicator, ordered by key then rank, labelled `label`. Collective.
   [[nodiscard]] MpiComm split(int color, int key, std::string_view label) const {
-    return MpiComm(env_, comm_.split(color, key), std::string(label));
+    // Agreed first, as every collective is, so that a rank that never comes is named after the timeout
+    // instead of leaving MPI_Comm_split waiting forever.
+    detail::check_calls_agree(
+        size(),
+        [calls = all_gather_records(detail::make_call<char>(*this, detail::collective_kind::split, {}))](
+            int q) -> detail::call_record const& { return calls[static_cast<std::size_t>(q)]; },
+        label_);
+    MpiComm part(env_, comm_.split(color, key), std::string(label));
+    part.set_timeout(timeout());
+    return part;
   }
+
+  /// How long a rank waits in a collective on this communicator (and on those split from it afterwards)
+  /// before it raises, naming the ranks that did not arrive. Call it on every rank.
+  void set_timeout(timeout_duration limit) const { state_->timeout = limit; }
+  /// The current limit: SHARDWISE_TIMEOUT seconds, 30 minutes by default, or what set_timeout gave.
+  [[nodiscard]] timeout_duration timeout() const { return state_->timeout; }
 
   /// Every rank's value of a small trivially copyable record (shapes, for checking them).
   template <class V>
@@ -189,6 +292,61 @@ class MpiComm {
                       "MPI_Allgatherv");
   }
 
+  /// Waits for `count` requests, polling, so that a failure notice from another rank or the time limit ends
+  /// the wait: then on_timeout(requests) (which must raise; the requests still pending are not null) runs.
+  template <class OnTimeout>
+  void wait_all(MPI_Request* requests, int count, char const* what, OnTimeout&& on_timeout) const {
+    auto const deadline = std::chrono::steady_clock::now() + timeout();
+    for (unsigned spin = 0;; ++spin) {
+      int done = 0;
+      detail::mpi_check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (done) return;
+      if (spin % 64 == 63) {
+        detail::mpi_raise_notice(what, label_, rank());
+        if (std::chrono::steady_clock::now() >= deadline) on_timeout(requests);
+      }
+      if (spin >= 256) std::this_thread::yield();  // more ranks than cores: let the peers run
+    }
+  }
+
+  /// Every rank's call record, exchanged point to point so that a rank that does not arrive is named (with the
+  /// last call it made here) when the time limit passes, and a failed rank's notice ends the wait.
+  [[nodiscard]] std::vector<detail::call_record> all_gather_records(detail::call_record const& mine) const {
+    auto const n = static_cast<std::size_t>(size());
+    std::vector<detail::call_record> all(n);
+    all[static_cast<std::size_t>(rank())] = mine;
+    std::vector<MPI_Request> requests;
+    requests.reserve(2 * n);
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      requests.emplace_back();
+      detail::mpi_check(MPI_Irecv(&all[static_cast<std::size_t>(q)], sizeof(detail::call_record), MPI_BYTE, q, 0,
+                                  internal(), &requests.back()),
+                        "MPI_Irecv");
+    }
+    std::size_t const receives = requests.size();
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      requests.emplace_back();
+      detail::mpi_check(MPI_Isend(&mine, sizeof(detail::call_record), MPI_BYTE, q, 0, internal(), &requests.back()),
+                        "MPI_Isend");
+    }
+    char const* what = detail::kind_name(mine.kind).data();
+    wait_all(requests.data(), static_cast<int>(requests.size()), what, [&](MPI_Request* pending) {
+      std::vector<int> missing;
+      for (std::size_t i = 0, q = 0; i < receives; ++i, ++q) {
+        if (static_cast<int>(q) == rank()) ++q;
+        int arrived = 0;  // MPI_Testall changes no request until all are done: ask each one
+        MPI_Request_get_status(pending[i], &arrived, MPI_STATUS_IGNORE);
+        if (!arrived) missing.push_back(static_cast<int>(q));
+      }
+      abandon(pending, static_cast<int>(requests.size()));
+      time_out(what, missing);
+    });
+    remember(all);
+    return all;
+  }
+
   /// Two ranks only: sends `mine`, and then (when sends_data(mine)) `count` elements of `in`, to the peer, and
   /// returns the peer's record. When sends_data(theirs), the peer's elements follow: `place(theirs)` says where
   /// they go and how many (nullptr: received and dropped, as when the calls disagree). The records travel on a
@@ -214,7 +372,17 @@ class MpiComm {
     } else {
       sends = 1;
     }
-    detail::mpi_check(MPI_Wait(&requests[0], MPI_STATUS_IGNORE), "MPI_Wait");
+    char const* what = "pair_exchange";
+    if constexpr (std::is_same_v<Record, detail::call_record>) what = detail::kind_name(mine.kind).data();
+    wait_all(requests, 1, what, [&](MPI_Request* pending) {
+      abandon(pending, 1);
+      time_out(what, {peer});
+    });
+    if constexpr (std::is_same_v<Record, detail::call_record>) {
+      std::vector<detail::call_record> both(2);
+      both[static_cast<std::size_t>(peer)] = theirs;
+      remember(both);
+    }
     auto drop = [&] {
       if (sends_data(static_cast<Record const&>(theirs))) discard(c, peer, 1, probed_bytes(c, peer, 1));
     };
@@ -239,7 +407,8 @@ class MpiComm {
   /// Reduces `in` (the concatenation of every rank's piece) over ranks; this rank keeps piece `rank()`.
   template <class T>
   void reduce_scatterv(T const* in, T* out, std::vector<std::size_t> const& counts, detail::op_kind op) const {
-    auto [sizes, offsets] = counts_and_displacements(counts, "reduce_scatter");
+    // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+    std::vector<int> const sizes = counts_and_displacements(counts, "reduce_scatter").first;
     detail::dispatch_op(op, [&]<detail::op_kind Op>() {
       detail::mpi_check(
           MPI_Reduce_scatter(in, out, sizes.data(), detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(), native()),
@@ -295,8 +464,15 @@ class MpiComm {
   void recv_into(int source, int tag, Where&& where) const {
     check_peer(source, "recv");
     extents shape;
-    detail::mpi_check(MPI_Recv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), MPI_STATUS_IGNORE),
-                      "MPI_Recv");
+    MPI_Request request;
+    detail::mpi_check(MPI_Irecv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), &request), "MPI_Irecv");
+    wait_all(&request, 1, "recv", [&](MPI_Request* pending) {
+      abandon(pending, 1);
+      detail::fail("shardwise::recv on mesh axis \"", label_, "\": rank ", rank(), " waited ",
+                   detail::seconds_text(timeout()), " for a message from rank ", source, " (tag ", tag,
+                   "); every recv needs a matching send. Raise the limit with SHARDWISE_TIMEOUT (seconds) or "
+                   "set_timeout if the sender is just slow");
+    });
     int const bytes = probed_bytes(native(), source, 2 * tag + 1);
     void* destination = nullptr;
     try {
@@ -310,6 +486,39 @@ class MpiComm {
   }
 
  private:
+  /// Gives up on requests after a timeout: receives are cancelled, sends left to MPI.
+  static void abandon(MPI_Request* requests, int count) {
+    for (int i = 0; i < count; ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&requests[i]);
+      MPI_Request_free(&requests[i]);
+    }
+  }
+
+  /// The peers' records of the call just agreed, kept for the next timeout message.
+  void remember(std::vector<detail::call_record> const& all) const {
+    state_->last_calls.resize(all.size());
+    for (std::size_t q = 0; q < all.size(); ++q)
+      if (static_cast<int>(q) != rank()) state_->last_calls[q] = all[q];
+  }
+
+  [[noreturn]] void time_out(char const* what, std::vector<int> const& missing) const {
+    std::ostringstream who;
+    for (std::size_t i = 0; i < missing.size(); ++i) {
+      auto const q = static_cast<std::size_t>(missing[i]);
+      who << (i ? "; " : "") << "rank " << q << " has not arrived";
+      if (q < state_->last_calls.size() && state_->last_calls[q].element[0] != '\0')
+        who << " (its last call on this axis: " << state_->last_calls[q] << " as call #"
+            << state_->last_calls[q].sequence << ")";
+      else
+        who << " (it has made no call on this axis yet)";
+    }
+    detail::fail("shardwise: rank ", rank(), " of mesh axis \"", label_, "\" waited ", detail::seconds_text(timeout()),
+                 " in ", what, " for its peers: ", who.str(),
+                 ". Every rank must make the same collective calls in the same order; raise the limit with "
+                 "SHARDWISE_TIMEOUT (seconds) or set_timeout if a rank is just slow");
+  }
+
   void check_peer(int peer, char const* what) const {
     if (peer < 0 || peer >= size() || peer == rank())
       detail::fail("shardwise::", what, " on mesh axis \"", label_, "\": peer rank ", peer,
@@ -345,11 +554,7 @@ class MpiComm {
   }
 
   /// The communicator for shardwise's own point-to-point traffic, so it never meets a user's send/recv.
-  /// Duplicated on first use, which is inside a collective every rank of the axis calls.
-  MPI_Comm internal() const {
-    if (!state_->internal) state_->internal.emplace(static_cast<MPI_Comm>(comm_), boost::mpi::comm_duplicate);
-    return static_cast<MPI_Comm>(*state_->internal);
-  }
+  MPI_Comm internal() const { return static_cast<MPI_Comm>(*state_->internal); }
 
   std::shared_ptr<boost::mpi::environment> env_;  // declared first: destroyed after the communicators
   boost::mpi::communicator comm_;
@@ -357,6 +562,8 @@ class MpiComm {
   struct shared_state {
     std::optional<boost::mpi::communicator> internal;  // see internal()
     std::uint64_t calls = 0;                           // see next_call_number()
+    timeout_duration timeout = detail::default_timeout();
+    std::vector<detail::call_record> last_calls;  // the peers' latest agreed calls, for timeout messages
   };
   std::shared_ptr<shared_state> state_ = std::make_shared<shared_state>();
 };

@@ -26,7 +26,7 @@ struct mpi_collectives {
           comm.pair_exchange(call, static_cast<unsigned char const*>(nullptr), 0, &sends_data, dropping);
       calls = comm.rank() == 0 ? std::vector{call, theirs} : std::vector{theirs, call};
     } else {
-      calls = comm.all_gather_value(call);
+      calls = comm.all_gather_records(call);
     }
     check_calls_agree(comm.size(), [&](int q) -> call_record const& { return at(calls, q); }, comm.label());
     return calls;

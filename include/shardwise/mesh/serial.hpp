@@ -25,6 +25,9 @@ class SerialComm {
   [[nodiscard]] std::string_view label() const { return label_; }      ///< The name errors give it.
   static void barrier(char const* = "barrier") {}                      ///< Nothing to wait for.
   [[nodiscard]] static std::uint64_t next_call_number() { return 0; }  ///< No peer to match: always 0.
+  static void set_timeout(timeout_duration) {}                         ///< Nothing to wait for: accepted and ignored.
+  /// Nothing to wait for; what a thread or MPI world would use.
+  [[nodiscard]] static timeout_duration timeout() { return detail::default_timeout(); }
 
   /// The collectives' exchange of buffers: calls fn with this rank's slot as the only one.
   template <class Fn>

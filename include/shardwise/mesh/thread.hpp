@@ -4,6 +4,7 @@
 // run_threads; a rank that returns while peers wait for it is reported by name instead of hanging.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/shared_memory_collectives.hpp"
+#include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -38,10 +40,14 @@ class peer_failure : public error {
 struct thread_run_state {
   explicit thread_run_state(int n) : world_size(n), finished(new std::atomic<bool>[static_cast<std::size_t>(n)]) {
     for (int i = 0; i < n; ++i) finished[static_cast<std::size_t>(i)] = false;
+    for (int i = 0; i < n; ++i) waiting_in[static_cast<std::size_t>(i)] = nullptr;
   }
   int world_size;
   std::atomic<bool> aborted{false};
   std::unique_ptr<std::atomic<bool>[]> finished;
+  // Per world rank: the group it waits in (nullptr when it waits nowhere) and the call, for timeout messages.
+  std::unique_ptr<std::atomic<thread_group const*>[]> waiting_in{new std::atomic<thread_group const*>[world_size]};
+  std::unique_ptr<std::atomic<char const*>[]> waiting_for{new std::atomic<char const*>[world_size]};
   std::mutex registry_mutex;
   std::vector<std::weak_ptr<thread_group>> groups;
 
@@ -53,22 +59,36 @@ struct thread_run_state {
 };
 
 struct thread_group {
-  thread_group(std::shared_ptr<thread_run_state> run_state, std::vector<int> world_ranks, std::string axis_label)
+  thread_group(std::shared_ptr<thread_run_state> run_state, std::vector<int> world_ranks, std::string axis_label,
+               timeout_duration wait_limit)
       : run(std::move(run_state)),
         members(std::move(world_ranks)),
         label(std::move(axis_label)),
         slots(members.size()),
-        calls(members.size()) {}
+        calls(new std::atomic<std::uint64_t>[members.size()]),
+        arrivals(new std::atomic<std::uint32_t>[members.size()]),
+        timeout(wait_limit.count()) {
+    for (std::size_t q = 0; q < members.size(); ++q) calls[q] = 0, arrivals[q] = 0;
+  }
 
   std::shared_ptr<thread_run_state> run;
   std::vector<int> members;  // world rank of each group rank
   std::string label;         // mesh axis name, for error messages
   std::vector<thread_slot> slots;
-  std::vector<std::uint64_t> calls;  // collective calls made so far, per group rank (each rank counts its own)
-  // Low 32 bits: barrier generation. High bits: wake-ups for failure checks, which must not look like a
-  // completed barrier.
+  // Collective calls made so far, per group rank (each rank counts its own; peers read them for messages).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> calls;
+  // Per group rank: 1 + the barrier generation it last arrived at, so a waiting rank can name who is missing.
+  std::unique_ptr<std::atomic<std::uint32_t>[]> arrivals;
+  std::atomic<timeout_duration::rep> timeout;
+  // One word, so that arriving, completing and withdrawing are single atomic steps: bits 0-31 the barrier
+  // generation, 32-47 the ranks arrived at it, 48-63 wake-ups for failure checks (which must not look like a
+  // completed barrier).
+  static constexpr std::uint64_t one_arrival = std::uint64_t{1} << 32, one_wakeup = std::uint64_t{1} << 48;
   std::atomic<std::uint64_t> word{0};
-  std::atomic<int> arrived{0};
+  // Ranks past their spin sleep here, with a deadline; whoever completes a barrier wakes them.
+  std::atomic<int> sleepers{0};
+  std::mutex sleep_mutex;
+  std::condition_variable sleep_ready;
 
   // Point-to-point messages, buffered: (source, destination, tag) -> queue of messages.
   struct message {
@@ -80,10 +100,19 @@ struct thread_group {
   std::map<std::tuple<int, int, int>, std::deque<message>> mailbox;
 
   [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+  [[nodiscard]] timeout_duration wait_limit() const { return timeout_duration(timeout.load()); }
+
+  void wake_sleepers() {
+    if (sleepers.load() == 0) return;  // seq_cst, paired with the sleeper's increment: no wake-up is lost
+    {
+      std::lock_guard lock(sleep_mutex);
+    }
+    sleep_ready.notify_all();
+  }
 
   void signal() {
-    word.fetch_add(std::uint64_t{1} << 32, std::memory_order_acq_rel);
-    word.notify_all();
+    word.fetch_add(one_wakeup, std::memory_order_acq_rel);
+    wake_sleepers();
     {
       std::lock_guard lock(mail_mutex);
     }
@@ -108,29 +137,95 @@ struct thread_group {
     }
   }
 
-  void barrier(int rank, char const* what) {
+  /// What rank q of this group is doing, for a timeout message: where it waits, or what it last called.
+  [[nodiscard]] std::string whereabouts(std::size_t q) const {
+    auto const world_rank = static_cast<std::size_t>(members[q]);
+    thread_group const* elsewhere = run->waiting_in[world_rank].load();
+    char const* what = run->waiting_for[world_rank].load();
+    if (elsewhere != nullptr && elsewhere != this)
+      return concat("rank ", q, " is waiting in ", what, " on mesh axis \"", elsewhere->label,
+                    "\" (the ranks make calls on different axes in different orders: a crossing)");
+    std::uint64_t const made = calls[q].load();
+    if (made == 0) return concat("rank ", q, " has made no collective call on this axis yet");
+    return concat("rank ", q, " is not in a collective of this axis; it has made ", made, " calls on it");
+  }
+
+  [[noreturn]] void time_out(int rank, char const* what, std::uint32_t generation) const {
+    std::string missing;
+    for (std::size_t q = 0; q < members.size(); ++q)
+      if (arrivals[q].load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
+    fail("shardwise: rank ", rank, " of mesh axis \"", label, "\" waited ", seconds_text(wait_limit()), " in ", what,
+         " for its peers: ", missing,
+         ". Every rank must make the same collective calls in the same order; raise the limit with "
+         "SHARDWISE_TIMEOUT (seconds) or set_timeout if a rank is just slow");
+  }
+
+  /// Waits for every member. A rank may give up waiting (timeout, failed peer) only where `may_leave`: at the
+  /// start of a collective, before any peer reads its buffers; it then withdraws its arrival, so no barrier
+  /// ever completes with a rank that left.
+  void barrier(int rank, char const* what, bool may_leave = true) {
     if (members.size() == 1) return;
-    std::uint64_t seen = word.load(std::memory_order_acquire);
-    auto const generation = static_cast<std::uint32_t>(seen);
-    if (arrived.fetch_add(1, std::memory_order_acq_rel) == size() - 1) {
-      arrived.store(0, std::memory_order_relaxed);
-      word.fetch_add(1, std::memory_order_acq_rel);
-      word.notify_all();
+    std::uint64_t const before = word.fetch_add(one_arrival);
+    auto const generation = static_cast<std::uint32_t>(before);
+    arrivals[static_cast<std::size_t>(rank)].store(generation + 1, std::memory_order_relaxed);
+    if (((before / one_arrival) & 0xffff) == static_cast<std::uint64_t>(size() - 1)) {
+      // The last one: the next generation (wrapping within its 32 bits), no ranks arrived. seq_cst: see
+      // wake_sleepers.
+      std::uint64_t const next = generation == 0xffffffffu ? std::uint64_t(0) - 0xffffffffu : 1;
+      word.fetch_add(next - static_cast<std::uint64_t>(size()) * one_arrival);
+      wake_sleepers();
       return;
     }
-    for (int spin = 0;; ++spin) {
-      seen = word.load(std::memory_order_acquire);
-      if (static_cast<std::uint32_t>(seen) != generation) return;
-      if (spin < 256) continue;  // the common case: peers arrive within a microsecond
-      if (peers_cannot_arrive()) {
-        // A member may have passed this very barrier and then returned: look at the generation once more.
-        if (static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation) return;
-        check_peers(rank, what);
+    auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
+    for (int spin = 0; spin < 320; ++spin) {  // the common case: peers arrive within a microsecond
+      if (passed()) return;
+      if (spin >= 256) std::this_thread::yield();
+    }
+    sleep_until_passed(rank, what, generation, may_leave);
+  }
+
+ private:
+  /// Takes back this rank's arrival at `generation`; false if the barrier completed first (the rank stays).
+  bool withdraw(std::uint32_t generation) {
+    std::uint64_t w = word.load();
+    while (static_cast<std::uint32_t>(w) == generation)
+      if (word.compare_exchange_weak(w, w - one_arrival)) return true;
+    return false;
+  }
+
+  /// More ranks than cores, or a slow peer: sleep until the barrier passes, a peer fails, or the time is up.
+  void sleep_until_passed(int rank, char const* what, std::uint32_t generation, bool may_leave) {
+    auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
+    auto const world_rank = static_cast<std::size_t>(members[static_cast<std::size_t>(rank)]);
+    run->waiting_for[world_rank].store(what);
+    run->waiting_in[world_rank].store(this);
+    auto const deadline = std::chrono::steady_clock::now() + wait_limit();
+    sleepers.fetch_add(1);
+    struct leave {
+      thread_group& group;
+      std::size_t world_rank;
+      ~leave() {
+        group.sleepers.fetch_sub(1);
+        group.run->waiting_in[world_rank].store(nullptr);
       }
-      if (spin < 320)
-        std::this_thread::yield();
+    } const on_exit{*this, world_rank};
+    std::unique_lock lock(sleep_mutex);
+    while (!passed()) {
+      if (may_leave && peers_cannot_arrive()) {
+        lock.unlock();
+        if (!withdraw(generation)) return;  // a member may have passed this very barrier and then returned
+        check_peers(rank, what);            // throws: a peer failed or returned
+        fail("shardwise::ThreadMesh: a peer of rank ", rank, " in ", what, " cannot arrive");
+      }
+      if (may_leave && std::chrono::steady_clock::now() >= deadline) {
+        lock.unlock();
+        if (!withdraw(generation)) return;
+        time_out(rank, what, generation);
+      }
+      if (may_leave)
+        sleep_ready.wait_until(lock, deadline);
       else
-        word.wait(seen, std::memory_order_acquire);  // more ranks than cores: sleep until woken
+        sleep_ready.wait(lock);
     }
   }
 };
@@ -161,7 +256,15 @@ class ThreadComm {
   [[nodiscard]] std::string_view label() const { return group_->label; }  ///< The group's name, for errors.
 
   /// The number of this rank's next collective call on the group (0, 1, 2, ...), which its peers must match.
-  [[nodiscard]] std::uint64_t next_call_number() const { return group_->calls[static_cast<std::size_t>(rank_)]++; }
+  [[nodiscard]] std::uint64_t next_call_number() const {
+    return group_->calls[static_cast<std::size_t>(rank_)].fetch_add(1, std::memory_order_relaxed);
+  }
+
+  /// How long a rank waits in a collective of this group (and of groups split from it afterwards) before it
+  /// raises, naming the ranks that did not arrive. Call it on every rank.
+  void set_timeout(timeout_duration limit) const { group_->timeout.store(limit.count()); }
+  /// The current limit: SHARDWISE_TIMEOUT seconds, 30 minutes by default, or what set_timeout gave.
+  [[nodiscard]] timeout_duration timeout() const { return group_->wait_limit(); }
 
   /// Waits until every rank of the group has reached it; `what` names the call in errors.
   void barrier(char const* what = "barrier") const { group_->barrier(rank_, what); }
@@ -180,7 +283,7 @@ class ThreadComm {
     } catch (...) {
       failure = std::current_exception();
     }
-    group_->barrier(rank_, what);
+    group_->barrier(rank_, what, /*may_leave=*/false);  // peers may still read this rank's buffers
     if (failure) std::rethrow_exception(failure);
   }
 
@@ -204,7 +307,8 @@ class ThreadComm {
     if (leader == rank_) {
       std::vector<int> world_ranks;
       for (auto const& [k, q] : order) world_ranks.push_back(group_->members[static_cast<std::size_t>(q)]);
-      auto group = std::make_shared<detail::thread_group>(group_->run, std::move(world_ranks), std::string(label));
+      auto group = std::make_shared<detail::thread_group>(group_->run, std::move(world_ranks), std::string(label),
+                                                          group_->wait_limit());
       group_->run->register_group(group);
       group_->slots[static_cast<std::size_t>(rank_)].group = std::move(group);
     }
@@ -240,6 +344,7 @@ class ThreadComm {
   template <class Take>
   void recv_bytes(int source, int tag, Take&& take) const {
     check_peer(source, "recv");
+    auto const deadline = std::chrono::steady_clock::now() + timeout();
     std::unique_lock lock(group_->mail_mutex);
     auto const key = std::tuple{source, rank_, tag};
     while (true) {
@@ -256,7 +361,12 @@ class ThreadComm {
         detail::fail("shardwise::recv on mesh axis \"", label(), "\": rank ", source,
                      " returned from its function without sending the message rank ", rank_, " waits for (tag ", tag,
                      ")");
-      group_->mail_ready.wait(lock);
+      if (group_->mail_ready.wait_until(lock, deadline) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= deadline)
+        detail::fail("shardwise::recv on mesh axis \"", label(), "\": rank ", rank_, " waited ",
+                     detail::seconds_text(timeout()), " for a message from rank ", source, " (tag ", tag,
+                     "); every recv needs a matching send. Raise the limit with SHARDWISE_TIMEOUT (seconds) or "
+                     "set_timeout if the sender is just slow");
     }
   }
 
@@ -280,7 +390,7 @@ void run_threads(int ranks, Fn&& fn) {
   auto run = std::make_shared<detail::thread_run_state>(ranks);
   std::vector<int> everyone(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) everyone[static_cast<std::size_t>(r)] = r;
-  auto world = std::make_shared<detail::thread_group>(run, std::move(everyone), "world");
+  auto world = std::make_shared<detail::thread_group>(run, std::move(everyone), "world", detail::default_timeout());
   run->register_group(world);
 
   std::mutex error_mutex;

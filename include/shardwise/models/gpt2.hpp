@@ -8,7 +8,9 @@
 // into c_attn (Conv1D, [in, out]): here q_proj, k_proj and v_proj, each [out, in]. The plan decides how it is
 // sharded (models/gpt2_plan.hpp); with sw::serial_plan it is the unsharded reference.
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "shardwise/nn.hpp"
@@ -29,6 +31,15 @@ struct GPT2Config {
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
   /// The MLP's inner width, 4 * dim (GPT-2's n_inner default).
   [[nodiscard]] std::size_t hidden() const { return 4 * dim; }
+  /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
+  /// load_sharded.
+  [[nodiscard]] std::map<std::string, std::string> fields() const {
+    return {{"vocabulary", std::to_string(vocabulary)},
+            {"dim", std::to_string(dim)},
+            {"layers", std::to_string(layers)},
+            {"heads", std::to_string(heads)},
+            {"layer_norm_eps", shardwise::config_number(layer_norm_eps)}};
+  }
 };
 
 /// Causal multi-head self-attention with biases. Under ColwiseParallel on q_proj, k_proj and v_proj each rank
@@ -178,6 +189,8 @@ struct GPT2 {
 
   /// The config the model was built from.
   [[nodiscard]] GPT2Config const& config() const { return config_; }
+  /// What checkpoints store beside the weights, and check on load: GPT2Config::fields().
+  [[nodiscard]] std::map<std::string, std::string> shardwise_config() const { return config_.fields(); }
 
   /// Logits [tokens, vocabulary] for the token ids (whole sequences of config().sequence tokens).
   auto forward(std::span<const std::int64_t> ids) {

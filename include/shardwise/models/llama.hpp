@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "shardwise/nn.hpp"
@@ -35,6 +37,46 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   /// Width of one attention head: dim / heads.
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
+
+  /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
+  /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning).
+  [[nodiscard]] std::map<std::string, std::string> fields() const {
+    return {{"vocabulary", std::to_string(vocabulary)},
+            {"dim", std::to_string(dim)},
+            {"layers", std::to_string(layers)},
+            {"heads", std::to_string(heads)},
+            {"kv_heads", std::to_string(kv_heads)},
+            {"hidden", std::to_string(hidden)},
+            {"norm_eps", shardwise::config_number(norm_eps)},
+            {"rope_theta", shardwise::config_number(rope_theta)},
+            {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"}};
+  }
+
+  /// Throws, naming the field and the fix, for sizes no model can have: zeros, head counts that do not divide,
+  /// an odd head width (the rotary embedding rotates pairs), or tables too large to index.
+  void check() const {
+    auto const positive = [](char const* field, std::size_t value) {
+      if (value == 0) shardwise::raise("shardwise::models::LlamaConfig: ", field, " is 0; give it a positive size");
+    };
+    positive("vocabulary", vocabulary), positive("dim", dim), positive("heads", heads);
+    positive("kv_heads", kv_heads), positive("hidden", hidden), positive("sequence", sequence);
+    if (dim % heads != 0)
+      shardwise::raise("shardwise::models::LlamaConfig: dim ", dim, " is not a multiple of heads ", heads,
+                       "; choose dim = heads * head width");
+    if (heads % kv_heads != 0)
+      shardwise::raise("shardwise::models::LlamaConfig: heads ", heads, " is not a multiple of kv_heads ", kv_heads,
+                       "; every key-value head must serve the same number of query heads");
+    if (head_dim() % 2 != 0)
+      shardwise::raise("shardwise::models::LlamaConfig: the head width dim / heads = ", head_dim(),
+                       " is odd; the rotary embedding needs an even one");
+    constexpr std::size_t limit = std::size_t{1} << 40;  // elements in one table; far beyond any model here
+    if (vocabulary > limit / dim || hidden > limit / dim || sequence > limit / head_dim())
+      shardwise::raise("shardwise::models::LlamaConfig: vocabulary ", vocabulary, ", hidden ", hidden, " or sequence ",
+                       sequence, " times dim ", dim, " overflows a table; check the sizes");
+    if (!(norm_eps > 0) || !(rope_theta > 0))
+      shardwise::raise("shardwise::models::LlamaConfig: norm_eps ", norm_eps, " and rope_theta ", rope_theta,
+                       " must be positive");
+  }
 };
 
 namespace detail {
@@ -281,7 +323,7 @@ struct Llama {
   /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
   /// c.tie_word_embeddings is set.
   explicit Llama(LlamaConfig const& c)
-      : tok_embeddings(c.vocabulary, c.dim, c.seed),
+      : tok_embeddings((c.check(), c.vocabulary), c.dim, c.seed),
         norm(c.dim, static_cast<T>(c.norm_eps)),
         output(c.dim, c.vocabulary, c.seed + 1, false),
         config_(c) {
@@ -300,9 +342,14 @@ struct Llama {
 
   /// The config the model was built from.
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
+  /// What checkpoints store beside the weights, and check on load: LlamaConfig::fields().
+  [[nodiscard]] std::map<std::string, std::string> shardwise_config() const { return config_.fields(); }
 
   /// Logits [tokens, vocabulary] for the token ids (whole sequences, config().sequence each).
   auto forward(std::span<const std::int64_t> ids) {
+    if (ids.size() % config_.sequence != 0)
+      shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids are not whole sequences of ",
+                       config_.sequence, " (config().sequence); give it a batch of whole sequences");
     auto h = tok_embeddings(ids);
     for (auto& block : layers) h = block.forward(h);
     return output(norm(h));

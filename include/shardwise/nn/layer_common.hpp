@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <sstream>
+#include <string>
 #include <string_view>
 
 #include "shardwise/core/error.hpp"
@@ -165,6 +167,15 @@ inline void require_divides(std::string_view path, char const* what, std::size_t
 template <class... Parts>
 [[noreturn]] void raise(Parts const&... parts) {
   detail::fail(parts...);
+}
+
+/// A configuration number as text that reads back to the same double (17 significant digits), for the fields a
+/// model's config saves beside its weights.
+inline std::string config_number(double value) {
+  std::ostringstream out;
+  out.precision(17);
+  out << value;
+  return out.str();
 }
 
 }  // namespace shardwise

@@ -62,6 +62,12 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   Eigen::Index const rows = local.rows(), cols = local.cols();
   if (static_cast<std::size_t>(rows) != targets.size())
     detail::fail("shardwise::loss_parallel: ", rows, " rows of logits but ", targets.size(), " targets");
+  // Every rank holds the same targets, so every rank raises alike, before any collective.
+  std::int64_t const vocabulary = classes >= 0 ? classes : static_cast<std::int64_t>(cols) * comm.size();
+  for (std::int64_t t : targets)
+    if (t != ignore_index && (t < 0 || t >= vocabulary))
+      detail::fail("shardwise::loss_parallel: target ", t, " is outside the vocabulary [0, ", vocabulary,
+                   ") and is not ignore_index (", ignore_index, "); check the token ids");
   std::int64_t const vocab_start = static_cast<std::int64_t>(comm.rank()) * cols;
   // Columns at or past `classes` are vocabulary padding: out of the softmax, zero gradient.
   Eigen::Index const valid =

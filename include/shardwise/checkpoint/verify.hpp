@@ -1,0 +1,61 @@
+#pragma once
+// Checking a sharded checkpoint without a model: every rank file opens and parses, belongs to the same save as
+// the index (its generation), holds each piece the index lists with the listed shape and dtype, and — when
+// asked — still matches the checksum its save recorded. `shardwise inspect` runs the first checks,
+// `shardwise verify` all of them.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/safetensors_read.hpp"
+#include "shardwise/checkpoint/sharded_index.hpp"
+
+namespace shardwise {
+
+/// The problems found in the sharded checkpoint in `dir` (empty: none), one sentence each, naming the file and
+/// the tensor. `checksums`: also read every piece whole and compare it with its recorded checksum.
+[[nodiscard]] inline std::vector<std::string> verify_checkpoint(std::filesystem::path const& dir, bool checksums) {
+  checkpoint_index const index = read_checkpoint_index(dir);
+  std::vector<std::string> problems;
+  std::map<std::string, std::unique_ptr<safetensors_file>> files;
+  std::map<std::string, bool> unreadable;
+  for (auto const& t : index.tensors) {
+    for (auto const& p : t.pieces) {
+      std::string const path = (dir / p.file).string();
+      auto& file = files[p.file];
+      if (!file && !unreadable[p.file]) {
+        try {
+          file = std::make_unique<safetensors_file>(path);
+          auto const g = file->metadata().find("shardwise.generation");
+          if (index.generation != 0 && (g == file->metadata().end() || g->second != detail::hex64(index.generation)))
+            problems.push_back(detail::concat("\"", path, "\" belongs to another save than the index (generation ",
+                                              g == file->metadata().end() ? std::string("none") : g->second,
+                                              ", the index's ", detail::hex64(index.generation), ")"));
+        } catch (std::exception const& e) {
+          unreadable[p.file] = true;
+          problems.push_back(e.what());
+        }
+      }
+      if (!file) continue;
+      if (!file->contains(t.name)) {
+        problems.push_back(detail::concat("\"", path, "\" lacks tensor \"", t.name, "\", which the index puts there"));
+        continue;
+      }
+      tensor_info const& info = file->info(t.name);
+      if (info.shape != p.shape || info.type != t.type)
+        problems.push_back(detail::concat("\"", path, "\": tensor \"", t.name, "\" is ", dtype_name(info.type), ' ',
+                                          detail::shape_text(info.shape), " but the index says ", dtype_name(t.type),
+                                          ' ', detail::shape_text(p.shape)));
+      else if (checksums && !p.checksum.empty() && detail::hex64(checksum64(file->raw(t.name))) != p.checksum)
+        problems.push_back(detail::concat("\"", path, "\": tensor \"", t.name,
+                                          "\" does not match the checksum its save recorded (", p.checksum, ", now ",
+                                          detail::hex64(checksum64(file->raw(t.name))), "): the file is damaged"));
+    }
+  }
+  return problems;
+}
+
+}  // namespace shardwise

@@ -1,0 +1,39 @@
+#pragma once
+// How long a rank waits for its peers in a collective before it raises: 30 minutes by default (PyTorch's
+// default for CPU process groups), SHARDWISE_TIMEOUT (seconds) in the environment, or set_timeout in code.
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "shardwise/core/error.hpp"
+
+namespace shardwise {
+
+/// The time a rank may wait in one collective for its peers; see detail::default_timeout.
+using timeout_duration = std::chrono::milliseconds;
+
+namespace detail {
+
+/// SHARDWISE_TIMEOUT in seconds (fractions allowed) if set, else 30 minutes.
+inline timeout_duration default_timeout() {
+  char const* text = std::getenv("SHARDWISE_TIMEOUT");
+  if (text == nullptr || *text == '\0') return std::chrono::minutes(30);
+  char* end = nullptr;
+  double const seconds = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(seconds > 0) || seconds > 1e9)
+    fail("shardwise: SHARDWISE_TIMEOUT=\"", text,
+         "\" is not a number of seconds; set it to a positive number such as 600 or 2.5, or unset it for the "
+         "default of 1800");
+  return timeout_duration(static_cast<long long>(seconds * 1000.0 + 0.5));
+}
+
+/// "2.5 s".
+inline std::string seconds_text(timeout_duration d) {
+  std::ostringstream out;
+  out << static_cast<double>(d.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+}  // namespace detail
+}  // namespace shardwise

@@ -1,0 +1,176 @@
+// Checkpoints under concurrent use: two savers and a reader on one folder, and damage found by checksums.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <shardwise/adapters/eigen.hpp>
+#include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/nn.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sw = shardwise;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Tiny {
+  sw::Linear<float> first{8, 16, 1};
+  sw::Linear<float> second{16, 4, 2};
+  SHARDWISE_CHILDREN(first, second)
+};
+
+void fill(Tiny& model, float v) {
+  sw::for_each_parameter(model, [&](std::string const&, auto& p) { p.value->setConstant(v); });
+}
+
+/// The one value every parameter holds, or -1 if they differ (parts of two saves).
+float common_value(Tiny& model) {
+  std::set<float> seen;
+  sw::for_each_parameter(model, [&](std::string const&, auto& p) {
+    for (Eigen::Index i = 0; i < p.value->size(); ++i) seen.insert(p.value->data()[i]);
+  });
+  return seen.size() == 1 ? *seen.begin() : -1.0f;
+}
+
+struct scratch {
+  fs::path path = fs::temp_directory_path() / ("shardwise_concurrency_" + std::to_string(::getpid()));
+  scratch() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch() { fs::remove_all(path); }
+};
+
+auto const serial_tp = [] { return sw::submesh<"tp">(sw::make_mesh<"tp">(sw::serial_world(), {1})); };
+
+}  // namespace
+
+TEST_CASE("two savers and a reader on one folder, 100 rounds: always one whole checkpoint, every load one save") {
+  scratch dir;
+  fs::path const ckpt = dir.path / "ckpt";
+  int loads = 0;
+  for (int round = 0; round < 100; ++round) {
+    CAPTURE(round);
+    float const a = 2.0f * round + 1, b = 2.0f * round + 2;
+    std::atomic<int> saving{2};
+    auto saver = [&](float value) {
+      Tiny model;
+      fill(model, value);
+      sw::save_sharded(model, serial_tp(), ckpt, round);
+      --saving;
+    };
+    std::vector<float> read;
+    std::thread first(saver, a), second(saver, b);
+    while (saving > 0) {                                            // the reader, while both save
+      if (!fs::exists(ckpt / sw::checkpoint_index_name)) continue;  // round 0: nothing committed yet
+      Tiny model;
+      sw::load_sharded(model, serial_tp(), ckpt);
+      read.push_back(common_value(model));
+    }
+    first.join();
+    second.join();
+    for (float v : read) {
+      CHECK(v > 0.0f);       // never a mix of two saves
+      CHECK(v <= b);         // never a value no save wrote
+      CHECK(v >= a - 2.0f);  // this round's or the last one's
+    }
+    loads += static_cast<int>(read.size());
+    Tiny model;
+    sw::load_sharded(model, serial_tp(), ckpt);
+    float const final_value = common_value(model);
+    CHECK((final_value == a || final_value == b));
+    CHECK(sw::verify_checkpoint(ckpt, true).empty());
+    for (auto const& entry : fs::directory_iterator(dir.path)) {  // no staging folder left behind
+      std::string const name = entry.path().filename().string();
+      CHECK_MESSAGE((name == "ckpt" || name == ".ckpt.lock"), name);
+    }
+  }
+  MESSAGE("loads during saves: ", loads);
+  CHECK(loads > 0);
+}
+
+TEST_CASE("every single-byte flip in tensor data is reported by load and by verify_checkpoint") {
+  scratch dir;
+  fs::path const ckpt = dir.path / "ckpt";
+  Tiny saved;
+  fill(saved, 0.5f);
+  sw::save_sharded(saved, serial_tp(), ckpt, 7);
+  fs::path const file = ckpt / sw::rank_folder(0, 0) / "model.safetensors";
+  std::vector<char> const original = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  }();
+  std::uint64_t header = 0;
+  std::memcpy(&header, original.data(), 8);
+  std::size_t const data_start = 8 + header;
+  REQUIRE(original.size() - data_start == (8 * 16 + 16 + 16 * 4 + 4) * sizeof(float));
+  for (std::size_t at = data_start; at < original.size(); ++at) {
+    CAPTURE(at);
+    std::vector<char> damaged = original;
+    damaged[at] = static_cast<char>(damaged[at] ^ 0x01);
+    {
+      std::ofstream out(file, std::ios::binary | std::ios::trunc);
+      out.write(damaged.data(), static_cast<std::streamsize>(damaged.size()));
+    }
+    Tiny model;
+    CHECK_THROWS_WITH_AS(sw::load_sharded(model, serial_tp(), ckpt),
+                         doctest::Contains("does not match the checksum its save recorded"), sw::error);
+    auto const problems = sw::verify_checkpoint(ckpt, true);
+    REQUIRE(problems.size() == 1);
+    CHECK(problems[0].find("does not match the checksum its save recorded") != std::string::npos);
+  }
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(original.data(), static_cast<std::streamsize>(original.size()));
+  }
+  Tiny model;
+  sw::load_sharded(model, serial_tp(), ckpt);
+  CHECK(common_value(model) == 0.5f);
+  CHECK(sw::verify_checkpoint(ckpt, true).empty());
+}
+
+// Run by CTest's cli.verify (with --no-skip and SHARDWISE_CLI set), where the command line is built.
+TEST_CASE("cli: `shardwise verify` and `shardwise inspect` report a damaged rank file, exit 1" * doctest::skip()) {
+  char const* cli = std::getenv("SHARDWISE_CLI");
+  REQUIRE_MESSAGE(cli != nullptr, "set SHARDWISE_CLI to the shardwise command");
+  scratch dir;
+  fs::path const ckpt = dir.path / "ckpt";
+  Tiny saved;
+  fill(saved, 0.25f);
+  sw::save_sharded(saved, serial_tp(), ckpt, 1);
+  fs::path const out = dir.path / "out.txt";
+  auto run = [&](std::string const& command) {
+    int const status = std::system(
+        (std::string("'") + cli + "' " + command + " '" + ckpt.string() + "' > '" + out.string() + "' 2>&1").c_str());
+    std::ifstream in(out);
+    std::string const text((std::istreambuf_iterator<char>(in)), {});
+    return std::pair{WEXITSTATUS(status), text};
+  };
+  auto [good_status, good_text] = run("verify");
+  CHECK(good_status == 0);
+  CHECK(good_text.find("every rank file and every checksum is as its save wrote it") != std::string::npos);
+  fs::path const file = ckpt / sw::rank_folder(0, 0) / "model.safetensors";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  auto [bad_status, bad_text] = run("verify");
+  CAPTURE(bad_text);
+  CHECK(bad_status == 1);
+  CHECK(bad_text.find("tensor \"second.weight\" does not match the checksum its save recorded") != std::string::npos);
+  fs::remove(ckpt / sw::rank_folder(0, 0) / "model.safetensors");
+  auto [gone_status, gone_text] = run("inspect");
+  CAPTURE(gone_text);
+  CHECK(gone_status == 1);
+  CHECK(gone_text.find("1 problem(s) in the rank files") != std::string::npos);
+}
