@@ -65,20 +65,23 @@ struct thread_group {
         members(std::move(world_ranks)),
         label(std::move(axis_label)),
         slots(members.size()),
-        calls(new std::atomic<std::uint64_t>[members.size()]),
-        arrivals(new std::atomic<std::uint32_t>[members.size()]),
+        own(new rank_state[members.size()]),
         timeout(wait_limit.count()) {
-    for (std::size_t q = 0; q < members.size(); ++q) calls[q] = 0, arrivals[q] = 0;
+    for (std::size_t q = 0; q < members.size(); ++q) own[q].calls = 0, own[q].arrival = 0;
   }
 
   std::shared_ptr<thread_run_state> run;
   std::vector<int> members;  // world rank of each group rank
   std::string label;         // mesh axis name, for error messages
   std::vector<thread_slot> slots;
-  // Collective calls made so far, per group rank (each rank counts its own; peers read them for messages).
-  std::unique_ptr<std::atomic<std::uint64_t>[]> calls;
-  // Per group rank: 1 + the barrier generation it last arrived at, so a waiting rank can name who is missing.
-  std::unique_ptr<std::atomic<std::uint32_t>[]> arrivals;
+  // What each group rank writes for itself, on a cache line of its own (a shared line would bounce between the
+  // cores on every call): the collective calls it made so far, and 1 + the barrier generation it last arrived
+  // at, which a waiting rank reads to name who is missing.
+  struct alignas(64) rank_state {
+    std::atomic<std::uint64_t> calls;
+    std::atomic<std::uint32_t> arrival;
+  };
+  std::unique_ptr<rank_state[]> own;
   std::atomic<timeout_duration::rep> timeout;
   // One word, so that arriving, completing and withdrawing are single atomic steps: bits 0-31 the barrier
   // generation, 32-47 the ranks arrived at it, 48-63 wake-ups for failure checks (which must not look like a
@@ -145,7 +148,7 @@ struct thread_group {
     if (elsewhere != nullptr && elsewhere != this)
       return concat("rank ", q, " is waiting in ", what, " on mesh axis \"", elsewhere->label,
                     "\" (the ranks make calls on different axes in different orders: a crossing)");
-    std::uint64_t const made = calls[q].load();
+    std::uint64_t const made = own[q].calls.load();
     if (made == 0) return concat("rank ", q, " has made no collective call on this axis yet");
     return concat("rank ", q, " is not in a collective of this axis; it has made ", made, " calls on it");
   }
@@ -153,7 +156,7 @@ struct thread_group {
   [[noreturn]] void time_out(int rank, char const* what, std::uint32_t generation) const {
     std::string missing;
     for (std::size_t q = 0; q < members.size(); ++q)
-      if (arrivals[q].load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
+      if (own[q].arrival.load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
     fail("shardwise: rank ", rank, " of mesh axis \"", label, "\" waited ", seconds_text(wait_limit()), " in ", what,
          " for its peers: ", missing,
          ". Every rank must make the same collective calls in the same order; raise the limit with "
@@ -167,7 +170,7 @@ struct thread_group {
     if (members.size() == 1) return;
     std::uint64_t const before = word.fetch_add(one_arrival);
     auto const generation = static_cast<std::uint32_t>(before);
-    arrivals[static_cast<std::size_t>(rank)].store(generation + 1, std::memory_order_relaxed);
+    own[static_cast<std::size_t>(rank)].arrival.store(generation + 1, std::memory_order_relaxed);
     if (((before / one_arrival) & 0xffff) == static_cast<std::uint64_t>(size() - 1)) {
       // The last one: the next generation (wrapping within its 32 bits), no ranks arrived. seq_cst: see
       // wake_sleepers.
@@ -257,7 +260,7 @@ class ThreadComm {
 
   /// The number of this rank's next collective call on the group (0, 1, 2, ...), which its peers must match.
   [[nodiscard]] std::uint64_t next_call_number() const {
-    return group_->calls[static_cast<std::size_t>(rank_)].fetch_add(1, std::memory_order_relaxed);
+    return group_->own[static_cast<std::size_t>(rank_)].calls.fetch_add(1, std::memory_order_relaxed);
   }
 
   /// How long a rank waits in a collective of this group (and of groups split from it afterwards) before it
