@@ -85,15 +85,7 @@ struct mpi_collectives {
     } else if (rows_outside(call.shape, d, order) == 1) {  // each rank's piece is contiguous in the input
       comm.reduce_scatterv(data, out, counts, call.op);
     } else {
-      std::vector<E> packed(call.shape.elements());
-      std::size_t position = 0;
-      for (int q = 0; q < ranks; ++q) {
-        extents const piece = piece_of(call.shape, d, ranks, q);
-        copy_box(data, call.shape, piece_offset(call.shape, d, ranks, q), packed.data() + position, piece,
-                 zero_offset(piece.rank), piece, order);
-        position += counts[static_cast<std::size_t>(q)];
-      }
-      comm.reduce_scatterv(packed.data(), out, counts, call.op);
+      comm.reduce_scatterv(packed_by_rank(data, call.shape, d, ranks, order).data(), out, counts, call.op);
     }
     if (call.op == op_kind::avg && ranks > 1) divide_by_ranks(out, mine.elements(), ranks);
   }
@@ -122,17 +114,11 @@ struct mpi_collectives {
       send_counts[static_cast<std::size_t>(q)] = piece_of(call.shape, split, ranks, q).elements();
       recv_counts[static_cast<std::size_t>(q)] = piece_of(shape_at(q), split, ranks, me).elements();
     }
-    std::vector<E> send(call.shape.elements()), received(result.elements());
-    std::size_t position = 0;
-    for (int q = 0; q < ranks; ++q) {
-      extents const piece = piece_of(call.shape, split, ranks, q);
-      copy_box(data, call.shape, piece_offset(call.shape, split, ranks, q), send.data() + position, piece,
-               zero_offset(piece.rank), piece, order);
-      position += send_counts[static_cast<std::size_t>(q)];
-    }
+    std::vector<E> const send = packed_by_rank(data, call.shape, split, ranks, order);
+    std::vector<E> received(result.elements());
     comm.all_to_allv(send.data(), send_counts, received.data(), recv_counts);
     extents offset = zero_offset(result.rank);
-    position = 0;
+    std::size_t position = 0;
     for (int q = 0; q < ranks; ++q) {
       extents const block = piece_of(shape_at(q), split, ranks, me);
       copy_box(received.data() + position, block, zero_offset(block.rank), out, result, offset, block, order);
@@ -149,6 +135,21 @@ struct mpi_collectives {
   }
 
  private:
+  /// The torch.chunk pieces of `data` along d for every rank, each made contiguous, in rank order.
+  template <class E>
+  static std::vector<E> packed_by_rank(E const* data, extents const& shape, std::size_t d, int ranks,
+                                       storage_order order) {
+    std::vector<E> packed(shape.elements());
+    std::size_t position = 0;
+    for (int q = 0; q < ranks; ++q) {
+      extents const piece = piece_of(shape, d, ranks, q);
+      copy_box(data, shape, piece_offset(shape, d, ranks, q), packed.data() + position, piece, zero_offset(piece.rank),
+               piece, order);
+      position += piece.elements();
+    }
+    return packed;
+  }
+
   static bool sends_data(call_record const& call) { return call.pair_data; }
   /// A pair_exchange placement that takes nothing: a peer's data (if it sent any) is received and dropped.
   static constexpr auto dropping = [](call_record const&) {
