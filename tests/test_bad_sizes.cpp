@@ -5,6 +5,7 @@
 #include <Eigen/Dense>
 #include <cstdint>
 #include <shardwise/adapters/eigen.hpp>
+#include <shardwise/models/gpt2.hpp>
 #include <shardwise/models/llama.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -46,6 +47,23 @@ TEST_CASE("a Llama config with impossible sizes is refused, naming the field") {
     CHECK_THROWS_WITH_AS(sw::models::Llama<float>{c}, doctest::Contains(each.message), sw::error);
   }
   CHECK_NOTHROW(sw::models::Llama<float>{small()});
+}
+
+TEST_CASE("a GPT-2 config with impossible sizes is refused, naming the field") {
+  auto const made = [](auto edit) {
+    sw::models::GPT2Config c;
+    c.vocabulary = 32, c.dim = 16, c.layers = 1, c.heads = 4, c.sequence = 4;
+    edit(c);
+    return sw::models::GPT2<float>{c};
+  };
+  CHECK_THROWS_WITH_AS(made([](auto& c) { c.heads = 0; }), doctest::Contains("GPT2Config: heads is 0"), sw::error);
+  CHECK_THROWS_WITH_AS(made([](auto& c) { c.heads = 3; }), doctest::Contains("dim 16 does not divide into 3 heads"),
+                       sw::error);
+  CHECK_THROWS_WITH_AS(made([](auto& c) { c.vocabulary = std::size_t{1} << 40; }),
+                       doctest::Contains("overflows a table"), sw::error);
+  CHECK_THROWS_WITH_AS(made([](auto& c) { c.layer_norm_eps = -1; }),
+                       doctest::Contains("layer_norm_eps -1 must be positive"), sw::error);
+  CHECK_NOTHROW(made([](auto&) {}));
 }
 
 TEST_CASE("a batch that is not whole sequences is refused by the Llama model") {

@@ -40,6 +40,21 @@ struct GPT2Config {
             {"heads", std::to_string(heads)},
             {"layer_norm_eps", shardwise::config_number(layer_norm_eps)}};
   }
+  /// Throws, naming the field and the fix, for sizes no model can have: zeros, tables too large to index, a
+  /// non-positive epsilon (GPT2 itself refuses a width the heads do not divide).
+  void check() const {
+    auto const positive = [](char const* field, std::size_t value) {
+      if (value == 0) shardwise::raise("shardwise::models::GPT2Config: ", field, " is 0; give it a positive size");
+    };
+    positive("vocabulary", vocabulary), positive("dim", dim), positive("heads", heads);
+    positive("sequence", sequence);
+    constexpr std::size_t limit = std::size_t{1} << 40;  // elements in one table; far beyond any model here
+    if (vocabulary > limit / dim || sequence > limit / dim || dim > limit / (4 * dim))
+      shardwise::raise("shardwise::models::GPT2Config: vocabulary ", vocabulary, ", sequence ", sequence,
+                       " or the MLP's 4 * dim times dim ", dim, " overflows a table; check the sizes");
+    if (!(layer_norm_eps > 0))
+      shardwise::raise("shardwise::models::GPT2Config: layer_norm_eps ", layer_norm_eps, " must be positive");
+  }
 };
 
 /// Causal multi-head self-attention with biases. Under ColwiseParallel on q_proj, k_proj and v_proj each rank
@@ -165,7 +180,7 @@ struct GPT2 {
   /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not
   /// divide into the heads.
   explicit GPT2(GPT2Config const& c)
-      : wte(c.vocabulary, c.dim, c.seed),
+      : wte((c.check(), c.vocabulary), c.dim, c.seed),
         wpe(c.sequence, c.dim, c.seed + 1),
         ln_f(c.dim, static_cast<T>(c.layer_norm_eps)),
         lm_head(c.dim, c.vocabulary, c.seed + 2, false),
