@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/checksum.hpp"
 #include "shardwise/core/error.hpp"
 
 namespace shardwise::detail {
@@ -163,9 +164,7 @@ class directory_lock {
 /// Where the save of generation `g` stages its files: the hidden sibling ".NAME.incomplete.<generation>".
 inline std::filesystem::path staging_dir(std::filesystem::path const& target, std::uint64_t g) {
   std::filesystem::path const parent = target.parent_path().empty() ? "." : target.parent_path();
-  std::string hex(16, '0');
-  for (int i = 15; i >= 0; --i, g >>= 4) hex[static_cast<std::size_t>(i)] = "0123456789abcdef"[g & 15];
-  return parent / ("." + target.filename().string() + ".incomplete." + hex);
+  return parent / ("." + target.filename().string() + ".incomplete." + hex64(g));
 }
 
 /// Removes the staging folders of saves of `target` that died (call it holding the folder's lock).

@@ -20,6 +20,7 @@
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
+#include "shardwise/checkpoint/verify.hpp"
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/nn/lazy.hpp"
 
@@ -173,17 +174,15 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
   // A rank file of another save than the index (a save replaced the folder meanwhile) is refused.
   auto const open_piece_file = [&](std::filesystem::path const& path) {
     auto file = std::make_unique<safetensors_file>(path.string());
-    if (index.generation != 0) {
-      auto const found = file->metadata().find("shardwise.generation");
-      if (found == file->metadata().end() || found->second != detail::hex64(index.generation))
-        throw checkpoint_changed(concat("shardwise::", who, ": \"", path.string(),
-                                        "\" belongs to another save than the index; a save replaced the checkpoint "
-                                        "while it was read"));
+    if (!same_save(*file, index)) {
+      throw checkpoint_changed(concat("shardwise::", who, ": \"", path.string(),
+                                      "\" belongs to another save than the index; a save replaced the checkpoint "
+                                      "while it was read"));
     }
     return file;
   };
   auto const check_piece = [&](safetensors_file const& file, std::string const& name, std::string const& stored) {
-    std::string const computed = detail::hex64(checksum64(file.raw(name)));
+    std::string const computed = checksum_now(file, name);
     if (computed != stored)
       detail::fail("shardwise::", who, ": \"", file.path(), "\": tensor \"", name,
                    "\" does not match the checksum its save recorded (", stored, ", now ", computed,

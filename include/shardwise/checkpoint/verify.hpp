@@ -15,6 +15,22 @@
 
 namespace shardwise {
 
+namespace detail {
+/// The generation a rank file says it belongs to ("none" if it carries none).
+inline std::string generation_of(safetensors_file const& file) {
+  auto const g = file.metadata().find("shardwise.generation");
+  return g == file.metadata().end() ? std::string("none") : g->second;
+}
+/// Whether a rank file belongs to the save the index describes (always, for an index without a generation).
+inline bool same_save(safetensors_file const& file, checkpoint_index const& index) {
+  return index.generation == 0 || generation_of(file) == hex64(index.generation);
+}
+/// The checksum of tensor `name`'s bytes in `file` as they are now, as the index records it.
+inline std::string checksum_now(safetensors_file const& file, std::string_view name) {
+  return hex64(checksum64(file.raw(name)));
+}
+}  // namespace detail
+
 /// The problems found in the sharded checkpoint in `dir` (empty: none), one sentence each, naming the file and
 /// the tensor. `checksums`: also read every piece whole and compare it with its recorded checksum.
 [[nodiscard]] inline std::vector<std::string> verify_checkpoint(std::filesystem::path const& dir, bool checksums) {
@@ -29,11 +45,10 @@ namespace shardwise {
       if (!file && !unreadable[p.file]) {
         try {
           file = std::make_unique<safetensors_file>(path);
-          auto const g = file->metadata().find("shardwise.generation");
-          if (index.generation != 0 && (g == file->metadata().end() || g->second != detail::hex64(index.generation)))
+          if (!detail::same_save(*file, index))
             problems.push_back(detail::concat("\"", path, "\" belongs to another save than the index (generation ",
-                                              g == file->metadata().end() ? std::string("none") : g->second,
-                                              ", the index's ", detail::hex64(index.generation), ")"));
+                                              detail::generation_of(*file), ", the index's ",
+                                              detail::hex64(index.generation), ")"));
         } catch (std::exception const& e) {
           unreadable[p.file] = true;
           problems.push_back(e.what());
@@ -49,10 +64,11 @@ namespace shardwise {
         problems.push_back(detail::concat("\"", path, "\": tensor \"", t.name, "\" is ", dtype_name(info.type), ' ',
                                           detail::shape_text(info.shape), " but the index says ", dtype_name(t.type),
                                           ' ', detail::shape_text(p.shape)));
-      else if (checksums && !p.checksum.empty() && detail::hex64(checksum64(file->raw(t.name))) != p.checksum)
+      else if (std::string now;
+               checksums && !p.checksum.empty() && (now = detail::checksum_now(*file, t.name)) != p.checksum)
         problems.push_back(detail::concat("\"", path, "\": tensor \"", t.name,
                                           "\" does not match the checksum its save recorded (", p.checksum, ", now ",
-                                          detail::hex64(checksum64(file->raw(t.name))), "): the file is damaged"));
+                                          now, "): the file is damaged"));
     }
   }
   return problems;

@@ -26,6 +26,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/mesh/mpi_collectives.hpp"
+#include "shardwise/mesh/mpi_failure.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 
@@ -110,92 +111,6 @@ inline int mpi_count(std::size_t n, char const* what) {
   return static_cast<int>(n);
 }
 
-/// The process-wide channel on which a failing rank tells every other rank why (a duplicate of the world,
-/// so notices never meet user or collective traffic), and whether this rank has told them already.
-struct mpi_notices {
-  MPI_Comm comm = MPI_COMM_NULL;
-  bool told = false;
-  std::string text;  // kept alive while the notices are in flight
-};
-inline mpi_notices& notices() {
-  static mpi_notices state;
-  return state;
-}
-
-/// Sends `message` to every other rank of the world, once; they raise it at their next collective or wait.
-inline void mpi_tell_peers(std::string_view message) {
-  auto& n = notices();
-  if (n.comm == MPI_COMM_NULL || n.told) return;
-  n.told = true;
-  n.text = std::string(message.substr(0, 4000));
-  int me = 0, size = 0;
-  MPI_Comm_rank(n.comm, &me);
-  MPI_Comm_size(n.comm, &size);
-  for (int q = 0; q < size; ++q) {
-    if (q == me) continue;
-    MPI_Request request;
-    MPI_Isend(n.text.data(), static_cast<int>(n.text.size()), MPI_CHAR, q, 0, n.comm, &request);
-    MPI_Request_free(&request);  // small: delivered eagerly; the text stays alive in `notices()`
-  }
-}
-
-/// Raises if another rank has sent a failure notice: "rank 2 failed: ...".
-inline void mpi_raise_notice(char const* what, std::string_view axis, int rank) {
-  auto& n = notices();
-  if (n.comm == MPI_COMM_NULL) return;
-  int arrived = 0;
-  MPI_Status status;
-  MPI_Iprobe(MPI_ANY_SOURCE, 0, n.comm, &arrived, &status);
-  if (!arrived) return;
-  int length = 0;
-  MPI_Get_count(&status, MPI_CHAR, &length);
-  std::string text(static_cast<std::size_t>(length), '\0');
-  MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, 0, n.comm, MPI_STATUS_IGNORE);
-  fail("shardwise: world rank ", status.MPI_SOURCE, " failed, so rank ", rank, " of mesh axis \"", axis,
-       "\" stops waiting in ", what, ". Its error: ", text);
-}
-
-/// An exception that escapes a rank ends the whole job: its message goes to the other ranks and to stderr,
-/// then MPI_Abort (a rank that just died would leave its peers waiting until their timeout).
-[[noreturn]] inline void mpi_terminate() {
-  std::string message = "an unknown exception";
-  if (auto current = std::current_exception()) {
-    try {
-      std::rethrow_exception(current);
-    } catch (std::exception const& e) {
-      message = e.what();
-    } catch (...) {
-    }
-  }
-  int me = -1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  std::fprintf(stderr, "shardwise: rank %d ends the job (MPI_Abort) after an uncaught exception: %s\n", me,
-               message.c_str());
-  std::fflush(stderr);
-  mpi_tell_peers(message);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the notices leave before the abort
-  // MPI_Abort was seen to hang when several ranks abort while another waits in MPI_Finalize: if the job is
-  // not gone in 5 s, leave anyway (mpiexec then ends the job: a rank exited without finalizing).
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    std::_Exit(1);
-  }).detach();
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
-}
-
-/// MPI is initialised once per process and finalised at exit, after every communicator is gone.
-inline std::shared_ptr<boost::mpi::environment> mpi_environment(int* argc = nullptr, char*** argv = nullptr) {
-  static std::shared_ptr<boost::mpi::environment> env = [&] {
-    auto made = argc && argv ? std::make_shared<boost::mpi::environment>(*argc, *argv)
-                             : std::make_shared<boost::mpi::environment>();
-    MPI_Comm_dup(MPI_COMM_WORLD, &notices().comm);
-    std::set_terminate(&mpi_terminate);
-    return made;
-  }();
-  return env;
-}
-
 }  // namespace detail
 
 /// An MPI communicator (through Boost.MPI): the world of one process per rank, or a mesh axis split from it.
@@ -231,11 +146,7 @@ class MpiComm {
   [[nodiscard]] MpiComm split(int color, int key, std::string_view label) const {
     // Agreed first, as every collective is, so that a rank that never comes is named after the timeout
     // instead of leaving MPI_Comm_split waiting forever.
-    detail::check_calls_agree(
-        size(),
-        [calls = all_gather_records(detail::make_call<char>(*this, detail::collective_kind::split, {}))](
-            int q) -> detail::call_record const& { return calls[static_cast<std::size_t>(q)]; },
-        label_);
+    detail::mpi_collectives::agree(*this, detail::make_call<char>(*this, detail::collective_kind::split, {}));
     MpiComm part(env_, comm_.split(color, key), std::string(label));
     part.set_timeout(timeout());
     return part;
@@ -468,10 +379,7 @@ class MpiComm {
     detail::mpi_check(MPI_Irecv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), &request), "MPI_Irecv");
     wait_all(&request, 1, "recv", [&](MPI_Request* pending) {
       abandon(pending, 1);
-      detail::fail("shardwise::recv on mesh axis \"", label_, "\": rank ", rank(), " waited ",
-                   detail::seconds_text(timeout()), " for a message from rank ", source, " (tag ", tag,
-                   "); every recv needs a matching send. Raise the limit with SHARDWISE_TIMEOUT (seconds) or "
-                   "set_timeout if the sender is just slow");
+      detail::recv_timed_out(rank(), label_, timeout(), source, tag);
     });
     int const bytes = probed_bytes(native(), source, 2 * tag + 1);
     void* destination = nullptr;
@@ -513,10 +421,7 @@ class MpiComm {
       else
         who << " (it has made no call on this axis yet)";
     }
-    detail::fail("shardwise: rank ", rank(), " of mesh axis \"", label_, "\" waited ", detail::seconds_text(timeout()),
-                 " in ", what, " for its peers: ", who.str(),
-                 ". Every rank must make the same collective calls in the same order; raise the limit with "
-                 "SHARDWISE_TIMEOUT (seconds) or set_timeout if a rank is just slow");
+    detail::collective_timed_out(rank(), label_, timeout(), what, who.str());
   }
 
   void check_peer(int peer, char const* what) const {

@@ -157,10 +157,7 @@ struct thread_group {
     std::string missing;
     for (std::size_t q = 0; q < members.size(); ++q)
       if (own[q].arrival.load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
-    fail("shardwise: rank ", rank, " of mesh axis \"", label, "\" waited ", seconds_text(wait_limit()), " in ", what,
-         " for its peers: ", missing,
-         ". Every rank must make the same collective calls in the same order; raise the limit with "
-         "SHARDWISE_TIMEOUT (seconds) or set_timeout if a rank is just slow");
+    collective_timed_out(rank, label, wait_limit(), what, missing);
   }
 
   /// Waits for every member. A rank may give up waiting (timeout, failed peer) only where `may_leave`: at the
@@ -366,10 +363,7 @@ class ThreadComm {
                      ")");
       if (group_->mail_ready.wait_until(lock, deadline) == std::cv_status::timeout &&
           std::chrono::steady_clock::now() >= deadline)
-        detail::fail("shardwise::recv on mesh axis \"", label(), "\": rank ", rank_, " waited ",
-                     detail::seconds_text(timeout()), " for a message from rank ", source, " (tag ", tag,
-                     "); every recv needs a matching send. Raise the limit with SHARDWISE_TIMEOUT (seconds) or "
-                     "set_timeout if the sender is just slow");
+        detail::recv_timed_out(rank_, label(), timeout(), source, tag);
     }
   }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "shardwise/core/error.hpp"
 
@@ -33,6 +34,23 @@ inline std::string seconds_text(timeout_duration d) {
   std::ostringstream out;
   out << static_cast<double>(d.count()) / 1000.0 << " s";
   return out.str();
+}
+
+/// The error of a rank that waited `limit` in `what` on mesh axis `axis`; `missing` says who did not come.
+[[noreturn]] inline void collective_timed_out(int rank, std::string_view axis, timeout_duration limit,
+                                              std::string_view what, std::string const& missing) {
+  fail("shardwise: rank ", rank, " of mesh axis \"", axis, "\" waited ", seconds_text(limit), " in ", what,
+       " for its peers: ", missing,
+       ". Every rank must make the same collective calls in the same order; raise the limit with "
+       "SHARDWISE_TIMEOUT (seconds) or set_timeout if a rank is just slow");
+}
+
+/// The error of a recv that waited `limit` for a message from `source`.
+[[noreturn]] inline void recv_timed_out(int rank, std::string_view axis, timeout_duration limit, int source, int tag) {
+  fail("shardwise::recv on mesh axis \"", axis, "\": rank ", rank, " waited ", seconds_text(limit),
+       " for a message from rank ", source, " (tag ", tag,
+       "); every recv needs a matching send. Raise the limit with SHARDWISE_TIMEOUT (seconds) or set_timeout if "
+       "the sender is just slow");
 }
 
 }  // namespace detail
