@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
           "state elements on this rank\n",
           world.size() > 0 && sw::launched_by_mpi() ? "MPI" : "threads", world.size(), dp_size, world.size() / dp_size,
           first_loss, last_loss, optimizer.state_elements());
+      // Every digit of the float, so that two runs can be compared exactly (scripts/two_hosts.sh does).
+      std::printf("final loss %.9g\n", last_loss);
       if (!(last_loss < first_loss)) {
         std::printf("WRONG: the loss did not go down\n");
         exit_code = 1;
