@@ -164,12 +164,14 @@ TEST_CASE("cli: `shardwise verify` and `shardwise inspect` report a damaged rank
     f.seekp(-3, std::ios::end);
     f.put('\x7f');
   }
-  auto [bad_status, bad_text] = run("verify");
+  auto const [bad_status, bad_output] = run("verify");
+  std::string const bad_text = bad_output;  // doctest's CAPTURE is a lambda: clang 14 cannot capture a binding
   CAPTURE(bad_text);
   CHECK(bad_status == 1);
   CHECK(bad_text.find("tensor \"second.weight\" does not match the checksum its save recorded") != std::string::npos);
   fs::remove(ckpt / sw::rank_folder(0, 0) / "model.safetensors");
-  auto [gone_status, gone_text] = run("inspect");
+  auto const [gone_status, gone_output] = run("inspect");
+  std::string const gone_text = gone_output;
   CAPTURE(gone_text);
   CHECK(gone_status == 1);
   CHECK(gone_text.find("1 problem(s) in the rank files") != std::string::npos);

@@ -198,7 +198,9 @@ std::map<std::string, matrix> local_parameters(M& model) {
 /// Checks every parameter of this rank against the expected tensors (those in `kept`: against `before`).
 void check_shard(std::map<std::string, matrix> const& got, tensors const& expected, int rank, int ranks,
                  std::map<std::string, matrix> const& before = {}) {
-  for (auto const& [name, t] : expected) {
+  for (auto const& entry : expected) {
+    auto const& name = entry.first;  // not a structured binding: doctest's INFO captures it in a lambda
+    auto const& t = entry.second;
     INFO("tensor " << name << " on rank " << rank << " of " << ranks);
     matrix const want = before.count(name) ? before.at(name) : slice(t, rank, ranks);
     REQUIRE(got.at(name).rows() == want.rows());

@@ -55,7 +55,9 @@ std::vector<float> flat_parameters(Model& model) {
 TEST_CASE("Checkpoint with optimizer state: resuming equals the uninterrupted run") {
   auto c = llama_cases::small_config();
   c.kv_heads = 2;
-  for (auto [dp_size, zero1] : {std::pair{1, false}, std::pair{2, true}, std::pair{2, false}}) {
+  for (auto const& setting : {std::pair{1, false}, std::pair{2, true}, std::pair{2, false}}) {
+    int const dp_size = setting.first;  // not a structured binding: doctest's INFO captures it in a lambda
+    bool const zero1 = setting.second;
     INFO("dp " << dp_size << " x tp 2, ZeRO-1 " << zero1);
     fs::path const dir =
         fs::temp_directory_path() / ("shardwise_optimizer_ckpt_" + std::to_string(dp_size) + (zero1 ? "_zero1" : ""));

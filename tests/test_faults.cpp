@@ -46,7 +46,8 @@ TEST_CASE("a rank that waits past the timeout raises, naming the rank that did n
     if (world.rank() == 1) std::this_thread::sleep_for(1500ms);
     sw::all_reduce(mesh, v);
   });
-  CAPTURE(message);
+  std::string const& error_text = message;  // not the binding: doctest's CAPTURE is a lambda (clang 14)
+  CAPTURE(error_text);
   CHECK(message.find("rank 0 of mesh axis \"tp\" waited 0.3 s in all_reduce for its peers: rank 1 is not in a "
                      "collective of this axis; it has made 1 calls on it") != std::string::npos);
   CHECK(message.find("SHARDWISE_TIMEOUT") != std::string::npos);
@@ -68,7 +69,8 @@ TEST_CASE("collectives on two axes called in opposite orders end in an error tha
       sw::all_reduce(a, v);
     }
   });
-  CAPTURE(message);
+  std::string const& error_text = message;  // not the binding: doctest's CAPTURE is a lambda (clang 14)
+  CAPTURE(error_text);
   bool const names_crossing = message.find("waited 0.3 s in all_reduce for its peers: rank ") != std::string::npos &&
                               message.find(" is waiting in all_reduce on mesh axis \"") != std::string::npos &&
                               message.find("a crossing") != std::string::npos;
@@ -84,7 +86,8 @@ TEST_CASE("a recv with no matching send times out") {
     if (world.rank() == 0) sw::recv(mesh, v, 1, 7);
     std::this_thread::sleep_for(1000ms);  // rank 1 stays, so only the timeout can end rank 0's wait
   });
-  CAPTURE(message);
+  std::string const& error_text = message;  // not the binding: doctest's CAPTURE is a lambda (clang 14)
+  CAPTURE(error_text);
   CHECK(message.find("recv on mesh axis \"tp\": rank 0 waited 0.3 s for a message from rank 1 (tag 7)") !=
         std::string::npos);
   CHECK(seconds < 0.3 + 1.0 + 2.0);

@@ -66,7 +66,7 @@ static_assert(models::is_model_supported("") == models::support{});
 // Two models under one name cannot be looked up by name; a model without a parallelizer cannot be listed.
 static_assert(user_models::unique_names);
 static_assert(!models::builtin_models::with<user::Impostor>::unique_names);
-template <template <class, class> class Model>
+template <template <class, class, std::size_t...> class Model>
 concept listable = requires { typename models::model_list<Model>; };
 static_assert(listable<user::TinyMlp>);
 static_assert(!listable<user::Unregistered>);

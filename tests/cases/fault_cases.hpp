@@ -120,6 +120,25 @@ void check_mismatched_calls(World const& world) {
                           },
                           {header, first + "reduce_scatter<float>([4, 4], dim 0, sum)",
                            second + "all_to_all<float>([4, 4], split dim 0, concat dim 1)"});
+
+  // Each rank's call is named with the file and line it was made at (std::source_location).
+  // clang-format off
+  auto const gather = [](auto const& mesh, Eigen::VectorXf const& v, Eigen::VectorXf& out) { sw::all_gather(mesh, v, out, 0); };
+  std::string const gather_line = std::to_string(__LINE__ - 1);
+  auto const reduce = [](auto const& mesh, Eigen::VectorXf& v) { sw::all_reduce(mesh, v); };
+  std::string const reduce_line = std::to_string(__LINE__ - 1);
+  // clang-format on
+  expect_error_everywhere(
+      world, "the caller's line",
+      [&](auto const& mesh, int rank) {
+        Eigen::VectorXf v = vector(4), out;
+        if (rank == 0)
+          gather(mesh, v, out);
+        else
+          reduce(mesh, v);
+      },
+      {first + "all_gather<float>([4], dim 0) at ", "fault_cases.hpp:" + gather_line + " as call #",
+       second + "all_reduce<float>([4], sum) at ", "fault_cases.hpp:" + reduce_line + " as call #"});
 }
 
 }  // namespace cases

@@ -18,8 +18,9 @@ struct eigen_dense_traits {
   using element_type = typename Plain::Scalar;
   static constexpr bool is_vector = Plain::RowsAtCompileTime == 1 || Plain::ColsAtCompileTime == 1;
   static constexpr std::size_t rank = is_vector ? 1 : 2;
-  static constexpr storage_order order =
-      (Plain::Options & Eigen::RowMajor) ? storage_order::row_major : storage_order::col_major;
+  static constexpr storage_order order = (static_cast<int>(Plain::Options) & static_cast<int>(Eigen::RowMajor))
+                                             ? storage_order::row_major
+                                             : storage_order::col_major;
 
   template <class M>
   static extents shape(M const& m) {

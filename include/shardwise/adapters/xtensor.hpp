@@ -12,13 +12,17 @@ namespace shardwise {
 
 namespace detail {
 
+/// The storage order of an xtensor layout, checked where the traits are instantiated: a base class's
+/// static_assert fires with the class (clang instantiates a static member's initializer only when it is used).
 template <xt::layout_type L>
-constexpr storage_order xtensor_order() {
+struct xtensor_layout {
   static_assert(L == xt::layout_type::row_major || L == xt::layout_type::column_major,
                 "shardwise::tensor_traits<xtensor>: the layout must be fixed at compile time; use "
                 "xt::layout_type::row_major or xt::layout_type::column_major");
-  return L == xt::layout_type::row_major ? storage_order::row_major : storage_order::col_major;
-}
+  /// Row-major or column-major, as L.
+  static constexpr storage_order order =
+      L == xt::layout_type::row_major ? storage_order::row_major : storage_order::col_major;
+};
 
 template <class Container, class Shape>
 extents xtensor_extents(Shape const& shape) {
@@ -34,11 +38,10 @@ extents xtensor_extents(Shape const& shape) {
 
 /// An xt::xtensor<T, N>: rank N, the storage order its (compile-time) layout.
 template <class EC, std::size_t N, xt::layout_type L, class Tag>
-struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> {
-  using type = xt::xtensor_container<EC, N, L, Tag>;                  ///< The tensor type.
-  using element_type = typename type::value_type;                     ///< The tensor's value type.
-  static constexpr std::size_t rank = N;                              ///< N.
-  static constexpr storage_order order = detail::xtensor_order<L>();  ///< From the layout L.
+struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> : detail::xtensor_layout<L> {
+  using type = xt::xtensor_container<EC, N, L, Tag>;  ///< The tensor type.
+  using element_type = typename type::value_type;     ///< The tensor's value type.
+  static constexpr std::size_t rank = N;              ///< N.
 
   static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }  ///< The tensor's shape.
   static element_type* data(type& t) { return t.data(); }              ///< The tensor's contiguous storage.
@@ -55,11 +58,10 @@ struct tensor_traits<xt::xtensor_container<EC, N, L, Tag>> {
 
 /// An xt::xarray<T>: the rank known at run time, the storage order its (compile-time) layout.
 template <class EC, xt::layout_type L, class SC, class Tag>
-struct tensor_traits<xt::xarray_container<EC, L, SC, Tag>> {
-  using type = xt::xarray_container<EC, L, SC, Tag>;                  ///< The array type.
-  using element_type = typename type::value_type;                     ///< The array's value type.
-  static constexpr std::size_t rank = dynamic_rank;                   ///< Known at run time only.
-  static constexpr storage_order order = detail::xtensor_order<L>();  ///< From the layout L.
+struct tensor_traits<xt::xarray_container<EC, L, SC, Tag>> : detail::xtensor_layout<L> {
+  using type = xt::xarray_container<EC, L, SC, Tag>;  ///< The array type.
+  using element_type = typename type::value_type;     ///< The array's value type.
+  static constexpr std::size_t rank = dynamic_rank;   ///< Known at run time only.
 
   static extents shape(type const& t) { return detail::xtensor_extents<type>(t.shape()); }  ///< The array's shape.
   static element_type* data(type& t) { return t.data(); }              ///< The array's contiguous storage.

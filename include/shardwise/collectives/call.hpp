@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "shardwise/collectives/detail.hpp"
+#include "shardwise/core/call_site.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
@@ -64,43 +65,69 @@ struct call_record {
   storage_order order = storage_order::row_major;  ///< The input's layout.
   bool pair_data = false;  ///< MPI, two ranks: this rank's data follows its record (all_gather of whole pieces).
   std::array<char, 32> element{};  ///< The element type's name, cut to fit.
+  std::uint32_t line = 0;          ///< Where the call was made (0: unknown); not compared, only reported.
+  std::array<char, 48> file{};     ///< The end of that file's path, cut to fit.
 
-  [[nodiscard]] std::string_view element_name() const {
-    return {element.data(),
-            static_cast<std::size_t>(std::find(element.begin(), element.end(), '\0') - element.begin())};
-  }
+  [[nodiscard]] std::string_view element_name() const { return text_of(element); }
+  [[nodiscard]] std::string_view file_name() const { return text_of(file); }
   /// Equal in everything but the shape, which each collective checks by its own rule.
   [[nodiscard]] bool same_call(call_record const& other) const {
     return sequence == other.sequence && kind == other.kind && op == other.op && dim == other.dim &&
            dim2 == other.dim2 && root == other.root && order == other.order && element == other.element;
   }
-  /// "all_gather<float>([4, 8], dim 0)".
+  /// "all_gather<float>([4, 8], dim 0) at train.cpp:42".
   friend std::ostream& operator<<(std::ostream& out, call_record const& call) {
-    if (call.kind == collective_kind::barrier || call.kind == collective_kind::split)
-      return out << kind_name(call.kind) << "()";
-    out << kind_name(call.kind) << '<' << call.element_name() << ">(" << call.shape;
-    switch (call.kind) {
-      case collective_kind::all_reduce:
-        return out << ", " << op_name(call.op) << ')';
-      case collective_kind::reduce_scatter:
-        return out << ", dim " << call.dim << ", " << op_name(call.op) << ')';
-      case collective_kind::all_gather:
-        return out << ", dim " << call.dim << ')';
-      case collective_kind::broadcast:
-        return out << ", root " << call.root << ')';
-      case collective_kind::all_to_all:
-        return out << ", split dim " << call.dim << ", concat dim " << call.dim2 << ')';
-      default:
-        return out << ')';
+    call.print_arguments(out);
+    if (call.line != 0) out << " at " << call.file_name() << ':' << call.line;
+    return out;
+  }
+
+ private:
+  template <std::size_t N>
+  static std::string_view text_of(std::array<char, N> const& chars) {
+    return {chars.data(), static_cast<std::size_t>(std::find(chars.begin(), chars.end(), '\0') - chars.begin())};
+  }
+  void print_arguments(std::ostream& out) const {
+    if (kind == collective_kind::barrier || kind == collective_kind::split) {
+      out << kind_name(kind) << "()";
+      return;
     }
+    out << kind_name(kind) << '<' << element_name() << ">(" << shape;
+    switch (kind) {
+      case collective_kind::all_reduce:
+        out << ", " << op_name(op);
+        break;
+      case collective_kind::reduce_scatter:
+        out << ", dim " << dim << ", " << op_name(op);
+        break;
+      case collective_kind::all_gather:
+        out << ", dim " << dim;
+        break;
+      case collective_kind::broadcast:
+        out << ", root " << root;
+        break;
+      case collective_kind::all_to_all:
+        out << ", split dim " << dim << ", concat dim " << dim2;
+        break;
+      default:
+        break;
+    }
+    out << ')';
   }
 };
+
+/// Copies the end of `text` into `chars` (the end of a path names the file), '\0'-terminated.
+template <std::size_t N>
+void copy_tail(std::string_view text, std::array<char, N>& chars) {
+  std::size_t const kept = std::min(text.size(), N - 1);
+  std::copy_n(text.end() - kept, kept, chars.begin());
+}
 
 /// The record of a call of `kind` on elements of type E with input shape `shape`; the caller fills in the
 /// fields its kind uses.
 template <class E, class Comm>
-call_record make_call(Comm const& comm, collective_kind kind, extents const& shape,
-                      storage_order order = storage_order::row_major) {
+call_record make_call(Comm const& comm, collective_kind kind, extents const& shape, storage_order order,
+                      call_site const& where) {
   call_record call;
   call.sequence = comm.next_call_number();
   call.shape = shape;
@@ -108,6 +135,8 @@ call_record make_call(Comm const& comm, collective_kind kind, extents const& sha
   call.order = order;
   constexpr std::string_view name = type_name<E>();
   std::copy_n(name.begin(), std::min(name.size(), call.element.size() - 1), call.element.begin());
+  call.line = where.line;
+  if (where.file != nullptr) copy_tail(where.file, call.file);
   return call;
 }
 

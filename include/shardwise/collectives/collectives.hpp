@@ -34,29 +34,30 @@ auto output_into(Out& out, collective_site const& site) {
 }
 
 template <class Comm, tensor T>
-void all_reduce_on(Comm const& comm, T& t, op_kind op) {
-  auto call = make_call<element_t<T>>(comm, collective_kind::all_reduce, shape_of(t));
+void all_reduce_on(Comm const& comm, T& t, op_kind op, call_site where = {}) {
+  auto call = make_call<element_t<T>>(comm, collective_kind::all_reduce, shape_of(t), storage_order::row_major, where);
   call.op = op;
   Comm::collectives::all_reduce(comm, data_of(t), call, site_of(comm, "all_reduce"));
 }
 
 template <class Comm, tensor In, tensor Out>
-void all_gather_on(Comm const& comm, In const& in, Out& out, int dim) {
+void all_gather_on(Comm const& comm, In const& in, Out& out, int dim, call_site where = {}) {
   check_same_element<In, Out>();
   auto const site = site_of(comm, "all_gather");
   check_not_aliased(in, out, site);
-  auto call = make_call<element_t<In>>(comm, collective_kind::all_gather, shape_of(in), traits_of<In>::order);
+  auto call = make_call<element_t<In>>(comm, collective_kind::all_gather, shape_of(in), traits_of<In>::order, where);
   call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
   Comm::collectives::all_gather(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
                                 site);
 }
 
 template <class Comm, tensor In, tensor Out>
-void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kind op) {
+void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kind op, call_site where = {}) {
   check_same_element<In, Out>();
   auto const site = site_of(comm, "reduce_scatter");
   check_not_aliased(in, out, site);
-  auto call = make_call<element_t<In>>(comm, collective_kind::reduce_scatter, shape_of(in), traits_of<In>::order);
+  auto call =
+      make_call<element_t<In>>(comm, collective_kind::reduce_scatter, shape_of(in), traits_of<In>::order, where);
   call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
   call.op = op;
   Comm::collectives::reduce_scatter(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
@@ -64,19 +65,19 @@ void reduce_scatter_on(Comm const& comm, In const& in, Out& out, int dim, op_kin
 }
 
 template <class Comm, tensor T>
-void broadcast_on(Comm const& comm, T& t, int root) {
+void broadcast_on(Comm const& comm, T& t, int root, call_site where = {}) {
   auto const site = site_of(comm, "broadcast");
-  auto call = make_call<element_t<T>>(comm, collective_kind::broadcast, shape_of(t));
+  auto call = make_call<element_t<T>>(comm, collective_kind::broadcast, shape_of(t), storage_order::row_major, where);
   call.root = root;
   Comm::collectives::broadcast(comm, data_of(t), call, output_into(t, site), site);
 }
 
 template <class Comm, tensor In, tensor Out>
-void all_to_all_on(Comm const& comm, In const& in, Out& out, int split_dim, int concat_dim) {
+void all_to_all_on(Comm const& comm, In const& in, Out& out, int split_dim, int concat_dim, call_site where = {}) {
   check_same_element<In, Out>();
   auto const site = site_of(comm, "all_to_all");
   check_not_aliased(in, out, site);
-  auto call = make_call<element_t<In>>(comm, collective_kind::all_to_all, shape_of(in), traits_of<In>::order);
+  auto call = make_call<element_t<In>>(comm, collective_kind::all_to_all, shape_of(in), traits_of<In>::order, where);
   call.dim = static_cast<std::int16_t>(normalize_dim(split_dim, call.shape.rank, site));
   call.dim2 = static_cast<std::int16_t>(normalize_dim(concat_dim, call.shape.rank, site));
   Comm::collectives::all_to_all(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
@@ -85,16 +86,17 @@ void all_to_all_on(Comm const& comm, In const& in, Out& out, int split_dim, int 
 
 /// Every rank's value of a small trivially copyable record, on any backend.
 template <class Comm, class V>
-std::vector<V> gather_values(Comm const& comm, V const& mine) {
+std::vector<V> gather_values(Comm const& comm, V const& mine, call_site where = {}) {
   static_assert(std::is_trivially_copyable_v<V>);
-  auto const call = make_call<V>(comm, collective_kind::gather_values, extents{sizeof(V)});
+  auto const call =
+      make_call<V>(comm, collective_kind::gather_values, extents{sizeof(V)}, storage_order::row_major, where);
   return Comm::collectives::gather_values(comm, mine, call);
 }
 
 /// Waits until every rank of the axis arrives, checked like every collective.
 template <class Comm>
-void barrier_on(Comm const& comm) {
-  auto const call = make_call<char>(comm, collective_kind::barrier, extents{});
+void barrier_on(Comm const& comm, call_site where = {}) {
+  auto const call = make_call<char>(comm, collective_kind::barrier, extents{}, storage_order::row_major, where);
   Comm::collectives::gather_values(comm, char{}, call);
 }
 
@@ -120,12 +122,15 @@ constexpr bool require_1d_mesh() {
 // The public collectives take any type and explain, part by part, why one that is not a tensor is rejected
 // (detail::check_tensor), rather than leaving the reader with an unsatisfied constraint.
 
+// Every collective takes the caller's place (a defaulted shardwise::call_site): a mismatch or a timeout names
+// the file and line of each rank's call.
+
 /// Reduces t over the ranks of a 1-D mesh, in place; every rank gets the result.
 template <class Mesh, class T, reduce_op Op = Sum>
   requires(!std::is_arithmetic_v<T>)
-void all_reduce(Mesh const& mesh, T& t, Op = {}) {
+void all_reduce(Mesh const& mesh, T& t, Op = {}, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>())
-    detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>());
+    detail::all_reduce_on(mesh.comm(0), t, detail::op_kind_of<Op>(), where);
 }
 
 namespace detail {
@@ -153,40 +158,41 @@ struct tensor_traits<detail::scalar_cell<E>> {
 /// order, so threads and MPI agree to the bit): float loss = sw::all_reduce(dp, local_loss, sw::Avg{}).
 template <class Mesh, class S, reduce_op Op = Sum>
   requires std::is_arithmetic_v<S>
-[[nodiscard]] S all_reduce(Mesh const& mesh, S value, Op = {}) {
+[[nodiscard]] S all_reduce(Mesh const& mesh, S value, Op = {}, call_site where = {}) {
   detail::scalar_cell<S> cell{value};
-  if constexpr (detail::require_1d_mesh<Mesh>()) detail::all_reduce_on(mesh.comm(0), cell, detail::op_kind_of<Op>());
+  if constexpr (detail::require_1d_mesh<Mesh>())
+    detail::all_reduce_on(mesh.comm(0), cell, detail::op_kind_of<Op>(), where);
   return cell.value;
 }
 
 /// Concatenates every rank's `in` along dimension `dim` (negative counts from the end) into `out`, in rank
 /// order. Pieces may differ in size along `dim` and nowhere else.
 template <class Mesh, class In, class Out>
-void all_gather(Mesh const& mesh, In const& in, Out& out, int dim) {
+void all_gather(Mesh const& mesh, In const& in, Out& out, int dim, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
-    detail::all_gather_on(mesh.comm(0), in, out, dim);
+    detail::all_gather_on(mesh.comm(0), in, out, dim, where);
 }
 
 /// Reduces `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.
 template <class Mesh, class In, class Out, reduce_op Op = Sum>
-void reduce_scatter(Mesh const& mesh, In const& in, Out& out, int dim, Op = {}) {
+void reduce_scatter(Mesh const& mesh, In const& in, Out& out, int dim, Op = {}, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
-    detail::reduce_scatter_on(mesh.comm(0), in, out, dim, detail::op_kind_of<Op>());
+    detail::reduce_scatter_on(mesh.comm(0), in, out, dim, detail::op_kind_of<Op>(), where);
 }
 
 /// Copies root's tensor to every rank (resizing where the type allows).
 template <class Mesh, class T>
-void broadcast(Mesh const& mesh, T& t, int root = 0) {
+void broadcast(Mesh const& mesh, T& t, int root = 0, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>())
-    detail::broadcast_on(mesh.comm(0), t, root);
+    detail::broadcast_on(mesh.comm(0), t, root, where);
 }
 
 /// Cuts `in` along split_dim into one torch.chunk piece per rank, sends piece q to rank q, and concatenates
 /// what arrives along concat_dim in rank order.
 template <class Mesh, class In, class Out>
-void all_to_all(Mesh const& mesh, In const& in, Out& out, int split_dim, int concat_dim) {
+void all_to_all(Mesh const& mesh, In const& in, Out& out, int split_dim, int concat_dim, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
-    detail::all_to_all_on(mesh.comm(0), in, out, split_dim, concat_dim);
+    detail::all_to_all_on(mesh.comm(0), in, out, split_dim, concat_dim, where);
 }
 
 /// Sends t to rank `destination` of the axis; returns once the data is buffered or delivered.
@@ -224,8 +230,8 @@ void recv(Mesh const& mesh, T& t, int source, int tag = 0) {
 
 /// Waits until every rank of the mesh arrives.
 template <device_mesh Mesh>
-void barrier(Mesh const& mesh) {
-  detail::barrier_on(mesh.world());
+void barrier(Mesh const& mesh, call_site where = {}) {
+  detail::barrier_on(mesh.world(), where);
 }
 
 }  // namespace shardwise

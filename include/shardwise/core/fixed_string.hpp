@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string_view>
+#include <utility>
 
 namespace shardwise {
 
@@ -43,5 +44,23 @@ constexpr auto join_path() {
     return joined;
   }
 }
+
+namespace detail {
+/// A string's characters as a pack: clang 14 prints a fixed_string template argument as numbers
+/// ({{112, 112, 0}}) but characters as characters, so compile errors carry this beside it.
+template <char... Chars>
+struct text {};
+
+template <fixed_string S, class Indices = std::make_index_sequence<S.size()>>
+struct spell;
+template <fixed_string S, std::size_t... I>
+struct spell<S, std::index_sequence<I...>> {
+  using type = text<S.chars[I]...>;
+};
+/// The last, defaulted parameter of the incomplete types that show a path in a diagnostic: g++ and clang 15+
+/// omit it (they print the fixed_string as text already); clang 14 prints it.
+template <fixed_string S>
+using spelled_t = typename spell<S>::type;
+}  // namespace detail
 
 }  // namespace shardwise

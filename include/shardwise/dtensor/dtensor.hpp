@@ -9,6 +9,7 @@
 
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/show.hpp"
 #include "shardwise/dtensor/plan.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -40,7 +41,8 @@ constexpr bool check_layout() {
                   "shardwise::DTensor: the layout needs one placement per mesh axis; give Layout<...> "
                   "exactly as many placements as the mesh has axes");
     if constexpr (!sizes_match) {
-      [[maybe_unused]] layout_size_for_mesh<L::size, Mesh::ndim> placements_vs_axes;
+      using placements_vs_axes [[maybe_unused]] =
+          decltype(detail::show_incomplete<layout_size_for_mesh<L::size, Mesh::ndim>>());
       return false;
     } else if constexpr (!tensor<Tensor>) {
       return false;  // check_tensor reports it
@@ -61,7 +63,7 @@ constexpr bool check_layout() {
             if (!dim_in_range(p, rank)) return p.dim;
           return 0;
         }();
-        [[maybe_unused]] shard_dimension_out_of_range<bad> offending_dim;
+        using offending_dim [[maybe_unused]] = decltype(detail::show_incomplete<shard_dimension_out_of_range<bad>>());
       }
       return in_range;
     } else {

@@ -14,6 +14,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fixed_string.hpp"
+#include "shardwise/core/show.hpp"
 #include "shardwise/mesh/timeout.hpp"
 
 namespace shardwise {
@@ -43,14 +44,25 @@ concept communicator = std::copy_constructible<C> && requires(C const& c) {
 
 namespace detail {
 struct from_axis_comm {};
-template <fixed_string Name>
+template <fixed_string Name, class Spelled = spelled_t<Name>>
 struct unknown_mesh_axis;  // incomplete on purpose: the diagnostic spells the name
-template <fixed_string Name>
+template <fixed_string Name, class Spelled = spelled_t<Name>>
 struct mesh_axis_named_twice;
 
 template <fixed_string Name, class... Axes>
 constexpr std::size_t count_axis() {
   return (std::size_t{0} + ... + (Axes::name.view() == Name.view() ? 1 : 0));
+}
+
+// The diagnostics that spell an offending name are functions with a deduced return type, named in decltype
+// before the static_assert with the library's message: that instantiates them without evaluating them (clang
+// stops at a class's first failed static_assert, and clang 14 crashes evaluating a function that failed).
+template <class A, class... Axes>
+constexpr auto show_if_named_twice() {
+  if constexpr (count_axis<A::name, Axes...>() != 1) {
+    using offending_axis [[maybe_unused]] = decltype(detail::show_incomplete<mesh_axis_named_twice<A::name>>());
+  }
+  return true;
 }
 }  // namespace detail
 
@@ -61,16 +73,9 @@ class Mesh {
   static_assert(sizeof...(Axes) >= 1, "shardwise::Mesh: a mesh needs at least one named axis");
 
   static constexpr bool axes_named_once = ((detail::count_axis<Axes::name, Axes...>() == 1) && ...);
+  using repeated_names_shown = decltype((detail::show_if_named_twice<Axes, Axes...>() && ...));
   static_assert(axes_named_once,
                 "shardwise::Mesh: a mesh axis is named twice; give every axis of make_mesh a different name");
-  template <class A>
-  static constexpr bool show_if_named_twice() {  // the diagnostic then spells the repeated name
-    if constexpr (detail::count_axis<A::name, Axes...>() != 1) {
-      [[maybe_unused]] detail::mesh_axis_named_twice<A::name> offending_axis;
-    }
-    return true;
-  }
-  static_assert(axes_named_once || (show_if_named_twice<Axes>() && ...));
 
  public:
   using comm_type = Comm;                                                           ///< The communicator type.
@@ -87,7 +92,7 @@ class Mesh {
                   "shardwise::Mesh::axis: the mesh has no axis of this name; use one of the names "
                   "given to make_mesh");
     if constexpr (found != 1) {
-      [[maybe_unused]] detail::unknown_mesh_axis<Name> offending_name;
+      using offending_name [[maybe_unused]] = decltype(detail::show_incomplete<detail::unknown_mesh_axis<Name>>());
       return 0;
     } else {
       std::size_t index = 0;
@@ -160,9 +165,13 @@ class Mesh {
   /// The 1-D mesh of the ranks that share this rank's coordinates on every other axis.
   template <fixed_string Name>
   [[nodiscard]] auto axis() const {
-    constexpr std::size_t i = index_of<Name>();
-    using Axis = std::tuple_element_t<i, std::tuple<Axes...>>;
-    return Mesh<Comm, Axis>(detail::from_axis_comm{}, comm(i), coords_[i]);
+    if constexpr (detail::count_axis<Name, Axes...>() == 1) {
+      constexpr std::size_t i = index_of<Name>();
+      using Axis = std::tuple_element_t<i, std::tuple<Axes...>>;
+      return Mesh<Comm, Axis>(detail::from_axis_comm{}, comm(i), coords_[i]);
+    } else {
+      return index_of<Name>();  // index_of's error names the axis (and clang 14 stops there instead of crashing)
+    }
   }
 
  private:

@@ -146,7 +146,8 @@ class MpiComm {
   [[nodiscard]] MpiComm split(int color, int key, std::string_view label) const {
     // Agreed first, as every collective is, so that a rank that never comes is named after the timeout
     // instead of leaving MPI_Comm_split waiting forever.
-    detail::mpi_collectives::agree(*this, detail::make_call<char>(*this, detail::collective_kind::split, {}));
+    detail::mpi_collectives::agree(*this, detail::make_call<char>(*this, detail::collective_kind::split, {},
+                                                                  storage_order::row_major, call_site{nullptr, 0}));
     MpiComm part(env_, comm_.split(color, key), std::string(label));
     part.set_timeout(timeout());
     return part;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "shardwise/core/show.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
@@ -137,7 +138,8 @@ constexpr std::size_t kv_size_multiplier(std::size_t heads, std::size_t kv_heads
 }
 
 namespace detail {
-template <fixed_string Path, std::size_t Heads, std::size_t KvHeads, std::size_t Ranks>
+template <fixed_string Path, std::size_t Heads, std::size_t KvHeads, std::size_t Ranks,
+          class Spelled = shardwise::detail::spelled_t<Path>>
 struct tp_cannot_serve_heads_at;  // incomplete on purpose: the diagnostic spells the path and the counts
 }
 
@@ -185,8 +187,9 @@ struct LlamaAttention {
                     "divide over tp, and tp must divide the key-value heads or be a multiple of them "
                     "(kv_size_multiplier); choose another tp size");
       if constexpr (!ok) {
-        [[maybe_unused]] detail::tp_cannot_serve_heads_at<own_style<Plan>::path, StaticHeads, StaticKvHeads, Ranks>
-            offending;
+        using offending [[maybe_unused]] =
+            decltype(shardwise::detail::show_incomplete<
+                     detail::tp_cannot_serve_heads_at<own_style<Plan>::path, StaticHeads, StaticKvHeads, Ranks>>());
       }
       return ok;
     }

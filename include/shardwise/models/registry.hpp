@@ -21,8 +21,9 @@ struct support {
   constexpr bool operator==(support const&) const = default;
 };
 
-/// Specialize for a model template Model<T, Plan>: name, supported, and plan<options...>.
-template <template <class, class> class Model>
+/// Specialize for a model template Model<T, Plan> (after them it may take std::size_t parameters, as Llama's
+/// static head counts): name, supported, and plan<options...>.
+template <template <class, class, std::size_t...> class Model>
 struct parallelizer;
 
 /// models::Llama, as "llama", with llama_plan.
@@ -46,14 +47,14 @@ struct parallelizer<GPT2> {
 };
 
 /// A model template with a parallelizer specialization giving its name and what it supports.
-template <template <class, class> class Model>
+template <template <class, class, std::size_t...> class Model>
 concept registered_model = requires {
   { parallelizer<Model>::name } -> std::convertible_to<std::string_view>;
   { parallelizer<Model>::supported } -> std::convertible_to<support>;
 };
 
 /// (tensor parallel, sequence parallel, pipeline parallel) for a model type; all false if it is not registered.
-template <template <class, class> class Model>
+template <template <class, class, std::size_t...> class Model>
 constexpr support is_model_supported() {
   if constexpr (registered_model<Model>)
     return parallelizer<Model>::supported;
@@ -63,7 +64,7 @@ constexpr support is_model_supported() {
 
 /// A list of registered model templates, the set a name is looked up in. builtin_models holds shardwise's
 /// own; a user's list extends it: `using my_models = shardwise::models::builtin_models::with<MyModel>;`.
-template <template <class, class> class... Models>
+template <template <class, class, std::size_t...> class... Models>
   requires(registered_model<Models> && ...)
 struct model_list {
   static constexpr std::size_t size = sizeof...(Models);  ///< How many models.
@@ -79,7 +80,7 @@ struct model_list {
     return true;
   }();
   /// This list with More appended.
-  template <template <class, class> class... More>
+  template <template <class, class, std::size_t...> class... More>
   using with = model_list<Models..., More...>;
 };
 
@@ -89,7 +90,7 @@ using builtin_models = model_list<Llama, GPT2>;
 namespace detail {
 template <class List>
 inline constexpr bool is_model_list = false;
-template <template <class, class> class... Models>
+template <template <class, class, std::size_t...> class... Models>
 inline constexpr bool is_model_list<model_list<Models...>> = true;
 }  // namespace detail
 
@@ -122,7 +123,7 @@ constexpr support is_model_supported(std::string_view name) {
 }
 
 /// The model built with its registered plan (options forwarded), ready for sw::parallelize.
-template <template <class, class> class Model, class T, bool... Options>
+template <template <class, class, std::size_t...> class Model, class T, bool... Options>
 using parallelized = Model<T, typename parallelizer<Model>::template plan<Options...>>;
 
 }  // namespace shardwise::models

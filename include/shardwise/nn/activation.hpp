@@ -4,6 +4,7 @@
 // to a vocabulary-parallel loss) does not compile. `local` is this rank's part, a plain Eigen matrix.
 #include <type_traits>
 
+#include "shardwise/core/show.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/tensor/concept.hpp"
@@ -37,7 +38,7 @@ template <class A, class B>
 inline constexpr bool same_layout_v = std::is_same_v<normalize_2d_t<A>, normalize_2d_t<B>>;
 
 /// Incomplete on purpose: the diagnostic shows the layer's path and both layouts.
-template <fixed_string Path, class Expected, class Got>
+template <fixed_string Path, class Expected, class Got, class Spelled = spelled_t<Path>>
 struct input_layout_mismatch_at;
 
 template <class T>
@@ -60,12 +61,14 @@ template <class Expected, class X>
 inline constexpr bool input_layout_matches =
     same_layout_v<Expected, typename given_layout<std::remove_cvref_t<X>, Expected>::type>;
 
-/// Used beside a static_assert on input_layout_matches: names the layer and both layouts in the diagnostic.
+/// Named in decltype beside a static_assert on input_layout_matches (instantiated, never evaluated: see
+/// mesh.hpp's show_if_named_twice): names the layer and both layouts in the diagnostic.
 template <fixed_string Path, class Expected, class X>
-constexpr bool show_layout_mismatch() {
+constexpr auto show_layout_mismatch() {
   if constexpr (!input_layout_matches<Expected, X>) {
-    [[maybe_unused]] input_layout_mismatch_at<
-        Path, Expected, typename given_layout<std::remove_cvref_t<X>, Expected>::type> offending_layouts;
+    using offending_layouts [[maybe_unused]] =
+        decltype(detail::show_incomplete<input_layout_mismatch_at<
+                     Path, Expected, typename given_layout<std::remove_cvref_t<X>, Expected>::type>>());
   }
   return true;
 }

@@ -27,10 +27,11 @@ class Embedding : public detail::layer_plumbing<T, Location> {
   static constexpr bool colwise = is_colwise_v<Style>;
   static constexpr bool rowwise = is_rowwise_v<Style>;
   static constexpr bool serial = std::is_same_v<Style, NoParallel>;
+  using style_shown =
+      decltype(detail::style_allowed<Location, serial || colwise || rowwise>());  // before the message: see mesh.hpp
   static_assert(serial || colwise || rowwise,
                 "shardwise::Embedding: this style cannot shard an Embedding; use RowwiseParallel (vocabulary), "
                 "ColwiseParallel (embedding columns), or leave it out of the plan");
-  static_assert(detail::style_allowed<Location, serial || colwise || rowwise>());
 
   template <class S>
   struct out_of {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/styles.hpp"
@@ -26,13 +27,15 @@ using unplanned = located<NoParallel, "", serial_plan>;
 namespace detail {
 
 /// Incomplete on purpose: the diagnostic shows the path and the style that cannot apply.
-template <fixed_string Path, class Style>
+template <fixed_string Path, class Style, class Spelled = spelled_t<Path>>
 struct style_cannot_shard_layer_at;
 
+/// Named in decltype before the layer's static_assert (see mesh.hpp's show_if_named_twice).
 template <class Location, bool Allowed>
-constexpr bool style_allowed() {
+constexpr auto style_allowed() {
   if constexpr (!Allowed) {
-    [[maybe_unused]] style_cannot_shard_layer_at<Location::path, typename Location::style> offending_style;
+    using offending_style [[maybe_unused]] =
+        decltype(detail::show_incomplete<style_cannot_shard_layer_at<Location::path, typename Location::style>>());
   }
   return Allowed;
 }
@@ -135,7 +138,7 @@ nn::matrix<T> columns(nn::matrix<T> const& m, Eigen::Index start, Eigen::Index c
 
 namespace detail {
 /// Incomplete on purpose: the diagnostic shows the path, the size and the tp size.
-template <fixed_string Path, std::size_t Size, std::size_t Ranks>
+template <fixed_string Path, std::size_t Size, std::size_t Ranks, class Spelled = spelled_t<Path>>
 struct size_does_not_divide_at;
 }  // namespace detail
 
@@ -148,7 +151,8 @@ constexpr bool static_divides() {
   if constexpr (Size == 0 || Ranks == 0) {  // dynamic: checked at run time
     return true;
   } else if constexpr (Size % Ranks != 0) {
-    [[maybe_unused]] detail::size_does_not_divide_at<Path, Size, Ranks> offending_size;
+    using offending_size [[maybe_unused]] =
+        decltype(detail::show_incomplete<detail::size_does_not_divide_at<Path, Size, Ranks>>());
     return false;
   } else {
     return true;

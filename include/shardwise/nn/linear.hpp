@@ -27,10 +27,11 @@ class Linear : public detail::layer_plumbing<T, Location> {
   static constexpr bool colwise = is_colwise_v<Style>;
   static constexpr bool rowwise = is_rowwise_v<Style>;
   static constexpr bool serial = std::is_same_v<Style, NoParallel>;
+  using style_shown =
+      decltype(detail::style_allowed<Location, serial || colwise || rowwise>());  // before the message: see mesh.hpp
   static_assert(serial || colwise || rowwise,
                 "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
                 "the layer out of the plan");
-  static_assert(detail::style_allowed<Location, serial || colwise || rowwise>());
 
   template <class S>
   struct layouts {
@@ -210,7 +211,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
                   "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
                   "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
                   "RowwiseParallel");
-    static_assert(detail::show_layout_mismatch<Location::path, input_layout, X>());
+    using layouts_shown [[maybe_unused]] = decltype(detail::show_layout_mismatch<Location::path, input_layout, X>());
     require_group();
     auto const& given = detail::local_of<T>(x);
     matrix const& w = current_weight();

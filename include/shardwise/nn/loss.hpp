@@ -10,6 +10,7 @@
 #include <span>
 #include <type_traits>
 
+#include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/group.hpp"
@@ -54,7 +55,8 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
                 "output of a ColwiseParallel with its default output_layouts); a RowwiseParallel or "
                 "replicated output needs sw::cross_entropy instead");
   if constexpr (!sharded_vocab) {
-    [[maybe_unused]] detail::loss_parallel_needs_shard_last_got<P> offending_layout;
+    using offending_layout [[maybe_unused]] =
+        decltype(detail::show_incomplete<detail::loss_parallel_needs_shard_last_got<P>>());
   }
   static_assert(Mesh::ndim == 1, "shardwise::loss_parallel: pass the tensor-parallel axis, sw::submesh<\"tp\">(mesh)");
   auto const& comm = tp.comm(0);

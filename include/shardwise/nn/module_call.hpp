@@ -116,7 +116,8 @@ using element_of_t = typename element_of<std::remove_cvref_t<X>>::type;
 template <class From, class To, class Key, class Module, class X>
 auto move_at_boundary(Module& module, X const& x) {
   using T = element_of_t<X>;
-  static_assert(show_layout_mismatch<Key::spelled, From, X>());  // names the module and both layouts
+  using layouts_shown [[maybe_unused]] =
+      decltype(show_layout_mismatch<Key::spelled, From, X>());  // names the module and both layouts
   auto const* g = group_under<T>(module);
   return Activation<T, To>{redistribute_activation<From, To>(*g, moved<T>(g, x, Key::value))};
 }

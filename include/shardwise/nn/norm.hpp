@@ -26,10 +26,10 @@ class norm_layer : public layer_plumbing<T, Location> {
   using Style = typename Location::style;
   static constexpr bool sequence_parallel = is_sequence_parallel_v<Style>;
   static constexpr bool allowed = std::is_same_v<Style, NoParallel> || sequence_parallel;
+  using style_shown = decltype(style_allowed<Location, allowed>());  // before the message: see mesh.hpp
   static_assert(allowed,
                 "shardwise::LayerNorm/RMSNorm: a norm cannot be split by columns or rows; use "
                 "SequenceParallel, or leave it out of the plan");
-  static_assert(style_allowed<Location, allowed>());
 
  public:
   using shardwise_location = Location;
@@ -83,7 +83,7 @@ class norm_layer : public layer_plumbing<T, Location> {
     static_assert(detail::input_layout_matches<layout, X>,
                   "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
                   "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
-    static_assert(detail::show_layout_mismatch<Location::path, layout, X>());
+    using layouts_shown [[maybe_unused]] = decltype(detail::show_layout_mismatch<Location::path, layout, X>());
     this->require_ready(false);  // a norm communicates nothing
     saved_input_ = local_of<T>(x);
     Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};

@@ -93,7 +93,7 @@ auto reduce(std::tuple<Ps...> const& parameters) {
 }
 
 namespace detail {
-template <fixed_string Path, class Placement>
+template <fixed_string Path, class Placement, class Spelled = spelled_t<Path>>
 struct partial_gradient_reaches_optimizer;
 }
 

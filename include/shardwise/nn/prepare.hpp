@@ -20,10 +20,10 @@ class Prepare {
   using Style = typename Location::style;
   using L = detail::prepare_layouts<Style>;
   static constexpr bool allowed = std::is_same_v<Style, NoParallel> || L::input || L::output;
+  using style_shown = decltype(detail::style_allowed<Location, allowed>());  // before the message: see mesh.hpp
   static_assert(allowed,
                 "shardwise::Prepare: a module's own plan entry must be PrepareModuleInput, "
                 "PrepareModuleOutput or PrepareModuleInputOutput");
-  static_assert(detail::style_allowed<Location, allowed>());
 
   template <class From, class To>
   static constexpr bool preparable() {
@@ -50,7 +50,8 @@ class Prepare {
     } else {
       static_assert(detail::input_layout_matches<typename L::in, X>,
                     "shardwise::PrepareModuleInput: the module's input does not have the style's input_layouts");
-      static_assert(detail::show_layout_mismatch<Location::path, typename L::in, X>());
+      using layouts_shown [[maybe_unused]] =
+          decltype(detail::show_layout_mismatch<Location::path, typename L::in, X>());
       static_assert(preparable<typename L::in, typename L::desired_in>());
       return Activation<T, typename L::desired_in>{
           detail::redistribute_activation<typename L::in, typename L::desired_in>(
@@ -74,7 +75,8 @@ class Prepare {
     } else {
       static_assert(detail::input_layout_matches<typename L::out, Y>,
                     "shardwise::PrepareModuleOutput: the module's output does not have the style's output_layouts");
-      static_assert(detail::show_layout_mismatch<Location::path, typename L::out, Y>());
+      using layouts_shown [[maybe_unused]] =
+          decltype(detail::show_layout_mismatch<Location::path, typename L::out, Y>());
       static_assert(preparable<typename L::out, typename L::desired_out>());
       return Activation<T, typename L::desired_out>{
           detail::redistribute_activation<typename L::out, typename L::desired_out>(

@@ -10,22 +10,26 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fixed_string.hpp"
+#include "shardwise/core/show.hpp"
 #include "shardwise/nn/layer_common.hpp"
 
 namespace shardwise {
 
 namespace detail {
 /// Incomplete on purpose: the diagnostic shows both layers' paths and how each plan cuts the weight.
-template <fixed_string UserPath, class UserPlacement, fixed_string OwnerPath, class OwnerPlacement>
+template <fixed_string UserPath, class UserPlacement, fixed_string OwnerPath, class OwnerPlacement,
+          class SpelledUser = spelled_t<UserPath>, class SpelledOwner = spelled_t<OwnerPath>>
 struct tied_weight_cut_differently;
 
+/// Named in decltype before tie_weights' static_assert (see mesh.hpp's show_if_named_twice).
 template <class User, class Owner>
-constexpr bool show_tie_mismatch() {
+constexpr auto show_tie_mismatch() {
   using U = typename User::weight_grad_placement;
   using O = typename Owner::weight_grad_placement;
   if constexpr (!std::is_same_v<U, O>) {
-    [[maybe_unused]] tied_weight_cut_differently<User::shardwise_location::path, U, Owner::shardwise_location::path, O>
-        offending_tie;
+    using offending_tie [[maybe_unused]] =
+        decltype(detail::show_incomplete<
+                 tied_weight_cut_differently<User::shardwise_location::path, U, Owner::shardwise_location::path, O>>());
   }
   return true;
 }
@@ -53,11 +57,11 @@ void tie_weights(User& user, Owner& owner) {
       "weight), the second an Embedding or Linear that owns it");
   using U = typename User::weight_grad_placement;
   using O = typename Owner::weight_grad_placement;
+  using cuts_shown [[maybe_unused]] = decltype(detail::show_tie_mismatch<User, Owner>());
   static_assert(std::is_same_v<U, O>,
                 "shardwise::tie_weights: the two layers' plans cut the shared weight differently; give the Linear "
                 "ColwiseParallel when the Embedding is RowwiseParallel (both cut the vocabulary), RowwiseParallel "
                 "when it is ColwiseParallel, or leave both out of the plan");
-  static_assert(detail::show_tie_mismatch<User, Owner>());
   auto const [rows, cols] = detail::unsharded_weight_shape(owner);
   if (user.out_features() != rows || user.in_features() != cols)
     detail::fail("shardwise::tie_weights: the Linear at \"", User::shardwise_location::path.view(), "\" has a [",

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/show.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/plan/plan.hpp"
 #include "shardwise/plan/registration.hpp"
@@ -311,14 +312,16 @@ constexpr bool static_sizes_divide() {
   });
 }
 
-template <fixed_string Path>
+template <fixed_string Path, class Spelled = spelled_t<Path>>
 struct plan_path_matches_no_child;  // incomplete on purpose: the diagnostic spells the path
 
+/// Named in decltype before plan_check's static_assert (see mesh.hpp's show_if_named_twice).
 template <class Model, class Entry>
-constexpr bool entry_found() {
+constexpr auto entry_found() {
   constexpr bool found = has_layer_at<Model>(Entry::path.view());
   if constexpr (!found) {
-    [[maybe_unused]] plan_path_matches_no_child<Entry::path> offending_path;
+    using offending_path [[maybe_unused]] =
+        decltype(detail::show_incomplete<plan_path_matches_no_child<Entry::path>>());
   }
   return found;
 }
@@ -328,14 +331,15 @@ struct plan_check;
 template <class Model, class... Entries>
 struct plan_check<Model, plan<Entries...>> {
   static constexpr bool all_found = (has_layer_at<Model>(Entries::path.view()) && ...);
+  using missing_paths_shown = decltype((entry_found<Model, Entries>() && ...));
   static_assert(all_found,
                 "shardwise::parallelize: a plan path matches no layer of the model; check its spelling against the "
                 "names in SHARDWISE_CHILDREN, and use \"*\" for the elements of a repeated child");
-  static constexpr bool shown = all_found || (entry_found<Model, Entries>() && ...);
 };
 
 /// Incomplete on purpose: the diagnostic spells the member's name and the plan path it was declared with.
-template <fixed_string MemberName, fixed_string DeclaredPath>
+template <fixed_string MemberName, fixed_string DeclaredPath, class SpelledMember = spelled_t<MemberName>,
+          class SpelledPath = spelled_t<DeclaredPath>>
 struct member_declared_with_another_path;
 
 template <std::string_view const& Text>
@@ -373,24 +377,39 @@ constexpr bool children_named_as_declared() {
   });
 }
 
-/// Beside the static_assert on children_named_as_declared: spells the member and its path in the diagnostic.
 template <class Node>
-constexpr bool show_members_named_otherwise() {
-  if constexpr (module<Node>) {
-    []<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [] {
-            using F = child_facts<Node, I>;
-            if constexpr (!F::ok) {
-              [[maybe_unused]] member_declared_with_another_path<spelled<F::name>(), spelled<F::path_text>()> offending;
-            }
-            (void)show_members_named_otherwise<typename F::C>();
-          }(),
-          ...);
-    }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
-  } else if constexpr (repeated<Node>::value) {
-    (void)show_members_named_otherwise<typename repeated<Node>::element>();
+void show_members_named_otherwise();
+
+template <class Node, std::size_t I>
+void show_member_named_otherwise() {
+  using F = child_facts<Node, I>;
+  if constexpr (!F::ok) {
+    constexpr auto member = spelled<F::name>();
+    constexpr auto declared = spelled<F::path_text>();
+    using offending [[maybe_unused]] =
+        decltype(detail::show_incomplete<member_declared_with_another_path<member, declared>>());
   }
+  show_members_named_otherwise<typename F::C>();
+}
+
+template <class Node, std::size_t... I>
+void show_children_named_otherwise(std::index_sequence<I...>) {
+  (show_member_named_otherwise<Node, I>(), ...);
+}
+
+template <class Node>
+void show_members_named_otherwise() {
+  if constexpr (module<Node>)
+    show_children_named_otherwise<Node>(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
+  else if constexpr (repeated<Node>::value)
+    show_members_named_otherwise<typename repeated<Node>::element>();
+}
+
+/// Named in decltype beside the static_assert on children_named_as_declared (see mesh.hpp's
+/// show_if_named_twice): spells each member declared with another member's path, and that path.
+template <class Node>
+auto show_members_named_otherwise_in() {
+  show_members_named_otherwise<Node>();
   return true;
 }
 
@@ -420,21 +439,21 @@ void check_children_listed(Model& model) {
   auto no_layers = skip_node;
   walk_tree(model, std::string(), on_module, no_layers);
 }
-
 }  // namespace detail
 
 /// Checks the model's plan against the model at compile time, then lets every layer take its shard over the
 /// 1-D mesh `tp` (collective on `tp`). Returns the model for chaining.
 template <module Model, class Group>
 Model& parallelize(Model& model, Group const& tp) {
-  using check = detail::plan_check<Model, detail::plan_of_tree_t<Model>>;
-  static_assert(check::shown);
+  [[maybe_unused]] constexpr bool plan_paths_found =
+      detail::plan_check<Model, detail::plan_of_tree_t<Model>>::all_found;
+  if constexpr (!detail::children_named_as_declared<Model>()) {  // spelled before the message: see mesh.hpp
+    using members_shown [[maybe_unused]] = decltype(detail::show_members_named_otherwise_in<Model>());
+  }
   static_assert(detail::children_named_as_declared<Model>(),
                 "shardwise::parallelize: a member's plan path does not end with its name in SHARDWISE_CHILDREN; "
                 "declare member m with style_at<Plan, \"m\"> (a module: subplan<Plan, \"m\">) so that its plan "
                 "entry and its checkpoint name agree");
-  if constexpr (!detail::children_named_as_declared<Model>())
-    static_assert(detail::show_members_named_otherwise<Model>());
   detail::check_children_listed(model);
   if constexpr (requires { Group::static_sizes[0]; }) {
     if constexpr (Group::static_sizes[0] != dynamic_size)

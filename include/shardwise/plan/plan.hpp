@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "shardwise/core/fixed_string.hpp"
+#include "shardwise/core/show.hpp"
 
 namespace shardwise {
 
@@ -23,12 +24,21 @@ struct at {
 };
 
 namespace detail {
-template <fixed_string Path>
+template <fixed_string Path, class Spelled = spelled_t<Path>>
 struct plan_path_named_twice;  // incomplete on purpose: the diagnostic spells the path
 template <class T>
 inline constexpr bool is_plan_entry_v = false;
 template <fixed_string P, class S>
 inline constexpr bool is_plan_entry_v<at<P, S>> = true;
+
+/// Named in decltype before the plan's static_assert (see mesh.hpp's show_if_named_twice).
+template <class E, class... Entries>
+constexpr auto show_if_path_named_twice() {
+  if constexpr (((Entries::path.view() == E::path.view() ? 1 : 0) + ... + 0) != 1) {
+    using offending_path [[maybe_unused]] = decltype(detail::show_incomplete<plan_path_named_twice<E::path>>());
+  }
+  return true;
+}
 }  // namespace detail
 
 /// A parallelization plan: at<"path", Style> entries, one style per path; a layer no entry names gets
@@ -47,16 +57,8 @@ struct plan {
         if (paths[i] == paths[j]) return false;
     return true;
   }();
+  using repeated_paths_shown = decltype((detail::show_if_path_named_twice<Entries, Entries...>() && ...));
   static_assert(paths_distinct, "shardwise::plan: two entries name the same path; keep one style per path");
-  template <class E>
-  static constexpr bool show_if_named_twice() {
-    constexpr std::size_t count = ((Entries::path.view() == E::path.view() ? 1 : 0) + ... + 0);
-    if constexpr (count != 1) {
-      [[maybe_unused]] detail::plan_path_named_twice<E::path> offending_path;
-    }
-    return true;
-  }
-  static_assert(paths_distinct || (show_if_named_twice<Entries>() && ...));
 };
 
 /// The plan with nothing sharded: every module built with it is the unsharded reference.

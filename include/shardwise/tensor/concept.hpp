@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "shardwise/core/show.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -95,7 +96,7 @@ constexpr bool check_tensor() {
                   "shardwise::tensor: tensor_traits must provide data(t) pointing to contiguous elements");
   }
   if constexpr (!tensor<T>) {
-    [[maybe_unused]] show_type_that_is_not_a_tensor<T> offending_type;
+    using offending_type [[maybe_unused]] = decltype(detail::show_incomplete<show_type_that_is_not_a_tensor<T>>());
   }
   return tensor<T>;
 }
