@@ -54,9 +54,10 @@ constexpr std::size_t count_axis() {
   return (std::size_t{0} + ... + (Axes::name.view() == Name.view() ? 1 : 0));
 }
 
-// The diagnostics that spell an offending name are functions with a deduced return type, named in decltype
-// before the static_assert with the library's message: that instantiates them without evaluating them (clang
-// stops at a class's first failed static_assert, and clang 14 crashes evaluating a function that failed).
+// The show functions (this one, and their kin in plan.hpp, module.hpp and nn/) are named in decltype before the
+// static_assert with the library's message, because clang reports nothing after a class's first failed
+// static_assert; they name the incomplete type through show_incomplete (core/show.hpp), so no function that a
+// constant expression evaluates ever fails (clang 14 crashes on one that does).
 template <class A, class... Axes>
 constexpr auto show_if_named_twice() {
   if constexpr (count_axis<A::name, Axes...>() != 1) {
