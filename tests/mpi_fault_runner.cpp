@@ -70,6 +70,16 @@ int main(int argc, char** argv) {
       sw::all_reduce(a, v);
       sw::all_reduce(b, v);
     }
+  } else if (mode == "data_stall") {  // rank 1 stops (SIGSTOP) while the data of an agreed all-reduce moves
+    auto const mesh = sw::make_mesh<"tp">(world, {world.size()});
+    Eigen::VectorXf v = Eigen::VectorXf::Ones(std::size_t{16} << 20);  // 64 MiB: tens of ms in MPI per call
+    if (faulty) {
+      std::thread([] {
+        while (!sw::detail::mpi_data_watchdog::instance().armed()) std::this_thread::yield();
+        std::raise(SIGSTOP);
+      }).detach();
+    }
+    for (int i = 0; i < 1000; ++i) sw::all_reduce(mesh, v);
   } else {
     std::fprintf(stderr, "unknown mode \"%s\"\n", mode.c_str());
     return 2;

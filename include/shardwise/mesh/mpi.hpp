@@ -27,6 +27,7 @@
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/mesh/mpi_collectives.hpp"
 #include "shardwise/mesh/mpi_failure.hpp"
+#include "shardwise/mesh/mpi_watchdog.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 
@@ -140,7 +141,9 @@ class MpiComm {
   [[nodiscard]] std::uint64_t next_call_number() const { return state_->calls++; }
 
   /// MPI_Barrier over the communicator.
-  void barrier(char const* = "barrier") const { detail::mpi_check(MPI_Barrier(native()), "MPI_Barrier"); }
+  void barrier(char const* = "barrier") const {
+    data_phase("barrier", [&] { detail::mpi_check(MPI_Barrier(native()), "MPI_Barrier"); });
+  }
 
   /// Ranks with the same color form a new communicator, ordered by key then rank, labelled `label`. Collective.
   [[nodiscard]] MpiComm split(int color, int key, std::string_view label) const {
@@ -166,8 +169,10 @@ class MpiComm {
                   "shardwise::MpiComm::all_gather_value: the value is sent as bytes, so its type must be trivially "
                   "copyable; gather a tensor with sw::all_gather instead");
     std::vector<V> all(static_cast<std::size_t>(size()));
-    detail::mpi_check(MPI_Allgather(&mine, sizeof(V), MPI_BYTE, all.data(), sizeof(V), MPI_BYTE, native()),
-                      "MPI_Allgather");
+    data_phase("gather_values", [&] {
+      detail::mpi_check(MPI_Allgather(&mine, sizeof(V), MPI_BYTE, all.data(), sizeof(V), MPI_BYTE, native()),
+                        "MPI_Allgather");
+    });
     return all;
   }
 
@@ -179,12 +184,14 @@ class MpiComm {
   void all_reduce(T* data, std::size_t n, detail::op_kind op) const {
     constexpr std::size_t piece = (std::size_t{16} << 20) / sizeof(T);
     detail::dispatch_op(op, [&]<detail::op_kind Op>() {
-      for (std::size_t start = 0; start < n; start += piece) {
-        std::size_t const count = std::min(piece, n - start);
-        detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, data + start, static_cast<int>(count), detail::mpi_datatype<T>(),
-                                        detail::mpi_op<T, Op>(), native()),
-                          "MPI_Allreduce");
-      }
+      data_phase("all_reduce", [&] {
+        for (std::size_t start = 0; start < n; start += piece) {
+          std::size_t const count = std::min(piece, n - start);
+          detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, data + start, static_cast<int>(count),
+                                          detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(), native()),
+                            "MPI_Allreduce");
+        }
+      });
     });
   }
 
@@ -193,15 +200,20 @@ class MpiComm {
   void all_gatherv(T const* in, T* out, std::vector<std::size_t> const& counts) const {
     if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
       int const count = detail::mpi_count(counts[0], "all_gather");  // equal pieces: MPI's own all-gather
-      detail::mpi_check(
-          MPI_Allgather(in, count, detail::mpi_datatype<T>(), out, count, detail::mpi_datatype<T>(), native()),
-          "MPI_Allgather");
+      data_phase("all_gather", [&] {
+        detail::mpi_check(
+            MPI_Allgather(in, count, detail::mpi_datatype<T>(), out, count, detail::mpi_datatype<T>(), native()),
+            "MPI_Allgather");
+      });
       return;
     }
-    auto [sizes, offsets] = counts_and_displacements(counts, "all_gather");
-    detail::mpi_check(MPI_Allgatherv(in, sizes[static_cast<std::size_t>(rank())], detail::mpi_datatype<T>(), out,
-                                     sizes.data(), offsets.data(), detail::mpi_datatype<T>(), native()),
-                      "MPI_Allgatherv");
+    auto const pieces = counts_and_displacements(counts, "all_gather");  // sizes, offsets
+    data_phase("all_gather", [&] {
+      detail::mpi_check(
+          MPI_Allgatherv(in, pieces.first[static_cast<std::size_t>(rank())], detail::mpi_datatype<T>(), out,
+                         pieces.first.data(), pieces.second.data(), detail::mpi_datatype<T>(), native()),
+          "MPI_Allgatherv");
+    });
   }
 
   /// Waits for `count` requests, polling, so that a failure notice from another rank or the time limit ends
@@ -300,19 +312,21 @@ class MpiComm {
     };
     try {
       auto const [where, expected] = place(static_cast<Record const&>(theirs));
-      if (where == nullptr) {
-        drop();
-      } else {
-        detail::mpi_check(MPI_Recv(where, detail::mpi_count(expected, "all_gather"), detail::mpi_datatype<T>(), peer, 1,
-                                   c, MPI_STATUS_IGNORE),
-                          "MPI_Recv");
-      }
+      int const n = detail::mpi_count(expected, "all_gather");
+      data_phase(what, [&] {
+        if (where == nullptr)
+          drop();
+        else
+          detail::mpi_check(MPI_Recv(where, n, detail::mpi_datatype<T>(), peer, 1, c, MPI_STATUS_IGNORE), "MPI_Recv");
+      });
     } catch (...) {
-      drop();
-      MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE);
+      data_phase(what, [&] {
+        drop();
+        MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE);
+      });
       throw;
     }
-    detail::mpi_check(MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    data_phase(what, [&] { detail::mpi_check(MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE), "MPI_Waitall"); });
     return theirs;
   }
 
@@ -322,17 +336,21 @@ class MpiComm {
     // Not a structured binding: clang before 16 cannot capture one in the lambda below.
     std::vector<int> const sizes = counts_and_displacements(counts, "reduce_scatter").first;
     detail::dispatch_op(op, [&]<detail::op_kind Op>() {
-      detail::mpi_check(
-          MPI_Reduce_scatter(in, out, sizes.data(), detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(), native()),
-          "MPI_Reduce_scatter");
+      data_phase("reduce_scatter", [&] {
+        detail::mpi_check(
+            MPI_Reduce_scatter(in, out, sizes.data(), detail::mpi_datatype<T>(), detail::mpi_op<T, Op>(), native()),
+            "MPI_Reduce_scatter");
+      });
     });
   }
 
   /// Root's `n` elements at `data` into every rank's `data` (MPI_Bcast).
   template <class T>
   void broadcast(T* data, std::size_t n, int root) const {
-    detail::mpi_check(MPI_Bcast(data, detail::mpi_count(n, "broadcast"), detail::mpi_datatype<T>(), root, native()),
-                      "MPI_Bcast");
+    int const count = detail::mpi_count(n, "broadcast");
+    data_phase("broadcast", [&] {
+      detail::mpi_check(MPI_Bcast(data, count, detail::mpi_datatype<T>(), root, native()), "MPI_Bcast");
+    });
   }
 
   /// Sends send_counts[q] elements of `send` (in rank order) to rank q and receives recv_counts[q] from rank q
@@ -340,19 +358,28 @@ class MpiComm {
   template <class T>
   void all_to_allv(T const* send, std::vector<std::size_t> const& send_counts, T* recv,
                    std::vector<std::size_t> const& recv_counts) const {
-    auto [ssizes, soffsets] = counts_and_displacements(send_counts, "all_to_all");
-    auto [rsizes, roffsets] = counts_and_displacements(recv_counts, "all_to_all");
-    detail::mpi_check(MPI_Alltoallv(send, ssizes.data(), soffsets.data(), detail::mpi_datatype<T>(), recv,
-                                    rsizes.data(), roffsets.data(), detail::mpi_datatype<T>(), native()),
-                      "MPI_Alltoallv");
+    auto const sends = counts_and_displacements(send_counts, "all_to_all");
+    auto const receives = counts_and_displacements(recv_counts, "all_to_all");
+    data_phase("all_to_all", [&] {
+      detail::mpi_check(
+          MPI_Alltoallv(send, sends.first.data(), sends.second.data(), detail::mpi_datatype<T>(), recv,
+                        receives.first.data(), receives.second.data(), detail::mpi_datatype<T>(), native()),
+          "MPI_Alltoallv");
+    });
   }
 
   /// Sends raw bytes with the tensor shape they came from to rank `destination`.
   void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
     check_peer(destination, "send");
-    detail::mpi_check(MPI_Send(&shape, sizeof(extents), MPI_BYTE, destination, 2 * tag, native()), "MPI_Send");
-    detail::mpi_check(MPI_Send(data, detail::mpi_count(bytes, "send"), MPI_BYTE, destination, 2 * tag + 1, native()),
-                      "MPI_Send");
+    int const count = detail::mpi_count(bytes, "send");
+    point_to_point("send",
+                   "the receiving rank did not take the message: it never called recv for it, stopped, or "
+                   "the network failed",
+                   [&] {
+                     detail::mpi_check(MPI_Send(&shape, sizeof(extents), MPI_BYTE, destination, 2 * tag, native()),
+                                       "MPI_Send");
+                     detail::mpi_check(MPI_Send(data, count, MPI_BYTE, destination, 2 * tag + 1, native()), "MPI_Send");
+                   });
   }
 
   /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
@@ -382,19 +409,39 @@ class MpiComm {
       abandon(pending, 1);
       detail::recv_timed_out(rank(), label_, timeout(), source, tag);
     });
-    int const bytes = probed_bytes(native(), source, 2 * tag + 1);
+    char const* const stalled = "the sender stopped or the network failed after the message's shape arrived";
+    int bytes = 0;
+    point_to_point("recv", stalled, [&] { bytes = probed_bytes(native(), source, 2 * tag + 1); });
     void* destination = nullptr;
     try {
       destination = where(shape, static_cast<std::size_t>(bytes));
     } catch (...) {
-      discard(native(), source, 2 * tag + 1, bytes);
+      point_to_point("recv", stalled, [&] { discard(native(), source, 2 * tag + 1, bytes); });
       throw;
     }
-    detail::mpi_check(MPI_Recv(destination, bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
-                      "MPI_Recv");
+    point_to_point("recv", stalled, [&] {
+      detail::mpi_check(MPI_Recv(destination, bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
+                        "MPI_Recv");
+    });
   }
 
  private:
+  /// Runs one blocking MPI call that moves a collective's data, after the ranks agreed on the call; if it lasts
+  /// longer than the timeout, a peer stopped or the network failed mid-transfer, and the job ends with a
+  /// message (see mpi_data_watchdog).
+  template <class MoveData>
+  void data_phase(char const* what, MoveData&& move_data) const {
+    point_to_point(what,
+                   "every rank had agreed on the call, so a peer stopped or the network failed while the data moved",
+                   move_data);
+  }
+
+  /// Runs blocking MPI calls of `what` under the timeout; `stalled` says what a stall means.
+  template <class MoveData>
+  void point_to_point(char const* what, char const* stalled, MoveData&& move_data) const {
+    detail::mpi_data_watchdog::instance().guard({what, stalled, label_, rank(), timeout()}, move_data);
+  }
+
   /// Gives up on requests after a timeout: receives are cancelled, sends left to MPI.
   static void abandon(MPI_Request* requests, int count) {
     for (int i = 0; i < count; ++i) {
@@ -412,17 +459,43 @@ class MpiComm {
   }
 
   [[noreturn]] void time_out(char const* what, std::vector<int> const& missing) const {
+    auto const elsewhere = whereabouts_of(what, missing);
     std::ostringstream who;
     for (std::size_t i = 0; i < missing.size(); ++i) {
       auto const q = static_cast<std::size_t>(missing[i]);
-      who << (i ? "; " : "") << "rank " << q << " has not arrived";
-      if (q < state_->last_calls.size() && state_->last_calls[q].element[0] != '\0')
-        who << " (its last call on this axis: " << state_->last_calls[q] << " as call #"
+      who << (i ? "; " : "") << "rank " << q;
+      if (auto const& there = elsewhere[i])  // it waits in a call of another communicator
+        who << " is waiting in " << text_of(there->what) << " on mesh axis \"" << text_of(there->axis)
+            << "\" (the ranks make calls on different axes in different orders: a crossing)";
+      else if (q < state_->last_calls.size() && state_->last_calls[q].element[0] != '\0')
+        who << " has not arrived (its last call on this axis: " << state_->last_calls[q] << " as call #"
             << state_->last_calls[q].sequence << ")";
       else
-        who << " (it has made no call on this axis yet)";
+        who << " has not arrived (it has made no call on this axis yet)";
     }
     detail::collective_timed_out(rank(), label_, timeout(), what, who.str());
+  }
+
+  /// Where each of the `missing` ranks waits, as they say when their own time runs out (for a crossing).
+  std::vector<std::optional<detail::mpi_whereabouts>> whereabouts_of(char const* what,
+                                                                     std::vector<int> const& missing) const {
+    detail::mpi_whereabouts mine;
+    detail::copy_tail(what, mine.what);
+    detail::copy_tail(label_, mine.axis);
+    MPI_Group axis_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+    MPI_Comm_group(native(), &axis_group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    std::vector<int> world_ranks(missing.size());
+    MPI_Group_translate_ranks(axis_group, static_cast<int>(missing.size()), missing.data(), world_group,
+                              world_ranks.data());
+    MPI_Group_free(&axis_group);
+    MPI_Group_free(&world_group);
+    return detail::mpi_exchange_whereabouts(world_ranks, mine, std::min(timeout(), timeout_duration(2000)));
+  }
+
+  template <std::size_t N>
+  static std::string_view text_of(std::array<char, N> const& chars) {
+    return {chars.data(), static_cast<std::size_t>(std::find(chars.begin(), chars.end(), '\0') - chars.begin())};
   }
 
   void check_peer(int peer, char const* what) const {

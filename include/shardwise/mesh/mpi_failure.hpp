@@ -5,15 +5,18 @@
 // a collective, and raise there.
 #include <mpi.h>
 
+#include <array>
 #include <boost/mpi/environment.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "shardwise/core/error.hpp"
 
@@ -64,6 +67,57 @@ inline void mpi_raise_notice(char const* what, std::string_view axis, int rank) 
        "\" stops waiting in ", what, ". Its error: ", text);
 }
 
+/// Where a rank waits when its time runs out, told to the peers it waits for so that they can name a
+/// crossing of sub-mesh orders (each waits on another axis for the other).
+struct mpi_whereabouts {
+  std::array<char, 32> what{};  ///< The collective it waits in.
+  std::array<char, 64> axis{};  ///< The mesh axis it waits on.
+};
+
+/// Sends `mine` to the world ranks `peers`, then waits up to `grace` for theirs (a peer whose own time ran out
+/// at about the same moment sends its own); returns them in the order of `peers`, empty where none came.
+inline std::vector<std::optional<mpi_whereabouts>> mpi_exchange_whereabouts(std::vector<int> const& peers,
+                                                                            mpi_whereabouts const& mine,
+                                                                            std::chrono::milliseconds grace) {
+  constexpr int tag = 1;  // failure notices use tag 0
+  std::vector<std::optional<mpi_whereabouts>> theirs(peers.size());
+  auto& n = notices();
+  if (n.comm == MPI_COMM_NULL) return theirs;
+  static mpi_whereabouts sent;  // outlives the eager sends, which are not waited for
+  sent = mine;
+  for (int peer : peers) {
+    MPI_Request request;
+    MPI_Isend(&sent, sizeof sent, MPI_BYTE, peer, tag, n.comm, &request);
+    MPI_Request_free(&request);
+  }
+  auto const deadline = std::chrono::steady_clock::now() + grace;
+  for (std::size_t answered = 0; answered < peers.size() && std::chrono::steady_clock::now() < deadline;) {
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      int arrived = 0;
+      if (theirs[i]) continue;
+      MPI_Iprobe(peers[i], tag, n.comm, &arrived, MPI_STATUS_IGNORE);
+      if (!arrived) continue;
+      theirs[i].emplace();
+      MPI_Recv(&*theirs[i], sizeof(mpi_whereabouts), MPI_BYTE, peers[i], tag, n.comm, MPI_STATUS_IGNORE);
+      ++answered;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return theirs;
+}
+
+/// Ends the whole job after `message` went to stderr: MPI_Abort, and if the job is not gone in 5 s, _Exit
+/// (MPI_Abort was seen to hang when several ranks abort while another waits in MPI_Finalize; mpiexec then ends
+/// the job, because a rank exited without finalizing).
+[[noreturn]] inline void mpi_abort_job() {
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(1);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
 /// An exception that escapes a rank ends the whole job: its message goes to the other ranks and to stderr,
 /// then MPI_Abort (a rank that just died would leave its peers waiting until their timeout).
 [[noreturn]] inline void mpi_terminate() {
@@ -83,14 +137,7 @@ inline void mpi_raise_notice(char const* what, std::string_view axis, int rank) 
   std::fflush(stderr);
   mpi_tell_peers(message);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the notices leave before the abort
-  // MPI_Abort was seen to hang when several ranks abort while another waits in MPI_Finalize: if the job is
-  // not gone in 5 s, leave anyway (mpiexec then ends the job: a rank exited without finalizing).
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    std::_Exit(1);
-  }).detach();
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
+  mpi_abort_job();
 }
 
 /// MPI is initialised once per process and finalised at exit, after every communicator is gone.

@@ -21,8 +21,12 @@ namespace shardwise::detail {
 
 struct thread_group;
 
-/// What one rank publishes to its group for a collective: its call, and its buffers.
-struct thread_slot {
+/// What one rank publishes to its group for a collective: its call (the key and shape that peers compare, and
+/// the whole record, read only to report a mismatch), and its buffers. A cache line of its own start, so two
+/// ranks writing their slots do not contend for one line.
+struct alignas(64) thread_slot {
+  call_key key;
+  extents shape;
   call_record const* call = nullptr;
   void const* in = nullptr;
   void* out = nullptr;
@@ -67,10 +71,12 @@ struct shared_memory_collectives {
   template <class Comm, class Fn>
   static void exchange(Comm const& comm, call_record const& call, void const* in, void* out, Fn&& fn) {
     thread_slot mine;
-    mine.call = &call, mine.in = in, mine.out = out;
+    mine.key = call_key::of(call), mine.shape = call.shape, mine.call = &call, mine.in = in, mine.out = out;
     comm.exchange(std::move(mine), kind_name(call.kind).data(), [&](std::vector<thread_slot> const& slots) {
       int const ranks = static_cast<int>(slots.size());
-      check_calls_agree(ranks, [&](int q) -> call_record const& { return *slot(slots, q).call; }, comm.label());
+      auto const same_key = [&](thread_slot const& peer) { return peer.key == slots.front().key; };
+      if (!std::all_of(slots.begin(), slots.end(), same_key))
+        check_calls_agree(ranks, [&](int q) -> call_record const& { return *slot(slots, q).call; }, comm.label());
       fn(slots, ranks);
     });
   }
@@ -180,7 +186,7 @@ struct shared_memory_collectives {
   static thread_slot const& slot(std::vector<thread_slot> const& slots, int q) {
     return slots[static_cast<std::size_t>(q)];
   }
-  static extents const& shape(std::vector<thread_slot> const& slots, int q) { return slot(slots, q).call->shape; }
+  static extents const& shape(std::vector<thread_slot> const& slots, int q) { return slot(slots, q).shape; }
   template <class E>
   static E const* input(std::vector<thread_slot> const& slots, int q) {
     return static_cast<E const*>(slot(slots, q).in);
