@@ -17,6 +17,7 @@ struct FeedForward {
   sw::Linear<T, sw::style_at<Plan, "w3">> w3;
   sw::Linear<T, sw::style_at<Plan, "w2">> w2;
   SHARDWISE_CHILDREN(w1, w3, w2)
+  SHARDWISE_SAVED(h1_, h3_, a_)  // what forward keeps for backward: lets several microbatches be in flight
 
   FeedForward(std::size_t dim, std::size_t hidden, std::uint64_t seed)
       : w1(dim, hidden, seed + 1, false), w3(dim, hidden, seed + 2, false), w2(hidden, dim, seed + 3, false) {}
@@ -51,6 +52,7 @@ struct Attention {
   sw::Linear<T, sw::style_at<Plan, "wv">> wv;
   sw::Linear<T, sw::style_at<Plan, "wo">> wo;
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
+  SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   Attention(std::size_t dim, std::size_t heads, std::size_t sequence, std::uint64_t seed)
       : wq(dim, dim, seed + 1),

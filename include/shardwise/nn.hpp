@@ -1,6 +1,7 @@
 #pragma once
 // Layers, parallel styles, plans and the loss: everything tensor parallelism needs (Eigen required).
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/activation_checkpoint.hpp"
 #include "shardwise/nn/elementwise.hpp"
 #include "shardwise/nn/embedding.hpp"
 #include "shardwise/nn/functional.hpp"
@@ -19,3 +20,4 @@
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/plan/module.hpp"
 #include "shardwise/plan/plan.hpp"
+#include "shardwise/plan/saved.hpp"

@@ -66,6 +66,7 @@ struct GPT2Attention {
   Linear<T, style_at<Plan, "v_proj">> v_proj;  ///< Value projection, dim -> dim, with bias.
   Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
   SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
+  SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4.
   GPT2Attention(GPT2Config const& c, std::uint64_t seed)
@@ -114,6 +115,7 @@ struct GPT2MLP {
   Linear<T, style_at<Plan, "c_fc">> c_fc;      ///< dim -> 4 dim, with bias.
   Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< 4 dim -> dim, with bias.
   SHARDWISE_CHILDREN(c_fc, c_proj)
+  SHARDWISE_SAVED(h_)
 
   /// The parameters are drawn from seed + 1 and seed + 2.
   GPT2MLP(GPT2Config const& c, std::uint64_t seed)
@@ -143,6 +145,7 @@ struct GPT2Block {
   LayerNorm<T, style_at<Plan, "ln_2">> ln_2;     ///< LayerNorm before the MLP.
   GPT2MLP<T, subplan<Plan, "mlp">> mlp;          ///< The MLP.
   SHARDWISE_CHILDREN(ln_1, attn, ln_2, mlp)
+  SHARDWISE_SAVED()
 
   /// The attention's parameters are drawn from `seed`, the MLP's from seed + 10.
   GPT2Block(GPT2Config const& c, std::uint64_t seed)
@@ -176,6 +179,7 @@ struct GPT2 {
   LayerNorm<T, style_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
   Linear<T, style_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
   SHARDWISE_CHILDREN(wte, wpe, h, ln_f, lm_head)
+  SHARDWISE_SAVED()  // positions_ is a cache of position ids, not an activation
 
   /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not
   /// divide into the heads.

@@ -155,6 +155,7 @@ struct LlamaAttention {
   Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim, no bias.
   Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim, no bias.
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
+  SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
   /// from StaticHeads / StaticKvHeads.
@@ -256,6 +257,7 @@ struct LlamaFeedForward {
   Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden, no bias.
   Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim, no bias.
   SHARDWISE_CHILDREN(w1, w3, w2)
+  SHARDWISE_SAVED(h1_, h3_, a_)
 
   /// The parameters are drawn from seed + 1 .. seed + 3.
   LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
@@ -290,6 +292,7 @@ struct LlamaBlock {
   RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;                  ///< Norm before the feed-forward.
   LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;  ///< The feed-forward.
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
+  SHARDWISE_SAVED()
 
   /// The attention's parameters are drawn from `seed`, the feed-forward's from seed + 10.
   LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
@@ -322,6 +325,7 @@ struct Llama {
   RMSNorm<T, style_at<Plan, "norm">> norm;                                                   ///< The final norm.
   Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
+  SHARDWISE_SAVED()
 
   /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
   /// c.tie_word_embeddings is set.

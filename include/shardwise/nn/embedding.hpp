@@ -51,7 +51,8 @@ class Embedding : public detail::layer_plumbing<T, Location> {
   };
 
  public:
-  using shardwise_location = Location;                 ///< Its place in the plan (style, path, plan).
+  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  SHARDWISE_SAVED(ids_)
   using style = Style;                                 ///< The parallel style the plan gives it.
   using output_layout = typename out_of<Style>::type;  ///< The layout of its output on the tp axis.
   /// How the table (and its gradient) is cut over tp: Shard<0> (vocabulary), Shard<1> (columns) or Replicate.

@@ -16,6 +16,7 @@
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/styles.hpp"
+#include "shardwise/plan/members.hpp"
 #include "shardwise/plan/plan.hpp"
 #include "shardwise/plan/registration.hpp"
 

@@ -58,7 +58,8 @@ class Linear : public detail::layer_plumbing<T, Location> {
   };
 
  public:
-  using shardwise_location = Location;                 ///< Its place in the plan (style, path, plan).
+  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  SHARDWISE_SAVED(saved_input_)
   using style = Style;                                 ///< The parallel style the plan gives it.
   using input_layout = typename layouts<Style>::in;    ///< The layout its input must have on the tp axis.
   using output_layout = typename layouts<Style>::out;  ///< The layout of its output.

@@ -33,6 +33,7 @@ class norm_layer : public layer_plumbing<T, Location> {
 
  public:
   using shardwise_location = Location;
+  SHARDWISE_SAVED(saved_input_, mean_, rstd_)
   using style = Style;
   using layout = std::conditional_t<sequence_parallel, Shard<0>, Replicate>;
   using input_layout = layout;

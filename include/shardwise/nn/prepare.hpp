@@ -34,7 +34,8 @@ class Prepare {
 
  public:
   using shardwise_location = Location;  ///< Its place in the plan: the style, its path and the whole plan.
-  using style = Style;                  ///< The module's own plan entry (NoParallel: passes everything through).
+  SHARDWISE_SAVED()
+  using style = Style;  ///< The module's own plan entry (NoParallel: passes everything through).
 
   /// Called by sw::parallelize: keeps the tensor-parallel group to redistribute over.
   template <class Mesh>

@@ -15,14 +15,9 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/mesh/mesh.hpp"
+#include "shardwise/plan/members.hpp"
 #include "shardwise/plan/plan.hpp"
 #include "shardwise/plan/registration.hpp"
-
-/// Inside a module: SHARDWISE_CHILDREN(w1, w3, w2) names the members that are layers or modules.
-#define SHARDWISE_CHILDREN(...)                                          \
-  static constexpr std::string_view shardwise_child_list = #__VA_ARGS__; \
-  auto shardwise_children() { return std::tie(__VA_ARGS__); }            \
-  auto shardwise_children() const { return std::tie(__VA_ARGS__); }
 
 namespace shardwise {
 

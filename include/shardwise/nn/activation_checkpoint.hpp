@@ -1,0 +1,40 @@
+#pragma once
+// Activation checkpointing: a module's forward keeps only its input; its backward runs the forward again from
+// that input, then the backward. The recomputation is the same code on the same numbers, so the gradients are
+// those without checkpointing, bit for bit; what is saved is memory (the module's activations between its
+// forward and its backward), what is paid is one more forward (and its collectives, under tensor parallelism).
+#include <utility>
+
+#include "shardwise/nn/module_call.hpp"
+#include "shardwise/plan/saved.hpp"
+
+namespace shardwise {
+
+/// What a checkpointed module keeps between its forward and its backward: its input only.
+template <class X>
+struct checkpointed_input {
+  X input{};  ///< The module's input, kept for the recomputation.
+};
+
+/// The module's output for x (through sw::forward, so its plan entry applies), keeping only x in `kept`:
+/// the activations the forward made are freed at once.
+template <module Module, class X>
+auto checkpointed_forward(Module& module, X const& x, checkpointed_input<X>& kept) {
+  kept.input = x;
+  auto y = forward(module, x);
+  drop_saved_activations(module);
+  return y;
+}
+
+/// The module's input gradient for the output gradient dy: runs the forward again from `kept`, then the
+/// backward (through sw::backward); frees the kept input and the recomputed activations afterwards.
+template <module Module, class X, class DY>
+auto checkpointed_backward(Module& module, checkpointed_input<X>& kept, DY const& dy) {
+  forward(module, kept.input);
+  auto dx = backward(module, dy);
+  kept.input = X{};
+  drop_saved_activations(module);
+  return dx;
+}
+
+}  // namespace shardwise
