@@ -9,6 +9,7 @@
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/serial.hpp"
 #include "shardwise/mesh/thread.hpp"
+#include "shardwise/pipeline/schedule.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/tensor/box.hpp"

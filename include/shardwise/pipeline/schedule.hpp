@@ -1,0 +1,197 @@
+#pragma once
+// Pipeline schedules that are proven before they run. checked_schedule<Schedule, stages, microbatches> runs
+// the schedule's whole action table through the checker (check.hpp) at compile time: a schedule that would hang
+// or mismatch a message does not compile, and the diagnostic names the rule, the rank and the step. With counts
+// known only at run time, check_schedule runs the same check and throws with the same words.
+#include <concepts>
+#include <string>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/core/show.hpp"
+#include "shardwise/pipeline/action.hpp"
+#include "shardwise/pipeline/check.hpp"
+#include "shardwise/pipeline/schedules.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// Incomplete on purpose: the diagnostic shows the schedule and the counts it cannot run.
+template <class Schedule, int Stages, int Microbatches>
+struct schedule_cannot_run;
+
+/// Incomplete on purpose: the diagnostic shows where the schedule breaks a rule: the rank, the step (index in
+/// that rank's list) and the action there (kind, microbatch, chunk, peer).
+template <int Rank, int Step, action_kind Kind, int Microbatch, int Chunk, int Peer>
+struct schedule_fails_at;
+
+template <class S, int Stages, int Microbatches>
+constexpr schedule_check static_schedule_check() {
+  if constexpr (pipeline_schedule<S>)
+    return simulate_schedule(S{}, Stages, Microbatches);
+  else
+    return {};  // checked_schedule's concept asserts report it
+}
+
+/// Named in decltype before checked_schedule's static_asserts (see mesh.hpp's show_if_named_twice).
+template <class S, int Stages, int Microbatches, schedule_rule Rule, int Rank, int Step, action_kind Kind,
+          int Microbatch, int Chunk, int Peer>
+constexpr auto show_schedule_failure() {
+  if constexpr (Rule == schedule_rule::counts_not_supported) {
+    using offending_counts [[maybe_unused]] = decltype(show_incomplete<schedule_cannot_run<S, Stages, Microbatches>>());
+  } else if constexpr (Rule != schedule_rule::none) {
+    using offending_step [[maybe_unused]] =
+        decltype(show_incomplete<schedule_fails_at<Rank, Step, Kind, Microbatch, Chunk, Peer>>());
+  }
+  return true;
+}
+
+template <class S>
+constexpr int static_chunks_per_rank() {
+  if constexpr (schedule_chunks<S>)
+    return static_cast<int>(S::chunks_per_rank);
+  else
+    return 1;  // checked_schedule's concept asserts report it
+}
+
+/// The rule's words, as checked_schedule's static_asserts say them (kept equal to those literals).
+[[nodiscard]] inline char const* rule_words(schedule_rule rule) {
+  switch (rule) {
+    case schedule_rule::none:
+      return "the schedule passes";
+    case schedule_rule::counts_not_supported:
+      return "the schedule cannot run this many microbatches on this many stages (Interleaved1F1B needs a multiple "
+             "of the stages); give counts its supports(stages, microbatches) accepts, or use OneFOneB, which runs "
+             "any";
+    case schedule_rule::malformed_action:
+      return "an action names a microbatch or chunk out of range, or a peer that does not hold the neighbouring "
+             "stage; chunk c of rank r is stage c * stages + r: send activations to the next stage's rank and "
+             "gradients to the previous one's";
+    case schedule_rule::send_before_compute:
+      return "a send comes before the forward (activation) or backward (gradient) that computes it; move the "
+             "send after that computation";
+    case schedule_rule::forward_before_input:
+      return "a forward runs before its activation was received; put recv_activation from the previous stage's "
+             "rank before it";
+    case schedule_rule::backward_before_forward:
+      return "a backward runs before its own forward; run forward(microbatch, chunk) first";
+    case schedule_rule::backward_before_gradient:
+      return "a backward runs before its gradient was received; put recv_gradient from the next stage's rank "
+             "before it (only the last stage needs none)";
+    case schedule_rule::done_twice:
+      return "a forward, backward or receive of one microbatch and chunk happens twice; do each once";
+    case schedule_rule::receive_out_of_order:
+      return "a receive expects another microbatch or chunk than the next message from that rank (messages "
+             "arrive in the order they were sent); receive in the order the peer sends";
+    case schedule_rule::deadlock:
+      return "the schedule deadlocks: every unfinished rank waits in a receive whose message is sent only after "
+             "a wait of its own, or never; move the peer's send before the receive it feeds";
+    case schedule_rule::never_computed:
+      return "a forward or backward of a microbatch never runs; every rank runs each of its chunks' forward and "
+             "backward once per microbatch";
+    case schedule_rule::message_never_received:
+      return "a message is sent but never received; add the matching receive on the peer, or drop the send";
+  }
+  return "unknown rule";
+}
+
+/// "rank 0, step 1, recv_gradient(microbatch 0, chunk 0) from rank 1: <the rule's words>".
+[[nodiscard]] inline std::string describe(schedule_check const& check, int stages, int microbatches) {
+  if (check.rule == schedule_rule::counts_not_supported)
+    return concat(microbatches, " microbatches on ", stages, " stages: ", rule_words(check.rule));
+  std::string where = concat("rank ", check.rank);
+  if (check.rule == schedule_rule::never_computed)
+    where += ", after its last step";
+  else if (check.step >= 0)
+    where += concat(", step ", check.step);
+  std::string found = check.rule == schedule_rule::receive_out_of_order
+                          ? concat(" (the next message on its channel is ", describe(check.arrived), ")")
+                          : std::string();
+  return concat(where, ", ", describe(check.action), found, ": ", rule_words(check.rule));
+}
+
+}  // namespace detail
+
+/// Throws sw::error when `schedule` with these counts breaks a rule: "shardwise::check_schedule: rank R, step S,
+/// <action>: <the rule and its fix>" (the words of checked_schedule's static_asserts). Every rank computes the
+/// same tables, so every rank throws, before any data moves.
+template <pipeline_schedule S>
+void check_schedule(S const& schedule, int stages, int microbatches) {
+  auto const check = simulate_schedule(schedule, stages, microbatches);
+  if (!check.ok()) detail::fail("shardwise::check_schedule: ", detail::describe(check, stages, microbatches));
+}
+
+/// A schedule with static counts, proven at compile time: instantiating it static_asserts that every rank's
+/// action table runs to its end, every send meets its receive in order and no rank waits forever. A broken
+/// schedule's diagnostic says the rule and the fix, and shows detail::schedule_fails_at<rank, step, action...>
+/// (or schedule_cannot_run<Schedule, stages, microbatches> for counts it refuses).
+template <class Schedule, int Stages, int Microbatches>
+struct checked_schedule {
+  static_assert(schedule_chunks<Schedule>,
+                "shardwise::checked_schedule: the schedule needs `static constexpr int chunks_per_rank` (1 unless "
+                "interleaved)");
+  static_assert(schedule_counts<Schedule>,
+                "shardwise::checked_schedule: the schedule needs `static constexpr bool supports(int stages, int "
+                "microbatches)`");
+  static_assert(schedule_actions<Schedule>,
+                "shardwise::checked_schedule: the schedule needs `static constexpr pipeline_actions actions(int "
+                "rank, int stages, int microbatches)`");
+  static_assert(std::default_initializable<Schedule>,
+                "shardwise::checked_schedule: the schedule must be default-constructible");
+
+  /// The check's result; ok() in any program that compiles.
+  static constexpr schedule_check result = detail::static_schedule_check<Schedule, Stages, Microbatches>();
+
+ private:
+  using failure_shown [[maybe_unused]] =
+      decltype(detail::show_schedule_failure<Schedule, Stages, Microbatches, result.rule, result.rank, result.step,
+                                             result.action.kind, result.action.microbatch, result.action.chunk,
+                                             result.action.peer>());
+  static_assert(result.rule != schedule_rule::counts_not_supported,
+                "shardwise::checked_schedule: the schedule cannot run this many microbatches on this many stages "
+                "(Interleaved1F1B needs a multiple of the stages); give counts its supports(stages, microbatches) "
+                "accepts, or use OneFOneB, which runs any");
+  static_assert(result.rule != schedule_rule::malformed_action,
+                "shardwise::checked_schedule: an action names a microbatch or chunk out of range, or a peer that "
+                "does not hold the neighbouring stage; chunk c of rank r is stage c * stages + r: send activations "
+                "to the next stage's rank and gradients to the previous one's");
+  static_assert(result.rule != schedule_rule::send_before_compute,
+                "shardwise::checked_schedule: a send comes before the forward (activation) or backward (gradient) "
+                "that computes it; move the send after that computation");
+  static_assert(result.rule != schedule_rule::forward_before_input,
+                "shardwise::checked_schedule: a forward runs before its activation was received; put "
+                "recv_activation from the previous stage's rank before it");
+  static_assert(result.rule != schedule_rule::backward_before_forward,
+                "shardwise::checked_schedule: a backward runs before its own forward; run forward(microbatch, "
+                "chunk) first");
+  static_assert(result.rule != schedule_rule::backward_before_gradient,
+                "shardwise::checked_schedule: a backward runs before its gradient was received; put recv_gradient "
+                "from the next stage's rank before it (only the last stage needs none)");
+  static_assert(result.rule != schedule_rule::done_twice,
+                "shardwise::checked_schedule: a forward, backward or receive of one microbatch and chunk happens "
+                "twice; do each once");
+  static_assert(result.rule != schedule_rule::receive_out_of_order,
+                "shardwise::checked_schedule: a receive expects another microbatch or chunk than the next message "
+                "from that rank (messages arrive in the order they were sent); receive in the order the peer sends");
+  static_assert(result.rule != schedule_rule::deadlock,
+                "shardwise::checked_schedule: the schedule deadlocks: every unfinished rank waits in a receive whose "
+                "message is sent only after a wait of its own, or never; move the peer's send before the receive it "
+                "feeds");
+  static_assert(result.rule != schedule_rule::never_computed,
+                "shardwise::checked_schedule: a forward or backward of a microbatch never runs; every rank runs each "
+                "of its chunks' forward and backward once per microbatch");
+  static_assert(result.rule != schedule_rule::message_never_received,
+                "shardwise::checked_schedule: a message is sent but never received; add the matching receive on the "
+                "peer, or drop the send");
+
+ public:
+  /// The schedule proven.
+  using schedule = Schedule;
+  /// The counts proven.
+  static constexpr pipeline_shape shape{Stages, detail::static_chunks_per_rank<Schedule>(), Microbatches};
+
+  /// Rank `rank`'s actions, as proven (built again: a table cannot outlive the constant evaluation).
+  static constexpr pipeline_actions actions(int rank) { return Schedule{}.actions(rank, Stages, Microbatches); }
+};
+
+}  // namespace shardwise

@@ -1,0 +1,150 @@
+#pragma once
+// Pipeline schedules as types: GPipe, 1F1B and interleaved 1F1B, each a constexpr function from (rank, stages,
+// microbatches) to that rank's action table, and the concept a schedule of your own satisfies. Each table is
+// proven deadlock-free by check.hpp, at compile time when the counts are static.
+#include <algorithm>
+#include <concepts>
+
+#include "shardwise/pipeline/action.hpp"
+
+namespace shardwise {
+
+/// A schedule says how many model chunks each rank holds (`static constexpr int chunks_per_rank`).
+template <class S>
+concept schedule_chunks = requires {
+  { S::chunks_per_rank } -> std::convertible_to<int>;
+};
+
+/// A schedule says which counts it can run: `supports(stages, microbatches)` (constexpr, returns bool).
+template <class S>
+concept schedule_counts = requires(S const& schedule, int count) {
+  { schedule.supports(count, count) } -> std::same_as<bool>;
+};
+
+/// A schedule writes one rank's actions: `actions(rank, stages, microbatches)` (constexpr, returns
+/// pipeline_actions). It is only asked for counts its supports() accepts.
+template <class S>
+concept schedule_actions = requires(S const& schedule, int count) {
+  { schedule.actions(count, count, count) } -> std::same_as<pipeline_actions>;
+};
+
+/// What a pipeline schedule provides; GPipe, OneFOneB and Interleaved1F1B<V> are ones, and a type of your own
+/// with the three members is one too. For a compile-time check (checked_schedule) it must also be a literal
+/// type whose default-constructed value the members use in constant expressions.
+template <class S>
+concept pipeline_schedule =
+    std::default_initializable<S> && schedule_chunks<S> && schedule_counts<S> && schedule_actions<S>;
+
+/// GPipe: every rank runs the forwards of all microbatches, then their backwards in the same order. Every
+/// microbatch's activations are held at once (peak in flight: microbatches). Runs any counts.
+struct GPipe {
+  /// One model chunk per rank.
+  static constexpr int chunks_per_rank = 1;
+
+  /// Any stage and microbatch counts of at least one.
+  static constexpr bool supports(int stages, int microbatches) { return stages >= 1 && microbatches >= 1; }
+
+  /// Rank `rank`'s forwards of microbatches 0..m-1, then its backwards of 0..m-1.
+  static constexpr pipeline_actions actions(int rank, int stages, int microbatches) {
+    action_writer writer({stages, chunks_per_rank, microbatches}, rank);
+    for (int microbatch = 0; microbatch < microbatches; ++microbatch) writer.forward(microbatch);
+    for (int microbatch = 0; microbatch < microbatches; ++microbatch) writer.backward(microbatch);
+    return std::move(writer).take();
+  }
+};
+
+/// 1F1B (PipeDream-Flush, PyTorch's Schedule1F1B): rank r warms up with stages - 1 - r forwards, then
+/// alternates one forward and one backward, then cools down with the remaining backwards. Rank r holds at most
+/// min(stages - r, microbatches) microbatches' activations. Fewer microbatches than stages work: the warm-up
+/// shrinks to the microbatches there are (PyTorch hung here, torchtitan #775, then refused it, PR #144702).
+struct OneFOneB {
+  /// One model chunk per rank.
+  static constexpr int chunks_per_rank = 1;
+
+  /// Any stage and microbatch counts of at least one.
+  static constexpr bool supports(int stages, int microbatches) { return stages >= 1 && microbatches >= 1; }
+
+  /// Rank `rank`'s warm-up forwards, steady forward/backward pairs and cool-down backwards.
+  static constexpr pipeline_actions actions(int rank, int stages, int microbatches) {
+    action_writer writer({stages, chunks_per_rank, microbatches}, rank);
+    int const warmup = std::min(stages - 1 - rank, microbatches);
+    int const steady = microbatches - warmup;
+    for (int microbatch = 0; microbatch < warmup; ++microbatch) writer.forward(microbatch);
+    for (int i = 0; i < steady; ++i) {
+      writer.forward(warmup + i);
+      writer.backward(i);
+    }
+    for (int microbatch = steady; microbatch < microbatches; ++microbatch) writer.backward(microbatch);
+    return std::move(writer).take();
+  }
+};
+
+/// Interleaved 1F1B (Megatron-LM's interleaved schedule, PyTorch's ScheduleInterleaved1F1B) with V model chunks
+/// per rank: chunk c of rank r is stage c * stages + r. Microbatches go through in groups of `stages`: a group
+/// runs chunk 0 of each of its microbatches, then chunk 1, and so on; backwards run the chunks in reverse.
+/// Rank r warms up with 2 * (stages - 1 - r) + (V - 1) * stages chunk-forwards, then alternates, then cools
+/// down. The microbatches must be a multiple of the stages (Megatron's requirement: the groups must be whole).
+/// Megatron turns everything into warm-up when microbatches == stages; this keeps the formula there too, which
+/// holds fewer activations and passes the same check.
+template <int V>
+struct Interleaved1F1B {
+  static_assert(V >= 1, "shardwise::Interleaved1F1B<V>: V is the number of model chunks per rank; use 1 or more");
+
+  /// V model chunks per rank.
+  static constexpr int chunks_per_rank = V;
+
+  /// Microbatches a positive multiple of the stages.
+  static constexpr bool supports(int stages, int microbatches) {
+    return stages >= 1 && microbatches >= 1 && microbatches % stages == 0;
+  }
+
+  /// Rank `rank`'s warm-up chunk-forwards, steady forward/backward pairs and cool-down backwards; an empty
+  /// list for counts supports() refuses.
+  static constexpr pipeline_actions actions(int rank, int stages, int microbatches) {
+    action_writer writer({stages, chunks_per_rank, microbatches}, rank);
+    if (!supports(stages, microbatches)) return std::move(writer).take();
+    int const total = microbatches * V;
+    int const warmup = std::min(2 * (stages - 1 - rank) + (V - 1) * stages, total);
+    int const steady = total - warmup;
+    for (int k = 0; k < warmup; ++k) write_forward(writer, k, stages);
+    for (int i = 0; i < steady; ++i) {
+      write_forward(writer, warmup + i, stages);
+      write_backward(writer, i, stages);
+    }
+    for (int k = steady; k < total; ++k) write_backward(writer, k, stages);
+    return std::move(writer).take();
+  }
+
+ private:
+  // The k-th chunk-forward of every rank: within a group of stages * V, `stages` microbatches per chunk.
+  static constexpr void write_forward(action_writer& writer, int k, int stages) {
+    writer.forward(microbatch_of(k, stages), (k % (stages * V)) / stages);
+  }
+  // The k-th chunk-backward: the same microbatches, the chunks from last to first.
+  static constexpr void write_backward(action_writer& writer, int k, int stages) {
+    writer.backward(microbatch_of(k, stages), V - 1 - (k % (stages * V)) / stages);
+  }
+  static constexpr int microbatch_of(int k, int stages) { return k / (stages * V) * stages + k % stages; }
+};
+
+/// Every rank's actions under `schedule`: element r is rank r's list.
+template <pipeline_schedule S>
+constexpr std::vector<pipeline_actions> action_table(S const& schedule, int stages, int microbatches) {
+  std::vector<pipeline_actions> table;
+  for (int rank = 0; rank < stages; ++rank) table.push_back(schedule.actions(rank, stages, microbatches));
+  return table;
+}
+
+/// The most microbatch-chunks whose forward has run and whose backward has not, over the list: how many
+/// microbatches' activations the rank holds at its peak.
+constexpr int peak_in_flight(pipeline_actions const& actions) {
+  int held = 0;
+  int peak = 0;
+  for (auto const& action : actions) {
+    if (action.kind == action_kind::forward) peak = std::max(peak, ++held);
+    if (action.kind == action_kind::backward) --held;
+  }
+  return peak;
+}
+
+}  // namespace shardwise

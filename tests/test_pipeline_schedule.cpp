@@ -1,0 +1,308 @@
+// Pipeline schedules as types and the check of their action tables (pipeline/schedule.hpp): the built-in
+// schedules pass at compile time and at run time; broken tables are reported with the rule, rank and step.
+// Every expected order below is written out by hand from the published definitions, not computed by the code.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <shardwise/pipeline/schedule.hpp>
+#include <string>
+#include <utility>
+
+namespace sw = shardwise;
+using sw::action_kind;
+using sw::schedule_rule;
+using A = sw::pipeline_action;
+
+template <>
+struct doctest::StringMaker<sw::pipeline_action> {
+  static doctest::String convert(sw::pipeline_action const& action) { return sw::detail::describe(action).c_str(); }
+};
+
+namespace {
+
+// "F0 F1 B0 ..." (with ".c" for the chunk when `chunks` > 1): a rank's compute order, the sends and receives left out.
+std::string compute_order(sw::pipeline_actions const& actions, bool chunks = false) {
+  std::string order;
+  for (auto const& action : actions) {
+    if (action.kind != action_kind::forward && action.kind != action_kind::backward) continue;
+    if (!order.empty()) order += ' ';
+    order += action.kind == action_kind::forward ? 'F' : 'B';
+    order += std::to_string(action.microbatch);
+    if (chunks) order += "." + std::to_string(action.chunk);
+  }
+  return order;
+}
+
+// The built-in schedules pass at compile time for stages 1, 2, 4 and microbatches 1..8 (Interleaved1F1B: the
+// multiples of the stages; it refuses the others, see below).
+template <class Schedule, int Stages, int... Microbatches>
+constexpr bool all_pass(std::integer_sequence<int, Microbatches...>) {
+  auto const passes = [](int microbatches) {
+    auto const check = sw::simulate_schedule(Schedule{}, Stages, microbatches);
+    return check.ok() ||
+           (!Schedule::supports(Stages, microbatches) && check.rule == schedule_rule::counts_not_supported);
+  };
+  return (passes(Microbatches + 1) && ...);
+}
+using one_to_eight = std::make_integer_sequence<int, 8>;
+static_assert(all_pass<sw::GPipe, 1>(one_to_eight{}) && all_pass<sw::GPipe, 2>(one_to_eight{}) &&
+              all_pass<sw::GPipe, 4>(one_to_eight{}));
+static_assert(all_pass<sw::OneFOneB, 1>(one_to_eight{}) && all_pass<sw::OneFOneB, 2>(one_to_eight{}) &&
+              all_pass<sw::OneFOneB, 4>(one_to_eight{}));
+static_assert(all_pass<sw::Interleaved1F1B<2>, 1>(one_to_eight{}) &&
+              all_pass<sw::Interleaved1F1B<2>, 2>(one_to_eight{}) &&
+              all_pass<sw::Interleaved1F1B<2>, 4>(one_to_eight{}));
+
+// checked_schedule itself (its static_asserts) accepts them, fewer microbatches than stages included.
+static_assert(sw::checked_schedule<sw::GPipe, 4, 1>::result.ok());
+static_assert(sw::checked_schedule<sw::GPipe, 4, 3>::result.ok());
+static_assert(sw::checked_schedule<sw::OneFOneB, 4, 1>::result.ok());
+static_assert(sw::checked_schedule<sw::OneFOneB, 4, 3>::result.ok());
+static_assert(sw::checked_schedule<sw::OneFOneB, 4, 8>::result.ok());
+static_assert(sw::checked_schedule<sw::Interleaved1F1B<2>, 4, 8>::result.ok());
+static_assert(sw::checked_schedule<sw::Interleaved1F1B<3>, 2, 6>::result.ok());
+static_assert(sw::checked_schedule<sw::OneFOneB, 4, 8>::shape.stages == 4 &&
+              sw::checked_schedule<sw::Interleaved1F1B<2>, 4, 8>::shape.chunks_per_rank == 2);
+
+// Interleaved 1F1B runs its microbatches in whole groups of `stages`: other counts are refused, not hung.
+static_assert(!sw::Interleaved1F1B<2>::supports(4, 2) && !sw::Interleaved1F1B<2>::supports(4, 6));
+static_assert(sw::simulate_schedule(sw::Interleaved1F1B<2>{}, 4, 6).rule == schedule_rule::counts_not_supported);
+static_assert(sw::OneFOneB::supports(4, 1) && sw::GPipe::supports(8, 1));  // fewer microbatches than stages
+
+// A schedule of one's own: the concept names what it must provide.
+struct NotASchedule {};
+struct WithoutSupports {
+  static constexpr int chunks_per_rank = 1;
+  static constexpr sw::pipeline_actions actions(int, int, int) { return {}; }
+};
+static_assert(sw::pipeline_schedule<sw::GPipe> && sw::pipeline_schedule<sw::OneFOneB> &&
+              sw::pipeline_schedule<sw::Interleaved1F1B<2>>);
+static_assert(!sw::pipeline_schedule<NotASchedule> && !sw::schedule_chunks<NotASchedule>);
+static_assert(!sw::pipeline_schedule<WithoutSupports> && !sw::schedule_counts<WithoutSupports> &&
+              sw::schedule_chunks<WithoutSupports> && sw::schedule_actions<WithoutSupports>);
+
+// Two stages, one microbatch, and a sound order written by hand: it plugs in and passes.
+struct HandWritten {
+  static constexpr int chunks_per_rank = 1;
+  static constexpr bool supports(int stages, int microbatches) { return stages == 2 && microbatches == 1; }
+  static constexpr sw::pipeline_actions actions(int rank, int, int) {
+    if (rank == 0) return {A::forward(0), A::send_activation(1, 0), A::recv_gradient(1, 0), A::backward(0)};
+    return {A::recv_activation(0, 0), A::forward(0), A::backward(0), A::send_gradient(0, 0)};
+  }
+};
+static_assert(sw::checked_schedule<HandWritten, 2, 1>::result.ok());
+
+// docs/guide.md's own schedule, written with action_writer: GPipe with the backwards from the last microbatch.
+struct ForwardsThenBackwardsReversed {
+  static constexpr int chunks_per_rank = 1;
+  static constexpr bool supports(int stages, int microbatches) { return stages >= 1 && microbatches >= 1; }
+  static constexpr sw::pipeline_actions actions(int rank, int stages, int microbatches) {
+    sw::action_writer writer({stages, chunks_per_rank, microbatches}, rank);
+    for (int m = 0; m < microbatches; ++m) writer.forward(m);
+    for (int m = microbatches - 1; m >= 0; --m) writer.backward(m);
+    return std::move(writer).take();
+  }
+};
+static_assert(sw::checked_schedule<ForwardsThenBackwardsReversed, 4, 8>::result.ok());
+
+// Rank 0 waits for the gradient before it has sent the activation that the gradient needs: a deadlock.
+struct GradientBeforeActivation {
+  static constexpr int chunks_per_rank = 1;
+  static constexpr bool supports(int stages, int microbatches) { return stages == 2 && microbatches == 1; }
+  static constexpr sw::pipeline_actions actions(int rank, int, int) {
+    if (rank == 0) return {A::forward(0), A::recv_gradient(1, 0), A::send_activation(1, 0), A::backward(0)};
+    return {A::recv_activation(0, 0), A::forward(0), A::backward(0), A::send_gradient(0, 0)};
+  }
+};
+constexpr auto deadlock = sw::simulate_schedule(GradientBeforeActivation{}, 2, 1);
+static_assert(deadlock.rule == schedule_rule::deadlock && deadlock.rank == 0 && deadlock.step == 1 &&
+              deadlock.action == A::recv_gradient(1, 0));
+
+// Rank 1 receives microbatch 1 first, while rank 0 sends microbatch 0 first (GPipe otherwise).
+struct SwappedReceives {
+  static constexpr int chunks_per_rank = 1;
+  static constexpr bool supports(int stages, int microbatches) { return stages == 2 && microbatches == 2; }
+  static constexpr sw::pipeline_actions actions(int rank, int stages, int microbatches) {
+    if (rank == 0) return sw::GPipe::actions(rank, stages, microbatches);
+    return {A::recv_activation(0, 1), A::forward(1),          A::recv_activation(0, 0), A::forward(0),
+            A::backward(0),           A::send_gradient(0, 0), A::backward(1),           A::send_gradient(0, 1)};
+  }
+};
+constexpr auto swapped = sw::simulate_schedule(SwappedReceives{}, 2, 2);
+static_assert(swapped.rule == schedule_rule::receive_out_of_order && swapped.rank == 1 && swapped.step == 0 &&
+              swapped.action == A::recv_activation(0, 1) && swapped.arrived == A::send_activation(1, 0));
+
+// Checks a hand-written two-stage table, one microbatch (or two).
+sw::schedule_check check_two_stages(sw::pipeline_actions rank0, sw::pipeline_actions rank1, int microbatches = 1) {
+  return sw::simulate_table({std::move(rank0), std::move(rank1)}, {2, 1, microbatches});
+}
+
+}  // namespace
+
+TEST_CASE("GPipe, 2 stages, 2 microbatches: every action, as the published definition orders them") {
+  CHECK(sw::GPipe::actions(0, 2, 2) == sw::pipeline_actions{A::forward(0), A::send_activation(1, 0), A::forward(1),
+                                                            A::send_activation(1, 1), A::recv_gradient(1, 0),
+                                                            A::backward(0), A::recv_gradient(1, 1), A::backward(1)});
+  CHECK(sw::GPipe::actions(1, 2, 2) ==
+        sw::pipeline_actions{A::recv_activation(0, 0), A::forward(0), A::recv_activation(0, 1), A::forward(1),
+                             A::backward(0), A::send_gradient(0, 0), A::backward(1), A::send_gradient(0, 1)});
+}
+
+TEST_CASE("1F1B: warm-up of stages - 1 - rank forwards, one forward one backward, cool-down") {
+  // 4 stages, 8 microbatches.
+  CHECK(compute_order(sw::OneFOneB::actions(0, 4, 8)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  CHECK(compute_order(sw::OneFOneB::actions(1, 4, 8)) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  CHECK(compute_order(sw::OneFOneB::actions(3, 4, 8)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  // Fewer microbatches (2) than stages (4): the warm-up is cut to the microbatches there are.
+  CHECK(compute_order(sw::OneFOneB::actions(0, 4, 2)) == "F0 F1 B0 B1");
+  CHECK(compute_order(sw::OneFOneB::actions(2, 4, 2)) == "F0 F1 B0 B1");
+  CHECK(compute_order(sw::OneFOneB::actions(3, 4, 2)) == "F0 B0 F1 B1");
+  // Each forward receives from the rank before and sends to the rank after.
+  CHECK(sw::OneFOneB::actions(1, 4, 1) == sw::pipeline_actions{A::recv_activation(0, 0), A::forward(0),
+                                                               A::send_activation(2, 0), A::recv_gradient(2, 0),
+                                                               A::backward(0), A::send_gradient(0, 0)});
+}
+
+TEST_CASE("interleaved 1F1B, 2 stages, 2 chunks, 4 microbatches: Megatron's order (microbatch.chunk)") {
+  // Rank 0 warms up with 2 * (2 - 1 - 0) + (2 - 1) * 2 = 4 chunk-forwards; rank 1 with 2.
+  CHECK(compute_order(sw::Interleaved1F1B<2>::actions(0, 2, 4), true) ==
+        "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  CHECK(compute_order(sw::Interleaved1F1B<2>::actions(1, 2, 4), true) ==
+        "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  // Chunk c of rank r is stage c * 2 + r: rank 0's chunk 1 (stage 2) takes its input from rank 1's chunk 0
+  // (stage 1), and rank 1's chunk 1 is the last stage (no gradient to receive, none to send further).
+  auto const rank1 = sw::Interleaved1F1B<2>::actions(1, 2, 4);
+  CHECK(rank1[0] == A::recv_activation(0, 0, 0));
+  CHECK(rank1[2] == A::send_activation(0, 0, 0));
+  CHECK(std::count(rank1.begin(), rank1.end(), A::send_activation(0, 0, 1)) == 0);
+  CHECK(std::count(rank1.begin(), rank1.end(), A::recv_gradient(0, 0, 1)) == 0);
+  CHECK(sw::Interleaved1F1B<2>::actions(0, 2, 4)[4] == A::recv_activation(1, 0, 1));  // after F0.0, send, F1.0, send
+}
+
+TEST_CASE("every schedule passes at run time: stages <= 8, chunks <= 3, microbatches <= 16") {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int microbatches = 1; microbatches <= 16; ++microbatches) {
+      CAPTURE(stages);
+      CAPTURE(microbatches);
+      CHECK(sw::simulate_schedule(sw::GPipe{}, stages, microbatches).ok());
+      CHECK(sw::simulate_schedule(sw::OneFOneB{}, stages, microbatches).ok());
+      bool const whole_groups = microbatches % stages == 0;
+      CHECK(sw::simulate_schedule(sw::Interleaved1F1B<1>{}, stages, microbatches).ok() == whole_groups);
+      CHECK(sw::simulate_schedule(sw::Interleaved1F1B<2>{}, stages, microbatches).ok() == whole_groups);
+      CHECK(sw::simulate_schedule(sw::Interleaved1F1B<3>{}, stages, microbatches).ok() == whole_groups);
+      CHECK_NOTHROW(sw::check_schedule(sw::OneFOneB{}, stages, microbatches));
+    }
+}
+
+TEST_CASE("activations in flight: 1F1B rank r holds min(stages - r, microbatches), GPipe all of them") {
+  for (int stages : {1, 2, 4})
+    for (int microbatches = 1; microbatches <= 8; ++microbatches)
+      for (int rank = 0; rank < stages; ++rank) {
+        CAPTURE(stages);
+        CAPTURE(microbatches);
+        CAPTURE(rank);
+        CHECK(sw::peak_in_flight(sw::OneFOneB::actions(rank, stages, microbatches)) ==
+              std::min(stages - rank, microbatches));
+        CHECK(sw::peak_in_flight(sw::GPipe::actions(rank, stages, microbatches)) == microbatches);
+      }
+}
+
+TEST_CASE("interleaved 1F1B refuses microbatches that are not a multiple of the stages, with the reason") {
+  CHECK_THROWS_WITH_AS(sw::check_schedule(sw::Interleaved1F1B<2>{}, 4, 6),
+                       "shardwise::check_schedule: 6 microbatches on 4 stages: the schedule cannot run this many "
+                       "microbatches on this many stages (Interleaved1F1B needs a multiple of the stages); give "
+                       "counts its supports(stages, microbatches) accepts, or use OneFOneB, which runs any",
+                       sw::error);
+  CHECK(sw::Interleaved1F1B<2>::actions(0, 4, 6).empty());
+  CHECK_NOTHROW(sw::check_schedule(sw::Interleaved1F1B<2>{}, 4, 8));
+}
+
+TEST_CASE("a deadlock names the rank, the step and the receive it waits in, at run time too") {
+  CHECK_THROWS_WITH_AS(sw::check_schedule(GradientBeforeActivation{}, 2, 1),
+                       "shardwise::check_schedule: rank 0, step 1, recv_gradient(microbatch 0, chunk 0) from rank 1: "
+                       "the schedule deadlocks: every unfinished rank waits in a receive whose message is sent only "
+                       "after a wait of its own, or never; move the peer's send before the receive it feeds",
+                       sw::error);
+  // Rank 1 waits for an activation rank 0 never sends.
+  auto const never_sent =
+      check_two_stages({A::forward(0), A::recv_gradient(1, 0), A::backward(0)},
+                       {A::recv_activation(0, 0), A::forward(0), A::backward(0), A::send_gradient(0, 0)});
+  CHECK(never_sent.rule == schedule_rule::deadlock);
+  CHECK(never_sent.rank == 0);  // the lowest waiting rank: rank 0 waits for the gradient, rank 1 at its step 0
+  CHECK(never_sent.step == 1);
+}
+
+TEST_CASE("messages out of order are reported where they are received, with the message that came") {
+  CHECK_THROWS_WITH_AS(sw::check_schedule(SwappedReceives{}, 2, 2),
+                       "shardwise::check_schedule: rank 1, step 0, recv_activation(microbatch 1, chunk 0) from "
+                       "rank 0 (the next message on its channel is send_activation(microbatch 0, chunk 0) to rank "
+                       "1): a receive expects another microbatch or chunk than the next message from that rank "
+                       "(messages arrive in the order they were sent); receive in the order the peer sends",
+                       sw::error);
+}
+
+TEST_CASE("each rule, on a hand-written table, at its rank and step") {
+  auto const rank1 =
+      sw::pipeline_actions{A::recv_activation(0, 0), A::forward(0), A::backward(0), A::send_gradient(0, 0)};
+  SUBCASE("a message sent twice and received once") {
+    auto const check = check_two_stages(
+        {A::forward(0), A::send_activation(1, 0), A::send_activation(1, 0), A::recv_gradient(1, 0), A::backward(0)},
+        rank1);
+    CHECK(check.rule == schedule_rule::message_never_received);
+    CHECK(check.rank == 0);
+    CHECK(check.step == 2);
+    CHECK(check.action == A::send_activation(1, 0));
+  }
+  SUBCASE("a send before the forward that computes it") {
+    auto const check =
+        check_two_stages({A::send_activation(1, 0), A::forward(0), A::recv_gradient(1, 0), A::backward(0)}, rank1);
+    CHECK(check.rule == schedule_rule::send_before_compute);
+    CHECK(check.rank == 0);
+    CHECK(check.step == 0);
+  }
+  SUBCASE("a forward before its input") {
+    auto const check =
+        check_two_stages({A::forward(0), A::send_activation(1, 0), A::recv_gradient(1, 0), A::backward(0)},
+                         {A::forward(0), A::recv_activation(0, 0), A::backward(0), A::send_gradient(0, 0)});
+    CHECK(check.rule == schedule_rule::forward_before_input);
+    CHECK(check.rank == 1);
+    CHECK(check.step == 0);
+  }
+  SUBCASE("a backward before its gradient, and before its own forward") {
+    auto const no_gradient =
+        check_two_stages({A::forward(0), A::send_activation(1, 0), A::backward(0), A::recv_gradient(1, 0)}, rank1);
+    CHECK(no_gradient.rule == schedule_rule::backward_before_gradient);
+    CHECK(no_gradient.rank == 0);
+    CHECK(no_gradient.step == 2);
+    auto const no_forward = sw::simulate_table({{A::backward(0), A::forward(0)}}, {1, 1, 1});
+    CHECK(no_forward.rule == schedule_rule::backward_before_forward);
+    CHECK(no_forward.step == 0);
+  }
+  SUBCASE("a forward done twice") {
+    auto const check = sw::simulate_table({{A::forward(0), A::forward(0), A::backward(0)}}, {1, 1, 1});
+    CHECK(check.rule == schedule_rule::done_twice);
+    CHECK(check.step == 1);
+  }
+  SUBCASE("a microbatch left out on both ranks") {
+    auto const check =
+        check_two_stages({A::forward(0), A::send_activation(1, 0), A::recv_gradient(1, 0), A::backward(0)}, rank1, 2);
+    CHECK(check.rule == schedule_rule::never_computed);
+    CHECK(check.rank == 0);
+    CHECK(check.step == 4);  // after its last step
+    CHECK(check.action == A::forward(1));
+    CHECK_THROWS_WITH_AS(sw::check_schedule(sw::GPipe{}, 2, 0), doctest::Contains("0 microbatches on 2 stages"),
+                         sw::error);
+  }
+  SUBCASE("a peer that does not hold the neighbouring stage, a microbatch out of range") {
+    auto const wrong_peer =
+        sw::simulate_table({{A::forward(0), A::send_activation(2, 0)}, {A::recv_activation(0, 0)}, {}}, {3, 1, 1});
+    CHECK(wrong_peer.rule == schedule_rule::malformed_action);
+    CHECK(wrong_peer.rank == 0);
+    CHECK(wrong_peer.step == 1);
+    CHECK(sw::simulate_table({{A::forward(0), A::backward(0)}}, {2, 1, 1}).rule ==
+          schedule_rule::malformed_action);  // a list for one of two ranks
+    auto const out_of_range = sw::simulate_table({{A::forward(0), A::backward(0), A::forward(1)}}, {1, 1, 1});
+    CHECK(out_of_range.rule == schedule_rule::malformed_action);
+    CHECK(out_of_range.step == 2);
+  }
+}
