@@ -2,6 +2,8 @@
 # The cost of checking that ranks agree on every collective call (issue 12): bench_collectives built from
 # BASE (the last commit before the check, 7fcab7c by default) and from this tree, run alternately in one
 # session, ROUNDS times each (3 by default). Prints both runs' per-call times and the after/before ratios.
+# Then the thread mesh A/B in one process (bench/agreement_ab.cpp: both commits' collectives linked side by
+# side, alternating short batches), and the same harness with BASE on both sides (A/A: its own noise floor).
 #   bench/run_agreement_cost.sh [BASE] [ROUNDS]
 set -euo pipefail
 base=${1:-7fcab7c}
@@ -17,6 +19,13 @@ for side in base head; do
     -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=ON >/dev/null
   cmake --build "$work/build-$side" -j2 --target bench_collectives >/dev/null
 done
+# The in-process A/B: agreement_side.cpp compiled against each side's headers, the namespace renamed per side.
+side_flags=(-O3 -DNDEBUG -march=native -std=gnu++20 -isystem /usr/include/eigen3)
+g++ "${side_flags[@]}" -DSIDE=shardwise_base -I"$work/base/include" -c "$here/bench/agreement_side.cpp" -o "$work/base.o"
+g++ "${side_flags[@]}" -DSIDE=shardwise_head -I"$here/include" -c "$here/bench/agreement_side.cpp" -o "$work/head.o"
+g++ "${side_flags[@]}" -DSIDE=shardwise_head -I"$work/base/include" -c "$here/bench/agreement_side.cpp" -o "$work/aa.o"
+g++ -O3 -std=gnu++20 "$here/bench/agreement_ab.cpp" "$work/base.o" "$work/head.o" -o "$work/ab" -pthread
+g++ -O3 -std=gnu++20 "$here/bench/agreement_ab.cpp" "$work/base.o" "$work/aa.o" -o "$work/aa" -pthread
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader \
   OMPI_MCA_rmaps_base_oversubscribe=1
 echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
@@ -51,3 +60,9 @@ for t, name in enumerate(('all_reduce', 'all_gather')):
         tb, th = statistics.median(x[1] for x in b), statistics.median(x[1] for x in h)
         print(f"| {size} | {mb:.3f} | {mh:.3f} | {mh / mb:.3f} | {tb:.2f} | {th:.2f} | {th / tb:.3f} |")
 PY
+echo
+echo "## Thread mesh, in one process: base against this tree"
+"$work/ab" 101
+echo
+echo "## The same harness with base on both sides (A/A): what it reads when nothing differs"
+"$work/aa" 101

@@ -64,20 +64,39 @@ struct call_record {
   std::int32_t root = -1;     ///< broadcast only.
   storage_order order = storage_order::row_major;  ///< The input's layout.
   bool pair_data = false;  ///< MPI, two ranks: this rank's data follows its record (all_gather of whole pieces).
-  std::array<char, 32> element{};  ///< The element type's name, cut to fit.
-  std::uint32_t line = 0;          ///< Where the call was made (0: unknown); not compared, only reported.
-  std::array<char, 48> file{};     ///< The end of that file's path, cut to fit.
+  std::uint32_t line = 0;  ///< Where the call was made (0: unknown); not compared, only reported.
   /// The element type's name where make_call found it: within one process one string per type, so on the
-  /// thread mesh its address identifies the type (see call_key). Not compared, and meaningless to another
-  /// process.
-  void const* element_id = nullptr;
+  /// thread mesh its address identifies the type (see call_key). Meaningless to another process: a record
+  /// sent to one carries the text itself (spelled()).
+  char const* element_id = nullptr;
+  std::uint32_t element_length = 0;  ///< The length of that name.
+  char const* file_path = nullptr;   ///< The caller's file, in this process.
+  std::array<char, 32> element{};    ///< spelled(): the element type's name, cut to fit; else empty.
+  std::array<char, 48> file{};       ///< spelled(): the end of the caller's file path; else empty.
 
-  [[nodiscard]] std::string_view element_name() const { return text_of(element); }
-  [[nodiscard]] std::string_view file_name() const { return text_of(file); }
+  /// The element type's name, cut to 31 characters (as sent).
+  [[nodiscard]] std::string_view element_name() const {
+    if (element[0] != '\0' || element_id == nullptr) return text_of(element);
+    return {element_id, std::min<std::size_t>(element_length, element.size() - 1)};
+  }
+  /// The end of the caller's file path (as sent).
+  [[nodiscard]] std::string_view file_name() const {
+    if (file[0] != '\0' || file_path == nullptr) return text_of(file);
+    std::string_view const path(file_path);
+    return path.substr(path.size() - std::min(path.size(), file.size() - 1));
+  }
+  /// A copy that carries its texts itself, for another process (the thread mesh never needs them: copying
+  /// them on every call showed in its per-call cost).
+  [[nodiscard]] call_record spelled() const {
+    call_record copy = *this;
+    copy_text(element_name(), copy.element);
+    copy_text(file_name(), copy.file);
+    return copy;
+  }
   /// Equal in everything but the shape, which each collective checks by its own rule.
   [[nodiscard]] bool same_call(call_record const& other) const {
     return sequence == other.sequence && kind == other.kind && op == other.op && dim == other.dim &&
-           dim2 == other.dim2 && root == other.root && order == other.order && element == other.element;
+           dim2 == other.dim2 && root == other.root && order == other.order && element_name() == other.element_name();
   }
   /// "all_gather<float>([4, 8], dim 0) at train.cpp:42".
   friend std::ostream& operator<<(std::ostream& out, call_record const& call) {
@@ -87,6 +106,12 @@ struct call_record {
   }
 
  private:
+  template <std::size_t N>
+  static void copy_text(std::string_view text, std::array<char, N>& chars) {
+    std::size_t const kept = std::min(text.size(), N - 1);
+    std::copy_n(text.begin(), kept, chars.begin());
+    chars[kept] = '\0';
+  }
   template <std::size_t N>
   static std::string_view text_of(std::array<char, N> const& chars) {
     return {chars.data(), static_cast<std::size_t>(std::find(chars.begin(), chars.end(), '\0') - chars.begin())};
@@ -162,10 +187,10 @@ call_record make_call(Comm const& comm, collective_kind kind, extents const& sha
   call.kind = kind;
   call.order = order;
   constexpr std::string_view name = type_name<E>();
-  std::copy_n(name.begin(), std::min(name.size(), call.element.size() - 1), call.element.begin());
   call.element_id = name.data();
+  call.element_length = static_cast<std::uint32_t>(name.size());
   call.line = where.line;
-  if (where.file != nullptr) copy_tail(where.file, call.file);
+  call.file_path = where.file;
   return call;
 }
 

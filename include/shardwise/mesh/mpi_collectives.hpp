@@ -19,7 +19,8 @@ namespace shardwise::detail {
 struct mpi_collectives {
   /// Every rank's call record, checked to describe the same call.
   template <class Comm>
-  static std::vector<call_record> agree(Comm const& comm, call_record const& call) {
+  static std::vector<call_record> agree(Comm const& comm, call_record const& unspelled) {
+    call_record const call = unspelled.spelled();  // its texts travel with it
     std::vector<call_record> calls;
     if (comm.size() == 2) {  // as gather_pair does, so a rank there meets this one (see gather_pair)
       call_record const theirs =
@@ -171,7 +172,7 @@ struct mpi_collectives {
     auto const d = static_cast<std::size_t>(call.dim);
     int const me = comm.rank();
     std::size_t const own_count = call.shape.elements();
-    call_record mine = call;
+    call_record mine = call.spelled();
     mine.pair_data = true;
     bool agreed = false;
     E* out = nullptr;

@@ -257,7 +257,12 @@ class ThreadComm {
 
   /// The number of this rank's next collective call on the group (0, 1, 2, ...), which its peers must match.
   [[nodiscard]] std::uint64_t next_call_number() const {
-    return group_->own[static_cast<std::size_t>(rank_)].calls.fetch_add(1, std::memory_order_relaxed);
+    // Only this rank's thread writes its counter (peers read it for timeout messages): a plain increment, no
+    // locked read-modify-write on every call.
+    auto& calls = group_->own[static_cast<std::size_t>(rank_)].calls;
+    std::uint64_t const number = calls.load(std::memory_order_relaxed);
+    calls.store(number + 1, std::memory_order_relaxed);
+    return number;
   }
 
   /// How long a rank waits in a collective of this group (and of groups split from it afterwards) before it
