@@ -3,9 +3,12 @@
 // renamed) and run alternately in short batches, so that this machine's drift (±20% between runs of one
 // binary) hits both alike. Prints per size the median over rounds of base µs, head µs and head/base.
 //   bench_agreement_ab [rounds [KiB]]      (built by bench/run_agreement_cost.sh)
+//   bench_agreement_ab alone               each side alone: 20 x 20,000 all-reduces of 4 KiB, sides alternating
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <vector>
 
 double shardwise_base_time_collective(std::size_t bytes, int calls, bool gather);
@@ -18,7 +21,20 @@ double median(std::vector<double> v) {
 }
 }  // namespace
 
+/// Each side alone, long runs, alternating: the per-call constant at 4 KiB without the short-batch noise.
+void alone() {
+  for (int pass = 0; pass < 2; ++pass)
+    for (bool head : {false, true}) {
+      double total = 0;
+      for (int r = 0; r < 20; ++r)
+        total += head ? shardwise_head_time_collective(4096, 20000, false)
+                      : shardwise_base_time_collective(4096, 20000, false);
+      std::printf("%s all_reduce 4 KiB: %.3f µs per call\n", head ? "head" : "base", total / 20);
+    }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "alone") return alone(), 0;
   int const rounds = argc > 1 ? std::atoi(argv[1]) : 41;
   std::size_t const only_kib = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : 0;  // one size only
   for (bool gather : {false, true}) {

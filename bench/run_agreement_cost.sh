@@ -64,5 +64,8 @@ echo
 echo "## Thread mesh, in one process: base against this tree"
 "$work/ab" 101
 echo
+echo "## Each side alone (4 KiB all-reduce, long runs): the per-call constant"
+"$work/ab" alone
+echo
 echo "## The same harness with base on both sides (A/A): what it reads when nothing differs"
 "$work/aa" 101

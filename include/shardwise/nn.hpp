@@ -18,6 +18,7 @@
 #include "shardwise/nn/styles.hpp"
 #include "shardwise/nn/tie.hpp"
 #include "shardwise/nn/walk.hpp"
+#include "shardwise/pipeline/run.hpp"
 #include "shardwise/plan/module.hpp"
 #include "shardwise/plan/plan.hpp"
 #include "shardwise/plan/saved.hpp"

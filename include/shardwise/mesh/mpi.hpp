@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -382,6 +383,36 @@ class MpiComm {
                    });
   }
 
+  /// Like send_bytes, but returns at once, as the thread mesh's send always does: the bytes are copied and
+  /// sent in the background (MPI_Isend), so two ranks that send to each other before receiving cannot wait on
+  /// each other (pipeline schedules rely on it). finish_sends() waits for them.
+  void post_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
+    check_peer(destination, "send");
+    int const count = detail::mpi_count(bytes, "send");
+    auto& sent = state_->posted.emplace_back();
+    sent.shape = shape;
+    sent.bytes.assign(static_cast<unsigned char const*>(data), static_cast<unsigned char const*>(data) + bytes);
+    detail::mpi_check(
+        MPI_Isend(&sent.shape, sizeof(extents), MPI_BYTE, destination, 2 * tag, native(), &sent.requests[0]),
+        "MPI_Isend");
+    detail::mpi_check(
+        MPI_Isend(sent.bytes.data(), count, MPI_BYTE, destination, 2 * tag + 1, native(), &sent.requests[1]),
+        "MPI_Isend");
+  }
+
+  /// Waits until every post_bytes send of this communicator has been received (under the timeout).
+  void finish_sends() const {
+    for (auto& sent : state_->posted) {
+      wait_all(sent.requests, 2, "send", [&](MPI_Request*) {
+        detail::fail("shardwise::send on mesh axis \"", label_, "\": rank ", rank(), " waited ",
+                     detail::seconds_text(timeout()),
+                     " for a peer to receive what it sent; every send needs a matching recv. Raise the limit with "
+                     "SHARDWISE_TIMEOUT (seconds) or set_timeout if the receiver is just slow");
+      });
+    }
+    state_->posted.clear();
+  }
+
   /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
   template <class Take>
   void recv_bytes(int source, int tag, Take&& take) const {
@@ -543,6 +574,12 @@ class MpiComm {
     std::uint64_t calls = 0;                           // see next_call_number()
     timeout_duration timeout = detail::default_timeout();
     std::vector<detail::call_record> last_calls;  // the peers' latest agreed calls, for timeout messages
+    struct posted_send {
+      extents shape;
+      std::vector<unsigned char> bytes;
+      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    };
+    std::deque<posted_send> posted;  // post_bytes sends in flight (a deque: their addresses stay put)
   };
   std::shared_ptr<shared_state> state_ = std::make_shared<shared_state>();
 };

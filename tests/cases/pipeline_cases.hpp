@@ -1,0 +1,126 @@
+#pragma once
+// Pipeline steps against the unsharded run of the same model: a stack of SwiGLU feed-forward blocks
+// (examples/blocks.hpp) cut into contiguous stages over a "pp" axis, run by sw::run_pipeline_step with GPipe,
+// 1F1B and interleaved 1F1B, microbatches fewer than, equal to and more than the stages. Every block's
+// gradient, accumulated over the microbatches, and every microbatch's loss gradient input must equal the
+// unsharded run's exactly: the same code on the same numbers, microbatch by microbatch in the same order.
+// Used by test_pipeline_run (threads) and test_mpi_pipeline (MPI).
+#include <doctest/doctest.h>
+
+#include <shardwise/nn.hpp>
+#include <shardwise/shardwise.hpp>
+#include <span>
+#include <vector>
+
+#include "../examples/blocks.hpp"
+
+namespace pipeline_cases {
+
+namespace sw = shardwise;
+using Matrix = sw::nn::matrix<double>;
+using X = sw::Activation<double>;
+constexpr std::size_t dim = 6, hidden = 10, tokens = 4;
+
+/// Blocks [first, first + count) of the model: block i has parameters drawn from seed 100 + 10 i wherever it lives.
+struct Stack {
+  std::vector<blocks::FeedForward<double>> layers;
+  SHARDWISE_CHILDREN(layers)
+  SHARDWISE_SAVED()
+  Stack(int first, int count) {
+    for (int i = first; i < first + count; ++i)
+      layers.emplace_back(dim, hidden, 100 + 10 * static_cast<std::uint64_t>(i));
+  }
+  X forward(X x) {
+    for (auto& layer : layers) x = sw::forward(layer, x);
+    return x;
+  }
+  X backward(X dy) {
+    for (auto layer = layers.rbegin(); layer != layers.rend(); ++layer) dy = sw::backward(*layer, dy);
+    return dy;
+  }
+};
+
+inline X microbatch_input(int m) {
+  Matrix x(tokens, dim);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = std::sin(0.3 * static_cast<double>(i + 17 * m));
+  return {x};
+}
+
+/// The gradient of a loss sum(y * target(m)) / tokens: target(m) / tokens, depending on y through a square so
+/// that a wrong output shows in the gradient.
+inline X loss_gradient(int m, X const& y) {
+  Matrix g(tokens, dim);
+  for (Eigen::Index i = 0; i < g.size(); ++i) g.data()[i] = std::cos(0.7 * static_cast<double>(i + 5 * m));
+  return {Matrix(g.cwiseProduct(y.local) / static_cast<double>(tokens))};
+}
+
+/// Every block's gradients (w1, w3, w2 of each layer, in model order) of `stack`.
+inline std::vector<Matrix> gradients_of(Stack& stack) {
+  std::vector<Matrix> all;
+  for (auto& layer : stack.layers) {
+    all.push_back(layer.w1.weight_grad);
+    all.push_back(layer.w3.weight_grad);
+    all.push_back(layer.w2.weight_grad);
+  }
+  return all;
+}
+
+/// The unsharded run: all `layers` blocks on one rank, microbatches back to back.
+inline std::vector<Matrix> unsharded(int layers, int microbatches) {
+  Stack model(0, layers);
+  for (int m = 0; m < microbatches; ++m) model.backward(loss_gradient(m, model.forward(microbatch_input(m))));
+  return gradients_of(model);
+}
+
+/// This rank's chunks for `chunks_per_rank` chunks each of `per_stage` blocks: chunk c is stage c * ranks + rank.
+inline std::vector<Stack> chunks_of(int rank, int ranks, int chunks_per_rank, int per_stage) {
+  std::vector<Stack> chunks;
+  for (int c = 0; c < chunks_per_rank; ++c) chunks.emplace_back((c * ranks + rank) * per_stage, per_stage);
+  return chunks;
+}
+
+/// Runs one step on the 1-D mesh `pp`; returns, gathered on every rank through the chunks' stage order, the
+/// gradients of the whole model (each rank contributes its chunks; compared on the rank that holds them).
+template <class Schedule, class Mesh>
+void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_stage, int microbatches) {
+  int const ranks = pp.size(), rank = pp.rank(), v = Schedule::chunks_per_rank;
+  int const layers = ranks * v * per_stage;
+  auto const expected = unsharded(layers, microbatches);
+  auto chunks = chunks_of(rank, ranks, v, per_stage);
+  sw::run_pipeline_step(schedule, pp, std::span<Stack>(chunks), microbatches, microbatch_input, loss_gradient);
+  for (int c = 0; c < v; ++c) {
+    int const stage = c * ranks + rank;
+    auto const mine = gradients_of(chunks[static_cast<std::size_t>(c)]);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      auto const& want = expected[static_cast<std::size_t>(stage * per_stage * 3) + i];
+      INFO("rank " << rank << ", chunk " << c << ", gradient " << i << ", microbatches " << microbatches);
+      REQUIRE(mine[i].size() == want.size());
+      CHECK(mine[i] == want);
+    }
+  }
+}
+
+/// GPipe and 1F1B with 1 .. 2 * stages + 1 microbatches (fewer than the stages too), interleaved 1F1B (two
+/// chunks per rank) with multiples of the stages.
+template <class Mesh>
+void check_all(Mesh const& pp) {
+  int const ranks = pp.size();
+  for (int microbatches = 1; microbatches <= 2 * ranks + 1; ++microbatches) {
+    check_against_unsharded(pp, sw::GPipe{}, 2, microbatches);
+    check_against_unsharded(pp, sw::OneFOneB{}, 1, microbatches);
+  }
+  for (int microbatches = ranks; microbatches <= 2 * ranks; microbatches += ranks)
+    check_against_unsharded(pp, sw::Interleaved1F1B<2>{}, 1, microbatches);
+}
+
+/// A schedule that would hang is refused before any data moves, with the same words on every rank.
+template <class Mesh>
+void check_refusal(Mesh const& pp) {
+  auto chunks = chunks_of(pp.rank(), pp.size(), 2, 1);
+  if (pp.size() < 2) return;  // one rank runs every count
+  CHECK_THROWS_WITH_AS(sw::run_pipeline_step(sw::Interleaved1F1B<2>{}, pp, std::span<Stack>(chunks), pp.size() + 1,
+                                             microbatch_input, loss_gradient),
+                       doctest::Contains("shardwise::check_schedule"), sw::error);
+}
+
+}  // namespace pipeline_cases
