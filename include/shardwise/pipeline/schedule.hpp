@@ -12,6 +12,42 @@
 #include "shardwise/pipeline/check.hpp"
 #include "shardwise/pipeline/schedules.hpp"
 
+// Each rule's words, once: in checked_schedule's static_asserts (which take only literals) and in
+// check_schedule's run-time error.
+#define SHARDWISE_SCHEDULE_RULE_NONE "the schedule passes"
+#define SHARDWISE_SCHEDULE_RULE_COUNTS_NOT_SUPPORTED                                                      \
+  "the schedule cannot run this many microbatches on this many stages (Interleaved1F1B needs a multiple " \
+  "of the stages); give counts its supports(stages, microbatches) accepts, or use OneFOneB, which runs "  \
+  "any"
+#define SHARDWISE_SCHEDULE_RULE_MALFORMED_ACTION                                                       \
+  "an action names a microbatch or chunk out of range, or a peer that does not hold the neighbouring " \
+  "stage; chunk c of rank r is stage c * stages + r: send activations to the next stage's rank and "   \
+  "gradients to the previous one's"
+#define SHARDWISE_SCHEDULE_RULE_SEND_BEFORE_COMPUTE                                                 \
+  "a send comes before the forward (activation) or backward (gradient) that computes it; move the " \
+  "send after that computation"
+#define SHARDWISE_SCHEDULE_RULE_FORWARD_BEFORE_INPUT                                                  \
+  "a forward runs before its activation was received; put recv_activation from the previous stage's " \
+  "rank before it"
+#define SHARDWISE_SCHEDULE_RULE_BACKWARD_BEFORE_FORWARD \
+  "a backward runs before its own forward; run forward(microbatch, chunk) first"
+#define SHARDWISE_SCHEDULE_RULE_BACKWARD_BEFORE_GRADIENT                                            \
+  "a backward runs before its gradient was received; put recv_gradient from the next stage's rank " \
+  "before it (only the last stage needs none)"
+#define SHARDWISE_SCHEDULE_RULE_DONE_TWICE \
+  "a forward, backward or receive of one microbatch and chunk happens twice; do each once"
+#define SHARDWISE_SCHEDULE_RULE_RECEIVE_OUT_OF_ORDER                                              \
+  "a receive expects another microbatch or chunk than the next message from that rank (messages " \
+  "arrive in the order they were sent); receive in the order the peer sends"
+#define SHARDWISE_SCHEDULE_RULE_DEADLOCK                                                               \
+  "the schedule deadlocks: every unfinished rank waits in a receive whose message is sent only after " \
+  "a wait of its own, or never; move the peer's send before the receive it feeds"
+#define SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED                                                         \
+  "a forward or backward of a microbatch never runs; every rank runs each of its chunks' forward and " \
+  "backward once per microbatch"
+#define SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED \
+  "a message is sent but never received; add the matching receive on the peer, or drop the send"
+
 namespace shardwise {
 
 namespace detail {
@@ -58,39 +94,29 @@ constexpr int static_chunks_per_rank() {
 [[nodiscard]] inline char const* rule_words(schedule_rule rule) {
   switch (rule) {
     case schedule_rule::none:
-      return "the schedule passes";
+      return SHARDWISE_SCHEDULE_RULE_NONE;
     case schedule_rule::counts_not_supported:
-      return "the schedule cannot run this many microbatches on this many stages (Interleaved1F1B needs a multiple "
-             "of the stages); give counts its supports(stages, microbatches) accepts, or use OneFOneB, which runs "
-             "any";
+      return SHARDWISE_SCHEDULE_RULE_COUNTS_NOT_SUPPORTED;
     case schedule_rule::malformed_action:
-      return "an action names a microbatch or chunk out of range, or a peer that does not hold the neighbouring "
-             "stage; chunk c of rank r is stage c * stages + r: send activations to the next stage's rank and "
-             "gradients to the previous one's";
+      return SHARDWISE_SCHEDULE_RULE_MALFORMED_ACTION;
     case schedule_rule::send_before_compute:
-      return "a send comes before the forward (activation) or backward (gradient) that computes it; move the "
-             "send after that computation";
+      return SHARDWISE_SCHEDULE_RULE_SEND_BEFORE_COMPUTE;
     case schedule_rule::forward_before_input:
-      return "a forward runs before its activation was received; put recv_activation from the previous stage's "
-             "rank before it";
+      return SHARDWISE_SCHEDULE_RULE_FORWARD_BEFORE_INPUT;
     case schedule_rule::backward_before_forward:
-      return "a backward runs before its own forward; run forward(microbatch, chunk) first";
+      return SHARDWISE_SCHEDULE_RULE_BACKWARD_BEFORE_FORWARD;
     case schedule_rule::backward_before_gradient:
-      return "a backward runs before its gradient was received; put recv_gradient from the next stage's rank "
-             "before it (only the last stage needs none)";
+      return SHARDWISE_SCHEDULE_RULE_BACKWARD_BEFORE_GRADIENT;
     case schedule_rule::done_twice:
-      return "a forward, backward or receive of one microbatch and chunk happens twice; do each once";
+      return SHARDWISE_SCHEDULE_RULE_DONE_TWICE;
     case schedule_rule::receive_out_of_order:
-      return "a receive expects another microbatch or chunk than the next message from that rank (messages "
-             "arrive in the order they were sent); receive in the order the peer sends";
+      return SHARDWISE_SCHEDULE_RULE_RECEIVE_OUT_OF_ORDER;
     case schedule_rule::deadlock:
-      return "the schedule deadlocks: every unfinished rank waits in a receive whose message is sent only after "
-             "a wait of its own, or never; move the peer's send before the receive it feeds";
+      return SHARDWISE_SCHEDULE_RULE_DEADLOCK;
     case schedule_rule::never_computed:
-      return "a forward or backward of a microbatch never runs; every rank runs each of its chunks' forward and "
-             "backward once per microbatch";
+      return SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED;
     case schedule_rule::message_never_received:
-      return "a message is sent but never received; add the matching receive on the peer, or drop the send";
+      return SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED;
   }
   return "unknown rule";
 }
@@ -148,41 +174,27 @@ struct checked_schedule {
                                              result.action.kind, result.action.microbatch, result.action.chunk,
                                              result.action.peer>());
   static_assert(result.rule != schedule_rule::counts_not_supported,
-                "shardwise::checked_schedule: the schedule cannot run this many microbatches on this many stages "
-                "(Interleaved1F1B needs a multiple of the stages); give counts its supports(stages, microbatches) "
-                "accepts, or use OneFOneB, which runs any");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_COUNTS_NOT_SUPPORTED);
   static_assert(result.rule != schedule_rule::malformed_action,
-                "shardwise::checked_schedule: an action names a microbatch or chunk out of range, or a peer that "
-                "does not hold the neighbouring stage; chunk c of rank r is stage c * stages + r: send activations "
-                "to the next stage's rank and gradients to the previous one's");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_MALFORMED_ACTION);
   static_assert(result.rule != schedule_rule::send_before_compute,
-                "shardwise::checked_schedule: a send comes before the forward (activation) or backward (gradient) "
-                "that computes it; move the send after that computation");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_SEND_BEFORE_COMPUTE);
   static_assert(result.rule != schedule_rule::forward_before_input,
-                "shardwise::checked_schedule: a forward runs before its activation was received; put "
-                "recv_activation from the previous stage's rank before it");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_FORWARD_BEFORE_INPUT);
   static_assert(result.rule != schedule_rule::backward_before_forward,
-                "shardwise::checked_schedule: a backward runs before its own forward; run forward(microbatch, "
-                "chunk) first");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_BACKWARD_BEFORE_FORWARD);
   static_assert(result.rule != schedule_rule::backward_before_gradient,
-                "shardwise::checked_schedule: a backward runs before its gradient was received; put recv_gradient "
-                "from the next stage's rank before it (only the last stage needs none)");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_BACKWARD_BEFORE_GRADIENT);
   static_assert(result.rule != schedule_rule::done_twice,
-                "shardwise::checked_schedule: a forward, backward or receive of one microbatch and chunk happens "
-                "twice; do each once");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_DONE_TWICE);
   static_assert(result.rule != schedule_rule::receive_out_of_order,
-                "shardwise::checked_schedule: a receive expects another microbatch or chunk than the next message "
-                "from that rank (messages arrive in the order they were sent); receive in the order the peer sends");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_RECEIVE_OUT_OF_ORDER);
   static_assert(result.rule != schedule_rule::deadlock,
-                "shardwise::checked_schedule: the schedule deadlocks: every unfinished rank waits in a receive whose "
-                "message is sent only after a wait of its own, or never; move the peer's send before the receive it "
-                "feeds");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_DEADLOCK);
   static_assert(result.rule != schedule_rule::never_computed,
-                "shardwise::checked_schedule: a forward or backward of a microbatch never runs; every rank runs each "
-                "of its chunks' forward and backward once per microbatch");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED);
   static_assert(result.rule != schedule_rule::message_never_received,
-                "shardwise::checked_schedule: a message is sent but never received; add the matching receive on the "
-                "peer, or drop the send");
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED);
 
  public:
   /// The schedule proven.
