@@ -574,10 +574,11 @@ class MpiComm {
     std::uint64_t calls = 0;                           // see next_call_number()
     timeout_duration timeout = detail::default_timeout();
     std::vector<detail::call_record> last_calls;  // the peers' latest agreed calls, for timeout messages
+    /// One post_bytes send in flight: what it sends, kept alive until MPI is done with it.
     struct posted_send {
-      extents shape;
-      std::vector<unsigned char> bytes;
-      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      extents shape;                                                   ///< The tensor shape, sent first.
+      std::vector<unsigned char> bytes;                                ///< A copy of the data, sent second.
+      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  ///< The two MPI_Isend requests.
     };
     std::deque<posted_send> posted;  // post_bytes sends in flight (a deque: their addresses stay put)
   };

@@ -54,6 +54,7 @@ struct pipeline_action {
     return {action_kind::recv_gradient, microbatch, chunk, from};
   }
 
+  /// Equal when every field is.
   friend constexpr bool operator==(pipeline_action const&, pipeline_action const&) = default;
 };
 
