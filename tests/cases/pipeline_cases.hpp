@@ -19,7 +19,7 @@ namespace pipeline_cases {
 namespace sw = shardwise;
 using Matrix = sw::nn::matrix<double>;
 using X = sw::Activation<double>;
-constexpr std::size_t dim = 6, hidden = 10, tokens = 4;
+constexpr std::size_t dim = 6, hidden = 10;
 
 /// Blocks [first, first + count) of the model: block i has parameters drawn from seed 100 + 10 i wherever it lives.
 struct Stack {
@@ -40,8 +40,8 @@ struct Stack {
   }
 };
 
-inline X microbatch_input(int m) {
-  Matrix x(tokens, dim);
+inline X microbatch_input(int m, Eigen::Index tokens) {
+  Matrix x(tokens, static_cast<Eigen::Index>(dim));
   for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = std::sin(0.3 * static_cast<double>(i + 17 * m));
   return {x};
 }
@@ -49,9 +49,9 @@ inline X microbatch_input(int m) {
 /// The gradient of a loss sum(y * target(m)) / tokens: target(m) / tokens, depending on y through a square so
 /// that a wrong output shows in the gradient.
 inline X loss_gradient(int m, X const& y) {
-  Matrix g(tokens, dim);
+  Matrix g(y.local.rows(), y.local.cols());
   for (Eigen::Index i = 0; i < g.size(); ++i) g.data()[i] = std::cos(0.7 * static_cast<double>(i + 5 * m));
-  return {Matrix(g.cwiseProduct(y.local) / static_cast<double>(tokens))};
+  return {Matrix(g.cwiseProduct(y.local) / static_cast<double>(y.local.rows()))};
 }
 
 /// Every block's gradients (w1, w3, w2 of each layer, in model order) of `stack`.
@@ -66,9 +66,9 @@ inline std::vector<Matrix> gradients_of(Stack& stack) {
 }
 
 /// The unsharded run: all `layers` blocks on one rank, microbatches back to back.
-inline std::vector<Matrix> unsharded(int layers, int microbatches) {
+inline std::vector<Matrix> unsharded(int layers, int microbatches, Eigen::Index tokens) {
   Stack model(0, layers);
-  for (int m = 0; m < microbatches; ++m) model.backward(loss_gradient(m, model.forward(microbatch_input(m))));
+  for (int m = 0; m < microbatches; ++m) model.backward(loss_gradient(m, model.forward(microbatch_input(m, tokens))));
   return gradients_of(model);
 }
 
@@ -82,12 +82,15 @@ inline std::vector<Stack> chunks_of(int rank, int ranks, int chunks_per_rank, in
 /// Runs one step on the 1-D mesh `pp`; returns, gathered on every rank through the chunks' stage order, the
 /// gradients of the whole model (each rank contributes its chunks; compared on the rank that holds them).
 template <class Schedule, class Mesh>
-void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_stage, int microbatches) {
+void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_stage, int microbatches,
+                             Eigen::Index tokens = 4) {
   int const ranks = pp.size(), rank = pp.rank(), v = Schedule::chunks_per_rank;
   int const layers = ranks * v * per_stage;
-  auto const expected = unsharded(layers, microbatches);
+  auto const expected = unsharded(layers, microbatches, tokens);
   auto chunks = chunks_of(rank, ranks, v, per_stage);
-  sw::run_pipeline_step(schedule, pp, std::span<Stack>(chunks), microbatches, microbatch_input, loss_gradient);
+  sw::run_pipeline_step(
+      schedule, pp, std::span<Stack>(chunks), microbatches, [&](int m) { return microbatch_input(m, tokens); },
+      loss_gradient);
   for (int c = 0; c < v; ++c) {
     int const stage = c * ranks + rank;
     auto const mine = gradients_of(chunks[static_cast<std::size_t>(c)]);
@@ -111,6 +114,9 @@ void check_all(Mesh const& pp) {
   }
   for (int microbatches = ranks; microbatches <= 2 * ranks; microbatches += ranks)
     check_against_unsharded(pp, sw::Interleaved1F1B<2>{}, 1, microbatches);
+  // 32768 tokens x 6 doubles: 1.5 MiB per message, past every eager limit, so that a blocking MPI send would
+  // wait for its receive and 1F1B's neighbours, sending to each other, would hang without buffered sends.
+  check_against_unsharded(pp, sw::OneFOneB{}, 1, 2 * ranks, 1 << 15);
 }
 
 /// A schedule that would hang is refused before any data moves, with the same words on every rank.
@@ -118,8 +124,9 @@ template <class Mesh>
 void check_refusal(Mesh const& pp) {
   auto chunks = chunks_of(pp.rank(), pp.size(), 2, 1);
   if (pp.size() < 2) return;  // one rank runs every count
+  auto input = [](int m) { return microbatch_input(m, 4); };
   CHECK_THROWS_WITH_AS(sw::run_pipeline_step(sw::Interleaved1F1B<2>{}, pp, std::span<Stack>(chunks), pp.size() + 1,
-                                             microbatch_input, loss_gradient),
+                                             input, loss_gradient),
                        doctest::Contains("shardwise::check_schedule"), sw::error);
 }
 

@@ -30,13 +30,6 @@ struct microbatch_slot {
   saved_activations<Chunk> kept{};  ///< the forward's activations, until the backward
 };
 
-/// The message tag of (microbatch, receiving stage, direction): distinct per message between two ranks, so a
-/// receive can only take the message it names. The receiving stage, because sender and receiver number their
-/// chunks differently (with interleaving, chunk 0 of the last rank feeds chunk 1 of the first).
-inline int pipeline_tag(pipeline_shape const& shape, int microbatch, int receiving_stage, bool gradient) {
-  return (microbatch * shape.model_stages() + receiving_stage) * 2 + (gradient ? 1 : 0);
-}
-
 /// Sends without waiting for the receiver: the schedules are proven with buffered sends (an MPI_Send of a large
 /// message waits for its receive, and two neighbours sending to each other would wait forever).
 template <class Mesh, class X>
@@ -61,6 +54,95 @@ void pipeline_recv(Mesh const& pp, X& x, int from, int tag) {
   recv(pp, x.local, from, tag);
 }
 
+/// One rank's pipeline step: the state of every (chunk, microbatch) between the actions of its table.
+template <class Mesh, class Chunk, class X, class Input, class LossGradient>
+class pipeline_step {
+ public:
+  pipeline_step(Mesh const& pp, pipeline_shape shape, std::span<Chunk> chunks, Input& input, LossGradient& loss)
+      : pp_(pp), shape_(shape), rank_(pp.rank()), chunks_(chunks), input_(input), loss_gradient_(loss) {
+    slots_.resize(chunks.size());
+    for (auto& per_chunk : slots_) per_chunk.resize(static_cast<std::size_t>(shape.microbatches));
+  }
+
+  void run(pipeline_action const& action) {
+    switch (action.kind) {
+      case action_kind::forward:
+        return forward_of(action);
+      case action_kind::backward:
+        return backward_of(action);
+      case action_kind::send_activation:
+        return send(action, slot(action).output, 1, &microbatch_slot<Chunk, X>::input);
+      case action_kind::send_gradient:
+        return send(action, slot(action).input_gradient, -1, &microbatch_slot<Chunk, X>::gradient);
+      case action_kind::recv_activation:
+        return receive(action, slot(action).input);
+      case action_kind::recv_gradient:
+        return receive(action, slot(action).gradient);
+    }
+  }
+
+ private:
+  microbatch_slot<Chunk, X>& slot_at(int chunk, int microbatch) {
+    return slots_[static_cast<std::size_t>(chunk)][static_cast<std::size_t>(microbatch)];
+  }
+  microbatch_slot<Chunk, X>& slot(pipeline_action const& action) { return slot_at(action.chunk, action.microbatch); }
+  Chunk& chunk_of(pipeline_action const& action) { return chunks_[static_cast<std::size_t>(action.chunk)]; }
+  int stage_of(pipeline_action const& action) const { return shape_.stage_of(rank_, action.chunk); }
+
+  void forward_of(pipeline_action const& action) {
+    auto& here = slot(action);
+    int const stage = stage_of(action);
+    X y = shape_.is_first(stage) ? forward(chunk_of(action), input_(action.microbatch))
+                                 : forward(chunk_of(action), here.input);
+    here.input = X{};
+    here.kept.take_from(chunk_of(action));  // the chunk is free for the next microbatch's forward
+    if (shape_.is_last(stage))
+      here.gradient = loss_gradient_(action.microbatch, y);
+    else
+      here.output = std::move(y);
+  }
+
+  void backward_of(pipeline_action const& action) {
+    auto& here = slot(action);
+    here.kept.give_back(chunk_of(action));
+    X dx = backward(chunk_of(action), here.gradient);
+    here.gradient = X{};
+    drop_saved_activations(chunk_of(action));  // this microbatch's activations are done
+    if (!shape_.is_first(stage_of(action))) here.input_gradient = std::move(dx);
+  }
+
+  /// Sends `data` to the stage `step` away (+1: next, -1: previous); handed over in place when this rank holds
+  /// that stage too (one rank with interleaved chunks).
+  void send(pipeline_action const& action, X& data, int step, X microbatch_slot<Chunk, X>::* destination) {
+    int const stage = stage_of(action) + step;
+    if (action.peer == rank_)
+      slot_at(shape_.chunk_of(stage), action.microbatch).*destination = std::move(data);
+    else
+      pipeline_send(pp_, data, action.peer, tag(action.microbatch, stage, step < 0));
+    data = X{};
+  }
+
+  void receive(pipeline_action const& action, X& into) {
+    bool const gradient = action.kind == action_kind::recv_gradient;
+    if (action.peer != rank_) pipeline_recv(pp_, into, action.peer, tag(action.microbatch, stage_of(action), gradient));
+  }
+
+  /// The message tag of (microbatch, receiving stage, direction): distinct per message between two ranks, so a
+  /// receive takes only the message it names. The receiving stage, because sender and receiver number their
+  /// chunks differently (with interleaving, chunk 0 of the last rank feeds chunk 1 of the first).
+  int tag(int microbatch, int receiving_stage, bool gradient) const {
+    return (microbatch * shape_.model_stages() + receiving_stage) * 2 + (gradient ? 1 : 0);
+  }
+
+  Mesh const& pp_;
+  pipeline_shape shape_;
+  int rank_;
+  std::span<Chunk> chunks_;
+  Input& input_;
+  LossGradient& loss_gradient_;
+  std::vector<std::vector<microbatch_slot<Chunk, X>>> slots_;
+};
+
 }  // namespace detail
 
 /// Runs this rank's part of one pipeline step on the 1-D mesh `pp` (the pipeline axis), as `schedule` orders
@@ -77,72 +159,19 @@ void pipeline_recv(Mesh const& pp, X& x, int from, int tag) {
 template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient>
 void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches,
                        Input&& input, LossGradient&& loss_gradient) {
-  int const stages = pp.size(), rank = pp.rank();
+  int const stages = pp.size();
   check_schedule(schedule, stages, microbatches);
   pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
   if (microbatches * shape.model_stages() * 2 > 16384)
     detail::fail("shardwise::run_pipeline_step: ", microbatches, " microbatches over ", shape.model_stages(),
                  " stages need more message tags than the mesh has (16384); use fewer microbatches per step");
   if (chunks.size() != static_cast<std::size_t>(shape.chunks_per_rank))
-    detail::fail("shardwise::run_pipeline_step: rank ", rank, " holds ", chunks.size(),
+    detail::fail("shardwise::run_pipeline_step: rank ", pp.rank(), " holds ", chunks.size(),
                  " model chunks but the schedule runs ", shape.chunks_per_rank,
                  " per rank; give each rank one chunk per schedule chunk");
   using X = std::remove_cvref_t<decltype(input(0))>;
-  std::vector<std::vector<detail::microbatch_slot<Chunk, X>>> slots(chunks.size());
-  for (auto& per_chunk : slots) per_chunk.resize(static_cast<std::size_t>(microbatches));
-  auto slot_of = [&](int chunk, int microbatch) -> auto& {
-    return slots[static_cast<std::size_t>(chunk)][static_cast<std::size_t>(microbatch)];
-  };
-  for (pipeline_action const& action : schedule.actions(rank, stages, microbatches)) {
-    auto& chunk = chunks[static_cast<std::size_t>(action.chunk)];
-    auto& slot = slot_of(action.chunk, action.microbatch);
-    int const stage = shape.stage_of(rank, action.chunk);
-    int const receiving_stage = action.kind == action_kind::send_activation ? stage + 1
-                                : action.kind == action_kind::send_gradient ? stage - 1
-                                                                            : stage;
-    bool const gradient = action.kind == action_kind::send_gradient || action.kind == action_kind::recv_gradient;
-    int const tag = detail::pipeline_tag(shape, action.microbatch, receiving_stage, gradient);
-    switch (action.kind) {
-      case action_kind::forward: {
-        X y = forward(chunk, shape.is_first(stage) ? input(action.microbatch) : slot.input);
-        slot.input = X{};
-        slot.kept.take_from(chunk);
-        if (shape.is_last(stage))
-          slot.gradient = loss_gradient(action.microbatch, y);
-        else
-          slot.output = std::move(y);
-        break;
-      }
-      case action_kind::backward: {
-        slot.kept.give_back(chunk);
-        X dx = backward(chunk, slot.gradient);
-        slot.gradient = X{};
-        drop_saved_activations(chunk);  // this microbatch's activations are done
-        if (!shape.is_first(stage)) slot.input_gradient = std::move(dx);
-        break;
-      }
-      case action_kind::send_activation:
-        if (action.peer == rank)  // the next stage is this rank's too (one rank, interleaved): hand it over
-          slot_of(shape.chunk_of(stage + 1), action.microbatch).input = std::move(slot.output);
-        else
-          detail::pipeline_send(pp, slot.output, action.peer, tag);
-        slot.output = X{};
-        break;
-      case action_kind::send_gradient:
-        if (action.peer == rank)
-          slot_of(shape.chunk_of(stage - 1), action.microbatch).gradient = std::move(slot.input_gradient);
-        else
-          detail::pipeline_send(pp, slot.input_gradient, action.peer, tag);
-        slot.input_gradient = X{};
-        break;
-      case action_kind::recv_activation:
-        if (action.peer != rank) detail::pipeline_recv(pp, slot.input, action.peer, tag);
-        break;
-      case action_kind::recv_gradient:
-        if (action.peer != rank) detail::pipeline_recv(pp, slot.gradient, action.peer, tag);
-        break;
-    }
-  }
+  detail::pipeline_step<Mesh, Chunk, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient);
+  for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
   detail::pipeline_finish_sends(pp);
 }
 
