@@ -83,14 +83,14 @@ inline std::vector<Stack> chunks_of(int rank, int ranks, int chunks_per_rank, in
 /// gradients of the whole model (each rank contributes its chunks; compared on the rank that holds them).
 template <class Schedule, class Mesh>
 void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_stage, int microbatches,
-                             Eigen::Index tokens = 4) {
+                             Eigen::Index tokens = 4, sw::pipeline_options options = {}) {
   int const ranks = pp.size(), rank = pp.rank(), v = Schedule::chunks_per_rank;
   int const layers = ranks * v * per_stage;
   auto const expected = unsharded(layers, microbatches, tokens);
   auto chunks = chunks_of(rank, ranks, v, per_stage);
   sw::run_pipeline_step(
       schedule, pp, std::span<Stack>(chunks), microbatches, [&](int m) { return microbatch_input(m, tokens); },
-      loss_gradient);
+      loss_gradient, options);
   for (int c = 0; c < v; ++c) {
     int const stage = c * ranks + rank;
     auto const mine = gradients_of(chunks[static_cast<std::size_t>(c)]);
@@ -117,6 +117,10 @@ void check_all(Mesh const& pp) {
   // 32768 tokens x 6 doubles: 1.5 MiB per message, past every eager limit, so that a blocking MPI send would
   // wait for its receive and 1F1B's neighbours, sending to each other, would hang without buffered sends.
   check_against_unsharded(pp, sw::OneFOneB{}, 1, 2 * ranks, 1 << 15);
+  // Activation checkpointing per stage: the forward recomputed in the backward gives the same numbers.
+  sw::pipeline_options const recompute{sw::stage_activations::recompute};
+  check_against_unsharded(pp, sw::OneFOneB{}, 2, ranks + 1, 4, recompute);
+  check_against_unsharded(pp, sw::Interleaved1F1B<2>{}, 1, ranks, 4, recompute);
 }
 
 /// A schedule that would hang is refused before any data moves, with the same words on every rank.

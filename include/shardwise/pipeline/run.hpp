@@ -18,6 +18,17 @@
 
 namespace shardwise {
 
+/// How a pipeline step keeps what a chunk's forward made for its backward.
+enum class stage_activations {
+  keep,       ///< held per microbatch in flight until its backward (memory: the chunk's activations each)
+  recompute,  ///< activation checkpointing per stage: only the chunk's input is held, the forward runs again
+};
+
+/// Options of run_pipeline_step.
+struct pipeline_options {
+  stage_activations activations = stage_activations::keep;  ///< See stage_activations.
+};
+
 namespace detail {
 
 /// What one rank holds for one (chunk, microbatch) between the steps of its table.
@@ -28,6 +39,7 @@ struct microbatch_slot {
   X gradient{};                     ///< received output gradient (or the loss's)
   X input_gradient{};               ///< backward's result waiting to be sent
   saved_activations<Chunk> kept{};  ///< the forward's activations, until the backward
+  X recompute_from{};               ///< stage_activations::recompute: the forward's input, kept instead
 };
 
 /// Sends without waiting for the receiver: the schedules are proven with buffered sends (an MPI_Send of a large
@@ -58,8 +70,15 @@ void pipeline_recv(Mesh const& pp, X& x, int from, int tag) {
 template <class Mesh, class Chunk, class X, class Input, class LossGradient>
 class pipeline_step {
  public:
-  pipeline_step(Mesh const& pp, pipeline_shape shape, std::span<Chunk> chunks, Input& input, LossGradient& loss)
-      : pp_(pp), shape_(shape), rank_(pp.rank()), chunks_(chunks), input_(input), loss_gradient_(loss) {
+  pipeline_step(Mesh const& pp, pipeline_shape shape, std::span<Chunk> chunks, Input& input, LossGradient& loss,
+                pipeline_options options)
+      : pp_(pp),
+        shape_(shape),
+        rank_(pp.rank()),
+        chunks_(chunks),
+        input_(input),
+        loss_gradient_(loss),
+        recompute_(options.activations == stage_activations::recompute) {
     slots_.resize(chunks.size());
     for (auto& per_chunk : slots_) per_chunk.resize(static_cast<std::size_t>(shape.microbatches));
   }
@@ -92,10 +111,15 @@ class pipeline_step {
   void forward_of(pipeline_action const& action) {
     auto& here = slot(action);
     int const stage = stage_of(action);
-    X y = shape_.is_first(stage) ? forward(chunk_of(action), input_(action.microbatch))
-                                 : forward(chunk_of(action), here.input);
+    X x = shape_.is_first(stage) ? input_(action.microbatch) : std::move(here.input);
     here.input = X{};
-    here.kept.take_from(chunk_of(action));  // the chunk is free for the next microbatch's forward
+    X y = forward(chunk_of(action), x);
+    if (recompute_) {
+      here.recompute_from = std::move(x);
+      drop_saved_activations(chunk_of(action));
+    } else {
+      here.kept.take_from(chunk_of(action));  // the chunk is free for the next microbatch's forward
+    }
     if (shape_.is_last(stage))
       here.gradient = loss_gradient_(action.microbatch, y);
     else
@@ -104,7 +128,12 @@ class pipeline_step {
 
   void backward_of(pipeline_action const& action) {
     auto& here = slot(action);
-    here.kept.give_back(chunk_of(action));
+    if (recompute_) {
+      (void)forward(chunk_of(action), here.recompute_from);  // the same code on the same numbers: bit for bit
+      here.recompute_from = X{};
+    } else {
+      here.kept.give_back(chunk_of(action));
+    }
     X dx = backward(chunk_of(action), here.gradient);
     here.gradient = X{};
     drop_saved_activations(chunk_of(action));  // this microbatch's activations are done
@@ -140,6 +169,7 @@ class pipeline_step {
   std::span<Chunk> chunks_;
   Input& input_;
   LossGradient& loss_gradient_;
+  bool recompute_;
   std::vector<std::vector<microbatch_slot<Chunk, X>>> slots_;
 };
 
@@ -155,10 +185,11 @@ class pipeline_step {
 ///   its output y (record the loss there).
 /// Parameter gradients accumulate in the chunks, microbatch by microbatch in the order of each rank's table.
 /// The schedule is checked first, on every rank alike (sw::check_schedule), so a schedule that would hang
-/// throws before any data moves.
+/// throws before any data moves. `options.activations`: keep each microbatch's activations until its backward,
+/// or recompute them there from the chunk's input (activation checkpointing per stage; the same numbers).
 template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient>
 void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches,
-                       Input&& input, LossGradient&& loss_gradient) {
+                       Input&& input, LossGradient&& loss_gradient, pipeline_options options = {}) {
   int const stages = pp.size();
   check_schedule(schedule, stages, microbatches);
   pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
@@ -170,7 +201,7 @@ void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk
                  " model chunks but the schedule runs ", shape.chunks_per_rank,
                  " per rank; give each rank one chunk per schedule chunk");
   using X = std::remove_cvref_t<decltype(input(0))>;
-  detail::pipeline_step<Mesh, Chunk, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient);
+  detail::pipeline_step<Mesh, Chunk, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
   for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
   detail::pipeline_finish_sends(pp);
 }
