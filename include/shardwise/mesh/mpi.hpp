@@ -312,8 +312,9 @@ class MpiComm {
       if (sends_data(static_cast<Record const&>(theirs))) discard(c, peer, 1, probed_bytes(c, peer, 1));
     };
     try {
-      auto const [where, expected] = place(static_cast<Record const&>(theirs));
-      int const n = detail::mpi_count(expected, "all_gather");
+      auto const placed = place(static_cast<Record const&>(theirs));  // (where, count): no structured binding, which
+      auto* const where = placed.first;                               // clang before 16 cannot capture
+      int const n = detail::mpi_count(placed.second, "all_gather");
       data_phase(what, [&] {
         if (where == nullptr)
           drop();
