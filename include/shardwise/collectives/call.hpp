@@ -53,6 +53,12 @@ constexpr std::string_view type_name() {
   return function.substr(start, end - start);
 }
 
+/// The '\0'-terminated text in a fixed array (records that travel between processes hold text so).
+template <std::size_t N>
+std::string_view text_of(std::array<char, N> const& chars) {
+  return {chars.data(), static_cast<std::size_t>(std::find(chars.begin(), chars.end(), '\0') - chars.begin())};
+}
+
 /// One rank's description of a collective call; plain bytes, so MPI can carry it.
 struct call_record {
   std::uint64_t sequence = 0;  ///< The call's number on its communicator, counted by every rank.
@@ -111,10 +117,6 @@ struct call_record {
     std::size_t const kept = std::min(text.size(), N - 1);
     std::copy_n(text.begin(), kept, chars.begin());
     chars[kept] = '\0';
-  }
-  template <std::size_t N>
-  static std::string_view text_of(std::array<char, N> const& chars) {
-    return {chars.data(), static_cast<std::size_t>(std::find(chars.begin(), chars.end(), '\0') - chars.begin())};
   }
   void print_arguments(std::ostream& out) const {
     if (kind == collective_kind::barrier || kind == collective_kind::split) {

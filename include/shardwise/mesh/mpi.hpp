@@ -497,7 +497,7 @@ class MpiComm {
       auto const q = static_cast<std::size_t>(missing[i]);
       who << (i ? "; " : "") << "rank " << q;
       if (auto const& there = elsewhere[i])  // it waits in a call of another communicator
-        who << " is waiting in " << text_of(there->what) << " on mesh axis \"" << text_of(there->axis)
+        who << " is waiting in " << detail::text_of(there->what) << " on mesh axis \"" << detail::text_of(there->axis)
             << "\" (the ranks make calls on different axes in different orders: a crossing)";
       else if (q < state_->last_calls.size() && state_->last_calls[q].element[0] != '\0')
         who << " has not arrived (its last call on this axis: " << state_->last_calls[q] << " as call #"
@@ -523,11 +523,6 @@ class MpiComm {
     MPI_Group_free(&axis_group);
     MPI_Group_free(&world_group);
     return detail::mpi_exchange_whereabouts(world_ranks, mine, std::min(timeout(), timeout_duration(2000)));
-  }
-
-  template <std::size_t N>
-  static std::string_view text_of(std::array<char, N> const& chars) {
-    return {chars.data(), static_cast<std::size_t>(std::find(chars.begin(), chars.end(), '\0') - chars.begin())};
   }
 
   void check_peer(int peer, char const* what) const {
