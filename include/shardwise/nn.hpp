@@ -19,6 +19,7 @@
 #include "shardwise/nn/tie.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/pipeline/run.hpp"
+#include "shardwise/pipeline/stages.hpp"
 #include "shardwise/plan/module.hpp"
 #include "shardwise/plan/plan.hpp"
 #include "shardwise/plan/saved.hpp"

@@ -59,17 +59,17 @@ struct Run {
 };
 
 /// Trains for `steps` on a dp x tp mesh of `world`; every rank returns the same Run (but for state_elements and
-/// dp_rank). max_grad_norm: AdamW's global-norm clipping threshold (0: none).
+/// dp_rank). max_grad_norm: AdamW's global-norm clipping threshold (0: none); `sequences` per step, over all
+/// dp ranks, in `micro_batches` microbatches on each.
 template <class Plan, class World>
 Run train(World const& world, int dp_size, int steps, bool zero1, models::LlamaConfig const& c, int micro_batches = 1,
-          float max_grad_norm = 1.0f) {
+          float max_grad_norm = 1.0f, int sequences = 4) {
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, world.size() / dp_size});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
   models::Llama<float, Plan> model(c);
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = max_grad_norm, .zero1 = zero1});
   sw::parallelize(model, tp);
-  constexpr int sequences = 4;
   int const per_rank = sequences / dp_size;
   Run run;
   run.dp_rank = dp.rank();

@@ -108,13 +108,15 @@ class AdamW {
   /// Returns the global gradient norm before clipping.
   template <class Model, class DataMesh>
   T step(FinishedGradients<Model> ready, DataMesh const& dp) {
-    ++steps_;
-    if (slices_.empty()) for_each_state(ready.model, dp, [](auto&&...) {});  // the names, once: parameter groups
-    T const norm = average_and_norm(ready, dp);
-    T const clip =
-        options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6)) : T(1);
-    update(ready, dp, clip);
-    return norm;
+    return step_summing_norm(ready, dp, [](nn::vector<T>&) {});
+  }
+
+  /// One step of a pipeline stage: as step(ready, dp), with the global norm taken over every stage of the
+  /// pipeline axis `pp` (each parameter lives on one stage, so the clipping is the unsharded model's).
+  template <class Model, class DataMesh, class PipelineMesh>
+  T step(FinishedGradients<Model> ready, DataMesh const& dp, PipelineMesh const& pp) {
+    return step_summing_norm(
+        ready, dp, [&](nn::vector<T>& squares) { detail::all_reduce_on(pp.comm(0), squares, detail::op_kind::sum); });
   }
 
   /// A model whose gradients need no finishing (no Partial ones) may be passed directly.
@@ -164,6 +166,18 @@ class AdamW {
 
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
 
+  /// One step, with the squared norm also summed by sum_over_stages (over the pipeline axis, or nothing).
+  template <class Model, class DataMesh, class SumOverStages>
+  T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages&& sum_over_stages) {
+    ++steps_;
+    if (slices_.empty()) for_each_state(ready.model, dp, [](auto&&...) {});  // the names, once: parameter groups
+    T const norm = average_and_norm(ready, dp, sum_over_stages);
+    T const clip =
+        options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6)) : T(1);
+    update(ready, dp, clip);
+    return norm;
+  }
+
   /// Every parameter with its finished gradient (allocated if a lazy load left none), in the order of the slices;
   /// no names are built: a step walks the model twice.
   template <class Model, class Fn>
@@ -174,8 +188,8 @@ class AdamW {
   /// Averages the gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns the
   /// global norm: a gradient not sharded over tp is the same on every tp rank, so only tp rank 0 counts it; a
   /// replicated block counts once.
-  template <class Model, class DataMesh>
-  T average_and_norm(FinishedGradients<Model> ready, DataMesh const& dp) {
+  template <class Model, class DataMesh, class SumOverStages>
+  T average_and_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages& sum_over_stages) {
     int const dp_size = dp.size(0);
     std::size_t index = 0;
     T square_sum = 0;
@@ -205,6 +219,7 @@ class AdamW {
     total(0) = square_sum;
     if (tp_group) tp_group->all_reduce(total);
     if (sliced(dp_size)) detail::all_reduce_on(dp.comm(0), total, detail::op_kind::sum);
+    sum_over_stages(total);
     return std::sqrt(total(0));
   }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,15 +33,35 @@ struct pipeline_options {
 namespace detail {
 
 /// What one rank holds for one (chunk, microbatch) between the steps of its table.
-template <class Chunk, class X>
+template <class Chunk, class In, class X>
 struct microbatch_slot {
-  X input{};                        ///< received activation (or the first stage's input)
+  X input{};                        ///< received activation
   X output{};                       ///< forward output waiting to be sent
   X gradient{};                     ///< received output gradient (or the loss's)
   X input_gradient{};               ///< backward's result waiting to be sent
   saved_activations<Chunk> kept{};  ///< the forward's activations, until the backward
   X recompute_from{};               ///< stage_activations::recompute: the forward's input, kept instead
+  In recompute_first{};             ///< the same on the first stage: the model's input
 };
+
+/// The activation type crossing the stage boundaries: what a chunk's forward makes of the model's input.
+template <class Chunk, class In>
+using stage_output_t = std::remove_cvref_t<decltype(forward(std::declval<Chunk&>(), std::declval<In const&>()))>;
+
+/// Whether a chunk's forward and backward take and give the boundary activation X: each stage's output is the
+/// next stage's input, in the same layout, and each backward hands back the gradient in it.
+template <class Chunk, class X>
+constexpr bool stages_chain() {
+  if constexpr (requires(Chunk& c, X const& x) {
+                  forward(c, x);
+                  backward(c, x);
+                })
+    return std::is_same_v<std::remove_cvref_t<decltype(forward(std::declval<Chunk&>(), std::declval<X const&>()))>,
+                          X> &&
+           std::is_same_v<std::remove_cvref_t<decltype(backward(std::declval<Chunk&>(), std::declval<X const&>()))>, X>;
+  else
+    return false;
+}
 
 /// Sends without waiting for the receiver: the schedules are proven with buffered sends (an MPI_Send of a large
 /// message waits for its receive, and two neighbours sending to each other would wait forever).
@@ -67,8 +88,10 @@ void pipeline_recv(Mesh const& pp, X& x, int from, int tag) {
 }
 
 /// One rank's pipeline step: the state of every (chunk, microbatch) between the actions of its table.
-template <class Mesh, class Chunk, class X, class Input, class LossGradient>
+template <class Mesh, class Chunk, class In, class X, class Input, class LossGradient>
 class pipeline_step {
+  using slot_type = microbatch_slot<Chunk, In, X>;
+
  public:
   pipeline_step(Mesh const& pp, pipeline_shape shape, std::span<Chunk> chunks, Input& input, LossGradient& loss,
                 pipeline_options options)
@@ -90,9 +113,9 @@ class pipeline_step {
       case action_kind::backward:
         return backward_of(action);
       case action_kind::send_activation:
-        return send(action, slot(action).output, 1, &microbatch_slot<Chunk, X>::input);
+        return send(action, slot(action).output, 1, &slot_type::input);
       case action_kind::send_gradient:
-        return send(action, slot(action).input_gradient, -1, &microbatch_slot<Chunk, X>::gradient);
+        return send(action, slot(action).input_gradient, -1, &slot_type::gradient);
       case action_kind::recv_activation:
         return receive(action, slot(action).input);
       case action_kind::recv_gradient:
@@ -101,21 +124,18 @@ class pipeline_step {
   }
 
  private:
-  microbatch_slot<Chunk, X>& slot_at(int chunk, int microbatch) {
+  slot_type& slot_at(int chunk, int microbatch) {
     return slots_[static_cast<std::size_t>(chunk)][static_cast<std::size_t>(microbatch)];
   }
-  microbatch_slot<Chunk, X>& slot(pipeline_action const& action) { return slot_at(action.chunk, action.microbatch); }
+  slot_type& slot(pipeline_action const& action) { return slot_at(action.chunk, action.microbatch); }
   Chunk& chunk_of(pipeline_action const& action) { return chunks_[static_cast<std::size_t>(action.chunk)]; }
   int stage_of(pipeline_action const& action) const { return shape_.stage_of(rank_, action.chunk); }
 
   void forward_of(pipeline_action const& action) {
     auto& here = slot(action);
     int const stage = stage_of(action);
-    X x = shape_.is_first(stage) ? input_(action.microbatch) : std::move(here.input);
-    here.input = X{};
-    X y = forward(chunk_of(action), x);
+    X y = shape_.is_first(stage) ? forward_first(action, here) : forward_rest(action, here);
     if (recompute_) {
-      here.recompute_from = std::move(x);
       drop_saved_activations(chunk_of(action));
     } else {
       here.kept.take_from(chunk_of(action));  // the chunk is free for the next microbatch's forward
@@ -126,11 +146,31 @@ class pipeline_step {
       here.output = std::move(y);
   }
 
+  /// The first stage's forward, on the model's input for the microbatch.
+  X forward_first(pipeline_action const& action, slot_type& here) {
+    In in = input_(action.microbatch);
+    X y = forward(chunk_of(action), in);
+    if (recompute_) here.recompute_first = std::move(in);
+    return y;
+  }
+
+  /// Any other stage's forward, on the activation received from the stage before.
+  X forward_rest(pipeline_action const& action, slot_type& here) {
+    X x = std::move(here.input);
+    here.input = X{};
+    X y = forward(chunk_of(action), x);
+    if (recompute_) here.recompute_from = std::move(x);
+    return y;
+  }
+
   void backward_of(pipeline_action const& action) {
     auto& here = slot(action);
-    if (recompute_) {
-      (void)forward(chunk_of(action), here.recompute_from);  // the same code on the same numbers: bit for bit
-      here.recompute_from = X{};
+    if (recompute_) {  // the same code on the same numbers: bit for bit
+      if (shape_.is_first(stage_of(action)))
+        (void)forward(chunk_of(action), here.recompute_first);
+      else
+        (void)forward(chunk_of(action), here.recompute_from);
+      here.recompute_from = X{}, here.recompute_first = In{};
     } else {
       here.kept.give_back(chunk_of(action));
     }
@@ -142,7 +182,7 @@ class pipeline_step {
 
   /// Sends `data` to the stage `step` away (+1: next, -1: previous); handed over in place when this rank holds
   /// that stage too (one rank with interleaved chunks).
-  void send(pipeline_action const& action, X& data, int step, X microbatch_slot<Chunk, X>::* destination) {
+  void send(pipeline_action const& action, X& data, int step, X slot_type::* destination) {
     int const stage = stage_of(action) + step;
     if (action.peer == rank_)
       slot_at(shape_.chunk_of(stage), action.microbatch).*destination = std::move(data);
@@ -170,7 +210,7 @@ class pipeline_step {
   Input& input_;
   LossGradient& loss_gradient_;
   bool recompute_;
-  std::vector<std::vector<microbatch_slot<Chunk, X>>> slots_;
+  std::vector<std::vector<slot_type>> slots_;
 };
 
 }  // namespace detail
@@ -178,11 +218,15 @@ class pipeline_step {
 /// Runs this rank's part of one pipeline step on the 1-D mesh `pp` (the pipeline axis), as `schedule` orders
 /// it for pp.size() stages and `microbatches` microbatches:
 /// - `chunks`: this rank's model chunks; chunk c is stage c * pp.size() + pp.rank() of the model (one chunk
-///   unless the schedule interleaves). Each is a module whose forward takes and returns an activation of type
-///   X, called through sw::forward / sw::backward (its plan entries apply).
-/// - `input(m)`: microbatch m's input to the model's first stage (called on the rank that holds it).
+///   unless the schedule interleaves). Each is a module called through sw::forward / sw::backward (its plan
+///   entries apply). Its forward on the model's input gives the boundary activation X (the first stage's
+///   output); its forward and backward on an X give an X (every stage's output is the next one's input, in the
+///   same layout: checked at compile time). The first stage's backward result is dropped.
+/// - `input(m)`: microbatch m's input to the model's first stage (called on the rank that holds it): an X, or
+///   anything the chunk's forward takes (token ids).
 /// - `loss_gradient(m, y)`: on the rank of the last stage, the gradient of microbatch m's loss with respect to
-///   its output y (record the loss there).
+///   its output y, an X (record the loss there; a model whose head follows the stack runs it here, as
+///   models::LlamaStage::head_loss does).
 /// Parameter gradients accumulate in the chunks, microbatch by microbatch in the order of each rank's table.
 /// The schedule is checked first, on every rank alike (sw::check_schedule), so a schedule that would hang
 /// throws before any data moves. `options.activations`: keep each microbatch's activations until its backward,
@@ -200,8 +244,14 @@ void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk
     detail::fail("shardwise::run_pipeline_step: rank ", pp.rank(), " holds ", chunks.size(),
                  " model chunks but the schedule runs ", shape.chunks_per_rank,
                  " per rank; give each rank one chunk per schedule chunk");
-  using X = std::remove_cvref_t<decltype(input(0))>;
-  detail::pipeline_step<Mesh, Chunk, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
+  using In = std::remove_cvref_t<decltype(input(0))>;
+  using X = detail::stage_output_t<Chunk, In>;
+  static_assert(detail::stages_chain<Chunk, X>(),
+                "shardwise::run_pipeline_step: a stage boundary does not chain: the chunk's forward on its own "
+                "output (or its backward on that output's gradient) does not give the same activation type, so "
+                "the next stage would receive another layout than the one this stage sends; make the stage end "
+                "in the layout it starts with (the plan's residual-stream layout)");
+  detail::pipeline_step<Mesh, Chunk, In, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
   for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
   detail::pipeline_finish_sends(pp);
 }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -59,6 +60,14 @@ struct location_of<L> {
 template <class L>
 concept layer = detail::member_layer<L> || detail::traits_layer<L>;
 
+/// A contiguous slice of a repeated stack of blocks, as a pipeline stage holds it: a vector whose element i is
+/// block first + i of the whole model, and is named so in plans, walks and checkpoints ("layers.6.attention"
+/// on the stage that holds blocks 6 and 7), so every stage's checkpoint names the model's blocks alike.
+template <class T>
+struct layer_slice : std::vector<T> {
+  std::size_t first = 0;  ///< The model's index of element 0.
+};
+
 namespace detail {
 
 /// Child i's name from the stringized member list "w1, w3, w2".
@@ -89,6 +98,32 @@ struct repeated<std::array<T, N>> {
   static constexpr bool value = true;
   using element = T;
 };
+template <class T>
+struct repeated<layer_slice<T>> {
+  static constexpr bool value = true;
+  using element = T;
+};
+
+/// A child that may be absent (std::optional): walked under its own name when present, skipped when not.
+template <class T>
+struct optional_child {
+  static constexpr bool value = false;
+};
+template <class T>
+struct optional_child<std::optional<T>> {
+  static constexpr bool value = true;
+  using element = T;
+};
+
+/// The name of element i of a repeated child: its index, counted from the slice's first for a layer_slice.
+template <class R>
+std::size_t element_number(R const&, std::size_t i) {
+  return i;
+}
+template <class T>
+std::size_t element_number(layer_slice<T> const& slice, std::size_t i) {
+  return slice.first + i;
+}
 
 /// Walking without building names (the optimizer's and parallelize's walks, every step).
 struct unnamed {};
@@ -118,7 +153,9 @@ void walk_tree(Node& node, Path const& path, OnModule& on_module, OnLayer& on_la
     }(std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
   } else if constexpr (repeated<N>::value) {
     std::size_t i = 0;
-    for (auto& element : node) walk_tree(element, child_path(path, i++), on_module, on_layer);
+    for (auto& element : node) walk_tree(element, child_path(path, element_number(node, i++)), on_module, on_layer);
+  } else if constexpr (optional_child<N>::value) {
+    if (node) walk_tree(*node, path, on_module, on_layer);
   }
 }
 
@@ -196,6 +233,8 @@ constexpr found_path node_path() {
     return module_path<Node>();
   } else if constexpr (repeated<Node>::value) {
     return node_path<typename repeated<Node>::element>();
+  } else if constexpr (optional_child<Node>::value) {
+    return node_path<typename optional_child<Node>::element>();
   } else {
     return {};
   }
@@ -234,6 +273,8 @@ struct tree_nodes {
       }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
     } else if constexpr (repeated<Node>::value) {
       return std::type_identity<tree_nodes_t<typename repeated<Node>::element>>{};
+    } else if constexpr (optional_child<Node>::value) {
+      return std::type_identity<tree_nodes_t<typename optional_child<Node>::element>>{};
     } else {
       return std::type_identity<type_list<>>{};
     }
@@ -398,6 +439,8 @@ void show_members_named_otherwise() {
     show_children_named_otherwise<Node>(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
   else if constexpr (repeated<Node>::value)
     show_members_named_otherwise<typename repeated<Node>::element>();
+  else if constexpr (optional_child<Node>::value)
+    show_members_named_otherwise<typename optional_child<Node>::element>();
 }
 
 /// Named in decltype beside the static_assert on children_named_as_declared (see mesh.hpp's

@@ -56,6 +56,8 @@ struct saved_store {
       }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
     } else if constexpr (repeated<Node>::value) {
       return std::type_identity<std::vector<saved_store_t<typename repeated<Node>::element>>>{};
+    } else if constexpr (optional_child<Node>::value) {
+      return std::type_identity<saved_store_t<typename optional_child<Node>::element>>{};
     } else {
       return std::type_identity<std::tuple<>>{};
     }
@@ -82,6 +84,8 @@ void swap_saved(Node& node, Store& store) {
   } else if constexpr (repeated<N>::value) {
     store.resize(node.size());
     for (std::size_t i = 0; i < node.size(); ++i) swap_saved(node[i], store[i]);
+  } else if constexpr (optional_child<N>::value) {
+    if (node) swap_saved(*node, store);
   }
 }
 

@@ -1,0 +1,126 @@
+#pragma once
+// One pipeline stage of the Llama model (models/llama.hpp): the blocks [first, first + count) of the stack,
+// the token embedding on the first stage, the final norm and output projection on the last. Its parameters
+// are the unsharded model's (the same seeds) under the same names ("layers.6.attention.wq.weight" on the
+// stage that holds block 6), so stages' checkpoints name the model's tensors alike. Run by
+// sw::run_pipeline_step over a "pp" axis; the plan (llama_plan) cuts each stage over "tp" as it cuts Llama.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "shardwise/models/llama.hpp"
+#include "shardwise/models/llama_plan.hpp"
+#include "shardwise/pipeline/stages.hpp"
+
+namespace shardwise::models {
+
+/// Stage `stage` of a Llama model cut into stages by `split`. forward(ids) on the first stage and forward(h)
+/// on the others give the residual stream (in the plan's layout: Shard<0> under sequence parallelism) that
+/// crosses to the next stage; head_loss on the last stage runs the final norm, the output projection and the
+/// loss, and gives the stream's gradient; backward(dh) runs the stage's blocks backward (and the embedding's
+/// on the first stage).
+template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
+          std::size_t StaticKvHeads = dynamic_size>
+struct LlamaStage {
+  using embedding_type = Embedding<T, style_at<Plan, "tok_embeddings">>;                    ///< The token embedding.
+  using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>;  ///< One decoder block.
+  /// The residual stream between blocks and between stages.
+  using stream = Activation<T, typename embedding_type::output_layout>;
+
+  std::optional<embedding_type> tok_embeddings;               ///< Token embedding (first stage only).
+  layer_slice<block_type> layers;                             ///< The stage's blocks, named by model index.
+  std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
+  std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
+  SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
+  SHARDWISE_SAVED()
+
+  /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
+  LlamaStage(LlamaConfig const& c, stage_split const& split, int stage) : config_((c.check(), c)) {
+    if (split.layers() != c.layers)
+      shardwise::raise("shardwise::models::LlamaStage: the stage split cuts ", split.layers(),
+                       " layers but the config has ", c.layers, "; build the split from config.layers");
+    auto const range = split.of(stage);
+    first_ = stage == 0, last_ = stage == split.stages() - 1;
+    if (c.tie_word_embeddings && !(first_ && last_))
+      shardwise::raise(
+          "shardwise::models::LlamaStage: tie_word_embeddings puts the embedding on the first stage "
+          "and the output on the last, which pipeline stages do not share yet; untie them or run "
+          "one stage");
+    if (first_) tok_embeddings.emplace(c.vocabulary, c.dim, c.seed);
+    layers.first = range.first;
+    layers.reserve(range.count);
+    for (std::size_t i = range.first; i < range.first + range.count; ++i)
+      layers.emplace_back(c, c.seed + 100 * (i + 1));
+    if (last_) {
+      norm.emplace(c.dim, static_cast<T>(c.norm_eps));
+      output.emplace(c.dim, c.vocabulary, c.seed + 1, false);
+      if (c.tie_word_embeddings) tie_weights(*output, *tok_embeddings);
+      output->pad_outputs_for_tp();
+    }
+    if (first_) tok_embeddings->pad_vocabulary_for_tp();
+  }
+
+  /// Whether this stage holds the embedding (stage 0).
+  [[nodiscard]] bool is_first() const { return first_; }
+  /// Whether this stage holds the final norm and the output projection (the last stage).
+  [[nodiscard]] bool is_last() const { return last_; }
+  /// The config the model was built from.
+  [[nodiscard]] LlamaConfig const& config() const { return config_; }
+  /// What checkpoints store beside the weights: LlamaConfig::fields(), as Llama's.
+  [[nodiscard]] std::map<std::string, std::string> shardwise_config() const { return config_.fields(); }
+
+  /// The first stage's forward: the embedding of the token ids (whole sequences), then its blocks.
+  stream forward(std::span<const std::int64_t> ids) {
+    if (!first_)
+      shardwise::raise("shardwise::models::LlamaStage::forward: token ids given to stage holding layers ", layers.first,
+                       "..", layers.first + layers.size(), ", which has no embedding; give them to the first stage");
+    if (ids.size() % config_.sequence != 0)
+      shardwise::raise("shardwise::models::LlamaStage::forward: ", ids.size(), " token ids are not whole sequences of ",
+                       config_.sequence, " (config().sequence); give it a batch of whole sequences");
+    return forward((*tok_embeddings)(ids));
+  }
+
+  /// The stage's blocks on the residual stream received from the stage before.
+  stream forward(stream h) {
+    for (auto& block : layers) h = block.forward(h);
+    return h;
+  }
+
+  /// Backward of the stage's last forward from the gradient of its output: accumulates the parameter
+  /// gradients; returns the gradient of its input (empty on the first stage, whose input is token ids).
+  stream backward(stream dh) {
+    for (auto block = layers.rbegin(); block != layers.rend(); ++block) dh = block->backward(dh);
+    if (!first_) return dh;
+    tok_embeddings->backward(dh);
+    return {};
+  }
+
+  /// A microbatch's loss and the gradient of `scale` times it with respect to the last stage's output.
+  struct head_result {
+    T loss;           ///< The mean cross-entropy over the microbatch's targets (unscaled).
+    stream gradient;  ///< The gradient with respect to the stream, for backward.
+  };
+
+  /// On the last stage: the final norm, the output projection and the loss (llama_loss) on the stream h for
+  /// `targets`, then their backward from the loss's gradient times `scale` (1 / microbatches for the mean
+  /// over a step's microbatches): accumulates the head's gradients and returns the loss and the stream's
+  /// gradient.
+  template <class Mesh>
+  head_result head_loss(Mesh const& tp, stream const& h, std::span<const std::int64_t> targets, T scale = T(1)) {
+    if (!last_)
+      shardwise::raise("shardwise::models::LlamaStage::head_loss: the stage holding layers ", layers.first, "..",
+                       layers.first + layers.size(), " is not the last; compute the loss on the last stage");
+    auto result = llama_loss(tp, (*output)((*norm)(h)), targets, config_.vocabulary);
+    result.dlogits.local *= scale;
+    return {result.loss, norm->backward(output->backward(result.dlogits))};
+  }
+
+ private:
+  LlamaConfig config_;
+  bool first_ = false, last_ = false;
+};
+
+}  // namespace shardwise::models

@@ -1,0 +1,163 @@
+#pragma once
+// Training the Llama model cut into pipeline stages (models::LlamaStage over a "pp" axis, with "dp" and "tp"
+// beside it): the loss curve and every parameter after the run must equal the unsharded run with the same
+// microbatches (gradient accumulation on one rank), to the Llama tests' tolerances (llama_cases::check_same_run).
+// Used by test_llama_pipeline (threads) and test_mpi_llama_pipeline (MPI).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <map>
+#include <shardwise/models/llama_stage.hpp>
+#include <shardwise/nn.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llama_cases.hpp"
+
+namespace llama_pipeline_cases {
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using llama_cases::Run;
+
+/// Four blocks, so that four stages hold one each.
+inline models::LlamaConfig config() {
+  auto c = llama_cases::small_config();
+  c.layers = 4;
+  return c;
+}
+
+/// The mesh and the step: dp x pp x tp ranks (tp: what is left of the world), microbatches per step and rank.
+struct Setup {
+  int dp = 1, pp = 1, microbatches = 1;
+  sw::stage_activations activations = sw::stage_activations::keep;
+  bool zero1 = false;
+  int sequences() const { return 2 * dp * microbatches; }  ///< per step, over every dp rank: two per microbatch
+};
+
+/// This rank's stage's parameters, gathered over tp to their unsharded shapes, in the model's order.
+template <class Stage>
+std::vector<llama_cases::TrainedTensor> parameters_of(Stage& stage) {
+  std::vector<llama_cases::TrainedTensor> all;
+  sw::for_each_parameter(stage, [&](std::string const& name, auto const& p) {
+    auto const whole = sw::full_tensor(p);
+    auto& kept = all.emplace_back(llama_cases::TrainedTensor{name, {}});
+    for (Eigen::Index i = 0; i < whole.rows(); ++i)
+      for (Eigen::Index j = 0; j < whole.cols(); ++j) kept.values.push_back(whole(i, j));
+  });
+  return all;
+}
+
+/// Trains for `steps` on a dp x pp x tp mesh of `world` with `schedule`; returns the loss curve (the same on
+/// every rank) and this rank's stage's parameters.
+template <class Plan, class Schedule, class World>
+Run train(World const& world, Setup const& s, Schedule const& schedule, int steps) {
+  auto const c = config();
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const pp = sw::submesh<"pp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  std::vector<models::LlamaStage<float, Plan>> stage;
+  stage.emplace_back(c, sw::stage_split(c.layers, pp.size()), pp.rank());
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = s.zero1});
+  sw::parallelize(stage.front(), tp);
+  int const m_count = s.microbatches, per_rank = s.sequences() / s.dp, per_micro = per_rank / m_count;
+  std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(m_count)), targets(ids.size());
+  Run run;
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t m = 0; m < ids.size(); ++m)
+      llama_cases::batch(c, step, s.sequences(), dp.rank() * per_rank + static_cast<int>(m) * per_micro, per_micro,
+                         ids[m], targets[m]);
+    float step_loss = 0;  // on the last stage: the mean over the microbatches, summed in their order
+    auto input = [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); };
+    auto loss_gradient = [&](int m, auto const& h) {
+      auto result = stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(m_count));
+      step_loss += result.loss / float(m_count);
+      return result.gradient;
+    };
+    sw::run_pipeline_step(schedule, pp, std::span(stage), m_count, input, loss_gradient,
+                          sw::pipeline_options{s.activations});
+    run.norms.push_back(optimizer.step(sw::finish_gradients(stage.front()), dp, pp));
+    sw::zero_grad(stage.front());
+    float const loss = sw::all_reduce(pp, stage.front().is_last() ? step_loss : 0.0f, sw::Sum{});
+    run.losses.push_back(sw::all_reduce(dp, loss, sw::Avg{}));
+  }
+  run.parameters = parameters_of(stage.front());
+  return run;
+}
+
+/// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape.
+inline Run const& unsharded(Setup const& s, int steps) {
+  static std::map<std::pair<int, int>, Run> runs;  // by (sequences, microbatches of the whole batch)
+  std::pair<int, int> const key{s.sequences(), s.microbatches};
+  auto found = runs.find(key);
+  if (found == runs.end())
+    found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, config(),
+                                                                  s.microbatches, 1.0f, s.sequences()))
+                .first;
+  return found->second;
+}
+
+/// The pipeline run against the unsharded one: the same loss curve and norms, and each stage's parameters
+/// equal to the unsharded model's of the same names; every parameter is on some stage.
+template <class PipelineMesh>
+void check_against_unsharded(PipelineMesh const& pp_of_world, Run const& got, Run const& expected) {
+  REQUIRE(got.norms.size() == expected.norms.size());
+  for (std::size_t i = 0; i < got.norms.size(); ++i)
+    CHECK(std::abs(got.norms[i] - expected.norms[i]) <= 1e-5 * expected.norms[i]);
+  Run expected_here = expected;
+  expected_here.parameters.clear();
+  for (auto const& mine : got.parameters)
+    for (auto const& whole : expected.parameters)
+      if (whole.path == mine.path) expected_here.parameters.push_back(whole);
+  llama_cases::check_same_run(got, expected_here);
+  // The stages hold every parameter once: the counts over the pipeline axis add up to the model's.
+  int const held = sw::all_reduce(pp_of_world, static_cast<int>(got.parameters.size()), sw::Sum{});
+  CHECK(held == static_cast<int>(expected.parameters.size()));
+}
+
+/// Trains `s` with `schedule` and checks it against the unsharded run.
+template <class Plan, class Schedule, class World>
+void check(World const& world, Setup const& s, Schedule const& schedule, int steps) {
+  INFO("dp " << s.dp << " x pp " << s.pp << " x tp " << world.size() / (s.dp * s.pp) << ", " << s.microbatches
+             << " microbatches");
+  Run const got = train<Plan>(world, s, schedule, steps);
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
+  check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps));
+}
+
+/// Activation checkpointing per stage: the same run, bit for bit.
+template <class World>
+void check_recompute_bitwise(World const& world, Setup s, int steps) {
+  Run const kept = train<sw::serial_plan>(world, s, sw::OneFOneB{}, steps);
+  s.activations = sw::stage_activations::recompute;
+  Run const recomputed = train<sw::serial_plan>(world, s, sw::OneFOneB{}, steps);
+  CHECK(recomputed.losses == kept.losses);
+  REQUIRE(recomputed.parameters.size() == kept.parameters.size());
+  for (std::size_t t = 0; t < kept.parameters.size(); ++t) CHECK(recomputed.parameters[t].values == kept.parameters[t].values);
+}
+
+/// Every setup that fits `world`: pp over all ranks with GPipe and 1F1B at microbatches fewer than, equal to
+/// and more than the stages; pp 2 x tp 2 with sequence parallelism; dp 2 x pp 2 with ZeRO-1; dp 2 x pp 2 x tp 2.
+template <class World>
+void check_all(World const& world, int steps) {
+  int const n = world.size();
+  if (n <= 4) {
+    for (int m : {1, 2, 3, 8}) {
+      check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::GPipe{}, steps);
+      check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::OneFOneB{}, steps);
+    }
+    check_recompute_bitwise(world, {.pp = n, .microbatches = 3}, steps);
+  }
+  if (n == 4) {
+    check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 4}, sw::OneFOneB{}, steps);
+    check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, sw::GPipe{}, steps);
+    check<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);
+  }
+  if (n == 8)
+    check<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{},
+                                    steps);
+}
+
+}  // namespace llama_pipeline_cases

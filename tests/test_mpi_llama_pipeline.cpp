@@ -1,0 +1,12 @@
+// The Llama model trained in pipeline stages on the MPI mesh (CTest runs this under mpiexec -n 1, 2, 4 and 8:
+// pp alone, pp x tp with sequence parallelism, dp x pp with ZeRO-1, dp x pp x tp) against the unsharded run
+// (cases/llama_pipeline_cases.hpp).
+#include <doctest/doctest.h>
+
+#include <shardwise/mesh/mpi.hpp>
+
+#include "cases/llama_pipeline_cases.hpp"
+
+TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unsharded run, MPI mesh") {
+  llama_pipeline_cases::check_all(shardwise::mpi_world(), llama_cases::steps());
+}
