@@ -41,7 +41,9 @@ struct shardwise::models::parallelizer<user::Impostor> {
 
 static_assert(models::registered_model<models::Llama>);
 static_assert(models::parallelizer<models::Llama>::name == "llama");
-static_assert(models::is_model_supported<models::Llama>() == models::support{true, true, false});
+static_assert(models::is_model_supported<models::Llama>() == models::support{true, true, true});
+// The pipeline support is a stage type that runs (test_llama_pipeline trains it against the unsharded model).
+static_assert(std::is_same_v<models::parallelizer<models::Llama>::stage<float>, models::LlamaStage<float>>);
 static_assert(models::is_model_supported<user::TinyMlp>() == models::support{true, false, false});
 static_assert(!models::registered_model<user::Unregistered>);
 static_assert(models::is_model_supported<user::Unregistered>() == models::support{});
@@ -56,7 +58,7 @@ using user_models = models::builtin_models::with<user::TinyMlp>;
 static_assert(models::builtin_models::size == 2);
 static_assert(models::model_names() == std::array<std::string_view, 2>{"llama", "gpt2"});
 static_assert(models::model_names<user_models>() == std::array<std::string_view, 3>{"llama", "gpt2", "tiny-mlp"});
-static_assert(models::is_model_supported("llama") == models::support{true, true, false});
+static_assert(models::is_model_supported("llama") == models::support{true, true, true});
 static_assert(models::is_model_supported("gpt2") == models::support{true, true, false});
 static_assert(models::is_model_supported("tiny-mlp") == models::support{});  // not built in
 static_assert(models::is_model_supported<user_models>("tiny-mlp") == models::support{true, false, false});

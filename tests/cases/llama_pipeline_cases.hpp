@@ -135,7 +135,8 @@ void check_recompute_bitwise(World const& world, Setup s, int steps) {
   Run const recomputed = train<sw::serial_plan>(world, s, sw::OneFOneB{}, steps);
   CHECK(recomputed.losses == kept.losses);
   REQUIRE(recomputed.parameters.size() == kept.parameters.size());
-  for (std::size_t t = 0; t < kept.parameters.size(); ++t) CHECK(recomputed.parameters[t].values == kept.parameters[t].values);
+  for (std::size_t t = 0; t < kept.parameters.size(); ++t)
+    CHECK(recomputed.parameters[t].values == kept.parameters[t].values);
 }
 
 /// Every setup that fits `world`: pp over all ranks with GPipe and 1F1B at microbatches fewer than, equal to
@@ -156,8 +157,7 @@ void check_all(World const& world, int steps) {
     check<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);
   }
   if (n == 8)
-    check<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{},
-                                    steps);
+    check<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);
 }
 
 }  // namespace llama_pipeline_cases

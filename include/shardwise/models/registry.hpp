@@ -9,6 +9,7 @@
 
 #include "shardwise/models/gpt2_plan.hpp"
 #include "shardwise/models/llama_plan.hpp"
+#include "shardwise/models/llama_stage.hpp"
 
 namespace shardwise::models {
 
@@ -29,11 +30,14 @@ struct parallelizer;
 /// models::Llama, as "llama", with llama_plan.
 template <>
 struct parallelizer<Llama> {
-  static constexpr std::string_view name = "llama";       ///< transformers' model_type.
-  static constexpr support supported{true, true, false};  ///< Tensor and sequence parallel.
+  static constexpr std::string_view name = "llama";      ///< transformers' model_type.
+  static constexpr support supported{true, true, true};  ///< Tensor, sequence and pipeline parallel.
   /// The plan, with llama_plan's options.
   template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class LeaveAlone = leave_none>
   using plan = llama_plan<SequenceParallel, ParallelizeEmbeddings, LeaveAlone>;
+  /// One pipeline stage of the model (LlamaStage), for sw::run_pipeline_step over a "pp" axis.
+  template <class T, class Plan = serial_plan>
+  using stage = LlamaStage<T, Plan>;
 };
 
 /// models::GPT2, as "gpt2", with gpt2_plan.

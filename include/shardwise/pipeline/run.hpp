@@ -12,6 +12,7 @@
 
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/pipeline/schedule.hpp"
@@ -53,15 +54,17 @@ using stage_output_t = std::remove_cvref_t<decltype(forward(std::declval<Chunk&>
 template <class Chunk, class X>
 constexpr bool stages_chain() {
   if constexpr (requires(Chunk& c, X const& x) {
-                  forward(c, x);
-                  backward(c, x);
+                  c.forward(x);
+                  c.backward(x);
                 })
-    return std::is_same_v<std::remove_cvref_t<decltype(forward(std::declval<Chunk&>(), std::declval<X const&>()))>,
-                          X> &&
-           std::is_same_v<std::remove_cvref_t<decltype(backward(std::declval<Chunk&>(), std::declval<X const&>()))>, X>;
+    return std::is_same_v<std::remove_cvref_t<decltype(std::declval<Chunk&>().forward(std::declval<X const&>()))>, X> &&
+           std::is_same_v<std::remove_cvref_t<decltype(std::declval<Chunk&>().backward(std::declval<X const&>()))>, X>;
   else
     return false;
 }
+
+template <class Output>
+struct stage_output_is_not_the_next_stage_input;  // incomplete on purpose: the compile error spells the layout
 
 /// Sends without waiting for the receiver: the schedules are proven with buffered sends (an MPI_Send of a large
 /// message waits for its receive, and two neighbours sending to each other would wait forever).
@@ -246,6 +249,10 @@ void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk
                  " per rank; give each rank one chunk per schedule chunk");
   using In = std::remove_cvref_t<decltype(input(0))>;
   using X = detail::stage_output_t<Chunk, In>;
+  if constexpr (!detail::stages_chain<Chunk, X>()) {
+    using shown [[maybe_unused]] =
+        decltype(detail::show_incomplete<detail::stage_output_is_not_the_next_stage_input<X>>());
+  }
   static_assert(detail::stages_chain<Chunk, X>(),
                 "shardwise::run_pipeline_step: a stage boundary does not chain: the chunk's forward on its own "
                 "output (or its backward on that output's gradient) does not give the same activation type, so "

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/show.hpp"
 
 namespace shardwise {
 
@@ -65,10 +66,19 @@ class stage_split {
   std::vector<std::size_t> cuts_;
 };
 
+namespace detail {
+template <std::size_t Layers, std::size_t Stages>
+struct layers_do_not_divide_over_stages;  // incomplete on purpose: the compile error spells the counts
+}
+
 /// The even split of a stack whose layer and stage counts are known at compile time: counts that do not
 /// divide are a compile error naming them.
 template <std::size_t Layers, std::size_t Stages>
 stage_split even_stage_split() {
+  if constexpr (Stages < 1 || Stages > Layers || Layers % Stages != 0) {
+    using shown [[maybe_unused]] =
+        decltype(detail::show_incomplete<detail::layers_do_not_divide_over_stages<Layers, Stages>>());
+  }
   static_assert(Stages >= 1 && Stages <= Layers,
                 "shardwise::even_stage_split: more stages than layers (see the counts in the template arguments); "
                 "use at most as many stages as layers");
