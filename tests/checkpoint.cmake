@@ -47,6 +47,7 @@ shardwise_add_test(test_checkpoint_concurrency test_checkpoint_concurrency.cpp L
 
 # Consolidation into one safetensors file, and the `shardwise` command (tools/).
 shardwise_add_test(test_checkpoint_consolidate test_checkpoint_consolidate.cpp LINK shardwise::checkpoint shardwise::eigen)
+shardwise_add_test(test_checkpoint_pipeline test_checkpoint_pipeline.cpp LINK shardwise::checkpoint shardwise::eigen)
 find_package(CLI11 CONFIG QUIET)
 if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after the tests
   foreach(command IN ITEMS "" consolidate inspect verify)

@@ -62,7 +62,7 @@ static_assert(models::is_model_supported("llama") == models::support{true, true,
 static_assert(models::is_model_supported("gpt2") == models::support{true, true, false});
 static_assert(models::is_model_supported("tiny-mlp") == models::support{});  // not built in
 static_assert(models::is_model_supported<user_models>("tiny-mlp") == models::support{true, false, false});
-static_assert(models::is_model_supported<user_models>("llama") == models::support{true, true, false});
+static_assert(models::is_model_supported<user_models>("llama") == models::support{true, true, true});
 static_assert(models::is_model_supported("Llama") == models::support{});  // names match exactly, as model_type
 static_assert(models::is_model_supported("") == models::support{});
 // Two models under one name cannot be looked up by name; a model without a parallelizer cannot be listed.

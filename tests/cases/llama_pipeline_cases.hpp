@@ -50,9 +50,13 @@ std::vector<llama_cases::TrainedTensor> parameters_of(Stage& stage) {
 }
 
 /// Trains for `steps` on a dp x pp x tp mesh of `world` with `schedule`; returns the loss curve (the same on
-/// every rank) and this rank's stage's parameters.
-template <class Plan, class Schedule, class World>
-Run train(World const& world, Setup const& s, Schedule const& schedule, int steps) {
+/// every rank) and this rank's stage's parameters. `after(stage, tp, pp)` runs on the trained stage (a save).
+struct nothing_after {
+  template <class... Args>
+  void operator()(Args&&...) const {}
+};
+template <class Plan, class Schedule, class World, class After = nothing_after>
+Run train(World const& world, Setup const& s, Schedule const& schedule, int steps, After&& after = {}) {
   auto const c = config();
   auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
   auto const tp = sw::submesh<"tp">(mesh);
@@ -84,6 +88,7 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
     run.losses.push_back(sw::all_reduce(dp, loss, sw::Avg{}));
   }
   run.parameters = parameters_of(stage.front());
+  after(stage.front(), tp, pp);
   return run;
 }
 

@@ -64,16 +64,58 @@
 
 namespace shardwise {
 
-/// Saves the model's parameters as a sharded checkpoint in `dir`, collectively over the tp mesh (every tp rank
-/// calls it). `dir` is replaced atomically: a new folder, or a previous checkpoint.
-/// `also_write(folder, tp_rank)`, if given, runs on every tp rank after its shard is written and may add files
-/// under `folder` (the checkpoint being built): they are committed with it, atomically (optimizer state).
-template <class Model, class TpMesh>
-void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
-                  std::map<std::string, std::string> const& metadata = {},
-                  std::function<void(std::filesystem::path const&, int)> const& also_write = {}) {
+namespace detail {
+
+/// The pipeline axis of a model that is not cut into stages: one stage.
+struct single_stage {
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+};
+
+/// agree_on_errors over tp, and over pp for a pipeline's save.
+template <class TpMesh, class PpMesh>
+void agree_on_save_errors(TpMesh const& tp, PpMesh const& pp, std::string const& error, std::string_view stage,
+                          std::filesystem::path const& dir) {
+  if constexpr (std::is_same_v<PpMesh, single_stage>)
+    agree_on_errors_across(error, stage, dir, "save_sharded", tp);
+  else
+    agree_on_errors_across(error, stage, dir, "save_sharded", tp, pp);
+}
+
+/// The stage's tensors (name, dtype, global shape, placement), in model order, as its rank files record them
+/// for the index.
+template <class Model>
+nlohmann::json stage_tensors(Model& model, int tp_size) {
+  nlohmann::json list = nlohmann::json::array();
+  for_each_checkpoint_tensor(model, tp_size, 0, false, [&](tensor_layout const& t, auto&) {
+    list.push_back(
+        {{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.stored_shape()}, {"placement", t.placement()}});
+  });
+  return list;
+}
+
+/// The index's tensors, read from the first tp rank's file of every stage, in stage order (the model's).
+inline void add_stage_tensors(checkpoint_index& index, safetensors_file const& first_of_stage) {
+  for (auto const& t : nlohmann::json::parse(first_of_stage.metadata().at("shardwise.tensors"))) {
+    std::string const name = t.at("name").get<std::string>();
+    if (index.find(name))
+      fail("shardwise::save_sharded: tensor \"", name, "\" is saved by two pipeline stages (again in \"",
+           first_of_stage.path(), "\"); give each stage its own layers");
+    index.tensors.push_back({name,
+                             *parse_dtype(t.at("dtype").get<std::string>()),
+                             t.at("shape").get<std::vector<std::uint64_t>>(),
+                             t.at("placement").get<std::string>(),
+                             {}});
+  }
+}
+
+template <class Model, class TpMesh, class PpMesh>
+void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir,
+                        std::int64_t step, std::map<std::string, std::string> const& metadata,
+                        std::function<void(std::filesystem::path const&, int)> const& also_write) {
   namespace fs = std::filesystem;
-  int const size = tp.size(), rank = tp.rank();
+  int const size = tp.size(), rank = tp.rank(), stages = pp.size(), stage = pp.rank();
+  bool const leader = rank == 0 && stage == 0;
   fs::path const target = detail::normalized_dir(dir);
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   std::string const shard_file = "model.safetensors";
@@ -82,7 +124,7 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
   // stages in a folder of its own, named by its generation, which every rank file and the index carry.
   detail::directory_lock lock;
   std::uint64_t generation = 0;
-  if (rank == 0) {
+  if (leader) {
     try {
       lock = detail::directory_lock(target);
       if (fs::exists(target) && !fs::exists(target / checkpoint_index_name) && !fs::is_empty(target))
@@ -95,17 +137,18 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
       error = e.what();
     }
   }
-  detail::agree_on_errors(tp, error, "preparing the folder", target);
-  generation = all_reduce(tp, generation, Max{});  // rank 0's: the others pass 0
+  agree_on_save_errors(tp, pp, error, "preparing the folder", target);
+  generation = all_reduce(tp, generation, Max{});  // the leader's: the others pass 0
+  if constexpr (!std::is_same_v<PpMesh, single_stage>) generation = all_reduce(pp, generation, Max{});
   fs::path const temp = detail::staging_dir(target, generation);
-  if (rank == 0) {
+  if (leader) {
     try {
       fs::create_directories(temp / "tensor_parallel_shards");
     } catch (std::exception const& e) {
       error = e.what();
     }
   }
-  detail::agree_on_errors(tp, error, "preparing the folder", target);
+  agree_on_save_errors(tp, pp, error, "preparing the folder", target);
 
   try {
     safetensors_writer writer;
@@ -134,45 +177,47 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
       offsets[t.name] = offset;
       checksums[t.name] = detail::hex64(checksum64(bytes));
     });
-    fs::create_directories(temp / rank_folder(rank, 0));
-    writer.write(temp / rank_folder(rank, 0) / shard_file, {{"format", "pt"},
-                                                            {"shardwise.offsets", offsets.dump()},
-                                                            {"shardwise.checksums", checksums.dump()},
-                                                            {"shardwise.generation", detail::hex64(generation)},
-                                                            {"shardwise.step", std::to_string(step)}});
+    std::map<std::string, std::string> file_metadata{{"format", "pt"},
+                                                     {"shardwise.offsets", offsets.dump()},
+                                                     {"shardwise.checksums", checksums.dump()},
+                                                     {"shardwise.generation", detail::hex64(generation)},
+                                                     {"shardwise.step", std::to_string(step)}};
+    if (rank == 0) file_metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
+    fs::create_directories(temp / rank_folder(rank, stage));
+    writer.write(temp / rank_folder(rank, stage) / shard_file, file_metadata);
     if (also_write) also_write(temp, rank);
     if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("rank_file_written", rank);
   } catch (std::exception const& e) {
     error = e.what();
   }
-  detail::agree_on_errors(tp, error, "writing the rank's shard", target);
+  agree_on_save_errors(tp, pp, error, "writing the rank's shard", target);
 
-  if (rank == 0) {
+  if (leader) {
     try {
       checkpoint_index index;
       index.step = step;
-      index.tp = size;
+      index.tp = size, index.pp = stages;
       index.metadata = metadata;
       index.generation = generation;
       if constexpr (requires { model.shardwise_config(); }) index.config = model.shardwise_config();
-      detail::for_each_checkpoint_tensor(model, size, 0, false, [&](detail::tensor_layout const& t, auto&) {
-        index.tensors.push_back({t.name, t.type, t.stored_shape(), t.placement(), {}});
-      });
+      for (int s = 0; s < stages; ++s)
+        add_stage_tensors(index, safetensors_file((temp / (rank_folder(0, s) + "/" + shard_file)).string()));
       // The pieces as the files hold them (not as this rank believes they were written), then the cover check.
-      for (int r = 0; r < size; ++r) {
-        std::string const file = rank_folder(r, 0) + "/" + shard_file;
-        safetensors_file shard((temp / file).string());
-        auto const offsets = nlohmann::json::parse(shard.metadata().at("shardwise.offsets"));
-        auto const checksums = nlohmann::json::parse(shard.metadata().at("shardwise.checksums"));
-        for (tensor_info const& info : shard.tensors()) {
-          checkpoint_tensor* t = index.find(info.name);
-          if (!t || info.type != t->type)
-            detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
-                         "\" is not the model's (or has another dtype)");
-          t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
-          t->pieces.back().checksum = checksums.at(info.name).get<std::string>();
+      for (int s = 0; s < stages; ++s)
+        for (int r = 0; r < size; ++r) {
+          std::string const file = rank_folder(r, s) + "/" + shard_file;
+          safetensors_file shard((temp / file).string());
+          auto const offsets = nlohmann::json::parse(shard.metadata().at("shardwise.offsets"));
+          auto const checksums = nlohmann::json::parse(shard.metadata().at("shardwise.checksums"));
+          for (tensor_info const& info : shard.tensors()) {
+            checkpoint_tensor* t = index.find(info.name);
+            if (!t || info.type != t->type)
+              detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
+                           "\" is not the model's (or has another dtype)");
+            t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
+            t->pieces.back().checksum = checksums.at(info.name).get<std::string>();
+          }
         }
-      }
       for (auto const& t : index.tensors) detail::check_coverage(t, temp.string());
       std::string const json = to_json(index);
       std::span<std::byte const> const pieces[] = {std::as_bytes(std::span(json.data(), json.size()))};
@@ -187,7 +232,31 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
       fs::remove_all(temp, ignored);
     }
   }
-  detail::agree_on_errors(tp, error, "checking and committing the checkpoint", target);
+  agree_on_save_errors(tp, pp, error, "checking and committing the checkpoint", target);
+}
+
+}  // namespace detail
+
+/// Saves the model's parameters as a sharded checkpoint in `dir`, collectively over the tp mesh (every tp rank
+/// calls it). `dir` is replaced atomically: a new folder, or a previous checkpoint.
+/// `also_write(folder, tp_rank)`, if given, runs on every tp rank after its shard is written and may add files
+/// under `folder` (the checkpoint being built): they are committed with it, atomically (optimizer state).
+template <class Model, class TpMesh>
+void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {},
+                  std::function<void(std::filesystem::path const&, int)> const& also_write = {}) {
+  detail::save_sharded_stage(model, tp, detail::single_stage{}, dir, step, metadata, also_write);
+}
+
+/// Saves a model cut into pipeline stages, collectively over tp and the pipeline axis `pp` (every rank of
+/// both calls it with its stage): each rank writes tensor_parallel_shards/tp_rank_XX_pp_rank_YY/ with its
+/// stage's pieces, and one index lists every stage's tensors, so the checkpoint loads at any pp and tp size
+/// (load_sharded into a stage reads only its own tensors) and consolidates whole.
+template <class Model, class TpMesh, class PpMesh>
+  requires requires(PpMesh const& pp) { pp.comm(0); }
+void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::save_sharded_stage(model, tp, pp, dir, step, metadata, {});
 }
 
 }  // namespace shardwise

@@ -151,17 +151,28 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
   for_each_named_layer(model, visit_layer);
 }
 
-/// Every tp rank passes its error (empty if none). If any failed, every rank throws the same message: that of
-/// the lowest failing rank, sent over the mesh (so threads and MPI processes all report the cause). An error
-/// that is not shardwise's own is put in shardwise's words for `who` ("save_sharded", "load_pretrained", ...):
-/// a save adds that the previous checkpoint is unchanged.
-template <class TpMesh>
-void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
-                     std::filesystem::path const& dir, std::string_view who = "save_sharded") {
-  int const size = tp.size(), rank = tp.rank();
+/// " [reported by tp rank 1]", or with a pipeline " [reported by tp rank 1 of pp rank 0]".
+template <class Tp, class... Pp>
+std::string reporter_text(int source, Tp const& tp, Pp const&...) {
+  if constexpr (sizeof...(Pp) == 0)
+    return concat(" [reported by tp rank ", source, "]");
+  else
+    return concat(" [reported by tp rank ", source % tp.size(), " of pp rank ", source / tp.size(), "]");
+}
+
+/// Every rank of the axes (tp, and pp for a pipeline's save) passes its error (empty if none). If any failed,
+/// every rank throws the same message: that of the lowest failing rank, sent over the axes (so threads and MPI
+/// processes all report the cause); no rank throws before all have heard. An error that is not shardwise's own
+/// is put in shardwise's words for `who` ("save_sharded", "load_pretrained", ...): a save adds that the
+/// previous checkpoint is unchanged.
+template <class... Axes>
+void agree_on_errors_across(std::string const& error, std::string_view stage, std::filesystem::path const& dir,
+                            std::string_view who, Axes const&... axes) {
+  int size = 1, rank = 0;  // over all axes, the first one fastest
+  ((rank += axes.rank() * size, size *= axes.size()), ...);
   Eigen::VectorXd failed(1);
   failed(0) = error.empty() ? 0.0 : static_cast<double>(size - rank);
-  all_reduce_on(tp.comm(0), failed, op_kind::max);
+  (all_reduce_on(axes.comm(0), failed, op_kind::max), ...);
   if (failed(0) == 0.0) return;
   int const source = size - static_cast<int>(failed(0));
   std::string message;
@@ -174,12 +185,19 @@ void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_vie
   Eigen::VectorXd text = Eigen::VectorXd::Zero(static_cast<Eigen::Index>(longest));
   for (std::size_t i = 0; i < message.size() && i < longest; ++i)
     text(static_cast<Eigen::Index>(i)) = static_cast<double>(static_cast<unsigned char>(message[i]));
-  all_reduce_on(tp.comm(0), text, op_kind::sum);  // only the source wrote: the sum is its message
+  (all_reduce_on(axes.comm(0), text, op_kind::sum), ...);  // only the source wrote: the sum is its message
   message.clear();
   for (Eigen::Index i = 0; i < text.size() && text(i) != 0.0; ++i)
     message.push_back(static_cast<char>(static_cast<unsigned char>(text(i))));
-  if (source != rank) message += concat(" [reported by tp rank ", source, "]");
+  if (source != rank) message += reporter_text(source, axes...);
   throw shardwise::error(message);
+}
+
+/// agree_on_errors_across over the tp axis alone.
+template <class TpMesh>
+void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
+                     std::filesystem::path const& dir, std::string_view who = "save_sharded") {
+  agree_on_errors_across(error, stage, dir, who, tp);
 }
 
 /// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.

@@ -134,6 +134,8 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
     });
     for (auto const& c : index.tensors) {
       if (in_model.count(c.name)) continue;
+      if constexpr (requires { model.shardwise_other_stage(c.name); })
+        if (model.shardwise_other_stage(c.name)) continue;  // a pipeline stage reads only its own tensors
       if (options.strict)
         detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint's tensor \"", c.name,
                      "\" is not in the model; load the checkpoint into the model it was saved from, or pass "

@@ -4,11 +4,13 @@
 // are the unsharded model's (the same seeds) under the same names ("layers.6.attention.wq.weight" on the
 // stage that holds block 6), so stages' checkpoints name the model's tensors alike. Run by
 // sw::run_pipeline_step over a "pp" axis; the plan (llama_plan) cuts each stage over "tp" as it cuts Llama.
+#include <charconv>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "shardwise/models/llama.hpp"
@@ -71,6 +73,20 @@ struct LlamaStage {
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
   /// What checkpoints store beside the weights: LlamaConfig::fields(), as Llama's.
   [[nodiscard]] std::map<std::string, std::string> shardwise_config() const { return config_.fields(); }
+
+  /// Whether `name` is a tensor of the whole model that another stage holds (a checkpoint of all stages is
+  /// loaded into this one: load_sharded reads only this stage's tensors and skips those).
+  [[nodiscard]] bool shardwise_other_stage(std::string_view name) const {
+    if (name.starts_with("tok_embeddings.")) return !first_;
+    if (name.starts_with("norm.") || name.starts_with("output.")) return !last_;
+    if (!name.starts_with("layers.")) return false;
+    std::size_t block = 0;
+    auto const digits = name.substr(7);
+    auto const [end, failed] = std::from_chars(digits.data(), digits.data() + digits.size(), block);
+    bool const numbered =
+        failed == std::errc{} && end != digits.data() && end != digits.data() + digits.size() && *end == '.';
+    return numbered && block < config_.layers && (block < layers.first || block >= layers.first + layers.size());
+  }
 
   /// The first stage's forward: the embedding of the token ids (whole sequences), then its blocks.
   stream forward(std::span<const std::int64_t> ids) {

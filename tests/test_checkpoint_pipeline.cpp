@@ -1,0 +1,155 @@
+// Checkpoints of a Llama model cut into pipeline stages: saved at pp 2 x tp 2 after training, into
+// tensor_parallel_shards/tp_rank_XX_pp_rank_YY; consolidated whole; loaded at pp 1 (into a stage and into the
+// plain Llama model), pp 2 and pp 4, at tp 1, 2 and 4 — every tensor equal to the trained one, exactly; a lazy
+// stage reads only its own tensors (another stage's damaged files do not stop it, its own do).
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/sharded.hpp>
+#include <string>
+#include <vector>
+
+#include "cases/llama_pipeline_cases.hpp"
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct scratch_dir {
+  fs::path path;
+  scratch_dir() : path(fs::temp_directory_path() / ("shardwise_test_ckpt_pipeline_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch_dir() { fs::remove_all(path); }
+};
+
+using Tensors = std::map<std::string, std::vector<float>>;
+
+/// Trains pp 2 x tp 2 (sequence parallel) for 3 steps and saves it; returns every trained tensor, whole.
+Tensors train_and_save(fs::path const& dir) {
+  Tensors trained;
+  std::mutex guard;
+  sw::run_threads(4, [&](auto& world) {
+    auto const save = [&](auto& stage, auto const& tp, auto const& pp) { sw::save_sharded(stage, tp, pp, dir, 3); };
+    auto const run = llama_pipeline_cases::train<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 2},
+                                                                            sw::OneFOneB{}, 3, save);
+    std::lock_guard lock(guard);
+    for (auto const& t : run.parameters) trained[t.path] = t.values;
+  });
+  return trained;
+}
+
+/// Loads `dir` into stage `stage` of `stages` at tp `tp_size` (a lazy stage when `lazy`) and returns its
+/// tensors, whole.
+template <class Plan, class Mesh>
+Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, bool lazy) {
+  auto const c = llama_pipeline_cases::config();
+  sw::stage_split const split(c.layers, stages);
+  std::vector<llama_cases::TrainedTensor> loaded;
+  if (lazy) {
+    sw::Lazy<models::LlamaStage<float, Plan>> model(c, split, stage);
+    sw::parallelize(model, tp);
+    loaded = llama_pipeline_cases::parameters_of(sw::load_sharded(model, tp, dir));
+  } else {
+    models::LlamaStage<float, Plan> model(c, split, stage);
+    sw::parallelize(model, tp);
+    (void)sw::load_sharded(model, tp, dir);
+    loaded = llama_pipeline_cases::parameters_of(model);
+  }
+  Tensors tensors;
+  for (auto const& t : loaded) tensors[t.path] = t.values;
+  return tensors;
+}
+
+/// Loads at pp `stages` x tp `tp_size` on threads; every stage's tensors must equal the trained ones, and
+/// together the stages must hold every tensor.
+void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_size, bool lazy) {
+  INFO("load at pp " << stages << " x tp " << tp_size << (lazy ? ", lazy" : ""));
+  Tensors seen;
+  std::mutex guard;
+  sw::run_threads(stages * tp_size, [&](auto& world) {
+    auto const mesh = sw::make_mesh<"pp", "tp">(world, {stages, tp_size});
+    auto const tp = sw::submesh<"tp">(mesh);
+    int const stage = sw::coordinate<"pp">(mesh);
+    Tensors const mine = tp_size == 1 ? load_stage<sw::serial_plan>(tp, dir, stages, stage, lazy)
+                                      : load_stage<models::llama_plan<true>>(tp, dir, stages, stage, lazy);
+    std::lock_guard lock(guard);
+    for (auto const& [name, values] : mine) seen[name] = values;
+  });
+  CHECK(seen.size() == trained.size());
+  for (auto const& [name, values] : trained) {
+    INFO(name);
+    REQUIRE(seen.count(name) == 1);
+    CHECK(seen.at(name) == values);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a pp 2 x tp 2 checkpoint names its pp ranks, consolidates whole and loads at pp 1, 2 and 4, any tp") {
+  scratch_dir scratch;
+  fs::path const dir = scratch.path / "ckpt";
+  Tensors const trained = train_and_save(dir);
+  REQUIRE(trained.size() == 2 + 9 * llama_pipeline_cases::config().layers + 1);  // every tensor of the model
+  for (int pp = 0; pp < 2; ++pp)
+    for (int tp = 0; tp < 2; ++tp) CHECK(fs::exists(dir / sw::rank_folder(tp, pp) / "model.safetensors"));
+  CHECK(!fs::exists(dir / sw::rank_folder(0, 2)));
+  auto const index = sw::read_checkpoint_index(dir);
+  CHECK(index.pp == 2);
+  CHECK(index.tp == 2);
+  CHECK(index.find("layers.3.feed_forward.w2.weight")->pieces.front().file.find("pp_rank_01") != std::string::npos);
+
+  // consolidate merges tp x pp: every tensor whole, equal to the trained one.
+  fs::path const whole = scratch.path / "model.safetensors";
+  (void)sw::consolidate(dir, whole);
+  sw::safetensors_file file(whole.string());
+  CHECK(file.tensors().size() == trained.size());
+  for (auto const& [name, values] : trained) CHECK(file.read<float>(name) == values);
+
+  for (bool lazy : {false, true}) {
+    check_load(trained, dir, 1, 1, lazy);
+    check_load(trained, dir, 1, 2, lazy);
+    check_load(trained, dir, 1, 4, lazy);
+    check_load(trained, dir, 2, 2, lazy);
+    check_load(trained, dir, 4, 1, lazy);
+    check_load(trained, dir, 4, 2, lazy);
+  }
+
+  // The plain (unstaged) Llama model loads it too: the names are the model's.
+  models::Llama<float> plain(llama_pipeline_cases::config());
+  auto const tp1 = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  (void)sw::load_sharded(plain, tp1, dir);
+  sw::for_each_parameter(plain, [&](std::string const& name, auto const& p) {
+    auto const t = sw::full_tensor(p);
+    CHECK(std::vector<float>(t.data(), t.data() + t.size()) == trained.at(name));
+  });
+}
+
+TEST_CASE("a lazy stage reads only its own stage's files") {
+  scratch_dir scratch;
+  fs::path const dir = scratch.path / "ckpt";
+  Tensors const trained = train_and_save(dir);
+  // Damage every tensor byte of the second stage's files (their sizes stay): its checksums no longer match.
+  for (int tp = 0; tp < 2; ++tp) {
+    fs::path const f = dir / sw::rank_folder(tp, 1) / "model.safetensors";
+    auto const size = fs::file_size(f);
+    std::fstream out(f, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(static_cast<std::streamoff>(size - 64));
+    std::vector<char> const noise(64, '\x5a');
+    out.write(noise.data(), 64);
+  }
+  auto const tp1 = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const first = load_stage<sw::serial_plan>(tp1, dir, 2, 0, true);  // reads stage 0's files only
+  for (auto const& [name, values] : first) CHECK(values == trained.at(name));
+  CHECK(first.count("tok_embeddings.weight") == 1);
+  CHECK(first.count("output.weight") == 0);
+  CHECK_THROWS_WITH_AS(load_stage<sw::serial_plan>(tp1, dir, 2, 1, true), doctest::Contains("checksum"), sw::error);
+}
