@@ -40,7 +40,7 @@ Tensors train_and_save(fs::path const& dir) {
   sw::run_threads(4, [&](auto& world) {
     auto const save = [&](auto& stage, auto const& tp, auto const& pp) { sw::save_sharded(stage, tp, pp, dir, 3); };
     auto const run = llama_pipeline_cases::train<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 2},
-                                                                            sw::OneFOneB{}, 3, save);
+                                                                           sw::OneFOneB{}, 3, save);
     std::lock_guard lock(guard);
     for (auto const& t : run.parameters) trained[t.path] = t.values;
   });

@@ -28,9 +28,10 @@ inline models::LlamaConfig config() {
   return c;
 }
 
-/// The mesh and the step: dp x pp x tp ranks (tp: what is left of the world), microbatches per step and rank.
+/// The mesh and the step: dp x pp x tp ranks (tp: what is left of the world), microbatches per step and rank,
+/// model chunks per pp rank (2 for Interleaved1F1B<2>).
 struct Setup {
-  int dp = 1, pp = 1, microbatches = 1;
+  int dp = 1, pp = 1, microbatches = 1, chunks = 1;
   sw::stage_activations activations = sw::stage_activations::keep;
   bool zero1 = false;
   int sequences() const { return 2 * dp * microbatches; }  ///< per step, over every dp rank: two per microbatch
@@ -62,10 +63,12 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
   auto const tp = sw::submesh<"tp">(mesh);
   auto const pp = sw::submesh<"pp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
-  std::vector<models::LlamaStage<float, Plan>> stage;
-  stage.emplace_back(c, sw::stage_split(c.layers, pp.size()), pp.rank());
+  // This rank's chunks: chunk k is stage k * pp + rank of the model (one chunk unless interleaved).
+  sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
+  sw::stage_split const split(c.layers, pp.size() * s.chunks);
+  for (int k = 0; k < s.chunks; ++k) stage.emplace_back(c, split, k * pp.size() + pp.rank());
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = s.zero1});
-  sw::parallelize(stage.front(), tp);
+  sw::parallelize(stage, tp);
   int const m_count = s.microbatches, per_rank = s.sequences() / s.dp, per_micro = per_rank / m_count;
   std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(m_count)), targets(ids.size());
   Run run;
@@ -82,13 +85,13 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
     };
     sw::run_pipeline_step(schedule, pp, std::span(stage), m_count, input, loss_gradient,
                           sw::pipeline_options{s.activations});
-    run.norms.push_back(optimizer.step(sw::finish_gradients(stage.front()), dp, pp));
-    sw::zero_grad(stage.front());
-    float const loss = sw::all_reduce(pp, stage.front().is_last() ? step_loss : 0.0f, sw::Sum{});
+    run.norms.push_back(optimizer.step(sw::finish_gradients(stage), dp, pp));
+    sw::zero_grad(stage);
+    float const loss = sw::all_reduce(pp, stage.back().is_last() ? step_loss : 0.0f, sw::Sum{});
     run.losses.push_back(sw::all_reduce(dp, loss, sw::Avg{}));
   }
-  run.parameters = parameters_of(stage.front());
-  after(stage.front(), tp, pp);
+  run.parameters = parameters_of(stage);
+  after(stage, tp, pp);
   return run;
 }
 
@@ -145,7 +148,8 @@ void check_recompute_bitwise(World const& world, Setup s, int steps) {
 }
 
 /// Every setup that fits `world`: pp over all ranks with GPipe and 1F1B at microbatches fewer than, equal to
-/// and more than the stages; pp 2 x tp 2 with sequence parallelism; dp 2 x pp 2 with ZeRO-1; dp 2 x pp 2 x tp 2.
+/// and more than the stages; interleaved 1F1B at pp 2, v 2; pp 2 x tp 2 with sequence parallelism; dp 2 x pp 2 with
+/// ZeRO-1; dp 2 x pp 2 x tp 2.
 template <class World>
 void check_all(World const& world, int steps) {
   int const n = world.size();
@@ -156,6 +160,9 @@ void check_all(World const& world, int steps) {
     }
     check_recompute_bitwise(world, {.pp = n, .microbatches = 3}, steps);
   }
+  if (n == 2)  // interleaved: two chunks of one block each per rank, microbatches a multiple of the ranks
+    for (int m : {2, 4})
+      check<sw::serial_plan>(world, {.pp = 2, .microbatches = m, .chunks = 2}, sw::Interleaved1F1B<2>{}, steps);
   if (n == 4) {
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 4}, sw::OneFOneB{}, steps);
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, sw::GPipe{}, steps);

@@ -68,6 +68,32 @@ struct layer_slice : std::vector<T> {
   std::size_t first = 0;  ///< The model's index of element 0.
 };
 
+/// A rank's model chunks under an interleaved pipeline schedule (chunk c is stage c * pp + rank), walked,
+/// optimized, saved and loaded as one model: each chunk's parameters keep their own names
+/// ("layers.5.attention.wq.weight"), as if the chunks were one stage. A module, so that everything taking a
+/// model takes it; run_pipeline_step takes it as its span of chunks.
+template <class Chunk>
+struct stage_chunks : std::vector<Chunk> {
+  /// No named children: the walk visits the chunks themselves, under the path of the whole.
+  static constexpr std::string_view shardwise_child_list = "";
+  /// Empty: see shardwise_child_list.
+  std::tuple<> shardwise_children() { return {}; }
+  /// Whether a checkpoint's tensor belongs to no chunk here but to another rank's stages (see load_sharded).
+  [[nodiscard]] bool shardwise_other_stage(std::string_view name) const
+    requires requires(Chunk const& c) { c.shardwise_other_stage(name); }
+  {
+    for (auto const& chunk : *this)
+      if (!chunk.shardwise_other_stage(name)) return false;
+    return true;
+  }
+  /// The chunks' configuration (the first's; all are cut from one model), saved beside the weights.
+  [[nodiscard]] auto shardwise_config() const
+    requires requires(Chunk const& c) { c.shardwise_config(); }
+  {
+    return this->front().shardwise_config();
+  }
+};
+
 namespace detail {
 
 /// Child i's name from the stringized member list "w1, w3, w2".
@@ -100,6 +126,16 @@ struct repeated<std::array<T, N>> {
 };
 template <class T>
 struct repeated<layer_slice<T>> {
+  static constexpr bool value = true;
+  using element = T;
+};
+
+template <class T>
+struct chunks_of_stages {
+  static constexpr bool value = false;
+};
+template <class T>
+struct chunks_of_stages<stage_chunks<T>> {
   static constexpr bool value = true;
   using element = T;
 };
@@ -144,6 +180,8 @@ void walk_tree(Node& node, Path const& path, OnModule& on_module, OnLayer& on_la
   using N = std::remove_cvref_t<Node>;
   if constexpr (layer<N>) {
     on_layer(node, path);
+  } else if constexpr (chunks_of_stages<N>::value) {
+    for (auto& chunk : node) walk_tree(chunk, path, on_module, on_layer);
   } else if constexpr (module<N>) {
     on_module(node, path);
     auto children = node.shardwise_children();
@@ -229,6 +267,8 @@ constexpr found_path node_path() {
   if constexpr (layer<Node>) {
     constexpr std::string_view p = location_of<Node>::type::path.view();
     return {!p.empty(), p};
+  } else if constexpr (chunks_of_stages<Node>::value) {
+    return node_path<typename chunks_of_stages<Node>::element>();
   } else if constexpr (module<Node>) {
     return module_path<Node>();
   } else if constexpr (repeated<Node>::value) {
@@ -266,6 +306,8 @@ struct tree_nodes {
   static auto pick() {
     if constexpr (layer<Node>) {
       return std::type_identity<type_list<Node>>{};
+    } else if constexpr (chunks_of_stages<Node>::value) {
+      return std::type_identity<tree_nodes_t<typename chunks_of_stages<Node>::element>>{};
     } else if constexpr (module<Node>) {
       return []<std::size_t... I>(std::index_sequence<I...>) {
         return std::type_identity<
@@ -435,7 +477,9 @@ void show_children_named_otherwise(std::index_sequence<I...>) {
 
 template <class Node>
 void show_members_named_otherwise() {
-  if constexpr (module<Node>)
+  if constexpr (chunks_of_stages<Node>::value)
+    show_members_named_otherwise<typename chunks_of_stages<Node>::element>();
+  else if constexpr (module<Node>)
     show_children_named_otherwise<Node>(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
   else if constexpr (repeated<Node>::value)
     show_members_named_otherwise<typename repeated<Node>::element>();
