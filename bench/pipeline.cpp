@@ -1,0 +1,260 @@
+// Pipeline parallelism on the Llama model, in one run:
+//  - step time against microbatches (a fixed batch of 8 sequences cut into m = 1, 2, 4, 8) for pp 2 and pp 4
+//    with GPipe and 1F1B, and the measured bubble — the share of a rank's step spent outside its stage's
+//    forward, backward and loss, averaged over the ranks — beside the theoretical (p - 1) / (m + p - 1);
+//  - tokens/s of pp 2 (1F1B, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on the same
+//    model and batch (the thread mesh);
+//  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
+//    above what it held before the step, for GPipe, 1F1B and 1F1B with activation checkpointing.
+//
+//   bench_pipeline [--steps 3] [--small] [--smoke]
+//   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute [--small]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <shardwise/mesh/launch.hpp>
+#include <shardwise/models/llama_stage.hpp>
+#include <shardwise/shardwise.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int batch_sequences = 8;
+
+models::LlamaConfig config(bool small) {
+  models::LlamaConfig c;
+  if (small) {  // the tests' size
+    c.vocabulary = 64, c.dim = 32, c.layers = 4, c.heads = 4, c.kv_heads = 4, c.hidden = 64, c.sequence = 8;
+  } else {
+    c.vocabulary = 256, c.dim = 1024, c.layers = 4, c.heads = 16, c.kv_heads = 8, c.hidden = 2816, c.sequence = 128;
+  }
+  return c;
+}
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+/// Token ids and targets of microbatch m of `microbatches` (the batch's sequences cut evenly).
+struct Batch {
+  std::vector<std::vector<std::int64_t>> ids, targets;
+  Batch(models::LlamaConfig const& c, int microbatches, int first_sequence = 0, int sequences = batch_sequences)
+      : ids(static_cast<std::size_t>(microbatches)), targets(ids.size()) {
+    int const per = sequences / microbatches;
+    for (int m = 0; m < microbatches; ++m)
+      for (int b = first_sequence + m * per; b < first_sequence + (m + 1) * per; ++b)
+        for (std::size_t t = 0; t < c.sequence; ++t) {
+          ids[static_cast<std::size_t>(m)].push_back(static_cast<std::int64_t>((b * 131 + t * 17) % c.vocabulary));
+          targets[static_cast<std::size_t>(m)].push_back(
+              static_cast<std::int64_t>((b * 131 + t * 17 + 1) % c.vocabulary));
+        }
+  }
+};
+
+/// A stage that times its own forward and backward: the busy time of a rank.
+template <class Stage>
+struct Timed {
+  Stage stage;
+  double busy = 0;
+  SHARDWISE_CHILDREN(stage)
+  SHARDWISE_SAVED()
+  Timed(models::LlamaConfig const& c, sw::stage_split const& split, int index) : stage(c, split, index) {}
+  template <class X>
+  auto forward(X const& x) {
+    auto const start = clock_type::now();
+    auto y = stage.forward(x);
+    busy += seconds_since(start);
+    return y;
+  }
+  typename Stage::stream backward(typename Stage::stream const& dy) {
+    auto const start = clock_type::now();
+    auto dx = stage.backward(dy);
+    busy += seconds_since(start);
+    return dx;
+  }
+};
+
+struct Timing {
+  double step_seconds = 0, bubble = 0;
+};
+
+/// Mean step time (after one warm-up step) and mean bubble over the ranks, pp stages on the thread mesh.
+template <class Schedule>
+Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatches, int steps,
+                       sw::stage_activations activations = sw::stage_activations::keep) {
+  Timing timing;
+  std::vector<double> bubble(static_cast<std::size_t>(stages));
+  sw::run_threads(stages, [&](auto& world) {
+    auto const pp = sw::make_mesh<"pp">(world, {stages});
+    auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+    std::vector<Timed<models::LlamaStage<float>>> stage;
+    stage.emplace_back(c, sw::stage_split(c.layers, stages), pp.rank());
+    sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
+    Batch const batch(c, microbatches);
+    double total = 0, busy = 0;
+    for (int step = 0; step <= steps; ++step) {
+      sw::barrier(pp);
+      stage.front().busy = 0;
+      auto const start = clock_type::now();
+      sw::run_pipeline_step(
+          Schedule{}, pp, std::span(stage), microbatches,
+          [&](int m) { return std::span<const std::int64_t>(batch.ids[static_cast<std::size_t>(m)]); },
+          [&](int m, auto const& h) {
+            auto const head = clock_type::now();
+            auto result = stage.back().stage.head_loss(tp, h, batch.targets[static_cast<std::size_t>(m)],
+                                                       1.0f / float(microbatches));
+            stage.back().busy += seconds_since(head);
+            return result.gradient;
+          },
+          sw::pipeline_options{activations});
+      optimizer.step(sw::finish_gradients(stage.front()), sw::make_mesh<"dp">(sw::serial_world(), {1}), pp);
+      sw::zero_grad(stage.front());
+      sw::barrier(pp);
+      double const wall = seconds_since(start);
+      if (step > 0) total += wall, busy += stage.front().busy;
+    }
+    bubble[static_cast<std::size_t>(pp.rank())] = 1.0 - busy / total;
+    if (pp.rank() == 0) timing.step_seconds = total / steps;
+  });
+  for (double b : bubble) timing.bubble += b / stages;
+  return timing;
+}
+
+/// Mean step time of the whole model on `ranks` threads as dp x tp (one rank: unsharded), the batch in
+/// microbatches of one sequence accumulated.
+template <class Plan>
+double model_step_seconds(models::LlamaConfig const& c, int dp_size, int tp_size, int steps) {
+  double seconds = 0;
+  sw::run_threads(dp_size * tp_size, [&](auto& world) {
+    auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, tp_size});
+    auto const tp = sw::submesh<"tp">(mesh);
+    auto const dp = sw::submesh<"dp">(mesh);
+    models::Llama<float, Plan> model(c);
+    sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f, .zero1 = dp_size > 1});
+    sw::parallelize(model, tp);
+    int const mine = batch_sequences / dp_size;
+    Batch const batch(c, mine, dp.rank() * mine, mine);
+    double total = 0;
+    for (int step = 0; step <= steps; ++step) {
+      sw::barrier(mesh);
+      auto const start = clock_type::now();
+      for (int m = 0; m < mine; ++m) {
+        auto result = models::llama_loss(tp, model.forward(batch.ids[static_cast<std::size_t>(m)]),
+                                         batch.targets[static_cast<std::size_t>(m)], c.vocabulary);
+        result.dlogits.local /= float(mine);
+        model.backward(result.dlogits);
+      }
+      optimizer.step(sw::finish_gradients(model), dp);
+      sw::zero_grad(model);
+      sw::barrier(mesh);
+      if (step > 0) total += seconds_since(start);
+    }
+    if (world.rank() == 0) seconds = total / steps;
+  });
+  return seconds;
+}
+
+void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
+  std::printf("%-6s %-5s %4s %12s %12s %12s\n", "stages", "sched", "m", "step (s)", "bubble", "(p-1)/(m+p-1)");
+  for (int stages : {2, 4}) {
+    if (smoke && stages == 4) break;
+    for (int m : {1, 2, 4, 8}) {
+      double const theory = double(stages - 1) / double(m + stages - 1);
+      auto const gpipe = pipeline_timing<sw::GPipe>(c, stages, m, steps);
+      auto const one = pipeline_timing<sw::OneFOneB>(c, stages, m, steps);
+      std::printf("%-6d %-5s %4d %12.4f %12.3f %12.3f\n", stages, "gpipe", m, gpipe.step_seconds, gpipe.bubble, theory);
+      std::printf("%-6d %-5s %4d %12.4f %12.3f %12.3f\n", stages, "1f1b", m, one.step_seconds, one.bubble, theory);
+      std::fflush(stdout);
+    }
+  }
+}
+
+void compare_parallelisms(models::LlamaConfig const& c, int steps) {
+  double const tokens = double(batch_sequences) * double(c.sequence);
+  double const one = model_step_seconds<sw::serial_plan>(c, 1, 1, steps);
+  double const pp2 = pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds;
+  double const tp2 = model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps);
+  double const dp2 = model_step_seconds<sw::serial_plan>(c, 2, 1, steps);
+  std::printf("\n%-28s %12s %12s\n", "same model and batch", "tokens/s", "vs 1 rank");
+  auto const row = [&](char const* name, double seconds) {
+    std::printf("%-28s %12.0f %12.2f\n", name, tokens / seconds, one / seconds);
+    std::printf("RESULT %s %.1f\n", name, tokens / seconds);
+  };
+  row("one_rank", one);
+  row("pp2_1f1b_m8", pp2);
+  row("tp2_sequence_parallel", tp2);
+  row("dp2_zero1", dp2);
+}
+
+/// Peak resident set of this process in MiB (VmHWM), or the current one (VmRSS).
+double status_mib(char const* field) {
+  std::ifstream status("/proc/self/status");
+  std::string const key = std::string(field) + ":";
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
+  return 0;
+}
+
+/// One pipeline step with m = 8 on this process's stage; prints the peak resident set the step added.
+int measure_memory(int argc, char** argv, std::string const& mode, models::LlamaConfig const& c) {
+  sw::launch(argc, argv, 2, [&](auto& world) {
+    auto const pp = sw::make_mesh<"pp">(world, {world.size()});
+    auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+    std::vector<models::LlamaStage<float>> stage;
+    stage.emplace_back(c, sw::stage_split(c.layers, pp.size()), pp.rank());
+    sw::zero_grad(stage.front());  // the gradients exist before the step: only activations are new
+    Batch const batch(c, batch_sequences);
+    double const before = status_mib("VmHWM");
+    auto const options =
+        sw::pipeline_options{mode == "1f1b-recompute" ? sw::stage_activations::recompute : sw::stage_activations::keep};
+    auto const step = [&](auto schedule) {
+      sw::run_pipeline_step(
+          schedule, pp, std::span(stage), batch_sequences,
+          [&](int m) { return std::span<const std::int64_t>(batch.ids[static_cast<std::size_t>(m)]); },
+          [&](int m, auto const& h) {
+            return stage.back().head_loss(tp, h, batch.targets[static_cast<std::size_t>(m)], 0.125f).gradient;
+          },
+          options);
+    };
+    if (mode == "gpipe")
+      step(sw::GPipe{});
+    else
+      step(sw::OneFOneB{});
+    double const peak = status_mib("VmHWM");
+    std::printf("RESULT memory %s stage %d of %d: %.1f MiB above the %.1f MiB held before the step\n", mode.c_str(),
+                pp.rank(), pp.size(), peak - before, before);
+  });
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  openblas_set_num_threads(1);  // one thread per rank, BLAS included
+  int steps = 3;
+  bool small = false, smoke = false;
+  std::string memory_mode;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--small")) small = true;
+    if (!std::strcmp(argv[i], "--smoke")) smoke = true, small = true, steps = 1;
+    if (!std::strcmp(argv[i], "memory") && i + 1 < argc) memory_mode = argv[++i];
+  }
+  auto const c = config(small);
+  if (!memory_mode.empty()) return measure_memory(argc, argv, memory_mode, c);
+  std::printf("# Llama dim %zu, %zu layers, hidden %zu, %d sequences of %zu tokens per step; thread mesh\n", c.dim,
+              c.layers, c.hidden, batch_sequences, c.sequence);
+  time_schedules(c, steps, smoke);
+  compare_parallelisms(c, steps);
+  return 0;
+}
