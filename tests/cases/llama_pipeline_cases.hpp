@@ -33,6 +33,7 @@ inline models::LlamaConfig config() {
 struct Setup {
   int dp = 1, pp = 1, microbatches = 1, chunks = 1;
   sw::stage_activations activations = sw::stage_activations::keep;
+  bool checkpoint_blocks = false;  ///< activation checkpointing per transformer block
   bool zero1 = false;
   int sequences() const { return 2 * dp * microbatches; }  ///< per step, over every dp rank: two per microbatch
 };
@@ -66,7 +67,10 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
   // This rank's chunks: chunk k is stage k * pp + rank of the model (one chunk unless interleaved).
   sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
   sw::stage_split const split(c.layers, pp.size() * s.chunks);
-  for (int k = 0; k < s.chunks; ++k) stage.emplace_back(c, split, k * pp.size() + pp.rank());
+  for (int k = 0; k < s.chunks; ++k) {
+    stage.emplace_back(c, split, k * pp.size() + pp.rank());
+    stage.back().checkpoint_blocks(s.checkpoint_blocks);
+  }
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = s.zero1});
   sw::parallelize(stage, tp);
   int const m_count = s.microbatches, per_rank = s.sequences() / s.dp, per_micro = per_rank / m_count;
@@ -135,16 +139,23 @@ void check(World const& world, Setup const& s, Schedule const& schedule, int ste
   check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps));
 }
 
-/// Activation checkpointing per stage: the same run, bit for bit.
-template <class World>
+/// Activation checkpointing per stage, and per transformer block: the same run, bit for bit.
+template <class Plan, class World>
 void check_recompute_bitwise(World const& world, Setup s, int steps) {
-  Run const kept = train<sw::serial_plan>(world, s, sw::OneFOneB{}, steps);
-  s.activations = sw::stage_activations::recompute;
-  Run const recomputed = train<sw::serial_plan>(world, s, sw::OneFOneB{}, steps);
-  CHECK(recomputed.losses == kept.losses);
-  REQUIRE(recomputed.parameters.size() == kept.parameters.size());
-  for (std::size_t t = 0; t < kept.parameters.size(); ++t)
-    CHECK(recomputed.parameters[t].values == kept.parameters[t].values);
+  Run const kept = train<Plan>(world, s, sw::OneFOneB{}, steps);
+  for (bool per_block : {false, true}) {
+    INFO((per_block ? "per block" : "per stage"));
+    Setup checkpointed = s;
+    if (per_block)
+      checkpointed.checkpoint_blocks = true;
+    else
+      checkpointed.activations = sw::stage_activations::recompute;
+    Run const recomputed = train<Plan>(world, checkpointed, sw::OneFOneB{}, steps);
+    CHECK(recomputed.losses == kept.losses);
+    REQUIRE(recomputed.parameters.size() == kept.parameters.size());
+    for (std::size_t t = 0; t < kept.parameters.size(); ++t)
+      CHECK(recomputed.parameters[t].values == kept.parameters[t].values);
+  }
 }
 
 /// Every setup that fits `world`: pp over all ranks with GPipe and 1F1B at microbatches fewer than, equal to
@@ -158,7 +169,7 @@ void check_all(World const& world, int steps) {
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::GPipe{}, steps);
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::OneFOneB{}, steps);
     }
-    check_recompute_bitwise(world, {.pp = n, .microbatches = 3}, steps);
+    check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);
   }
   if (n == 2)  // interleaved: two chunks of one block each per rank, microbatches a multiple of the ranks
     for (int m : {2, 4})
@@ -167,6 +178,7 @@ void check_all(World const& world, int steps) {
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 4}, sw::OneFOneB{}, steps);
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, sw::GPipe{}, steps);
     check<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);
+    check_recompute_bitwise<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, steps);
   }
   if (n == 8)
     check<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);

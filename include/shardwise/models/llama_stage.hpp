@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "shardwise/models/llama.hpp"
 #include "shardwise/models/llama_plan.hpp"
@@ -37,7 +38,7 @@ struct LlamaStage {
   std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
   std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_SAVED()
+  SHARDWISE_SAVED(block_inputs_)
 
   /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
   LlamaStage(LlamaConfig const& c, stage_split const& split, int stage) : config_((c.check(), c)) {
@@ -64,6 +65,11 @@ struct LlamaStage {
     }
     if (first_) tok_embeddings->pad_vocabulary_for_tp();
   }
+
+  /// Activation checkpointing per transformer block (optimum-neuron's
+  /// pipeline_parallel_gradient_checkpointing_enabled): each block keeps only its input between its forward and
+  /// its backward, and runs its forward again in the backward. The same numbers, bit for bit; off by default.
+  void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
 
   /// Whether this stage holds the embedding (stage 0).
   [[nodiscard]] bool is_first() const { return first_; }
@@ -101,14 +107,20 @@ struct LlamaStage {
 
   /// The stage's blocks on the residual stream received from the stage before.
   stream forward(stream h) {
-    for (auto& block : layers) h = block.forward(h);
+    if (!checkpoint_blocks_) {
+      for (auto& block : layers) h = block.forward(h);
+      return h;
+    }
+    block_inputs_.resize(layers.size());
+    for (std::size_t i = 0; i < layers.size(); ++i) h = checkpointed_forward(layers[i], h, block_inputs_[i]);
     return h;
   }
 
   /// Backward of the stage's last forward from the gradient of its output: accumulates the parameter
   /// gradients; returns the gradient of its input (empty on the first stage, whose input is token ids).
   stream backward(stream dh) {
-    for (auto block = layers.rbegin(); block != layers.rend(); ++block) dh = block->backward(dh);
+    for (std::size_t i = layers.size(); i-- > 0;)
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh) : layers[i].backward(dh);
     if (!first_) return dh;
     tok_embeddings->backward(dh);
     return {};
@@ -136,7 +148,8 @@ struct LlamaStage {
 
  private:
   LlamaConfig config_;
-  bool first_ = false, last_ = false;
+  bool first_ = false, last_ = false, checkpoint_blocks_ = false;
+  std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };
 
 }  // namespace shardwise::models
