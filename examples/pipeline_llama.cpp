@@ -50,28 +50,28 @@ int main(int argc, char** argv) {
 
     std::mt19937 rng(42);  // the same on every rank
     std::uniform_int_distribution<std::size_t> start(0, text.size() - config.sequence - 1);
-    std::vector<std::vector<std::int64_t>> ids(microbatches), targets(microbatches);
+    std::vector<std::int64_t> ids, targets;  // the step's batch, whole sequences
     float first_loss = 0, last_loss = 0;
     for (int step = 1; step <= steps; ++step) {
-      for (int m = 0; m < microbatches; ++m) {
-        ids[static_cast<std::size_t>(m)].clear(), targets[static_cast<std::size_t>(m)].clear();
-        for (int b = 0; b < sequences_per_microbatch; ++b) {
-          std::size_t const s = start(rng);
-          for (std::size_t t = 0; t < config.sequence; ++t) {
-            ids[static_cast<std::size_t>(m)].push_back(static_cast<unsigned char>(text[s + t]));
-            targets[static_cast<std::size_t>(m)].push_back(static_cast<unsigned char>(text[s + t + 1]));
-          }
+      ids.clear(), targets.clear();
+      for (int b = 0; b < microbatches * sequences_per_microbatch; ++b) {
+        std::size_t const s = start(rng);
+        for (std::size_t t = 0; t < config.sequence; ++t) {
+          ids.push_back(static_cast<unsigned char>(text[s + t]));
+          targets.push_back(static_cast<unsigned char>(text[s + t + 1]));
         }
       }
+      // Equal microbatches of whole sequences (a batch they do not divide is refused with the counts).
+      auto const id_parts = sw::split_microbatches(std::span<std::int64_t const>(ids), config.sequence, microbatches);
+      auto const target_parts =
+          sw::split_microbatches(std::span<std::int64_t const>(targets), config.sequence, microbatches);
       float loss = 0;  // on the last stage: the mean over the microbatches
       sw::run_pipeline_step(
           sw::OneFOneB{}, pp, std::span(stage), microbatches,
-          [&](int m) {
-            return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]);
-          },                           // the first stage's input
-          [&](int m, auto const& h) {  // the last stage's loss
+          [&](int m) { return id_parts[static_cast<std::size_t>(m)]; },  // the first stage's input
+          [&](int m, auto const& h) {                                    // the last stage's loss
             auto const result =
-                stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / microbatches);
+                stage.back().head_loss(tp, h, target_parts[static_cast<std::size_t>(m)], 1.0f / microbatches);
             loss += result.loss / microbatches;
             return result.gradient;
           });

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <shardwise/pipeline/schedule.hpp>
+#include <shardwise/pipeline/stages.hpp>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace sw = shardwise;
 using sw::action_kind;
@@ -305,4 +308,35 @@ TEST_CASE("each rule, on a hand-written table, at its rank and step") {
     CHECK(out_of_range.rule == schedule_rule::malformed_action);
     CHECK(out_of_range.step == 2);
   }
+}
+
+TEST_CASE("stage_split: even splits, explicit cuts, and counts that cannot be split, named") {
+  sw::stage_split const even(8, 4);
+  CHECK(even.stages() == 4);
+  CHECK(even.of(0).first == 0);
+  CHECK(even.of(3).first == 6);
+  CHECK(even.of(3).count == 2);
+  sw::stage_split const cut(5, std::vector<std::size_t>{1, 4});  // uneven on purpose: 1, 3 and 1 layers
+  CHECK(cut.stages() == 3);
+  CHECK(cut.of(1).first == 1);
+  CHECK(cut.of(1).count == 3);
+  CHECK(cut.of(2).count == 1);
+  CHECK_THROWS_WITH_AS(sw::stage_split(6, 4), doctest::Contains("6 layers do not divide over 4 stages"), sw::error);
+  CHECK_THROWS_WITH_AS(sw::stage_split(2, 4), doctest::Contains("4 stages for 2 layers"), sw::error);
+  CHECK_THROWS_WITH_AS(sw::stage_split(5, std::vector<std::size_t>{3, 3}),
+                       doctest::Contains("cut 1 at layer 3 leaves a stage without layers"), sw::error);
+  CHECK_THROWS_WITH_AS((void)even.of(4), doctest::Contains("stage 4 of 4 stages does not exist"), sw::error);
+}
+
+TEST_CASE("split_microbatches: equal microbatches of whole rows, or the counts named") {
+  std::vector<int> const batch{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // 6 rows of 2
+  auto const parts = sw::split_microbatches(std::span<int const>(batch), 2, 3);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[1].front() == 4);
+  CHECK(parts[1].size() == 4);
+  CHECK_THROWS_WITH_AS(sw::split_microbatches(std::span<int const>(batch), 2, 4),
+                       doctest::Contains("(6 rows of 2) does not divide into 4 microbatches"), sw::error);
+  CHECK_THROWS_WITH_AS(sw::split_microbatches(std::span<int const>(batch), 5, 1),
+                       doctest::Contains("does not divide into 1 microbatches of whole rows"), sw::error);
+  static_assert(sw::microbatch_rows<8, 4>() == 2);
 }

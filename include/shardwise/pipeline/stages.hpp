@@ -1,8 +1,10 @@
 #pragma once
 // Which blocks of a model's repeated stack each pipeline stage holds: contiguous ranges, an even split by
-// default or explicit cuts. The first stage also holds what comes before the stack (the embedding), the last
-// what comes after (final norm, output, loss); the model decides that, this only counts blocks.
+// default or explicit cuts; and a batch cut into equal microbatches. The first stage also holds what comes before the
+// stack (the embedding), the last what comes after (final norm, output, loss); the model decides that, this only counts
+// blocks.
 #include <cstddef>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,6 +88,45 @@ stage_split even_stage_split() {
                 "shardwise::even_stage_split: the layers do not divide over the stages (see the counts in the "
                 "template arguments); choose a stage count that divides them, or give stage_split explicit cuts");
   return {Layers, static_cast<int>(Stages)};
+}
+
+/// A batch of `rows` rows of `row_length` elements each (sequences of tokens) cut into `microbatches` equal
+/// microbatches: microbatch m is rows [m * rows / microbatches, (m + 1) * rows / microbatches). Throws, naming the
+/// counts, when the batch is not whole rows or the rows do not divide: uneven microbatches would weigh their
+/// tokens unequally in a step's mean loss.
+template <class T>
+std::vector<std::span<T const>> split_microbatches(std::span<T const> batch, std::size_t row_length, int microbatches) {
+  if (microbatches < 1 || row_length == 0)
+    detail::fail("shardwise::split_microbatches: ", microbatches, " microbatches of rows of ", row_length,
+                 " elements; give at least one microbatch of non-empty rows");
+  auto const n = static_cast<std::size_t>(microbatches);
+  if (batch.size() % row_length != 0 || (batch.size() / row_length) % n != 0)
+    detail::fail("shardwise::split_microbatches: a batch of ", batch.size(), " elements (", batch.size() / row_length,
+                 " rows of ", row_length, ") does not divide into ", microbatches,
+                 " microbatches of whole rows; give a batch whose rows the microbatch count divides");
+  std::size_t const each = batch.size() / n;
+  std::vector<std::span<T const>> parts;
+  for (std::size_t m = 0; m < n; ++m) parts.push_back(batch.subspan(m * each, each));
+  return parts;
+}
+
+namespace detail {
+template <std::size_t Rows, std::size_t Microbatches>
+struct rows_do_not_divide_into_microbatches;  // incomplete on purpose: the compile error spells the counts
+}
+
+/// The rows of each microbatch of a batch of Rows rows in Microbatches microbatches, when both are known at
+/// compile time: counts that do not divide are a compile error naming them.
+template <std::size_t Rows, std::size_t Microbatches>
+constexpr std::size_t microbatch_rows() {
+  if constexpr (Microbatches == 0 || Rows % Microbatches != 0) {
+    using shown [[maybe_unused]] =
+        decltype(detail::show_incomplete<detail::rows_do_not_divide_into_microbatches<Rows, Microbatches>>());
+  }
+  static_assert(Microbatches != 0 && Rows % Microbatches == 0,
+                "shardwise::microbatch_rows: the batch's rows do not divide into the microbatches (see the counts in "
+                "the template arguments); choose a microbatch count that divides the batch");
+  return Microbatches == 0 ? 0 : Rows / Microbatches;
 }
 
 }  // namespace shardwise
