@@ -1,7 +1,8 @@
 // Pipeline parallelism on the Llama model, in one run:
 //  - step time against microbatches (a fixed batch of 8 sequences cut into m = 1, 2, 4, 8) for pp 2 and pp 4
-//    with GPipe and 1F1B, and the measured bubble — the share of a rank's step spent outside its stage's
-//    forward, backward and loss, averaged over the ranks — beside the theoretical (p - 1) / (m + p - 1);
+//    with GPipe and 1F1B, and the measured bubble — the share of the pipeline schedule's time (the step without
+//    the optimizer) a rank spends outside its stage's forward, backward and loss, averaged over the ranks —
+//    beside the theoretical (p - 1) / (m + p - 1);
 //  - tokens/s of pp 2 (1F1B, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on the same
 //    model and batch (the thread mesh);
 //  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
@@ -101,7 +102,7 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
     stage.emplace_back(c, sw::stage_split(c.layers, stages), pp.rank());
     sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
     Batch const batch(c, microbatches);
-    double total = 0, busy = 0;
+    double total = 0, busy = 0, pipelined = 0;
     for (int step = 0; step <= steps; ++step) {
       sw::barrier(pp);
       stage.front().busy = 0;
@@ -117,13 +118,15 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
             return result.gradient;
           },
           sw::pipeline_options{activations});
+      sw::barrier(pp);
+      double const pipeline_wall = seconds_since(start);  // the schedule alone: what its bubble is a share of
       optimizer.step(sw::finish_gradients(stage.front()), sw::make_mesh<"dp">(sw::serial_world(), {1}), pp);
       sw::zero_grad(stage.front());
       sw::barrier(pp);
       double const wall = seconds_since(start);
-      if (step > 0) total += wall, busy += stage.front().busy;
+      if (step > 0) total += wall, busy += stage.front().busy, pipelined += pipeline_wall;
     }
-    bubble[static_cast<std::size_t>(pp.rank())] = 1.0 - busy / total;
+    bubble[static_cast<std::size_t>(pp.rank())] = 1.0 - busy / pipelined;
     if (pp.rank() == 0) timing.step_seconds = total / steps;
   });
   for (double b : bubble) timing.bubble += b / stages;
