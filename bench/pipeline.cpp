@@ -6,10 +6,11 @@
 //  - tokens/s of pp 2 (1F1B, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on the same
 //    model and batch (the thread mesh);
 //  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
-//    above what it held before the step, for GPipe, 1F1B and 1F1B with activation checkpointing.
+//    above what it held before the step, for GPipe, 1F1B, and 1F1B with activation checkpointing per stage
+//    (1f1b-recompute) and per block (1f1b-blocks).
 //
 //   bench_pipeline [--steps 3] [--small] [--smoke]
-//   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute [--small]
+//   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute|1f1b-blocks [--small]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -199,15 +202,6 @@ void compare_parallelisms(models::LlamaConfig const& c, int steps) {
   row("dp2_zero1", dp2);
 }
 
-/// Peak resident set of this process in MiB (VmHWM), or the current one (VmRSS).
-double status_mib(char const* field) {
-  std::ifstream status("/proc/self/status");
-  std::string const key = std::string(field) + ":";
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
-  return 0;
-}
-
 /// One pipeline step with m = 8 on this process's stage; prints the peak resident set the step added.
 int measure_memory(int argc, char** argv, std::string const& mode, models::LlamaConfig const& c) {
   sw::launch(argc, argv, 2, [&](auto& world) {
@@ -215,9 +209,10 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
     auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
     std::vector<models::LlamaStage<float>> stage;
     stage.emplace_back(c, sw::stage_split(c.layers, pp.size()), pp.rank());
+    stage.front().checkpoint_blocks(mode == "1f1b-blocks");
     sw::zero_grad(stage.front());  // the gradients exist before the step: only activations are new
     Batch const batch(c, batch_sequences);
-    double const before = status_mib("VmHWM");
+    double const before = bench::status_mib("VmHWM");
     auto const options =
         sw::pipeline_options{mode == "1f1b-recompute" ? sw::stage_activations::recompute : sw::stage_activations::keep};
     auto const step = [&](auto schedule) {
@@ -233,7 +228,7 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
       step(sw::GPipe{});
     else
       step(sw::OneFOneB{});
-    double const peak = status_mib("VmHWM");
+    double const peak = bench::status_mib("VmHWM");
     std::printf("RESULT memory %s stage %d of %d: %.1f MiB above the %.1f MiB held before the step\n", mode.c_str(),
                 pp.rank(), pp.size(), peak - before, before);
   });

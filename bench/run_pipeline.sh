@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run, side by side: bench_pipeline's step times, bubbles and tokens/s (thread mesh), each stage's peak
-# activation memory for GPipe, 1F1B and 1F1B with activation checkpointing (mpiexec -n 2 and -n 4: one process
-# per stage), then PyTorch's torch.distributed.pipelining Schedule1F1B at pp 2 on the same model and batch
+# activation memory for GPipe, 1F1B and 1F1B with activation checkpointing per stage and per block (mpiexec -n 2
+# and -n 4: one process per stage), then PyTorch's torch.distributed.pipelining Schedule1F1B at pp 2 on the same model and batch
 # (torch_pipeline.py: transformers' LlamaForCausalLM split into two stages, gloo), and the ratio.
 #   bench/run_pipeline.sh BUILD_DIR [--small]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
@@ -21,7 +21,7 @@ echo "$ours" | grep -v '^RESULT'
 echo
 echo "# peak activation memory per stage, m = 8 (mpiexec, one process per stage)"
 for n in 2 4; do
-  for mode in gpipe 1f1b 1f1b-recompute; do
+  for mode in gpipe 1f1b 1f1b-recompute 1f1b-blocks; do
     mpiexec -n "$n" --bind-to none "$build/bench/bench_pipeline" memory "$mode" "${size[@]}" | sed 's/^RESULT memory //' | sort
   done
 done

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "proc_status.hpp"
+
 extern "C" void openblas_set_num_threads(int);
 
 namespace sw = shardwise;
@@ -28,19 +30,10 @@ struct Result {
   double rss_before_mib = 0, peak_rss_mib = 0;  // this process, before the model is built and at its peak
 };
 
-// A field of /proc/self/status in MiB (VmRSS: resident now, VmHWM: peak resident); 0 where there is none.
-double status_mib(char const* field) {
-  std::ifstream status("/proc/self/status");
-  std::string const key = std::string(field) + ":";
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
-  return 0;
-}
-
 template <class Plan>
 Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, int sequences, bool zero1) {
   Result result;
-  result.rss_before_mib = status_mib("VmRSS");
+  result.rss_before_mib = bench::status_mib("VmRSS");
   sw::run_threads(ranks, [&](auto& world) {
     auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, ranks / dp_size});
     auto const tp = sw::submesh<"tp">(mesh);
@@ -77,7 +70,7 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
       result.state = optimizer.state_elements();
     }
   });
-  result.peak_rss_mib = status_mib("VmHWM");
+  result.peak_rss_mib = bench::status_mib("VmHWM");
   return result;
 }
 

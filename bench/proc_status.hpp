@@ -1,0 +1,18 @@
+#pragma once
+// A field of /proc/self/status in MiB, for the benchmarks' memory columns.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace bench {
+
+/// VmRSS (resident now) or VmHWM (peak resident) of this process in MiB; 0 where there is none.
+inline double status_mib(char const* field) {
+  std::ifstream status("/proc/self/status");
+  std::string const key = std::string(field) + ":";
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) / 1024.0;
+  return 0;
+}
+
+}  // namespace bench
