@@ -34,13 +34,13 @@ struct scratch_dir {
 using Tensors = std::map<std::string, std::vector<float>>;
 
 /// Trains pp 2 x tp 2 (sequence parallel) for 3 steps and saves it; returns every trained tensor, whole.
-Tensors train_and_save(fs::path const& dir) {
+Tensors train_and_save(fs::path const& dir, bool tied = false) {
   Tensors trained;
   std::mutex guard;
   sw::run_threads(4, [&](auto& world) {
     auto const save = [&](auto& stage, auto const& tp, auto const& pp) { sw::save_sharded(stage, tp, pp, dir, 3); };
-    auto const run = llama_pipeline_cases::train<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 2},
-                                                                           sw::OneFOneB{}, 3, save);
+    auto const run = llama_pipeline_cases::train<models::llama_plan<true>>(
+        world, {.pp = 2, .microbatches = 2, .tied = tied}, sw::OneFOneB{}, 3, save);
     std::lock_guard lock(guard);
     for (auto const& t : run.parameters) trained[t.path] = t.values;
   });
@@ -50,8 +50,8 @@ Tensors train_and_save(fs::path const& dir) {
 /// Loads `dir` into stage `stage` of `stages` at tp `tp_size` (a lazy stage when `lazy`) and returns its
 /// tensors, whole.
 template <class Plan, class Mesh>
-Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, bool lazy) {
-  auto const c = llama_pipeline_cases::config();
+Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, bool lazy, bool tied = false) {
+  auto const c = llama_pipeline_cases::config(tied);
   sw::stage_split const split(c.layers, stages);
   std::vector<llama_cases::TrainedTensor> loaded;
   if (lazy) {
@@ -71,7 +71,7 @@ Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, b
 
 /// Loads at pp `stages` x tp `tp_size` on threads; every stage's tensors must equal the trained ones, and
 /// together the stages must hold every tensor.
-void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_size, bool lazy) {
+void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_size, bool lazy, bool tied = false) {
   INFO("load at pp " << stages << " x tp " << tp_size << (lazy ? ", lazy" : ""));
   Tensors seen;
   std::mutex guard;
@@ -79,10 +79,13 @@ void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_
     auto const mesh = sw::make_mesh<"pp", "tp">(world, {stages, tp_size});
     auto const tp = sw::submesh<"tp">(mesh);
     int const stage = sw::coordinate<"pp">(mesh);
-    Tensors const mine = tp_size == 1 ? load_stage<sw::serial_plan>(tp, dir, stages, stage, lazy)
-                                      : load_stage<models::llama_plan<true>>(tp, dir, stages, stage, lazy);
+    Tensors const mine = tp_size == 1 ? load_stage<sw::serial_plan>(tp, dir, stages, stage, lazy, tied)
+                                      : load_stage<models::llama_plan<true>>(tp, dir, stages, stage, lazy, tied);
     std::lock_guard lock(guard);
-    for (auto const& [name, values] : mine) seen[name] = values;
+    for (auto const& [name, values] : mine) {
+      if (seen.count(name)) CHECK_MESSAGE(seen.at(name) == values, name << " differs between two stages");
+      seen[name] = values;  // a tied output's copy comes under the embedding's name
+    }
   });
   CHECK(seen.size() == trained.size());
   for (auto const& [name, values] : trained) {
@@ -152,4 +155,23 @@ TEST_CASE("a lazy stage reads only its own stage's files") {
   CHECK(first.count("tok_embeddings.weight") == 1);
   CHECK(first.count("output.weight") == 0);
   CHECK_THROWS_WITH_AS(load_stage<sw::serial_plan>(tp1, dir, 2, 1, true), doctest::Contains("checksum"), sw::error);
+}
+
+TEST_CASE("tied embeddings over pp 2: saved once, under the embedding's name; loaded into both stages and at pp 1") {
+  scratch_dir scratch;
+  fs::path const dir = scratch.path / "ckpt";
+  Tensors const trained = train_and_save(dir, true);
+  REQUIRE(trained.size() == 2 + 9 * llama_pipeline_cases::config().layers);  // no output.weight: it is the table
+  auto const index = sw::read_checkpoint_index(dir);
+  CHECK(index.find("output.weight") == nullptr);
+  REQUIRE(index.find("tok_embeddings.weight") != nullptr);
+  CHECK(index.find("tok_embeddings.weight")->pieces.front().file.find("pp_rank_00") != std::string::npos);
+  check_load(trained, dir, 1, 1, false, true);
+  check_load(trained, dir, 2, 2, false, true);  // the last stage's output copy is read from the embedding's
+  check_load(trained, dir, 4, 1, true, true);
+  models::Llama<float> plain(llama_pipeline_cases::config(true));
+  auto const tp1 = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  (void)sw::load_sharded(plain, tp1, dir);
+  auto const table = sw::full_tensor(std::get<0>(plain.tok_embeddings.parameters()));
+  CHECK(std::vector<float>(table.data(), table.data() + table.size()) == trained.at("tok_embeddings.weight"));
 }

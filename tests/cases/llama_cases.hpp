@@ -54,6 +54,7 @@ struct Run {
   std::vector<TrainedTensor> parameters;  // all parameters, in traversal order
   std::size_t state_elements = 0;         // optimizer state this rank holds (AdamW::state_elements), after training
   int dp_rank = 0;                        // this rank's coordinate on the dp axis
+  int mirrors = 0;  // pipeline stages: parameters that are copies of another stage's (a tied output)
   // Unsharded runs only (one rank): the norm of all gradients as this test computes it, before each step.
   std::vector<double> own_norms;
 };

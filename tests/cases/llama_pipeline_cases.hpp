@@ -22,9 +22,10 @@ namespace models = shardwise::models;
 using llama_cases::Run;
 
 /// Four blocks, so that four stages hold one each.
-inline models::LlamaConfig config() {
+inline models::LlamaConfig config(bool tied = false) {
   auto c = llama_cases::small_config();
   c.layers = 4;
+  c.tie_word_embeddings = tied;
   return c;
 }
 
@@ -34,17 +35,21 @@ struct Setup {
   int dp = 1, pp = 1, microbatches = 1, chunks = 1;
   sw::stage_activations activations = sw::stage_activations::keep;
   bool checkpoint_blocks = false;  ///< activation checkpointing per transformer block
+  bool tied = false;               ///< tie_word_embeddings: the embedding on the first stage, the output on the last
   bool zero1 = false;
   int sequences() const { return 2 * dp * microbatches; }  ///< per step, over every dp rank: two per microbatch
 };
 
-/// This rank's stage's parameters, gathered over tp to their unsharded shapes, in the model's order.
+/// This rank's stage's parameters, gathered over tp to their unsharded shapes, in the model's order; a copy of
+/// another stage's weight (the output tied to the embedding) under its owner's name, counted in `mirrors`.
 template <class Stage>
-std::vector<llama_cases::TrainedTensor> parameters_of(Stage& stage) {
+std::vector<llama_cases::TrainedTensor> parameters_of(Stage& stage, int* mirrors = nullptr) {
   std::vector<llama_cases::TrainedTensor> all;
   sw::for_each_parameter(stage, [&](std::string const& name, auto const& p) {
     auto const whole = sw::full_tensor(p);
-    auto& kept = all.emplace_back(llama_cases::TrainedTensor{name, {}});
+    if (mirrors && !p.mirror_of.empty()) ++*mirrors;
+    auto& kept =
+        all.emplace_back(llama_cases::TrainedTensor{p.mirror_of.empty() ? name : std::string(p.mirror_of), {}});
     for (Eigen::Index i = 0; i < whole.rows(); ++i)
       for (Eigen::Index j = 0; j < whole.cols(); ++j) kept.values.push_back(whole(i, j));
   });
@@ -59,7 +64,7 @@ struct nothing_after {
 };
 template <class Plan, class Schedule, class World, class After = nothing_after>
 Run train(World const& world, Setup const& s, Schedule const& schedule, int steps, After&& after = {}) {
-  auto const c = config();
+  auto const c = config(s.tied);
   auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const pp = sw::submesh<"pp">(mesh);
@@ -94,18 +99,18 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
     float const loss = sw::all_reduce(pp, stage.back().is_last() ? step_loss : 0.0f, sw::Sum{});
     run.losses.push_back(sw::all_reduce(dp, loss, sw::Avg{}));
   }
-  run.parameters = parameters_of(stage);
+  run.parameters = parameters_of(stage, &run.mirrors);
   after(stage, tp, pp);
   return run;
 }
 
 /// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape.
 inline Run const& unsharded(Setup const& s, int steps) {
-  static std::map<std::pair<int, int>, Run> runs;  // by (sequences, microbatches of the whole batch)
-  std::pair<int, int> const key{s.sequences(), s.microbatches};
+  static std::map<std::tuple<int, int, bool>, Run> runs;  // by (sequences, microbatches, tied)
+  std::tuple<int, int, bool> const key{s.sequences(), s.microbatches, s.tied};
   auto found = runs.find(key);
   if (found == runs.end())
-    found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, config(),
+    found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, config(s.tied),
                                                                   s.microbatches, 1.0f, s.sequences()))
                 .first;
   return found->second;
@@ -125,7 +130,7 @@ void check_against_unsharded(PipelineMesh const& pp_of_world, Run const& got, Ru
       if (whole.path == mine.path) expected_here.parameters.push_back(whole);
   llama_cases::check_same_run(got, expected_here);
   // The stages hold every parameter once: the counts over the pipeline axis add up to the model's.
-  int const held = sw::all_reduce(pp_of_world, static_cast<int>(got.parameters.size()), sw::Sum{});
+  int const held = sw::all_reduce(pp_of_world, static_cast<int>(got.parameters.size()) - got.mirrors, sw::Sum{});
   CHECK(held == static_cast<int>(expected.parameters.size()));
 }
 
@@ -171,6 +176,8 @@ void check_all(World const& world, int steps) {
     }
     check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);
   }
+  if (n == 2)  // tied embeddings: the first stage's embedding and the last stage's output stay one value
+    check<sw::serial_plan>(world, {.pp = 2, .microbatches = 2, .tied = true}, sw::OneFOneB{}, steps);
   if (n == 2)  // interleaved: two chunks of one block each per rank, microbatches a multiple of the ranks
     for (int m : {2, 4})
       check<sw::serial_plan>(world, {.pp = 2, .microbatches = m, .chunks = 2}, sw::Interleaved1F1B<2>{}, steps);
@@ -179,6 +186,8 @@ void check_all(World const& world, int steps) {
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, sw::GPipe{}, steps);
     check<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);
     check_recompute_bitwise<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, steps);
+    check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3, .tied = true}, sw::OneFOneB{}, steps);
+    check<sw::serial_plan>(world, {.pp = 4, .microbatches = 4, .tied = true}, sw::GPipe{}, steps);
   }
   if (n == 8)
     check<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);

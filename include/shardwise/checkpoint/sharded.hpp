@@ -88,6 +88,7 @@ template <class Model>
 nlohmann::json stage_tensors(Model& model, int tp_size) {
   nlohmann::json list = nlohmann::json::array();
   for_each_checkpoint_tensor(model, tp_size, 0, false, [&](tensor_layout const& t, auto&) {
+    if (t.mirror) return;  // saved by the stage that owns it
     list.push_back(
         {{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.stored_shape()}, {"placement", t.placement()}});
   });
@@ -157,6 +158,7 @@ void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::f
     detail::for_each_checkpoint_tensor(model, size, rank, false, [&](detail::tensor_layout const& t, auto& value) {
       using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
       if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
+      if (t.mirror) return;                      // another stage's weight: saved there
       auto const runs = detail::row_runs(t, true);
       if (runs.empty()) return;
       std::size_t rows = 0;

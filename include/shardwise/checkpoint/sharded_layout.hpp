@@ -61,6 +61,7 @@ struct tensor_layout {
   std::size_t physical_rows = 0, cols = 0;
   std::size_t stored_rows = 0;
   std::size_t copies = 1, block = 0;  // repeated blocks: each `block` rows appear `copies` times in a row
+  bool mirror = false;                // another stage's copy, named as its owner: loaded from it, never saved
 
   [[nodiscard]] std::vector<std::uint64_t> stored_shape() const {
     if (is_vector) return {stored_rows};
@@ -123,7 +124,8 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
             using G = typename P::grad_placement;
             if (!p.present) return;  // a layer without bias, a weight tied to another layer's (saved there)
             tensor_layout t;
-            t.name = path + "." + std::string(p.leaf);
+            t.mirror = !p.mirror_of.empty();
+            t.name = t.mirror ? std::string(p.mirror_of) : path + "." + std::string(p.leaf);
             t.type = dtype_of<T>;
             t.is_vector = Tensor::ColsAtCompileTime == 1;
             t.local_rows = static_cast<std::size_t>(p.value->rows());

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -46,12 +47,7 @@ struct LlamaStage {
       shardwise::raise("shardwise::models::LlamaStage: the stage split cuts ", split.layers(),
                        " layers but the config has ", c.layers, "; build the split from config.layers");
     auto const range = split.of(stage);
-    first_ = stage == 0, last_ = stage == split.stages() - 1;
-    if (c.tie_word_embeddings && !(first_ && last_))
-      shardwise::raise(
-          "shardwise::models::LlamaStage: tie_word_embeddings puts the embedding on the first stage "
-          "and the output on the last, which pipeline stages do not share yet; untie them or run "
-          "one stage");
+    first_ = stage == 0, last_ = stage == split.stages() - 1, stages_ = split.stages();
     if (first_) tok_embeddings.emplace(c.vocabulary, c.dim, c.seed);
     layers.first = range.first;
     layers.reserve(range.count);
@@ -60,7 +56,7 @@ struct LlamaStage {
     if (last_) {
       norm.emplace(c.dim, static_cast<T>(c.norm_eps));
       output.emplace(c.dim, c.vocabulary, c.seed + 1, false);
-      if (c.tie_word_embeddings) tie_weights(*output, *tok_embeddings);
+      if (c.tie_word_embeddings) tie_output();
       output->pad_outputs_for_tp();
     }
     if (first_) tok_embeddings->pad_vocabulary_for_tp();
@@ -70,6 +66,23 @@ struct LlamaStage {
   /// pipeline_parallel_gradient_checkpointing_enabled): each block keeps only its input between its forward and
   /// its backward, and runs its forward again in the backward. The same numbers, bit for bit; off by default.
   void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
+
+  /// Called by sw::run_pipeline_step at the end of each step: with tie_word_embeddings over several stages,
+  /// the first stage's embedding and the last stage's copy of it as the output exchange their gradients over
+  /// the pipeline axis and each adds the other's (a + b = b + a exactly), so the two stay one value.
+  template <class Mesh>
+  void shardwise_after_pipeline_step(Mesh const& pp) {
+    if (!config_.tie_word_embeddings || (first_ && last_)) return;
+    int const last_rank = (stages_ - 1) % pp.size();
+    if (first_ && last_rank == pp.rank())
+      shardwise::raise(
+          "shardwise::models::LlamaStage: tie_word_embeddings with the first and last stages on one "
+          "rank (interleaved chunks on one pipeline rank) is not supported; untie them or use more "
+          "pipeline ranks");
+    constexpr int tag = 16383;  // after the step's messages, which are all received by now
+    if (first_) exchange_and_add(pp, *tok_embeddings, tok_embeddings->weight_grad, last_rank, tag, true);
+    if (last_) exchange_and_add(pp, *output, output->weight_grad, 0, tag, false);
+  }
 
   /// Whether this stage holds the embedding (stage 0).
   [[nodiscard]] bool is_first() const { return first_; }
@@ -147,7 +160,36 @@ struct LlamaStage {
   }
 
  private:
+  /// Ties the output to the embedding: the same tensor on one stage; across stages, a copy of the embedding's
+  /// initial table, marked as the first stage's "tok_embeddings.weight" (see Parameter::mirror_of).
+  void tie_output() {
+    if constexpr (!std::is_same_v<typename Linear<T, style_at<Plan, "output">>::weight_grad_placement,
+                                  typename embedding_type::weight_grad_placement>) {
+      shardwise::raise(
+          "shardwise::models::LlamaStage: tie_word_embeddings needs the plan to cut \"output\" and "
+          "\"tok_embeddings\" the same way (as llama_plan does with parallelize_embeddings on)");
+    } else if (first_) {
+      tie_weights(*output, *tok_embeddings);
+    } else {
+      output->weight = embedding_type(config_.vocabulary, config_.dim, config_.seed).weight;
+      output->mirror_weight_of("tok_embeddings.weight");
+    }
+  }
+
+  /// Sends this stage's `grad` to `peer`'s stage and adds the one received, in an order that cannot wait on
+  /// itself (the first stage sends first, the last receives first).
+  template <class Mesh, class Layer, class Matrix>
+  static void exchange_and_add(Mesh const& pp, Layer& layer, Matrix& grad, int peer, int tag, bool send_first) {
+    if (grad.size() == 0) layer.zero_grad();  // no backward yet (a freshly loaded stage): zeros
+    Matrix other;
+    if (send_first) send(pp, grad, peer, tag);
+    recv(pp, other, peer, tag);
+    if (!send_first) send(pp, grad, peer, tag);
+    grad += other;
+  }
+
   LlamaConfig config_;
+  int stages_ = 1;
   bool first_ = false, last_ = false, checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };

@@ -314,12 +314,17 @@ class Linear : public detail::layer_plumbing<T, Location> {
     Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view(),
                                                copies_, copy_block_};
     w.real_rows = unpadded_out_, w.present = !tied(), w.copies_summed = copies_ > 1 ? &copies_summed_ : nullptr;
+    w.mirror_of = mirror_of_;
     Parameter<vector, bias_grad_placement> b{&bias,   &bias_grad, group_.get(), Location::path.view(),
                                              copies_, copy_block_};
     b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_;
     b.copies_summed = w.copies_summed;
     return std::make_tuple(w, b);
   }
+
+  /// Makes the weight a pipeline stage's copy of the weight named `owner` on another stage (see
+  /// Parameter::mirror_of); `owner` must outlive the layer (a string literal).
+  void mirror_weight_of(std::string_view owner) { mirror_of_ = owner; }
 
   /// Whether the weight is another layer's (sw::tie_weights).
   [[nodiscard]] bool tied() const { return tie_.tied; }
@@ -362,6 +367,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
   bool copies_summed_ = false;  // see unsum_copies
   bool pad_for_tp_ = false;     // see pad_outputs_for_tp
   detail::weight_tie<matrix> tie_;
+  std::string_view mirror_of_;               // a copy of another stage's weight (mirror_weight_of)
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
   std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
   std::size_t local_in_, local_out_;         // this rank's shard of the weight

@@ -208,7 +208,8 @@ class AdamW {
       }
       T const* g = sliced(dp_size) ? s.grad.data() : grad + s.start;
       if (p.group) tp_group = p.group;
-      if (is_shard_v<typename P::grad_placement> || (p.group ? p.group->rank() : 0) == 0) {
+      bool const counted = p.mirror_of.empty();  // another stage's copy counts there
+      if (counted && (is_shard_v<typename P::grad_placement> || (p.group ? p.group->rank() : 0) == 0)) {
         T squares = 0;
         for (std::size_t i = 0; i < s.count; ++i) squares += g[i] * g[i];
         square_sum += squares / static_cast<T>(p.copies);

@@ -42,6 +42,11 @@ struct Parameter {
   bool present = true;
   /// Replicated blocks only: whether the copies' gradients have been summed since the last backward.
   bool* copies_summed = nullptr;
+  /// Set on a pipeline stage's copy of a weight another stage owns (an output projection tied to the first
+  /// stage's embedding): the owner's name ("tok_embeddings.weight"). The copy's gradient is summed with the
+  /// owner's each step, so both stay one value; it counts once in the global norm (at the owner) and
+  /// checkpoints hold it once, under the owner's name.
+  std::string_view mirror_of = {};
 };
 
 namespace detail {
@@ -61,7 +66,7 @@ auto finished_view(Parameter<Tensor, P> const& p) {
   if constexpr (is_partial_v<P>) {
     Parameter<Tensor, Replicate> q{p.value,     p.reduced_into ? p.reduced_into : p.grad, p.group, p.path, p.copies,
                                    p.copy_block};
-    q.real_rows = p.real_rows, q.leaf = p.leaf, q.present = p.present;
+    q.real_rows = p.real_rows, q.leaf = p.leaf, q.present = p.present, q.mirror_of = p.mirror_of;
     return q;
   } else {
     return p;

@@ -230,7 +230,9 @@ class pipeline_step {
 /// - `loss_gradient(m, y)`: on the rank of the last stage, the gradient of microbatch m's loss with respect to
 ///   its output y, an X (record the loss there; a model whose head follows the stack runs it here, as
 ///   models::LlamaStage::head_loss does).
-/// Parameter gradients accumulate in the chunks, microbatch by microbatch in the order of each rank's table.
+/// Parameter gradients accumulate in the chunks, microbatch by microbatch in the order of each rank's table;
+/// then each chunk's `shardwise_after_pipeline_step(pp)`, if it has one, runs (LlamaStage sums the gradients of
+/// an embedding and output tied across stages there).
 /// The schedule is checked first, on every rank alike (sw::check_schedule), so a schedule that would hang
 /// throws before any data moves. `options.activations`: keep each microbatch's activations until its backward,
 /// or recompute them there from the chunk's input (activation checkpointing per stage; the same numbers).
@@ -261,6 +263,8 @@ void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk
   detail::pipeline_step<Mesh, Chunk, In, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
   for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
   detail::pipeline_finish_sends(pp);
+  for (Chunk& chunk : chunks)  // what the stages settle between them once a step (tied weights' gradients)
+    if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); }) chunk.shardwise_after_pipeline_step(pp);
 }
 
 }  // namespace shardwise
