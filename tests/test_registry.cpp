@@ -76,7 +76,7 @@ static_assert(!listable<user::Unregistered>);
 TEST_CASE("is_model_supported answers a model type named at run time") {
   // Names as they arrive from a configuration file: not constants.
   std::vector<std::string> const names{"llama", "tiny-mlp", "mistral"};
-  CHECK(models::is_model_supported(names[0]) == models::support{true, true, false});
+  CHECK(models::is_model_supported(names[0]) == models::support{true, true, true});
   CHECK(models::is_model_supported(names[1]) == models::support{});
   CHECK(models::is_model_supported(names[2]) == models::support{});
   CHECK(models::is_model_supported<user_models>(names[1]) == models::support{true, false, false});
