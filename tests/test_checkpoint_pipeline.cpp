@@ -82,16 +82,17 @@ void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_
     Tensors const mine = tp_size == 1 ? load_stage<sw::serial_plan>(tp, dir, stages, stage, lazy, tied)
                                       : load_stage<models::llama_plan<true>>(tp, dir, stages, stage, lazy, tied);
     std::lock_guard lock(guard);
-    for (auto const& [name, values] : mine) {
-      if (seen.count(name)) CHECK_MESSAGE(seen.at(name) == values, name << " differs between two stages");
-      seen[name] = values;  // a tied output's copy comes under the embedding's name
+    for (auto const& tensor : mine) {  // (no structured binding: clang 14 cannot capture one in doctest's macros)
+      if (seen.count(tensor.first))
+        CHECK_MESSAGE(seen.at(tensor.first) == tensor.second, tensor.first << " differs between two stages");
+      seen[tensor.first] = tensor.second;  // a tied output's copy comes under the embedding's name
     }
   });
   CHECK(seen.size() == trained.size());
-  for (auto const& [name, values] : trained) {
-    INFO(name);
-    REQUIRE(seen.count(name) == 1);
-    CHECK(seen.at(name) == values);
+  for (auto const& tensor : trained) {
+    INFO(tensor.first);
+    REQUIRE(seen.count(tensor.first) == 1);
+    CHECK(seen.at(tensor.first) == tensor.second);
   }
 }
 
