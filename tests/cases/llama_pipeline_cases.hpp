@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/nn.hpp>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "llama_cases.hpp"
@@ -104,9 +106,12 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
   return run;
 }
 
-/// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape.
+/// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape (a
+/// returned reference stays valid: the map only grows).
 inline Run const& unsharded(Setup const& s, int steps) {
   static std::map<std::tuple<int, int, bool>, Run> runs;  // by (sequences, microbatches, tied)
+  static std::mutex guard;                                // every thread-mesh rank asks: one computes it
+  std::lock_guard lock(guard);
   std::tuple<int, int, bool> const key{s.sequences(), s.microbatches, s.tied};
   auto found = runs.find(key);
   if (found == runs.end())
