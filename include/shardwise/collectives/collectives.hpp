@@ -100,9 +100,11 @@ void barrier_on(Comm const& comm, call_site where = {}) {
   Comm::collectives::gather_values(comm, char{}, call);
 }
 
-/// MPI guarantees tags up to 32767; the MPI backend uses two per message.
+/// The largest point-to-point tag: MPI guarantees tags up to 32767, and the MPI backend uses two per message.
+inline constexpr int max_tag = 16383;
+
 inline void check_tag(int tag, collective_site const& site) {
-  if (tag < 0 || tag > 16383) fail(site, ": tag ", tag, " is out of range; use a tag from 0 to 16383");
+  if (tag < 0 || tag > max_tag) fail(site, ": tag ", tag, " is out of range; use a tag from 0 to ", max_tag);
 }
 
 template <class Mesh>

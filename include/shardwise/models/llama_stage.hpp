@@ -79,7 +79,7 @@ struct LlamaStage {
           "shardwise::models::LlamaStage: tie_word_embeddings with the first and last stages on one "
           "rank (interleaved chunks on one pipeline rank) is not supported; untie them or use more "
           "pipeline ranks");
-    constexpr int tag = 16383;  // after the step's messages, which are all received by now
+    constexpr int tag = shardwise::detail::max_tag;  // after the step's messages, which are all received by now
     if (first_) exchange_and_add(pp, *tok_embeddings, tok_embeddings->weight_grad, last_rank, tag, true);
     if (last_) exchange_and_add(pp, *output, output->weight_grad, 0, tag, false);
   }
@@ -163,8 +163,7 @@ struct LlamaStage {
   /// Ties the output to the embedding: the same tensor on one stage; across stages, a copy of the embedding's
   /// initial table, marked as the first stage's "tok_embeddings.weight" (see Parameter::mirror_of).
   void tie_output() {
-    if constexpr (!std::is_same_v<typename Linear<T, style_at<Plan, "output">>::weight_grad_placement,
-                                  typename embedding_type::weight_grad_placement>) {
+    if constexpr (!Llama<T, Plan, StaticHeads, StaticKvHeads>::can_tie) {
       shardwise::raise(
           "shardwise::models::LlamaStage: tie_word_embeddings needs the plan to cut \"output\" and "
           "\"tok_embeddings\" the same way (as llama_plan does with parallelize_embeddings on)");

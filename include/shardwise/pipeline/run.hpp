@@ -85,11 +85,6 @@ void pipeline_finish_sends(Mesh const& pp) {
   if constexpr (requires { pp.comm(0).finish_sends(); }) pp.comm(0).finish_sends();
 }
 
-template <class Mesh, class X>
-void pipeline_recv(Mesh const& pp, X& x, int from, int tag) {
-  recv(pp, x.local, from, tag);
-}
-
 /// One rank's pipeline step: the state of every (chunk, microbatch) between the actions of its table.
 template <class Mesh, class Chunk, class In, class X, class Input, class LossGradient>
 class pipeline_step {
@@ -196,7 +191,7 @@ class pipeline_step {
 
   void receive(pipeline_action const& action, X& into) {
     bool const gradient = action.kind == action_kind::recv_gradient;
-    if (action.peer != rank_) pipeline_recv(pp_, into, action.peer, tag(action.microbatch, stage_of(action), gradient));
+    if (action.peer != rank_) recv(pp_, into.local, action.peer, tag(action.microbatch, stage_of(action), gradient));
   }
 
   /// The message tag of (microbatch, receiving stage, direction): distinct per message between two ranks, so a
@@ -242,9 +237,10 @@ void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk
   int const stages = pp.size();
   check_schedule(schedule, stages, microbatches);
   pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
-  if (microbatches * shape.model_stages() * 2 > 16384)
+  if (microbatches * shape.model_stages() * 2 > detail::max_tag + 1)
     detail::fail("shardwise::run_pipeline_step: ", microbatches, " microbatches over ", shape.model_stages(),
-                 " stages need more message tags than the mesh has (16384); use fewer microbatches per step");
+                 " stages need more message tags than the mesh has (", detail::max_tag + 1,
+                 "); use fewer microbatches per step");
   if (chunks.size() != static_cast<std::size_t>(shape.chunks_per_rank))
     detail::fail("shardwise::run_pipeline_step: rank ", pp.rank(), " holds ", chunks.size(),
                  " model chunks but the schedule runs ", shape.chunks_per_rank,

@@ -151,6 +151,28 @@ struct optional_child<std::optional<T>> {
   using element = T;
 };
 
+/// What a container child holds — the element of a repeated child, an optional one's value type, a rank's
+/// stage chunk — or void for any other node: the compile-time walks see through containers to what they hold.
+template <class N>
+struct contained {
+  static auto pick() {
+    if constexpr (chunks_of_stages<N>::value)
+      return std::type_identity<typename chunks_of_stages<N>::element>{};
+    else if constexpr (repeated<N>::value)
+      return std::type_identity<typename repeated<N>::element>{};
+    else if constexpr (optional_child<N>::value)
+      return std::type_identity<typename optional_child<N>::element>{};
+    else
+      return std::type_identity<void>{};
+  }
+  using type = typename decltype(pick())::type;
+};
+template <class N>
+using contained_t = typename contained<N>::type;
+/// Whether N is a container child (checked before module: stage_chunks is a module too).
+template <class N>
+inline constexpr bool container_child = !std::is_void_v<contained_t<N>>;
+
 /// The name of element i of a repeated child: its index, counted from the slice's first for a layer_slice.
 template <class R>
 std::size_t element_number(R const&, std::size_t i) {
@@ -267,14 +289,10 @@ constexpr found_path node_path() {
   if constexpr (layer<Node>) {
     constexpr std::string_view p = location_of<Node>::type::path.view();
     return {!p.empty(), p};
-  } else if constexpr (chunks_of_stages<Node>::value) {
-    return node_path<typename chunks_of_stages<Node>::element>();
+  } else if constexpr (container_child<Node>) {
+    return node_path<contained_t<Node>>();
   } else if constexpr (module<Node>) {
     return module_path<Node>();
-  } else if constexpr (repeated<Node>::value) {
-    return node_path<typename repeated<Node>::element>();
-  } else if constexpr (optional_child<Node>::value) {
-    return node_path<typename optional_child<Node>::element>();
   } else {
     return {};
   }
@@ -306,17 +324,13 @@ struct tree_nodes {
   static auto pick() {
     if constexpr (layer<Node>) {
       return std::type_identity<type_list<Node>>{};
-    } else if constexpr (chunks_of_stages<Node>::value) {
-      return std::type_identity<tree_nodes_t<typename chunks_of_stages<Node>::element>>{};
+    } else if constexpr (container_child<Node>) {
+      return std::type_identity<tree_nodes_t<contained_t<Node>>>{};
     } else if constexpr (module<Node>) {
       return []<std::size_t... I>(std::index_sequence<I...>) {
         return std::type_identity<
             typename concat_lists<type_list<Node>, tree_nodes_t<std::tuple_element_t<I, children_t<Node>>>...>::type>{};
       }(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
-    } else if constexpr (repeated<Node>::value) {
-      return std::type_identity<tree_nodes_t<typename repeated<Node>::element>>{};
-    } else if constexpr (optional_child<Node>::value) {
-      return std::type_identity<tree_nodes_t<typename optional_child<Node>::element>>{};
     } else {
       return std::type_identity<type_list<>>{};
     }
@@ -477,14 +491,10 @@ void show_children_named_otherwise(std::index_sequence<I...>) {
 
 template <class Node>
 void show_members_named_otherwise() {
-  if constexpr (chunks_of_stages<Node>::value)
-    show_members_named_otherwise<typename chunks_of_stages<Node>::element>();
+  if constexpr (container_child<Node>)
+    show_members_named_otherwise<contained_t<Node>>();
   else if constexpr (module<Node>)
     show_children_named_otherwise<Node>(std::make_index_sequence<std::tuple_size_v<children_t<Node>>>{});
-  else if constexpr (repeated<Node>::value)
-    show_members_named_otherwise<typename repeated<Node>::element>();
-  else if constexpr (optional_child<Node>::value)
-    show_members_named_otherwise<typename optional_child<Node>::element>();
 }
 
 /// Named in decltype beside the static_assert on children_named_as_declared (see mesh.hpp's
