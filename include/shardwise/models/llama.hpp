@@ -325,7 +325,12 @@ struct Llama {
   RMSNorm<T, style_at<Plan, "norm">> norm;                                                   ///< The final norm.
   Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_SAVED()
+  SHARDWISE_SAVED(block_inputs_)
+
+  /// The decoder block's type (what sw::wrap_type<...> names to make each block an FSDP unit).
+  using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>;
+  /// The residual stream between blocks, in the plan's layout (Shard<0> under sequence parallelism).
+  using stream = Activation<T, typename decltype(tok_embeddings)::output_layout>;
 
   /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
   /// c.tie_word_embeddings is set.
@@ -357,16 +362,24 @@ struct Llama {
     if (ids.size() % config_.sequence != 0)
       shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids are not whole sequences of ",
                        config_.sequence, " (config().sequence); give it a batch of whole sequences");
-    auto h = tok_embeddings(ids);
-    for (auto& block : layers) h = block.forward(h);
+    stream h = tok_embeddings(ids);
+    if (checkpoint_blocks_) block_inputs_.resize(layers.size());
+    for (std::size_t i = 0; i < layers.size(); ++i)  // through sw::forward: FSDP units gather here
+      h = checkpoint_blocks_ ? checkpointed_forward(layers[i], h, block_inputs_[i]) : shardwise::forward(layers[i], h);
     return output(norm(h));
   }
+
+  /// Activation checkpointing per transformer block (Accelerate's activation_checkpointing, torchtitan's "full"
+  /// mode): each block keeps only its input between its forward and its backward and runs its forward again in
+  /// the backward. The same numbers, bit for bit; off by default.
+  void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
 
   /// Backward of the last forward from the logits' gradient: accumulates every parameter's gradient.
   template <class DY>
   void backward(DY const& dlogits) {
-    auto dh = norm.backward(output.backward(dlogits));
-    for (auto block = layers.rbegin(); block != layers.rend(); ++block) dh = block->backward(dh);
+    stream dh = norm.backward(output.backward(dlogits));
+    for (std::size_t i = layers.size(); i-- > 0;)
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh) : shardwise::backward(layers[i], dh);
     tok_embeddings.backward(dh);
   }
 
@@ -382,6 +395,8 @@ struct Llama {
   }
 
   LlamaConfig config_;
+  bool checkpoint_blocks_ = false;
+  std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };
 
 }  // namespace shardwise::models

@@ -121,7 +121,7 @@ struct LlamaStage {
   /// The stage's blocks on the residual stream received from the stage before.
   stream forward(stream h) {
     if (!checkpoint_blocks_) {
-      for (auto& block : layers) h = block.forward(h);
+      for (auto& block : layers) h = shardwise::forward(block, h);  // FSDP units gather here
       return h;
     }
     block_inputs_.resize(layers.size());
@@ -133,7 +133,7 @@ struct LlamaStage {
   /// gradients; returns the gradient of its input (empty on the first stage, whose input is token ids).
   stream backward(stream dh) {
     for (std::size_t i = layers.size(); i-- > 0;)
-      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh) : layers[i].backward(dh);
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh) : shardwise::backward(layers[i], dh);
     if (!first_) return dh;
     tok_embeddings->backward(dh);
     return {};

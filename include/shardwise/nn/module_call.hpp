@@ -7,8 +7,8 @@
 // ColwiseParallel layers' partial input gradients) is reduced once, at the boundary, into the input's layout.
 //
 // The module's path is not declared: it is read off its layers' plan paths ("feed_forward.w1" under the child
-// named "w1" puts the module at "feed_forward"). The same call is where pipeline stages, FSDP units and
-// activation checkpointing hook in.
+// named "w1" puts the module at "feed_forward"). The same call is where FSDP units gather and free their
+// parameters (nn/module_hooks.hpp) and where activation checkpointing recomputes.
 #include <cstddef>
 #include <string_view>
 #include <tuple>
@@ -17,6 +17,7 @@
 
 #include "shardwise/core/fixed_string.hpp"
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/styles.hpp"
 #include "shardwise/plan/module.hpp"
@@ -144,7 +145,10 @@ auto forward(Module& module, X const& x) {
       return detail::move_at_boundary<typename L::in, typename L::desired_in, Key>(module, x);
     }
   };
+  auto* const hooks = detail::installed_module_hooks();
+  if (hooks) hooks->before_forward(&module);
   auto&& y = module.forward(prepared_input());
+  if (hooks) hooks->after_forward(&module);
   if constexpr (!L::output) {
     return y;
   } else {
@@ -174,7 +178,10 @@ auto backward(Module& module, DY const& dy) {
           *g, detail::moved<T>(g, dy, detail::own_path_key<Module>::value))};
     }
   };
+  auto* const hooks = detail::installed_module_hooks();
+  if (hooks) hooks->before_backward(&module);
   auto&& dx = module.backward(output_gradient());
+  if (hooks) hooks->after_backward(&module);
   if constexpr (!L::input) {
     return dx;
   } else {

@@ -128,6 +128,34 @@ class AdamW {
     return step(FinishedGradients<Model>{model}, dp);
   }
 
+  /// One step of a fully sharded model (sw::fully_shard): it hands over its parameter shards and their
+  /// gradients (already averaged over data parallelism), so the state is this rank's shards' by construction.
+  /// The global norm sums every shard once, over tp and dp. Returns it, before clipping.
+  template <class Sharded>
+    requires requires(Sharded& m, T squares) { m.shardwise_sum_over_shards(squares); }
+  T step(Sharded& model) {
+    ++steps_;
+    std::size_t index = 0;
+    T squares = 0;
+    model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const> grad, T weight) {
+      slice& s = slices_.size() == index ? slice_of(index, std::string(name), value.size(), 1, 0) : slices_[index];
+      if (s.count != value.size())
+        detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
+                     "\") does not fit its shard; use one optimizer per model");
+      ++index;
+      T mine = 0;
+      for (T g : grad) mine += g * g;
+      squares += mine * weight;
+    });
+    T const norm = std::sqrt(model.shardwise_sum_over_shards(squares));
+    T const clip = clip_factor(norm);
+    index = 0;
+    model.shardwise_for_each_shard([&](std::string_view, std::span<T> value, std::span<T const> grad, T) {
+      adam_update(slices_[index++], value.data(), grad.data(), clip);
+    });
+    return norm;
+  }
+
   /// The state, for checkpoints: allocates it as the first step would (this rank's slice of every parameter,
   /// in the order of sw::for_each_parameter) if no step has yet, then calls fn(index, start, m, v) per
   /// parameter, where m and v (first and second moments) cover elements [start, start + m.size()) of the
@@ -172,10 +200,28 @@ class AdamW {
     ++steps_;
     if (slices_.empty()) for_each_state(ready.model, dp, [](auto&&...) {});  // the names, once: parameter groups
     T const norm = average_and_norm(ready, dp, sum_over_stages);
-    T const clip =
-        options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6)) : T(1);
-    update(ready, dp, clip);
+    update(ready, dp, clip_factor(norm));
     return norm;
+  }
+
+  /// What the gradients are multiplied by: torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6), or 1.
+  T clip_factor(T norm) const {
+    return options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6))
+                                                                      : T(1);
+  }
+
+  /// AdamW on the slice's elements w (gradient g), one step.
+  void adam_update(slice& s, T* w, T const* g, T clip) {
+    T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
+    T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
+    T const lr = s.learning_rate, decay = s.weight_decay;
+    for (std::size_t i = 0; i < s.count; ++i) {
+      T const gi = g[i] * clip;
+      w[i] -= lr * decay * w[i];
+      s.m[i] = options_.beta1 * s.m[i] + (T(1) - options_.beta1) * gi;
+      s.v[i] = options_.beta2 * s.v[i] + (T(1) - options_.beta2) * gi * gi;
+      w[i] -= lr * (s.m[i] / correction1) / (std::sqrt(s.v[i] / correction2) + options_.eps);
+    }
   }
 
   /// Every parameter with its finished gradient (allocated if a lazy load left none), in the order of the slices;
@@ -228,22 +274,13 @@ class AdamW {
   template <class Model, class DataMesh>
   void update(FinishedGradients<Model> ready, DataMesh const& dp, T clip) {
     int const dp_size = dp.size(0);
-    T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
-    T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
     std::size_t index = 0;
     for_each_finished(ready, [&](auto const& p) {
       slice& s = slices_[index++];
       T* value = p.value->data();
       T const* g = sliced(dp_size) ? s.grad.data() : p.grad->data() + s.start;
       T* w = value + s.start;
-      T const lr = s.learning_rate, decay = s.weight_decay;
-      for (std::size_t i = 0; i < s.count; ++i) {
-        T const gi = g[i] * clip;
-        w[i] -= lr * decay * w[i];
-        s.m[i] = options_.beta1 * s.m[i] + (T(1) - options_.beta1) * gi;
-        s.v[i] = options_.beta2 * s.v[i] + (T(1) - options_.beta2) * gi * gi;
-        w[i] -= lr * (s.m[i] / correction1) / (std::sqrt(s.v[i] / correction2) + options_.eps);
-      }
+      adam_update(s, w, g, clip);
       if (sliced(dp_size)) {
         auto const n = static_cast<std::size_t>(p.value->size());
         nn::vector<T> const mine = Eigen::Map<nn::vector<T>>(w, static_cast<Eigen::Index>(s.count));

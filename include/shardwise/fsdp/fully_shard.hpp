@@ -1,0 +1,416 @@
+#pragma once
+// Fully sharded data parallelism: sw::fully_shard<Policy>(model, dp) cuts every parameter (this rank's tensor-
+// parallel shard of it, when the model is parallelized) by rows over the data-parallel axis, as FSDP2 cuts dim 0
+// (torch.chunk sizes, so uneven counts work). The model keeps its own code: a unit's module, called through
+// sw::forward / sw::backward, finds its parameters gathered before it runs; after its backward its gradients are
+// finished over tp, reduce-scattered (averaged) over dp into this rank's gradient shard and freed. The optimizer
+// steps the shards the sharded model hands it (AdamW::step(sharded)), so there is nothing to remap.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/fsdp/policy.hpp"
+#include "shardwise/mesh/mesh.hpp"
+#include "shardwise/nn/module_hooks.hpp"
+#include "shardwise/nn/walk.hpp"
+#include "shardwise/placement/chunk.hpp"
+
+namespace shardwise {
+
+/// Hybrid sharding's absence: the parameters are sharded over the whole data-parallel axis.
+struct no_replication {};
+
+namespace detail {
+
+template <class T>
+using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// One parameter under FSDP: its tensor on this tp rank (rows x cols), this dp rank's rows of it, and what the
+/// sharded model does to the layer's tensors, typed where it was made.
+template <class T>
+struct fsdp_slot {
+  std::string name;
+  Eigen::Index rows = 0, cols = 0, first_row = 0, row_count = 0;
+  std::vector<T> shard, shard_grad;  // no_shard: shard unused (the layer's tensor is the shard)
+  T norm_weight = 1;                 // 0: another tp rank or copy counts it in the global norm
+  std::function<T*(bool whole)> resize_value;  // whole: rows x cols (its data); else freed (null)
+  std::function<void()> finish;                // the tp step of sw::finish_gradients, for this parameter
+  std::function<void()> mark_finished;
+  std::function<T*()> finished_grad;      // the finished gradient's data
+  std::function<void(bool free)> clear_grad;  // the layer's gradients freed (or zeroed, for no_shard)
+};
+
+/// A unit: the parameters gathered together, and the module whose sw::forward gathers them (null: the root).
+struct fsdp_unit {
+  void const* module = nullptr;
+  std::string path;
+  std::vector<std::size_t> slots;
+  bool gathered = false, called = false;
+};
+
+template <class List>
+struct first_layer {
+  using type = void;
+};
+template <class N, class... Rest>
+struct first_layer<type_list<N, Rest...>> {
+  using type = std::conditional_t<layer<N>, N, typename first_layer<type_list<Rest...>>::type>;
+};
+/// The element type of the model's parameters (its first layer's).
+template <class Model>
+using parameter_scalar_t = typename std::tuple_element_t<
+    0, decltype(std::declval<typename first_layer<tree_nodes_t<Model>>::type&>().parameters())>::tensor_type::Scalar;
+
+}  // namespace detail
+
+/// A model under FSDP (made by sw::fully_shard). Call its forward and backward instead of the model's; hand it
+/// to the optimizer (AdamW::step(sharded)); sw::zero_grad(sharded) after the step. The model must outlive it and
+/// stay where it is.
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh = no_replication>
+class fully_sharded final : detail::module_hooks {
+  using strategy = typename Policy::strategy;
+  static constexpr bool sharded = !std::is_same_v<strategy, no_shard>;
+  static_assert(detail::is_fsdp_strategy<strategy>,
+                "shardwise::fsdp_policy: the strategy must be full_shard, shard_grad_op or no_shard");
+  static_assert(ShardMesh::ndim == 1,
+                "shardwise::fully_shard: pass the 1-D data-parallel mesh (sw::submesh<\"dp\">(mesh))");
+  static_assert(detail::wrap_check<Model, typename Policy::wrap>::ok,
+                "shardwise::fully_shard: the wrap policy does not fit the model (the error above says where)");
+
+ public:
+  using scalar = typename detail::parameter_scalar_t<Model>;  ///< The parameters' element type.
+
+  /// Shards `model` (parallelized over tp already, or not at all) over `dp`; hybrid: over `dp` within each group
+  /// of `replicate`, whose groups hold equal shards. Every dp rank must hold the same values (the same seed, or a
+  /// load); its copy beyond its shard is freed here.
+  fully_sharded(Model& model, ShardMesh dp, std::optional<ReplicateMesh> replicate, fsdp_options options)
+      : model_(model), dp_(std::move(dp)), replicate_(std::move(replicate)), options_(options) {
+    find_units();
+    make_slots();
+    for (auto& s : slots_) s.clear_grad(sharded);
+    for (auto& u : units_) release(u);
+  }
+
+  /// The model's forward (its root unit gathered for the step; each unit's module gathers in sw::forward).
+  template <class... Args>
+  auto forward(Args&&... args) {
+    detail::hooks_installed on(this);
+    phase_ = phase::forward;
+    for (auto& u : units_) u.called = false;
+    gather(units_[0]);
+    auto y = model_.forward(std::forward<Args>(args)...);
+    phase_ = phase::idle;
+    for (std::size_t i = 1; i < units_.size(); ++i)
+      if (!units_[i].called)
+        detail::fail("shardwise::fully_shard: the unit \"", units_[i].path,
+             "\" was not called through sw::forward in the model's forward, so its parameters were never gathered; "
+             "call it as sw::forward(module, x) (and sw::backward(module, dy) in backward)");
+    return y;
+  }
+
+  /// The model's backward: each unit's gradients are reduce-scattered after its sw::backward, the root's last.
+  template <class... Args>
+  decltype(auto) backward(Args&&... args) {
+    detail::hooks_installed on(this);
+    phase_ = phase::backward;
+    if constexpr (std::is_void_v<decltype(model_.backward(std::forward<Args>(args)...))>) {
+      model_.backward(std::forward<Args>(args)...);
+      finish_backward();
+    } else {
+      auto dx = model_.backward(std::forward<Args>(args)...);
+      finish_backward();
+      return dx;
+    }
+  }
+
+  /// Gathers every unit (collective): the model then holds its whole parameters, to read or save them.
+  void unshard() {
+    for (auto& u : units_) gather(u);
+  }
+  /// Frees the gathered parameters again (collective-free).
+  void reshard() {
+    for (auto& u : units_) release(u);
+  }
+  /// Sets the gradient shards to zero (after an optimizer step).
+  void zero_grad() {
+    for (auto& s : slots_) std::fill(s.shard_grad.begin(), s.shard_grad.end(), scalar(0));
+  }
+
+  /// The units' paths ("" is the root unit), in order.
+  [[nodiscard]] std::vector<std::string> unit_paths() const {
+    std::vector<std::string> paths;
+    for (auto const& u : units_) paths.push_back(u.path);
+    return paths;
+  }
+  /// The names of the parameters of unit `i` (of unit_paths()).
+  [[nodiscard]] std::vector<std::string> unit_parameters(std::size_t i) const {
+    std::vector<std::string> names;
+    for (auto s : units_.at(i).slots) names.push_back(slots_[s].name);
+    return names;
+  }
+  /// Elements this rank keeps between steps: parameter and gradient shards (no_shard: whole tensors).
+  [[nodiscard]] std::size_t held_elements() const {
+    std::size_t n = 0;
+    for (auto const& s : slots_) n += 2 * static_cast<std::size_t>(s.row_count * s.cols);
+    return n;
+  }
+  [[nodiscard]] Model& model() { return model_; }  ///< The model (its parameters freed between units' calls).
+
+  /// For optimizers: fn(name, value, grad, norm_weight) per parameter shard, in a fixed order; norm_weight is
+  /// what its squares count in the global norm on this rank (0 where another rank counts them).
+  template <class Fn>
+  void shardwise_for_each_shard(Fn&& fn) {
+    for (auto& s : slots_) {
+      auto const n = static_cast<std::size_t>(s.row_count * s.cols);
+      scalar* value = sharded ? s.shard.data() : s.resize_value(true);
+      fn(std::string_view(s.name), std::span<scalar>(value, n), std::span<scalar const>(s.shard_grad.data(), n),
+         s.norm_weight);
+    }
+  }
+  /// For optimizers: a sum of squares of this rank's shards summed over every rank that holds other shards
+  /// (tp, and dp unless no_shard), so every rank has the global one.
+  scalar shardwise_sum_over_shards(scalar squares) const {
+    nn::vector<scalar> total(1);
+    total(0) = squares;
+    if (tp_group_) tp_group_->all_reduce(total);
+    if (sharded) detail::all_reduce_on(dp_.comm(0), total, detail::op_kind::sum);
+    return total(0);
+  }
+
+ private:
+  enum class phase { idle, forward, backward };
+
+  void before_forward(void const* module) override {
+    if (auto* u = unit_of(module)) {
+      gather(*u);
+      u->called = true;
+    }
+  }
+  void after_forward(void const* module) override {
+    if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) release(*u);
+  }
+  void before_backward(void const* module) override {
+    if (auto* u = unit_of(module)) gather(*u);
+  }
+  void after_backward(void const* module) override {
+    if (auto* u = unit_of(module)) {
+      reduce_gradients(*u);
+      release(*u);
+    }
+  }
+
+  detail::fsdp_unit* unit_of(void const* module) {
+    for (std::size_t i = 1; i < units_.size(); ++i)
+      if (units_[i].module == module) return &units_[i];
+    return nullptr;
+  }
+
+  void finish_backward() {
+    reduce_gradients(units_[0]);
+    release(units_[0]);
+    phase_ = phase::idle;
+    for (auto const& u : units_)
+      if (u.gathered && sharded)
+        detail::fail("shardwise::fully_shard: the unit \"", u.path,
+             "\" ran forward but its gradients were not reduced: call it as sw::backward(module, dy) in the model's "
+             "backward");
+  }
+
+  void gather(detail::fsdp_unit& u) {
+    if (u.gathered) return;
+    for (auto i : u.slots) {
+      auto& s = slots_[i];
+      scalar* whole = s.resize_value(true);
+      if constexpr (sharded) {
+        Eigen::Map<detail::row_major<scalar>> mine(s.shard.data(), s.row_count, s.cols);
+        Eigen::Map<detail::row_major<scalar>> out(whole, s.rows, s.cols);
+        detail::all_gather_on(dp_.comm(0), mine, out, 0);
+      }
+    }
+    u.gathered = true;
+  }
+
+  void release(detail::fsdp_unit& u) {
+    if constexpr (sharded) {
+      for (auto i : u.slots) slots_[i].resize_value(false);
+      u.gathered = false;
+    }
+  }
+
+  /// The unit's gradients finished over tp, averaged over dp into the gradient shards, and freed.
+  void reduce_gradients(detail::fsdp_unit& u) {
+    for (auto i : u.slots) slots_[i].finish();
+    for (auto i : u.slots) slots_[i].mark_finished();
+    for (auto i : u.slots) {
+      auto& s = slots_[i];
+      Eigen::Map<detail::row_major<scalar>> whole(s.finished_grad(), s.rows, s.cols);
+      Eigen::Map<detail::row_major<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
+      if constexpr (sharded) {
+        detail::row_major<scalar> part;
+        detail::reduce_scatter_on(dp_.comm(0), whole, part, 0, detail::op_kind::avg);
+        if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
+          detail::all_reduce_on(replicate_->comm(0), part, detail::op_kind::avg);
+        into += part;
+      } else {
+        detail::all_reduce_on(dp_.comm(0), whole, detail::op_kind::avg);
+        into += whole;
+      }
+      s.clear_grad(sharded);
+    }
+  }
+
+  void find_units() {
+    units_.push_back({nullptr, "", {}, false, false});
+    auto on_module = [&](auto& m, std::string const& path) {
+      using M = std::remove_cvref_t<decltype(m)>;
+      if (path.empty()) return;  // the model itself: the root unit
+      if constexpr (std::is_same_v<typename Policy::wrap, wrap_min_params>)
+        candidates_.push_back({&m, path, {}, false, false});
+      else if constexpr (detail::wraps<typename Policy::wrap, M>::value)
+        units_.push_back({&m, path, {}, false, false});
+    };
+    auto on_layer = detail::skip_node;
+    detail::walk_tree(model_, std::string(), on_module, on_layer);
+  }
+
+  /// The unit that holds a parameter: the one whose module lies above it (static policies make it unique); for
+  /// wrap_min_params, children first, a module whose unheld parameters reach the threshold.
+  void assign_to_units(std::vector<std::size_t> const& sizes) {
+    std::vector<std::size_t> owner(slots_.size(), 0);
+    for (std::size_t s = 0; s < slots_.size(); ++s)
+      for (std::size_t u = 1; u < units_.size(); ++u)
+        if (detail::path_within(units_[u].path, slots_[s].name)) owner[s] = u;
+    for (auto c = candidates_.rbegin(); c != candidates_.rend(); ++c) {  // pre-order reversed: children first
+      std::size_t count = 0;
+      for (std::size_t s = 0; s < slots_.size(); ++s)
+        if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) count += sizes[s];
+      if (count == 0 || count < options_.min_num_params) continue;
+      units_.push_back(*c);
+      for (std::size_t s = 0; s < slots_.size(); ++s)
+        if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) owner[s] = units_.size() - 1;
+    }
+    for (std::size_t s = 0; s < slots_.size(); ++s) units_[owner[s]].slots.push_back(s);
+  }
+
+  void make_slots() {
+    std::vector<std::size_t> sizes;
+    for_each_parameter(model_, [&](std::string const& name, auto const& p) {
+      if (!p.mirror_of.empty())
+        detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
+             "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
+      slots_.push_back(make_slot(name, p));
+      sizes.push_back(static_cast<std::size_t>(p.value->size()));
+    });
+    assign_to_units(sizes);
+  }
+
+  template <class P>
+  detail::fsdp_slot<scalar> make_slot(std::string const& name, P const& p) {
+    using Tensor = typename P::tensor_type;
+    using Finished = typename decltype(detail::finished_view(p))::grad_placement;
+    detail::fsdp_slot<scalar> s;
+    s.name = name;
+    s.rows = p.value->rows(), s.cols = p.value->cols();
+    auto const ranks = static_cast<std::size_t>(sharded ? dp_.size(0) : 1);
+    auto const rank = static_cast<std::size_t>(sharded ? dp_.coordinate(0) : 0);
+    s.first_row = static_cast<Eigen::Index>(chunk_offset(static_cast<std::size_t>(s.rows), ranks, rank));
+    s.row_count = static_cast<Eigen::Index>(chunk_size(static_cast<std::size_t>(s.rows), ranks, rank));
+    scalar const* mine = p.value->data() + s.first_row * s.cols;
+    if (sharded) s.shard.assign(mine, mine + s.row_count * s.cols);
+    s.shard_grad.assign(static_cast<std::size_t>(s.row_count * s.cols), scalar(0));
+    if (p.group) tp_group_ = p.group;
+    bool const counted = is_shard_v<Finished> || (p.group ? p.group->rank() : 0) == 0;
+    s.norm_weight = counted ? scalar(1) / static_cast<scalar>(p.copies) : scalar(0);
+    Tensor* value = p.value;
+    Eigen::Index const rows = s.rows, cols = s.cols;
+    s.resize_value = [value, rows, cols](bool whole) {
+      // Freed to no rows and (for a matrix) no columns: a layer run on it by mistake fails its size check.
+      value->resize(whole ? rows : 0, whole || Tensor::ColsAtCompileTime == 1 ? cols : 0);
+      return value->data();
+    };
+    s.finish = [p] {
+      if constexpr (is_partial_v<typename P::grad_placement>)
+        (void)reduce(p);
+      else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>)
+        detail::sum_over_copies(p);
+    };
+    s.mark_finished = [p] {
+      if (p.copies_summed && p.copies > 1 && p.group) *p.copies_summed = true;
+    };
+    s.finished_grad = [p] {
+      detail::ensure_gradient(p);
+      return detail::finished_view(p).grad->data();
+    };
+    s.clear_grad = [p](bool free) {
+      for (Tensor* g : {p.grad, p.reduced_into})
+        if (g && free)
+          g->resize(0, Tensor::ColsAtCompileTime == 1 ? 1 : 0);
+        else if (g)
+          g->setZero();
+    };
+    return s;
+  }
+
+  Model& model_;
+  ShardMesh dp_;
+  std::optional<ReplicateMesh> replicate_;
+  fsdp_options options_;
+  std::vector<detail::fsdp_unit> units_, candidates_;
+  std::vector<detail::fsdp_slot<scalar>> slots_;
+  nn::group<scalar> const* tp_group_ = nullptr;
+  phase phase_ = phase::idle;
+};
+
+/// Shards the model by the policy (sw::fsdp_policy<Strategy, Wrap>: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD).
+/// `mesh` is the 1-D data-parallel mesh (call sw::parallelize(model, tp) first for FSDP x TP), or a mesh of
+/// several axes: then the model is parallelized over the policy's tensor axis ("tp", if the mesh has it) and
+/// sharded over its data axis ("dp"), as torchtitan's parallelize_llama does with its world mesh.
+template <class Policy, module Model, device_mesh Mesh>
+[[nodiscard]] auto fully_shard(Model& model, Mesh const& mesh, fsdp_options options = {}) {
+  if constexpr (Mesh::ndim == 1) {
+    return fully_sharded<Model, Policy, Mesh>(model, mesh, std::nullopt, options);
+  } else {
+    constexpr bool apart = Policy::data_axis.view() != Policy::tensor_axis.view();
+    if constexpr (!apart) {
+      using shown [[maybe_unused]] =
+          decltype(detail::show_incomplete<detail::fsdp_and_tensor_parallelism_on_one_axis<Policy::data_axis>>());
+    }
+    static_assert(apart,
+                  "shardwise::fully_shard: the policy shards parameters over the axis its tensor parallelism uses; "
+                  "give fsdp_policy a data axis the plan does not cut (\"dp\") and a tensor axis (\"tp\")");
+    if constexpr (std::ranges::find(Mesh::names, Policy::tensor_axis.view()) != Mesh::names.end())
+      parallelize(model, submesh<Policy::tensor_axis>(mesh));
+    auto dp = submesh<Policy::data_axis>(mesh);
+    return fully_sharded<Model, Policy, decltype(dp)>(model, dp, std::nullopt, options);
+  }
+}
+
+/// Hybrid sharding (HYBRID_SHARD): sharded over `shard` (within a node, say), replicated over `replicate`
+/// (across nodes); gradients reduce-scattered over `shard`, then averaged over `replicate`.
+template <class Policy, module Model, device_mesh ShardMesh, device_mesh ReplicateMesh>
+[[nodiscard]] auto fully_shard(Model& model, ShardMesh const& shard, ReplicateMesh const& replicate,
+                               fsdp_options options = {}) {
+  static_assert(!std::is_same_v<typename Policy::strategy, no_shard>,
+                "shardwise::fully_shard: hybrid sharding needs full_shard or shard_grad_op; no_shard replicates "
+                "over one data-parallel mesh");
+  static_assert(ReplicateMesh::ndim == 1, "shardwise::fully_shard: pass the 1-D replicate mesh");
+  return fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>(model, shard, replicate, options);
+}
+
+/// Sets the sharded model's gradient shards to zero (after an optimizer step).
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
+void zero_grad(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& model) {
+  model.zero_grad();
+}
+
+}  // namespace shardwise

@@ -1,0 +1,106 @@
+// FSDP on the thread mesh: 50 steps of the Llama model under sw::fully_shard, loss curve, every step's global
+// norm (clipped on every step) and final parameters equal to the unsharded run (losses and norms 1e-4 relative,
+// parameters as llama_cases::check_same_run states), for full shard at dp 2 and 4, shard-grad-op, no-shard,
+// hybrid 2 x 2, FSDP dp 2 x TP 2 with sequence parallelism, wrap by path, by type, by size and none,
+// activation checkpointing, and uneven shards (dp 3, dp 4 and dp 2 x tp 2 on sizes they do not divide).
+#include <doctest/doctest.h>
+
+#include "cases/fsdp_cases.hpp"
+
+namespace {
+namespace sw = shardwise;
+using namespace fsdp_cases;
+int const steps = llama_cases::steps();
+
+template <class Policy, class Plan = sw::serial_plan>
+void check(char const* name, int ranks, Setup const& setup, shardwise::models::LlamaConfig const& c,
+           llama_cases::Run const& serial) {
+  INFO(std::string(name));
+  sw::run_threads(ranks, [&](auto& world) {
+    auto const run = fsdp_cases::train<Policy, Plan>(world, setup, c, steps);
+    if (world.rank() == 0) fsdp_cases::check_same_training(run, serial);
+  });
+}
+}  // namespace
+
+TEST_CASE("FSDP strategies equal the unsharded run, thread mesh") {
+  auto const c = llama_cases::small_config();
+  auto const serial = serial_run(c, steps);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("full shard, dp 2", 2, {.dp = 2}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("full shard, dp 4", 4, {.dp = 4}, c, serial);
+  check<sw::fsdp_policy<sw::shard_grad_op, blocks>>("shard-grad-op, dp 2", 2, {.dp = 2}, c, serial);
+  check<sw::fsdp_policy<sw::no_shard, blocks>>("no-shard, dp 2", 2, {.dp = 2}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("hybrid, 2 x 2", 4, {.dp = 2, .replicate = 2}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("FSDP dp 2 x TP 2 (SP)", 4, {.dp = 2}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("FSDP x TP from the dp x tp mesh", 4,
+                                                                    {.dp = 2, .one_mesh = true}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("activation checkpointing", 2, {.dp = 2, .checkpoint_blocks = true},
+                                                 c, serial);
+}
+
+TEST_CASE("FSDP wrap policies: the units they make, and training equal to the unsharded run") {
+  auto const c = llama_cases::small_config();
+  auto const serial = serial_run(c, steps);
+  using block = sw::models::Llama<float>::block_type;
+  check<sw::fsdp_policy<sw::full_shard, sw::wrap_type<block>>>("wrap by type", 2, {.dp = 2}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, sw::wrap_none>>("no wrap", 2, {.dp = 2}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, sw::wrap_min_params>>("wrap by size", 2, {.dp = 2, .min_num_params = 3000},
+                                                               c, serial);
+
+  sw::run_threads(2, [&](auto& world) {
+    auto const dp = sw::make_mesh<"dp">(world, {2});
+    auto units = [&]<class Wrap>(std::size_t min_params) {
+      sw::models::Llama<float> model(c);
+      auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, Wrap>>(model, dp, {.min_num_params = min_params});
+      return std::pair{sharded.unit_paths(), sharded.unit_parameters(0)};
+    };
+    using list = std::vector<std::string>;
+    CHECK(units.template operator()<blocks>(0).first == list{"", "layers.0", "layers.1"});
+    CHECK(units.template operator()<sw::wrap_type<block>>(0).first == list{"", "layers.0", "layers.1"});
+    CHECK(units.template operator()<sw::wrap_none>(0).first == list{""});
+    // The root holds what no block holds: the embedding, the final norm and the output.
+    CHECK(units.template operator()<blocks>(0).second ==
+          list{"tok_embeddings.weight", "norm.weight", "output.weight"});
+    // By size, children first: attention 4 x 32 x 32 = 4096 and feed-forward 3 x 32 x 64 = 6144 parameters each
+    // reach 3000; a block's norms (64) then do not, nor the rest of the model.
+    CHECK(units.template operator()<sw::wrap_min_params>(3000).first ==
+          list{"", "layers.1.feed_forward", "layers.1.attention", "layers.0.feed_forward", "layers.0.attention"});
+    // At 5000 only the feed-forwards do; then each block with its attention and norms (4160) does not either.
+    CHECK(units.template operator()<sw::wrap_min_params>(5000).first ==
+          list{"", "layers.1.feed_forward", "layers.0.feed_forward"});
+  });
+}
+
+TEST_CASE("FSDP with uneven shards equals the unsharded run") {
+  auto const c = uneven_config();
+  auto const serial = serial_run(c, steps, 12);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("full shard, dp 3", 3, {.dp = 3, .sequences = 12}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("full shard, dp 4", 4, {.dp = 4, .sequences = 12}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, tp_only>("dp 2 x TP 2", 4, {.dp = 2, .sequences = 12}, c, serial);
+}
+
+TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
+  auto const c = llama_cases::small_config();
+  std::size_t total = 0;
+  {
+    sw::models::Llama<float> model(c);
+    sw::for_each_parameter(model, [&](std::string const&, auto const& p) { total += std::size_t(p.value->size()); });
+  }
+  for (int dp : {1, 2, 4}) {
+    std::vector<std::size_t> held(static_cast<std::size_t>(dp));
+    sw::run_threads(dp, [&](auto& world) {
+      sw::models::Llama<float> model(c);
+      auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, sw::make_mesh<"dp">(world, {dp}));
+      held[std::size_t(world.rank())] = sharded.held_elements();
+      std::size_t left = 0;  // what the model itself still holds between steps: nothing
+      sw::for_each_parameter(model, [&](std::string const&, auto const& p) { left += std::size_t(p.value->size()); });
+      CHECK(left == 0);
+    });
+    std::size_t sum = 0;
+    for (auto h : held) {
+      CHECK(h == 2 * total / std::size_t(dp));  // every size here divides by 1, 2 and 4
+      sum += h;
+    }
+    CHECK(sum == 2 * total);  // values and gradients, each element on exactly one rank
+  }
+}

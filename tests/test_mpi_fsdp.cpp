@@ -1,0 +1,52 @@
+// FSDP on the MPI mesh (CTest runs this under mpiexec -n 1, 2 and 4), against the unsharded run computed on
+// every rank (cases/fsdp_cases.hpp): at 1 rank full shard; at 2 every strategy, wrap by type and by size,
+// activation checkpointing and uneven shards; at 4 full shard, hybrid 2 x 2, FSDP dp 2 x TP 2 with sequence
+// parallelism, and uneven shards at dp 4 and dp 2 x tp 2.
+#include <doctest/doctest.h>
+
+#include <shardwise/mesh/mpi.hpp>
+
+#include "cases/fsdp_cases.hpp"
+
+namespace {
+namespace sw = shardwise;
+using namespace fsdp_cases;
+template <class Strategy, class Wrap = blocks>
+using policy = sw::fsdp_policy<Strategy, Wrap>;
+}  // namespace
+
+TEST_CASE("FSDP equals the unsharded run, MPI mesh") {
+  int const steps = llama_cases::steps();
+  auto const world = sw::mpi_world();
+  auto const c = llama_cases::small_config();
+  auto const serial = serial_run(c, steps);
+  auto const uneven = uneven_config();
+  auto const uneven_serial = serial_run(uneven, steps, 12);
+  using block = sw::models::Llama<float>::block_type;
+  if (world.size() == 1) {
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 1}, c, steps), serial);
+  } else if (world.size() == 2) {
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
+    check_same_training(train<policy<sw::shard_grad_op>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
+    check_same_training(train<policy<sw::no_shard>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
+    check_same_training(train<policy<sw::full_shard, sw::wrap_type<block>>, sw::serial_plan>(world, {.dp = 2}, c, steps),
+                   serial);
+    check_same_training(train<policy<sw::full_shard, sw::wrap_min_params>, sw::serial_plan>(
+                       world, {.dp = 2, .min_num_params = 3000}, c, steps),
+                   serial);
+    check_same_training(
+        train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .checkpoint_blocks = true}, c, steps), serial);
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .sequences = 12}, uneven, steps),
+                   uneven_serial);
+  } else if (world.size() == 4) {
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 4}, c, steps), serial);
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .replicate = 2}, c, steps), serial);
+    check_same_training(train<policy<sw::full_shard>, sequence_parallel>(world, {.dp = 2}, c, steps), serial);
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 4, .sequences = 12}, uneven, steps),
+                   uneven_serial);
+    check_same_training(train<policy<sw::full_shard>, tp_only>(world, {.dp = 2, .sequences = 12}, uneven, steps),
+                   uneven_serial);
+  } else {
+    FAIL("run with mpiexec -n 1, 2 or 4");
+  }
+}
