@@ -1,0 +1,172 @@
+"""The PyTorch half of the outside check of FSDP: transformers' LlamaForCausalLM, built from the config
+fsdp_dump.cpp used and loaded with the initial weights it wrote, sharded by PyTorch's FSDP2 (fully_shard on each
+decoder layer, then on the root model, as torchtitan does) over 2 gloo processes on the CPU, each rank fed its own
+sequences of the same batches, clipped by torch.nn.utils.clip_grad_norm_ and stepped by torch.optim.AdamW, gives
+the same per-rank losses and their dp mean, the same global gradient norms (every step clipped) and the same
+parameters after the 5 steps as shardwise's sw::fully_shard<fsdp_policy<full_shard, wrap_paths<"layers.*">>>.
+Nothing is shared with the C++ side.
+
+Tolerances (fp32): losses and norms |got - expected| / |expected| <= 1e-5 (measured: <= 3e-7); parameters after
+training |got - expected| / (|expected| + rms of the tensor) <= 2e-4 elementwise, the shardwise Llama tests' own
+measure (llama_cases::check_same_run; measured: <= 3e-5, in lm_head): Adam's m / sqrt(v) turns rounding-sized
+gradient differences of near-zero gradients into larger update differences, so parameters agree less tightly
+than losses.
+
+Losses: each rank's loss is the mean cross-entropy over its own tokens; FSDP2 reduce-scatters the gradients with
+an average over dp, as shardwise does, so with equal token counts per rank the dp mean of the losses is the whole
+batch's mean and the gradients are the unsharded model's.
+
+usage: fsdp_reference.py DUMP_DIR
+"""
+import os
+import socket
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from transformers import LlamaConfig, LlamaForCausalLM
+
+try:  # FSDP2's public home since torch 2.6; the composable namespace before
+    from torch.distributed.fsdp import fully_shard
+except ImportError:
+    from torch.distributed._composable.fsdp import fully_shard
+
+LOSS_TOLERANCE = NORM_TOLERANCE = 1e-5  # relative
+PARAMETER_TOLERANCE = 2e-4  # |got - expected| / (|expected| + rms), elementwise
+VOCAB, DIM, LAYERS, SEQUENCE = 64, 32, 2, 8
+DP, STEPS = 2, 5
+LR, MAX_NORM = 3e-3, 0.1  # shardwise's AdamWOptions defaults otherwise: betas (0.9, 0.999), eps 1e-8, decay 0.01
+
+
+def llama():
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=LAYERS,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQUENCE,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False,
+                         mlp_bias=False, attn_implementation="eager")
+    return LlamaForCausalLM(config).float()
+
+
+def load(directory):
+    return {name[:-4]: torch.from_numpy(np.load(os.path.join(directory, name))).float()
+            for name in os.listdir(directory) if name.endswith(".npy")}
+
+
+def load_initial(directory, name):
+    return np.load(os.path.join(directory, "weights", name + ".npy"))
+
+
+def train(rank, directory, out):
+    """5 steps on this rank's sequences; rank 0 saves the losses of both ranks, the norms and the trained
+    parameters (gathered whole) to `out`."""
+    mesh = init_device_mesh("cpu", (DP,), mesh_dim_names=("dp",))
+    model = llama()
+    model.load_state_dict(load(os.path.join(directory, "weights")), strict=True)  # untied: lm_head too
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # Sharded for real: every parameter a DTensor cut by rows over dp (the embedding's 64 rows: 32 here).
+    sharded = all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in model.parameters())
+    local_rows = model.model.embed_tokens.weight.to_local().shape[0]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    ids = torch.from_numpy(np.load(os.path.join(directory, "ids.npy"))).long()  # [step, rank, sequence, token]
+    targets = torch.from_numpy(np.load(os.path.join(directory, "targets.npy"))).long()
+    losses, norms = [], []
+    for step in range(STEPS):
+        logits = model(input_ids=ids[step, rank]).logits
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets[step, rank].reshape(-1))  # mean over its tokens
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        # The global norm over every rank's shards; a plain tensor on torch 2.15, a DTensor on versions that
+        # leave the shards' norms Partial (torchtitan's full_tensor()).
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        optimizer.step()
+        optimizer.zero_grad()
+        every_rank = [torch.zeros(()) for _ in range(DP)]
+        dist.all_gather(every_rank, loss.detach())
+        losses.append([float(l) for l in every_rank])
+        norms.append(float(norm))
+    final = {name: p.full_tensor().detach().numpy() for name, p in model.named_parameters()}  # collective
+    if rank == 0:
+        np.savez(out, losses=np.array(losses), norms=np.array(norms), sharded=sharded, local_rows=local_rows,
+                 **{"final/" + name: value for name, value in final.items()})
+
+
+def worker(rank, port, directory, out):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=DP)
+    try:
+        train(rank, directory, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    directory = sys.argv[1]
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "torch.npz")
+        mp.spawn(worker, args=(free_port(), directory, out), nprocs=DP, join=True)
+        with np.load(out) as saved:
+            torch_results = {name: saved[name] for name in saved.files}
+    want_losses, want_norms = torch_results["losses"], torch_results["norms"]
+    got_losses = np.load(os.path.join(directory, "losses.npy"))  # [step, rank]
+    got_norms = np.load(os.path.join(directory, "norms.npy"))
+    rows = [("torch's model is sharded (every parameter a DTensor Shard(0) over dp)",
+             bool(torch_results["sharded"]) and int(torch_results["local_rows"]) == VOCAB // DP,
+             f"embedding rows on rank 0: {int(torch_results['local_rows'])} of {VOCAB}")]
+    worst = {"loss": 0.0, "norm": 0.0, "parameter": 0.0}
+
+    def relative(kind, name, got, want, tolerance):
+        error = abs(got - want) / abs(want)
+        worst[kind] = max(worst[kind], error)
+        rows.append((name, error <= tolerance, f"shardwise {got:.7f}, torch {want:.7f}, relative error {error:.1e}"))
+
+    for step in range(STEPS):
+        for rank in range(DP):
+            relative("loss", f"loss of rank {rank} at step {step}", got_losses[step, rank], want_losses[step, rank],
+                     LOSS_TOLERANCE)
+        relative("loss", f"loss (dp mean) at step {step}", got_losses[step].mean(), want_losses[step].mean(),
+                 LOSS_TOLERANCE)
+        relative("norm", f"global norm at step {step}", got_norms[step], want_norms[step], NORM_TOLERANCE)
+    rows.append((f"every step clipped (torch's norms over {MAX_NORM})", want_norms.min() > MAX_NORM,
+                 f"smallest norm {want_norms.min():.3g}"))
+    final = load(os.path.join(directory, "final"))
+    names = sorted(name[len("final/"):] for name in torch_results if name.startswith("final/"))
+    rows.append(("the same parameters on both sides", sorted(final) == names,
+                 f"{len(final)} from shardwise, {len(names)} from torch"))
+    for name in names:
+        want = torch_results["final/" + name]
+        got = final[name].numpy() if name in final else None
+        ok = got is not None and got.shape == want.shape
+        rms = float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))
+        error = float((np.abs(got - want) / (np.abs(want) + rms)).max()) if ok else float("inf")
+        moved = float(np.abs(want - load_initial(directory, name)).max())
+        worst["parameter"] = max(worst["parameter"], error)
+        rows.append((f"{name} after {STEPS} steps", ok and error <= PARAMETER_TOLERANCE,
+                     f"max |difference| / (|torch| + rms) {error:.1e} (training moved it by up to {moved:.1e})"))
+    for name, ok, detail in rows:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    print(f"worst loss relative error {worst['loss']:.1e}, worst norm relative error {worst['norm']:.1e}, "
+          f"worst parameter error {worst['parameter']:.1e}")
+    failed = sum(1 for _, ok, _ in rows if not ok)
+    print(f"{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
