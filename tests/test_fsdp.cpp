@@ -14,11 +14,11 @@ int const steps = llama_cases::steps();
 
 template <class Policy, class Plan = sw::serial_plan>
 void check(char const* name, int ranks, Setup const& setup, shardwise::models::LlamaConfig const& c,
-           llama_cases::Run const& serial) {
+           llama_cases::Run const& serial, Tolerance tolerance = {}) {
   INFO(std::string(name));
   sw::run_threads(ranks, [&](auto& world) {
     auto const run = fsdp_cases::train<Policy, Plan>(world, setup, c, steps);
-    if (world.rank() == 0) fsdp_cases::check_same_training(run, serial);
+    if (world.rank() == 0) fsdp_cases::check_same_training(run, serial, tolerance);
   });
 }
 }  // namespace
@@ -34,8 +34,8 @@ TEST_CASE("FSDP strategies equal the unsharded run, thread mesh") {
   check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("FSDP dp 2 x TP 2 (SP)", 4, {.dp = 2}, c, serial);
   check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("FSDP x TP from the dp x tp mesh", 4,
                                                                     {.dp = 2, .one_mesh = true}, c, serial);
-  check<sw::fsdp_policy<sw::full_shard, blocks>>("activation checkpointing", 2, {.dp = 2, .checkpoint_blocks = true},
-                                                 c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("activation checkpointing", 2, {.dp = 2, .checkpoint_blocks = true}, c,
+                                                 serial);
 }
 
 TEST_CASE("FSDP wrap policies: the units they make, and training equal to the unsharded run") {
@@ -44,8 +44,8 @@ TEST_CASE("FSDP wrap policies: the units they make, and training equal to the un
   using block = sw::models::Llama<float>::block_type;
   check<sw::fsdp_policy<sw::full_shard, sw::wrap_type<block>>>("wrap by type", 2, {.dp = 2}, c, serial);
   check<sw::fsdp_policy<sw::full_shard, sw::wrap_none>>("no wrap", 2, {.dp = 2}, c, serial);
-  check<sw::fsdp_policy<sw::full_shard, sw::wrap_min_params>>("wrap by size", 2, {.dp = 2, .min_num_params = 3000},
-                                                               c, serial);
+  check<sw::fsdp_policy<sw::full_shard, sw::wrap_min_params>>("wrap by size", 2, {.dp = 2, .min_num_params = 3000}, c,
+                                                              serial);
 
   sw::run_threads(2, [&](auto& world) {
     auto const dp = sw::make_mesh<"dp">(world, {2});
@@ -59,8 +59,7 @@ TEST_CASE("FSDP wrap policies: the units they make, and training equal to the un
     CHECK(units.template operator()<sw::wrap_type<block>>(0).first == list{"", "layers.0", "layers.1"});
     CHECK(units.template operator()<sw::wrap_none>(0).first == list{""});
     // The root holds what no block holds: the embedding, the final norm and the output.
-    CHECK(units.template operator()<blocks>(0).second ==
-          list{"tok_embeddings.weight", "norm.weight", "output.weight"});
+    CHECK(units.template operator()<blocks>(0).second == list{"tok_embeddings.weight", "norm.weight", "output.weight"});
     // By size, children first: attention 4 x 32 x 32 = 4096 and feed-forward 3 x 32 x 64 = 6144 parameters each
     // reach 3000; a block's norms (64) then do not, nor the rest of the model.
     CHECK(units.template operator()<sw::wrap_min_params>(3000).first ==
@@ -103,4 +102,19 @@ TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
     }
     CHECK(sum == 2 * total);  // values and gradients, each element on exactly one rank
   }
+}
+
+TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same way") {
+  auto const c = llama_cases::small_config();
+  using bf16 = Eigen::bfloat16;
+  auto const gathers_bf16 = bf16_reference(c, steps, 2, false);
+  check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>>("bf16 gathers, dp 2", 2, {.dp = 2},
+                                                                                   c, gathers_bf16);
+  check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>, sequence_parallel>(
+      "bf16 gathers, dp 2 x TP 2", 4, {.dp = 2}, c, gathers_bf16, bf16_rounding);
+  check<sw::fsdp_policy<sw::no_shard, blocks, sw::mixed_precision<bf16, float>>>("bf16 gathers, no-shard", 2, {.dp = 2},
+                                                                                 c, gathers_bf16);
+  auto const reduces_bf16 = bf16_reference(c, steps, 2, true);
+  check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, bf16>>>(
+      "bf16 gathers and reduce, dp 2", 2, {.dp = 2}, c, reduces_bf16, bf16_rounding);
 }

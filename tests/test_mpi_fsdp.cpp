@@ -1,7 +1,8 @@
 // FSDP on the MPI mesh (CTest runs this under mpiexec -n 1, 2 and 4), against the unsharded run computed on
 // every rank (cases/fsdp_cases.hpp): at 1 rank full shard; at 2 every strategy, wrap by type and by size,
 // activation checkpointing and uneven shards; at 4 full shard, hybrid 2 x 2, FSDP dp 2 x TP 2 with sequence
-// parallelism, and uneven shards at dp 4 and dp 2 x tp 2.
+// parallelism, and uneven shards at dp 4 and dp 2 x tp 2. Mixed precision (bfloat16 gathers, fp32 or bfloat16
+// reduce) against the unsharded run that rounds the same way: at 1, at 2, and at dp 2 x tp 2.
 #include <doctest/doctest.h>
 
 #include <shardwise/mesh/mpi.hpp>
@@ -29,24 +30,48 @@ TEST_CASE("FSDP equals the unsharded run, MPI mesh") {
     check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
     check_same_training(train<policy<sw::shard_grad_op>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
     check_same_training(train<policy<sw::no_shard>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
-    check_same_training(train<policy<sw::full_shard, sw::wrap_type<block>>, sw::serial_plan>(world, {.dp = 2}, c, steps),
-                   serial);
+    check_same_training(
+        train<policy<sw::full_shard, sw::wrap_type<block>>, sw::serial_plan>(world, {.dp = 2}, c, steps), serial);
     check_same_training(train<policy<sw::full_shard, sw::wrap_min_params>, sw::serial_plan>(
-                       world, {.dp = 2, .min_num_params = 3000}, c, steps),
-                   serial);
+                            world, {.dp = 2, .min_num_params = 3000}, c, steps),
+                        serial);
     check_same_training(
         train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .checkpoint_blocks = true}, c, steps), serial);
-    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .sequences = 12}, uneven, steps),
-                   uneven_serial);
+    check_same_training(
+        train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .sequences = 12}, uneven, steps),
+        uneven_serial);
   } else if (world.size() == 4) {
     check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 4}, c, steps), serial);
-    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .replicate = 2}, c, steps), serial);
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .replicate = 2}, c, steps),
+                        serial);
     check_same_training(train<policy<sw::full_shard>, sequence_parallel>(world, {.dp = 2}, c, steps), serial);
-    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 4, .sequences = 12}, uneven, steps),
-                   uneven_serial);
+    check_same_training(
+        train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 4, .sequences = 12}, uneven, steps),
+        uneven_serial);
     check_same_training(train<policy<sw::full_shard>, tp_only>(world, {.dp = 2, .sequences = 12}, uneven, steps),
-                   uneven_serial);
+                        uneven_serial);
   } else {
     FAIL("run with mpiexec -n 1, 2 or 4");
+  }
+}
+
+TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same way, MPI mesh") {
+  int const steps = llama_cases::steps();
+  auto const world = sw::mpi_world();
+  auto const c = llama_cases::small_config();
+  using bf16 = Eigen::bfloat16;
+  using gathers_bf16 = sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>;
+  using all_bf16 = sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, bf16>>;
+  if (world.size() == 1) {
+    check_same_training(train<all_bf16, sw::serial_plan>(world, {.dp = 1}, c, steps),
+                        bf16_reference(c, steps, 1, true));
+  } else if (world.size() == 2) {
+    check_same_training(train<gathers_bf16, sw::serial_plan>(world, {.dp = 2}, c, steps),
+                        bf16_reference(c, steps, 2, false));
+    check_same_training(train<all_bf16, sw::serial_plan>(world, {.dp = 2}, c, steps), bf16_reference(c, steps, 2, true),
+                        bf16_rounding);
+  } else {
+    check_same_training(train<gathers_bf16, sequence_parallel>(world, {.dp = 2}, c, steps),
+                        bf16_reference(c, steps, 2, false), bf16_rounding);
   }
 }

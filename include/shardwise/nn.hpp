@@ -1,6 +1,5 @@
 #pragma once
 // Layers, parallel styles, plans and the loss: everything tensor parallelism needs (Eigen required).
-#include "shardwise/fsdp/fully_shard.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/activation_checkpoint.hpp"
 #include "shardwise/nn/elementwise.hpp"

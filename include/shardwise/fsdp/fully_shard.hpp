@@ -41,12 +41,12 @@ template <class T>
 struct fsdp_slot {
   std::string name;
   Eigen::Index rows = 0, cols = 0, first_row = 0, row_count = 0;
-  std::vector<T> shard, shard_grad;  // no_shard: shard unused (the layer's tensor is the shard)
-  T norm_weight = 1;                 // 0: another tp rank or copy counts it in the global norm
+  std::vector<T> shard, shard_grad;            // no_shard: shard unused (the layer's tensor is the shard)
+  T norm_weight = 1;                           // 0: another tp rank or copy counts it in the global norm
   std::function<T*(bool whole)> resize_value;  // whole: rows x cols (its data); else freed (null)
   std::function<void()> finish;                // the tp step of sw::finish_gradients, for this parameter
   std::function<void()> mark_finished;
-  std::function<T*()> finished_grad;      // the finished gradient's data
+  std::function<T*()> finished_grad;          // the finished gradient's data
   std::function<void(bool free)> clear_grad;  // the layer's gradients freed (or zeroed, for no_shard)
 };
 
@@ -80,6 +80,12 @@ template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh
 class fully_sharded final : detail::module_hooks {
   using strategy = typename Policy::strategy;
   static constexpr bool sharded = !std::is_same_v<strategy, no_shard>;
+  using param_type =
+      typename detail::precision_types<typename Policy::precision, detail::parameter_scalar_t<Model>>::param;
+  using reduce_type =
+      typename detail::precision_types<typename Policy::precision, detail::parameter_scalar_t<Model>>::reduce;
+  /// Whether the shard is a copy of its own (the master): sharded, or gathered in another type.
+  static constexpr bool keeps_master = sharded || !std::is_same_v<param_type, detail::parameter_scalar_t<Model>>;
   static_assert(detail::is_fsdp_strategy<strategy>,
                 "shardwise::fsdp_policy: the strategy must be full_shard, shard_grad_op or no_shard");
   static_assert(ShardMesh::ndim == 1,
@@ -88,7 +94,7 @@ class fully_sharded final : detail::module_hooks {
                 "shardwise::fully_shard: the wrap policy does not fit the model (the error above says where)");
 
  public:
-  using scalar = typename detail::parameter_scalar_t<Model>;  ///< The parameters' element type.
+  using scalar = detail::parameter_scalar_t<Model>;  ///< The parameters' element type.
 
   /// Shards `model` (parallelized over tp already, or not at all) over `dp`; hybrid: over `dp` within each group
   /// of `replicate`, whose groups hold equal shards. Every dp rank must hold the same values (the same seed, or a
@@ -112,9 +118,10 @@ class fully_sharded final : detail::module_hooks {
     phase_ = phase::idle;
     for (std::size_t i = 1; i < units_.size(); ++i)
       if (!units_[i].called)
-        detail::fail("shardwise::fully_shard: the unit \"", units_[i].path,
-             "\" was not called through sw::forward in the model's forward, so its parameters were never gathered; "
-             "call it as sw::forward(module, x) (and sw::backward(module, dy) in backward)");
+        detail::fail(
+            "shardwise::fully_shard: the unit \"", units_[i].path,
+            "\" was not called through sw::forward in the model's forward, so its parameters were never gathered; "
+            "call it as sw::forward(module, x) (and sw::backward(module, dy) in backward)");
     return y;
   }
 
@@ -133,9 +140,13 @@ class fully_sharded final : detail::module_hooks {
     }
   }
 
-  /// Gathers every unit (collective): the model then holds its whole parameters, to read or save them.
+  /// Gathers every unit's masters in full precision (collective): the model then holds its whole parameters,
+  /// to read or save them. The next forward gathers again (in the policy's precision).
   void unshard() {
-    for (auto& u : units_) gather(u);
+    for (auto& u : units_) {
+      for (auto i : u.slots) gather_slot<detail::parameter_scalar_t<Model>>(slots_[i]);
+      u.gathered = !keeps_master;
+    }
   }
   /// Frees the gathered parameters again (collective-free).
   void reshard() {
@@ -172,7 +183,7 @@ class fully_sharded final : detail::module_hooks {
   void shardwise_for_each_shard(Fn&& fn) {
     for (auto& s : slots_) {
       auto const n = static_cast<std::size_t>(s.row_count * s.cols);
-      scalar* value = sharded ? s.shard.data() : s.resize_value(true);
+      scalar* value = keeps_master ? s.shard.data() : s.resize_value(true);
       fn(std::string_view(s.name), std::span<scalar>(value, n), std::span<scalar const>(s.shard_grad.data(), n),
          s.norm_weight);
     }
@@ -221,28 +232,47 @@ class fully_sharded final : detail::module_hooks {
     phase_ = phase::idle;
     for (auto const& u : units_)
       if (u.gathered && sharded)
-        detail::fail("shardwise::fully_shard: the unit \"", u.path,
-             "\" ran forward but its gradients were not reduced: call it as sw::backward(module, dy) in the model's "
-             "backward");
+        detail::fail(
+            "shardwise::fully_shard: the unit \"", u.path,
+            "\" ran forward but its gradients were not reduced: call it as sw::backward(module, dy) in the model's "
+            "backward");
   }
 
   void gather(detail::fsdp_unit& u) {
     if (u.gathered) return;
-    for (auto i : u.slots) {
-      auto& s = slots_[i];
-      scalar* whole = s.resize_value(true);
-      if constexpr (sharded) {
-        Eigen::Map<detail::row_major<scalar>> mine(s.shard.data(), s.row_count, s.cols);
-        Eigen::Map<detail::row_major<scalar>> out(whole, s.rows, s.cols);
-        detail::all_gather_on(dp_.comm(0), mine, out, 0);
-      }
-    }
+    for (auto i : u.slots) gather_slot<param_type>(slots_[i]);
     u.gathered = true;
   }
 
+  /// The parameter's whole (this tp rank's) tensor from the dp ranks' shards, rounded to Param on the way.
+  template <class Param>
+  void gather_slot(detail::fsdp_slot<scalar>& s) {
+    Eigen::Map<detail::row_major<scalar>> out(s.resize_value(true), s.rows, s.cols);
+    if constexpr (!keeps_master) return;  // no_shard in full precision: the layer's tensor is the shard
+    Eigen::Map<detail::row_major<scalar>> mine(s.shard.data(), s.row_count, s.cols);
+    if constexpr (std::is_same_v<Param, scalar>) {
+      if constexpr (sharded)
+        detail::all_gather_on(dp_.comm(0), mine, out, 0);
+      else
+        out = mine;
+    } else {
+      detail::row_major<Param> const rounded = mine.template cast<Param>();
+      if constexpr (sharded) {
+        detail::row_major<Param> all;
+        detail::all_gather_on(dp_.comm(0), rounded, all, 0);
+        out = all.template cast<scalar>();
+      } else {
+        out = rounded.template cast<scalar>();
+      }
+    }
+  }
+
+  /// Frees the unit's gathered parameters (no_shard in mixed precision keeps the memory, and rounds again at the
+  /// next gather, after the optimizer has stepped the masters).
   void release(detail::fsdp_unit& u) {
-    if constexpr (sharded) {
-      for (auto i : u.slots) slots_[i].resize_value(false);
+    if constexpr (keeps_master) {
+      if constexpr (sharded)
+        for (auto i : u.slots) slots_[i].resize_value(false);
       u.gathered = false;
     }
   }
@@ -255,17 +285,30 @@ class fully_sharded final : detail::module_hooks {
       auto& s = slots_[i];
       Eigen::Map<detail::row_major<scalar>> whole(s.finished_grad(), s.rows, s.cols);
       Eigen::Map<detail::row_major<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
-      if constexpr (sharded) {
-        detail::row_major<scalar> part;
-        detail::reduce_scatter_on(dp_.comm(0), whole, part, 0, detail::op_kind::avg);
-        if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
-          detail::all_reduce_on(replicate_->comm(0), part, detail::op_kind::avg);
-        into += part;
+      if constexpr (std::is_same_v<reduce_type, scalar>) {
+        average_into(whole, into);
       } else {
-        detail::all_reduce_on(dp_.comm(0), whole, detail::op_kind::avg);
-        into += whole;
+        detail::row_major<reduce_type> rounded = whole.template cast<reduce_type>();
+        average_into(rounded, into);
       }
       s.clear_grad(sharded);
+    }
+  }
+
+  /// into += this rank's rows of the average of `whole` over dp (hybrid: and over the replicas), reduced in
+  /// whole's element type.
+  template <class Whole>
+  void average_into(Whole& whole, Eigen::Map<detail::row_major<scalar>>& into) {
+    using E = typename Whole::Scalar;
+    if constexpr (sharded) {
+      detail::row_major<E> part;
+      detail::reduce_scatter_on(dp_.comm(0), whole, part, 0, detail::op_kind::avg);
+      if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
+        detail::all_reduce_on(replicate_->comm(0), part, detail::op_kind::avg);
+      into += part.template cast<scalar>();
+    } else {
+      detail::all_reduce_on(dp_.comm(0), whole, detail::op_kind::avg);
+      into += whole.template cast<scalar>();
     }
   }
 
@@ -307,7 +350,7 @@ class fully_sharded final : detail::module_hooks {
     for_each_parameter(model_, [&](std::string const& name, auto const& p) {
       if (!p.mirror_of.empty())
         detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
-             "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
+                     "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
       slots_.push_back(make_slot(name, p));
       sizes.push_back(static_cast<std::size_t>(p.value->size()));
     });
@@ -326,7 +369,7 @@ class fully_sharded final : detail::module_hooks {
     s.first_row = static_cast<Eigen::Index>(chunk_offset(static_cast<std::size_t>(s.rows), ranks, rank));
     s.row_count = static_cast<Eigen::Index>(chunk_size(static_cast<std::size_t>(s.rows), ranks, rank));
     scalar const* mine = p.value->data() + s.first_row * s.cols;
-    if (sharded) s.shard.assign(mine, mine + s.row_count * s.cols);
+    if (keeps_master) s.shard.assign(mine, mine + s.row_count * s.cols);
     s.shard_grad.assign(static_cast<std::size_t>(s.row_count * s.cols), scalar(0));
     if (p.group) tp_group_ = p.group;
     bool const counted = is_shard_v<Finished> || (p.group ? p.group->rank() : 0) == 0;

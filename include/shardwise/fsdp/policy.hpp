@@ -3,6 +3,7 @@
 // model's tree at compile time where the facts are static. A unit is a set of parameters gathered together: a
 // module called through sw::forward / sw::backward (each element of a repeated child is a unit of its own), plus
 // the root unit, which holds every parameter no other unit holds.
+#include <Eigen/Core>
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
@@ -34,15 +35,32 @@ struct wrap_min_params {};
 /// No units but the root: the whole model gathered at once.
 struct wrap_none {};
 
+/// Mixed precision (FSDP2's MixedPrecisionPolicy): the fp32 (the model's element type) shards stay the
+/// optimizer's master copy; a unit's parameters are gathered as Param — rounded to nearest even from the shard,
+/// so the all-gather moves Param's bytes — and widened into the model's tensors, so the model computes on the
+/// Param-rounded values (in its own element type: activations are not rounded); each rank's gradient is
+/// rounded to Reduce for the reduce-scatter (and reduced in Reduce, in rank order, as every backend reduces
+/// Reduce) and widened into the fp32 gradient shard. Param and Reduce: float, double, Eigen::bfloat16 or
+/// Eigen::half; torchtitan's default is mixed_precision<Eigen::bfloat16, float>.
+template <class Param, class Reduce = Param>
+struct mixed_precision {
+  using param_type = Param;    ///< The gathered parameters' type.
+  using reduce_type = Reduce;  ///< The gradient reduce-scatter's type.
+};
+/// No mixed precision: parameters gathered and gradients reduced in the model's element type.
+struct full_precision {};
+
 /// An FSDP policy: the strategy (full_shard, shard_grad_op, no_shard), the wrap policy (wrap_paths,
-/// wrap_type, wrap_min_params, wrap_none) and, for sw::fully_shard on a mesh of several axes, the axis FSDP
-/// shards over and the one tensor parallelism uses. Hybrid sharding is chosen by the meshes given.
-template <class Strategy = full_shard, class Wrap = wrap_none, fixed_string DataAxis = "dp",
-          fixed_string TensorAxis = "tp">
+/// wrap_type, wrap_min_params, wrap_none), the precision (full_precision, mixed_precision<...>) and, for
+/// sw::fully_shard on a mesh of several axes, the axis FSDP shards over and the one tensor parallelism uses. Hybrid
+/// sharding is chosen by the meshes given.
+template <class Strategy = full_shard, class Wrap = wrap_none, class Precision = full_precision,
+          fixed_string DataAxis = "dp", fixed_string TensorAxis = "tp">
 struct fsdp_policy {
-  using strategy = Strategy;                      ///< How parameters and gradients are kept.
-  using wrap = Wrap;                              ///< Which modules are units.
-  static constexpr auto data_axis = DataAxis;     ///< The mesh axis the parameters are sharded over.
+  using strategy = Strategy;                       ///< How parameters and gradients are kept.
+  using wrap = Wrap;                               ///< Which modules are units.
+  using precision = Precision;                     ///< full_precision or mixed_precision<Param, Reduce>.
+  static constexpr auto data_axis = DataAxis;      ///< The mesh axis the parameters are sharded over.
   static constexpr auto tensor_axis = TensorAxis;  ///< The mesh axis the plan cuts layers over.
 };
 
@@ -54,9 +72,11 @@ struct fsdp_options {
 namespace detail {
 
 template <class S>
-inline constexpr bool is_fsdp_strategy = std::is_same_v<S, full_shard> || std::is_same_v<S, shard_grad_op> ||
-                                         std::is_same_v<S, no_shard>;
+inline constexpr bool is_fsdp_strategy =
+    std::is_same_v<S, full_shard> || std::is_same_v<S, shard_grad_op> || std::is_same_v<S, no_shard>;
 
+template <class Type>
+struct mixed_precision_type_is_not_floating;  // incomplete on purpose: the diagnostic names the type
 template <fixed_string Axis, class Spelled = spelled_t<Axis>>
 struct fsdp_and_tensor_parallelism_on_one_axis;  // incomplete on purpose: the diagnostic spells the axis
 template <fixed_string Path, class Spelled = spelled_t<Path>>
@@ -83,8 +103,8 @@ constexpr bool has_module_at(std::string_view path) {
 
 /// Whether `inner` is `outer` or lies under it: a parameter under both would belong to two units.
 constexpr bool path_within(std::string_view outer, std::string_view inner) {
-  return inner == outer || (inner.size() > outer.size() && inner.substr(0, outer.size()) == outer &&
-                            inner[outer.size()] == '.');
+  return inner == outer ||
+         (inner.size() > outer.size() && inner.substr(0, outer.size()) == outer && inner[outer.size()] == '.');
 }
 
 template <fixed_string P, fixed_string Other>
@@ -167,6 +187,34 @@ struct wrap_check<Model, wrap_type<Modules...>> {
   static_assert(ok,
                 "shardwise::fully_shard: a wrap type matches no module of the model, or holds another wrap type (a "
                 "parameter in two units); name the module types the model has, none inside another");
+};
+
+template <class T>
+inline constexpr bool fsdp_floating = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                      std::is_same_v<T, Eigen::bfloat16> || std::is_same_v<T, Eigen::half>;
+
+template <class T>
+constexpr bool show_if_not_floating() {
+  if constexpr (!fsdp_floating<T>) {
+    using shown [[maybe_unused]] = decltype(show_incomplete<mixed_precision_type_is_not_floating<T>>());
+  }
+  return fsdp_floating<T>;
+}
+
+/// The element types a unit is gathered and reduced in, for the model's element type Scalar.
+template <class Precision, class Scalar>
+struct precision_types {
+  using param = Scalar;
+  using reduce = Scalar;
+};
+template <class Param, class Reduce, class Scalar>
+struct precision_types<mixed_precision<Param, Reduce>, Scalar> {
+  static constexpr bool floating = show_if_not_floating<Param>() && show_if_not_floating<Reduce>();
+  static_assert(floating,
+                "shardwise::mixed_precision: Param and Reduce must be floating types (float, double, "
+                "Eigen::bfloat16, Eigen::half); name one of them");
+  using param = Param;
+  using reduce = Reduce;
 };
 
 /// Whether every module of type M is a unit under the wrap policy (wrap_min_params decides at run time).

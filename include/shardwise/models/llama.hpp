@@ -379,7 +379,8 @@ struct Llama {
   void backward(DY const& dlogits) {
     stream dh = norm.backward(output.backward(dlogits));
     for (std::size_t i = layers.size(); i-- > 0;)
-      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh) : shardwise::backward(layers[i], dh);
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh)
+                              : shardwise::backward(layers[i], dh);
     tok_embeddings.backward(dh);
   }
 

@@ -133,7 +133,8 @@ struct LlamaStage {
   /// gradients; returns the gradient of its input (empty on the first stage, whose input is token ids).
   stream backward(stream dh) {
     for (std::size_t i = layers.size(); i-- > 0;)
-      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh) : shardwise::backward(layers[i], dh);
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh)
+                              : shardwise::backward(layers[i], dh);
     if (!first_) return dh;
     tok_embeddings->backward(dh);
     return {};

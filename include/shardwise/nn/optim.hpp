@@ -207,7 +207,7 @@ class AdamW {
   /// What the gradients are multiplied by: torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6), or 1.
   T clip_factor(T norm) const {
     return options_.max_grad_norm > 0 && norm > options_.max_grad_norm ? options_.max_grad_norm / (norm + T(1e-6))
-                                                                      : T(1);
+                                                                       : T(1);
   }
 
   /// AdamW on the slice's elements w (gradient g), one step.

@@ -1,0 +1,219 @@
+// FSDP on the Llama model, in one run:
+//  - tokens/s at dp 2 (the thread mesh) of full shard, shard-grad-op and no-shard, beside plain data
+//    parallelism (AdamW over dp, the gradients all-reduced at the step) and one rank, on the same model and batch;
+//  - with `memory`, under mpiexec (one process per rank, full shard at dp = the world): what each rank holds
+//    between steps — parameter, gradient and optimizer-state shards — against the ideal (the unsharded total / dp),
+//    the largest unit gathered, and the peak resident set during the steps above the process's size before them.
+//
+//   bench_fsdp [--steps 5] [--small] [--smoke]
+//   mpiexec -n 4 bench_fsdp memory [--small]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <shardwise/mesh/launch.hpp>
+#include <shardwise/models/llama.hpp>
+#include <shardwise/fsdp.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+#include "proc_status.hpp"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int batch_sequences = 4;  // per step, over every dp rank
+
+models::LlamaConfig config(bool small) {
+  models::LlamaConfig c;
+  if (small) {  // the tests' size
+    c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 4, c.hidden = 64, c.sequence = 8;
+  } else {
+    c.vocabulary = 8192, c.dim = 1024, c.layers = 4, c.heads = 16, c.kv_heads = 8, c.hidden = 2816, c.sequence = 128;
+  }
+  return c;
+}
+
+/// This dp rank's sequences of the step's batch: ids and targets.
+void batch(models::LlamaConfig const& c, int rank, int ranks, std::vector<std::int64_t>& ids,
+           std::vector<std::int64_t>& targets) {
+  ids.clear(), targets.clear();
+  int const per = batch_sequences / ranks;
+  for (int b = rank * per; b < (rank + 1) * per; ++b)
+    for (std::size_t t = 0; t < c.sequence; ++t) {
+      ids.push_back(static_cast<std::int64_t>((b * 131 + t * 17) % c.vocabulary));
+      targets.push_back(static_cast<std::int64_t>((b * 131 + t * 17 + 1) % c.vocabulary));
+    }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+enum class mode { one_rank, data_parallel, no_shard, shard_grad_op, full_shard };
+char const* name_of(mode m) {
+  constexpr char const* names[] = {"one rank", "dp 2, AdamW over dp (DDP-like)", "dp 2, FSDP no-shard",
+                                   "dp 2, FSDP shard-grad-op", "dp 2, FSDP full shard"};
+  return names[static_cast<int>(m)];
+}
+
+/// Median step time (forward, loss, backward, optimizer) over `steps` after one warm-up step.
+template <class Step, class World>
+double time_steps(World const& world, int steps, Step&& step) {
+  std::vector<double> times;
+  for (int s = 0; s <= steps; ++s) {
+    world.barrier();
+    auto const start = clock_type::now();
+    step();
+    world.barrier();
+    if (s > 0) times.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  return median(times);
+}
+
+template <class Strategy, class World>
+double time_fsdp(World const& world, models::LlamaConfig const& c, int steps) {
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<float> model(c);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
+  std::vector<std::int64_t> ids, targets;
+  batch(c, dp.rank(), dp.size(), ids, targets);
+  return time_steps(world, steps, [&] {
+    auto const logits = sharded.forward(ids);
+    auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
+    sharded.backward(result.dlogits);
+    optimizer.step(sharded);
+    sw::zero_grad(sharded);
+  });
+}
+
+template <class World>
+double time_plain(World const& world, models::LlamaConfig const& c, int steps) {
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<float> model(c);
+  sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
+  std::vector<std::int64_t> ids, targets;
+  batch(c, dp.rank(), dp.size(), ids, targets);
+  return time_steps(world, steps, [&] {
+    auto const logits = model.forward(ids);
+    auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
+    model.backward(result.dlogits);
+    optimizer.step(sw::finish_gradients(model), dp);
+    sw::zero_grad(model);
+  });
+}
+
+void speed(models::LlamaConfig const& c, int steps, bool small) {
+  std::printf("# tokens/s, Llama dim %zu, %zu layers, vocabulary %zu, %d x %zu tokens a step, fp32, thread mesh\n",
+              c.dim, c.layers, c.vocabulary, batch_sequences, c.sequence);
+  std::printf("| setup | step (ms) | tokens/s | vs dp 2 without FSDP |\n|---|---|---|---|\n");
+  double const tokens = double(batch_sequences) * double(c.sequence);
+  double plain = 0;
+  for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard}) {
+    double seconds = 0;
+    sw::run_threads(m == mode::one_rank ? 1 : 2, [&](auto& world) {
+      double t = 0;
+      switch (m) {
+        case mode::one_rank:
+        case mode::data_parallel:
+          t = time_plain(world, c, steps);
+          break;
+        case mode::no_shard:
+          t = time_fsdp<sw::no_shard>(world, c, steps);
+          break;
+        case mode::shard_grad_op:
+          t = time_fsdp<sw::shard_grad_op>(world, c, steps);
+          break;
+        case mode::full_shard:
+          t = time_fsdp<sw::full_shard>(world, c, steps);
+          break;
+      }
+      if (world.rank() == 0) seconds = t;
+    });
+    if (m == mode::data_parallel) plain = seconds;
+    std::printf("| %s | %.1f | %.0f | %s |\n", name_of(m), seconds * 1e3, tokens / seconds,
+                m == mode::one_rank ? "" : std::to_string(plain / seconds).substr(0, 4).c_str());
+    std::printf("RESULT %s %d %.1f\n", small ? "small" : "large", static_cast<int>(m), tokens / seconds);
+  }
+}
+
+/// Under mpiexec: each rank's held bytes and peak resident set during two steps of full shard at dp = world.
+template <class World>
+void memory(World const& world, models::LlamaConfig const& c) {
+  double const before = bench::status_mib("VmRSS");
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<float> model(c);
+  std::size_t total = 0;
+  sw::for_each_parameter(model, [&](std::string const&, auto const& p) { total += std::size_t(p.value->size()); });
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  std::size_t largest_unit = 0;
+  {
+    models::Llama<float> whole(c);  // the units' sizes, counted on a model of the same config
+    std::size_t root = 0, block = 0;
+    sw::for_each_parameter(whole, [&](std::string const& name, auto const& p) {
+      (name.rfind("layers.0.", 0) == 0 ? block
+       : name.rfind("layers.", 0) == 0 ? largest_unit
+                                       : root) += std::size_t(p.value->size());
+    });
+    largest_unit = std::max(root, block);
+  }
+  sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
+  std::vector<std::int64_t> ids, targets;
+  batch(c, dp.rank(), dp.size(), ids, targets);
+  auto step = [&] {
+    auto const logits = sharded.forward(ids);
+    auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
+    sharded.backward(result.dlogits);
+    optimizer.step(sharded);
+    sw::zero_grad(sharded);
+  };
+  step();  // the optimizer's state exists from here
+  double const steady = bench::status_mib("VmRSS");
+  std::ofstream("/proc/self/clear_refs") << "5";  // the peak resident set starts again from now
+  step();
+  double const peak = bench::status_mib("VmHWM");
+  double const mib = 1024.0 * 1024.0;
+  double const held = double(sharded.held_elements() + optimizer.state_elements()) * sizeof(float) / mib;
+  double const ideal = double(total) * 4 * sizeof(float) / double(world.size()) / mib;  // values, grads, m, v
+  char line[512];
+  std::snprintf(line, sizeof line, "| %d | %d | %.1f | %.1f | %.3f | %.1f | %.1f | %.1f |", world.size(), world.rank(),
+                held, ideal, held / ideal, double(largest_unit) * sizeof(float) / mib, steady - before, peak - before);
+  for (int r = 0; r < world.size(); ++r) {
+    world.barrier();
+    if (r == world.rank()) std::printf("%s\n", line), std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  openblas_set_num_threads(1);  // one BLAS thread per rank: the ranks are the parallelism
+  bool small = false, smoke = false, memory_mode = false;
+  int steps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--small")) small = true;
+    if (!std::strcmp(argv[i], "--smoke")) smoke = small = true;
+    if (!std::strcmp(argv[i], "memory")) memory_mode = true;
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+  }
+  if (smoke) steps = 1;
+  auto const c = config(small);
+  if (memory_mode) {
+    sw::launch(argc, argv, 2, [&](auto& world) { memory(world, c); });
+    return 0;
+  }
+  speed(c, steps, small);
+  return 0;
+}
