@@ -70,6 +70,28 @@ TEST_CASE("FSDP wrap policies: the units they make, and training equal to the un
   });
 }
 
+TEST_CASE("FSDP sync_module_states: ranks built from other seeds start from rank 0's parameters") {
+  auto const c = llama_cases::small_config();
+  auto const serial = serial_run(c, steps);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("dp 2", 2, {.dp = 2, .sync_module_states = true}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("hybrid 2 x 2", 4,
+                                                 {.dp = 2, .replicate = 2, .sync_module_states = true}, c, serial);
+  // Without it the same ranks train another model: the first loss already differs.
+  sw::run_threads(2, [&](auto& world) {
+    auto const dp = sw::make_mesh<"dp">(world, {2});
+    auto own = c;
+    own.seed += static_cast<std::uint64_t>(dp.rank());
+    sw::models::Llama<float> model(own);
+    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+    std::vector<std::int64_t> ids, targets;
+    llama_cases::batch(c, 0, 4, 2 * dp.rank(), 2, ids, targets);
+    auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+    float const loss =
+        sw::all_reduce(dp, sw::models::llama_loss(tp, sharded.forward(ids), targets, c.vocabulary).loss, sw::Avg{});
+    if (world.rank() == 0) CHECK(std::abs(loss - serial.losses.front()) > 1e-3 * serial.losses.front());
+  });
+}
+
 TEST_CASE("FSDP with uneven shards equals the unsharded run") {
   auto const c = uneven_config();
   auto const serial = serial_run(c, steps, 12);

@@ -31,6 +31,7 @@ struct Setup {
   bool checkpoint_blocks = false;
   std::size_t min_num_params = 0;  // wrap_min_params' threshold
   bool one_mesh = false;           // sw::fully_shard on the dp x tp mesh (it parallelizes), not on dp after parallelize
+  bool sync_module_states = false;  // each dp rank builds its model from another seed; rank 0's is broadcast
 };
 
 /// The unsharded run: one rank, no FSDP, the same batches (every dp rank's sequences in one batch).
@@ -76,10 +77,13 @@ llama_cases::Run train(World const& world, Setup const& setup, models::LlamaConf
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
   auto const all = sw::make_mesh<"all">(world, {world.size()});
-  models::Llama<float, Plan> model(c);
-  model.checkpoint_blocks(setup.checkpoint_blocks);
   int const data_rank = mesh.template coordinate<"replicate">() * setup.dp + dp.rank();
-  sw::fsdp_options const options{.min_num_params = setup.min_num_params};
+  auto own = c;
+  if (setup.sync_module_states) own.seed += static_cast<std::uint64_t>(data_rank);
+  models::Llama<float, Plan> model(own);
+  model.checkpoint_blocks(setup.checkpoint_blocks);
+  sw::fsdp_options const options{.min_num_params = setup.min_num_params,
+                                 .sync_module_states = setup.sync_module_states};
   if (setup.one_mesh) {  // the same ranks on each axis: the replicate axis has size 1 and comes first
     auto sharded = sw::fully_shard<Policy>(model, sw::make_mesh<"dp", "tp">(world, {setup.dp, tp.size()}), options);
     return train_steps(sharded, tp, all, data_rank, data, setup.sequences, c, steps);

@@ -357,10 +357,18 @@ class fully_sharded final : detail::module_hooks {
     assign_to_units(sizes);
   }
 
+  /// The tensor as data-parallel rank 0 holds it (hybrid: replica 0's rank 0).
+  template <class Tensor>
+  void broadcast_from_first(Tensor& value) {
+    detail::broadcast_on(dp_.comm(0), value, 0);
+    if constexpr (!std::is_same_v<ReplicateMesh, no_replication>) detail::broadcast_on(replicate_->comm(0), value, 0);
+  }
+
   template <class P>
   detail::fsdp_slot<scalar> make_slot(std::string const& name, P const& p) {
     using Tensor = typename P::tensor_type;
     using Finished = typename decltype(detail::finished_view(p))::grad_placement;
+    if (options_.sync_module_states) broadcast_from_first(*p.value);
     detail::fsdp_slot<scalar> s;
     s.name = name;
     s.rows = p.value->rows(), s.cols = p.value->cols();

@@ -67,6 +67,9 @@ struct fsdp_policy {
 /// Settings of sw::fully_shard known at run time.
 struct fsdp_options {
   std::size_t min_num_params = 100'000'000;  ///< wrap_min_params: the smallest unit (Accelerate's default 1e8).
+  /// Accelerate's sync_module_states: every parameter is broadcast from dp rank 0 (and, hybrid, from replica 0)
+  /// before it is sharded, so ranks that built or loaded different values start from rank 0's.
+  bool sync_module_states = false;
 };
 
 namespace detail {
