@@ -213,11 +213,11 @@ struct precision_types {
 template <class Param, class Reduce, class Scalar>
 struct precision_types<mixed_precision<Param, Reduce>, Scalar> {
   static constexpr bool floating = show_if_not_floating<Param>() && show_if_not_floating<Reduce>();
+  using param = std::conditional_t<floating, Param, Scalar>;  // only the assertion below reports a bad type
+  using reduce = std::conditional_t<floating, Reduce, Scalar>;
   static_assert(floating,
                 "shardwise::mixed_precision: Param and Reduce must be floating types (float, double, "
                 "Eigen::bfloat16, Eigen::half); name one of them");
-  using param = Param;
-  using reduce = Reduce;
 };
 
 /// Whether every module of type M is a unit under the wrap policy (wrap_min_params decides at run time).
