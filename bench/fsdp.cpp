@@ -13,7 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <shardwise/mesh/launch.hpp>
-#include <shardwise/models/llama.hpp>
+#include <shardwise/models/llama_plan.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>

@@ -23,9 +23,9 @@ theirs_op=$("$python" "$here/torch_fsdp.py" "${size[@]}" --reshard-after-forward
 echo "$theirs_full" | grep -v '^RESULT'
 echo "$theirs_op" | grep -v '^RESULT'
 a=$(echo "$ours" | awk '/^RESULT .* 4 / {print $4}')
-b=$(echo "$theirs_full" | awk '/^RESULT torch_fsdp/ {print $3}')
+b=$(echo "$theirs_full" | awk '/^RESULT torch_fsdp/ {print $4}')
 c=$(echo "$ours" | awk '/^RESULT .* 3 / {print $4}')
-d=$(echo "$theirs_op" | awk '/^RESULT torch_fsdp/ {print $3}')
+d=$(echo "$theirs_op" | awk '/^RESULT torch_fsdp/ {print $4}')
 echo
 echo "full shard, dp 2: shardwise $a tokens/s, PyTorch fully_shard $b: shardwise / PyTorch = $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}')"
 echo "shard-grad-op, dp 2: shardwise $c tokens/s, PyTorch (reshard_after_forward=False) $d: shardwise / PyTorch = $(awk -v a="$c" -v b="$d" 'BEGIN {printf "%.2f", a / b}')"
