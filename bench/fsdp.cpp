@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_plan.hpp>
-#include <shardwise/fsdp.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>

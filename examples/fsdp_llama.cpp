@@ -9,9 +9,9 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_plan.hpp>
-#include <shardwise/fsdp.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
 // FSDP sharding over the axis the tensor-parallel plan already cuts layers over.
-#include <shardwise/models/llama_plan.hpp>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 namespace sw = shardwise;
 using Model = sw::models::Llama<float, sw::models::llama_plan<true>>;

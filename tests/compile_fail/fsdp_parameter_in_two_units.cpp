@@ -1,6 +1,6 @@
 // Two FSDP wrap paths, one under the other: the attention's parameters would belong to two units.
-#include <shardwise/models/llama.hpp>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/models/llama.hpp>
 #include <shardwise/shardwise.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL

@@ -1,6 +1,6 @@
 // An FSDP wrap path that names no module of the model ("layer.*" for "layers.*") would silently wrap nothing.
-#include <shardwise/models/llama.hpp>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/models/llama.hpp>
 #include <shardwise/shardwise.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL

@@ -1,6 +1,6 @@
 // Two FSDP wrap types, one inside the other: the attention's parameters would belong to two units.
-#include <shardwise/models/llama.hpp>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/models/llama.hpp>
 #include <shardwise/shardwise.hpp>
 namespace sw = shardwise;
 using Model = sw::models::Llama<float>;
