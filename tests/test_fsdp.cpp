@@ -92,6 +92,32 @@ TEST_CASE("FSDP sync_module_states: ranks built from other seeds start from rank
   });
 }
 
+TEST_CASE("FSDP: gradient accumulation, a forward without backward, tied embeddings, repeated key-value heads") {
+  auto const c = llama_cases::small_config();
+  auto const serial = serial_run(c, steps);
+  // A validation forward between the backward and the step leaves units gathered; the step's new values must
+  // reach the next forward all the same.
+  check<sw::fsdp_policy<sw::shard_grad_op, blocks>>("forward without backward, shard-grad-op", 2,
+                                                    {.dp = 2, .validation_forward = true}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("forward without backward, full shard", 2,
+                                                 {.dp = 2, .validation_forward = true}, c, serial);
+  check<sw::fsdp_policy<sw::no_shard, blocks, sw::mixed_precision<Eigen::bfloat16, float>>>(
+      "forward without backward, no-shard in bf16", 2, {.dp = 2, .validation_forward = true}, c,
+      bf16_reference(c, steps, 2, false));
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("two microbatches per step", 2, {.dp = 2, .microbatches = 2}, c,
+                                                 serial_run(c, steps, 4, 2));
+  auto tied = c;
+  tied.tie_word_embeddings = true;
+  auto const tied_serial = serial_run(tied, steps);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("tied embeddings, dp 2", 2, {.dp = 2}, tied, tied_serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("tied embeddings, dp 2 x TP 2", 4, {.dp = 2}, tied,
+                                                                    tied_serial);
+  auto one_kv_head = c;
+  one_kv_head.kv_heads = 1;  // repeated over the 2 tp ranks (kv_size_multiplier)
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("1 key-value head, dp 2 x TP 2", 4, {.dp = 2},
+                                                                    one_kv_head, serial_run(one_kv_head, steps));
+}
+
 TEST_CASE("FSDP with uneven shards equals the unsharded run") {
   auto const c = uneven_config();
   auto const serial = serial_run(c, steps, 12);

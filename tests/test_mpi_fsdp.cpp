@@ -55,6 +55,29 @@ TEST_CASE("FSDP equals the unsharded run, MPI mesh") {
   }
 }
 
+TEST_CASE("FSDP: a forward without backward, microbatches, tied embeddings, repeated key-value heads, MPI mesh") {
+  int const steps = llama_cases::steps();
+  auto const world = sw::mpi_world();
+  auto const c = llama_cases::small_config();
+  if (world.size() == 2) {
+    auto const serial = serial_run(c, steps);
+    check_same_training(
+        train<policy<sw::shard_grad_op>, sw::serial_plan>(world, {.dp = 2, .validation_forward = true}, c, steps),
+        serial);
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .microbatches = 2}, c, steps),
+                        serial_run(c, steps, 4, 2));
+  } else if (world.size() == 4) {
+    auto tied = c;
+    tied.tie_word_embeddings = true;
+    check_same_training(train<policy<sw::full_shard>, sequence_parallel>(world, {.dp = 2}, tied, steps),
+                        serial_run(tied, steps));
+    auto one_kv_head = c;
+    one_kv_head.kv_heads = 1;
+    check_same_training(train<policy<sw::full_shard>, sequence_parallel>(world, {.dp = 2}, one_kv_head, steps),
+                        serial_run(one_kv_head, steps));
+  }
+}
+
 TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same way, MPI mesh") {
   int const steps = llama_cases::steps();
   auto const world = sw::mpi_world();

@@ -32,31 +32,40 @@ struct Setup {
   std::size_t min_num_params = 0;  // wrap_min_params' threshold
   bool one_mesh = false;           // sw::fully_shard on the dp x tp mesh (it parallelizes), not on dp after parallelize
   bool sync_module_states = false;  // each dp rank builds its model from another seed; rank 0's is broadcast
+  int microbatches = 1;             // per step and rank, their gradients accumulated
+  bool validation_forward = false;  // a forward without backward between the last backward and the step
 };
 
 /// The unsharded run: one rank, no FSDP, the same batches (every dp rank's sequences in one batch).
-inline llama_cases::Run serial_run(models::LlamaConfig const& c, int steps, int sequences = 4) {
+inline llama_cases::Run serial_run(models::LlamaConfig const& c, int steps, int sequences = 4, int microbatches = 1) {
   static std::mutex guard;  // every thread-mesh rank may ask at once
   std::lock_guard lock(guard);
-  return llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, c, 1, max_norm, sequences);
+  return llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, c, microbatches, max_norm, sequences);
 }
 
 /// Every step's loss (the whole batch's mean), norm and, at the end, every parameter gathered whole.
 template <class Sharded, class Tp, class Everyone>
 llama_cases::Run train_steps(Sharded& sharded, Tp const& tp, Everyone const& all, int data_rank, int data_ranks,
-                             int sequences, models::LlamaConfig const& c, int steps) {
+                             Setup const& setup, models::LlamaConfig const& c, int steps) {
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = max_norm});
-  int const per_rank = sequences / data_ranks;
+  int const sequences = setup.sequences, per_rank = sequences / data_ranks, micro = setup.microbatches;
   llama_cases::Run run;
   std::vector<std::int64_t> ids, targets;
   for (int step = 0; step < steps; ++step) {
-    llama_cases::batch(c, step, sequences, data_rank * per_rank, per_rank, ids, targets);
-    auto const logits = sharded.forward(ids);
-    auto result = models::llama_loss(tp, logits, targets, c.vocabulary);
-    sharded.backward(result.dlogits);
+    float loss = 0;
+    for (int m = 0; m < micro; ++m) {  // gradient accumulation: each microbatch's share of the mean
+      llama_cases::batch(c, step, sequences, data_rank * per_rank + m * per_rank / micro, per_rank / micro, ids,
+                         targets);
+      auto const logits = sharded.forward(ids);
+      auto result = models::llama_loss(tp, logits, targets, c.vocabulary);
+      result.dlogits.local /= float(micro);
+      sharded.backward(result.dlogits);
+      loss += result.loss / float(micro);
+    }
+    if (setup.validation_forward) (void)sharded.forward(ids);  // no backward: must not change the training
     run.norms.push_back(optimizer.step(sharded));
     sw::zero_grad(sharded);
-    run.losses.push_back(sw::all_reduce(all, result.loss, sw::Avg{}));  // tp ranks hold the same loss
+    run.losses.push_back(sw::all_reduce(all, loss, sw::Avg{}));  // tp ranks hold the same loss
   }
   sharded.unshard();
   sw::for_each_parameter(sharded.model(), [&](std::string const& name, auto const& p) {
@@ -86,17 +95,17 @@ llama_cases::Run train(World const& world, Setup const& setup, models::LlamaConf
                                  .sync_module_states = setup.sync_module_states};
   if (setup.one_mesh) {  // the same ranks on each axis: the replicate axis has size 1 and comes first
     auto sharded = sw::fully_shard<Policy>(model, sw::make_mesh<"dp", "tp">(world, {setup.dp, tp.size()}), options);
-    return train_steps(sharded, tp, all, data_rank, data, setup.sequences, c, steps);
+    return train_steps(sharded, tp, all, data_rank, data, setup, c, steps);
   }
   sw::parallelize(model, tp);
   if constexpr (!std::is_same_v<typename Policy::strategy, sw::no_shard>) {  // hybrid shards
     if (setup.replicate > 1) {
       auto sharded = sw::fully_shard<Policy>(model, dp, sw::submesh<"replicate">(mesh), options);
-      return train_steps(sharded, tp, all, data_rank, data, setup.sequences, c, steps);
+      return train_steps(sharded, tp, all, data_rank, data, setup, c, steps);
     }
   }
   auto sharded = sw::fully_shard<Policy>(model, dp, options);
-  return train_steps(sharded, tp, all, data_rank, data, setup.sequences, c, steps);
+  return train_steps(sharded, tp, all, data_rank, data, setup, c, steps);
 }
 
 /// How close a run must be to its reference: parameters as llama_cases::check_same_run (relative to |w| + the

@@ -7,6 +7,7 @@
 // steps the shards the sharded model hands it (AdamW::step(sharded)), so there is nothing to remap.
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -52,10 +53,10 @@ struct fsdp_slot {
 
 /// A unit: the parameters gathered together, and the module whose sw::forward gathers them (null: the root).
 struct fsdp_unit {
-  void const* module = nullptr;
+  module_id module;  // none: the root
   std::string path;
   std::vector<std::size_t> slots;
-  bool gathered = false, called = false;
+  bool gathered = false, called = false, reduced = false;  // the last two: in the current step
 };
 
 template <class List>
@@ -112,7 +113,10 @@ class fully_sharded final : detail::module_hooks {
   auto forward(Args&&... args) {
     detail::hooks_installed on(this);
     phase_ = phase::forward;
-    for (auto& u : units_) u.called = false;
+    for (auto& u : units_) {
+      release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
+      u.called = u.reduced = false;
+    }
     gather(units_[0]);
     auto y = model_.forward(std::forward<Args>(args)...);
     phase_ = phase::idle;
@@ -201,26 +205,27 @@ class fully_sharded final : detail::module_hooks {
  private:
   enum class phase { idle, forward, backward };
 
-  void before_forward(void const* module) override {
+  void before_forward(detail::module_id module) override {
     if (auto* u = unit_of(module)) {
       gather(*u);
       u->called = true;
     }
   }
-  void after_forward(void const* module) override {
+  void after_forward(detail::module_id module) override {
     if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) release(*u);
   }
-  void before_backward(void const* module) override {
+  void before_backward(detail::module_id module) override {
     if (auto* u = unit_of(module)) gather(*u);
   }
-  void after_backward(void const* module) override {
+  void after_backward(detail::module_id module) override {
     if (auto* u = unit_of(module)) {
       reduce_gradients(*u);
       release(*u);
+      u->reduced = true;
     }
   }
 
-  detail::fsdp_unit* unit_of(void const* module) {
+  detail::fsdp_unit* unit_of(detail::module_id module) {
     for (std::size_t i = 1; i < units_.size(); ++i)
       if (units_[i].module == module) return &units_[i];
     return nullptr;
@@ -230,10 +235,10 @@ class fully_sharded final : detail::module_hooks {
     reduce_gradients(units_[0]);
     release(units_[0]);
     phase_ = phase::idle;
-    for (auto const& u : units_)
-      if (u.gathered && sharded)
+    for (std::size_t i = 1; i < units_.size(); ++i)
+      if (units_[i].called && !units_[i].reduced)
         detail::fail(
-            "shardwise::fully_shard: the unit \"", u.path,
+            "shardwise::fully_shard: the unit \"", units_[i].path,
             "\" ran forward but its gradients were not reduced: call it as sw::backward(module, dy) in the model's "
             "backward");
   }
@@ -313,14 +318,14 @@ class fully_sharded final : detail::module_hooks {
   }
 
   void find_units() {
-    units_.push_back({nullptr, "", {}, false, false});
+    units_.push_back({{}, "", {}, false, false, false});
     auto on_module = [&](auto& m, std::string const& path) {
       using M = std::remove_cvref_t<decltype(m)>;
       if (path.empty()) return;  // the model itself: the root unit
       if constexpr (std::is_same_v<typename Policy::wrap, wrap_min_params>)
-        candidates_.push_back({&m, path, {}, false, false});
+        candidates_.push_back({detail::id_of(m), path, {}, false, false, false});
       else if constexpr (detail::wraps<typename Policy::wrap, M>::value)
-        units_.push_back({&m, path, {}, false, false});
+        units_.push_back({detail::id_of(m), path, {}, false, false, false});
     };
     auto on_layer = detail::skip_node;
     detail::walk_tree(model_, std::string(), on_module, on_layer);
@@ -422,23 +427,45 @@ class fully_sharded final : detail::module_hooks {
   phase phase_ = phase::idle;
 };
 
+namespace detail {
+/// Whether the policy shards over an axis of `names` that its tensor parallelism uses: the data axis is the
+/// tensor axis, or a 1-D mesh given as the data-parallel one is named as the tensor axis.
+template <class Policy, std::size_t N>
+constexpr bool fsdp_on_tensor_axis(std::array<std::string_view, N> const& names) {
+  return Policy::data_axis.view() == Policy::tensor_axis.view() || (N == 1 && names[0] == Policy::tensor_axis.view());
+}
+
+template <class Policy, class Mesh>
+constexpr bool fsdp_axes_apart() {
+  constexpr bool apart = !fsdp_on_tensor_axis<Policy>(Mesh::names);
+  if constexpr (!apart) {
+    using shown [[maybe_unused]] =
+        decltype(show_incomplete<fsdp_and_tensor_parallelism_on_one_axis<Policy::tensor_axis>>());
+  }
+  return apart;
+}
+}  // namespace detail
+
 /// Shards the model by the policy (sw::fsdp_policy<Strategy, Wrap>: FULL_SHARD, SHARD_GRAD_OP or NO_SHARD).
 /// `mesh` is the 1-D data-parallel mesh (call sw::parallelize(model, tp) first for FSDP x TP), or a mesh of
-/// several axes: then the model is parallelized over the policy's tensor axis ("tp", if the mesh has it) and
-/// sharded over its data axis ("dp"), as torchtitan's parallelize_llama does with its world mesh.
+/// the policy's data axis ("dp") and tensor axis ("tp"): then the model is parallelized over the tensor axis
+/// and sharded over the data axis, as torchtitan's parallelize_llama does with its world mesh.
 template <class Policy, module Model, device_mesh Mesh>
 [[nodiscard]] auto fully_shard(Model& model, Mesh const& mesh, fsdp_options options = {}) {
+  static_assert(detail::fsdp_axes_apart<Policy, Mesh>(),
+                "shardwise::fully_shard: the policy shards parameters over the axis its tensor parallelism uses; "
+                "pass the data-parallel mesh, and give fsdp_policy a data axis the plan does not cut (\"dp\") and a "
+                "tensor axis (\"tp\")");
   if constexpr (Mesh::ndim == 1) {
     return fully_sharded<Model, Policy, Mesh>(model, mesh, std::nullopt, options);
   } else {
-    constexpr bool apart = Policy::data_axis.view() != Policy::tensor_axis.view();
-    if constexpr (!apart) {
-      using shown [[maybe_unused]] =
-          decltype(detail::show_incomplete<detail::fsdp_and_tensor_parallelism_on_one_axis<Policy::data_axis>>());
-    }
-    static_assert(apart,
-                  "shardwise::fully_shard: the policy shards parameters over the axis its tensor parallelism uses; "
-                  "give fsdp_policy a data axis the plan does not cut (\"dp\") and a tensor axis (\"tp\")");
+    static_assert(std::ranges::all_of(Mesh::names,
+                                      [](std::string_view name) {
+                                        return name == Policy::data_axis.view() || name == Policy::tensor_axis.view();
+                                      }),
+                  "shardwise::fully_shard: the mesh has an axis that is neither the policy's data axis nor its "
+                  "tensor axis, which FSDP would leave out; for hybrid sharding pass the shard and the replicate "
+                  "1-D meshes");
     if constexpr (std::ranges::find(Mesh::names, Policy::tensor_axis.view()) != Mesh::names.end())
       parallelize(model, submesh<Policy::tensor_axis>(mesh));
     auto dp = submesh<Policy::data_axis>(mesh);

@@ -214,7 +214,7 @@ struct GPT2 {
   /// Logits [tokens, vocabulary] for the token ids (whole sequences of config().sequence tokens).
   auto forward(std::span<const std::int64_t> ids) {
     auto x = wte(ids) + wpe(positions(ids.size()));
-    for (auto& block : h) x = block.forward(x);
+    for (auto& block : h) x = shardwise::forward(block, x);  // FSDP units gather here
     return lm_head(ln_f(x));
   }
 
@@ -222,7 +222,7 @@ struct GPT2 {
   template <class DY>
   void backward(DY const& dlogits) {
     auto dx = ln_f.backward(lm_head.backward(dlogits));
-    for (auto block = h.rbegin(); block != h.rend(); ++block) dx = block->backward(dx);
+    for (auto block = h.rbegin(); block != h.rend(); ++block) dx = shardwise::backward(*block, dx);
     wte.backward(dx);
     wpe.backward(dx);  // the sum's gradient reaches both embeddings unchanged
   }

@@ -146,9 +146,9 @@ auto forward(Module& module, X const& x) {
     }
   };
   auto* const hooks = detail::installed_module_hooks();
-  if (hooks) hooks->before_forward(&module);
+  if (hooks) hooks->before_forward(detail::id_of(module));
   auto&& y = module.forward(prepared_input());
-  if (hooks) hooks->after_forward(&module);
+  if (hooks) hooks->after_forward(detail::id_of(module));
   if constexpr (!L::output) {
     return y;
   } else {
@@ -179,9 +179,9 @@ auto backward(Module& module, DY const& dy) {
     }
   };
   auto* const hooks = detail::installed_module_hooks();
-  if (hooks) hooks->before_backward(&module);
+  if (hooks) hooks->before_backward(detail::id_of(module));
   auto&& dx = module.backward(output_gradient());
-  if (hooks) hooks->after_backward(&module);
+  if (hooks) hooks->after_backward(detail::id_of(module));
   if constexpr (!L::input) {
     return dx;
   } else {

@@ -7,15 +7,32 @@
 
 namespace shardwise::detail {
 
-/// Called around every sw::forward / sw::backward of a module, with the module's address.
+/// One address per module type: with the module's address it names a module (a module and its first member
+/// share an address).
+template <class Module>
+inline constexpr char module_type_tag = 0;
+
+/// A module as the hooks see it: its address and its type's tag.
+struct module_id {
+  void const* address = nullptr;
+  void const* type = nullptr;
+  friend bool operator==(module_id const&, module_id const&) = default;
+};
+
+template <class Module>
+module_id id_of(Module const& module) {
+  return {&module, &module_type_tag<Module>};
+}
+
+/// Called around every sw::forward / sw::backward of a module, with the module's id.
 struct module_hooks {
   module_hooks() = default;
   module_hooks(module_hooks const&) = delete;
   module_hooks& operator=(module_hooks const&) = delete;
-  virtual void before_forward(void const* module) = 0;
-  virtual void after_forward(void const* module) = 0;
-  virtual void before_backward(void const* module) = 0;
-  virtual void after_backward(void const* module) = 0;
+  virtual void before_forward(module_id module) = 0;
+  virtual void after_forward(module_id module) = 0;
+  virtual void before_backward(module_id module) = 0;
+  virtual void after_backward(module_id module) = 0;
 
  protected:
   ~module_hooks() = default;

@@ -135,6 +135,7 @@ class AdamW {
     requires requires(Sharded& m, T squares) { m.shardwise_sum_over_shards(squares); }
   T step(Sharded& model) {
     ++steps_;
+    stepped_shards_ = true;
     std::size_t index = 0;
     T squares = 0;
     model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const> grad, T weight) {
@@ -162,6 +163,10 @@ class AdamW {
   /// flattened local tensor.
   template <class Model, class DataMesh, class Fn>
   void for_each_state(Model& model, DataMesh const& dp, Fn&& fn) {
+    if (stepped_shards_)
+      detail::fail(
+          "shardwise::AdamW: this optimizer steps a fully sharded model (sw::fully_shard), whose state "
+          "covers this rank's shards only; saving or loading it is not supported yet");
     std::size_t index = 0;
     for_each_parameter(model, [&](std::string const& name, auto const& p) {
       slice& s = slice_of(index, name, static_cast<std::size_t>(p.value->size()), dp.size(0), dp.coordinate(0));
@@ -317,6 +322,7 @@ class AdamW {
 
   AdamWOptions<T> options_;
   std::size_t steps_ = 0;
+  bool stepped_shards_ = false;  // by step(sharded): the slices are FSDP shards, not slices of the model's tensors
   std::vector<slice> slices_;
 };
 
