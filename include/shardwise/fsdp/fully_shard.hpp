@@ -22,6 +22,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/policy.hpp"
 #include "shardwise/mesh/mesh.hpp"
+#include "shardwise/nn/functional_types.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -32,9 +33,6 @@ namespace shardwise {
 struct no_replication {};
 
 namespace detail {
-
-template <class T>
-using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// One parameter under FSDP: its tensor on this tp rank (rows x cols), this dp rank's rows of it, and what the
 /// sharded model does to the layer's tensors, typed where it was made.
@@ -252,18 +250,18 @@ class fully_sharded final : detail::module_hooks {
   /// The parameter's whole (this tp rank's) tensor from the dp ranks' shards, rounded to Param on the way.
   template <class Param>
   void gather_slot(detail::fsdp_slot<scalar>& s) {
-    Eigen::Map<detail::row_major<scalar>> out(s.resize_value(true), s.rows, s.cols);
+    Eigen::Map<nn::matrix<scalar>> out(s.resize_value(true), s.rows, s.cols);
     if constexpr (!keeps_master) return;  // no_shard in full precision: the layer's tensor is the shard
-    Eigen::Map<detail::row_major<scalar>> mine(s.shard.data(), s.row_count, s.cols);
+    Eigen::Map<nn::matrix<scalar>> mine(s.shard.data(), s.row_count, s.cols);
     if constexpr (std::is_same_v<Param, scalar>) {
       if constexpr (sharded)
         detail::all_gather_on(dp_.comm(0), mine, out, 0);
       else
         out = mine;
     } else {
-      detail::row_major<Param> const rounded = mine.template cast<Param>();
+      nn::matrix<Param> const rounded = mine.template cast<Param>();
       if constexpr (sharded) {
-        detail::row_major<Param> all;
+        nn::matrix<Param> all;
         detail::all_gather_on(dp_.comm(0), rounded, all, 0);
         out = all.template cast<scalar>();
       } else {
@@ -288,12 +286,12 @@ class fully_sharded final : detail::module_hooks {
     for (auto i : u.slots) slots_[i].mark_finished();
     for (auto i : u.slots) {
       auto& s = slots_[i];
-      Eigen::Map<detail::row_major<scalar>> whole(s.finished_grad(), s.rows, s.cols);
-      Eigen::Map<detail::row_major<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
+      Eigen::Map<nn::matrix<scalar>> whole(s.finished_grad(), s.rows, s.cols);
+      Eigen::Map<nn::matrix<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
       if constexpr (std::is_same_v<reduce_type, scalar>) {
         average_into(whole, into);
       } else {
-        detail::row_major<reduce_type> rounded = whole.template cast<reduce_type>();
+        nn::matrix<reduce_type> rounded = whole.template cast<reduce_type>();
         average_into(rounded, into);
       }
       s.clear_grad(sharded);
@@ -303,10 +301,10 @@ class fully_sharded final : detail::module_hooks {
   /// into += this rank's rows of the average of `whole` over dp (hybrid: and over the replicas), reduced in
   /// whole's element type.
   template <class Whole>
-  void average_into(Whole& whole, Eigen::Map<detail::row_major<scalar>>& into) {
+  void average_into(Whole& whole, Eigen::Map<nn::matrix<scalar>>& into) {
     using E = typename Whole::Scalar;
     if constexpr (sharded) {
-      detail::row_major<E> part;
+      nn::matrix<E> part;
       detail::reduce_scatter_on(dp_.comm(0), whole, part, 0, detail::op_kind::avg);
       if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
         detail::all_reduce_on(replicate_->comm(0), part, detail::op_kind::avg);
@@ -394,15 +392,8 @@ class fully_sharded final : detail::module_hooks {
       value->resize(whole ? rows : 0, whole || Tensor::ColsAtCompileTime == 1 ? cols : 0);
       return value->data();
     };
-    s.finish = [p] {
-      if constexpr (is_partial_v<typename P::grad_placement>)
-        (void)reduce(p);
-      else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>)
-        detail::sum_over_copies(p);
-    };
-    s.mark_finished = [p] {
-      if (p.copies_summed && p.copies > 1 && p.group) *p.copies_summed = true;
-    };
+    s.finish = [p] { detail::finish_gradient(p); };
+    s.mark_finished = [p] { detail::mark_copies_summed(p); };
     s.finished_grad = [p] {
       detail::ensure_gradient(p);
       return detail::finished_view(p).grad->data();

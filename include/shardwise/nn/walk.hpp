@@ -158,20 +158,28 @@ void zero_grad(Model& model) {
 /// Finishes every gradient: sums the Partial ones over the tensor-parallel group (the norms under
 /// SequenceParallel) and the gradients of replicated key-value heads over their copies. Calling it again adds
 /// nothing (what was summed is not summed twice), also after more backward passes (gradient accumulation).
+namespace detail {
+/// One parameter's share of sw::finish_gradients: a Partial gradient summed over the group, the copies of a
+/// replicated block summed. Call mark_copies_summed on every parameter of the layers after it.
+template <class P>
+void finish_gradient(P const& p) {
+  if constexpr (is_partial_v<typename P::grad_placement>) {
+    (void)reduce(p);
+  } else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>) {
+    sum_over_copies(p);  // replicated blocks are rows of a ColwiseParallel weight
+  }
+}
+/// Both of a layer's parameters share the flag: set it once every copy is summed.
+template <class P>
+void mark_copies_summed(P const& p) {
+  if (p.copies_summed && p.copies > 1 && p.group) *p.copies_summed = true;
+}
+}  // namespace detail
+
 template <class Model>
 FinishedGradients<Model> finish_gradients(Model& model) {
-  detail::for_each_parameter(model, [](auto const& p) {
-    using P = std::remove_cvref_t<decltype(p)>;
-    if constexpr (is_partial_v<typename P::grad_placement>) {
-      (void)reduce(p);
-    } else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>) {
-      detail::sum_over_copies(p);  // replicated blocks are rows of a ColwiseParallel weight
-    }
-  });
-  // Both of a layer's parameters share the flag: set it once every copy is summed.
-  detail::for_each_parameter(model, [](auto const& p) {
-    if (p.copies_summed && p.copies > 1 && p.group) *p.copies_summed = true;
-  });
+  detail::for_each_parameter(model, [](auto const& p) { detail::finish_gradient(p); });
+  detail::for_each_parameter(model, [](auto const& p) { detail::mark_copies_summed(p); });
   return {model};
 }
 
