@@ -43,6 +43,21 @@ inline llama_cases::Run serial_run(models::LlamaConfig const& c, int steps, int 
   return llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, c, microbatches, max_norm, sequences);
 }
 
+/// Every parameter of a model under FSDP, whole (collective over dp and tp).
+template <class Sharded>
+std::vector<llama_cases::TrainedTensor> whole_parameters(Sharded& sharded) {
+  std::vector<llama_cases::TrainedTensor> parameters;
+  sharded.unshard();
+  sw::for_each_parameter(sharded.model(), [&](std::string const& name, auto const& p) {
+    auto const whole = sw::full_tensor(p);
+    auto& kept = parameters.emplace_back(llama_cases::TrainedTensor{name, {}});
+    for (Eigen::Index i = 0; i < whole.rows(); ++i)
+      for (Eigen::Index j = 0; j < whole.cols(); ++j) kept.values.push_back(whole(i, j));
+  });
+  sharded.reshard();
+  return parameters;
+}
+
 /// Every step's loss (the whole batch's mean), norm and, at the end, every parameter gathered whole.
 template <class Sharded, class Tp, class Everyone>
 llama_cases::Run train_steps(Sharded& sharded, Tp const& tp, Everyone const& all, int data_rank, int data_ranks,
@@ -67,14 +82,7 @@ llama_cases::Run train_steps(Sharded& sharded, Tp const& tp, Everyone const& all
     sw::zero_grad(sharded);
     run.losses.push_back(sw::all_reduce(all, loss, sw::Avg{}));  // tp ranks hold the same loss
   }
-  sharded.unshard();
-  sw::for_each_parameter(sharded.model(), [&](std::string const& name, auto const& p) {
-    auto const whole = sw::full_tensor(p);
-    auto& kept = run.parameters.emplace_back(llama_cases::TrainedTensor{name, {}});
-    for (Eigen::Index i = 0; i < whole.rows(); ++i)
-      for (Eigen::Index j = 0; j < whole.cols(); ++j) kept.values.push_back(whole(i, j));
-  });
-  sharded.reshard();
+  run.parameters = whole_parameters(sharded);
   return run;
 }
 

@@ -66,22 +66,6 @@ namespace shardwise {
 
 namespace detail {
 
-/// The pipeline axis of a model that is not cut into stages: one stage.
-struct single_stage {
-  [[nodiscard]] int rank() const { return 0; }
-  [[nodiscard]] int size() const { return 1; }
-};
-
-/// agree_on_errors over tp, and over pp for a pipeline's save.
-template <class TpMesh, class PpMesh>
-void agree_on_save_errors(TpMesh const& tp, PpMesh const& pp, std::string const& error, std::string_view stage,
-                          std::filesystem::path const& dir) {
-  if constexpr (std::is_same_v<PpMesh, single_stage>)
-    agree_on_errors_across(error, stage, dir, "save_sharded", tp);
-  else
-    agree_on_errors_across(error, stage, dir, "save_sharded", tp, pp);
-}
-
 /// The stage's tensors (name, dtype, global shape, placement), in model order, as its rank files record them
 /// for the index.
 template <class Model>
@@ -110,16 +94,17 @@ inline void add_stage_tensors(checkpoint_index& index, safetensors_file const& f
   }
 }
 
-template <class Model, class TpMesh, class PpMesh>
-void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir,
-                        std::int64_t step, std::map<std::string, std::string> const& metadata,
+/// Every rank of the group writes its file; the leader checks the pieces, writes the index and commits.
+template <class Model>
+void save_sharded_stage(Model& model, save_group const& group, std::filesystem::path const& dir, std::int64_t step,
+                        std::map<std::string, std::string> const& metadata,
                         std::function<void(std::filesystem::path const&, int)> const& also_write) {
   namespace fs = std::filesystem;
-  int const size = tp.size(), rank = tp.rank(), stages = pp.size(), stage = pp.rank();
-  bool const leader = rank == 0 && stage == 0;
+  int const size = group.tp_size, rank = group.tp_rank, stages = group.pp_size, stage = group.pp_rank;
+  bool const leader = group.leader();
+  std::string const rank_file = group.folder(rank, stage, group.dp_rank) + "/model.safetensors";
   fs::path const target = detail::normalized_dir(dir);
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string const shard_file = "model.safetensors";
   std::string error;
   // tp rank 0 holds the folder's lock from staging to commit, so two savers of one folder take turns; each save
   // stages in a folder of its own, named by its generation, which every rank file and the index carry.
@@ -138,9 +123,8 @@ void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::f
       error = e.what();
     }
   }
-  agree_on_save_errors(tp, pp, error, "preparing the folder", target);
-  generation = all_reduce(tp, generation, Max{});  // the leader's: the others pass 0
-  if constexpr (!std::is_same_v<PpMesh, single_stage>) generation = all_reduce(pp, generation, Max{});
+  group.agree(error, "preparing the folder", target);
+  generation = group.max(generation);  // the leader's: the others pass 0
   fs::path const temp = detail::staging_dir(target, generation);
   if (leader) {
     try {
@@ -149,7 +133,7 @@ void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::f
       error = e.what();
     }
   }
-  agree_on_save_errors(tp, pp, error, "preparing the folder", target);
+  group.agree(error, "preparing the folder", target);
 
   try {
     safetensors_writer writer;
@@ -157,6 +141,7 @@ void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::f
     nlohmann::json offsets = nlohmann::json::object(), checksums = nlohmann::json::object();
     detail::for_each_checkpoint_tensor(model, size, rank, false, [&](detail::tensor_layout const& t, auto& value) {
       using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+      if (!group.writes) return;
       if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
       if (t.mirror) return;                      // another stage's weight: saved there
       auto const runs = detail::row_runs(t, true);
@@ -184,42 +169,43 @@ void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::f
                                                      {"shardwise.checksums", checksums.dump()},
                                                      {"shardwise.generation", detail::hex64(generation)},
                                                      {"shardwise.step", std::to_string(step)}};
-    if (rank == 0) file_metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
-    fs::create_directories(temp / rank_folder(rank, stage));
-    writer.write(temp / rank_folder(rank, stage) / shard_file, file_metadata);
+    if (rank == 0 && group.dp_rank == 0) file_metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
+    fs::create_directories((temp / rank_file).parent_path());
+    writer.write(temp / rank_file, file_metadata);
     if (also_write) also_write(temp, rank);
     if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("rank_file_written", rank);
   } catch (std::exception const& e) {
     error = e.what();
   }
-  agree_on_save_errors(tp, pp, error, "writing the rank's shard", target);
+  group.agree(error, "writing the rank's shard", target);
 
   if (leader) {
     try {
       checkpoint_index index;
       index.step = step;
-      index.tp = size, index.pp = stages;
+      index.tp = size, index.pp = stages, index.dp = group.dp_size;
       index.metadata = metadata;
       index.generation = generation;
       if constexpr (requires { model.shardwise_config(); }) index.config = model.shardwise_config();
       for (int s = 0; s < stages; ++s)
-        add_stage_tensors(index, safetensors_file((temp / (rank_folder(0, s) + "/" + shard_file)).string()));
+        add_stage_tensors(index, safetensors_file((temp / group.folder(0, s, 0) / "model.safetensors").string()));
       // The pieces as the files hold them (not as this rank believes they were written), then the cover check.
       for (int s = 0; s < stages; ++s)
-        for (int r = 0; r < size; ++r) {
-          std::string const file = rank_folder(r, s) + "/" + shard_file;
-          safetensors_file shard((temp / file).string());
-          auto const offsets = nlohmann::json::parse(shard.metadata().at("shardwise.offsets"));
-          auto const checksums = nlohmann::json::parse(shard.metadata().at("shardwise.checksums"));
-          for (tensor_info const& info : shard.tensors()) {
-            checkpoint_tensor* t = index.find(info.name);
-            if (!t || info.type != t->type)
-              detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
-                           "\" is not the model's (or has another dtype)");
-            t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
-            t->pieces.back().checksum = checksums.at(info.name).get<std::string>();
+        for (int d = 0; d < group.dp_size; ++d)
+          for (int r = 0; r < size; ++r) {
+            std::string const file = group.folder(r, s, d) + "/model.safetensors";
+            safetensors_file shard((temp / file).string());
+            auto const offsets = nlohmann::json::parse(shard.metadata().at("shardwise.offsets"));
+            auto const checksums = nlohmann::json::parse(shard.metadata().at("shardwise.checksums"));
+            for (tensor_info const& info : shard.tensors()) {
+              checkpoint_tensor* t = index.find(info.name);
+              if (!t || info.type != t->type)
+                detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
+                             "\" is not the model's (or has another dtype)");
+              t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
+              t->pieces.back().checksum = checksums.at(info.name).get<std::string>();
+            }
           }
-        }
       for (auto const& t : index.tensors) detail::check_coverage(t, temp.string());
       std::string const json = to_json(index);
       std::span<std::byte const> const pieces[] = {std::as_bytes(std::span(json.data(), json.size()))};
@@ -234,7 +220,7 @@ void save_sharded_stage(Model& model, TpMesh const& tp, PpMesh const& pp, std::f
       fs::remove_all(temp, ignored);
     }
   }
-  agree_on_save_errors(tp, pp, error, "checking and committing the checkpoint", target);
+  group.agree(error, "checking and committing the checkpoint", target);
 }
 
 }  // namespace detail
@@ -247,7 +233,9 @@ template <class Model, class TpMesh>
 void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {},
                   std::function<void(std::filesystem::path const&, int)> const& also_write = {}) {
-  detail::save_sharded_stage(model, tp, detail::single_stage{}, dir, step, metadata, also_write);
+  auto group = detail::save_group_over(tp);
+  group.tp_size = tp.size(), group.tp_rank = tp.rank();
+  detail::save_sharded_stage(model, group, dir, step, metadata, also_write);
 }
 
 /// Saves a model cut into pipeline stages, collectively over tp and the pipeline axis `pp` (every rank of
@@ -258,7 +246,9 @@ template <class Model, class TpMesh, class PpMesh>
   requires requires(PpMesh const& pp) { pp.comm(0); }
 void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {}) {
-  detail::save_sharded_stage(model, tp, pp, dir, step, metadata, {});
+  auto group = detail::save_group_over(tp, pp);
+  group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.pp_size = pp.size(), group.pp_rank = pp.rank();
+  detail::save_sharded_stage(model, group, dir, step, metadata, {});
 }
 
 }  // namespace shardwise

@@ -65,6 +65,8 @@ struct checkpoint_index {
   /// @{
   int tp = 1, pp = 1;
   /// @}
+  /// FSDP's data-parallel size when each dp rank saved its own shards (rank folders end in "_dp_rank_XX"), else 1.
+  int dp = 1;
   std::map<std::string, std::string> metadata;  ///< The user's metadata.
   /// The model's configuration (its shardwise_config()), compared with the loading model's.
   std::map<std::string, std::string> config;
@@ -90,6 +92,13 @@ struct checkpoint_index {
   char name[96];
   std::snprintf(name, sizeof name, "tensor_parallel_shards/tp_rank_%02d_pp_rank_%02d", tp_rank, pp_rank);
   return name;
+}
+
+/// "tensor_parallel_shards/tp_rank_03_pp_rank_00_dp_rank_01": a rank's folder in an FSDP checkpoint.
+[[nodiscard]] inline std::string rank_folder(int tp_rank, int pp_rank, int dp_rank) {
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "_dp_rank_%02d", dp_rank);
+  return rank_folder(tp_rank, pp_rank) + suffix;
 }
 
 namespace detail {
@@ -170,6 +179,7 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   nlohmann::json root = {{"format", checkpoint_format}, {"version", 1},
                          {"step", index.step},          {"mesh", {{"tp", index.tp}, {"pp", index.pp}}},
                          {"metadata", index.metadata},  {"tensors", std::move(tensors)}};
+  if (index.dp > 1) root["mesh"]["dp"] = index.dp;
   if (index.generation != 0) root["generation"] = detail::hex64(index.generation);
   if (!index.config.empty()) root["config"] = index.config;
   return root.dump(1) + "\n";
@@ -199,7 +209,9 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
     index.step = root.at("step").get<std::int64_t>();
     index.tp = root.at("mesh").at("tp").get<int>();
     index.pp = root.at("mesh").at("pp").get<int>();
-    if (index.tp < 1 || index.pp < 1) bad("has a mesh of tp ", index.tp, " x pp ", index.pp);
+    index.dp = root.at("mesh").value("dp", 1);
+    if (index.tp < 1 || index.pp < 1 || index.dp < 1)
+      bad("has a mesh of tp ", index.tp, " x pp ", index.pp, " x dp ", index.dp);
     index.metadata = root.at("metadata").get<std::map<std::string, std::string>>();
     if (root.contains("config")) index.config = root.at("config").get<std::map<std::string, std::string>>();
     if (root.contains("generation")) {

@@ -99,67 +99,90 @@ inline std::vector<row_run> row_runs(tensor_layout const& t, bool saving) {
   return runs;
 }
 
-/// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
-/// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused.
-template <class Model, class Fn>
-void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
+/// The layout of parameter p (of the layer at `path`) on tp rank `rank` of `size`, whose local tensor there is
+/// local_rows x local_cols.
+template <class P>
+tensor_layout layout_of(P const& p, std::string const& path, int size, int rank, std::size_t local_rows,
+                        std::size_t local_cols) {
+  using Tensor = typename P::tensor_type;
+  using G = typename P::grad_placement;
   auto const tp = static_cast<std::size_t>(size);
-  auto visit_layer = [&](auto& l, std::string const& path) {
-    if constexpr (requires { l.materialized(); }) {
-      if (!l.materialized()) {
-        if constexpr (requires { l.shardwise_materialize(); })
-          if (materialize) l.shardwise_materialize();
-        if (!l.materialized())
-          fail("shardwise::save_sharded: the layer at \"", path,
-               "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
-      }
-    }
-    auto parameters = l.parameters();
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&](auto const& p) {
-            using P = std::remove_cvref_t<decltype(p)>;
-            using Tensor = typename P::tensor_type;
-            using T = typename Tensor::Scalar;
-            using G = typename P::grad_placement;
-            if (!p.present) return;  // a layer without bias, a weight tied to another layer's (saved there)
-            tensor_layout t;
-            t.mirror = !p.mirror_of.empty();
-            t.name = t.mirror ? std::string(p.mirror_of) : path + "." + std::string(p.leaf);
-            t.type = dtype_of<T>;
-            t.is_vector = Tensor::ColsAtCompileTime == 1;
-            t.local_rows = static_cast<std::size_t>(p.value->rows());
-            t.local_cols = static_cast<std::size_t>(p.value->cols());
-            if constexpr (is_shard_v<G>) t.shard_dim = G::dim < 0 ? G::dim + (t.is_vector ? 1 : 2) : G::dim;
-            t.physical_rows = t.local_rows * (t.shard_dim == 0 ? tp : 1);
-            t.cols = t.local_cols * (t.shard_dim == 1 ? tp : 1);
-            t.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(rank) : 0;
-            t.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(rank) : 0;
-            t.copies = p.copies;
-            t.block = p.copy_block;
-            if (t.copies > 1) {
-              if (t.block == 0 || t.physical_rows % (t.block * t.copies) != 0)
-                fail("shardwise::checkpoint: tensor \"", t.name, "\": ", t.copies, " copies of blocks of ", t.block,
-                     " rows do not tile its ", t.physical_rows, " rows");
-              t.stored_rows = t.physical_rows / t.copies;
-            } else {
-              t.stored_rows = p.real_rows ? std::min(t.physical_rows, p.real_rows) : t.physical_rows;  // padding
-            }
-            fn(t, *p.value);
-          }(std::get<I>(parameters)),
-          ...);
-    }(std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
-  };
-  for_each_named_layer(model, visit_layer);
+  tensor_layout t;
+  t.mirror = !p.mirror_of.empty();
+  t.name = t.mirror ? std::string(p.mirror_of) : path + "." + std::string(p.leaf);
+  t.type = dtype_of<typename Tensor::Scalar>;
+  t.is_vector = Tensor::ColsAtCompileTime == 1;
+  t.local_rows = local_rows;
+  t.local_cols = local_cols;
+  if constexpr (is_shard_v<G>) t.shard_dim = G::dim < 0 ? G::dim + (t.is_vector ? 1 : 2) : G::dim;
+  t.physical_rows = t.local_rows * (t.shard_dim == 0 ? tp : 1);
+  t.cols = t.local_cols * (t.shard_dim == 1 ? tp : 1);
+  t.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(rank) : 0;
+  t.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(rank) : 0;
+  t.copies = p.copies;
+  t.block = p.copy_block;
+  if (t.copies > 1) {
+    if (t.block == 0 || t.physical_rows % (t.block * t.copies) != 0)
+      fail("shardwise::checkpoint: tensor \"", t.name, "\": ", t.copies, " copies of blocks of ", t.block,
+           " rows do not tile its ", t.physical_rows, " rows");
+    t.stored_rows = t.physical_rows / t.copies;
+  } else {
+    t.stored_rows = p.real_rows ? std::min(t.physical_rows, p.real_rows) : t.physical_rows;  // padding
+  }
+  return t;
 }
 
-/// " [reported by tp rank 1]", or with a pipeline " [reported by tp rank 1 of pp rank 0]".
-template <class Tp, class... Pp>
-std::string reporter_text(int source, Tp const& tp, Pp const&...) {
-  if constexpr (sizeof...(Pp) == 0)
-    return concat(" [reported by tp rank ", source, "]");
+/// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
+/// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused. A
+/// model whose ranks hold rows of the tp-local tensors (FSDP's shards) hands them out itself: the layout is then
+/// of those rows, and `value` a matrix of them that fn may read or overwrite.
+template <class Model, class Fn>
+void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
+  if constexpr (requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); }) {
+    model.shardwise_for_each_parameter_shard(
+        [&](std::string const& name, auto const& p, auto rows, auto cols, auto first_row, auto& shard) {
+          tensor_layout t = layout_of(p, name, size, rank, static_cast<std::size_t>(rows),
+                                      static_cast<std::size_t>(cols));
+          t.name = name;
+          t.row_offset += static_cast<std::size_t>(first_row);
+          t.local_rows = static_cast<std::size_t>(shard.rows());
+          fn(t, shard);
+        });
+  } else {
+    auto visit_layer = [&](auto& l, std::string const& path) {
+      if constexpr (requires { l.materialized(); }) {
+        if (!l.materialized()) {
+          if constexpr (requires { l.shardwise_materialize(); })
+            if (materialize) l.shardwise_materialize();
+          if (!l.materialized())
+            fail("shardwise::save_sharded: the layer at \"", path,
+                 "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
+        }
+      }
+      auto parameters = l.parameters();
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (
+            [&](auto const& p) {
+              if (!p.present) return;  // a layer without bias, a weight tied to another layer's (saved there)
+              auto const rows = static_cast<std::size_t>(p.value->rows());
+              auto const cols = static_cast<std::size_t>(p.value->cols());
+              fn(layout_of(p, path, size, rank, rows, cols), *p.value);
+            }(std::get<I>(parameters)),
+            ...);
+      }(std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
+    };
+    for_each_named_layer(model, visit_layer);
+  }
+}
+
+/// " [reported by tp rank 1]", or with a second axis " [reported by tp rank 1 of pp rank 0]" (its name).
+template <class Tp, class... Others>
+std::string reporter_text(int source, Tp const& tp, Others const&...) {
+  if constexpr (sizeof...(Others) == 0)
+    return concat(" [reported by ", Tp::names[0], " rank ", source, "]");
   else
-    return concat(" [reported by tp rank ", source % tp.size(), " of pp rank ", source / tp.size(), "]");
+    return concat(" [reported by ", Tp::names[0], " rank ", source % tp.size(), " of ",
+                  std::tuple_element_t<0, std::tuple<Others...>>::names[0], " rank ", source / tp.size(), "]");
 }
 
 /// Every rank of the axes (tp, and pp for a pipeline's save) passes its error (empty if none). If any failed,
@@ -200,6 +223,40 @@ template <class TpMesh>
 void agree_on_errors(TpMesh const& tp, std::string const& error, std::string_view stage,
                      std::filesystem::path const& dir, std::string_view who = "save_sharded") {
   agree_on_errors_across(error, stage, dir, who, tp);
+}
+
+/// The pipeline axis of a model that is not cut into stages: one stage.
+struct single_stage {
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+};
+
+/// The ranks that write one checkpoint together: this rank's place on the tp axis (its layouts), the pipeline
+/// axis and FSDP's data-parallel axis (its folder: every dp rank saves its own shards), and how they agree.
+struct save_group {
+  int tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0, dp_size = 1, dp_rank = 0;
+  bool writes = true;  ///< false: this rank's file holds no tensors (another rank saves the same values)
+  /// agree_on_errors_across over every axis of the group.
+  std::function<void(std::string const& error, std::string_view stage, std::filesystem::path const& dir)> agree;
+  std::function<std::uint64_t(std::uint64_t)> max;  ///< The maximum over every rank of the group.
+  [[nodiscard]] bool leader() const { return tp_rank == 0 && pp_rank == 0 && dp_rank == 0; }
+  [[nodiscard]] std::string folder(int tp, int pp, int dp) const {
+    return dp_size > 1 ? rank_folder(tp, pp, dp) : rank_folder(tp, pp);
+  }
+};
+
+/// The save group over the given meshes (the first one's ranks vary fastest in error reports).
+template <class... Axes>
+save_group save_group_over(Axes const&... axes) {
+  save_group g;
+  g.agree = [&axes...](std::string const& error, std::string_view stage, std::filesystem::path const& dir) {
+    agree_on_errors_across(error, stage, dir, "save_sharded", axes...);
+  };
+  g.max = [&axes...](std::uint64_t v) {
+    ((v = all_reduce(axes, v, Max{})), ...);
+    return v;
+  };
+  return g;
 }
 
 /// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.

@@ -159,7 +159,9 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
                        "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
                        "\" is gone; restore it, or load another checkpoint");
   };
-  if (!in_turns && !rank0_reads) {
+  if constexpr (!requires { tp.comm(0); }) {  // one tp rank (FSDP without tensor parallelism): no turns
+    check();
+  } else if (!in_turns && !rank0_reads) {
     check();
   } else {  // every rank must reach the collectives that follow: errors are agreed on first
     std::string error;
@@ -264,71 +266,74 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
     files.clear();  // unmap before the next ranks' turn
     if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
   };
-  if (rank0_reads) {
-    // tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
-    // holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as
-    // zeros, so no rank waits for one that will not come; the error is agreed on once the tensor is sent, and
-    // raised on every rank.
-    if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
-    detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
-      using Tensor = std::remove_cvref_t<decltype(value)>;
-      using T = typename Tensor::Scalar;
-      if (!index.find(t.name)) return;  // missing (non-strict): skipped alike on every rank
-      std::vector<T> box;
-      std::string error;
-      if (rank != 0) shardwise::recv(tp, value, 0);
-      for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
-        Tensor block = Tensor::Zero(value.rows(), value.cols());
-        if (error.empty()) {
-          try {
-            detail::tensor_layout theirs = t;
-            theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
-            theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
-            read_layout(theirs, block.data(), box);
-          } catch (std::exception const& e) {
-            error = e.what();
-          }
-        }
-        if (r == 0)
-          value = std::move(block);
-        else
-          shardwise::send(tp, block, r);
-      }
-      detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
-    });
-    if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
-    return outcome;
-  }
-  if (!in_turns) {
+  if constexpr (!requires { tp.comm(0); }) {
     read_shard();
     return outcome;
-  }
-  // In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
-  std::string error;
-  for (int turn = 0; turn * options.ranks_per_step < size; ++turn) {
-    if (rank / options.ranks_per_step == turn && error.empty()) {
-      try {
-        read_shard();
-      } catch (std::exception const& e) {
-        error = e.what();
-      }
+  } else {
+    if (rank0_reads) {
+      // tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
+      // holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as
+      // zeros, so no rank waits for one that will not come; the error is agreed on once the tensor is sent, and
+      // raised on every rank.
+      if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
+      detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
+        using Tensor = std::remove_cvref_t<decltype(value)>;
+        using T = typename Tensor::Scalar;
+        if (!index.find(t.name)) return;  // missing (non-strict): skipped alike on every rank
+        std::vector<T> box;
+        std::string error;
+        if (rank != 0) shardwise::recv(tp, value, 0);
+        for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
+          Tensor block = Tensor::Zero(value.rows(), value.cols());
+          if (error.empty()) {
+            try {
+              detail::tensor_layout theirs = t;
+              theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
+              theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
+              read_layout(theirs, block.data(), box);
+            } catch (std::exception const& e) {
+              error = e.what();
+            }
+          }
+          if (r == 0)
+            value = std::move(block);
+          else
+            shardwise::send(tp, block, r);
+        }
+        detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
+      });
+      if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
+      return outcome;
     }
-    tp.comm(0).barrier();
+    if (!in_turns) {
+      read_shard();
+      return outcome;
+    }
+    // In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
+    std::string error;
+    for (int turn = 0; turn * options.ranks_per_step < size; ++turn) {
+      if (rank / options.ranks_per_step == turn && error.empty()) {
+        try {
+          read_shard();
+        } catch (std::exception const& e) {
+          error = e.what();
+        }
+      }
+      tp.comm(0).barrier();
+    }
+    detail::agree_on_errors(tp, error, "reading the rank's shard", dir, who);
+    return outcome;
   }
-  detail::agree_on_errors(tp, error, "reading the rank's shard", dir, who);
-  return outcome;
 }
 
 }  // namespace detail
 
-/// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
-/// shard needs, and checks them against the checksums of the save (load_options::verify_checksums). A save
-/// that replaces the folder meanwhile is noticed (every rank file carries its save's generation) and the load
-/// starts again, so every rank ends with the data of one and the same save. Returns the checkpoint's index
-/// (step, metadata).
-template <class Model, class TpMesh>
-checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
-                              load_options const& options = {}) {
+namespace detail {
+/// load_sharded with the layouts of tp (a mesh, or single_stage) and its outcome agreed over `agreeing` (every
+/// axis whose ranks load together: tp, and FSDP's dp).
+template <class Model, class TpMesh, class... Agreeing>
+checkpoint_index load_sharded_agreed(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
+                                     load_options const& options, Agreeing const&... agreeing) {
   namespace fs = std::filesystem;
   auto const locate = [&](fs::path& source, checkpoint_index& index, std::string& label, std::vector<std::string>&) {
     source = detail::normalized_dir(dir);
@@ -354,20 +359,36 @@ checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::p
       status = detail::current_generation(detail::normalized_dir(dir)) != before ? 1 : 2;
       error = e.what();
     }
-    // Every rank must have read the same save: its generation, agreed across the tp ranks.
-    int const worst = all_reduce(tp, status, Max{});
-    std::uint64_t const newest = all_reduce(tp, status == 0 ? index.generation : 0, Max{});
-    std::uint64_t const oldest = all_reduce(tp, status == 0 ? index.generation : ~std::uint64_t{0}, Min{});
+    // Every rank must have read the same save: its generation, agreed across the ranks.
+    int worst = status;
+    std::uint64_t newest = status == 0 ? index.generation : 0;
+    std::uint64_t oldest = status == 0 ? index.generation : ~std::uint64_t{0};
+    ((worst = all_reduce(agreeing, worst, Max{}), newest = all_reduce(agreeing, newest, Max{}),
+      oldest = all_reduce(agreeing, oldest, Min{})),
+     ...);
     if (worst == 0 && newest == oldest) return index;
-    if (worst == 2 || attempt == attempts)
-      detail::agree_on_errors(tp, status == 0 ? std::string() : error, "reading the checkpoint", dir, "load_sharded");
+    auto const agree = [&](std::string const& message) {
+      agree_on_errors_across(message, "reading the checkpoint", dir, "load_sharded", agreeing...);
+    };
+    if (worst == 2 || attempt == attempts) agree(status == 0 ? std::string() : error);
+    bool const first = ((agreeing.rank() == 0) && ...);
     if (worst < 2 && attempt == attempts)
-      detail::agree_on_errors(tp,
-                              tp.rank() == 0 ? std::string("shardwise::load_sharded: \"") + dir.string() +
-                                                   "\" was replaced by other saves during 50 reads in a row"
-                                             : std::string(),
-                              "reading the checkpoint", dir, "load_sharded");
+      agree(first ? std::string("shardwise::load_sharded: \"") + dir.string() +
+                        "\" was replaced by other saves during 50 reads in a row"
+                  : std::string());
   }
+}
+}  // namespace detail
+
+/// Loads a sharded checkpoint into the model, whatever tp size saved it: each rank reads only the boxes its
+/// shard needs, and checks them against the checksums of the save (load_options::verify_checksums). A save
+/// that replaces the folder meanwhile is noticed (every rank file carries its save's generation) and the load
+/// starts again, so every rank ends with the data of one and the same save. Returns the checkpoint's index
+/// (step, metadata).
+template <class Model, class TpMesh>
+checkpoint_index load_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
+                              load_options const& options = {}) {
+  return detail::load_sharded_agreed(model, tp, dir, options, tp);
 }
 
 /// Fills a lazily declared, parallelized model: each rank allocates and reads only its shard. Returns the

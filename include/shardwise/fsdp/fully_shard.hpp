@@ -190,6 +190,47 @@ class fully_sharded final : detail::module_hooks {
          s.norm_weight);
     }
   }
+  /// For checkpoints: fn(name, parameter, rows, cols, first_row, shard) per parameter, in the model's order:
+  /// `shard` is a matrix of this rank's rows [first_row, + its rows) of the parameter's rows x cols tensor on
+  /// this tp rank (parameter.value is freed between units' calls); what fn leaves in it becomes the shard. The
+  /// units are released first, so a forward after a load gathers the new values.
+  template <class Fn>
+  void shardwise_for_each_parameter_shard(Fn&& fn) {
+    reshard();
+    std::size_t i = 0;
+    for_each_parameter(model_, [&](std::string const& name, auto const& p) {
+      auto& s = slots_[i++];
+      scalar* master = keeps_master ? s.shard.data() : s.resize_value(true);
+      nn::matrix<scalar> shard = Eigen::Map<nn::matrix<scalar> const>(master, s.row_count, s.cols);
+      fn(name, p, s.rows, s.cols, s.first_row, shard);
+      std::copy(shard.data(), shard.data() + shard.size(), master);
+    });
+  }
+  /// The model's configuration, for checkpoints, when the model states one.
+  [[nodiscard]] auto shardwise_config() const
+    requires requires(Model const& m) { m.shardwise_config(); }
+  {
+    return model_.shardwise_config();
+  }
+  /// Whether each data-parallel rank holds only its rows (full shard, shard-grad-op), not whole tensors.
+  static constexpr bool shards_parameters = sharded;
+  [[nodiscard]] ShardMesh const& data_mesh() const { return dp_; }  ///< The mesh the parameters are sharded over.
+  /// The mesh the shards are replicated over (hybrid sharding).
+  [[nodiscard]] ReplicateMesh const& replicate_mesh() const
+    requires(!std::is_same_v<ReplicateMesh, no_replication>)
+  {
+    return *replicate_;
+  }
+  /// This rank's replica under hybrid sharding (its coordinate on the replicate mesh); 0 otherwise.
+  [[nodiscard]] int replica() const {
+    if constexpr (std::is_same_v<ReplicateMesh, no_replication>)
+      return 0;
+    else
+      return replicate_->rank();
+  }
+  /// The size of the tensor-parallel group the parameters are cut over (1 without tensor parallelism).
+  [[nodiscard]] int tensor_parallel_size() const { return tp_group_ ? tp_group_->size() : 1; }
+
   /// For optimizers: a sum of squares of this rank's shards summed over every rank that holds other shards
   /// (tp, and dp unless no_shard), so every rank has the global one.
   scalar shardwise_sum_over_shards(scalar squares) const {

@@ -1,0 +1,133 @@
+#pragma once
+// Checkpoints of a model under FSDP, each rank reading and writing only its shards:
+//
+//   sw::save_sharded(sharded, "ckpt", step);          // FSDP alone: every dp rank writes its rows
+//   sw::save_sharded(sharded, tp, "ckpt", step);      // FSDP x TP: every (dp, tp) rank writes its block
+//   sw::load_sharded(sharded, [tp,] "ckpt");          // any checkpoint of the model: another dp x tp, TP-only, ...
+//   sw::load_consolidated(sharded, [tp,] "model.safetensors", sw::transformers_llama_name);
+//
+// A rank's shard of a parameter is a box of the global tensor (its tp block's rows [first_row, + rows)), so the
+// checkpoint is the sharded one of checkpoint/sharded.hpp with one rank folder per (tp, dp) rank
+// ("tp_rank_01_pp_rank_00_dp_rank_03"): its index lists the boxes, `shardwise consolidate` merges them into one
+// model.safetensors, and a load reads only the boxes that meet this rank's shard. Under hybrid sharding the first
+// replica saves (the others hold the same shards); under no_shard data-parallel rank 0 does.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "shardwise/checkpoint/sharded.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/fsdp/fully_shard.hpp"
+#include "shardwise/mesh/mesh.hpp"
+
+namespace shardwise {
+
+namespace detail {
+
+/// Refuses a tp mesh (or its absence) that is not the one the sharded model's parameters are cut over.
+template <class Sharded, class... Tp>
+void check_fsdp_tp(Sharded const& sharded, std::string_view who, Tp const&... tp) {
+  int const given = (1 * ... * tp.size());
+  if (given != sharded.tensor_parallel_size())
+    fail("shardwise::", who, ": the model's parameters are cut over a tensor-parallel group of ",
+         sharded.tensor_parallel_size(), " ranks but ",
+         sizeof...(Tp) ? "the tp mesh given has " : "no tp mesh was given (", given,
+         sizeof...(Tp) ? " ranks" : " rank)", "; pass the tp mesh the model was parallelized over");
+}
+
+template <class Sharded, class... Tp>
+void save_fsdp(Sharded& sharded, std::filesystem::path const& dir, std::int64_t step,
+               std::map<std::string, std::string> const& metadata, Tp const&... tp) {
+  check_fsdp_tp(sharded, "save_sharded", tp...);
+  if (sharded.replica() != 0) return;  // hybrid: every replica holds the same shards; the first saves them
+  auto const& dp = sharded.data_mesh();
+  auto group = save_group_over(tp..., dp);
+  if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
+  group.dp_size = dp.size(), group.dp_rank = dp.rank();
+  group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
+  save_sharded_stage(sharded, group, dir, step, metadata, {});
+}
+
+/// The options, checked for a model under FSDP.
+template <class Sharded, class... Tp>
+load_options fsdp_load_options(Sharded const& sharded, std::string_view who, load_options options, Tp const&... tp) {
+  check_fsdp_tp(sharded, who, tp...);
+  if (options.only_rank0_reads || options.ranks_per_step > 0)
+    fail("shardwise::", who,
+         ": load_options only_rank0_reads and ranks_per_step apply to tensor-parallel models; under FSDP every "
+         "rank reads only its own shard (its rows), so leave them unset");
+  return options;
+}
+
+}  // namespace detail
+
+/// Saves a model under FSDP (without tensor parallelism) as a sharded checkpoint in `dir`: every data-parallel
+/// rank writes its rows of every parameter, collectively; `dir` is replaced atomically. The checkpoint loads
+/// into any data-parallel or tensor-parallel size (load_sharded) and consolidates (`shardwise consolidate`).
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, std::filesystem::path const& dir,
+                  std::int64_t step, std::map<std::string, std::string> const& metadata = {}) {
+  detail::save_fsdp(sharded, dir, step, metadata);
+}
+
+/// Saves a model under FSDP x TP: every (dp, tp) rank writes its block, collectively over both. `tp` is the
+/// mesh the model was parallelized over (sw::submesh<"tp">(mesh)).
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, device_mesh TpMesh>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, TpMesh const& tp,
+                  std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::save_fsdp(sharded, dir, step, metadata, tp);
+}
+
+/// Loads a sharded checkpoint, saved under any dp x tp (or tensor parallelism alone), into a model under FSDP:
+/// each rank reads only the boxes that meet its shards. Errors are raised alike on every rank. Returns the
+/// checkpoint's index (step, metadata).
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
+checkpoint_index load_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded,
+                              std::filesystem::path const& dir, load_options const& options = {}) {
+  auto const checked = detail::fsdp_load_options(sharded, "load_sharded", options);
+  if constexpr (std::is_same_v<ReplicateMesh, no_replication>)
+    return detail::load_sharded_agreed(sharded, detail::single_stage{}, dir, checked, sharded.data_mesh());
+  else
+    return detail::load_sharded_agreed(sharded, detail::single_stage{}, dir, checked, sharded.data_mesh(),
+                                       sharded.replicate_mesh());
+}
+
+/// load_sharded into a model under FSDP x TP; `tp` is the mesh the model was parallelized over.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, device_mesh TpMesh>
+checkpoint_index load_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, TpMesh const& tp,
+                              std::filesystem::path const& dir, load_options const& options = {}) {
+  auto const checked = detail::fsdp_load_options(sharded, "load_sharded", options, tp);
+  if constexpr (std::is_same_v<ReplicateMesh, no_replication>)
+    return detail::load_sharded_agreed(sharded, tp, dir, checked, tp, sharded.data_mesh());
+  else
+    return detail::load_sharded_agreed(sharded, tp, dir, checked, tp, sharded.data_mesh(), sharded.replicate_mesh());
+}
+
+/// Loads one file of full tensors (`shardwise consolidate`'s, or a Hugging Face model.safetensors with
+/// `names` = sw::transformers_llama_name) into a model under FSDP: each rank reads only its rows, so no rank
+/// holds more than its shards. Returns the file's metadata.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
+std::map<std::string, std::string> load_consolidated(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded,
+                                                     std::filesystem::path const& file,
+                                                     std::function<std::string(std::string const&)> const& names = {},
+                                                     load_options const& options = {}) {
+  auto const checked = detail::fsdp_load_options(sharded, "load_consolidated", options);
+  return detail::load_mapped(sharded, detail::single_stage{}, file, detail::renaming(names), checked,
+                             "load_consolidated")
+      .metadata;
+}
+
+/// load_consolidated into a model under FSDP x TP; `tp` is the mesh the model was parallelized over.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, device_mesh TpMesh>
+std::map<std::string, std::string> load_consolidated(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded,
+                                                     TpMesh const& tp, std::filesystem::path const& file,
+                                                     std::function<std::string(std::string const&)> const& names = {},
+                                                     load_options const& options = {}) {
+  auto const checked = detail::fsdp_load_options(sharded, "load_consolidated", options, tp);
+  return detail::load_mapped(sharded, tp, file, detail::renaming(names), checked, "load_consolidated").metadata;
+}
+
+}  // namespace shardwise

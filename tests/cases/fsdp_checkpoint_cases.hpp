@@ -1,0 +1,148 @@
+#pragma once
+// Checkpoints of the Llama model under FSDP (shardwise/fsdp/checkpoint.hpp): trained 3 steps and saved under one
+// dp x tp, loaded into a model built from another seed under another dp x tp, straight from the sharded
+// checkpoint and from its consolidated file: every parameter must equal the saver's, to the bit.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/fsdp/checkpoint.hpp>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cases/fsdp_cases.hpp"
+
+namespace fsdp_checkpoint_cases {
+
+namespace fs = std::filesystem;
+namespace sw = shardwise;
+namespace models = shardwise::models;
+
+using full_shard = sw::fsdp_policy<sw::full_shard, fsdp_cases::blocks>;
+using no_shard = sw::fsdp_policy<sw::no_shard, fsdp_cases::blocks>;
+using Parameters = std::vector<llama_cases::TrainedTensor>;
+
+/// Builds the model from `c` under Policy at dp ranks (tp: the rest of the world) and calls
+/// fn(sharded, tp, with_tp): with tp 1 the model is sharded over the 1-D dp mesh and with_tp is false (the
+/// checkpoint calls take no tp mesh), else over the dp x tp mesh.
+template <class Policy, class World, class Fn>
+void under_fsdp(World const& world, models::LlamaConfig const& c, int dp, Fn&& fn) {
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp, world.size() / dp});
+  auto const tp = sw::submesh<"tp">(mesh);
+  models::Llama<float, fsdp_cases::tp_only> model(c);
+  if (tp.size() == 1) {
+    sw::parallelize(model, tp);  // one rank: the plan's layers, uncut
+    auto sharded = sw::fully_shard<Policy>(model, sw::submesh<"dp">(mesh));
+    fn(sharded, tp, std::false_type{});
+  } else {
+    auto sharded = sw::fully_shard<Policy>(model, mesh);
+    fn(sharded, tp, std::true_type{});
+  }
+}
+
+inline void check_equal(Parameters const& got, Parameters const& expected) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(expected[i].path);
+    CHECK(got[i].path == expected[i].path);
+    CHECK(got[i].values == expected[i].values);  // bytes copied: equal to the bit
+  }
+}
+
+/// Trains 3 steps under SavePolicy at save_dp and saves in `dir`; loads it, and then its consolidated file,
+/// under LoadPolicy at load_dp into a model of another seed; both must hold the saved parameters.
+template <class SavePolicy, class LoadPolicy, class World>
+void check_resharded(World const& world, fs::path const& dir, models::LlamaConfig const& c, int save_dp, int load_dp,
+                     int sequences = 4) {
+  INFO("saved at dp " << save_dp << " x tp " << world.size() / save_dp << ", loaded at dp " << load_dp << " x tp "
+                      << world.size() / load_dp);
+  Parameters saved;
+  under_fsdp<SavePolicy>(world, c, save_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    auto const all = sw::make_mesh<"all">(world, {world.size()});
+    fsdp_cases::Setup const setup{.dp = save_dp, .sequences = sequences};
+    saved = fsdp_cases::train_steps(sharded, tp, all, sharded.data_mesh().rank(), save_dp, setup, c, 3).parameters;
+    if constexpr (decltype(with_tp)::value)
+      sw::save_sharded(sharded, tp, dir, 3, {{"saved_by", "fsdp"}});
+    else
+      sw::save_sharded(sharded, dir, 3, {{"saved_by", "fsdp"}});
+  });
+  auto const index = sw::read_checkpoint_index(dir);
+  CHECK(index.tp == world.size() / save_dp);
+  CHECK(index.dp == save_dp);
+  CHECK(index.metadata.at("saved_by") == "fsdp");
+
+  auto other = c;
+  other.seed += 7;  // every value the load leaves alone would differ
+  under_fsdp<LoadPolicy>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    sw::checkpoint_index loaded;
+    if constexpr (decltype(with_tp)::value)
+      loaded = sw::load_sharded(sharded, tp, dir);
+    else
+      loaded = sw::load_sharded(sharded, dir);
+    CHECK(loaded.step == 3);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+  });
+
+  fs::path const file = dir.string() + ".safetensors";
+  if (world.rank() == 0) sw::consolidate(dir, file);
+  world.barrier();
+  under_fsdp<LoadPolicy>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    if constexpr (decltype(with_tp)::value)
+      (void)sw::load_consolidated(sharded, tp, file);
+    else
+      (void)sw::load_consolidated(sharded, file);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+  });
+  world.barrier();
+}
+
+/// Bad input: a model under FSDP x TP loaded without its tp mesh, and a checkpoint missing a dp rank's folder,
+/// are refused with the same words on every rank.
+template <class World>
+void check_refusals(World const& world, fs::path const& dir) {
+  auto const c = llama_cases::small_config();
+  int const n = world.size();
+  under_fsdp<full_shard>(world, c, n / 2, [&](auto& sharded, auto const& tp, auto) {
+    sw::save_sharded(sharded, tp, dir, 1);
+    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, dir),
+                         doctest::Contains("load_sharded: the model's parameters are cut over a tensor-parallel group "
+                                           "of 2 ranks but no tp mesh was given"),
+                         sw::error);
+    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, {.only_rank0_reads = true}),
+                         doctest::Contains("under FSDP every rank reads only its own shard"), sw::error);
+    world.barrier();
+    if (world.rank() == 0) fs::remove_all(dir / sw::rank_folder(1, 0, 1));
+    world.barrier();
+    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir),
+                         doctest::Contains("tp_rank_01_pp_rank_00_dp_rank_01/model.safetensors\" is missing"),
+                         sw::error);
+  });
+  world.barrier();
+}
+
+/// Every case at this world size (1, 2 or 4 ranks), in folders under `root` (one the ranks all name alike).
+template <class World>
+void check_all(World const& world, fs::path const& root) {
+  auto const c = llama_cases::small_config();
+  int const n = world.size();
+  if (world.rank() == 0) fs::create_directories(root);
+  world.barrier();
+  if (n == 1) check_resharded<full_shard, full_shard>(world, root / "dp1", c, 1, 1);
+  if (n == 2) {
+    check_resharded<full_shard, full_shard>(world, root / "dp2_to_tp2", c, 2, 1);
+    check_resharded<full_shard, full_shard>(world, root / "tp2_to_dp2", c, 1, 2);
+    check_resharded<no_shard, full_shard>(world, root / "no_shard", c, 2, 2);
+  }
+  if (n == 4) {
+    check_resharded<full_shard, full_shard>(world, root / "dp2tp2_to_dp4", c, 2, 4);
+    check_resharded<full_shard, full_shard>(world, root / "uneven_dp4_to_dp2tp2", fsdp_cases::uneven_config(), 4, 2,
+                                            12);
+    check_resharded<full_shard, no_shard>(world, root / "tp4_to_no_shard", c, 1, 2);
+  }
+  if (n >= 4) check_refusals(world, root / "refusals");
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(root);
+}
+
+}  // namespace fsdp_checkpoint_cases
