@@ -23,6 +23,9 @@ namespace models = shardwise::models;
 /// Clipping engaged on every step: each step's norm here is above it.
 inline constexpr float max_norm = 0.1f;
 
+/// The optimizer of every run here (the unsharded one's too).
+inline sw::AdamWOptions<float> const adamw_options{.learning_rate = 3e-3f, .max_grad_norm = max_norm};
+
 /// How a run is sharded: dp ranks (for hybrid: shard x replicate), the rest of the world tp.
 struct Setup {
   int dp = 1;
@@ -59,14 +62,17 @@ std::vector<llama_cases::TrainedTensor> whole_parameters(Sharded& sharded) {
 }
 
 /// Every step's loss (the whole batch's mean), norm and, at the end, every parameter gathered whole.
+/// With `resumed`, that optimizer steps, from step `first_step` (the batches of those steps).
 template <class Sharded, class Tp, class Everyone>
 llama_cases::Run train_steps(Sharded& sharded, Tp const& tp, Everyone const& all, int data_rank, int data_ranks,
-                             Setup const& setup, models::LlamaConfig const& c, int steps) {
-  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = max_norm});
+                             Setup const& setup, models::LlamaConfig const& c, int steps,
+                             sw::AdamW<float>* resumed = nullptr, int first_step = 0) {
+  sw::AdamW<float> own(adamw_options);
+  sw::AdamW<float>& optimizer = resumed ? *resumed : own;
   int const sequences = setup.sequences, per_rank = sequences / data_ranks, micro = setup.microbatches;
   llama_cases::Run run;
   std::vector<std::int64_t> ids, targets;
-  for (int step = 0; step < steps; ++step) {
+  for (int step = first_step; step < first_step + steps; ++step) {
     float loss = 0;
     for (int m = 0; m < micro; ++m) {  // gradient accumulation: each microbatch's share of the mean
       llama_cases::batch(c, step, sequences, data_rank * per_rank + m * per_rank / micro, per_rank / micro, ids,
@@ -156,7 +162,7 @@ inline llama_cases::Run bf16_reference(models::LlamaConfig const& c, int steps, 
   auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   models::Llama<float> model(c);
-  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = max_norm});
+  sw::AdamW<float> optimizer(adamw_options);
   std::vector<Eigen::MatrixXf> masters;
   auto each = [&](auto&& fn) {  // fn(index, value, grad) over the parameters
     std::size_t i = 0;

@@ -97,6 +97,43 @@ void check_resharded(World const& world, fs::path const& dir, models::LlamaConfi
   world.barrier();
 }
 
+/// Training resumed from a checkpoint with the optimizer state equals training straight through: 3 steps
+/// under dp save_dp, saved with the AdamW state, loaded under dp load_dp into a model of another seed and a new
+/// optimizer, 3 more steps; against the unsharded run of 6 steps (losses, norms with clipping, parameters).
+template <class World>
+void check_resumed(World const& world, fs::path const& dir, int save_dp, int load_dp) {
+  INFO("saved with the optimizer at dp " << save_dp << ", resumed at dp " << load_dp);
+  auto const c = llama_cases::small_config();
+  auto const all = sw::make_mesh<"all">(world, {world.size()});
+  under_fsdp<full_shard>(world, c, save_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
+    (void)fsdp_cases::train_steps(sharded, tp, all, sharded.data_mesh().rank(), save_dp, {.dp = save_dp}, c, 3,
+                                  &optimizer);
+    if constexpr (decltype(with_tp)::value)
+      sw::save_sharded(sharded, optimizer, tp, dir, 3);
+    else
+      sw::save_sharded(sharded, optimizer, dir, 3);
+  });
+  auto other = c;
+  other.seed += 7;
+  llama_cases::Run resumed;
+  under_fsdp<full_shard>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
+    if constexpr (decltype(with_tp)::value)
+      (void)sw::load_sharded(sharded, optimizer, tp, dir);
+    else
+      (void)sw::load_sharded(sharded, optimizer, dir);
+    CHECK(optimizer.steps() == 3);
+    resumed = fsdp_cases::train_steps(sharded, tp, all, sharded.data_mesh().rank(), load_dp, {.dp = load_dp}, other, 3,
+                                      &optimizer, 3);
+  });
+  auto expected = fsdp_cases::serial_run(c, 6);
+  expected.losses.erase(expected.losses.begin(), expected.losses.begin() + 3);
+  expected.norms.erase(expected.norms.begin(), expected.norms.begin() + 3);
+  fsdp_cases::check_same_training(resumed, expected);
+  world.barrier();
+}
+
 /// Bad input: a model under FSDP x TP loaded without its tp mesh, and a checkpoint missing a dp rank's folder,
 /// are refused with the same words on every rank.
 template <class World>
@@ -111,6 +148,11 @@ void check_refusals(World const& world, fs::path const& dir) {
                          sw::error);
     CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, {.only_rank0_reads = true}),
                          doctest::Contains("under FSDP every rank reads only its own shard"), sw::error);
+    sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
+    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, optimizer, tp, dir),
+                         doctest::Contains("the model's tensor \"optimizer.tok_embeddings.weight.exp_avg\" is not in "
+                                           "the checkpoint"),
+                         sw::error);
     world.barrier();
     if (world.rank() == 0) fs::remove_all(dir / sw::rank_folder(1, 0, 1));
     world.barrier();
@@ -128,17 +170,22 @@ void check_all(World const& world, fs::path const& root) {
   int const n = world.size();
   if (world.rank() == 0) fs::create_directories(root);
   world.barrier();
-  if (n == 1) check_resharded<full_shard, full_shard>(world, root / "dp1", c, 1, 1);
+  if (n == 1) {
+    check_resharded<full_shard, full_shard>(world, root / "dp1", c, 1, 1);
+    check_resumed(world, root / "resumed", 1, 1);
+  }
   if (n == 2) {
     check_resharded<full_shard, full_shard>(world, root / "dp2_to_tp2", c, 2, 1);
     check_resharded<full_shard, full_shard>(world, root / "tp2_to_dp2", c, 1, 2);
     check_resharded<no_shard, full_shard>(world, root / "no_shard", c, 2, 2);
+    check_resumed(world, root / "resumed", 2, 1);
   }
   if (n == 4) {
     check_resharded<full_shard, full_shard>(world, root / "dp2tp2_to_dp4", c, 2, 4);
     check_resharded<full_shard, full_shard>(world, root / "uneven_dp4_to_dp2tp2", fsdp_cases::uneven_config(), 4, 2,
                                             12);
     check_resharded<full_shard, no_shard>(world, root / "tp4_to_no_shard", c, 1, 2);
+    check_resumed(world, root / "resumed", 2, 4);
   }
   if (n >= 4) check_refusals(world, root / "refusals");
   world.barrier();

@@ -5,13 +5,16 @@
 // sequences (fsdp_cases::train_steps' batches). Writes into DIR the initial weights of the unsharded model under
 // transformers' names (weights/NAME.npy), the token ids and targets each rank was fed (ids.npy, targets.npy:
 // [step, rank, sequence, token]), each rank's loss per step (losses.npy: [step, rank]), the global gradient norm
-// AdamW::step returned per step (norms.npy) and every parameter after the 5 steps, gathered whole (final/NAME.npy).
+// AdamW::step returned per step (norms.npy), every parameter after the 5 steps, gathered whole (final/NAME.npy),
+// and the sharded checkpoint of the trained model, each rank's rows (checkpoint/), which the test consolidates
+// with `shardwise consolidate --names transformers-llama` for transformers to load.
 // fsdp_reference.py trains LlamaForCausalLM under fully_shard on 2 gloo processes and compares; it shares no code
 // with this file.
 #define DOCTEST_CONFIG_DISABLE  // the config, batches and max_norm live in doctest case headers; nothing is checked
 
 #include <cstdio>
 #include <filesystem>
+#include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <string>
 #include <vector>
@@ -82,6 +85,7 @@ void train(fs::path const& dir) {
       dump.losses[std::size_t(step * dp_size + rank)] = result.loss;
       if (rank == 0) dump.norms[std::size_t(step)] = norm;
     }
+    sw::save_sharded(sharded, dir / "checkpoint", steps);  // each rank its rows: for shardwise consolidate
     sharded.unshard();  // collective: every rank then holds the whole trained parameters
     if (rank == 0) write_parameters(dir / "final", sharded.model());
     sharded.reshard();

@@ -113,6 +113,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+def consolidated_rows(directory, final):
+    """The FSDP checkpoint, consolidated by `shardwise consolidate --names transformers-llama
+    --remove-checkpoint-dir` into hf/model.safetensors, loads in transformers (from_pretrained, no missing or
+    unexpected tensor) and holds shardwise's trained parameters exactly."""
+    hf = os.path.join(directory, "hf")
+    rows = [("--remove-checkpoint-dir removed the sharded checkpoint",
+             not os.path.exists(os.path.join(directory, "checkpoint")), os.path.join(directory, "checkpoint"))]
+    if not os.path.exists(os.path.join(hf, "model.safetensors")):
+        return rows + [("shardwise consolidate wrote hf/model.safetensors", False,
+                        "missing: is the shardwise command built (libcli11-dev)?")]
+    llama().config.save_pretrained(hf)  # the config; the weights are shardwise's alone
+    model, info = LlamaForCausalLM.from_pretrained(hf, output_loading_info=True)
+    rows.append(("transformers' from_pretrained loads the consolidated FSDP checkpoint",
+                 not info["missing_keys"] and not info["unexpected_keys"],
+                 f"missing {sorted(info['missing_keys'])}, unexpected {sorted(info['unexpected_keys'])}"))
+    loaded = {name: p.detach().float().numpy() for name, p in model.named_parameters()}
+    equal = [name for name in final if name in loaded and np.array_equal(loaded[name], final[name].numpy())]
+    rows.append(("the loaded parameters are shardwise's trained ones, to the bit", len(equal) == len(final),
+                 f"{len(equal)} of {len(final)} equal"))
+    return rows
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -159,6 +181,7 @@ def main():
         worst["parameter"] = max(worst["parameter"], error)
         rows.append((f"{name} after {STEPS} steps", ok and error <= PARAMETER_TOLERANCE,
                      f"max |difference| / (|torch| + rms) {error:.1e} (training moved it by up to {moved:.1e})"))
+    rows += consolidated_rows(directory, final)
     for name, ok, detail in rows:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
     print(f"worst loss relative error {worst['loss']:.1e}, worst norm relative error {worst['norm']:.1e}, "

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/safetensors_write.hpp"
@@ -42,18 +43,25 @@ struct consolidate_options {
 };
 
 /// Writes every tensor of the sharded checkpoint at `checkpoint` whole into `output` (a safetensors file,
-/// replaced atomically), with the checkpoint's metadata, its step and "format": "pt". Returns its index.
+/// replaced atomically), but optimizer state saved beside them, with the checkpoint's metadata, its step and "format":
+/// "pt". Returns its index.
 inline checkpoint_index consolidate(std::filesystem::path const& checkpoint, std::filesystem::path const& output,
                                     consolidate_options const& options = {}) {
   namespace fs = std::filesystem;
   fs::path const dir = find_checkpoint_folder(checkpoint);
   checkpoint_index const index = read_checkpoint_index(dir);
   std::map<std::string, std::unique_ptr<safetensors_file>> files;
-  for (auto const& t : index.tensors)
-    for (auto const& p : t.pieces)
+  auto const weights = [&] {  // the optimizer state a checkpoint may hold beside them is not the model's
+    std::vector<checkpoint_tensor const*> list;
+    for (auto const& t : index.tensors)
+      if (!t.name.starts_with(optimizer_state_prefix)) list.push_back(&t);
+    return list;
+  }();
+  for (auto const* t : weights)
+    for (auto const& p : t->pieces)
       if (!files.count(p.file)) {
         if (!fs::exists(dir / p.file))
-          detail::fail("shardwise::consolidate: \"", (dir / p.file).string(), "\" is missing (tensor \"", t.name,
+          detail::fail("shardwise::consolidate: \"", (dir / p.file).string(), "\" is missing (tensor \"", t->name,
                        "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
                        "\" is gone; restore it");
         files[p.file] = std::make_unique<safetensors_file>((dir / p.file).string());
@@ -61,12 +69,13 @@ inline checkpoint_index consolidate(std::filesystem::path const& checkpoint, std
 
   safetensors_writer writer;
   std::size_t written = 0;  // in the order of the file (by element size, then name)
-  for (auto const& t : index.tensors) {
+  for (auto const* weight : weights) {
+    checkpoint_tensor const& t = *weight;
     std::string const name = options.rename ? options.rename(t.name) : t.name;
     if (t.shape.size() > max_rank)
       detail::fail("shardwise::consolidate: tensor \"", t.name, "\" has more than ", max_rank, " dimensions");
     writer.add_deferred(name, t.type, t.shape, [&, name](std::span<std::byte> out) {
-      if (options.progress) options.progress(written++, index.tensors.size(), name, out.size());
+      if (options.progress) options.progress(written++, weights.size(), name, out.size());
       std::size_t const element = dtype_size(t.type);
       extents full;
       full.rank = t.shape.size();

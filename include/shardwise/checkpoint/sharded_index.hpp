@@ -29,6 +29,10 @@ inline constexpr std::string_view checkpoint_index_name = "shardwise_checkpoint.
 /// The index's "format" value.
 inline constexpr std::string_view checkpoint_format = "shardwise.sharded_checkpoint";
 
+/// The start of the names under which a sharded checkpoint holds optimizer state beside the parameters
+/// ("optimizer.layers.0.attention.wq.weight.exp_avg"): loads of the model alone and consolidate pass over them.
+inline constexpr std::string_view optimizer_state_prefix = "optimizer.";
+
 /// One file's part of a tensor: the box [offset, offset + shape) of the global tensor.
 struct checkpoint_piece {
   std::string file;  ///< The safetensors file, relative to the checkpoint folder.

@@ -139,15 +139,14 @@ tensor_layout layout_of(P const& p, std::string const& path, int size, int rank,
 template <class Model, class Fn>
 void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
   if constexpr (requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); }) {
-    model.shardwise_for_each_parameter_shard(
-        [&](std::string const& name, auto const& p, auto rows, auto cols, auto first_row, auto& shard) {
-          tensor_layout t = layout_of(p, name, size, rank, static_cast<std::size_t>(rows),
-                                      static_cast<std::size_t>(cols));
-          t.name = name;
-          t.row_offset += static_cast<std::size_t>(first_row);
-          t.local_rows = static_cast<std::size_t>(shard.rows());
-          fn(t, shard);
-        });
+    model.shardwise_for_each_parameter_shard([&](std::string const& name, auto const& p, auto rows, auto cols,
+                                                 auto first_row, auto& shard) {
+      tensor_layout t = layout_of(p, name, size, rank, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+      t.name = name;
+      t.row_offset += static_cast<std::size_t>(first_row);
+      t.local_rows = static_cast<std::size_t>(shard.rows());
+      fn(t, shard);
+    });
   } else {
     auto visit_layer = [&](auto& l, std::string const& path) {
       if constexpr (requires { l.materialized(); }) {

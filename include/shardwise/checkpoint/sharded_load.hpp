@@ -133,7 +133,7 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
                      dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
     });
     for (auto const& c : index.tensors) {
-      if (in_model.count(c.name)) continue;
+      if (in_model.count(c.name) || c.name.starts_with(optimizer_state_prefix)) continue;
       if constexpr (requires { model.shardwise_other_stage(c.name); })
         if (model.shardwise_other_stage(c.name)) continue;  // a pipeline stage reads only its own tensors
       if (options.strict)

@@ -15,12 +15,16 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shardwise/checkpoint/sharded.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/fully_shard.hpp"
 #include "shardwise/mesh/mesh.hpp"
+#include "shardwise/nn/optim.hpp"
 
 namespace shardwise {
 
@@ -37,8 +41,43 @@ void check_fsdp_tp(Sharded const& sharded, std::string_view who, Tp const&... tp
          sizeof...(Tp) ? " ranks" : " rank)", "; pass the tp mesh the model was parallelized over");
 }
 
-template <class Sharded, class... Tp>
-void save_fsdp(Sharded& sharded, std::filesystem::path const& dir, std::int64_t step,
+/// What optimizer steps a checkpoint saved with the state had taken (index metadata).
+inline constexpr char const* optimizer_steps_key = "shardwise.optimizer_steps";
+
+/// A model under FSDP and its AdamW, walked as one checkpoint: the parameters' shards, then their moments as
+/// tensors "optimizer.<parameter>.exp_avg" and "...exp_avg_sq", cut as the parameter is, so that they reshard
+/// on load as the parameters do.
+template <class Sharded, class T>
+struct sharded_with_state {
+  Sharded& sharded;
+  AdamW<T>& optimizer;
+
+  template <class Fn>
+  void shardwise_for_each_parameter_shard(Fn&& fn) {
+    sharded.shardwise_for_each_parameter_shard(fn);
+    std::vector<std::pair<std::span<T>, std::span<T>>> moments;
+    optimizer.for_each_state(sharded, [&](std::size_t, std::span<T> m, std::span<T> v) { moments.emplace_back(m, v); });
+    std::size_t i = 0;
+    sharded.shardwise_for_each_parameter_shard(
+        [&](std::string const& name, auto const& p, auto rows, auto cols, auto first_row, auto const& shard) {
+          auto const [m, v] = moments[i++];
+          for (auto const& [moment, suffix] : {std::pair{m, ".exp_avg"}, std::pair{v, ".exp_avg_sq"}}) {
+            nn::matrix<T> values = Eigen::Map<nn::matrix<T> const>(moment.data(), shard.rows(), shard.cols());
+            fn(concat(optimizer_state_prefix, name, suffix), p, rows, cols, first_row, values);
+            std::copy(values.data(), values.data() + values.size(), moment.data());
+          }
+        });
+  }
+  [[nodiscard]] auto shardwise_config() const
+    requires requires { sharded.shardwise_config(); }
+  {
+    return sharded.shardwise_config();
+  }
+};
+
+/// Saves `walked` (the sharded model, or it with its optimizer state) over the model's dp and tp ranks.
+template <class Sharded, class Walked, class... Tp>
+void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
                std::map<std::string, std::string> const& metadata, Tp const&... tp) {
   check_fsdp_tp(sharded, "save_sharded", tp...);
   if (sharded.replica() != 0) return;  // hybrid: every replica holds the same shards; the first saves them
@@ -47,7 +86,42 @@ void save_fsdp(Sharded& sharded, std::filesystem::path const& dir, std::int64_t 
   if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
   group.dp_size = dp.size(), group.dp_rank = dp.rank();
   group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
-  save_sharded_stage(sharded, group, dir, step, metadata, {});
+  save_sharded_stage(walked, group, dir, step, metadata, {});
+}
+
+/// Loads `walked` (the sharded model, or it with its optimizer state), agreed over every rank of the model.
+template <class Sharded, class Walked, class... Tp>
+checkpoint_index load_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir,
+                           load_options const& options, Tp const&... tp) {
+  auto const& dp = sharded.data_mesh();
+  single_stage const one_tp;
+  auto const& layout_tp = [&]() -> auto const& {
+    if constexpr (sizeof...(Tp) == 1)
+      return (tp, ...);
+    else
+      return one_tp;
+  }();
+  if constexpr (requires { sharded.replicate_mesh(); })
+    return load_sharded_agreed(walked, layout_tp, dir, options, tp..., dp, sharded.replicate_mesh());
+  else
+    return load_sharded_agreed(walked, layout_tp, dir, options, tp..., dp);
+}
+
+/// Sets the optimizer's step count from a checkpoint saved with its state.
+template <class T>
+void resume_steps(AdamW<T>& optimizer, checkpoint_index const& index, std::filesystem::path const& dir) {
+  auto const steps = index.metadata.find(optimizer_steps_key);
+  if (steps == index.metadata.end())
+    fail("shardwise::load_sharded: \"", dir.string(),
+         "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
+  optimizer.set_steps(static_cast<std::size_t>(std::stoull(steps->second)));
+}
+
+/// The checkpoint's metadata with the optimizer's step count.
+template <class T>
+std::map<std::string, std::string> with_steps(std::map<std::string, std::string> metadata, AdamW<T> const& optimizer) {
+  metadata[optimizer_steps_key] = std::to_string(optimizer.steps());
+  return metadata;
 }
 
 /// The options, checked for a model under FSDP.
@@ -69,7 +143,7 @@ load_options fsdp_load_options(Sharded const& sharded, std::string_view who, loa
 template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
 void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, std::filesystem::path const& dir,
                   std::int64_t step, std::map<std::string, std::string> const& metadata = {}) {
-  detail::save_fsdp(sharded, dir, step, metadata);
+  detail::save_fsdp(sharded, sharded, dir, step, metadata);
 }
 
 /// Saves a model under FSDP x TP: every (dp, tp) rank writes its block, collectively over both. `tp` is the
@@ -78,7 +152,27 @@ template <module Model, class Policy, class ShardMesh, class ReplicateMesh, devi
 void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, TpMesh const& tp,
                   std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {}) {
-  detail::save_fsdp(sharded, dir, step, metadata, tp);
+  detail::save_fsdp(sharded, sharded, dir, step, metadata, tp);
+}
+
+/// Saves the model and its AdamW state in one atomic commit: each rank's moments are cut as its parameter
+/// shards are (tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" in its rank file), so training resumes
+/// under any dp x tp (load_sharded with the optimizer). consolidate and loads of the model alone pass over them.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, class T>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, AdamW<T>& optimizer,
+                  std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
+  detail::save_fsdp(sharded, walked, dir, step, detail::with_steps(metadata, optimizer));
+}
+
+/// The model and its AdamW state under FSDP x TP; `tp` is the mesh the model was parallelized over.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, class T, device_mesh TpMesh>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, AdamW<T>& optimizer,
+                  TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
+  detail::save_fsdp(sharded, walked, dir, step, detail::with_steps(metadata, optimizer), tp);
 }
 
 /// Loads a sharded checkpoint, saved under any dp x tp (or tensor parallelism alone), into a model under FSDP:
@@ -87,23 +181,36 @@ void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharde
 template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
 checkpoint_index load_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded,
                               std::filesystem::path const& dir, load_options const& options = {}) {
-  auto const checked = detail::fsdp_load_options(sharded, "load_sharded", options);
-  if constexpr (std::is_same_v<ReplicateMesh, no_replication>)
-    return detail::load_sharded_agreed(sharded, detail::single_stage{}, dir, checked, sharded.data_mesh());
-  else
-    return detail::load_sharded_agreed(sharded, detail::single_stage{}, dir, checked, sharded.data_mesh(),
-                                       sharded.replicate_mesh());
+  return detail::load_fsdp(sharded, sharded, dir, detail::fsdp_load_options(sharded, "load_sharded", options));
 }
 
 /// load_sharded into a model under FSDP x TP; `tp` is the mesh the model was parallelized over.
 template <module Model, class Policy, class ShardMesh, class ReplicateMesh, device_mesh TpMesh>
 checkpoint_index load_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, TpMesh const& tp,
                               std::filesystem::path const& dir, load_options const& options = {}) {
-  auto const checked = detail::fsdp_load_options(sharded, "load_sharded", options, tp);
-  if constexpr (std::is_same_v<ReplicateMesh, no_replication>)
-    return detail::load_sharded_agreed(sharded, tp, dir, checked, tp, sharded.data_mesh());
-  else
-    return detail::load_sharded_agreed(sharded, tp, dir, checked, tp, sharded.data_mesh(), sharded.replicate_mesh());
+  return detail::load_fsdp(sharded, sharded, dir, detail::fsdp_load_options(sharded, "load_sharded", options, tp), tp);
+}
+
+/// Loads the model and the AdamW state saved with it (save_sharded with the optimizer), under any dp x tp:
+/// the moments reshard as the parameters do, and the optimizer's step count is restored.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, class T>
+checkpoint_index load_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, AdamW<T>& optimizer,
+                              std::filesystem::path const& dir, load_options const& options = {}) {
+  detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
+  auto index = detail::load_fsdp(sharded, walked, dir, detail::fsdp_load_options(sharded, "load_sharded", options));
+  detail::resume_steps(optimizer, index, dir);
+  return index;
+}
+
+/// The model and its AdamW state under FSDP x TP; `tp` is the mesh the model was parallelized over.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, class T, device_mesh TpMesh>
+checkpoint_index load_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, AdamW<T>& optimizer,
+                              TpMesh const& tp, std::filesystem::path const& dir, load_options const& options = {}) {
+  detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
+  auto index =
+      detail::load_fsdp(sharded, walked, dir, detail::fsdp_load_options(sharded, "load_sharded", options, tp), tp);
+  detail::resume_steps(optimizer, index, dir);
+  return index;
 }
 
 /// Loads one file of full tensors (`shardwise consolidate`'s, or a Hugging Face model.safetensors with

@@ -139,11 +139,7 @@ class AdamW {
     std::size_t index = 0;
     T squares = 0;
     model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const> grad, T weight) {
-      slice& s = slices_.size() == index ? slice_of(index, std::string(name), value.size(), 1, 0) : slices_[index];
-      if (s.count != value.size())
-        detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
-                     "\") does not fit its shard; use one optimizer per model");
-      ++index;
+      (void)shard_slice(index++, name, value.size());
       T mine = 0;
       for (T g : grad) mine += g * g;
       squares += mine * weight;
@@ -155,6 +151,20 @@ class AdamW {
       adam_update(slices_[index++], value.data(), grad.data(), clip);
     });
     return norm;
+  }
+
+  /// The state of a fully sharded model, for checkpoints: fn(index, m, v) per parameter shard, in the model's
+  /// order, with its first and second moments (as many elements as the shard; allocated as the first step
+  /// would if no step has yet).
+  template <class Sharded, class Fn>
+    requires requires(Sharded& m, T squares) { m.shardwise_sum_over_shards(squares); }
+  void for_each_state(Sharded& model, Fn&& fn) {
+    stepped_shards_ = true;
+    std::size_t index = 0;
+    model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const>, T) {
+      slice& s = shard_slice(index, name, value.size());
+      fn(index++, std::span<T>(s.m), std::span<T>(s.v));
+    });
   }
 
   /// The state, for checkpoints: allocates it as the first step would (this rank's slice of every parameter,
@@ -198,6 +208,14 @@ class AdamW {
   };
 
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
+  /// The state of a fully sharded model's parameter `index`: made on first use, then checked against its shard.
+  slice& shard_slice(std::size_t index, std::string_view name, std::size_t count) {
+    slice& s = slices_.size() == index ? slice_of(index, std::string(name), count, 1, 0) : slices_[index];
+    if (s.count != count)
+      detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
+                   "\") does not fit its shard; use one optimizer per model");
+    return s;
+  }
 
   /// One step, with the squared norm also summed by sum_over_stages (over the pipeline axis, or nothing).
   template <class Model, class DataMesh, class SumOverStages>
