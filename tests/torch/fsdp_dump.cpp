@@ -6,6 +6,7 @@
 // transformers' names (weights/NAME.npy), the token ids and targets each rank was fed (ids.npy, targets.npy:
 // [step, rank, sequence, token]), each rank's loss per step (losses.npy: [step, rank]), the global gradient norm
 // AdamW::step returned per step (norms.npy), every parameter after the 5 steps, gathered whole (final/NAME.npy),
+// all of these under fp32/ and again under bf16/ for the run with mixed_precision<Eigen::bfloat16, float>,
 // and the sharded checkpoint of the trained model, each rank's rows (checkpoint/), which the test consolidates
 // with `shardwise consolidate --names transformers-llama` for transformers to load.
 // fsdp_reference.py trains LlamaForCausalLM under fully_shard on 2 gloo processes and compares; it shares no code
@@ -59,8 +60,10 @@ void write_tokens(fs::path const& path, Tokens const& tokens) {
   npy::write(path, flat.data(), {steps, dp_size, per_rank, long(llama_cases::small_config().sequence)});
 }
 
-/// fsdp_cases::train_steps at dp 2 on threads, recording the batches and each rank's loss.
-void train(fs::path const& dir) {
+/// fsdp_cases::train_steps at dp 2 on threads under Precision, recording the batches and each rank's loss; the
+/// results go to DIR/<run>/ (losses.npy, norms.npy, final/), the batches and the fp32 run's checkpoint to DIR.
+template <class Precision>
+void train(fs::path const& dir, std::string const& run) {
   auto const c = llama_cases::small_config();
   Dump dump{.ids = Tokens(steps, Tokens::value_type(dp_size)),
             .targets = Tokens(steps, Tokens::value_type(dp_size)),
@@ -70,7 +73,7 @@ void train(fs::path const& dir) {
     auto const dp = sw::make_mesh<"dp">(world, {dp_size});
     auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});  // no tensor parallelism: llama_loss over one rank
     models::Llama<float> model(c);  // the same seeds on both ranks: equal values before sharding, as FSDP needs
-    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, fsdp_cases::blocks>>(model, dp);
+    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, fsdp_cases::blocks, Precision>>(model, dp);
     sw::AdamW<float> optimizer(adamw());
     int const rank = dp.rank();
     for (int step = 0; step < steps; ++step) {
@@ -85,13 +88,13 @@ void train(fs::path const& dir) {
       dump.losses[std::size_t(step * dp_size + rank)] = result.loss;
       if (rank == 0) dump.norms[std::size_t(step)] = norm;
     }
-    sw::save_sharded(sharded, dir / "checkpoint", steps);  // each rank its rows: for shardwise consolidate
+    if (run == "fp32") sw::save_sharded(sharded, dir / "checkpoint", steps);  // each rank its rows, to consolidate
     sharded.unshard();  // collective: every rank then holds the whole trained parameters
-    if (rank == 0) write_parameters(dir / "final", sharded.model());
+    if (rank == 0) write_parameters(dir / run / "final", sharded.model());
     sharded.reshard();
   });
-  npy::write(dir / "losses.npy", dump.losses.data(), {steps, dp_size});
-  npy::write(dir / "norms.npy", dump.norms.data(), {steps});
+  npy::write(dir / run / "losses.npy", dump.losses.data(), {steps, dp_size});
+  npy::write(dir / run / "norms.npy", dump.norms.data(), {steps});
   write_tokens(dir / "ids.npy", dump.ids);
   write_tokens(dir / "targets.npy", dump.targets);
 }
@@ -108,7 +111,8 @@ int main(int argc, char** argv) {
     models::Llama<float> initial(llama_cases::small_config());  // built from the seeds the trained ones use
     write_parameters(dir / "weights", initial);
   }
-  train(dir);
+  train<sw::full_precision>(dir, "fp32");
+  train<sw::mixed_precision<Eigen::bfloat16, float>>(dir, "bf16");  // torchtitan's default policy
   std::puts("fsdp_dump: written");
   return 0;
 }
