@@ -58,10 +58,14 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-enum class mode { one_rank, data_parallel, no_shard, shard_grad_op, full_shard };
+enum class mode { one_rank, data_parallel, no_shard, shard_grad_op, full_shard, full_shard_bf16 };
 char const* name_of(mode m) {
-  constexpr char const* names[] = {"one rank", "dp 2, AdamW over dp (DDP-like)", "dp 2, FSDP no-shard",
-                                   "dp 2, FSDP shard-grad-op", "dp 2, FSDP full shard"};
+  constexpr char const* names[] = {"one rank",
+                                   "dp 2, AdamW over dp (DDP-like)",
+                                   "dp 2, FSDP no-shard",
+                                   "dp 2, FSDP shard-grad-op",
+                                   "dp 2, FSDP full shard",
+                                   "dp 2, FSDP full shard, bf16 gathers (mixed_precision<bfloat16, float>)"};
   return names[static_cast<int>(m)];
 }
 
@@ -79,12 +83,12 @@ double time_steps(World const& world, int steps, Step&& step) {
   return median(times);
 }
 
-template <class Strategy, class World>
+template <class Strategy, class Precision = sw::full_precision, class World>
 double time_fsdp(World const& world, models::LlamaConfig const& c, int steps) {
   auto const dp = sw::make_mesh<"dp">(world, {world.size()});
   auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
   models::Llama<float> model(c);
-  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">>>(model, dp);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">, Precision>>(model, dp);
   sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
   std::vector<std::int64_t> ids, targets;
   batch(c, dp.rank(), dp.size(), ids, targets);
@@ -120,7 +124,8 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
   std::printf("| setup | step (ms) | tokens/s | vs dp 2 without FSDP |\n|---|---|---|---|\n");
   double const tokens = double(batch_sequences) * double(c.sequence);
   double plain = 0;
-  for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard}) {
+  for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard,
+                 mode::full_shard_bf16}) {
     double seconds = 0;
     sw::run_threads(m == mode::one_rank ? 1 : 2, [&](auto& world) {
       double t = 0;
@@ -137,6 +142,9 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
           break;
         case mode::full_shard:
           t = time_fsdp<sw::full_shard>(world, c, steps);
+          break;
+        case mode::full_shard_bf16:
+          t = time_fsdp<sw::full_shard, sw::mixed_precision<Eigen::bfloat16, float>>(world, c, steps);
           break;
       }
       if (world.rank() == 0) seconds = t;

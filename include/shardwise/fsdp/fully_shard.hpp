@@ -396,7 +396,10 @@ class fully_sharded final : detail::module_hooks {
         detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
                      "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
       slots_.push_back(make_slot(name, p));
-      sizes.push_back(static_cast<std::size_t>(p.value->size()));
+      // The whole parameter's size, as Accelerate's min_num_params counts it: this rank's tp shard times the group.
+      using G = typename std::remove_cvref_t<decltype(p)>::grad_placement;
+      bool const cut = is_shard_v<G> && p.group;
+      sizes.push_back(static_cast<std::size_t>(p.value->size()) * static_cast<std::size_t>(cut ? p.group->size() : 1));
     });
     assign_to_units(sizes);
   }

@@ -30,7 +30,8 @@ struct wrap_paths {};
 template <class... Modules>
 struct wrap_type {};
 /// Units by size at run time (Accelerate's size_based_auto_wrap_policy): children first, a module becomes a
-/// unit when the parameters under it that no unit holds yet number at least fsdp_options::min_num_params.
+/// unit when the parameters under it that no unit holds yet number at least fsdp_options::min_num_params
+/// (counted whole, as Accelerate counts them: a tensor-parallel shard counts as the tensor it is cut from).
 struct wrap_min_params {};
 /// No units but the root: the whole model gathered at once.
 struct wrap_none {};
