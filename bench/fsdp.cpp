@@ -101,6 +101,19 @@ double time_fsdp(World const& world, models::LlamaConfig const& c, int steps) {
   });
 }
 
+/// Median time of gathering every unit once (sharded.unshard(), fp32, collective) and freeing it: what a full
+/// shard step moves twice (forward and backward), the most prefetching could hide.
+template <class World>
+double time_gathers(World const& world, models::LlamaConfig const& c, int steps) {
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  models::Llama<float> model(c);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  return time_steps(world, steps, [&] {
+    sharded.unshard();
+    sharded.reshard();
+  });
+}
+
 template <class World>
 double time_plain(World const& world, models::LlamaConfig const& c, int steps) {
   auto const dp = sw::make_mesh<"dp">(world, {world.size()});
@@ -123,7 +136,7 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
               c.dim, c.layers, c.vocabulary, batch_sequences, c.sequence);
   std::printf("| setup | step (ms) | tokens/s | vs dp 2 without FSDP |\n|---|---|---|---|\n");
   double const tokens = double(batch_sequences) * double(c.sequence);
-  double plain = 0;
+  double plain = 0, full_step = 0;
   for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard,
                  mode::full_shard_bf16}) {
     double seconds = 0;
@@ -153,7 +166,18 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
     std::printf("| %s | %.1f | %.0f | %s |\n", name_of(m), seconds * 1e3, tokens / seconds,
                 m == mode::one_rank ? "" : std::to_string(plain / seconds).substr(0, 4).c_str());
     std::printf("RESULT %s %d %.1f\n", small ? "small" : "large", static_cast<int>(m), tokens / seconds);
+    if (m == mode::full_shard) full_step = seconds;
   }
+  double gathers = 0;
+  sw::run_threads(2, [&](auto& world) {
+    double const t = time_gathers(world, c, steps);
+    if (world.rank() == 0) gathers = t;
+  });
+  std::printf(
+      "\nfull shard at dp 2 gathers every unit twice a step: 2 x %.1f ms = %.0f%% of its %.1f ms step; "
+      "with both cores computing, that copy has no idle core to run on, so prefetching could hide at most "
+      "the wait for the slower rank, not the copy\n",
+      gathers * 1e3, 200 * gathers / full_step, full_step * 1e3);
 }
 
 /// Under mpiexec: each rank's held bytes and peak resident set during two steps of full shard at dp = world.

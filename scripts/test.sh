@@ -23,7 +23,7 @@ CXX=g++ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=O
 cmake --build build -j"$jobs"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
-thread_tests="test_fsdp|test_faults|test_microbatches|test_pipeline_run|test_llama_pipeline|test_pipeline_schedule|test_bad_sizes|test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh|test_adapters|test_nn|test_llama|test_lazy|test_checkpoint_sharded|test_safetensors"
+thread_tests="test_fsdp|test_fsdp_checkpoint|test_faults|test_microbatches|test_pipeline_run|test_llama_pipeline|test_pipeline_schedule|test_bad_sizes|test_collectives|test_collectives_xtensor|test_dtensor|test_thread|test_mesh|test_adapters|test_nn|test_llama|test_lazy|test_checkpoint_sharded|test_safetensors"
 # The clang builds need neither the benchmarks and tools (built and run above) nor the header check; their
 # compile-fail tests run, so the library's messages are checked as each compiler prints them. No build type:
 # the flags are all given (line tables are enough for sanitizer reports and cost less to build than -g).
