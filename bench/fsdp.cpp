@@ -5,8 +5,13 @@
 //    between steps — parameter, gradient and optimizer-state shards — against the ideal (the unsharded total / dp),
 //    the largest unit gathered, and the peak resident set during the steps above the process's size before them.
 //
+//  - with `prefetch`, under mpiexec -n 2 (one process per rank, where MPI_Iallgatherv can move a unit while
+//    the rank computes): full shard, shard-grad-op and no-shard with and without forward and backward prefetch,
+//    alternating, medians over rounds.
+//
 //   bench_fsdp [--steps 5] [--small] [--smoke]
 //   mpiexec -n 4 bench_fsdp memory [--small]
+//   mpiexec -n 2 bench_fsdp prefetch [--small] [--rounds 3]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,14 +63,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-enum class mode { one_rank, data_parallel, no_shard, shard_grad_op, full_shard, full_shard_bf16 };
+enum class mode { one_rank, data_parallel, no_shard, shard_grad_op, full_shard, full_shard_bf16, full_shard_prefetch };
 char const* name_of(mode m) {
   constexpr char const* names[] = {"one rank",
                                    "dp 2, AdamW over dp (DDP-like)",
                                    "dp 2, FSDP no-shard",
                                    "dp 2, FSDP shard-grad-op",
                                    "dp 2, FSDP full shard",
-                                   "dp 2, FSDP full shard, bf16 gathers (mixed_precision<bfloat16, float>)"};
+                                   "dp 2, FSDP full shard, bf16 gathers (mixed_precision<bfloat16, float>)",
+                                   "dp 2, FSDP full shard, forward and backward prefetch"};
   return names[static_cast<int>(m)];
 }
 
@@ -84,11 +90,12 @@ double time_steps(World const& world, int steps, Step&& step) {
 }
 
 template <class Strategy, class Precision = sw::full_precision, class World>
-double time_fsdp(World const& world, models::LlamaConfig const& c, int steps) {
+double time_fsdp(World const& world, models::LlamaConfig const& c, int steps, bool prefetch = false) {
   auto const dp = sw::make_mesh<"dp">(world, {world.size()});
   auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
   models::Llama<float> model(c);
-  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">, Precision>>(model, dp);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">, Precision>>(
+      model, dp, {.forward_prefetch = prefetch, .backward_prefetch = prefetch});
   sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
   std::vector<std::int64_t> ids, targets;
   batch(c, dp.rank(), dp.size(), ids, targets);
@@ -138,7 +145,7 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
   double const tokens = double(batch_sequences) * double(c.sequence);
   double plain = 0, full_step = 0;
   for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard,
-                 mode::full_shard_bf16}) {
+                 mode::full_shard_bf16, mode::full_shard_prefetch}) {
     double seconds = 0;
     sw::run_threads(m == mode::one_rank ? 1 : 2, [&](auto& world) {
       double t = 0;
@@ -158,6 +165,9 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
           break;
         case mode::full_shard_bf16:
           t = time_fsdp<sw::full_shard, sw::mixed_precision<Eigen::bfloat16, float>>(world, c, steps);
+          break;
+        case mode::full_shard_prefetch:
+          t = time_fsdp<sw::full_shard>(world, c, steps, true);
           break;
       }
       if (world.rank() == 0) seconds = t;
@@ -230,20 +240,53 @@ void memory(World const& world, models::LlamaConfig const& c) {
 
 }  // namespace
 
+/// Under mpiexec -n 2: each strategy's step with and without prefetch, alternating within each round (so drift
+/// in the machine's speed falls on both), medians over the rounds.
+template <class World>
+void prefetch_gain(World const& world, models::LlamaConfig const& c, int steps, int rounds) {
+  double const tokens = double(batch_sequences) * double(c.sequence);
+  if (world.rank() == 0)
+    std::printf(
+        "# MPI, dp 2 (2 processes), Llama dim %zu, %zu layers, %d x %zu tokens a step, fp32; medians over %d "
+        "rounds of %d steps\n| strategy | step without prefetch (ms) | with (ms) | tokens/s without | with | "
+        "with / without |\n|---|---|---|---|---|---|\n",
+        c.dim, c.layers, batch_sequences, c.sequence, rounds, steps);
+  auto row = [&](char const* name, auto&& time) {
+    std::vector<double> without, with;
+    for (int r = 0; r < rounds; ++r) {
+      without.push_back(time(false));
+      with.push_back(time(true));
+    }
+    double const a = median(without), b = median(with);
+    if (world.rank() == 0)
+      std::printf("| %s | %.1f | %.1f | %.0f | %.0f | %.3f |\n", name, a * 1e3, b * 1e3, tokens / a, tokens / b, a / b),
+          std::fflush(stdout);
+  };
+  row("full shard", [&](bool p) { return time_fsdp<sw::full_shard>(world, c, steps, p); });
+  row("shard-grad-op", [&](bool p) { return time_fsdp<sw::shard_grad_op>(world, c, steps, p); });
+  row("no-shard (nothing to gather)", [&](bool p) { return time_fsdp<sw::no_shard>(world, c, steps, p); });
+}
+
 int main(int argc, char** argv) {
   openblas_set_num_threads(1);  // one BLAS thread per rank: the ranks are the parallelism
-  bool small = false, smoke = false, memory_mode = false;
-  int steps = 5;
+  bool small = false, smoke = false, memory_mode = false, prefetch_mode = false;
+  int steps = 5, rounds = 3;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--smoke")) smoke = small = true;
     if (!std::strcmp(argv[i], "memory")) memory_mode = true;
+    if (!std::strcmp(argv[i], "prefetch")) prefetch_mode = true;
+    if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
   }
   if (smoke) steps = 1;
   auto const c = config(small);
   if (memory_mode) {
     sw::launch(argc, argv, 2, [&](auto& world) { memory(world, c); });
+    return 0;
+  }
+  if (prefetch_mode) {
+    sw::launch(argc, argv, 2, [&](auto& world) { prefetch_gain(world, c, steps, smoke ? 1 : rounds); });
     return 0;
   }
   speed(c, steps, small);

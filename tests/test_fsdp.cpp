@@ -2,7 +2,8 @@
 // norm (clipped on every step) and final parameters equal to the unsharded run (losses and norms 1e-4 relative,
 // parameters as llama_cases::check_same_run states), for full shard at dp 2 and 4, shard-grad-op, no-shard,
 // hybrid 2 x 2, FSDP dp 2 x TP 2 with sequence parallelism, wrap by path, by type, by size and none,
-// activation checkpointing, and uneven shards (dp 3, dp 4 and dp 2 x tp 2 on sizes they do not divide).
+// activation checkpointing, uneven shards (dp 3, dp 4 and dp 2 x tp 2 on sizes they do not divide), and
+// forward and backward prefetch.
 #include <doctest/doctest.h>
 
 #include "cases/fsdp_cases.hpp"
@@ -150,6 +151,20 @@ TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
     }
     CHECK(sum == 2 * total);  // values and gradients, each element on exactly one rank
   }
+}
+
+TEST_CASE("FSDP with forward and backward prefetch equals the unsharded run") {
+  auto const c = llama_cases::small_config();
+  auto const serial = serial_run(c, steps);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("prefetch, dp 2", 2, {.dp = 2, .prefetch = true}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("prefetch, dp 2 x TP 2", 4,
+                                                                    {.dp = 2, .prefetch = true}, c, serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>(
+      "prefetch, activation checkpointing, a forward without backward", 2,
+      {.dp = 2, .checkpoint_blocks = true, .validation_forward = true, .prefetch = true}, c, serial);
+  using bf16 = Eigen::bfloat16;
+  check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>>(
+      "prefetch, bf16 gathers", 2, {.dp = 2, .prefetch = true}, c, bf16_reference(c, steps, 2, false));
 }
 
 TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same way") {

@@ -2,7 +2,9 @@
 // every rank (cases/fsdp_cases.hpp): at 1 rank full shard; at 2 every strategy, wrap by type and by size,
 // activation checkpointing and uneven shards; at 4 full shard, hybrid 2 x 2, FSDP dp 2 x TP 2 with sequence
 // parallelism, and uneven shards at dp 4 and dp 2 x tp 2. Mixed precision (bfloat16 gathers, fp32 or bfloat16
-// reduce) against the unsharded run that rounds the same way: at 1, at 2, and at dp 2 x tp 2.
+// reduce) against the unsharded run that rounds the same way: at 1, at 2, and at dp 2 x tp 2. Forward and
+// backward prefetch (MPI_Iallgatherv started before a unit computes): at 2 (uneven shards, activation
+// checkpointing, bf16 gathers) and at 4 (hybrid, dp 2 x TP 2).
 #include <doctest/doctest.h>
 
 #include <shardwise/mesh/mpi.hpp>
@@ -40,7 +42,19 @@ TEST_CASE("FSDP equals the unsharded run, MPI mesh") {
     check_same_training(
         train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .sequences = 12}, uneven, steps),
         uneven_serial);
+    check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(
+                            world, {.dp = 2, .sequences = 12, .prefetch = true}, uneven, steps),
+                        uneven_serial);
+    check_same_training(
+        train<policy<sw::full_shard>, sw::serial_plan>(
+            world, {.dp = 2, .checkpoint_blocks = true, .validation_forward = true, .prefetch = true}, c, steps),
+        serial);
   } else if (world.size() == 4) {
+    check_same_training(
+        train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .replicate = 2, .prefetch = true}, c, steps),
+        serial);
+    check_same_training(train<policy<sw::full_shard>, sequence_parallel>(world, {.dp = 2, .prefetch = true}, c, steps),
+                        serial);
     check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 4}, c, steps), serial);
     check_same_training(train<policy<sw::full_shard>, sw::serial_plan>(world, {.dp = 2, .replicate = 2}, c, steps),
                         serial);
@@ -93,6 +107,8 @@ TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same wa
                         bf16_reference(c, steps, 2, false));
     check_same_training(train<all_bf16, sw::serial_plan>(world, {.dp = 2}, c, steps), bf16_reference(c, steps, 2, true),
                         bf16_rounding);
+    check_same_training(train<gathers_bf16, sw::serial_plan>(world, {.dp = 2, .prefetch = true}, c, steps),
+                        bf16_reference(c, steps, 2, false));
   } else {
     check_same_training(train<gathers_bf16, sequence_parallel>(world, {.dp = 2}, c, steps),
                         bf16_reference(c, steps, 2, false), bf16_rounding);

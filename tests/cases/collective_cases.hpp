@@ -119,6 +119,29 @@ void check_collectives(AxisMesh const& axis, std::string const& axis_name, int s
   }
 
   {
+    INFO("all_gather_start along every dimension, two in flight at once, finished in reverse order");
+    for (std::size_t d = 0; d < rank; ++d) {
+      std::vector<ref::Array> first, second;
+      for (int q = 0; q < n; ++q) {
+        auto s = shape;
+        s[d] = static_cast<std::size_t>((q * 2 + 1) % 4);
+        first.push_back(input_of(q, s));
+        second.push_back(input_of(q + n, shape));
+      }
+      T const in_first = ref::make<T>(first[ume]), in_second = ref::make<T>(second[ume]);
+      T out_first, out_second;
+      INFO("dim " << d);
+      auto pending_first = sw::all_gather_start(axis, in_first, out_first, static_cast<int>(d));
+      auto pending_second = sw::all_gather_start(axis, in_second, out_second, static_cast<int>(d));
+      pending_second.wait();
+      pending_first.wait();
+      CHECK_FALSE(pending_first.pending());
+      CASES_CHECK_CLOSE(ref::read(out_first), ref::concat(first, d), 0.0);
+      CASES_CHECK_CLOSE(ref::read(out_second), ref::concat(second, d), 0.0);
+    }
+  }
+
+  {
     INFO("reduce_scatter along every dimension, torch.chunk pieces");
     std::vector<ref::Array> all;
     for (int q = 0; q < n; ++q) all.push_back(input_of(q, shape));

@@ -65,6 +65,19 @@ void check_mismatched_calls(World const& world) {
       },
       {header, first + "all_gather<float>([1048576], dim 0)", second + "all_reduce<float>([1048576], sum)"});
 
+  for (int const n : {4, 1 << 20}) {  // large: MPI's blocking all_gather on two ranks sends data with its record
+    expect_error_everywhere(world, "all_gather_start against all_gather",
+                            [&](auto const& mesh, int rank) {
+                              Eigen::VectorXf v = vector(n), out;
+                              if (rank == 0)
+                                sw::all_gather_start(mesh, v, out, 0).wait();
+                              else
+                                sw::all_gather(mesh, v, out, 0);
+                            },
+                            {header, first + "all_gather_start<float>([" + std::to_string(n) + "], dim 0)",
+                             second + "all_gather<float>([" + std::to_string(n) + "], dim 0)"});
+  }
+
   expect_error_everywhere(world, "element types",
                           [&](auto const& mesh, int rank) {
                             if (rank == 0) {

@@ -37,6 +37,7 @@ struct Setup {
   bool sync_module_states = false;  // each dp rank builds its model from another seed; rank 0's is broadcast
   int microbatches = 1;             // per step and rank, their gradients accumulated
   bool validation_forward = false;  // a forward without backward between the last backward and the step
+  bool prefetch = false;            // forward and backward prefetch (fsdp_options)
 };
 
 /// The unsharded run: one rank, no FSDP, the same batches (every dp rank's sequences in one batch).
@@ -88,6 +89,10 @@ llama_cases::Run train_steps(Sharded& sharded, Tp const& tp, Everyone const& all
     sw::zero_grad(sharded);
     run.losses.push_back(sw::all_reduce(all, loss, sw::Avg{}));  // tp ranks hold the same loss
   }
+  if (setup.prefetch && sharded.unit_paths().size() > 1) {  // the option must have done something to be tested
+    std::size_t const units_after_the_first = sharded.unit_paths().size() - 2;
+    CHECK(sharded.prefetched_gathers() >= std::size_t(steps * micro) * (2 * units_after_the_first + 1));
+  }
   run.parameters = whole_parameters(sharded);
   return run;
 }
@@ -106,7 +111,9 @@ llama_cases::Run train(World const& world, Setup const& setup, models::LlamaConf
   models::Llama<float, Plan> model(own);
   model.checkpoint_blocks(setup.checkpoint_blocks);
   sw::fsdp_options const options{.min_num_params = setup.min_num_params,
-                                 .sync_module_states = setup.sync_module_states};
+                                 .sync_module_states = setup.sync_module_states,
+                                 .forward_prefetch = setup.prefetch,
+                                 .backward_prefetch = setup.prefetch};
   if (setup.one_mesh) {  // the same ranks on each axis: the replicate axis has size 1 and comes first
     auto sharded = sw::fully_shard<Policy>(model, sw::make_mesh<"dp", "tp">(world, {setup.dp, tp.size()}), options);
     return train_steps(sharded, tp, all, data_rank, data, setup, c, steps);

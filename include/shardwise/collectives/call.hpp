@@ -29,12 +29,14 @@ enum class collective_kind : std::uint8_t {
   all_to_all,
   gather_values,
   barrier,
-  split
+  split,
+  all_gather_start  ///< sw::all_gather_start: a rank must not meet a blocking all_gather with it.
 };
 
 constexpr std::string_view kind_name(collective_kind kind) {
-  constexpr std::array<std::string_view, 8> names{"all_reduce", "all_gather",    "reduce_scatter", "broadcast",
-                                                  "all_to_all", "gather_values", "barrier",        "split"};
+  constexpr std::array<std::string_view, 9> names{"all_reduce", "all_gather", "reduce_scatter",
+                                                  "broadcast",  "all_to_all", "gather_values",
+                                                  "barrier",    "split",      "all_gather_start"};
   return names[static_cast<std::size_t>(kind)];
 }
 
@@ -132,6 +134,7 @@ struct call_record {
         out << ", dim " << dim << ", " << op_name(op);
         break;
       case collective_kind::all_gather:
+      case collective_kind::all_gather_start:
         out << ", dim " << dim;
         break;
       case collective_kind::broadcast:

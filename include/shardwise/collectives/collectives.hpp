@@ -13,6 +13,7 @@
 
 #include "shardwise/collectives/call.hpp"
 #include "shardwise/collectives/detail.hpp"
+#include "shardwise/collectives/pending.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/thread.hpp"  // the backend every build has: users of the collectives get run_threads
 #include "shardwise/placement/chunk.hpp"
@@ -49,6 +50,28 @@ void all_gather_on(Comm const& comm, In const& in, Out& out, int dim, call_site 
   call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
   Comm::collectives::all_gather(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
                                 site);
+}
+
+/// all_gather_on split in two: the ranks agree on the call and the transfer starts here; the returned
+/// collective finishes it. Backends without a transfer of their own (threads: a rank copies its peers' pieces
+/// itself) finish at once.
+template <class Comm, tensor In, tensor Out>
+[[nodiscard]] pending_collective all_gather_start_on(Comm const& comm, In const& in, Out& out, int dim,
+                                                     call_site where = {}) {
+  check_same_element<In, Out>();
+  auto const site = site_of(comm, "all_gather_start");
+  check_not_aliased(in, out, site);
+  auto call =
+      make_call<element_t<In>>(comm, collective_kind::all_gather_start, shape_of(in), traits_of<In>::order, where);
+  call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
+  if constexpr (requires { Comm::collectives::transfers_in_background; }) {
+    return Comm::collectives::all_gather_start(comm, traits_of<In>::data(in), call, traits_of<In>::order,
+                                               output_into(out, site), site);
+  } else {
+    Comm::collectives::all_gather(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
+                                  site);
+    return {};
+  }
 }
 
 template <class Comm, tensor In, tensor Out>
@@ -173,6 +196,20 @@ template <class Mesh, class In, class Out>
 void all_gather(Mesh const& mesh, In const& in, Out& out, int dim, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
     detail::all_gather_on(mesh.comm(0), in, out, dim, where);
+}
+
+/// all_gather that returns before the data has moved, so a rank can compute meanwhile (FSDP's prefetch):
+/// `auto pending = sw::all_gather_start(dp, in, out, 0); ...; pending.wait();`. The ranks agree on the call at
+/// the start, as for every collective; `in` and `out` must stay alive and untouched until wait() returns. On
+/// MPI the transfer is a non-blocking MPI_Iallgather(v) that wait() completes under the timeout; on the thread
+/// mesh the copy is done at the start (a rank copies its peers' pieces itself, so there is nothing to overlap).
+template <class Mesh, class In, class Out>
+[[nodiscard]] pending_collective all_gather_start(Mesh const& mesh, In const& in, Out& out, int dim,
+                                                  call_site where = {}) {
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
+    return detail::all_gather_start_on(mesh.comm(0), in, out, dim, where);
+  else
+    return {};
 }
 
 /// Reduces `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.

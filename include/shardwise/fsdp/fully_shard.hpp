@@ -10,6 +10,7 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -55,6 +56,7 @@ struct fsdp_unit {
   std::string path;
   std::vector<std::size_t> slots;
   bool gathered = false, called = false, reduced = false;  // the last two: in the current step
+  std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
 };
 
 template <class List>
@@ -115,9 +117,13 @@ class fully_sharded final : detail::module_hooks {
       release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
       u.called = u.reduced = false;
     }
+    if (!forward_order_.empty()) last_forward_order_ = std::move(forward_order_);
+    forward_order_.clear();
     gather(units_[0]);
+    if (options_.forward_prefetch) prefetch(next_in_forward(0));
     auto y = model_.forward(std::forward<Args>(args)...);
     phase_ = phase::idle;
+    finish_prefetches();  // nothing may still read the shards when the optimizer steps them
     for (std::size_t i = 1; i < units_.size(); ++i)
       if (!units_[i].called)
         detail::fail(
@@ -145,8 +151,9 @@ class fully_sharded final : detail::module_hooks {
   /// Gathers every unit's masters in full precision (collective): the model then holds its whole parameters,
   /// to read or save them. The next forward gathers again (in the policy's precision).
   void unshard() {
+    finish_prefetches();
     for (auto& u : units_) {
-      for (auto i : u.slots) gather_slot<detail::parameter_scalar_t<Model>>(slots_[i]);
+      for (auto i : u.slots) gather_slot<detail::parameter_scalar_t<Model>>(slots_[i]).wait();
       u.gathered = !keeps_master;
     }
   }
@@ -178,6 +185,8 @@ class fully_sharded final : detail::module_hooks {
     return n;
   }
   [[nodiscard]] Model& model() { return model_; }  ///< The model (its parameters freed between units' calls).
+  /// How many units' all-gathers started ahead of their use (fsdp_options::forward_prefetch, backward_prefetch).
+  [[nodiscard]] std::size_t prefetched_gathers() const { return prefetched_; }
 
   /// For optimizers: fn(name, value, grad, norm_weight) per parameter shard, in a fixed order; norm_weight is
   /// what its squares count in the global norm on this rank (0 where another rank counts them).
@@ -248,13 +257,19 @@ class fully_sharded final : detail::module_hooks {
     if (auto* u = unit_of(module)) {
       gather(*u);
       u->called = true;
+      if (phase_ != phase::forward) return;  // a recomputation in backward (activation checkpointing)
+      forward_order_.push_back(index_of(*u));
+      if (options_.forward_prefetch) prefetch(next_in_forward(index_of(*u)));
     }
   }
   void after_forward(detail::module_id module) override {
     if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) release(*u);
   }
   void before_backward(detail::module_id module) override {
-    if (auto* u = unit_of(module)) gather(*u);
+    if (auto* u = unit_of(module)) {
+      gather(*u);
+      if (options_.backward_prefetch) prefetch(next_in_backward(index_of(*u)));
+    }
   }
   void after_backward(detail::module_id module) override {
     if (auto* u = unit_of(module)) {
@@ -271,6 +286,7 @@ class fully_sharded final : detail::module_hooks {
   }
 
   void finish_backward() {
+    finish_prefetches();
     reduce_gradients(units_[0]);
     release(units_[0]);
     phase_ = phase::idle;
@@ -283,37 +299,77 @@ class fully_sharded final : detail::module_hooks {
   }
 
   void gather(detail::fsdp_unit& u) {
+    if (!u.in_flight.empty()) finish_prefetch(u);
     if (u.gathered) return;
-    for (auto i : u.slots) gather_slot<param_type>(slots_[i]);
+    for (auto i : u.slots) gather_slot<param_type>(slots_[i]).wait();
     u.gathered = true;
   }
 
-  /// The parameter's whole (this tp rank's) tensor from the dp ranks' shards, rounded to Param on the way.
+  /// Starts gathering unit `i` (none: past the ends), to be finished where it is used.
+  void prefetch(std::optional<std::size_t> i) {
+    if (!i || units_[*i].gathered || !units_[*i].in_flight.empty() || units_[*i].reduced) return;
+    for (auto s : units_[*i].slots) units_[*i].in_flight.push_back(gather_slot<param_type>(slots_[s]));
+    ++prefetched_;
+  }
+  void finish_prefetch(detail::fsdp_unit& u) {
+    for (auto& pending : u.in_flight) pending.wait();
+    u.in_flight.clear();
+    u.gathered = true;
+  }
+  void finish_prefetches() {
+    for (auto& u : units_)
+      if (!u.in_flight.empty()) finish_prefetch(u);
+  }
+
+  [[nodiscard]] std::size_t index_of(detail::fsdp_unit const& u) const {
+    return static_cast<std::size_t>(&u - units_.data());
+  }
+  /// The unit that ran after unit `i` (0: the root, which runs first) in the last forward, or in model order.
+  [[nodiscard]] std::optional<std::size_t> next_in_forward(std::size_t i) const {
+    if (last_forward_order_.empty()) return i + 1 < units_.size() ? std::optional(i + 1) : std::nullopt;
+    if (i == 0) return last_forward_order_.front();
+    auto at = std::find(last_forward_order_.begin(), last_forward_order_.end(), i);
+    if (at == last_forward_order_.end() || ++at == last_forward_order_.end()) return std::nullopt;
+    return *at;
+  }
+  /// The unit whose backward follows unit `i`'s: the one that ran before it in this step's forward.
+  [[nodiscard]] std::optional<std::size_t> next_in_backward(std::size_t i) const {
+    auto const at = std::find(forward_order_.begin(), forward_order_.end(), i);
+    if (at == forward_order_.end() || at == forward_order_.begin()) return std::nullopt;
+    return *(at - 1);
+  }
+
+  /// Starts the parameter's whole (this tp rank's) tensor from the dp ranks' shards, rounded to Param on the
+  /// way; the returned collective finishes it (at once where there is nothing to wait for).
   template <class Param>
-  void gather_slot(detail::fsdp_slot<scalar>& s) {
-    Eigen::Map<nn::matrix<scalar>> out(s.resize_value(true), s.rows, s.cols);
-    if constexpr (!keeps_master) return;  // no_shard in full precision: the layer's tensor is the shard
+  pending_collective gather_slot(detail::fsdp_slot<scalar>& s) {
+    scalar* const whole = s.resize_value(true);
+    if constexpr (!keeps_master) return {};  // no_shard in full precision: the layer's tensor is the shard
+    Eigen::Map<nn::matrix<scalar>> out(whole, s.rows, s.cols);
     Eigen::Map<nn::matrix<scalar>> mine(s.shard.data(), s.row_count, s.cols);
     if constexpr (std::is_same_v<Param, scalar>) {
-      if constexpr (sharded)
-        detail::all_gather_on(dp_.comm(0), mine, out, 0);
-      else
-        out = mine;
+      if constexpr (sharded) return detail::all_gather_start_on(dp_.comm(0), mine, out, 0);
+      out = mine;
+      return {};
     } else {
-      nn::matrix<Param> const rounded = mine.template cast<Param>();
-      if constexpr (sharded) {
-        nn::matrix<Param> all;
-        detail::all_gather_on(dp_.comm(0), rounded, all, 0);
-        out = all.template cast<scalar>();
-      } else {
-        out = rounded.template cast<scalar>();
+      auto rounded = std::make_shared<nn::matrix<Param>>(mine.template cast<Param>());
+      if constexpr (!sharded) {
+        out = rounded->template cast<scalar>();
+        return {};
       }
+      auto all = std::make_shared<nn::matrix<Param>>();
+      auto started = std::make_shared<pending_collective>(detail::all_gather_start_on(dp_.comm(0), *rounded, *all, 0));
+      return pending_collective([started, rounded, all, whole, rows = s.rows, cols = s.cols] {
+        started->wait();
+        Eigen::Map<nn::matrix<scalar>>(whole, rows, cols) = all->template cast<scalar>();
+      });
     }
   }
 
   /// Frees the unit's gathered parameters (no_shard in mixed precision keeps the memory, and rounds again at the
   /// next gather, after the optimizer has stepped the masters).
   void release(detail::fsdp_unit& u) {
+    if (!u.in_flight.empty()) finish_prefetch(u);  // MPI may still be writing into the memory
     if constexpr (keeps_master) {
       if constexpr (sharded)
         for (auto i : u.slots) slots_[i].resize_value(false);
@@ -357,14 +413,14 @@ class fully_sharded final : detail::module_hooks {
   }
 
   void find_units() {
-    units_.push_back({{}, "", {}, false, false, false});
+    units_.push_back({{}, "", {}, false, false, false, {}});
     auto on_module = [&](auto& m, std::string const& path) {
       using M = std::remove_cvref_t<decltype(m)>;
       if (path.empty()) return;  // the model itself: the root unit
       if constexpr (std::is_same_v<typename Policy::wrap, wrap_min_params>)
-        candidates_.push_back({detail::id_of(m), path, {}, false, false, false});
+        candidates_.push_back({detail::id_of(m), path, {}, false, false, false, {}});
       else if constexpr (detail::wraps<typename Policy::wrap, M>::value)
-        units_.push_back({detail::id_of(m), path, {}, false, false, false});
+        units_.push_back({detail::id_of(m), path, {}, false, false, false, {}});
     };
     auto on_layer = detail::skip_node;
     detail::walk_tree(model_, std::string(), on_module, on_layer);
@@ -382,7 +438,7 @@ class fully_sharded final : detail::module_hooks {
       for (std::size_t s = 0; s < slots_.size(); ++s)
         if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) count += sizes[s];
       if (count == 0 || count < options_.min_num_params) continue;
-      units_.push_back(*c);
+      units_.push_back({c->module, c->path, {}, false, false, false, {}});
       for (std::size_t s = 0; s < slots_.size(); ++s)
         if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) owner[s] = units_.size() - 1;
     }
@@ -460,6 +516,8 @@ class fully_sharded final : detail::module_hooks {
   std::vector<detail::fsdp_slot<scalar>> slots_;
   nn::group<scalar> const* tp_group_ = nullptr;
   phase phase_ = phase::idle;
+  std::vector<std::size_t> forward_order_, last_forward_order_;  // units in the order their forwards ran
+  std::size_t prefetched_ = 0;
 };
 
 namespace detail {

@@ -71,6 +71,13 @@ struct fsdp_options {
   /// Accelerate's sync_module_states: every parameter is broadcast from dp rank 0 (and, hybrid, from replica 0)
   /// before it is sharded, so ranks that built or loaded different values start from rank 0's.
   bool sync_module_states = false;
+  /// Accelerate's forward_prefetch: when a unit's forward starts, the all-gather of the unit that ran after it
+  /// in the previous forward (in model order on the first step) starts too, so on MPI it moves while this unit
+  /// computes. Two units are gathered at once instead of one.
+  bool forward_prefetch = false;
+  /// Accelerate's backward_prefetch = BACKWARD_PRE: when a unit's backward starts, the all-gather of the unit
+  /// whose backward comes next starts too.
+  bool backward_prefetch = false;
 };
 
 namespace detail {

@@ -217,6 +217,34 @@ class MpiComm {
     });
   }
 
+  /// all_gatherv started (MPI_Iallgatherv); the returned collective waits for it under the timeout. The counts
+  /// and offsets live in the collective until then, as MPI requires.
+  template <class T>
+  [[nodiscard]] pending_collective start_all_gatherv(T const* in, T* out, std::vector<std::size_t> const& counts,
+                                                     detail::call_record const& call) const {
+    struct started {
+      std::pair<std::vector<int>, std::vector<int>> pieces;  // sizes, offsets
+      MPI_Request request = MPI_REQUEST_NULL;
+    };
+    auto transfer = std::make_shared<started>();
+    transfer->pieces = counts_and_displacements(counts, "all_gather_start");
+    auto const& [sizes, offsets] = transfer->pieces;
+    detail::mpi_check(
+        MPI_Iallgatherv(in, sizes[static_cast<std::size_t>(rank())], detail::mpi_datatype<T>(), out, sizes.data(),
+                        offsets.data(), detail::mpi_datatype<T>(), native(), &transfer->request),
+        "MPI_Iallgatherv");
+    std::ostringstream what;
+    what << call;
+    return pending_collective([self = *this, transfer, call_text = what.str()] {
+      self.wait_all(&transfer->request, 1, "all_gather_start", [&](MPI_Request*) {
+        detail::fail("shardwise::all_gather_start on mesh axis \"", self.label_, "\": rank ", self.rank(), " waited ",
+                     detail::seconds_text(self.timeout()), " in wait() for ", call_text,
+                     " to finish: a peer stopped mid-transfer or never waits for it. Raise the limit with "
+                     "SHARDWISE_TIMEOUT (seconds) or set_timeout if the transfer is just slow");
+      });
+    });
+  }
+
   /// Waits for `count` requests, polling, so that a failure notice from another rank or the time limit ends
   /// the wait: then on_timeout(requests) (which must raise; the requests still pending are not null) runs.
   template <class OnTimeout>

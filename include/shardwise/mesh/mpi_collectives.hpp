@@ -9,6 +9,7 @@
 
 #include "shardwise/collectives/call.hpp"
 #include "shardwise/collectives/detail.hpp"
+#include "shardwise/collectives/pending.hpp"
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/tensor/box.hpp"
 #include "shardwise/tensor/extents.hpp"
@@ -68,6 +69,27 @@ struct mpi_collectives {
       offset[d] += shape_at(q)[d];
       position += counts[static_cast<std::size_t>(q)];
     }
+  }
+
+  /// all_gather_start's transfer proceeds while the rank computes (MPI_Iallgather(v)).
+  static constexpr bool transfers_in_background = true;
+
+  /// The ranks agree first, as for all_gather; then the transfer starts and the returned collective completes
+  /// it. Pieces that are not contiguous in the output are gathered at once (they need unpacking afterwards).
+  template <class Comm, class E, class Output>
+  static pending_collective all_gather_start(Comm const& comm, E const* data, call_record const& call,
+                                             storage_order order, Output&& output, collective_site const& site) {
+    auto const d = static_cast<std::size_t>(call.dim);
+    if (comm.size() == 1 || rows_outside(call.shape, d, order) != 1) {
+      all_gather(comm, data, call, order, output, site);
+      return {};
+    }
+    auto const calls = agree(comm, call);
+    extents const result = gathered_shape(comm.size(), [&](int q) { return at(calls, q).shape; }, d, site);
+    E* const out = output(result);
+    std::vector<std::size_t> counts(calls.size());
+    for (std::size_t q = 0; q < calls.size(); ++q) counts[q] = calls[q].shape.elements();
+    return comm.start_all_gatherv(data, out, counts, call);
   }
 
   template <class Comm, class E, class Output>

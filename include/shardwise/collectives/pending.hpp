@@ -1,0 +1,50 @@
+#pragma once
+// A collective that has started and not finished: what sw::all_gather_start returns. Its result is in place
+// once wait() returns; until then the caller keeps the input and output alive and untouched.
+#include <functional>
+#include <utility>
+
+namespace shardwise {
+
+/// A started collective (sw::all_gather_start). wait() finishes it: on MPI it completes the non-blocking
+/// transfer under the mesh's timeout; on the thread mesh the data was copied at the start already (the copy is
+/// the rank's own work, so there is nothing to overlap it with). Destroying one that was not waited for waits.
+class pending_collective {
+ public:
+  pending_collective() = default;  ///< Nothing pending.
+  /// A collective that `finish` completes.
+  explicit pending_collective(std::function<void()> finish) : finish_(std::move(finish)) {}
+  pending_collective(pending_collective&& other) noexcept : finish_(std::exchange(other.finish_, nullptr)) {}
+  pending_collective& operator=(pending_collective&& other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      finish_ = std::exchange(other.finish_, nullptr);
+    }
+    return *this;
+  }
+  pending_collective(pending_collective const&) = delete;
+  pending_collective& operator=(pending_collective const&) = delete;
+  ~pending_collective() { finish_quietly(); }
+
+  /// Completes the collective (raising as a blocking call would: timeout, a failed peer).
+  void wait() {
+    if (!finish_) return;
+    auto finish = std::exchange(finish_, nullptr);
+    finish();
+  }
+  /// Whether wait() still has work to do.
+  [[nodiscard]] bool pending() const { return static_cast<bool>(finish_); }
+
+ private:
+  // A destructor cannot raise: a failure here is the one the peers see (their wait raises, or the job ends).
+  void finish_quietly() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+
+  std::function<void()> finish_;
+};
+
+}  // namespace shardwise
