@@ -2,7 +2,7 @@
 # One run, side by side: bench_fsdp's tokens/s of FSDP's strategies at dp 2 beside plain data parallelism and one
 # rank (thread mesh), then PyTorch's fully_shard (FSDP2) at dp 2 on the same model and batch (torch_fsdp.py:
 # transformers' LlamaForCausalLM, gloo), the ratio, and each rank's memory under full shard at dp 1, 2 and 4
-# (mpiexec: one process per rank).
+# (mpiexec: one process per rank), and each strategy with and without prefetch on MPI at dp 2.
 #   bench/run_fsdp.sh BUILD_DIR [--small]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
@@ -36,3 +36,5 @@ echo "|---|---|---|---|---|---|---|---|"
 for n in 1 2 4; do
   mpiexec -n "$n" --bind-to none "$build/bench/bench_fsdp" memory "${size[@]}"
 done
+echo
+mpiexec -n 2 --bind-to none "$build/bench/bench_fsdp" prefetch "${size[@]}"

@@ -1,7 +1,8 @@
 #pragma once
 // Checkpoints of the Llama model under FSDP (shardwise/fsdp/checkpoint.hpp): trained 3 steps and saved under one
 // dp x tp, loaded into a model built from another seed under another dp x tp, straight from the sharded
-// checkpoint and from its consolidated file: every parameter must equal the saver's, to the bit.
+// checkpoint and from its consolidated file: every parameter must equal the saver's, to the bit. Hybrid
+// sharding saves from its first replica and loads into every replica.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -134,6 +135,48 @@ void check_resumed(World const& world, fs::path const& dir, int save_dp, int loa
   world.barrier();
 }
 
+/// Hybrid sharding, 2 replicas of dp 2: calls fn(sharded) on a model of config `c` sharded so.
+template <class World, class Fn>
+void under_hybrid(World const& world, models::LlamaConfig const& c, Fn&& fn) {
+  auto const mesh = sw::make_mesh<"replicate", "dp", "tp">(world, {2, 2, 1});
+  models::Llama<float, fsdp_cases::tp_only> model(c);
+  sw::parallelize(model, sw::submesh<"tp">(mesh));  // one rank: the plan's layers, uncut
+  auto sharded = sw::fully_shard<full_shard>(model, sw::submesh<"dp">(mesh), sw::submesh<"replicate">(mesh));
+  fn(sharded, sw::submesh<"tp">(mesh), mesh.template coordinate<"replicate">() * 2 + sharded.data_mesh().rank());
+}
+
+/// Hybrid sharding saves from its first replica (the index says dp 2) and loads into hybrid (every replica
+/// reads the shards) and into full shard at dp 4; a dp 4 checkpoint loads into hybrid. Every parameter equal
+/// to the saver's, to the bit.
+template <class World>
+void check_hybrid(World const& world, fs::path const& dir) {
+  auto const c = llama_cases::small_config();
+  auto const all = sw::make_mesh<"all">(world, {world.size()});
+  Parameters saved;
+  under_hybrid(world, c, [&](auto& sharded, auto const& tp, int data_rank) {
+    saved = fsdp_cases::train_steps(sharded, tp, all, data_rank, 4, {.dp = 2, .replicate = 2}, c, 3).parameters;
+    sw::save_sharded(sharded, dir, 3);
+  });
+  CHECK(sw::read_checkpoint_index(dir).dp == 2);
+  auto other = c;
+  other.seed += 7;
+  under_hybrid(world, other, [&](auto& sharded, auto const&, int) {
+    (void)sw::load_sharded(sharded, dir);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+  });
+  under_fsdp<full_shard>(world, other, 4, [&](auto& sharded, auto const&, auto) {
+    (void)sw::load_sharded(sharded, dir);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+    sw::save_sharded(sharded, dir, 4);  // now a dp 4 checkpoint of the same values
+  });
+  CHECK(sw::read_checkpoint_index(dir).dp == 4);
+  under_hybrid(world, other, [&](auto& sharded, auto const&, int) {
+    CHECK(sw::load_sharded(sharded, dir).step == 4);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+  });
+  world.barrier();
+}
+
 /// Bad input: a model under FSDP x TP loaded without its tp mesh, and a checkpoint missing a dp rank's folder,
 /// are refused with the same words on every rank.
 template <class World>
@@ -186,6 +229,7 @@ void check_all(World const& world, fs::path const& root) {
                                             12);
     check_resharded<full_shard, no_shard>(world, root / "tp4_to_no_shard", c, 1, 2);
     check_resumed(world, root / "resumed", 2, 4);
+    check_hybrid(world, root / "hybrid");
   }
   if (n >= 4) check_refusals(world, root / "refusals");
   world.barrier();

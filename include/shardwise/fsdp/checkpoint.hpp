@@ -12,6 +12,7 @@
 // model.safetensors, and a load reads only the boxes that meet this rank's shard. Under hybrid sharding the first
 // replica saves (the others hold the same shards); under no_shard data-parallel rank 0 does.
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -80,13 +81,27 @@ template <class Sharded, class Walked, class... Tp>
 void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
                std::map<std::string, std::string> const& metadata, Tp const&... tp) {
   check_fsdp_tp(sharded, "save_sharded", tp...);
-  if (sharded.replica() != 0) return;  // hybrid: every replica holds the same shards; the first saves them
-  auto const& dp = sharded.data_mesh();
-  auto group = save_group_over(tp..., dp);
-  if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
-  group.dp_size = dp.size(), group.dp_rank = dp.rank();
-  group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
-  save_sharded_stage(walked, group, dir, step, metadata, {});
+  auto const save = [&] {
+    auto const& dp = sharded.data_mesh();
+    auto group = save_group_over(tp..., dp);
+    if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
+    group.dp_size = dp.size(), group.dp_rank = dp.rank();
+    group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
+    save_sharded_stage(walked, group, dir, step, metadata, {});
+  };
+  if constexpr (requires { sharded.replicate_mesh(); }) {
+    // Hybrid: every replica holds the same shards and the first saves them; the others return when it has
+    // committed (so a rank that reads the checkpoint next finds it), or raise its error.
+    std::string error;
+    try {
+      if (sharded.replica() == 0) save();
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+    agree_on_errors_across(error, "saving from the first replica", dir, "save_sharded", sharded.replicate_mesh());
+  } else {
+    save();
+  }
 }
 
 /// Loads `walked` (the sharded model, or it with its optimizer state), agreed over every rank of the model.
