@@ -14,7 +14,9 @@ class pending_collective {
   pending_collective() = default;  ///< Nothing pending.
   /// A collective that `finish` completes.
   explicit pending_collective(std::function<void()> finish) : finish_(std::move(finish)) {}
+  /// Takes over `other`'s collective (other is then empty).
   pending_collective(pending_collective&& other) noexcept : finish_(std::exchange(other.finish_, nullptr)) {}
+  /// Waits for this collective, then takes over `other`'s.
   pending_collective& operator=(pending_collective&& other) noexcept {
     if (this != &other) {
       finish_quietly();
