@@ -41,13 +41,22 @@ void all_reduce_on(Comm const& comm, T& t, op_kind op, call_site where = {}) {
   Comm::collectives::all_reduce(comm, data_of(t), call, site_of(comm, "all_reduce"));
 }
 
+/// An all-gather's call record and site, checked: the same element type in and out, no aliasing, a dimension
+/// that exists. `kind` tells a blocking gather from a started one.
+template <class Comm, tensor In, tensor Out>
+std::pair<call_record, collective_site> gather_call(Comm const& comm, In const& in, Out const& out, int dim,
+                                                    collective_kind kind, call_site where) {
+  check_same_element<In, Out>();
+  auto const site = site_of(comm, kind_name(kind).data());
+  check_not_aliased(in, out, site);
+  auto call = make_call<element_t<In>>(comm, kind, shape_of(in), traits_of<In>::order, where);
+  call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
+  return {call, site};
+}
+
 template <class Comm, tensor In, tensor Out>
 void all_gather_on(Comm const& comm, In const& in, Out& out, int dim, call_site where = {}) {
-  check_same_element<In, Out>();
-  auto const site = site_of(comm, "all_gather");
-  check_not_aliased(in, out, site);
-  auto call = make_call<element_t<In>>(comm, collective_kind::all_gather, shape_of(in), traits_of<In>::order, where);
-  call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
+  auto const [call, site] = gather_call(comm, in, out, dim, collective_kind::all_gather, where);
   Comm::collectives::all_gather(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
                                 site);
 }
@@ -58,12 +67,7 @@ void all_gather_on(Comm const& comm, In const& in, Out& out, int dim, call_site 
 template <class Comm, tensor In, tensor Out>
 [[nodiscard]] pending_collective all_gather_start_on(Comm const& comm, In const& in, Out& out, int dim,
                                                      call_site where = {}) {
-  check_same_element<In, Out>();
-  auto const site = site_of(comm, "all_gather_start");
-  check_not_aliased(in, out, site);
-  auto call =
-      make_call<element_t<In>>(comm, collective_kind::all_gather_start, shape_of(in), traits_of<In>::order, where);
-  call.dim = static_cast<std::int16_t>(normalize_dim(dim, call.shape.rank, site));
+  auto const [call, site] = gather_call(comm, in, out, dim, collective_kind::all_gather_start, where);
   if constexpr (requires { Comm::collectives::transfers_in_background; }) {
     return Comm::collectives::all_gather_start(comm, traits_of<In>::data(in), call, traits_of<In>::order,
                                                output_into(out, site), site);

@@ -352,16 +352,20 @@ class fully_sharded final : detail::module_hooks {
       out = mine;
       return {};
     } else {
-      auto rounded = std::make_shared<nn::matrix<Param>>(mine.template cast<Param>());
       if constexpr (!sharded) {
-        out = rounded->template cast<scalar>();
+        out = mine.template cast<Param>().template cast<scalar>();
         return {};
       }
-      auto all = std::make_shared<nn::matrix<Param>>();
-      auto started = std::make_shared<pending_collective>(detail::all_gather_start_on(dp_.comm(0), *rounded, *all, 0));
-      return pending_collective([started, rounded, all, whole, rows = s.rows, cols = s.cols] {
-        started->wait();
-        Eigen::Map<nn::matrix<scalar>>(whole, rows, cols) = all->template cast<scalar>();
+      struct in_flight {  // one allocation: MPI reads `rounded` and writes `all` until the gather is done
+        nn::matrix<Param> rounded, all;
+        pending_collective gather;
+      };
+      auto staged = std::make_shared<in_flight>();
+      staged->rounded = mine.template cast<Param>();
+      staged->gather = detail::all_gather_start_on(dp_.comm(0), staged->rounded, staged->all, 0);
+      return pending_collective([staged, out]() mutable {
+        staged->gather.wait();
+        out = staged->all.template cast<scalar>();
       });
     }
   }

@@ -233,12 +233,10 @@ class MpiComm {
         MPI_Iallgatherv(in, sizes[static_cast<std::size_t>(rank())], detail::mpi_datatype<T>(), out, sizes.data(),
                         offsets.data(), detail::mpi_datatype<T>(), native(), &transfer->request),
         "MPI_Iallgatherv");
-    std::ostringstream what;
-    what << call;
-    return pending_collective([self = *this, transfer, call_text = what.str()] {
+    return pending_collective([self = *this, transfer, call = call.spelled()] {  // texts: the caller's may be gone
       self.wait_all(&transfer->request, 1, "all_gather_start", [&](MPI_Request*) {
         detail::fail("shardwise::all_gather_start on mesh axis \"", self.label_, "\": rank ", self.rank(), " waited ",
-                     detail::seconds_text(self.timeout()), " in wait() for ", call_text,
+                     detail::seconds_text(self.timeout()), " in wait() for ", call,
                      " to finish: a peer stopped mid-transfer or never waits for it. Raise the limit with "
                      "SHARDWISE_TIMEOUT (seconds) or set_timeout if the transfer is just slow");
       });

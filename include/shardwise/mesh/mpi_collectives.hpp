@@ -4,6 +4,7 @@
 // go straight to MPI, strided ones are packed once.
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,25 +50,21 @@ struct mpi_collectives {
                          collective_site const& site) {
     auto const d = static_cast<std::size_t>(call.dim);
     if (comm.size() == 2 && rows_outside(call.shape, d, order) == 1) return gather_pair(comm, data, call, output, site);
-    auto const calls = agree(comm, call);
-    auto shape_at = [&](int q) { return at(calls, q).shape; };
-    extents const result = gathered_shape(comm.size(), shape_at, d, site);
-    E* const out = output(result);
-    std::vector<std::size_t> counts(calls.size());
-    for (std::size_t q = 0; q < calls.size(); ++q) counts[q] = calls[q].shape.elements();
+    auto const gathered = agree_on_gather(comm, call, output, site);
     if (rows_outside(call.shape, d, order) == 1) {  // pieces are contiguous in the output: gather in place
-      comm.all_gatherv(data, out, counts);
+      comm.all_gatherv(data, gathered.out, gathered.counts);
       return;
     }
-    std::vector<E> packed(result.elements());
-    comm.all_gatherv(data, packed.data(), counts);
-    extents offset = zero_offset(result.rank);
+    std::vector<E> packed(gathered.result.elements());
+    comm.all_gatherv(data, packed.data(), gathered.counts);
+    extents offset = zero_offset(gathered.result.rank);
     std::size_t position = 0;
     for (int q = 0; q < comm.size(); ++q) {
-      copy_box(packed.data() + position, shape_at(q), zero_offset(result.rank), out, result, offset, shape_at(q),
-               order);
-      offset[d] += shape_at(q)[d];
-      position += counts[static_cast<std::size_t>(q)];
+      extents const& piece = gathered.calls[static_cast<std::size_t>(q)].shape;
+      copy_box(packed.data() + position, piece, zero_offset(gathered.result.rank), gathered.out, gathered.result,
+               offset, piece, order);
+      offset[d] += piece[d];
+      position += gathered.counts[static_cast<std::size_t>(q)];
     }
   }
 
@@ -84,12 +81,8 @@ struct mpi_collectives {
       all_gather(comm, data, call, order, output, site);
       return {};
     }
-    auto const calls = agree(comm, call);
-    extents const result = gathered_shape(comm.size(), [&](int q) { return at(calls, q).shape; }, d, site);
-    E* const out = output(result);
-    std::vector<std::size_t> counts(calls.size());
-    for (std::size_t q = 0; q < calls.size(); ++q) counts[q] = calls[q].shape.elements();
-    return comm.start_all_gatherv(data, out, counts, call);
+    auto const gathered = agree_on_gather(comm, call, output, site);
+    return comm.start_all_gatherv(data, gathered.out, gathered.counts, call);
   }
 
   template <class Comm, class E, class Output>
@@ -182,6 +175,26 @@ struct mpi_collectives {
   template <class V>
   static V const& at(std::vector<V> const& all, int q) {
     return all[static_cast<std::size_t>(q)];
+  }
+
+  /// What the ranks agreed on for an all-gather: their records, the result's shape, where it goes, and each
+  /// rank's element count.
+  template <class E>
+  struct agreed_gather {
+    std::vector<call_record> calls;
+    extents result;
+    E* out;
+    std::vector<std::size_t> counts;
+  };
+  template <class Comm, class Output>
+  static auto agree_on_gather(Comm const& comm, call_record const& call, Output&& output, collective_site const& site) {
+    auto calls = agree(comm, call);
+    auto const d = static_cast<std::size_t>(call.dim);
+    extents const result = gathered_shape(comm.size(), [&](int q) { return at(calls, q).shape; }, d, site);
+    auto* const out = output(result);
+    std::vector<std::size_t> counts(calls.size());
+    for (std::size_t q = 0; q < calls.size(); ++q) counts[q] = calls[q].shape.elements();
+    return agreed_gather<std::remove_pointer_t<decltype(out)>>{std::move(calls), result, out, std::move(counts)};
   }
 
   /// all_gather on two ranks of contiguous pieces: the call record travels beside the data, so checking it
