@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -41,6 +43,16 @@ void under_fsdp(World const& world, models::LlamaConfig const& c, int dp, Fn&& f
     fn(sharded, tp, std::true_type{});
   }
 }
+
+/// How many loads this rank read tensor data in (checkpoint_load_hook's "read_begin"): per thread, so that a
+/// thread mesh's ranks count apart as MPI processes do.
+inline thread_local int reads_begun = 0;
+inline bool const counting_reads = (sw::detail::checkpoint_load_hook = [](std::string_view stage, int) {
+  if (stage == "read_begin") ++reads_begun;
+}, true);
+
+/// only_rank0_reads: the first rank of the grid reads, the others receive their shards.
+inline sw::load_options const first_rank_reads{.only_rank0_reads = true};
 
 inline void check_equal(Parameters const& got, Parameters const& expected) {
   REQUIRE(got.size() == expected.size());
@@ -95,6 +107,21 @@ void check_resharded(World const& world, fs::path const& dir, models::LlamaConfi
       (void)sw::load_consolidated(sharded, file);
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
   });
+  // Rank 0 alone reads, from the folder and from the file, and sends every other rank its shards.
+  under_fsdp<LoadPolicy>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    reads_begun = 0;
+    if constexpr (decltype(with_tp)::value)
+      (void)sw::load_sharded(sharded, tp, dir, first_rank_reads);
+    else
+      (void)sw::load_sharded(sharded, dir, first_rank_reads);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+    if constexpr (decltype(with_tp)::value)
+      (void)sw::load_consolidated(sharded, tp, file, {}, first_rank_reads);
+    else
+      (void)sw::load_consolidated(sharded, file, {}, first_rank_reads);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+    CHECK(reads_begun == (world.rank() == 0 ? 2 : 0));
+  });
   world.barrier();
 }
 
@@ -120,10 +147,10 @@ void check_resumed(World const& world, fs::path const& dir, int save_dp, int loa
   llama_cases::Run resumed;
   under_fsdp<full_shard>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
     sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
-    if constexpr (decltype(with_tp)::value)
-      (void)sw::load_sharded(sharded, optimizer, tp, dir);
+    if constexpr (decltype(with_tp)::value)  // the moments relay as the parameters do
+      (void)sw::load_sharded(sharded, optimizer, tp, dir, first_rank_reads);
     else
-      (void)sw::load_sharded(sharded, optimizer, dir);
+      (void)sw::load_sharded(sharded, optimizer, dir, first_rank_reads);
     CHECK(optimizer.steps() == 3);
     resumed = fsdp_cases::train_steps(sharded, tp, all, sharded.data_mesh().rank(), load_dp, {.dp = load_dp}, other, 3,
                                       &optimizer, 3);
@@ -164,6 +191,12 @@ void check_hybrid(World const& world, fs::path const& dir) {
     (void)sw::load_sharded(sharded, dir);
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
   });
+  under_hybrid(world, other, [&](auto& sharded, auto const&, int) {
+    reads_begun = 0;
+    (void)sw::load_sharded(sharded, dir, first_rank_reads);  // the second replica receives the first's shards
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+    CHECK(reads_begun == (world.rank() == 0 ? 1 : 0));
+  });
   under_fsdp<full_shard>(world, other, 4, [&](auto& sharded, auto const&, auto) {
     (void)sw::load_sharded(sharded, dir);
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
@@ -189,19 +222,35 @@ void check_refusals(World const& world, fs::path const& dir) {
                          doctest::Contains("load_sharded: the model's parameters are cut over a tensor-parallel group "
                                            "of 2 ranks but no tp mesh was given"),
                          sw::error);
-    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, {.only_rank0_reads = true}),
+    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, {.ranks_per_step = 1}),
                          doctest::Contains("under FSDP every rank reads only its own shard"), sw::error);
     sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
     CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, optimizer, tp, dir),
                          doctest::Contains("the model's tensor \"optimizer.tok_embeddings.weight.exp_avg\" is not in "
                                            "the checkpoint"),
                          sw::error);
+    // A flipped byte in one rank's file: the rank that reads it (with only_rank0_reads, rank 0 for everyone)
+    // finds it, and every rank raises it.
+    fs::path const damaged = dir / sw::rank_folder(1, 0, 1) / "model.safetensors";
+    world.barrier();
+    if (world.rank() == 0) {
+      std::fstream file(damaged, std::ios::in | std::ios::out | std::ios::binary);
+      file.seekg(-1, std::ios::end);
+      char const last = static_cast<char>(file.get() ^ 0x01);
+      file.seekp(-1, std::ios::end);
+      file.put(last);
+    }
+    world.barrier();
+    for (auto const& options : {sw::load_options{}, first_rank_reads})
+      CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, options),
+                           doctest::Contains("does not match the checksum its save recorded"), sw::error);
     world.barrier();
     if (world.rank() == 0) fs::remove_all(dir / sw::rank_folder(1, 0, 1));
     world.barrier();
-    CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir),
-                         doctest::Contains("tp_rank_01_pp_rank_00_dp_rank_01/model.safetensors\" is missing"),
-                         sw::error);
+    for (auto const& options : {sw::load_options{}, first_rank_reads})
+      CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, options),
+                           doctest::Contains("tp_rank_01_pp_rank_00_dp_rank_01/model.safetensors\" is missing"),
+                           sw::error);
   });
   world.barrier();
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/relay.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -100,7 +101,15 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
                        std::string_view who, Locate&& locate) {
   namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
-  bool const rank0_reads = options.only_rank0_reads && size > 1;
+  constexpr bool fsdp = requires { model.data_mesh(); };  // a model under FSDP: its shards span dp x tp
+  bool const fsdp_rank0_reads = [&] {
+    if constexpr (fsdp)
+      return options.only_rank0_reads &&
+             with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); }) > 1;
+    else
+      return false;
+  }();
+  bool const rank0_reads = !fsdp && options.only_rank0_reads && size > 1;
   bool const in_turns = !rank0_reads && options.ranks_per_step > 0 && options.ranks_per_step < size;
   fs::path source;
   load_outcome outcome;
@@ -159,7 +168,17 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
                        "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
                        "\" is gone; restore it, or load another checkpoint");
   };
-  if constexpr (!requires { tp.comm(0); }) {  // one tp rank (FSDP without tensor parallelism): no turns
+  if (fsdp_rank0_reads) {  // every rank must reach the relay that follows: errors are agreed on first
+    std::string error;
+    try {
+      check();
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+    with_fsdp_axes(model, tp, [&](auto const&... axes) {
+      agree_on_errors_across(error, "checking the checkpoint against the model", dir, who, axes...);
+    });
+  } else if constexpr (!requires { tp.comm(0); }) {  // one tp rank (FSDP without tensor parallelism): no turns
     check();
   } else if (!in_turns && !rank0_reads) {
     check();
@@ -266,6 +285,24 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
     files.clear();  // unmap before the next ranks' turn
     if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
   };
+  if constexpr (fsdp) {
+    if (fsdp_rank0_reads) {
+      relay_shards(
+          model, tp, dir, who,
+          [&](tensor_layout const& theirs, auto& block, std::string& error) {
+            using T = typename std::remove_cvref_t<decltype(block)>::Scalar;
+            std::vector<T> box;
+            try {
+              read_layout(theirs, block.data(), box);
+            } catch (std::exception const& e) {
+              error = e.what();
+            }
+          },
+          [&](std::string const& name) { return index.find(name) != nullptr; });
+      files.clear();
+      return outcome;
+    }
+  }
   if constexpr (!requires { tp.comm(0); }) {
     read_shard();
     return outcome;

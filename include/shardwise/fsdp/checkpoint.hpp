@@ -74,6 +74,13 @@ struct sharded_with_state {
   {
     return sharded.shardwise_config();
   }
+  [[nodiscard]] auto const& data_mesh() const { return sharded.data_mesh(); }
+  [[nodiscard]] auto const& replicate_mesh() const
+    requires requires { sharded.replicate_mesh(); }
+  {
+    return sharded.replicate_mesh();
+  }
+  [[nodiscard]] int replica() const { return sharded.replica(); }
 };
 
 /// Saves `walked` (the sharded model, or it with its optimizer state) over the model's dp and tp ranks.
@@ -143,10 +150,10 @@ std::map<std::string, std::string> with_steps(std::map<std::string, std::string>
 template <class Sharded, class... Tp>
 load_options fsdp_load_options(Sharded const& sharded, std::string_view who, load_options options, Tp const&... tp) {
   check_fsdp_tp(sharded, who, tp...);
-  if (options.only_rank0_reads || options.ranks_per_step > 0)
+  if (options.ranks_per_step > 0)
     fail("shardwise::", who,
-         ": load_options only_rank0_reads and ranks_per_step apply to tensor-parallel models; under FSDP every "
-         "rank reads only its own shard (its rows), so leave them unset");
+         ": load_options ranks_per_step applies to tensor-parallel models; under FSDP every rank reads only its own "
+         "shard (its rows), so leave it unset (or set only_rank0_reads for one reader)");
   return options;
 }
 
