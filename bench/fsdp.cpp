@@ -12,12 +12,19 @@
 //   bench_fsdp [--steps 5] [--small] [--smoke]
 //   mpiexec -n 4 bench_fsdp memory [--small]
 //   mpiexec -n 2 bench_fsdp prefetch [--small] [--rounds 3]
+//   mpiexec -n 4 bench_fsdp load [--small] [--dir D]
+//
+//  - with `load`, under mpiexec (full shard at dp = the world): each rank's peak resident set while loading a
+//    consolidated model.safetensors, every rank reading its rows against only_rank0_reads.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
@@ -238,6 +245,41 @@ void memory(World const& world, models::LlamaConfig const& c) {
   }
 }
 
+/// Under mpiexec: full shard at dp = world loads one consolidated file (model.safetensors), every rank reading
+/// its rows, then with only_rank0_reads (rank 0 reads and sends each rank its shards), alternating, twice; each
+/// rank's peak resident set during the load above its size before it (a file's mapped pages count while read).
+template <class World>
+void load_memory(World const& world, models::LlamaConfig const& c, std::filesystem::path const& dir) {
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  models::Llama<float> model(c);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  std::filesystem::path const file = dir / "model.safetensors";
+  sw::save_sharded(sharded, dir / "ckpt", 0);
+  if (world.rank() == 0) sw::consolidate(dir / "ckpt", file);
+  world.barrier();
+  double const mib = 1024.0 * 1024.0, shard = double(sharded.held_elements() / 2) * sizeof(float) / mib;
+  for (int round = 0; round < 2; ++round)
+    for (bool const rank0 : {false, true}) {
+      world.barrier();
+      double const before = bench::status_mib("VmRSS");
+      std::ofstream("/proc/self/clear_refs") << "5";  // the peak resident set starts again from now
+      auto const start = clock_type::now();
+      (void)sw::load_consolidated(sharded, file, {}, {.only_rank0_reads = rank0});
+      double const seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+      double const peak = bench::status_mib("VmHWM") - before;
+      char line[256];
+      std::snprintf(line, sizeof line, "| %s | %d | %d | %.1f | %.1f | %.1f | %.3f | %.2f |",
+                    rank0 ? "only_rank0_reads" : "every rank reads its rows", world.size(), world.rank(), shard,
+                    before, peak, peak / shard, seconds);
+      for (int r = 0; r < world.size(); ++r) {
+        world.barrier();
+        if (r == world.rank()) std::printf("%s\n", line), std::fflush(stdout);
+      }
+    }
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 /// Under mpiexec -n 2: each strategy's step with and without prefetch, alternating within each round (so drift
@@ -269,13 +311,16 @@ void prefetch_gain(World const& world, models::LlamaConfig const& c, int steps, 
 
 int main(int argc, char** argv) {
   openblas_set_num_threads(1);  // one BLAS thread per rank: the ranks are the parallelism
-  bool small = false, smoke = false, memory_mode = false, prefetch_mode = false;
+  bool small = false, smoke = false, memory_mode = false, prefetch_mode = false, load_mode = false;
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / "shardwise_bench_fsdp_load";
   int steps = 5, rounds = 3;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--smoke")) smoke = small = true;
     if (!std::strcmp(argv[i], "memory")) memory_mode = true;
     if (!std::strcmp(argv[i], "prefetch")) prefetch_mode = true;
+    if (!std::strcmp(argv[i], "load")) load_mode = true;
+    if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
   }
@@ -283,6 +328,10 @@ int main(int argc, char** argv) {
   auto const c = config(small);
   if (memory_mode) {
     sw::launch(argc, argv, 2, [&](auto& world) { memory(world, c); });
+    return 0;
+  }
+  if (load_mode) {
+    sw::launch(argc, argv, 2, [&](auto& world) { load_memory(world, c, dir); });
     return 0;
   }
   if (prefetch_mode) {

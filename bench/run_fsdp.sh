@@ -2,7 +2,8 @@
 # One run, side by side: bench_fsdp's tokens/s of FSDP's strategies at dp 2 beside plain data parallelism and one
 # rank (thread mesh), then PyTorch's fully_shard (FSDP2) at dp 2 on the same model and batch (torch_fsdp.py:
 # transformers' LlamaForCausalLM, gloo), the ratio, and each rank's memory under full shard at dp 1, 2 and 4
-# (mpiexec: one process per rank), and each strategy with and without prefetch on MPI at dp 2.
+# (mpiexec: one process per rank), each strategy with and without prefetch on MPI at dp 2, and each rank's memory
+# while loading a consolidated file, every rank reading its rows against only_rank0_reads.
 #   bench/run_fsdp.sh BUILD_DIR [--small]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
@@ -38,3 +39,10 @@ for n in 1 2 4; do
 done
 echo
 mpiexec -n 2 --bind-to none "$build/bench/bench_fsdp" prefetch "${size[@]}"
+echo
+echo "# loading a consolidated model.safetensors into full shard at dp = ranks (mpiexec), alternating, twice"
+echo "| load | ranks | rank | parameter shard (MiB) | RSS before the load (MiB) | peak RSS in the load, above it (MiB) | that / shard | seconds |"
+echo "|---|---|---|---|---|---|---|---|"
+for n in 2 4; do
+  mpiexec -n "$n" --bind-to none "$build/bench/bench_fsdp" load "${size[@]}"
+done
