@@ -1,15 +1,18 @@
 // Trains the Llama model of train_llama fully sharded: 4 ranks as FSDP dp 2 x TP 2 (torchtitan's 2-D layout).
 // sw::fully_shard parallelizes the model over "tp" and shards every parameter, gradient and optimizer state
 // over "dp"; each transformer block is a unit, gathered before its forward and backward and freed after them.
+// At the end it saves a sharded checkpoint with the optimizer state and loads it into a model of another seed.
 //
 //   ./fsdp_llama [steps] [text file]      # 4 ranks on threads (SHARDWISE_THREADS=n: dp n/2 x tp 2)
 //   mpiexec -n 4 ./fsdp_llama             # the same on 4 MPI processes
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
@@ -73,7 +76,29 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+
+    // A checkpoint: every (dp, tp) rank writes its shards and AdamW moments; a model built from another seed
+    // loads them (rank 0 alone reading the files, sending each rank its shards) and gives the same loss.
+    auto const tp = sw::submesh<"tp">(mesh);
+    auto const dir = std::filesystem::temp_directory_path() /
+                     (sw::launched_by_mpi() ? "shardwise_fsdp_llama_mpi" : "shardwise_fsdp_llama_threads");
+    sw::save_sharded(sharded, optimizer, tp, dir, steps);
+    auto other = config;
+    other.seed += 1;
+    models::Llama<float, models::llama_plan<true>> fresh(other);
+    auto resumed = sw::fully_shard<policy>(fresh, mesh);
+    sw::AdamW<float> resumed_optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+    (void)sw::load_sharded(resumed, resumed_optimizer, tp, dir, {.only_rank0_reads = true});
+    auto const loss_of = [&](auto& s) {
+      return models::llama_loss(tp, s.forward(ids), targets, config.vocabulary).loss;
+    };
+    bool const same = loss_of(sharded) == loss_of(resumed) && resumed_optimizer.steps() == optimizer.steps();
+    world.barrier();
+    if (world.rank() == 0) std::filesystem::remove_all(dir);
     if (world.rank() == 0) {
+      std::printf("checkpoint in %s: loaded into a model of another seed, %s\n", dir.c_str(),
+                  same ? "the same loss" : "WRONG: another loss");
+      if (!same) exit_code = 1;
       std::printf("%s on %d ranks (FSDP dp %d x TP %d, full shard): loss %.3f -> %.3f\n",
                   sw::launched_by_mpi() ? "MPI" : "threads", world.size(), dp.size(), tp_size, first_loss, last_loss);
       if (!(last_loss < first_loss)) {
