@@ -245,19 +245,38 @@ void memory(World const& world, models::LlamaConfig const& c) {
   }
 }
 
-/// Under mpiexec: full shard at dp = world loads one consolidated file (model.safetensors), every rank reading
-/// its rows, then with only_rank0_reads (rank 0 reads and sends each rank its shards), alternating, twice; each
-/// rank's peak resident set during the load above its size before it (a file's mapped pages count while read).
+/// Under mpiexec: a model saved and consolidated (then freed), full shard at dp = world of the same model declared
+/// with sw::Lazy (each rank's resident set after the model, above its start, and the peak of sharding it), then
+/// the loads of the consolidated file, every rank reading its rows and with only_rank0_reads (rank 0 reads and
+/// sends each rank its shards), alternating, twice: each rank's peak resident set during the load above its size
+/// before it.
 template <class World>
 void load_memory(World const& world, models::LlamaConfig const& c, std::filesystem::path const& dir) {
+  using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>;
   auto const dp = sw::make_mesh<"dp">(world, {world.size()});
-  models::Llama<float> model(c);
-  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
   std::filesystem::path const file = dir / "model.safetensors";
-  sw::save_sharded(sharded, dir / "ckpt", 0);
-  if (world.rank() == 0) sw::consolidate(dir / "ckpt", file);
-  world.barrier();
+  double const start_rss = bench::status_mib("VmRSS");
+  {
+    models::Llama<float> model(c);
+    auto sharded = sw::fully_shard<policy>(model, dp);
+    sw::save_sharded(sharded, dir / "ckpt", 0);
+    if (world.rank() == 0) sw::consolidate(dir / "ckpt", file);
+    world.barrier();
+  }
+  // Declared with sw::Lazy: no rank ever holds the whole model; the loads below fill the shards.
+  double const lazy_before = bench::status_mib("VmRSS");
+  std::ofstream("/proc/self/clear_refs") << "5";
+  sw::Lazy<models::Llama<float>> lazy(c);
+  auto sharded = sw::fully_shard<policy>(lazy, dp);
+  double const lazy_peak = bench::status_mib("VmHWM") - lazy_before;
   double const mib = 1024.0 * 1024.0, shard = double(sharded.held_elements() / 2) * sizeof(float) / mib;
+  char first[256];
+  std::snprintf(first, sizeof first, "| sw::Lazy, fully_shard | %d | %d | %.1f | %.1f | %.1f | %.3f | |", world.size(),
+                world.rank(), shard, lazy_before - start_rss, lazy_peak, lazy_peak / shard);
+  for (int r = 0; r < world.size(); ++r) {
+    world.barrier();
+    if (r == world.rank()) std::printf("%s\n", first), std::fflush(stdout);
+  }
   for (int round = 0; round < 2; ++round)
     for (bool const rank0 : {false, true}) {
       world.barrier();
@@ -270,7 +289,7 @@ void load_memory(World const& world, models::LlamaConfig const& c, std::filesyst
       char line[256];
       std::snprintf(line, sizeof line, "| %s | %d | %d | %.1f | %.1f | %.1f | %.3f | %.2f |",
                     rank0 ? "only_rank0_reads" : "every rank reads its rows", world.size(), world.rank(), shard,
-                    before, peak, peak / shard, seconds);
+                    before - start_rss, peak, peak / shard, seconds);
       for (int r = 0; r < world.size(); ++r) {
         world.barrier();
         if (r == world.rank()) std::printf("%s\n", line), std::fflush(stdout);

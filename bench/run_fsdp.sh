@@ -40,8 +40,8 @@ done
 echo
 mpiexec -n 2 --bind-to none "$build/bench/bench_fsdp" prefetch "${size[@]}"
 echo
-echo "# loading a consolidated model.safetensors into full shard at dp = ranks (mpiexec), alternating, twice"
-echo "| load | ranks | rank | parameter shard (MiB) | RSS before the load (MiB) | peak RSS in the load, above it (MiB) | that / shard | seconds |"
+echo "# a model declared with sw::Lazy, fully sharded, then loading a consolidated model.safetensors into it at dp = ranks (mpiexec), alternating, twice"
+echo "| step | ranks | rank | parameter shard (MiB) | RSS before the step, above the process's start (MiB) | peak RSS in the step, above the RSS before it (MiB) | that / shard | seconds |"
 echo "|---|---|---|---|---|---|---|---|"
 for n in 2 4; do
   mpiexec -n "$n" --bind-to none "$build/bench/bench_fsdp" load "${size[@]}"

@@ -5,6 +5,7 @@
 // sharding saves from its first replica and loads into every replica.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
@@ -26,14 +27,15 @@ using full_shard = sw::fsdp_policy<sw::full_shard, fsdp_cases::blocks>;
 using no_shard = sw::fsdp_policy<sw::no_shard, fsdp_cases::blocks>;
 using Parameters = std::vector<llama_cases::TrainedTensor>;
 
-/// Builds the model from `c` under Policy at dp ranks (tp: the rest of the world) and calls
-/// fn(sharded, tp, with_tp): with tp 1 the model is sharded over the 1-D dp mesh and with_tp is false (the
-/// checkpoint calls take no tp mesh), else over the dp x tp mesh.
-template <class Policy, class World, class Fn>
+/// Builds the model from `c` (declared with sw::Lazy when Lazy) under Policy at dp ranks (tp: the rest of the
+/// world) and calls fn(sharded, tp, with_tp): with tp 1 the model is sharded over the 1-D dp mesh and with_tp is
+/// false (the checkpoint calls take no tp mesh), else over the dp x tp mesh.
+template <class Policy, bool Lazy = false, class World, class Fn>
 void under_fsdp(World const& world, models::LlamaConfig const& c, int dp, Fn&& fn) {
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp, world.size() / dp});
   auto const tp = sw::submesh<"tp">(mesh);
-  models::Llama<float, fsdp_cases::tp_only> model(c);
+  using Model = models::Llama<float, fsdp_cases::tp_only>;
+  std::conditional_t<Lazy, sw::Lazy<Model>, Model> model(c);
   if (tp.size() == 1) {
     sw::parallelize(model, tp);  // one rank: the plan's layers, uncut
     auto sharded = sw::fully_shard<Policy>(model, sw::submesh<"dp">(mesh));
@@ -122,15 +124,25 @@ void check_resharded(World const& world, fs::path const& dir, models::LlamaConfi
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
     CHECK(reads_begun == (world.rank() == 0 ? 2 : 0));
   });
+  // Declared with sw::Lazy (no rank holds the whole model): refused until a load fills the shards.
+  under_fsdp<LoadPolicy, true>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    CHECK_THROWS_WITH_AS(sharded.forward(std::vector<std::int64_t>(c.sequence, 1)),
+                         doctest::Contains("declared with sw::Lazy and its shards hold no values yet"), sw::error);
+    if constexpr (decltype(with_tp)::value)
+      (void)sw::load_consolidated(sharded, tp, file, {}, first_rank_reads);
+    else
+      (void)sw::load_consolidated(sharded, file, {}, first_rank_reads);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+  });
   world.barrier();
 }
 
 /// Training resumed from a checkpoint with the optimizer state equals training straight through: 3 steps
 /// under dp save_dp, saved with the AdamW state, loaded under dp load_dp into a model of another seed and a new
 /// optimizer, 3 more steps; against the unsharded run of 6 steps (losses, norms with clipping, parameters).
-template <class World>
+template <bool Lazy = false, class World>
 void check_resumed(World const& world, fs::path const& dir, int save_dp, int load_dp) {
-  INFO("saved with the optimizer at dp " << save_dp << ", resumed at dp " << load_dp);
+  INFO("saved with the optimizer at dp " << save_dp << ", resumed at dp " << load_dp << (Lazy ? ", lazily" : ""));
   auto const c = llama_cases::small_config();
   auto const all = sw::make_mesh<"all">(world, {world.size()});
   under_fsdp<full_shard>(world, c, save_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
@@ -145,7 +157,7 @@ void check_resumed(World const& world, fs::path const& dir, int save_dp, int loa
   auto other = c;
   other.seed += 7;
   llama_cases::Run resumed;
-  under_fsdp<full_shard>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+  under_fsdp<full_shard, Lazy>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
     sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
     if constexpr (decltype(with_tp)::value)  // the moments relay as the parameters do
       (void)sw::load_sharded(sharded, optimizer, tp, dir, first_rank_reads);
@@ -271,6 +283,7 @@ void check_all(World const& world, fs::path const& root) {
     check_resharded<full_shard, full_shard>(world, root / "tp2_to_dp2", c, 1, 2);
     check_resharded<no_shard, full_shard>(world, root / "no_shard", c, 2, 2);
     check_resumed(world, root / "resumed", 2, 1);
+    check_resumed<true>(world, root / "resumed_lazy", 1, 2);
   }
   if (n == 4) {
     check_resharded<full_shard, full_shard>(world, root / "dp2tp2_to_dp4", c, 2, 4);

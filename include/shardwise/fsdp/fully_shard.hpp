@@ -24,6 +24,7 @@
 #include "shardwise/fsdp/policy.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/lazy.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -111,6 +112,10 @@ class fully_sharded final : detail::module_hooks {
   /// The model's forward (its root unit gathered for the step; each unit's module gathers in sw::forward).
   template <class... Args>
   auto forward(Args&&... args) {
+    if (unfilled_)
+      detail::fail(
+          "shardwise::fully_shard: the model was declared with sw::Lazy and its shards hold no values yet; "
+          "fill them with sw::load_sharded or sw::load_consolidated before its forward");
     detail::hooks_installed on(this);
     phase_ = phase::forward;
     for (auto& u : units_) {
@@ -206,6 +211,7 @@ class fully_sharded final : detail::module_hooks {
   template <class Fn>
   void shardwise_for_each_parameter_shard(Fn&& fn) {
     reshard();
+    unfilled_ = false;
     std::size_t i = 0;
     for_each_parameter(model_, [&](std::string const& name, auto const& p) {
       auto& s = slots_[i++];
@@ -449,19 +455,33 @@ class fully_sharded final : detail::module_hooks {
     for (std::size_t s = 0; s < slots_.size(); ++s) units_[owner[s]].slots.push_back(s);
   }
 
+  /// The slots of every parameter, in for_each_parameter's order. A layer declared with sw::Lazy is allocated
+  /// (zeros) and freed again at once, so that a lazy model is never whole: one layer at most.
   void make_slots() {
     std::vector<std::size_t> sizes;
-    for_each_parameter(model_, [&](std::string const& name, auto const& p) {
-      if (!p.mirror_of.empty())
-        detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
-                     "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
-      slots_.push_back(make_slot(name, p));
-      // The whole parameter's size, as Accelerate's min_num_params counts it: this rank's tp shard times the group.
-      using G = typename std::remove_cvref_t<decltype(p)>::grad_placement;
-      bool const cut = is_shard_v<G> && p.group;
-      sizes.push_back(static_cast<std::size_t>(p.value->size()) * static_cast<std::size_t>(cut ? p.group->size() : 1));
+    detail::for_each_named_layer(model_, [&](auto& l, std::string const& path) {
+      bool lazy = false;
+      if constexpr (requires { l.shardwise_materialize(); })
+        if (!l.materialized()) l.shardwise_materialize(), lazy = unfilled_ = true;
+      std::size_t const first = slots_.size();
+      auto make = [&](std::string const& name, auto const& p) { make_slot_of(name, p, sizes); };
+      detail::for_each_present_parameter(l, path, make);
+      if (lazy)
+        for (std::size_t i = first; i < slots_.size(); ++i) (void)slots_[i].resize_value(false);
     });
     assign_to_units(sizes);
+  }
+
+  template <class P>
+  void make_slot_of(std::string const& name, P const& p, std::vector<std::size_t>& sizes) {
+    if (!p.mirror_of.empty())
+      detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
+                   "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
+    slots_.push_back(make_slot(name, p));
+    // The whole parameter's size, as Accelerate's min_num_params counts it: this rank's tp shard times the group.
+    using G = typename P::grad_placement;
+    bool const cut = is_shard_v<G> && p.group;
+    sizes.push_back(static_cast<std::size_t>(p.value->size()) * static_cast<std::size_t>(cut ? p.group->size() : 1));
   }
 
   /// The tensor as data-parallel rank 0 holds it (hybrid: replica 0's rank 0).
@@ -522,6 +542,7 @@ class fully_sharded final : detail::module_hooks {
   phase phase_ = phase::idle;
   std::vector<std::size_t> forward_order_, last_forward_order_;  // units in the order their forwards ran
   std::size_t prefetched_ = 0;
+  bool unfilled_ = false;  // declared with sw::Lazy: the shards are zeros until a load fills them
 };
 
 namespace detail {
@@ -580,6 +601,22 @@ template <class Policy, module Model, device_mesh ShardMesh, device_mesh Replica
                 "over one data-parallel mesh");
   static_assert(ReplicateMesh::ndim == 1, "shardwise::fully_shard: pass the 1-D replicate mesh");
   return fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>(model, shard, replicate, options);
+}
+
+/// fully_shard of a model declared with sw::Lazy (Accelerate's cpu_ram_efficient_loading, FSDP2's meta-device
+/// init): each layer is allocated in turn, its shards kept and the rest freed at once, so no rank ever holds
+/// more than its shards and one layer. The shards are zeros: fill them with sw::load_sharded or
+/// sw::load_consolidated (only_rank0_reads: rank 0 alone reads) before the first forward, which refuses before.
+template <class Policy, module Model, device_mesh Mesh>
+[[nodiscard]] auto fully_shard(Lazy<Model>& lazy, Mesh const& mesh, fsdp_options options = {}) {
+  return fully_shard<Policy>(lazy.unmaterialized(), mesh, options);
+}
+
+/// Hybrid sharding of a model declared with sw::Lazy, as above.
+template <class Policy, module Model, device_mesh ShardMesh, device_mesh ReplicateMesh>
+[[nodiscard]] auto fully_shard(Lazy<Model>& lazy, ShardMesh const& shard, ReplicateMesh const& replicate,
+                               fsdp_options options = {}) {
+  return fully_shard<Policy>(lazy.unmaterialized(), shard, replicate, options);
 }
 
 /// Sets the sharded model's gradient shards to zero (after an optimizer step).
