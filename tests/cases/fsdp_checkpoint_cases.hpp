@@ -126,8 +126,26 @@ void check_resharded(World const& world, fs::path const& dir, models::LlamaConfi
   });
   // Declared with sw::Lazy (no rank holds the whole model): refused until a load fills the shards.
   under_fsdp<LoadPolicy, true>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
-    CHECK_THROWS_WITH_AS(sharded.forward(std::vector<std::int64_t>(c.sequence, 1)),
-                         doctest::Contains("declared with sw::Lazy and its shards hold no values yet"), sw::error);
+    auto const refused = [&] {
+      CHECK_THROWS_WITH_AS(sharded.forward(std::vector<std::int64_t>(c.sequence, 1)),
+                           doctest::Contains("declared with sw::Lazy and its shards hold no values yet"), sw::error);
+    };
+    refused();
+    // A load that fails after walking the shards (the optimizer's moments are not in this checkpoint) leaves
+    // it refused, and a save of its zeros is refused too.
+    sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
+    if constexpr (decltype(with_tp)::value) {
+      CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, optimizer, tp, dir), doctest::Contains("is not in the checkpoint"),
+                           sw::error);
+      CHECK_THROWS_WITH_AS(sw::save_sharded(sharded, tp, dir.string() + "_unfilled", 0),
+                           doctest::Contains("no load has filled its shards"), sw::error);
+    } else {
+      CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, optimizer, dir), doctest::Contains("is not in the checkpoint"),
+                           sw::error);
+      CHECK_THROWS_WITH_AS(sw::save_sharded(sharded, dir.string() + "_unfilled", 0),
+                           doctest::Contains("no load has filled its shards"), sw::error);
+    }
+    refused();
     if constexpr (decltype(with_tp)::value)
       (void)sw::load_consolidated(sharded, tp, file, {}, first_rank_reads);
     else

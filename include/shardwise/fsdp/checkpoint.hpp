@@ -88,6 +88,10 @@ template <class Sharded, class Walked, class... Tp>
 void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
                std::map<std::string, std::string> const& metadata, Tp const&... tp) {
   check_fsdp_tp(sharded, "save_sharded", tp...);
+  if (sharded.shardwise_unfilled())
+    fail(
+        "shardwise::save_sharded: the model was declared with sw::Lazy and no load has filled its shards, so "
+        "they hold zeros; load it (load_sharded, load_consolidated) before saving it");
   auto const save = [&] {
     auto const& dp = sharded.data_mesh();
     auto group = save_group_over(tp..., dp);
@@ -123,10 +127,23 @@ checkpoint_index load_fsdp(Sharded& sharded, Walked& walked, std::filesystem::pa
     else
       return one_tp;
   }();
+  checkpoint_index index;
   if constexpr (requires { sharded.replicate_mesh(); })
-    return load_sharded_agreed(walked, layout_tp, dir, options, tp..., dp, sharded.replicate_mesh());
+    index = load_sharded_agreed(walked, layout_tp, dir, options, tp..., dp, sharded.replicate_mesh());
   else
-    return load_sharded_agreed(walked, layout_tp, dir, options, tp..., dp);
+    index = load_sharded_agreed(walked, layout_tp, dir, options, tp..., dp);
+  sharded.shardwise_mark_loaded();
+  return index;
+}
+
+/// load_consolidated into a model under FSDP; `tp` is its tp mesh or single_stage.
+template <class Sharded, class Tp>
+std::map<std::string, std::string> load_fsdp_file(Sharded& sharded, Tp const& tp, std::filesystem::path const& file,
+                                                  std::function<std::string(std::string const&)> const& names,
+                                                  load_options const& options) {
+  auto metadata = load_mapped(sharded, tp, file, renaming(names), options, "load_consolidated").metadata;
+  sharded.shardwise_mark_loaded();
+  return metadata;
 }
 
 /// Sets the optimizer's step count from a checkpoint saved with its state.
@@ -244,9 +261,7 @@ std::map<std::string, std::string> load_consolidated(fully_sharded<Model, Policy
                                                      std::function<std::string(std::string const&)> const& names = {},
                                                      load_options const& options = {}) {
   auto const checked = detail::fsdp_load_options(sharded, "load_consolidated", options);
-  return detail::load_mapped(sharded, detail::single_stage{}, file, detail::renaming(names), checked,
-                             "load_consolidated")
-      .metadata;
+  return detail::load_fsdp_file(sharded, detail::single_stage{}, file, names, checked);
 }
 
 /// load_consolidated into a model under FSDP x TP; `tp` is the mesh the model was parallelized over.
@@ -256,7 +271,7 @@ std::map<std::string, std::string> load_consolidated(fully_sharded<Model, Policy
                                                      std::function<std::string(std::string const&)> const& names = {},
                                                      load_options const& options = {}) {
   auto const checked = detail::fsdp_load_options(sharded, "load_consolidated", options, tp);
-  return detail::load_mapped(sharded, tp, file, detail::renaming(names), checked, "load_consolidated").metadata;
+  return detail::load_fsdp_file(sharded, tp, file, names, checked);
 }
 
 }  // namespace shardwise

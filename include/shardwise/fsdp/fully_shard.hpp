@@ -211,7 +211,6 @@ class fully_sharded final : detail::module_hooks {
   template <class Fn>
   void shardwise_for_each_parameter_shard(Fn&& fn) {
     reshard();
-    unfilled_ = false;
     std::size_t i = 0;
     for_each_parameter(model_, [&](std::string const& name, auto const& p) {
       auto& s = slots_[i++];
@@ -221,6 +220,11 @@ class fully_sharded final : detail::module_hooks {
       std::copy(shard.data(), shard.data() + shard.size(), master);
     });
   }
+  /// For loaders, once a load has succeeded: the shards hold a checkpoint's values, so a model declared with
+  /// sw::Lazy may run.
+  void shardwise_mark_loaded() { unfilled_ = false; }
+  /// Whether the model was declared with sw::Lazy and no load has filled its shards yet.
+  [[nodiscard]] bool shardwise_unfilled() const { return unfilled_; }
   /// The model's configuration, for checkpoints, when the model states one.
   [[nodiscard]] auto shardwise_config() const
     requires requires(Model const& m) { m.shardwise_config(); }
@@ -466,7 +470,7 @@ class fully_sharded final : detail::module_hooks {
       std::size_t const first = slots_.size();
       auto make = [&](std::string const& name, auto const& p) { make_slot_of(name, p, sizes); };
       detail::for_each_present_parameter(l, path, make);
-      if (lazy)
+      if (lazy && keeps_master)  // no_shard in full precision: the layer's tensor is the only copy, kept
         for (std::size_t i = first; i < slots_.size(); ++i) (void)slots_[i].resize_value(false);
     });
     assign_to_units(sizes);
@@ -495,7 +499,7 @@ class fully_sharded final : detail::module_hooks {
   detail::fsdp_slot<scalar> make_slot(std::string const& name, P const& p) {
     using Tensor = typename P::tensor_type;
     using Finished = typename decltype(detail::finished_view(p))::grad_placement;
-    if (options_.sync_module_states) broadcast_from_first(*p.value);
+    if (options_.sync_module_states && !unfilled_) broadcast_from_first(*p.value);  // lazy: zeros everywhere
     detail::fsdp_slot<scalar> s;
     s.name = name;
     s.rows = p.value->rows(), s.cols = p.value->cols();
