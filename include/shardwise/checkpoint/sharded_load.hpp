@@ -168,17 +168,21 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
                        "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
                        "\" is gone; restore it, or load another checkpoint");
   };
-  if (fsdp_rank0_reads) {  // every rank must reach the relay that follows: errors are agreed on first
-    std::string error;
-    try {
+  if constexpr (fsdp) {
+    if (fsdp_rank0_reads) {  // every rank must reach the relay that follows: errors are agreed on first
+      std::string error;
+      try {
+        check();
+      } catch (std::exception const& e) {
+        error = e.what();
+      }
+      with_fsdp_axes(model, tp, [&](auto const&... axes) {
+        agree_on_errors_across(error, "checking the checkpoint against the model", dir, who, axes...);
+      });
+    } else {
       check();
-    } catch (std::exception const& e) {
-      error = e.what();
     }
-    with_fsdp_axes(model, tp, [&](auto const&... axes) {
-      agree_on_errors_across(error, "checking the checkpoint against the model", dir, who, axes...);
-    });
-  } else if constexpr (!requires { tp.comm(0); }) {  // one tp rank (FSDP without tensor parallelism): no turns
+  } else if constexpr (!requires { tp.comm(0); }) {  // one tp rank: no turns
     check();
   } else if (!in_turns && !rank0_reads) {
     check();
