@@ -37,7 +37,7 @@ struct LlamaConfig {
   /// tensor, one gradient, one optimizer state, saved once as the embedding).
   bool tie_word_embeddings = false;
   /// Width of one attention head: dim / heads.
-  [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
+  [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
 
   /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
   /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning).
@@ -213,6 +213,24 @@ struct LlamaAttention {
     }
   }
 
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections', in the order forward
+  /// and backward call them; wk and wv hold kv_size_multiplier copies of each key-value head where tp needs them.
+  static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
+    std::size_t copies = 1;
+    if constexpr (sharded_heads) copies = kv_size_multiplier(c.heads, c.kv_heads, s.tp, c.kv_size_multiplier);
+    if (copies == 0)
+      shardwise::raise("shardwise::models::LlamaAttention::shardwise_cost: ", s.tp, " ranks cannot serve ", c.heads,
+                       " heads and ", c.kv_heads, " key-value heads; choose another tp size");
+    std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * copies * c.head_dim();
+    cost const cq = decltype(wq)::shardwise_cost(c.dim, q, s), ck = decltype(wk)::shardwise_cost(c.dim, kv, s);
+    cost const cv = decltype(wv)::shardwise_cost(c.dim, kv, s), co = decltype(wo)::shardwise_cost(q, c.dim, s);
+    cost total;
+    total.hold(cq).hold(ck).hold(cv).hold(co);
+    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
+    total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
+    return total;
+  }
+
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
@@ -265,6 +283,19 @@ struct LlamaFeedForward {
         w3(c.dim, c.hidden, seed + 2, false),
         w2(c.hidden, c.dim, seed + 3, false) {}
 
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: w1, w3 and w2's, in the order forward and
+  /// backward call them (under tensor parallelism, forward: one all-reduce of [tokens, dim] in w2).
+  static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
+    cost const c1 = decltype(w1)::shardwise_cost(c.dim, c.hidden, s),
+               c3 = decltype(w3)::shardwise_cost(c.dim, c.hidden, s);
+    cost const c2 = decltype(w2)::shardwise_cost(c.hidden, c.dim, s);
+    cost total;
+    total.hold(c1).hold(c3).hold(c2);
+    total.forward.append(c1.forward).append(c3.forward).append(c2.forward);
+    total.backward.append(c2.backward).append(c1.backward).append(c3.backward);
+    return total;
+  }
+
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
@@ -300,6 +331,21 @@ struct LlamaBlock {
         attention(c, seed),
         ffn_norm(c.dim, static_cast<T>(c.norm_eps)),
         feed_forward(c, seed + 10) {}
+
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the norms, then the attention and the
+  /// feed-forward each called through sw::forward (their plan entries' moves around them); backward in reverse.
+  static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
+    using Attention = decltype(attention);
+    using FeedForward = decltype(feed_forward);
+    cost const a = call_cost<Attention, T>(Attention::shardwise_cost(c, s), c.dim, c.dim, s);
+    cost const f = call_cost<FeedForward, T>(FeedForward::shardwise_cost(c, s), c.dim, c.dim, s);
+    cost total;
+    total.hold(decltype(attention_norm)::shardwise_cost(c.dim)).hold(a);
+    total.hold(decltype(ffn_norm)::shardwise_cost(c.dim)).hold(f);
+    total.forward.append(a.forward).append(f.forward);
+    total.backward.append(f.backward).append(a.backward);
+    return total;
+  }
 
   /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
   /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
@@ -301,6 +302,32 @@ class Linear : public detail::layer_plumbing<T, Location> {
       dx = std::move(all);
     }
     return {std::move(dx)};
+  }
+
+  /// The layer's cost (sw::cost) on one rank for an input of s.tokens rows: its shard of the weight (and bias)
+  /// with their gradients, and the transfers its forward and backward run — the conjugates of each other, as
+  /// above. `in` and `out`: the unsharded features (out padded, where the vocabulary is).
+  static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
+    constexpr std::size_t e = sizeof(T);
+    std::size_t const n = serial ? 1 : s.tp;
+    std::size_t const local_in = rowwise ? in / n : in, local_out = colwise ? (out + n - 1) / n : out;
+    cost c;
+    c.parameter_bytes = c.gradient_bytes = (local_in * local_out + (with_bias ? local_out : 0)) * e;
+    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>)
+      c.forward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * in * e);
+    if constexpr (rowwise)
+      c.forward.add(
+          std::is_same_v<output_layout, Replicate> ? transfer_kind::all_reduce : transfer_kind::reduce_scatter,
+          s.tp_axis, s.tokens * out * e);
+    if constexpr (colwise && std::is_same_v<output_layout, Replicate>)
+      c.forward.add(transfer_kind::all_gather, s.tp_axis, s.tokens * local_out * e);
+    if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>)
+      c.backward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * out * e);
+    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>)
+      c.backward.add(transfer_kind::reduce_scatter, s.tp_axis, s.tokens * in * e);
+    if constexpr (rowwise && std::is_same_v<input_layout, Replicate>)
+      c.backward.add(transfer_kind::all_gather, s.tp_axis, s.tokens * local_in * e);
+    return c;
   }
 
   /// How the weight (and its gradient) is cut over tp: Shard<0> (Colwise), Shard<1> (Rowwise) or Replicate.

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "shardwise/core/fixed_string.hpp"
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/redistribute.hpp"
@@ -190,6 +191,44 @@ auto backward(Module& module, DY const& dy) {
                   "shardwise::backward: the module's input gradient is neither in its desired_input_layouts nor "
                   "Partial<Sum>");
     return Activation<T, typename L::in>{detail::redistribute_activation<From, typename L::in>(*g, dx.local)};
+  }
+}
+
+namespace detail {
+template <class Module, class T, class In>
+using forward_result_t =
+    std::remove_cvref_t<decltype(std::declval<Module&>().forward(std::declval<Activation<T, In> const&>()))>;
+template <class Module, class T, class Out>
+using backward_result_t =
+    std::remove_cvref_t<decltype(std::declval<Module&>().backward(std::declval<Activation<T, Out> const&>()))>;
+}  // namespace detail
+
+/// The cost (sw::cost) of sw::forward(module, x) and sw::backward(module, dy) on one rank: the module's own
+/// (`inner`, from its shardwise_cost) with its plan entry's moves at the boundary around it — the input moved
+/// before the forward and its gradient moved back (reduced, when Partial) after the backward; likewise the
+/// output. `in_features` / `out_features`: the widths of its input and output; T: its element type.
+template <module Module, class T>
+constexpr cost call_cost(cost const& inner, std::size_t in_features, std::size_t out_features, cost_inputs const& s) {
+  using L = detail::prepare_layouts<detail::module_style_t<Module>>;
+  constexpr std::size_t e = sizeof(T);
+  if constexpr (!L::input && !L::output) {
+    return inner;
+  } else {
+    using In = std::conditional_t<L::input, typename L::in, Replicate>;
+    using DesiredIn = std::conditional_t<L::input, typename L::desired_in, Replicate>;
+    using Y = detail::forward_result_t<Module, T, std::conditional_t<L::input, DesiredIn, In>>;
+    using InputGradient = typename detail::backward_result_t<Module, T, typename Y::placement>::placement;
+    cost c;
+    c.hold(inner);
+    if constexpr (L::input) detail::add_redistribute<In, DesiredIn>(c.forward, s.tokens, in_features, e, s);
+    c.forward.append(inner.forward);
+    if constexpr (L::output) {
+      detail::add_redistribute<typename L::out, typename L::desired_out>(c.forward, s.tokens, out_features, e, s);
+      detail::add_redistribute<typename L::desired_out, typename L::out>(c.backward, s.tokens, out_features, e, s);
+    }
+    c.backward.append(inner.backward);
+    if constexpr (L::input) detail::add_redistribute<InputGradient, In>(c.backward, s.tokens, in_features, e, s);
+    return c;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
@@ -41,6 +42,17 @@ class norm_layer : public layer_plumbing<T, Location> {
   using grad_placement = std::conditional_t<sequence_parallel, Partial<Sum>, Replicate>;
   using matrix = nn::matrix<T>;
   using vector = nn::vector<T>;
+
+  /// The norm's cost (sw::cost) over `features`: its weight (and LayerNorm's bias) on every rank and their
+  /// gradients — twice under SequenceParallel, where the partial sums wait beside the finished ones. It sends
+  /// nothing itself: SequenceParallel's partial gradients are reduced by sw::finish_gradients.
+  static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& = {}) {
+    std::size_t const values = features * (Kind == norm_kind::layer ? 2 : 1) * sizeof(T);
+    cost c;
+    c.parameter_bytes = values;
+    c.gradient_bytes = sequence_parallel ? 2 * values : values;
+    return c;
+  }
 
   explicit norm_layer(std::size_t features, T eps = T(1e-5))
       : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm"), eps_(eps), features_(features) {

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -53,6 +54,28 @@ nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const
     return all;
   } else {
     return redistribute_activation<Replicate, To>(g, redistribute_activation<From, Replicate>(g, x));
+  }
+}
+
+/// The transfers of redistribute_activation<From, To> on a [rows, cols] activation of
+/// `element` bytes per value, appended to `list`. rows: the whole activation's rows (tokens).
+template <class From, class To>
+constexpr void add_redistribute(transfer_list<>& list, std::size_t rows, std::size_t cols, std::size_t element,
+                                cost_inputs const& s) {
+  using F = normalize_2d_t<From>;
+  using G = normalize_2d_t<To>;
+  if constexpr (std::is_same_v<F, G>) {
+    return;
+  } else if constexpr (std::is_same_v<F, Partial<Sum>>) {
+    list.add(std::is_same_v<G, Replicate> ? transfer_kind::all_reduce : transfer_kind::reduce_scatter, s.tp_axis,
+             rows * cols * element);
+  } else if constexpr (std::is_same_v<F, Replicate>) {
+    return;  // this rank's piece is taken: nothing moves
+  } else if constexpr (std::is_same_v<G, Replicate>) {
+    std::size_t const piece = F::dim == 0 ? s.local_tokens() * cols : rows * chunk_size(cols, s.tp, s.tp_rank);
+    list.add(transfer_kind::all_gather, s.tp_axis, piece * element);
+  } else {
+    add_redistribute<From, Replicate>(list, rows, cols, element, s);
   }
 }
 
