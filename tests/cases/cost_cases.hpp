@@ -1,7 +1,8 @@
 // A plan's cost (sw::cost) against what a counting mesh (sw::counting) records on a real run: the Llama
 // attention, feed-forward and block under tensor parallelism with and without sequence parallelism, forward
 // and backward, entry for entry (kind, axis, bytes, count, order), and the parameter and gradient bytes
-// against the tensors the rank actually holds. Included by test_cost.cpp (threads) and test_mpi_cost.cpp (MPI):
+// against the tensors the rank actually holds; and whole training steps of the Llama model (dp x tp, ZeRO-1,
+// microbatches) against models::llama_step_cost. Included by test_cost.cpp (threads) and test_mpi_nn.cpp (MPI):
 // run_cost_cases(world) runs every case on the ranks of `world`.
 #pragma once
 #include <doctest/doctest.h>
@@ -70,6 +71,40 @@ std::pair<std::size_t, std::size_t> held_bytes(Model& model) {
   return {parameters, gradients};
 }
 
+/// Bytes of what a node's forward keeps for its backward (its SHARDWISE_SAVED members), as allocated.
+template <class X>
+std::size_t saved_bytes_of(X const& x) {
+  if constexpr (requires { x.local; }) {  // an Activation
+    return saved_bytes_of(x.local);
+  } else if constexpr (requires { x.probabilities; }) {  // the attention's softmax
+    return saved_bytes_of(x.probabilities);
+  } else if constexpr (requires { x.input; }) {  // a checkpointed block's input
+    return saved_bytes_of(x.input);
+  } else if constexpr (requires { typename X::Scalar; }) {  // an Eigen matrix or vector
+    return static_cast<std::size_t>(x.size()) * sizeof(typename X::Scalar);
+  } else {
+    static_assert(requires { typename X::value_type; }, "saved_bytes_of: a saved member of an unknown kind");
+    if constexpr (std::is_arithmetic_v<typename X::value_type>) return x.size() * sizeof(typename X::value_type);
+    std::size_t bytes = 0;
+    if constexpr (!std::is_arithmetic_v<typename X::value_type>)
+      for (auto const& element : x) bytes += saved_bytes_of(element);
+    return bytes;
+  }
+}
+
+/// Bytes of everything the layers and modules of `model` keep between a forward and its backward.
+template <class Model>
+std::size_t held_activation_bytes(Model& model) {
+  std::size_t bytes = 0;
+  auto add = [&](auto& node) {
+    if constexpr (requires { node.shardwise_saved(); })
+      std::apply([&](auto&... member) { ((bytes += saved_bytes_of(member)), ...); }, node.shardwise_saved());
+  };
+  sw::detail::for_each_layer(model, add);
+  sw::detail::for_each_module(model, add);
+  return bytes;
+}
+
 inline std::string listed(std::vector<sw::transfer> const& entries) {
   std::ostringstream out;
   for (auto const& t : entries) out << "  " << t << '\n';
@@ -105,6 +140,7 @@ void check_block(World const& world, models::LlamaConfig const& c, std::size_t s
 
   counted.log().clear();
   auto const y = block.forward(sw::Activation<T, Stream>{x.middleRows(first, rows)});
+  CHECK(held_activation_bytes(model) == predicted.activation_bytes);
   auto const forward_record = counted.log().entries();
   INFO("forward recorded:\n", listed(forward_record), "predicted:\n", predicted.forward);
   CHECK(forward_record == predicted.forward);
@@ -122,6 +158,68 @@ void check_block(World const& world, models::LlamaConfig const& c, std::size_t s
   CHECK((dx.local - dx0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= tolerance);
 }
 
+/// Deterministic token ids and next-token targets for one microbatch of `sequences` sequences.
+inline void tokens_for(models::LlamaConfig const& c, unsigned seed, std::size_t sequences,
+                       std::vector<std::int64_t>& ids, std::vector<std::int64_t>& targets) {
+  std::mt19937 rng(seed);
+  ids.resize(sequences * c.sequence);
+  targets.resize(ids.size());
+  for (auto& id : ids) id = static_cast<std::int64_t>(rng() % c.vocabulary);
+  for (std::size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % c.sequence == 0 ? -100 : ids[i + 1];
+}
+
+/// Two training steps of the Llama model on a dp x tp counting mesh: each step's record (forward, loss and
+/// backward per microbatch, finish_gradients, AdamW's step) against models::llama_step_cost; the parameter and
+/// gradient bytes held against the model's cost; the optimizer state against AdamW::state_bytes.
+template <bool SequenceParallel, class World>
+void check_training_step(World const& world, int dp_size, bool zero1, int microbatches, models::LlamaConfig const& c,
+                         bool checkpointed = false) {
+  using Plan = models::llama_plan<SequenceParallel>;
+  using Model = models::Llama<float, Plan>;
+  auto counted = sw::counting(world);
+  auto const mesh = sw::make_mesh<"dp", "tp">(counted, {dp_size, world.size() / dp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  Model model(c);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = zero1});
+  sw::parallelize(model, tp);
+  std::size_t const per_micro = 4 / static_cast<std::size_t>(dp_size * microbatches);  // 4 sequences a step
+  models::training_step_inputs const t{
+      {per_micro * c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"},
+      static_cast<std::size_t>(microbatches),
+      static_cast<std::size_t>(dp.size()),
+      static_cast<std::size_t>(dp.rank()),
+      zero1,
+      "dp"};
+  model.checkpoint_blocks(checkpointed);
+  auto const predicted = models::llama_step_cost<float, Plan>(c, t, checkpointed);
+  sw::cost const held = Model::shardwise_cost(c, t.tp, checkpointed);
+  INFO("dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+       SequenceParallel ? ", sequence parallel" : "", zero1 ? ", ZeRO-1" : "", ", ", microbatches, " microbatches",
+       checkpointed ? ", blocks checkpointed" : "");
+  std::vector<std::int64_t> ids, targets;
+  for (int step = 0; step < 2; ++step) {
+    counted.log().clear();
+    for (int micro = 0; micro < microbatches; ++micro) {
+      tokens_for(c, static_cast<unsigned>(100 * step + 10 * dp.rank() + micro), per_micro, ids, targets);
+      auto const logits = model.forward(ids);
+      if (step == 0 && micro == 0) CHECK(held_activation_bytes(model) == held.activation_bytes);
+      auto result = models::llama_loss(tp, logits, targets, c.vocabulary);
+      model.backward(result.dlogits);
+    }
+    optimizer.step(sw::finish_gradients(model), dp);
+    auto const record = counted.log().entries();
+    INFO("step ", step, " recorded:\n", listed(record), "predicted:\n", predicted);
+    CHECK(record == predicted);
+    sw::zero_grad(model);
+  }
+  auto const [parameters, gradients] = held_bytes(model);
+  CHECK(parameters == held.parameter_bytes);
+  CHECK(gradients == held.gradient_bytes);
+  auto const walk = [&](auto&& fn) { Model::shardwise_parameter_costs(c, t.tp, fn); };
+  CHECK(optimizer.state_elements() * sizeof(float) == sw::AdamW<float>::state_bytes(walk, zero1, t.dp, t.dp_rank));
+}
+
 /// Every case at the world's size.
 template <class World>
 void run_cost_cases(World const& world) {
@@ -133,6 +231,18 @@ void run_cost_cases(World const& world) {
   if (world.size() == 4) {                // more ranks than key-value heads: each repeated (kv_size_multiplier 2)
     check_block<double, false>(world, c, 1);
   }
+  // The training steps of the Llama tests: TP, TP + SP with microbatches, dp with ZeRO-1 and without, dp x tp
+  // with ZeRO-1 and microbatches; a vocabulary of 66, which tp 4 pads; kv heads repeated at tp 4.
+  models::LlamaConfig m;
+  m.vocabulary = 66, m.dim = 32, m.layers = 2, m.heads = 4, m.kv_heads = 2, m.hidden = 64, m.sequence = 8;
+  int const n = world.size();
+  check_training_step<false>(world, 1, false, 1, m);
+  check_training_step<true>(world, 1, false, 2, m);
+  check_training_step<true>(world, n, true, 1, m);
+  check_training_step<false>(world, n, false, 1, m);
+  check_training_step<true>(world, 1, false, 1, m, true);  // activation checkpointing: blocks recomputed
+  check_training_step<false>(world, n, false, 1, m, true);
+  if (n == 4) check_training_step<true>(world, 2, true, 2, m);
 }
 
 }  // namespace cost_cases

@@ -27,24 +27,52 @@ struct cost_inputs {
 };
 
 /// What a layer or module costs on one rank: its communication per forward and per backward, in order, and the
-/// bytes of its parameters and of their gradients on this rank.
+/// bytes of its parameters, of their gradients and of what its forward keeps for its backward on this rank.
 struct cost {
-  transfer_list<> forward;          ///< The forward's transfers, in order.
-  transfer_list<> backward;         ///< The backward's transfers, in order.
-  std::size_t parameter_bytes = 0;  ///< This rank's parameters.
-  std::size_t gradient_bytes = 0;   ///< Their gradients (as many: one per parameter element).
+  transfer_list<> forward;           ///< The forward's transfers, in order.
+  transfer_list<> backward;          ///< The backward's transfers, in order.
+  std::size_t parameter_bytes = 0;   ///< This rank's parameters.
+  std::size_t gradient_bytes = 0;    ///< Their gradients (as many: one per parameter element).
+  std::size_t activation_bytes = 0;  ///< What one forward keeps for its backward (one microbatch in flight).
 
-  /// Parameters and gradients held on this rank.
-  [[nodiscard]] constexpr std::size_t bytes_per_rank() const { return parameter_bytes + gradient_bytes; }
+  /// Parameters, gradients and one microbatch's saved activations held on this rank.
+  [[nodiscard]] constexpr std::size_t bytes_per_rank() const {
+    return parameter_bytes + gradient_bytes + activation_bytes;
+  }
 
-  /// Adds a part that holds `other`'s parameters and gradients; its transfers are added by the caller, in the
-  /// order the code runs them (forward in call order, backward as the backward calls them).
+  /// Adds a part that holds `other`'s parameters, gradients and saved activations; its transfers are added by
+  /// the caller, in the order the code runs them (forward in call order, backward as the backward calls them).
   constexpr cost& hold(cost const& other) {
     parameter_bytes += other.parameter_bytes;
     gradient_bytes += other.gradient_bytes;
+    activation_bytes += other.activation_bytes;
     return *this;
   }
 };
+
+/// One parameter as the costs that walk a model's parameters see it (sw::finish_gradients, optimizers), in the
+/// order of sw::for_each_parameter: a model offers them through a static
+/// `shardwise_parameter_costs(config, cost_inputs, fn)` that calls fn(parameter_cost) for each.
+struct parameter_cost {
+  std::size_t elements = 0;         ///< This rank's shard, in elements.
+  std::size_t element_size = 4;     ///< Bytes per element.
+  bool partial_gradient = false;    ///< Summed over tp by finish_gradients (a norm under SequenceParallel).
+  std::size_t copies_elements = 0;  ///< Repeated blocks: elements finish_gradients all-reduces to sum the copies.
+};
+
+/// The transfers of sw::finish_gradients on one rank, for the parameters `walk(fn)` visits in order: each Partial
+/// gradient all-reduced over tp, each repeated block's copies summed by an all-reduce.
+template <std::size_t Capacity = 48, class Walk>
+constexpr transfer_list<Capacity> finish_gradients_cost(Walk&& walk, cost_inputs const& s) {
+  transfer_list<Capacity> list;
+  walk([&](parameter_cost const& p) {
+    if (p.partial_gradient)
+      list.add(transfer_kind::all_reduce, s.tp_axis, p.elements * p.element_size);
+    else if (p.copies_elements != 0)
+      list.add(transfer_kind::all_reduce, s.tp_axis, p.copies_elements * p.element_size);
+  });
+  return list;
+}
 
 namespace detail {
 template <std::size_t Bytes, std::size_t Limit>

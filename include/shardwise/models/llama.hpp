@@ -10,6 +10,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardwise/core/show.hpp"
@@ -226,6 +228,10 @@ struct LlamaAttention {
     cost const cv = decltype(wv)::shardwise_cost(c.dim, kv, s), co = decltype(wo)::shardwise_cost(q, c.dim, s);
     cost total;
     total.hold(cq).hold(ck).hold(cv).hold(co);
+    std::size_t const n = sharded_heads ? s.tp : 1, sequences = s.tokens / c.sequence;
+    // q, k and v after the projections (this rank's heads), and each sequence's and head's probabilities.
+    total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
+    total.activation_bytes += sequences * (c.heads / n) * c.sequence * c.sequence * sizeof(T);
     total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
     total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
@@ -291,6 +297,7 @@ struct LlamaFeedForward {
     cost const c2 = decltype(w2)::shardwise_cost(c.hidden, c.dim, s);
     cost total;
     total.hold(c1).hold(c3).hold(c2);
+    total.activation_bytes += 3 * c2.activation_bytes;  // silu's input, w3's output and silu's output: as w2's input
     total.forward.append(c1.forward).append(c3.forward).append(c2.forward);
     total.backward.append(c2.backward).append(c1.backward).append(c3.backward);
     return total;
@@ -340,8 +347,8 @@ struct LlamaBlock {
     cost const a = call_cost<Attention, T>(Attention::shardwise_cost(c, s), c.dim, c.dim, s);
     cost const f = call_cost<FeedForward, T>(FeedForward::shardwise_cost(c, s), c.dim, c.dim, s);
     cost total;
-    total.hold(decltype(attention_norm)::shardwise_cost(c.dim)).hold(a);
-    total.hold(decltype(ffn_norm)::shardwise_cost(c.dim)).hold(f);
+    total.hold(decltype(attention_norm)::shardwise_cost(c.dim, s)).hold(a);
+    total.hold(decltype(ffn_norm)::shardwise_cost(c.dim, s)).hold(f);
     total.forward.append(a.forward).append(f.forward);
     total.backward.append(f.backward).append(a.backward);
     return total;
@@ -392,6 +399,72 @@ struct Llama {
     // zero output rows the loss leaves out), as Megatron does.
     tok_embeddings.pad_vocabulary_for_tp();
     output.pad_outputs_for_tp();
+  }
+
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens per forward: the embedding, every block
+  /// (called through sw::forward), the final norm and the output projection, forward in that order and backward
+  /// in reverse (the norm first reduces the output's Partial input gradient, without sequence parallelism).
+  /// With `checkpointed_blocks` (checkpoint_blocks(true)) each block keeps only its input between forward and
+  /// backward; the transfers of its forward then run again in the backward, before its own.
+  static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s, bool checkpointed_blocks = false) {
+    using Embed = decltype(tok_embeddings);
+    using Block = block_type;
+    using Norm = decltype(norm);
+    using Output = decltype(output);
+    cost const embed = Embed::shardwise_cost(c.vocabulary, c.dim, s);
+    cost const block = call_cost<Block, T>(Block::shardwise_cost(c, s), c.dim, c.dim, s);
+    cost const out = Output::shardwise_cost(c.dim, c.vocabulary, s);
+    cost total;
+    total.hold(embed).hold(Norm::shardwise_cost(c.dim, s));
+    cost kept = block;
+    if (checkpointed_blocks) {  // only the block's input: the stream, this rank's tokens under Shard<0>
+      bool const cut = std::is_same_v<typename stream::placement, Shard<0>>;
+      kept.activation_bytes = (cut ? s.local_tokens() : s.tokens) * c.dim * sizeof(T);
+      kept.backward = transfer_list<>().append(block.forward).append(block.backward);
+    }
+    for (std::size_t i = 0; i < c.layers; ++i) total.hold(kept);
+    if (!c.tie_word_embeddings)
+      total.hold(out);  // a tied output computes with the embedding's table
+    else
+      total.activation_bytes += out.activation_bytes;
+    total.forward.append(embed.forward).append(block.forward, c.layers).append(out.forward);
+    total.backward.append(out.backward);
+    shardwise::detail::add_redistribute<typename Output::input_grad_layout, typename Norm::input_layout>(
+        total.backward, s.tokens, c.dim, sizeof(T), s);
+    total.backward.append(kept.backward, c.layers).append(embed.backward);
+    return total;
+  }
+
+  /// This rank's parameters, in the order of sw::for_each_parameter, as costs that walk them see them
+  /// (sw::parameter_cost): fn is called once per parameter.
+  template <class Fn>
+  static constexpr void shardwise_parameter_costs(LlamaConfig const& c, cost_inputs const& s, Fn&& fn) {
+    constexpr std::size_t e = sizeof(T);
+    auto const held = [](cost const& k) { return k.parameter_bytes / e; };
+    using Attention = decltype(std::declval<block_type&>().attention);
+    using FeedForward = decltype(std::declval<block_type&>().feed_forward);
+    using Norm = decltype(norm);
+    bool const norms_partial = !std::is_same_v<typename Norm::grad_placement, Replicate>;
+    std::size_t const copies =
+        Attention::sharded_heads ? kv_size_multiplier(c.heads, c.kv_heads, s.tp, c.kv_size_multiplier) : 1;
+    std::size_t const kv_rows = c.kv_heads * c.head_dim(), q = c.heads * c.head_dim();
+    cost const wq = decltype(std::declval<Attention&>().wq)::shardwise_cost(c.dim, q, s);
+    cost const wk = decltype(std::declval<Attention&>().wk)::shardwise_cost(c.dim, kv_rows * copies, s);
+    cost const wo = decltype(std::declval<Attention&>().wo)::shardwise_cost(q, c.dim, s);
+    cost const w1 = decltype(std::declval<FeedForward&>().w1)::shardwise_cost(c.dim, c.hidden, s);
+    cost const w2 = decltype(std::declval<FeedForward&>().w2)::shardwise_cost(c.hidden, c.dim, s);
+    parameter_cost const norm_weight{c.dim, e, norms_partial, 0};
+    parameter_cost const kv{held(wk), e, false, copies > 1 ? kv_rows * c.dim : 0};
+    fn(parameter_cost{held(decltype(tok_embeddings)::shardwise_cost(c.vocabulary, c.dim, s)), e, false, 0});
+    for (std::size_t i = 0; i < c.layers; ++i) {
+      fn(norm_weight), fn(parameter_cost{held(wq), e, false, 0}), fn(kv), fn(kv);
+      fn(parameter_cost{held(wo), e, false, 0}), fn(norm_weight);
+      fn(parameter_cost{held(w1), e, false, 0}), fn(parameter_cost{held(w1), e, false, 0});
+      fn(parameter_cost{held(w2), e, false, 0});
+    }
+    fn(norm_weight);
+    if (!c.tie_word_embeddings)
+      fn(parameter_cost{held(decltype(output)::shardwise_cost(c.dim, c.vocabulary, s)), e, false, 0});
   }
 
   /// Whether the plan cuts the output projection and the embedding the same way, as tied weights need.
@@ -445,5 +518,34 @@ struct Llama {
   bool checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };
+
+/// The sizes of a training step, for its cost: the tensor-parallel side (the tokens of one microbatch on this dp
+/// rank, the tp size and this rank on it) and the data-parallel side.
+struct training_step_inputs {
+  cost_inputs tp;                   ///< One microbatch's tokens, and the tensor-parallel axis.
+  std::size_t microbatches = 1;     ///< Forward and backward passes per step (gradient accumulation).
+  std::size_t dp = 1;               ///< Ranks on the data-parallel axis.
+  std::size_t dp_rank = 0;          ///< This rank's coordinate on it.
+  bool zero1 = false;               ///< AdamW with ZeRO-1 (AdamWOptions::zero1).
+  std::string_view dp_axis = "dp";  ///< The data-parallel axis' name.
+};
+
+/// The transfers of one training step of Llama<T, Plan> on one rank, in order: per microbatch its forward,
+/// models::llama_loss and its backward (recomputing each block's forward first, with `checkpointed_blocks`);
+/// then sw::finish_gradients and AdamW::step(finished, dp).
+template <class T, class Plan, std::size_t Capacity = 128>
+constexpr transfer_list<Capacity> llama_step_cost(LlamaConfig const& c, training_step_inputs const& t,
+                                                  bool checkpointed_blocks = false) {
+  using Model = Llama<T, Plan>;
+  using Logits = typename decltype(std::declval<Model&>().output)::output_layout;
+  cost const pass = Model::shardwise_cost(c, t.tp, checkpointed_blocks);
+  cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
+  auto const walk = [&](auto&& fn) { Model::shardwise_parameter_costs(c, t.tp, fn); };
+  transfer_list<Capacity> list;
+  for (std::size_t m = 0; m < t.microbatches; ++m) list.append(pass.forward).append(loss.forward).append(pass.backward);
+  list.append(finish_gradients_cost<Capacity>(walk, t.tp));
+  list.append(AdamW<T>::template step_cost<Capacity>(walk, t.zero1, t.dp, t.dp_rank, t.tp, t.dp_axis));
+  return list;
+}
 
 }  // namespace shardwise::models

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
@@ -98,6 +99,27 @@ class Embedding : public detail::layer_plumbing<T, Location> {
     padded.topRows(weight.rows()) = weight;
     weight = std::move(padded);
     zero_grad();
+  }
+
+  /// The table's cost (sw::cost) on one rank for s.tokens ids: its shard with its gradient, and the transfers its
+  /// forward and backward run. `vocabulary`: the table's rows (padded to a multiple of the tp size under
+  /// RowwiseParallel, as pad_vocabulary_for_tp does).
+  static constexpr cost shardwise_cost(std::size_t vocabulary, std::size_t dim, cost_inputs const& s) {
+    constexpr std::size_t e = sizeof(T);
+    std::size_t const n = serial ? 1 : s.tp;
+    std::size_t const rows = rowwise ? (vocabulary + n - 1) / n : vocabulary, cols = colwise ? dim / n : dim;
+    cost c;
+    c.parameter_bytes = c.gradient_bytes = rows * cols * e;
+    c.activation_bytes = s.tokens * sizeof(std::int64_t);  // the ids, for the backward
+    if constexpr (rowwise)
+      c.forward.add(
+          std::is_same_v<output_layout, Replicate> ? transfer_kind::all_reduce : transfer_kind::reduce_scatter,
+          s.tp_axis, s.tokens * dim * e);
+    if constexpr (colwise && std::is_same_v<output_layout, Replicate>)
+      c.forward.add(transfer_kind::all_gather, s.tp_axis, s.tokens * cols * e);
+    if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>)
+      c.backward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * dim * e);
+    return c;
   }
 
   /// Pads the table at parallelize, with zero rows no id reaches, up to a multiple of the tp size (under

@@ -313,6 +313,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
     std::size_t const local_in = rowwise ? in / n : in, local_out = colwise ? (out + n - 1) / n : out;
     cost c;
     c.parameter_bytes = c.gradient_bytes = (local_in * local_out + (with_bias ? local_out : 0)) * e;
+    c.activation_bytes = s.tokens * local_in * e;  // its input (the whole sequence, gathered under Shard<0>)
     if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>)
       c.forward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * in * e);
     if constexpr (rowwise)

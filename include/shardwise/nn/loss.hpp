@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "shardwise/core/show.hpp"
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/group.hpp"
@@ -106,6 +107,18 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   }
   result.loss *= scale;
   return result;
+}
+
+/// The cost (sw::cost) of sw::cross_entropy on `rows` rows of logits in layout P: loss parallel (Shard<-1>)
+/// all-reduces the rows' maxima, then their sums and target logits in one call; on replicated logits nothing
+/// moves.
+template <class T, class P>
+constexpr cost cross_entropy_cost(std::size_t rows, cost_inputs const& s) {
+  cost c;
+  if constexpr (std::is_same_v<detail::normalize_2d_t<P>, Shard<1>>)
+    c.forward.add(transfer_kind::all_reduce, s.tp_axis, rows * sizeof(T))
+        .add(transfer_kind::all_reduce, s.tp_axis, 2 * rows * sizeof(T));
+  return c;
 }
 
 /// Cross-entropy matching the logits' layout: loss parallel on logits cut along the vocabulary (Shard<-1>, over

@@ -43,14 +43,18 @@ class norm_layer : public layer_plumbing<T, Location> {
   using matrix = nn::matrix<T>;
   using vector = nn::vector<T>;
 
-  /// The norm's cost (sw::cost) over `features`: its weight (and LayerNorm's bias) on every rank and their
-  /// gradients — twice under SequenceParallel, where the partial sums wait beside the finished ones. It sends
-  /// nothing itself: SequenceParallel's partial gradients are reduced by sw::finish_gradients.
-  static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& = {}) {
+  /// The norm's cost (sw::cost) over `features` for s.tokens tokens: its weight (and LayerNorm's bias) on every
+  /// rank and their gradients — twice under SequenceParallel, where the partial sums wait beside the finished
+  /// ones — and its input with the per-token statistics kept for backward (this rank's tokens under
+  /// SequenceParallel). It sends nothing itself: SequenceParallel's partial gradients are reduced by
+  /// sw::finish_gradients.
+  static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& s = {}) {
     std::size_t const values = features * (Kind == norm_kind::layer ? 2 : 1) * sizeof(T);
+    std::size_t const rows = sequence_parallel ? s.local_tokens() : s.tokens;
     cost c;
     c.parameter_bytes = values;
     c.gradient_bytes = sequence_parallel ? 2 * values : values;
+    c.activation_bytes = rows * (features + (Kind == norm_kind::layer ? 2 : 1)) * sizeof(T);  // input, statistics
     return c;
   }
 

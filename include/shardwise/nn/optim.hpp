@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -192,6 +193,42 @@ class AdamW {
   void set_steps(std::size_t steps) { steps_ = steps; }                      ///< Sets the steps taken, when resuming.
   [[nodiscard]] AdamWOptions<T> const& options() const { return options_; }  ///< The options it was made with.
 
+  /// The transfers of step(ready, dp) on one rank (sw::cost), for the parameters `walk(fn)` visits in order
+  /// (sw::parameter_cost; a model's shardwise_parameter_costs): each gradient averaged over dp (ZeRO-1:
+  /// reduce-scattered), the squared norm summed over tp (and, ZeRO-1, over dp), then (ZeRO-1) each updated slice
+  /// all-gathered. `dp_axis`: the data-parallel axis' name.
+  template <std::size_t Capacity = 48, class Walk>
+  static constexpr transfer_list<Capacity> step_cost(Walk&& walk, bool zero1, std::size_t dp, std::size_t dp_rank,
+                                                     cost_inputs const& s, std::string_view dp_axis = "dp") {
+    transfer_list<Capacity> list;
+    bool const slices = zero1 && dp > 1;
+    walk([&](parameter_cost const& p) {
+      if (dp > 1)
+        list.add(slices ? transfer_kind::reduce_scatter : transfer_kind::all_reduce, dp_axis,
+                 p.elements * p.element_size);
+    });
+    list.add(transfer_kind::all_reduce, s.tp_axis, sizeof(T));
+    if (slices) list.add(transfer_kind::all_reduce, dp_axis, sizeof(T));
+    if (slices)
+      walk([&](parameter_cost const& p) {
+        list.add(transfer_kind::all_gather, dp_axis, chunk_size(p.elements, dp, dp_rank) * p.element_size);
+      });
+    return list;
+  }
+
+  /// Bytes of optimizer state (state_elements) this rank holds after a step, for the parameters `walk(fn)`
+  /// visits: two moments per element of its slice (ZeRO-1: its torch.chunk piece of each parameter over dp).
+  /// ZeRO-1 also keeps the slice's averaged gradient: as many bytes again as one moment.
+  template <class Walk>
+  static constexpr std::size_t state_bytes(Walk&& walk, bool zero1, std::size_t dp, std::size_t dp_rank) {
+    bool const slices = zero1 && dp > 1;
+    std::size_t bytes = 0;
+    walk([&](parameter_cost const& p) {
+      bytes += 2 * (slices ? chunk_size(p.elements, dp, dp_rank) : p.elements) * sizeof(T);
+    });
+    return bytes;
+  }
+
   /// Elements of optimizer state this rank holds (moments): with ZeRO-1, about 2 x parameters / dp.
   [[nodiscard]] std::size_t state_elements() const {
     std::size_t n = 0;
@@ -332,7 +369,7 @@ class AdamW {
         }
       s.m.assign(s.count, T(0));
       s.v.assign(s.count, T(0));
-      s.grad.resize(static_cast<Eigen::Index>(s.count));
+      if (options_.zero1 && dp_size > 1) s.grad.resize(static_cast<Eigen::Index>(s.count));  // only ZeRO-1 uses it
       slices_.push_back(std::move(s));
     }
     return slices_[index];
