@@ -1,5 +1,6 @@
 // A plan's cost against a counting thread mesh at 1, 2 and 4 ranks (cases/cost_cases.hpp), and the cost as a
-// compile-time value: static_asserts on the Llama feed-forward, attention and block.
+// compile-time value: static_asserts on the Llama feed-forward, attention and block (with sequence parallelism,
+// and unsharded).
 #include "cases/cost_cases.hpp"
 
 namespace {
@@ -21,8 +22,17 @@ constexpr sw::cost ffn_tp2 = sw::cost_of<FeedForward<tp_plan>>(config, sw::cost_
 // (the Partial input gradient is reduced at the block's boundary).
 static_assert(ffn_tp2.forward == sw::transfer_list<>().add(sw::transfer_kind::all_reduce, "tp", tokens * 64 * 4));
 static_assert(ffn_tp2.backward.empty());
-// w1, w3 by rows and w2 by columns: a half of each weight, and as much gradient.
-static_assert(ffn_tp2.parameter_bytes == 3 * 64 * 176 / 2 * 4 && ffn_tp2.gradient_bytes == ffn_tp2.parameter_bytes);
+// w1, w3 by rows and w2 by columns: a half of each weight.
+static_assert(ffn_tp2.parameter_bytes == 3 * 64 * 176 / 2 * 4);
+
+// The attention under TP: wo's all-reduce of tokens x dim forward; its Partial input gradient is reduced at the
+// block's boundary, so its own backward sends nothing. Half of wq, wk, wv and wo on each rank.
+template <class Plan>
+using Attention = models::LlamaAttention<float, sw::subplan<Plan, "layers.*.attention">>;
+constexpr sw::cost attention_tp2 = sw::cost_of<Attention<tp_plan>>(config, sw::cost_inputs{tokens, 2, 1});
+static_assert(attention_tp2.forward == sw::transfer_list<>().add(sw::transfer_kind::all_reduce, "tp", tokens * 64 * 4));
+static_assert(attention_tp2.backward.empty());
+static_assert(attention_tp2.parameter_bytes == (64 * 64 + 2 * 64 * 32 + 64 * 64) / 2 * 4);
 
 // The block under sequence parallelism: per branch an all-gather of this rank's tokens and a reduce-scatter of
 // all of them, forward; backward the same, conjugated, in reverse branch order.

@@ -18,7 +18,7 @@ enum class transfer_kind : std::uint8_t {
   all_reduce,      ///< Bytes: the buffer reduced.
   all_gather,      ///< Bytes: this rank's piece (its input).
   reduce_scatter,  ///< Bytes: this rank's whole input (before the scatter).
-  broadcast,       ///< Bytes: the buffer (the root's).
+  broadcast,       ///< Bytes: the buffer this rank passes (a receiver's empty one, to be resized: 0).
   all_to_all,      ///< Bytes: this rank's input.
   gather_values,   ///< Bytes: this rank's small record (shapes, flags, checksums).
   barrier,         ///< Bytes: 0.

@@ -196,7 +196,8 @@ class AdamW {
   /// The transfers of step(ready, dp) on one rank (sw::cost), for the parameters `walk(fn)` visits in order
   /// (sw::parameter_cost; a model's shardwise_parameter_costs): each gradient averaged over dp (ZeRO-1:
   /// reduce-scattered), the squared norm summed over tp (and, ZeRO-1, over dp), then (ZeRO-1) each updated slice
-  /// all-gathered. `dp_axis`: the data-parallel axis' name.
+  /// all-gathered. `dp_axis`: the data-parallel axis' name. For a model given to sw::parallelize (its layers hold
+  /// a tp group, over which the squared norm is summed even at tp 1).
   template <std::size_t Capacity = 48, class Walk>
   static constexpr transfer_list<Capacity> step_cost(Walk&& walk, bool zero1, std::size_t dp, std::size_t dp_rank,
                                                      cost_inputs const& s, std::string_view dp_axis = "dp") {
