@@ -140,11 +140,41 @@ inline std::vector<std::optional<mpi_whereabouts>> mpi_exchange_whereabouts(std:
   mpi_abort_job();
 }
 
-/// MPI is initialised once per process and finalised at exit, after every communicator is gone.
+/// Before MPI_Finalize: waits until every rank has reached it, or ends this rank (exit code 1, the peer's error
+/// on stderr) when a failure notice arrives first. OpenMPI's MPI_Finalize waits for every peer, and a rank
+/// waiting there was seen to outlive MPI_Abort from its failing peers by minutes (CI, 4 ranks on 2 cores).
+inline void mpi_await_peers_before_finalize() {
+  auto& n = notices();
+  if (n.comm == MPI_COMM_NULL) return;
+  MPI_Request all_here = MPI_REQUEST_NULL;
+  MPI_Ibarrier(n.comm, &all_here);
+  for (int done = 0;;) {
+    MPI_Test(&all_here, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    int arrived = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, 0, n.comm, &arrived, &status);
+    if (arrived) {
+      int me = -1;
+      MPI_Comm_rank(n.comm, &me);
+      std::fprintf(stderr, "shardwise: rank %d finished, but world rank %d failed; ending with exit code 1\n", me,
+                   status.MPI_SOURCE);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+/// MPI is initialised once per process and finalised at exit, after every communicator is gone and every rank
+/// has arrived (mpi_await_peers_before_finalize).
 inline std::shared_ptr<boost::mpi::environment> mpi_environment(int* argc = nullptr, char*** argv = nullptr) {
   static std::shared_ptr<boost::mpi::environment> env = [&] {
-    auto made = argc && argv ? std::make_shared<boost::mpi::environment>(*argc, *argv)
-                             : std::make_shared<boost::mpi::environment>();
+    auto* raw = argc && argv ? new boost::mpi::environment(*argc, *argv) : new boost::mpi::environment();
+    std::shared_ptr<boost::mpi::environment> made(raw, [](boost::mpi::environment* e) {
+      mpi_await_peers_before_finalize();
+      delete e;
+    });
     MPI_Comm_dup(MPI_COMM_WORLD, &notices().comm);
     std::set_terminate(&mpi_terminate);
     return made;
