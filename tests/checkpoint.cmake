@@ -48,9 +48,28 @@ shardwise_add_test(test_checkpoint_concurrency test_checkpoint_concurrency.cpp L
 # Consolidation into one safetensors file, and the `shardwise` command (tools/).
 shardwise_add_test(test_checkpoint_consolidate test_checkpoint_consolidate.cpp LINK shardwise::checkpoint shardwise::eigen)
 shardwise_add_test(test_checkpoint_pipeline test_checkpoint_pipeline.cpp LINK shardwise::checkpoint shardwise::eigen)
+# The planner (config.json reading, memory and step-time estimates, the search) behind `shardwise plan`.
+shardwise_add_test(test_planner test_planner.cpp LINK shardwise::checkpoint shardwise::eigen)
+target_compile_definitions(test_planner PRIVATE SHARDWISE_TEST_DATA_DIR="${CMAKE_CURRENT_SOURCE_DIR}/data"
+                                                SHARDWISE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 find_package(CLI11 CONFIG QUIET)
 if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after the tests
-  foreach(command IN ITEMS "" consolidate inspect verify)
+  # shardwise plan: Llama 3 70B over 1,024 and 16,384 ranks; no layout fitting (exit code 1, the smallest
+  # need named); a config that is not JSON (exit code 1, the file and the parser's position named).
+  set(plan_70b "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/llama3_70b_config.json'")
+  foreach(ranks 1024 16384)
+    add_test(NAME cli.plan.llama3_70b.${ranks} COMMAND sh -c "${plan_70b} --ranks ${ranks} --memory-per-rank 80GiB; echo exit code $?")
+    set_tests_properties(cli.plan.llama3_70b.${ranks} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
+        "Llama, 70.55 B parameters.*${ranks} ranks, 80.0 GiB per rank.*searched [0-9]+ layouts in [0-9.]+ ms; [1-9][0-9]* fit.*dp +pp +tp +micro.*exit code 0")
+  endforeach()
+  add_test(NAME cli.plan.no_fit COMMAND sh -c "${plan_70b} --ranks 8 --memory-per-rank 80GiB 2>&1; echo exit code $?")
+  set_tests_properties(cli.plan.no_fit PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
+      "no layout of 8 ranks fits in 80.0 GiB per rank; the smallest needs [0-9.]+ GiB \\(dp [0-9]+ x pp [0-9]+ x tp [0-9]+.*give more memory per rank, more ranks or a smaller --batch\n*exit code 1")
+  add_test(NAME cli.plan.bad_json
+           COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/broken_config.json' --ranks 8 --memory-per-rank 80GiB 2>&1; echo exit code $?")
+  set_tests_properties(cli.plan.bad_json PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
+      "broken_config.json is not valid JSON \\(.*parse error at line 4.*exit code 1")
+  foreach(command IN ITEMS "" consolidate inspect verify plan)
     add_test(NAME cli.help${command} COMMAND shardwise_cli ${command} --help)
     set_tests_properties(cli.help${command} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "Usage:.*shardwise")
   endforeach()

@@ -2,6 +2,7 @@
 //   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names shardwise|transformers-llama]
 //   shardwise inspect FILE_OR_DIR
 //   shardwise verify CHECKPOINT_DIR
+//   shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,8 @@
 #include <shardwise/models/llama_names.hpp>
 #include <sstream>
 #include <string>
+
+#include "plan_command.hpp"
 
 namespace sw = shardwise;
 namespace fs = std::filesystem;
@@ -104,7 +107,7 @@ int inspect(std::string const& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"shardwise: sharded checkpoints and safetensors files"};
+  CLI::App app{"shardwise: sharded checkpoints and safetensors files, and plans for clusters"};
   app.require_subcommand(1);
 
   std::string checkpoint, output, names = "shardwise";
@@ -136,10 +139,36 @@ int main(int argc, char** argv) {
                                  "checksum its save recorded; exits 1 naming each problem");
   ver->add_option("CHECKPOINT_DIR", verified, "The folder holding shardwise_checkpoint.json")->required();
 
+  plan_command::options planned;
+  std::string memory;
+  auto* plan = app.add_subcommand("plan",
+                                  "The layouts (dp x pp x tp, microbatches, ZeRO-1 or FSDP, activation "
+                                  "checkpointing) of a Llama model that fit in the memory per rank, fastest first");
+  plan->add_option("CONFIG", planned.config, "A transformers config.json of a Llama model")->required();
+  plan->add_option("--ranks", planned.ranks, "Ranks (processes) in the job")->required()->check(CLI::PositiveNumber);
+  plan->add_option("--memory-per-rank", memory, "Bytes each rank may hold: 80GiB, 40GB, 8e10")
+      ->required()
+      ->check([](std::string const& text) {
+        return plan_command::parse_bytes(text) ? std::string() : "not a size in bytes (say 80GiB or 8e10)";
+      });
+  plan->add_option("--machine", planned.machine,
+                   "A machine file (JSON: gemm_flops, memory_bandwidth, tp/dp/pp bandwidth and latency); "
+                   "default: this machine's measured values");
+  plan->add_option("--batch", planned.batch, "Sequences per optimizer step")->capture_default_str();
+  plan->add_option("--sequence", planned.sequence, "Tokens per sequence (default: max_position_embeddings)");
+  plan->add_option("--precision", planned.precision, "bf16 (mixed, fp32 master weights) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  plan->add_option("--top", planned.top, "How many layouts to print")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*cons) return consolidate(checkpoint, output, remove, names);
     if (*ver) return verify(verified);
+    if (*plan) {
+      planned.memory_per_rank = plan_command::parse_bytes(memory);
+      return plan_command::run(planned);
+    }
     return inspect(target);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "%s\n", e.what());

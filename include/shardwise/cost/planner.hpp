@@ -1,0 +1,320 @@
+#pragma once
+// The planner behind `shardwise plan`: for a Llama config, a rank count and a memory limit, every layout of
+// dp x pp x tp x microbatches x optimizer-state sharding x activation checkpointing, with its memory per rank and
+// a step time predicted from a machine description, ranked. One transformer block's parameters, saved
+// activations and tensor-parallel transfers come from the block's own declared cost (LlamaBlock::shardwise_cost,
+// the one the counting mesh proves on real runs); the rest is the arithmetic of the schedules shardwise runs.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/cost/cost.hpp"
+#include "shardwise/models/llama.hpp"
+#include "shardwise/models/llama_plan.hpp"
+
+namespace shardwise::planner {
+
+/// Bytes per parameter element of the parameters, gradients and optimizer state, and per activation element.
+struct precision {
+  std::size_t parameter = 2;             ///< The parameters the forward computes with.
+  std::size_t gradient = 2;              ///< Their gradients.
+  std::size_t optimizer = 12;            ///< AdamW's state: moments (and the fp32 master copy under mixed precision).
+  std::size_t activation = 2;            ///< Saved activations.
+  std::string_view name = "bf16 mixed";  ///< As printed.
+};
+/// bf16 parameters, gradients and activations with fp32 master weights and moments: 2 + 2 + 12 bytes per
+/// parameter, the accounting of the ZeRO paper (K = 12) and of Megatron-LM.
+inline constexpr precision bf16_mixed{};
+/// fp32 throughout, as shardwise's benchmarks on this CPU run: 4 + 4 + 8 (two moments).
+inline constexpr precision fp32{4, 4, 8, 4, "fp32"};
+
+/// Where the optimizer state, gradients and parameters live across the data-parallel axis.
+enum class state_sharding {
+  replicated,  ///< Every dp rank holds all (plain data parallelism, gradients all-reduced).
+  zero1,       ///< The optimizer state sharded over dp (AdamWOptions::zero1).
+  fsdp         ///< Parameters, gradients and optimizer state sharded (full shard, one unit per block).
+};
+/// "replicated", "zero1", "fsdp".
+constexpr std::string_view sharding_name(state_sharding s) {
+  return s == state_sharding::replicated ? "replicated" : s == state_sharding::zero1 ? "zero1" : "fsdp";
+}
+
+/// One mesh axis' link: time of a transfer = latency + bytes on the wire / bandwidth.
+struct link {
+  double bandwidth = 50e9;  ///< Bytes per second one rank sends.
+  double latency = 2e-6;    ///< Seconds per call.
+};
+
+/// What a step time is predicted from: per rank, the GEMM rate and the memory bandwidth (element-wise passes,
+/// the optimizer), and a link per mesh axis.
+struct machine {
+  std::string name = "2-core AMD EPYC (Zen 3), thread mesh: measured";  ///< As printed.
+  double gemm_flops = 88e9;        ///< FLOP/s of one rank's GEMMs (bench_tp_mlp, TP 1: 88.3 GFLOP/s).
+  double memory_bandwidth = 10e9;  ///< Bytes/s one rank streams through memory (memcpy of 64 MiB: 10.4 GB/s).
+  link tp{55e9, 1.5e-6};           ///< Thread-mesh all-reduce, 1–4 MiB: 58–63 GB/s; 4 KiB: 1.2 µs.
+  link dp{55e9, 1.5e-6};           ///< The same mesh.
+  link pp{55e9, 1.5e-6};           ///< The same mesh.
+};
+
+/// The machine described by a JSON file: {"name", "gemm_flops", "memory_bandwidth", "tp": {"bandwidth",
+/// "latency"}, "dp": {...}, "pp": {...}}; a field left out keeps this machine's measured value.
+inline machine read_machine(std::filesystem::path const& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) shardwise::raise("shardwise::planner::read_machine: cannot open ", file.string(), "; give a machine file");
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(in);
+  } catch (nlohmann::json::exception const& e) {
+    shardwise::raise("shardwise::planner::read_machine: ", file.string(), " is not valid JSON (", e.what(), ")");
+  }
+  machine m;
+  auto const number = [&](nlohmann::json const& at, char const* field, double& into) {
+    if (!at.contains(field)) return;
+    if (!at[field].is_number() || !(at[field].get<double>() > 0))
+      shardwise::raise("shardwise::planner::read_machine: \"", field, "\" in ", file.string(),
+                       " must be a positive number");
+    into = at[field].get<double>();
+  };
+  if (root.contains("name") && root["name"].is_string()) m.name = root["name"].get<std::string>();
+  number(root, "gemm_flops", m.gemm_flops), number(root, "memory_bandwidth", m.memory_bandwidth);
+  for (auto [axis, into] : {std::pair{"tp", &m.tp}, std::pair{"dp", &m.dp}, std::pair{"pp", &m.pp}})
+    if (root.contains(axis))
+      number(root[axis], "bandwidth", into->bandwidth), number(root[axis], "latency", into->latency);
+  return m;
+}
+
+/// The batch of one optimizer step.
+struct training_shape {
+  std::size_t batch = 1024;      ///< Sequences per step, over all dp ranks.
+  std::size_t sequence = 4096;   ///< Tokens per sequence.
+  precision bytes = bf16_mixed;  ///< Element sizes.
+};
+
+/// One layout of the ranks and its settings. dp x pp x tp = the rank count.
+struct layout {
+  std::size_t dp = 1, pp = 1, tp = 1;  ///< Axis sizes (tp with sequence parallelism, pp with 1F1B).
+  std::size_t microbatches = 1;        ///< Per step and dp rank (gradient accumulation or the pipeline's).
+  state_sharding sharding = state_sharding::replicated;  ///< Over dp.
+  bool checkpointing = false;                            ///< Activation checkpointing per block.
+};
+
+/// A layout's predicted memory per rank (the busiest rank: the first pipeline stage) and step time.
+struct estimate {
+  layout plan;                       ///< What was estimated.
+  std::size_t parameters = 0;        ///< Parameter elements on the busiest rank before dp sharding.
+  std::size_t state_bytes = 0;       ///< Parameters, gradients and optimizer state (and FSDP's gathered unit).
+  std::size_t activation_bytes = 0;  ///< Saved activations at the peak (microbatches in flight).
+  double step_seconds = 0;           ///< One optimizer step.
+  double tokens_per_second = 0;      ///< The whole job's.
+  /// Everything held at the peak.
+  [[nodiscard]] std::size_t bytes_per_rank() const { return state_bytes + activation_bytes; }
+};
+
+/// Bytes of parameters, gradients and optimizer state per rank for `elements` parameter elements sharded over
+/// `dp` ranks as `s` says (torch.chunk's largest piece), without FSDP's gathered unit.
+constexpr std::size_t model_state_bytes(std::size_t elements, std::size_t dp, state_sharding s, precision p) {
+  std::size_t const shard = (elements + dp - 1) / dp;
+  switch (s) {
+    case state_sharding::replicated:
+      return elements * (p.parameter + p.gradient + p.optimizer);
+    case state_sharding::zero1:
+      return elements * (p.parameter + p.gradient) + shard * p.optimizer;
+    default:
+      return shard * (p.parameter + p.gradient + p.optimizer);
+  }
+}
+
+/// The model the planner reads its block costs from: Llama under llama_plan (sequence parallel).
+using planned_model = models::Llama<float, models::llama_plan<true>>;
+
+/// Seconds one rank spends in the transfers of `list` over an axis of `ranks` ranks through `l`.
+inline double transfer_seconds(transfer_list<> const& list, std::size_t ranks, link l, double element_scale) {
+  double const n = static_cast<double>(ranks);
+  double seconds = 0;
+  for (transfer const& t : list) {
+    double const bytes = static_cast<double>(t.bytes) * element_scale;
+    double wire = bytes;
+    if (t.kind == transfer_kind::all_reduce) wire = 2 * (n - 1) / n * bytes;
+    if (t.kind == transfer_kind::all_gather) wire = (n - 1) * bytes;
+    if (t.kind == transfer_kind::reduce_scatter) wire = (n - 1) / n * bytes;
+    seconds += static_cast<double>(t.count) * (l.latency + wire / l.bandwidth);
+  }
+  return seconds;
+}
+
+/// One block's and the model ends' figures on one tp rank for a microbatch of `tokens` tokens, from their
+/// declared costs (fp32 elements, as planned_model computes).
+struct model_figures {
+  cost block;              ///< One transformer block, called through sw::forward.
+  cost embedding;          ///< The token embedding (first stage).
+  cost ends;               ///< Embedding, final norm and output projection (layers = 0).
+  std::size_t layers = 0;  ///< Blocks in the model.
+};
+
+/// The figures of config `c` at `tokens` tokens per microbatch over tp ranks (this rank: 0, the largest piece).
+inline model_figures figures(models::LlamaConfig const& c, std::size_t tokens, std::size_t tp) {
+  using Block = planned_model::block_type;
+  using Embed = decltype(std::declval<planned_model&>().tok_embeddings);
+  cost_inputs const s{tokens, tp, 0, "tp"};
+  models::LlamaConfig ends_only = c;
+  ends_only.layers = 0;
+  return {call_cost<Block, float>(Block::shardwise_cost(c, s), c.dim, c.dim, s),
+          Embed::shardwise_cost(c.vocabulary, c.dim, s), planned_model::shardwise_cost(ends_only, s), c.layers};
+}
+
+/// Whether shardwise's Llama can cut config `c` over tp ranks (whole query heads per rank, key-value heads
+/// split or repeated evenly).
+constexpr bool tp_fits(models::LlamaConfig const& c, std::size_t tp) {
+  if (c.heads % tp != 0) return false;
+  return tp <= c.kv_heads ? c.kv_heads % tp == 0 : tp % c.kv_heads == 0;
+}
+
+namespace detail {
+
+constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+/// Saved activations of one pipeline stage for one microbatch, in fp32 bytes.
+inline std::size_t stage_activations(model_figures const& f, models::LlamaConfig const& c, layout const& l,
+                                     std::size_t tokens, bool first, bool last) {
+  std::size_t const blocks = ceil_div(f.layers, l.pp);
+  std::size_t const block_input = ceil_div(tokens, l.tp) * c.dim * sizeof(float);  // the stream, cut by SP
+  std::size_t bytes =
+      l.checkpointing ? blocks * block_input + f.block.activation_bytes : blocks * f.block.activation_bytes;
+  if (first) bytes += f.embedding.activation_bytes;
+  if (last) bytes += f.ends.activation_bytes - f.embedding.activation_bytes;
+  return bytes;
+}
+
+/// Parameter elements of one pipeline stage on one tp rank.
+inline std::size_t stage_parameters(model_figures const& f, layout const& l, bool first, bool last) {
+  std::size_t elements = ceil_div(f.layers, l.pp) * f.block.parameter_bytes;
+  if (first) elements += f.embedding.parameter_bytes;
+  if (last) elements += f.ends.parameter_bytes - f.embedding.parameter_bytes;
+  return elements / sizeof(float);
+}
+
+/// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs (2 FLOPs per weight and token,
+/// the backward twice the forward, checkpointing one forward more; attention's full square of scores and
+/// their product with the values) and the tensor-parallel transfers the block and the ends declare.
+inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
+                                 training_shape const& t, std::size_t tokens, machine const& m) {
+  std::size_t const blocks = ceil_div(f.layers, l.pp);
+  double const weights = static_cast<double>(stage_parameters(f, l, false, true) -
+                                             (l.pp == 1 ? f.embedding.parameter_bytes / sizeof(float) : 0));
+  double const attention = 4.0 * static_cast<double>(blocks * tokens * t.sequence * (c.dim / l.tp));
+  double const forward = 2.0 * static_cast<double>(tokens) * weights + attention;
+  double const passes = l.checkpointing ? 4.0 : 3.0;
+  double const scale = static_cast<double>(t.bytes.activation) / sizeof(float);
+  double comm = transfer_seconds(f.block.forward, l.tp, m.tp, scale) * (l.checkpointing ? 2.0 : 1.0);
+  comm += transfer_seconds(f.block.backward, l.tp, m.tp, scale);
+  comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, l.tp, m.tp, scale) +
+         transfer_seconds(f.ends.backward, l.tp, m.tp, scale);
+  return passes * forward / m.gemm_flops + comm;
+}
+
+/// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements.
+inline double data_parallel_seconds(std::size_t elements, std::size_t tensors, layout const& l, precision p,
+                                    machine const& m) {
+  double const n = static_cast<double>(l.dp), e = static_cast<double>(elements);
+  double const moved = (n - 1) / n * e;  // one pass of a ring over the elements
+  double seconds = 0;
+  if (l.dp > 1) {
+    if (l.sharding == state_sharding::replicated)
+      seconds = 2 * moved * static_cast<double>(p.gradient) / m.dp.bandwidth;
+    if (l.sharding == state_sharding::zero1)
+      seconds = moved * static_cast<double>(p.gradient + p.parameter) / m.dp.bandwidth;
+    if (l.sharding == state_sharding::fsdp)  // gathered for the forward and again for the backward, per microbatch
+      seconds = static_cast<double>(l.microbatches) * moved * static_cast<double>(2 * p.parameter + p.gradient) /
+                m.dp.bandwidth;
+    seconds += static_cast<double>(tensors) * m.dp.latency;
+  }
+  double const optimized = l.sharding == state_sharding::replicated ? e : std::ceil(e / n);
+  return seconds + 2 * optimized * static_cast<double>(p.parameter + p.gradient + p.optimizer) / m.memory_bandwidth;
+}
+
+}  // namespace detail
+
+/// The memory per rank and step time of layout `l` for config `c`, batch `t` on machine `m`. The pipeline runs
+/// 1F1B: stage k keeps min(pp - k, microbatches) microbatches' activations; the busiest rank is reported.
+inline estimate estimate_layout(models::LlamaConfig const& c, training_shape const& t, layout const& l,
+                                machine const& m) {
+  std::size_t const sequences = t.batch / (l.dp * l.microbatches);
+  std::size_t const tokens = sequences * t.sequence;
+  model_figures const f = figures(c, tokens, l.tp);
+  double const act_scale = static_cast<double>(t.bytes.activation) / sizeof(float);
+  estimate e{l};
+  for (std::size_t stage = 0; stage < l.pp; ++stage) {
+    bool const first = stage == 0, last = stage + 1 == l.pp;
+    std::size_t const elements = detail::stage_parameters(f, l, first, last);
+    std::size_t state = model_state_bytes(elements, l.dp, l.sharding, t.bytes);
+    if (l.sharding == state_sharding::fsdp)  // one unit gathered, the next prefetched, its gradient unsharded
+      state += f.block.parameter_bytes / sizeof(float) * (2 * t.bytes.parameter + t.bytes.gradient);
+    std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
+    auto const activations = static_cast<std::size_t>(
+        static_cast<double>(in_flight * detail::stage_activations(f, c, l, tokens, first, last)) * act_scale);
+    if (state + activations > e.bytes_per_rank())
+      e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations;
+    if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
+  }
+  double const boundary = static_cast<double>(detail::ceil_div(tokens, l.tp) * c.dim * t.bytes.activation);
+  double const send = l.pp > 1 ? 2 * (m.pp.latency + boundary / m.pp.bandwidth) : 0;
+  double const schedule =
+      static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, c, l, t, tokens, m) + send);
+  std::size_t const tensors = 9 * detail::ceil_div(c.layers, l.pp) + 3;
+  e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, tensors, l, t.bytes, m);
+  e.tokens_per_second = static_cast<double>(t.batch * t.sequence) / e.step_seconds;
+  return e;
+}
+
+/// What a search found: the layouts that fit, fastest first, and the one that needs the least memory.
+struct search_result {
+  std::vector<estimate> fitting;  ///< Within the memory limit, by step time.
+  estimate smallest;              ///< The least memory per rank of all searched (fitting or not).
+  std::size_t searched = 0;       ///< Layouts estimated.
+};
+
+/// Every layout of `ranks` ranks (dp x pp x tp = ranks; tp cutting the heads; pp up to the layers, 1F1B; the
+/// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (not within
+/// pipeline stages, as shardwise offers it); checkpointing off and on), estimated and filtered by
+/// `memory_per_rank` bytes.
+inline search_result search(models::LlamaConfig const& c, training_shape const& t, std::size_t ranks,
+                            std::size_t memory_per_rank, machine const& m) {
+  search_result r;
+  for (std::size_t tp = 1; tp <= ranks; ++tp) {
+    if (ranks % tp != 0 || !tp_fits(c, tp)) continue;
+    for (std::size_t pp = 1; pp <= ranks / tp && pp <= c.layers; ++pp) {
+      std::size_t const dp = ranks / tp / pp;
+      if ((ranks / tp) % pp != 0 || t.batch % dp != 0) continue;
+      for (std::size_t mb = 1; mb <= t.batch / dp; ++mb) {
+        if ((t.batch / dp) % mb != 0) continue;
+        for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
+          if (s != state_sharding::replicated && (dp == 1 || (s == state_sharding::fsdp && pp > 1))) continue;
+          for (bool checkpointing : {false, true}) {
+            estimate const e = estimate_layout(c, t, layout{dp, pp, tp, mb, s, checkpointing}, m);
+            if (r.searched++ == 0 || e.bytes_per_rank() < r.smallest.bytes_per_rank()) r.smallest = e;
+            if (e.bytes_per_rank() <= memory_per_rank) r.fitting.push_back(e);
+          }
+        }
+      }
+    }
+  }
+  std::sort(r.fitting.begin(), r.fitting.end(), [](estimate const& a, estimate const& b) {
+    return a.step_seconds != b.step_seconds ? a.step_seconds < b.step_seconds : a.bytes_per_rank() < b.bytes_per_rank();
+  });
+  return r;
+}
+
+/// Parameter elements of config `c` (the whole model, one copy).
+inline std::size_t parameter_count(models::LlamaConfig const& c) {
+  return detail::stage_parameters(figures(c, 1, 1), layout{}, true, true);
+}
+
+}  // namespace shardwise::planner

@@ -1,0 +1,96 @@
+#pragma once
+// A transformers config.json of a Llama model (LlamaForCausalLM's, as save_pretrained writes it) read into
+// models::LlamaConfig: the sizes the cost model and `shardwise plan` need. Parsed with nlohmann::json, as the
+// checkpoint headers are; every error names the file, the field and the fix.
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/models/llama.hpp"
+
+namespace shardwise::models {
+
+namespace detail {
+
+/// `field` of `root` as a positive whole number, or `fallback` when absent and `fallback` is not 0.
+inline std::size_t config_count(nlohmann::json const& root, char const* field, std::string_view source,
+                                std::size_t fallback = 0) {
+  auto const found = root.find(field);
+  if (found == root.end() || found->is_null()) {
+    if (fallback != 0) return fallback;
+    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " has no \"", field,
+                     "\"; give the config.json that transformers' save_pretrained wrote for a Llama model");
+  }
+  if (!found->is_number_unsigned() || found->get<std::size_t>() == 0)
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
+                     "; it must be a positive whole number");
+  return found->get<std::size_t>();
+}
+
+/// `field` of `root` as a number, or `fallback` when absent.
+inline double config_real(nlohmann::json const& root, char const* field, std::string_view source, double fallback) {
+  auto const found = root.find(field);
+  if (found == root.end() || found->is_null()) return fallback;
+  if (!found->is_number())
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
+                     "; it must be a number");
+  return found->get<double>();
+}
+
+}  // namespace detail
+
+/// The LlamaConfig of a transformers Llama config.json given as text; `source` names it in errors. Reads
+/// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
+/// intermediate_size, rms_norm_eps, rope_theta, tie_word_embeddings and max_position_embeddings (as the
+/// sequence). Throws, naming the field, for text that is not JSON, another model_type, a missing or non-positive
+/// size, or a head_dim other than hidden_size / num_attention_heads.
+inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (nlohmann::json::exception const& e) {
+    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " is not valid JSON (", e.what(),
+                     "); give the config.json that transformers' save_pretrained wrote");
+  }
+  if (!root.is_object())
+    shardwise::raise("shardwise::models::llama_config_from_json: ", source,
+                     " is not a JSON object; give the config.json that transformers' save_pretrained wrote");
+  if (auto type = root.find("model_type"); type != root.end() && *type != "llama")
+    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
+                     ", not \"llama\"; only Llama configs are read");
+  LlamaConfig c;
+  c.vocabulary = detail::config_count(root, "vocab_size", source);
+  c.dim = detail::config_count(root, "hidden_size", source);
+  c.layers = detail::config_count(root, "num_hidden_layers", source);
+  c.heads = detail::config_count(root, "num_attention_heads", source);
+  c.kv_heads = detail::config_count(root, "num_key_value_heads", source, c.heads);
+  c.hidden = detail::config_count(root, "intermediate_size", source);
+  c.sequence = detail::config_count(root, "max_position_embeddings", source, 2048);
+  c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
+  c.rope_theta = detail::config_real(root, "rope_theta", source, 10000.0);
+  if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && tie->is_boolean()) c.tie_word_embeddings = *tie;
+  if (detail::config_count(root, "head_dim", source, c.dim / c.heads) * c.heads != c.dim)
+    shardwise::raise("shardwise::models::llama_config_from_json: \"head_dim\" in ", source,
+                     " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
+  c.check();
+  return c;
+}
+
+/// The LlamaConfig of the config.json at `file` (llama_config_from_json); throws naming the file when it cannot
+/// be read.
+inline LlamaConfig read_llama_config(std::filesystem::path const& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    shardwise::raise("shardwise::models::read_llama_config: cannot open ", file.string(),
+                     "; give the path of a transformers config.json");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return llama_config_from_json(text.str(), file.string());
+}
+
+}  // namespace shardwise::models

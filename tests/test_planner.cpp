@@ -1,0 +1,164 @@
+// The planner behind `shardwise plan` (shardwise::planner): transformers' Llama 3 configs read as published,
+// parameter counts and per-rank memory against arithmetic written out here, the ZeRO paper's model-state
+// figures, the search over layouts, and the errors for bad input.
+#include <doctest/doctest.h>
+
+#include <shardwise/cost/planner.hpp>
+#include <shardwise/models/llama_config_json.hpp>
+#include <string>
+
+namespace sw = shardwise;
+namespace planner = shardwise::planner;
+
+namespace {
+
+std::string const data = SHARDWISE_TEST_DATA_DIR;
+
+/// Parameters of a Llama config, written out from the architecture: per layer q and o (dim x dim), k and v
+/// (dim x kv_heads x head width), the SwiGLU's three (dim x hidden) and two norms; the embedding and output
+/// tables and the final norm.
+std::size_t llama_parameters(std::size_t vocabulary, std::size_t dim, std::size_t layers, std::size_t heads,
+                             std::size_t kv_heads, std::size_t hidden) {
+  std::size_t const kv = kv_heads * (dim / heads);
+  std::size_t const layer = 2 * dim * dim + 2 * dim * kv + 3 * dim * hidden + 2 * dim;
+  return layers * layer + 2 * vocabulary * dim + dim;
+}
+
+/// The message of what `f` throws ("" if nothing).
+template <class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (std::exception const& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("planner: the Llama 3 configs read as published, with their parameter counts") {
+  struct expected {
+    char const* file;
+    std::size_t dim, layers, heads, kv_heads, hidden, sequence, parameters;
+  };
+  // Published totals: 8.03 B, 70.55 B (70.6 B), 405.85 B (meta-llama model cards).
+  for (auto const& e : {expected{"llama3_8b_config.json", 4096, 32, 32, 8, 14336, 8192, 8'030'261'248},
+                        expected{"llama3_70b_config.json", 8192, 80, 64, 8, 28672, 8192, 70'553'706'496},
+                        expected{"llama3_405b_config.json", 16384, 126, 128, 8, 53248, 131072, 405'853'388'800}}) {
+    CAPTURE(e.file);
+    auto const c = sw::models::read_llama_config(data + "/" + e.file);
+    CHECK(c.vocabulary == 128256);
+    CHECK(c.dim == e.dim);
+    CHECK(c.layers == e.layers);
+    CHECK(c.heads == e.heads);
+    CHECK(c.kv_heads == e.kv_heads);
+    CHECK(c.hidden == e.hidden);
+    CHECK(c.sequence == e.sequence);
+    CHECK(c.rope_theta == 500000.0);
+    CHECK(c.norm_eps == 1e-5);
+    CHECK_FALSE(c.tie_word_embeddings);
+    CHECK(llama_parameters(c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden) == e.parameters);
+    CHECK(planner::parameter_count(c) == e.parameters);
+  }
+}
+
+TEST_CASE("planner: model-state bytes equal the ZeRO paper's (Figure 1: 7.5 B parameters, 64 GPUs, K = 12)") {
+  // Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (SC20), Figure 1:
+  // baseline 120 GB, P_os 31.4 GB, P_os+g+p 1.9 GB per device (GB = 1e9 bytes).
+  std::size_t const psi = 7'500'000'000;
+  CHECK(planner::model_state_bytes(psi, 64, planner::state_sharding::replicated, planner::bf16_mixed) ==
+        120'000'000'000);
+  CHECK(planner::model_state_bytes(psi, 64, planner::state_sharding::zero1, planner::bf16_mixed) == 31'406'250'000);
+  CHECK(planner::model_state_bytes(psi, 64, planner::state_sharding::fsdp, planner::bf16_mixed) == 1'875'000'000);
+}
+
+TEST_CASE("planner: a layout's memory per rank, against the arithmetic of the 8B model at tp 8, dp 2, ZeRO-1") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_8b_config.json");
+  planner::training_shape const shape{16, 2048, planner::bf16_mixed};
+  planner::layout const l{2, 1, 8, 4, planner::state_sharding::zero1, false};
+  auto const e = planner::estimate_layout(c, shape, l, planner::machine{});
+  // Per layer every weight is cut 8 ways, the two norms are whole; the vocabulary-parallel tables are cut 8 ways.
+  std::size_t const layer = (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) / 8 + 2 * 4096;
+  std::size_t const elements = 32 * layer + 2 * 128256 * 4096 / 8 + 4096;
+  CHECK(e.parameters == elements);
+  CHECK(e.state_bytes == elements * (2 + 2) + (elements + 1) / 2 * 12);
+  // Two sequences of 2048 tokens per microbatch (16 / dp 2 / 4): the activations are held for one.
+  auto const one = planner::estimate_layout(c, shape, planner::layout{2, 1, 8, 4, planner::state_sharding::zero1, true},
+                                            planner::machine{});
+  CHECK(one.activation_bytes < e.activation_bytes / 4);  // checkpointing keeps each block's input only
+  CHECK(one.step_seconds > e.step_seconds);              // and runs every block's forward again
+}
+
+TEST_CASE("planner: 1F1B keeps min(pp, microbatches) microbatches on the first stage") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_8b_config.json");
+  planner::training_shape const shape{64, 1024, planner::bf16_mixed};
+  planner::machine const m;
+  auto const at = [&](std::size_t microbatches, std::size_t sequences_per_microbatch) {
+    std::size_t const dp = 64 / (microbatches * sequences_per_microbatch);
+    return planner::estimate_layout(c, shape, planner::layout{dp, 4, 2, microbatches}, m).activation_bytes;
+  };
+  // The same microbatch size (one sequence) with 2, 4 and 16 microbatches: 2, 4 and 4 in flight.
+  CHECK(at(4, 1) == 2 * at(2, 1));
+  CHECK(at(16, 1) == at(4, 1));
+}
+
+TEST_CASE("planner: the search covers the layouts of the rank count, fitting ones fastest first") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_70b_config.json");
+  planner::training_shape const shape{1024, 8192, planner::bf16_mixed};
+  std::size_t const limit = std::size_t{80} << 30;
+  for (std::size_t ranks : {1024, 16384}) {
+    CAPTURE(ranks);
+    auto const found = planner::search(c, shape, ranks, limit, planner::machine{});
+    REQUIRE_FALSE(found.fitting.empty());
+    CHECK(found.searched > found.fitting.size());
+    for (std::size_t i = 0; i < found.fitting.size(); ++i) {
+      auto const& e = found.fitting[i];
+      CHECK(e.plan.dp * e.plan.pp * e.plan.tp == ranks);
+      CHECK(e.bytes_per_rank() <= limit);
+      CHECK(shape.batch % (e.plan.dp * e.plan.microbatches) == 0);
+      CHECK((e.plan.sharding != planner::state_sharding::fsdp || e.plan.pp == 1));
+      if (i > 0) CHECK(found.fitting[i - 1].step_seconds <= e.step_seconds);
+    }
+  }
+  auto const crowded = planner::search(c, shape, 8, limit, planner::machine{});
+  CHECK(crowded.fitting.empty());
+  CHECK(crowded.smallest.bytes_per_rank() > limit);
+  auto const huge = sw::models::read_llama_config(data + "/llama3_405b_config.json");
+  CHECK_FALSE(
+      planner::search(huge, planner::training_shape{2048, 8192}, 16384, limit, planner::machine{}).fitting.empty());
+}
+
+TEST_CASE("planner: bad config files and machine files are named with the fix") {
+  CHECK(thrown([] {
+          (void)sw::models::read_llama_config(data + "/broken_config.json");
+        }).find("broken_config.json is not valid JSON (") != std::string::npos);
+  CHECK(thrown([] { (void)sw::models::read_llama_config(data + "/no_such_config.json"); }).find("cannot open") !=
+        std::string::npos);
+  CHECK(thrown([] {
+          (void)sw::models::llama_config_from_json(R"({"model_type": "gpt2"})");
+        }).find("describes model_type \"gpt2\", not \"llama\"") != std::string::npos);
+  CHECK(thrown([] {
+          (void)sw::models::llama_config_from_json(
+              R"({"vocab_size": 10, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 8})");
+        }).find("has no \"hidden_size\"") != std::string::npos);
+  CHECK(thrown([] {
+          (void)sw::models::llama_config_from_json(
+              R"({"vocab_size": 10, "hidden_size": -4, "num_hidden_layers": 2, "num_attention_heads": 2})");
+        }).find("\"hidden_size\" in config.json is -4; it must be a positive whole number") != std::string::npos);
+  CHECK(thrown([] { (void)planner::read_machine(data + "/broken_config.json"); }).find("is not valid JSON") !=
+        std::string::npos);
+}
+
+TEST_CASE("planner: the default machine is tools/machines/this_machine.json") {
+  auto const file = planner::read_machine(std::string(SHARDWISE_SOURCE_DIR) + "/tools/machines/this_machine.json");
+  planner::machine const built_in;
+  CHECK(file.name == built_in.name);
+  CHECK(file.gemm_flops == built_in.gemm_flops);
+  CHECK(file.memory_bandwidth == built_in.memory_bandwidth);
+  for (auto [a, b] :
+       {std::pair{file.tp, built_in.tp}, std::pair{file.dp, built_in.dp}, std::pair{file.pp, built_in.pp}}) {
+    CHECK(a.bandwidth == b.bandwidth);
+    CHECK(a.latency == b.latency);
+  }
+}

@@ -1,0 +1,92 @@
+#pragma once
+// `shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]`: the layouts of a Llama model
+// over N ranks that fit in the memory, fastest first (shardwise::planner).
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <iostream>
+#include <shardwise/cost/planner.hpp>
+#include <shardwise/models/llama_config_json.hpp>
+#include <string>
+
+namespace plan_command {
+
+namespace planner = shardwise::planner;
+
+/// What the command line gave.
+struct options {
+  std::string config;               ///< The config.json.
+  std::size_t ranks = 0;            ///< --ranks.
+  std::size_t memory_per_rank = 0;  ///< --memory-per-rank, bytes.
+  std::string machine;              ///< --machine FILE, or empty for this machine's measured values.
+  std::size_t batch = 1024;         ///< --batch: sequences per step.
+  std::size_t sequence = 0;         ///< --sequence: tokens per sequence; 0: max_position_embeddings.
+  std::string precision = "bf16";   ///< --precision bf16|fp32.
+  std::size_t top = 10;             ///< --top: layouts printed.
+};
+
+/// Bytes written with a unit: "80GiB", "80 GB", "8e10"; 0 when the text is not one.
+inline std::size_t parse_bytes(std::string const& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (std::exception const&) {
+    return 0;
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  double scale = 0;
+  char const* const units[] = {"", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"};
+  double const scales[] = {1, 1, 1e3, 1e6, 1e9, 1e12, 0x1p10, 0x1p20, 0x1p30, 0x1p40};
+  for (std::size_t i = 0; i < std::size(units); ++i)
+    if (unit == units[i]) scale = scales[i];
+  return value > 0 && scale > 0 ? static_cast<std::size_t>(value * scale) : 0;
+}
+
+inline double gib(std::size_t bytes) { return static_cast<double>(bytes) / 0x1p30; }
+
+inline void print_layout(planner::estimate const& e) {
+  auto const& l = e.plan;
+  std::printf("%6zu %4zu %4zu %6zu  %-10s  %-4s  %10.2f  %11.2f  %9.2f  %10.3g  %10.4g\n", l.dp, l.pp, l.tp,
+              l.microbatches, std::string(planner::sharding_name(l.sharding)).c_str(), l.checkpointing ? "yes" : "no",
+              gib(e.state_bytes), gib(e.activation_bytes), gib(e.bytes_per_rank()), e.step_seconds,
+              e.tokens_per_second);
+}
+
+/// Runs the search and prints it; 1 (and why, on stderr) when no layout fits.
+inline int run(options const& o) {
+  auto c = shardwise::models::read_llama_config(o.config);
+  planner::training_shape shape{o.batch, o.sequence != 0 ? o.sequence : c.sequence,
+                                o.precision == "fp32" ? planner::fp32 : planner::bf16_mixed};
+  planner::machine const m = o.machine.empty() ? planner::machine{} : planner::read_machine(o.machine);
+  auto const start = std::chrono::steady_clock::now();
+  auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m);
+  double const ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "Llama, %.2f B parameters (%zu layers, dim %zu, %zu heads / %zu key-value heads, hidden %zu, "
+      "vocabulary %zu)\n",
+      static_cast<double>(planner::parameter_count(c)) / 1e9, c.layers, c.dim, c.heads, c.kv_heads, c.hidden,
+      c.vocabulary);
+  std::printf("%zu ranks, %.1f GiB per rank; %zu sequences x %zu tokens a step, %s; machine: %s\n", o.ranks,
+              gib(o.memory_per_rank), shape.batch, shape.sequence, std::string(shape.bytes.name).c_str(),
+              m.name.c_str());
+  std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
+  if (found.fitting.empty()) {
+    auto const& s = found.smallest.plan;
+    std::fprintf(stderr,
+                 "shardwise plan: no layout of %zu ranks fits in %.1f GiB per rank; the smallest needs %.1f GiB "
+                 "(dp %zu x pp %zu x tp %zu, %zu microbatches, %s, checkpointing %s): give more memory per rank, "
+                 "more ranks or a smaller --batch\n",
+                 o.ranks, gib(o.memory_per_rank), gib(found.smallest.bytes_per_rank()), s.dp, s.pp, s.tp,
+                 s.microbatches, std::string(planner::sharding_name(s.sharding)).c_str(),
+                 s.checkpointing ? "on" : "off");
+    return 1;
+  }
+  std::printf("\n%6s %4s %4s %6s  %-10s  %-4s  %10s  %11s  %9s  %10s  %10s\n", "dp", "pp", "tp", "micro", "state",
+              "ckpt", "model GiB", "activ. GiB", "total GiB", "step s", "tokens/s");
+  for (std::size_t i = 0; i < found.fitting.size() && i < o.top; ++i) print_layout(found.fitting[i]);
+  return 0;
+}
+
+}  // namespace plan_command
