@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/cost/planner.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/mesh/launch.hpp>
@@ -145,10 +146,34 @@ double time_plain(World const& world, models::LlamaConfig const& c, int steps) {
   });
 }
 
+/// The step time `shardwise plan` predicts for a mode (shardwise::planner, fp32, this machine's measured values);
+/// 0 for the modes it does not model (shard-grad-op, bf16 gathers).
+double planned_seconds(models::LlamaConfig const& c, mode m) {
+  namespace planner = sw::planner;
+  planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};
+  auto const at = [&](std::size_t dp, planner::state_sharding s) {
+    return planner::estimate_layout(c, shape, planner::layout{dp, 1, 1, 1, s}, {}).step_seconds;
+  };
+  switch (m) {
+    case mode::one_rank:
+      return at(1, planner::state_sharding::replicated);
+    case mode::data_parallel:
+    case mode::no_shard:
+      return at(2, planner::state_sharding::replicated);
+    case mode::full_shard:
+    case mode::full_shard_prefetch:
+      return at(2, planner::state_sharding::fsdp);
+    default:
+      return 0;
+  }
+}
+
 void speed(models::LlamaConfig const& c, int steps, bool small) {
   std::printf("# tokens/s, Llama dim %zu, %zu layers, vocabulary %zu, %d x %zu tokens a step, fp32, thread mesh\n",
               c.dim, c.layers, c.vocabulary, batch_sequences, c.sequence);
-  std::printf("| setup | step (ms) | tokens/s | vs dp 2 without FSDP |\n|---|---|---|---|\n");
+  std::printf(
+      "| setup | step (ms) | tokens/s | vs dp 2 without FSDP | planned (ms) | measured / planned |\n"
+      "|---|---|---|---|---|---|\n");
   double const tokens = double(batch_sequences) * double(c.sequence);
   double plain = 0, full_step = 0;
   for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard,
@@ -180,8 +205,11 @@ void speed(models::LlamaConfig const& c, int steps, bool small) {
       if (world.rank() == 0) seconds = t;
     });
     if (m == mode::data_parallel) plain = seconds;
-    std::printf("| %s | %.1f | %.0f | %s |\n", name_of(m), seconds * 1e3, tokens / seconds,
-                m == mode::one_rank ? "" : std::to_string(plain / seconds).substr(0, 4).c_str());
+    double const predicted = planned_seconds(c, m);
+    std::printf("| %s | %.1f | %.0f | %s | %s | %s |\n", name_of(m), seconds * 1e3, tokens / seconds,
+                m == mode::one_rank ? "" : std::to_string(plain / seconds).substr(0, 4).c_str(),
+                predicted > 0 ? std::to_string(predicted * 1e3).substr(0, 6).c_str() : "",
+                predicted > 0 ? std::to_string(seconds / predicted).substr(0, 5).c_str() : "");
     std::printf("RESULT %s %d %.1f\n", small ? "small" : "large", static_cast<int>(m), tokens / seconds);
     if (m == mode::full_shard) full_step = seconds;
   }

@@ -9,13 +9,17 @@
 //    above what it held before the step, for GPipe, 1F1B, and 1F1B with activation checkpointing per stage
 //    (1f1b-recompute) and per block (1f1b-blocks).
 //
-//   bench_pipeline [--steps 3] [--small] [--smoke]
+//    Beside each, the step time `shardwise plan` predicts for that layout (shardwise::planner, fp32, this
+//    machine's measured values) and measured / predicted;
+//
+//   bench_pipeline [--steps 3] [--small] [--smoke] [--compare-only]
 //   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute|1f1b-blocks [--small]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <shardwise/cost/planner.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
@@ -191,15 +195,21 @@ void compare_parallelisms(models::LlamaConfig const& c, int steps) {
   double const pp2 = pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds;
   double const tp2 = model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps);
   double const dp2 = model_step_seconds<sw::serial_plan>(c, 2, 1, steps);
-  std::printf("\n%-28s %12s %12s\n", "same model and batch", "tokens/s", "vs 1 rank");
-  auto const row = [&](char const* name, double seconds) {
-    std::printf("%-28s %12.0f %12.2f\n", name, tokens / seconds, one / seconds);
+  namespace planner = sw::planner;
+  planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};
+  auto const planned = [&](planner::layout l) { return planner::estimate_layout(c, shape, l, {}).step_seconds; };
+  std::printf("\n%-28s %12s %12s %14s %14s %12s\n", "same model and batch", "tokens/s", "vs 1 rank", "step (s)",
+              "planned (s)", "measured/planned");
+  auto const row = [&](char const* name, double seconds, double predicted) {
+    std::printf("%-28s %12.0f %12.2f %14.4f %14.4f %12.3f\n", name, tokens / seconds, one / seconds, seconds, predicted,
+                seconds / predicted);
     std::printf("RESULT %s %.1f\n", name, tokens / seconds);
   };
-  row("one_rank", one);
-  row("pp2_1f1b_m8", pp2);
-  row("tp2_sequence_parallel", tp2);
-  row("dp2_zero1", dp2);
+  auto const zero1 = planner::state_sharding::zero1;
+  row("one_rank", one, planned({1, 1, 1, batch_sequences}));
+  row("pp2_1f1b_m8", pp2, planned({1, 2, 1, batch_sequences}));
+  row("tp2_sequence_parallel", tp2, planned({1, 1, 2, batch_sequences}));
+  row("dp2_zero1", dp2, planned({2, 1, 1, batch_sequences / 2, zero1}));
 }
 
 /// One pipeline step with m = 8 on this process's stage; prints the peak resident set the step added.
@@ -240,19 +250,20 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
 int main(int argc, char** argv) {
   openblas_set_num_threads(1);  // one thread per rank, BLAS included
   int steps = 3;
-  bool small = false, smoke = false;
+  bool small = false, smoke = false, compare_only = false;
   std::string memory_mode;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--smoke")) smoke = true, small = true, steps = 1;
+    if (!std::strcmp(argv[i], "--compare-only")) compare_only = true;
     if (!std::strcmp(argv[i], "memory") && i + 1 < argc) memory_mode = argv[++i];
   }
   auto const c = config(small);
   if (!memory_mode.empty()) return measure_memory(argc, argv, memory_mode, c);
   std::printf("# Llama dim %zu, %zu layers, hidden %zu, %d sequences of %zu tokens per step; thread mesh\n", c.dim,
               c.layers, c.hidden, batch_sequences, c.sequence);
-  time_schedules(c, steps, smoke);
+  if (!compare_only) time_schedules(c, steps, smoke);
   compare_parallelisms(c, steps);
   return 0;
 }

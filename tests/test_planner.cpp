@@ -3,6 +3,7 @@
 // figures, the search over layouts, and the errors for bad input.
 #include <doctest/doctest.h>
 
+#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/cost/planner.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <string>
@@ -156,6 +157,7 @@ TEST_CASE("planner: the default machine is tools/machines/this_machine.json") {
   CHECK(file.name == built_in.name);
   CHECK(file.gemm_flops == built_in.gemm_flops);
   CHECK(file.memory_bandwidth == built_in.memory_bandwidth);
+  CHECK(file.ranks_per_node == built_in.ranks_per_node);
   for (auto [a, b] :
        {std::pair{file.tp, built_in.tp}, std::pair{file.dp, built_in.dp}, std::pair{file.pp, built_in.pp}}) {
     CHECK(a.bandwidth == b.bandwidth);

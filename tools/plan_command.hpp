@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <iostream>
+#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/cost/planner.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <string>
@@ -23,6 +24,7 @@ struct options {
   std::size_t sequence = 0;         ///< --sequence: tokens per sequence; 0: max_position_embeddings.
   std::string precision = "bf16";   ///< --precision bf16|fp32.
   std::size_t top = 10;             ///< --top: layouts printed.
+  planner::axis_choice only;        ///< --dp, --pp, --tp: sizes kept fixed.
 };
 
 /// Bytes written with a unit: "80GiB", "80 GB", "8e10"; 0 when the text is not one.
@@ -61,7 +63,7 @@ inline int run(options const& o) {
                                 o.precision == "fp32" ? planner::fp32 : planner::bf16_mixed};
   planner::machine const m = o.machine.empty() ? planner::machine{} : planner::read_machine(o.machine);
   auto const start = std::chrono::steady_clock::now();
-  auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m);
+  auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m, o.only);
   double const ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf(
       "Llama, %.2f B parameters (%zu layers, dim %zu, %zu heads / %zu key-value heads, hidden %zu, "
@@ -72,6 +74,13 @@ inline int run(options const& o) {
               gib(o.memory_per_rank), shape.batch, shape.sequence, std::string(shape.bytes.name).c_str(),
               m.name.c_str());
   std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
+  if (found.searched == 0) {
+    std::fprintf(stderr,
+                 "shardwise plan: no layout of %zu ranks has the axis sizes asked for: dp x pp x tp must equal the "
+                 "ranks, tp divide the %zu heads, pp be at most the %zu layers and dp divide the --batch of %zu\n",
+                 o.ranks, c.heads, c.layers, shape.batch);
+    return 1;
+  }
   if (found.fitting.empty()) {
     auto const& s = found.smallest.plan;
     std::fprintf(stderr,

@@ -160,6 +160,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
   plan->add_option("--top", planned.top, "How many layouts to print")->capture_default_str();
+  plan->add_option("--dp", planned.only.dp, "Only layouts with this many data-parallel ranks");
+  plan->add_option("--pp", planned.only.pp, "Only layouts with this many pipeline stages");
+  plan->add_option("--tp", planned.only.tp, "Only layouts with this many tensor-parallel ranks");
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -7,10 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,36 +56,11 @@ struct machine {
   double gemm_flops = 88e9;        ///< FLOP/s of one rank's GEMMs (bench_tp_mlp, TP 1: 88.3 GFLOP/s).
   double memory_bandwidth = 10e9;  ///< Bytes/s one rank streams through memory (memcpy of 64 MiB: 10.4 GB/s).
   link tp{55e9, 1.5e-6};           ///< Thread-mesh all-reduce, 1–4 MiB: 58–63 GB/s; 4 KiB: 1.2 µs.
-  link dp{55e9, 1.5e-6};           ///< The same mesh.
-  link pp{55e9, 1.5e-6};           ///< The same mesh.
+  /// Ranks on one node, joined by the tp link; a tp group larger than this talks over the dp link. 0: all.
+  std::size_t ranks_per_node = 0;
+  link dp{55e9, 1.5e-6};  ///< The same mesh.
+  link pp{55e9, 1.5e-6};  ///< The same mesh.
 };
-
-/// The machine described by a JSON file: {"name", "gemm_flops", "memory_bandwidth", "tp": {"bandwidth",
-/// "latency"}, "dp": {...}, "pp": {...}}; a field left out keeps this machine's measured value.
-inline machine read_machine(std::filesystem::path const& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) shardwise::raise("shardwise::planner::read_machine: cannot open ", file.string(), "; give a machine file");
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(in);
-  } catch (nlohmann::json::exception const& e) {
-    shardwise::raise("shardwise::planner::read_machine: ", file.string(), " is not valid JSON (", e.what(), ")");
-  }
-  machine m;
-  auto const number = [&](nlohmann::json const& at, char const* field, double& into) {
-    if (!at.contains(field)) return;
-    if (!at[field].is_number() || !(at[field].get<double>() > 0))
-      shardwise::raise("shardwise::planner::read_machine: \"", field, "\" in ", file.string(),
-                       " must be a positive number");
-    into = at[field].get<double>();
-  };
-  if (root.contains("name") && root["name"].is_string()) m.name = root["name"].get<std::string>();
-  number(root, "gemm_flops", m.gemm_flops), number(root, "memory_bandwidth", m.memory_bandwidth);
-  for (auto [axis, into] : {std::pair{"tp", &m.tp}, std::pair{"dp", &m.dp}, std::pair{"pp", &m.pp}})
-    if (root.contains(axis))
-      number(root[axis], "bandwidth", into->bandwidth), number(root[axis], "latency", into->latency);
-  return m;
-}
 
 /// The batch of one optimizer step.
 struct training_shape {
@@ -203,7 +174,9 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
 
 /// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs (2 FLOPs per weight and token,
 /// the backward twice the forward, checkpointing one forward more; attention's full square of scores and
-/// their product with the values) and the tensor-parallel transfers the block and the ends declare.
+/// their product with the values); memory traffic (the stage's weights streamed by each pass and its
+/// gradients read and written once, the saved activations written, read, and their gradients written and read);
+/// and the tensor-parallel transfers the block and the ends declare.
 inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                  training_shape const& t, std::size_t tokens, machine const& m) {
   std::size_t const blocks = ceil_div(f.layers, l.pp);
@@ -213,11 +186,14 @@ inline double microbatch_seconds(model_figures const& f, models::LlamaConfig con
   double const forward = 2.0 * static_cast<double>(tokens) * weights + attention;
   double const passes = l.checkpointing ? 4.0 : 3.0;
   double const scale = static_cast<double>(t.bytes.activation) / sizeof(float);
-  double comm = transfer_seconds(f.block.forward, l.tp, m.tp, scale) * (l.checkpointing ? 2.0 : 1.0);
-  comm += transfer_seconds(f.block.backward, l.tp, m.tp, scale);
-  comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, l.tp, m.tp, scale) +
-         transfer_seconds(f.ends.backward, l.tp, m.tp, scale);
-  return passes * forward / m.gemm_flops + comm;
+  double const saved = static_cast<double>(stage_activations(f, c, l, tokens, true, l.pp == 1)) * scale;
+  double const traffic = weights * static_cast<double>((passes + 1) * t.bytes.parameter) + 4 * saved;
+  link const tp = m.ranks_per_node == 0 || l.tp <= m.ranks_per_node ? m.tp : m.dp;
+  double comm = transfer_seconds(f.block.forward, l.tp, tp, scale) * (l.checkpointing ? 2.0 : 1.0);
+  comm += transfer_seconds(f.block.backward, l.tp, tp, scale);
+  comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, l.tp, tp, scale) +
+         transfer_seconds(f.ends.backward, l.tp, tp, scale);
+  return passes * forward / m.gemm_flops + traffic / m.memory_bandwidth + comm;
 }
 
 /// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements.
@@ -281,18 +257,24 @@ struct search_result {
   std::size_t searched = 0;       ///< Layouts estimated.
 };
 
+/// Axis sizes a search keeps fixed (0: any).
+struct axis_choice {
+  std::size_t dp = 0, pp = 0, tp = 0;  ///< Fixed sizes, or 0.
+};
+
 /// Every layout of `ranks` ranks (dp x pp x tp = ranks; tp cutting the heads; pp up to the layers, 1F1B; the
 /// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (not within
 /// pipeline stages, as shardwise offers it); checkpointing off and on), estimated and filtered by
-/// `memory_per_rank` bytes.
+/// `memory_per_rank` bytes; `only` fixes axis sizes.
 inline search_result search(models::LlamaConfig const& c, training_shape const& t, std::size_t ranks,
-                            std::size_t memory_per_rank, machine const& m) {
+                            std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
   search_result r;
+  auto const allowed = [](std::size_t size, std::size_t fixed) { return fixed == 0 || size == fixed; };
   for (std::size_t tp = 1; tp <= ranks; ++tp) {
-    if (ranks % tp != 0 || !tp_fits(c, tp)) continue;
+    if (ranks % tp != 0 || !tp_fits(c, tp) || !allowed(tp, only.tp)) continue;
     for (std::size_t pp = 1; pp <= ranks / tp && pp <= c.layers; ++pp) {
       std::size_t const dp = ranks / tp / pp;
-      if ((ranks / tp) % pp != 0 || t.batch % dp != 0) continue;
+      if ((ranks / tp) % pp != 0 || t.batch % dp != 0 || !allowed(pp, only.pp) || !allowed(dp, only.dp)) continue;
       for (std::size_t mb = 1; mb <= t.batch / dp; ++mb) {
         if ((t.batch / dp) % mb != 0) continue;
         for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
