@@ -71,8 +71,10 @@ struct training_shape {
 
 /// One layout of the ranks and its settings. dp x pp x tp = the rank count.
 struct layout {
-  std::size_t dp = 1, pp = 1, tp = 1;  ///< Axis sizes (tp with sequence parallelism, pp with 1F1B).
-  std::size_t microbatches = 1;        ///< Per step and dp rank (gradient accumulation or the pipeline's).
+  std::size_t dp = 1;            ///< Data-parallel ranks.
+  std::size_t pp = 1;            ///< Pipeline stages (1F1B).
+  std::size_t tp = 1;            ///< Tensor-parallel ranks (with sequence parallelism).
+  std::size_t microbatches = 1;  ///< Per step and dp rank (gradient accumulation or the pipeline's).
   state_sharding sharding = state_sharding::replicated;  ///< Over dp.
   bool checkpointing = false;                            ///< Activation checkpointing per block.
 };
@@ -259,7 +261,9 @@ struct search_result {
 
 /// Axis sizes a search keeps fixed (0: any).
 struct axis_choice {
-  std::size_t dp = 0, pp = 0, tp = 0;  ///< Fixed sizes, or 0.
+  std::size_t dp = 0;  ///< Data-parallel ranks, or 0.
+  std::size_t pp = 0;  ///< Pipeline stages, or 0.
+  std::size_t tp = 0;  ///< Tensor-parallel ranks, or 0.
 };
 
 /// Every layout of `ranks` ranks (dp x pp x tp = ranks; tp cutting the heads; pp up to the layers, 1F1B; the
