@@ -2,7 +2,8 @@
 // attention, feed-forward and block under tensor parallelism with and without sequence parallelism, forward
 // and backward, entry for entry (kind, axis, bytes, count, order), and the parameter and gradient bytes
 // against the tensors the rank actually holds; and whole training steps of the Llama model (dp x tp, ZeRO-1,
-// microbatches) against models::llama_step_cost. Included by test_cost.cpp (threads) and test_mpi_nn.cpp (MPI):
+// microbatches) against models::llama_step_cost; pipeline steps (GPipe, 1F1B, interleaved 1F1B over the Llama's
+// stages) against sw::pipeline_step_cost. Included by test_cost.cpp (threads) and test_mpi_nn.cpp (MPI):
 // run_cost_cases(world) runs every case on the ranks of `world`.
 #pragma once
 #include <doctest/doctest.h>
@@ -11,6 +12,8 @@
 #include <shardwise/mesh/counting.hpp>
 #include <shardwise/models/llama.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
+#include <shardwise/pipeline/cost.hpp>
 #include <shardwise/shardwise.hpp>
 #include <sstream>
 #include <string>
@@ -220,6 +223,39 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   CHECK(optimizer.state_elements() * sizeof(float) == sw::AdamW<float>::state_bytes(walk, zero1, t.dp, t.dp_rank));
 }
 
+/// One pipeline step of the Llama model in stages over every rank of `world` as the pp axis (tp and dp of size
+/// 1): the pp record against sw::pipeline_step_cost, followed by the optimizer's clipping all-reduce over pp.
+template <class Schedule, class World>
+void check_pipeline_step(World const& world, int microbatches, models::LlamaConfig const& c) {
+  auto counted = sw::counting(world);
+  auto const pp = sw::make_mesh<"pp">(counted, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  sw::stage_chunks<models::LlamaStage<float>> stage;
+  int const chunks = Schedule::chunks_per_rank;
+  sw::stage_split const split(c.layers, pp.size() * chunks);
+  for (int k = 0; k < chunks; ++k) stage.emplace_back(c, split, k * pp.size() + pp.rank());
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
+  for (std::size_t m = 0; m < ids.size(); ++m) tokens_for(c, static_cast<unsigned>(m), 1, ids[m], targets[m]);
+  counted.log().clear();
+  sw::run_pipeline_step(
+      Schedule{}, pp, std::span(stage), microbatches,
+      [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
+      [&](int m, auto const& h) {
+        return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
+      });
+  optimizer.step(sw::finish_gradients(stage), dp, pp);
+  auto const record = counted.log().entries();
+  // One sequence per microbatch: the boundary is c.sequence rows of c.dim floats, whole on this rank.
+  auto predicted =
+      sw::pipeline_step_cost(Schedule{}, pp.size(), pp.rank(), microbatches, c.sequence * c.dim * sizeof(float));
+  predicted.add(sw::transfer_kind::all_reduce, "pp", sizeof(float));  // the squared norms of the stages, summed
+  INFO("pp ", pp.size(), " (rank ", pp.rank(), "), ", microbatches, " microbatches, ", chunks, " chunks per rank\n",
+       "recorded:\n", listed(record), "predicted:\n", predicted);
+  CHECK(record == predicted);
+}
+
 /// Every case at the world's size.
 template <class World>
 void run_cost_cases(World const& world) {
@@ -243,6 +279,12 @@ void run_cost_cases(World const& world) {
   check_training_step<true>(world, 1, false, 1, m, true);  // activation checkpointing: blocks recomputed
   check_training_step<false>(world, n, false, 1, m, true);
   if (n == 4) check_training_step<true>(world, 2, true, 2, m);
+  // Pipeline steps over every rank: 4 layers, so that interleaving (2 chunks per rank) has a layer per stage at 2.
+  models::LlamaConfig p = m;
+  p.layers = 4;
+  check_pipeline_step<sw::GPipe>(world, 4, p);
+  check_pipeline_step<sw::OneFOneB>(world, 4, p);
+  if (n <= 2) check_pipeline_step<sw::Interleaved1F1B<2>>(world, 4, p);
 }
 
 }  // namespace cost_cases

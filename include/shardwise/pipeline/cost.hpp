@@ -1,0 +1,50 @@
+#pragma once
+// The cost of a pipeline step (sw::run_pipeline_step) as a transfer list: read off the schedule's own action
+// table, so the prediction and the run cannot disagree on the order. Each send and receive between ranks moves
+// one microbatch's boundary activation or its gradient; each forward and backward adds the stage chunk's own
+// transfers (its tensor-parallel ones, from the chunk's declared cost).
+#include <cstddef>
+
+#include "shardwise/cost/transfer.hpp"
+#include "shardwise/pipeline/schedules.hpp"
+
+namespace shardwise {
+
+/// What one stage chunk sends per microbatch besides the pipeline's own sends: its forward's and its backward's
+/// transfers (sw::cost::forward and ::backward of the chunk; empty when its other axes are size 1).
+template <std::size_t N = 48>
+struct stage_transfers {
+  transfer_list<N> forward;   ///< One microbatch's forward through the chunk.
+  transfer_list<N> backward;  ///< One microbatch's backward through it.
+};
+
+/// The transfers of rank `rank`'s part of one pipeline step of `schedule` over `stages` ranks and `microbatches`
+/// microbatches, in its action table's order: a send or receive of `boundary_bytes` (one microbatch's boundary
+/// activation on this rank, as its gradient) for each action whose peer is another rank, on mesh axis `axis`;
+/// `chunk`'s transfers for each forward and backward. The loss on the last stage and the optimizer step after
+/// run_pipeline_step add their own.
+template <std::size_t Capacity = 128, pipeline_schedule Schedule, std::size_t N = 48>
+transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages, int rank, int microbatches,
+                                           std::size_t boundary_bytes, stage_transfers<N> const& chunk = {},
+                                           axis_label axis = "pp") {
+  transfer_list<Capacity> list;
+  for (pipeline_action const& a : schedule.actions(rank, stages, microbatches)) {
+    switch (a.kind) {
+      case action_kind::forward:
+        list.append(chunk.forward);
+        break;
+      case action_kind::backward:
+        list.append(chunk.backward);
+        break;
+      case action_kind::send_activation:
+      case action_kind::send_gradient:
+        if (a.peer != rank) list.add(transfer_kind::send, axis, boundary_bytes);
+        break;
+      default:
+        if (a.peer != rank) list.add(transfer_kind::recv, axis, boundary_bytes);
+    }
+  }
+  return list;
+}
+
+}  // namespace shardwise
