@@ -3,14 +3,17 @@
 // and backward, entry for entry (kind, axis, bytes, count, order), and the parameter and gradient bytes
 // against the tensors the rank actually holds; and whole training steps of the Llama model (dp x tp, ZeRO-1,
 // microbatches) against models::llama_step_cost; pipeline steps (GPipe, 1F1B, interleaved 1F1B over the Llama's
-// stages) against sw::pipeline_step_cost. Included by test_cost.cpp (threads) and test_mpi_nn.cpp (MPI):
+// stages) against sw::pipeline_step_cost; FSDP steps (full shard, shard-grad-op, no-shard, blocks as units)
+// against models::llama_fsdp_step_cost. Included by test_cost.cpp (threads) and test_mpi_nn.cpp (MPI):
 // run_cost_cases(world) runs every case on the ranks of `world`.
 #pragma once
 #include <doctest/doctest.h>
 
 #include <random>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/counting.hpp>
 #include <shardwise/models/llama.hpp>
+#include <shardwise/models/llama_fsdp_cost.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/pipeline/cost.hpp>
@@ -256,6 +259,33 @@ void check_pipeline_step(World const& world, int microbatches, models::LlamaConf
   CHECK(record == predicted);
 }
 
+/// One training step of the Llama model under sw::fully_shard (each block a unit) over every rank of `world` as
+/// dp, with `microbatches` passes: the dp record against models::llama_fsdp_step_cost.
+template <class Strategy, class World>
+void check_fsdp_step(World const& world, int microbatches, models::LlamaConfig const& c) {
+  auto counted = sw::counting(world);
+  auto const dp = sw::make_mesh<"dp">(counted, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<float> model(c);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  std::vector<std::int64_t> ids, targets;
+  counted.log().clear();
+  for (int m = 0; m < microbatches; ++m) {
+    tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), 1, ids, targets);
+    auto result = models::llama_loss(tp, sharded.forward(ids), targets, c.vocabulary);
+    sharded.backward(result.dlogits);
+  }
+  optimizer.step(sharded);
+  auto const record = counted.log().entries();
+  auto const predicted = models::llama_fsdp_step_cost<float, Strategy>(c, static_cast<std::size_t>(dp.size()),
+                                                                       static_cast<std::size_t>(dp.rank()),
+                                                                       static_cast<std::size_t>(microbatches));
+  INFO("dp ", dp.size(), " (rank ", dp.rank(), "), ", microbatches, " microbatches\nrecorded:\n", listed(record),
+       "predicted:\n", predicted);
+  CHECK(record == predicted);
+}
+
 /// Every case at the world's size.
 template <class World>
 void run_cost_cases(World const& world) {
@@ -285,6 +315,11 @@ void run_cost_cases(World const& world) {
   check_pipeline_step<sw::GPipe>(world, 4, p);
   check_pipeline_step<sw::OneFOneB>(world, 4, p);
   if (n <= 2) check_pipeline_step<sw::Interleaved1F1B<2>>(world, 4, p);
+  // FSDP over every rank (a vocabulary of 66: uneven rows at dp 4), one and two microbatches.
+  check_fsdp_step<sw::full_shard>(world, 1, m);
+  check_fsdp_step<sw::full_shard>(world, 2, m);
+  check_fsdp_step<sw::shard_grad_op>(world, 2, m);
+  check_fsdp_step<sw::no_shard>(world, 2, m);
 }
 
 }  // namespace cost_cases
