@@ -11,7 +11,7 @@
 namespace shardwise {
 
 /// What one stage chunk sends per microbatch besides the pipeline's own sends: its forward's and its backward's
-/// transfers (sw::cost::forward and ::backward of the chunk; empty when its other axes are size 1).
+/// transfers (the forward and backward lists of the chunk's sw::cost; empty when its other axes are size 1).
 template <std::size_t N = 48>
 struct stage_transfers {
   transfer_list<N> forward;   ///< One microbatch's forward through the chunk.
