@@ -264,9 +264,16 @@ void memory(World const& world, models::LlamaConfig const& c) {
   double const mib = 1024.0 * 1024.0;
   double const held = double(sharded.held_elements() + optimizer.state_elements()) * sizeof(float) / mib;
   double const ideal = double(total) * 4 * sizeof(float) / double(world.size()) / mib;  // values, grads, m, v
+  namespace planner = sw::planner;  // what `shardwise plan` predicts this rank holds at its peak
+  auto const dp_size = static_cast<std::size_t>(world.size());
+  double const planned = double(planner::estimate_layout(c, {batch_sequences, c.sequence, planner::fp32},
+                                                         {dp_size, 1, 1, 1, planner::state_sharding::fsdp}, {})
+                                    .bytes_per_rank()) /
+                         mib;
   char line[512];
-  std::snprintf(line, sizeof line, "| %d | %d | %.1f | %.1f | %.3f | %.1f | %.1f | %.1f |", world.size(), world.rank(),
-                held, ideal, held / ideal, double(largest_unit) * sizeof(float) / mib, steady - before, peak - before);
+  std::snprintf(line, sizeof line, "| %d | %d | %.1f | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.3f |", world.size(),
+                world.rank(), held, ideal, held / ideal, double(largest_unit) * sizeof(float) / mib, steady - before,
+                peak - before, planned, (peak - before) / planned);
   for (int r = 0; r < world.size(); ++r) {
     world.barrier();
     if (r == world.rank()) std::printf("%s\n", line), std::fflush(stdout);

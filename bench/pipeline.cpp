@@ -239,8 +239,20 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
     else
       step(sw::OneFOneB{});
     double const peak = bench::status_mib("VmHWM");
-    std::printf("RESULT memory %s stage %d of %d: %.1f MiB above the %.1f MiB held before the step\n", mode.c_str(),
-                pp.rank(), pp.size(), peak - before, before);
+    namespace planner = sw::planner;  // the activations `shardwise plan` predicts for the busiest stage (1F1B)
+    planner::layout const l{1,
+                            static_cast<std::size_t>(pp.size()),
+                            1,
+                            batch_sequences,
+                            planner::state_sharding::replicated,
+                            mode == "1f1b-blocks"};
+    double const planned =
+        double(planner::estimate_layout(c, {batch_sequences, c.sequence, planner::fp32}, l, {}).activation_bytes) /
+        (1024.0 * 1024.0);
+    std::printf(
+        "RESULT memory %s stage %d of %d: %.1f MiB above the %.1f MiB held before the step (shardwise plan, 1F1B: "
+        "%.1f MiB of activations on the busiest stage)\n",
+        mode.c_str(), pp.rank(), pp.size(), peak - before, before, planned);
   });
   return 0;
 }

@@ -32,8 +32,8 @@ echo "full shard, dp 2: shardwise $a tokens/s, PyTorch fully_shard $b: shardwise
 echo "shard-grad-op, dp 2: shardwise $c tokens/s, PyTorch (reshard_after_forward=False) $d: shardwise / PyTorch = $(awk -v a="$c" -v b="$d" 'BEGIN {printf "%.2f", a / b}')"
 echo
 echo "# memory per rank, full shard at dp = ranks (mpiexec, one process per rank)"
-echo "| ranks | rank | held: params + grads + AdamW state (MiB) | ideal: 4 x total / dp (MiB) | held / ideal | largest unit gathered (MiB) | RSS after a step, above the start (MiB) | peak RSS in a step, above the start (MiB) |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| ranks | rank | held: params + grads + AdamW state (MiB) | ideal: 4 x total / dp (MiB) | held / ideal | largest unit gathered (MiB) | RSS after a step, above the start (MiB) | peak RSS in a step, above the start (MiB) | shardwise plan predicts (MiB) | peak / predicted |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for n in 1 2 4; do
   mpiexec -n "$n" --bind-to none "$build/bench/bench_fsdp" memory "${size[@]}"
 done
@@ -42,7 +42,7 @@ mpiexec -n 2 --bind-to none "$build/bench/bench_fsdp" prefetch "${size[@]}"
 echo
 echo "# a model declared with sw::Lazy, fully sharded, then loading a consolidated model.safetensors into it at dp = ranks (mpiexec), alternating, twice"
 echo "| step | ranks | rank | parameter shard (MiB) | RSS before the step, above the process's start (MiB) | peak RSS in the step, above the RSS before it (MiB) | that / shard | seconds |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for n in 2 4; do
   mpiexec -n "$n" --bind-to none "$build/bench/bench_fsdp" load "${size[@]}"
 done

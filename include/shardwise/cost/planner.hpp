@@ -81,9 +81,11 @@ struct layout {
 
 /// A layout's predicted memory per rank (the busiest rank: the first pipeline stage) and step time.
 struct estimate {
-  layout plan;                       ///< What was estimated.
-  std::size_t parameters = 0;        ///< Parameter elements on the busiest rank before dp sharding.
-  std::size_t state_bytes = 0;       ///< Parameters, gradients and optimizer state (and FSDP's gathered unit).
+  layout plan;                 ///< What was estimated.
+  std::size_t parameters = 0;  ///< Parameter elements on the busiest rank before dp sharding.
+  /// Parameters, gradients and optimizer state; under FSDP also the root unit (embedding, final norm, output)
+  /// and one block gathered whole with their gradients, as fully_shard holds them at the backward's peak.
+  std::size_t state_bytes = 0;
   std::size_t activation_bytes = 0;  ///< Saved activations at the peak (microbatches in flight).
   double step_seconds = 0;           ///< One optimizer step.
   double tokens_per_second = 0;      ///< The whole job's.
@@ -233,8 +235,9 @@ inline estimate estimate_layout(models::LlamaConfig const& c, training_shape con
     bool const first = stage == 0, last = stage + 1 == l.pp;
     std::size_t const elements = detail::stage_parameters(f, l, first, last);
     std::size_t state = model_state_bytes(elements, l.dp, l.sharding, t.bytes);
-    if (l.sharding == state_sharding::fsdp)  // one unit gathered, the next prefetched, its gradient unsharded
-      state += f.block.parameter_bytes / sizeof(float) * (2 * t.bytes.parameter + t.bytes.gradient);
+    if (l.sharding == state_sharding::fsdp)  // the root unit and one block gathered whole, with their gradients
+      state +=
+          (f.ends.parameter_bytes + f.block.parameter_bytes) / sizeof(float) * (t.bytes.parameter + t.bytes.gradient);
     std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
     auto const activations = static_cast<std::size_t>(
         static_cast<double>(in_flight * detail::stage_activations(f, c, l, tokens, first, last)) * act_scale);
