@@ -55,3 +55,33 @@ static_assert(block_serial.parameter_bytes == (2 * 64 + 64 * 64 * 2 + 2 * 64 * 3
 TEST_CASE("The Llama block's predicted cost equals what a counting thread mesh records, at 1, 2 and 4 ranks") {
   for (int ranks : {1, 2, 4}) sw::run_threads(ranks, [](auto& world) { cost_cases::run_cost_cases(world); });
 }
+
+TEST_CASE("sw::pipeline_step_cost puts a chunk's own transfers at each forward and backward of the schedule") {
+  sw::stage_transfers<> chunk;
+  chunk.forward.add(sw::transfer_kind::all_reduce, "tp", 8);
+  chunk.backward.add(sw::transfer_kind::all_reduce, "tp", 16);
+  // GPipe, 2 stages, 2 microbatches. Rank 0: forward, send; forward, send; then receive, backward twice.
+  auto const first = sw::pipeline_step_cost(sw::GPipe{}, 2, 0, 2, 100, chunk);
+  auto const expected_first = sw::transfer_list<>()
+                                  .add(sw::transfer_kind::all_reduce, "tp", 8)
+                                  .add(sw::transfer_kind::send, "pp", 100)
+                                  .add(sw::transfer_kind::all_reduce, "tp", 8)
+                                  .add(sw::transfer_kind::send, "pp", 100)
+                                  .add(sw::transfer_kind::recv, "pp", 100)
+                                  .add(sw::transfer_kind::all_reduce, "tp", 16)
+                                  .add(sw::transfer_kind::recv, "pp", 100)
+                                  .add(sw::transfer_kind::all_reduce, "tp", 16);
+  CHECK(first == expected_first);
+  // Rank 1 (the last stage): receive, forward, twice; then backward, send, twice.
+  auto const last = sw::pipeline_step_cost(sw::GPipe{}, 2, 1, 2, 100, chunk);
+  auto const expected_last = sw::transfer_list<>()
+                                 .add(sw::transfer_kind::recv, "pp", 100)
+                                 .add(sw::transfer_kind::all_reduce, "tp", 8)
+                                 .add(sw::transfer_kind::recv, "pp", 100)
+                                 .add(sw::transfer_kind::all_reduce, "tp", 8)
+                                 .add(sw::transfer_kind::all_reduce, "tp", 16)
+                                 .add(sw::transfer_kind::send, "pp", 100)
+                                 .add(sw::transfer_kind::all_reduce, "tp", 16)
+                                 .add(sw::transfer_kind::send, "pp", 100);
+  CHECK(last == expected_last);
+}

@@ -164,3 +164,50 @@ TEST_CASE("planner: the default machine is tools/machines/this_machine.json") {
     CHECK(a.latency == b.latency);
   }
 }
+
+TEST_CASE("planner: FSDP holds the shards, the root unit and one block gathered with their gradients") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_8b_config.json");
+  auto const e = planner::estimate_layout(c, planner::training_shape{8, 1024, planner::bf16_mixed},
+                                          planner::layout{8, 1, 1, 1, planner::state_sharding::fsdp}, {});
+  std::size_t const block = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096;
+  std::size_t const root = 2 * 128256 * 4096 + 4096;  // embedding, output, final norm
+  std::size_t const total = 32 * block + root;
+  CHECK(e.parameters == total);
+  CHECK(e.state_bytes == (total + 7) / 8 * (2 + 2 + 12) + (root + block) * (2 + 2));
+}
+
+TEST_CASE("planner: the batch's sequence length decides the attention, not the config's") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_405b_config.json");  // max_position 131072
+  auto shorter = c;
+  shorter.sequence = 1024;
+  planner::training_shape const shape{64, 1024, planner::bf16_mixed};
+  planner::layout const l{8, 2, 8, 4};
+  auto const a = planner::estimate_layout(c, shape, l, {});
+  auto const b = planner::estimate_layout(shorter, shape, l, {});
+  CHECK(a.activation_bytes == b.activation_bytes);
+  CHECK(a.step_seconds == b.step_seconds);
+  CHECK(thrown([&] {
+          (void)planner::estimate_layout(c, planner::training_shape{6, 1024}, l, {});
+        }).find("dp x microbatches must divide the batch") != std::string::npos);
+}
+
+TEST_CASE("planner: a tp group beyond a node talks over the dp link; fixed axis sizes") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_70b_config.json");
+  planner::training_shape const shape{64, 4096, planner::bf16_mixed};
+  planner::machine node_of_4;
+  node_of_4.ranks_per_node = 4;
+  node_of_4.dp = {1e9, 1e-4};  // a slow link between nodes
+  planner::machine one_node = node_of_4;
+  one_node.ranks_per_node = 0;
+  auto const step = [&](std::size_t tp, planner::machine const& m) {
+    return planner::estimate_layout(c, shape, planner::layout{64 / tp, 1, tp, 1}, m).step_seconds;
+  };
+  CHECK(step(4, node_of_4) == step(4, one_node));
+  CHECK(step(8, node_of_4) > step(8, one_node));
+  auto const found = planner::search(c, shape, 256, std::size_t{1} << 50, {}, planner::axis_choice{0, 2, 8});
+  REQUIRE_FALSE(found.fitting.empty());
+  for (auto const& e : found.fitting) {
+    CHECK(e.plan.tp == 8);
+    CHECK(e.plan.pp == 2);
+  }
+}

@@ -43,7 +43,8 @@ inline std::size_t parse_bytes(std::string const& text) {
   double const scales[] = {1, 1, 1e3, 1e6, 1e9, 1e12, 0x1p10, 0x1p20, 0x1p30, 0x1p40};
   for (std::size_t i = 0; i < std::size(units); ++i)
     if (unit == units[i]) scale = scales[i];
-  return value > 0 && scale > 0 ? static_cast<std::size_t>(value * scale) : 0;
+  bool const representable = value > 0 && scale > 0 && value * scale < 1.8e19;  // below 2^64
+  return representable ? static_cast<std::size_t>(value * scale) : 0;
 }
 
 inline double gib(std::size_t bytes) { return static_cast<double>(bytes) / 0x1p30; }
@@ -76,9 +77,10 @@ inline int run(options const& o) {
   std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
   if (found.searched == 0) {
     std::fprintf(stderr,
-                 "shardwise plan: no layout of %zu ranks has the axis sizes asked for: dp x pp x tp must equal the "
-                 "ranks, tp divide the %zu heads, pp be at most the %zu layers and dp divide the --batch of %zu\n",
-                 o.ranks, c.heads, c.layers, shape.batch);
+                 "shardwise plan: no layout of %zu ranks has dp %zu, pp %zu, tp %zu (0: any): dp x pp x tp must "
+                 "equal the ranks, tp divide the %zu heads and divide or be a multiple of the %zu key-value heads, "
+                 "pp be at most the %zu layers and dp divide the --batch of %zu\n",
+                 o.ranks, o.only.dp, o.only.pp, o.only.tp, c.heads, c.kv_heads, c.layers, shape.batch);
     return 1;
   }
   if (found.fitting.empty()) {

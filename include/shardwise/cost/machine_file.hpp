@@ -21,7 +21,8 @@ inline machine read_machine(std::filesystem::path const& file) {
   try {
     root = nlohmann::json::parse(in);
   } catch (nlohmann::json::exception const& e) {
-    shardwise::raise("shardwise::planner::read_machine: ", file.string(), " is not valid JSON (", e.what(), ")");
+    shardwise::raise("shardwise::planner::read_machine: ", file.string(), " is not valid JSON (", e.what(),
+                     "); see tools/machines/this_machine.json for the format");
   }
   machine m;
   auto const number = [&](nlohmann::json const& at, char const* field, double& into) {

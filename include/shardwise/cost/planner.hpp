@@ -131,6 +131,7 @@ struct model_figures {
   cost block;              ///< One transformer block, called through sw::forward.
   cost embedding;          ///< The token embedding (first stage).
   cost ends;               ///< Embedding, final norm and output projection (layers = 0).
+  cost output;             ///< The output projection alone (its GEMM runs tied or not).
   std::size_t layers = 0;  ///< Blocks in the model.
 };
 
@@ -138,11 +139,13 @@ struct model_figures {
 inline model_figures figures(models::LlamaConfig const& c, std::size_t tokens, std::size_t tp) {
   using Block = planned_model::block_type;
   using Embed = decltype(std::declval<planned_model&>().tok_embeddings);
+  using Output = decltype(std::declval<planned_model&>().output);
   cost_inputs const s{tokens, tp, 0, "tp"};
   models::LlamaConfig ends_only = c;
   ends_only.layers = 0;
   return {call_cost<Block, float>(Block::shardwise_cost(c, s), c.dim, c.dim, s),
-          Embed::shardwise_cost(c.vocabulary, c.dim, s), planned_model::shardwise_cost(ends_only, s), c.layers};
+          Embed::shardwise_cost(c.vocabulary, c.dim, s), planned_model::shardwise_cost(ends_only, s),
+          Output::shardwise_cost(c.dim, c.vocabulary, s), c.layers};
 }
 
 /// Whether shardwise's Llama can cut config `c` over tp ranks (whole query heads per rank, key-value heads
@@ -156,13 +159,13 @@ namespace detail {
 
 constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
-/// Saved activations of one pipeline stage for one microbatch, in fp32 bytes.
+/// What one pipeline stage keeps for one microbatch's backward, in fp32 bytes (with checkpointing, each block's
+/// input; the recomputed block's own set is counted once per stage, by the caller).
 inline std::size_t stage_activations(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                      std::size_t tokens, bool first, bool last) {
   std::size_t const blocks = ceil_div(f.layers, l.pp);
   std::size_t const block_input = ceil_div(tokens, l.tp) * c.dim * sizeof(float);  // the stream, cut by SP
-  std::size_t bytes =
-      l.checkpointing ? blocks * block_input + f.block.activation_bytes : blocks * f.block.activation_bytes;
+  std::size_t bytes = blocks * (l.checkpointing ? block_input : f.block.activation_bytes);
   if (first) bytes += f.embedding.activation_bytes;
   if (last) bytes += f.ends.activation_bytes - f.embedding.activation_bytes;
   return bytes;
@@ -178,19 +181,20 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
 
 /// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs (2 FLOPs per weight and token,
 /// the backward twice the forward, checkpointing one forward more; attention's full square of scores and
-/// their product with the values); memory traffic (the stage's weights streamed by each pass and its
-/// gradients read and written once, the saved activations written, read, and their gradients written and read);
-/// and the tensor-parallel transfers the block and the ends declare.
+/// their product with the values); memory traffic (the stage's weights streamed by each pass and once more for
+/// their gradients, the saved activations written, read, and their gradients written and read); and the
+/// tensor-parallel transfers the block and the ends declare. For the last stage (the only one at pp 1).
 inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                  training_shape const& t, std::size_t tokens, machine const& m) {
   std::size_t const blocks = ceil_div(f.layers, l.pp);
-  double const weights = static_cast<double>(stage_parameters(f, l, false, true) -
-                                             (l.pp == 1 ? f.embedding.parameter_bytes / sizeof(float) : 0));
-  double const attention = 4.0 * static_cast<double>(blocks * tokens * t.sequence * (c.dim / l.tp));
+  double const weights =
+      static_cast<double>(blocks * f.block.parameter_bytes + f.output.parameter_bytes) / sizeof(float);
+  double const attention = 4.0 * static_cast<double>(blocks) * static_cast<double>(tokens) *
+                           static_cast<double>(t.sequence) * static_cast<double>(c.dim / l.tp);
   double const forward = 2.0 * static_cast<double>(tokens) * weights + attention;
   double const passes = l.checkpointing ? 4.0 : 3.0;
   double const scale = static_cast<double>(t.bytes.activation) / sizeof(float);
-  double const saved = static_cast<double>(stage_activations(f, c, l, tokens, true, l.pp == 1)) * scale;
+  double const saved = static_cast<double>(stage_activations(f, c, l, tokens, l.pp == 1, true)) * scale;
   double const traffic = weights * static_cast<double>((passes + 1) * t.bytes.parameter) + 4 * saved;
   link const tp = m.ranks_per_node == 0 || l.tp <= m.ranks_per_node ? m.tp : m.dp;
   double comm = transfer_seconds(f.block.forward, l.tp, tp, scale) * (l.checkpointing ? 2.0 : 1.0);
@@ -200,9 +204,10 @@ inline double microbatch_seconds(model_figures const& f, models::LlamaConfig con
   return passes * forward / m.gemm_flops + traffic / m.memory_bandwidth + comm;
 }
 
-/// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements.
-inline double data_parallel_seconds(std::size_t elements, std::size_t tensors, layout const& l, precision p,
-                                    machine const& m) {
+/// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements, of
+/// which `root` are FSDP's root unit (gathered once per microbatch; the blocks twice).
+inline double data_parallel_seconds(std::size_t elements, std::size_t root, std::size_t tensors, layout const& l,
+                                    precision p, machine const& m) {
   double const n = static_cast<double>(l.dp), e = static_cast<double>(elements);
   double const moved = (n - 1) / n * e;  // one pass of a ring over the elements
   double seconds = 0;
@@ -211,9 +216,13 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t tensors, l
       seconds = 2 * moved * static_cast<double>(p.gradient) / m.dp.bandwidth;
     if (l.sharding == state_sharding::zero1)
       seconds = moved * static_cast<double>(p.gradient + p.parameter) / m.dp.bandwidth;
-    if (l.sharding == state_sharding::fsdp)  // gathered for the forward and again for the backward, per microbatch
-      seconds = static_cast<double>(l.microbatches) * moved * static_cast<double>(2 * p.parameter + p.gradient) /
+    if (l.sharding == state_sharding::fsdp) {  // per microbatch: gathers, and the gradients reduce-scattered
+      double const once = (n - 1) / n * static_cast<double>(root);
+      seconds = static_cast<double>(l.microbatches) *
+                ((moved - once) * static_cast<double>(2 * p.parameter + p.gradient) +
+                 once * static_cast<double>(p.parameter + p.gradient)) /
                 m.dp.bandwidth;
+    }
     seconds += static_cast<double>(tensors) * m.dp.latency;
   }
   double const optimized = l.sharding == state_sharding::replicated ? e : std::ceil(e / n);
@@ -224,8 +233,15 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t tensors, l
 
 /// The memory per rank and step time of layout `l` for config `c`, batch `t` on machine `m`. The pipeline runs
 /// 1F1B: stage k keeps min(pp - k, microbatches) microbatches' activations; the busiest rank is reported.
-inline estimate estimate_layout(models::LlamaConfig const& c, training_shape const& t, layout const& l,
+inline estimate estimate_layout(models::LlamaConfig const& config, training_shape const& t, layout const& l,
                                 machine const& m) {
+  if (l.dp == 0 || l.pp == 0 || l.tp == 0 || l.microbatches == 0 || t.sequence == 0 ||
+      t.batch % (l.dp * l.microbatches) != 0 || t.batch == 0)
+    shardwise::raise("shardwise::planner::estimate_layout: dp ", l.dp, ", pp ", l.pp, ", tp ", l.tp, " and ",
+                     l.microbatches, " microbatches cannot run a batch of ", t.batch, " sequences of ", t.sequence,
+                     " tokens; every size must be positive and dp x microbatches must divide the batch");
+  models::LlamaConfig c = config;
+  c.sequence = t.sequence;  // the attention's scores are sequence x sequence
   std::size_t const sequences = t.batch / (l.dp * l.microbatches);
   std::size_t const tokens = sequences * t.sequence;
   model_figures const f = figures(c, tokens, l.tp);
@@ -239,8 +255,10 @@ inline estimate estimate_layout(models::LlamaConfig const& c, training_shape con
       state +=
           (f.ends.parameter_bytes + f.block.parameter_bytes) / sizeof(float) * (t.bytes.parameter + t.bytes.gradient);
     std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
+    std::size_t const recomputed = l.checkpointing ? f.block.activation_bytes : 0;  // one block at a time
     auto const activations = static_cast<std::size_t>(
-        static_cast<double>(in_flight * detail::stage_activations(f, c, l, tokens, first, last)) * act_scale);
+        static_cast<double>(in_flight * detail::stage_activations(f, c, l, tokens, first, last) + recomputed) *
+        act_scale);
     if (state + activations > e.bytes_per_rank())
       e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations;
     if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
@@ -250,7 +268,8 @@ inline estimate estimate_layout(models::LlamaConfig const& c, training_shape con
   double const schedule =
       static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, c, l, t, tokens, m) + send);
   std::size_t const tensors = 9 * detail::ceil_div(c.layers, l.pp) + 3;
-  e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, tensors, l, t.bytes, m);
+  std::size_t const root = l.pp == 1 ? f.ends.parameter_bytes / sizeof(float) : 0;
+  e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, root, tensors, l, t.bytes, m);
   e.tokens_per_second = static_cast<double>(t.batch * t.sequence) / e.step_seconds;
   return e;
 }

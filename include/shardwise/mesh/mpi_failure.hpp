@@ -27,7 +27,8 @@ namespace shardwise::detail {
 struct mpi_notices {
   MPI_Comm comm = MPI_COMM_NULL;
   bool told = false;
-  std::string text;  // kept alive while the notices are in flight
+  bool heard = false;  // a peer's failure notice arrived (and was raised here)
+  std::string text;    // kept alive while the notices are in flight
 };
 inline mpi_notices& notices() {
   static mpi_notices state;
@@ -63,6 +64,7 @@ inline void mpi_raise_notice(char const* what, std::string_view axis, int rank) 
   MPI_Get_count(&status, MPI_CHAR, &length);
   std::string text(static_cast<std::size_t>(length), '\0');
   MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, 0, n.comm, MPI_STATUS_IGNORE);
+  n.heard = true;
   fail("shardwise: world rank ", status.MPI_SOURCE, " failed, so rank ", rank, " of mesh axis \"", axis,
        "\" stops waiting in ", what, ". Its error: ", text);
 }
@@ -140,12 +142,32 @@ inline std::vector<std::optional<mpi_whereabouts>> mpi_exchange_whereabouts(std:
   mpi_abort_job();
 }
 
-/// Before MPI_Finalize: waits until every rank has reached it, or ends this rank (exit code 1, the peer's error
-/// on stderr) when a failure notice arrives first. OpenMPI's MPI_Finalize waits for every peer, and a rank
-/// waiting there was seen to outlive MPI_Abort from its failing peers by minutes (CI, 4 ranks on 2 cores).
+/// Ends this rank with exit code 1 after world rank `peer` failed (-1: a failure notice raised here earlier),
+/// instead of waiting for it in MPI_Finalize.
+[[noreturn]] inline void mpi_end_after_peer_failure(int peer) {
+  int me = -1;
+  MPI_Comm_rank(notices().comm, &me);
+  std::fflush(stdout);
+  if (peer >= 0)
+    std::fprintf(stderr, "shardwise: rank %d finished, but world rank %d failed; ending with exit code 1\n", me, peer);
+  else
+    std::fprintf(stderr, "shardwise: rank %d finished after a peer's failure reached it; ending with exit code 1\n",
+                 me);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+/// Before MPI_Finalize: waits until every rank has reached it, or ends this rank (exit code 1, naming the
+/// peer) when a failure notice arrives first or arrived before. OpenMPI's MPI_Finalize waits for every peer,
+/// and a rank waiting there was seen to outlive MPI_Abort from its failing peers by minutes (CI, 4 ranks on 2
+/// cores). A peer that dies without a notice (a signal) is mpiexec's to end, as before. Nothing to do when the
+/// program finalised MPI itself.
 inline void mpi_await_peers_before_finalize() {
   auto& n = notices();
-  if (n.comm == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || n.comm == MPI_COMM_NULL) return;
+  if (n.heard) mpi_end_after_peer_failure(-1);
   MPI_Request all_here = MPI_REQUEST_NULL;
   MPI_Ibarrier(n.comm, &all_here);
   for (int done = 0;;) {
@@ -154,14 +176,7 @@ inline void mpi_await_peers_before_finalize() {
     int arrived = 0;
     MPI_Status status;
     MPI_Iprobe(MPI_ANY_SOURCE, 0, n.comm, &arrived, &status);
-    if (arrived) {
-      int me = -1;
-      MPI_Comm_rank(n.comm, &me);
-      std::fprintf(stderr, "shardwise: rank %d finished, but world rank %d failed; ending with exit code 1\n", me,
-                   status.MPI_SOURCE);
-      std::fflush(stderr);
-      std::_Exit(1);
-    }
+    if (arrived) mpi_end_after_peer_failure(status.MPI_SOURCE);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

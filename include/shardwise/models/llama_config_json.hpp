@@ -74,10 +74,11 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
   c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
   c.rope_theta = detail::config_real(root, "rope_theta", source, 10000.0);
   if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && tie->is_boolean()) c.tie_word_embeddings = *tie;
-  if (detail::config_count(root, "head_dim", source, c.dim / c.heads) * c.heads != c.dim)
+  c.check();
+  if (root.contains("head_dim") && !root["head_dim"].is_null() &&
+      detail::config_count(root, "head_dim", source) * c.heads != c.dim)
     shardwise::raise("shardwise::models::llama_config_from_json: \"head_dim\" in ", source,
                      " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
-  c.check();
   return c;
 }
 

@@ -57,8 +57,10 @@ constexpr void add_per_parameter(transfer_list<Capacity>& list, transfer_kind ki
 /// passes, then AdamW's step. Per microbatch: the root unit (tok_embeddings, norm, output) gathered, each block
 /// gathered in order for the forward; in the backward each block in reverse — gathered again under full shard —
 /// and its gradients reduce-scattered, then the root's. Then the clipping norm's all-reduce over dp. no_shard
-/// gathers nothing and all-reduces each gradient; its norm needs no all-reduce.
-template <class T, class Strategy = full_shard, std::size_t Capacity = 128>
+/// gathers nothing and all-reduces each gradient; its norm needs no all-reduce. The list holds `Capacity` runs:
+/// about 6 + 18 x layers per microbatch under full shard (a run merges equal consecutive calls); the default
+/// fits 56 layers at one microbatch, and too small a capacity throws naming it.
+template <class T, class Strategy = full_shard, std::size_t Capacity = 1024>
 constexpr transfer_list<Capacity> llama_fsdp_step_cost(LlamaConfig const& c, std::size_t dp, std::size_t dp_rank,
                                                        std::size_t microbatches = 1, std::string_view axis = "dp") {
   constexpr bool sharded = !std::is_same_v<Strategy, no_shard>;

@@ -40,8 +40,10 @@ transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages,
       case action_kind::send_gradient:
         if (a.peer != rank) list.add(transfer_kind::send, axis, boundary_bytes);
         break;
-      default:
+      case action_kind::recv_activation:
+      case action_kind::recv_gradient:
         if (a.peer != rank) list.add(transfer_kind::recv, axis, boundary_bytes);
+        break;
     }
   }
   return list;
