@@ -142,8 +142,8 @@ inline std::vector<std::optional<mpi_whereabouts>> mpi_exchange_whereabouts(std:
   mpi_abort_job();
 }
 
-/// Ends this rank with exit code 1 after world rank `peer` failed (-1: a failure notice raised here earlier),
-/// instead of waiting for it in MPI_Finalize.
+/// Ends this rank with exit code 1 after world rank `peer` failed (-1: a failure notice raised here, or this
+/// rank's own failure told to its peers, earlier), instead of waiting for the others in MPI_Finalize.
 [[noreturn]] inline void mpi_end_after_peer_failure(int peer) {
   int me = -1;
   MPI_Comm_rank(notices().comm, &me);
@@ -151,8 +151,7 @@ inline std::vector<std::optional<mpi_whereabouts>> mpi_exchange_whereabouts(std:
   if (peer >= 0)
     std::fprintf(stderr, "shardwise: rank %d finished, but world rank %d failed; ending with exit code 1\n", me, peer);
   else
-    std::fprintf(stderr, "shardwise: rank %d finished after a peer's failure reached it; ending with exit code 1\n",
-                 me);
+    std::fprintf(stderr, "shardwise: rank %d finished after a failure in the job; ending with exit code 1\n", me);
   std::fflush(stderr);
   std::_Exit(1);
 }
@@ -167,7 +166,7 @@ inline void mpi_await_peers_before_finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || n.comm == MPI_COMM_NULL) return;
-  if (n.heard) mpi_end_after_peer_failure(-1);
+  if (n.heard || n.told) mpi_end_after_peer_failure(-1);  // the job has failed: no peer will wait here
   MPI_Request all_here = MPI_REQUEST_NULL;
   MPI_Ibarrier(n.comm, &all_here);
   for (int done = 0;;) {
