@@ -15,6 +15,7 @@
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/models/llama.hpp"
 #include "shardwise/models/llama_plan.hpp"
+#include "shardwise/placement/chunk.hpp"
 
 namespace shardwise::planner {
 
@@ -96,7 +97,7 @@ struct estimate {
 /// Bytes of parameters, gradients and optimizer state per rank for `elements` parameter elements sharded over
 /// `dp` ranks as `s` says (torch.chunk's largest piece), without FSDP's gathered unit.
 constexpr std::size_t model_state_bytes(std::size_t elements, std::size_t dp, state_sharding s, precision p) {
-  std::size_t const shard = (elements + dp - 1) / dp;
+  std::size_t const shard = chunk_size(elements, dp, 0);  // torch.chunk's largest piece
   switch (s) {
     case state_sharding::replicated:
       return elements * (p.parameter + p.gradient + p.optimizer);
@@ -157,14 +158,12 @@ constexpr bool tp_fits(models::LlamaConfig const& c, std::size_t tp) {
 
 namespace detail {
 
-constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
-
 /// What one pipeline stage keeps for one microbatch's backward, in fp32 bytes (with checkpointing, each block's
 /// input; the recomputed block's own set is counted once per stage, by the caller).
 inline std::size_t stage_activations(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                      std::size_t tokens, bool first, bool last) {
-  std::size_t const blocks = ceil_div(f.layers, l.pp);
-  std::size_t const block_input = ceil_div(tokens, l.tp) * c.dim * sizeof(float);  // the stream, cut by SP
+  std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
+  std::size_t const block_input = chunk_size(tokens, l.tp, 0) * c.dim * sizeof(float);  // the stream, cut by SP
   std::size_t bytes = blocks * (l.checkpointing ? block_input : f.block.activation_bytes);
   if (first) bytes += f.embedding.activation_bytes;
   if (last) bytes += f.ends.activation_bytes - f.embedding.activation_bytes;
@@ -173,7 +172,7 @@ inline std::size_t stage_activations(model_figures const& f, models::LlamaConfig
 
 /// Parameter elements of one pipeline stage on one tp rank.
 inline std::size_t stage_parameters(model_figures const& f, layout const& l, bool first, bool last) {
-  std::size_t elements = ceil_div(f.layers, l.pp) * f.block.parameter_bytes;
+  std::size_t elements = chunk_size(f.layers, l.pp, 0) * f.block.parameter_bytes;
   if (first) elements += f.embedding.parameter_bytes;
   if (last) elements += f.ends.parameter_bytes - f.embedding.parameter_bytes;
   return elements / sizeof(float);
@@ -186,7 +185,7 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
 /// tensor-parallel transfers the block and the ends declare. For the last stage (the only one at pp 1).
 inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                  training_shape const& t, std::size_t tokens, machine const& m) {
-  std::size_t const blocks = ceil_div(f.layers, l.pp);
+  std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
   double const weights =
       static_cast<double>(blocks * f.block.parameter_bytes + f.output.parameter_bytes) / sizeof(float);
   double const attention = 4.0 * static_cast<double>(blocks) * static_cast<double>(tokens) *
@@ -263,11 +262,11 @@ inline estimate estimate_layout(models::LlamaConfig const& config, training_shap
       e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations;
     if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
   }
-  double const boundary = static_cast<double>(detail::ceil_div(tokens, l.tp) * c.dim * t.bytes.activation);
+  double const boundary = static_cast<double>(chunk_size(tokens, l.tp, 0) * c.dim * t.bytes.activation);
   double const send = l.pp > 1 ? 2 * (m.pp.latency + boundary / m.pp.bandwidth) : 0;
   double const schedule =
       static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, c, l, t, tokens, m) + send);
-  std::size_t const tensors = 9 * detail::ceil_div(c.layers, l.pp) + 3;
+  std::size_t const tensors = 9 * chunk_size(c.layers, l.pp, 0) + 3;
   std::size_t const root = l.pp == 1 ? f.ends.parameter_bytes / sizeof(float) : 0;
   e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, root, tensors, l, t.bytes, m);
   e.tokens_per_second = static_cast<double>(t.batch * t.sequence) / e.step_seconds;
