@@ -1,7 +1,8 @@
 // Modules as users write them: plan entries applied at module calls (sw::forward / sw::backward), input
 // gradients left Partial and reduced once, the collectives one Llama block sends (counted, per rank, against
 // counts worked out from the sizes), the structure checks at parallelize, tied weights' run-time checks,
-// finishing gradients more than once, AdamW parameter groups and the scalar all-reduce. Thread mesh.
+// finishing gradients more than once, AdamW parameter groups and its vectorised update, and the scalar
+// all-reduce. Thread mesh.
 #include <doctest/doctest.h>
 
 #include <shardwise/models/llama_plan.hpp>
@@ -265,6 +266,43 @@ TEST_CASE("AdamW parameter groups: biases and norms without weight decay") {
   CHECK(sw::name_matches("layers.*.attention.w?", "layers.0.attention.w?"));
   CHECK(sw::name_matches("*norm.weight", "layers.3.ffn_norm.weight"));
   CHECK(!sw::name_matches("*.bias", "layers.0.bias_scale"));
+}
+
+template <class T>
+struct OneLinear {
+  sw::Linear<T> lin{37, 29, 5};  // 1073 weights, 29 biases: neither a multiple of the vector width nor the block
+  SHARDWISE_CHILDREN(lin)
+};
+
+/// torch.optim.AdamW's update of one element, written out as a scalar loop would: the reference the vectorised
+/// update must equal bit for bit.
+template <class T>
+void torch_adamw_element(T& w, T g, T& m, T& v, std::size_t step, T lr, T decay) {
+  T const beta1 = T(0.9), beta2 = T(0.999), eps = T(1e-8);
+  T const correction1 = T(1) - std::pow(beta1, T(step)), correction2 = T(1) - std::pow(beta2, T(step));
+  w -= lr * decay * w;
+  m = beta1 * m + (T(1) - beta1) * g;
+  v = beta2 * v + (T(1) - beta2) * g * g;
+  w -= lr * (m / correction1) / (std::sqrt(v / correction2) + eps);
+}
+
+TEST_CASE_TEMPLATE("AdamW's vectorised update equals the scalar formula bit for bit, at sizes no block divides", T,
+                   float, double) {
+  OneLinear<T> model;
+  auto& lin = model.lin;
+  sw::AdamW<T> optimizer({.learning_rate = T(0.01), .weight_decay = T(0.1)});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  sw::nn::matrix<T> w = lin.weight, m = sw::nn::matrix<T>::Zero(w.rows(), w.cols()), v = m;
+  for (std::size_t step = 1; step <= 3; ++step) {
+    for (Eigen::Index i = 0; i < w.size(); ++i)  // gradients spanning magnitudes, some zero
+      lin.weight_grad.data()[i] = i % 7 == 0 ? T(0) : std::sin(T(i) * T(0.37)) * std::pow(T(10), T(i % 5) - T(3));
+    lin.bias_grad.setConstant(T(0.5));
+    optimizer.step(model, dp);
+    for (Eigen::Index i = 0; i < w.size(); ++i)
+      torch_adamw_element(w.data()[i], lin.weight_grad.data()[i], m.data()[i], v.data()[i], step, T(0.01), T(0.1));
+    INFO("step " << step);
+    CHECK(lin.weight == w);
+  }
 }
 
 TEST_CASE("sw::all_reduce of one number, the same on every rank") {
