@@ -156,6 +156,7 @@ TEST_CASE("planner: the default machine is tools/machines/this_machine.json") {
   planner::machine const built_in;
   CHECK(file.name == built_in.name);
   CHECK(file.gemm_flops == built_in.gemm_flops);
+  CHECK(file.gemm_half_rate_tokens == built_in.gemm_half_rate_tokens);
   CHECK(file.memory_bandwidth == built_in.memory_bandwidth);
   CHECK(file.ranks_per_node == built_in.ranks_per_node);
   for (auto [a, b] :

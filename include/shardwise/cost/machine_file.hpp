@@ -12,7 +12,8 @@
 
 namespace shardwise::planner {
 
-/// The machine described by a JSON file: {"name", "gemm_flops", "memory_bandwidth", "ranks_per_node", "tp":
+/// The machine described by a JSON file: {"name", "gemm_flops", "gemm_half_rate_tokens", "memory_bandwidth",
+/// "ranks_per_node", "tp":
 /// {"bandwidth", "latency"}, "dp": {...}, "pp": {...}}; a field left out keeps this machine's measured value.
 inline machine read_machine(std::filesystem::path const& file) {
   std::ifstream in(file, std::ios::binary);
@@ -40,6 +41,7 @@ inline machine read_machine(std::filesystem::path const& file) {
     m.ranks_per_node = root["ranks_per_node"].get<std::size_t>();
   }
   number(root, "gemm_flops", m.gemm_flops), number(root, "memory_bandwidth", m.memory_bandwidth);
+  number(root, "gemm_half_rate_tokens", m.gemm_half_rate_tokens);
   for (auto [axis, into] : {std::pair{"tp", &m.tp}, std::pair{"dp", &m.dp}, std::pair{"pp", &m.pp}})
     if (root.contains(axis))
       number(root[axis], "bandwidth", into->bandwidth), number(root[axis], "latency", into->latency);

@@ -51,16 +51,19 @@ struct link {
 };
 
 /// What a step time is predicted from: per rank, the GEMM rate and the memory bandwidth (element-wise passes,
-/// the optimizer), and a link per mesh axis.
+/// the optimizer), and a link per mesh axis. The defaults are this machine's, as `bench_machine` measures them.
 struct machine {
-  std::string name = "2-core AMD EPYC (Zen 3), thread mesh: measured";  ///< As printed.
-  double gemm_flops = 88e9;        ///< FLOP/s of one rank's GEMMs (bench_tp_mlp, TP 1: 88.3 GFLOP/s).
-  double memory_bandwidth = 10e9;  ///< Bytes/s one rank streams through memory (memcpy of 64 MiB: 10.4 GB/s).
-  link tp{55e9, 1.5e-6};           ///< Thread-mesh all-reduce, 1–4 MiB: 58–63 GB/s; 4 KiB: 1.2 µs.
+  std::string name = "2-core AMD EPYC (Zen 3), thread mesh: measured by bench_machine";  ///< As printed.
+  double gemm_flops = 80e9;  ///< FLOP/s of one rank's GEMMs at large token counts (the fitted peak).
+  /// Tokens per GEMM at which the rate is half the peak: rate = gemm_flops x tokens / (tokens + this). Small
+  /// microbatches run the GEMM kernels below their peak (here: 64 tokens 56, 2048 tokens 78 GFLOP/s).
+  double gemm_half_rate_tokens = 26;
+  double memory_bandwidth = 9.4e9;  ///< Bytes/s one rank reads and writes in an element-wise pass (AdamW's).
+  link tp{24e9, 1.3e-6};            ///< Thread-mesh all-reduce of 1 MiB; 4 KiB for the latency.
   /// Ranks on one node, joined by the tp link; a tp group larger than this talks over the dp link. 0: all.
   std::size_t ranks_per_node = 0;
-  link dp{55e9, 1.5e-6};  ///< The same mesh.
-  link pp{55e9, 1.5e-6};  ///< The same mesh.
+  link dp{3.2e9, 1.3e-6};  ///< Thread-mesh all-gather of 64 MiB: a memory-bound copy.
+  link pp{4.6e9, 1.3e-6};  ///< Thread-mesh send and receive of 1 MiB.
 };
 
 /// The batch of one optimizer step.
@@ -178,7 +181,8 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
   return elements / sizeof(float);
 }
 
-/// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs (2 FLOPs per weight and token,
+/// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs at the machine's rate for the
+/// microbatch's tokens (2 FLOPs per weight and token,
 /// the backward twice the forward, checkpointing one forward more; attention's full square of scores and
 /// their product with the values); memory traffic (the stage's weights streamed by each pass and once more for
 /// their gradients, the saved activations written, read, and their gradients written and read); and the
@@ -200,7 +204,9 @@ inline double microbatch_seconds(model_figures const& f, models::LlamaConfig con
   comm += transfer_seconds(f.block.backward, l.tp, tp, scale);
   comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, l.tp, tp, scale) +
          transfer_seconds(f.ends.backward, l.tp, tp, scale);
-  return passes * forward / m.gemm_flops + traffic / m.memory_bandwidth + comm;
+  double const rate = m.gemm_flops * static_cast<double>(tokens) /
+                      (static_cast<double>(tokens) + m.gemm_half_rate_tokens);
+  return passes * forward / rate + traffic / m.memory_bandwidth + comm;
 }
 
 /// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements, of
@@ -225,7 +231,8 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t root, std:
     seconds += static_cast<double>(tensors) * m.dp.latency;
   }
   double const optimized = l.sharding == state_sharding::replicated ? e : std::ceil(e / n);
-  return seconds + 2 * optimized * static_cast<double>(p.parameter + p.gradient + p.optimizer) / m.memory_bandwidth;
+  // AdamW reads and writes the parameter and its moments and reads the gradient.
+  return seconds + optimized * static_cast<double>(2 * p.parameter + p.gradient + 2 * p.optimizer) / m.memory_bandwidth;
 }
 
 }  // namespace detail
