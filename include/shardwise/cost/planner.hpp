@@ -204,8 +204,8 @@ inline double microbatch_seconds(model_figures const& f, models::LlamaConfig con
   comm += transfer_seconds(f.block.backward, l.tp, tp, scale);
   comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, l.tp, tp, scale) +
          transfer_seconds(f.ends.backward, l.tp, tp, scale);
-  double const rate = m.gemm_flops * static_cast<double>(tokens) /
-                      (static_cast<double>(tokens) + m.gemm_half_rate_tokens);
+  double const rate =
+      m.gemm_flops * static_cast<double>(tokens) / (static_cast<double>(tokens) + m.gemm_half_rate_tokens);
   return passes * forward / rate + traffic / m.memory_bandwidth + comm;
 }
 
