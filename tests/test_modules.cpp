@@ -274,8 +274,8 @@ struct OneLinear {
   SHARDWISE_CHILDREN(lin)
 };
 
-/// torch.optim.AdamW's update of one element, written out as a scalar loop would: the reference the vectorised
-/// update must equal bit for bit.
+/// AdamW's update of one element (torch.optim.AdamW's formula), written out as a scalar loop would: the
+/// reference the vectorised update must equal bit for bit (this build does not fuse multiply-adds).
 template <class T>
 void torch_adamw_element(T& w, T g, T& m, T& v, std::size_t step, T lr, T decay) {
   T const beta1 = T(0.9), beta2 = T(0.999), eps = T(1e-8);
@@ -290,18 +290,26 @@ TEST_CASE_TEMPLATE("AdamW's vectorised update equals the scalar formula bit for 
                    float, double) {
   OneLinear<T> model;
   auto& lin = model.lin;
-  sw::AdamW<T> optimizer({.learning_rate = T(0.01), .weight_decay = T(0.1)});
+  T const max_norm = T(0.05);  // below every step's norm: the gradients are clipped
+  sw::AdamW<T> optimizer({.learning_rate = T(0.01), .weight_decay = T(0.1), .max_grad_norm = max_norm});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   sw::nn::matrix<T> w = lin.weight, m = sw::nn::matrix<T>::Zero(w.rows(), w.cols()), v = m;
+  sw::nn::vector<T> b = lin.bias, bm = sw::nn::vector<T>::Zero(b.size()), bv = bm;
   for (std::size_t step = 1; step <= 3; ++step) {
     for (Eigen::Index i = 0; i < w.size(); ++i)  // gradients spanning magnitudes, some zero
       lin.weight_grad.data()[i] = i % 7 == 0 ? T(0) : std::sin(T(i) * T(0.37)) * std::pow(T(10), T(i % 5) - T(3));
-    lin.bias_grad.setConstant(T(0.5));
-    optimizer.step(model, dp);
+    for (Eigen::Index i = 0; i < b.size(); ++i) lin.bias_grad(i) = T(0.5) - T(i) / T(16);
+    T const norm = optimizer.step(model, dp);  // before clipping
+    REQUIRE(norm > max_norm);
+    T const clip = max_norm / (norm + T(1e-6));  // torch.nn.utils.clip_grad_norm_
     for (Eigen::Index i = 0; i < w.size(); ++i)
-      torch_adamw_element(w.data()[i], lin.weight_grad.data()[i], m.data()[i], v.data()[i], step, T(0.01), T(0.1));
+      torch_adamw_element(w.data()[i], lin.weight_grad.data()[i] * clip, m.data()[i], v.data()[i], step, T(0.01),
+                          T(0.1));
+    for (Eigen::Index i = 0; i < b.size(); ++i)
+      torch_adamw_element(b(i), lin.bias_grad(i) * clip, bm(i), bv(i), step, T(0.01), T(0.1));
     INFO("step " << step);
     CHECK(lin.weight == w);
+    CHECK(lin.bias == b);
   }
 }
 

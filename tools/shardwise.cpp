@@ -152,8 +152,8 @@ int main(int argc, char** argv) {
         return plan_command::parse_bytes(text) ? std::string() : "not a size in bytes (say 80GiB or 8e10)";
       });
   plan->add_option("--machine", planned.machine,
-                   "A machine file (JSON: gemm_flops, memory_bandwidth, tp/dp/pp bandwidth and latency); "
-                   "default: this machine's measured values");
+                   "A machine file (JSON: gemm_flops, gemm_half_rate_tokens, memory_bandwidth, ranks_per_node, "
+                   "tp/dp/pp bandwidth and latency; bench_machine writes one); default: this machine's values");
   plan->add_option("--batch", planned.batch, "Sequences per optimizer step")->capture_default_str();
   plan->add_option("--sequence", planned.sequence, "Tokens per sequence (default: max_position_embeddings)");
   plan->add_option("--precision", planned.precision, "bf16 (mixed, fp32 master weights) or fp32")

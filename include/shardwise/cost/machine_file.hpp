@@ -41,7 +41,13 @@ inline machine read_machine(std::filesystem::path const& file) {
     m.ranks_per_node = root["ranks_per_node"].get<std::size_t>();
   }
   number(root, "gemm_flops", m.gemm_flops), number(root, "memory_bandwidth", m.memory_bandwidth);
-  number(root, "gemm_half_rate_tokens", m.gemm_half_rate_tokens);
+  if (root.contains("gemm_half_rate_tokens")) {  // 0: the GEMM rate does not depend on the tokens
+    auto const& half = root["gemm_half_rate_tokens"];
+    if (!half.is_number() || !(half.get<double>() >= 0))
+      shardwise::raise("shardwise::planner::read_machine: \"gemm_half_rate_tokens\" in ", file.string(),
+                       " must be a number of tokens, 0 or more");
+    m.gemm_half_rate_tokens = half.get<double>();
+  }
   for (auto [axis, into] : {std::pair{"tp", &m.tp}, std::pair{"dp", &m.dp}, std::pair{"pp", &m.pp}})
     if (root.contains(axis))
       number(root[axis], "bandwidth", into->bandwidth), number(root[axis], "latency", into->latency);

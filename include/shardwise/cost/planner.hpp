@@ -58,8 +58,10 @@ struct machine {
   /// Tokens per GEMM at which the rate is half the peak: rate = gemm_flops x tokens / (tokens + this). Small
   /// microbatches run the GEMM kernels below their peak (here: 64 tokens 56, 2048 tokens 78 GFLOP/s).
   double gemm_half_rate_tokens = 26;
-  double memory_bandwidth = 9.4e9;  ///< Bytes/s one rank reads and writes in an element-wise pass (AdamW's).
-  link tp{24e9, 1.3e-6};            ///< Thread-mesh all-reduce of 1 MiB; 4 KiB for the latency.
+  /// Bytes/s one rank reads and writes in element-wise passes: measured as AdamW's step (its 28 bytes per fp32
+  /// parameter, its gradient-norm pass included), the largest such pass of a step.
+  double memory_bandwidth = 9.4e9;
+  link tp{24e9, 1.3e-6};  ///< Thread-mesh all-reduce of 1 MiB; 4 KiB for the latency.
   /// Ranks on one node, joined by the tp link; a tp group larger than this talks over the dp link. 0: all.
   std::size_t ranks_per_node = 0;
   link dp{3.2e9, 1.3e-6};  ///< Thread-mesh all-gather of 64 MiB: a memory-bound copy.

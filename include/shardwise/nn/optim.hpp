@@ -293,8 +293,9 @@ class AdamW {
   }
 
   /// AdamW on the slice's elements w (gradient g), one step: one pass over memory in blocks that stay in the
-  /// first-level cache, each block's arithmetic vectorised (torch's order of operations; IEEE square roots and
-  /// divisions, so the result is a scalar loop's, bit for bit).
+  /// first-level cache, each block's arithmetic vectorised in the order of the scalar formula (exact square
+  /// roots and divisions), so the result is the scalar loop's bit for bit wherever the compiler does not fuse
+  /// multiply-adds (x86-64's default target; with -march=native and -ffp-contract=fast it may fuse either).
   void adam_update(slice& s, T* w, T const* g, T clip) {
     using array = Eigen::Array<T, Eigen::Dynamic, 1>;
     T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
