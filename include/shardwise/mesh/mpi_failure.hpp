@@ -156,26 +156,33 @@ inline std::vector<std::optional<mpi_whereabouts>> mpi_exchange_whereabouts(std:
   std::_Exit(1);
 }
 
-/// Before MPI_Finalize: waits until every rank has reached it, or ends this rank (exit code 1, naming the
-/// peer) when a failure notice arrives first or arrived before. OpenMPI's MPI_Finalize waits for every peer,
-/// and a rank waiting there was seen to outlive MPI_Abort from its failing peers by minutes (CI, 4 ranks on 2
-/// cores). A peer that dies without a notice (a signal) is mpiexec's to end, as before. Nothing to do when the
-/// program finalised MPI itself.
+/// Before MPI_Finalize: waits until every rank has reached it. Once the job has failed (a failure notice arrived
+/// here, before or during the wait, or this rank told its peers of its own), it ends this rank with exit code 1
+/// instead: when every rank has arrived, or after a grace of a few seconds for the failed and failing ranks to
+/// print their errors, since mpiexec stops the whole job at the first rank that exits with an error. OpenMPI's
+/// MPI_Finalize waits for every peer, and a rank waiting there was seen to outlive MPI_Abort from its failing
+/// peers by minutes (CI, 4 ranks on 2 cores). A peer that dies without a notice (a signal) is mpiexec's to
+/// end, as before. Nothing to do when the program finalised MPI itself.
 inline void mpi_await_peers_before_finalize() {
   auto& n = notices();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || n.comm == MPI_COMM_NULL) return;
-  if (n.heard || n.told) mpi_end_after_peer_failure(-1);  // the job has failed: no peer will wait here
+  using clock = std::chrono::steady_clock;
+  constexpr auto grace = std::chrono::seconds(5);
+  bool failed = n.heard || n.told;
+  int failed_peer = -1;  // -1: known before the wait
+  auto deadline = clock::now() + grace;
   MPI_Request all_here = MPI_REQUEST_NULL;
   MPI_Ibarrier(n.comm, &all_here);
   for (int done = 0;;) {
     MPI_Test(&all_here, &done, MPI_STATUS_IGNORE);
-    if (done) return;
+    if (done && !failed) return;
+    if (done || (failed && clock::now() > deadline)) mpi_end_after_peer_failure(failed_peer);
     int arrived = 0;
     MPI_Status status;
-    MPI_Iprobe(MPI_ANY_SOURCE, 0, n.comm, &arrived, &status);
-    if (arrived) mpi_end_after_peer_failure(status.MPI_SOURCE);
+    if (!failed) MPI_Iprobe(MPI_ANY_SOURCE, 0, n.comm, &arrived, &status);
+    if (arrived) failed = true, failed_peer = status.MPI_SOURCE, deadline = clock::now() + grace;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
