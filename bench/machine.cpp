@@ -88,12 +88,11 @@ link_figures thread_links(int runs) {
   sw::run_threads(2, [&](auto& world) {
     auto const mesh = sw::make_mesh<"x">(world, {2});
     auto timed = [&](auto&& fn) {
-      double const s = best_seconds(runs, [&] {
+      return best_seconds(runs, [&] {
         sw::barrier(mesh);
         fn();
         sw::barrier(mesh);
       });
-      return s;
     };
     sw::nn::vector<float> small = sw::nn::vector<float>::Ones(1024), activations = sw::nn::vector<float>::Ones(1 << 18);
     double const latency = timed([&] { sw::all_reduce(mesh, small); });

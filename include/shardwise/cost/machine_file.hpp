@@ -13,8 +13,8 @@
 namespace shardwise::planner {
 
 /// The machine described by a JSON file: {"name", "gemm_flops", "gemm_half_rate_tokens", "memory_bandwidth",
-/// "ranks_per_node", "tp":
-/// {"bandwidth", "latency"}, "dp": {...}, "pp": {...}}; a field left out keeps this machine's measured value.
+/// "ranks_per_node", "tp": {"bandwidth", "latency"}, "dp": {...}, "pp": {...}}; a field left out keeps this
+/// machine's measured value.
 inline machine read_machine(std::filesystem::path const& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) shardwise::raise("shardwise::planner::read_machine: cannot open ", file.string(), "; give a machine file");
@@ -26,12 +26,13 @@ inline machine read_machine(std::filesystem::path const& file) {
                      "); see tools/machines/this_machine.json for the format");
   }
   machine m;
-  auto const number = [&](nlohmann::json const& at, char const* field, double& into) {
+  auto const number = [&](nlohmann::json const& at, char const* field, double& into, bool zero_allowed = false) {
     if (!at.contains(field)) return;
-    if (!at[field].is_number() || !(at[field].get<double>() > 0))
-      shardwise::raise("shardwise::planner::read_machine: \"", field, "\" in ", file.string(),
-                       " must be a positive number");
-    into = at[field].get<double>();
+    double const value = at[field].is_number() ? at[field].get<double>() : -1;
+    if (!(value > 0 || (zero_allowed && value == 0)))
+      shardwise::raise("shardwise::planner::read_machine: \"", field, "\" in ", file.string(), " must be a ",
+                       zero_allowed ? "number, 0 or more" : "positive number");
+    into = value;
   };
   if (root.contains("name") && root["name"].is_string()) m.name = root["name"].get<std::string>();
   if (root.contains("ranks_per_node")) {
@@ -41,13 +42,7 @@ inline machine read_machine(std::filesystem::path const& file) {
     m.ranks_per_node = root["ranks_per_node"].get<std::size_t>();
   }
   number(root, "gemm_flops", m.gemm_flops), number(root, "memory_bandwidth", m.memory_bandwidth);
-  if (root.contains("gemm_half_rate_tokens")) {  // 0: the GEMM rate does not depend on the tokens
-    auto const& half = root["gemm_half_rate_tokens"];
-    if (!half.is_number() || !(half.get<double>() >= 0))
-      shardwise::raise("shardwise::planner::read_machine: \"gemm_half_rate_tokens\" in ", file.string(),
-                       " must be a number of tokens, 0 or more");
-    m.gemm_half_rate_tokens = half.get<double>();
-  }
+  number(root, "gemm_half_rate_tokens", m.gemm_half_rate_tokens, true);  // 0: a rate flat in the tokens
   for (auto [axis, into] : {std::pair{"tp", &m.tp}, std::pair{"dp", &m.dp}, std::pair{"pp", &m.pp}})
     if (root.contains(axis))
       number(root[axis], "bandwidth", into->bandwidth), number(root[axis], "latency", into->latency);

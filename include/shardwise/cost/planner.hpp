@@ -184,11 +184,11 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
 }
 
 /// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs at the machine's rate for the
-/// microbatch's tokens (2 FLOPs per weight and token,
-/// the backward twice the forward, checkpointing one forward more; attention's full square of scores and
-/// their product with the values); memory traffic (the stage's weights streamed by each pass and once more for
-/// their gradients, the saved activations written, read, and their gradients written and read); and the
-/// tensor-parallel transfers the block and the ends declare. For the last stage (the only one at pp 1).
+/// microbatch's tokens (2 FLOPs per weight and token, the backward twice the forward, checkpointing one forward
+/// more; attention's full square of scores and their product with the values); memory traffic (the stage's weights
+/// streamed by each pass and once more for their gradients, the saved activations written, read, and their gradients
+/// written and read); and the tensor-parallel transfers the block and the ends declare. For the last stage (the only
+/// one at pp 1).
 inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                  training_shape const& t, std::size_t tokens, machine const& m) {
   std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
