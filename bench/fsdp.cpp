@@ -9,7 +9,7 @@
 //    the rank computes): full shard, shard-grad-op and no-shard with and without forward and backward prefetch,
 //    alternating, medians over rounds.
 //
-//   bench_fsdp [--steps 5] [--small] [--smoke]
+//   bench_fsdp [--steps 5] [--rounds 3] [--small] [--smoke] [--machine FILE] [--only "full shard"]
 //   mpiexec -n 4 bench_fsdp memory [--small]
 //   mpiexec -n 2 bench_fsdp prefetch [--small] [--rounds 3]
 //   mpiexec -n 4 bench_fsdp load [--small] [--dir D]
@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/cost/planner.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
@@ -146,13 +147,17 @@ double time_plain(World const& world, models::LlamaConfig const& c, int steps) {
   });
 }
 
-/// The step time `shardwise plan` predicts for a mode (shardwise::planner, fp32, this machine's measured values);
+/// The machine the predictions are for: the built-in one, or `--machine FILE` (bench_machine's output from the
+/// same session: this machine's speed moves between days by more than the predictions' target).
+sw::planner::machine predicted_machine;
+
+/// The step time `shardwise plan` predicts for a mode (shardwise::planner, fp32, predicted_machine);
 /// 0 for the modes it does not model (shard-grad-op, bf16 gathers).
 double planned_seconds(models::LlamaConfig const& c, mode m) {
   namespace planner = sw::planner;
   planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};
   auto const at = [&](std::size_t dp, planner::state_sharding s) {
-    return planner::estimate_layout(c, shape, planner::layout{dp, 1, 1, 1, s}, {}).step_seconds;
+    return planner::estimate_layout(c, shape, planner::layout{dp, 1, 1, 1, s}, predicted_machine).step_seconds;
   };
   switch (m) {
     case mode::one_rank:
@@ -168,51 +173,70 @@ double planned_seconds(models::LlamaConfig const& c, mode m) {
   }
 }
 
-void speed(models::LlamaConfig const& c, int steps, bool small) {
-  std::printf("# tokens/s, Llama dim %zu, %zu layers, vocabulary %zu, %d x %zu tokens a step, fp32, thread mesh\n",
-              c.dim, c.layers, c.vocabulary, batch_sequences, c.sequence);
+/// One mode's median step time on the thread mesh (rank 0's).
+double time_mode(models::LlamaConfig const& c, mode m, int steps) {
+  double seconds = 0;
+  sw::run_threads(m == mode::one_rank ? 1 : 2, [&](auto& world) {
+    double t = 0;
+    switch (m) {
+      case mode::one_rank:
+      case mode::data_parallel:
+        t = time_plain(world, c, steps);
+        break;
+      case mode::no_shard:
+        t = time_fsdp<sw::no_shard>(world, c, steps);
+        break;
+      case mode::shard_grad_op:
+        t = time_fsdp<sw::shard_grad_op>(world, c, steps);
+        break;
+      case mode::full_shard:
+        t = time_fsdp<sw::full_shard>(world, c, steps);
+        break;
+      case mode::full_shard_bf16:
+        t = time_fsdp<sw::full_shard, sw::mixed_precision<Eigen::bfloat16, float>>(world, c, steps);
+        break;
+      case mode::full_shard_prefetch:
+        t = time_fsdp<sw::full_shard>(world, c, steps, true);
+        break;
+    }
+    if (world.rank() == 0) seconds = t;
+  });
+  return seconds;
+}
+
+/// Every mode in turn, `rounds` times over (a slow spell of this shared machine then falls on every mode, not on
+/// one); each mode's median over the rounds.
+void speed(models::LlamaConfig const& c, int steps, int rounds, bool small, std::string const& only) {
+  std::printf(
+      "# tokens/s, Llama dim %zu, %zu layers, vocabulary %zu, %d x %zu tokens a step, fp32, thread mesh, median of "
+      "%d rounds\n",
+      c.dim, c.layers, c.vocabulary, batch_sequences, c.sequence, rounds);
   std::printf(
       "| setup | step (ms) | tokens/s | vs dp 2 without FSDP | planned (ms) | measured / planned |\n"
       "|---|---|---|---|---|---|\n");
+  constexpr mode modes[] = {mode::one_rank,   mode::data_parallel,   mode::no_shard,           mode::shard_grad_op,
+                            mode::full_shard, mode::full_shard_bf16, mode::full_shard_prefetch};
+  std::vector<std::vector<double>> times(std::size(modes));
+  auto const chosen = [&](mode m) { return std::string(name_of(m)).find(only) != std::string::npos; };
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < std::size(modes); ++i)
+      if (chosen(modes[i])) times[i].push_back(time_mode(c, modes[i], steps));
   double const tokens = double(batch_sequences) * double(c.sequence);
   double plain = 0, full_step = 0;
-  for (mode m : {mode::one_rank, mode::data_parallel, mode::no_shard, mode::shard_grad_op, mode::full_shard,
-                 mode::full_shard_bf16, mode::full_shard_prefetch}) {
-    double seconds = 0;
-    sw::run_threads(m == mode::one_rank ? 1 : 2, [&](auto& world) {
-      double t = 0;
-      switch (m) {
-        case mode::one_rank:
-        case mode::data_parallel:
-          t = time_plain(world, c, steps);
-          break;
-        case mode::no_shard:
-          t = time_fsdp<sw::no_shard>(world, c, steps);
-          break;
-        case mode::shard_grad_op:
-          t = time_fsdp<sw::shard_grad_op>(world, c, steps);
-          break;
-        case mode::full_shard:
-          t = time_fsdp<sw::full_shard>(world, c, steps);
-          break;
-        case mode::full_shard_bf16:
-          t = time_fsdp<sw::full_shard, sw::mixed_precision<Eigen::bfloat16, float>>(world, c, steps);
-          break;
-        case mode::full_shard_prefetch:
-          t = time_fsdp<sw::full_shard>(world, c, steps, true);
-          break;
-      }
-      if (world.rank() == 0) seconds = t;
-    });
+  for (std::size_t i = 0; i < std::size(modes); ++i) {
+    mode const m = modes[i];
+    if (!chosen(m)) continue;
+    double const seconds = median(times[i]);
     if (m == mode::data_parallel) plain = seconds;
+    if (m == mode::full_shard) full_step = seconds;
     double const predicted = planned_seconds(c, m);
     std::printf("| %s | %.1f | %.0f | %s | %s | %s |\n", name_of(m), seconds * 1e3, tokens / seconds,
-                m == mode::one_rank ? "" : std::to_string(plain / seconds).substr(0, 4).c_str(),
+                m == mode::one_rank || plain == 0 ? "" : std::to_string(plain / seconds).substr(0, 4).c_str(),
                 predicted > 0 ? std::to_string(predicted * 1e3).substr(0, 6).c_str() : "",
                 predicted > 0 ? std::to_string(seconds / predicted).substr(0, 5).c_str() : "");
     std::printf("RESULT %s %d %.1f\n", small ? "small" : "large", static_cast<int>(m), tokens / seconds);
-    if (m == mode::full_shard) full_step = seconds;
   }
+  if (full_step == 0) return;
   double gathers = 0;
   sw::run_threads(2, [&](auto& world) {
     double const t = time_gathers(world, c, steps);
@@ -368,6 +392,7 @@ int main(int argc, char** argv) {
   bool small = false, smoke = false, memory_mode = false, prefetch_mode = false, load_mode = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "shardwise_bench_fsdp_load";
   int steps = 5, rounds = 3;
+  std::string only;  // the modes whose name holds it (e.g. "full shard"), to profile one
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--smoke")) smoke = small = true;
@@ -377,6 +402,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
   }
   if (smoke) steps = 1;
   auto const c = config(small);
@@ -392,6 +419,6 @@ int main(int argc, char** argv) {
     sw::launch(argc, argv, 2, [&](auto& world) { prefetch_gain(world, c, steps, smoke ? 1 : rounds); });
     return 0;
   }
-  speed(c, steps, small);
+  speed(c, steps, smoke ? 1 : rounds, small, only);
   return 0;
 }

@@ -10,15 +10,17 @@
 //    (1f1b-recompute) and per block (1f1b-blocks).
 //
 //    Beside each, the step time `shardwise plan` predicts for that layout (shardwise::planner, fp32, this
-//    machine's measured values) and measured / predicted;
+//    machine's measured values, or --machine FILE) and measured / predicted;
 //
-//   bench_pipeline [--steps 3] [--small] [--smoke] [--compare-only]
+//   bench_pipeline [--steps 3] [--rounds 3] [--small] [--smoke] [--compare-only] [--machine FILE]
 //   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute|1f1b-blocks [--small]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/cost/planner.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_stage.hpp>
@@ -36,6 +38,10 @@ namespace models = shardwise::models;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
+
+/// The machine the predictions are for: the built-in one, or `--machine FILE` (bench_machine's output from the
+/// same session: this machine's speed moves between days by more than the predictions' target).
+sw::planner::machine predicted_machine;
 
 constexpr int batch_sequences = 8;
 
@@ -189,15 +195,29 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
   }
 }
 
-void compare_parallelisms(models::LlamaConfig const& c, int steps) {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// The four layouts in turn, `rounds` times over (a slow spell of this shared machine then falls on each layout,
+/// not on one); each layout's median over the rounds.
+void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   double const tokens = double(batch_sequences) * double(c.sequence);
-  double const one = model_step_seconds<sw::serial_plan>(c, 1, 1, steps);
-  double const pp2 = pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds;
-  double const tp2 = model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps);
-  double const dp2 = model_step_seconds<sw::serial_plan>(c, 2, 1, steps);
+  std::vector<double> ones, pp2s, tp2s, dp2s;
+  for (int r = 0; r < rounds; ++r) {
+    ones.push_back(model_step_seconds<sw::serial_plan>(c, 1, 1, steps));
+    pp2s.push_back(pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds);
+    tp2s.push_back(model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps));
+    dp2s.push_back(model_step_seconds<sw::serial_plan>(c, 2, 1, steps));
+  }
+  double const one = median(ones), pp2 = median(pp2s), tp2 = median(tp2s), dp2 = median(dp2s);
+  std::printf("\n# each layout's median step over %d rounds\n", rounds);
   namespace planner = sw::planner;
   planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};
-  auto const planned = [&](planner::layout l) { return planner::estimate_layout(c, shape, l, {}).step_seconds; };
+  auto const planned = [&](planner::layout l) {
+    return planner::estimate_layout(c, shape, l, predicted_machine).step_seconds;
+  };
   std::printf("\n%-28s %12s %12s %14s %14s %12s\n", "same model and batch", "tokens/s", "vs 1 rank", "step (s)",
               "planned (s)", "measured/planned");
   auto const row = [&](char const* name, double seconds, double predicted) {
@@ -261,21 +281,23 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
 
 int main(int argc, char** argv) {
   openblas_set_num_threads(1);  // one thread per rank, BLAS included
-  int steps = 3;
+  int steps = 3, rounds = 3;
   bool small = false, smoke = false, compare_only = false;
   std::string memory_mode;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--smoke")) smoke = true, small = true, steps = 1;
     if (!std::strcmp(argv[i], "--compare-only")) compare_only = true;
     if (!std::strcmp(argv[i], "memory") && i + 1 < argc) memory_mode = argv[++i];
+    if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
   }
   auto const c = config(small);
   if (!memory_mode.empty()) return measure_memory(argc, argv, memory_mode, c);
   std::printf("# Llama dim %zu, %zu layers, hidden %zu, %d sequences of %zu tokens per step; thread mesh\n", c.dim,
               c.layers, c.hidden, batch_sequences, c.sequence);
   if (!compare_only) time_schedules(c, steps, smoke);
-  compare_parallelisms(c, steps);
+  compare_parallelisms(c, steps, smoke ? 1 : rounds);
   return 0;
 }

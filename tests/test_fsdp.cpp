@@ -153,6 +153,44 @@ TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
   }
 }
 
+TEST_CASE("FSDP full shard: each unit reuses the storage the unit before it released, and nothing is held after") {
+  auto c = llama_cases::small_config();
+  c.layers = 3;
+  std::size_t block_matrix_bytes = 0;  // one block's whole matrices: what a unit gathers, and its full gradients
+  {
+    sw::models::Llama<float> model(c);
+    sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+      if (name.starts_with("layers.0.") && p.value->rows() > 1 && p.value->cols() > 1)
+        block_matrix_bytes += std::size_t(p.value->size()) * sizeof(float);
+    });
+  }
+  REQUIRE(block_matrix_bytes > 0);
+  sw::run_threads(2, [&](auto& world) {
+    sw::models::Llama<float> model(c);
+    auto const dp = sw::make_mesh<"dp">(world, {2});
+    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+    sw::AdamW<float> optimizer({.learning_rate = 1e-3f});
+    std::vector<std::int64_t> ids(8), targets(8);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = std::int64_t(i * 5 % c.vocabulary), targets[i] = (ids[i] + 1) % std::int64_t(c.vocabulary);
+    for (int step = 0; step < 2; ++step) {
+      auto const logits = sharded.forward(ids);
+      auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+      sharded.backward(sw::models::llama_loss(tp, logits, targets, c.vocabulary).dlogits);
+      optimizer.step(sharded);
+      sw::zero_grad(sharded);
+      // Forward: blocks 1 and 2 take the parameters of the block before; backward: blocks 1 and 0 take the
+      // parameters and the gradients of the block after (block 2, the first, allocates both).
+      CHECK(sharded.reused_bytes() == 2 * block_matrix_bytes + 2 * 2 * block_matrix_bytes);
+      std::size_t left = 0;  // between steps the model holds no whole tensor, kept or not
+      sw::for_each_parameter(model, [&](std::string const&, auto const& p) {
+        left += std::size_t(p.value->size()) + std::size_t(p.grad->size());
+      });
+      CHECK(left == 0);
+    }
+  });
+}
+
 TEST_CASE("FSDP with forward and backward prefetch equals the unsharded run") {
   auto const c = llama_cases::small_config();
   auto const serial = serial_run(c, steps);

@@ -49,6 +49,7 @@ struct fsdp_slot {
   std::function<void()> mark_finished;
   std::function<T*()> finished_grad;          // the finished gradient's data
   std::function<void(bool free)> clear_grad;  // the layer's gradients freed (or zeroed, for no_shard)
+  std::function<void()> reuse_grad;           // a kept matrix, zeroed, as the layer's gradient to accumulate into
 };
 
 /// A unit: the parameters gathered together, and the module whose sw::forward gathers them (null: the root).
@@ -58,6 +59,39 @@ struct fsdp_unit {
   std::vector<std::size_t> slots;
   bool gathered = false, called = false, reduced = false;  // the last two: in the current step
   std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
+};
+
+/// Whole matrices a step released (gathered parameters, full gradients), kept for the next gather or gradient of
+/// the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in
+/// again at every gather and gradient cost a full-shard step about a quarter of its time here
+/// (docs/benchmarks.md). Kept only within one forward or one backward of full_shard (`active`), where each unit
+/// takes what the one before it released, and emptied after the pass's last unit: nothing is held that no unit
+/// takes (with prefetch, a unit's storage can wait for the gather after the next).
+template <class T>
+struct fsdp_spare_matrices {
+  bool active = false;
+  std::vector<nn::matrix<T>> spare;
+  std::size_t reused_bytes = 0;  // taken since the last forward began
+
+  /// Frees `m` to 0 x 0, its storage kept while active.
+  void keep(nn::matrix<T>& m) {
+    if (active && m.size() > 0) spare.push_back(std::move(m));
+    m.resize(0, 0);
+  }
+  /// `m` (empty) takes a kept matrix of rows x cols, old values in it; false where there is none.
+  bool take(nn::matrix<T>& m, Eigen::Index rows, Eigen::Index cols) {
+    auto const fits = [&](nn::matrix<T> const& k) { return k.rows() == rows && k.cols() == cols; };
+    auto const at = std::find_if(spare.begin(), spare.end(), fits);
+    if (at == spare.end()) return false;
+    m.swap(*at);
+    spare.erase(at);
+    reused_bytes += static_cast<std::size_t>(rows * cols) * sizeof(T);
+    return true;
+  }
+  void stop() {
+    active = false;
+    spare = {};
+  }
 };
 
 template <class List>
@@ -106,7 +140,7 @@ class fully_sharded final : detail::module_hooks {
     find_units();
     make_slots();
     for (auto& s : slots_) s.clear_grad(sharded);
-    for (auto& u : units_) release(u);
+    for (auto& u : units_) release(u);  // nothing kept: spare_ is not active outside a step
   }
 
   /// The model's forward (its root unit gathered for the step; each unit's module gathers in sw::forward).
@@ -118,6 +152,8 @@ class fully_sharded final : detail::module_hooks {
           "fill them with sw::load_sharded or sw::load_consolidated before its forward");
     detail::hooks_installed on(this);
     phase_ = phase::forward;
+    spare_->active = std::is_same_v<strategy, full_shard>;  // the one strategy that frees within a step
+    spare_->reused_bytes = 0;
     for (auto& u : units_) {
       release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
       u.called = u.reduced = false;
@@ -127,6 +163,7 @@ class fully_sharded final : detail::module_hooks {
     gather(units_[0]);
     if (options_.forward_prefetch) prefetch(next_in_forward(0));
     auto y = model_.forward(std::forward<Args>(args)...);
+    spare_->stop();
     phase_ = phase::idle;
     finish_prefetches();  // nothing may still read the shards when the optimizer steps them
     for (std::size_t i = 1; i < units_.size(); ++i)
@@ -143,6 +180,7 @@ class fully_sharded final : detail::module_hooks {
   decltype(auto) backward(Args&&... args) {
     detail::hooks_installed on(this);
     phase_ = phase::backward;
+    spare_->active = std::is_same_v<strategy, full_shard>;
     if constexpr (std::is_void_v<decltype(model_.backward(std::forward<Args>(args)...))>) {
       model_.backward(std::forward<Args>(args)...);
       finish_backward();
@@ -164,12 +202,18 @@ class fully_sharded final : detail::module_hooks {
   }
   /// Frees the gathered parameters again (collective-free).
   void reshard() {
+    spare_->stop();
     for (auto& u : units_) release(u);
   }
   /// Sets the gradient shards to zero (after an optimizer step).
   void zero_grad() {
     for (auto& s : slots_) std::fill(s.shard_grad.begin(), s.shard_grad.end(), scalar(0));
   }
+
+  /// Bytes of whole matrices (gathered parameters, full gradients) the last forward and backward took from a unit
+  /// released before them instead of fresh memory: under full_shard each unit reuses the one before it in the
+  /// same pass (the first unit of each pass and the root allocate); 0 for the other strategies.
+  [[nodiscard]] std::size_t reused_bytes() const { return spare_->reused_bytes; }
 
   /// The units' paths ("" is the root unit), in order.
   [[nodiscard]] std::vector<std::string> unit_paths() const {
@@ -273,11 +317,15 @@ class fully_sharded final : detail::module_hooks {
     }
   }
   void after_forward(detail::module_id module) override {
-    if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) release(*u);
+    if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) {
+      release(*u);
+      if (!next_in_forward(index_of(*u))) spare_->stop();  // no unit will take what it released
+    }
   }
   void before_backward(detail::module_id module) override {
     if (auto* u = unit_of(module)) {
       gather(*u);
+      for (auto i : u->slots) slots_[i].reuse_grad();
       if (options_.backward_prefetch) prefetch(next_in_backward(index_of(*u)));
     }
   }
@@ -285,6 +333,7 @@ class fully_sharded final : detail::module_hooks {
     if (auto* u = unit_of(module)) {
       reduce_gradients(*u);
       release(*u);
+      if (!next_in_backward(index_of(*u))) spare_->stop();  // no unit will take what it released
       u->reduced = true;
     }
   }
@@ -299,6 +348,7 @@ class fully_sharded final : detail::module_hooks {
     finish_prefetches();
     reduce_gradients(units_[0]);
     release(units_[0]);
+    spare_->stop();
     phase_ = phase::idle;
     for (std::size_t i = 1; i < units_.size(); ++i)
       if (units_[i].called && !units_[i].reduced)
@@ -515,9 +565,19 @@ class fully_sharded final : detail::module_hooks {
     s.norm_weight = counted ? scalar(1) / static_cast<scalar>(p.copies) : scalar(0);
     Tensor* value = p.value;
     Eigen::Index const rows = s.rows, cols = s.cols;
-    s.resize_value = [value, rows, cols](bool whole) {
+    constexpr bool kept = std::is_same_v<Tensor, nn::matrix<scalar>>;  // vectors: small, from the heap
+    s.resize_value = [value, rows, cols, spare = spare_](bool whole) {
       // Freed to no rows and (for a matrix) no columns: a layer run on it by mistake fails its size check.
-      value->resize(whole ? rows : 0, whole || Tensor::ColsAtCompileTime == 1 ? cols : 0);
+      if constexpr (kept) {
+        if (!whole) {
+          spare->keep(*value);
+        } else if (value->rows() != rows || value->cols() != cols) {
+          value->resize(0, 0);
+          if (!spare->take(*value, rows, cols)) value->resize(rows, cols);
+        }
+      } else {
+        value->resize(whole ? rows : 0, whole || Tensor::ColsAtCompileTime == 1 ? cols : 0);
+      }
       return value->data();
     };
     s.finish = [p] { detail::finish_gradient(p); };
@@ -526,13 +586,22 @@ class fully_sharded final : detail::module_hooks {
       detail::ensure_gradient(p);
       return detail::finished_view(p).grad->data();
     };
-    s.clear_grad = [p](bool free) {
-      for (Tensor* g : {p.grad, p.reduced_into})
-        if (g && free)
-          g->resize(0, Tensor::ColsAtCompileTime == 1 ? 1 : 0);
-        else if (g)
+    s.clear_grad = [p, spare = spare_](bool free) {
+      for (Tensor* g : {p.grad, p.reduced_into}) {
+        if (!g) continue;
+        if (!free)
           g->setZero();
+        else if constexpr (kept)
+          spare->keep(*g);
+        else
+          g->resize(0, Tensor::ColsAtCompileTime == 1 ? 1 : 0);
+      }
     };
+    s.reuse_grad = [] {};
+    if constexpr (kept)
+      s.reuse_grad = [p, rows, cols, spare = spare_] {
+        if (p.grad->size() == 0 && spare->take(*p.grad, rows, cols)) p.grad->setZero();
+      };
     return s;
   }
 
@@ -541,6 +610,8 @@ class fully_sharded final : detail::module_hooks {
   std::optional<ReplicateMesh> replicate_;
   fsdp_options options_;
   std::vector<detail::fsdp_unit> units_, candidates_;
+  // Shared with the slots' closures, which outlive no fully_sharded but may be moved with it.
+  std::shared_ptr<detail::fsdp_spare_matrices<scalar>> spare_ = std::make_shared<detail::fsdp_spare_matrices<scalar>>();
   std::vector<detail::fsdp_slot<scalar>> slots_;
   nn::group<scalar> const* tp_group_ = nullptr;
   phase phase_ = phase::idle;
