@@ -63,10 +63,10 @@ struct fsdp_unit {
 
 /// Whole matrices a step released (gathered parameters, full gradients), kept for the next gather or gradient of
 /// the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in
-/// again at every gather and gradient cost a full-shard step about a quarter of its time here
-/// (docs/benchmarks.md). Kept only within one forward or one backward of full_shard (`active`), where each unit
-/// takes what the one before it released, and emptied after the pass's last unit: nothing is held that no unit
-/// takes (with prefetch, a unit's storage can wait for the gather after the next).
+/// again at every gather and gradient cost a full-shard step about 7% here (docs/benchmarks.md). Kept only within one
+/// forward or one backward of full_shard (`active`), where each unit takes what the one before it released, and emptied
+/// after the pass's last unit: nothing is held that no unit takes (with prefetch, a unit's storage can wait for the
+/// gather after the next).
 template <class T>
 struct fsdp_spare_matrices {
   bool active = false;

@@ -416,6 +416,7 @@ class MpiComm {
   void post_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
     check_peer(destination, "send");
     int const count = detail::mpi_count(bytes, "send");
+    reap_finished_sends();  // else a step of m microbatches would hold a copy of every send until its end
     auto& sent = state_->posted.emplace_back();
     sent.shape = shape;
     sent.bytes.assign(static_cast<unsigned char const*>(data), static_cast<unsigned char const*>(data) + bytes);
@@ -426,6 +427,10 @@ class MpiComm {
         MPI_Isend(sent.bytes.data(), count, MPI_BYTE, destination, 2 * tag + 1, native(), &sent.requests[1]),
         "MPI_Isend");
   }
+
+  /// The post_bytes sends of this communicator whose copies are held: those MPI may still be reading. Each
+  /// post_bytes first frees the ones it is done with; finish_sends waits for the rest.
+  [[nodiscard]] std::size_t sends_in_flight() const { return state_->posted.size(); }
 
   /// Waits until every post_bytes send of this communicator has been received (under the timeout).
   void finish_sends() const {
@@ -438,6 +443,17 @@ class MpiComm {
       });
     }
     state_->posted.clear();
+  }
+
+  /// Frees the oldest post_bytes sends MPI is done with (without waiting), up to the first still in flight.
+  void reap_finished_sends() const {
+    auto& posted = state_->posted;
+    while (!posted.empty()) {
+      int done = 0;
+      detail::mpi_check(MPI_Testall(2, posted.front().requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (!done) return;
+      posted.pop_front();
+    }
   }
 
   /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
