@@ -218,6 +218,8 @@ void speed(models::LlamaConfig const& c, int steps, int rounds, bool small, std:
                             mode::full_shard, mode::full_shard_bf16, mode::full_shard_prefetch};
   std::vector<std::vector<double>> times(std::size(modes));
   auto const chosen = [&](mode m) { return std::string(name_of(m)).find(only) != std::string::npos; };
+  if (std::none_of(std::begin(modes), std::end(modes), chosen))
+    std::printf("# --only \"%s\" names no mode: see the setups in the table's first column\n", only.c_str());
   for (int r = 0; r < rounds; ++r)
     for (std::size_t i = 0; i < std::size(modes); ++i)
       if (chosen(modes[i])) times[i].push_back(time_mode(c, modes[i], steps));
@@ -406,6 +408,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
   }
   if (smoke) steps = 1;
+  rounds = std::max(rounds, 1), steps = std::max(steps, 1);
   auto const c = config(small);
   if (memory_mode) {
     sw::launch(argc, argv, 2, [&](auto& world) { memory(world, c); });

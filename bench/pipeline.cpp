@@ -268,20 +268,21 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
     double const before = bench::status_mib("VmRSS");
     run();
     double const peak = bench::status_mib("VmHWM");
-    namespace planner = sw::planner;  // the activations `shardwise plan` predicts for the busiest stage (1F1B)
+    namespace planner = sw::planner;  // what `shardwise plan` predicts for the busiest stage (1F1B) beyond its state
     planner::layout const l{1,
                             static_cast<std::size_t>(pp.size()),
                             1,
                             batch_sequences,
                             planner::state_sharding::replicated,
                             mode == "1f1b-blocks"};
-    double const planned =
-        double(planner::estimate_layout(c, {batch_sequences, c.sequence, planner::fp32}, l, {}).activation_bytes) /
-        (1024.0 * 1024.0);
+    auto const e = planner::estimate_layout(c, {batch_sequences, c.sequence, planner::fp32}, l, {});
+    double const mib = 1024.0 * 1024.0, planned = double(e.activation_bytes + e.working_bytes) / mib;
     std::printf(
         "RESULT memory %s stage %d of %d: %.1f MiB above the %.1f MiB held before the step (shardwise plan, 1F1B: "
-        "%.1f MiB of activations on the busiest stage)\n",
-        mode.c_str(), pp.rank(), pp.size(), peak - before, before, planned);
+        "%.1f MiB on the busiest stage: %.1f of activations, %.1f of a backward's transients; measured / planned "
+        "%.3f)\n",
+        mode.c_str(), pp.rank(), pp.size(), peak - before, before, planned, double(e.activation_bytes) / mib,
+        double(e.working_bytes) / mib, (peak - before) / planned);
   });
   return 0;
 }
@@ -302,6 +303,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "memory") && i + 1 < argc) memory_mode = argv[++i];
     if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
   }
+  rounds = std::max(rounds, 1), steps = std::max(steps, 1);
   auto const c = config(small);
   if (!memory_mode.empty()) return measure_memory(argc, argv, memory_mode, c);
   std::printf("# Llama dim %zu, %zu layers, hidden %zu, %d sequences of %zu tokens per step; thread mesh\n", c.dim,

@@ -1,6 +1,8 @@
 // A plan's cost against a counting thread mesh at 1, 2 and 4 ranks (cases/cost_cases.hpp), and the cost as a
 // compile-time value: static_asserts on the Llama feed-forward, attention and block (with sequence parallelism,
 // and unsharded).
+#include <algorithm>
+
 #include "cases/cost_cases.hpp"
 
 namespace {
@@ -50,6 +52,15 @@ static_assert(block_sp4.forward.calls(sw::transfer_kind::all_reduce) == 0);
 constexpr sw::cost block_serial = sw::cost_of<models::LlamaBlock<float>>(config, sw::cost_inputs{tokens, 1, 0});
 static_assert(block_serial.forward.empty() && block_serial.backward.empty());
 static_assert(block_serial.parameter_bytes == (2 * 64 + 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176) * 4);
+
+// A backward's transients: the feed-forward's peak is inside its last expression (four tokens x hidden tensors
+// on this rank, three tokens x dim); a block's is its larger branch's, not the sum (the branches run one after
+// the other).
+static_assert(ffn_tp2.working_bytes == (4 * tokens * 176 / 2 + 3 * tokens * 64) * 4);
+constexpr sw::cost attention_serial = sw::cost_of<Attention<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
+constexpr sw::cost ffn_serial = sw::cost_of<FeedForward<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
+static_assert(block_serial.working_bytes == std::max(attention_serial.working_bytes, ffn_serial.working_bytes));
+static_assert(block_serial.working_bytes < attention_serial.working_bytes + ffn_serial.working_bytes);
 }  // namespace
 
 TEST_CASE("The Llama block's predicted cost equals what a counting thread mesh records, at 1, 2 and 4 ranks") {

@@ -91,6 +91,17 @@ TEST_CASE("planner: a layout's memory per rank, against the arithmetic of the 8B
                                             planner::machine{});
   CHECK(one.activation_bytes < e.activation_bytes / 4);  // checkpointing keeps each block's input only
   CHECK(one.step_seconds > e.step_seconds);              // and runs every block's forward again
+  // A backward's transients, once: the block's declared ones (its larger branch: here the attention's, with wo's
+  // input gradient, q, k and v's gradients, one head's two 2048 x 2048 products, three input gradients and their
+  // sum), the gradient given and the one passed on (this rank's tokens under sequence parallelism) and, at pp 1,
+  // the logits' gradient (tokens x vocabulary / 8); in the activation type's bytes (bf16: 2).
+  std::size_t const tokens = 2 * 2048, hidden = 14336 / 8;
+  std::size_t const feed_forward = 4 * tokens * hidden + 3 * tokens * 4096;
+  std::size_t const attention =
+      tokens * 4096 / 8 + tokens * (4096 + 2 * 1024) / 8 + 2 * 2048 * 2048 + 4 * tokens * 4096;
+  CHECK(attention > feed_forward);
+  CHECK(e.working_bytes == (attention + 2 * tokens / 8 * 4096 + tokens * 128256 / 8) * 2);
+  CHECK(e.bytes_per_rank() == e.state_bytes + e.activation_bytes + e.working_bytes);
 }
 
 TEST_CASE("planner: 1F1B keeps min(pp, microbatches) microbatches on the first stage") {
@@ -104,6 +115,12 @@ TEST_CASE("planner: 1F1B keeps min(pp, microbatches) microbatches on the first s
   // The same microbatch size (one sequence) with 2, 4 and 16 microbatches: 2, 4 and 4 in flight.
   CHECK(at(4, 1) == 2 * at(2, 1));
   CHECK(at(16, 1) == at(4, 1));
+  // A backward's transients do not grow with the microbatches in flight: one backward runs at a time.
+  auto const working = [&](std::size_t microbatches) {
+    return planner::estimate_layout(c, shape, planner::layout{64 / microbatches, 4, 2, microbatches}, m).working_bytes;
+  };
+  CHECK(working(4) == working(2));
+  CHECK(working(2) > 0);
 }
 
 TEST_CASE("planner: the search covers the layouts of the rank count, fitting ones fastest first") {

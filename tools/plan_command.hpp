@@ -53,7 +53,7 @@ inline void print_layout(planner::estimate const& e) {
   auto const& l = e.plan;
   std::printf("%6zu %4zu %4zu %6zu  %-10s  %-4s  %10.2f  %11.2f  %9.2f  %10.3g  %10.4g\n", l.dp, l.pp, l.tp,
               l.microbatches, std::string(planner::sharding_name(l.sharding)).c_str(), l.checkpointing ? "yes" : "no",
-              gib(e.state_bytes), gib(e.activation_bytes), gib(e.bytes_per_rank()), e.step_seconds,
+              gib(e.state_bytes), gib(e.activation_bytes + e.working_bytes), gib(e.bytes_per_rank()), e.step_seconds,
               e.tokens_per_second);
 }
 

@@ -34,18 +34,23 @@ struct cost {
   std::size_t parameter_bytes = 0;   ///< This rank's parameters.
   std::size_t gradient_bytes = 0;    ///< Their gradients (as many: one per parameter element).
   std::size_t activation_bytes = 0;  ///< What one forward keeps for its backward (one microbatch in flight).
+  /// The most its backward allocates at once beyond what it holds: its transients, for one microbatch. Not in
+  /// bytes_per_rank (nothing holds them between passes); the planner adds the largest once per stage.
+  std::size_t working_bytes = 0;
 
   /// Parameters, gradients and one microbatch's saved activations held on this rank.
   [[nodiscard]] constexpr std::size_t bytes_per_rank() const {
     return parameter_bytes + gradient_bytes + activation_bytes;
   }
 
-  /// Adds a part that holds `other`'s parameters, gradients and saved activations; its transfers are added by
-  /// the caller, in the order the code runs them (forward in call order, backward as the backward calls them).
+  /// Adds a part that holds `other`'s parameters, gradients and saved activations (its backward's transients
+  /// come one part at a time: the largest counts); its transfers are added by the caller, in the order the code
+  /// runs them (forward in call order, backward as the backward calls them).
   constexpr cost& hold(cost const& other) {
     parameter_bytes += other.parameter_bytes;
     gradient_bytes += other.gradient_bytes;
     activation_bytes += other.activation_bytes;
+    working_bytes = working_bytes > other.working_bytes ? working_bytes : other.working_bytes;
     return *this;
   }
 };

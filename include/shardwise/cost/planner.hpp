@@ -93,10 +93,14 @@ struct estimate {
   /// and one block gathered whole with their gradients, as fully_shard holds them at the backward's peak.
   std::size_t state_bytes = 0;
   std::size_t activation_bytes = 0;  ///< Saved activations at the peak (microbatches in flight).
-  double step_seconds = 0;           ///< One optimizer step.
-  double tokens_per_second = 0;      ///< The whole job's.
+  /// A backward's transients at the peak: a block's (its declared working_bytes), the two activation-sized
+  /// gradients around it (the one the stage was given, the one it passes on) and, at pp 1, the loss's gradient
+  /// of the logits, which the training loop holds through the backward.
+  std::size_t working_bytes = 0;
+  double step_seconds = 0;       ///< One optimizer step.
+  double tokens_per_second = 0;  ///< The whole job's.
   /// Everything held at the peak.
-  [[nodiscard]] std::size_t bytes_per_rank() const { return state_bytes + activation_bytes; }
+  [[nodiscard]] std::size_t bytes_per_rank() const { return state_bytes + activation_bytes + working_bytes; }
 };
 
 /// Bytes of parameters, gradients and optimizer state per rank for `elements` parameter elements sharded over
@@ -254,6 +258,10 @@ inline estimate estimate_layout(models::LlamaConfig const& config, training_shap
   std::size_t const tokens = sequences * t.sequence;
   model_figures const f = figures(c, tokens, l.tp);
   double const act_scale = static_cast<double>(t.bytes.activation) / sizeof(float);
+  std::size_t const gradient_between_stages = chunk_size(tokens, l.tp, 0) * c.dim * sizeof(float);
+  std::size_t working = f.block.working_bytes + 2 * gradient_between_stages;
+  if (l.pp == 1) working += tokens * chunk_size(c.vocabulary, l.tp, 0) * sizeof(float);
+  working = static_cast<std::size_t>(static_cast<double>(working) * act_scale);
   estimate e{l};
   for (std::size_t stage = 0; stage < l.pp; ++stage) {
     bool const first = stage == 0, last = stage + 1 == l.pp;
@@ -267,8 +275,8 @@ inline estimate estimate_layout(models::LlamaConfig const& config, training_shap
     auto const activations = static_cast<std::size_t>(
         static_cast<double>(in_flight * detail::stage_activations(f, c, l, tokens, first, last) + recomputed) *
         act_scale);
-    if (state + activations > e.bytes_per_rank())
-      e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations;
+    if (state + activations + working > e.bytes_per_rank())
+      e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations, e.working_bytes = working;
     if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
   }
   double const boundary = static_cast<double>(chunk_size(tokens, l.tp, 0) * c.dim * t.bytes.activation);

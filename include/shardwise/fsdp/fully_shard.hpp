@@ -63,10 +63,10 @@ struct fsdp_unit {
 
 /// Whole matrices a step released (gathered parameters, full gradients), kept for the next gather or gradient of
 /// the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in
-/// again at every gather and gradient cost a full-shard step about 7% here (docs/benchmarks.md). Kept only within one
-/// forward or one backward of full_shard (`active`), where each unit takes what the one before it released, and emptied
-/// after the pass's last unit: nothing is held that no unit takes (with prefetch, a unit's storage can wait for the
-/// gather after the next).
+/// again at every gather and gradient cost a full-shard step about 7% here (docs/benchmarks.md). Kept only within
+/// one forward or one backward of full_shard (`active`), from a unit's release to the start of the next unit,
+/// which takes what fits (its gather, its gradients, its prefetch) and frees the rest; the pass's last unit frees
+/// all. So what is kept waits for no more than the code between two units.
 template <class T>
 struct fsdp_spare_matrices {
   bool active = false;
@@ -152,12 +152,13 @@ class fully_sharded final : detail::module_hooks {
           "fill them with sw::load_sharded or sw::load_consolidated before its forward");
     detail::hooks_installed on(this);
     phase_ = phase::forward;
-    spare_->active = std::is_same_v<strategy, full_shard>;  // the one strategy that frees within a step
-    spare_->reused_bytes = 0;
+    spare_->stop();  // what a pass that threw kept; and what is released below (unshard's tensors) is freed
     for (auto& u : units_) {
       release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
       u.called = u.reduced = false;
     }
+    spare_->active = std::is_same_v<strategy, full_shard>;  // the one strategy that frees within a step
+    spare_->reused_bytes = 0;
     if (!forward_order_.empty()) last_forward_order_ = std::move(forward_order_);
     forward_order_.clear();
     gather(units_[0]);
@@ -180,6 +181,7 @@ class fully_sharded final : detail::module_hooks {
   decltype(auto) backward(Args&&... args) {
     detail::hooks_installed on(this);
     phase_ = phase::backward;
+    spare_->stop();
     spare_->active = std::is_same_v<strategy, full_shard>;
     if constexpr (std::is_void_v<decltype(model_.backward(std::forward<Args>(args)...))>) {
       model_.backward(std::forward<Args>(args)...);
@@ -210,9 +212,10 @@ class fully_sharded final : detail::module_hooks {
     for (auto& s : slots_) std::fill(s.shard_grad.begin(), s.shard_grad.end(), scalar(0));
   }
 
-  /// Bytes of whole matrices (gathered parameters, full gradients) the last forward and backward took from a unit
-  /// released before them instead of fresh memory: under full_shard each unit reuses the one before it in the
-  /// same pass (the first unit of each pass and the root allocate); 0 for the other strategies.
+  /// Bytes of whole matrices (gathered parameters, full gradients) the last forward and backward took from the
+  /// unit released just before instead of fresh memory: under full_shard, units of the same shapes (the blocks)
+  /// reuse each other's within a pass; the first unit of each pass and the root allocate (with prefetch, the
+  /// first two). 0 for the other strategies.
   [[nodiscard]] std::size_t reused_bytes() const { return spare_->reused_bytes; }
 
   /// The units' paths ("" is the root unit), in order.
@@ -314,6 +317,7 @@ class fully_sharded final : detail::module_hooks {
       if (phase_ != phase::forward) return;  // a recomputation in backward (activation checkpointing)
       forward_order_.push_back(index_of(*u));
       if (options_.forward_prefetch) prefetch(next_in_forward(index_of(*u)));
+      spare_->spare.clear();  // what this unit (and its prefetch) did not take: other shapes, not kept waiting
     }
   }
   void after_forward(detail::module_id module) override {
@@ -327,6 +331,7 @@ class fully_sharded final : detail::module_hooks {
       gather(*u);
       for (auto i : u->slots) slots_[i].reuse_grad();
       if (options_.backward_prefetch) prefetch(next_in_backward(index_of(*u)));
+      spare_->spare.clear();  // what this unit (and its prefetch) did not take: other shapes, not kept waiting
     }
   }
   void after_backward(detail::module_id module) override {

@@ -232,6 +232,10 @@ struct LlamaAttention {
     // q, k and v after the projections (this rank's heads), and each sequence's and head's probabilities.
     total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
     total.activation_bytes += sequences * (c.heads / n) * c.sequence * c.sequence * sizeof(T);
+    // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, one head's two
+    // sequence x sequence products, the three input gradients and their sum (each as wq's input).
+    total.working_bytes = co.activation_bytes + s.tokens * (q + 2 * kv) / n * sizeof(T) +
+                          2 * c.sequence * c.sequence * sizeof(T) + 4 * cq.activation_bytes;
     total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
     total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
@@ -298,6 +302,10 @@ struct LlamaFeedForward {
     cost total;
     total.hold(c1).hold(c3).hold(c2);
     total.activation_bytes += 3 * c2.activation_bytes;  // silu's input, w3's output and silu's output: as w2's input
+    // Backward's transients at their peak (w3's backward, one expression): w2's input gradient, its products with
+    // w3's output and the SiLU's, the SiLU's gradient (each as w2's input), w1's and w3's input gradients and their
+    // sum (each as w1's input).
+    total.working_bytes = 4 * c2.activation_bytes + 3 * c1.activation_bytes;
     total.forward.append(c1.forward).append(c3.forward).append(c2.forward);
     total.backward.append(c2.backward).append(c1.backward).append(c3.backward);
     return total;

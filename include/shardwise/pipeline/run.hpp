@@ -138,10 +138,14 @@ class pipeline_step {
     } else {
       here.kept.take_from(chunk_of(action));  // the chunk is free for the next microbatch's forward
     }
-    if (shape_.is_last(stage))
+    if (shape_.is_last(stage)) {
       here.gradient = loss_gradient_(action.microbatch, y);
-    else
+      // The loss ran the head forward and backward on the chunk: its saved state is spent, and a later take_from
+      // would carry it into another microbatch's slot, held until that one's backward.
+      drop_saved_activations(chunk_of(action));
+    } else {
       here.output = std::move(y);
+    }
   }
 
   /// The first stage's forward, on the model's input for the microbatch.
@@ -171,6 +175,7 @@ class pipeline_step {
       here.recompute_from = X{}, here.recompute_first = In{};
     } else {
       here.kept.give_back(chunk_of(action));
+      here.kept = {};  // the swap left the chunk's state since the forward here: spent, not held to the step's end
     }
     X dx = backward(chunk_of(action), here.gradient);
     here.gradient = X{};
