@@ -4,6 +4,7 @@
 // attention, SwiGLU feed-forward, final norm, output projection (untied: its weights are not shared with the
 // embedding); forward and backward. The plan decides how it is sharded (models/llama_plan.hpp); with
 // sw::serial_plan it is the unsharded reference.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -302,10 +303,11 @@ struct LlamaFeedForward {
     cost total;
     total.hold(c1).hold(c3).hold(c2);
     total.activation_bytes += 3 * c2.activation_bytes;  // silu's input, w3's output and silu's output: as w2's input
-    // Backward's transients at their peak (w3's backward, one expression): w2's input gradient, its products with
-    // w3's output and the SiLU's, the SiLU's gradient (each as w2's input), w1's and w3's input gradients and their
-    // sum (each as w1's input).
-    total.working_bytes = 4 * c2.activation_bytes + 3 * c1.activation_bytes;
+    // Backward's transients at their peak (each hidden tensor as w2's input, each dim-wide one as w1's): in the
+    // first statement w2's input gradient, the SiLU's gradient and its operand, and w1's input gradient; in the
+    // second w2's input gradient, its product with the SiLU's output, w1's and w3's input gradients and their sum.
+    std::size_t const hidden = c2.activation_bytes, dim = c1.activation_bytes;
+    total.working_bytes = std::max(3 * hidden + dim, 2 * hidden + 3 * dim);
     total.forward.append(c1.forward).append(c3.forward).append(c2.forward);
     total.backward.append(c2.backward).append(c1.backward).append(c3.backward);
     return total;
@@ -322,7 +324,9 @@ struct LlamaFeedForward {
   template <class DY>
   auto backward(DY const& dy) {
     auto dp = w2.backward(dy);
-    return w1.backward(silu_backward(h1_, dp * h3_)) + w3.backward(dp * a_);
+    // Two statements, so that the first branch's temporaries are freed before the second's are made.
+    auto dx = w1.backward(silu_backward(h1_, dp * h3_));
+    return dx + w3.backward(dp * a_);
   }
 
  private:
