@@ -11,15 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "median.hpp"
+
 double shardwise_base_time_collective(std::size_t bytes, int calls, bool gather);
 double shardwise_head_time_collective(std::size_t bytes, int calls, bool gather);
-
-namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-}  // namespace
 
 /// Each side alone, long runs, alternating: the per-call constant at 4 KiB without the short-batch noise.
 void alone() {
@@ -53,7 +48,8 @@ int main(int argc, char** argv) {
         double const a2 = base_first ? a : shardwise_base_time_collective(bytes, calls, gather);
         base.push_back(a2), head.push_back(b), ratio.push_back(b / a2);
       }
-      std::printf("| %zu KiB | %.2f | %.2f | %.3f |\n", kib, median(base), median(head), median(ratio));
+      std::printf("| %zu KiB | %.2f | %.2f | %.3f |\n", kib, bench::median(base), bench::median(head),
+                  bench::median(ratio));
     }
   }
   return 0;

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "median.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -67,11 +68,6 @@ void batch(models::LlamaConfig const& c, int rank, int ranks, std::vector<std::i
     }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 enum class mode { one_rank, data_parallel, no_shard, shard_grad_op, full_shard, full_shard_bf16, full_shard_prefetch };
 char const* name_of(mode m) {
   constexpr char const* names[] = {"one rank",
@@ -95,7 +91,7 @@ double time_steps(World const& world, int steps, Step&& step) {
     world.barrier();
     if (s > 0) times.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
   }
-  return median(times);
+  return bench::median(times);
 }
 
 template <class Strategy, class Precision = sw::full_precision, class World>
@@ -228,7 +224,7 @@ void speed(models::LlamaConfig const& c, int steps, int rounds, bool small, std:
   for (std::size_t i = 0; i < std::size(modes); ++i) {
     mode const m = modes[i];
     if (!chosen(m)) continue;
-    double const seconds = median(times[i]);
+    double const seconds = bench::median(times[i]);
     if (m == mode::data_parallel) plain = seconds;
     if (m == mode::full_shard) full_step = seconds;
     double const predicted = planned_seconds(c, m);
@@ -379,7 +375,7 @@ void prefetch_gain(World const& world, models::LlamaConfig const& c, int steps, 
       without.push_back(time(false));
       with.push_back(time(true));
     }
-    double const a = median(without), b = median(with);
+    double const a = bench::median(without), b = bench::median(with);
     if (world.rank() == 0)
       std::printf("| %s | %.1f | %.1f | %.0f | %.0f | %.3f |\n", name, a * 1e3, b * 1e3, tokens / a, tokens / b, a / b),
           std::fflush(stdout);

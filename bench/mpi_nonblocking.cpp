@@ -13,6 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include "median.hpp"
+
 namespace {
 
 double now_us() {
@@ -41,11 +43,6 @@ float compute(std::vector<float>& work, int passes) {
   for (int p = 0; p < passes; ++p)
     for (auto& w : work) w = w * 0.999f + 0.001f;
   return work[0];
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 /// Per size: the blocking all-gather, the compute alone, and MPI_Iallgather + compute + polled wait, each
@@ -77,8 +74,8 @@ void overlap(int me, int ranks, bool smoke) {
       hidden.push_back((gathers.back() + alones.back() - boths.back()) / gathers.back());
     }
     if (me == 0)
-      std::printf("| %zu KiB | %.1f | %.1f | %.1f | %.2f |\n", kib, median(gathers), median(alones), median(boths),
-                  median(hidden));
+      std::printf("| %zu KiB | %.1f | %.1f | %.1f | %.2f |\n", kib, bench::median(gathers), bench::median(alones),
+                  bench::median(boths), bench::median(hidden));
   }
 }
 

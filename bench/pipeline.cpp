@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "median.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -197,11 +198,6 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 /// The four layouts in turn, `rounds` times over (a slow spell of this shared machine then falls on each layout,
 /// not on one); each layout's median over the rounds.
 void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
@@ -213,7 +209,8 @@ void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
     tp2s.push_back(model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps));
     dp2s.push_back(model_step_seconds<sw::serial_plan>(c, 2, 1, steps));
   }
-  double const one = median(ones), pp2 = median(pp2s), tp2 = median(tp2s), dp2 = median(dp2s);
+  double const one = bench::median(ones), pp2 = bench::median(pp2s), tp2 = bench::median(tp2s),
+               dp2 = bench::median(dp2s);
   std::printf("\n# each layout's median step over %d rounds\n", rounds);
   namespace planner = sw::planner;
   planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};

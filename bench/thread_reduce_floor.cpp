@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "median.hpp"
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/collectives/collectives.hpp"
 
@@ -23,11 +24,6 @@ namespace sw = shardwise;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 /// The bare loop: thread `me` of 2 sums its half of both buffers and stores the sum into both.
 void bare_piece(float* a, float* b, std::size_t n, int me) {
@@ -93,8 +89,8 @@ int main(int argc, char** argv) {
     }
     volatile float const sink = to[n - 1];  // the copies are used, so none is optimized away
     (void)sink;
-    std::printf("| %zu MiB | %.1f | %.1f | %.3f | %.1f |\n", bytes >> 20, median(bare), median(library),
-                median(library) / median(bare), median(copy));
+    std::printf("| %zu MiB | %.1f | %.1f | %.3f | %.1f |\n", bytes >> 20, bench::median(bare), bench::median(library),
+                bench::median(library) / bench::median(bare), bench::median(copy));
   }
   std::printf("\nresults: %s\n", all_correct ? "all correct" : "WRONG");
   return all_correct ? 0 : 1;
