@@ -175,7 +175,6 @@ class pipeline_step {
       here.recompute_from = X{}, here.recompute_first = In{};
     } else {
       here.kept.give_back(chunk_of(action));
-      here.kept = {};  // the swap left the chunk's state since the forward here: spent, not held to the step's end
     }
     X dx = backward(chunk_of(action), here.gradient);
     here.gradient = X{};
