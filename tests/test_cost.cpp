@@ -1,7 +1,9 @@
 // A plan's cost against a counting thread mesh at 1, 2 and 4 ranks (cases/cost_cases.hpp), and the cost as a
 // compile-time value: static_asserts on the Llama feed-forward, attention and block (with sequence parallelism,
-// and unsharded).
+// and unsharded), on transfer lists with repeat groups, and on whole Llama 3 sized models.
 #include <algorithm>
+#include <iterator>
+#include <stdexcept>
 
 #include "cases/cost_cases.hpp"
 
@@ -62,7 +64,112 @@ constexpr sw::cost attention_serial = sw::cost_of<Attention<sw::serial_plan>>(co
 constexpr sw::cost ffn_serial = sw::cost_of<FeedForward<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
 static_assert(block_serial.working_bytes == std::max(attention_serial.working_bytes, ffn_serial.working_bytes));
 static_assert(block_serial.working_bytes < attention_serial.working_bytes + ffn_serial.working_bytes);
+
+// A body appended n times is stored once with a repeat group, and shows exactly what n plain appends show:
+// the same flat entries, identical calls in a row merged, across the group's edges and its repetitions.
+constexpr auto ag = sw::transfer_kind::all_gather, rs = sw::transfer_kind::reduce_scatter,
+               ar = sw::transfer_kind::all_reduce;
+static_assert(std::forward_iterator<sw::transfer_list<>::iterator>);
+constexpr auto alternating = sw::transfer_list<>().add(ag, "tp", 1).add(rs, "tp", 4).add(ar, "dp", 8);
+constexpr auto wrapping =
+    sw::transfer_list<>().add(ag, "tp", 1).add(rs, "tp", 4).add(ag, "tp", 1, 2);  // ends as it starts
+template <std::size_t N>
+constexpr auto around_plain(sw::transfer_list<N> const& body, std::size_t n) {
+  sw::transfer_list<> list;
+  list.add(ar, "tp", 2);
+  for (std::size_t i = 0; i < n; ++i) list.append(body);
+  return list.add(ag, "tp", 1);  // wrapping's last call: merges with the last repetition's
+}
+template <std::size_t N>
+constexpr auto around_grouped(sw::transfer_list<N> const& body, std::size_t n) {
+  return sw::transfer_list<>().add(ar, "tp", 2).append(body, n).add(ag, "tp", 1);
+}
+template <std::size_t M, std::size_t N>
+constexpr bool shows_the_same(sw::transfer_list<M> const& a, sw::transfer_list<N> const& b) {
+  bool same = a == b && a.size() == b.size() && a.calls() == b.calls();
+  for (auto kind : {ag, rs, ar})
+    same = same && a.calls(kind, "tp") == b.calls(kind, "tp") && a.bytes(kind) == b.bytes(kind);
+  for (std::size_t i = 0; i < a.size(); ++i) same = same && a[i] == b[i];
+  return same && std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+static_assert(shows_the_same(around_grouped(alternating, 5), around_plain(alternating, 5)));
+static_assert(around_grouped(alternating, 5).size() == 1 + 3 * 5 + 1 && around_grouped(alternating, 5).stored() == 5);
+static_assert(shows_the_same(around_grouped(wrapping, 3), around_plain(wrapping, 3)));
+// Written out: the body's last all-gathers merge with the next repetition's first, the last with the list's.
+static_assert(around_grouped(wrapping, 3) == sw::transfer_list<>()
+                                                 .add(ar, "tp", 2)
+                                                 .add(ag, "tp", 1)
+                                                 .add(rs, "tp", 4)
+                                                 .add(ag, "tp", 1, 3)
+                                                 .add(rs, "tp", 4)
+                                                 .add(ag, "tp", 1, 3)
+                                                 .add(rs, "tp", 4)
+                                                 .add(ag, "tp", 1, 3));
+static_assert(around_grouped(wrapping, 3)[7] == sw::transfer{ag, "tp", 1, 3} &&
+              around_grouped(wrapping, 3).size() == 8);
+static_assert(around_grouped(wrapping, 3).calls(ag) == 1 + 3 * 3 && around_grouped(wrapping, 3).bytes(rs) == 3 * 4);
+// A list with a group of its own, appended 4 times: repeated whole, its group kept in each copy.
+constexpr auto nested = sw::transfer_list<>().add(rs, "tp", 4).append(around_grouped(wrapping, 3), 4);
+static_assert(shows_the_same(nested, [] {
+  sw::transfer_list<> list;
+  list.add(rs, "tp", 4);
+  for (int i = 0; i < 4; ++i) list.append(around_plain(wrapping, 3));
+  return list;
+}()));
+// A body of one entry is a count; a list appended to itself.
+static_assert(sw::transfer_list<>().append(sw::transfer_list<>().add(ar, "tp", 2, 3), 4).stored() == 1);
+static_assert(shows_the_same(
+    [] {
+      auto list = around_grouped(wrapping, 3);
+      return list.append(list, 2);
+    }(),
+    [] {
+      sw::transfer_list<> list;
+      for (int i = 0; i < 3; ++i) list.append(around_plain(wrapping, 3));
+      return list;
+    }()));
+
+// Llama 3 8B (32 layers), 70B (80) and 405B (126) under sequence parallelism, as constant expressions. Per block two
+// all-gathers forward (block_sp4) and two backward; the output projection gathers the stream once forward, the
+// embedding gathers its gradient once backward; checkpointing runs each block's forward again in the backward.
+constexpr models::LlamaConfig llama3_8b{
+    .vocabulary = 128256, .dim = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .hidden = 14336, .sequence = 8192};
+constexpr models::LlamaConfig llama3_405b{
+    .vocabulary = 128256, .dim = 16384, .layers = 126, .heads = 128, .kv_heads = 8, .hidden = 53248, .sequence = 8192};
+constexpr models::LlamaConfig llama3_70b{
+    .vocabulary = 128256, .dim = 8192, .layers = 80, .heads = 64, .kv_heads = 8, .hidden = 28672, .sequence = 8192};
+using SpLlama = models::Llama<float, sp_plan>;
+constexpr sw::cost llama_8b = sw::cost_of<SpLlama>(llama3_8b, sw::cost_inputs{8192, 4, 1});
+static_assert(llama_8b.forward.calls(ag) == 2 * 32 + 1 && llama_8b.backward.calls(ag) == 2 * 32 + 1);
+static_assert(llama_8b.forward.bytes(ag) == (2 * 32 + 1) * std::size_t{8192} / 4 * 4096 * 4);
+static_assert(llama_8b.forward.size() == 1 + 4 * 32 + 1 && llama_8b.forward.stored() == 6);
+constexpr sw::cost llama_8b_kept = sw::cost_of<SpLlama>(llama3_8b, sw::cost_inputs{8192, 4, 1}, true);
+static_assert(llama_8b_kept.forward == llama_8b.forward && llama_8b_kept.backward.calls(ag) == 4 * 32 + 1);
+constexpr sw::cost llama_70b = sw::cost_of<SpLlama>(llama3_70b, sw::cost_inputs{8192, 2, 0});
+static_assert(llama_70b.forward.calls(ag) == 2 * 80 + 1 && llama_70b.backward.calls(ag) == 2 * 80 + 1);
+constexpr sw::cost llama_70b_kept = sw::cost_of<SpLlama>(llama3_70b, sw::cost_inputs{8192, 2, 0}, true);
+static_assert(llama_70b_kept.backward.calls(ag) == 4 * 80 + 1 && llama_70b_kept.backward.size() == 1 + 8 * 80 + 1);
+static_assert(sw::cost_of<SpLlama>(llama3_405b, sw::cost_inputs{8192, 8, 7}, true).backward.calls(ag) == 4 * 126 + 1);
+// A whole step of 8B, checkpointed, at llama_step_cost's default capacity: the forward's and the backward's.
+static_assert(models::llama_step_cost<float, sp_plan>(llama3_8b, {.tp = {8192, 4, 1}}, true).calls(ag) ==
+              (2 * 32 + 1) + (4 * 32 + 1));
 }  // namespace
+
+TEST_CASE("A transfer list stores repeats once, and one that outgrows its capacity throws") {
+  sw::transfer_list<4> list;
+  list.add(ag, "tp", 1).add(rs, "tp", 4).add(ag, "tp", 1).add(rs, "tp", 4);
+  CHECK_THROWS_WITH_AS(list.add(ar, "tp", 2), doctest::Contains("shardwise::transfer_list: more stored entries"),
+                       std::length_error);
+  sw::transfer_list<4> repeated;
+  repeated.append(alternating, 1000);  // three entries stored, 3000 shown
+  CHECK(repeated.size() == 3000);
+  CHECK_THROWS_AS(repeated.append(wrapping), std::length_error);
+  // llama_step_cost stores each microbatch's passes: at its default capacity ten overflow, a larger one fits.
+  models::training_step_inputs step{.tp = {tokens, 4, 0}, .microbatches = 10};
+  CHECK_THROWS_WITH_AS((models::llama_step_cost<float, sp_plan>(config, step)),
+                       doctest::Contains("pass a larger Capacity"), std::length_error);
+  CHECK(models::llama_step_cost<float, sp_plan, 256>(config, step).calls(ag) == 10 * 2 * (2 * 2 + 1));  // 2 layers
+}
 
 TEST_CASE("The Llama block's predicted cost equals what a counting thread mesh records, at 1, 2 and 4 ranks") {
   for (int ranks : {1, 2, 4}) sw::run_threads(ranks, [](auto& world) { cost_cases::run_cost_cases(world); });
