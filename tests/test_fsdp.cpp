@@ -153,18 +153,22 @@ TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
   }
 }
 
-TEST_CASE("FSDP full shard: each unit reuses the storage the unit before it released, and nothing is held after") {
+TEST_CASE("FSDP full shard: units reuse the storage the unit before them released; between steps only the root's") {
   auto c = llama_cases::small_config();
   c.layers = 3;
   std::size_t block_matrix_bytes = 0;  // one block's whole matrices: what a unit gathers, and its full gradients
+  std::size_t root_matrix_bytes = 0;   // the root unit's: the embedding and the output projection
   {
     sw::models::Llama<float> model(c);
     sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
-      if (name.starts_with("layers.0.") && p.value->rows() > 1 && p.value->cols() > 1)
-        block_matrix_bytes += std::size_t(p.value->size()) * sizeof(float);
+      if (p.value->rows() == 1 || p.value->cols() == 1) return;  // vectors: small, from the heap
+      std::size_t const bytes = std::size_t(p.value->size()) * sizeof(float);
+      if (name.starts_with("layers.0.")) block_matrix_bytes += bytes;
+      if (!name.starts_with("layers.")) root_matrix_bytes += bytes;
     });
   }
   REQUIRE(block_matrix_bytes > 0);
+  REQUIRE(root_matrix_bytes > 0);
   sw::run_threads(2, [&](auto& world) {
     sw::models::Llama<float> model(c);
     auto const dp = sw::make_mesh<"dp">(world, {2});
@@ -173,21 +177,28 @@ TEST_CASE("FSDP full shard: each unit reuses the storage the unit before it rele
     std::vector<std::int64_t> ids(8), targets(8);
     for (std::size_t i = 0; i < ids.size(); ++i)
       ids[i] = std::int64_t(i * 5 % c.vocabulary), targets[i] = (ids[i] + 1) % std::int64_t(c.vocabulary);
+    CHECK(sharded.kept_bytes() == 0);
     for (int step = 0; step < 2; ++step) {
       auto const logits = sharded.forward(ids);
+      CHECK(sharded.kept_bytes() == block_matrix_bytes);  // the last block's parameters, for the backward's first
       auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
       sharded.backward(sw::models::llama_loss(tp, logits, targets, c.vocabulary).dlogits);
       optimizer.step(sharded);
       sw::zero_grad(sharded);
-      // Forward: blocks 1 and 2 take the parameters of the block before; backward: blocks 1 and 0 take the
-      // parameters and the gradients of the block after (block 2, the first, allocates both).
-      CHECK(sharded.reused_bytes() == 2 * block_matrix_bytes + 2 * 2 * block_matrix_bytes);
-      std::size_t left = 0;  // between steps the model holds no whole tensor, kept or not
+      // Forward: blocks 1 and 2 take the parameters of the block before (and from the second step on, the root
+      // the root's); backward: block 2 takes the parameters block 2 released in forward, blocks 1 and 0 the
+      // parameters and the gradients of the block after (block 2 allocates its gradients).
+      std::size_t const root = step == 0 ? 0 : root_matrix_bytes;
+      CHECK(sharded.reused_bytes() == 2 * block_matrix_bytes + block_matrix_bytes + 2 * 2 * block_matrix_bytes + root);
+      CHECK(sharded.kept_bytes() == root_matrix_bytes);  // the root's parameters, for the next forward's first gather
+      std::size_t left = 0;                              // between steps the model holds no whole tensor, kept or not
       sw::for_each_parameter(model, [&](std::string const&, auto const& p) {
         left += std::size_t(p.value->size()) + std::size_t(p.grad->size());
       });
       CHECK(left == 0);
     }
+    sharded.reshard();
+    CHECK(sharded.kept_bytes() == 0);
   });
 }
 

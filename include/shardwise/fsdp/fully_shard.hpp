@@ -61,36 +61,53 @@ struct fsdp_unit {
   std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
 };
 
-/// Whole matrices a step released (gathered parameters, full gradients), kept for the next gather or gradient of
-/// the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in
-/// again at every gather and gradient cost a full-shard step about 7% here (docs/benchmarks.md). Kept only within
-/// one forward or one backward of full_shard (`active`), from a unit's release to the start of the next unit,
-/// which takes what fits (its gather, its gradients, its prefetch) and frees the rest; the pass's last unit frees
-/// all. So what is kept waits for no more than the code between two units.
+/// Whole matrices full_shard released (gathered parameters, full gradients), kept for the next gather or gradient
+/// of the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in
+/// again at every gather and gradient cost a full-shard step 7-20% here (docs/benchmarks.md). Within a pass, kept
+/// from a unit's release to the next unit's start, which takes what fits (its gather, its gradients, its prefetch)
+/// and frees the rest. Between passes only gathered parameters stay, for the next pass's first gather: after a
+/// forward, its last unit's (the backward begins with it); after a backward, the root's, released after its
+/// reduce-scatter (the next forward gathers it first), which every step holds at its peak anyway. The blocks'
+/// storage is freed before the root's reduce-scatter, where it would add to the peak; gradients at each pass's end.
 template <class T>
 struct fsdp_spare_matrices {
+  struct kept {
+    nn::matrix<T> storage;
+    bool parameter = false;  // a gathered parameter's (else a gradient's)
+  };
   bool active = false;
-  std::vector<nn::matrix<T>> spare;
+  std::vector<kept> spare;
   std::size_t reused_bytes = 0;  // taken since the last forward began
 
   /// Frees `m` to 0 x 0, its storage kept while active.
-  void keep(nn::matrix<T>& m) {
-    if (active && m.size() > 0) spare.push_back(std::move(m));
+  void keep(nn::matrix<T>& m, bool parameter) {
+    if (active && m.size() > 0) spare.push_back({std::move(m), parameter});
     m.resize(0, 0);
   }
   /// `m` (empty) takes a kept matrix of rows x cols, old values in it; false where there is none.
   bool take(nn::matrix<T>& m, Eigen::Index rows, Eigen::Index cols) {
-    auto const fits = [&](nn::matrix<T> const& k) { return k.rows() == rows && k.cols() == cols; };
+    auto const fits = [&](kept const& k) { return k.storage.rows() == rows && k.storage.cols() == cols; };
     auto const at = std::find_if(spare.begin(), spare.end(), fits);
     if (at == spare.end()) return false;
-    m.swap(*at);
+    m.swap(at->storage);
     spare.erase(at);
     reused_bytes += static_cast<std::size_t>(rows * cols) * sizeof(T);
     return true;
   }
+  /// A pass ended: its gradients' storage is freed, the parameters' kept for the next pass.
+  void end_pass() {
+    std::erase_if(spare, [](kept const& k) { return !k.parameter; });
+  }
+  /// Everything freed, nothing kept until active again.
   void stop() {
     active = false;
     spare = {};
+  }
+  /// Bytes kept now.
+  [[nodiscard]] std::size_t bytes() const {
+    std::size_t n = 0;
+    for (auto const& k : spare) n += static_cast<std::size_t>(k.storage.size()) * sizeof(T);
+    return n;
   }
 };
 
@@ -152,11 +169,12 @@ class fully_sharded final : detail::module_hooks {
           "fill them with sw::load_sharded or sw::load_consolidated before its forward");
     detail::hooks_installed on(this);
     phase_ = phase::forward;
-    spare_->stop();  // what a pass that threw kept; and what is released below (unshard's tensors) is freed
+    spare_->active = false;  // what is released below (unshard's tensors) is freed, not handed along
     for (auto& u : units_) {
       release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
       u.called = u.reduced = false;
     }
+    spare_->end_pass();                                     // a pass that threw may have kept gradients
     spare_->active = std::is_same_v<strategy, full_shard>;  // the one strategy that frees within a step
     spare_->reused_bytes = 0;
     if (!forward_order_.empty()) last_forward_order_ = std::move(forward_order_);
@@ -164,7 +182,7 @@ class fully_sharded final : detail::module_hooks {
     gather(units_[0]);
     if (options_.forward_prefetch) prefetch(next_in_forward(0));
     auto y = model_.forward(std::forward<Args>(args)...);
-    spare_->stop();
+    spare_->end_pass();
     phase_ = phase::idle;
     finish_prefetches();  // nothing may still read the shards when the optimizer steps them
     for (std::size_t i = 1; i < units_.size(); ++i)
@@ -181,7 +199,7 @@ class fully_sharded final : detail::module_hooks {
   decltype(auto) backward(Args&&... args) {
     detail::hooks_installed on(this);
     phase_ = phase::backward;
-    spare_->stop();
+    spare_->end_pass();
     spare_->active = std::is_same_v<strategy, full_shard>;
     if constexpr (std::is_void_v<decltype(model_.backward(std::forward<Args>(args)...))>) {
       model_.backward(std::forward<Args>(args)...);
@@ -202,7 +220,7 @@ class fully_sharded final : detail::module_hooks {
       u.gathered = !keeps_master;
     }
   }
-  /// Frees the gathered parameters again (collective-free).
+  /// Frees the gathered parameters again, and the storage kept for the next pass (collective-free).
   void reshard() {
     spare_->stop();
     for (auto& u : units_) release(u);
@@ -212,11 +230,15 @@ class fully_sharded final : detail::module_hooks {
     for (auto& s : slots_) std::fill(s.shard_grad.begin(), s.shard_grad.end(), scalar(0));
   }
 
-  /// Bytes of whole matrices (gathered parameters, full gradients) the last forward and backward took from the
-  /// unit released just before instead of fresh memory: under full_shard, units of the same shapes (the blocks)
-  /// reuse each other's within a pass; the first unit of each pass and the root allocate (with prefetch, the
-  /// first two). 0 for the other strategies.
+  /// Bytes of whole matrices (gathered parameters, full gradients) the last forward and backward took from
+  /// storage a unit released instead of fresh memory. Under full_shard, units of the same shapes (the blocks)
+  /// reuse each other's within a pass, the backward's first block takes the parameters the forward's last left,
+  /// and a forward's root takes the root's from the backward before; a forward's first block, the backward's first
+  /// block's gradients and the root's gradients are allocated. 0 for the other strategies.
   [[nodiscard]] std::size_t reused_bytes() const { return spare_->reused_bytes; }
+  /// Bytes of released gathered parameters kept for the next pass (between steps under full_shard: the root's,
+  /// which every step holds whole anyway); reshard() frees them.
+  [[nodiscard]] std::size_t kept_bytes() const { return spare_->bytes(); }
 
   /// The units' paths ("" is the root unit), in order.
   [[nodiscard]] std::vector<std::string> unit_paths() const {
@@ -323,7 +345,7 @@ class fully_sharded final : detail::module_hooks {
   void after_forward(detail::module_id module) override {
     if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) {
       release(*u);
-      if (!next_in_forward(index_of(*u))) spare_->stop();  // no unit will take what it released
+      if (!next_in_forward(index_of(*u))) spare_->end_pass();  // no unit of this pass takes what it released
     }
   }
   void before_backward(detail::module_id module) override {
@@ -338,7 +360,7 @@ class fully_sharded final : detail::module_hooks {
     if (auto* u = unit_of(module)) {
       reduce_gradients(*u);
       release(*u);
-      if (!next_in_backward(index_of(*u))) spare_->stop();  // no unit will take what it released
+      if (!next_in_backward(index_of(*u))) spare_->spare.clear();  // not kept through the root's reduce-scatter
       u->reduced = true;
     }
   }
@@ -352,8 +374,8 @@ class fully_sharded final : detail::module_hooks {
   void finish_backward() {
     finish_prefetches();
     reduce_gradients(units_[0]);
-    release(units_[0]);
-    spare_->stop();
+    release(units_[0]);  // its parameters' storage kept for the next forward's first gather
+    spare_->end_pass();
     phase_ = phase::idle;
     for (std::size_t i = 1; i < units_.size(); ++i)
       if (units_[i].called && !units_[i].reduced)
@@ -575,7 +597,7 @@ class fully_sharded final : detail::module_hooks {
       // Freed to no rows and (for a matrix) no columns: a layer run on it by mistake fails its size check.
       if constexpr (kept) {
         if (!whole) {
-          spare->keep(*value);
+          spare->keep(*value, true);
         } else if (value->rows() != rows || value->cols() != cols) {
           value->resize(0, 0);
           if (!spare->take(*value, rows, cols)) value->resize(rows, cols);
@@ -597,7 +619,7 @@ class fully_sharded final : detail::module_hooks {
         if (!free)
           g->setZero();
         else if constexpr (kept)
-          spare->keep(*g);
+          spare->keep(*g, false);
         else
           g->resize(0, Tensor::ColsAtCompileTime == 1 ? 1 : 0);
       }
