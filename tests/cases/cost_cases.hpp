@@ -286,6 +286,44 @@ void check_fsdp_step(World const& world, int microbatches, models::LlamaConfig c
   CHECK(record == predicted);
 }
 
+/// One training step of the Llama model under sw::fully_shard (each block a unit) on a dp x tp counting mesh,
+/// the model given to sw::parallelize over tp first, with `microbatches` passes: the record of both axes, in
+/// order, against models::llama_fsdp_step_cost.
+template <class Strategy, bool SequenceParallel, class World>
+void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, models::LlamaConfig const& c) {
+  using Plan = models::llama_plan<SequenceParallel>;
+  auto counted = sw::counting(world);
+  auto const mesh = sw::make_mesh<"dp", "tp">(counted, {dp_size, world.size() / dp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  models::Llama<float, Plan> model(c);
+  sw::parallelize(model, tp);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  std::size_t const per_micro = 4 / static_cast<std::size_t>(dp_size * microbatches);  // 4 sequences a step
+  models::training_step_inputs const t{
+      {per_micro * c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"},
+      static_cast<std::size_t>(microbatches),
+      static_cast<std::size_t>(dp.size()),
+      static_cast<std::size_t>(dp.rank()),
+      false,
+      "dp"};
+  std::vector<std::int64_t> ids, targets;
+  counted.log().clear();
+  for (int m = 0; m < microbatches; ++m) {
+    tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), per_micro, ids, targets);
+    auto result = models::llama_loss(tp, sharded.forward(ids), targets, c.vocabulary);
+    sharded.backward(result.dlogits);
+  }
+  optimizer.step(sharded);
+  auto const record = counted.log().entries();
+  auto const predicted = models::llama_fsdp_step_cost<float, Strategy, Plan>(c, t);
+  INFO("FSDP dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+       SequenceParallel ? ", sequence parallel" : "", ", ", microbatches, " microbatches\nrecorded:\n", listed(record),
+       "predicted:\n", predicted);
+  CHECK(record == predicted);
+}
+
 /// Every case at the world's size.
 template <class World>
 void run_cost_cases(World const& world) {
@@ -320,6 +358,14 @@ void run_cost_cases(World const& world) {
   check_fsdp_step<sw::full_shard>(world, 2, m);
   check_fsdp_step<sw::shard_grad_op>(world, 2, m);
   check_fsdp_step<sw::no_shard>(world, 2, m);
+  // FSDP x TP as the FSDP tests train it (dp 2 x tp 2, sequence parallel), and tp over every rank at dp 1.
+  if (n == 4) {
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m);
+    check_fsdp_tp_step<sw::full_shard, false>(world, 2, 2, m);
+    check_fsdp_tp_step<sw::shard_grad_op, true>(world, 2, 1, m);
+    check_fsdp_tp_step<sw::no_shard, true>(world, 2, 1, m);
+  }
+  check_fsdp_tp_step<sw::full_shard, true>(world, 1, 1, m);
 }
 
 }  // namespace cost_cases

@@ -63,6 +63,7 @@ struct parameter_cost {
   std::size_t element_size = 4;     ///< Bytes per element.
   bool partial_gradient = false;    ///< Summed over tp by finish_gradients (a norm under SequenceParallel).
   std::size_t copies_elements = 0;  ///< Repeated blocks: elements finish_gradients all-reduces to sum the copies.
+  std::size_t rows = 0;             ///< This rank's rows (dimension 0, which FSDP cuts over dp); 0: not given.
 };
 
 /// The transfers of sw::finish_gradients on one rank, for the parameters `walk(fn)` visits in order: each Partial

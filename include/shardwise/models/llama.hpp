@@ -379,6 +379,23 @@ struct LlamaBlock {
   }
 };
 
+/// The costs Llama::shardwise_cost composes, for costs that run its parts in another order (FSDP's gathers
+/// between the blocks: models::llama_fsdp_step_cost).
+struct llama_cost_parts {
+  cost embedding;                 ///< The token embedding.
+  cost block;                     ///< One block, called through sw::forward (its redistributions included).
+  cost output;                    ///< The output projection.
+  transfer_list<> head_backward;  ///< The backward from the logits' gradient to the last block's output.
+};
+
+namespace detail {
+/// A layer's weight rows on one of `tp` ranks (torch.chunk's largest piece where the layer cuts dimension 0).
+template <class Layer>
+constexpr std::size_t rows_on_tp(std::size_t rows, std::size_t tp) {
+  return std::is_same_v<typename Layer::weight_grad_placement, Shard<0>> ? (rows + tp - 1) / tp : rows;
+}
+}  // namespace detail
+
 /// The decoder. forward(ids) gives logits [tokens, vocabulary] (this rank's part, in the plan's layout);
 /// backward(dlogits) accumulates every parameter's gradient. StaticHeads / StaticKvHeads (optional): the head
 /// counts at compile time, so that a static tp size that cannot serve them is a compile error.
@@ -419,32 +436,37 @@ struct Llama {
   /// With `checkpointed_blocks` (checkpoint_blocks(true)) each block keeps only its input between forward and
   /// backward; the transfers of its forward then run again in the backward, before its own.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s, bool checkpointed_blocks = false) {
-    using Embed = decltype(tok_embeddings);
-    using Block = block_type;
-    using Norm = decltype(norm);
-    using Output = decltype(output);
-    cost const embed = Embed::shardwise_cost(c.vocabulary, c.dim, s);
-    cost const block = call_cost<Block, T>(Block::shardwise_cost(c, s), c.dim, c.dim, s);
-    cost const out = Output::shardwise_cost(c.dim, c.vocabulary, s);
+    llama_cost_parts const parts = shardwise_cost_parts(c, s);
     cost total;
-    total.hold(embed).hold(Norm::shardwise_cost(c.dim, s));
-    cost kept = block;
+    total.hold(parts.embedding).hold(decltype(norm)::shardwise_cost(c.dim, s));
+    cost kept = parts.block;
     if (checkpointed_blocks) {  // only the block's input: the stream, this rank's tokens under Shard<0>
       bool const cut = std::is_same_v<typename stream::placement, Shard<0>>;
       kept.activation_bytes = (cut ? s.local_tokens() : s.tokens) * c.dim * sizeof(T);
-      kept.backward = transfer_list<>().append(block.forward).append(block.backward);
+      kept.backward = transfer_list<>().append(parts.block.forward).append(parts.block.backward);
     }
     for (std::size_t i = 0; i < c.layers; ++i) total.hold(kept);
     if (!c.tie_word_embeddings)
-      total.hold(out);  // a tied output computes with the embedding's table
+      total.hold(parts.output);  // a tied output computes with the embedding's table
     else
-      total.activation_bytes += out.activation_bytes;
-    total.forward.append(embed.forward).append(block.forward, c.layers).append(out.forward);
-    total.backward.append(out.backward);
-    shardwise::detail::add_redistribute<typename Output::input_grad_layout, typename Norm::input_layout>(
-        total.backward, s.tokens, c.dim, sizeof(T), s);
-    total.backward.append(kept.backward, c.layers).append(embed.backward);
+      total.activation_bytes += parts.output.activation_bytes;
+    total.forward.append(parts.embedding.forward).append(parts.block.forward, c.layers).append(parts.output.forward);
+    total.backward.append(parts.head_backward).append(kept.backward, c.layers).append(parts.embedding.backward);
     return total;
+  }
+
+  /// The costs shardwise_cost composes: the embedding's, one block's (called through sw::forward), the output
+  /// projection's, and the transfers of the backward from the logits' gradient to the last block's output.
+  static constexpr llama_cost_parts shardwise_cost_parts(LlamaConfig const& c, cost_inputs const& s) {
+    using Output = decltype(output);
+    llama_cost_parts parts{decltype(tok_embeddings)::shardwise_cost(c.vocabulary, c.dim, s),
+                           call_cost<block_type, T>(block_type::shardwise_cost(c, s), c.dim, c.dim, s),
+                           Output::shardwise_cost(c.dim, c.vocabulary, s),
+                           {}};
+    parts.head_backward.append(parts.output.backward);
+    shardwise::detail::add_redistribute<typename Output::input_grad_layout, typename decltype(norm)::input_layout>(
+        parts.head_backward, s.tokens, c.dim, sizeof(T), s);
+    return parts;
   }
 
   /// This rank's parameters, in the order of sw::for_each_parameter, as costs that walk them see them
@@ -465,18 +487,29 @@ struct Llama {
     cost const wo = decltype(std::declval<Attention&>().wo)::shardwise_cost(q, c.dim, s);
     cost const w1 = decltype(std::declval<FeedForward&>().w1)::shardwise_cost(c.dim, c.hidden, s);
     cost const w2 = decltype(std::declval<FeedForward&>().w2)::shardwise_cost(c.hidden, c.dim, s);
-    parameter_cost const norm_weight{c.dim, e, norms_partial, 0};
-    parameter_cost const kv{held(wk), e, false, copies > 1 ? kv_rows * c.dim : 0};
-    fn(parameter_cost{held(decltype(tok_embeddings)::shardwise_cost(c.vocabulary, c.dim, s)), e, false, 0});
+    parameter_cost const norm_weight{c.dim, e, norms_partial, 0, c.dim};
+    using Embed = decltype(tok_embeddings);
+    using Output = decltype(output);
+    std::size_t const t = s.tp;
+    using Wq = decltype(std::declval<Attention&>().wq);
+    parameter_cost const kv{held(wk), e, false, copies > 1 ? kv_rows * c.dim : 0,
+                            detail::rows_on_tp<Wq>(kv_rows * copies, t)};
+    fn(parameter_cost{held(Embed::shardwise_cost(c.vocabulary, c.dim, s)), e, false, 0,
+                      detail::rows_on_tp<Embed>(c.vocabulary, t)});
     for (std::size_t i = 0; i < c.layers; ++i) {
-      fn(norm_weight), fn(parameter_cost{held(wq), e, false, 0}), fn(kv), fn(kv);
-      fn(parameter_cost{held(wo), e, false, 0}), fn(norm_weight);
-      fn(parameter_cost{held(w1), e, false, 0}), fn(parameter_cost{held(w1), e, false, 0});
-      fn(parameter_cost{held(w2), e, false, 0});
+      fn(norm_weight), fn(parameter_cost{held(wq), e, false, 0, detail::rows_on_tp<Wq>(q, t)}), fn(kv), fn(kv);
+      fn(parameter_cost{held(wo), e, false, 0, detail::rows_on_tp<decltype(std::declval<Attention&>().wo)>(c.dim, t)});
+      fn(norm_weight);
+      parameter_cost const gate{held(w1), e, false, 0,
+                                detail::rows_on_tp<decltype(std::declval<FeedForward&>().w1)>(c.hidden, t)};
+      fn(gate), fn(gate);
+      fn(parameter_cost{held(w2), e, false, 0,
+                        detail::rows_on_tp<decltype(std::declval<FeedForward&>().w2)>(c.dim, t)});
     }
     fn(norm_weight);
     if (!c.tie_word_embeddings)
-      fn(parameter_cost{held(decltype(output)::shardwise_cost(c.dim, c.vocabulary, s)), e, false, 0});
+      fn(parameter_cost{held(Output::shardwise_cost(c.dim, c.vocabulary, s)), e, false, 0,
+                        detail::rows_on_tp<Output>(c.vocabulary, t)});
   }
 
   /// Whether the plan cuts the output projection and the embedding the same way, as tied weights need.
