@@ -142,7 +142,8 @@ void check_block(World const& world, models::LlamaConfig const& c, std::size_t s
   auto const n = static_cast<std::size_t>(tokens);
   auto const rows = static_cast<Eigen::Index>(SequenceParallel ? sw::chunk_size(n, s.tp, s.tp_rank) : n);
   auto const first = static_cast<Eigen::Index>(SequenceParallel ? sw::chunk_offset(n, s.tp, s.tp_rank) : 0);
-  INFO("tp ", tp.size(), ", rank ", tp.rank(), SequenceParallel ? ", sequence parallel" : "", ", tokens ", tokens);
+  INFO("tp ", tp.size(), ", rank ", tp.rank(), std::string_view(SequenceParallel ? ", sequence parallel" : ""),
+       ", tokens ", tokens);
 
   counted.log().clear();
   auto const y = block.forward(sw::Activation<T, Stream>{x.middleRows(first, rows)});
@@ -201,8 +202,8 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   auto const predicted = models::llama_step_cost<float, Plan>(c, t, checkpointed);
   sw::cost const held = Model::shardwise_cost(c, t.tp, checkpointed);
   INFO("dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
-       SequenceParallel ? ", sequence parallel" : "", zero1 ? ", ZeRO-1" : "", ", ", microbatches, " microbatches",
-       checkpointed ? ", blocks checkpointed" : "");
+       std::string_view(SequenceParallel ? ", sequence parallel" : ""), std::string_view(zero1 ? ", ZeRO-1" : ""), ", ",
+       microbatches, " microbatches", std::string_view(checkpointed ? ", blocks checkpointed" : ""));
   std::vector<std::int64_t> ids, targets;
   for (int step = 0; step < 2; ++step) {
     counted.log().clear();
@@ -286,21 +287,26 @@ void check_fsdp_step(World const& world, int microbatches, models::LlamaConfig c
   CHECK(record == predicted);
 }
 
-/// One training step of the Llama model under sw::fully_shard (each block a unit) on a dp x tp counting mesh,
-/// the model given to sw::parallelize over tp first, with `microbatches` passes: the record of both axes, in
-/// order, against models::llama_fsdp_step_cost.
-template <class Strategy, bool SequenceParallel, class World>
-void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, models::LlamaConfig const& c) {
+/// One training step of the Llama model under sw::fully_shard (each block a unit) on a (replicate x) dp x tp
+/// counting mesh, the model given to sw::parallelize over tp first, with `microbatches` passes and the options
+/// `o` says (prefetch, checkpointed blocks, hybrid replicas): the record of every axis, in order, against
+/// models::llama_fsdp_step_cost.
+template <class Strategy, bool SequenceParallel, class Precision = sw::full_precision, class World>
+void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, models::LlamaConfig const& c,
+                        models::fsdp_cost_options const& o = {}) {
   using Plan = models::llama_plan<SequenceParallel>;
+  using Policy = sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">, Precision>;
+  int const replicas = static_cast<int>(o.replicate), data = dp_size * replicas;
   auto counted = sw::counting(world);
-  auto const mesh = sw::make_mesh<"dp", "tp">(counted, {dp_size, world.size() / dp_size});
+  auto const mesh = sw::make_mesh<"replicate", "dp", "tp">(counted, {replicas, dp_size, world.size() / data});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
   models::Llama<float, Plan> model(c);
+  model.checkpoint_blocks(o.checkpointed_blocks);
   sw::parallelize(model, tp);
-  auto sharded = sw::fully_shard<sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::fsdp_options const options{.forward_prefetch = o.forward_prefetch, .backward_prefetch = o.backward_prefetch};
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
-  std::size_t const per_micro = 4 / static_cast<std::size_t>(dp_size * microbatches);  // 4 sequences a step
+  std::size_t const per_micro = 4 / static_cast<std::size_t>(data * microbatches);  // 4 sequences a step
   models::training_step_inputs const t{
       {per_micro * c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"},
       static_cast<std::size_t>(microbatches),
@@ -308,19 +314,30 @@ void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, model
       static_cast<std::size_t>(dp.rank()),
       false,
       "dp"};
-  std::vector<std::int64_t> ids, targets;
-  counted.log().clear();
-  for (int m = 0; m < microbatches; ++m) {
-    tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), per_micro, ids, targets);
-    auto result = models::llama_loss(tp, sharded.forward(ids), targets, c.vocabulary);
-    sharded.backward(result.dlogits);
+  auto const step = [&](auto&& sharded) {
+    std::vector<std::int64_t> ids, targets;
+    counted.log().clear();
+    for (int m = 0; m < microbatches; ++m) {
+      tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), per_micro, ids, targets);
+      auto result = models::llama_loss(tp, sharded.forward(ids), targets, c.vocabulary);
+      sharded.backward(result.dlogits);
+    }
+    optimizer.step(sharded);
+  };
+  if (replicas > 1) {
+    if constexpr (!std::is_same_v<Strategy, sw::no_shard>)
+      step(sw::fully_shard<Policy>(model, dp, sw::submesh<"replicate">(mesh), options));
+  } else {
+    step(sw::fully_shard<Policy>(model, dp, options));
   }
-  optimizer.step(sharded);
   auto const record = counted.log().entries();
-  auto const predicted = models::llama_fsdp_step_cost<float, Strategy, Plan>(c, t);
-  INFO("FSDP dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
-       SequenceParallel ? ", sequence parallel" : "", ", ", microbatches, " microbatches\nrecorded:\n", listed(record),
-       "predicted:\n", predicted);
+  auto const predicted = models::llama_fsdp_step_cost<float, Strategy, Plan, Precision>(c, t, o);
+  INFO("FSDP ", replicas, " x dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+       std::string_view(SequenceParallel ? ", sequence parallel" : ""), ", ", microbatches, " microbatches",
+       std::string_view(o.forward_prefetch ? ", prefetch" : ""),
+       std::string_view(o.checkpointed_blocks ? ", blocks checkpointed" : ""),
+       std::string_view(std::is_same_v<Precision, sw::full_precision> ? "" : ", mixed precision"), "\nrecorded:\n",
+       listed(record), "predicted:\n", predicted);
   CHECK(record == predicted);
 }
 
@@ -358,14 +375,28 @@ void run_cost_cases(World const& world) {
   check_fsdp_step<sw::full_shard>(world, 2, m);
   check_fsdp_step<sw::shard_grad_op>(world, 2, m);
   check_fsdp_step<sw::no_shard>(world, 2, m);
-  // FSDP x TP as the FSDP tests train it (dp 2 x tp 2, sequence parallel), and tp over every rank at dp 1.
+  // FSDP x TP as the FSDP tests train it (dp 2 x tp 2, sequence parallel), and tp over every rank at dp 1; the
+  // options the FSDP tests train with: prefetch, checkpointed blocks, bf16 gathers, hybrid replicas.
+  using bf16_gathers = sw::mixed_precision<Eigen::bfloat16, float>;
+  models::fsdp_cost_options const prefetch{.forward_prefetch = true, .backward_prefetch = true};
+  models::fsdp_cost_options const checkpointed{.checkpointed_blocks = true};
   if (n == 4) {
     check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m);
     check_fsdp_tp_step<sw::full_shard, false>(world, 2, 2, m);
     check_fsdp_tp_step<sw::shard_grad_op, true>(world, 2, 1, m);
     check_fsdp_tp_step<sw::no_shard, true>(world, 2, 1, m);
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, prefetch);
+    check_fsdp_tp_step<sw::full_shard, true, bf16_gathers>(world, 2, 1, m);
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, {.replicate = 2});  // 2 replicas x dp 2 x tp 1
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, {.checkpointed_blocks = true});
   }
   check_fsdp_tp_step<sw::full_shard, true>(world, 1, 1, m);
+  if (n == 2) {
+    check_fsdp_tp_step<sw::full_shard, false>(world, 2, 2, m, prefetch);
+    check_fsdp_tp_step<sw::shard_grad_op, false>(world, 2, 1, m, prefetch);
+    check_fsdp_tp_step<sw::full_shard, false>(world, 2, 1, m, checkpointed);
+    check_fsdp_tp_step<sw::full_shard, false, bf16_gathers>(world, 2, 2, m);
+  }
 }
 
 }  // namespace cost_cases

@@ -16,6 +16,16 @@
 
 namespace shardwise::models {
 
+/// What changes the order or the size of an FSDP step's transfers besides the strategy and the precision: the
+/// fsdp_options and the model's settings the step ran with.
+struct fsdp_cost_options {
+  bool forward_prefetch = false;                  ///< fsdp_options::forward_prefetch.
+  bool backward_prefetch = false;                 ///< fsdp_options::backward_prefetch.
+  bool checkpointed_blocks = false;               ///< Llama::checkpoint_blocks(true): each block's forward runs again.
+  std::size_t replicate = 1;                      ///< Hybrid sharding: the replicate mesh's size (1: none).
+  std::string_view replicate_axis = "replicate";  ///< Its axis' name.
+};
+
 namespace detail {
 
 /// One unit's parameters as FSDP walks them: (at most) one block's nine, or the root's three.
@@ -38,80 +48,112 @@ constexpr std::array<fsdp_unit_costs, 2> fsdp_units(LlamaConfig const& c, cost_i
   return units;
 }
 
-/// Appends each parameter's dp transfer: an all-gather of this rank's rows, or a reduce-scatter or all-reduce of
-/// the whole gradient (this tp rank's).
+/// The element sizes an FSDP step moves: its gathers' (the precision's param_type) and its reductions'.
+struct fsdp_element_sizes {
+  std::size_t gathered = 4;  ///< Bytes per gathered parameter element.
+  std::size_t reduced = 4;   ///< Bytes per reduced gradient element.
+};
+
+/// Appends the gathers of a unit's parameters: this rank's rows of each.
 template <std::size_t Capacity>
-constexpr void add_unit(transfer_list<Capacity>& list, transfer_kind kind, fsdp_unit_costs const& u,
-                        training_step_inputs const& t) {
+constexpr void add_gathers(transfer_list<Capacity>& list, fsdp_unit_costs const& u, training_step_inputs const& t,
+                           fsdp_element_sizes e) {
   for (std::size_t i = 0; i < u.count; ++i) {
     parameter_cost const& p = u.parameters[i];
-    std::size_t const cols = p.elements / p.rows;
-    std::size_t const rows = kind == transfer_kind::all_gather ? chunk_size(p.rows, t.dp, t.dp_rank) : p.rows;
-    list.add(kind, t.dp_axis, rows * cols * p.element_size);
+    list.add(transfer_kind::all_gather, t.dp_axis,
+             chunk_size(p.rows, t.dp, t.dp_rank) * (p.elements / p.rows) * e.gathered);
   }
 }
 
 /// Appends what a unit's backward ends with: each gradient finished over tp (sw::finish_gradients' step for that
-/// parameter), then each reduced over dp.
+/// parameter), then each reduced over dp (reduce-scattered, and under hybrid sharding this rank's rows averaged
+/// over the replicas; no_shard: all-reduced).
 template <std::size_t Capacity>
-constexpr void add_unit_reduction(transfer_list<Capacity>& list, transfer_kind reduce, fsdp_unit_costs const& u,
-                                  training_step_inputs const& t) {
+constexpr void add_reductions(transfer_list<Capacity>& list, bool sharded, fsdp_unit_costs const& u,
+                              training_step_inputs const& t, fsdp_element_sizes e, fsdp_cost_options const& o) {
   list.append(finish_gradients_cost<Capacity>(
       [&](auto&& fn) {
         for (std::size_t i = 0; i < u.count; ++i) fn(u.parameters[i]);
       },
       t.tp));
-  add_unit(list, reduce, u, t);
+  for (std::size_t i = 0; i < u.count; ++i) {
+    parameter_cost const& p = u.parameters[i];
+    std::size_t const row = p.elements / p.rows * e.reduced;
+    list.add(sharded ? transfer_kind::reduce_scatter : transfer_kind::all_reduce, t.dp_axis, p.rows * row);
+    if (sharded && o.replicate > 1)
+      list.add(transfer_kind::all_reduce, o.replicate_axis, chunk_size(p.rows, t.dp, t.dp_rank) * row);
+  }
+}
+
+/// The element sizes of a precision (full_precision or mixed_precision<Param, Reduce>) for a model of T.
+template <class T, class Precision>
+constexpr fsdp_element_sizes fsdp_sizes() {
+  if constexpr (requires { typename Precision::param_type; })
+    return {sizeof(typename Precision::param_type), sizeof(typename Precision::reduce_type)};
+  else
+    return {sizeof(T), sizeof(T)};
 }
 
 /// The transfers of llama_fsdp_step_cost; `parallelized`: the model's layers hold a tp group (the norm's squares
 /// are summed over it).
 template <class T, class Strategy, class Plan, std::size_t Capacity>
 constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, training_step_inputs const& t,
+                                                       fsdp_element_sizes e, fsdp_cost_options const& o,
                                                        bool parallelized) {
   using Model = Llama<T, Plan>;
   using Logits = typename decltype(std::declval<Model&>().output)::output_layout;
   constexpr bool sharded = !std::is_same_v<Strategy, no_shard>;
-  constexpr transfer_kind reduce = sharded ? transfer_kind::reduce_scatter : transfer_kind::all_reduce;
-  auto const [root, block] = detail::fsdp_units<Model>(c, t.tp);
+  constexpr bool again = std::is_same_v<Strategy, full_shard>;  // gathered again for the backward
+  auto const [root, block] = fsdp_units<Model>(c, t.tp);
   llama_cost_parts const parts = Model::shardwise_cost_parts(c, t.tp);
   cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
+  transfer_list<> block_backward = parts.block.backward;
+  if (o.checkpointed_blocks)
+    block_backward = transfer_list<>().append(parts.block.forward).append(parts.block.backward);
   transfer_list<Capacity> list;
+  auto const gathers = [&](fsdp_unit_costs const& u, bool when) {
+    if (sharded && when) add_gathers(list, u, t, e);
+  };
+  std::size_t const layers = c.layers;
   for (std::size_t m = 0; m < t.microbatches; ++m) {
-    if constexpr (sharded) detail::add_unit(list, transfer_kind::all_gather, root, t);
+    gathers(root, true);
+    gathers(block, o.forward_prefetch && layers > 0);  // the first block's, started with the root's
     list.append(parts.embedding.forward);
-    for (std::size_t l = 0; l < c.layers; ++l) {
-      if constexpr (sharded) detail::add_unit(list, transfer_kind::all_gather, block, t);
+    for (std::size_t l = 0; l < layers; ++l) {
+      gathers(block, o.forward_prefetch ? l + 1 < layers : true);  // prefetch: the next block's
       list.append(parts.block.forward);
     }
     list.append(parts.output.forward).append(loss.forward).append(parts.head_backward);
-    for (std::size_t l = 0; l < c.layers; ++l) {
-      if constexpr (std::is_same_v<Strategy, full_shard>) detail::add_unit(list, transfer_kind::all_gather, block, t);
-      list.append(parts.block.backward);
-      detail::add_unit_reduction(list, reduce, block, t);
+    for (std::size_t l = 0; l < layers; ++l) {  // blocks in reverse; l counts from the last
+      gathers(block, again && (!o.backward_prefetch || l == 0));
+      gathers(block, again && o.backward_prefetch && l + 1 < layers);  // the next block's, started ahead
+      list.append(block_backward);
+      add_reductions(list, sharded, block, t, e, o);
     }
     list.append(parts.embedding.backward);
-    detail::add_unit_reduction(list, reduce, root, t);
+    add_reductions(list, sharded, root, t, e, o);
   }
-  if (parallelized) list.add(transfer_kind::all_reduce, t.tp.tp_axis, sizeof(T));    // the squared norm over tp
-  if constexpr (sharded) list.add(transfer_kind::all_reduce, t.dp_axis, sizeof(T));  // and over dp
+  if (parallelized) list.add(transfer_kind::all_reduce, t.tp.tp_axis, sizeof(T));  // the squared norm over tp
+  if (sharded) list.add(transfer_kind::all_reduce, t.dp_axis, sizeof(T));          // and over dp
   return list;
 }
 
 }  // namespace detail
 
 /// The transfers of one training step of Llama<T, Plan> under sw::fully_shard<fsdp_policy<Strategy,
-/// wrap_paths<"layers.*">>> on a dp x tp mesh (the model given to sw::parallelize over tp, or the 2-D mesh given
-/// to fully_shard), in the order they run on this rank, `t.microbatches` forward and backward passes, then AdamW's
-/// step. Per microbatch: the root unit (tok_embeddings, norm, output) gathered; the embedding's forward; each block
-/// gathered, then its forward; the output's forward and the loss's. Backward: the output's; each block in reverse
-/// gathered again (full shard), its backward, its gradients finished over tp and reduced over dp; the embedding's
-/// backward; the root's gradients finished and reduced. Then the clipping norm's squares summed over tp and dp
-/// (no_shard: over tp). Without prefetch (which starts the next unit's gathers before the current unit's
-/// forward or backward transfers) and without activation checkpointing.
-template <class T, class Strategy, class Plan, std::size_t Capacity = 1024>
-constexpr transfer_list<Capacity> llama_fsdp_step_cost(LlamaConfig const& c, training_step_inputs const& t) {
-  return detail::llama_fsdp_transfers<T, Strategy, Plan, Capacity>(c, t, true);
+/// wrap_paths<"layers.*">, Precision>> (or wrap_type of its block: the same units) on a dp x tp mesh (the model
+/// given to sw::parallelize over tp, or the 2-D mesh given to fully_shard), in the order they run on this rank:
+/// `t.microbatches` forward and backward passes, then AdamW's step. Per microbatch: the root unit (tok_embeddings,
+/// norm, output) gathered; the embedding's forward; each block gathered, then its forward; the output's forward
+/// and the loss's. Backward: the output's; each block in reverse — gathered again (full shard), its backward (its
+/// forward first, with `o.checkpointed_blocks`), its gradients finished over tp and reduced over dp (and, hybrid,
+/// averaged over the replicas) —; the embedding's backward; the root's gradients finished and reduced. Then the
+/// clipping norm's squares summed over tp and dp (no_shard: over tp). Prefetch moves each block's gathers to the
+/// start of the block before it in the pass. Gathers move Precision's param_type, reductions its reduce_type.
+template <class T, class Strategy, class Plan, class Precision = full_precision, std::size_t Capacity = 1024>
+constexpr transfer_list<Capacity> llama_fsdp_step_cost(LlamaConfig const& c, training_step_inputs const& t,
+                                                       fsdp_cost_options const& o = {}) {
+  return detail::llama_fsdp_transfers<T, Strategy, Plan, Capacity>(c, t, detail::fsdp_sizes<T, Precision>(), o, true);
 }
 
 /// The transfers on the dp axis (`dp` ranks, this rank `dp_rank`) of one training step of Llama<T> (tp 1) under
@@ -126,7 +168,7 @@ template <class T, class Strategy = full_shard, std::size_t Capacity = 1024>
 constexpr transfer_list<Capacity> llama_fsdp_step_cost(LlamaConfig const& c, std::size_t dp, std::size_t dp_rank,
                                                        std::size_t microbatches = 1, std::string_view axis = "dp") {
   training_step_inputs const t{{1, 1, 0, "tp"}, microbatches, dp, dp_rank, false, axis};
-  return detail::llama_fsdp_transfers<T, Strategy, serial_plan, Capacity>(c, t, false);
+  return detail::llama_fsdp_transfers<T, Strategy, serial_plan, Capacity>(c, t, {sizeof(T), sizeof(T)}, {}, false);
 }
 
 }  // namespace shardwise::models
