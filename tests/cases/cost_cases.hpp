@@ -287,6 +287,57 @@ void check_fsdp_step(World const& world, int microbatches, models::LlamaConfig c
   CHECK(record == predicted);
 }
 
+/// One pipeline step of the Llama model in stages on a dp x pp x tp counting mesh, the stages given to
+/// sw::parallelize over tp, then AdamW's step over dp and pp: the record of every axis, in order, against
+/// sw::pipeline_step_cost with each stage's declared transfers (LlamaStage::shardwise_cost), then
+/// sw::finish_gradients_cost and AdamW::step_cost over the stage's parameters.
+template <class Schedule, bool SequenceParallel, class World>
+void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int microbatches,
+                            models::LlamaConfig const& c, bool zero1 = false, bool checkpointed = false) {
+  using Stage = models::LlamaStage<float, models::llama_plan<SequenceParallel>>;
+  auto counted = sw::counting(world);
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(counted, {dp_size, pp_size, world.size() / (dp_size * pp_size)});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const pp = sw::submesh<"pp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  sw::stage_split const split(c.layers, pp.size());
+  sw::stage_chunks<Stage> stage;
+  stage.emplace_back(c, split, pp.rank());
+  stage.back().checkpoint_blocks(checkpointed);
+  sw::parallelize(stage, tp);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = zero1});
+  std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
+  for (std::size_t m = 0; m < ids.size(); ++m)
+    tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), 1, ids[m], targets[m]);
+  counted.log().clear();
+  sw::run_pipeline_step(
+      Schedule{}, pp, std::span(stage), microbatches,
+      [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
+      [&](int m, auto const& h) {
+        return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
+      });
+  optimizer.step(sw::finish_gradients(stage), dp, pp);
+  auto const record = counted.log().entries();
+  sw::cost_inputs const s{c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};
+  sw::stage_range const blocks = split.of(pp.rank());
+  sw::cost const chunk = Stage::shardwise_cost(c, blocks, s, checkpointed);
+  std::size_t const rows = SequenceParallel ? s.local_tokens() : s.tokens;  // the stream crossing stages
+  auto predicted = sw::pipeline_step_cost(Schedule{}, pp.size(), pp.rank(), microbatches, rows * c.dim * sizeof(float),
+                                          sw::stage_transfers<>{chunk.forward, chunk.backward});
+  auto const walk = [&](auto&& fn) { Stage::shardwise_parameter_costs(c, blocks, s, fn); };
+  predicted.append(sw::finish_gradients_cost(walk, s));
+  predicted.append(sw::AdamW<float>::step_cost(walk, zero1, static_cast<std::size_t>(dp.size()),
+                                               static_cast<std::size_t>(dp.rank()), s, "dp", "pp"));
+  INFO("dp ", dp.size(), " x pp ", pp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+       std::string_view(SequenceParallel ? ", sequence parallel" : ""), std::string_view(zero1 ? ", ZeRO-1" : ""),
+       std::string_view(checkpointed ? ", blocks checkpointed" : ""), ", ", microbatches, " microbatches\nrecorded:\n",
+       listed(record), "predicted:\n", predicted);
+  CHECK(record == predicted);
+  auto const [parameters, gradients] = held_bytes(stage.back());  // after the step: every gradient allocated
+  CHECK(parameters == chunk.parameter_bytes);
+  CHECK(gradients == chunk.gradient_bytes);
+}
+
 /// One training step of the Llama model under sw::fully_shard (each block a unit) on a (replicate x) dp x tp
 /// counting mesh, the model given to sw::parallelize over tp first, with `microbatches` passes and the options
 /// `o` says (prefetch, checkpointed blocks, hybrid replicas): the record of every axis, in order, against
@@ -370,6 +421,16 @@ void run_cost_cases(World const& world) {
   check_pipeline_step<sw::GPipe>(world, 4, p);
   check_pipeline_step<sw::OneFOneB>(world, 4, p);
   if (n <= 2) check_pipeline_step<sw::Interleaved1F1B<2>>(world, 4, p);
+  // Stages cut over tp, as the pipeline tests train them: pp 2 x tp 2 (with sequence parallelism, without, with
+  // checkpointed blocks), dp 2 x pp 2 with ZeRO-1; every rank as tp at pp 1.
+  if (n == 4) {
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 4, p);
+    check_pipeline_tp_step<sw::GPipe, true>(world, 1, 2, 3, p);
+    check_pipeline_tp_step<sw::OneFOneB, false>(world, 1, 2, 2, p);
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, false, true);
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 2, 2, 2, p, true);
+  }
+  check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 1, 2, p);
   // FSDP over every rank (a vocabulary of 66: uneven rows at dp 4), one and two microbatches.
   check_fsdp_step<sw::full_shard>(world, 1, m);
   check_fsdp_step<sw::full_shard>(world, 2, m);

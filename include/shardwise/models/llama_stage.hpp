@@ -160,6 +160,61 @@ struct LlamaStage {
     return {result.loss, norm->backward(output->backward(result.dlogits))};
   }
 
+  /// Its cost on one rank (sw::cost) as the stage holding `blocks` of config `c`, for s.tokens tokens per
+  /// microbatch. Forward: the embedding's transfers (first stage), its blocks', and on the last stage the head's,
+  /// which head_loss runs right after the forward (the final norm, the output projection and the loss, then
+  /// their backward). Backward: its blocks' in reverse (each block's forward first, with `checkpointed_blocks`),
+  /// then the embedding's. What it holds: its parameters, their gradients, and what its forward keeps for its
+  /// backward (not the head's, which head_loss spends at once). For sw::pipeline_step_cost's stage_transfers.
+  static constexpr cost shardwise_cost(LlamaConfig const& c, stage_range const& blocks, cost_inputs const& s,
+                                       bool checkpointed_blocks = false) {
+    using Whole = Llama<T, Plan, StaticHeads, StaticKvHeads>;
+    using Output = Linear<T, style_at<Plan, "output">>;
+    bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
+    llama_cost_parts const parts = Whole::shardwise_cost_parts(c, s);
+    cost block = parts.block;
+    if (checkpointed_blocks) {  // only the block's input, this rank's tokens under Shard<0>
+      bool const cut = std::is_same_v<typename stream::placement, Shard<0>>;
+      block.activation_bytes = (cut ? s.local_tokens() : s.tokens) * c.dim * sizeof(T);
+      block.backward = transfer_list<>().append(parts.block.forward).append(parts.block.backward);
+    }
+    cost total;
+    if (first) {
+      total.hold(parts.embedding);
+      total.forward.append(parts.embedding.forward);
+    }
+    for (std::size_t i = 0; i < blocks.count; ++i) total.hold(block);
+    total.forward.append(block.forward, blocks.count);
+    total.backward.append(block.backward, blocks.count);
+    if (first) total.backward.append(parts.embedding.backward);
+    if (last) {
+      cost head = parts.output, norm = RMSNorm<T, style_at<Plan, "norm">>::shardwise_cost(c.dim, s);
+      head.activation_bytes = norm.activation_bytes = 0;  // spent by head_loss before the next forward
+      if (c.tie_word_embeddings && first) head.parameter_bytes = head.gradient_bytes = 0;  // the embedding's table
+      total.hold(head).hold(norm);
+      total.forward.append(parts.output.forward)
+          .append(cross_entropy_cost<T, typename Output::output_layout>(s.tokens, s).forward)
+          .append(parts.head_backward);
+    }
+    return total;
+  }
+
+  /// The stage's parameters, in the order of sw::for_each_parameter, as costs that walk them see them
+  /// (sw::parameter_cost; for sw::finish_gradients_cost and AdamW::step_cost): fn is called once per parameter.
+  template <class Fn>
+  static constexpr void shardwise_parameter_costs(LlamaConfig const& c, stage_range const& blocks, cost_inputs const& s,
+                                                  Fn&& fn) {
+    bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
+    LlamaConfig whole = c;
+    whole.tie_word_embeddings = c.tie_word_embeddings && first;  // a later stage holds a copy of the table
+    std::size_t index = 0;
+    Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_parameter_costs(whole, s, [&](parameter_cost const& p) {
+      std::size_t const i = index++;
+      bool const in_blocks = i >= 1 + 9 * blocks.first && i < 1 + 9 * (blocks.first + blocks.count);
+      if ((i == 0 && first) || in_blocks || (i > 9 * c.layers && last)) fn(p);
+    });
+  }
+
  private:
   /// Ties the output to the embedding: the same tensor on one stage; across stages, a copy of the embedding's
   /// initial table, marked as the first stage's "tok_embeddings.weight" (see Parameter::mirror_of).

@@ -217,11 +217,13 @@ class AdamW {
   /// The transfers of step(ready, dp) on one rank (sw::cost), for the parameters `walk(fn)` visits in order
   /// (sw::parameter_cost; a model's shardwise_parameter_costs): each gradient averaged over dp (ZeRO-1:
   /// reduce-scattered), the squared norm summed over tp (and, ZeRO-1, over dp), then (ZeRO-1) each updated slice
-  /// all-gathered. `dp_axis`: the data-parallel axis' name. For a model given to sw::parallelize (its layers hold
-  /// a tp group, over which the squared norm is summed even at tp 1).
+  /// all-gathered. `dp_axis`: the data-parallel axis' name; `pp_axis`: for step(ready, dp, pp), the pipeline
+  /// axis the squared norm is then summed over (empty: none). For a model given to sw::parallelize (its layers
+  /// hold a tp group, over which the squared norm is summed even at tp 1).
   template <std::size_t Capacity = 48, class Walk>
   static constexpr transfer_list<Capacity> step_cost(Walk&& walk, bool zero1, std::size_t dp, std::size_t dp_rank,
-                                                     cost_inputs const& s, std::string_view dp_axis = "dp") {
+                                                     cost_inputs const& s, std::string_view dp_axis = "dp",
+                                                     std::string_view pp_axis = {}) {
     transfer_list<Capacity> list;
     bool const slices = zero1 && dp > 1;
     walk([&](parameter_cost const& p) {
@@ -231,6 +233,7 @@ class AdamW {
     });
     list.add(transfer_kind::all_reduce, s.tp_axis, sizeof(T));
     if (slices) list.add(transfer_kind::all_reduce, dp_axis, sizeof(T));
+    if (!pp_axis.empty()) list.add(transfer_kind::all_reduce, pp_axis, sizeof(T));
     if (slices)
       walk([&](parameter_cost const& p) {
         list.add(transfer_kind::all_gather, dp_axis, chunk_size(p.elements, dp, dp_rank) * p.element_size);
