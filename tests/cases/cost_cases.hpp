@@ -291,9 +291,18 @@ void check_fsdp_step(World const& world, int microbatches, models::LlamaConfig c
 /// sw::parallelize over tp, then AdamW's step over dp and pp: the record of every axis, in order, against
 /// sw::pipeline_step_cost with each stage's declared transfers (LlamaStage::shardwise_cost), then
 /// sw::finish_gradients_cost and AdamW::step_cost over the stage's parameters.
+struct pipeline_setup {
+  bool zero1 = false;         ///< AdamW with ZeRO-1 over dp.
+  bool checkpointed = false;  ///< Each block checkpointed.
+  bool recomputed = false;    ///< Stage-level recomputation (stage_activations::recompute).
+  bool tied = false;          ///< tie_word_embeddings across the stages.
+};
+
 template <class Schedule, bool SequenceParallel, class World>
-void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int microbatches,
-                            models::LlamaConfig const& c, bool zero1 = false, bool checkpointed = false) {
+void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int microbatches, models::LlamaConfig c,
+                            pipeline_setup const& o = {}) {
+  bool const zero1 = o.zero1, checkpointed = o.checkpointed;
+  c.tie_word_embeddings = o.tied;
   using Stage = models::LlamaStage<float, models::llama_plan<SequenceParallel>>;
   auto counted = sw::counting(world);
   auto const mesh = sw::make_mesh<"dp", "pp", "tp">(counted, {dp_size, pp_size, world.size() / (dp_size * pp_size)});
@@ -315,23 +324,26 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
       [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
       [&](int m, auto const& h) {
         return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
-      });
+      },
+      sw::pipeline_options{o.recomputed ? sw::stage_activations::recompute : sw::stage_activations::keep});
   optimizer.step(sw::finish_gradients(stage), dp, pp);
   auto const record = counted.log().entries();
   sw::cost_inputs const s{c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};
   sw::stage_range const blocks = split.of(pp.rank());
   sw::cost const chunk = Stage::shardwise_cost(c, blocks, s, checkpointed);
   std::size_t const rows = SequenceParallel ? s.local_tokens() : s.tokens;  // the stream crossing stages
-  auto predicted = sw::pipeline_step_cost(Schedule{}, pp.size(), pp.rank(), microbatches, rows * c.dim * sizeof(float),
-                                          sw::stage_transfers<>{chunk.forward, chunk.backward});
+  auto predicted =
+      sw::pipeline_step_cost(Schedule{}, pp.size(), pp.rank(), microbatches, rows * c.dim * sizeof(float),
+                             Stage::shardwise_pipeline_transfers(c, blocks, s, checkpointed, o.recomputed));
   auto const walk = [&](auto&& fn) { Stage::shardwise_parameter_costs(c, blocks, s, fn); };
   predicted.append(sw::finish_gradients_cost(walk, s));
   predicted.append(sw::AdamW<float>::step_cost(walk, zero1, static_cast<std::size_t>(dp.size()),
                                                static_cast<std::size_t>(dp.rank()), s, "dp", "pp"));
   INFO("dp ", dp.size(), " x pp ", pp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
        std::string_view(SequenceParallel ? ", sequence parallel" : ""), std::string_view(zero1 ? ", ZeRO-1" : ""),
-       std::string_view(checkpointed ? ", blocks checkpointed" : ""), ", ", microbatches, " microbatches\nrecorded:\n",
-       listed(record), "predicted:\n", predicted);
+       std::string_view(checkpointed ? ", blocks checkpointed" : ""),
+       std::string_view(o.recomputed ? ", recomputed" : ""), std::string_view(o.tied ? ", tied" : ""), ", ",
+       microbatches, " microbatches\nrecorded:\n", listed(record), "predicted:\n", predicted);
   CHECK(record == predicted);
   auto const [parameters, gradients] = held_bytes(stage.back());  // after the step: every gradient allocated
   CHECK(parameters == chunk.parameter_bytes);
@@ -422,15 +434,20 @@ void run_cost_cases(World const& world) {
   check_pipeline_step<sw::OneFOneB>(world, 4, p);
   if (n <= 2) check_pipeline_step<sw::Interleaved1F1B<2>>(world, 4, p);
   // Stages cut over tp, as the pipeline tests train them: pp 2 x tp 2 (with sequence parallelism, without, with
-  // checkpointed blocks), dp 2 x pp 2 with ZeRO-1; every rank as tp at pp 1.
+  // checkpointed blocks, tied embeddings, stage-level recomputation), dp 2 x pp 2 with ZeRO-1; every rank as tp at
+  // pp 1; and pp over every rank with the stages recomputed.
   if (n == 4) {
     check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 4, p);
     check_pipeline_tp_step<sw::GPipe, true>(world, 1, 2, 3, p);
     check_pipeline_tp_step<sw::OneFOneB, false>(world, 1, 2, 2, p);
-    check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, false, true);
-    check_pipeline_tp_step<sw::OneFOneB, true>(world, 2, 2, 2, p, true);
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.checkpointed = true});
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 2, 2, 2, p, {.zero1 = true});
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.tied = true});
+    check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.recomputed = true});
+    check_pipeline_tp_step<sw::GPipe, true>(world, 1, 2, 3, p, {.recomputed = true});
   }
   check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 1, 2, p);
+  check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, n, 4, p, {.recomputed = true});
   // FSDP over every rank (a vocabulary of 66: uneven rows at dp 4), one and two microbatches.
   check_fsdp_step<sw::full_shard>(world, 1, m);
   check_fsdp_step<sw::full_shard>(world, 2, m);

@@ -17,6 +17,7 @@
 
 #include "shardwise/models/llama.hpp"
 #include "shardwise/models/llama_plan.hpp"
+#include "shardwise/pipeline/cost.hpp"
 #include "shardwise/pipeline/stages.hpp"
 
 namespace shardwise::models {
@@ -197,6 +198,34 @@ struct LlamaStage {
           .append(parts.head_backward);
     }
     return total;
+  }
+
+  /// What sw::pipeline_step_cost needs of this stage (sw::stage_transfers): shardwise_cost's forward and backward;
+  /// with `stage_recomputed` (pipeline_options' activations = stage_activations::recompute) the forward's
+  /// transfers but the head's, run again before each backward; with tied embeddings over several stages, the
+  /// exchange of the table's gradient after the step over `pp_axis` (the first stage sends first, the last
+  /// receives first).
+  static constexpr stage_transfers<> shardwise_pipeline_transfers(LlamaConfig const& c, stage_range const& blocks,
+                                                                  cost_inputs const& s,
+                                                                  bool checkpointed_blocks = false,
+                                                                  bool stage_recomputed = false,
+                                                                  std::string_view pp_axis = "pp") {
+    bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
+    cost const stage = shardwise_cost(c, blocks, s, checkpointed_blocks);
+    stage_transfers<> t{stage.forward, stage.backward, {}, {}};
+    if (stage_recomputed) {
+      llama_cost_parts const parts = Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_cost_parts(c, s);
+      if (first) t.recompute.append(parts.embedding.forward);
+      t.recompute.append(parts.block.forward, blocks.count);
+    }
+    if (c.tie_word_embeddings && first != last) {
+      std::size_t const table =
+          Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_cost_parts(c, s).embedding.gradient_bytes;
+      transfer_kind const one = first ? transfer_kind::send : transfer_kind::recv;
+      transfer_kind const other = first ? transfer_kind::recv : transfer_kind::send;
+      t.after_step.add(one, pp_axis, table).add(other, pp_axis, table);
+    }
+    return t;
   }
 
   /// The stage's parameters, in the order of sw::for_each_parameter, as costs that walk them see them

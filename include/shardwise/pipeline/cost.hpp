@@ -16,13 +16,19 @@ template <std::size_t N = 48>
 struct stage_transfers {
   transfer_list<N> forward;   ///< One microbatch's forward through the chunk.
   transfer_list<N> backward;  ///< One microbatch's backward through it.
+  /// What runs again before each backward under stage-level recomputation (pipeline_options' activations =
+  /// stage_activations::recompute): the forward's transfers but those of what ran once after it (a loss); empty
+  /// when the stage keeps its activations.
+  transfer_list<N> recompute;
+  /// What the chunk sends once at the step's end (its shardwise_after_pipeline_step: tied embeddings' exchange).
+  transfer_list<N> after_step;
 };
 
 /// The transfers of rank `rank`'s part of one pipeline step of `schedule` over `stages` ranks and `microbatches`
 /// microbatches, in its action table's order: a send or receive of `boundary_bytes` (one microbatch's boundary
 /// activation on this rank, as its gradient) for each action whose peer is another rank, on mesh axis `axis`;
-/// `chunk`'s transfers for each forward and backward. The loss on the last stage and the optimizer step after
-/// run_pipeline_step add their own.
+/// `chunk`'s transfers for each forward and backward (its recomputation's first), and its after_step at the end.
+/// The optimizer step after run_pipeline_step adds its own.
 template <std::size_t Capacity = 128, pipeline_schedule Schedule, std::size_t N = 48>
 transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages, int rank, int microbatches,
                                            std::size_t boundary_bytes, stage_transfers<N> const& chunk = {},
@@ -34,7 +40,7 @@ transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages,
         list.append(chunk.forward);
         break;
       case action_kind::backward:
-        list.append(chunk.backward);
+        list.append(chunk.recompute).append(chunk.backward);
         break;
       case action_kind::send_activation:
       case action_kind::send_gradient:
@@ -46,7 +52,7 @@ transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages,
         break;
     }
   }
-  return list;
+  return list.append(chunk.after_step);
 }
 
 }  // namespace shardwise
