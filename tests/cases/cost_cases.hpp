@@ -354,11 +354,12 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
 /// counting mesh, the model given to sw::parallelize over tp first, with `microbatches` passes and the options
 /// `o` says (prefetch, checkpointed blocks, hybrid replicas): the record of every axis, in order, against
 /// models::llama_fsdp_step_cost.
-template <class Strategy, bool SequenceParallel, class Precision = sw::full_precision, class World>
+template <class Strategy, bool SequenceParallel, class Precision = sw::full_precision,
+          class Wrap = sw::wrap_paths<"layers.*">, class World>
 void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, models::LlamaConfig const& c,
                         models::fsdp_cost_options const& o = {}) {
   using Plan = models::llama_plan<SequenceParallel>;
-  using Policy = sw::fsdp_policy<Strategy, sw::wrap_paths<"layers.*">, Precision>;
+  using Policy = sw::fsdp_policy<Strategy, Wrap, Precision>;
   int const replicas = static_cast<int>(o.replicate), data = dp_size * replicas;
   auto counted = sw::counting(world);
   auto const mesh = sw::make_mesh<"replicate", "dp", "tp">(counted, {replicas, dp_size, world.size() / data});
@@ -367,7 +368,9 @@ void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, model
   models::Llama<float, Plan> model(c);
   model.checkpoint_blocks(o.checkpointed_blocks);
   sw::parallelize(model, tp);
-  sw::fsdp_options const options{.forward_prefetch = o.forward_prefetch, .backward_prefetch = o.backward_prefetch};
+  sw::fsdp_options const options{.min_num_params = o.min_num_params,
+                                 .forward_prefetch = o.forward_prefetch,
+                                 .backward_prefetch = o.backward_prefetch};
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
   std::size_t const per_micro = 4 / static_cast<std::size_t>(data * microbatches);  // 4 sequences a step
   models::training_step_inputs const t{
@@ -399,8 +402,9 @@ void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, model
        std::string_view(SequenceParallel ? ", sequence parallel" : ""), ", ", microbatches, " microbatches",
        std::string_view(o.forward_prefetch ? ", prefetch" : ""),
        std::string_view(o.checkpointed_blocks ? ", blocks checkpointed" : ""),
-       std::string_view(std::is_same_v<Precision, sw::full_precision> ? "" : ", mixed precision"), "\nrecorded:\n",
-       listed(record), "predicted:\n", predicted);
+       std::string_view(std::is_same_v<Precision, sw::full_precision> ? "" : ", mixed precision"), ", wrap ",
+       static_cast<int>(o.wrap), " (min ", o.min_num_params, ")\nrecorded:\n", listed(record), "predicted:\n",
+       predicted);
   CHECK(record == predicted);
 }
 
@@ -469,6 +473,22 @@ void run_cost_cases(World const& world) {
     check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, {.checkpointed_blocks = true});
   }
   check_fsdp_tp_step<sw::full_shard, true>(world, 1, 1, m);
+  // The wrap policies the FSDP tests train with: by type (a unit per block, as by path), none (the root holds
+  // everything), by size (3000: attention and feed-forward units; 5000: feed-forward units only).
+  using block = models::Llama<float, models::llama_plan<true>>::block_type;
+  using by_size = sw::wrap_min_params;
+  models::fsdp_cost_options const size_3000{.wrap = models::llama_fsdp_wrap::by_size, .min_num_params = 3000};
+  models::fsdp_cost_options const size_5000{.wrap = models::llama_fsdp_wrap::by_size, .min_num_params = 5000};
+  models::fsdp_cost_options const whole{.wrap = models::llama_fsdp_wrap::none};
+  if (n >= 2) {
+    int const dp2 = 2;
+    check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, sw::wrap_type<block>>(world, dp2, 1, m);
+    check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, sw::wrap_none>(world, dp2, 1, m, whole);
+    check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, by_size>(world, dp2, 1, m, size_3000);
+    check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, by_size>(world, dp2, 2, m, size_5000);
+    check_fsdp_tp_step<sw::shard_grad_op, false, sw::full_precision, by_size>(world, dp2, 1, m, size_3000);
+    check_fsdp_tp_step<sw::no_shard, true, sw::full_precision, by_size>(world, dp2, 1, m, size_3000);
+  }
   if (n == 2) {
     check_fsdp_tp_step<sw::full_shard, false>(world, 2, 2, m, prefetch);
     check_fsdp_tp_step<sw::shard_grad_op, false>(world, 2, 1, m, prefetch);

@@ -16,14 +16,23 @@
 
 namespace shardwise::models {
 
+/// How fully_shard's wrap policy cut the Llama model into units.
+enum class llama_fsdp_wrap {
+  blocks,  ///< wrap_paths<"layers.*"> or wrap_type of its block: a unit per block (torchtitan's).
+  none,    ///< wrap_none: the root unit holds every parameter.
+  by_size  ///< wrap_min_params with fsdp_cost_options::min_num_params (children first: attention, feed-forward, block).
+};
+
 /// What changes the order or the size of an FSDP step's transfers besides the strategy and the precision: the
 /// fsdp_options and the model's settings the step ran with.
 struct fsdp_cost_options {
-  bool forward_prefetch = false;                  ///< fsdp_options::forward_prefetch.
-  bool backward_prefetch = false;                 ///< fsdp_options::backward_prefetch.
-  bool checkpointed_blocks = false;               ///< Llama::checkpoint_blocks(true): each block's forward runs again.
-  std::size_t replicate = 1;                      ///< Hybrid sharding: the replicate mesh's size (1: none).
-  std::string_view replicate_axis = "replicate";  ///< Its axis' name.
+  llama_fsdp_wrap wrap = llama_fsdp_wrap::blocks;  ///< The units (prefetch and checkpointing: blocks only).
+  std::size_t min_num_params = 100'000'000;        ///< fsdp_options::min_num_params, for llama_fsdp_wrap::by_size.
+  bool forward_prefetch = false;                   ///< fsdp_options::forward_prefetch.
+  bool backward_prefetch = false;                  ///< fsdp_options::backward_prefetch.
+  bool checkpointed_blocks = false;                ///< Llama::checkpoint_blocks(true): each block's forward runs again.
+  std::size_t replicate = 1;                       ///< Hybrid sharding: the replicate mesh's size (1: none).
+  std::string_view replicate_axis = "replicate";   ///< Its axis' name.
 };
 
 namespace detail {
@@ -54,35 +63,42 @@ struct fsdp_element_sizes {
   std::size_t reduced = 4;   ///< Bytes per reduced gradient element.
 };
 
-/// Appends the gathers of a unit's parameters: this rank's rows of each.
+/// Appends a parameter's gather: this rank's rows of it.
+template <std::size_t Capacity>
+constexpr void add_gather(transfer_list<Capacity>& list, parameter_cost const& p, training_step_inputs const& t,
+                          fsdp_element_sizes e) {
+  list.add(transfer_kind::all_gather, t.dp_axis,
+           chunk_size(p.rows, t.dp, t.dp_rank) * (p.elements / p.rows) * e.gathered);
+}
+
+/// Appends a parameter's gradient reduction over dp: reduce-scattered (and under hybrid sharding this rank's
+/// rows averaged over the replicas), or, no_shard, all-reduced.
+template <std::size_t Capacity>
+constexpr void add_reduction(transfer_list<Capacity>& list, bool sharded, parameter_cost const& p,
+                             training_step_inputs const& t, fsdp_element_sizes e, fsdp_cost_options const& o) {
+  std::size_t const row = p.elements / p.rows * e.reduced;
+  list.add(sharded ? transfer_kind::reduce_scatter : transfer_kind::all_reduce, t.dp_axis, p.rows * row);
+  if (sharded && o.replicate > 1)
+    list.add(transfer_kind::all_reduce, o.replicate_axis, chunk_size(p.rows, t.dp, t.dp_rank) * row);
+}
+
+/// Appends the gathers of a unit's parameters.
 template <std::size_t Capacity>
 constexpr void add_gathers(transfer_list<Capacity>& list, fsdp_unit_costs const& u, training_step_inputs const& t,
                            fsdp_element_sizes e) {
-  for (std::size_t i = 0; i < u.count; ++i) {
-    parameter_cost const& p = u.parameters[i];
-    list.add(transfer_kind::all_gather, t.dp_axis,
-             chunk_size(p.rows, t.dp, t.dp_rank) * (p.elements / p.rows) * e.gathered);
-  }
+  for (std::size_t i = 0; i < u.count; ++i) add_gather(list, u.parameters[i], t, e);
 }
 
 /// Appends what a unit's backward ends with: each gradient finished over tp (sw::finish_gradients' step for that
-/// parameter), then each reduced over dp (reduce-scattered, and under hybrid sharding this rank's rows averaged
-/// over the replicas; no_shard: all-reduced).
+/// parameter), then each reduced over dp.
 template <std::size_t Capacity>
 constexpr void add_reductions(transfer_list<Capacity>& list, bool sharded, fsdp_unit_costs const& u,
                               training_step_inputs const& t, fsdp_element_sizes e, fsdp_cost_options const& o) {
-  list.append(finish_gradients_cost<Capacity>(
-      [&](auto&& fn) {
-        for (std::size_t i = 0; i < u.count; ++i) fn(u.parameters[i]);
-      },
-      t.tp));
-  for (std::size_t i = 0; i < u.count; ++i) {
-    parameter_cost const& p = u.parameters[i];
-    std::size_t const row = p.elements / p.rows * e.reduced;
-    list.add(sharded ? transfer_kind::reduce_scatter : transfer_kind::all_reduce, t.dp_axis, p.rows * row);
-    if (sharded && o.replicate > 1)
-      list.add(transfer_kind::all_reduce, o.replicate_axis, chunk_size(p.rows, t.dp, t.dp_rank) * row);
-  }
+  auto const walk = [&](auto&& fn) {
+    for (std::size_t i = 0; i < u.count; ++i) fn(u.parameters[i]);
+  };
+  list.append(finish_gradients_cost<Capacity>(walk, t.tp));
+  walk([&](parameter_cost const& p) { add_reduction(list, sharded, p, t, e, o); });
 }
 
 /// The element sizes of a precision (full_precision or mixed_precision<Param, Reduce>) for a model of T.
@@ -92,6 +108,117 @@ constexpr fsdp_element_sizes fsdp_sizes() {
     return {sizeof(typename Precision::param_type), sizeof(typename Precision::reduce_type)};
   else
     return {sizeof(T), sizeof(T)};
+}
+
+/// Which modules of a block are units of their own: the block, its attention, its feed-forward.
+struct llama_block_units {
+  bool block = false;         ///< The block (holding its norms and what no child unit holds).
+  bool attention = false;     ///< The attention (wq, wk, wv, wo).
+  bool feed_forward = false;  ///< The feed-forward (w1, w3, w2).
+};
+
+/// The units wrap policy `o.wrap` makes of each block of config `c`; by size, as fully_shard counts: whole
+/// (unsharded) parameters, children first, a module whose parameters no unit holds yet reach min_num_params.
+constexpr llama_block_units block_units(LlamaConfig const& c, fsdp_cost_options const& o) {
+  if (o.wrap == llama_fsdp_wrap::blocks) return {true, false, false};
+  if (o.wrap == llama_fsdp_wrap::none) return {};
+  std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
+  std::size_t const attention = 2 * q * c.dim + 2 * kv * c.dim, feed_forward = 3 * c.hidden * c.dim;
+  llama_block_units u{false, attention >= o.min_num_params, feed_forward >= o.min_num_params};
+  std::size_t const rest = 2 * c.dim + (u.attention ? 0 : attention) + (u.feed_forward ? 0 : feed_forward);
+  u.block = rest >= o.min_num_params;
+  return u;
+}
+
+/// The unit that holds a parameter of a block, by its place in the block's walk (0 attention_norm, 1-4 the
+/// attention's, 5 ffn_norm, 6-8 the feed-forward's): 0 the root, 1 the block, 2 the attention, 3 the feed-forward.
+constexpr int block_owner(std::size_t place, llama_block_units const& u) {
+  bool const in_attention = place >= 1 && place <= 4, in_feed_forward = place >= 6;
+  if (in_attention && u.attention) return 2;
+  if (in_feed_forward && u.feed_forward) return 3;
+  return u.block ? 1 : 0;
+}
+
+/// Calls fn(p) for each parameter of Llama<T, Plan> that unit `owner` holds (of layer `layer` for the blocks'
+/// units; every layer's and the ends' for the root, owner 0), in walk order.
+template <class Model, class Fn>
+constexpr void for_unit_parameters(LlamaConfig const& c, cost_inputs const& s, llama_block_units const& u, int owner,
+                                   std::size_t layer, Fn&& fn) {
+  std::size_t index = 0;
+  Model::shardwise_parameter_costs(c, s, [&](parameter_cost const& p) {
+    std::size_t const i = index++;
+    bool const in_blocks = i >= 1 && i < 1 + 9 * c.layers;
+    int const holder = in_blocks ? block_owner((i - 1) % 9, u) : 0;
+    if (holder == owner && (owner == 0 || (i - 1) / 9 == layer)) fn(p);
+  });
+}
+
+/// llama_fsdp_transfers for units other than whole blocks (wrap_none, wrap_min_params): the hooks of each
+/// unit's module gather before its plan entry moves its input (or its output's gradient) and reduce before
+/// it moves its input's gradient back.
+template <class T, class Strategy, class Plan, std::size_t Capacity>
+constexpr transfer_list<Capacity> llama_fsdp_transfers_by_module(LlamaConfig const& c, training_step_inputs const& t,
+                                                                 fsdp_element_sizes e, fsdp_cost_options const& o,
+                                                                 bool parallelized) {
+  using Model = Llama<T, Plan>;
+  using Block = typename Model::block_type;
+  using Attention = decltype(std::declval<Block&>().attention);
+  using FeedForward = decltype(std::declval<Block&>().feed_forward);
+  using Logits = typename decltype(std::declval<Model&>().output)::output_layout;
+  constexpr bool sharded = !std::is_same_v<Strategy, no_shard>;
+  constexpr bool again = std::is_same_v<Strategy, full_shard>;
+  llama_block_units const u = block_units(c, o);
+  llama_cost_parts const parts = Model::shardwise_cost_parts(c, t.tp);
+  cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
+  cost const attention = Attention::shardwise_cost(c, t.tp), feed_forward = FeedForward::shardwise_cost(c, t.tp);
+  call_boundary const around_block = call_boundary_cost<Block, T>(c.dim, c.dim, t.tp);
+  call_boundary const around_attention = call_boundary_cost<Attention, T>(c.dim, c.dim, t.tp);
+  call_boundary const around_feed_forward = call_boundary_cost<FeedForward, T>(c.dim, c.dim, t.tp);
+  transfer_list<Capacity> list;
+  auto const gather = [&](int owner, std::size_t layer, bool when) {
+    if (sharded && when)
+      for_unit_parameters<Model>(c, t.tp, u, owner, layer, [&](parameter_cost const& p) { add_gather(list, p, t, e); });
+  };
+  auto const reduce = [&](int owner, std::size_t layer) {
+    auto const walk = [&](auto&& fn) { for_unit_parameters<Model>(c, t.tp, u, owner, layer, fn); };
+    list.append(finish_gradients_cost<Capacity>(walk, t.tp));
+    walk([&](parameter_cost const& p) { add_reduction(list, sharded, p, t, e, o); });
+  };
+  auto const child_forward = [&](bool unit, int owner, std::size_t l, call_boundary const& b, cost const& inner) {
+    gather(owner, l, unit);
+    list.append(b.forward_in).append(inner.forward).append(b.forward_out);
+  };
+  auto const child_backward = [&](bool unit, int owner, std::size_t l, call_boundary const& b, cost const& inner) {
+    gather(owner, l, unit && again);
+    list.append(b.backward_out).append(inner.backward);
+    if (unit) reduce(owner, l);
+    list.append(b.backward_in);
+  };
+  for (std::size_t m = 0; m < t.microbatches; ++m) {
+    gather(0, 0, true);
+    list.append(parts.embedding.forward);
+    for (std::size_t l = 0; l < c.layers; ++l) {
+      gather(1, l, u.block);
+      list.append(around_block.forward_in);
+      child_forward(u.attention, 2, l, around_attention, attention);
+      child_forward(u.feed_forward, 3, l, around_feed_forward, feed_forward);
+      list.append(around_block.forward_out);
+    }
+    list.append(parts.output.forward).append(loss.forward).append(parts.head_backward);
+    for (std::size_t l = c.layers; l-- > 0;) {
+      gather(1, l, u.block && again);
+      list.append(around_block.backward_out);
+      child_backward(u.feed_forward, 3, l, around_feed_forward, feed_forward);
+      child_backward(u.attention, 2, l, around_attention, attention);
+      if (u.block) reduce(1, l);
+      list.append(around_block.backward_in);
+    }
+    list.append(parts.embedding.backward);
+    reduce(0, 0);
+  }
+  if (parallelized) list.add(transfer_kind::all_reduce, t.tp.tp_axis, sizeof(T));  // the squared norm over tp
+  if (sharded) list.add(transfer_kind::all_reduce, t.dp_axis, sizeof(T));          // and over dp
+  return list;
 }
 
 /// The transfers of llama_fsdp_step_cost; `parallelized`: the model's layers hold a tp group (the norm's squares
@@ -153,6 +280,9 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, tra
 template <class T, class Strategy, class Plan, class Precision = full_precision, std::size_t Capacity = 1024>
 constexpr transfer_list<Capacity> llama_fsdp_step_cost(LlamaConfig const& c, training_step_inputs const& t,
                                                        fsdp_cost_options const& o = {}) {
+  if (o.wrap != llama_fsdp_wrap::blocks)
+    return detail::llama_fsdp_transfers_by_module<T, Strategy, Plan, Capacity>(c, t, detail::fsdp_sizes<T, Precision>(),
+                                                                               o, true);
   return detail::llama_fsdp_transfers<T, Strategy, Plan, Capacity>(c, t, detail::fsdp_sizes<T, Precision>(), o, true);
 }
 

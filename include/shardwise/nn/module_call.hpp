@@ -203,33 +203,53 @@ using backward_result_t =
     std::remove_cvref_t<decltype(std::declval<Module&>().backward(std::declval<Activation<T, Out> const&>()))>;
 }  // namespace detail
 
-/// The cost (sw::cost) of sw::forward(module, x) and sw::backward(module, dy) on one rank: the module's own
-/// (`inner`, from its shardwise_cost) with its plan entry's moves at the boundary around it — the input moved
-/// before the forward and its gradient moved back (reduced, when Partial) after the backward; likewise the
-/// output. `in_features` / `out_features`: the widths of its input and output; T: its element type.
+/// The transfers a module's plan entry adds around sw::forward(module, x) and sw::backward(module, dy) on one
+/// rank, in four places: the input moved before the forward (`forward_in`) and the output after it
+/// (`forward_out`); the output's gradient moved back before the backward (`backward_out`) and the input's
+/// gradient (reduced, when Partial) after it (`backward_in`). FSDP's hooks run between them: a unit gathers
+/// before forward_in and backward_out, and reduces its gradients before backward_in.
+struct call_boundary {
+  transfer_list<> forward_in;    ///< Before the module's forward.
+  transfer_list<> forward_out;   ///< After it.
+  transfer_list<> backward_out;  ///< Before its backward.
+  transfer_list<> backward_in;   ///< After it.
+};
+
+/// The call_boundary of Module's plan entry for an input of `in_features` and an output of `out_features`
+/// columns, T its element type.
 template <module Module, class T>
-constexpr cost call_cost(cost const& inner, std::size_t in_features, std::size_t out_features, cost_inputs const& s) {
+constexpr call_boundary call_boundary_cost(std::size_t in_features, std::size_t out_features, cost_inputs const& s) {
   using L = detail::prepare_layouts<detail::module_style_t<Module>>;
   constexpr std::size_t e = sizeof(T);
-  if constexpr (!L::input && !L::output) {
-    return inner;
-  } else {
+  call_boundary b;
+  if constexpr (L::input || L::output) {
     using In = std::conditional_t<L::input, typename L::in, Replicate>;
     using DesiredIn = std::conditional_t<L::input, typename L::desired_in, Replicate>;
     using Y = detail::forward_result_t<Module, T, std::conditional_t<L::input, DesiredIn, In>>;
     using InputGradient = typename detail::backward_result_t<Module, T, typename Y::placement>::placement;
-    cost c;
-    c.hold(inner);
-    if constexpr (L::input) detail::add_redistribute<In, DesiredIn>(c.forward, s.tokens, in_features, e, s);
-    c.forward.append(inner.forward);
-    if constexpr (L::output) {
-      detail::add_redistribute<typename L::out, typename L::desired_out>(c.forward, s.tokens, out_features, e, s);
-      detail::add_redistribute<typename L::desired_out, typename L::out>(c.backward, s.tokens, out_features, e, s);
+    if constexpr (L::input) {
+      detail::add_redistribute<In, DesiredIn>(b.forward_in, s.tokens, in_features, e, s);
+      detail::add_redistribute<InputGradient, In>(b.backward_in, s.tokens, in_features, e, s);
     }
-    c.backward.append(inner.backward);
-    if constexpr (L::input) detail::add_redistribute<InputGradient, In>(c.backward, s.tokens, in_features, e, s);
-    return c;
+    if constexpr (L::output) {
+      detail::add_redistribute<typename L::out, typename L::desired_out>(b.forward_out, s.tokens, out_features, e, s);
+      detail::add_redistribute<typename L::desired_out, typename L::out>(b.backward_out, s.tokens, out_features, e, s);
+    }
   }
+  return b;
+}
+
+/// The cost (sw::cost) of sw::forward(module, x) and sw::backward(module, dy) on one rank: the module's own
+/// (`inner`, from its shardwise_cost) with its plan entry's moves at the boundary around it (call_boundary_cost).
+/// `in_features` / `out_features`: the widths of its input and output; T: its element type.
+template <module Module, class T>
+constexpr cost call_cost(cost const& inner, std::size_t in_features, std::size_t out_features, cost_inputs const& s) {
+  call_boundary const b = call_boundary_cost<Module, T>(in_features, out_features, s);
+  cost c;
+  c.hold(inner);
+  c.forward.append(b.forward_in).append(inner.forward).append(b.forward_out);
+  c.backward.append(b.backward_out).append(inner.backward).append(b.backward_in);
+  return c;
 }
 
 /// x + sw::forward(module, norm(x)): the pre-norm residual branch of a transformer block.
