@@ -471,6 +471,11 @@ void run_cost_cases(World const& world) {
     check_fsdp_tp_step<sw::full_shard, true, bf16_gathers>(world, 2, 1, m);
     check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, {.replicate = 2});  // 2 replicas x dp 2 x tp 1
     check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, {.checkpointed_blocks = true});
+    models::LlamaConfig tied = m, one_kv_head = m;
+    tied.tie_word_embeddings = true;
+    one_kv_head.kv_heads = 1;  // repeated over the 2 tp ranks: the copies' gradients summed
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, tied);
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, one_kv_head);
   }
   check_fsdp_tp_step<sw::full_shard, true>(world, 1, 1, m);
   // The wrap policies the FSDP tests train with: by type (a unit per block, as by path), none (the root holds
