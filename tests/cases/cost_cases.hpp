@@ -12,6 +12,8 @@
 #include <random>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/counting.hpp>
+#include <shardwise/models/gpt2.hpp>
+#include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/models/llama.hpp>
 #include <shardwise/models/llama_fsdp_cost.hpp>
 #include <shardwise/models/llama_plan.hpp>
@@ -408,6 +410,60 @@ void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, model
   CHECK(record == predicted);
 }
 
+/// One training step of the GPT-2 model on a dp x tp counting mesh, as the GPT-2 tests train it (AdamW with
+/// parameter groups): its record against the model's cost (forward, loss, backward), finish_gradients_cost and
+/// AdamW::step_cost; the held parameter, gradient and activation bytes against the model's cost.
+template <bool SequenceParallel, class World>
+void check_gpt2_step(World const& world, int dp_size, bool zero1) {
+  using Model = models::GPT2<float, models::gpt2_plan<SequenceParallel>>;
+  models::GPT2Config c;
+  c.vocabulary = 66, c.dim = 32, c.layers = 2, c.heads = 4, c.sequence = 6;  // 66, 6: padded at tp 4
+  auto counted = sw::counting(world);
+  auto const mesh = sw::make_mesh<"dp", "tp">(counted, {dp_size, world.size() / dp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  Model model(c);
+  sw::parallelize(model, tp);
+  sw::AdamW<float> optimizer(
+      {.learning_rate = 1e-3f,
+       .weight_decay = 0.1f,
+       .max_grad_norm = 1.0f,
+       .zero1 = zero1,
+       .groups = {{.matches = sw::names_matching({"*.bias", "*ln_*.weight"}), .weight_decay = 0.0f}}});
+  std::size_t const sequences = 4 / static_cast<std::size_t>(dp_size);
+  sw::cost_inputs const s{sequences * c.sequence, static_cast<std::size_t>(tp.size()),
+                          static_cast<std::size_t>(tp.rank()), "tp"};
+  sw::cost const pass = Model::shardwise_cost(c, s);
+  using Logits = typename decltype(std::declval<Model&>().lm_head)::output_layout;
+  auto const walk = [&](auto&& fn) { Model::shardwise_parameter_costs(c, s, fn); };
+  sw::transfer_list<128> predicted;
+  predicted.append(pass.forward).append(sw::cross_entropy_cost<float, Logits>(s.tokens, s).forward);
+  predicted.append(pass.backward).append(sw::finish_gradients_cost<128>(walk, s));
+  predicted.append(sw::AdamW<float>::template step_cost<128>(walk, zero1, static_cast<std::size_t>(dp.size()),
+                                                             static_cast<std::size_t>(dp.rank()), s, "dp"));
+  std::vector<std::int64_t> ids(s.tokens), targets(s.tokens);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = std::int64_t((i * 7 + 3 * static_cast<std::size_t>(dp.rank())) % c.vocabulary),
+    targets[i] = (ids[i] + 1) % std::int64_t(c.vocabulary);
+  counted.log().clear();
+  auto const logits = model.forward(ids);
+  CHECK(held_activation_bytes(model) == pass.activation_bytes);
+  auto const result = models::gpt2_loss(tp, logits, targets, c.vocabulary);
+  model.backward(result.dlogits);
+  optimizer.step(sw::finish_gradients(model), dp);
+  auto const record = counted.log().entries();
+  INFO("GPT-2 dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+       std::string_view(SequenceParallel ? ", sequence parallel" : ""), std::string_view(zero1 ? ", ZeRO-1" : ""),
+       "\nrecorded:\n", listed(record), "predicted:\n", predicted);
+  CHECK(record == predicted);
+  auto const [parameters, gradients] = held_bytes(model);
+  CHECK(parameters == pass.parameter_bytes);
+  CHECK(gradients == pass.gradient_bytes);
+  CHECK(optimizer.state_elements() * sizeof(float) ==
+        sw::AdamW<float>::state_bytes(walk, zero1, static_cast<std::size_t>(dp.size()),
+                                      static_cast<std::size_t>(dp.rank())));
+}
+
 /// Every case at the world's size.
 template <class World>
 void run_cost_cases(World const& world) {
@@ -431,6 +487,11 @@ void run_cost_cases(World const& world) {
   check_training_step<true>(world, 1, false, 1, m, true);  // activation checkpointing: blocks recomputed
   check_training_step<false>(world, n, false, 1, m, true);
   if (n == 4) check_training_step<true>(world, 2, true, 2, m);
+  // The GPT-2 model as its tests train it: tp over every rank, with and without sequence parallelism; dp 2 x tp 2
+  // with ZeRO-1.
+  check_gpt2_step<false>(world, 1, false);
+  check_gpt2_step<true>(world, 1, false);
+  if (n == 4) check_gpt2_step<true>(world, 2, true);
   // Pipeline steps over every rank: 4 layers, so that interleaving (2 chunks per rank) has a layer per stage at 2.
   models::LlamaConfig p = m;
   p.layers = 4;

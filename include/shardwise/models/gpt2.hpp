@@ -30,7 +30,7 @@ struct GPT2Config {
   /// Width of one attention head: dim / heads.
   [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
   /// The MLP's inner width, 4 * dim (GPT-2's n_inner default).
-  [[nodiscard]] std::size_t hidden() const { return 4 * dim; }
+  [[nodiscard]] constexpr std::size_t hidden() const { return 4 * dim; }
   /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
   /// load_sharded.
   [[nodiscard]] std::map<std::string, std::string> fields() const {
@@ -85,6 +85,29 @@ struct GPT2Attention {
                        " ranks; each rank computes whole heads: choose a tp size that divides the heads");
   }
 
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections' (with biases), in
+  /// the order forward and backward call them, and what the forward keeps: q, k, v (this rank's heads) and each
+  /// sequence's and head's probabilities.
+  static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
+    cost const cq = decltype(q_proj)::shardwise_cost(c.dim, c.dim, s, true);
+    cost const ck = decltype(k_proj)::shardwise_cost(c.dim, c.dim, s, true);
+    cost const cv = decltype(v_proj)::shardwise_cost(c.dim, c.dim, s, true);
+    cost const co = decltype(c_proj)::shardwise_cost(c.dim, c.dim, s, true);
+    cost total;
+    total.hold(cq).hold(ck).hold(cv).hold(co);
+    constexpr bool sharded_heads = is_colwise_v<typename decltype(q_proj)::style>;
+    std::size_t const n = sharded_heads ? s.tp : 1, sequences = s.tokens / c.sequence;
+    total.activation_bytes += 3 * s.tokens * c.dim / n * sizeof(T);
+    total.activation_bytes += sequences * (c.heads / n) * c.sequence * c.sequence * sizeof(T);
+    // Backward's transients at their peak, as the Llama attention's: c_proj's input gradient, the gradients of
+    // q, k and v, one head's two sequence x sequence products, the three input gradients and their sum.
+    total.working_bytes = co.activation_bytes + 3 * s.tokens * c.dim / n * sizeof(T) +
+                          2 * c.sequence * c.sequence * sizeof(T) + 4 * cq.activation_bytes;
+    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
+    total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
+    return total;
+  }
+
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
@@ -121,6 +144,21 @@ struct GPT2MLP {
   GPT2MLP(GPT2Config const& c, std::uint64_t seed)
       : c_fc(c.dim, c.hidden(), seed + 1), c_proj(c.hidden(), c.dim, seed + 2) {}
 
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: c_fc's and c_proj's (with biases) and
+  /// what the forward keeps: c_fc's output, beside c_proj's input (the GELU's output).
+  static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
+    cost const fc = decltype(c_fc)::shardwise_cost(c.dim, c.hidden(), s, true);
+    cost const proj = decltype(c_proj)::shardwise_cost(c.hidden(), c.dim, s, true);
+    cost total;
+    total.hold(fc).hold(proj);
+    total.activation_bytes += proj.activation_bytes;  // h_: as wide as c_proj's input
+    // Backward's transients: c_proj's input gradient, the GELU's gradient, c_fc's input gradient.
+    total.working_bytes = 2 * proj.activation_bytes + fc.activation_bytes;
+    total.forward.append(fc.forward).append(proj.forward);
+    total.backward.append(proj.backward).append(fc.backward);
+    return total;
+  }
+
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
@@ -153,6 +191,21 @@ struct GPT2Block {
         attn(c, seed),
         ln_2(c.dim, static_cast<T>(c.layer_norm_eps)),
         mlp(c, seed + 10) {}
+
+  /// Its cost on one rank (sw::cost): the norms', and the attention's and the MLP's each called through
+  /// sw::forward (their plan entries' moves around them); backward in reverse.
+  static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
+    using Attention = decltype(attn);
+    using MLP = decltype(mlp);
+    cost const a = call_cost<Attention, T>(Attention::shardwise_cost(c, s), c.dim, c.dim, s);
+    cost const f = call_cost<MLP, T>(MLP::shardwise_cost(c, s), c.dim, c.dim, s);
+    cost total;
+    total.hold(decltype(ln_1)::shardwise_cost(c.dim, s)).hold(a);
+    total.hold(decltype(ln_2)::shardwise_cost(c.dim, s)).hold(f);
+    total.forward.append(a.forward).append(f.forward);
+    total.backward.append(f.backward).append(a.backward);
+    return total;
+  }
 
   /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
   /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).
@@ -204,6 +257,65 @@ struct GPT2 {
     wte.pad_vocabulary_for_tp();
     lm_head.pad_outputs_for_tp();
     wpe.pad_vocabulary_for_tp();
+  }
+
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the embeddings (wte and wpe), every block
+  /// (called through sw::forward), the final LayerNorm and lm_head (which computes with wte's table), forward in
+  /// that order and backward in reverse.
+  static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
+    using Block = GPT2Block<T, subplan<Plan, "h.*">>;
+    using Head = decltype(lm_head);
+    cost const token = decltype(wte)::shardwise_cost(c.vocabulary, c.dim, s);
+    cost const position = decltype(wpe)::shardwise_cost(c.sequence, c.dim, s);
+    cost const block = call_cost<Block, T>(Block::shardwise_cost(c, s), c.dim, c.dim, s);
+    cost const head = Head::shardwise_cost(c.dim, c.vocabulary, s);
+    cost total;
+    total.hold(token).hold(position).hold(decltype(ln_f)::shardwise_cost(c.dim, s));
+    for (std::size_t i = 0; i < c.layers; ++i) total.hold(block);
+    total.activation_bytes += head.activation_bytes;  // its weight is wte's
+    total.forward.append(token.forward).append(position.forward).append(block.forward, c.layers).append(head.forward);
+    total.backward.append(head.backward);
+    shardwise::detail::add_redistribute<typename Head::input_grad_layout, typename decltype(ln_f)::input_layout>(
+        total.backward, s.tokens, c.dim, sizeof(T), s);
+    total.backward.append(block.backward, c.layers).append(token.backward).append(position.backward);
+    return total;
+  }
+
+  /// Its parameters, in the order of sw::for_each_parameter (lm_head's weight is wte's: not walked), as costs
+  /// that walk them see them (sw::parameter_cost): fn is called once per parameter.
+  template <class Fn>
+  static constexpr void shardwise_parameter_costs(GPT2Config const& c, cost_inputs const& s, Fn&& fn) {
+    constexpr std::size_t e = sizeof(T);
+    using Block = GPT2Block<T, subplan<Plan, "h.*">>;
+    using Attention = decltype(std::declval<Block&>().attn);
+    using MLP = decltype(std::declval<Block&>().mlp);
+    using Norm = decltype(ln_f);
+    bool const norms_partial = !std::is_same_v<typename Norm::grad_placement, Replicate>;
+    auto const linear = [&]<class Layer>(std::type_identity<Layer>, std::size_t in, std::size_t out) {
+      bool const cut_rows = std::is_same_v<typename Layer::weight_grad_placement, Shard<0>>;
+      std::size_t const n = cut_rows || std::is_same_v<typename Layer::weight_grad_placement, Shard<1>> ? s.tp : 1;
+      std::size_t const rows = cut_rows ? (out + n - 1) / n : out, cols = cut_rows ? in : in / n;
+      fn(parameter_cost{rows * cols, e, false, 0, rows});
+      fn(parameter_cost{cut_rows ? rows : out, e, false, 0, cut_rows ? rows : out});  // the bias
+    };
+    auto const embedding = [&]<class Layer>(std::type_identity<Layer>, std::size_t rows, std::size_t cols) {
+      std::size_t const held = Layer::shardwise_cost(rows, cols, s).parameter_bytes / e;
+      fn(parameter_cost{held, e, false, 0, held / cols});
+    };
+    auto const norm = [&] { fn(parameter_cost{c.dim, e, norms_partial, 0, c.dim}); };
+    embedding(std::type_identity<decltype(wte)>{}, c.vocabulary, c.dim);
+    embedding(std::type_identity<decltype(wpe)>{}, c.sequence, c.dim);
+    for (std::size_t i = 0; i < c.layers; ++i) {
+      norm(), norm();
+      linear(std::type_identity<decltype(std::declval<Attention&>().q_proj)>{}, c.dim, c.dim);
+      linear(std::type_identity<decltype(std::declval<Attention&>().k_proj)>{}, c.dim, c.dim);
+      linear(std::type_identity<decltype(std::declval<Attention&>().v_proj)>{}, c.dim, c.dim);
+      linear(std::type_identity<decltype(std::declval<Attention&>().c_proj)>{}, c.dim, c.dim);
+      norm(), norm();
+      linear(std::type_identity<decltype(std::declval<MLP&>().c_fc)>{}, c.dim, c.hidden());
+      linear(std::type_identity<decltype(std::declval<MLP&>().c_proj)>{}, c.hidden(), c.dim);
+    }
+    norm(), norm();
   }
 
   /// The config the model was built from.
