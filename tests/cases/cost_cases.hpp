@@ -177,6 +177,17 @@ inline void tokens_for(models::LlamaConfig const& c, unsigned seed, std::size_t 
   for (std::size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % c.sequence == 0 ? -100 : ids[i + 1];
 }
 
+/// The sizes of a training step of `tokens` tokens per microbatch on this rank's tp and dp meshes.
+template <class Tp, class Dp>
+models::training_step_inputs step_inputs(std::size_t tokens, Tp const& tp, Dp const& dp, int microbatches, bool zero1) {
+  return {{tokens, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"},
+          static_cast<std::size_t>(microbatches),
+          static_cast<std::size_t>(dp.size()),
+          static_cast<std::size_t>(dp.rank()),
+          zero1,
+          "dp"};
+}
+
 /// Two training steps of the Llama model on a dp x tp counting mesh: each step's record (forward, loss and
 /// backward per microbatch, finish_gradients, AdamW's step) against models::llama_step_cost; the parameter and
 /// gradient bytes held against the model's cost; the optimizer state against AdamW::state_bytes.
@@ -193,13 +204,7 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = zero1});
   sw::parallelize(model, tp);
   std::size_t const per_micro = 4 / static_cast<std::size_t>(dp_size * microbatches);  // 4 sequences a step
-  models::training_step_inputs const t{
-      {per_micro * c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"},
-      static_cast<std::size_t>(microbatches),
-      static_cast<std::size_t>(dp.size()),
-      static_cast<std::size_t>(dp.rank()),
-      zero1,
-      "dp"};
+  models::training_step_inputs const t = step_inputs(per_micro * c.sequence, tp, dp, microbatches, zero1);
   model.checkpoint_blocks(checkpointed);
   auto const predicted = models::llama_step_cost<float, Plan>(c, t, checkpointed);
   sw::cost const held = Model::shardwise_cost(c, t.tp, checkpointed);
@@ -375,13 +380,7 @@ void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, model
                                  .backward_prefetch = o.backward_prefetch};
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
   std::size_t const per_micro = 4 / static_cast<std::size_t>(data * microbatches);  // 4 sequences a step
-  models::training_step_inputs const t{
-      {per_micro * c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"},
-      static_cast<std::size_t>(microbatches),
-      static_cast<std::size_t>(dp.size()),
-      static_cast<std::size_t>(dp.rank()),
-      false,
-      "dp"};
+  models::training_step_inputs const t = step_inputs(per_micro * c.sequence, tp, dp, microbatches, false);
   auto const step = [&](auto&& sharded) {
     std::vector<std::int64_t> ids, targets;
     counted.log().clear();
@@ -537,6 +536,19 @@ void run_cost_cases(World const& world) {
     one_kv_head.kv_heads = 1;  // repeated over the 2 tp ranks: the copies' gradients summed
     check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, tied);
     check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, one_kv_head);
+    models::fsdp_cost_options both = prefetch;  // a checkpointed block's forward runs before the next gather
+    both.checkpointed_blocks = true;
+    check_fsdp_tp_step<sw::full_shard, true>(world, 2, 1, m, both);
+    // tp 4 over 2 key-value heads: each repeated, and fully_shard counts the copies (attention 4096 >= 4000).
+    models::fsdp_cost_options const size_4000{.wrap = models::llama_fsdp_wrap::by_size, .min_num_params = 4000};
+    check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, sw::wrap_min_params>(world, 1, 1, m, size_4000);
+    models::fsdp_cost_options refused = size_4000;
+    refused.forward_prefetch = true;
+    models::training_step_inputs const any{{m.sequence, 1, 0, "tp"}, 1, 2, 0, false, "dp"};
+    auto const predict = [&] {
+      return models::llama_fsdp_step_cost<float, sw::full_shard, models::llama_plan<true>>(m, any, refused);
+    };
+    CHECK_THROWS_WITH(predict(), doctest::Contains("predicted with one unit per block only"));
   }
   check_fsdp_tp_step<sw::full_shard, true>(world, 1, 1, m);
   // The wrap policies the FSDP tests train with: by type (a unit per block, as by path), none (the root holds

@@ -236,8 +236,9 @@ class fully_sharded final : detail::module_hooks {
   /// and a forward's root takes the root's from the backward before; a forward's first block, the backward's first
   /// block's gradients and the root's gradients are allocated. 0 for the other strategies.
   [[nodiscard]] std::size_t reused_bytes() const { return spare_->reused_bytes; }
-  /// Bytes of released gathered parameters kept for the next pass (between steps under full_shard: the root's,
-  /// which every step holds whole anyway); reshard() frees them.
+  /// Bytes of released gathered parameters kept for the next pass under full_shard: after a forward, its last
+  /// unit's; after a backward (between steps), the root unit's, which every step holds whole anyway (under
+  /// wrap_none the root is the whole model). reshard() frees them.
   [[nodiscard]] std::size_t kept_bytes() const { return spare_->bytes(); }
 
   /// The units' paths ("" is the root unit), in order.

@@ -197,14 +197,8 @@ struct GPT2Block {
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
     using Attention = decltype(attn);
     using MLP = decltype(mlp);
-    cost const a = call_cost<Attention, T>(Attention::shardwise_cost(c, s), c.dim, c.dim, s);
-    cost const f = call_cost<MLP, T>(MLP::shardwise_cost(c, s), c.dim, c.dim, s);
-    cost total;
-    total.hold(decltype(ln_1)::shardwise_cost(c.dim, s)).hold(a);
-    total.hold(decltype(ln_2)::shardwise_cost(c.dim, s)).hold(f);
-    total.forward.append(a.forward).append(f.forward);
-    total.backward.append(f.backward).append(a.backward);
-    return total;
+    return pre_norm_residuals_cost<T, decltype(ln_1), Attention, decltype(ln_2), MLP>(
+        Attention::shardwise_cost(c, s), MLP::shardwise_cost(c, s), c.dim, s);
   }
 
   /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through

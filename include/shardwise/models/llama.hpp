@@ -356,14 +356,8 @@ struct LlamaBlock {
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
     using Attention = decltype(attention);
     using FeedForward = decltype(feed_forward);
-    cost const a = call_cost<Attention, T>(Attention::shardwise_cost(c, s), c.dim, c.dim, s);
-    cost const f = call_cost<FeedForward, T>(FeedForward::shardwise_cost(c, s), c.dim, c.dim, s);
-    cost total;
-    total.hold(decltype(attention_norm)::shardwise_cost(c.dim, s)).hold(a);
-    total.hold(decltype(ffn_norm)::shardwise_cost(c.dim, s)).hold(f);
-    total.forward.append(a.forward).append(f.forward);
-    total.backward.append(f.backward).append(a.backward);
-    return total;
+    return pre_norm_residuals_cost<T, decltype(attention_norm), Attention, decltype(ffn_norm), FeedForward>(
+        Attention::shardwise_cost(c, s), FeedForward::shardwise_cost(c, s), c.dim, s);
   }
 
   /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through

@@ -63,12 +63,20 @@ struct fsdp_element_sizes {
   std::size_t reduced = 4;   ///< Bytes per reduced gradient element.
 };
 
+/// Elements per row of a parameter (FSDP cuts its rows over dp).
+constexpr std::size_t per_row(parameter_cost const& p) {
+  if (p.rows == 0)
+    shardwise::raise(
+        "shardwise::models::llama_fsdp_step_cost: a parameter_cost without rows; the model's "
+        "shardwise_parameter_costs must give each parameter's rows");
+  return p.elements / p.rows;
+}
+
 /// Appends a parameter's gather: this rank's rows of it.
 template <std::size_t Capacity>
 constexpr void add_gather(transfer_list<Capacity>& list, parameter_cost const& p, training_step_inputs const& t,
                           fsdp_element_sizes e) {
-  list.add(transfer_kind::all_gather, t.dp_axis,
-           chunk_size(p.rows, t.dp, t.dp_rank) * (p.elements / p.rows) * e.gathered);
+  list.add(transfer_kind::all_gather, t.dp_axis, chunk_size(p.rows, t.dp, t.dp_rank) * per_row(p) * e.gathered);
 }
 
 /// Appends a parameter's gradient reduction over dp: reduce-scattered (and under hybrid sharding this rank's
@@ -76,7 +84,7 @@ constexpr void add_gather(transfer_list<Capacity>& list, parameter_cost const& p
 template <std::size_t Capacity>
 constexpr void add_reduction(transfer_list<Capacity>& list, bool sharded, parameter_cost const& p,
                              training_step_inputs const& t, fsdp_element_sizes e, fsdp_cost_options const& o) {
-  std::size_t const row = p.elements / p.rows * e.reduced;
+  std::size_t const row = per_row(p) * e.reduced;
   list.add(sharded ? transfer_kind::reduce_scatter : transfer_kind::all_reduce, t.dp_axis, p.rows * row);
   if (sharded && o.replicate > 1)
     list.add(transfer_kind::all_reduce, o.replicate_axis, chunk_size(p.rows, t.dp, t.dp_rank) * row);
@@ -117,12 +125,17 @@ struct llama_block_units {
   bool feed_forward = false;  ///< The feed-forward (w1, w3, w2).
 };
 
-/// The units wrap policy `o.wrap` makes of each block of config `c`; by size, as fully_shard counts: whole
-/// (unsharded) parameters, children first, a module whose parameters no unit holds yet reach min_num_params.
-constexpr llama_block_units block_units(LlamaConfig const& c, fsdp_cost_options const& o) {
+/// The units wrap policy `o.wrap` makes of each block of config `c` at `tp` ranks; by size, as fully_shard
+/// counts: this rank's pieces times tp (key-value heads with their copies), children first, a module whose
+/// parameters no unit holds yet reach min_num_params.
+template <class Model>
+constexpr llama_block_units block_units(LlamaConfig const& c, fsdp_cost_options const& o, std::size_t tp) {
   if (o.wrap == llama_fsdp_wrap::blocks) return {true, false, false};
   if (o.wrap == llama_fsdp_wrap::none) return {};
-  std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
+  using Attention = decltype(std::declval<typename Model::block_type&>().attention);
+  std::size_t const copies =
+      Attention::sharded_heads ? kv_size_multiplier(c.heads, c.kv_heads, tp, c.kv_size_multiplier) : 1;
+  std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * copies * c.head_dim();  // as fully_shard counts
   std::size_t const attention = 2 * q * c.dim + 2 * kv * c.dim, feed_forward = 3 * c.hidden * c.dim;
   llama_block_units u{false, attention >= o.min_num_params, feed_forward >= o.min_num_params};
   std::size_t const rest = 2 * c.dim + (u.attention ? 0 : attention) + (u.feed_forward ? 0 : feed_forward);
@@ -167,7 +180,7 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers_by_module(LlamaConfig con
   using Logits = typename decltype(std::declval<Model&>().output)::output_layout;
   constexpr bool sharded = !std::is_same_v<Strategy, no_shard>;
   constexpr bool again = std::is_same_v<Strategy, full_shard>;
-  llama_block_units const u = block_units(c, o);
+  llama_block_units const u = block_units<Model>(c, o, t.tp.tp);
   llama_cost_parts const parts = Model::shardwise_cost_parts(c, t.tp);
   cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
   cost const attention = Attention::shardwise_cost(c, t.tp), feed_forward = FeedForward::shardwise_cost(c, t.tp);
@@ -234,9 +247,6 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, tra
   auto const [root, block] = fsdp_units<Model>(c, t.tp);
   llama_cost_parts const parts = Model::shardwise_cost_parts(c, t.tp);
   cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
-  transfer_list<> block_backward = parts.block.backward;
-  if (o.checkpointed_blocks)
-    block_backward = transfer_list<>().append(parts.block.forward).append(parts.block.backward);
   transfer_list<Capacity> list;
   auto const gathers = [&](fsdp_unit_costs const& u, bool when) {
     if (sharded && when) add_gathers(list, u, t, e);
@@ -253,8 +263,10 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, tra
     list.append(parts.output.forward).append(loss.forward).append(parts.head_backward);
     for (std::size_t l = 0; l < layers; ++l) {  // blocks in reverse; l counts from the last
       gathers(block, again && (!o.backward_prefetch || l == 0));
+      // A checkpointed block runs its forward again first; its backward hook then starts the next gather.
+      if (o.checkpointed_blocks) list.append(parts.block.forward);
       gathers(block, again && o.backward_prefetch && l + 1 < layers);  // the next block's, started ahead
-      list.append(block_backward);
+      list.append(parts.block.backward);
       add_reductions(list, sharded, block, t, e, o);
     }
     list.append(parts.embedding.backward);
@@ -280,6 +292,10 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, tra
 template <class T, class Strategy, class Plan, class Precision = full_precision, std::size_t Capacity = 1024>
 constexpr transfer_list<Capacity> llama_fsdp_step_cost(LlamaConfig const& c, training_step_inputs const& t,
                                                        fsdp_cost_options const& o = {}) {
+  if (o.wrap != llama_fsdp_wrap::blocks && (o.forward_prefetch || o.backward_prefetch || o.checkpointed_blocks))
+    shardwise::raise(
+        "shardwise::models::llama_fsdp_step_cost: prefetch and checkpointed blocks are predicted with "
+        "one unit per block only (llama_fsdp_wrap::blocks); leave them off for other wrap policies");
   if (o.wrap != llama_fsdp_wrap::blocks)
     return detail::llama_fsdp_transfers_by_module<T, Strategy, Plan, Capacity>(c, t, detail::fsdp_sizes<T, Precision>(),
                                                                                o, true);
