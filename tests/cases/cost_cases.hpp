@@ -234,6 +234,22 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   CHECK(optimizer.state_elements() * sizeof(float) == sw::AdamW<float>::state_bytes(walk, zero1, t.dp, t.dp_rank));
 }
 
+/// One pipeline step of the Llama stages over `pp`, a microbatch per entry of `ids`, the loss on the last stage
+/// (the mean over the microbatches).
+template <class Schedule, class Pp, class Tp, class Stages>
+void run_llama_pipeline_step(Pp const& pp, Tp const& tp, Stages& stage,
+                             std::vector<std::vector<std::int64_t>> const& ids,
+                             std::vector<std::vector<std::int64_t>> const& targets, sw::pipeline_options options = {}) {
+  int const microbatches = static_cast<int>(ids.size());
+  sw::run_pipeline_step(
+      Schedule{}, pp, std::span(stage), microbatches,
+      [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
+      [&](int m, auto const& h) {
+        return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
+      },
+      options);
+}
+
 /// One pipeline step of the Llama model in stages over every rank of `world` as the pp axis (tp and dp of size
 /// 1): the pp record against sw::pipeline_step_cost, followed by the optimizer's clipping all-reduce over pp.
 template <class Schedule, class World>
@@ -250,12 +266,7 @@ void check_pipeline_step(World const& world, int microbatches, models::LlamaConf
   std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
   for (std::size_t m = 0; m < ids.size(); ++m) tokens_for(c, static_cast<unsigned>(m), 1, ids[m], targets[m]);
   counted.log().clear();
-  sw::run_pipeline_step(
-      Schedule{}, pp, std::span(stage), microbatches,
-      [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
-      [&](int m, auto const& h) {
-        return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
-      });
+  run_llama_pipeline_step<Schedule>(pp, tp, stage, ids, targets);
   optimizer.step(sw::finish_gradients(stage), dp, pp);
   auto const record = counted.log().entries();
   // One sequence per microbatch: the boundary is c.sequence rows of c.dim floats, whole on this rank.
@@ -326,13 +337,8 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
   for (std::size_t m = 0; m < ids.size(); ++m)
     tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), 1, ids[m], targets[m]);
   counted.log().clear();
-  sw::run_pipeline_step(
-      Schedule{}, pp, std::span(stage), microbatches,
-      [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
-      [&](int m, auto const& h) {
-        return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
-      },
-      sw::pipeline_options{o.recomputed ? sw::stage_activations::recompute : sw::stage_activations::keep});
+  run_llama_pipeline_step<Schedule>(pp, tp, stage, ids, targets,
+                                    {o.recomputed ? sw::stage_activations::recompute : sw::stage_activations::keep});
   optimizer.step(sw::finish_gradients(stage), dp, pp);
   auto const record = counted.log().entries();
   sw::cost_inputs const s{c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};

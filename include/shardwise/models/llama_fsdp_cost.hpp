@@ -3,7 +3,6 @@
 // wraps: fsdp_policy<Strategy, wrap_paths<"layers.*">>), alone on a dp mesh or with tensor parallelism: every
 // parameter's gather and gradient reduction in the order fully_shard runs them, between the layers' own tp
 // transfers, from the model's parameter walk (this tp rank's rows, cut by torch.chunk over dp).
-#include <array>
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
@@ -37,26 +36,6 @@ struct fsdp_cost_options {
 
 namespace detail {
 
-/// One unit's parameters as FSDP walks them: (at most) one block's nine, or the root's three.
-struct fsdp_unit_costs {
-  std::array<parameter_cost, 9> parameters{};  ///< In walk order.
-  std::size_t count = 0;                       ///< How many are present.
-};
-
-/// The root unit's and one block's parameters of Llama<T, Plan> on this tp rank, from its parameter walk.
-template <class Model>
-constexpr std::array<fsdp_unit_costs, 2> fsdp_units(LlamaConfig const& c, cost_inputs const& s) {
-  std::array<fsdp_unit_costs, 2> units{};  // root, block
-  std::size_t index = 0;
-  Model::shardwise_parameter_costs(c, s, [&](parameter_cost const& p) {
-    bool const in_block = index >= 1 && index < 1 + 9 * c.layers;
-    fsdp_unit_costs& u = units[in_block ? 1 : 0];
-    if (!in_block || index < 10) u.parameters[u.count++] = p;
-    ++index;
-  });
-  return units;
-}
-
 /// The element sizes an FSDP step moves: its gathers' (the precision's param_type) and its reductions'.
 struct fsdp_element_sizes {
   std::size_t gathered = 4;  ///< Bytes per gathered parameter element.
@@ -88,25 +67,6 @@ constexpr void add_reduction(transfer_list<Capacity>& list, bool sharded, parame
   list.add(sharded ? transfer_kind::reduce_scatter : transfer_kind::all_reduce, t.dp_axis, p.rows * row);
   if (sharded && o.replicate > 1)
     list.add(transfer_kind::all_reduce, o.replicate_axis, chunk_size(p.rows, t.dp, t.dp_rank) * row);
-}
-
-/// Appends the gathers of a unit's parameters.
-template <std::size_t Capacity>
-constexpr void add_gathers(transfer_list<Capacity>& list, fsdp_unit_costs const& u, training_step_inputs const& t,
-                           fsdp_element_sizes e) {
-  for (std::size_t i = 0; i < u.count; ++i) add_gather(list, u.parameters[i], t, e);
-}
-
-/// Appends what a unit's backward ends with: each gradient finished over tp (sw::finish_gradients' step for that
-/// parameter), then each reduced over dp.
-template <std::size_t Capacity>
-constexpr void add_reductions(transfer_list<Capacity>& list, bool sharded, fsdp_unit_costs const& u,
-                              training_step_inputs const& t, fsdp_element_sizes e, fsdp_cost_options const& o) {
-  auto const walk = [&](auto&& fn) {
-    for (std::size_t i = 0; i < u.count; ++i) fn(u.parameters[i]);
-  };
-  list.append(finish_gradients_cost<Capacity>(walk, t.tp));
-  walk([&](parameter_cost const& p) { add_reduction(list, sharded, p, t, e, o); });
 }
 
 /// The element sizes of a precision (full_precision or mixed_precision<Param, Reduce>) for a model of T.
@@ -166,6 +126,24 @@ constexpr void for_unit_parameters(LlamaConfig const& c, cost_inputs const& s, l
   });
 }
 
+/// Appends the gathers of unit `owner`'s parameters (of layer `layer` for a block's units).
+template <class Model, std::size_t Capacity>
+constexpr void add_unit_gathers(transfer_list<Capacity>& list, LlamaConfig const& c, training_step_inputs const& t,
+                                llama_block_units const& u, int owner, std::size_t layer, fsdp_element_sizes e) {
+  for_unit_parameters<Model>(c, t.tp, u, owner, layer, [&](parameter_cost const& p) { add_gather(list, p, t, e); });
+}
+
+/// Appends what a unit's backward ends with: each gradient finished over tp (sw::finish_gradients' step for that
+/// parameter), then each reduced over dp.
+template <class Model, std::size_t Capacity>
+constexpr void add_unit_reductions(transfer_list<Capacity>& list, LlamaConfig const& c, training_step_inputs const& t,
+                                   llama_block_units const& u, int owner, std::size_t layer, bool sharded,
+                                   fsdp_element_sizes e, fsdp_cost_options const& o) {
+  auto const walk = [&](auto&& fn) { for_unit_parameters<Model>(c, t.tp, u, owner, layer, fn); };
+  list.append(finish_gradients_cost<Capacity>(walk, t.tp));
+  walk([&](parameter_cost const& p) { add_reduction(list, sharded, p, t, e, o); });
+}
+
 /// llama_fsdp_transfers for units other than whole blocks (wrap_none, wrap_min_params): the hooks of each
 /// unit's module gather before its plan entry moves its input (or its output's gradient) and reduce before
 /// it moves its input's gradient back.
@@ -189,13 +167,10 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers_by_module(LlamaConfig con
   call_boundary const around_feed_forward = call_boundary_cost<FeedForward, T>(c.dim, c.dim, t.tp);
   transfer_list<Capacity> list;
   auto const gather = [&](int owner, std::size_t layer, bool when) {
-    if (sharded && when)
-      for_unit_parameters<Model>(c, t.tp, u, owner, layer, [&](parameter_cost const& p) { add_gather(list, p, t, e); });
+    if (sharded && when) add_unit_gathers<Model>(list, c, t, u, owner, layer, e);
   };
   auto const reduce = [&](int owner, std::size_t layer) {
-    auto const walk = [&](auto&& fn) { for_unit_parameters<Model>(c, t.tp, u, owner, layer, fn); };
-    list.append(finish_gradients_cost<Capacity>(walk, t.tp));
-    walk([&](parameter_cost const& p) { add_reduction(list, sharded, p, t, e, o); });
+    add_unit_reductions<Model>(list, c, t, u, owner, layer, sharded, e, o);
   };
   auto const child_forward = [&](bool unit, int owner, std::size_t l, call_boundary const& b, cost const& inner) {
     gather(owner, l, unit);
@@ -244,12 +219,13 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, tra
   using Logits = typename decltype(std::declval<Model&>().output)::output_layout;
   constexpr bool sharded = !std::is_same_v<Strategy, no_shard>;
   constexpr bool again = std::is_same_v<Strategy, full_shard>;  // gathered again for the backward
-  auto const [root, block] = fsdp_units<Model>(c, t.tp);
+  constexpr int root = 0, block = 1;  // the blocks are alike: layer 0's parameters stand for each
+  llama_block_units const u{true, false, false};
   llama_cost_parts const parts = Model::shardwise_cost_parts(c, t.tp);
   cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
   transfer_list<Capacity> list;
-  auto const gathers = [&](fsdp_unit_costs const& u, bool when) {
-    if (sharded && when) add_gathers(list, u, t, e);
+  auto const gathers = [&](int owner, bool when) {
+    if (sharded && when) add_unit_gathers<Model>(list, c, t, u, owner, 0, e);
   };
   std::size_t const layers = c.layers;
   for (std::size_t m = 0; m < t.microbatches; ++m) {
@@ -267,10 +243,10 @@ constexpr transfer_list<Capacity> llama_fsdp_transfers(LlamaConfig const& c, tra
       if (o.checkpointed_blocks) list.append(parts.block.forward);
       gathers(block, again && o.backward_prefetch && l + 1 < layers);  // the next block's, started ahead
       list.append(parts.block.backward);
-      add_reductions(list, sharded, block, t, e, o);
+      add_unit_reductions<Model>(list, c, t, u, block, 0, sharded, e, o);
     }
     list.append(parts.embedding.backward);
-    add_reductions(list, sharded, root, t, e, o);
+    add_unit_reductions<Model>(list, c, t, u, root, 0, sharded, e, o);
   }
   if (parallelized) list.add(transfer_kind::all_reduce, t.tp.tp_axis, sizeof(T));  // the squared norm over tp
   if (sharded) list.add(transfer_kind::all_reduce, t.dp_axis, sizeof(T));          // and over dp
