@@ -1,0 +1,93 @@
+#pragma once
+// fully_shard's bookkeeping: a slot per parameter (its shard and what the sharded model does to the layer's
+// tensors), a unit per group of parameters gathered together, and the whole matrices a full-shard step
+// releases and reuses. Internal to sw::fully_shard.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardwise/collectives/pending.hpp"
+#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/module_hooks.hpp"
+
+namespace shardwise::detail {
+
+/// One parameter under FSDP: its tensor on this tp rank (rows x cols), this dp rank's rows of it, and what the
+/// sharded model does to the layer's tensors, typed where it was made.
+template <class T>
+struct fsdp_slot {
+  std::string name;
+  Eigen::Index rows = 0, cols = 0, first_row = 0, row_count = 0;
+  std::vector<T> shard, shard_grad;            // no_shard: shard unused (the layer's tensor is the shard)
+  T norm_weight = 1;                           // 0: another tp rank or copy counts it in the global norm
+  std::function<T*(bool whole)> resize_value;  // whole: rows x cols (its data); else freed (null)
+  std::function<void()> finish;                // the tp step of sw::finish_gradients, for this parameter
+  std::function<void()> mark_finished;
+  std::function<T*()> finished_grad;          // the finished gradient's data
+  std::function<void(bool free)> clear_grad;  // the layer's gradients freed (or zeroed, for no_shard)
+  std::function<void()> reuse_grad;           // a kept matrix, zeroed, as the layer's gradient to accumulate into
+};
+
+/// A unit: the parameters gathered together, and the module whose sw::forward gathers them (null: the root).
+struct fsdp_unit {
+  module_id module;  // none: the root
+  std::string path;
+  std::vector<std::size_t> slots;
+  bool gathered = false, called = false, reduced = false;  // the last two: in the current step
+  std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
+};
+
+/// Whole matrices full_shard released (gathered parameters, full gradients), kept for the next gather or gradient
+/// of the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in
+/// again at every gather and gradient cost a full-shard step 7-20% here (docs/benchmarks.md). Within a pass, kept
+/// from a unit's release to the next unit's start, which takes what fits (its gather, its gradients, its prefetch)
+/// and frees the rest. Between passes only gathered parameters stay, for the next pass's first gather: after a
+/// forward, its last unit's (the backward begins with it); after a backward, the root's, released after its
+/// reduce-scatter (the next forward gathers it first), which every step holds at its peak anyway. The blocks'
+/// storage is freed before the root's reduce-scatter, where it would add to the peak; gradients at each pass's end.
+template <class T>
+struct fsdp_spare_matrices {
+  struct kept {
+    nn::matrix<T> storage;
+    bool parameter = false;  // a gathered parameter's (else a gradient's)
+  };
+  bool active = false;
+  std::vector<kept> spare;
+  std::size_t reused_bytes = 0;  // taken since the last forward began
+
+  /// Frees `m` to 0 x 0, its storage kept while active.
+  void keep(nn::matrix<T>& m, bool parameter) {
+    if (active && m.size() > 0) spare.push_back({std::move(m), parameter});
+    m.resize(0, 0);
+  }
+  /// `m` (empty) takes a kept matrix of rows x cols, old values in it; false where there is none.
+  bool take(nn::matrix<T>& m, Eigen::Index rows, Eigen::Index cols) {
+    auto const fits = [&](kept const& k) { return k.storage.rows() == rows && k.storage.cols() == cols; };
+    auto const at = std::find_if(spare.begin(), spare.end(), fits);
+    if (at == spare.end()) return false;
+    m.swap(at->storage);
+    spare.erase(at);
+    reused_bytes += static_cast<std::size_t>(rows * cols) * sizeof(T);
+    return true;
+  }
+  /// A pass ended: its gradients' storage is freed, the parameters' kept for the next pass.
+  void end_pass() {
+    std::erase_if(spare, [](kept const& k) { return !k.parameter; });
+  }
+  /// Everything freed, nothing kept until active again.
+  void stop() {
+    active = false;
+    spare = {};
+  }
+  /// Bytes kept now.
+  [[nodiscard]] std::size_t bytes() const {
+    std::size_t n = 0;
+    for (auto const& k : spare) n += static_cast<std::size_t>(k.storage.size()) * sizeof(T);
+    return n;
+  }
+};
+
+}  // namespace shardwise::detail
