@@ -101,7 +101,7 @@ struct Attention {
 
  private:
   std::size_t heads_, head_dim_, sequence_;
-  sw::output_t<decltype(wq)> q_, k_, v_;  // kept for backward, with the attention's probabilities
+  sw::output_t<decltype(wq)> q_, k_, v_;  // kept for backward, with the softmax statistics in saved_
   sw::nn::attention_saved<T> saved_;
 };
 

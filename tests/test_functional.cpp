@@ -9,8 +9,11 @@
 #include <random>
 #include <shardwise/nn/functional.hpp>
 #include <shardwise/nn/functional_attention.hpp>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include "support/materialized_attention.hpp"
 
 namespace nn = shardwise::nn;
 using mat = nn::matrix<double>;
@@ -490,6 +493,64 @@ TEST_CASE("causal_attention: against a loop over sequences, heads and keys; back
   CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q.topRows(5), k.topRows(5), v.topRows(5), std::size_t(s),
                                                     std::size_t(d), odd, saved),
                        doctest::Contains("are not whole sequences of 3"), shardwise::error);
+}
+
+// The blocked attention against the materialized one it replaced (tests/support/materialized_attention.hpp),
+// forward and backward, in T: sequences the block divides and does not, one-row and whole-sequence blocks,
+// multi-head, grouped-query and multi-query heads, and scores large enough to overflow exp without the max.
+template <class T>
+void check_blocked_attention(Index s, Index block, Index heads, Index kv_heads, double spread, double tolerance) {
+  using M = nn::matrix<T>;
+  Index const d = 8, tokens = 2 * s;
+  INFO("sequence ", s, ", block ", block, ", heads ", heads, "/", kv_heads, ", spread ", spread);
+  auto draw = [&](Index cols, unsigned seed) {
+    return M(random_matrix(tokens, cols, seed, -spread, spread).cast<T>());
+  };
+  M const q = draw(heads * d, 1), k = draw(kv_heads * d, 2), v = draw(kv_heads * d, 3), dout = draw(heads * d, 4);
+  ref::materialized_attention<T> reference;
+  M out_ref, dq_ref, dk_ref, dv_ref;
+  reference.forward(q, k, v, s, d, out_ref);
+  reference.backward(dout, q, k, v, dq_ref, dk_ref, dv_ref);
+  nn::attention_saved<T> saved;
+  M out(tokens, heads * d), dq(tokens, heads * d), dk(tokens, kv_heads * d), dv(tokens, kv_heads * d);
+  auto const rows = std::size_t(block);
+  nn::causal_attention<T>(q, k, v, std::size_t(s), std::size_t(d), out, saved, rows);
+  CHECK(saved.logsumexp.size() * Index(sizeof(T)) ==
+        Index(nn::attention_saved_bytes<T>(std::size_t(tokens), std::size_t(heads))));
+  nn::causal_attention_backward<T>(dout, q, k, v, saved, dq, dk, dv, rows);
+  CHECK(rel_err(out, out_ref) <= tolerance);
+  CHECK(rel_err(dq, dq_ref) <= tolerance);
+  CHECK(rel_err(dk, dk_ref) <= tolerance);
+  CHECK(rel_err(dv, dv_ref) <= tolerance);
+}
+
+TEST_CASE("blocked causal_attention equals the materialized attention it replaced, forward and backward") {
+  for (auto [s, block] : {std::pair<Index, Index>{1, 128}, {5, 2}, {64, 64}, {100, 64}, {100, 7}, {257, 128}, {257, 1}})
+    for (auto [heads, kv_heads] : {std::pair<Index, Index>{4, 4}, {4, 2}, {4, 1}}) {
+      check_blocked_attention<double>(s, block, heads, kv_heads, 1.0, 1e-12);
+      check_blocked_attention<float>(s, block, heads, kv_heads, 1.0, 1e-5);
+    }
+  // Scores of +-80 per element: exp overflows double past 709, so the largest score must come out first.
+  check_blocked_attention<double>(100, 16, 4, 2, 10.0, 1e-12);
+  check_blocked_attention<float>(100, 16, 4, 2, 3.0, 1e-5);
+}
+
+TEST_CASE("causal_attention_backward refuses a saved state that is not from a forward of its inputs") {
+  mat const q = random_matrix(8, 8, 1), k = random_matrix(8, 4, 2), v = random_matrix(8, 4, 3);
+  mat dq(8, 8), dk(8, 4), dv(8, 4), out(8, 8);
+  nn::attention_saved<double> saved;
+  CHECK_THROWS_WITH_AS(nn::causal_attention_backward<double>(q, q, k, v, saved, dq, dk, dv),
+                       doctest::Contains("`saved` is not from a causal_attention forward of these 8 rows and 8 "
+                                         "query columns; call causal_attention on them first"),
+                       shardwise::error);
+  nn::causal_attention<double>(q, k, v, 4, 2, out, saved);
+  CHECK_THROWS_WITH_AS(nn::causal_attention_backward<double>(q.topRows(4), q.topRows(4), k.topRows(4), v.topRows(4),
+                                                             saved, dq.topRows(4), dk.topRows(4), dv.topRows(4)),
+                       doctest::Contains("`saved` is not from a causal_attention forward of these 4 rows"),
+                       shardwise::error);
+  CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q, k, v, 4, 2, out, saved, 0),
+                       doctest::Contains("causal_attention: block_rows is 0; give it at least one query row per panel"),
+                       shardwise::error);
 }
 
 TEST_CASE("float agrees with double") {

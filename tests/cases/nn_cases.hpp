@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../examples/blocks.hpp"
+#include "../support/materialized_attention.hpp"
 
 namespace nn_cases {
 
@@ -270,6 +271,41 @@ void check_blocks(Mesh const& tp) {
         "shardwise::nn::causal_attention: 6 tokens are not whole sequences of 4; give it rows of whole "
         "sequences",
         sw::error);
+  }
+  {
+    // Two sequences of 160 tokens: panels of 128 and 32 rows under the default block. Each rank's heads through
+    // the blocked kernel, against the materialized attention over all heads (its columns); then the module
+    // sharded against unsharded.
+    INFO("blocked attention over sequences the block does not divide, 8 query heads reading 4 key-value heads");
+    Eigen::Index const s = 160, d = 4, heads = 8, kv_heads = 4, tokens = 2 * s;
+    M<T> const q = random_matrix<T>(tokens, heads * d, 51), k = random_matrix<T>(tokens, kv_heads * d, 52),
+               v = random_matrix<T>(tokens, kv_heads * d, 53), dout = random_matrix<T>(tokens, heads * d, 54);
+    ref::materialized_attention<T> reference;
+    M<T> out_ref, dq_ref, dk_ref, dv_ref;
+    reference.forward(q, k, v, s, d, out_ref);
+    reference.backward(dout, q, k, v, dq_ref, dk_ref, dv_ref);
+    Eigen::Index const mine = heads / n * d, mine_kv = kv_heads / n * d;  // this rank's columns
+    auto cols = [&](M<T> const& m, Eigen::Index width) { return M<T>(m.middleCols(r * width, width)); };
+    sw::nn::attention_saved<T> saved;
+    M<T> out(tokens, mine), dq(tokens, mine), dk(tokens, mine_kv), dv(tokens, mine_kv);
+    sw::nn::causal_attention<T>(cols(q, mine), cols(k, mine_kv), cols(v, mine_kv), s, d, out, saved);
+    sw::nn::causal_attention_backward<T>(cols(dout, mine), cols(q, mine), cols(k, mine_kv), cols(v, mine_kv), saved, dq,
+                                         dk, dv);
+    NN_CHECK_CLOSE(out, cols(out_ref, mine), "this rank's heads' output");
+    NN_CHECK_CLOSE(dq, cols(dq_ref, mine), "dq");
+    NN_CHECK_CLOSE(dk, cols(dk_ref, mine_kv), "dk");
+    NN_CHECK_CLOSE(dv, cols(dv_ref, mine_kv), "dv");
+
+    M<T> const x_long = random_matrix<T>(tokens, 8, 55), dy_long = random_matrix<T>(tokens, 8, 56);
+    blocks::Attention<T> serial(8, 4, s, 40);
+    blocks::Attention<T, attention_plan> sharded(8, 4, s, 40);
+    sw::parallelize(sharded, tp);
+    auto const y0 = serial.forward(x_long);
+    auto const dx0 = serial.backward(sw::Activation<T>{dy_long});
+    NN_CHECK_CLOSE(sharded.forward(x_long).local, y0.local, "module output");
+    NN_CHECK_CLOSE(sw::redistribute<sw::Replicate>(tp, sharded.backward(sw::Activation<T>{dy_long})).local, dx0.local,
+                   "module input gradient");
+    NN_CHECK_CLOSE(whole_of<sw::Shard<0>>(tp, sharded.wk.weight_grad), serial.wk.weight_grad, "wk gradient");
   }
   if (n == 4) {
     INFO("a head count the tp size does not divide is refused at parallelize, on every rank");

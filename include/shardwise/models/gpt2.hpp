@@ -87,7 +87,7 @@ struct GPT2Attention {
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections' (with biases), in
   /// the order forward and backward call them, and what the forward keeps: q, k, v (this rank's heads) and each
-  /// sequence's and head's probabilities.
+  /// query row's softmax logsumexp per head.
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
     cost const cq = decltype(q_proj)::shardwise_cost(c.dim, c.dim, s, true);
     cost const ck = decltype(k_proj)::shardwise_cost(c.dim, c.dim, s, true);
@@ -96,13 +96,13 @@ struct GPT2Attention {
     cost total;
     total.hold(cq).hold(ck).hold(cv).hold(co);
     constexpr bool sharded_heads = is_colwise_v<typename decltype(q_proj)::style>;
-    std::size_t const n = sharded_heads ? s.tp : 1, sequences = s.tokens / c.sequence;
+    std::size_t const n = sharded_heads ? s.tp : 1;
     total.activation_bytes += 3 * s.tokens * c.dim / n * sizeof(T);
-    total.activation_bytes += sequences * (c.heads / n) * c.sequence * c.sequence * sizeof(T);
+    total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
     // Backward's transients at their peak, as the Llama attention's: c_proj's input gradient, the gradients of
-    // q, k and v, one head's two sequence x sequence products, the three input gradients and their sum.
+    // q, k and v, the two [block rows, sequence] panels, the three input gradients and their sum.
     total.working_bytes = co.activation_bytes + 3 * s.tokens * c.dim / n * sizeof(T) +
-                          2 * c.sequence * c.sequence * sizeof(T) + 4 * cq.activation_bytes;
+                          nn::attention_panel_bytes<T>(c.sequence) + 4 * cq.activation_bytes;
     total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
     total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
@@ -129,7 +129,7 @@ struct GPT2Attention {
  private:
   GPT2Config config_;
   output_t<decltype(q_proj)> q_, k_, v_;
-  nn::attention_saved<T> saved_;  // the softmax probabilities, for backward
+  nn::attention_saved<T> saved_;  // each query row's softmax logsumexp, for backward
 };
 
 /// The feed-forward: c_fc (dim -> 4 dim), gelu_new, c_proj (4 dim -> dim), both with bias.

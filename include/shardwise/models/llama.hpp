@@ -229,14 +229,14 @@ struct LlamaAttention {
     cost const cv = decltype(wv)::shardwise_cost(c.dim, kv, s), co = decltype(wo)::shardwise_cost(q, c.dim, s);
     cost total;
     total.hold(cq).hold(ck).hold(cv).hold(co);
-    std::size_t const n = sharded_heads ? s.tp : 1, sequences = s.tokens / c.sequence;
-    // q, k and v after the projections (this rank's heads), and each sequence's and head's probabilities.
+    std::size_t const n = sharded_heads ? s.tp : 1;
+    // q, k and v after the projections (this rank's heads), and each query row's softmax logsumexp per head.
     total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
-    total.activation_bytes += sequences * (c.heads / n) * c.sequence * c.sequence * sizeof(T);
-    // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, one head's two
-    // sequence x sequence products, the three input gradients and their sum (each as wq's input).
+    total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
+    // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, the attention's two
+    // [block rows, sequence] panels, the three input gradients and their sum (each as wq's input).
     total.working_bytes = co.activation_bytes + s.tokens * (q + 2 * kv) / n * sizeof(T) +
-                          2 * c.sequence * c.sequence * sizeof(T) + 4 * cq.activation_bytes;
+                          nn::attention_panel_bytes<T>(c.sequence) + 4 * cq.activation_bytes;
     total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
     total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
@@ -276,7 +276,7 @@ struct LlamaAttention {
   detail::rope_tables<T> rope_;
   output_t<decltype(wq)> q_;
   output_t<decltype(wk)> k_, v_;
-  nn::attention_saved<T> saved_;  // the softmax probabilities, for backward
+  nn::attention_saved<T> saved_;  // each query row's softmax logsumexp, for backward
 };
 
 /// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).

@@ -1,88 +1,178 @@
 #pragma once
 // Causal grouped-query attention over a batch of whole sequences, forward and backward, as plain kernels on
 // row-major [tokens, heads * head_dim] matrices: what a user's attention module (examples/blocks.hpp) and the
-// Llama model share. Each sequence attends to itself only; query head h reads key-value head h / group.
+// Llama and GPT-2 models share. Each sequence attends to itself only; query head h reads key-value head h / group
+// in place (no copies of k or v).
+//
+// Blocked: queries are taken a panel of `block_rows` rows at a time, each against only the keys it may see, so
+// nothing of size sequence x sequence ever exists. The forward keeps, per query row and head, the log of its
+// softmax denominator (logsumexp); the backward recomputes each panel's probabilities from it. Memory is linear
+// in the sequence; the products are [block_rows, head_dim] x [head_dim, keys] GEMMs; the softmax runs over whole
+// contiguous rows, vectorised by Eigen.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
-#include <limits>
-#include <vector>
 
 #include "shardwise/nn/functional_types.hpp"
 
 namespace shardwise::nn {
 
-/// What the backward of causal_attention needs besides q, k and v: the softmax probabilities of every
-/// sequence and query head ([sequence, sequence] each), and the sizes.
+/// Query rows causal_attention and its backward take at a time when not told: the transient panels are
+/// 2 x 128 x sequence elements, and the products' shapes keep the GEMM kernels near their peak.
+inline constexpr std::size_t attention_block_rows = 128;
+
+/// What the backward of causal_attention needs besides q, k and v: the logsumexp of every query row's scaled
+/// scores per head, and the sizes.
 template <class T>
 struct attention_saved {
-  std::vector<matrix<T>> probabilities;  ///< One [sequence, sequence] matrix per sequence and query head.
+  matrix<T> logsumexp;  ///< [tokens, heads]: log sum_j exp(q_i k_j / sqrt(head_dim)) over the keys row i sees.
   /// The sizes causal_attention was called with.
   /// @{
   Eigen::Index sequence = 0, head_dim = 0, heads = 0, kv_heads = 0;
   /// @}
 };
 
-/// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `sequence` rows and each query head.
-/// q, out [tokens, heads * head_dim]; k, v [tokens, kv_heads * head_dim]; heads a multiple of kv_heads; tokens
-/// a multiple of sequence (rows of whole sequences). Fills `saved` for causal_attention_backward.
-template <std::floating_point T>
-void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, std::size_t sequence,
-                      std::size_t head_dim, matrix_ref<T> out, attention_saved<T>& saved) {
-  constexpr char const* fn = "causal_attention";
+/// Bytes of attention_saved<T> after a forward of `tokens` rows and `heads` query heads: what the attention
+/// keeps for its backward besides q, k and v.
+template <class T>
+constexpr std::size_t attention_saved_bytes(std::size_t tokens, std::size_t heads) {
+  return tokens * heads * sizeof(T);
+}
+
+/// Bytes of the two transient panels causal_attention_backward allocates for sequences of `sequence` tokens
+/// (the forward needs one).
+template <class T>
+constexpr std::size_t attention_panel_bytes(std::size_t sequence, std::size_t block_rows = attention_block_rows) {
+  return 2 * std::min(block_rows, sequence) * sequence * sizeof(T);
+}
+
+}  // namespace shardwise::nn
+
+namespace shardwise::detail {
+
+/// The sizes of one attention call, checked.
+struct attention_shape {
+  Eigen::Index sequence, head_dim, heads, kv_heads, block_rows;
+  Eigen::Index group() const { return heads / kv_heads; }
+};
+
+template <class T>
+attention_shape checked_attention_shape(char const* fn, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
+                                        nn::const_matrix_ref<T> v, std::size_t sequence, std::size_t head_dim,
+                                        std::size_t block_rows) {
   auto const s = static_cast<Eigen::Index>(sequence), d = static_cast<Eigen::Index>(head_dim);
   if (s == 0 || q.rows() % s != 0)
-    detail::fail("shardwise::nn::", fn, ": ", q.rows(), " tokens are not whole sequences of ", sequence,
-                 "; give it rows of whole sequences");
+    fail("shardwise::nn::", fn, ": ", q.rows(), " tokens are not whole sequences of ", sequence,
+         "; give it rows of whole sequences");
   if (d == 0 || q.cols() % d != 0 || k.cols() % d != 0 || k.cols() == 0 || (q.cols() / d) % (k.cols() / d) != 0)
-    detail::fail("shardwise::nn::", fn, ": ", q.cols(), " query and ", k.cols(), " key columns are not whole heads of ",
-                 head_dim, " with a whole number of query heads per key-value head");
-  detail::nn_check_shape(fn, "k [tokens, kv_heads * head_dim]", k, q.rows(), k.cols());
-  detail::nn_check_shape(fn, "v [tokens, kv_heads * head_dim]", v, q.rows(), k.cols());
+    fail("shardwise::nn::", fn, ": ", q.cols(), " query and ", k.cols(), " key columns are not whole heads of ",
+         head_dim, " with a whole number of query heads per key-value head");
+  if (block_rows == 0) fail("shardwise::nn::", fn, ": block_rows is 0; give it at least one query row per panel");
+  nn_check_shape(fn, "k [tokens, kv_heads * head_dim]", k, q.rows(), k.cols());
+  nn_check_shape(fn, "v [tokens, kv_heads * head_dim]", v, q.rows(), k.cols());
+  return {s, d, q.cols() / d, k.cols() / d, std::min(static_cast<Eigen::Index>(block_rows), s)};
+}
+
+/// Runs f(sequence_start, head, kv_head, first, rows) over every sequence, query head and panel of query rows.
+template <class F>
+void for_each_attention_panel(Eigen::Index tokens, attention_shape const& a, F&& f) {
+  for (Eigen::Index b = 0; b < tokens; b += a.sequence)
+    for (Eigen::Index h = 0; h < a.heads; ++h)
+      for (Eigen::Index first = 0; first < a.sequence; first += a.block_rows)
+        f(b, h, h / a.group(), first, std::min(a.block_rows, a.sequence - first));
+}
+
+/// Row r of a panel whose first query is `first` sees keys 0 .. first + r; the keys after it get probability 0.
+template <class Panel>
+void mask_future(Panel&& p, Eigen::Index first) {
+  for (Eigen::Index r = 0; r < p.rows(); ++r) p.row(r).tail(p.cols() - first - r - 1).setZero();
+}
+
+}  // namespace shardwise::detail
+
+namespace shardwise::nn {
+
+/// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `sequence` rows and each query head.
+/// q, out [tokens, heads * head_dim]; k, v [tokens, kv_heads * head_dim]; heads a multiple of kv_heads; tokens
+/// a multiple of sequence (rows of whole sequences). Fills `saved` for causal_attention_backward. Holds at most
+/// one [block_rows, sequence] panel besides its arguments.
+template <std::floating_point T>
+void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, std::size_t sequence,
+                      std::size_t head_dim, matrix_ref<T> out, attention_saved<T>& saved,
+                      std::size_t block_rows = attention_block_rows) {
+  constexpr char const* fn = "causal_attention";
+  auto const a = detail::checked_attention_shape<T>(fn, q, k, v, sequence, head_dim, block_rows);
   detail::nn_check_shape(fn, "out [tokens, heads * head_dim]", out, q.rows(), q.cols());
-  saved = {{}, s, d, q.cols() / d, k.cols() / d};
-  Eigen::Index const group = saved.heads / saved.kv_heads, sequences = q.rows() / s;
-  T const scale = T(1) / std::sqrt(static_cast<T>(d));
-  saved.probabilities.resize(static_cast<std::size_t>(sequences * saved.heads));
-  for (Eigen::Index b = 0; b < sequences; ++b)
-    for (Eigen::Index h = 0; h < saved.heads; ++h) {
-      auto& p = saved.probabilities[static_cast<std::size_t>(b * saved.heads + h)];
-      p.noalias() = q.block(b * s, h * d, s, d) * k.block(b * s, (h / group) * d, s, d).transpose() * scale;
-      for (Eigen::Index i = 0; i < s; ++i) {
-        p.row(i).tail(s - i - 1).setConstant(-std::numeric_limits<T>::infinity());
-        p.row(i) = (p.row(i).array() - p.row(i).maxCoeff()).exp().matrix();
-        p.row(i) /= p.row(i).sum();
-      }
-      out.block(b * s, h * d, s, d).noalias() = p * v.block(b * s, (h / group) * d, s, d);
-    }
+  saved.sequence = a.sequence, saved.head_dim = a.head_dim, saved.heads = a.heads, saved.kv_heads = a.kv_heads;
+  saved.logsumexp.resize(q.rows(), a.heads);
+  T const scale = T(1) / std::sqrt(static_cast<T>(a.head_dim));
+  Eigen::Index const d = a.head_dim;
+  matrix<T> panel(a.block_rows, a.sequence);
+  Eigen::Matrix<T, Eigen::Dynamic, 1> inverse_sum(a.block_rows);
+  detail::for_each_attention_panel(
+      q.rows(), a, [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
+        Eigen::Index const keys = first + rows;
+        auto p = panel.topLeftCorner(rows, keys);
+        p.noalias() = q.block(b + first, h * d, rows, d) * k.block(b, g * d, keys, d).transpose();
+        for (Eigen::Index r = 0; r < rows; ++r) {
+          auto seen = p.row(r).head(first + r + 1);
+          T const top = seen.maxCoeff();
+          seen = ((seen.array() - top) * scale).exp().matrix();
+          T const sum = seen.sum();
+          inverse_sum(r) = T(1) / sum;
+          saved.logsumexp(b + first + r, h) = top * scale + std::log(sum);
+        }
+        detail::mask_future(p, first);
+        auto o = out.block(b + first, h * d, rows, d);
+        o.noalias() = p * v.block(b, g * d, keys, d);
+        o.array().colwise() *= inverse_sum.head(rows).array();  // normalising here costs d, not keys, per row
+      });
 }
 
 /// Backward of causal_attention, given dout: dq (assigned), dk and dv (assigned; a key-value head's gradient
-/// sums over the query heads that read it).
+/// sums over the query heads that read it). Recomputes each panel's probabilities from saved.logsumexp; holds at
+/// most two [block_rows, sequence] panels besides its arguments.
 template <std::floating_point T>
 void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, const_matrix_ref<T> k,
                                const_matrix_ref<T> v, attention_saved<T> const& saved, matrix_ref<T> dq,
-                               matrix_ref<T> dk, matrix_ref<T> dv) {
+                               matrix_ref<T> dk, matrix_ref<T> dv, std::size_t block_rows = attention_block_rows) {
   constexpr char const* fn = "causal_attention_backward";
-  Eigen::Index const s = saved.sequence, d = saved.head_dim, group = saved.heads / saved.kv_heads;
-  detail::nn_check_shape(fn, "dout [tokens, heads * head_dim]", dout, q.rows(), saved.heads * d);
-  detail::nn_check_shape(fn, "dq [tokens, heads * head_dim]", dq, q.rows(), saved.heads * d);
-  detail::nn_check_shape(fn, "dk [tokens, kv_heads * head_dim]", dk, q.rows(), saved.kv_heads * d);
-  detail::nn_check_shape(fn, "dv [tokens, kv_heads * head_dim]", dv, q.rows(), saved.kv_heads * d);
+  if (saved.sequence == 0 || saved.logsumexp.rows() != q.rows() || saved.logsumexp.cols() * saved.head_dim != q.cols())
+    detail::fail("shardwise::nn::", fn, ": `saved` is not from a causal_attention forward of these ", q.rows(),
+                 " rows and ", q.cols(), " query columns; call causal_attention on them first");
+  auto const a = detail::checked_attention_shape<T>(fn, q, k, v, static_cast<std::size_t>(saved.sequence),
+                                                    static_cast<std::size_t>(saved.head_dim), block_rows);
+  Eigen::Index const d = a.head_dim;
+  detail::nn_check_shape(fn, "dout [tokens, heads * head_dim]", dout, q.rows(), q.cols());
+  detail::nn_check_shape(fn, "dq [tokens, heads * head_dim]", dq, q.rows(), q.cols());
+  detail::nn_check_shape(fn, "dk [tokens, kv_heads * head_dim]", dk, q.rows(), k.cols());
+  detail::nn_check_shape(fn, "dv [tokens, kv_heads * head_dim]", dv, q.rows(), k.cols());
   T const scale = T(1) / std::sqrt(static_cast<T>(d));
   dk.setZero(), dv.setZero();
-  for (Eigen::Index b = 0; b < q.rows() / s; ++b)
-    for (Eigen::Index h = 0; h < saved.heads; ++h) {
-      auto const& p = saved.probabilities[static_cast<std::size_t>(b * saved.heads + h)];
-      auto const dO = dout.block(b * s, h * d, s, d);
-      Eigen::Index const kv = (h / group) * d;
-      matrix<T> ds = p.cwiseProduct(dO * v.block(b * s, kv, s, d).transpose());
-      ds -= p.cwiseProduct(ds.rowwise().sum().replicate(1, s));
-      dv.block(b * s, kv, s, d).noalias() += p.transpose() * dO;
-      dq.block(b * s, h * d, s, d).noalias() = ds * k.block(b * s, kv, s, d) * scale;
-      dk.block(b * s, kv, s, d).noalias() += ds.transpose() * q.block(b * s, h * d, s, d) * scale;
-    }
+  matrix<T> probabilities(a.block_rows, a.sequence), gradient(a.block_rows, a.sequence);
+  detail::for_each_attention_panel(
+      q.rows(), a, [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
+        Eigen::Index const keys = first + rows;
+        auto const qi = q.block(b + first, h * d, rows, d);
+        auto const dOi = dout.block(b + first, h * d, rows, d);
+        auto const kj = k.block(b, g * d, keys, d), vj = v.block(b, g * d, keys, d);
+        auto p = probabilities.topLeftCorner(rows, keys);
+        auto ds = gradient.topLeftCorner(rows, keys);
+        p.noalias() = qi * kj.transpose();
+        ds.noalias() = dOi * vj.transpose();  // d loss / d p
+        for (Eigen::Index r = 0; r < rows; ++r) {
+          auto seen = p.row(r).head(first + r + 1);
+          seen = (seen.array() * scale - saved.logsumexp(b + first + r, h)).exp().matrix();
+        }
+        detail::mask_future(p, first);
+        for (Eigen::Index r = 0; r < rows; ++r)  // through the softmax: p * (dp - sum_j p_j dp_j)
+          ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p.row(r).dot(ds.row(r))).matrix());
+        dv.block(b, g * d, keys, d).noalias() += p.transpose() * dOi;
+        dq.block(b + first, h * d, rows, d).noalias() = scale * ds * kj;
+        dk.block(b, g * d, keys, d).noalias() += scale * ds.transpose() * qi;
+      });
 }
 
 }  // namespace shardwise::nn
