@@ -6,7 +6,8 @@
 // keeps between forward and backward and allocates while it runs. Both results are compared, so a fast wrong
 // kernel fails the run.
 //
-//   bench_attention [--sequence N]... [--heads 16] [--kv-heads 8] [--head-dim 64] [--repeats 3] [--smoke]
+//   bench_attention [--sequence N]... [--heads 16] [--kv-heads 8] [--head-dim 64] [--block-rows 128] [--repeats 3]
+//                   [--smoke]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,14 +65,15 @@ double max_relative_difference(Matrix const& a, Matrix const& b) {
   return double((a - b).cwiseAbs().maxCoeff() / b.cwiseAbs().maxCoeff());
 }
 
-bool run(Index s, Index heads, Index kv_heads, Index d, int repeats) {
+bool run(Index s, Index heads, Index kv_heads, Index d, int repeats, std::size_t block) {
   Inputs const in{random_matrix(s, heads * d, 1), random_matrix(s, kv_heads * d, 2), random_matrix(s, kv_heads * d, 3),
                   random_matrix(s, heads * d, 4)};
   Matrix out(s, heads * d), dq(s, heads * d), dk(s, kv_heads * d), dv(s, kv_heads * d);
   nn::attention_saved<float> saved;
   Timing const blocked = time_both(
-      repeats, [&] { nn::causal_attention<float>(in.q, in.k, in.v, std::size_t(s), std::size_t(d), out, saved); },
-      [&] { nn::causal_attention_backward<float>(in.dout, in.q, in.k, in.v, saved, dq, dk, dv); });
+      repeats,
+      [&] { nn::causal_attention<float>(in.q, in.k, in.v, std::size_t(s), std::size_t(d), out, saved, block); },
+      [&] { nn::causal_attention_backward<float>(in.dout, in.q, in.k, in.v, saved, dq, dk, dv, block); });
   ref::materialized_attention<float> old;
   Matrix out_old, dq_old, dk_old, dv_old;
   Timing const materialized = time_both(
@@ -82,7 +84,7 @@ bool run(Index s, Index heads, Index kv_heads, Index d, int repeats) {
   double const pairs = double(s) * double(s + 1) / 2, flop = 2.0 * pairs * double(d) * double(heads);
   double const kept_old = double(heads * s * s) * 4 / (1 << 20);
   double const kept_new = double(nn::attention_saved_bytes<float>(std::size_t(s), std::size_t(heads))) / (1 << 20);
-  double const panels = double(nn::attention_panel_bytes<float>(std::size_t(s))) / (1 << 20);
+  double const panels = double(nn::attention_panel_bytes<float>(std::size_t(s), block)) / (1 << 20);
   auto row = [&](char const* name, Timing t, double kept, double transient) {
     std::printf("| %ld | %ld / %ld | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", long(s), long(heads),
                 long(kv_heads), name, 1e3 * t.forward, 1e3 * t.backward, 1e3 * (t.forward + t.backward),
@@ -109,6 +111,7 @@ int main(int argc, char** argv) {
   std::vector<Index> sequences;
   Index heads = 16, kv_heads = 8, d = 64;
   int repeats = 3;
+  std::size_t block = nn::attention_block_rows;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
     auto number = [&] { return i + 1 < argc ? std::atol(argv[++i]) : 0L; };
@@ -120,6 +123,8 @@ int main(int argc, char** argv) {
       kv_heads = number();
     else if (a == "--head-dim")
       d = number();
+    else if (a == "--block-rows")
+      block = std::size_t(number());
     else if (a == "--repeats")
       repeats = int(number());
     else if (a == "--smoke")
@@ -127,7 +132,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: bench_attention [--sequence N]... [--heads 16] [--kv-heads 8] [--head-dim 64] "
-                   "[--repeats 3] [--smoke]\n");
+                   "[--block-rows 128] [--repeats 3] [--smoke]\n");
       return 2;
     }
   }
@@ -137,7 +142,7 @@ int main(int argc, char** argv) {
       "backward GFLOP/s | kept for backward MiB | transient MiB |\n|---|---|---|---:|---:|---:|---:|---:|---:|"
       "---:|\n");
   bool ok = true;
-  for (Index s : sequences) ok = run(s, heads, kv_heads, d, repeats) && ok;
+  for (Index s : sequences) ok = run(s, heads, kv_heads, d, repeats, block) && ok;
   if (ok) std::printf("all results agree (max relative difference <= 1e-4)\n");
   return ok ? 0 : 1;
 }

@@ -8,6 +8,7 @@ transformers' "eager" one (matmul, softmax, matmul, as shardwise computes it), w
 than "sdpa" given the same explicit causal mask.
 
 usage: torch_train_llama.py [--tp 2] [--steps 10] [--warmup 2] [--attention eager|sdpa] [--smoke] [--no-header]
+       [--vocabulary N] [--dim N] [--layers N] [--heads N] [--kv-heads N] [--hidden N] [--sequence N] [--sequences N]
 """
 import argparse
 import os
@@ -33,10 +34,15 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 MIB = 1024.0 * 1024.0
 
 
+SHAPE_FLAGS = ("vocabulary", "dim", "layers", "heads", "kv_heads", "hidden", "sequence", "sequences")
+
+
 def shape_of(args):
     if args.smoke:
         return dict(vocabulary=64, dim=32, layers=1, heads=8, kv_heads=4, hidden=64, sequence=8, sequences=4)
-    return dict(vocabulary=2048, dim=256, layers=4, heads=8, kv_heads=4, hidden=704, sequence=128, sequences=8)
+    shape = dict(vocabulary=2048, dim=256, layers=4, heads=8, kv_heads=4, hidden=704, sequence=128, sequences=8)
+    shape.update({name: getattr(args, name) for name in SHAPE_FLAGS if getattr(args, name) is not None})
+    return shape
 
 
 def plan(model):
@@ -150,6 +156,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="eager")
     parser.add_argument("--smoke", action="store_true")
+    for name in SHAPE_FLAGS:  # the model and batch, as bench_train_llama takes them
+        parser.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
     parser.add_argument("--no-header", action="store_true", help="the row without the table's header")
     args = parser.parse_args()
     if args.smoke:

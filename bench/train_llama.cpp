@@ -4,7 +4,9 @@
 // the process's peak resident set (VmHWM). Each configuration runs in a process of its own (this program
 // started again with --configuration N), so each peak is that configuration's alone.
 //
-//   bench_train_llama [--steps 10] [--smoke]
+//   bench_train_llama [--steps 10] [--configurations 0,1,2,3] [--vocabulary N] [--dim N] [--layers N] [--heads N]
+//                     [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--smoke]
+// Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -116,17 +119,40 @@ int main(int argc, char** argv) {
   models::LlamaConfig c;
   c.vocabulary = 2048, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.hidden = 704, c.sequence = 128;
   int sequences = 8;
+  std::vector<int> chosen;  // --configurations: the ones to run, all by default
+  std::string shape;        // the model and batch flags, passed on to each configuration's process
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
-    if (a == "--steps" && i + 1 < argc)
+    bool const has_value = i + 1 < argc;
+    if (a == "--steps" && has_value)
       steps = std::atoi(argv[++i]);
-    else if (a == "--configuration" && i + 1 < argc)
+    else if (a == "--configuration" && has_value)
       configuration = std::atoi(argv[++i]);
+    else if (a == "--configurations" && has_value)
+      for (std::stringstream list(argv[++i]); list.good();) {
+        std::string item;
+        std::getline(list, item, ',');
+        chosen.push_back(std::atoi(item.c_str()));
+      }
+    else if (std::size_t* field = a == "--vocabulary" ? &c.vocabulary
+                                  : a == "--dim"      ? &c.dim
+                                  : a == "--layers"   ? &c.layers
+                                  : a == "--heads"    ? &c.heads
+                                  : a == "--kv-heads" ? &c.kv_heads
+                                  : a == "--hidden"   ? &c.hidden
+                                  : a == "--sequence" ? &c.sequence
+                                                      : nullptr;
+             field && has_value)
+      *field = std::size_t(std::atol(argv[++i])), shape += " " + a + " " + argv[i];
+    else if (a == "--sequences" && has_value)
+      sequences = std::atoi(argv[++i]), shape += " " + a + " " + argv[i];
     else if (a == "--smoke")
       smoke = true, steps = 1, c.vocabulary = 64, c.dim = 32, c.layers = 1, c.hidden = 64, c.sequence = 8,
       sequences = 4;
     else {
-      std::fprintf(stderr, "usage: bench_train_llama [--steps N] [--smoke]\n");
+      std::fprintf(stderr,
+                   "usage: bench_train_llama [--steps N] [--configurations 0,1,...] [--vocabulary N] [--dim N] "
+                   "[--layers N] [--heads N] [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--smoke]\n");
       return 2;
     }
   }
@@ -142,12 +168,20 @@ int main(int argc, char** argv) {
                 r.rss_before_mib, r.peak_rss_mib);
     return 0;
   }
-  std::string const options = " --steps " + std::to_string(steps) + (smoke ? " --smoke" : "");
+  std::string const options = " --steps " + std::to_string(steps) + (smoke ? " --smoke" : "") + shape;
+  if (chosen.empty())
+    for (int k = 0; k < int(configurations.size()); ++k) chosen.push_back(k);
   std::error_code no_proc;  // this program's own path, whatever the caller's working directory and PATH
   auto const self = std::filesystem::read_symlink("/proc/self/exe", no_proc);
   std::string const program = no_proc ? std::string(argv[0]) : self.string();
-  std::vector<Result> results;
-  for (int k = 0; k < int(configurations.size()); ++k) results.push_back(in_own_process(program.c_str(), k, options));
+  std::vector<Result> results(configurations.size());
+  for (int k : chosen) {
+    if (k < 0 || k >= int(configurations.size())) {
+      std::fprintf(stderr, "bench_train_llama: --configurations takes numbers 0..%zu\n", configurations.size() - 1);
+      return 2;
+    }
+    results[std::size_t(k)] = in_own_process(program.c_str(), k, options);
+  }
 
   std::printf(
       "# Llama training, fp32, vocabulary %zu, dim %zu, %zu layers, %zu heads (%zu kv), hidden %zu, %d x %zu "
@@ -157,7 +191,8 @@ int main(int argc, char** argv) {
   std::printf(
       "| mesh | tokens/s | vs TP 1 | parameters / rank | ideal | gradients / rank | optimizer state / rank | "
       "ideal |\n|---|---|---|---|---|---|---|---|\n");
-  for (std::size_t k = 0; k < results.size(); ++k) {
+  for (int chosen_k : chosen) {
+    auto const k = std::size_t(chosen_k);
     auto const& r = results[k];
     auto const tp = std::size_t(configurations[k].tp), dp = std::size_t(configurations[k].dp);
     std::printf("| %s | %.0f | %.2f | %zu | %zu | %zu | %zu | %zu |\n", configurations[k].name, r.tokens_per_second,
@@ -172,7 +207,8 @@ int main(int argc, char** argv) {
   std::printf(
       "\n| mesh | ranks | parameters + gradients + optimizer state MiB / rank | ideal | process peak RSS MiB | "
       "RSS before the model MiB | (peak - before) / ranks MiB |\n|---|---|---|---|---|---|---|\n");
-  for (std::size_t k = 0; k < results.size(); ++k) {
+  for (int chosen_k : chosen) {
+    auto const k = std::size_t(chosen_k);
     auto const& r = results[k];
     auto const& conf = configurations[k];
     double const held = double(r.parameters + r.gradients + r.state) * bytes / mib;
@@ -182,6 +218,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", conf.name, conf.ranks, held, ideal, r.peak_rss_mib,
                 r.rss_before_mib, (r.peak_rss_mib - r.rss_before_mib) / conf.ranks);
   }
+  std::printf("RESULT shardwise_tp1 %.1f\n", results[0].tokens_per_second);
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);
   return 0;
 }
