@@ -69,8 +69,22 @@ class atomic_file_writer {
     }
   }
 
+  /// Appends `bytes`.
   void write(std::span<std::byte const> bytes) {
     if (int const error = write_all(fd_, bytes)) give_up("write", error);
+  }
+
+  /// Overwrites bytes already written, from `offset` (a header completed once the data after it is written).
+  void write_at(std::size_t offset, std::span<std::byte const> bytes) {
+    while (!bytes.empty()) {
+      ssize_t const n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        give_up("write", errno);
+      }
+      bytes = bytes.subspan(static_cast<std::size_t>(n));
+      offset += static_cast<std::size_t>(n);
+    }
   }
 
   /// Flushes the bytes to disk and renames the temporary over the target, then flushes the directory.
@@ -119,7 +133,10 @@ inline void write_file_atomically(std::filesystem::path const& path,
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <random>
+#include <set>
+#include <system_error>
 
 namespace shardwise::detail {
 
@@ -167,12 +184,32 @@ inline std::filesystem::path staging_dir(std::filesystem::path const& target, st
   return parent / ("." + target.filename().string() + ".incomplete." + hex64(g));
 }
 
-/// Removes the staging folders of saves of `target` that died (call it holding the folder's lock).
+/// The folders of replaced checkpoints that an asynchronous save's clean-up thread is removing in this process
+/// (named as staging folders: a commit swaps the previous checkpoint into the new one's staging name).
+struct folders_being_removed {
+  std::mutex mutex;
+  std::set<std::string> paths;
+  static folders_being_removed& instance() {
+    static folders_being_removed registry;
+    return registry;
+  }
+};
+
+/// Removes the staging folders of saves of `target` that died (call it holding the folder's lock), but those a
+/// clean-up thread of this process is removing. Best effort: what cannot be removed stays for the next save.
 inline void remove_stale_staging(std::filesystem::path const& target) {
   std::filesystem::path const parent = target.parent_path().empty() ? "." : target.parent_path();
   std::string const prefix = "." + target.filename().string() + ".incomplete";
-  for (auto const& entry : std::filesystem::directory_iterator(parent))
-    if (entry.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove_all(entry.path());
+  auto& removing = folders_being_removed::instance();
+  for (auto const& entry : std::filesystem::directory_iterator(parent)) {
+    if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
+    {
+      std::lock_guard const hold(removing.mutex);
+      if (removing.paths.contains(entry.path().string())) continue;
+    }
+    std::error_code ignored;  // another process may be removing it too
+    std::filesystem::remove_all(entry.path(), ignored);
+  }
 }
 
 /// A number that names one save: different for every save, in every process, with overwhelming probability.

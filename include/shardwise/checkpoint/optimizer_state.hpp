@@ -8,10 +8,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/async_save.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
 #include "shardwise/nn/optim.hpp"
 
@@ -44,38 +49,36 @@ struct state_part {
 
 }  // namespace detail
 
-/// Saves the model (as save_sharded) and the AdamW state, collectively over the dp x tp mesh: every rank calls
-/// it with its tp and dp 1-D meshes. Under ZeRO-1 each dp rank's slice of the moments is sent to dp rank 0,
-/// which writes the file of every dp rank; the folder is replaced atomically with all of it.
-template <class Model, class T, class TpMesh, class DpMesh>
-void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
-                  std::filesystem::path const& dir, std::int64_t step,
-                  std::map<std::string, std::string> const& metadata = {}) {
+namespace detail {
+
+/// Every dp rank's AdamW state, as copies (under ZeRO-1 each dp rank's slices, gathered on dp rank 0; otherwise
+/// dp rank 0's own state): collective over dp.
+template <class Model, class T, class DpMesh>
+std::shared_ptr<std::vector<state_part<T>>> gather_optimizer_state(Model& model, AdamW<T>& optimizer, DpMesh const& dp,
+                                                                   std::size_t names) {
   int const dp_size = dp.size(), dp_rank = dp.rank();
   bool const sliced = optimizer.options().zero1 && dp_size > 1;
-  auto const names = detail::parameter_names(model);
-  // parts[d]: dp rank d's state, gathered on dp rank 0 (under ZeRO-1; otherwise dp rank 0's own).
-  std::vector<detail::state_part<T>> parts(static_cast<std::size_t>(sliced ? dp_size : 1));
+  auto parts = std::make_shared<std::vector<state_part<T>>>(static_cast<std::size_t>(sliced ? dp_size : 1));
   optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
-    if (index >= names.size())
-      detail::fail(
+    if (index >= names)
+      fail(
           "shardwise::save_sharded: the optimizer has more parameters than the model names; save the "
           "optimizer with the model it trains");
     if (!sliced) {
-      parts[0].starts.push_back(start);
-      parts[0].m.emplace_back(m.begin(), m.end());
-      parts[0].v.emplace_back(v.begin(), v.end());
+      (*parts)[0].starts.push_back(start);
+      (*parts)[0].m.emplace_back(m.begin(), m.end());
+      (*parts)[0].v.emplace_back(v.begin(), v.end());
       return;
     }
     for (auto const* moment : {&m, &v}) {
       Eigen::Matrix<T, Eigen::Dynamic, 1> mine =
           Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(moment->data(), static_cast<Eigen::Index>(moment->size()));
       Eigen::Matrix<T, Eigen::Dynamic, 1> all;
-      detail::all_gather_on(dp.comm(0), mine, all, 0);  // uneven slices, in dp rank order
+      all_gather_on(dp.comm(0), mine, all, 0);  // uneven slices, in dp rank order
       if (dp_rank != 0) continue;
       std::size_t offset = 0;
       for (int d = 0; d < dp_size; ++d) {
-        auto& part = parts[static_cast<std::size_t>(d)];
+        auto& part = (*parts)[static_cast<std::size_t>(d)];
         std::size_t const total = static_cast<std::size_t>(all.size());
         std::size_t const n =
             total == 0 ? 0 : chunk_size(total, static_cast<std::size_t>(dp_size), static_cast<std::size_t>(d));
@@ -86,38 +89,93 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
       }
     }
   });
+  return parts;
+}
+
+/// The also_write of save_sharded that writes the gathered state's files into the checkpoint being built. It
+/// holds what it writes (no reference to the optimizer), so an asynchronous save runs it in the background.
+template <class T>
+std::function<void(std::filesystem::path const&, int)> optimizer_state_writer(
+    std::shared_ptr<std::vector<state_part<T>>> parts, std::vector<std::string> names, std::size_t steps, bool sliced,
+    int dp_size, int tp_size) {
+  return [parts = std::move(parts), names = std::move(names), steps, sliced, dp_size, tp_size](
+             std::filesystem::path const& folder, int tp_rank) {
+    for (std::size_t d = 0; d < parts->size(); ++d) {
+      safetensors_writer writer;
+      auto const& part = (*parts)[d];
+      for (std::size_t i = 0; i < part.m.size(); ++i) {
+        if (part.m[i].empty()) continue;  // an empty bias, or a slice with no elements
+        writer.add<T>(names[i] + ".exp_avg", {part.m[i].size()}, std::span<T const>(part.m[i]));
+        writer.add<T>(names[i] + ".exp_avg_sq", {part.v[i].size()}, std::span<T const>(part.v[i]));
+      }
+      nlohmann::json starts = nlohmann::json::object();
+      for (std::size_t i = 0; i < part.m.size(); ++i)
+        if (!part.m[i].empty()) starts[names[i]] = part.starts[i];
+      auto const path = folder / optimizer_folder(static_cast<int>(d), tp_rank);
+      std::filesystem::create_directories(path);
+      writer.write(path / optimizer_file_name, {{"format", "pt"},
+                                                {"shardwise.optimizer", "AdamW"},
+                                                {"shardwise.steps", std::to_string(steps)},
+                                                {"shardwise.zero1", sliced ? "1" : "0"},
+                                                {"shardwise.dp", std::to_string(sliced ? dp_size : 1)},
+                                                {"shardwise.tp", std::to_string(tp_size)},
+                                                {"shardwise.starts", starts.dump()}});
+    }
+  };
+}
+
+}  // namespace detail
+
+/// Saves the model (as save_sharded) and the AdamW state, collectively over the dp x tp mesh: every rank calls
+/// it with its tp and dp 1-D meshes. Under ZeRO-1 each dp rank's slice of the moments is sent to dp rank 0,
+/// which writes the file of every dp rank; the folder is replaced atomically with all of it.
+template <class Model, class T, class TpMesh, class DpMesh>
+void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
+                  std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
+  auto names = detail::parameter_names(model);
+  auto parts = detail::gather_optimizer_state(model, optimizer, dp, names.size());
   std::string error;
-  if (dp_rank == 0) {
+  if (dp.rank() == 0) {
     try {
-      auto write_state = [&](std::filesystem::path const& folder, int tp_rank) {
-        for (std::size_t d = 0; d < parts.size(); ++d) {
-          safetensors_writer writer;
-          auto const& part = parts[d];
-          for (std::size_t i = 0; i < part.m.size(); ++i) {
-            if (part.m[i].empty()) continue;  // an empty bias, or a slice with no elements
-            writer.add<T>(names[i] + ".exp_avg", {part.m[i].size()}, std::span<T const>(part.m[i]));
-            writer.add<T>(names[i] + ".exp_avg_sq", {part.v[i].size()}, std::span<T const>(part.v[i]));
-          }
-          nlohmann::json starts = nlohmann::json::object();
-          for (std::size_t i = 0; i < part.m.size(); ++i)
-            if (!part.m[i].empty()) starts[names[i]] = part.starts[i];
-          auto const path = folder / detail::optimizer_folder(static_cast<int>(d), tp_rank);
-          std::filesystem::create_directories(path);
-          writer.write(path / detail::optimizer_file_name, {{"format", "pt"},
-                                                            {"shardwise.optimizer", "AdamW"},
-                                                            {"shardwise.steps", std::to_string(optimizer.steps())},
-                                                            {"shardwise.zero1", sliced ? "1" : "0"},
-                                                            {"shardwise.dp", std::to_string(sliced ? dp_size : 1)},
-                                                            {"shardwise.tp", std::to_string(tp.size())},
-                                                            {"shardwise.starts", starts.dump()}});
-        }
-      };
-      save_sharded(model, tp, dir, step, metadata, write_state);
+      save_sharded(model, tp, dir, step, metadata,
+                   detail::optimizer_state_writer(std::move(parts), std::move(names), optimizer.steps(), sliced,
+                                                  dp.size(), tp.size()));
     } catch (std::exception const& e) {
       error = e.what();
     }
   }
   detail::agree_on_errors(dp, error, "saving the model and optimizer state", dir);
+}
+
+/// Saves the model and the AdamW state as the overload above does, asynchronously through `saver` (see
+/// sw::async_save): collectively over the dp x tp mesh it finishes the saver's previous save, copies the
+/// state (gathered on dp rank 0 under ZeRO-1) and dp rank 0's model shards, and returns; dp rank 0's ranks
+/// write it all in the background. Every rank's saver then commits it (wait(), poll(), the next save), and a
+/// failure is raised on every rank of the dp x tp mesh.
+template <class Model, class T, class TpMesh, class DpMesh>
+void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
+                  std::filesystem::path const& dir, std::int64_t step, async_save& saver,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
+  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
+  auto names = detail::parameter_names(model);
+  auto parts = detail::gather_optimizer_state(model, optimizer, dp, names.size());
+  std::string error;
+  if (dp.rank() == 0) {
+    try {
+      auto group = detail::owning_save_group(tp);
+      group.tp_size = tp.size(), group.tp_rank = tp.rank();
+      detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata,
+                                       detail::optimizer_state_writer(std::move(parts), std::move(names),
+                                                                      optimizer.steps(), sliced, dp.size(), tp.size()));
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+  }
+  detail::agree_on_errors(dp, error, "saving the model and optimizer state", dir);
+  detail::async_save_access::extend_over(saver, dp, dir, "saving the model and optimizer state in the background");
 }
 
 /// Loads the model (as load_sharded, at any tp size) and the AdamW state saved with it, which needs the tp

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/checksum.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/core/error.hpp"
@@ -44,7 +45,18 @@ class safetensors_writer {
       detail::fail("shardwise::safetensors_writer: tensor \"", name, "\": its shape of ", dtype_name(type), " needs ",
                    overflow ? std::string("more than 2^64") : std::to_string(expected), " bytes but ", bytes.size(),
                    " were given; pass the tensor's whole storage");
-    entries_.push_back({std::move(name), type, std::move(shape), bytes, {}, {}});
+    entries_.push_back({std::move(name), type, std::move(shape), bytes.size(), {bytes}, {}, {}});
+  }
+
+  /// Adds a tensor whose little-endian row-major bytes are the concatenation of `runs` (each borrowed, alive
+  /// until write()): rows that lie in several places are written from where they are, without a copy.
+  void add(std::string name, dtype type, std::vector<std::uint64_t> shape,
+           std::vector<std::span<std::byte const>> runs) {
+    std::size_t total = 0;
+    for (auto const& r : runs) total += r.size();
+    add(std::move(name), type, std::move(shape),
+        std::span<std::byte const>(static_cast<std::byte const*>(nullptr), total));  // checks the size
+    entries_.back().runs = std::move(runs);
   }
 
   /// Adds elements of a safetensors type with the given shape (borrowed).
@@ -91,13 +103,17 @@ class safetensors_writer {
     // A placeholder span of the right size (never read): the header is laid out from it.
     add(std::move(name), type, std::move(shape),
         std::span<std::byte const>(static_cast<std::byte const*>(nullptr), static_cast<std::size_t>(bytes)));
+    entries_.back().runs.clear();
     entries_.back().fill = std::move(fill);
   }
 
   [[nodiscard]] std::size_t size() const { return entries_.size(); }  ///< How many tensors were added.
 
-  /// Writes the file, replacing `path` atomically.
-  void write(std::filesystem::path const& path, std::map<std::string, std::string> const& metadata = {}) const {
+  /// Writes the file, replacing `path` atomically. With `checksums_key`, each tensor's checksum64 is computed
+  /// while its bytes are written and the metadata gets, under that key, a JSON object of tensor name -> 16 hex
+  /// digits (the header is written with placeholders of the same length, then completed).
+  void write(std::filesystem::path const& path, std::map<std::string, std::string> const& metadata = {},
+             std::string const& checksums_key = {}) const {
     std::vector<entry const*> order;
     order.reserve(entries_.size());
     for (auto const& e : entries_) order.push_back(&e);
@@ -105,41 +121,72 @@ class safetensors_writer {
       std::size_t const sa = dtype_size(a->type), sb = dtype_size(b->type);
       return sa != sb ? sa > sb : a->name < b->name;
     });
-    nlohmann::json header = nlohmann::json::object();
-    if (!metadata.empty()) {
-      nlohmann::json m = nlohmann::json::object();
-      for (auto const& [k, v] : metadata) m[k] = v;
-      header["__metadata__"] = std::move(m);
-    }
-    std::uint64_t offset = 0;
-    for (entry const* e : order) {
-      header[e->name] = {
-          {"dtype", dtype_name(e->type)}, {"shape", e->shape}, {"data_offsets", {offset, offset + e->bytes.size()}}};
-      offset += e->bytes.size();
-    }
-    std::string text;
-    try {
-      text = header.dump();
-    } catch (nlohmann::json::exception const& e) {
-      detail::fail("shardwise::safetensors_writer: \"", path.string(),
-                   "\": a tensor name or metadata is not valid UTF-8 (", e.what(),
-                   "); name tensors and metadata in UTF-8");
-    }
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts at a multiple of 8
+    std::vector<std::uint64_t> sums(order.size(), 0);
+    auto const header_text = [&] {
+      nlohmann::json header = nlohmann::json::object();
+      if (!metadata.empty() || !checksums_key.empty()) {
+        nlohmann::json m = nlohmann::json::object();
+        for (auto const& [k, v] : metadata) m[k] = v;
+        if (!checksums_key.empty()) {
+          nlohmann::json c = nlohmann::json::object();
+          for (std::size_t i = 0; i < order.size(); ++i) c[order[i]->name] = detail::hex64(sums[i]);
+          m[checksums_key] = c.dump();
+        }
+        header["__metadata__"] = std::move(m);
+      }
+      std::uint64_t offset = 0;
+      for (entry const* e : order) {
+        header[e->name] = {
+            {"dtype", dtype_name(e->type)}, {"shape", e->shape}, {"data_offsets", {offset, offset + e->size}}};
+        offset += e->size;
+      }
+      std::string text;
+      try {
+        text = header.dump();
+      } catch (nlohmann::json::exception const& e) {
+        detail::fail("shardwise::safetensors_writer: \"", path.string(),
+                     "\": a tensor name or metadata is not valid UTF-8 (", e.what(),
+                     "); name tensors and metadata in UTF-8");
+      }
+      text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts at a multiple of 8
+      return text;
+    };
+    std::string text = header_text();  // with checksums: placeholders of the final length
     std::uint64_t const length = text.size();
     std::byte length_bytes[8];
     std::memcpy(length_bytes, &length, 8);  // little-endian host (dtype.hpp)
     detail::atomic_file_writer out(path);
     out.write(std::span<std::byte const>(length_bytes, 8));
     out.write(std::as_bytes(std::span(text.data(), text.size())));
-    for (entry const* e : order) {
-      if (!e->fill) {
-        out.write(e->bytes);
-        continue;
+    bool const summing = !checksums_key.empty();
+    // Written in slices when summing, so that each slice is summed and then copied out while in the cache.
+    constexpr std::size_t slice = std::size_t{1} << 20;
+    auto const emit = [&](std::span<std::byte const> bytes, detail::checksum_stream& sum) {
+      if (!summing) return out.write(bytes);
+      for (std::size_t at = 0; at < bytes.size(); at += slice) {
+        auto const part = bytes.subspan(at, std::min(slice, bytes.size() - at));
+        sum.update(part);
+        out.write(part);
       }
-      std::vector<std::byte> bytes(e->bytes.size());
-      e->fill(bytes);
-      out.write(bytes);
+    };
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      entry const* e = order[i];
+      detail::checksum_stream sum;
+      if (e->fill) {
+        std::vector<std::byte> bytes(e->size);
+        e->fill(bytes);
+        emit(bytes, sum);
+      } else {
+        for (auto const& run : e->runs) emit(run, sum);
+      }
+      sums[i] = sum.finish();
+    }
+    if (summing) {
+      std::string const done = header_text();
+      if (done.size() != text.size())
+        detail::fail("shardwise::safetensors_writer: \"", path.string(),
+                     "\": the header changed length when its checksums were filled in; this is a bug in shardwise");
+      out.write_at(8, std::as_bytes(std::span(done.data(), done.size())));
     }
     out.commit();
   }
@@ -149,7 +196,8 @@ class safetensors_writer {
     std::string name;
     dtype type;
     std::vector<std::uint64_t> shape;
-    std::span<std::byte const> bytes;
+    std::size_t size = 0;                          // bytes
+    std::vector<std::span<std::byte const>> runs;  // the bytes, in order (borrowed)
     std::vector<std::byte> owned;
     std::function<void(std::span<std::byte>)> fill;  // deferred: produces the bytes at write time
   };

@@ -39,10 +39,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -94,102 +98,194 @@ inline void add_stage_tensors(checkpoint_index& index, safetensors_file const& f
   }
 }
 
-/// Every rank of the group writes its file; the leader checks the pieces, writes the index and commits.
-template <class Model>
-void save_sharded_stage(Model& model, save_group const& group, std::filesystem::path const& dir, std::int64_t step,
-                        std::map<std::string, std::string> const& metadata,
-                        std::function<void(std::filesystem::path const&, int)> const& also_write) {
-  namespace fs = std::filesystem;
-  int const size = group.tp_size, rank = group.tp_rank, stages = group.pp_size, stage = group.pp_rank;
-  bool const leader = group.leader();
-  std::string const rank_file = group.folder(rank, stage, group.dp_rank) + "/model.safetensors";
-  fs::path const target = detail::normalized_dir(dir);
-  fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string error;
-  // tp rank 0 holds the folder's lock from staging to commit, so two savers of one folder take turns; each save
-  // stages in a folder of its own, named by its generation, which every rank file and the index carry.
-  detail::directory_lock lock;
+/// The folders of asynchronous saves still in flight in this process, with the thread that staged each (their
+/// leader's): a save of such a folder from that thread would wait for its own lock for ever, so it is refused.
+struct saves_in_flight {
+  std::mutex mutex;
+  std::multiset<std::pair<std::string, std::thread::id>> entries;
+
+  static saves_in_flight& instance() {
+    static saves_in_flight registry;
+    return registry;
+  }
+  [[nodiscard]] bool holds(std::filesystem::path const& target) {
+    std::lock_guard const hold(mutex);
+    return entries.contains({target.string(), std::this_thread::get_id()});
+  }
+};
+
+/// A save between its preparation and its commit: the folder it replaces, the staging folder it writes, the
+/// lock (held by the leader) and the generation that names it.
+struct staged_save {
+  std::filesystem::path target, temp;
   std::uint64_t generation = 0;
+  directory_lock lock;
+};
+
+/// Collective over the group: the leader takes the folder's lock, checks the folder and clears dead saves'
+/// staging folders; the group agrees on a new generation; the leader creates the staging folder.
+inline staged_save stage_save(save_group const& group, std::filesystem::path const& dir) {
+  namespace fs = std::filesystem;
+  staged_save staged;
+  staged.target = normalized_dir(dir);
+  fs::path const& target = staged.target;
+  bool const leader = group.leader();
+  std::string error;
+  // The leader holds the folder's lock from staging to commit, so two savers of one folder take turns; each save
+  // stages in a folder of its own, named by its generation, which every rank file and the index carry.
   if (leader) {
     try {
-      lock = detail::directory_lock(target);
+      if (saves_in_flight::instance().holds(target))
+        fail("shardwise::save_sharded: an asynchronous save of \"", target.string(),
+             "\" from this rank (sw::async_save) is still in flight; call its wait() first, or save through that "
+             "sw::async_save, which waits for it");
+      staged.lock = directory_lock(target);
       if (fs::exists(target) && !fs::exists(target / checkpoint_index_name) && !fs::is_empty(target))
-        detail::fail("shardwise::save_sharded: \"", target.string(),
-                     "\" exists and is not a shardwise checkpoint; give a new or empty folder, or a previous "
-                     "checkpoint's, which is then replaced");
-      detail::remove_stale_staging(target);  // under the lock, any staging folder is a dead save's
-      generation = detail::new_generation();
+        fail("shardwise::save_sharded: \"", target.string(),
+             "\" exists and is not a shardwise checkpoint; give a new or empty folder, or a previous "
+             "checkpoint's, which is then replaced");
+      remove_stale_staging(target);  // under the lock, any staging folder is a dead save's
+      staged.generation = new_generation();
     } catch (std::exception const& e) {
       error = e.what();
     }
   }
   group.agree(error, "preparing the folder", target);
-  generation = group.max(generation);  // the leader's: the others pass 0
-  fs::path const temp = detail::staging_dir(target, generation);
+  staged.generation = group.max(staged.generation);  // the leader's: the others pass 0
+  staged.temp = staging_dir(target, staged.generation);
   if (leader) {
     try {
-      fs::create_directories(temp / "tensor_parallel_shards");
+      fs::create_directories(staged.temp / "tensor_parallel_shards");
     } catch (std::exception const& e) {
       error = e.what();
     }
   }
   group.agree(error, "preparing the folder", target);
+  return staged;
+}
 
-  try {
-    safetensors_writer writer;
-    std::deque<std::vector<std::byte>> buffers;  // alive until the writer has written
-    nlohmann::json offsets = nlohmann::json::object(), checksums = nlohmann::json::object();
-    detail::for_each_checkpoint_tensor(model, size, rank, false, [&](detail::tensor_layout const& t, auto& value) {
-      using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
-      if (!group.writes) return;
-      if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
-      if (t.mirror) return;                      // another stage's weight: saved there
-      auto const runs = detail::row_runs(t, true);
-      if (runs.empty()) return;
-      std::size_t rows = 0;
-      for (auto const& r : runs) {
-        if (r.stored != runs.front().stored + rows)
-          detail::fail("shardwise::save_sharded: tensor \"", t.name,
-                       "\": this rank's rows are not one range of the stored tensor; this layout is not supported");
-        rows += r.count;
-      }
-      auto& bytes = buffers.emplace_back(rows * t.local_cols * sizeof(T));
-      T const* from = value.data();
-      for (auto const& r : runs)
-        std::memcpy(bytes.data() + (r.stored - runs.front().stored) * t.local_cols * sizeof(T),
-                    from + r.local * t.local_cols, r.count * t.local_cols * sizeof(T));
-      std::vector<std::uint64_t> shape{rows}, offset{runs.front().stored};
-      if (!t.is_vector) shape.push_back(t.local_cols), offset.push_back(t.col_offset);
-      writer.add(t.name, t.type, shape, std::span<std::byte const>(bytes));
-      offsets[t.name] = offset;
-      checksums[t.name] = detail::hex64(checksum64(bytes));
-    });
-    std::map<std::string, std::string> file_metadata{{"format", "pt"},
-                                                     {"shardwise.offsets", offsets.dump()},
-                                                     {"shardwise.checksums", checksums.dump()},
-                                                     {"shardwise.generation", detail::hex64(generation)},
-                                                     {"shardwise.step", std::to_string(step)}};
-    if (rank == 0 && group.dp_rank == 0) file_metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
-    fs::create_directories((temp / rank_file).parent_path());
-    writer.write(temp / rank_file, file_metadata);
-    if (also_write) also_write(temp, rank);
-    if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("rank_file_written", rank);
-  } catch (std::exception const& e) {
-    error = e.what();
+/// What one rank writes: its pieces of the model's tensors (each the bytes of its stored rows, as runs of the
+/// memory that holds them: the parameters' own storage, or a snapshot of it) and its file's metadata.
+struct rank_file_plan {
+  std::string file;  ///< Relative to the staging folder: "tensor_parallel_shards/tp_rank_XX_pp_rank_YY/..."
+  struct piece {
+    std::string name;
+    dtype type = dtype::F32;
+    std::vector<std::uint64_t> shape;
+    std::vector<std::span<std::byte const>> runs;
+  };
+  std::vector<piece> pieces;
+  std::map<std::string, std::string> metadata;  ///< The checksums are added as the file is written.
+  std::deque<std::vector<std::byte>> copies;    ///< Pieces copied out of values that do not outlive the walk.
+
+  /// The bytes of every piece.
+  [[nodiscard]] std::size_t bytes() const {
+    std::size_t n = 0;
+    for (auto const& p : pieces)
+      for (auto const& r : p.runs) n += r.size();
+    return n;
   }
-  group.agree(error, "writing the rank's shard", target);
+};
 
-  if (leader) {
+/// This rank's pieces of the model, pointing into the parameters (no copy): each run of local rows is contiguous
+/// in the row-major storage, and a piece is its runs in stored order. Rows a model hands out itself (FSDP's
+/// shards, its optimizer state) are copied, as they may not outlive the walk.
+template <class Model>
+rank_file_plan plan_rank_file(Model& model, save_group const& group, std::uint64_t generation, std::int64_t step) {
+  int const size = group.tp_size, rank = group.tp_rank;
+  rank_file_plan plan;
+  // A model that hands out its ranks' rows itself (FSDP) may hand out temporaries; parameters are borrowed.
+  constexpr bool hands_out_shards = requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); };
+  plan.file = group.folder(rank, group.pp_rank, group.dp_rank) + "/model.safetensors";
+  nlohmann::json offsets = nlohmann::json::object();
+  for_each_checkpoint_tensor(model, size, rank, false, [&](tensor_layout const& t, auto& value) {
+    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+    static_assert(std::remove_cvref_t<decltype(value)>::IsRowMajor ||
+                      std::remove_cvref_t<decltype(value)>::ColsAtCompileTime == 1,
+                  "shardwise::save_sharded: a parameter's storage must be row-major (shardwise::nn::matrix)");
+    if (!group.writes) return;
+    if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
+    if (t.mirror) return;                      // another stage's weight: saved there
+    auto const runs = row_runs(t, true);
+    if (runs.empty()) return;
+    std::size_t rows = 0;
+    for (auto const& r : runs) {
+      if (r.stored != runs.front().stored + rows)
+        fail("shardwise::save_sharded: tensor \"", t.name,
+             "\": this rank's rows are not one range of the stored tensor; this layout is not supported");
+      rows += r.count;
+    }
+    auto const* from = reinterpret_cast<std::byte const*>(value.data());
+    std::size_t const row_bytes = t.local_cols * sizeof(T);
+    rank_file_plan::piece piece{t.name, t.type, {rows}, {}};
+    if (!t.is_vector) piece.shape.push_back(t.local_cols);
+    for (auto const& r : runs) {
+      std::span<std::byte const> const run(from + r.local * row_bytes, r.count * row_bytes);
+      auto& last = piece.runs;
+      if (!last.empty() && last.back().data() + last.back().size() == run.data())
+        last.back() = std::span<std::byte const>(last.back().data(), last.back().size() + run.size());
+      else
+        last.push_back(run);
+    }
+    if constexpr (hands_out_shards) {  // `value` may be the walk's temporary: keep a copy
+      auto& copy = plan.copies.emplace_back();
+      for (auto const& run : piece.runs) copy.insert(copy.end(), run.begin(), run.end());
+      piece.runs = {std::span<std::byte const>(copy)};
+    }
+    std::vector<std::uint64_t> offset{runs.front().stored};
+    if (!t.is_vector) offset.push_back(t.col_offset);
+    offsets[t.name] = offset;
+    plan.pieces.push_back(std::move(piece));
+  });
+  plan.metadata = {{"format", "pt"},
+                   {"shardwise.offsets", offsets.dump()},
+                   {"shardwise.generation", hex64(generation)},
+                   {"shardwise.step", std::to_string(step)}};
+  if (rank == 0 && group.dp_rank == 0) plan.metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
+  return plan;
+}
+
+/// Writes the rank's file into the staging folder `temp` (one sequential write per run, each piece's checksum
+/// computed as it is written; fsync), then `also_write`. Touches neither the model nor the mesh: an
+/// asynchronous save runs it on its background thread.
+inline void write_rank_file(rank_file_plan const& plan, std::filesystem::path const& temp, int tp_rank,
+                            std::function<void(std::filesystem::path const&, int)> const& also_write) {
+  if (checkpoint_save_hook) checkpoint_save_hook("rank_file_begin", tp_rank);
+  safetensors_writer writer;
+  for (auto const& p : plan.pieces) writer.add(p.name, p.type, p.shape, p.runs);
+  std::filesystem::create_directories((temp / plan.file).parent_path());
+  writer.write(temp / plan.file, plan.metadata, "shardwise.checksums");
+  if (also_write) also_write(temp, tp_rank);
+  if (checkpoint_save_hook) checkpoint_save_hook("rank_file_written", tp_rank);
+}
+
+/// The index's fields that come from the model and the call, kept from the start of a save to its commit.
+template <class Model>
+checkpoint_index index_head(Model& model, save_group const& group, std::int64_t step, std::uint64_t generation,
+                            std::map<std::string, std::string> const& metadata) {
+  checkpoint_index index;
+  index.step = step;
+  index.tp = group.tp_size, index.pp = group.pp_size, index.dp = group.dp_size;
+  index.metadata = metadata;
+  index.generation = generation;
+  if constexpr (requires { model.shardwise_config(); }) index.config = model.shardwise_config();
+  return index;
+}
+
+/// Collective over the group, once every rank has written its file: the leader reads the pieces from every rank
+/// file (as the files hold them, not as the ranks believe they were written), checks that they cover every
+/// tensor exactly once, writes the index and swaps the folder in; the group agrees on the outcome. The previous
+/// checkpoint is removed, or with `previous_out` (the leader's) left for the caller, as commit_directory does.
+inline void commit_save(save_group const& group, staged_save& staged, checkpoint_index index,
+                        std::filesystem::path* previous_out = nullptr) {
+  namespace fs = std::filesystem;
+  std::string error;
+  fs::path const& temp = staged.temp;
+  if (group.leader()) {
     try {
-      checkpoint_index index;
-      index.step = step;
-      index.tp = size, index.pp = stages, index.dp = group.dp_size;
-      index.metadata = metadata;
-      index.generation = generation;
-      if constexpr (requires { model.shardwise_config(); }) index.config = model.shardwise_config();
+      int const stages = group.pp_size, size = group.tp_size;
       for (int s = 0; s < stages; ++s)
         add_stage_tensors(index, safetensors_file((temp / group.folder(0, s, 0) / "model.safetensors").string()));
-      // The pieces as the files hold them (not as this rank believes they were written), then the cover check.
       for (int s = 0; s < stages; ++s)
         for (int d = 0; d < group.dp_size; ++d)
           for (int r = 0; r < size; ++r) {
@@ -200,27 +296,43 @@ void save_sharded_stage(Model& model, save_group const& group, std::filesystem::
             for (tensor_info const& info : shard.tensors()) {
               checkpoint_tensor* t = index.find(info.name);
               if (!t || info.type != t->type)
-                detail::fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
-                             "\" is not the model's (or has another dtype)");
+                fail("shardwise::save_sharded: \"", shard.path(), "\": tensor \"", info.name,
+                     "\" is not the model's (or has another dtype)");
               t->pieces.push_back({file, offsets.at(info.name).get<std::vector<std::uint64_t>>(), info.shape});
               t->pieces.back().checksum = checksums.at(info.name).get<std::string>();
             }
           }
-      for (auto const& t : index.tensors) detail::check_coverage(t, temp.string());
+      for (auto const& t : index.tensors) check_coverage(t, temp.string());
       std::string const json = to_json(index);
       std::span<std::byte const> const pieces[] = {std::as_bytes(std::span(json.data(), json.size()))};
-      detail::write_file_atomically(temp / checkpoint_index_name, pieces);
-      detail::fsync_directory(temp / "tensor_parallel_shards");
-      detail::fsync_directory(temp);
-      if (detail::checkpoint_save_hook) detail::checkpoint_save_hook("before_commit", rank);
-      detail::commit_directory(temp, target);
+      write_file_atomically(temp / checkpoint_index_name, pieces);
+      fsync_directory(temp / "tensor_parallel_shards");
+      fsync_directory(temp);
+      if (checkpoint_save_hook) checkpoint_save_hook("before_commit", group.tp_rank);
+      commit_directory(temp, staged.target, previous_out);
     } catch (std::exception const& e) {
       error = e.what();
       std::error_code ignored;
       fs::remove_all(temp, ignored);
     }
   }
-  group.agree(error, "checking and committing the checkpoint", target);
+  group.agree(error, "checking and committing the checkpoint", staged.target);
+}
+
+/// Every rank of the group writes its file; the leader checks the pieces, writes the index and commits.
+template <class Model>
+void save_sharded_stage(Model& model, save_group const& group, std::filesystem::path const& dir, std::int64_t step,
+                        std::map<std::string, std::string> const& metadata,
+                        std::function<void(std::filesystem::path const&, int)> const& also_write) {
+  staged_save staged = stage_save(group, dir);
+  std::string error;
+  try {
+    write_rank_file(plan_rank_file(model, group, staged.generation, step), staged.temp, group.tp_rank, also_write);
+  } catch (std::exception const& e) {
+    error = e.what();
+  }
+  group.agree(error, "writing the rank's shard", staged.target);
+  commit_save(group, staged, index_head(model, group, step, staged.generation, metadata));
 }
 
 }  // namespace detail

@@ -38,7 +38,8 @@ namespace shardwise {
 
 namespace detail {
 
-/// For tests: called at the stages of a save — "rank_file_written" on every rank, "before_commit" on tp rank 0,
+/// For tests: called at the stages of a save — "rank_file_begin" and "rank_file_written" on every rank (before
+/// and after it writes its file; on the background thread of an asynchronous save), "before_commit" on tp rank 0,
 /// and "previous_moved_aside" on tp rank 0 between the two renames of a commit without RENAME_EXCHANGE.
 inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
 /// For tests: commit as on a file system without renameat2 RENAME_EXCHANGE (the two renames).
@@ -260,8 +261,10 @@ save_group save_group_over(Axes const&... axes) {
 
 /// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.
 /// An error after the new checkpoint is in place says so: the save then happened, only its flush or clean-up
-/// did not.
-inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target) {
+/// did not. The previous checkpoint is removed, or with `previous_out` left for the caller to remove: its folder
+/// is then stored there (empty if there was none).
+inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target,
+                             std::filesystem::path* previous_out = nullptr) {
   namespace fs = std::filesystem;
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   fs::path const previous = parent / ("." + target.filename().string() + ".previous");
@@ -284,9 +287,15 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
   int refused = ENOSYS;
   if (!checkpoint_without_exchange)
     refused = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0 ? 0 : errno;
+  auto const retire = [&](fs::path const& old) {
+    if (previous_out)
+      *previous_out = old;
+    else
+      fs::remove_all(old, ignored);
+  };
   if (refused == 0) {
     committed([&] { fsync_directory(parent); });
-    fs::remove_all(temp, ignored);  // now the previous checkpoint
+    retire(temp);  // now the previous checkpoint
     return;
   }
   if (refused != EINVAL && refused != ENOSYS && refused != ENOTSUP)
@@ -298,7 +307,7 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
   if (checkpoint_save_hook) checkpoint_save_hook("previous_moved_aside", 0);
   fs::rename(temp, target);
   committed([&] { fsync_directory(parent); });
-  fs::remove_all(previous, ignored);
+  retire(previous);
 }
 
 inline std::filesystem::path normalized_dir(std::filesystem::path const& dir) {
