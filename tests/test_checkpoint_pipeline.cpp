@@ -1,7 +1,8 @@
 // Checkpoints of a Llama model cut into pipeline stages: saved at pp 2 x tp 2 after training, into
 // tensor_parallel_shards/tp_rank_XX_pp_rank_YY; consolidated whole; loaded at pp 1 (into a stage and into the
 // plain Llama model), pp 2 and pp 4, at tp 1, 2 and 4 — every tensor equal to the trained one, exactly; a lazy
-// stage reads only its own tensors (another stage's damaged files do not stop it, its own do).
+// stage reads only its own tensors (another stage's damaged files do not stop it, its own do). Saved through an
+// sw::async_save, the same loads.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <shardwise/checkpoint/async_save.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <string>
@@ -33,12 +35,19 @@ struct scratch_dir {
 
 using Tensors = std::map<std::string, std::vector<float>>;
 
-/// Trains pp 2 x tp 2 (sequence parallel) for 3 steps and saves it; returns every trained tensor, whole.
-Tensors train_and_save(fs::path const& dir, bool tied = false) {
+/// Trains pp 2 x tp 2 (sequence parallel) for 3 steps and saves it (through an sw::async_save when `async`);
+/// returns every trained tensor, whole.
+Tensors train_and_save(fs::path const& dir, bool tied = false, bool async = false) {
   Tensors trained;
   std::mutex guard;
   sw::run_threads(4, [&](auto& world) {
-    auto const save = [&](auto& stage, auto const& tp, auto const& pp) { sw::save_sharded(stage, tp, pp, dir, 3); };
+    auto const save = [&](auto& stage, auto const& tp, auto const& pp) {
+      if (!async) return sw::save_sharded(stage, tp, pp, dir, 3);
+      sw::async_save saver;
+      sw::save_sharded(stage, tp, pp, dir, 3, saver);
+      CHECK(saver.pending());
+      saver.wait();
+    };
     auto const run = llama_pipeline_cases::train<models::llama_plan<true>>(
         world, {.pp = 2, .microbatches = 2, .tied = tied}, sw::OneFOneB{}, 3, save);
     std::lock_guard lock(guard);
@@ -135,6 +144,16 @@ TEST_CASE("a pp 2 x tp 2 checkpoint names its pp ranks, consolidates whole and l
     auto const t = sw::full_tensor(p);
     CHECK(std::vector<float>(t.data(), t.data() + t.size()) == trained.at(name));
   });
+}
+
+TEST_CASE("a pp 2 x tp 2 checkpoint saved asynchronously loads at pp 1, 2 and 4, any tp") {
+  scratch_dir scratch;
+  fs::path const dir = scratch.path / "ckpt";
+  Tensors const trained = train_and_save(dir, false, true);
+  CHECK(sw::read_checkpoint_index(dir).pp == 2);
+  check_load(trained, dir, 1, 1, false);
+  check_load(trained, dir, 2, 2, false);
+  check_load(trained, dir, 4, 1, false);
 }
 
 TEST_CASE("a lazy stage reads only its own stage's files") {
