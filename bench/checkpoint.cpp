@@ -10,13 +10,28 @@
 //       the consolidated file — with the page cache warm, and cold (caches dropped before each timed step)
 //       where /proc/sys/vm/drop_caches is writable. Leaves D/ckpt and D/consolidated/model.safetensors.
 //
+//   bench_checkpoint save --dir D [--repeat N] [--smoke]
+//       Thread mesh, one process, the model at TP 4 as above (issue 16). Times, best of N each: the synchronous
+//       save_sharded; `cp -r` + `sync` of its files; the floor of the same bytes (each rank's file written from
+//       memory by plain write() in 64 MiB calls, then fsync, 4 threads at once); and the asynchronous save
+//       through sw::async_save as the training thread sees it: the save_sharded call (copy of the shard), then
+//       after a sleep of twice the synchronous save (training would run there), the poll() that finds every
+//       rank's write finished and commits (any polls before it are counted too); and the floor of an
+//       in-memory snapshot (the same bytes copied in memory by 4 threads with non-temporal stores).
+//       The first asynchronous save allocates its snapshot buffer; the later ones reuse it: both are shown.
+//
 //   mpiexec -n 4 bench_checkpoint rss --dir D --mode sharded|rank0|steps|consolidated [--smoke]
 //       One MPI process per rank: sw::Lazy model, parallelize at TP 4, load (load_sharded; with
 //       only_rank0_reads; with ranks_per_step = 1; or load_consolidated of the consolidated file), then
 //       every rank's baseline (VmRSS before the model exists), peak (VmHWM) and shard bytes, printed by rank 0.
 //
 // --smoke: a tiny model, one repetition; proves the binary works (CTest bench_checkpoint.smoke).
+#include <fcntl.h>
 #include <sys/stat.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,12 +42,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <shardwise/checkpoint/async_save.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/mesh/mpi.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace sw = shardwise;
@@ -313,6 +330,200 @@ int throughput(fs::path const& dir, int repeat, bool smoke) {
   return 0;
 }
 
+// The floor: `files` files of `bytes` each written at once from memory (one thread each, write() in 64 MiB
+// calls, then fsync), the seconds until the last is on disk.
+double write_fsync_floor(fs::path const& dir, std::vector<std::uint64_t> const& bytes) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<std::vector<char>> data(bytes.size());
+  for (std::size_t i = 0; i < bytes.size(); ++i) data[i].assign(bytes[i], char(1 + i));  // resident before timing
+  auto const start = std::chrono::steady_clock::now();
+  std::vector<std::thread> writers;
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    writers.emplace_back([&, i] {
+      int const fd = ::open((dir / ("file" + std::to_string(i))).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      for (std::size_t at = 0; at < data[i].size();) {
+        ssize_t const n = ::write(fd, data[i].data() + at, std::min<std::size_t>(data[i].size() - at, 64u << 20));
+        if (n <= 0) std::abort();
+        at += std::size_t(n);
+      }
+      if (::fsync(fd) != 0) std::abort();
+      ::close(fd);
+    });
+  for (auto& w : writers) w.join();
+  double const seconds = seconds_since(start);
+  fs::remove_all(dir);
+  return seconds;
+}
+
+// The floor of an in-memory snapshot: `bytes` copied by one thread each (as the ranks copy their shards), with
+// non-temporal stores (SSE2) where the machine has them; the seconds until the last copy is done.
+double copy_floor(std::vector<std::uint64_t> const& bytes) {
+  std::vector<std::vector<char>> from(bytes.size()), to(bytes.size());
+  for (std::size_t i = 0; i < bytes.size(); ++i) from[i].assign(bytes[i], char(1)), to[i].assign(bytes[i], char(2));
+  auto const start = std::chrono::steady_clock::now();
+  std::vector<std::thread> copiers;
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    copiers.emplace_back([&, i] {
+      char* out = to[i].data();
+      char const* in = from[i].data();
+      std::size_t n = bytes[i];
+#if defined(__SSE2__)
+      std::size_t const head = (16 - reinterpret_cast<std::uintptr_t>(out) % 16) % 16;
+      std::memcpy(out, in, std::min(head, n));
+      for (std::size_t at = head; at + 64 <= n; at += 64) {
+        auto const* src = reinterpret_cast<__m128i const*>(in + at);
+        auto* dst = reinterpret_cast<__m128i*>(out + at);
+        __m128i const a = _mm_loadu_si128(src), b = _mm_loadu_si128(src + 1), c = _mm_loadu_si128(src + 2),
+                      d = _mm_loadu_si128(src + 3);
+        _mm_stream_si128(dst, a), _mm_stream_si128(dst + 1, b), _mm_stream_si128(dst + 2, c),
+            _mm_stream_si128(dst + 3, d);
+      }
+      std::size_t const done = n < head ? n : head + (n - head) / 64 * 64;
+      std::memcpy(out + done, in + done, n - done);
+      _mm_sfence();
+#else
+      std::memcpy(out, in, n);
+#endif
+    });
+  for (auto& c : copiers) c.join();
+  return seconds_since(start);
+}
+
+int save(fs::path const& dir, int repeat, bool smoke) {
+  auto const c = config(smoke);
+  fs::create_directories(dir);
+  fs::path const ckpt = dir / "ckpt", async_ckpt = dir / "ckpt_async", copy = dir / "ckpt_cp";
+  fs::remove_all(ckpt), fs::remove_all(async_ckpt), fs::remove_all(copy);
+  std::printf(
+      "bench_checkpoint save: Llama vocabulary %zu, dim %zu, %zu layers, %zu heads, %zu kv heads, hidden %zu; "
+      "TP 4 on 4 threads; folder %s; best of %d\n",
+      c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, dir.c_str(), repeat);
+  std::fflush(stdout);
+  fs::path const fresh = dir / "ckpt_new";
+  fs::remove_all(fresh);
+  double replace_seconds = 1e300;
+  double sync_seconds = 1e300, sync_seconds_all = 0, call_first = 0, call_best = 1e300, finish_best = 1e300,
+         total_best = 1e300;
+  int polls_best = 0;
+  std::vector<double> created_sums(4), loaded_sums(4);
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+    sw::Lazy<Model> lazy(c);
+    sw::parallelize(lazy, tp);
+    Model& model = sw::materialize(lazy);
+    created_sums[std::size_t(world.rank())] = fill_shard(model, world.rank());
+    sw::save_sharded(model, tp, ckpt, 99);  // so that every timed save into ckpt replaces one
+    for (int i = 0; i < repeat; ++i) {
+      sw::barrier(tp);
+      auto const start = std::chrono::steady_clock::now();
+      sw::save_sharded(model, tp, fresh, 100 + i, {{"bench", "checkpoint"}});  // into a new folder
+      sw::barrier(tp);
+      if (world.rank() == 0) sync_seconds = std::min(sync_seconds, seconds_since(start));
+      if (world.rank() == 0) fs::remove_all(fresh), ::sync();
+      sw::barrier(tp);
+      auto const again = std::chrono::steady_clock::now();
+      sw::save_sharded(model, tp, ckpt, 100 + i, {{"bench", "checkpoint"}});  // replacing the last one
+      sw::barrier(tp);
+      if (world.rank() == 0) replace_seconds = std::min(replace_seconds, seconds_since(again));
+    }
+    if (world.rank() == 0) sync_seconds_all = sync_seconds;
+    sw::barrier(tp);
+    sw::async_save saver;
+    for (int i = 0; i < repeat + 1; ++i) {  // the first allocates the snapshot buffer; the others replace a save
+      sw::barrier(tp);
+      auto const start = std::chrono::steady_clock::now();
+      sw::save_sharded(model, tp, async_ckpt, 200 + i, saver, {{"bench", "checkpoint"}});
+      sw::barrier(tp);
+      double const call = seconds_since(start);
+      // Training would run here: the ranks sleep for twice the synchronous save, then poll (one all-reduce of a
+      // flag; it commits if every rank's write has finished), and poll again until it has.
+      std::this_thread::sleep_for(std::chrono::duration<double>(2 * sync_seconds_all));
+      sw::barrier(tp);
+      double polling = 0;
+      int polls = 0;
+      for (bool done = false; !done;) {
+        auto const poll_start = std::chrono::steady_clock::now();
+        done = saver.poll();
+        polling += seconds_since(poll_start);
+        if (++polls > 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      double const total = seconds_since(start) - 2 * sync_seconds_all;
+      // Training again: the previous checkpoint's folder is removed meanwhile, by the saver's clean-up thread.
+      std::this_thread::sleep_for(std::chrono::duration<double>(sync_seconds_all));
+      if (world.rank() != 0) continue;
+      if (i == 0) {
+        call_first = call;
+        continue;
+      }
+      if (call + polling < call_best + finish_best) call_best = call, finish_best = polling, polls_best = polls;
+      total_best = std::min(total_best, total);
+    }
+  });
+  double const bytes = double(bytes_under(ckpt));
+  // Loaded back: the asynchronous save's checkpoint holds the shards bit for bit.
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
+    sw::Lazy<Model> lazy(c);
+    sw::parallelize(lazy, tp);
+    loaded_sums[std::size_t(world.rank())] = shard_sum(sw::load_sharded(lazy, tp, async_ckpt));
+  });
+  for (int r = 0; r < 4; ++r)
+    if (loaded_sums[std::size_t(r)] != created_sums[std::size_t(r)]) {
+      std::fprintf(stderr, "bench_checkpoint: rank %d's shard loaded from the asynchronous save differs\n", r);
+      return 1;
+    }
+  std::string const cp_ckpt = "cp -r " + quoted(ckpt) + " " + quoted(copy);
+  double cp_sync = 1e300, rm_cp_sync = 1e300, floor = 1e300;
+  std::string const sync_copy = " && sync " + quoted(copy) + "/tensor_parallel_shards/*/* " + quoted(copy) + "/*.json";
+  for (int i = 0; i < repeat; ++i) {
+    fs::remove_all(copy);
+    ::sync();
+    auto const start = std::chrono::steady_clock::now();
+    run(cp_ckpt + sync_copy);
+    cp_sync = std::min(cp_sync, seconds_since(start));
+    auto const again = std::chrono::steady_clock::now();  // the copy replaced as a save replaces a checkpoint
+    run("rm -rf " + quoted(copy) + " && " + cp_ckpt + sync_copy);
+    rm_cp_sync = std::min(rm_cp_sync, seconds_since(again));
+  }
+  fs::remove_all(copy);
+  std::vector<std::uint64_t> rank_bytes;
+  for (int r = 0; r < 4; ++r) rank_bytes.push_back(fs::file_size(ckpt / sw::rank_folder(r, 0) / "model.safetensors"));
+  double in_memory = 1e300;
+  for (int i = 0; i < repeat; ++i) {
+    floor = std::min(floor, write_fsync_floor(dir / "floor", rank_bytes));
+    in_memory = std::min(in_memory, copy_floor(rank_bytes));
+  }
+  std::printf("checkpoint: %.0f MB; every rank's shard loaded from the asynchronous save sums to the saved one's\n\n",
+              bytes / 1e6);
+  std::printf("| what | seconds | GB/s | against the synchronous save |\n|---|---:|---:|---:|\n");
+  auto row = [&](char const* what, double seconds) {
+    std::printf("| %s | %.3f | %.2f | %.3f |\n", what, seconds, bytes / seconds / 1e9, seconds / sync_seconds);
+  };
+  row("save_sharded, synchronous (fsync), into a new folder", sync_seconds);
+  row("cp -r + sync of its files, into a new folder", cp_sync);
+  row("save_sharded, synchronous, replacing the previous checkpoint (removed)", replace_seconds);
+  row("rm -rf of the previous copy + cp -r + sync", rm_cp_sync);
+  row("floor: write() + fsync of the same bytes from memory, 4 threads", floor);
+  row("floor of a snapshot: the same bytes copied in memory, 4 threads, non-temporal stores", in_memory);
+  row("async: save_sharded(..., saver) call, first save (allocates the snapshot)", call_first);
+  row("async: save_sharded(..., saver) call, later saves (snapshot reused)", call_best);
+  std::printf("| async: the %d poll()s until committed, the last one committing | %.3f | — | %.3f |\n", polls_best,
+              finish_best, finish_best / sync_seconds);
+  row("async: training thread in all (call + polls), later saves", call_best + finish_best);
+  row("async: from the call to the commit, the sleep left out (background write included)", total_best);
+  std::printf("\nsynchronous save / (cp -r + sync), GB/s against GB/s: %.2f into a new folder, %.2f replacing\n",
+              cp_sync / sync_seconds, rm_cp_sync / replace_seconds);
+  std::printf("floor / (cp -r + sync): %.2f\n", cp_sync / floor);
+  std::printf("async on the training thread / synchronous save: %.3f into a new folder, %.3f replacing\n",
+              (call_best + finish_best) / sync_seconds, (call_best + finish_best) / replace_seconds);
+  std::printf("floor of a snapshot / synchronous save: %.3f into a new folder, %.3f replacing\n",
+              in_memory / sync_seconds, in_memory / replace_seconds);
+  std::fflush(stdout);
+  fs::remove_all(ckpt), fs::remove_all(async_ckpt);
+  return 0;
+}
+
 int rss(int& argc, char**& argv, fs::path const& dir, std::string const& mode, bool smoke) {
   auto world = sw::mpi_world(argc, argv);
   if (world.size() != 4) {
@@ -388,7 +599,7 @@ int main(int argc, char** argv) {
       repeat = std::atoi(argv[++i]);
     else if (a == "--smoke")
       smoke = true;
-    else if (command.empty() && (a == "throughput" || a == "rss"))
+    else if (command.empty() && (a == "throughput" || a == "rss" || a == "save"))
       command = a;
     else
       command = "?";
@@ -396,6 +607,7 @@ int main(int argc, char** argv) {
   if (command.empty() || command == "?" || dir.empty() || repeat < 1) {
     std::fprintf(stderr,
                  "usage: bench_checkpoint throughput --dir DIR [--repeat N] [--smoke]\n"
+                 "       bench_checkpoint save --dir DIR [--repeat N] [--smoke]\n"
                  "       mpiexec -n 4 bench_checkpoint rss --dir DIR --mode sharded|rank0|steps|consolidated "
                  "[--smoke]\n");
     return 2;
@@ -403,6 +615,7 @@ int main(int argc, char** argv) {
   if (smoke) repeat = 1;
   try {
     if (command == "throughput") return throughput(dir, repeat, smoke);
+    if (command == "save") return save(dir, repeat, smoke);
     return rss(argc, argv, dir, mode, smoke);
   } catch (std::exception const& e) {
     std::fprintf(stderr, "bench_checkpoint: %s\n", e.what());
