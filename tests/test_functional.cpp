@@ -10,6 +10,7 @@
 #include <shardwise/nn/functional.hpp>
 #include <shardwise/nn/functional_attention.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -496,28 +497,42 @@ TEST_CASE("causal_attention: against a loop over sequences, heads and keys; back
 }
 
 // The blocked attention against the materialized one it replaced (tests/support/materialized_attention.hpp),
-// forward and backward, in T: sequences the block divides and does not, one-row and whole-sequence blocks,
-// multi-head, grouped-query and multi-query heads, and scores large enough to overflow exp without the max.
+// forward and backward, in T: sequences the block divides and does not, one-row and whole-sequence blocks, a
+// backward blocked differently from its forward, multi-head, grouped-query and multi-query heads, and scores past
+// exp's overflow. The outputs start as NaN, so a block left unwritten fails.
+struct attention_case {
+  Index sequence, forward_block, backward_block, heads, kv_heads;
+  double shift = 0;  // added to every score of a row (q's and k's first column of each head set to sqrt of it)
+};
+
 template <class T>
-void check_blocked_attention(Index s, Index block, Index heads, Index kv_heads, double spread, double tolerance) {
+void check_blocked_attention(attention_case const& c, double tolerance) {
   using M = nn::matrix<T>;
-  Index const d = 8, tokens = 2 * s;
-  INFO("sequence ", s, ", block ", block, ", heads ", heads, "/", kv_heads, ", spread ", spread);
+  Index const s = c.sequence, d = 8, tokens = 2 * s;
+  INFO("sequence ", s, ", blocks ", c.forward_block, "/", c.backward_block, ", heads ", c.heads, "/", c.kv_heads,
+       ", shift ", c.shift);
   auto draw = [&](Index cols, unsigned seed) {
-    return M(random_matrix(tokens, cols, seed, -spread, spread).cast<T>());
+    M m = random_matrix(tokens, cols, seed).cast<T>();
+    if (seed <= 2)  // q and k: a per-row constant on every score, which the softmax must not overflow on
+      for (Index h = 0; h < cols / d; ++h) m.col(h * d).setConstant(T(std::sqrt(c.shift * std::sqrt(double(d)))));
+    return m;
   };
-  M const q = draw(heads * d, 1), k = draw(kv_heads * d, 2), v = draw(kv_heads * d, 3), dout = draw(heads * d, 4);
+  M const q = draw(c.heads * d, 1), k = draw(c.kv_heads * d, 2), v = draw(c.kv_heads * d, 3);
+  M const dout = draw(c.heads * d, 4);
+  double const top = (q.leftCols(d) * k.leftCols(d).transpose()).maxCoeff() / std::sqrt(double(d));
+  if (c.shift > 0) CHECK(top > std::log(double(std::numeric_limits<T>::max())));  // exp(top) overflows T
   ref::materialized_attention<T> reference;
   M out_ref, dq_ref, dk_ref, dv_ref;
   reference.forward(q, k, v, s, d, out_ref);
   reference.backward(dout, q, k, v, dq_ref, dk_ref, dv_ref);
   nn::attention_saved<T> saved;
-  M out(tokens, heads * d), dq(tokens, heads * d), dk(tokens, kv_heads * d), dv(tokens, kv_heads * d);
-  auto const rows = std::size_t(block);
-  nn::causal_attention<T>(q, k, v, std::size_t(s), std::size_t(d), out, saved, rows);
+  T const nan = std::numeric_limits<T>::quiet_NaN();
+  M out = M::Constant(tokens, c.heads * d, nan), dq = M::Constant(tokens, c.heads * d, nan);
+  M dk = M::Constant(tokens, c.kv_heads * d, nan), dv = M::Constant(tokens, c.kv_heads * d, nan);
+  nn::causal_attention<T>(q, k, v, std::size_t(s), std::size_t(d), out, saved, std::size_t(c.forward_block));
   CHECK(saved.logsumexp.size() * Index(sizeof(T)) ==
-        Index(nn::attention_saved_bytes<T>(std::size_t(tokens), std::size_t(heads))));
-  nn::causal_attention_backward<T>(dout, q, k, v, saved, dq, dk, dv, rows);
+        Index(nn::attention_saved_bytes<T>(std::size_t(tokens), std::size_t(c.heads))));
+  nn::causal_attention_backward<T>(dout, q, k, v, saved, dq, dk, dv, std::size_t(c.backward_block));
   CHECK(rel_err(out, out_ref) <= tolerance);
   CHECK(rel_err(dq, dq_ref) <= tolerance);
   CHECK(rel_err(dk, dk_ref) <= tolerance);
@@ -525,14 +540,32 @@ void check_blocked_attention(Index s, Index block, Index heads, Index kv_heads, 
 }
 
 TEST_CASE("blocked causal_attention equals the materialized attention it replaced, forward and backward") {
-  for (auto [s, block] : {std::pair<Index, Index>{1, 128}, {5, 2}, {64, 64}, {100, 64}, {100, 7}, {257, 128}, {257, 1}})
+  for (auto [s, fb, bb] : {std::tuple<Index, Index, Index>{1, 128, 128},
+                           {5, 2, 2},
+                           {64, 64, 64},
+                           {100, 64, 64},
+                           {100, 7, 7},
+                           {257, 128, 128},
+                           {257, 1, 1},
+                           {100, 7, 64},
+                           {257, 128, 5}})
     for (auto [heads, kv_heads] : {std::pair<Index, Index>{4, 4}, {4, 2}, {4, 1}}) {
-      check_blocked_attention<double>(s, block, heads, kv_heads, 1.0, 1e-12);
-      check_blocked_attention<float>(s, block, heads, kv_heads, 1.0, 1e-5);
+      check_blocked_attention<double>({s, fb, bb, heads, kv_heads}, 1e-12);
+      check_blocked_attention<float>({s, fb, bb, heads, kv_heads}, 1e-5);
     }
-  // Scores of +-80 per element: exp overflows double past 709, so the largest score must come out first.
-  check_blocked_attention<double>(100, 16, 4, 2, 10.0, 1e-12);
-  check_blocked_attention<float>(100, 16, 4, 2, 3.0, 1e-5);
+  // Scores shifted past where exp overflows (709.8 in double, 88.7 in float): the row's largest must come out
+  // first. The backward's exp(score - logsumexp) loses |score| x epsilon of its exponent, as FlashAttention's
+  // does, and the gradients' cancellations magnify it (3.6e-12 measured in double): 1e-10 and 1e-4 here.
+  check_blocked_attention<double>({100, 16, 16, 4, 2, 900.0}, 1e-10);
+  check_blocked_attention<float>({100, 16, 16, 4, 2, 120.0}, 1e-4);
+}
+
+TEST_CASE("attention_keys_per_query: the causal half and half a block") {
+  CHECK(nn::attention_keys_per_query(4, 2) == 3.0);        // panels: 2 rows x 2 keys, 2 rows x 4 keys
+  CHECK(nn::attention_keys_per_query(100, 128) == 100.0);  // one panel: every query meets every key
+  CHECK(nn::attention_keys_per_query(8192, 128) == (8192.0 + 128.0) / 2);
+  CHECK(nn::attention_keys_per_query(5, 1) == 3.0);  // causal: (5 + 1) / 2
+  CHECK(nn::attention_keys_per_query(0, 128) == 0.0);
 }
 
 TEST_CASE("causal_attention_backward refuses a saved state that is not from a forward of its inputs") {
@@ -540,13 +573,19 @@ TEST_CASE("causal_attention_backward refuses a saved state that is not from a fo
   mat dq(8, 8), dk(8, 4), dv(8, 4), out(8, 8);
   nn::attention_saved<double> saved;
   CHECK_THROWS_WITH_AS(nn::causal_attention_backward<double>(q, q, k, v, saved, dq, dk, dv),
-                       doctest::Contains("`saved` is not from a causal_attention forward of these 8 rows and 8 "
-                                         "query columns; call causal_attention on them first"),
+                       doctest::Contains("`saved` is not from a causal_attention forward of these 8 rows, 8 "
+                                         "query and 4 key columns; call causal_attention on them first"),
                        shardwise::error);
   nn::causal_attention<double>(q, k, v, 4, 2, out, saved);
   CHECK_THROWS_WITH_AS(nn::causal_attention_backward<double>(q.topRows(4), q.topRows(4), k.topRows(4), v.topRows(4),
                                                              saved, dq.topRows(4), dk.topRows(4), dv.topRows(4)),
                        doctest::Contains("`saved` is not from a causal_attention forward of these 4 rows"),
+                       shardwise::error);
+  mat const k_wide = random_matrix(8, 8, 4);  // 4 key-value heads where the forward had 2
+  mat dk_wide(8, 8), dv_wide(8, 8);
+  CHECK_THROWS_WITH_AS(nn::causal_attention_backward<double>(q, q, k_wide, k_wide, saved, dq, dk_wide, dv_wide),
+                       doctest::Contains("`saved` is not from a causal_attention forward of these 8 rows, 8 query and "
+                                         "8 key columns"),
                        shardwise::error);
   CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q, k, v, 4, 2, out, saved, 0),
                        doctest::Contains("causal_attention: block_rows is 0; give it at least one query row per panel"),

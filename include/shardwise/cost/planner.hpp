@@ -189,19 +189,20 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
 
 /// Seconds of one microbatch's forward and backward on the busiest stage: GEMMs at the machine's rate for the
 /// microbatch's tokens (2 FLOPs per weight and token, the backward twice the forward, checkpointing one forward
-/// more; attention's full square of scores and their product with the values); memory traffic (the stage's weights
-/// streamed by each pass and once more for their gradients, the saved activations written, read, and their gradients
-/// written and read); and the tensor-parallel transfers the block and the ends declare. For the last stage (the only
-/// one at pp 1).
+/// more; the blocked attention's products over the keys each query meets, five in the backward); memory traffic (the
+/// stage's weights streamed by each pass and once more for their gradients, the saved activations written, read, and
+/// their gradients written and read); and the tensor-parallel transfers the block and the ends declare. For the last
+/// stage (the only one at pp 1).
 inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
                                  training_shape const& t, std::size_t tokens, machine const& m) {
   std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
   double const weights =
       static_cast<double>(blocks * f.block.parameter_bytes + f.output.parameter_bytes) / sizeof(float);
+  // The blocked attention's two forward products per query and key it meets; its backward has five.
   double const attention = 4.0 * static_cast<double>(blocks) * static_cast<double>(tokens) *
-                           static_cast<double>(t.sequence) * static_cast<double>(c.dim / l.tp);
-  double const forward = 2.0 * static_cast<double>(tokens) * weights + attention;
+                           nn::attention_keys_per_query(t.sequence) * static_cast<double>(c.dim / l.tp);
   double const passes = l.checkpointing ? 4.0 : 3.0;
+  double const flops = passes * 2.0 * static_cast<double>(tokens) * weights + (passes + 0.5) * attention;
   double const scale = static_cast<double>(t.bytes.activation) / sizeof(float);
   double const saved = static_cast<double>(stage_activations(f, c, l, tokens, l.pp == 1, true)) * scale;
   double const traffic = weights * static_cast<double>((passes + 1) * t.bytes.parameter) + 4 * saved;
@@ -212,7 +213,7 @@ inline double microbatch_seconds(model_figures const& f, models::LlamaConfig con
          transfer_seconds(f.ends.backward, l.tp, tp, scale);
   double const rate =
       m.gemm_flops * static_cast<double>(tokens) / (static_cast<double>(tokens) + m.gemm_half_rate_tokens);
-  return passes * forward / rate + traffic / m.memory_bandwidth + comm;
+  return flops / rate + traffic / m.memory_bandwidth + comm;
 }
 
 /// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements, of
@@ -253,7 +254,7 @@ inline estimate estimate_layout(models::LlamaConfig const& config, training_shap
                      l.microbatches, " microbatches cannot run a batch of ", t.batch, " sequences of ", t.sequence,
                      " tokens; every size must be positive and dp x microbatches must divide the batch");
   models::LlamaConfig c = config;
-  c.sequence = t.sequence;  // the attention's scores are sequence x sequence
+  c.sequence = t.sequence;  // the attention's panels and products follow the sequence
   std::size_t const sequences = t.batch / (l.dp * l.microbatches);
   std::size_t const tokens = sequences * t.sequence;
   model_figures const f = figures(c, tokens, l.tp);

@@ -20,7 +20,7 @@
 namespace shardwise::nn {
 
 /// Query rows causal_attention and its backward take at a time when not told: the transient panels are
-/// 2 x 128 x sequence elements, and the products' shapes keep the GEMM kernels near their peak.
+/// 2 x 128 x sequence elements. 64 to 256 ran equally fast here (docs/benchmarks.md, "Long sequences").
 inline constexpr std::size_t attention_block_rows = 128;
 
 /// What the backward of causal_attention needs besides q, k and v: the logsumexp of every query row's scaled
@@ -48,16 +48,30 @@ constexpr std::size_t attention_panel_bytes(std::size_t sequence, std::size_t bl
   return 2 * std::min(block_rows, sequence) * sequence * sizeof(T);
 }
 
+/// The keys a query row is scored against on average in causal_attention's forward: each panel of block_rows
+/// queries meets every key up to its last row, so the causal half plus half a block. The backward's five products
+/// meet as many; the planner counts attention FLOPs with it.
+constexpr double attention_keys_per_query(std::size_t sequence, std::size_t block_rows = attention_block_rows) {
+  if (sequence == 0 || block_rows == 0) return 0;
+  double pairs = 0;
+  for (std::size_t first = 0; first < sequence; first += block_rows) {
+    std::size_t const rows = std::min(block_rows, sequence - first);
+    pairs += static_cast<double>(rows) * static_cast<double>(first + rows);
+  }
+  return pairs / static_cast<double>(sequence);
+}
+
 }  // namespace shardwise::nn
 
 namespace shardwise::detail {
 
-/// The sizes of one attention call, checked.
+/// The sizes of one attention call, checked; block_rows capped at the sequence.
 struct attention_shape {
   Eigen::Index sequence, head_dim, heads, kv_heads, block_rows;
   Eigen::Index group() const { return heads / kv_heads; }
 };
 
+/// The sizes of q, k and v, or an error naming what does not fit.
 template <class T>
 attention_shape checked_attention_shape(char const* fn, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                                         nn::const_matrix_ref<T> v, std::size_t sequence, std::size_t head_dim,
@@ -68,7 +82,9 @@ attention_shape checked_attention_shape(char const* fn, nn::const_matrix_ref<T> 
          "; give it rows of whole sequences");
   if (d == 0 || q.cols() % d != 0 || k.cols() % d != 0 || k.cols() == 0 || (q.cols() / d) % (k.cols() / d) != 0)
     fail("shardwise::nn::", fn, ": ", q.cols(), " query and ", k.cols(), " key columns are not whole heads of ",
-         head_dim, " with a whole number of query heads per key-value head");
+         head_dim,
+         " with a whole number of query heads per key-value head; give q heads x head_dim and k, v "
+         "kv_heads x head_dim columns, heads a multiple of kv_heads");
   if (block_rows == 0) fail("shardwise::nn::", fn, ": block_rows is 0; give it at least one query row per panel");
   nn_check_shape(fn, "k [tokens, kv_heads * head_dim]", k, q.rows(), k.cols());
   nn_check_shape(fn, "v [tokens, kv_heads * head_dim]", v, q.rows(), k.cols());
@@ -139,11 +155,15 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
                                const_matrix_ref<T> v, attention_saved<T> const& saved, matrix_ref<T> dq,
                                matrix_ref<T> dk, matrix_ref<T> dv, std::size_t block_rows = attention_block_rows) {
   constexpr char const* fn = "causal_attention_backward";
-  if (saved.sequence == 0 || saved.logsumexp.rows() != q.rows() || saved.logsumexp.cols() * saved.head_dim != q.cols())
+  auto const not_saved = [&] {
     detail::fail("shardwise::nn::", fn, ": `saved` is not from a causal_attention forward of these ", q.rows(),
-                 " rows and ", q.cols(), " query columns; call causal_attention on them first");
+                 " rows, ", q.cols(), " query and ", k.cols(), " key columns; call causal_attention on them first");
+  };
+  if (saved.sequence == 0 || saved.logsumexp.rows() != q.rows() || saved.logsumexp.cols() * saved.head_dim != q.cols())
+    not_saved();
   auto const a = detail::checked_attention_shape<T>(fn, q, k, v, static_cast<std::size_t>(saved.sequence),
                                                     static_cast<std::size_t>(saved.head_dim), block_rows);
+  if (a.kv_heads != saved.kv_heads) not_saved();  // the logsumexp would belong to other key-value heads
   Eigen::Index const d = a.head_dim;
   detail::nn_check_shape(fn, "dout [tokens, heads * head_dim]", dout, q.rows(), q.cols());
   detail::nn_check_shape(fn, "dq [tokens, heads * head_dim]", dq, q.rows(), q.cols());
