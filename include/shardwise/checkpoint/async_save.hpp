@@ -237,6 +237,7 @@ class async_save {
   void finish() {
     if (!state_) return;
     std::unique_ptr<detail::async_save_state> const s = std::move(state_);
+    join_cleanup();  // the last replaced folder is gone before this commit replaces another (".ckpt.previous")
     std::filesystem::path previous;
     std::string error;
     if (s->member) {
@@ -251,7 +252,6 @@ class async_save {
     }
     if (s->outer_agree) s->outer_agree(error);
     if (previous.empty()) return;
-    join_cleanup();
     auto& removing = detail::folders_being_removed::instance();
     {
       std::lock_guard const hold(removing.mutex);

@@ -17,7 +17,12 @@
 // The save is atomic at the folder level: everything goes to a hidden sibling ".ckpt.incomplete"; tp rank 0
 // then reopens every rank's file, checks that the pieces cover every tensor exactly once, writes the index
 // and swaps the folder in (renameat2 RENAME_EXCHANGE, or two renames where the file system has no exchange).
-// Until then the previous checkpoint in "ckpt" is untouched and loadable.
+// Until then the previous checkpoint in "ckpt" is untouched and loadable. A save runs in phases, collective
+// steps apart from the writing: stage_save (the leader's lock, the generation, the staging folder),
+// plan_rank_file (the rank's pieces as runs of its parameters' storage, no copy), write_rank_file (one
+// sequential write per run, each piece's checksum computed as it is written, fsync; touches neither model nor
+// mesh) and commit_save (the leader's cover check from the files, the index, the swap). An asynchronous save
+// (checkpoint/async_save.hpp, sw::async_save) runs write_rank_file on a background thread from a snapshot.
 //
 // Loading reads, on each rank, only the boxes of the pieces its shard needs (pread, straight into the parameter
 // where whole rows are wanted). With data parallelism, call save_sharded on one replica (dp rank 0) and
