@@ -17,7 +17,8 @@
 //       through sw::async_save as the training thread sees it: the save_sharded call (copy of the shard), then
 //       after a sleep of twice the synchronous save (training would run there), the poll() that finds every
 //       rank's write finished and commits (any polls before it are counted too); and the floor of an
-//       in-memory snapshot (the same bytes copied in memory by 4 threads with non-temporal stores).
+//       in-memory snapshot (the same bytes copied in memory by 4 threads with non-temporal stores). Then a
+//       training step (forward + backward) alone, and one run while the asynchronous save's writes are in flight.
 //       The first asynchronous save allocates its snapshot buffer; the later ones reuse it: both are shown.
 //
 //   mpiexec -n 4 bench_checkpoint rss --dir D --mode sharded|rank0|steps|consolidated [--smoke]
@@ -400,6 +401,8 @@ int save(fs::path const& dir, int repeat, bool smoke) {
       "TP 4 on 4 threads; folder %s; best of %d\n",
       c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, dir.c_str(), repeat);
   std::fflush(stdout);
+  double step_alone = 1e300, step_during = 1e300;
+  int writes_outlasting = 0;
   fs::path const fresh = dir / "ckpt_new";
   fs::remove_all(fresh);
   double replace_seconds = 1e300;
@@ -459,6 +462,37 @@ int save(fs::path const& dir, int repeat, bool smoke) {
       if (call + polling < call_best + finish_best) call_best = call, finish_best = polling, polls_best = polls;
       total_best = std::min(total_best, total);
     }
+    // A training step (forward and backward of 4 sequences) alone, and right after an asynchronous save's call,
+    // while the ranks' background writes run; poll() after the step tells whether a write outlasted it.
+    std::vector<std::int64_t> ids(4 * c.sequence), targets(ids.size());
+    for (std::size_t t = 0; t < ids.size(); ++t) {
+      ids[t] = std::int64_t((t * 37 + 5) % c.vocabulary);
+      targets[t] = std::int64_t((t * 37 + 6) % c.vocabulary);
+    }
+    auto const train_step = [&] {
+      auto const logits = model.forward(ids);
+      auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
+      model.backward(result.dlogits);
+      sw::zero_grad(model);
+    };
+    train_step();  // allocates the gradients
+    for (int i = 0; i < repeat; ++i) {
+      sw::barrier(tp);
+      auto const alone = std::chrono::steady_clock::now();
+      train_step();
+      sw::barrier(tp);
+      if (world.rank() == 0) step_alone = std::min(step_alone, seconds_since(alone));
+      sw::save_sharded(model, tp, async_ckpt, 300 + i, saver);
+      sw::barrier(tp);
+      auto const during = std::chrono::steady_clock::now();
+      train_step();
+      sw::barrier(tp);
+      double const with = seconds_since(during);
+      bool const outlasted = !saver.poll();
+      saver.wait();
+      if (world.rank() == 0) step_during = std::min(step_during, with), writes_outlasting += outlasted ? 1 : 0;
+      std::this_thread::sleep_for(std::chrono::duration<double>(sync_seconds_all));  // the clean-up's time
+    }
   });
   double const bytes = double(bytes_under(ckpt));
   // Loaded back: the asynchronous save's checkpoint holds the shards bit for bit.
@@ -512,6 +546,12 @@ int save(fs::path const& dir, int repeat, bool smoke) {
               finish_best, finish_best / sync_seconds);
   row("async: training thread in all (call + polls), later saves", call_best + finish_best);
   row("async: from the call to the commit, the sleep left out (background write included)", total_best);
+  std::printf("| training step (forward + backward, 4 x %zu tokens), alone | %.3f | — | %.3f |\n", c.sequence,
+              step_alone, step_alone / sync_seconds);
+  std::printf(
+      "| the same step right after an asynchronous save's call, its write in flight (outlasting the step %d of %d "
+      "times) | %.3f | — | %.3f |\n",
+      writes_outlasting, repeat, step_during, step_during / sync_seconds);
   std::printf("\nsynchronous save / (cp -r + sync), GB/s against GB/s: %.2f into a new folder, %.2f replacing\n",
               cp_sync / sync_seconds, rm_cp_sync / replace_seconds);
   std::printf("floor / (cp -r + sync): %.2f\n", cp_sync / floor);
