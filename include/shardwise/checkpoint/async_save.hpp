@@ -174,6 +174,10 @@ struct async_save_state {
 
 struct async_save_access;
 
+/// A model that hands out its ranks' shards itself (sw::fully_shard's): it saves synchronously only.
+template <class Model>
+concept hands_out_parameter_shards = requires(Model& m) { m.shardwise_for_each_parameter_shard([](auto&&...) {}); };
+
 }  // namespace detail
 
 /// A sharded save that writes in the background while training goes on (pass it to sw::save_sharded). One per
@@ -356,6 +360,9 @@ struct async_save_access {
 template <class Model, class TpMesh>
 void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
                   async_save& saver, std::map<std::string, std::string> const& metadata = {}) {
+  static_assert(!detail::hands_out_parameter_shards<Model>,
+                "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
+                "tp, dir, step)");
   auto group = detail::owning_save_group(tp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank();
   detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, {});
@@ -367,6 +374,9 @@ template <class Model, class TpMesh, class PpMesh>
   requires requires(PpMesh const& pp) { pp.comm(0); }
 void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir, std::int64_t step,
                   async_save& saver, std::map<std::string, std::string> const& metadata = {}) {
+  static_assert(!detail::hands_out_parameter_shards<Model>,
+                "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
+                "tp, dir, step)");
   auto group = detail::owning_save_group(tp, pp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.pp_size = pp.size(), group.pp_rank = pp.rank();
   detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, {});

@@ -158,6 +158,9 @@ template <class Model, class T, class TpMesh, class DpMesh>
 void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
                   std::filesystem::path const& dir, std::int64_t step, async_save& saver,
                   std::map<std::string, std::string> const& metadata = {}) {
+  static_assert(!detail::hands_out_parameter_shards<Model>,
+                "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
+                "optimizer, tp, dir, step)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
   bool const sliced = optimizer.options().zero1 && dp.size() > 1;
   auto names = detail::parameter_names(model);
