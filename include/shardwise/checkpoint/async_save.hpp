@@ -77,7 +77,8 @@ class snapshot_buffer {
   /// At least `bytes`; what it held before is lost when it grows.
   std::byte* reserve(std::size_t bytes) {
     if (bytes <= capacity_) return data_.get();
-    data_.reset();  // freed before the larger one is taken
+    data_.reset();  // freed before the larger one is taken: until it is, the buffer holds nothing
+    capacity_ = 0;
     try {
       data_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
     } catch (std::bad_alloc const&) {
