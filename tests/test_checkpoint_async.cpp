@@ -202,6 +202,34 @@ TEST_CASE("async save: a synchronous save of a folder this rank is still writing
   });
 }
 
+TEST_CASE("async save: a synchronous save of the in-flight folder under another spelling is refused too") {
+  scratch_dir dir("same_folder_spelt_twice");
+  fs::path const ckpt = dir.path / "ckpt";  // absolute
+  fs::path const relative = fs::relative(ckpt);
+  REQUIRE(relative.is_relative());
+  async_cases::gated const gate(ckpt);
+  at_tp(2, [&](auto const& mesh) {
+    auto const tp = sw::submesh<"tp">(mesh);
+    Model model(async_cases::config());
+    sw::parallelize(model, tp);
+    sw::async_save saver;
+    async_cases::arm(tp);
+    sw::save_sharded(model, tp, relative, 1, saver);  // in flight under the relative spelling
+    std::string message;
+    try {
+      sw::save_sharded(model, tp, ckpt / ".", 2);  // the absolute one: it would wait for the leader's own lock
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find("\" from this rank (sw::async_save) is still in flight; call its wait() first") !=
+                      std::string::npos,
+                  message);
+    async_cases::release(tp.rank());
+    saver.wait();
+    CHECK(sw::load_sharded(model, tp, ckpt).step == 1);
+  });
+}
+
 namespace {
 void kill_in_background(std::string_view stage, int) {
   if (stage == "rank_file_written") ::raise(SIGKILL);  // on a background thread; the whole process dies

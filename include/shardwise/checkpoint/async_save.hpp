@@ -150,7 +150,9 @@ struct async_save_state {
   std::thread worker;
   std::atomic<bool> written{false};  // the worker has finished (error says how)
   std::string error;                 // the worker's; read after it is joined
-  bool registered = false;           // in saves_in_flight (the leader's)
+  bool registered = false;           // in saves_in_flight (the leader's), under `registered_as`
+  std::string registered_as;         // saves_in_flight's key of the folder
+  std::thread::id registered_by;     // the thread that staged the save
   /// False on a rank that writes nothing but takes part in `outer` (a data-parallel replica other than the
   /// saving one, under save_sharded with an optimizer): it holds no staging, plan or worker.
   bool member = true;
@@ -164,12 +166,7 @@ struct async_save_state {
   async_save_state& operator=(async_save_state const&) = delete;
   ~async_save_state() {
     if (worker.joinable()) worker.join();
-    if (registered) {
-      auto& in_flight = saves_in_flight::instance();
-      std::lock_guard const hold(in_flight.mutex);
-      auto const entry = in_flight.entries.find({staged.target.string(), std::this_thread::get_id()});
-      if (entry != in_flight.entries.end()) in_flight.entries.erase(entry);
-    }
+    if (registered) saves_in_flight::instance().erase(registered_as, registered_by);
   }
 };
 
@@ -300,9 +297,9 @@ struct async_save_access {
     s->also_write = std::move(also_write);
     s->staged = stage_save(s->group, dir);
     if (s->group.leader()) {
-      auto& in_flight = saves_in_flight::instance();
-      std::lock_guard const hold(in_flight.mutex);
-      in_flight.entries.insert({s->staged.target.string(), std::this_thread::get_id()});
+      s->registered_as = saves_in_flight::key(s->staged.target);
+      s->registered_by = std::this_thread::get_id();
+      saves_in_flight::instance().insert(s->registered_as, s->registered_by);
       s->registered = true;
     }
     std::string error;

@@ -105,6 +105,7 @@ inline void add_stage_tensors(checkpoint_index& index, safetensors_file const& f
 
 /// The folders of asynchronous saves still in flight in this process, with the thread that staged each (their
 /// leader's): a save of such a folder from that thread would wait for its own lock for ever, so it is refused.
+/// A folder is known by its absolute path ("ckpt" and "/run/ckpt" are one folder when /run is the current one).
 struct saves_in_flight {
   std::mutex mutex;
   std::multiset<std::pair<std::string, std::thread::id>> entries;
@@ -113,9 +114,25 @@ struct saves_in_flight {
     static saves_in_flight registry;
     return registry;
   }
+  /// The name a folder is registered under: its absolute path, normalized (the current folder's, if that fails).
+  [[nodiscard]] static std::string key(std::filesystem::path const& target) {
+    std::error_code failed;
+    auto const absolute = std::filesystem::absolute(target, failed);
+    return (failed ? target : absolute).lexically_normal().string();
+  }
   [[nodiscard]] bool holds(std::filesystem::path const& target) {
+    std::string const name = key(target);
     std::lock_guard const hold(mutex);
-    return entries.contains({target.string(), std::this_thread::get_id()});
+    return entries.contains({name, std::this_thread::get_id()});
+  }
+  void insert(std::string const& name, std::thread::id by) {
+    std::lock_guard const hold(mutex);
+    entries.insert({name, by});
+  }
+  void erase(std::string const& name, std::thread::id by) noexcept {
+    std::lock_guard const hold(mutex);
+    auto const entry = entries.find({name, by});
+    if (entry != entries.end()) entries.erase(entry);
   }
 };
 
