@@ -13,6 +13,7 @@
 #include <random>
 #include <shardwise/checkpoint/async_save.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cases/async_save_cases.hpp"
@@ -123,6 +124,32 @@ TEST_CASE("async save: without RENAME_EXCHANGE, a save replaces the last one thr
   scratch_dir dir("no_exchange");
   at_tp(2, [&](auto const& mesh) { async_cases::round_trip(mesh, dir.path / "ckpt"); });  // its second save replaces
   for (auto const& entry : fs::directory_iterator(dir.path))  // the moved-aside folder removed by the clean-up
+    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
+}
+
+TEST_CASE("async save: without RENAME_EXCHANGE, the replaced checkpoint is off '.ckpt.previous' by the commit's end") {
+  struct fallback {
+    fallback() { sw::detail::checkpoint_without_exchange = true; }
+    ~fallback() { sw::detail::checkpoint_without_exchange = false; }
+  } const forced;
+  scratch_dir dir("no_exchange_handover");
+  fs::path const ckpt = dir.path / "ckpt";
+  at_tp(2, [&](auto const& mesh) {
+    auto const tp = sw::submesh<"tp">(mesh);
+    Model model(async_cases::config());
+    sw::parallelize(model, tp);
+    sw::async_save saver;
+    sw::save_sharded(model, tp, ckpt, 1, saver);
+    saver.wait();
+    sw::save_sharded(model, tp, ckpt, 2, saver);
+    while (!saver.poll()) std::this_thread::yield();  // committed; its clean-up thread may still be removing
+    // The lock is released: the folder the clean-up removes must not be the name the next commit moves to.
+    if (tp.rank() == 0) CHECK(!fs::exists(dir.path / ".ckpt.previous"));
+    sw::save_sharded(model, tp, ckpt, 3);  // moves "ckpt" to ".ckpt.previous" while that clean-up may run
+    CHECK(sw::load_sharded(model, tp, ckpt).step == 3);
+    saver.wait();
+  });
+  for (auto const& entry : fs::directory_iterator(dir.path))
     CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
 }
 

@@ -239,7 +239,7 @@ class async_save {
   void finish() {
     if (!state_) return;
     std::unique_ptr<detail::async_save_state> const s = std::move(state_);
-    join_cleanup();  // the last replaced folder is gone before this commit replaces another (".ckpt.previous")
+    join_cleanup();  // one clean-up at a time: the last replaced folder is gone before this commit replaces another
     std::filesystem::path previous;
     std::string error;
     if (s->member) {

@@ -262,7 +262,8 @@ save_group save_group_over(Axes const&... axes) {
 /// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.
 /// An error after the new checkpoint is in place says so: the save then happened, only its flush or clean-up
 /// did not. The previous checkpoint is removed, or with `previous_out` left for the caller to remove: its folder
-/// is then stored there (empty if there was none).
+/// is then stored there (empty if there was none), under `temp`'s name (unique to the save, and free once the
+/// new checkpoint is in place), so that removing it after the folder's lock is released races no other save.
 inline void commit_directory(std::filesystem::path const& temp, std::filesystem::path const& target,
                              std::filesystem::path* previous_out = nullptr) {
   namespace fs = std::filesystem;
@@ -307,7 +308,14 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
   if (checkpoint_save_hook) checkpoint_save_hook("previous_moved_aside", 0);
   fs::rename(temp, target);
   committed([&] { fsync_directory(parent); });
-  retire(previous);
+  if (!previous_out) return fs::remove_all(previous, ignored), void();
+  // Left for the caller to remove, perhaps after the folder's lock is released: by then another saver may move
+  // its own previous checkpoint to ".NAME.previous". So it is handed over under the staging name this save has
+  // just freed (unique to it; a later save removes what is left of it as a dead save's staging folder).
+  std::error_code moved;
+  fs::rename(previous, temp, moved);
+  if (moved) return fs::remove_all(previous, ignored), void();  // removed now, still under the lock
+  *previous_out = temp;
 }
 
 inline std::filesystem::path normalized_dir(std::filesystem::path const& dir) {
