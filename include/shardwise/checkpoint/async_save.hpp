@@ -199,6 +199,10 @@ class async_save {
       wait();
     } catch (std::exception const& e) {
       std::fprintf(stderr, "%s (raised when a sw::async_save was destroyed; call its wait() to handle it)\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr,
+                   "shardwise::async_save: an exception that is not a std::exception was raised when a sw::async_save "
+                   "was destroyed; call its wait() to handle it\n");
     }
     join_cleanup();
   }
@@ -254,22 +258,30 @@ class async_save {
     }
     if (s->outer_agree) s->outer_agree(error);
     if (previous.empty()) return;
-    auto& removing = detail::folders_being_removed::instance();
-    {
-      std::lock_guard const hold(removing.mutex);
-      removing.paths.insert(previous.string());
-    }
-    auto const remove = [previous] {
-      std::error_code ignored;  // best effort: a save of the folder removes what is left
-      std::filesystem::remove_all(previous, ignored);
-      auto& registry = detail::folders_being_removed::instance();
-      std::lock_guard const hold(registry.mutex);
-      registry.paths.erase(previous.string());
+    // The save is committed on every rank: nothing from here on throws (the folder left behind, if any, is a
+    // staging folder the next save of the folder removes).
+    auto const remove = [previous]() noexcept {
+      try {
+        std::error_code ignored;  // best effort: a save of the folder removes what is left
+        std::filesystem::remove_all(previous, ignored);
+      } catch (...) {
+      }
+      try {
+        auto& registry = detail::folders_being_removed::instance();
+        std::lock_guard const hold(registry.mutex);
+        registry.paths.erase(previous.string());
+      } catch (...) {
+      }
     };
     try {
+      auto& removing = detail::folders_being_removed::instance();
+      {
+        std::lock_guard const hold(removing.mutex);
+        removing.paths.insert(previous.string());
+      }
       cleanup_ = std::thread(remove);
-    } catch (std::system_error const&) {
-      remove();
+    } catch (...) {
+      remove();  // no thread to be had (or no memory): removed now
     }
   }
 
@@ -323,8 +335,8 @@ struct async_save_access {
     };
     try {
       s->worker = std::thread(write);
-    } catch (std::system_error const&) {
-      write();  // no thread to be had: written now, committed at the next call all the same
+    } catch (...) {
+      write();  // no thread to be had (or no memory for one): written now, committed at the next call all the same
     }
     saver.state_ = std::move(s);
   }
