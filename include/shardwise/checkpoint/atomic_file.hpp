@@ -34,7 +34,8 @@ inline void fsync_directory(std::filesystem::path const& dir) {
     fail("shardwise::checkpoint: cannot flush directory \"", dir.string(), "\": ", std::strerror(error));
 }
 
-/// Writes all of `bytes` to fd, retrying short writes; returns 0 or an errno value.
+/// Writes all of `bytes` to fd, retrying short writes; returns 0 or an errno value (EIO if a write wrote
+/// nothing: it would only do so again).
 inline int write_all(int fd, std::span<std::byte const> bytes) {
   while (!bytes.empty()) {
     std::size_t const piece = bytes.size() < (std::size_t{1} << 30) ? bytes.size() : (std::size_t{1} << 30);
@@ -43,6 +44,7 @@ inline int write_all(int fd, std::span<std::byte const> bytes) {
       if (errno == EINTR) continue;
       return errno;
     }
+    if (n == 0) return EIO;
     bytes = bytes.subspan(static_cast<std::size_t>(n));
   }
   return 0;
@@ -82,6 +84,7 @@ class atomic_file_writer {
         if (errno == EINTR) continue;
         give_up("write", errno);
       }
+      if (n == 0) give_up("write", EIO);  // wrote nothing: it would only do so again
       bytes = bytes.subspan(static_cast<std::size_t>(n));
       offset += static_cast<std::size_t>(n);
     }
