@@ -104,7 +104,7 @@ TEST_CASE("FSDP: gradient accumulation, a forward without backward, tied embeddi
                                                  {.dp = 2, .validation_forward = true}, c, serial);
   check<sw::fsdp_policy<sw::no_shard, blocks, sw::mixed_precision<Eigen::bfloat16, float>>>(
       "forward without backward, no-shard in bf16", 2, {.dp = 2, .validation_forward = true}, c,
-      bf16_reference(c, steps, 2, false));
+      bf16_reference(c, steps, 2, false), bf16_rounding);
   check<sw::fsdp_policy<sw::full_shard, blocks>>("two microbatches per step", 2, {.dp = 2, .microbatches = 2}, c,
                                                  serial_run(c, steps, 4, 2));
   auto tied = c;
@@ -213,7 +213,7 @@ TEST_CASE("FSDP with forward and backward prefetch equals the unsharded run") {
       {.dp = 2, .checkpoint_blocks = true, .validation_forward = true, .prefetch = true}, c, serial);
   using bf16 = Eigen::bfloat16;
   check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>>(
-      "prefetch, bf16 gathers", 2, {.dp = 2, .prefetch = true}, c, bf16_reference(c, steps, 2, false));
+      "prefetch, bf16 gathers", 2, {.dp = 2, .prefetch = true}, c, bf16_reference(c, steps, 2, false), bf16_rounding);
 }
 
 TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same way") {
@@ -221,11 +221,11 @@ TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same wa
   using bf16 = Eigen::bfloat16;
   auto const gathers_bf16 = bf16_reference(c, steps, 2, false);
   check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>>("bf16 gathers, dp 2", 2, {.dp = 2},
-                                                                                   c, gathers_bf16);
+                                                                                   c, gathers_bf16, bf16_rounding);
   check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>, sequence_parallel>(
       "bf16 gathers, dp 2 x TP 2", 4, {.dp = 2}, c, gathers_bf16, bf16_rounding);
   check<sw::fsdp_policy<sw::no_shard, blocks, sw::mixed_precision<bf16, float>>>("bf16 gathers, no-shard", 2, {.dp = 2},
-                                                                                 c, gathers_bf16);
+                                                                                 c, gathers_bf16, bf16_rounding);
   auto const reduces_bf16 = bf16_reference(c, steps, 2, true);
   check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, bf16>>>(
       "bf16 gathers and reduce, dp 2", 2, {.dp = 2}, c, reduces_bf16, bf16_rounding);

@@ -104,11 +104,11 @@ TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same wa
                         bf16_reference(c, steps, 1, true));
   } else if (world.size() == 2) {
     check_same_training(train<gathers_bf16, sw::serial_plan>(world, {.dp = 2}, c, steps),
-                        bf16_reference(c, steps, 2, false));
+                        bf16_reference(c, steps, 2, false), bf16_rounding);
     check_same_training(train<all_bf16, sw::serial_plan>(world, {.dp = 2}, c, steps), bf16_reference(c, steps, 2, true),
                         bf16_rounding);
     check_same_training(train<gathers_bf16, sw::serial_plan>(world, {.dp = 2, .prefetch = true}, c, steps),
-                        bf16_reference(c, steps, 2, false));
+                        bf16_reference(c, steps, 2, false), bf16_rounding);
   } else {
     check_same_training(train<gathers_bf16, sequence_parallel>(world, {.dp = 2}, c, steps),
                         bf16_reference(c, steps, 2, false), bf16_rounding);
