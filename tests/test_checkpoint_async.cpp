@@ -34,6 +34,18 @@ struct scratch_dir {
   ~scratch_dir() { fs::remove_all(path); }
 };
 
+/// Commits go through the two renames, as on a filesystem without RENAME_EXCHANGE, while it lives.
+struct without_rename_exchange {
+  without_rename_exchange() { sw::detail::checkpoint_without_exchange = true; }
+  ~without_rename_exchange() { sw::detail::checkpoint_without_exchange = false; }
+};
+
+/// Only the checkpoint "ckpt" and its lock file are in `folder`: no staging or replaced folder left behind.
+void check_only_checkpoint_left(fs::path const& folder) {
+  for (auto const& entry : fs::directory_iterator(folder))
+    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
+}
+
 template <class Body>
 void at_tp(int n, Body const& body) {
   sw::run_threads(n, [&](auto& world) { body(sw::make_mesh<"dp", "tp">(world, {1, n})); });
@@ -111,27 +123,19 @@ TEST_CASE("async save: round trips bit for bit at TP 1, 2 and 4; committed by wa
     CAPTURE(n);
     scratch_dir dir("round_trip_" + std::to_string(n));
     at_tp(n, [&](auto const& mesh) { async_cases::round_trip(mesh, dir.path / "ckpt"); });
-    for (auto const& entry : fs::directory_iterator(dir.path))  // no staging or replaced folder left behind
-      CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
+    check_only_checkpoint_left(dir.path);
   }
 }
 
 TEST_CASE("async save: without RENAME_EXCHANGE, a save replaces the last one through the two renames") {
-  struct fallback {
-    fallback() { sw::detail::checkpoint_without_exchange = true; }
-    ~fallback() { sw::detail::checkpoint_without_exchange = false; }
-  } const forced;
+  without_rename_exchange const forced;
   scratch_dir dir("no_exchange");
   at_tp(2, [&](auto const& mesh) { async_cases::round_trip(mesh, dir.path / "ckpt"); });  // its second save replaces
-  for (auto const& entry : fs::directory_iterator(dir.path))  // the moved-aside folder removed by the clean-up
-    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
+  check_only_checkpoint_left(dir.path);  // the moved-aside folder removed by the clean-up
 }
 
 TEST_CASE("async save: without RENAME_EXCHANGE, the replaced checkpoint is off '.ckpt.previous' by the commit's end") {
-  struct fallback {
-    fallback() { sw::detail::checkpoint_without_exchange = true; }
-    ~fallback() { sw::detail::checkpoint_without_exchange = false; }
-  } const forced;
+  without_rename_exchange const forced;
   scratch_dir dir("no_exchange_handover");
   fs::path const ckpt = dir.path / "ckpt";
   at_tp(2, [&](auto const& mesh) {
@@ -149,8 +153,7 @@ TEST_CASE("async save: without RENAME_EXCHANGE, the replaced checkpoint is off '
     CHECK(sw::load_sharded(model, tp, ckpt).step == 3);
     saver.wait();
   });
-  for (auto const& entry : fs::directory_iterator(dir.path))
-    CHECK_MESSAGE((entry.path().filename() == "ckpt" || entry.path().filename() == ".ckpt.lock"), entry.path());
+  check_only_checkpoint_left(dir.path);
 }
 
 TEST_CASE("async save: saved at TP 4, loaded at TP 2 and 1 into models that equal the saved one") {

@@ -124,6 +124,19 @@ std::function<void(std::filesystem::path const&, int)> optimizer_state_writer(
   };
 }
 
+/// Collectively over dp: gathers the AdamW state (to dp rank 0 under ZeRO-1) and returns the writer of its files,
+/// which dp rank 0 hands to the model's save.
+template <class Model, class T, class TpMesh, class DpMesh>
+std::function<void(std::filesystem::path const&, int)> gathered_optimizer_state_writer(Model& model,
+                                                                                       AdamW<T>& optimizer,
+                                                                                       TpMesh const& tp,
+                                                                                       DpMesh const& dp) {
+  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
+  auto names = parameter_names(model);
+  auto parts = gather_optimizer_state(model, optimizer, dp, names.size());
+  return optimizer_state_writer(std::move(parts), std::move(names), optimizer.steps(), sliced, dp.size(), tp.size());
+}
+
 }  // namespace detail
 
 /// Saves the model (as save_sharded) and the AdamW state, collectively over the dp x tp mesh: every rank calls
@@ -133,15 +146,11 @@ template <class Model, class T, class TpMesh, class DpMesh>
 void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
                   std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {}) {
-  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
-  auto names = detail::parameter_names(model);
-  auto parts = detail::gather_optimizer_state(model, optimizer, dp, names.size());
+  auto write_state = detail::gathered_optimizer_state_writer(model, optimizer, tp, dp);
   std::string error;
   if (dp.rank() == 0) {
     try {
-      save_sharded(model, tp, dir, step, metadata,
-                   detail::optimizer_state_writer(std::move(parts), std::move(names), optimizer.steps(), sliced,
-                                                  dp.size(), tp.size()));
+      save_sharded(model, tp, dir, step, metadata, std::move(write_state));
     } catch (std::exception const& e) {
       error = e.what();
     }
@@ -162,17 +171,13 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                 "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
                 "optimizer, tp, dir, step)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
-  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
-  auto names = detail::parameter_names(model);
-  auto parts = detail::gather_optimizer_state(model, optimizer, dp, names.size());
+  auto write_state = detail::gathered_optimizer_state_writer(model, optimizer, tp, dp);
   std::string error;
   if (dp.rank() == 0) {
     try {
       auto group = detail::owning_save_group(tp);
       group.tp_size = tp.size(), group.tp_rank = tp.rank();
-      detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata,
-                                       detail::optimizer_state_writer(std::move(parts), std::move(names),
-                                                                      optimizer.steps(), sliced, dp.size(), tp.size()));
+      detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, std::move(write_state));
     } catch (std::exception const& e) {
       error = e.what();
     }
