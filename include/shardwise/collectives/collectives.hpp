@@ -25,13 +25,31 @@ namespace shardwise {
 
 namespace detail {
 
-/// Where a collective's result goes: out, given the result's shape once the ranks have agreed on it.
+/// Where a collective's result goes: a tensor, sized to the result's shape once the ranks have agreed on it.
+/// One type per element type, whatever the tensor's, so each backend's algorithms are compiled once per element
+/// type (they were once per tensor type: a tenth of a training program's build).
+template <class E>
+class output_ref {
+ public:
+  template <class Out>
+  output_ref(Out& out, collective_site const& site)
+      : out_(&out), site_(&site), prepare_([](void* target, extents const& result, collective_site const& at) -> E* {
+          Out& tensor = *static_cast<Out*>(target);
+          prepare_output(tensor, result, at);
+          return data_of(tensor);
+        }) {}
+  /// Sizes the tensor to `result` and returns where its elements go.
+  E* operator()(extents const& result) const { return prepare_(out_, result, *site_); }
+
+ private:
+  void* out_;
+  collective_site const* site_;
+  E* (*prepare_)(void*, extents const&, collective_site const&);
+};
+
 template <class Out>
-auto output_into(Out& out, collective_site const& site) {
-  return [&out, &site](extents const& result) {
-    prepare_output(out, result, site);
-    return data_of(out);
-  };
+output_ref<element_t<Out>> output_into(Out& out, collective_site const& site) {
+  return {out, site};
 }
 
 template <class Comm, tensor T>

@@ -7,6 +7,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/mpi.hpp"
+#include "shardwise/mesh/runtime.hpp"
 #include "shardwise/mesh/thread.hpp"
 
 namespace shardwise {
@@ -19,11 +20,12 @@ namespace shardwise {
 }
 
 /// Runs fn(world) on every MPI rank when launched by mpiexec, otherwise on `threads` thread ranks
-/// (SHARDWISE_THREADS overrides the number). fn must accept any world type: write it as a generic lambda.
+/// (SHARDWISE_THREADS overrides the number). `world` is a sw::RuntimeComm& either way, so fn — and the model code
+/// it calls — is compiled once, not once per backend.
 template <class Fn>
 void launch(int& argc, char**& argv, int threads, Fn&& fn) {
   if (launched_by_mpi()) {
-    auto world = mpi_world(argc, argv);
+    RuntimeComm world(mpi_world(argc, argv));
     try {
       fn(world);
     } catch (std::exception const& e) {
@@ -39,7 +41,10 @@ void launch(int& argc, char**& argv, int threads, Fn&& fn) {
       detail::fail("shardwise::launch: SHARDWISE_THREADS=\"", text, "\" is not a rank count; use a number from 1");
     threads = static_cast<int>(n);
   }
-  run_threads(threads, fn);
+  run_threads(threads, [&](ThreadComm& ranks) {
+    RuntimeComm world(ranks);
+    fn(world);
+  });
 }
 
 }  // namespace shardwise

@@ -279,3 +279,32 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
 }
 
 }  // namespace shardwise::nn
+
+// With SHARDWISE_SEPARATE_KERNELS defined, these kernels (and those of functional_elementwise.hpp) for float and double
+// are declared here and compiled once, by the one file that includes <shardwise/nn/compile_kernels.hpp> (CMake: link
+// shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
+#define SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(prefix, T)                                                                 \
+  prefix template void linear_forward<T>(const_matrix_ref<T>, const_matrix_ref<T>, std::optional<const_vector_ref<T>>, \
+                                         matrix_ref<T>);                                                               \
+  prefix template void linear_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,               \
+                                          std::optional<matrix_ref<T>>, matrix_ref<T>, std::optional<vector_ref<T>>);  \
+  prefix template void embedding_forward<T>(std::span<const std::int64_t>, const_matrix_ref<T>, matrix_ref<T>,         \
+                                            std::int64_t);                                                             \
+  prefix template void embedding_backward<T>(std::span<const std::int64_t>, const_matrix_ref<T>, matrix_ref<T>,        \
+                                             std::int64_t);                                                            \
+  prefix template void layer_norm_forward<T>(const_matrix_ref<T>, const_vector_ref<T>, const_vector_ref<T>, T,         \
+                                             matrix_ref<T>, vector_ref<T>, vector_ref<T>);                             \
+  prefix template void layer_norm_backward<T>(const_matrix_ref<T>, const_vector_ref<T>, const_matrix_ref<T>,           \
+                                              const_vector_ref<T>, const_vector_ref<T>, matrix_ref<T>, vector_ref<T>,  \
+                                              vector_ref<T>);                                                          \
+  prefix template void rms_norm_forward<T>(const_matrix_ref<T>, const_vector_ref<T>, T, matrix_ref<T>, vector_ref<T>); \
+  prefix template void rms_norm_backward<T>(const_matrix_ref<T>, const_vector_ref<T>, const_matrix_ref<T>,             \
+                                            const_vector_ref<T>, matrix_ref<T>, vector_ref<T>);                        \
+  prefix template T cross_entropy_forward_backward<T>(const_matrix_ref<T>, std::span<const std::int64_t>,              \
+                                                      matrix_ref<T>, std::int64_t);
+#if defined(SHARDWISE_SEPARATE_KERNELS)
+namespace shardwise::nn {
+SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(extern, float)
+SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(extern, double)
+}  // namespace shardwise::nn
+#endif

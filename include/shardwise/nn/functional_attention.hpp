@@ -196,3 +196,19 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
 }
 
 }  // namespace shardwise::nn
+
+// With SHARDWISE_SEPARATE_KERNELS defined, the attention kernels for float and double are declared here and compiled
+// once, by the one file that includes <shardwise/nn/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
+// instead of in every file that calls them (docs/build-time.md).
+#define SHARDWISE_DETAIL_ATTENTION_KERNELS(prefix, T)                                                                  \
+  prefix template void causal_attention<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>, std::size_t, \
+                                           std::size_t, matrix_ref<T>, attention_saved<T>&, std::size_t);              \
+  prefix template void causal_attention_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,     \
+                                                    const_matrix_ref<T>, attention_saved<T> const&, matrix_ref<T>,     \
+                                                    matrix_ref<T>, matrix_ref<T>, std::size_t);
+#if defined(SHARDWISE_SEPARATE_KERNELS)
+namespace shardwise::nn {
+SHARDWISE_DETAIL_ATTENTION_KERNELS(extern, float)
+SHARDWISE_DETAIL_ATTENTION_KERNELS(extern, double)
+}  // namespace shardwise::nn
+#endif

@@ -87,3 +87,22 @@ void gelu_tanh_backward(const_matrix_ref<T> x, const_matrix_ref<T> dy, matrix_re
 }
 
 }  // namespace shardwise::nn
+
+// With SHARDWISE_SEPARATE_KERNELS defined, the activations for float and double are declared here and compiled once,
+// by the one file that includes <shardwise/nn/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
+// instead of in every file that calls them (docs/build-time.md).
+#define SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(prefix, T)                                           \
+  prefix template void relu_forward<T>(const_matrix_ref<T>, matrix_ref<T>);                       \
+  prefix template void silu_forward<T>(const_matrix_ref<T>, matrix_ref<T>);                       \
+  prefix template void gelu_forward<T>(const_matrix_ref<T>, matrix_ref<T>);                       \
+  prefix template void gelu_tanh_forward<T>(const_matrix_ref<T>, matrix_ref<T>);                  \
+  prefix template void relu_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, matrix_ref<T>); \
+  prefix template void silu_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, matrix_ref<T>); \
+  prefix template void gelu_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, matrix_ref<T>); \
+  prefix template void gelu_tanh_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, matrix_ref<T>);
+#if defined(SHARDWISE_SEPARATE_KERNELS)
+namespace shardwise::nn {
+SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(extern, float)
+SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(extern, double)
+}  // namespace shardwise::nn
+#endif

@@ -26,6 +26,28 @@ using const_vector_ref = Eigen::Ref<const vector<T>>;
 
 }  // namespace shardwise::nn
 
+namespace shardwise::detail {
+/// The Eigen settings the separately compiled kernels (SHARDWISE_SEPARATE_KERNELS) were built with. A file built
+/// with others (say -mavx, which changes Eigen's alignment and allocator) must not call them: its link fails on an
+/// undefined `separate_kernels_compiled_with<alignment, blas>::same_eigen_flags_as_this_file`, naming the file's.
+template <int AlignBytes, bool UsesBlas>
+struct separate_kernels_compiled_with {
+  static bool const same_eigen_flags_as_this_file;
+};
+#if defined(EIGEN_USE_BLAS)
+inline constexpr bool eigen_uses_blas = true;
+#else
+inline constexpr bool eigen_uses_blas = false;
+#endif
+}  // namespace shardwise::detail
+
+#if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
+namespace shardwise::detail {
+inline bool const separate_kernels_flags_checked =
+    separate_kernels_compiled_with<EIGEN_MAX_ALIGN_BYTES, eigen_uses_blas>::same_eigen_flags_as_this_file;
+}  // namespace shardwise::detail
+#endif
+
 // Internals go in shardwise::detail, not nn::detail: a namespace nn::detail would hide shardwise::detail from code
 // in shardwise::nn that names detail::something.
 namespace shardwise::detail {

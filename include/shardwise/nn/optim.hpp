@@ -284,8 +284,9 @@ class AdamW {
   T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages&& sum_over_stages) {
     ++steps_;
     if (slices_.empty()) for_each_state(ready.model, dp, [](auto&&...) {});  // the names, once: parameter groups
-    T const norm = average_and_norm(ready, dp, sum_over_stages);
-    update(ready, dp, clip_factor(norm));
+    list_parameters(ready);
+    T const norm = average_and_norm(dp, sum_over_stages);
+    update(dp, clip_factor(norm));
     return norm;
   }
 
@@ -319,43 +320,59 @@ class AdamW {
     }
   }
 
-  /// Every parameter with its finished gradient (allocated if a lazy load left none), in the order of the slices;
-  /// no names are built: a step walks the model twice.
-  template <class Model, class Fn>
-  static void for_each_finished(FinishedGradients<Model> ready, Fn&& fn) {
-    detail::for_each_parameter(ready.model, [&](auto const& p) { fn(detail::finished_view(p)); });
+  /// One parameter as a step sees it. The step walks the model once to list them and runs on the list, so its
+  /// collectives and arithmetic are compiled once per data mesh, not once per parameter type (most of a training
+  /// program's build time was that).
+  struct step_parameter {
+    T* value = nullptr;
+    T* grad = nullptr;  // finished: reduced over tp where it was Partial
+    std::size_t value_elements = 0, grad_elements = 0;
+    bool counted = false;  // this rank adds its squares to the global norm
+    T copies = 1;          // ranks holding the same block (a replicated block counts once)
+    nn::group<T> const* group = nullptr;
+  };
+
+  /// Lists every parameter with its finished gradient (allocated if a lazy load left none), in the order of the
+  /// slices; no names are built. A gradient not sharded over tp is the same on every tp rank, so only tp rank 0
+  /// counts it; a mirrored one (another stage's copy) counts there.
+  template <class Model>
+  void list_parameters(FinishedGradients<Model> ready) {
+    parameters_.clear();
+    detail::for_each_parameter(ready.model, [&](auto const& parameter) {
+      auto const p = detail::finished_view(parameter);
+      using P = std::remove_cvref_t<decltype(p)>;
+      bool const counted =
+          p.mirror_of.empty() && (is_shard_v<typename P::grad_placement> || (p.group ? p.group->rank() : 0) == 0);
+      parameters_.push_back({p.value->data(), p.grad->data(), static_cast<std::size_t>(p.value->size()),
+                             static_cast<std::size_t>(p.grad->size()), counted, static_cast<T>(p.copies), p.group});
+    });
   }
 
-  /// Averages the gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns the
-  /// global norm: a gradient not sharded over tp is the same on every tp rank, so only tp rank 0 counts it; a
-  /// replicated block counts once.
-  template <class Model, class DataMesh, class SumOverStages>
-  T average_and_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages& sum_over_stages) {
+  /// Averages the listed gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns
+  /// the global norm.
+  template <class DataMesh, class SumOverStages>
+  T average_and_norm(DataMesh const& dp, SumOverStages& sum_over_stages) {
     int const dp_size = dp.size(0);
-    std::size_t index = 0;
     T square_sum = 0;
     nn::group<T> const* tp_group = nullptr;
-    for_each_finished(ready, [&](auto const& p) {
-      using P = std::remove_cvref_t<decltype(p)>;
-      T* grad = p.grad->data();
-      auto const n = static_cast<std::size_t>(p.grad->size());
-      slice& s = slices_[index++];
+    for (std::size_t index = 0; index < parameters_.size(); ++index) {
+      step_parameter const& p = parameters_[index];
+      slice& s = slices_[index];
       if (dp_size > 1) {
-        Eigen::Map<nn::vector<T>> whole(grad, static_cast<Eigen::Index>(n));
+        Eigen::Map<nn::vector<T>> whole(p.grad, static_cast<Eigen::Index>(p.grad_elements));
         if (sliced(dp_size))
           detail::reduce_scatter_on(dp.comm(0), whole, s.grad, 0, detail::op_kind::avg);
         else
           detail::all_reduce_on(dp.comm(0), whole, detail::op_kind::avg);
       }
-      T const* g = sliced(dp_size) ? s.grad.data() : grad + s.start;
+      T const* g = sliced(dp_size) ? s.grad.data() : p.grad + s.start;
       if (p.group) tp_group = p.group;
-      bool const counted = p.mirror_of.empty();  // another stage's copy counts there
-      if (counted && (is_shard_v<typename P::grad_placement> || (p.group ? p.group->rank() : 0) == 0)) {
+      if (p.counted) {
         T squares = 0;
         for (std::size_t i = 0; i < s.count; ++i) squares += g[i] * g[i];
-        square_sum += squares / static_cast<T>(p.copies);
+        square_sum += squares / p.copies;
       }
-    });
+    }
     // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
     nn::vector<T> total(1);
     total(0) = square_sum;
@@ -365,24 +382,22 @@ class AdamW {
     return std::sqrt(total(0));
   }
 
-  /// AdamW on this rank's slice of every parameter, then (ZeRO-1) the updated slices gathered.
-  template <class Model, class DataMesh>
-  void update(FinishedGradients<Model> ready, DataMesh const& dp, T clip) {
+  /// AdamW on this rank's slice of every listed parameter, then (ZeRO-1) the updated slices gathered.
+  template <class DataMesh>
+  void update(DataMesh const& dp, T clip) {
     int const dp_size = dp.size(0);
-    std::size_t index = 0;
-    for_each_finished(ready, [&](auto const& p) {
-      slice& s = slices_[index++];
-      T* value = p.value->data();
-      T const* g = sliced(dp_size) ? s.grad.data() : p.grad->data() + s.start;
-      T* w = value + s.start;
+    for (std::size_t index = 0; index < parameters_.size(); ++index) {
+      step_parameter const& p = parameters_[index];
+      slice& s = slices_[index];
+      T const* g = sliced(dp_size) ? s.grad.data() : p.grad + s.start;
+      T* w = p.value + s.start;
       adam_update(s, w, g, clip);
       if (sliced(dp_size)) {
-        auto const n = static_cast<std::size_t>(p.value->size());
         nn::vector<T> const mine = Eigen::Map<nn::vector<T>>(w, static_cast<Eigen::Index>(s.count));
-        Eigen::Map<nn::vector<T>> whole(value, static_cast<Eigen::Index>(n));
+        Eigen::Map<nn::vector<T>> whole(p.value, static_cast<Eigen::Index>(p.value_elements));
         detail::all_gather_on(dp.comm(0), mine, whole, 0);
       }
-    });
+    }
   }
 
   slice& slice_of(std::size_t index, std::string const& name, std::size_t n, int dp_size, int dp_rank) {
@@ -414,6 +429,7 @@ class AdamW {
   std::size_t steps_ = 0;
   bool stepped_shards_ = false;  // by step(sharded): the slices are FSDP shards, not slices of the model's tensors
   std::vector<slice> slices_;
+  std::vector<step_parameter> parameters_;  // this step's, kept so that a step does not allocate the list
 };
 
 }  // namespace shardwise

@@ -1,0 +1,61 @@
+#!/bin/bash
+# The build time of a user's model files (docs/build-time.md): examples/train_llama.cpp (one plan) and
+# bench/four_plans.cpp (four plans of the Llama model), compiled alone with g++ at -O2 and -O3, as a user's
+# build compiles them: with the nn kernels compiled in the file, and with them from shardwise::separate_kernels
+# (-DSHARDWISE_SEPARATE_KERNELS; the kernels' own file, compiled once, is timed too). With --before REV the same
+# files are also compiled against REV's headers. Each time is the fastest of --repeat runs (default 2), in
+# seconds; run it on a quiet machine.
+#
+#   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/four_plans.cpp"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --before) before=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --compiler) cxx=$2; shift 2 ;;
+    --files) files=$2; shift 2 ;;
+    *) echo "compile_time.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpi_includes=$(mpicxx --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-isystem \1/g')
+common="-std=gnu++20 -DNDEBUG -DEIGEN_USE_BLAS -isystem /usr/include/eigen3 $mpi_includes"
+
+fastest() {  # fastest() include_dir source flags...: the fastest of $repeat compiles, in seconds
+  local include=$1 source=$2 best=""
+  shift 2
+  for _ in $(seq "$repeat"); do
+    local start end
+    start=$(date +%s.%N)
+    "$cxx" $common -I"$include" "$@" -c "$source" -o "$work/out.o"
+    end=$(date +%s.%N)
+    best=$(echo "$start $end ${best:-1e9}" | awk '{t = $2 - $1; print (t < $3 ? t : $3)}')
+  done
+  printf '%.1f' "$best"
+}
+
+if [ -n "$before" ]; then
+  mkdir -p "$work/before"
+  git -C "$here" archive "$before" include | tar -x -C "$work/before"
+fi
+printf '#include <shardwise/nn/compile_kernels.hpp>\n' > "$work/kernels.cpp"
+
+echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
+echo
+echo "| file | flags | before | kernels in the file | kernels from shardwise::separate_kernels |"
+echo "|---|---|---:|---:|---:|"
+for source in $files; do
+  for opt in -O2 -O3; do
+    old="—"
+    [ -n "$before" ] && old=$(fastest "$work/before/include" "$here/$source" "$opt")
+    inline=$(fastest "$here/include" "$here/$source" "$opt")
+    separate=$(fastest "$here/include" "$here/$source" "$opt" -DSHARDWISE_SEPARATE_KERNELS)
+    echo "| \`$source\` | $opt | $old | $inline | $separate |"
+  done
+done
+for opt in -O2 -O3; do
+  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $(fastest "$here/include" "$work/kernels.cpp" "$opt") |"
+done

@@ -1,0 +1,25 @@
+#pragma once
+// Compiles the nn kernels (functional.hpp, functional_elementwise.hpp, functional_attention.hpp) for float and
+// double. Include it in exactly one .cpp file of a program whose other files define SHARDWISE_SEPARATE_KERNELS:
+// they then call these instead of compiling their own copies, which is most of a model file's build time
+// (docs/build-time.md). CMake's shardwise::separate_kernels target does both.
+#if defined(SHARDWISE_DETAIL_FUNCTIONAL_KERNELS)
+#error "shardwise: include <shardwise/nn/compile_kernels.hpp> before any other shardwise header of its file"
+#endif
+#define SHARDWISE_DETAIL_COMPILING_KERNELS
+#include "shardwise/nn/functional.hpp"
+#include "shardwise/nn/functional_attention.hpp"
+
+namespace shardwise::detail {
+template <>
+bool const separate_kernels_compiled_with<EIGEN_MAX_ALIGN_BYTES, eigen_uses_blas>::same_eigen_flags_as_this_file = true;
+}  // namespace shardwise::detail
+
+namespace shardwise::nn {
+SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(, float)
+SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(, double)
+SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(, float)
+SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(, double)
+SHARDWISE_DETAIL_ATTENTION_KERNELS(, float)
+SHARDWISE_DETAIL_ATTENTION_KERNELS(, double)
+}  // namespace shardwise::nn
