@@ -190,9 +190,10 @@ done
 [[ $rc -ne 0 && $rc -ne 124 && $rc -ne 137 ]] || fail "mpiexec exited with $rc, not with an error of its own"
 # Some rank's timeout error names who did not arrive, or the watchdog of a rank caught in an agreed call's data
 # phase names the call it waited in, or OpenMPI reports the dead link (a TCP connection timed out, or mpiexec
-# lost the other host's daemon) when every rank was inside MPI's own transfer.
+# lost the other host's daemon) when every rank was inside MPI's own transfer. grep reads it all (no -q): under
+# pipefail, grep -q's early exit would end cat with SIGPIPE and fail the pipeline although the line is there.
 cat "$work/down.txt" "$work"/ranks/*/rank.*/std* 2>/dev/null |
-  grep -qE '^shardwise: rank [0-9]+ ends the job|^shardwise: rank [0-9]+ of mesh axis "[^"]*": [a-z_]+ did not finish within the timeout|Connection timed out|lost communication with a remote daemon' ||
+  grep -E '^shardwise: rank [0-9]+ ends the job|^shardwise: rank [0-9]+ of mesh axis "[^"]*": [a-z_]+ did not finish within the timeout|Connection timed out|lost communication with a remote daemon' >/dev/null ||
   fail "no rank's error and no error of OpenMPI about the link is in the output"
 echo "two_hosts: with the link down, the ranks ended in $(seconds "$ranks_ms") s, mpiexec (exit $rc) and host B's" \
   "daemon in $(seconds $took) s; $errors of 4 ranks wrote a shardwise error, $openmpi only OpenMPI's, the others" \
