@@ -43,8 +43,10 @@ inline constexpr bool eigen_uses_blas = false;
 
 #if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
 namespace shardwise::detail {
-inline bool const separate_kernels_flags_checked =
-    separate_kernels_compiled_with<EIGEN_MAX_ALIGN_BYTES, eigen_uses_blas>::same_eigen_flags_as_this_file;
+// Every file that declares the kernels extern refers to the library's symbol for its own settings. An internal
+// variable with a volatile read: clang drops an unused inline variable, and an optimiser may drop a plain read.
+[[maybe_unused]] static bool const separate_kernels_flags_checked = *static_cast<bool const volatile*>(
+    &separate_kernels_compiled_with<EIGEN_MAX_ALIGN_BYTES, eigen_uses_blas>::same_eigen_flags_as_this_file);
 }  // namespace shardwise::detail
 #endif
 
