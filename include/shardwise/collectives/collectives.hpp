@@ -79,6 +79,19 @@ void all_gather_on(Comm const& comm, In const& in, Out& out, int dim, call_site 
                                 site);
 }
 
+/// Starts an all-gather with the backend's collectives C: their own started transfer where they have one, else
+/// their blocking gather, finished before this returns.
+template <class C, class Comm, class E, class Output>
+pending_collective start_all_gather(Comm const& comm, E const* data, call_record const& call, storage_order order,
+                                    Output&& output, collective_site const& site) {
+  if constexpr (requires { C::transfers_in_background; }) {
+    return C::all_gather_start(comm, data, call, order, std::forward<Output>(output), site);
+  } else {
+    C::all_gather(comm, data, call, order, std::forward<Output>(output), site);
+    return {};
+  }
+}
+
 /// all_gather_on split in two: the ranks agree on the call and the transfer starts here; the returned
 /// collective finishes it. Backends without a transfer of their own (threads: a rank copies its peers' pieces
 /// itself) finish at once.
@@ -86,14 +99,8 @@ template <class Comm, tensor In, tensor Out>
 [[nodiscard]] pending_collective all_gather_start_on(Comm const& comm, In const& in, Out& out, int dim,
                                                      call_site where = {}) {
   auto const [call, site] = gather_call(comm, in, out, dim, collective_kind::all_gather_start, where);
-  if constexpr (requires { Comm::collectives::transfers_in_background; }) {
-    return Comm::collectives::all_gather_start(comm, traits_of<In>::data(in), call, traits_of<In>::order,
-                                               output_into(out, site), site);
-  } else {
-    Comm::collectives::all_gather(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
-                                  site);
-    return {};
-  }
+  return start_all_gather<typename Comm::collectives>(comm, traits_of<In>::data(in), call, traits_of<In>::order,
+                                                      output_into(out, site), site);
 }
 
 template <class Comm, tensor In, tensor Out>

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "shardwise/collectives/call.hpp"
+#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/collectives/pending.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/mpi.hpp"
@@ -147,11 +148,8 @@ template <class E, class Output>
 pending_collective runtime_collectives::all_gather_start(comm const& c, E const* data, call_record const& call,
                                                          storage_order order, Output&& output,
                                                          collective_site const& site) {
-  return c.visit([&]<class B>(B const& b) -> pending_collective {
-    if constexpr (requires { B::collectives::transfers_in_background; })
-      return B::collectives::all_gather_start(b, data, call, order, output, site);
-    B::collectives::all_gather(b, data, call, order, output, site);
-    return {};
+  return c.visit([&]<class B>(B const& b) {
+    return start_all_gather<typename B::collectives>(b, data, call, order, output, site);
   });
 }
 template <class E, class Output>
