@@ -7,6 +7,10 @@
 //   bench_train_llama [--steps 10] [--configurations 0,1,2,3] [--vocabulary N] [--dim N] [--layers N] [--heads N]
 //                     [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--smoke]
 // Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list.
+//
+// Beside tokens/s, the machine's share: model FLOP/s (6 x tokens x the weights that multiply, plus the causal
+// attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, measured
+// in the same run on as many threads as the configuration has ranks (each thread its rank's shapes, all at once).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -31,6 +35,7 @@ struct Result {
   double tokens_per_second = 0;
   std::size_t parameters = 0, gradients = 0, state = 0;
   double rss_before_mib = 0, peak_rss_mib = 0;  // this process, before the model is built and at its peak
+  double gemm_ceiling = 0;  // FLOP/s of the step's GEMMs alone on the same threads, measured right after the steps
 };
 
 template <class Plan>
@@ -88,10 +93,66 @@ constexpr std::array<Configuration, 4> configurations{{
     {"dp 2 x tp 2, ZeRO-1 (4 threads on 2 cores)", 4, 2, 2},
 }};
 
-Result run_configuration(int which, int steps, models::LlamaConfig const& c, int sequences) {
+/// The FLOPs a training step needs: forward and backward of every weight that multiplies (the embedding is a
+/// lookup) and of causal attention's two products per head (s(s+1)/2 visible pairs; the backward's four).
+double model_flops(models::LlamaConfig const& c, int sequences) {
+  double const tokens = double(sequences) * double(c.sequence), hd = double(c.head_dim());
+  double const kv = double(c.kv_heads) * hd, attention = double(c.dim) * (2 * double(c.dim) + 2 * kv);
+  double const weights = double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) +
+                         double(c.dim) * double(c.vocabulary);
+  double const pairs = double(c.sequence) * double(c.sequence + 1) / 2;
+  return 6 * tokens * weights + 12 * hd * pairs * double(c.heads) * double(c.layers) * double(sequences);
+}
+
+/// FLOP/s of one step's GEMMs alone, forward and backward, on `ranks` threads at once, each with a rank's shapes at
+/// TP `tp` and its dp group's tokens (all of them: sequence parallelism gathers them before each column-parallel
+/// GEMM); best of `runs`. One layer's matrices serve every layer, as the model's layers have the same shapes.
+double gemm_ceiling(models::LlamaConfig const& c, int sequences, int ranks, int tp, int runs) {
+  using Matrix = sw::nn::matrix<float>;
+  auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
+  auto const d = Eigen::Index(c.dim), kv = Eigen::Index(c.kv_heads * c.head_dim()), h = Eigen::Index(c.hidden);
+  // (in, out, times per step) of each weight a rank multiplies: wq, wk, wv, wo, w1, w3, w2, the output head.
+  struct Shape {
+    Eigen::Index in, out;
+    std::size_t times;
+  };
+  std::vector<Shape> const shapes{{d, d / t, c.layers},     {d, kv / t, c.layers},     {d, kv / t, c.layers},
+                                  {d / t, d, c.layers},     {d, h / t, c.layers},      {d, h / t, c.layers},
+                                  {h / t, d, c.layers},     {d, Eigen::Index(c.vocabulary) / t, 1}};
+  double flops = 0, best = 1e30;
+  for (auto s : shapes) flops += 6.0 * double(tokens) * double(s.in) * double(s.out) * double(s.times) * ranks;
+  sw::run_threads(ranks, [&](auto& world) {
+    auto const mesh = sw::make_mesh<"all">(world, {ranks});
+    std::vector<Matrix> x, w, dy, y, dx, dw;
+    for (auto s : shapes) {
+      x.push_back(Matrix::Random(tokens, s.in)), w.push_back(Matrix::Random(s.out, s.in));
+      dy.push_back(Matrix::Random(tokens, s.out)), y.emplace_back(tokens, s.out), dx.emplace_back(tokens, s.in);
+      dw.emplace_back(s.out, s.in);
+    }
+    for (int r = 0; r <= runs; ++r) {  // run 0 is warm-up
+      sw::barrier(mesh);
+      auto const start = std::chrono::steady_clock::now();
+      for (std::size_t k = 0; k < shapes.size(); ++k)
+        for (std::size_t time = 0; time < shapes[k].times; ++time) {
+          y[k].noalias() = x[k] * w[k].transpose();
+          dx[k].noalias() = dy[k] * w[k];
+          dw[k].noalias() = dy[k].transpose() * x[k];
+        }
+      sw::barrier(mesh);
+      double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (world.rank() == 0 && r > 0) best = std::min(best, seconds);
+    }
+  });
+  return flops / best;
+}
+
+Result run_configuration(int which, int steps, models::LlamaConfig const& c, int sequences, bool smoke) {
   auto const& k = configurations[std::size_t(which)];
-  if (k.tp == 1) return measure<models::llama_plan<false>>(k.ranks, k.dp, steps, c, sequences, false);
-  return measure<models::llama_plan<true>>(k.ranks, k.dp, steps, c, sequences, k.dp > 1);
+  Result r = k.tp == 1 ? measure<models::llama_plan<false>>(k.ranks, k.dp, steps, c, sequences, false)
+                       : measure<models::llama_plan<true>>(k.ranks, k.dp, steps, c, sequences, k.dp > 1);
+  // Seconds after the steps, in the same process: the machine's speed drifts by 10-20% over minutes here.
+  r.gemm_ceiling = gemm_ceiling(c, sequences / k.dp, k.ranks, k.tp, smoke ? 1 : 3);
+  return r;
 }
 
 // Runs one configuration in a fresh process: this program again, with --configuration, read back from a pipe.
@@ -101,12 +162,12 @@ Result in_own_process(char const* self, int which, std::string const& options) {
   Result r;
   int got = 0;
   if (pipe) {
-    got = std::fscanf(pipe, "RESULT %lf %zu %zu %zu %lf %lf", &r.tokens_per_second, &r.parameters, &r.gradients,
-                      &r.state, &r.rss_before_mib, &r.peak_rss_mib);
+    got = std::fscanf(pipe, "RESULT %lf %zu %zu %zu %lf %lf %lf", &r.tokens_per_second, &r.parameters, &r.gradients,
+                      &r.state, &r.rss_before_mib, &r.peak_rss_mib, &r.gemm_ceiling);
     int const status = pclose(pipe);
     if (status != 0) got = 0;
   }
-  if (got != 6) {
+  if (got != 7) {
     std::fprintf(stderr, "bench_train_llama: configuration %d failed (%s)\n", which, command.c_str());
     std::exit(1);
   }
@@ -163,9 +224,9 @@ int main(int argc, char** argv) {
   }
   openblas_set_num_threads(1);
   if (configuration >= 0) {  // the child: one configuration, one line back to the parent
-    auto const r = run_configuration(configuration, steps, c, sequences);
-    std::printf("RESULT %.3f %zu %zu %zu %.3f %.3f\n", r.tokens_per_second, r.parameters, r.gradients, r.state,
-                r.rss_before_mib, r.peak_rss_mib);
+    auto const r = run_configuration(configuration, steps, c, sequences, smoke);
+    std::printf("RESULT %.3f %zu %zu %zu %.3f %.3f %.6g\n", r.tokens_per_second, r.parameters, r.gradients, r.state,
+                r.rss_before_mib, r.peak_rss_mib, r.gemm_ceiling);
     return 0;
   }
   std::string const options = " --steps " + std::to_string(steps) + (smoke ? " --smoke" : "") + shape;
@@ -217,6 +278,19 @@ int main(int argc, char** argv) {
         mib;
     std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", conf.name, conf.ranks, held, ideal, r.peak_rss_mib,
                 r.rss_before_mib, (r.peak_rss_mib - r.rss_before_mib) / conf.ranks);
+  }
+  // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads.
+  std::printf(
+      "\n| mesh | model GFLOP / step | model GFLOP/s | the step's GEMMs alone, same threads, GFLOP/s | model / "
+      "GEMMs alone |\n|---|---|---|---|---|\n");
+  double const step_flops = model_flops(c, sequences);
+  for (int chosen_k : chosen) {
+    auto const& conf = configurations[std::size_t(chosen_k)];
+    double const achieved = step_flops * results[std::size_t(chosen_k)].tokens_per_second /
+                            (double(sequences) * double(c.sequence));
+    double const ceiling = results[std::size_t(chosen_k)].gemm_ceiling;
+    std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9, ceiling / 1e9,
+                achieved / ceiling);
   }
   std::printf("RESULT shardwise_tp1 %.1f\n", results[0].tokens_per_second);
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);

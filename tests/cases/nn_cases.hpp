@@ -184,6 +184,22 @@ void check_loss_parallel(Mesh const& tp) {
   CHECK(std::abs(static_cast<double>(sharded.loss - serial.loss)) <=
         tolerance<T>() * std::max(1.0, std::abs(static_cast<double>(serial.loss))));
   NN_CHECK_CLOSE(whole_of<sw::Shard<1>>(tp, sharded.dlogits.local), serial.dlogits.local, "logit gradient");
+
+  // Vocabulary padding: only the first 10 of the 12 columns are classes. The padding's gradient is exactly zero
+  // on both paths, and the real columns match the plain loss over those 10 columns alone.
+  std::vector<std::int64_t> const in_classes{1, 9, -100, 4, 0, 7, 7, 3};
+  auto const plain = sw::cross_entropy(sw::Activation<T>{M<T>(logits.leftCols(10))}, in_classes);
+  auto const serial_padded = sw::cross_entropy(sw::Activation<T>{logits}, in_classes, -100, 10);
+  auto const sharded_padded = sw::loss_parallel(
+      tp, sw::Activation<T, sw::Shard<-1>>{part_of<sw::Shard<1>>(logits, r, n)}, in_classes, -100, 10);
+  M<T> const whole_padded = whole_of<sw::Shard<1>>(tp, sharded_padded.dlogits.local);
+  CHECK(serial_padded.dlogits.local.rightCols(2).cwiseAbs().maxCoeff() == T(0));
+  CHECK(whole_padded.rightCols(2).cwiseAbs().maxCoeff() == T(0));
+  CHECK(whole_padded.row(2).cwiseAbs().maxCoeff() == T(0));  // the ignored target's row
+  NN_CHECK_CLOSE(M<T>(serial_padded.dlogits.local.leftCols(10)), plain.dlogits.local, "padded logit gradient");
+  NN_CHECK_CLOSE(M<T>(whole_padded.leftCols(10)), plain.dlogits.local, "padded logit gradient, loss parallel");
+  CHECK(std::abs(static_cast<double>(sharded_padded.loss - plain.loss)) <=
+        tolerance<T>() * std::max(1.0, std::abs(static_cast<double>(plain.loss))));
 }
 
 /// A block with a sequence-parallel norm in front of the feed-forward, as torchtitan lays out Llama; the

@@ -38,10 +38,11 @@ LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate> const& logi
                                             std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
                                             std::int64_t classes = -1) {
   Eigen::Index const valid = classes < 0 ? logits.local.cols() : std::min<Eigen::Index>(classes, logits.local.cols());
-  LossAndGradient<T, Replicate> result{T(0), {nn::matrix<T>::Zero(logits.local.rows(), logits.local.cols())}};
-  nn::matrix<T> dvalid(logits.local.rows(), valid);
-  result.loss = nn::cross_entropy_forward_backward<T>(logits.local.leftCols(valid), targets, dvalid, ignore_index);
-  result.dlogits.local.leftCols(valid) = dvalid;
+  // The gradient is written in place: no zeroed matrix first, no copy of the classes' columns after.
+  LossAndGradient<T, Replicate> result{T(0), {nn::matrix<T>(logits.local.rows(), logits.local.cols())}};
+  result.dlogits.local.rightCols(logits.local.cols() - valid).setZero();
+  result.loss = nn::cross_entropy_forward_backward<T>(logits.local.leftCols(valid), targets,
+                                                      result.dlogits.local.leftCols(valid), ignore_index);
   return result;
 }
 
@@ -81,11 +82,15 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   Eigen::Map<nn::vector<T>> max_view(max.data(), rows);
   detail::all_reduce_on(comm, max_view, detail::op_kind::max);
 
-  nn::matrix<T> exps = nn::matrix<T>::Zero(rows, cols);
-  exps.leftCols(valid) = (local.leftCols(valid).colwise() - max).array().exp().matrix();
+  // exp(logit - max) row by row (a row is contiguous, so Eigen vectorises the exponential), written where the
+  // gradient will be and scaled into it in place: one matrix for the step, not three.
+  nn::matrix<T> probabilities(rows, cols);
   nn::vector<T> sums(2 * rows);  // [sum of exp, target logit] per token, reduced in one call
   for (Eigen::Index i = 0; i < rows; ++i) {
-    sums(i) = exps.row(i).sum();
+    auto row = probabilities.row(i);
+    row.leftCols(valid).array() = (local.row(i).leftCols(valid).array() - max(i)).exp();
+    row.rightCols(cols - valid).setZero();
+    sums(i) = row.sum();
     std::int64_t const t = targets[static_cast<std::size_t>(i)] - vocab_start;
     sums(rows + i) = (t >= 0 && t < valid) ? local(i, t) : T(0);
   }
@@ -94,14 +99,18 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
 
   std::size_t counted = 0;
   for (auto t : targets) counted += t == ignore_index ? 0 : 1;
-  LossAndGradient<T, P> result{T(0), {nn::matrix<T>::Zero(rows, cols)}};
-  if (counted == 0) return result;  // as nn::cross_entropy_forward_backward: zero loss and gradient, not NaN
+  if (counted == 0) probabilities.setZero();  // as nn::cross_entropy_forward_backward: zero loss and gradient
+  LossAndGradient<T, P> result{T(0), {std::move(probabilities)}};
+  if (counted == 0) return result;
   T const scale = T(1) / static_cast<T>(counted);
   for (Eigen::Index i = 0; i < rows; ++i) {
     std::int64_t const target = targets[static_cast<std::size_t>(i)];
-    if (target == ignore_index) continue;
+    if (target == ignore_index) {
+      result.dlogits.local.row(i).setZero();
+      continue;
+    }
     result.loss += std::log(sums(i)) + max(i) - sums(rows + i);
-    result.dlogits.local.row(i) = exps.row(i) * (scale / sums(i));
+    result.dlogits.local.row(i) *= scale / sums(i);
     std::int64_t const t = target - vocab_start;
     if (t >= 0 && t < cols) result.dlogits.local(i, t) -= scale;
   }

@@ -116,6 +116,20 @@ void exact_square_roots(T* x, std::size_t n) {
 #endif
   for (; i < n; ++i) x[i] = std::sqrt(x[i]);
 }
+
+/// The sum of x[i]^2 over n elements: each block of 4096 by Eigen's vectorised reduction, the blocks' sums added
+/// in double. A running scalar sum in T waits four cycles per element on the previous addition (it was 1.4% of a
+/// TP 2 step at dim 1024) and, in float, loses digits over a large gradient.
+template <class T>
+T sum_of_squares(T const* x, std::size_t n) {
+  constexpr std::size_t block = 4096;
+  double total = 0;
+  for (std::size_t start = 0; start < n; start += block) {
+    auto const count = static_cast<Eigen::Index>(std::min(block, n - start));
+    total += static_cast<double>(Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1> const>(x + start, count).square().sum());
+  }
+  return static_cast<T>(total);
+}
 }  // namespace detail
 
 /// torch.optim.AdamW (decoupled weight decay, bias correction), with parameter groups, global-norm clipping
@@ -162,9 +176,7 @@ class AdamW {
     T squares = 0;
     model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const> grad, T weight) {
       (void)shard_slice(index++, name, value.size());
-      T mine = 0;
-      for (T g : grad) mine += g * g;
-      squares += mine * weight;
+      squares += detail::sum_of_squares(grad.data(), grad.size()) * weight;
     });
     T const norm = std::sqrt(model.shardwise_sum_over_shards(squares));
     T const clip = clip_factor(norm);
@@ -368,9 +380,7 @@ class AdamW {
       T const* g = sliced(dp_size) ? s.grad.data() : p.grad + s.start;
       if (p.group) tp_group = p.group;
       if (p.counted) {
-        T squares = 0;
-        for (std::size_t i = 0; i < s.count; ++i) squares += g[i] * g[i];
-        square_sum += squares / p.copies;
+        square_sum += detail::sum_of_squares(g, s.count) / p.copies;
       }
     }
     // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
