@@ -98,8 +98,8 @@ constexpr std::array<Configuration, 4> configurations{{
 double model_flops(models::LlamaConfig const& c, int sequences) {
   double const tokens = double(sequences) * double(c.sequence), hd = double(c.head_dim());
   double const kv = double(c.kv_heads) * hd, attention = double(c.dim) * (2 * double(c.dim) + 2 * kv);
-  double const weights = double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) +
-                         double(c.dim) * double(c.vocabulary);
+  double const weights =
+      double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) + double(c.dim) * double(c.vocabulary);
   double const pairs = double(c.sequence) * double(c.sequence + 1) / 2;
   return 6 * tokens * weights + 12 * hd * pairs * double(c.heads) * double(c.layers) * double(sequences);
 }
@@ -116,9 +116,9 @@ double gemm_ceiling(models::LlamaConfig const& c, int sequences, int ranks, int 
     Eigen::Index in, out;
     std::size_t times;
   };
-  std::vector<Shape> const shapes{{d, d / t, c.layers},     {d, kv / t, c.layers},     {d, kv / t, c.layers},
-                                  {d / t, d, c.layers},     {d, h / t, c.layers},      {d, h / t, c.layers},
-                                  {h / t, d, c.layers},     {d, Eigen::Index(c.vocabulary) / t, 1}};
+  std::vector<Shape> const shapes{
+      {d, d / t, c.layers}, {d, kv / t, c.layers}, {d, kv / t, c.layers}, {d / t, d, c.layers},
+      {d, h / t, c.layers}, {d, h / t, c.layers},  {h / t, d, c.layers},  {d, Eigen::Index(c.vocabulary) / t, 1}};
   double flops = 0, best = 1e30;
   for (auto s : shapes) flops += 6.0 * double(tokens) * double(s.in) * double(s.out) * double(s.times) * ranks;
   sw::run_threads(ranks, [&](auto& world) {
@@ -286,8 +286,8 @@ int main(int argc, char** argv) {
   double const step_flops = model_flops(c, sequences);
   for (int chosen_k : chosen) {
     auto const& conf = configurations[std::size_t(chosen_k)];
-    double const achieved = step_flops * results[std::size_t(chosen_k)].tokens_per_second /
-                            (double(sequences) * double(c.sequence));
+    double const achieved =
+        step_flops * results[std::size_t(chosen_k)].tokens_per_second / (double(sequences) * double(c.sequence));
     double const ceiling = results[std::size_t(chosen_k)].gemm_ceiling;
     std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9, ceiling / 1e9,
                 achieved / ceiling);
