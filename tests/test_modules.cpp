@@ -323,3 +323,50 @@ TEST_CASE("sw::all_reduce of one number, the same on every rank") {
       CHECK(sw::all_reduce(mesh, mesh.rank(), sw::Max{}) == ranks - 1);
     });
 }
+
+TEST_CASE("activation arithmetic on temporaries reuses their storage and gives the same bits; shapes are checked") {
+  using A = sw::Activation<float, sw::Shard<-1>>;
+  Matrix const x = Matrix::Random(5, 7), y = Matrix::Random(5, 7);
+  A const a{x}, b{y};
+  A const sum = a + b, product = a * b;
+  auto const temporary = [](Matrix const& m, float const** storage) {
+    A t{m};
+    *storage = t.local.data();
+    return t;
+  };
+  for (int which = 0; which < 3; ++which) {  // the temporary on the left, on the right, on both sides
+    CAPTURE(which);
+    float const *left = nullptr, *right = nullptr;
+    A const s = which == 0   ? temporary(x, &left) + b
+                : which == 1 ? a + temporary(y, &right)
+                             : temporary(x, &left) + temporary(y, &right);
+    CHECK(s.local == sum.local);  // bit for bit: addition commutes
+    CHECK((s.local.data() == left || s.local.data() == right));
+    A const p = which == 0   ? temporary(x, &left) * b
+                : which == 1 ? a * temporary(y, &right)
+                             : temporary(x, &left) * temporary(y, &right);
+    CHECK(p.local == product.local);
+    CHECK((p.local.data() == left || p.local.data() == right));
+  }
+  float const* storage = nullptr;
+  A const s = sw::silu(temporary(x, &storage));
+  CHECK(s.local == sw::silu(a).local);
+  CHECK(s.local.data() == storage);
+  A const ds = sw::silu_backward(a, temporary(y, &storage));
+  CHECK(ds.local == sw::silu_backward(a, b).local);
+  CHECK(ds.local.data() == storage);
+
+  A const narrow{Matrix::Random(5, 6)};
+  auto const message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (sw::error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string const expected = "activations of 5x7 and 5x6 on this rank; element-wise arithmetic needs the same shape";
+  CHECK(message([&] { (void)(a + narrow); }).find("shardwise::operator+: " + expected) != std::string::npos);
+  CHECK(message([&] { (void)(a * A{narrow}); }).find("shardwise::operator*: " + expected) != std::string::npos);
+  CHECK(message([&] { (void)(A{x} + narrow); }).find("shardwise::operator+: " + expected) != std::string::npos);
+}

@@ -248,7 +248,7 @@ struct LlamaAttention {
     q_ = wq(x), k_ = wk(x), v_ = wv(x);
     rotate_heads(q_.local, false);
     rotate_heads(k_.local, false);
-    auto out = q_;
+    auto out = same_shape(q_);
     nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
     return wo(out);
   }
@@ -257,7 +257,7 @@ struct LlamaAttention {
   template <class DY>
   auto backward(DY const& dy) {
     auto dout = wo.backward(dy);
-    auto dq = q_, dk = k_, dv = v_;
+    auto dq = same_shape(q_), dk = same_shape(k_), dv = same_shape(v_);  // all written by the backward
     nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
     rotate_heads(dq.local, true);  // the transpose of the forward rotation
     rotate_heads(dk.local, true);
@@ -265,6 +265,12 @@ struct LlamaAttention {
   }
 
  private:
+  /// An activation of a's layout and shape, its values not set: for outputs a kernel writes in full.
+  template <class A>
+  static A same_shape(A const& a) {
+    return A{nn::matrix<T>(a.local.rows(), a.local.cols())};
+  }
+
   /// Rotary embedding on every head of [tokens, heads * head_dim] (inverse: its transpose, for backward).
   void rotate_heads(nn::matrix<T>& x, bool inverse) const {
     auto const d = static_cast<Eigen::Index>(config_.head_dim());
@@ -325,8 +331,8 @@ struct LlamaFeedForward {
   auto backward(DY const& dy) {
     auto dp = w2.backward(dy);
     // Two statements, so that the first branch's temporaries are freed before the second's are made.
-    auto dx = w1.backward(silu_backward(h1_, dp * h3_));
-    return dx + w3.backward(dp * a_);
+    auto dx = w1.backward(silu_backward(h1_, dp * h3_));  // the product's storage becomes the SiLU's gradient
+    return dx + w3.backward(std::move(dp) * a_);          // and dp's becomes w3's output gradient
   }
 
  private:

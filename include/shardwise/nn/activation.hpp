@@ -3,7 +3,9 @@
 // layouts do not chain (a Colwise output fed to a layer that expects a replicated input, a Rowwise output fed
 // to a vocabulary-parallel loss) does not compile. `local` is this rank's part, a plain Eigen matrix.
 #include <type_traits>
+#include <utility>
 
+#include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/placement/placement.hpp"
@@ -106,24 +108,90 @@ decltype(auto) local_of(X const& x) {
 template <class Layer>
 using output_t = Activation<typename Layer::matrix::Scalar, typename Layer::output_layout>;
 
-// Element-wise arithmetic between activations keeps the layout and refuses to mix layouts.
-template <class T, class P, class Q>
-Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q> const& b) {
+// Element-wise arithmetic between activations keeps the layout and refuses to mix layouts. Where an operand is a
+// temporary, the result is written into its storage: no new matrix, no page faults for one (multiplication and
+// addition commute, so the bits are those of the plain product or sum).
+namespace detail {
+template <class P, class Q>
+constexpr void check_product_layouts() {
   static_assert(detail::same_layout_v<P, Q>,
                 "shardwise::operator*: the two activations have different layouts; "
                 "redistribute one of them first");
   static_assert(!is_partial_v<P>,
                 "shardwise::operator*: a product of partial sums is not the product of the sums; "
                 "reduce the activations first (RowwiseParallel's output_layouts)");
-  return {a.local.cwiseProduct(b.local)};
 }
-
-template <class T, class P, class Q>
-Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q> const& b) {
+template <class P, class Q>
+constexpr void check_sum_layouts() {
   static_assert(detail::same_layout_v<P, Q>,
                 "shardwise::operator+: the two activations have different layouts; "
                 "redistribute one of them first");
+}
+/// Element-wise operands must have the same shape on this rank (Eigen checks only in debug builds).
+template <class T>
+void check_same_shape(char const* op, nn::matrix<T> const& a, nn::matrix<T> const& b) {
+  if (a.rows() != b.rows() || a.cols() != b.cols())
+    detail::fail("shardwise::operator", op, ": activations of ", a.rows(), "x", a.cols(), " and ", b.rows(), "x",
+                 b.cols(), " on this rank; element-wise arithmetic needs the same shape");
+}
+}  // namespace detail
+
+/// The element-wise product, in a's layout.
+template <class T, class P, class Q>
+Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q> const& b) {
+  detail::check_product_layouts<P, Q>();
+  detail::check_same_shape("*", a.local, b.local);
+  return {a.local.cwiseProduct(b.local)};
+}
+/// The element-wise product, written into the temporary a.
+template <class T, class P, class Q>
+Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q> const& b) {
+  detail::check_product_layouts<P, Q>();
+  detail::check_same_shape("*", a.local, b.local);
+  a.local.array() *= b.local.array();
+  return {std::move(a.local)};
+}
+/// The element-wise product, written into the temporary b.
+template <class T, class P, class Q>
+Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q>&& b) {
+  detail::check_product_layouts<P, Q>();
+  detail::check_same_shape("*", a.local, b.local);
+  b.local.array() *= a.local.array();
+  return {std::move(b.local)};
+}
+/// The element-wise product of two temporaries, written into a.
+template <class T, class P, class Q>
+Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q>&& b) {
+  return std::move(a) * static_cast<Activation<T, Q> const&>(b);
+}
+
+/// The element-wise sum, in a's layout.
+template <class T, class P, class Q>
+Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q> const& b) {
+  detail::check_sum_layouts<P, Q>();
+  detail::check_same_shape("+", a.local, b.local);
   return {a.local + b.local};
+}
+/// The element-wise sum, written into the temporary a.
+template <class T, class P, class Q>
+Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q> const& b) {
+  detail::check_sum_layouts<P, Q>();
+  detail::check_same_shape("+", a.local, b.local);
+  a.local += b.local;
+  return {std::move(a.local)};
+}
+/// The element-wise sum, written into the temporary b.
+template <class T, class P, class Q>
+Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q>&& b) {
+  detail::check_sum_layouts<P, Q>();
+  detail::check_same_shape("+", a.local, b.local);
+  b.local += a.local;
+  return {std::move(b.local)};
+}
+/// The element-wise sum of two temporaries, written into a.
+template <class T, class P, class Q>
+Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q>&& b) {
+  return std::move(a) + static_cast<Activation<T, Q> const&>(b);
 }
 
 }  // namespace shardwise
