@@ -60,8 +60,7 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
     for (int step = 0; step <= steps; ++step) {  // step 0 is warm-up
       sw::barrier(mesh);
       auto const start = std::chrono::steady_clock::now();
-      auto const logits = model.forward(ids);
-      auto const loss = models::llama_loss(tp, logits, targets, c.vocabulary);
+      auto const loss = models::llama_loss(tp, model.forward(ids), targets, c.vocabulary);
       model.backward(loss.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
       sw::zero_grad(model);

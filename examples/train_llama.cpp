@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
           targets.push_back(static_cast<unsigned char>(text[s + t + 1]));
         }
       }
-      auto const logits = model.forward(ids);
-      auto const result = models::llama_loss(tp, logits, targets, config.vocabulary);
+      // The logits go straight in: the loss writes their gradient into their storage.
+      auto const result = models::llama_loss(tp, model.forward(ids), targets, config.vocabulary);
       model.backward(result.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
       sw::zero_grad(model);

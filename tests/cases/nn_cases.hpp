@@ -200,6 +200,25 @@ void check_loss_parallel(Mesh const& tp) {
   NN_CHECK_CLOSE(M<T>(whole_padded.leftCols(10)), plain.dlogits.local, "padded logit gradient, loss parallel");
   CHECK(std::abs(static_cast<double>(sharded_padded.loss - plain.loss)) <=
         tolerance<T>() * std::max(1.0, std::abs(static_cast<double>(plain.loss))));
+
+  // Logits given as a temporary: the gradient is written into their storage, with the same bits.
+  for (std::int64_t classes : {std::int64_t{-1}, std::int64_t{10}}) {
+    CAPTURE(classes);
+    sw::Activation<T, sw::Shard<-1>> temporary{part_of<sw::Shard<1>>(logits, r, n)};
+    T const* storage = temporary.local.data();
+    auto const lvalue = sw::loss_parallel(tp, temporary, in_classes, -100, classes);
+    auto const rvalue = sw::loss_parallel(tp, std::move(temporary), in_classes, -100, classes);
+    CHECK(rvalue.dlogits.local.data() == storage);
+    CHECK(rvalue.dlogits.local == lvalue.dlogits.local);
+    CHECK(rvalue.loss == lvalue.loss);
+    sw::Activation<T> replicated{logits};
+    T const* replicated_storage = replicated.local.data();
+    auto const serial_lvalue = sw::cross_entropy(replicated, in_classes, -100, classes);
+    auto const serial_rvalue = sw::cross_entropy(std::move(replicated), in_classes, -100, classes);
+    CHECK(serial_rvalue.dlogits.local.data() == replicated_storage);
+    CHECK(serial_rvalue.dlogits.local == serial_lvalue.dlogits.local);
+    CHECK(serial_rvalue.loss == serial_lvalue.loss);
+  }
 }
 
 /// A block with a sequence-parallel norm in front of the feed-forward, as torchtitan lays out Llama; the

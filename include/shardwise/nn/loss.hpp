@@ -9,6 +9,7 @@
 #include <limits>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "shardwise/core/show.hpp"
 #include "shardwise/cost/cost.hpp"
@@ -46,11 +47,23 @@ LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate> const& logi
   return result;
 }
 
-/// Loss parallel: logits cut along the vocabulary over the 1-D mesh `tp` (ColwiseParallel's default output).
-template <class Mesh, class T, class P>
-LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logits,
-                                    std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
-                                    std::int64_t classes = -1) {
+/// As above, on logits given as a temporary: the gradient is written into their storage (each row read before it
+/// is overwritten), so the loss allocates no logits-sized matrix.
+template <class T>
+LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate>&& logits, std::span<const std::int64_t> targets,
+                                            std::int64_t ignore_index = -100, std::int64_t classes = -1) {
+  Eigen::Index const valid = classes < 0 ? logits.local.cols() : std::min<Eigen::Index>(classes, logits.local.cols());
+  LossAndGradient<T, Replicate> result{T(0), {std::move(logits.local)}};
+  auto& gradient = result.dlogits.local;
+  result.loss =
+      nn::cross_entropy_forward_backward<T>(gradient.leftCols(valid), targets, gradient.leftCols(valid), ignore_index);
+  gradient.rightCols(gradient.cols() - valid).setZero();
+  return result;
+}
+
+namespace detail {
+template <class Mesh, class P>
+constexpr void check_loss_parallel_arguments() {
   constexpr bool sharded_vocab = std::is_same_v<detail::normalize_2d_t<P>, Shard<1>>;
   static_assert(sharded_vocab,
                 "shardwise::loss_parallel: expects logits cut along the vocabulary (Shard<-1>, the "
@@ -61,8 +74,15 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
         decltype(detail::show_incomplete<detail::loss_parallel_needs_shard_last_got<P>>());
   }
   static_assert(Mesh::ndim == 1, "shardwise::loss_parallel: pass the tensor-parallel axis, sw::submesh<\"tp\">(mesh)");
-  auto const& comm = tp.comm(0);
-  auto const& local = logits.local;
+}
+
+/// Loss parallel on this rank's logits `local`, writing the gradient into `gradient` ([rows, cols], its values
+/// not read), which may own the very storage `local` views: each row's target logit and exponentials are read
+/// before the row is overwritten.
+template <class T, class P, class Comm>
+LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<T> local, nn::matrix<T> gradient,
+                                         std::span<const std::int64_t> targets, std::int64_t ignore_index,
+                                         std::int64_t classes) {
   Eigen::Index const rows = local.rows(), cols = local.cols();
   if (static_cast<std::size_t>(rows) != targets.size())
     detail::fail("shardwise::loss_parallel: ", rows, " rows of logits but ", targets.size(), " targets");
@@ -83,24 +103,23 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   detail::all_reduce_on(comm, max_view, detail::op_kind::max);
 
   // exp(logit - max) row by row (a row is contiguous, so Eigen vectorises the exponential), written where the
-  // gradient will be and scaled into it in place: one matrix for the step, not three.
-  nn::matrix<T> probabilities(rows, cols);
+  // gradient will be and scaled into it in place.
   nn::vector<T> sums(2 * rows);  // [sum of exp, target logit] per token, reduced in one call
   for (Eigen::Index i = 0; i < rows; ++i) {
-    auto row = probabilities.row(i);
+    std::int64_t const t = targets[static_cast<std::size_t>(i)] - vocab_start;
+    sums(rows + i) = (t >= 0 && t < valid) ? local(i, t) : T(0);
+    auto row = gradient.row(i);
     row.leftCols(valid).array() = (local.row(i).leftCols(valid).array() - max(i)).exp();
     row.rightCols(cols - valid).setZero();
     sums(i) = row.sum();
-    std::int64_t const t = targets[static_cast<std::size_t>(i)] - vocab_start;
-    sums(rows + i) = (t >= 0 && t < valid) ? local(i, t) : T(0);
   }
   Eigen::Map<nn::vector<T>> sums_view(sums.data(), 2 * rows);
   detail::all_reduce_on(comm, sums_view, detail::op_kind::sum);
 
   std::size_t counted = 0;
   for (auto t : targets) counted += t == ignore_index ? 0 : 1;
-  if (counted == 0) probabilities.setZero();  // as nn::cross_entropy_forward_backward: zero loss and gradient
-  LossAndGradient<T, P> result{T(0), {std::move(probabilities)}};
+  if (counted == 0) gradient.setZero();  // as nn::cross_entropy_forward_backward: zero loss and gradient
+  LossAndGradient<T, P> result{T(0), {std::move(gradient)}};
   if (counted == 0) return result;
   T const scale = T(1) / static_cast<T>(counted);
   for (Eigen::Index i = 0; i < rows; ++i) {
@@ -116,6 +135,29 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
   }
   result.loss *= scale;
   return result;
+}
+}  // namespace detail
+
+/// Loss parallel: logits cut along the vocabulary over the 1-D mesh `tp` (ColwiseParallel's default output).
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logits,
+                                    std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
+                                    std::int64_t classes = -1) {
+  detail::check_loss_parallel_arguments<Mesh, P>();
+  return detail::loss_parallel_into<T, P>(tp.comm(0), logits.local,
+                                          nn::matrix<T>(logits.local.rows(), logits.local.cols()), targets,
+                                          ignore_index, classes);
+}
+
+/// As above, on logits given as a temporary: the gradient is written into their storage, so the loss allocates
+/// no logits-sized matrix (pass `model.forward(ids)` straight in).
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P>&& logits, std::span<const std::int64_t> targets,
+                                    std::int64_t ignore_index = -100, std::int64_t classes = -1) {
+  detail::check_loss_parallel_arguments<Mesh, P>();
+  nn::matrix<T> storage = std::move(logits.local);
+  nn::const_matrix_ref<T> const local(storage);  // stays valid: moving a matrix moves its buffer, not the data
+  return detail::loss_parallel_into<T, P>(tp.comm(0), local, std::move(storage), targets, ignore_index, classes);
 }
 
 /// The cost (sw::cost) of sw::cross_entropy on `rows` rows of logits in layout P: loss parallel (Shard<-1>)
@@ -141,6 +183,16 @@ LossAndGradient<T, P> cross_entropy(Mesh const& tp, Activation<T, P> const& logi
     return cross_entropy(logits, targets, ignore_index, classes);
   else
     return loss_parallel(tp, logits, targets, ignore_index, classes);
+}
+
+/// As above, on logits given as a temporary: the gradient is written into their storage.
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> cross_entropy(Mesh const& tp, Activation<T, P>&& logits, std::span<const std::int64_t> targets,
+                                    std::int64_t ignore_index = -100, std::int64_t classes = -1) {
+  if constexpr (std::is_same_v<P, Replicate>)
+    return cross_entropy(std::move(logits), targets, ignore_index, classes);
+  else
+    return loss_parallel(tp, std::move(logits), targets, ignore_index, classes);
 }
 
 }  // namespace shardwise
