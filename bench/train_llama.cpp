@@ -96,7 +96,8 @@ constexpr std::array<Configuration, 4> configurations{{
 /// lookup) and of causal attention's two products per head (s(s+1)/2 visible pairs; the backward's four).
 double model_flops(models::LlamaConfig const& c, int sequences) {
   double const tokens = double(sequences) * double(c.sequence), hd = double(c.head_dim());
-  double const kv = double(c.kv_heads) * hd, attention = double(c.dim) * (2 * double(c.dim) + 2 * kv);
+  double const q = double(c.heads) * hd, kv = double(c.kv_heads) * hd;
+  double const attention = double(c.dim) * (2 * q + 2 * kv);  // wq, wk, wv, wo
   double const weights =
       double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) + double(c.dim) * double(c.vocabulary);
   double const pairs = double(c.sequence) * double(c.sequence + 1) / 2;
@@ -109,15 +110,19 @@ double model_flops(models::LlamaConfig const& c, int sequences) {
 double gemm_ceiling(models::LlamaConfig const& c, int sequences, int ranks, int tp, int runs) {
   using Matrix = sw::nn::matrix<float>;
   auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
-  auto const d = Eigen::Index(c.dim), kv = Eigen::Index(c.kv_heads * c.head_dim()), h = Eigen::Index(c.hidden);
+  auto const d = Eigen::Index(c.dim), h = Eigen::Index(c.hidden), q = Eigen::Index(c.heads * c.head_dim());
+  // Each key-value head repeated where tp exceeds them (as the model does), the vocabulary padded to tp.
+  auto const copies = models::kv_size_multiplier(c.heads, c.kv_heads, std::size_t(tp), c.kv_size_multiplier);
+  auto const kv = Eigen::Index(c.kv_heads * std::max<std::size_t>(copies, 1) * c.head_dim());
+  auto const vocabulary = (Eigen::Index(c.vocabulary) + t - 1) / t * t;
   // (in, out, times per step) of each weight a rank multiplies: wq, wk, wv, wo, w1, w3, w2, the output head.
   struct Shape {
     Eigen::Index in, out;
     std::size_t times;
   };
-  std::vector<Shape> const shapes{
-      {d, d / t, c.layers}, {d, kv / t, c.layers}, {d, kv / t, c.layers}, {d / t, d, c.layers},
-      {d, h / t, c.layers}, {d, h / t, c.layers},  {h / t, d, c.layers},  {d, Eigen::Index(c.vocabulary) / t, 1}};
+  std::vector<Shape> const shapes{{d, q / t, c.layers}, {d, kv / t, c.layers}, {d, kv / t, c.layers},
+                                  {q / t, d, c.layers}, {d, h / t, c.layers},  {d, h / t, c.layers},
+                                  {h / t, d, c.layers}, {d, vocabulary / t, 1}};
   double flops = 0, best = 1e30;
   for (auto s : shapes) flops += 6.0 * double(tokens) * double(s.in) * double(s.out) * double(s.times) * ranks;
   sw::run_threads(ranks, [&](auto& world) {

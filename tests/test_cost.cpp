@@ -55,11 +55,12 @@ constexpr sw::cost block_serial = sw::cost_of<models::LlamaBlock<float>>(config,
 static_assert(block_serial.forward.empty() && block_serial.backward.empty());
 static_assert(block_serial.parameter_bytes == (2 * 64 + 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176) * 4);
 
-// A backward's transients: the feed-forward's peak is in its first statement (three tokens x hidden tensors on
-// this rank and one tokens x dim) or its second (two and three); a block's is its larger branch's, not the sum
-// (the branches run one after the other).
+// A backward's transients: the feed-forward's peak is in its first statement (two tokens x hidden tensors on
+// this rank and one tokens x dim: the SiLU's gradient is written into its operand) or its second (one and two:
+// products and sums go into temporaries); a block's is its larger branch's, not the sum (the branches run one
+// after the other).
 static_assert(ffn_tp2.working_bytes ==
-              std::max(3 * tokens * 176 / 2 + tokens * 64, 2 * tokens * 176 / 2 + 3 * tokens * 64) * 4);
+              std::max(2 * tokens * 176 / 2 + tokens * 64, tokens * 176 / 2 + 2 * tokens * 64) * 4);
 constexpr sw::cost attention_serial = sw::cost_of<Attention<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
 constexpr sw::cost ffn_serial = sw::cost_of<FeedForward<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
 static_assert(block_serial.working_bytes == std::max(attention_serial.working_bytes, ffn_serial.working_bytes));

@@ -219,6 +219,33 @@ void check_loss_parallel(Mesh const& tp) {
     CHECK(serial_rvalue.dlogits.local == serial_lvalue.dlogits.local);
     CHECK(serial_rvalue.loss == serial_lvalue.loss);
   }
+  // Every target ignored: zero loss and an all-zero gradient in the temporary's storage.
+  std::vector<std::int64_t> const none(8, -100);
+  auto const ignored =
+      sw::loss_parallel(tp, sw::Activation<T, sw::Shard<-1>>{part_of<sw::Shard<1>>(logits, r, n)}, none);
+  CHECK(ignored.loss == T(0));
+  CHECK(ignored.dlogits.local.cwiseAbs().maxCoeff() == T(0));
+  auto const ignored_serial = sw::cross_entropy(sw::Activation<T>{logits}, none);
+  CHECK(ignored_serial.dlogits.local.cwiseAbs().maxCoeff() == T(0));
+  // Only 3 classes: at 4 ranks, ranks 1-3 hold nothing but padding.
+  std::vector<std::int64_t> const three{1, 2, -100, 0, 0, 2, 1, 1};
+  auto const few =
+      sw::loss_parallel(tp, sw::Activation<T, sw::Shard<-1>>{part_of<sw::Shard<1>>(logits, r, n)}, three, -100, 3);
+  auto const few_plain = sw::cross_entropy(sw::Activation<T>{M<T>(logits.leftCols(3))}, three);
+  M<T> const few_whole = whole_of<sw::Shard<1>>(tp, few.dlogits.local);
+  NN_CHECK_CLOSE(M<T>(few_whole.leftCols(3)), few_plain.dlogits.local, "gradient over 3 classes");
+  CHECK(few_whole.rightCols(9).cwiseAbs().maxCoeff() == T(0));
+  CHECK(std::abs(static_cast<double>(few.loss - few_plain.loss)) <=
+        tolerance<T>() * std::max(1.0, std::abs(static_cast<double>(few_plain.loss))));
+  // A bad target throws before a temporary's logits are taken: the caller keeps them.
+  std::vector<std::int64_t> const bad{1, 2, 3, 4, 5, 6, 7, 99};
+  sw::Activation<T, sw::Shard<-1>> kept{part_of<sw::Shard<1>>(logits, r, n)};
+  M<T> const kept_copy = kept.local;
+  CHECK_THROWS_AS((void)sw::loss_parallel(tp, std::move(kept), bad), sw::error);
+  CHECK(kept.local == kept_copy);
+  sw::Activation<T> kept_serial{logits};
+  CHECK_THROWS_AS((void)sw::cross_entropy(std::move(kept_serial), bad), sw::error);
+  CHECK(kept_serial.local == logits);
 }
 
 /// A block with a sequence-parallel norm in front of the feed-forward, as torchtitan lays out Llama; the

@@ -100,9 +100,9 @@ struct GPT2Attention {
     total.activation_bytes += 3 * s.tokens * c.dim / n * sizeof(T);
     total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
     // Backward's transients at their peak, as the Llama attention's: c_proj's input gradient, the gradients of
-    // q, k and v, the two [block rows, sequence] panels, the three input gradients and their sum.
+    // q, k and v, the two [block rows, sequence] panels, the three input gradients (summed into the first).
     total.working_bytes = co.activation_bytes + 3 * s.tokens * c.dim / n * sizeof(T) +
-                          nn::attention_panel_bytes<T>(c.sequence) + 4 * cq.activation_bytes;
+                          nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
     total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
     total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
@@ -152,8 +152,9 @@ struct GPT2MLP {
     cost total;
     total.hold(fc).hold(proj);
     total.activation_bytes += proj.activation_bytes;  // h_: as wide as c_proj's input
-    // Backward's transients: c_proj's input gradient, the GELU's gradient, c_fc's input gradient.
-    total.working_bytes = 2 * proj.activation_bytes + fc.activation_bytes;
+    // Backward's transients: c_proj's input gradient (the GELU's gradient is written into it), c_fc's input
+    // gradient.
+    total.working_bytes = proj.activation_bytes + fc.activation_bytes;
     total.forward.append(fc.forward).append(proj.forward);
     total.backward.append(proj.backward).append(fc.backward);
     return total;

@@ -234,9 +234,10 @@ struct LlamaAttention {
     total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
     total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
     // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, the attention's two
-    // [block rows, sequence] panels, the three input gradients and their sum (each as wq's input).
+    // [block rows, sequence] panels, the three input gradients (each as wq's input; their sum is added into the
+    // first, a temporary).
     total.working_bytes = co.activation_bytes + s.tokens * (q + 2 * kv) / n * sizeof(T) +
-                          nn::attention_panel_bytes<T>(c.sequence) + 4 * cq.activation_bytes;
+                          nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
     total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
     total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
@@ -310,10 +311,11 @@ struct LlamaFeedForward {
     total.hold(c1).hold(c3).hold(c2);
     total.activation_bytes += 3 * c2.activation_bytes;  // silu's input, w3's output and silu's output: as w2's input
     // Backward's transients at their peak (each hidden tensor as w2's input, each dim-wide one as w1's): in the
-    // first statement w2's input gradient, the SiLU's gradient and its operand, and w1's input gradient; in the
-    // second w2's input gradient, its product with the SiLU's output, w1's and w3's input gradients and their sum.
+    // first statement w2's input gradient, its product with h3 (which becomes the SiLU's gradient in place) and
+    // w1's input gradient; in the second w2's input gradient (which becomes its product with the SiLU's output in
+    // place) and w1's and w3's input gradients (their sum is added into w3's, a temporary).
     std::size_t const hidden = c2.activation_bytes, dim = c1.activation_bytes;
-    total.working_bytes = std::max(3 * hidden + dim, 2 * hidden + 3 * dim);
+    total.working_bytes = std::max(2 * hidden + dim, hidden + 2 * dim);
     total.forward.append(c1.forward).append(c3.forward).append(c2.forward);
     total.backward.append(c2.backward).append(c1.backward).append(c3.backward);
     return total;

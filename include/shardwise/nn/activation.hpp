@@ -132,7 +132,9 @@ template <class T>
 void check_same_shape(char const* op, nn::matrix<T> const& a, nn::matrix<T> const& b) {
   if (a.rows() != b.rows() || a.cols() != b.cols())
     detail::fail("shardwise::operator", op, ": activations of ", a.rows(), "x", a.cols(), " and ", b.rows(), "x",
-                 b.cols(), " on this rank; element-wise arithmetic needs the same shape");
+                 b.cols(),
+                 " on this rank; element-wise arithmetic needs the same shape: give both the same tokens and "
+                 "features (check that both come from the same batch and that the layers' output widths match)");
 }
 }  // namespace detail
 

@@ -55,13 +55,34 @@ LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate>&& logits, s
   Eigen::Index const valid = classes < 0 ? logits.local.cols() : std::min<Eigen::Index>(classes, logits.local.cols());
   LossAndGradient<T, Replicate> result{T(0), {std::move(logits.local)}};
   auto& gradient = result.dlogits.local;
-  result.loss =
-      nn::cross_entropy_forward_backward<T>(gradient.leftCols(valid), targets, gradient.leftCols(valid), ignore_index);
+  try {
+    result.loss = nn::cross_entropy_forward_backward<T>(gradient.leftCols(valid), targets, gradient.leftCols(valid),
+                                                        ignore_index);
+  } catch (...) {  // the kernel checks every target before it writes: the caller's logits go back untouched
+    logits.local = std::move(gradient);
+    throw;
+  }
   gradient.rightCols(gradient.cols() - valid).setZero();
   return result;
 }
 
 namespace detail {
+/// The targets against this rank's logits: one per row, each a class or ignore_index. Every rank holds the same
+/// targets, so every rank raises alike, before any collective (and before a temporary's logits are taken).
+template <class Comm>
+void check_loss_parallel_targets(Comm const& comm, Eigen::Index rows, Eigen::Index cols,
+                                 std::span<const std::int64_t> targets, std::int64_t ignore_index,
+                                 std::int64_t classes) {
+  if (static_cast<std::size_t>(rows) != targets.size())
+    detail::fail("shardwise::loss_parallel: ", rows, " rows of logits but ", targets.size(),
+                 " targets; give one target per token row");
+  std::int64_t const vocabulary = classes >= 0 ? classes : static_cast<std::int64_t>(cols) * comm.size();
+  for (std::int64_t t : targets)
+    if (t != ignore_index && (t < 0 || t >= vocabulary))
+      detail::fail("shardwise::loss_parallel: target ", t, " is outside the vocabulary [0, ", vocabulary,
+                   ") and is not ignore_index (", ignore_index, "); check the token ids");
+}
+
 template <class Mesh, class P>
 constexpr void check_loss_parallel_arguments() {
   constexpr bool sharded_vocab = std::is_same_v<detail::normalize_2d_t<P>, Shard<1>>;
@@ -84,14 +105,6 @@ LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<
                                          std::span<const std::int64_t> targets, std::int64_t ignore_index,
                                          std::int64_t classes) {
   Eigen::Index const rows = local.rows(), cols = local.cols();
-  if (static_cast<std::size_t>(rows) != targets.size())
-    detail::fail("shardwise::loss_parallel: ", rows, " rows of logits but ", targets.size(), " targets");
-  // Every rank holds the same targets, so every rank raises alike, before any collective.
-  std::int64_t const vocabulary = classes >= 0 ? classes : static_cast<std::int64_t>(cols) * comm.size();
-  for (std::int64_t t : targets)
-    if (t != ignore_index && (t < 0 || t >= vocabulary))
-      detail::fail("shardwise::loss_parallel: target ", t, " is outside the vocabulary [0, ", vocabulary,
-                   ") and is not ignore_index (", ignore_index, "); check the token ids");
   std::int64_t const vocab_start = static_cast<std::int64_t>(comm.rank()) * cols;
   // Columns at or past `classes` are vocabulary padding: out of the softmax, zero gradient.
   Eigen::Index const valid =
@@ -144,6 +157,8 @@ LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logi
                                     std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
                                     std::int64_t classes = -1) {
   detail::check_loss_parallel_arguments<Mesh, P>();
+  detail::check_loss_parallel_targets(tp.comm(0), logits.local.rows(), logits.local.cols(), targets, ignore_index,
+                                      classes);
   return detail::loss_parallel_into<T, P>(tp.comm(0), logits.local,
                                           nn::matrix<T>(logits.local.rows(), logits.local.cols()), targets,
                                           ignore_index, classes);
@@ -155,6 +170,8 @@ template <class Mesh, class T, class P>
 LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P>&& logits, std::span<const std::int64_t> targets,
                                     std::int64_t ignore_index = -100, std::int64_t classes = -1) {
   detail::check_loss_parallel_arguments<Mesh, P>();
+  detail::check_loss_parallel_targets(tp.comm(0), logits.local.rows(), logits.local.cols(), targets, ignore_index,
+                                      classes);
   nn::matrix<T> storage = std::move(logits.local);
   nn::const_matrix_ref<T> const local(storage);  // stays valid: moving a matrix moves its buffer, not the data
   return detail::loss_parallel_into<T, P>(tp.comm(0), local, std::move(storage), targets, ignore_index, classes);
