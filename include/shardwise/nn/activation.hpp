@@ -156,10 +156,8 @@ Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q> const& b) {
 /// The element-wise product, written into the temporary b.
 template <class T, class P, class Q>
 Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q>&& b) {
-  detail::check_product_layouts<P, Q>();
-  detail::check_same_shape("*", a.local, b.local);
-  b.local.array() *= a.local.array();
-  return {std::move(b.local)};
+  detail::check_same_shape("*", a.local, b.local);  // first, so the error names the operands in the caller's order
+  return {(std::move(b) * a).local};
 }
 /// The element-wise product of two temporaries, written into a.
 template <class T, class P, class Q>
@@ -185,10 +183,8 @@ Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q> const& b) {
 /// The element-wise sum, written into the temporary b.
 template <class T, class P, class Q>
 Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q>&& b) {
-  detail::check_sum_layouts<P, Q>();
-  detail::check_same_shape("+", a.local, b.local);
-  b.local += a.local;
-  return {std::move(b.local)};
+  detail::check_same_shape("+", a.local, b.local);  // first, so the error names the operands in the caller's order
+  return {(std::move(b) + a).local};
 }
 /// The element-wise sum of two temporaries, written into a.
 template <class T, class P, class Q>

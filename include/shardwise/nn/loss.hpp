@@ -131,9 +131,11 @@ LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<
 
   std::size_t counted = 0;
   for (auto t : targets) counted += t == ignore_index ? 0 : 1;
-  if (counted == 0) gradient.setZero();  // as nn::cross_entropy_forward_backward: zero loss and gradient
   LossAndGradient<T, P> result{T(0), {std::move(gradient)}};
-  if (counted == 0) return result;
+  if (counted == 0) {  // as nn::cross_entropy_forward_backward: zero loss and gradient
+    result.dlogits.local.setZero();
+    return result;
+  }
   T const scale = T(1) / static_cast<T>(counted);
   for (Eigen::Index i = 0; i < rows; ++i) {
     std::int64_t const target = targets[static_cast<std::size_t>(i)];
