@@ -1,8 +1,9 @@
 #!/bin/bash
 # The build time of a user's model files (docs/build-time.md): examples/train_llama.cpp (one plan) and
 # bench/four_plans.cpp (four plans of the Llama model), compiled alone with g++ at -O2 and -O3, as a user's
-# build compiles them: with the nn kernels compiled in the file, and with them from shardwise::separate_kernels
-# (-DSHARDWISE_SEPARATE_KERNELS; the kernels' own file, compiled once, is timed too). With --before REV the same
+# build compiles them: with the nn kernels compiled in the file, with them from shardwise::separate_kernels
+# (-DSHARDWISE_SEPARATE_KERNELS), and with sw::launch's runtime from shardwise::separate_runtime as well
+# (-DSHARDWISE_SEPARATE_RUNTIME; the two libraries' own files, compiled once per build, are timed too). With --before REV the same
 # files are also compiled against REV's headers. Each time is the fastest of --repeat runs (default 2), in
 # seconds; run it on a quiet machine.
 #
@@ -42,20 +43,23 @@ if [ -n "$before" ]; then
   git -C "$here" archive "$before" include | tar -x -C "$work/before"
 fi
 printf '#include <shardwise/nn/compile_kernels.hpp>\n' > "$work/kernels.cpp"
+printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
-echo "| file | flags | before | kernels in the file | kernels from shardwise::separate_kernels |"
-echo "|---|---|---:|---:|---:|"
+echo "| file | flags | before | all in the file | kernels from separate_kernels | and runtime from separate_runtime |"
+echo "|---|---|---:|---:|---:|---:|"
 for source in $files; do
   for opt in -O2 -O3; do
     old="—"
     [ -n "$before" ] && old=$(fastest "$work/before/include" "$here/$source" "$opt")
     inline=$(fastest "$here/include" "$here/$source" "$opt")
     separate=$(fastest "$here/include" "$here/$source" "$opt" -DSHARDWISE_SEPARATE_KERNELS)
-    echo "| \`$source\` | $opt | $old | $inline | $separate |"
+    runtime=$(fastest "$here/include" "$here/$source" "$opt" -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME)
+    echo "| \`$source\` | $opt | $old | $inline | $separate | $runtime |"
   done
 done
 for opt in -O2 -O3; do
-  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $(fastest "$here/include" "$work/kernels.cpp" "$opt") |"
+  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $(fastest "$here/include" "$work/kernels.cpp" "$opt") | |"
+  echo "| shardwise::separate_runtime's file (once per build) | $opt | | | | $(fastest "$here/include" "$work/runtime.cpp" "$opt") |"
 done

@@ -10,3 +10,15 @@ function(shardwise_add_separate_kernels eigen_target)
   target_link_libraries(shardwise_separate_kernels PUBLIC ${eigen_target})
   target_compile_definitions(shardwise_separate_kernels INTERFACE SHARDWISE_SEPARATE_KERNELS)
 endfunction()
+
+# shardwise::separate_runtime (docs/build-time.md): sw::launch's RuntimeComm split, barrier and collectives for
+# float and double compiled once, in a static library built from separate_runtime.cpp (next to this file), so
+# that a file which launches does not compile both backends' algorithms itself. mpi_target: shardwise's MPI target.
+function(shardwise_add_separate_runtime mpi_target)
+  add_library(shardwise_separate_runtime STATIC EXCLUDE_FROM_ALL  # built only when something links it
+              "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/separate_runtime.cpp")
+  add_library(shardwise::separate_runtime ALIAS shardwise_separate_runtime)
+  set_target_properties(shardwise_separate_runtime PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  target_link_libraries(shardwise_separate_runtime PUBLIC ${mpi_target})
+  target_compile_definitions(shardwise_separate_runtime INTERFACE SHARDWISE_SEPARATE_RUNTIME)
+endfunction()

@@ -18,6 +18,9 @@
 #ifdef CONSUMER_WITH_MPI
 #include <shardwise/mesh/launch.hpp>
 #endif
+#if defined(CONSUMER_WITH_SEPARATE_RUNTIME) && !defined(SHARDWISE_SEPARATE_RUNTIME)
+#error "shardwise::separate_runtime must define SHARDWISE_SEPARATE_RUNTIME"
+#endif
 #ifdef CONSUMER_WITH_CHECKPOINT
 #include <unistd.h>
 
@@ -91,7 +94,8 @@ int main(int argc, char** argv) {
 #endif
 
 #ifdef CONSUMER_WITH_MPI
-  // shardwise::mpi: launch compiles both paths (Boost.MPI linked) and, without mpiexec, runs on two threads.
+  // shardwise::mpi: launch compiles both paths (Boost.MPI linked) and, without mpiexec, runs on two threads. With
+  // shardwise::separate_runtime, the float all_reduce and the mesh's split come from the target's library.
   sw::launch(argc, argv, 2, [](auto& world) {
     auto mesh = sw::make_mesh<"tp">(world, {world.size()});
     Eigen::VectorXf v = Eigen::VectorXf::Constant(5, float(world.rank() + 1));

@@ -91,13 +91,9 @@ class RuntimeComm {
     return visit([](auto const& c) { return c.timeout(); });
   }
   /// As the backend's.
-  void barrier(char const* what = "barrier") const {
-    visit([&](auto const& c) { c.barrier(what); });
-  }
+  void barrier(char const* what = "barrier") const;
   /// The backend's split, behind the same type.
-  [[nodiscard]] RuntimeComm split(int color, int key, std::string_view label) const {
-    return visit([&](auto const& c) { return RuntimeComm(c.split(color, key, label)); });
-  }
+  [[nodiscard]] RuntimeComm split(int color, int key, std::string_view label) const;
 
   /// As the backend's blocking send.
   void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
@@ -132,6 +128,24 @@ class RuntimeComm {
  private:
   std::variant<ThreadComm, MpiComm> backend_;
 };
+
+// With SHARDWISE_SEPARATE_RUNTIME defined (CMake: link shardwise::separate_runtime), the members below that reach
+// both backends' algorithms — split, barrier, and the collectives for float and double — are compiled once, by the
+// file that includes <shardwise/mesh/compile_runtime.hpp>, instead of in every file that launches (docs/build-time.md).
+#if !defined(SHARDWISE_SEPARATE_RUNTIME) || defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
+#if defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
+#define SHARDWISE_DETAIL_RUNTIME_INLINE  // one strong definition, in the runtime's own file
+#else
+#define SHARDWISE_DETAIL_RUNTIME_INLINE inline
+#endif
+SHARDWISE_DETAIL_RUNTIME_INLINE void RuntimeComm::barrier(char const* what) const {
+  visit([&](auto const& c) { c.barrier(what); });
+}
+SHARDWISE_DETAIL_RUNTIME_INLINE RuntimeComm RuntimeComm::split(int color, int key, std::string_view label) const {
+  return visit([&](auto const& c) { return RuntimeComm(c.split(color, key, label)); });
+}
+#undef SHARDWISE_DETAIL_RUNTIME_INLINE
+#endif
 
 namespace detail {
 
@@ -177,3 +191,23 @@ auto runtime_collectives::gather_values(comm const& c, V const& mine, call_recor
 static_assert(communicator<RuntimeComm>);
 
 }  // namespace shardwise
+
+#define SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(prefix, E)                                                           \
+  prefix template void runtime_collectives::all_reduce<E>(comm const&, E*, call_record const&,                    \
+                                                          collective_site const&);                                \
+  prefix template void runtime_collectives::all_gather<E, output_ref<E>>(                                         \
+      comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);         \
+  prefix template pending_collective runtime_collectives::all_gather_start<E, output_ref<E>>(                     \
+      comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);         \
+  prefix template void runtime_collectives::reduce_scatter<E, output_ref<E>>(                                     \
+      comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);         \
+  prefix template void runtime_collectives::broadcast<E, output_ref<E>>(comm const&, E*, call_record const&,      \
+                                                                        output_ref<E>&&, collective_site const&); \
+  prefix template void runtime_collectives::all_to_all<E, output_ref<E>>(                                         \
+      comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);
+#if defined(SHARDWISE_SEPARATE_RUNTIME) && !defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
+namespace shardwise::detail {
+SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, float)
+SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, double)
+}  // namespace shardwise::detail
+#endif
