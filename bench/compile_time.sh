@@ -3,9 +3,9 @@
 # bench/four_plans.cpp (four plans of the Llama model), compiled alone with g++ at -O2 and -O3, as a user's
 # build compiles them: with the nn kernels compiled in the file, with them from shardwise::separate_kernels
 # (-DSHARDWISE_SEPARATE_KERNELS), and with sw::launch's runtime from shardwise::separate_runtime as well
-# (-DSHARDWISE_SEPARATE_RUNTIME; the two libraries' own files, compiled once per build, are timed too). With --before REV the same
-# files are also compiled against REV's headers. Each time is the fastest of --repeat runs (default 2), in
-# seconds; run it on a quiet machine.
+# (-DSHARDWISE_SEPARATE_RUNTIME; the two libraries' own files, compiled once per build, are timed too). With
+# --before REV the same files are also compiled against REV's headers. Each time is the fastest of --repeat runs
+# (default 2), in seconds; run it on a quiet machine.
 #
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
 set -euo pipefail
@@ -47,7 +47,8 @@ printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
-echo "| file | flags | before | all in the file | kernels from separate_kernels | and runtime from separate_runtime |"
+echo "| file | flags | before | all in the file | kernels from separate_kernels | and runtime from" \
+  "separate_runtime |"
 echo "|---|---|---:|---:|---:|---:|"
 for source in $files; do
   for opt in -O2 -O3; do
@@ -60,6 +61,8 @@ for source in $files; do
   done
 done
 for opt in -O2 -O3; do
-  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $(fastest "$here/include" "$work/kernels.cpp" "$opt") | |"
-  echo "| shardwise::separate_runtime's file (once per build) | $opt | | | | $(fastest "$here/include" "$work/runtime.cpp" "$opt") |"
+  kernels=$(fastest "$here/include" "$work/kernels.cpp" "$opt")
+  runtime=$(fastest "$here/include" "$work/runtime.cpp" "$opt")
+  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $kernels | |"
+  echo "| shardwise::separate_runtime's file (once per build) | $opt | | | | $runtime |"
 done

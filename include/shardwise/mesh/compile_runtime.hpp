@@ -4,12 +4,13 @@
 // define SHARDWISE_SEPARATE_RUNTIME: they then call these instead of compiling their own copies of the thread and
 // MPI algorithms (docs/build-time.md). CMake's shardwise::separate_runtime target does both.
 #if defined(SHARDWISE_DETAIL_RUNTIME_COLLECTIVES)
-#error "shardwise: include <shardwise/mesh/compile_runtime.hpp> before any other shardwise header of its file"
+#error "shardwise: include <shardwise/mesh/compile_runtime.hpp> before runtime.hpp and launch.hpp"
 #endif
 #define SHARDWISE_DETAIL_COMPILING_RUNTIME
 #include "shardwise/mesh/runtime.hpp"
 
 namespace shardwise::detail {
+SHARDWISE_DETAIL_RUNTIME_SPLIT_AND_BARRIER()
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(, float)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(, double)
 }  // namespace shardwise::detail

@@ -47,6 +47,13 @@ struct runtime_collectives {
   static auto gather_values(comm const& c, V const& mine, call_record const& call);
 };
 
+/// RuntimeComm's split and barrier, as templates so that SHARDWISE_SEPARATE_RUNTIME can declare them extern (and
+/// files with and without it can share a program).
+template <class Comm>
+Comm runtime_split(Comm const& c, int color, int key, std::string_view label);
+template <class Comm>
+void runtime_barrier(Comm const& c, char const* what);
+
 }  // namespace detail
 
 /// The world sw::launch passes: an MpiComm under mpiexec, a ThreadComm otherwise, behind one type. It is a
@@ -91,9 +98,11 @@ class RuntimeComm {
     return visit([](auto const& c) { return c.timeout(); });
   }
   /// As the backend's.
-  void barrier(char const* what = "barrier") const;
+  void barrier(char const* what = "barrier") const { detail::runtime_barrier(*this, what); }
   /// The backend's split, behind the same type.
-  [[nodiscard]] RuntimeComm split(int color, int key, std::string_view label) const;
+  [[nodiscard]] RuntimeComm split(int color, int key, std::string_view label) const {
+    return detail::runtime_split(*this, color, key, label);
+  }
 
   /// As the backend's blocking send.
   void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
@@ -129,24 +138,6 @@ class RuntimeComm {
   std::variant<ThreadComm, MpiComm> backend_;
 };
 
-// With SHARDWISE_SEPARATE_RUNTIME defined (CMake: link shardwise::separate_runtime), the members below that reach
-// both backends' algorithms — split, barrier, and the collectives for float and double — are compiled once, by the
-// file that includes <shardwise/mesh/compile_runtime.hpp>, instead of in every file that launches (docs/build-time.md).
-#if !defined(SHARDWISE_SEPARATE_RUNTIME) || defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
-#if defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
-#define SHARDWISE_DETAIL_RUNTIME_INLINE  // one strong definition, in the runtime's own file
-#else
-#define SHARDWISE_DETAIL_RUNTIME_INLINE inline
-#endif
-SHARDWISE_DETAIL_RUNTIME_INLINE void RuntimeComm::barrier(char const* what) const {
-  visit([&](auto const& c) { c.barrier(what); });
-}
-SHARDWISE_DETAIL_RUNTIME_INLINE RuntimeComm RuntimeComm::split(int color, int key, std::string_view label) const {
-  return visit([&](auto const& c) { return RuntimeComm(c.split(color, key, label)); });
-}
-#undef SHARDWISE_DETAIL_RUNTIME_INLINE
-#endif
-
 namespace detail {
 
 template <class E>
@@ -181,6 +172,14 @@ void runtime_collectives::all_to_all(comm const& c, E const* data, call_record c
                                      Output&& output, collective_site const& site) {
   c.visit([&]<class B>(B const& b) { B::collectives::all_to_all(b, data, call, order, output, site); });
 }
+template <class Comm>
+Comm runtime_split(Comm const& c, int color, int key, std::string_view label) {
+  return c.visit([&](auto const& b) { return Comm(b.split(color, key, label)); });
+}
+template <class Comm>
+void runtime_barrier(Comm const& c, char const* what) {
+  c.visit([&](auto const& b) { b.barrier(what); });
+}
 template <class V>
 auto runtime_collectives::gather_values(comm const& c, V const& mine, call_record const& call) {
   return c.visit([&]<class B>(B const& b) { return B::collectives::gather_values(b, mine, call); });
@@ -192,6 +191,13 @@ static_assert(communicator<RuntimeComm>);
 
 }  // namespace shardwise
 
+// With SHARDWISE_SEPARATE_RUNTIME defined (CMake: link shardwise::separate_runtime), what reaches both backends'
+// algorithms — split, barrier, and the collectives for float and double — is declared here and compiled once, by the
+// file that includes <shardwise/mesh/compile_runtime.hpp>, instead of in every file that launches
+// (docs/build-time.md). Explicit instantiations: files with and without the macro can share a program.
+#define SHARDWISE_DETAIL_RUNTIME_SPLIT_AND_BARRIER(prefix)                                                \
+  prefix template RuntimeComm runtime_split<RuntimeComm>(RuntimeComm const&, int, int, std::string_view); \
+  prefix template void runtime_barrier<RuntimeComm>(RuntimeComm const&, char const*);
 #define SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(prefix, E)                                                           \
   prefix template void runtime_collectives::all_reduce<E>(comm const&, E*, call_record const&,                    \
                                                           collective_site const&);                                \
@@ -207,6 +213,7 @@ static_assert(communicator<RuntimeComm>);
       comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);
 #if defined(SHARDWISE_SEPARATE_RUNTIME) && !defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
 namespace shardwise::detail {
+SHARDWISE_DETAIL_RUNTIME_SPLIT_AND_BARRIER(extern)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, float)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, double)
 }  // namespace shardwise::detail
