@@ -170,6 +170,7 @@ def tensor_parallel(rank, port, directory, queue):
             load(directory, f"loss_parallel.dlogits.{rank}"))
 
     queue.put(results)
+    dist.barrier()  # both ranks past their last collective before gloo's teardown (see fsdp_reference.py)
     dist.destroy_process_group()
 
 
