@@ -86,3 +86,52 @@ TEST_CASE("layers take xtensor inputs: the same results as from an Eigen matrix,
     });
   }
 }
+
+// A Linear given its input as a temporary (model code: `w2(a * b)`, `wo(std::move(out))`) keeps that storage for
+// backward instead of a copy, where it keeps the input as given; where it gathers the sequence or cuts columns,
+// it copies as before. Either way the outputs and gradients are those of the same input given by reference.
+namespace moved_input {
+template <class T, class Plan>
+struct Model {
+  shardwise::Linear<T, shardwise::style_at<Plan, "up">> up;
+  shardwise::Linear<T, shardwise::style_at<Plan, "down">> down;
+  SHARDWISE_CHILDREN(up, down)
+  Model() : up(8, 12, 40), down(12, 8, 41) {}
+};
+using tensor_parallel = shardwise::plan<shardwise::at<"up", shardwise::ColwiseParallel<>>,
+                                        shardwise::at<"down", shardwise::RowwiseParallel<>>>;
+using sequence_parallel = shardwise::plan<shardwise::at<"up", shardwise::ColwiseParallel<shardwise::Shard<0>>>,
+                                          shardwise::at<"down", shardwise::RowwiseParallel<>>>;
+}  // namespace moved_input
+
+TEST_CASE("a Linear given a temporary input keeps its storage, not a copy: the same outputs and gradients") {
+  using T = double;
+  nn_cases::M<T> const x = nn_cases::random_matrix<T>(8, 8, 42), dy = nn_cases::random_matrix<T>(8, 8, 43);
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    shardwise::run_threads(n, [&](auto& world) {
+      auto tp = shardwise::make_mesh<"tp">(world, {n});
+      auto const check = [&]<class Plan>(Plan, nn_cases::M<T> const& input, bool taken) {
+        moved_input::Model<T, Plan> by_reference, by_value;
+        shardwise::parallelize(by_reference, tp);
+        shardwise::parallelize(by_value, tp);
+        auto const hidden = by_reference.up(input);
+        auto const y = by_reference.down(hidden);
+        nn_cases::M<T> given = input;
+        auto const y_moved = by_value.down(by_value.up(std::move(given)));  // both layers given temporaries
+        CHECK(given.size() == (taken ? 0 : input.size()));  // NOLINT(bugprone-use-after-move): what it left
+        CHECK((y_moved.local - y.local).norm() == 0.0);
+        shardwise::Activation<T, shardwise::Replicate> const gradient{dy};
+        auto const dx = by_reference.up.backward(by_reference.down.backward(gradient));
+        auto const dx_moved = by_value.up.backward(by_value.down.backward(gradient));
+        CHECK((dx_moved.local - dx.local).norm() == 0.0);
+        CHECK((by_value.up.weight_grad - by_reference.up.weight_grad).norm() == 0.0);
+        CHECK((by_value.down.weight_grad - by_reference.down.weight_grad).norm() == 0.0);
+      };
+      check(moved_input::tensor_parallel{}, x, true);
+      // Under sequence parallelism `up` gathers the sequence from this rank's rows: the rows stay the caller's.
+      auto const rows = 8 / n;
+      check(moved_input::sequence_parallel{}, nn_cases::M<T>(x.middleRows(tp.rank() * rows, rows)), false);
+    });
+  }
+}

@@ -114,7 +114,7 @@ struct GPT2Attention {
     q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
     auto out = q_;
     nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
-    return c_proj(out);
+    return c_proj(std::move(out));  // its storage becomes c_proj's kept input
   }
 
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.

@@ -102,18 +102,21 @@ struct rope_tables {
 };
 
 /// x <- x * cos + rotate_half(x) * sin on one head's columns, for every sequence in the rows. With
-/// inverse = true it applies the transpose (the backward): rotate_half's transpose is minus itself.
+/// inverse = true it applies the transpose (the backward): rotate_half's transpose is minus itself. One
+/// sequence's rows at a time, as array expressions over each half of the head (vectorised).
 template <class T, class Block>
 void apply_rope(Block&& x, rope_tables<T> const& rope, std::size_t sequence, bool inverse) {
-  auto const s = static_cast<Eigen::Index>(sequence), d = x.cols(), half = d / 2;
+  auto const s = static_cast<Eigen::Index>(sequence), half = x.cols() / 2;
   T const sign = inverse ? T(-1) : T(1);
-  for (Eigen::Index row = 0; row < x.rows(); ++row) {
-    Eigen::Index const p = row % s;
-    for (Eigen::Index i = 0; i < half; ++i) {
-      T const a = x(row, i), b = x(row, i + half);
-      x(row, i) = a * rope.cos(p, i) - sign * b * rope.sin(p, i);
-      x(row, i + half) = b * rope.cos(p, i + half) + sign * a * rope.sin(p, i + half);
-    }
+  Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> first_half;
+  for (Eigen::Index start = 0; start < x.rows(); start += s) {
+    Eigen::Index const n = std::min(s, x.rows() - start);
+    auto a = x.block(start, 0, n, half).array();
+    auto b = x.block(start, half, n, half).array();
+    auto const cos = rope.cos.topRows(n).array(), sin = rope.sin.topRows(n).array();
+    first_half = a * cos.leftCols(half) - sign * b * sin.leftCols(half);
+    b = b * cos.rightCols(half) + sign * a * sin.rightCols(half);  // a is still the input here
+    a = first_half;
   }
 }
 
@@ -251,7 +254,7 @@ struct LlamaAttention {
     rotate_heads(k_.local, false);
     auto out = same_shape(q_);
     nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
-    return wo(out);
+    return wo(std::move(out));  // its storage becomes wo's kept input
   }
 
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.

@@ -206,53 +206,32 @@ class Linear : public detail::layer_plumbing<T, Location> {
   /// matrix (taken to be in the style's input layout).
   template <class X>
   Activation<T, output_layout> operator()(X const& x) {
-    static_assert(detail::layer_input_v<T, X>,
-                  "shardwise::Linear: the input must be a shardwise::Activation or a row-major [tokens, features] "
-                  "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
-    static_assert(detail::input_layout_matches<input_layout, X>,
-                  "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
-                  "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
-                  "RowwiseParallel");
-    using layouts_shown [[maybe_unused]] = decltype(detail::show_layout_mismatch<Location::path, input_layout, X>());
-    require_group();
+    check_input_type<X>();
     auto const& given = detail::local_of<T>(x);
-    matrix const& w = current_weight();
-    // Release builds too: a wrong width would read past the input (the sliced cases) or give wrong numbers.
-    constexpr bool local_input = rowwise && std::is_same_v<input_layout, Shard<1>>;
-    auto const width = static_cast<Eigen::Index>(local_input ? local_in_ : in_);
-    if (given.cols() != width)
-      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": the input has ", given.cols(),
-                   " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
-                   "); give it [tokens, features] inputs of that width");
-    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {
-      group_->all_gather(given, saved_input_, 0);  // the whole sequence: each rank computes its columns for it
-    } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
-      auto const cols = w.cols();
-      saved_input_ = given.middleCols(group_->rank() * cols, cols);
-    } else {
-      saved_input_ = given;
-    }
-    matrix y(saved_input_.rows(), w.rows());
-    // The bias goes in with the product, except under RowwiseParallel: there after the reduction, once.
-    bool const bias_now = has_bias_ && !rowwise;
-    nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
-    if constexpr (rowwise) {
-      if constexpr (std::is_same_v<output_layout, Replicate>) {
-        group_->all_reduce(y);
-      } else {
-        matrix mine;
-        group_->reduce_scatter(y, mine, 0);
-        y = std::move(mine);
-      }
-    }
-    if (has_bias_ && rowwise) y.rowwise() += bias.transpose();
-    if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
-      matrix all;
-      group_->all_gather(y, all, -1);
-      return {std::move(all)};
-    } else {
-      return {std::move(y)};
-    }
+    check_width(given);
+    keep_input(given);
+    return forward_kept_input();
+  }
+
+  /// As above, on an input given as a temporary (an Activation or a row-major matrix of T): where the layer keeps
+  /// its input as given (for backward), it takes the storage instead of copying it.
+  template <class X>
+    requires(!std::is_lvalue_reference_v<X> &&
+             (std::is_same_v<X, matrix> || (detail::is_activation_v<X> && std::is_same_v<typename X::element_type, T>)))
+  Activation<T, output_layout> operator()(X&& x) {
+    check_input_type<X>();
+    matrix& given = [&]() -> matrix& {
+      if constexpr (detail::is_activation_v<X>)
+        return x.local;
+      else
+        return x;
+    }();
+    check_width(given);
+    if constexpr (keeps_input_as_given)
+      saved_input_ = std::move(given);
+    else
+      keep_input(given);
+    return forward_kept_input();
   }
 
   /// The input gradient's layout: the input's, but for ColwiseParallel on a replicated input, where each rank's
@@ -375,6 +354,77 @@ class Linear : public detail::layer_plumbing<T, Location> {
   }
 
  private:
+  // Where forward keeps its input as given (not gathered over the sequence, not cut to this rank's columns).
+  static constexpr bool keeps_input_as_given =
+      !(colwise && std::is_same_v<input_layout, Shard<0>>) && !(rowwise && std::is_same_v<input_layout, Replicate>);
+
+  /// The compile-time checks of a forward's input type.
+  template <class X>
+  static constexpr void check_input_type() {
+    using Input = std::remove_cvref_t<X>;
+    static_assert(detail::layer_input_v<T, Input>,
+                  "shardwise::Linear: the input must be a shardwise::Activation or a row-major [tokens, features] "
+                  "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
+    static_assert(detail::input_layout_matches<input_layout, Input>,
+                  "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
+                  "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
+                  "RowwiseParallel");
+    using layouts_shown [[maybe_unused]] =
+        decltype(detail::show_layout_mismatch<Location::path, input_layout, Input>());
+  }
+
+  /// The input's width, checked in Release builds too: a wrong one would read past the input in the sliced
+  /// cases, or give wrong numbers.
+  template <class Given>
+  void check_width(Given const& given) const {
+    require_group();
+    constexpr bool local_input = rowwise && std::is_same_v<input_layout, Shard<1>>;
+    auto const width = static_cast<Eigen::Index>(local_input ? local_in_ : in_);
+    if (given.cols() != width)
+      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": the input has ", given.cols(),
+                   " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
+                   "); give it [tokens, features] inputs of that width");
+  }
+
+  /// Keeps what backward needs of the input: the whole sequence (gathered), this rank's columns, or a copy.
+  template <class Given>
+  void keep_input(Given const& given) {
+    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {
+      group_->all_gather(given, saved_input_, 0);  // the whole sequence: each rank computes its columns for it
+    } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
+      auto const cols = current_weight().cols();
+      saved_input_ = given.middleCols(group_->rank() * cols, cols);
+    } else {
+      saved_input_ = given;
+    }
+  }
+
+  /// The product with the kept input, then the style's communication.
+  Activation<T, output_layout> forward_kept_input() {
+    matrix const& w = current_weight();
+    matrix y(saved_input_.rows(), w.rows());
+    // The bias goes in with the product, except under RowwiseParallel: there after the reduction, once.
+    bool const bias_now = has_bias_ && !rowwise;
+    nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
+    if constexpr (rowwise) {
+      if constexpr (std::is_same_v<output_layout, Replicate>) {
+        group_->all_reduce(y);
+      } else {
+        matrix mine;
+        group_->reduce_scatter(y, mine, 0);
+        y = std::move(mine);
+      }
+    }
+    if (has_bias_ && rowwise) y.rowwise() += bias.transpose();
+    if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
+      matrix all;
+      group_->all_gather(y, all, -1);
+      return {std::move(all)};
+    } else {
+      return {std::move(y)};
+    }
+  }
+
   void require_group() const { this->require_ready(!serial); }
 
   /// Replicated blocks whose gradients were summed: keep the sum in each block's first copy and zero the others,
