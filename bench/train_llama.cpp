@@ -9,8 +9,9 @@
 // Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list.
 //
 // Beside tokens/s, the machine's share: model FLOP/s (6 x tokens x the weights that multiply, plus the causal
-// attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, measured
-// in the same run on as many threads as the configuration has ranks (each thread its rank's shapes, all at once).
+// attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, run right
+// after each of a second set of steps on the same threads (each its rank's shapes, all at once): the median of
+// the step-by-step ratios.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "linear_gemms.hpp"
+#include "median.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -32,13 +34,72 @@ extern "C" void openblas_set_num_threads(int);
 namespace sw = shardwise;
 namespace models = shardwise::models;
 
+/// The FLOPs a training step needs: forward and backward of every weight that multiplies (the embedding is a
+/// lookup) and of causal attention's two products per head (s(s+1)/2 visible pairs; the backward's four).
+double model_flops(models::LlamaConfig const& c, int sequences) {
+  double const tokens = double(sequences) * double(c.sequence), hd = double(c.head_dim());
+  double const q = double(c.heads) * hd, kv = double(c.kv_heads) * hd;
+  double const attention = double(c.dim) * (2 * q + 2 * kv);  // wq, wk, wv, wo
+  double const weights =
+      double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) + double(c.dim) * double(c.vocabulary);
+  double const pairs = double(c.sequence) * double(c.sequence + 1) / 2;
+  return 6 * tokens * weights + 12 * hd * pairs * double(c.heads) * double(c.layers) * double(sequences);
+}
+
+/// One step's GEMMs alone, forward and backward, with one rank's shapes at TP `tp` and its dp group's tokens (all
+/// of them: sequence parallelism gathers them before each column-parallel GEMM). One layer's matrices serve every
+/// layer, as the model's layers have the same shapes. The attention's own products are not among them.
+class StepGemms {
+ public:
+  StepGemms(models::LlamaConfig const& c, int sequences, int tp) {
+    auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
+    auto const d = Eigen::Index(c.dim), h = Eigen::Index(c.hidden), q = Eigen::Index(c.heads * c.head_dim());
+    // Each key-value head repeated where tp exceeds them (as the model does), the vocabulary padded to tp.
+    auto const copies = models::kv_size_multiplier(c.heads, c.kv_heads, std::size_t(tp), c.kv_size_multiplier);
+    auto const kv = Eigen::Index(c.kv_heads * std::max<std::size_t>(copies, 1) * c.head_dim());
+    auto const vocabulary = (Eigen::Index(c.vocabulary) + t - 1) / t * t;
+    // (in, out, times per step) of each weight a rank multiplies: wq, wk, wv, wo, w1, w3, w2, the output head.
+    shapes_ = {{d, q / t, c.layers}, {d, kv / t, c.layers}, {d, kv / t, c.layers}, {q / t, d, c.layers},
+               {d, h / t, c.layers}, {d, h / t, c.layers},  {h / t, d, c.layers},  {d, vocabulary / t, 1}};
+    for (auto s : shapes_) {
+      flops_ += 6.0 * double(tokens) * double(s.in) * double(s.out) * double(s.times);
+      x_.push_back(Matrix::Random(tokens, s.in)), w_.push_back(Matrix::Random(s.out, s.in));
+      dy_.push_back(Matrix::Random(tokens, s.out)), y_.emplace_back(tokens, s.out), dx_.emplace_back(tokens, s.in);
+      dw_.emplace_back(s.out, s.in);
+    }
+  }
+  /// The FLOPs of one run on this rank.
+  [[nodiscard]] double flops() const { return flops_; }
+  /// Runs them once.
+  void run() {
+    for (std::size_t k = 0; k < shapes_.size(); ++k)
+      for (std::size_t time = 0; time < shapes_[k].times; ++time)
+        bench::linear_gemms(x_[k], w_[k], dy_[k], y_[k], dx_[k], dw_[k]);
+  }
+
+ private:
+  using Matrix = sw::nn::matrix<float>;
+  struct Shape {
+    Eigen::Index in, out;
+    std::size_t times;
+  };
+  std::vector<Shape> shapes_;
+  double flops_ = 0;
+  std::vector<Matrix> x_, w_, dy_, y_, dx_, dw_;
+};
+
 struct Result {
   double tokens_per_second = 0;
   std::size_t parameters = 0, gradients = 0, state = 0;
   double rss_before_mib = 0, peak_rss_mib = 0;  // this process, before the model is built and at its peak
-  double gemm_ceiling = 0;  // FLOP/s of the step's GEMMs alone on the same threads, measured right after the steps
+  double gemm_ceiling = 0;  // FLOP/s of the step's GEMMs alone on the same threads, right after each step: median
+  double share = 0;         // median over the steps of (model FLOP/s) / (the GEMMs' FLOP/s right after that step)
 };
 
+/// Steps of training: a warm-up, then `steps` timed, their median giving tokens/s and the process's peak RSS
+/// read after them; then `steps` more, each followed by the step's GEMMs alone on the same threads, which give
+/// the machine's share step by step (the machine's speed drifts within seconds here: pairs, not one ceiling
+/// measured later). The GEMMs' matrices are made after the peak is read, so it is the training's alone.
 template <class Plan>
 Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, int sequences, bool zero1) {
   Result result;
@@ -57,20 +118,38 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
         ids.push_back(static_cast<std::int64_t>((b * 131 + t * 17 + dp.rank() * 7) % c.vocabulary));
         targets.push_back(static_cast<std::int64_t>((b * 131 + t * 17 + 1) % c.vocabulary));
       }
-    std::vector<double> times;
-    for (int step = 0; step <= steps; ++step) {  // step 0 is warm-up
+    auto const timed = [&](auto&& work) {
       sw::barrier(mesh);
       auto const start = std::chrono::steady_clock::now();
+      work();
+      sw::barrier(mesh);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    auto const step = [&] {
       auto const loss = models::llama_loss(tp, model.forward(ids), targets, c.vocabulary);
       model.backward(loss.dlogits);
       optimizer.step(sw::finish_gradients(model), dp);
       sw::zero_grad(model);
-      sw::barrier(mesh);
-      if (step) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    };
+    std::vector<double> times;
+    for (int s = 0; s <= steps; ++s) {  // step 0 is warm-up
+      double const seconds = timed(step);
+      if (s) times.push_back(seconds);
     }
-    std::sort(times.begin(), times.end());
+    sw::barrier(mesh);
+    if (world.rank() == 0) result.peak_rss_mib = bench::status_mib("VmHWM");
+    StepGemms gemms(c, mine, tp.size());
+    timed([&] { gemms.run(); });  // warm-up
+    std::vector<double> ceilings, shares;
+    for (int s = 0; s < steps; ++s) {
+      double const step_seconds = timed(step), gemm_seconds = timed([&] { gemms.run(); });
+      double const ceiling = gemms.flops() * ranks / gemm_seconds;
+      ceilings.push_back(ceiling);
+      shares.push_back(model_flops(c, sequences) / step_seconds / ceiling);
+    }
     if (world.rank() == 0) {
-      result.tokens_per_second = double(sequences) * double(c.sequence) / times[times.size() / 2];
+      result.tokens_per_second = double(sequences) * double(c.sequence) / bench::median(times);
+      result.gemm_ceiling = bench::median(ceilings), result.share = bench::median(shares);
       sw::for_each_parameter(model, [&](std::string const&, auto const& p) {
         result.parameters += static_cast<std::size_t>(p.value->size());
         result.gradients += static_cast<std::size_t>(p.grad->size());
@@ -78,7 +157,6 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
       result.state = optimizer.state_elements();
     }
   });
-  result.peak_rss_mib = bench::status_mib("VmHWM");
   return result;
 }
 
@@ -93,67 +171,11 @@ constexpr std::array<Configuration, 4> configurations{{
     {"dp 2 x tp 2, ZeRO-1 (4 threads on 2 cores)", 4, 2, 2},
 }};
 
-/// The FLOPs a training step needs: forward and backward of every weight that multiplies (the embedding is a
-/// lookup) and of causal attention's two products per head (s(s+1)/2 visible pairs; the backward's four).
-double model_flops(models::LlamaConfig const& c, int sequences) {
-  double const tokens = double(sequences) * double(c.sequence), hd = double(c.head_dim());
-  double const q = double(c.heads) * hd, kv = double(c.kv_heads) * hd;
-  double const attention = double(c.dim) * (2 * q + 2 * kv);  // wq, wk, wv, wo
-  double const weights =
-      double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) + double(c.dim) * double(c.vocabulary);
-  double const pairs = double(c.sequence) * double(c.sequence + 1) / 2;
-  return 6 * tokens * weights + 12 * hd * pairs * double(c.heads) * double(c.layers) * double(sequences);
-}
-
-/// FLOP/s of one step's GEMMs alone, forward and backward, on `ranks` threads at once, each with a rank's shapes at
-/// TP `tp` and its dp group's tokens (all of them: sequence parallelism gathers them before each column-parallel
-/// GEMM); best of `runs`. One layer's matrices serve every layer, as the model's layers have the same shapes.
-double gemm_ceiling(models::LlamaConfig const& c, int sequences, int ranks, int tp, int runs) {
-  using Matrix = sw::nn::matrix<float>;
-  auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
-  auto const d = Eigen::Index(c.dim), h = Eigen::Index(c.hidden), q = Eigen::Index(c.heads * c.head_dim());
-  // Each key-value head repeated where tp exceeds them (as the model does), the vocabulary padded to tp.
-  auto const copies = models::kv_size_multiplier(c.heads, c.kv_heads, std::size_t(tp), c.kv_size_multiplier);
-  auto const kv = Eigen::Index(c.kv_heads * std::max<std::size_t>(copies, 1) * c.head_dim());
-  auto const vocabulary = (Eigen::Index(c.vocabulary) + t - 1) / t * t;
-  // (in, out, times per step) of each weight a rank multiplies: wq, wk, wv, wo, w1, w3, w2, the output head.
-  struct Shape {
-    Eigen::Index in, out;
-    std::size_t times;
-  };
-  std::vector<Shape> const shapes{{d, q / t, c.layers}, {d, kv / t, c.layers}, {d, kv / t, c.layers},
-                                  {q / t, d, c.layers}, {d, h / t, c.layers},  {d, h / t, c.layers},
-                                  {h / t, d, c.layers}, {d, vocabulary / t, 1}};
-  double flops = 0, best = 1e30;
-  for (auto s : shapes) flops += 6.0 * double(tokens) * double(s.in) * double(s.out) * double(s.times) * ranks;
-  sw::run_threads(ranks, [&](auto& world) {
-    auto const mesh = sw::make_mesh<"all">(world, {ranks});
-    std::vector<Matrix> x, w, dy, y, dx, dw;
-    for (auto s : shapes) {
-      x.push_back(Matrix::Random(tokens, s.in)), w.push_back(Matrix::Random(s.out, s.in));
-      dy.push_back(Matrix::Random(tokens, s.out)), y.emplace_back(tokens, s.out), dx.emplace_back(tokens, s.in);
-      dw.emplace_back(s.out, s.in);
-    }
-    for (int r = 0; r <= runs; ++r) {  // run 0 is warm-up
-      sw::barrier(mesh);
-      auto const start = std::chrono::steady_clock::now();
-      for (std::size_t k = 0; k < shapes.size(); ++k)
-        for (std::size_t time = 0; time < shapes[k].times; ++time)
-          bench::linear_gemms(x[k], w[k], dy[k], y[k], dx[k], dw[k]);
-      sw::barrier(mesh);
-      double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (world.rank() == 0 && r > 0) best = std::min(best, seconds);
-    }
-  });
-  return flops / best;
-}
-
-Result run_configuration(int which, int steps, models::LlamaConfig const& c, int sequences, bool smoke) {
+Result run_configuration(int which, int steps, models::LlamaConfig const& c, int sequences) {
   auto const& k = configurations[std::size_t(which)];
   Result r = k.tp == 1 ? measure<models::llama_plan<false>>(k.ranks, k.dp, steps, c, sequences, false)
                        : measure<models::llama_plan<true>>(k.ranks, k.dp, steps, c, sequences, k.dp > 1);
   // Seconds after the steps, in the same process: the machine's speed drifts by 10-20% over minutes here.
-  r.gemm_ceiling = gemm_ceiling(c, sequences / k.dp, k.ranks, k.tp, smoke ? 1 : 3);
   return r;
 }
 
@@ -164,12 +186,12 @@ Result in_own_process(char const* self, int which, std::string const& options) {
   Result r;
   int got = 0;
   if (pipe) {
-    got = std::fscanf(pipe, "RESULT %lf %zu %zu %zu %lf %lf %lf", &r.tokens_per_second, &r.parameters, &r.gradients,
-                      &r.state, &r.rss_before_mib, &r.peak_rss_mib, &r.gemm_ceiling);
+    got = std::fscanf(pipe, "RESULT %lf %zu %zu %zu %lf %lf %lf %lf", &r.tokens_per_second, &r.parameters, &r.gradients,
+                      &r.state, &r.rss_before_mib, &r.peak_rss_mib, &r.gemm_ceiling, &r.share);
     int const status = pclose(pipe);
     if (status != 0) got = 0;
   }
-  if (got != 7) {
+  if (got != 8) {
     std::fprintf(stderr, "bench_train_llama: configuration %d failed (%s)\n", which, command.c_str());
     std::exit(1);
   }
@@ -226,9 +248,9 @@ int main(int argc, char** argv) {
   }
   openblas_set_num_threads(1);
   if (configuration >= 0) {  // the child: one configuration, one line back to the parent
-    auto const r = run_configuration(configuration, steps, c, sequences, smoke);
-    std::printf("RESULT %.3f %zu %zu %zu %.3f %.3f %.6g\n", r.tokens_per_second, r.parameters, r.gradients, r.state,
-                r.rss_before_mib, r.peak_rss_mib, r.gemm_ceiling);
+    auto const r = run_configuration(configuration, steps, c, sequences);
+    std::printf("RESULT %.3f %zu %zu %zu %.3f %.3f %.6g %.6g\n", r.tokens_per_second, r.parameters, r.gradients,
+                r.state, r.rss_before_mib, r.peak_rss_mib, r.gemm_ceiling, r.share);
     return 0;
   }
   std::string const options = " --steps " + std::to_string(steps) + (smoke ? " --smoke" : "") + shape;
@@ -283,16 +305,16 @@ int main(int argc, char** argv) {
   }
   // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads.
   std::printf(
-      "\n| mesh | model GFLOP / step | model GFLOP/s | the step's GEMMs alone, same threads, GFLOP/s | model / "
-      "GEMMs alone |\n|---|---|---|---|---|\n");
+      "\n| mesh | model GFLOP / step | model GFLOP/s | the step's GEMMs alone, same threads, GFLOP/s (median) | "
+      "model / GEMMs alone (median of step-by-step pairs) |\n|---|---|---|---|---|\n");
   double const step_flops = model_flops(c, sequences);
   for (int chosen_k : chosen) {
     auto const& conf = configurations[std::size_t(chosen_k)];
     double const achieved =
         step_flops * results[std::size_t(chosen_k)].tokens_per_second / (double(sequences) * double(c.sequence));
-    double const ceiling = results[std::size_t(chosen_k)].gemm_ceiling;
-    std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9, ceiling / 1e9,
-                achieved / ceiling);
+    auto const& r = results[std::size_t(chosen_k)];
+    std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9,
+                r.gemm_ceiling / 1e9, r.share);
   }
   std::printf("RESULT shardwise_tp1 %.1f\n", results[0].tokens_per_second);
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);
