@@ -138,6 +138,7 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
     }
     sw::barrier(mesh);
     if (world.rank() == 0) result.peak_rss_mib = bench::status_mib("VmHWM");
+    sw::barrier(mesh);  // no rank allocates the GEMMs' matrices before the peak is read
     StepGemms gemms(c, mine, tp.size());
     timed([&] { gemms.run(); });  // warm-up
     std::vector<double> ceilings, shares;
@@ -175,7 +176,6 @@ Result run_configuration(int which, int steps, models::LlamaConfig const& c, int
   auto const& k = configurations[std::size_t(which)];
   Result r = k.tp == 1 ? measure<models::llama_plan<false>>(k.ranks, k.dp, steps, c, sequences, false)
                        : measure<models::llama_plan<true>>(k.ranks, k.dp, steps, c, sequences, k.dp > 1);
-  // Seconds after the steps, in the same process: the machine's speed drifts by 10-20% over minutes here.
   return r;
 }
 
@@ -305,7 +305,8 @@ int main(int argc, char** argv) {
   }
   // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads.
   std::printf(
-      "\n| mesh | model GFLOP / step | model GFLOP/s | the step's GEMMs alone, same threads, GFLOP/s (median) | "
+      "\n| mesh | model GFLOP / step | model GFLOP/s (the timed steps) | the step's GEMMs alone, same threads, GFLOP/s "
+      "(median of the pairs) | "
       "model / GEMMs alone (median of step-by-step pairs) |\n|---|---|---|---|---|\n");
   double const step_flops = model_flops(c, sequences);
   for (int chosen_k : chosen) {

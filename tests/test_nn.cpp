@@ -118,8 +118,14 @@ TEST_CASE("a Linear given a temporary input keeps its storage, not a copy: the s
         auto const hidden = by_reference.up(input);
         auto const y = by_reference.down(hidden);
         nn_cases::M<T> given = input;
-        auto const y_moved = by_value.down(by_value.up(std::move(given)));  // both layers given temporaries
-        CHECK(given.size() == (taken ? 0 : input.size()));  // NOLINT(bugprone-use-after-move): what it left
+        T const* const given_storage = given.data();
+        auto hidden_moved = by_value.up(std::move(given));
+        T const* const hidden_storage = hidden_moved.local.data();
+        auto const y_moved = by_value.down(std::move(hidden_moved));
+        auto const kept = [](auto& layer) { return std::get<0>(layer.shardwise_saved()).data(); };
+        CHECK((kept(by_value.up) == given_storage) == taken);  // the caller's storage, or a gathered copy
+        CHECK(given.size() == (taken ? 0 : input.size()));     // NOLINT(bugprone-use-after-move): what it left
+        CHECK(kept(by_value.down) == hidden_storage);          // Shard<-1> in: kept as given, so taken
         CHECK((y_moved.local - y.local).norm() == 0.0);
         shardwise::Activation<T, shardwise::Replicate> const gradient{dy};
         auto const dx = by_reference.up.backward(by_reference.down.backward(gradient));

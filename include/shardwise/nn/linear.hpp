@@ -214,7 +214,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
   }
 
   /// As above, on an input given as a temporary (an Activation or a row-major matrix of T): where the layer keeps
-  /// its input as given (for backward), it takes the storage instead of copying it.
+  /// its input as given (for backward), it takes the storage instead of copying it, and leaves the input empty.
   template <class X>
     requires(!std::is_lvalue_reference_v<X> &&
              (std::is_same_v<X, matrix> || (detail::is_activation_v<X> && std::is_same_v<typename X::element_type, T>)))
@@ -227,10 +227,12 @@ class Linear : public detail::layer_plumbing<T, Location> {
         return x;
     }();
     check_width(given);
-    if constexpr (keeps_input_as_given)
+    if constexpr (keeps_input_as_given) {
       saved_input_ = std::move(given);
-    else
+      given.resize(0, 0);  // Eigen's move swaps: what it got back is the last step's input, not the caller's
+    } else {
       keep_input(given);
+    }
     return forward_kept_input();
   }
 
