@@ -5,6 +5,7 @@
 // the tests, which compare every sharded run with the same block built with sw::serial_plan.
 #include <cstdint>
 #include <shardwise/nn.hpp>
+#include <utility>
 
 namespace blocks {
 
@@ -87,7 +88,7 @@ struct Attention {
     q_ = wq(x), k_ = wk(x), v_ = wv(x);
     auto out = q_;  // same layout and shape: [tokens, local heads * head_dim]
     sw::nn::causal_attention<T>(q_.local, k_.local, v_.local, sequence_, head_dim_, out.local, saved_);
-    return wo(out);
+    return wo(std::move(out));  // a temporary: wo keeps its storage for backward instead of a copy
   }
 
   template <class DY>
