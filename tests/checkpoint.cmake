@@ -46,7 +46,8 @@ shardwise_add_test(test_checkpoint_sharded test_checkpoint_sharded.cpp LINK shar
 shardwise_add_test(test_checkpoint_concurrency test_checkpoint_concurrency.cpp LINK shardwise::checkpoint shardwise::eigen)
 # Asynchronous saves (sw::async_save): round trips, a training step while the write is in flight, failures raised
 # at the next call on every rank, a save killed in the background; on MPI below.
-shardwise_add_test(test_checkpoint_async test_checkpoint_async.cpp LINK shardwise::checkpoint shardwise::eigen)
+shardwise_add_test_group(test_checkpoint_async THREADS test_checkpoint_async.cpp MPI test_checkpoint_async_mpi.cpp
+                         RANKS 2 4 LINK shardwise::checkpoint shardwise::eigen)
 
 # Consolidation into one safetensors file, and the `shardwise` command (tools/).
 shardwise_add_test(test_checkpoint_consolidate test_checkpoint_consolidate.cpp LINK shardwise::checkpoint shardwise::eigen)
@@ -107,8 +108,6 @@ include(${CMAKE_CURRENT_SOURCE_DIR}/torch/hf_checkpoints.cmake)
 if(TARGET shardwise::mpi)
   shardwise_add_mpi_doctest(test_checkpoint_mpi test_checkpoint_mpi.cpp RANKS 2 4)
   target_link_libraries(test_checkpoint_mpi PRIVATE shardwise::checkpoint)
-  shardwise_add_mpi_doctest(test_checkpoint_async_mpi test_checkpoint_async_mpi.cpp RANKS 2 4)
-  target_link_libraries(test_checkpoint_async_mpi PRIVATE shardwise::checkpoint)
 endif()
 
 # Model and AdamW state (ZeRO-1 slices per dp rank) saved together; resuming equals the uninterrupted run.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cases/async_save_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace sw = shardwise;
 namespace fs = std::filesystem;
@@ -48,7 +49,7 @@ void check_only_checkpoint_left(fs::path const& folder) {
 
 template <class Body>
 void at_tp(int n, Body const& body) {
-  sw::run_threads(n, [&](auto& world) { body(sw::make_mesh<"dp", "tp">(world, {1, n})); });
+  worlds::run_threads(n, [&](auto& world) { body(sw::make_mesh<"dp", "tp">(world, {1, n})); });
 }
 
 }  // namespace

@@ -6,10 +6,10 @@
 
 #include <filesystem>
 #include <shardwise/checkpoint/async_save.hpp>
-#include <shardwise/mesh/mpi.hpp>
 #include <string>
 
 #include "cases/async_save_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace sw = shardwise;
 namespace fs = std::filesystem;
@@ -37,14 +37,14 @@ void remove_shared(World const& world) {
 }  // namespace
 
 TEST_CASE("MPI: async save round trips bit for bit at TP = world size; committed by wait() and by poll()") {
-  auto const world = sw::mpi_world();
+  auto const world = worlds::mpi();
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, world.size()});
   async_cases::round_trip(mesh, shared_dir(world, "round_trip") / "ckpt");
   remove_shared(world);
 }
 
 TEST_CASE("MPI: a training step runs while every process's write is in flight; the checkpoint is the call's") {
-  auto const world = sw::mpi_world();
+  auto const world = worlds::mpi();
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, world.size()});
   fs::path const ckpt = shared_dir(world, "overlap") / "ckpt";
   async_cases::gated const gate(ckpt);
@@ -53,7 +53,7 @@ TEST_CASE("MPI: a training step runs while every process's write is in flight; t
 }
 
 TEST_CASE("MPI: one process's failed background write is raised on every process with its words") {
-  auto const world = sw::mpi_world();
+  auto const world = worlds::mpi();
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, world.size()});
   for (bool at_next_save : {false, true}) {
     CAPTURE(at_next_save);

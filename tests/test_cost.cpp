@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "cases/cost_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace {
 namespace sw = shardwise;
@@ -173,7 +174,7 @@ TEST_CASE("A transfer list stores repeats once, and one that outgrows its capaci
 }
 
 TEST_CASE("The Llama block's predicted cost equals what a counting thread mesh records, at 1, 2 and 4 ranks") {
-  for (int ranks : {1, 2, 4}) sw::run_threads(ranks, [](auto& world) { cost_cases::run_cost_cases(world); });
+  for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [](auto& world) { cost_cases::run_cost_cases(world); });
 }
 
 TEST_CASE("sw::pipeline_step_cost puts a chunk's own transfers at each forward and backward of the schedule") {

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/fsdp_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace {
 namespace sw = shardwise;
@@ -17,7 +18,7 @@ template <class Policy, class Plan = sw::serial_plan>
 void check(char const* name, int ranks, Setup const& setup, shardwise::models::LlamaConfig const& c,
            llama_cases::Run const& serial, Tolerance tolerance = {}) {
   INFO(std::string(name));
-  sw::run_threads(ranks, [&](auto& world) {
+  worlds::run_threads(ranks, [&](auto& world) {
     auto const run = fsdp_cases::train<Policy, Plan>(world, setup, c, steps);
     if (world.rank() == 0) fsdp_cases::check_same_training(run, serial, tolerance);
   });
@@ -48,7 +49,7 @@ TEST_CASE("FSDP wrap policies: the units they make, and training equal to the un
   check<sw::fsdp_policy<sw::full_shard, sw::wrap_min_params>>("wrap by size", 2, {.dp = 2, .min_num_params = 3000}, c,
                                                               serial);
 
-  sw::run_threads(2, [&](auto& world) {
+  worlds::run_threads(2, [&](auto& world) {
     auto const dp = sw::make_mesh<"dp">(world, {2});
     auto units = [&]<class Wrap>(std::size_t min_params) {
       sw::models::Llama<float> model(c);
@@ -78,7 +79,7 @@ TEST_CASE("FSDP sync_module_states: ranks built from other seeds start from rank
   check<sw::fsdp_policy<sw::full_shard, blocks>>("hybrid 2 x 2", 4,
                                                  {.dp = 2, .replicate = 2, .sync_module_states = true}, c, serial);
   // Without it the same ranks train another model: the first loss already differs.
-  sw::run_threads(2, [&](auto& world) {
+  worlds::run_threads(2, [&](auto& world) {
     auto const dp = sw::make_mesh<"dp">(world, {2});
     auto own = c;
     own.seed += static_cast<std::uint64_t>(dp.rank());
@@ -136,7 +137,7 @@ TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
   }
   for (int dp : {1, 2, 4}) {
     std::vector<std::size_t> held(static_cast<std::size_t>(dp));
-    sw::run_threads(dp, [&](auto& world) {
+    worlds::run_threads(dp, [&](auto& world) {
       sw::models::Llama<float> model(c);
       auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, sw::make_mesh<"dp">(world, {dp}));
       held[std::size_t(world.rank())] = sharded.held_elements();
@@ -169,7 +170,7 @@ TEST_CASE("FSDP full shard: units reuse the storage the unit before them release
   }
   REQUIRE(block_matrix_bytes > 0);
   REQUIRE(root_matrix_bytes > 0);
-  sw::run_threads(2, [&](auto& world) {
+  worlds::run_threads(2, [&](auto& world) {
     sw::models::Llama<float> model(c);
     auto const dp = sw::make_mesh<"dp">(world, {2});
     auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);

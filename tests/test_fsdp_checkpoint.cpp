@@ -6,11 +6,12 @@
 #include <shardwise/shardwise.hpp>
 
 #include "cases/fsdp_checkpoint_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("FSDP checkpoints load under another dp x tp and consolidate, thread mesh") {
   auto const root = std::filesystem::temp_directory_path() / "shardwise_test_fsdp_checkpoint";
   for (int ranks : {1, 2, 4}) {
     INFO(ranks << " ranks");
-    shardwise::run_threads(ranks, [&](auto& world) { fsdp_checkpoint_cases::check_all(world, root); });
+    worlds::run_threads(ranks, [&](auto& world) { fsdp_checkpoint_cases::check_all(world, root); });
   }
 }

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/gpt2_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace {
 int const steps = llama_cases::steps();
@@ -17,7 +18,7 @@ using sequence_parallel = std::type_identity<models::gpt2_plan<true>>;
 
 gpt2_cases::Run serial_run(models::GPT2Config const& c) {
   gpt2_cases::Run run;
-  sw::run_threads(1, [&](auto& world) { run = gpt2_cases::train<sw::serial_plan>(world, 1, steps, false, c); });
+  worlds::run_threads(1, [&](auto& world) { run = gpt2_cases::train<sw::serial_plan>(world, 1, steps, false, c); });
   return run;
 }
 
@@ -25,7 +26,7 @@ template <class PlanTag>
 void check_against(char const* name, gpt2_cases::Run const& serial, int ranks, int dp, bool zero1, PlanTag,
                    models::GPT2Config const& c) {
   INFO(std::string(name));
-  sw::run_threads(ranks, [&](auto& world) {
+  worlds::run_threads(ranks, [&](auto& world) {
     auto const run = gpt2_cases::train<typename PlanTag::type>(world, dp, steps, zero1, c);
     if (world.rank() != 0) return;
     gpt2_cases::check_same_training(run, serial);
@@ -91,7 +92,7 @@ TEST_CASE("GPT-2: the key biases' gradient is rounding only, so the comparisons 
 TEST_CASE("GPT-2: heads that do not divide over tp are refused with the reason") {
   auto c = gpt2_cases::small_config();
   c.heads = 2, c.dim = 32;  // 2 heads at 4 ranks
-  sw::run_threads(4, [&](auto& world) {
+  worlds::run_threads(4, [&](auto& world) {
     auto const tp = sw::make_mesh<"tp">(world, {4});
     models::GPT2<float, models::gpt2_plan<true>> model(c);
     CHECK_THROWS_WITH_AS(sw::parallelize(model, tp),

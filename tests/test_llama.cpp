@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/llama_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace {
 int const steps = llama_cases::steps();
@@ -14,13 +15,13 @@ int const steps = llama_cases::steps();
 TEST_CASE("Llama: sharded training equals the unsharded run, thread mesh") {
   auto const c = llama_cases::small_config();
   llama_cases::Run serial;
-  shardwise::run_threads(
+  worlds::run_threads(
       1, [&](auto& world) { serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c); });
   CHECK(serial.losses.back() < serial.losses.front());  // it learns
   auto check = [&](char const* name, int ranks, int dp, bool zero1, auto plan_tag) {
     using Plan = typename decltype(plan_tag)::type;
     INFO(std::string(name));
-    shardwise::run_threads(ranks, [&](auto& world) {
+    worlds::run_threads(ranks, [&](auto& world) {
       auto const run = llama_cases::train<Plan>(world, dp, steps, zero1, c);
       if (world.rank() == 0) llama_cases::check_same_run(run, serial);
     });
@@ -44,7 +45,7 @@ TEST_CASE("Llama: global-norm clipping engaged, sharded norms equal the unsharde
   constexpr float max_norm = 0.1f;
   auto const c = llama_cases::small_config();
   llama_cases::Run serial, unclipped;
-  shardwise::run_threads(1, [&](auto& world) {
+  worlds::run_threads(1, [&](auto& world) {
     serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c, 1, max_norm);
     unclipped = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c, 1, 0.0f);
   });
@@ -61,7 +62,7 @@ TEST_CASE("Llama: global-norm clipping engaged, sharded norms equal the unsharde
   auto check = [&](char const* name, int ranks, int dp, bool zero1, auto plan_tag) {
     using Plan = typename decltype(plan_tag)::type;
     INFO(std::string(name));
-    shardwise::run_threads(ranks, [&](auto& world) {
+    worlds::run_threads(ranks, [&](auto& world) {
       auto const run = llama_cases::train<Plan>(world, dp, steps, zero1, c, 1, max_norm);
       if (world.rank() != 0) return;
       REQUIRE(run.norms.size() == serial.norms.size());
@@ -129,7 +130,7 @@ TEST_CASE("Llama: ZeRO-1 keeps the ideal optimizer state per rank") {
   using Plan = shardwise::models::llama_plan<true>;
   auto state_per_rank = [&](int ranks, int dp, bool zero1) {
     std::vector<llama_cases::Run> runs(static_cast<std::size_t>(ranks));
-    shardwise::run_threads(ranks, [&](auto& world) {
+    worlds::run_threads(ranks, [&](auto& world) {
       runs[static_cast<std::size_t>(world.rank())] = llama_cases::train<Plan>(world, dp, 2, zero1, c);
     });
     return runs;
@@ -162,7 +163,7 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
                                  shardwise::models::LlamaConfig const& c, int micro_batches) {
     using Plan = typename decltype(plan_tag)::type;
     INFO(std::string(name));
-    shardwise::run_threads(ranks, [&](auto& world) {
+    worlds::run_threads(ranks, [&](auto& world) {
       auto const run = llama_cases::train<Plan>(world, dp, steps, false, c, micro_batches);
       if (world.rank() == 0) llama_cases::check_same_run(run, serial);
     });
@@ -170,7 +171,7 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
   using sequence_parallel = std::type_identity<shardwise::models::llama_plan<true>>;
   auto serial_run = [](shardwise::models::LlamaConfig const& c) {
     llama_cases::Run run;
-    shardwise::run_threads(
+    worlds::run_threads(
         1, [&](auto& world) { run = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c); });
     return run;
   };
@@ -199,7 +200,7 @@ TEST_CASE("Llama: grouped-query attention, a padded vocabulary, gradient accumul
     auto c = llama_cases::small_config();
     c.sequence = 5;
     llama_cases::Run serial;
-    shardwise::run_threads(
+    worlds::run_threads(
         1, [&](auto& world) { serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c, 4); });
     check_against_serial("5 tokens per micro-batch at TP 2 with SP", serial, 2, 1, sequence_parallel{}, c, 4);
     check_against_serial("5 tokens per micro-batch at TP 4 with SP", serial, 4, 1, sequence_parallel{}, c, 4);
@@ -227,10 +228,10 @@ static_assert(
 TEST_CASE("Llama: feed-forwards left alone by a predicate train like the unsharded run") {
   auto const c = llama_cases::small_config();
   llama_cases::Run serial;
-  shardwise::run_threads(
+  worlds::run_threads(
       1, [&](auto& world) { serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c); });
   using Plan = shardwise::models::llama_plan<false, true, leave_feed_forward_alone>;
-  shardwise::run_threads(2, [&](auto& world) {
+  worlds::run_threads(2, [&](auto& world) {
     auto const run = llama_cases::train<Plan>(world, 1, steps, false, c);
     if (world.rank() == 0) llama_cases::check_same_run(run, serial);
   });
@@ -239,7 +240,7 @@ TEST_CASE("Llama: feed-forwards left alone by a predicate train like the unshard
 TEST_CASE("Llama: a tp size the heads cannot serve is refused with the reason") {
   auto c = llama_cases::small_config();
   c.heads = 6, c.kv_heads = 3, c.dim = 36;  // 4 ranks: neither 6 heads nor 3 key-value heads split
-  shardwise::run_threads(4, [&](auto& world) {
+  worlds::run_threads(4, [&](auto& world) {
     auto const tp = shardwise::make_mesh<"tp">(world, {4});
     shardwise::models::Llama<float, shardwise::models::llama_plan<true>> model(c);
     CHECK_THROWS_WITH_AS(shardwise::parallelize(model, tp),
@@ -251,7 +252,7 @@ TEST_CASE("Llama: a tp size the heads cannot serve is refused with the reason") 
   });
   c = llama_cases::small_config();
   c.heads = 8, c.kv_heads = 2, c.kv_size_multiplier = 3;  // 6 repeated heads do not split over 4 ranks
-  shardwise::run_threads(4, [&](auto& world) {
+  worlds::run_threads(4, [&](auto& world) {
     auto const tp = shardwise::make_mesh<"tp">(world, {4});
     shardwise::models::Llama<float, shardwise::models::llama_plan<true>> model(c);
     CHECK_THROWS_WITH_AS(shardwise::parallelize(model, tp),
@@ -275,7 +276,7 @@ TEST_CASE("Llama with tied word embeddings: one tensor, trained sharded as unsha
   auto c = llama_cases::small_config();
   c.tie_word_embeddings = true;
   llama_cases::Run serial, untied;
-  shardwise::run_threads(1, [&](auto& world) {
+  worlds::run_threads(1, [&](auto& world) {
     serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, c, 1, 0.1f);
     auto u = c;
     u.tie_word_embeddings = false;
@@ -290,7 +291,7 @@ TEST_CASE("Llama with tied word embeddings: one tensor, trained sharded as unsha
                    shardwise::models::LlamaConfig const& config, llama_cases::Run const& expected) {
     using Plan = typename decltype(plan_tag)::type;
     INFO(std::string(name));
-    shardwise::run_threads(ranks, [&](auto& world) {
+    worlds::run_threads(ranks, [&](auto& world) {
       auto const run = llama_cases::train<Plan>(world, dp, steps, zero1, config, 1, 0.1f);
       if (world.rank() != 0) return;
       // Clipping engaged (max norm 0.1): the tied gradient counts once in the global norm at every tp size.
@@ -311,7 +312,7 @@ TEST_CASE("Llama with tied word embeddings: one tensor, trained sharded as unsha
   auto padded = c;
   padded.vocabulary = 30;  // padded to 32 at TP 4: the shared table is padded once, by its owner
   llama_cases::Run padded_serial;
-  shardwise::run_threads(1, [&](auto& world) {
+  worlds::run_threads(1, [&](auto& world) {
     padded_serial = llama_cases::train<shardwise::serial_plan>(world, 1, steps, false, padded, 1, 0.1f);
   });
   check("tied, vocabulary 30 at TP 4", 4, 1, false, sequence_parallel{}, padded, padded_serial);

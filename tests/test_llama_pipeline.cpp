@@ -3,11 +3,12 @@
 #include <doctest/doctest.h>
 
 #include "cases/llama_pipeline_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unsharded run, thread mesh") {
   for (int ranks : {1, 2, 4}) {
     INFO(ranks << " ranks");
-    shardwise::run_threads(ranks, [&](auto& world) { llama_pipeline_cases::check_all(world, llama_cases::steps()); });
+    worlds::run_threads(ranks, [&](auto& world) { llama_pipeline_cases::check_all(world, llama_cases::steps()); });
   }
 }
 
@@ -23,7 +24,7 @@ TEST_CASE("LlamaStage: a split of another layer count is refused; tied embedding
   models::LlamaStage<float> first(c, split, 0), last(c, split, 1);  // across stages: a copy, equal at the start
   CHECK(last.output->weight == first.tok_embeddings->weight);
   // Interleaved chunks with the first and last stage on one rank cannot exchange with themselves: refused.
-  shardwise::run_threads(1, [&](auto& world) {
+  worlds::run_threads(1, [&](auto& world) {
     auto const pp = shardwise::make_mesh<"pp">(world, {1});
     CHECK_THROWS_WITH_AS(first.shardwise_after_pipeline_step(pp),
                          doctest::Contains("with the first and last stages on one rank"), shardwise::error);

@@ -7,9 +7,8 @@
 // checkpointing, bf16 gathers) and at 4 (hybrid, dp 2 x TP 2).
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
-
 #include "cases/fsdp_cases.hpp"
+#include "support/worlds.hpp"
 
 namespace {
 namespace sw = shardwise;
@@ -20,7 +19,7 @@ using policy = sw::fsdp_policy<Strategy, Wrap>;
 
 TEST_CASE("FSDP equals the unsharded run, MPI mesh") {
   int const steps = llama_cases::steps();
-  auto const world = sw::mpi_world();
+  auto const world = worlds::mpi();
   auto const c = llama_cases::small_config();
   auto const serial = serial_run(c, steps);
   auto const uneven = uneven_config();
@@ -71,7 +70,7 @@ TEST_CASE("FSDP equals the unsharded run, MPI mesh") {
 
 TEST_CASE("FSDP: a forward without backward, microbatches, tied embeddings, repeated key-value heads, MPI mesh") {
   int const steps = llama_cases::steps();
-  auto const world = sw::mpi_world();
+  auto const world = worlds::mpi();
   auto const c = llama_cases::small_config();
   if (world.size() == 2) {
     auto const serial = serial_run(c, steps);
@@ -94,7 +93,7 @@ TEST_CASE("FSDP: a forward without backward, microbatches, tied embeddings, repe
 
 TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same way, MPI mesh") {
   int const steps = llama_cases::steps();
-  auto const world = sw::mpi_world();
+  auto const world = worlds::mpi();
   auto const c = llama_cases::small_config();
   using bf16 = Eigen::bfloat16;
   using gathers_bf16 = sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, float>>;

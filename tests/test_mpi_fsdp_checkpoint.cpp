@@ -3,13 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
-#include <shardwise/mesh/mpi.hpp>
 #include <string>
 
 #include "cases/fsdp_checkpoint_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("FSDP checkpoints load under another dp x tp and consolidate, MPI mesh") {
-  auto const world = shardwise::mpi_world();
+  auto const world = worlds::mpi();
   // One folder per world size, which every process names alike.
   auto const root = std::filesystem::current_path() / ("fsdp_checkpoint_mpi_" + std::to_string(world.size()));
   fsdp_checkpoint_cases::check_all(world, root);

@@ -3,13 +3,12 @@
 // groups and clipping on every step, as on threads (test_gpt2.cpp).
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
-
 #include "cases/gpt2_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("GPT-2: sharded training equals the unsharded run, MPI mesh") {
   int const steps = llama_cases::steps();
-  auto const world = shardwise::mpi_world();
+  auto const world = worlds::mpi();
   auto const c = gpt2_cases::small_config();
   auto const serial = gpt2_cases::train<shardwise::serial_plan>(shardwise::serial_world(), 1, steps, false, c);
   using tp_only = shardwise::models::gpt2_plan<false>;

@@ -3,13 +3,12 @@
 // and dp 2 x tp 2 with ZeRO-1; each against the unsharded run computed on every rank.
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
-
 #include "cases/llama_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
   int const steps = llama_cases::steps();
-  auto const world = shardwise::mpi_world();
+  auto const world = worlds::mpi();
   auto const c = llama_cases::small_config();
   auto const serial = llama_cases::train<shardwise::serial_plan>(shardwise::serial_world(), 1, steps, false, c);
   using tp_only = shardwise::models::llama_plan<false>;
@@ -30,7 +29,7 @@ TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
 
 TEST_CASE("Llama: fewer key-value heads than ranks, and a padded vocabulary, MPI mesh") {
   int const steps = llama_cases::steps();
-  auto const world = shardwise::mpi_world();
+  auto const world = worlds::mpi();
   using sequence_parallel = shardwise::models::llama_plan<true>;
   auto against_serial = [&](shardwise::models::LlamaConfig const& c, int dp, bool zero1) {
     auto const serial = llama_cases::train<shardwise::serial_plan>(shardwise::serial_world(), 1, steps, false, c);

@@ -3,10 +3,9 @@
 // (cases/llama_pipeline_cases.hpp).
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
-
 #include "cases/llama_pipeline_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unsharded run, MPI mesh") {
-  llama_pipeline_cases::check_all(shardwise::mpi_world(), llama_cases::steps());
+  llama_pipeline_cases::check_all(worlds::mpi(), llama_cases::steps());
 }

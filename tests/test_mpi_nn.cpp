@@ -2,17 +2,16 @@
 // transfers against a counting MPI mesh) on the MPI mesh; CTest runs this under mpiexec -n 1, 2, 4.
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
-
 #include "cases/cost_cases.hpp"
 #include "cases/nn_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("tensor-parallel styles and blocks equal the unsharded run, MPI mesh") {
-  auto const world = shardwise::mpi_world();
+  auto const world = worlds::mpi();
   nn_cases::check_all<double>(world);
   nn_cases::check_all<float>(world);
 }
 
 TEST_CASE("the Llama block's predicted cost equals what a counting MPI mesh records") {
-  cost_cases::run_cost_cases(shardwise::mpi_world());
+  cost_cases::run_cost_cases(worlds::mpi());
 }

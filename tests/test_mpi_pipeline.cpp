@@ -5,16 +5,17 @@
 #include <shardwise/mesh/mpi.hpp>
 
 #include "cases/pipeline_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("run_pipeline_step: GPipe, 1F1B and interleaved 1F1B equal the unsharded run, MPI mesh") {
-  auto const world = shardwise::mpi_world();
+  auto const world = worlds::mpi();
   auto const pp = shardwise::make_mesh<"pp">(world, {world.size()});
   pipeline_cases::check_all(pp);
   pipeline_cases::check_refusal(pp);
 }
 
 TEST_CASE("MPI sends posted without waiting are freed once received, not at the end of the step") {
-  auto const world = shardwise::mpi_world();
+  auto const world = shardwise::mpi_world();  // the MPI backend itself: its sends in flight
   if (world.size() < 2) return;               // needs a peer; the 2- and 4-rank runs check it
   std::vector<float> message(1 << 16, 1.0f);  // 256 KiB: above the eager limit, so MPI waits for the receiver
   shardwise::extents const shape{message.size()};

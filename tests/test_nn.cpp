@@ -3,18 +3,19 @@
 #include <doctest/doctest.h>
 
 #include "cases/nn_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("tensor-parallel styles and blocks equal the unsharded run, fp64, thread mesh") {
   for (int n : {1, 2, 4}) {
     CAPTURE(n);
-    shardwise::run_threads(n, [](auto& world) { nn_cases::check_all<double>(world); });
+    worlds::run_threads(n, [](auto& world) { nn_cases::check_all<double>(world); });
   }
 }
 
 TEST_CASE("tensor-parallel styles and blocks equal the unsharded run, fp32, thread mesh") {
   for (int n : {1, 2, 4}) {
     CAPTURE(n);
-    shardwise::run_threads(n, [](auto& world) { nn_cases::check_all<float>(world); });
+    worlds::run_threads(n, [](auto& world) { nn_cases::check_all<float>(world); });
   }
 }
 

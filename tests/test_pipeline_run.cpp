@@ -8,11 +8,12 @@
 #include <thread>
 
 #include "cases/pipeline_cases.hpp"
+#include "support/worlds.hpp"
 
 TEST_CASE("run_pipeline_step: GPipe, 1F1B and interleaved 1F1B equal the unsharded run, thread mesh") {
   for (int ranks : {1, 2, 4}) {
     INFO(ranks << " pipeline ranks");
-    shardwise::run_threads(ranks, [&](auto& world) {
+    worlds::run_threads(ranks, [&](auto& world) {
       auto const pp = shardwise::make_mesh<"pp">(world, {ranks});
       pipeline_cases::check_all(pp);
       pipeline_cases::check_refusal(pp);
@@ -48,7 +49,7 @@ template <class Schedule>
 void run_with_delays(Schedule const& schedule, int stages, int microbatches) {
   int const v = Schedule::chunks_per_rank;
   auto const expected = pipeline_cases::unsharded(stages * v, microbatches, 2);
-  shardwise::run_threads(stages, [&](auto& world) {
+  worlds::run_threads(stages, [&](auto& world) {
     auto const pp = shardwise::make_mesh<"pp">(world, {stages});
     std::vector<Delayed> chunks;
     for (int c = 0; c < v; ++c) chunks.emplace_back(c * stages + pp.rank(), 1);
