@@ -25,7 +25,8 @@ stage() {  # stage BUDGET_MINUTES TITLE...
 }
 stage_table() {
   local total=0 i over
-  echo "== stage minutes (budget)"
+  seconds[-1]=$(($(date +%s) - stage_started))
+  echo "== done ($(date -u +%H:%M:%S) UTC); stage minutes (budget):"
   for i in "${!stages[@]}"; do
     over=""
     ((seconds[i] > budgets[i] * 60)) && over="  <- over its budget: see the slowest steps printed after it"
@@ -64,14 +65,14 @@ bash scripts/ci-times.sh build
 
 # The clang builds need neither the benchmarks and tools (built and run above) nor the header check. No build
 # type: the flags are all given (line tables are enough for sanitizer reports and cost less to build than -g).
-# Their tests run 5 training steps (SHARDWISE_TEST_STEPS), so the long-running test binaries stay at -O0 there.
-clang_build=(-DCMAKE_BUILD_TYPE= -DSHARDWISE_BUILD_BENCH=OFF -DSHARDWISE_BUILD_TOOLS=OFF -DSHARDWISE_BUILD_HEADER_CHECK=OFF
-             -DSHARDWISE_TEST_OPTIMIZE_LONG_RUNS=OFF)
+clang_build=(-DCMAKE_BUILD_TYPE= -DSHARDWISE_BUILD_BENCH=OFF -DSHARDWISE_BUILD_TOOLS=OFF -DSHARDWISE_BUILD_HEADER_CHECK=OFF)
 
 stage 4 "clang 14 (Debian 12's clang): the thread-mesh tests under ThreadSanitizer"
 # Only the thread-mesh test binaries (target shardwise_tsan_tests, label tsan): nothing else here runs threads
 # of one process against each other, and the compile-fail tests run under g++ and clang 19.
-CXX=clang++-14 cmake -S . -B build-clang14 $(generator_for build-clang14) "${clang_build[@]}" -DCMAKE_CXX_FLAGS="-fsanitize=thread -gline-tables-only" \
+# -O1 for what the tests link (the nn kernels, the runtime); the test files themselves build at -O0.
+CXX=clang++-14 cmake -S . -B build-clang14 $(generator_for build-clang14) "${clang_build[@]}" \
+  -DCMAKE_CXX_FLAGS="-O1 -fsanitize=thread -gline-tables-only" \
   -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_COMPILE_CHECKS=OFF -DSHARDWISE_TEST_MPI_CASES=OFF >/dev/null
 cmake --build build-clang14 -j"$jobs" --target shardwise_tsan_tests
 SHARDWISE_TEST_STEPS=5 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-clang14 -j"$jobs" --output-on-failure -L tsan
@@ -83,11 +84,10 @@ stage 8 "clang 19 (the newest in Debian 12): the suite, examples and compile-fai
 CXX=clang++-19 cmake -S . -B build-clang19 $(generator_for build-clang19) "${clang_build[@]}" -DSHARDWISE_BUILD_EXAMPLES=ON \
   -DSHARDWISE_BUILD_COMPILE_FAIL_TWINS=OFF \
   -DCMAKE_CXX_FLAGS="-O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -gline-tables-only" \
-  >/dev/null  # -O1 for the examples, which run whole trainings; the tests build at -O0 (tests/CMakeLists.txt)
+  >/dev/null  # -O1 for the examples and for the kernels the tests link; the test files build at -O0
 cmake --build build-clang19 -j"$jobs"
 SHARDWISE_TEST_STEPS=5 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
   ctest --test-dir build-clang19 -j"$jobs" --output-on-failure -LE "consumer|torch|fuzz|netns" \
   -E "^test_mpi_pipeline[.]mpi4$"  # 4 processes on 2 cores under ASan: 200 s; pp 4 runs above, and pp 2 here
 bash scripts/ci-times.sh build-clang19
-stage 0 "done"
 stage_table
