@@ -8,7 +8,7 @@ endif()
 
 add_executable(bench_checkpoint checkpoint.cpp)
 target_link_libraries(bench_checkpoint PRIVATE shardwise::checkpoint shardwise::mpi shardwise::eigen)
-target_compile_options(bench_checkpoint PRIVATE -O3 -march=native)
+target_compile_options(bench_checkpoint PRIVATE ${SHARDWISE_BENCH_FLAGS})
 
 # The whole benchmark, on a 1.45 GiB model (needs ~7 GB of disk under the build folder and a few minutes).
 # SHARDWISE_CHECKPOINT_BENCH_DIR picks another folder for the checkpoint files.

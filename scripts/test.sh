@@ -53,7 +53,7 @@ mkdir -p build && doxygen docs/Doxyfile  # writes build/api/html
 stage 1 "outside references (PyTorch from PyPI, in a virtual environment outside the clone)"
 python=$(bash scripts/torch-venv.sh)
 
-stage 16 "build and test (Release, g++)"
+stage 15 "build and test (Release, g++)"
 # -O1 for what runs in the tests (examples, tools, the outside-check programs, the benchmarks' smoke runs): -O3
 # took 1.7x as long to compile them and the tests time nothing (a benchmark built to measure keeps its -O3).
 CXX=g++ cmake -S . -B build $(generator_for build) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
@@ -78,7 +78,7 @@ cmake --build build-clang14 -j"$jobs" --target shardwise_tsan_tests
 SHARDWISE_TEST_STEPS=5 TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-clang14 -j"$jobs" --output-on-failure -L tsan
 bash scripts/ci-times.sh build-clang14
 
-stage 8 "clang 19 (the newest in Debian 12): the suite, examples and compile-fail tests under ASan + UBSan"
+stage 11 "clang 19 (the newest in Debian 12): the suite, examples and compile-fail tests under ASan + UBSan"
 # OpenMPI keeps its allocations until exit by design: leak reports would be its, not ours. The PyTorch
 # comparisons ran in the Release build above; here they would only re-run Python.
 CXX=clang++-19 cmake -S . -B build-clang19 $(generator_for build-clang19) "${clang_build[@]}" -DSHARDWISE_BUILD_EXAMPLES=ON \
