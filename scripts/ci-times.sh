@@ -9,25 +9,23 @@ top=${2:-10}
 log=$dir/.ninja_log
 costs=$dir/Testing/Temporary/CTestCostData.txt
 
-if [[ -f $log ]]; then
-  # One line per output, its last build only (a log may hold earlier builds); times are milliseconds.
-  awk 'NR > 1 { took[$4] = ($2 - $1) / 1000 } END { for (o in took) printf "%.1f %s\n", took[o], o }' "$log" |
-    sort -rn >"$dir/.compile_seconds"
-  awk -v top="$top" '{ sum += $1; n += 1 } END {
-      printf "compile steps in %s: %d, %.0f s of compiler time (%.1f min on 2 cores)\n", ARGV[1], n, sum, sum / 120 }' \
-    "$dir/.compile_seconds"
-  echo "slowest $top compile steps (s):"
-  head -n "$top" "$dir/.compile_seconds" | sed 's/^/  /'
+# "seconds name" lines, slowest first, after a line with their sum: "what" names the kind of line.
+slowest() {
+  sort -rn | awk -v top="$top" -v what="$1" -v where="$dir" '
+    { sum += $1; lines[NR] = sprintf("  %.1f %s", $1, $2) }
+    END {
+      printf "%s in %s: %d, %.0f s in all; the slowest %d (s):\n", what, where, NR, sum, top
+      for (i = 1; i <= NR && i <= top; ++i) print lines[i]
+    }'
+}
+
+if [[ -f $log ]]; then  # one line per output, its last build only (a log may hold earlier builds); milliseconds
+  awk 'NR > 1 { took[$4] = ($2 - $1) / 1000 } END { for (o in took) print took[o], o }' "$log" | slowest "compile steps"
 else
   echo "no $log (built without Ninja): no compile times"
 fi
-
-if [[ -f $costs ]]; then
-  # "name runs seconds" lines, then "---" and the failed tests; a fresh folder's one run gives each test's time.
-  awk '/^---/ { exit } NF == 3 { sum += $3; n += 1; print $3, $1 } END {
-      printf "%.0f s of test time in %d tests\n", sum, n > "/dev/stderr" }' "$costs" 2>&1 >/dev/null
-  echo "slowest $top tests (s):"
-  awk '/^---/ { exit } NF == 3 { printf "%.1f %s\n", $3, $1 }' "$costs" | sort -rn | head -n "$top" | sed 's/^/  /'
+if [[ -f $costs ]]; then  # "name runs seconds" lines, then "---" and the failed tests
+  awk '/^---/ { exit } NF == 3 { print $3, $1 }' "$costs" | slowest "tests"
 else
   echo "no $costs: no test times"
 fi

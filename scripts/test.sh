@@ -29,7 +29,7 @@ stage_table() {
   echo "== done ($(date -u +%H:%M:%S) UTC); stage minutes (budget):"
   for i in "${!stages[@]}"; do
     over=""
-    ((seconds[i] > budgets[i] * 60)) && over="  <- over its budget: see the slowest steps printed after it"
+    ((seconds[i] > budgets[i] * 60)) && over="  <- over its budget: see the slowest steps printed at its end"
     awk -v s="${seconds[i]}" -v b="${budgets[i]}" -v t="${stages[i]}" -v o="$over" \
       'BEGIN { printf "%6.1f (%2d)  %s%s\n", s / 60, b, t, o }'
     total=$((total + seconds[i]))
