@@ -78,7 +78,7 @@ struct GPT2Attention {
 
   /// Called by sw::parallelize before any layer is cut: each rank must hold whole heads.
   void shardwise_on_parallelize(int tp) {
-    constexpr bool sharded_heads = is_colwise_v<typename decltype(q_proj)::style>;
+    constexpr bool sharded_heads = std::is_same_v<typename decltype(q_proj)::weight_grad_placement, Shard<0>>;
     if (sharded_heads && config_.heads % static_cast<std::size_t>(tp) != 0)
       shardwise::raise("shardwise::models::GPT2 at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
                        " heads do not divide over ", tp,
@@ -95,7 +95,7 @@ struct GPT2Attention {
     cost const co = decltype(c_proj)::shardwise_cost(c.dim, c.dim, s, true);
     cost total;
     total.hold(cq).hold(ck).hold(cv).hold(co);
-    constexpr bool sharded_heads = is_colwise_v<typename decltype(q_proj)::style>;
+    constexpr bool sharded_heads = std::is_same_v<typename decltype(q_proj)::weight_grad_placement, Shard<0>>;
     std::size_t const n = sharded_heads ? s.tp : 1;
     total.activation_bytes += 3 * s.tokens * c.dim / n * sizeof(T);
     total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);

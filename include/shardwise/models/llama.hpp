@@ -179,8 +179,9 @@ struct LlamaAttention {
                        c.heads, " and ", c.kv_heads);
   }
 
-  /// Whether the plan shards the heads (ColwiseParallel on wk).
-  static constexpr bool sharded_heads = is_colwise_v<typename Linear<T, style_at<Plan, "wk">>::style>;
+  /// Whether the plan shards the heads (wk's weight cut by output rows: ColwiseParallel or a style like it).
+  static constexpr bool sharded_heads =
+      std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
 
   /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
   template <std::size_t Ranks>

@@ -1,7 +1,10 @@
 #pragma once
 // Embedding: a lookup table [vocabulary, dim], unsharded, RowwiseParallel (vocabulary parallel: each rank
 // holds a slice of the vocabulary, looks up the ids that fall in it, and the partial rows are summed) or
-// ColwiseParallel (each rank holds a slice of the embedding columns). Ids are the same on every rank.
+// ColwiseParallel (each rank holds a slice of the embedding columns). Ids are the same on every rank. The table
+// is the weight of a Linear on one-hot ids, transposed, so a style cuts it and moves its output by the Linear's
+// rules (nn/linear_style.hpp): a cut by output features is a cut of the columns, a cut by input features one of
+// the vocabulary, whose lookups are then partial sums.
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -12,6 +15,7 @@
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/linear_style.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 
@@ -25,39 +29,26 @@ class Embedding : public detail::layer_plumbing<T, Location> {
   using plumbing::group_;
   using plumbing::lazy_;
   using Style = typename Location::style;
-  static constexpr bool colwise = is_colwise_v<Style>;
-  static constexpr bool rowwise = is_rowwise_v<Style>;
+  using rule = detail::linear_style_t<Style>;  // NoParallel: the unsharded style
   static constexpr bool serial = std::is_same_v<Style, NoParallel>;
   using style_shown =
-      decltype(detail::style_allowed<Location, serial || colwise || rowwise>());  // before the message: see mesh.hpp
-  static_assert(serial || colwise || rowwise,
+      decltype(detail::style_allowed<Location, linear_style<rule>>());  // before the message: see mesh.hpp
+  static_assert(linear_style<rule>,
                 "shardwise::Embedding: this style cannot shard an Embedding; use RowwiseParallel (vocabulary), "
                 "ColwiseParallel (embedding columns), or leave it out of the plan");
-
-  template <class S>
-  struct out_of {
-    using type = Replicate;
-  };
-  template <class I, class O>
-  struct out_of<ColwiseParallel<I, O>> {
-    using type = detail::normalize_2d_t<O>;
-    static_assert(std::is_same_v<type, Shard<1>> || std::is_same_v<type, Replicate>,
-                  "shardwise::ColwiseParallel on an Embedding: output_layouts must be Shard<-1> or Replicate");
-  };
-  template <class I, class O>
-  struct out_of<RowwiseParallel<I, O>> {
-    using type = detail::normalize_2d_t<O>;
-    static_assert(std::is_same_v<type, Replicate> || std::is_same_v<type, Shard<0>>,
-                  "shardwise::RowwiseParallel on an Embedding: output_layouts must be Replicate or Shard<0>");
-  };
+  static_assert(detail::embedding_layouts_allowed<Style>);  // a library style's own rules, with their messages
+  using layouts = detail::linear_layouts<rule>;             // of the one-hot Linear whose weight is the table
+  using mover = typename rule::mover;
+  static constexpr bool cuts_vocabulary = layouts::cut_cols, cuts_columns = layouts::cut_rows;
 
  public:
   using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
   SHARDWISE_SAVED(ids_)
-  using style = Style;                                 ///< The parallel style the plan gives it.
-  using output_layout = typename out_of<Style>::type;  ///< The layout of its output on the tp axis.
+  using style = Style;                          ///< The parallel style the plan gives it.
+  using output_layout = typename layouts::out;  ///< The layout of its output on the tp axis.
   /// How the table (and its gradient) is cut over tp: Shard<0> (vocabulary), Shard<1> (columns) or Replicate.
-  using grad_placement = std::conditional_t<colwise, Shard<1>, std::conditional_t<rowwise, Shard<0>, Replicate>>;
+  using grad_placement =
+      std::conditional_t<cuts_columns, Shard<1>, std::conditional_t<cuts_vocabulary, Shard<0>, Replicate>>;
   using weight_grad_placement = grad_placement;  ///< The same, under the name Linear uses (for ties).
   using matrix = nn::matrix<T>;                  ///< Row-major matrix of T.
 
@@ -107,18 +98,13 @@ class Embedding : public detail::layer_plumbing<T, Location> {
   static constexpr cost shardwise_cost(std::size_t vocabulary, std::size_t dim, cost_inputs const& s) {
     constexpr std::size_t e = sizeof(T);
     std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const rows = rowwise ? (vocabulary + n - 1) / n : vocabulary, cols = colwise ? dim / n : dim;
+    std::size_t const rows = cuts_vocabulary ? (vocabulary + n - 1) / n : vocabulary,
+                      cols = cuts_columns ? dim / n : dim;
     cost c;
     c.parameter_bytes = c.gradient_bytes = rows * cols * e;
     c.activation_bytes = s.tokens * sizeof(std::int64_t);  // the ids, for the backward
-    if constexpr (rowwise)
-      c.forward.add(
-          std::is_same_v<output_layout, Replicate> ? transfer_kind::all_reduce : transfer_kind::reduce_scatter,
-          s.tp_axis, s.tokens * dim * e);
-    if constexpr (colwise && std::is_same_v<output_layout, Replicate>)
-      c.forward.add(transfer_kind::all_gather, s.tp_axis, s.tokens * cols * e);
-    if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>)
-      c.backward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * dim * e);
+    mover::template add_cost<typename layouts::product_out, output_layout>(c.forward, s.tokens, dim, e, s);
+    mover::template add_cost<output_layout, typename layouts::product_out_grad>(c.backward, s.tokens, dim, e, s);
     return c;
   }
 
@@ -135,18 +121,18 @@ class Embedding : public detail::layer_plumbing<T, Location> {
   void shardwise_parallelize(Mesh const& mesh) {
     group_ = nn::make_group<T>(mesh);
     int const n = group_->size(), r = group_->rank();
-    if constexpr (rowwise) {
+    if constexpr (cuts_vocabulary) {
       if (pad_for_tp_)
         pad_vocabulary((table_rows() + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
-      detail::require_divisible("RowwiseParallel", Location::path.view(), "vocabulary entries", table_rows(), n,
+      detail::require_divisible(style_name<Style>, Location::path.view(), "vocabulary entries", table_rows(), n,
                                 group_->axis(), ", or pad the table with pad_vocabulary_for_tp()");
       auto const rows = static_cast<Eigen::Index>(table_rows() / static_cast<std::size_t>(n));
       vocab_start_ = r * rows;
       local_rows_ = static_cast<std::size_t>(rows);
       if (lazy_) return;
       weight = matrix(weight.middleRows(r * rows, rows));
-    } else if constexpr (colwise) {
-      detail::require_divisible("ColwiseParallel", Location::path.view(), "embedding columns", dim_, n, group_->axis());
+    } else if constexpr (cuts_columns) {
+      detail::require_divisible(style_name<Style>, Location::path.view(), "embedding columns", dim_, n, group_->axis());
       auto const cols = static_cast<Eigen::Index>(dim_ / static_cast<std::size_t>(n));
       local_cols_ = static_cast<std::size_t>(cols);
       if (lazy_) return;
@@ -172,19 +158,9 @@ class Embedding : public detail::layer_plumbing<T, Location> {
     ids_.assign(ids.begin(), ids.end());
     matrix rows(static_cast<Eigen::Index>(ids.size()), weight.cols());
     nn::embedding_forward<T>(ids, weight, rows, vocab_start_);
-    if constexpr (rowwise) {  // each token's row lives on one rank; the others contributed zeros
-      if constexpr (std::is_same_v<output_layout, Replicate>) {
-        group_->all_reduce(rows);
-      } else {
-        matrix mine;
-        group_->reduce_scatter(rows, mine, 0);
-        rows = std::move(mine);
-      }
-    } else if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
-      matrix all;
-      group_->all_gather(rows, all, -1);
-      rows = std::move(all);
-    }
+    // Under a vocabulary cut each token's row lives on one rank and the others contributed zeros: a partial sum.
+    if constexpr (!detail::same_layout_v<typename layouts::product_out, output_layout>)
+      rows = mover::template move<typename layouts::product_out, output_layout, T>(*group_, std::move(rows));
     return {std::move(rows)};
   }
 
@@ -195,11 +171,8 @@ class Embedding : public detail::layer_plumbing<T, Location> {
     auto&& dy_whole = detail::gradient_in<output_layout>(group_.get(), dy_given, "Embedding", Location::path.view());
     matrix const* dy = &dy_whole;
     matrix part;
-    if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
-      group_->all_gather(*dy, part, 0);  // conjugate of the reduce-scatter
-      dy = &part;
-    } else if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
-      part = dy->middleCols(group_->rank() * weight.cols(), weight.cols());  // conjugate of the all-gather
+    if constexpr (!detail::same_layout_v<output_layout, typename layouts::product_out_grad>) {
+      part = mover::template move<output_layout, typename layouts::product_out_grad, T>(*group_, *dy);  // conjugate
       dy = &part;
     }
     if (weight_grad.size() != weight.size()) zero_grad();  // a materialized table's first backward

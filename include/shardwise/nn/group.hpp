@@ -75,6 +75,8 @@ class group {
   virtual void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
   /// Sums `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.
   virtual void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
+  /// all_gather on bfloat16 values: for a style that moves activations in 16 bits (tests/test_custom_style.cpp).
+  virtual void all_gather_bf16(matrix<Eigen::bfloat16> const& in, matrix<Eigen::bfloat16>& out, int dim) const = 0;
 
   /// Reduces a matrix in place.
   void all_reduce(matrix<T>& m, detail::op_kind op = detail::op_kind::sum) const {
@@ -109,6 +111,12 @@ class group_of final : public group<T> {
   void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const override {
     if (auto* c = detail::layer_collective_counter())
       ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
+    detail::all_gather_on(mesh_.comm(0), in, out, dim);
+  }
+  /// See group.
+  void all_gather_bf16(matrix<Eigen::bfloat16> const& in, matrix<Eigen::bfloat16>& out, int dim) const override {
+    if (auto* c = detail::layer_collective_counter())
+      ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(Eigen::bfloat16);
     detail::all_gather_on(mesh_.comm(0), in, out, dim);
   }
   /// See group.

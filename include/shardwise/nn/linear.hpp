@@ -1,7 +1,9 @@
 #pragma once
-// Linear: y = x W^T + b with W of shape [out, in] (PyTorch's layout), forward and backward, unsharded or
-// under ColwiseParallel / RowwiseParallel. Each style's backward runs the conjugate of its forward
-// communication: replicate <-> all-reduce, all-gather <-> reduce-scatter.
+// Linear: y = x W^T + b with W of shape [out, in] (PyTorch's layout), forward and backward, unsharded or under
+// any style that says how it cuts the weight and moves activations (nn/linear_style.hpp): ColwiseParallel,
+// RowwiseParallel or one of the user's. The layer never asks which style it has; it moves its input to what its
+// product reads and the product's result to the output layout, with the style's mover, and backward runs the
+// conjugate moves: replicate <-> all-reduce, all-gather <-> reduce-scatter.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -11,6 +13,7 @@
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/linear_style.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 
@@ -25,47 +28,29 @@ class Linear : public detail::layer_plumbing<T, Location> {
   using plumbing::group_;
   using plumbing::lazy_;
   using Style = typename Location::style;
-  static constexpr bool colwise = is_colwise_v<Style>;
-  static constexpr bool rowwise = is_rowwise_v<Style>;
+  using rule = detail::linear_style_t<Style>;  // NoParallel: the unsharded style
   static constexpr bool serial = std::is_same_v<Style, NoParallel>;
   using style_shown =
-      decltype(detail::style_allowed<Location, serial || colwise || rowwise>());  // before the message: see mesh.hpp
-  static_assert(serial || colwise || rowwise,
+      decltype(detail::style_allowed<Location, linear_style<rule>>());  // before the message: see mesh.hpp
+  static_assert(linear_style<rule>,
                 "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
                 "the layer out of the plan");
-
-  template <class S>
-  struct layouts {
-    using in = Replicate;
-    using out = Replicate;
-  };
-  template <class I, class O>
-  struct layouts<ColwiseParallel<I, O>> {
-    using in = detail::normalize_2d_t<I>;
-    using out = detail::normalize_2d_t<O>;
-    static_assert(std::is_same_v<in, Replicate> || std::is_same_v<in, Shard<0>>,
-                  "shardwise::ColwiseParallel on a Linear: input_layouts must be Replicate or Shard<0> (sequence)");
-    static_assert(std::is_same_v<out, Shard<1>> || std::is_same_v<out, Replicate>,
-                  "shardwise::ColwiseParallel on a Linear: output_layouts must be Shard<-1> or Replicate");
-  };
-  template <class I, class O>
-  struct layouts<RowwiseParallel<I, O>> {
-    using in = detail::normalize_2d_t<I>;
-    using out = detail::normalize_2d_t<O>;
-    static_assert(std::is_same_v<in, Shard<1>> || std::is_same_v<in, Replicate>,
-                  "shardwise::RowwiseParallel on a Linear: input_layouts must be Shard<-1> or Replicate");
-    static_assert(std::is_same_v<out, Replicate> || std::is_same_v<out, Shard<0>>,
-                  "shardwise::RowwiseParallel on a Linear: output_layouts must be Replicate or Shard<0> (sequence)");
-  };
+  static_assert(detail::linear_layouts_allowed<Style>);  // a library style's own rules, with their messages
+  using layouts = detail::linear_layouts<rule>;
+  using mover = typename rule::mover;
+  static_assert(activation_mover<mover, T>,
+                "shardwise::Linear: the style's mover must have move<From, To, T>(group, x) and "
+                "add_cost<From, To>(list, rows, cols, element, inputs), as sw::layout_engine has");
+  static constexpr bool cut_rows = layouts::cut_rows, cut_cols = layouts::cut_cols;
 
  public:
   using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
   SHARDWISE_SAVED(saved_input_)
-  using style = Style;                                 ///< The parallel style the plan gives it.
-  using input_layout = typename layouts<Style>::in;    ///< The layout its input must have on the tp axis.
-  using output_layout = typename layouts<Style>::out;  ///< The layout of its output.
-  using matrix = nn::matrix<T>;                        ///< Row-major matrix of T.
-  using vector = nn::vector<T>;                        ///< Column vector of T.
+  using style = Style;                          ///< The parallel style the plan gives it.
+  using input_layout = typename layouts::in;    ///< The layout its input must have on the tp axis.
+  using output_layout = typename layouts::out;  ///< The layout of its output.
+  using matrix = nn::matrix<T>;                 ///< Row-major matrix of T.
+  using vector = nn::vector<T>;                 ///< Column vector of T.
 
   /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
   Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
@@ -161,7 +146,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
   /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
   template <std::size_t Ranks>
   static constexpr bool shardwise_static_check() {
-    constexpr std::size_t cut = colwise ? StaticOut : rowwise ? StaticIn : dynamic_size;
+    constexpr std::size_t cut = cut_rows ? StaticOut : cut_cols ? StaticIn : dynamic_size;
     constexpr bool ok = cut == dynamic_size || cut % Ranks == 0;
     static_assert(ok,
                   "shardwise::Linear: the features this style cuts do not divide over the tp size; choose sizes "
@@ -174,11 +159,11 @@ class Linear : public detail::layer_plumbing<T, Location> {
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
     group_ = nn::make_group<T>(mesh);
-    if constexpr (serial) return;
+    if constexpr (!cut_rows && !cut_cols) return;
     int const n = group_->size(), r = group_->rank();
-    if constexpr (colwise) {
+    if constexpr (cut_rows) {
       if (pad_for_tp_) pad_outputs((out_ + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
-      detail::require_divisible("ColwiseParallel", Location::path.view(), "output features", out_, n, group_->axis(),
+      detail::require_divisible(style_name<Style>, Location::path.view(), "output features", out_, n, group_->axis(),
                                 ", or pad them with pad_outputs_for_tp()");
       auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
       local_out_ = static_cast<std::size_t>(rows);
@@ -186,7 +171,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
       if (!tied()) weight = matrix(weight.middleRows(r * rows, rows));  // a tied weight is cut by its owner
       if (has_bias_) bias = vector(bias.segment(r * rows, rows));
     } else {
-      detail::require_divisible("RowwiseParallel", Location::path.view(), "input features", in_, n, group_->axis());
+      detail::require_divisible(style_name<Style>, Location::path.view(), "input features", in_, n, group_->axis());
       auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
       local_in_ = static_cast<std::size_t>(cols);
       if (lazy_) return;
@@ -236,11 +221,11 @@ class Linear : public detail::layer_plumbing<T, Location> {
     return forward_kept_input();
   }
 
-  /// The input gradient's layout: the input's, but for ColwiseParallel on a replicated input, where each rank's
-  /// gradient is a partial sum over its output features: Partial<Sum>, reduced once where it meets a layout
-  /// (the next layer back, a module boundary, sw::redistribute) — one reduction for wq, wk and wv together.
-  using input_grad_layout =
-      std::conditional_t<colwise && std::is_same_v<input_layout, Replicate>, Partial<Sum>, input_layout>;
+  /// The input gradient's layout: the input's, but for a weight cut by output rows (ColwiseParallel) on a
+  /// replicated input, where each rank's gradient is a partial sum over its output features: Partial<Sum>,
+  /// reduced once where it meets a layout (the next layer back, a module boundary, sw::redistribute) — one
+  /// reduction for wq, wk and wv together.
+  using input_grad_layout = typename layouts::input_grad;
 
   /// Backward: accumulates the parameter gradients and returns the input gradient (input_grad_layout). The
   /// gradient given is in the output's layout or Partial<Sum> (reduced here first).
@@ -251,11 +236,8 @@ class Linear : public detail::layer_plumbing<T, Location> {
     auto&& dy_whole = detail::gradient_in<output_layout>(group_.get(), dy_given, "Linear", Location::path.view());
     matrix const* dy = &dy_whole;
     matrix dy_part;
-    if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
-      dy_part = dy->middleCols(group_->rank() * w.rows(), w.rows());  // conjugate of the all-gather
-      dy = &dy_part;
-    } else if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>) {
-      group_->all_gather(*dy, dy_part, 0);  // conjugate of the reduce-scatter
+    if constexpr (!detail::same_layout_v<output_layout, typename layouts::product_out_grad>) {
+      dy_part = moved<output_layout, typename layouts::product_out_grad>(*dy);  // the output move's conjugate
       dy = &dy_part;
     }
     if (dy->rows() != saved_input_.rows() || dy->cols() != w.rows())
@@ -269,53 +251,35 @@ class Linear : public detail::layer_plumbing<T, Location> {
     matrix dx(dy->rows(), w.cols());
     nn::linear_backward<T>(saved_input_, w, *dy, dx, wg,
                            has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
-    if constexpr (colwise) {  // dx is a partial sum over the ranks' output columns
-      if constexpr (std::is_same_v<input_layout, Replicate>) {
-        // Left Partial: the conjugate of using one replicated input is an all-reduce, done where it is needed.
-      } else {
-        matrix mine;
-        group_->reduce_scatter(dx, mine, 0);  // conjugate of the all-gather over the sequence
-        dx = std::move(mine);
-      }
-    } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
-      matrix all;
-      group_->all_gather(dx, all, -1);  // conjugate of taking this rank's columns
-      dx = std::move(all);
-    }
+    if constexpr (!layouts::input_grad_left_partial &&
+                  !detail::same_layout_v<typename layouts::product_in_grad, input_layout>)
+      dx = moved<typename layouts::product_in_grad, input_layout>(dx);  // the input move's conjugate
     return {std::move(dx)};
   }
 
   /// The layer's cost (sw::cost) on one rank for an input of s.tokens rows: its shard of the weight (and bias)
-  /// with their gradients, and the transfers its forward and backward run — the conjugates of each other, as
-  /// above. `in` and `out`: the unsharded features (out padded, where the vocabulary is).
+  /// with their gradients, and the transfers of its forward and backward, as its style's mover states them for
+  /// the moves the layer makes (the same moves as above). `in` and `out`: the unsharded features (out padded,
+  /// where the vocabulary is).
   static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
     constexpr std::size_t e = sizeof(T);
     std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const local_in = rowwise ? in / n : in, local_out = colwise ? (out + n - 1) / n : out;
+    std::size_t const local_in = cut_cols ? in / n : in, local_out = cut_rows ? (out + n - 1) / n : out;
     cost c;
     c.parameter_bytes = c.gradient_bytes = (local_in * local_out + (with_bias ? local_out : 0)) * e;
-    c.activation_bytes = s.tokens * local_in * e;  // its input (the whole sequence, gathered under Shard<0>)
-    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>)
-      c.forward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * in * e);
-    if constexpr (rowwise)
-      c.forward.add(
-          std::is_same_v<output_layout, Replicate> ? transfer_kind::all_reduce : transfer_kind::reduce_scatter,
-          s.tp_axis, s.tokens * out * e);
-    if constexpr (colwise && std::is_same_v<output_layout, Replicate>)
-      c.forward.add(transfer_kind::all_gather, s.tp_axis, s.tokens * local_out * e);
-    if constexpr (rowwise && std::is_same_v<output_layout, Shard<0>>)
-      c.backward.add(transfer_kind::all_gather, s.tp_axis, s.local_tokens() * out * e);
-    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>)
-      c.backward.add(transfer_kind::reduce_scatter, s.tp_axis, s.tokens * in * e);
-    if constexpr (rowwise && std::is_same_v<input_layout, Replicate>)
-      c.backward.add(transfer_kind::all_gather, s.tp_axis, s.tokens * local_in * e);
+    c.activation_bytes = s.tokens * local_in * e;  // what the product reads, kept for backward
+    mover::template add_cost<input_layout, typename layouts::product_in>(c.forward, s.tokens, in, e, s);
+    mover::template add_cost<typename layouts::product_out, output_layout>(c.forward, s.tokens, out, e, s);
+    mover::template add_cost<output_layout, typename layouts::product_out_grad>(c.backward, s.tokens, out, e, s);
+    if constexpr (!layouts::input_grad_left_partial)
+      mover::template add_cost<typename layouts::product_in_grad, input_layout>(c.backward, s.tokens, in, e, s);
     return c;
   }
 
   /// How the weight (and its gradient) is cut over tp: Shard<0> (Colwise), Shard<1> (Rowwise) or Replicate.
-  using weight_grad_placement = std::conditional_t<colwise, Shard<0>, std::conditional_t<rowwise, Shard<1>, Replicate>>;
+  using weight_grad_placement = typename layouts::weight;
   /// How the bias is cut over tp.
-  using bias_grad_placement = std::conditional_t<colwise, Shard<0>, Replicate>;
+  using bias_grad_placement = typename layouts::bias;
 
   /// The parameters with their gradients. A bias-free layer's bias and a tied weight (its owner's) are there
   /// but not present: walks over the model's parameters pass them by.
@@ -357,8 +321,13 @@ class Linear : public detail::layer_plumbing<T, Location> {
 
  private:
   // Where forward keeps its input as given (not gathered over the sequence, not cut to this rank's columns).
-  static constexpr bool keeps_input_as_given =
-      !(colwise && std::is_same_v<input_layout, Shard<0>>) && !(rowwise && std::is_same_v<input_layout, Replicate>);
+  static constexpr bool keeps_input_as_given = detail::same_layout_v<input_layout, typename layouts::product_in>;
+
+  /// `x` moved from layout From to layout To by the style's mover.
+  template <class From, class To, class M>
+  matrix moved(M&& x) const {
+    return mover::template move<From, To, T>(*group_, std::forward<M>(x));
+  }
 
   /// The compile-time checks of a forward's input type.
   template <class X>
@@ -380,51 +349,37 @@ class Linear : public detail::layer_plumbing<T, Location> {
   template <class Given>
   void check_width(Given const& given) const {
     require_group();
-    constexpr bool local_input = rowwise && std::is_same_v<input_layout, Shard<1>>;
-    auto const width = static_cast<Eigen::Index>(local_input ? local_in_ : in_);
+    constexpr bool local_input = std::is_same_v<input_layout, Shard<1>>;
+    auto const width = static_cast<Eigen::Index>(local_input ? chunk_size(in_, static_cast<std::size_t>(group_->size()),
+                                                                          static_cast<std::size_t>(group_->rank()))
+                                                             : in_);
     if (given.cols() != width)
       detail::fail("shardwise::Linear at \"", Location::path.view(), "\": the input has ", given.cols(),
                    " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
                    "); give it [tokens, features] inputs of that width");
   }
 
-  /// Keeps what backward needs of the input: the whole sequence (gathered), this rank's columns, or a copy.
+  /// Keeps what the product reads, which backward needs too: the input as given, or moved (the whole sequence
+  /// gathered, this rank's columns taken).
   template <class Given>
   void keep_input(Given const& given) {
-    if constexpr (colwise && std::is_same_v<input_layout, Shard<0>>) {
-      group_->all_gather(given, saved_input_, 0);  // the whole sequence: each rank computes its columns for it
-    } else if constexpr (rowwise && std::is_same_v<input_layout, Replicate>) {
-      auto const cols = current_weight().cols();
-      saved_input_ = given.middleCols(group_->rank() * cols, cols);
-    } else {
+    if constexpr (keeps_input_as_given)
       saved_input_ = given;
-    }
+    else
+      saved_input_ = moved<input_layout, typename layouts::product_in>(given);
   }
 
   /// The product with the kept input, then the style's communication.
   Activation<T, output_layout> forward_kept_input() {
     matrix const& w = current_weight();
     matrix y(saved_input_.rows(), w.rows());
-    // The bias goes in with the product, except under RowwiseParallel: there after the reduction, once.
-    bool const bias_now = has_bias_ && !rowwise;
+    // The bias goes in with the product, except where the product is a partial sum: there after it, once.
+    bool const bias_now = has_bias_ && !layouts::bias_after_output;
     nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
-    if constexpr (rowwise) {
-      if constexpr (std::is_same_v<output_layout, Replicate>) {
-        group_->all_reduce(y);
-      } else {
-        matrix mine;
-        group_->reduce_scatter(y, mine, 0);
-        y = std::move(mine);
-      }
-    }
-    if (has_bias_ && rowwise) y.rowwise() += bias.transpose();
-    if constexpr (colwise && std::is_same_v<output_layout, Replicate>) {
-      matrix all;
-      group_->all_gather(y, all, -1);
-      return {std::move(all)};
-    } else {
-      return {std::move(y)};
-    }
+    if constexpr (!detail::same_layout_v<typename layouts::product_out, output_layout>)
+      y = moved<typename layouts::product_out, output_layout>(std::move(y));
+    if (has_bias_ && layouts::bias_after_output) y.rowwise() += bias.transpose();
+    return {std::move(y)};
   }
 
   void require_group() const { this->require_ready(!serial); }

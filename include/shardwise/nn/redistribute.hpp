@@ -33,8 +33,9 @@ nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const
   if constexpr (std::is_same_v<F, G>) {
     return x;
   } else if constexpr (std::is_same_v<F, Partial<Sum>>) {  // the summands added: all-reduce or reduce-scatter
-    nn::matrix<T> y = x;
+    nn::matrix<T> y;
     if constexpr (std::is_same_v<G, Replicate>) {
+      y = x;
       g.all_reduce(y);
     } else {
       g.reduce_scatter(x, y, G::dim);
@@ -54,6 +55,17 @@ nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const
     return all;
   } else {
     return redistribute_activation<Replicate, To>(g, redistribute_activation<From, Replicate>(g, x));
+  }
+}
+
+/// As above, on an activation the caller gives up: a partial sum is reduced in place instead of in a copy.
+template <class From, class To, class T>
+nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T>&& x) {
+  if constexpr (std::is_same_v<normalize_2d_t<From>, Partial<Sum>> && std::is_same_v<normalize_2d_t<To>, Replicate>) {
+    g.all_reduce(x);
+    return std::move(x);
+  } else {
+    return redistribute_activation<From, To>(g, static_cast<nn::matrix<T> const&>(x));
   }
 }
 

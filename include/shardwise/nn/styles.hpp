@@ -8,12 +8,16 @@
 
 namespace shardwise {
 
+struct layout_engine;  // nn/linear_style.hpp: the library's mover of activations between layouts
+
 /// Linear: weight cut by output features (rows of [out, in]), bias likewise; the input is made Replicate and
 /// the output comes out Shard<-1>. Embedding: the table cut by embedding columns.
 template <class InputLayouts = Replicate, class OutputLayouts = Shard<-1>>
 struct ColwiseParallel {
   using input_layouts = InputLayouts;    ///< The layout the input arrives in.
   using output_layouts = OutputLayouts;  ///< The layout the output leaves in.
+  using weight_placement = Shard<0>;     ///< A Linear's weight [out, in]: cut by output features.
+  using mover = layout_engine;           ///< Activations move the library's way (sw::redistribute's).
 };
 
 /// Linear: weight cut by input features, bias replicated; the input is Shard<-1>, the partial output is
@@ -23,6 +27,8 @@ template <class InputLayouts = Shard<-1>, class OutputLayouts = Replicate>
 struct RowwiseParallel {
   using input_layouts = InputLayouts;    ///< The layout the input arrives in.
   using output_layouts = OutputLayouts;  ///< The layout the output leaves in.
+  using weight_placement = Shard<1>;     ///< A Linear's weight [out, in]: cut by input features.
+  using mover = layout_engine;           ///< Activations move the library's way (sw::redistribute's).
 };
 
 /// Norms on activations cut along the sequence: weights replicated, their gradients partial until reduced.
