@@ -24,8 +24,8 @@ namespace shardwise {
 /// A lookup table [vocabulary, dim] (torch.nn.Embedding), forward and backward: unsharded, RowwiseParallel
 /// (a slice of the vocabulary per rank) or ColwiseParallel (a slice of the columns per rank).
 template <class T, class Location = unplanned>
-class Embedding : public detail::layer_plumbing<T, Location> {
-  using plumbing = detail::layer_plumbing<T, Location>;
+class Embedding : public detail::layer_plumbing<T> {
+  using plumbing = detail::layer_plumbing<T>;
   using plumbing::group_;
   using plumbing::lazy_;
   using Style = typename Location::style;
@@ -54,7 +54,11 @@ class Embedding : public detail::layer_plumbing<T, Location> {
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
   Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
-      : plumbing("Embedding"), vocabulary_(vocabulary), dim_(dim), local_rows_(vocabulary), local_cols_(dim) {
+      : plumbing("Embedding", Location::path.view()),
+        vocabulary_(vocabulary),
+        dim_(dim),
+        local_rows_(vocabulary),
+        local_cols_(dim) {
     if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
     weight.resize(static_cast<Eigen::Index>(vocabulary), static_cast<Eigen::Index>(dim));
     std::mt19937_64 rng(seed);

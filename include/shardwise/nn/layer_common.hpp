@@ -77,10 +77,11 @@ inline void require_static_size(std::string_view path, char const* what, std::si
     fail("shardwise::Linear at \"", path, "\": declared with ", declared, " ", what, " but built with ", given);
 }
 
-/// What every shardwise layer keeps beside its parameters: the tensor-parallel group parallelize gives it,
-/// whether it was declared lazily (sw::Lazy) and has no parameters yet, and its registration (how parallelize
-/// finds a layer missing from SHARDWISE_CHILDREN). Linear, Embedding and the norms derive from it.
-template <class T, class Location>
+/// What every shardwise layer keeps beside its parameters: its plan path (for messages), the tensor-parallel group
+/// parallelize gives it, whether it was declared lazily (sw::Lazy) and has no parameters yet, and its registration
+/// (how parallelize finds a layer missing from SHARDWISE_CHILDREN). Linear, Embedding and the norms derive from
+/// it; it depends on the element type only, so their code need not depend on the path.
+template <class T>
 class layer_plumbing {
  public:
   /// The tensor-parallel group parallelize gave the layer (null before).
@@ -89,17 +90,19 @@ class layer_plumbing {
   [[nodiscard]] bool materialized() const { return !lazy_; }
 
  protected:
-  explicit layer_plumbing(char const* kind) : kind_(kind), registration_(kind, Location::path.view()) {}
+  /// `path` must outlive the layer (a plan path: static storage).
+  layer_plumbing(char const* kind, std::string_view path) : kind_(kind), path_(path), registration_(kind, path) {}
 
   /// Refuses a layer used before it is materialized and, when its style communicates, before parallelize.
   void require_ready(bool needs_group) const {
-    require_materialized(lazy_, kind_, Location::path.view());
+    require_materialized(lazy_, kind_, path_);
     if (needs_group && !group_)
-      fail("shardwise::", kind_, " at \"", Location::path.view(),
+      fail("shardwise::", kind_, " at \"", path_,
            "\": used before parallelize gave it its tensor-parallel group; call sw::parallelize(model, tp)");
   }
 
   char const* kind_;
+  std::string_view path_;
   bool lazy_ = constructing_lazily();  // declared under sw::Lazy and not materialized yet
   std::shared_ptr<nn::group<T> const> group_;
 

@@ -3,7 +3,10 @@
 // any style that says how it cuts the weight and moves activations (nn/linear_style.hpp): ColwiseParallel,
 // RowwiseParallel or one of the user's. The layer never asks which style it has; it moves its input to what its
 // product reads and the product's result to the output layout, with the style's mover, and backward runs the
-// conjugate moves: replicate <-> all-reduce, all-gather <-> reduce-scatter.
+// conjugate moves: replicate <-> all-reduce, all-gather <-> reduce-scatter. Its code depends on its element
+// type and style only (linear_core): the layers of every path and every plan that share a style share
+// it; the path, for messages, is a string it keeps. The typed Linear on top adds the checks that name the path
+// at compile time.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,51 +22,43 @@
 
 namespace shardwise {
 
-/// StaticIn / StaticOut (optional): sizes known at compile time, so that with a tp axis of static size
-/// (sw::axis<"tp", 4>) a size the tp size does not divide is a compile error rather than a run-time one.
-template <class T, class Location = unplanned, std::size_t StaticIn = dynamic_size,
-          std::size_t StaticOut = dynamic_size>
-class Linear : public detail::layer_plumbing<T, Location> {
-  using plumbing = detail::layer_plumbing<T, Location>;
+namespace detail {
+
+/// A Linear's state and code under style Rule (a sw::linear_style): what the typed Linear derives from.
+template <class T, class Rule>
+class linear_core : public layer_plumbing<T> {
+  using plumbing = layer_plumbing<T>;
   using plumbing::group_;
   using plumbing::lazy_;
-  using Style = typename Location::style;
-  using rule = detail::linear_style_t<Style>;  // NoParallel: the unsharded style
-  static constexpr bool serial = std::is_same_v<Style, NoParallel>;
-  using style_shown =
-      decltype(detail::style_allowed<Location, linear_style<rule>>());  // before the message: see mesh.hpp
-  static_assert(linear_style<rule>,
-                "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
-                "the layer out of the plan");
-  static_assert(detail::linear_layouts_allowed<Style>);  // a library style's own rules, with their messages
-  using layouts = detail::linear_layouts<rule>;
-  using mover = typename rule::mover;
+  using plumbing::path_;
+  using layouts = linear_layouts<Rule>;
+  using mover = typename Rule::mover;
   static_assert(activation_mover<mover, T>,
                 "shardwise::Linear: the style's mover must have move<From, To, T>(group, x) and "
                 "add_cost<From, To>(list, rows, cols, element, inputs), as sw::layout_engine has");
+  static constexpr bool serial = std::is_same_v<Rule, unsharded_linear>;
+
+ protected:
   static constexpr bool cut_rows = layouts::cut_rows, cut_cols = layouts::cut_cols;
 
  public:
-  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
   SHARDWISE_SAVED(saved_input_)
-  using style = Style;                          ///< The parallel style the plan gives it.
   using input_layout = typename layouts::in;    ///< The layout its input must have on the tp axis.
   using output_layout = typename layouts::out;  ///< The layout of its output.
   using matrix = nn::matrix<T>;                 ///< Row-major matrix of T.
   using vector = nn::vector<T>;                 ///< Column vector of T.
 
-  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
-  Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
-      : plumbing("Linear"), in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
-    detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
-    detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
+  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`; `path`: the layer's plan
+  /// path, kept for messages (a string of static storage).
+  linear_core(std::string_view path, std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias)
+      : plumbing("Linear", path), in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
     if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
     T const bound = T(1) / std::sqrt(static_cast<T>(in));
     weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
-    detail::fill_uniform(weight, bound, seed);
+    fill_uniform(weight, bound, seed);
     if (has_bias_) {
       bias.resize(static_cast<Eigen::Index>(out));
-      detail::fill_uniform(bias, bound, seed ^ 0x9e3779b97f4a7c15ull);
+      fill_uniform(bias, bound, seed ^ 0x9e3779b97f4a7c15ull);
     }
     zero_grad();
   }
@@ -102,7 +97,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
   /// Pads the output features at parallelize, with zero rows, up to a multiple of the tp size (a vocabulary
   /// the tp size does not divide, under ColwiseParallel): the logits of the padding are left out by the loss
   /// when it is given the real vocabulary as `classes`. Checkpoints store the real rows only.
-  Linear& pad_outputs_for_tp() {
+  linear_core& pad_outputs_for_tp() {
     pad_for_tp_ = true;
     return *this;
   }
@@ -113,9 +108,8 @@ class Linear : public detail::layer_plumbing<T, Location> {
   void replicate_output_blocks(std::size_t block, std::size_t copies) {
     if (copies <= 1) return;
     if (block == 0 || out_ % block != 0 || copies_ != 1 || tied())
-      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": cannot repeat blocks of ", block,
-                   " output rows of ", out_,
-                   " (once, before parallelize, with a block size that divides the rows, on a weight it owns)");
+      fail("shardwise::Linear at \"", path_, "\": cannot repeat blocks of ", block, " output rows of ", out_,
+           " (once, before parallelize, with a block size that divides the rows, on a weight it owns)");
     copies_ = copies;
     copy_block_ = block;
     if (lazy_) {
@@ -143,18 +137,6 @@ class Linear : public detail::layer_plumbing<T, Location> {
     copies_summed_ = false;
   }
 
-  /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
-  template <std::size_t Ranks>
-  static constexpr bool shardwise_static_check() {
-    constexpr std::size_t cut = cut_rows ? StaticOut : cut_cols ? StaticIn : dynamic_size;
-    constexpr bool ok = cut == dynamic_size || cut % Ranks == 0;
-    static_assert(ok,
-                  "shardwise::Linear: the features this style cuts do not divide over the tp size; choose sizes "
-                  "the tp size divides");
-    constexpr bool named = static_divides<Location::path, cut, Ranks>();  // spells path and sizes
-    return ok && named;
-  }
-
   /// Keeps this rank's shard of the parameters and the group to talk to.
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
@@ -163,15 +145,15 @@ class Linear : public detail::layer_plumbing<T, Location> {
     int const n = group_->size(), r = group_->rank();
     if constexpr (cut_rows) {
       if (pad_for_tp_) pad_outputs((out_ + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
-      detail::require_divisible(style_name<Style>, Location::path.view(), "output features", out_, n, group_->axis(),
-                                ", or pad them with pad_outputs_for_tp()");
+      require_divisible(style_name<Rule>, path_, "output features", out_, n, group_->axis(),
+                        ", or pad them with pad_outputs_for_tp()");
       auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
       local_out_ = static_cast<std::size_t>(rows);
       if (lazy_) return;
       if (!tied()) weight = matrix(weight.middleRows(r * rows, rows));  // a tied weight is cut by its owner
       if (has_bias_) bias = vector(bias.segment(r * rows, rows));
     } else {
-      detail::require_divisible(style_name<Style>, Location::path.view(), "input features", in_, n, group_->axis());
+      require_divisible(style_name<Rule>, path_, "input features", in_, n, group_->axis());
       auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
       local_in_ = static_cast<std::size_t>(cols);
       if (lazy_) return;
@@ -187,40 +169,6 @@ class Linear : public detail::layer_plumbing<T, Location> {
     if (has_bias_) bias.setZero(static_cast<Eigen::Index>(local_out_));
     lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
   }
-  /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
-  /// matrix (taken to be in the style's input layout).
-  template <class X>
-  Activation<T, output_layout> operator()(X const& x) {
-    check_input_type<X>();
-    auto const& given = detail::local_of<T>(x);
-    check_width(given);
-    keep_input(given);
-    return forward_kept_input();
-  }
-
-  /// As above, on an input given as a temporary (an Activation or a row-major matrix of T): where the layer keeps
-  /// its input as given (for backward), it takes the storage instead of copying it, and leaves the input empty.
-  template <class X>
-    requires(!std::is_lvalue_reference_v<X> &&
-             (std::is_same_v<X, matrix> || (detail::is_activation_v<X> && std::is_same_v<typename X::element_type, T>)))
-  Activation<T, output_layout> operator()(X&& x) {
-    check_input_type<X>();
-    matrix& given = [&]() -> matrix& {
-      if constexpr (detail::is_activation_v<X>)
-        return x.local;
-      else
-        return x;
-    }();
-    check_width(given);
-    if constexpr (keeps_input_as_given) {
-      saved_input_ = std::move(given);
-      given.resize(0, 0);  // Eigen's move swaps: what it got back is the last step's input, not the caller's
-    } else {
-      keep_input(given);
-    }
-    return forward_kept_input();
-  }
-
   /// The input gradient's layout: the input's, but for a weight cut by output rows (ColwiseParallel) on a
   /// replicated input, where each rank's gradient is a partial sum over its output features: Partial<Sum>,
   /// reduced once where it meets a layout (the next layer back, a module boundary, sw::redistribute) — one
@@ -233,17 +181,17 @@ class Linear : public detail::layer_plumbing<T, Location> {
   Activation<T, input_grad_layout> backward(Activation<T, P> const& dy_given) {
     require_group();
     matrix const& w = current_weight();
-    auto&& dy_whole = detail::gradient_in<output_layout>(group_.get(), dy_given, "Linear", Location::path.view());
+    auto&& dy_whole = gradient_in<output_layout>(group_.get(), dy_given, "Linear", path_);
     matrix const* dy = &dy_whole;
     matrix dy_part;
-    if constexpr (!detail::same_layout_v<output_layout, typename layouts::product_out_grad>) {
+    if constexpr (!same_layout_v<output_layout, typename layouts::product_out_grad>) {
       dy_part = moved<output_layout, typename layouts::product_out_grad>(*dy);  // the output move's conjugate
       dy = &dy_part;
     }
     if (dy->rows() != saved_input_.rows() || dy->cols() != w.rows())
-      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": backward got a gradient of ", dy->rows(), "x",
-                   dy->cols(), " on this rank after a forward of ", saved_input_.rows(), "x", w.rows(),
-                   "; pass the gradient of this layer's last output");
+      fail("shardwise::Linear at \"", path_, "\": backward got a gradient of ", dy->rows(), "x", dy->cols(),
+           " on this rank after a forward of ", saved_input_.rows(), "x", w.rows(),
+           "; pass the gradient of this layer's last output");
     matrix& wg = current_weight_grad();
     if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
     if (bias_grad.size() != bias.size()) bias_grad.setZero(bias.size());
@@ -251,8 +199,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
     matrix dx(dy->rows(), w.cols());
     nn::linear_backward<T>(saved_input_, w, *dy, dx, wg,
                            has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
-    if constexpr (!layouts::input_grad_left_partial &&
-                  !detail::same_layout_v<typename layouts::product_in_grad, input_layout>)
+    if constexpr (!layouts::input_grad_left_partial && !same_layout_v<typename layouts::product_in_grad, input_layout>)
       dx = moved<typename layouts::product_in_grad, input_layout>(dx);  // the input move's conjugate
     return {std::move(dx)};
   }
@@ -284,12 +231,10 @@ class Linear : public detail::layer_plumbing<T, Location> {
   /// The parameters with their gradients. A bias-free layer's bias and a tied weight (its owner's) are there
   /// but not present: walks over the model's parameters pass them by.
   auto parameters() {
-    Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), Location::path.view(),
-                                               copies_, copy_block_};
+    Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), path_, copies_, copy_block_};
     w.real_rows = unpadded_out_, w.present = !tied(), w.copies_summed = copies_ > 1 ? &copies_summed_ : nullptr;
     w.mirror_of = mirror_of_;
-    Parameter<vector, bias_grad_placement> b{&bias,   &bias_grad, group_.get(), Location::path.view(),
-                                             copies_, copy_block_};
+    Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), path_, copies_, copy_block_};
     b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_;
     b.copies_summed = w.copies_summed;
     return std::make_tuple(w, b);
@@ -312,36 +257,42 @@ class Linear : public detail::layer_plumbing<T, Location> {
   /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
   void shardwise_tie(matrix& value, matrix& grad, std::string_view owner_path) {
     if (group_ || copies_ > 1 || unpadded_out_ != 0)
-      detail::fail("shardwise::tie_weights: the Linear at \"", Location::path.view(),
-                   "\" is already parallelized, padded or repeated; tie weights in the model's constructor");
+      fail("shardwise::tie_weights: the Linear at \"", path_,
+           "\" is already parallelized, padded or repeated; tie weights in the model's constructor");
     tie_.bind(this, value, grad, owner_path);
     weight = matrix();  // one tensor: this layer's own is gone
     weight_grad = matrix();
   }
 
+ protected:
+  /// Forward on the input's local values (the typed Linear has checked its type and layout).
+  template <class Given>
+  Activation<T, output_layout> forward_given(Given const& given) {
+    check_width(given);
+    keep_input(given);
+    return forward_kept_input();
+  }
+
+  /// Forward on an input the caller gives up: kept without a copy where the layer keeps its input as given.
+  Activation<T, output_layout> forward_taken(matrix& given) {
+    check_width(given);
+    if constexpr (keeps_input_as_given) {
+      saved_input_ = std::move(given);
+      given.resize(0, 0);  // Eigen's move swaps: what it got back is the last step's input, not the caller's
+    } else {
+      keep_input(given);
+    }
+    return forward_kept_input();
+  }
+
  private:
   // Where forward keeps its input as given (not gathered over the sequence, not cut to this rank's columns).
-  static constexpr bool keeps_input_as_given = detail::same_layout_v<input_layout, typename layouts::product_in>;
+  static constexpr bool keeps_input_as_given = same_layout_v<input_layout, typename layouts::product_in>;
 
   /// `x` moved from layout From to layout To by the style's mover.
   template <class From, class To, class M>
   matrix moved(M&& x) const {
     return mover::template move<From, To, T>(*group_, std::forward<M>(x));
-  }
-
-  /// The compile-time checks of a forward's input type.
-  template <class X>
-  static constexpr void check_input_type() {
-    using Input = std::remove_cvref_t<X>;
-    static_assert(detail::layer_input_v<T, Input>,
-                  "shardwise::Linear: the input must be a shardwise::Activation or a row-major [tokens, features] "
-                  "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
-    static_assert(detail::input_layout_matches<input_layout, Input>,
-                  "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
-                  "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
-                  "RowwiseParallel");
-    using layouts_shown [[maybe_unused]] =
-        decltype(detail::show_layout_mismatch<Location::path, input_layout, Input>());
   }
 
   /// The input's width, checked in Release builds too: a wrong one would read past the input in the sliced
@@ -354,9 +305,9 @@ class Linear : public detail::layer_plumbing<T, Location> {
                                                                           static_cast<std::size_t>(group_->rank()))
                                                              : in_);
     if (given.cols() != width)
-      detail::fail("shardwise::Linear at \"", Location::path.view(), "\": the input has ", given.cols(),
-                   " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
-                   "); give it [tokens, features] inputs of that width");
+      fail("shardwise::Linear at \"", path_, "\": the input has ", given.cols(),
+           " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
+           "); give it [tokens, features] inputs of that width");
   }
 
   /// Keeps what the product reads, which backward needs too: the input as given, or moved (the whole sequence
@@ -376,7 +327,7 @@ class Linear : public detail::layer_plumbing<T, Location> {
     // The bias goes in with the product, except where the product is a partial sum: there after it, once.
     bool const bias_now = has_bias_ && !layouts::bias_after_output;
     nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
-    if constexpr (!detail::same_layout_v<typename layouts::product_out, output_layout>)
+    if constexpr (!same_layout_v<typename layouts::product_out, output_layout>)
       y = moved<typename layouts::product_out, output_layout>(std::move(y));
     if (has_bias_ && layouts::bias_after_output) y.rowwise() += bias.transpose();
     return {std::move(y)};
@@ -401,12 +352,98 @@ class Linear : public detail::layer_plumbing<T, Location> {
   bool has_bias_;
   bool copies_summed_ = false;  // see unsum_copies
   bool pad_for_tp_ = false;     // see pad_outputs_for_tp
-  detail::weight_tie<matrix> tie_;
+  weight_tie<matrix> tie_;
   std::string_view mirror_of_;               // a copy of another stage's weight (mirror_weight_of)
   std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
   std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
   std::size_t local_in_, local_out_;         // this rank's shard of the weight
   matrix saved_input_;
+};
+
+/// The core a Linear under Style derives from; a style that is not a linear_style gets the unsharded one, so that
+/// the Linear's own check is the error the user reads.
+template <class T, class Style>
+using linear_core_for =
+    linear_core<T, std::conditional_t<linear_style<linear_style_t<Style>>, linear_style_t<Style>, unsharded_linear>>;
+
+}  // namespace detail
+
+/// A Linear at a place in the plan (Location: its style, path and the whole plan; sw::style_at<Plan, "w1">).
+/// StaticIn / StaticOut (optional): sizes known at compile time, so that with a tp axis of static size
+/// (sw::axis<"tp", 4>) a size the tp size does not divide is a compile error rather than a run-time one.
+template <class T, class Location = unplanned, std::size_t StaticIn = dynamic_size,
+          std::size_t StaticOut = dynamic_size>
+class Linear : public detail::linear_core_for<T, typename Location::style> {
+  using core = detail::linear_core_for<T, typename Location::style>;
+  using Style = typename Location::style;
+  using style_shown = decltype(detail::style_allowed<Location, linear_style<detail::linear_style_t<Style>>>());
+  static_assert(linear_style<detail::linear_style_t<Style>>,
+                "shardwise::Linear: this style cannot shard a Linear; use ColwiseParallel, RowwiseParallel, or leave "
+                "the layer out of the plan");
+  static_assert(detail::linear_layouts_allowed<Style>);  // a library style's own rules, with their messages
+
+ public:
+  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  using style = Style;                  ///< The parallel style the plan gives it.
+  using typename core::input_layout;
+  using typename core::matrix;
+  using typename core::output_layout;
+
+  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
+  Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
+      : core(Location::path.view(), in, out, seed, with_bias) {
+    detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
+    detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
+  }
+
+  /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
+  template <std::size_t Ranks>
+  static constexpr bool shardwise_static_check() {
+    constexpr std::size_t cut = core::cut_rows ? StaticOut : core::cut_cols ? StaticIn : dynamic_size;
+    constexpr bool ok = cut == dynamic_size || cut % Ranks == 0;
+    static_assert(ok,
+                  "shardwise::Linear: the features this style cuts do not divide over the tp size; choose sizes "
+                  "the tp size divides");
+    constexpr bool named = static_divides<Location::path, cut, Ranks>();  // spells path and sizes
+    return ok && named;
+  }
+
+  /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
+  /// matrix (taken to be in the style's input layout).
+  template <class X>
+  Activation<T, output_layout> operator()(X const& x) {
+    check_input_type<X>();
+    return this->forward_given(detail::local_of<T>(x));
+  }
+
+  /// As above, on an input given as a temporary (an Activation or a row-major matrix of T): where the layer keeps
+  /// its input as given (for backward), it takes the storage instead of copying it, and leaves the input empty.
+  template <class X>
+    requires(!std::is_lvalue_reference_v<X> &&
+             (std::is_same_v<X, matrix> || (detail::is_activation_v<X> && std::is_same_v<typename X::element_type, T>)))
+  Activation<T, output_layout> operator()(X&& x) {
+    check_input_type<X>();
+    if constexpr (detail::is_activation_v<X>)
+      return this->forward_taken(x.local);
+    else
+      return this->forward_taken(x);
+  }
+
+ private:
+  /// The compile-time checks of a forward's input type.
+  template <class X>
+  static constexpr void check_input_type() {
+    using Input = std::remove_cvref_t<X>;
+    static_assert(detail::layer_input_v<T, Input>,
+                  "shardwise::Linear: the input must be a shardwise::Activation or a row-major [tokens, features] "
+                  "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
+    static_assert(detail::input_layout_matches<input_layout, Input>,
+                  "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
+                  "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
+                  "RowwiseParallel");
+    using layouts_shown [[maybe_unused]] =
+        decltype(detail::show_layout_mismatch<Location::path, input_layout, Input>());
+  }
 };
 
 }  // namespace shardwise

@@ -20,8 +20,8 @@ namespace detail {
 enum class norm_kind { layer, rms };
 
 template <class T, class Location, norm_kind Kind>
-class norm_layer : public layer_plumbing<T, Location> {
-  using plumbing = layer_plumbing<T, Location>;
+class norm_layer : public layer_plumbing<T> {
+  using plumbing = layer_plumbing<T>;
   using plumbing::group_;
   using plumbing::lazy_;
   using Style = typename Location::style;
@@ -59,7 +59,9 @@ class norm_layer : public layer_plumbing<T, Location> {
   }
 
   explicit norm_layer(std::size_t features, T eps = T(1e-5))
-      : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm"), eps_(eps), features_(features) {
+      : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", Location::path.view()),
+        eps_(eps),
+        features_(features) {
     if (lazy_) return;  // sizes only: sw::materialize allocates
     weight = vector::Ones(static_cast<Eigen::Index>(features));
     if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
