@@ -1,6 +1,6 @@
 #!/bin/bash
 # The build time of a user's model files (docs/build-time.md): examples/train_llama.cpp (one plan) and
-# bench/four_plans.cpp (four plans of the Llama model), compiled alone with g++ at -O2 and -O3, as a user's
+# bench/eight_variants.cpp (the Llama model in float and double under four layouts), compiled alone with g++ at -O2 and -O3, as a user's
 # build compiles them: with the nn kernels compiled in the file, with them from shardwise::separate_kernels
 # (-DSHARDWISE_SEPARATE_KERNELS), and with sw::launch's runtime from shardwise::separate_runtime as well
 # (-DSHARDWISE_SEPARATE_RUNTIME; the two libraries' own files, compiled once per build, are timed too). With
@@ -10,7 +10,7 @@
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/four_plans.cpp"
+before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp"
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;

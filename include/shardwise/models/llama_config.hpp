@@ -1,0 +1,141 @@
+#pragma once
+// The Llama model's configuration (LlamaConfig, with its checks and the fields saved beside its weights), the
+// rotary position embedding's tables and rotation (Hugging Face's rotate-half convention), and the
+// kv_size_multiplier that lets more tp ranks than key-value heads serve grouped-query attention.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/layer_common.hpp"
+
+namespace shardwise::models {
+
+/// The sizes and settings of a Llama model.
+struct LlamaConfig {
+  std::size_t vocabulary = 256;  ///< Token ids are in [0, vocabulary).
+  std::size_t dim = 64;          ///< The model (embedding) width.
+  std::size_t layers = 2;        ///< Number of decoder blocks.
+  std::size_t heads = 4;         ///< Query heads.
+  std::size_t kv_heads = 2;      ///< Key-value heads (grouped-query: each serves heads / kv_heads query heads).
+  std::size_t hidden = 176;      ///< The feed-forward's inner width.
+  double norm_eps = 1e-5;        ///< RMSNorm's epsilon.
+  double rope_theta = 10000.0;   ///< The rotary embedding's base.
+  std::size_t sequence = 32;     ///< Tokens per sequence; a batch is rows of whole sequences.
+  std::uint64_t seed = 1234;     ///< Seed of the initial parameters.
+  /// optimum-neuron's kv_size_multiplier: how many times each key-value head is repeated before wk and wv are
+  /// cut, so that more tp ranks than key-value heads each hold the head their query heads use. 0: derived
+  /// (tp / kv_heads when tp exceeds kv_heads, else 1).
+  std::size_t kv_size_multiplier = 0;
+  /// transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
+  /// tensor, one gradient, one optimizer state, saved once as the embedding).
+  bool tie_word_embeddings = false;
+  /// Width of one attention head: dim / heads.
+  [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
+
+  /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
+  /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning).
+  [[nodiscard]] std::map<std::string, std::string> fields() const {
+    return {{"vocabulary", std::to_string(vocabulary)},
+            {"dim", std::to_string(dim)},
+            {"layers", std::to_string(layers)},
+            {"heads", std::to_string(heads)},
+            {"kv_heads", std::to_string(kv_heads)},
+            {"hidden", std::to_string(hidden)},
+            {"norm_eps", shardwise::config_number(norm_eps)},
+            {"rope_theta", shardwise::config_number(rope_theta)},
+            {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"}};
+  }
+
+  /// Throws, naming the field and the fix, for sizes no model can have: zeros, head counts that do not divide,
+  /// an odd head width (the rotary embedding rotates pairs), or tables too large to index.
+  void check() const {
+    auto const positive = [](char const* field, std::size_t value) {
+      if (value == 0) shardwise::raise("shardwise::models::LlamaConfig: ", field, " is 0; give it a positive size");
+    };
+    positive("vocabulary", vocabulary), positive("dim", dim), positive("heads", heads);
+    positive("kv_heads", kv_heads), positive("hidden", hidden), positive("sequence", sequence);
+    if (dim % heads != 0)
+      shardwise::raise("shardwise::models::LlamaConfig: dim ", dim, " is not a multiple of heads ", heads,
+                       "; choose dim = heads * head width");
+    if (heads % kv_heads != 0)
+      shardwise::raise("shardwise::models::LlamaConfig: heads ", heads, " is not a multiple of kv_heads ", kv_heads,
+                       "; every key-value head must serve the same number of query heads");
+    if (head_dim() % 2 != 0)
+      shardwise::raise("shardwise::models::LlamaConfig: the head width dim / heads = ", head_dim(),
+                       " is odd; the rotary embedding needs an even one");
+    constexpr std::size_t limit = std::size_t{1} << 40;  // elements in one table; far beyond any model here
+    if (vocabulary > limit / dim || hidden > limit / dim || sequence > limit / head_dim())
+      shardwise::raise("shardwise::models::LlamaConfig: vocabulary ", vocabulary, ", hidden ", hidden, " or sequence ",
+                       sequence, " times dim ", dim, " overflows a table; check the sizes");
+    if (!(norm_eps > 0) || !(rope_theta > 0))
+      shardwise::raise("shardwise::models::LlamaConfig: norm_eps ", norm_eps, " and rope_theta ", rope_theta,
+                       " must be positive");
+  }
+};
+
+namespace detail {
+
+/// cos and sin tables [sequence, head_dim], Hugging Face's layout: the frequencies repeated twice.
+template <class T>
+struct rope_tables {
+  nn::matrix<T> cos, sin;
+  rope_tables(std::size_t sequence, std::size_t head_dim, double theta) {
+    auto const s = static_cast<Eigen::Index>(sequence), d = static_cast<Eigen::Index>(head_dim);
+    cos.resize(s, d), sin.resize(s, d);
+    for (Eigen::Index p = 0; p < s; ++p)
+      for (Eigen::Index i = 0; i < d / 2; ++i) {
+        double const angle = double(p) / std::pow(theta, double(2 * i) / double(head_dim));
+        cos(p, i) = cos(p, i + d / 2) = static_cast<T>(std::cos(angle));
+        sin(p, i) = sin(p, i + d / 2) = static_cast<T>(std::sin(angle));
+      }
+  }
+};
+
+/// x <- x * cos + rotate_half(x) * sin on one head's columns, for every sequence in the rows. With
+/// inverse = true it applies the transpose (the backward): rotate_half's transpose is minus itself. One
+/// sequence's rows at a time, as array expressions over each half of the head (vectorised).
+template <class T, class Block>
+void apply_rope(Block&& x, rope_tables<T> const& rope, std::size_t sequence, bool inverse) {
+  auto const s = static_cast<Eigen::Index>(sequence), half = x.cols() / 2;
+  T const sign = inverse ? T(-1) : T(1);
+  Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> first_half;
+  for (Eigen::Index start = 0; start < x.rows(); start += s) {
+    Eigen::Index const n = std::min(s, x.rows() - start);
+    auto a = x.block(start, 0, n, half).array();
+    auto b = x.block(start, half, n, half).array();
+    auto const cos = rope.cos.topRows(n).array(), sin = rope.sin.topRows(n).array();
+    first_half = a * cos.leftCols(half) - sign * b * sin.leftCols(half);
+    b = b * cos.rightCols(half) + sign * a * sin.rightCols(half);  // a is still the input here
+    a = first_half;
+  }
+}
+
+}  // namespace detail
+
+/// The kv_size_multiplier that lets `tp` ranks serve `heads` query heads and `kv_heads` key-value heads, each
+/// rank holding whole heads and the key-value heads its query heads use; `requested` 0 derives it. Returns 0
+/// when no multiplier can (the heads do not divide over tp, or tp neither divides the key-value heads nor is a
+/// multiple of them).
+constexpr std::size_t kv_size_multiplier(std::size_t heads, std::size_t kv_heads, std::size_t tp,
+                                         std::size_t requested = 0) {
+  if (tp == 0 || kv_heads == 0 || heads % kv_heads != 0 || heads % tp != 0) return 0;
+  std::size_t const m = requested != 0 ? requested : kv_heads % tp == 0 ? 1 : tp % kv_heads == 0 ? tp / kv_heads : 0;
+  if (m == 0 || (kv_heads * m) % tp != 0) return 0;
+  std::size_t const local_q = heads / tp, local_kv = kv_heads * m / tp;
+  if (local_kv == 0 || local_q % local_kv != 0) return 0;
+  // Every rank's query head must find its own key-value head among the repeated ones it holds.
+  for (std::size_t rank = 0; rank < tp; ++rank)
+    for (std::size_t i = 0; i < local_q; ++i) {
+      std::size_t const needed = (rank * local_q + i) / (heads / kv_heads);
+      std::size_t const held = (rank * local_kv + i / (local_q / local_kv)) / m;
+      if (needed != held) return 0;
+    }
+  return m;
+}
+
+}  // namespace shardwise::models
