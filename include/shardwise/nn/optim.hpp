@@ -20,6 +20,7 @@
 
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/parameter_list.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/plan/module.hpp"
@@ -211,15 +212,11 @@ class AdamW {
       detail::fail(
           "shardwise::AdamW: this optimizer steps a fully sharded model (sw::fully_shard), whose state "
           "covers this rank's shards only; saving or loading it is not supported yet");
-    std::size_t index = 0;
-    for_each_parameter(model, [&](std::string const& name, auto const& p) {
-      slice& s = slice_of(index, name, static_cast<std::size_t>(p.value->size()), dp.size(0), dp.coordinate(0));
-      if (s.start + s.count > static_cast<std::size_t>(p.value->size()))
-        detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
-                     "\") does not fit it; use one optimizer per model");
+    auto const list = detail::list_model<T>(model, {.names = true});
+    for (std::size_t index = 0; index < list.parameters.size(); ++index) {
+      slice& s = state_of(index, list.parameters[index], dp.size(0), dp.coordinate(0));
       fn(index, s.start, std::span<T>(s.m), std::span<T>(s.v));
-      ++index;
-    });
+    }
   }
   /// Steps taken (bias correction depends on it); set when resuming from a checkpoint.
   [[nodiscard]] std::size_t steps() const { return steps_; }
@@ -295,8 +292,11 @@ class AdamW {
   template <class Model, class DataMesh, class SumOverStages>
   T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages&& sum_over_stages) {
     ++steps_;
-    if (slices_.empty()) for_each_state(ready.model, dp, [](auto&&...) {});  // the names, once: parameter groups
-    list_parameters(ready);
+    auto const list = detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true});
+    if (slices_.empty())  // the state, once, by name: parameter groups
+      for (std::size_t index = 0; index < list.parameters.size(); ++index)
+        (void)state_of(index, list.parameters[index], dp.size(0), dp.coordinate(0));
+    list_parameters(list.parameters);
     T const norm = average_and_norm(dp, sum_over_stages);
     update(dp, clip_factor(norm));
     return norm;
@@ -347,17 +347,14 @@ class AdamW {
   /// Lists every parameter with its finished gradient (allocated if a lazy load left none), in the order of the
   /// slices; no names are built. A gradient not sharded over tp is the same on every tp rank, so only tp rank 0
   /// counts it; a mirrored one (another stage's copy) counts there.
-  template <class Model>
-  void list_parameters(FinishedGradients<Model> ready) {
+  void list_parameters(std::vector<detail::listed_parameter<T>> const& listed) {
     parameters_.clear();
-    detail::for_each_parameter(ready.model, [&](auto const& parameter) {
-      auto const p = detail::finished_view(parameter);
-      using P = std::remove_cvref_t<decltype(p)>;
-      bool const counted =
-          p.mirror_of.empty() && (is_shard_v<typename P::grad_placement> || (p.group ? p.group->rank() : 0) == 0);
-      parameters_.push_back({p.value->data(), p.grad->data(), static_cast<std::size_t>(p.value->size()),
-                             static_cast<std::size_t>(p.grad->size()), counted, static_cast<T>(p.copies), p.group});
-    });
+    for (auto const& p : listed) {
+      bool const counted = p.mirror_of.empty() && (p.sharded || (p.group ? p.group->rank() : 0) == 0);
+      auto const grad = p.finished_grad();
+      parameters_.push_back(
+          {p.value.data(), grad.data(), p.value.size(), grad.size(), counted, static_cast<T>(p.copies), p.group});
+    }
   }
 
   /// Averages the listed gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns
@@ -408,6 +405,16 @@ class AdamW {
         detail::all_gather_on(dp.comm(0), mine, whole, 0);
       }
     }
+  }
+
+  /// The state of listed parameter `index` (made on first use), checked against the parameter: a fitting state
+  /// is not proof of the same model, but a misfit is proof of another.
+  slice& state_of(std::size_t index, detail::listed_parameter<T> const& p, int dp_size, int dp_rank) {
+    slice& s = slice_of(index, p.name, p.value.size(), dp_size, dp_rank);
+    if (s.start + s.count > p.value.size())
+      detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", p.name,
+                   "\") does not fit it; use one optimizer per model");
+    return s;
   }
 
   slice& slice_of(std::size_t index, std::string const& name, std::size_t n, int dp_size, int dp_rank) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/parameter_list.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"
 
@@ -125,14 +126,13 @@ namespace detail {
 /// Sums the gradients of replicated blocks (Parameter::copies) over the tp group: every copy of a block then
 /// holds the gradient of the one block of the unsharded model, so the copies stay equal after the update.
 /// Once summed, it does nothing until the next backward (which keeps the sum in the first copy only).
-template <class P>
-void sum_over_copies(P const& p) {
-  using T = typename P::tensor_type::Scalar;
-  auto& grad = *p.grad;
+template <class T>
+void sum_over_copies(listed_parameter<T> const& p) {
+  tensor_slot<T> const& grad = p.grad;
   if (p.copies <= 1 || p.group == nullptr || grad.size() == 0) return;
   if (p.copies_summed && *p.copies_summed) return;
   auto const rows = static_cast<std::size_t>(grad.rows());
-  auto const cols = static_cast<Eigen::Index>(static_cast<std::size_t>(grad.size()) / rows);
+  auto const cols = static_cast<Eigen::Index>(grad.size() / rows);
   auto const rank = static_cast<std::size_t>(p.group->rank()), ranks = static_cast<std::size_t>(p.group->size());
   std::size_t const original_rows = rows * ranks / p.copies;
   auto original_row = [&](std::size_t i) {  // this rank's row i -> the row of the unsharded tensor it copies
@@ -150,36 +150,52 @@ void sum_over_copies(P const& p) {
 /// Sets every layer's gradients to zero (after an optimizer step; backward accumulates).
 template <class Model>
 void zero_grad(Model& model) {
-  detail::for_each_layer(model, [](auto& l) {
-    if constexpr (requires { l.zero_grad(); }) l.zero_grad();
-  });
+  for (detail::listed_layer const& l : detail::list_model<detail::model_element_t<Model>>(model, {}).layers)
+    if (l.zero_grad) l.zero_grad(l.layer);
 }
 
-/// Finishes every gradient: sums the Partial ones over the tensor-parallel group (the norms under
-/// SequenceParallel) and the gradients of replicated key-value heads over their copies. Calling it again adds
-/// nothing (what was summed is not summed twice), also after more backward passes (gradient accumulation).
 namespace detail {
 /// One parameter's share of sw::finish_gradients: a Partial gradient summed over the group, the copies of a
 /// replicated block summed. Call mark_copies_summed on every parameter of the layers after it.
-template <class P>
-void finish_gradient(P const& p) {
-  if constexpr (is_partial_v<typename P::grad_placement>) {
-    (void)reduce(p);
-  } else if constexpr (std::is_same_v<typename P::grad_placement, Shard<0>>) {
+template <class T>
+void finish_gradient(listed_parameter<T> const& p) {
+  if (p.partial) {
+    p.ensure_gradient();
+    if (p.group) p.group->all_reduce(p.grad.data(), p.grad.size(), op_kind::sum);
+    if (p.reduced_into) {
+      Eigen::Map<nn::vector<T>> into(p.reduced_into.data(), static_cast<Eigen::Index>(p.reduced_into.size()));
+      Eigen::Map<nn::vector<T>> grad(p.grad.data(), static_cast<Eigen::Index>(p.grad.size()));
+      into += grad;
+      grad.setZero();
+    }
+  } else if (p.rows_sharded) {
     sum_over_copies(p);  // replicated blocks are rows of a ColwiseParallel weight
   }
 }
 /// Both of a layer's parameters share the flag: set it once every copy is summed.
-template <class P>
-void mark_copies_summed(P const& p) {
+template <class T>
+void mark_copies_summed(listed_parameter<T> const& p) {
   if (p.copies_summed && p.copies > 1 && p.group) *p.copies_summed = true;
+}
+/// finish_gradient and mark_copies_summed for one typed parameter (a fully sharded model's slots).
+template <class Tensor, class G>
+void finish_gradient(Parameter<Tensor, G> const& p) {
+  finish_gradient(list_entry<typename Tensor::Scalar>(p, {}));
+}
+template <class Tensor, class G>
+void mark_copies_summed(Parameter<Tensor, G> const& p) {
+  mark_copies_summed(list_entry<typename Tensor::Scalar>(p, {}));
 }
 }  // namespace detail
 
+/// Finishes every gradient: sums the Partial ones over the tensor-parallel group (the norms under
+/// SequenceParallel) and the gradients of replicated key-value heads over their copies. Calling it again adds
+/// nothing (what was summed is not summed twice), also after more backward passes (gradient accumulation).
 template <class Model>
 FinishedGradients<Model> finish_gradients(Model& model) {
-  detail::for_each_parameter(model, [](auto const& p) { detail::finish_gradient(p); });
-  detail::for_each_parameter(model, [](auto const& p) { detail::mark_copies_summed(p); });
+  auto const list = detail::list_model<detail::model_element_t<Model>>(model, {.allocate_gradients = true});
+  for (auto const& p : list.parameters) detail::finish_gradient(p);
+  for (auto const& p : list.parameters) detail::mark_copies_summed(p);
   return {model};
 }
 

@@ -1,0 +1,170 @@
+#pragma once
+// A model's layers and parameters as a run-time list, built by one walk of the model's tree. finish_gradients,
+// zero_grad and the optimizers run over the list, so their code is compiled once per element type, not once
+// per model type: a program that trains a model under several plans walks each model's tree once (docs/design.md,
+// step 3).
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "shardwise/nn/parameter.hpp"
+#include "shardwise/placement/placement.hpp"
+#include "shardwise/plan/module.hpp"
+
+namespace shardwise::detail {
+
+/// A parameter's value, gradient or pending partial sum, held as a matrix or as a vector of T by its layer.
+template <class T>
+struct tensor_slot {
+  nn::matrix<T>* matrix = nullptr;
+  nn::vector<T>* vector = nullptr;
+
+  explicit operator bool() const { return matrix != nullptr || vector != nullptr; }
+  [[nodiscard]] T* data() const { return matrix ? matrix->data() : vector->data(); }
+  [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(matrix ? matrix->size() : vector->size()); }
+  [[nodiscard]] Eigen::Index rows() const { return matrix ? matrix->rows() : vector->rows(); }
+  [[nodiscard]] Eigen::Index cols() const { return matrix ? matrix->cols() : 1; }
+  /// Zeros of `shape`'s size.
+  void set_zero_as(tensor_slot const& shape) const {
+    if (matrix)
+      matrix->setZero(shape.rows(), shape.cols());
+    else
+      vector->setZero(shape.rows());
+  }
+};
+
+template <class T>
+tensor_slot<T> slot_of(nn::matrix<T>* m) {
+  return {m, nullptr};
+}
+template <class T>
+tensor_slot<T> slot_of(nn::vector<T>* v) {
+  return {nullptr, v};
+}
+
+/// One parameter of the list: a sw::Parameter with its gradient's placement as a value instead of a type.
+template <class T>
+struct listed_parameter {
+  tensor_slot<T> value, grad;
+  tensor_slot<T> reduced_into;  // Partial gradients: where reduce() adds the sum (may be empty)
+  bool partial = false;         // the gradient is Partial<Sum> until finished
+  bool sharded = false;         // the gradient is Shard<d> over the group
+  bool rows_sharded = false;    // Shard<0>: the layout of replicated blocks' copies
+  nn::group<T> const* group = nullptr;
+  std::size_t copies = 1, copy_block = 0;
+  bool* copies_summed = nullptr;
+  std::string_view mirror_of;
+  std::string name;  // "layers.0.attention.wq.weight" when the list was built with names, else empty
+
+  /// The finished gradient: a Partial one's is where reduce() added the sum.
+  [[nodiscard]] tensor_slot<T> finished_grad() const { return partial && reduced_into ? reduced_into : grad; }
+  /// A gradient not allocated yet (a layer filled from a checkpoint, before backward) becomes zeros.
+  void ensure_gradient() const {
+    if (grad.size() != value.size()) grad.set_zero_as(value);
+    if (reduced_into && reduced_into.size() != value.size()) reduced_into.set_zero_as(value);
+  }
+};
+
+/// One layer of the list: the object and how to zero its gradients (null for a layer that has no zero_grad).
+struct listed_layer {
+  void* layer = nullptr;
+  void (*zero_grad)(void*) = nullptr;
+};
+
+/// A model's layers and their present parameters, in the order of sw::for_each_parameter.
+template <class T>
+struct model_list {
+  std::vector<listed_layer> layers;
+  std::vector<listed_parameter<T>> parameters;
+};
+
+/// What a list is built with: names cost a string per parameter; allocating gradients is what a step needs
+/// (a lazily loaded layer has none before its first backward) and what a checkpoint's walk must not do.
+struct list_options {
+  bool names = false;
+  bool allocate_gradients = false;
+};
+
+/// The element type of a model's parameters: its first layer's (float for a model without layers, whose list
+/// is empty).
+template <class... Ns>
+struct first_layer_element {
+  using type = float;
+};
+template <class N, class... Rest>
+struct first_layer_element<N, Rest...> {
+  static auto pick() {
+    if constexpr (layer<N>)
+      return std::type_identity<
+          typename std::tuple_element_t<0, decltype(std::declval<N&>().parameters())>::tensor_type::Scalar>{};
+    else
+      return std::type_identity<typename first_layer_element<Rest...>::type>{};
+  }
+  using type = typename decltype(pick())::type;
+};
+template <class List>
+struct first_layer_element_in;
+template <class... Ns>
+struct first_layer_element_in<type_list<Ns...>> : first_layer_element<Ns...> {};
+template <class Model>
+using model_element_t = typename first_layer_element_in<tree_nodes_t<Model>>::type;
+
+/// A walk's path that is built only when the list wants names: one walk serves both.
+struct list_path {
+  std::string text;
+  bool named = false;
+};
+inline list_path child_path(list_path const& prefix, std::string_view name) {
+  if (!prefix.named) return {};
+  return {child_path(prefix.text, name), true};
+}
+inline list_path child_path(list_path const& prefix, std::size_t index) {
+  if (!prefix.named) return {};
+  return {child_path(prefix.text, index), true};
+}
+
+template <class T, class Tensor, class G>
+listed_parameter<T> list_entry(Parameter<Tensor, G> const& p, list_path const& path) {
+  listed_parameter<T> entry;
+  entry.value = slot_of(p.value), entry.grad = slot_of(p.grad);
+  if (p.reduced_into) entry.reduced_into = slot_of(p.reduced_into);
+  entry.partial = is_partial_v<G>;
+  entry.sharded = is_shard_v<G>;
+  entry.rows_sharded = std::is_same_v<G, Shard<0>>;
+  entry.group = p.group;
+  entry.copies = p.copies, entry.copy_block = p.copy_block;
+  entry.copies_summed = p.copies_summed;
+  entry.mirror_of = p.mirror_of;
+  if (path.named) entry.name = path.text.empty() ? std::string(p.leaf) : path.text + "." + std::string(p.leaf);
+  return entry;
+}
+
+template <class L>
+void zero_grad_of(void* layer) {
+  static_cast<L*>(layer)->zero_grad();
+}
+
+/// The model's list: one walk of its tree, the only one finish_gradients, zero_grad and the optimizers compile.
+template <class T, class Model>
+model_list<T> list_model(Model& model, list_options options) {
+  model_list<T> list;
+  auto on_layer = [&](auto& l, list_path const& path) {
+    using L = std::remove_cvref_t<decltype(l)>;
+    listed_layer entry{&l};
+    if constexpr (requires { l.zero_grad(); }) entry.zero_grad = &zero_grad_of<L>;
+    list.layers.push_back(entry);
+    std::apply(
+        [&](auto const&... p) { ((p.present ? list.parameters.push_back(list_entry<T>(p, path)) : void()), ...); },
+        l.parameters());
+  };
+  auto on_module = skip_node;
+  walk_tree(model, list_path{{}, options.names}, on_module, on_layer);
+  if (options.allocate_gradients)
+    for (auto const& p : list.parameters) p.ensure_gradient();
+  return list;
+}
+
+}  // namespace shardwise::detail
