@@ -211,10 +211,16 @@ static_assert(communicator<RuntimeComm>);
                                                                         output_ref<E>&&, collective_site const&); \
   prefix template void runtime_collectives::all_to_all<E, output_ref<E>>(                                         \
       comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);
+// 16-bit values gathered as bits (nn::group::all_gather_bf16: every tensor-parallel group offers it).
+#define SHARDWISE_DETAIL_RUNTIME_BITS_GATHER(prefix)                                                     \
+  prefix template void runtime_collectives::all_gather<std::uint16_t, output_ref<std::uint16_t>>(        \
+      comm const&, std::uint16_t const*, call_record const&, storage_order, output_ref<std::uint16_t>&&, \
+      collective_site const&);
 #if defined(SHARDWISE_SEPARATE_RUNTIME) && !defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
 namespace shardwise::detail {
 SHARDWISE_DETAIL_RUNTIME_SPLIT_AND_BARRIER(extern)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, float)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, double)
+SHARDWISE_DETAIL_RUNTIME_BITS_GATHER(extern)
 }  // namespace shardwise::detail
 #endif

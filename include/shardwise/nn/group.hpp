@@ -4,6 +4,8 @@
 // to the collective, and the arithmetic around it stays the same code as without sharding.
 #include <Eigen/Core>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -117,7 +119,15 @@ class group_of final : public group<T> {
   void all_gather_bf16(matrix<Eigen::bfloat16> const& in, matrix<Eigen::bfloat16>& out, int dim) const override {
     if (auto* c = detail::layer_collective_counter())
       ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(Eigen::bfloat16);
-    detail::all_gather_on(mesh_.comm(0), in, out, dim);
+    // Moved as bits: the backends' gathers of std::uint16_t are compiled once (SHARDWISE_SEPARATE_RUNTIME), not
+    // in every file for Eigen's type.
+    static_assert(sizeof(Eigen::bfloat16) == sizeof(std::uint16_t));
+    matrix<std::uint16_t> bits(in.rows(), in.cols()), gathered;
+    std::memcpy(bits.data(), in.data(), static_cast<std::size_t>(in.size()) * sizeof(std::uint16_t));
+    detail::all_gather_on(mesh_.comm(0), bits, gathered, dim);
+    out.resize(gathered.rows(), gathered.cols());
+    std::memcpy(static_cast<void*>(out.data()), gathered.data(),
+                static_cast<std::size_t>(gathered.size()) * sizeof(std::uint16_t));
   }
   /// See group.
   void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const override {

@@ -285,31 +285,71 @@ auto show_members_named_otherwise_in() {
   return true;
 }
 
+/// A module tree as parallelize sees it: one walk lists every module (outermost first) and layer, with its
+/// object's extent, its path and what parallelize calls on it, so that its checks and calls are loops.
+template <class Group>
+struct parallelize_list {
+  struct node {
+    void const* begin = nullptr;
+    std::size_t size = 0;
+    std::string path;
+    void (*call)(void* object, Group const& tp) = nullptr;  // a module's hook (may be null), a layer's parallelize
+    void* object = nullptr;
+  };
+  std::vector<node> modules, layers;
+};
+
+template <class M, class Group>
+void call_module_hook(void* m, Group const& tp) {
+  static_cast<M*>(m)->shardwise_on_parallelize(tp.size());
+}
+template <class L, class Group>
+void call_layer_parallelize(void* l, Group const& tp) {
+  if constexpr (member_layer<L>)
+    static_cast<L*>(l)->shardwise_parallelize(tp);
+  else
+    layer_traits<L>::parallelize(*static_cast<L*>(l), tp);
+}
+
+template <class Group, class Model>
+parallelize_list<Group> list_for_parallelize(Model& model) {
+  parallelize_list<Group> list;
+  auto on_module = [&](auto& m, std::string const& path) {
+    using M = std::remove_cvref_t<decltype(m)>;
+    auto& node = list.modules.emplace_back(&m, sizeof(m), path, nullptr, &m);
+    if constexpr (requires { m.shardwise_on_parallelize(1); }) node.call = &call_module_hook<M, Group>;
+  };
+  auto on_layer = [&](auto& l, std::string const& path) {
+    using L = std::remove_cvref_t<decltype(l)>;
+    list.layers.emplace_back(&l, sizeof(l), path, &call_layer_parallelize<L, Group>, &l);
+  };
+  walk_tree(model, std::string(), on_module, on_layer);
+  return list;
+}
+
 /// Every shardwise layer inside a module's object must be one its children list reaches: a held layer missing
 /// from SHARDWISE_CHILDREN would get no shard, no optimizer step and no checkpoint entry. Checked at
 /// parallelize (C++ cannot list a class's members at compile time).
-template <class Model>
-void check_children_listed(Model& model) {
+template <class Group>
+void check_children_listed(parallelize_list<Group> const& list) {
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> reached;  // the walked layers' objects
-  auto on_layer = [&](auto& l, unnamed) {
-    auto const begin = layer_registry::address(&l);
-    reached.emplace_back(begin, begin + sizeof(l));
-  };
-  auto ignore = skip_node;
-  walk_tree(model, unnamed{}, ignore, on_layer);
-  auto on_module = [&](auto& m, std::string const& path) {
-    layer_registry::instance().for_each_in(
-        &m, reinterpret_cast<char const*>(&m) + sizeof(m), [&](std::uintptr_t at, registered_layer_info const& info) {
-          for (auto const& [begin, end] : reached)
-            if (at >= begin && at < end) return;
-          fail("shardwise::parallelize: the module at \"", path, "\" holds a ", info.kind, " (plan path \"", info.path,
-               "\") that its SHARDWISE_CHILDREN does not list; add the member to "
-               "the list, or it gets no shard, no optimizer step and no "
-               "checkpoint entry");
-        });
-  };
-  auto no_layers = skip_node;
-  walk_tree(model, std::string(), on_module, no_layers);
+  for (auto const& l : list.layers) {
+    auto const begin = layer_registry::address(l.begin);
+    reached.emplace_back(begin, begin + l.size);
+  }
+  for (auto const& m : list.modules) {
+    auto const* begin = static_cast<char const*>(m.begin);
+    layer_registry::instance().for_each_in(begin, begin + m.size,
+                                           [&](std::uintptr_t at, registered_layer_info const& info) {
+                                             for (auto const& [first, end] : reached)
+                                               if (at >= first && at < end) return;
+                                             fail("shardwise::parallelize: the module at \"", m.path, "\" holds a ",
+                                                  info.kind, " (plan path \"", info.path,
+                                                  "\") that its SHARDWISE_CHILDREN does not list; add the member to "
+                                                  "the list, or it gets no shard, no optimizer step and no "
+                                                  "checkpoint entry");
+                                           });
+  }
 }
 }  // namespace detail
 
@@ -326,22 +366,16 @@ Model& parallelize(Model& model, Group const& tp) {
                 "shardwise::parallelize: a member's plan path does not end with its name in SHARDWISE_CHILDREN; "
                 "declare member m with style_at<Plan, \"m\"> (a module: subplan<Plan, \"m\">) so that its plan "
                 "entry and its checkpoint name agree");
-  detail::check_children_listed(model);
+  auto const list = detail::list_for_parallelize<Group>(model);
+  detail::check_children_listed(list);
   if constexpr (requires { Group::static_sizes[0]; }) {
     if constexpr (Group::static_sizes[0] != dynamic_size)
       static_assert(detail::static_sizes_divide<Model, Group::static_sizes[0]>());
   }
   // Modules may check what only they know (heads must split whole) before any layer is cut.
-  detail::for_each_module(model, [&](auto& m) {
-    if constexpr (requires { m.shardwise_on_parallelize(1); }) m.shardwise_on_parallelize(tp.size());
-  });
-  detail::for_each_layer(model, [&](auto& l) {
-    using L = std::remove_cvref_t<decltype(l)>;
-    if constexpr (detail::member_layer<L>)
-      l.shardwise_parallelize(tp);
-    else
-      layer_traits<L>::parallelize(l, tp);
-  });
+  for (auto const& m : list.modules)
+    if (m.call) m.call(m.object, tp);
+  for (auto const& l : list.layers) l.call(l.object, tp);
   return model;
 }
 
