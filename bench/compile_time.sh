@@ -5,18 +5,21 @@
 # (-DSHARDWISE_SEPARATE_KERNELS), and with sw::launch's runtime from shardwise::separate_runtime as well
 # (-DSHARDWISE_SEPARATE_RUNTIME; the two libraries' own files, compiled once per build, are timed too). With
 # --before REV the same files are also compiled against REV's headers. Each time is the fastest of --repeat runs
-# (default 2), in seconds; run it on a quiet machine.
+# (default 2), in seconds; run it on a quiet machine. With --per-plan it times instead what each plan adds to a
+# program: bench/eight_variants.cpp with 1 to 4 plans in float (-DSHARDWISE_BENCH_PLANS=n), -O2, both libraries.
 #
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
+#   bench/compile_time.sh --per-plan [--before REV] [--repeat N]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp"
+before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --compiler) cxx=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
+    --per-plan) per_plan=1; shift ;;
     *) echo "compile_time.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +50,26 @@ printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
+if [ -n "$per_plan" ]; then
+  echo "| plans in bench/eight_variants.cpp (float, -O2, both libraries) | before | added | after | added |"
+  echo "|---|---:|---:|---:|---:|"
+  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME"
+  last_old="" last_new=""
+  for n in 1 2 3 4; do
+    old="—" added_old=""
+    if [ -n "$before" ]; then
+      old=$(fastest "$work/before/include" "$here/bench/eight_variants.cpp" $libraries -DSHARDWISE_BENCH_PLANS=$n)
+      [ -n "$last_old" ] && added_old=$(echo "$old $last_old" | awk '{printf "%+.1f", $1 - $2}')
+      last_old=$old
+    fi
+    new=$(fastest "$here/include" "$here/bench/eight_variants.cpp" $libraries -DSHARDWISE_BENCH_PLANS=$n)
+    added_new=""
+    [ -n "$last_new" ] && added_new=$(echo "$new $last_new" | awk '{printf "%+.1f", $1 - $2}')
+    last_new=$new
+    echo "| $n | $old | $added_old | $new | $added_new |"
+  done
+  exit 0
+fi
 echo "| file | flags | before | all in the file | kernels from separate_kernels | and runtime from" \
   "separate_runtime |"
 echo "|---|---|---:|---:|---:|---:|"
