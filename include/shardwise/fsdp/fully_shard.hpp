@@ -35,23 +35,6 @@ namespace shardwise {
 /// Hybrid sharding's absence: the parameters are sharded over the whole data-parallel axis.
 struct no_replication {};
 
-namespace detail {
-
-template <class List>
-struct first_layer {
-  using type = void;
-};
-template <class N, class... Rest>
-struct first_layer<type_list<N, Rest...>> {
-  using type = std::conditional_t<layer<N>, N, typename first_layer<type_list<Rest...>>::type>;
-};
-/// The element type of the model's parameters (its first layer's).
-template <class Model>
-using parameter_scalar_t = typename std::tuple_element_t<
-    0, decltype(std::declval<typename first_layer<tree_nodes_t<Model>>::type&>().parameters())>::tensor_type::Scalar;
-
-}  // namespace detail
-
 /// A model under FSDP (made by sw::fully_shard). Call its forward and backward instead of the model's; hand it
 /// to the optimizer (AdamW::step(sharded)); sw::zero_grad(sharded) after the step. The model must outlive it and
 /// stay where it is.
@@ -60,11 +43,11 @@ class fully_sharded final : detail::module_hooks {
   using strategy = typename Policy::strategy;
   static constexpr bool sharded = !std::is_same_v<strategy, no_shard>;
   using param_type =
-      typename detail::precision_types<typename Policy::precision, detail::parameter_scalar_t<Model>>::param;
+      typename detail::precision_types<typename Policy::precision, detail::model_element_t<Model>>::param;
   using reduce_type =
-      typename detail::precision_types<typename Policy::precision, detail::parameter_scalar_t<Model>>::reduce;
+      typename detail::precision_types<typename Policy::precision, detail::model_element_t<Model>>::reduce;
   /// Whether the shard is a copy of its own (the master): sharded, or gathered in another type.
-  static constexpr bool keeps_master = sharded || !std::is_same_v<param_type, detail::parameter_scalar_t<Model>>;
+  static constexpr bool keeps_master = sharded || !std::is_same_v<param_type, detail::model_element_t<Model>>;
   static_assert(detail::is_fsdp_strategy<strategy>,
                 "shardwise::fsdp_policy: the strategy must be full_shard, shard_grad_op or no_shard");
   static_assert(ShardMesh::ndim == 1,
@@ -73,7 +56,7 @@ class fully_sharded final : detail::module_hooks {
                 "shardwise::fully_shard: the wrap policy does not fit the model (the error above says where)");
 
  public:
-  using scalar = detail::parameter_scalar_t<Model>;  ///< The parameters' element type.
+  using scalar = detail::model_element_t<Model>;  ///< The parameters' element type.
 
   /// Shards `model` (parallelized over tp already, or not at all) over `dp`; hybrid: over `dp` within each group
   /// of `replicate`, whose groups hold equal shards. Every dp rank must hold the same values (the same seed, or a
@@ -142,7 +125,7 @@ class fully_sharded final : detail::module_hooks {
   void unshard() {
     finish_prefetches();
     for (auto& u : units_) {
-      for (auto i : u.slots) gather_slot<detail::parameter_scalar_t<Model>>(slots_[i]).wait();
+      for (auto i : u.slots) gather_slot<detail::model_element_t<Model>>(slots_[i]).wait();
       u.gathered = !keeps_master;
     }
   }
@@ -356,208 +339,39 @@ class fully_sharded final : detail::module_hooks {
   /// Starts the parameter's whole (this tp rank's) tensor from the dp ranks' shards, rounded to Param on the
   /// way; the returned collective finishes it (at once where there is nothing to wait for).
   template <class Param>
-  pending_collective gather_slot(detail::fsdp_slot<scalar>& s) {
-    scalar* const whole = s.resize_value(true);
-    if constexpr (!keeps_master) return {};  // no_shard in full precision: the layer's tensor is the shard
-    Eigen::Map<nn::matrix<scalar>> out(whole, s.rows, s.cols);
-    Eigen::Map<nn::matrix<scalar>> mine(s.shard.data(), s.row_count, s.cols);
-    if constexpr (std::is_same_v<Param, scalar>) {
-      if constexpr (sharded) return detail::all_gather_start_on(dp_.comm(0), mine, out, 0);
-      out = mine;
-      return {};
-    } else {
-      if constexpr (!sharded) {
-        out = mine.template cast<Param>().template cast<scalar>();
-        return {};
-      }
-      struct in_flight {  // one allocation: MPI reads `rounded` and writes `all` until the gather is done
-        nn::matrix<Param> rounded, all;
-        pending_collective gather;
-      };
-      auto staged = std::make_shared<in_flight>();
-      staged->rounded = mine.template cast<Param>();
-      staged->gather = detail::all_gather_start_on(dp_.comm(0), staged->rounded, staged->all, 0);
-      return pending_collective([staged, out]() mutable {
-        staged->gather.wait();
-        out = staged->all.template cast<scalar>();
-      });
-    }
-  }
+  pending_collective gather_slot(detail::fsdp_slot<scalar>& s);
 
   /// Frees the unit's gathered parameters (no_shard in mixed precision keeps the memory, and rounds again at the
   /// next gather, after the optimizer has stepped the masters).
-  void release(detail::fsdp_unit& u) {
-    if (!u.in_flight.empty()) finish_prefetch(u);  // MPI may still be writing into the memory
-    if constexpr (keeps_master) {
-      if constexpr (sharded)
-        for (auto i : u.slots) slots_[i].resize_value(false);
-      u.gathered = false;
-    }
-  }
+  void release(detail::fsdp_unit& u);
 
   /// The unit's gradients finished over tp, averaged over dp into the gradient shards, and freed.
-  void reduce_gradients(detail::fsdp_unit& u) {
-    for (auto i : u.slots) slots_[i].finish();
-    for (auto i : u.slots) slots_[i].mark_finished();
-    for (auto i : u.slots) {
-      auto& s = slots_[i];
-      Eigen::Map<nn::matrix<scalar>> whole(s.finished_grad(), s.rows, s.cols);
-      Eigen::Map<nn::matrix<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
-      if constexpr (std::is_same_v<reduce_type, scalar>) {
-        average_into(whole, into);
-      } else {
-        nn::matrix<reduce_type> rounded = whole.template cast<reduce_type>();
-        average_into(rounded, into);
-      }
-      s.clear_grad(sharded);
-    }
-  }
+  void reduce_gradients(detail::fsdp_unit& u);
 
   /// into += this rank's rows of the average of `whole` over dp (hybrid: and over the replicas), reduced in
   /// whole's element type.
   template <class Whole>
-  void average_into(Whole& whole, Eigen::Map<nn::matrix<scalar>>& into) {
-    using E = typename Whole::Scalar;
-    if constexpr (sharded) {
-      nn::matrix<E> part;
-      detail::reduce_scatter_on(dp_.comm(0), whole, part, 0, detail::op_kind::avg);
-      if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
-        detail::all_reduce_on(replicate_->comm(0), part, detail::op_kind::avg);
-      into += part.template cast<scalar>();
-    } else {
-      detail::all_reduce_on(dp_.comm(0), whole, detail::op_kind::avg);
-      into += whole.template cast<scalar>();
-    }
-  }
+  void average_into(Whole& whole, Eigen::Map<nn::matrix<scalar>>& into);
 
-  void find_units() {
-    units_.push_back({{}, "", {}, false, false, false, {}});
-    auto on_module = [&](auto& m, std::string const& path) {
-      using M = std::remove_cvref_t<decltype(m)>;
-      if (path.empty()) return;  // the model itself: the root unit
-      if constexpr (std::is_same_v<typename Policy::wrap, wrap_min_params>)
-        candidates_.push_back({detail::id_of(m), path, {}, false, false, false, {}});
-      else if constexpr (detail::wraps<typename Policy::wrap, M>::value)
-        units_.push_back({detail::id_of(m), path, {}, false, false, false, {}});
-    };
-    auto on_layer = detail::skip_node;
-    detail::walk_tree(model_, std::string(), on_module, on_layer);
-  }
+  void find_units();
 
   /// The unit that holds a parameter: the one whose module lies above it (static policies make it unique); for
   /// wrap_min_params, children first, a module whose unheld parameters reach the threshold.
-  void assign_to_units(std::vector<std::size_t> const& sizes) {
-    std::vector<std::size_t> owner(slots_.size(), 0);
-    for (std::size_t s = 0; s < slots_.size(); ++s)
-      for (std::size_t u = 1; u < units_.size(); ++u)
-        if (detail::path_within(units_[u].path, slots_[s].name)) owner[s] = u;
-    for (auto c = candidates_.rbegin(); c != candidates_.rend(); ++c) {  // pre-order reversed: children first
-      std::size_t count = 0;
-      for (std::size_t s = 0; s < slots_.size(); ++s)
-        if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) count += sizes[s];
-      if (count == 0 || count < options_.min_num_params) continue;
-      units_.push_back({c->module, c->path, {}, false, false, false, {}});
-      for (std::size_t s = 0; s < slots_.size(); ++s)
-        if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) owner[s] = units_.size() - 1;
-    }
-    for (std::size_t s = 0; s < slots_.size(); ++s) units_[owner[s]].slots.push_back(s);
-  }
+  void assign_to_units(std::vector<std::size_t> const& sizes);
 
   /// The slots of every parameter, in for_each_parameter's order. A layer declared with sw::Lazy is allocated
   /// (zeros) and freed again at once, so that a lazy model is never whole: one layer at most.
-  void make_slots() {
-    std::vector<std::size_t> sizes;
-    detail::for_each_named_layer(model_, [&](auto& l, std::string const& path) {
-      bool lazy = false;
-      if constexpr (requires { l.shardwise_materialize(); })
-        if (!l.materialized()) l.shardwise_materialize(), lazy = unfilled_ = true;
-      std::size_t const first = slots_.size();
-      auto make = [&](std::string const& name, auto const& p) { make_slot_of(name, p, sizes); };
-      detail::for_each_present_parameter(l, path, make);
-      if (lazy && keeps_master)  // no_shard in full precision: the layer's tensor is the only copy, kept
-        for (std::size_t i = first; i < slots_.size(); ++i) (void)slots_[i].resize_value(false);
-    });
-    assign_to_units(sizes);
-  }
+  void make_slots();
 
   template <class P>
-  void make_slot_of(std::string const& name, P const& p, std::vector<std::size_t>& sizes) {
-    if (!p.mirror_of.empty())
-      detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
-                   "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
-    slots_.push_back(make_slot(name, p));
-    // The whole parameter's size, as Accelerate's min_num_params counts it: this rank's tp shard times the group.
-    using G = typename P::grad_placement;
-    bool const cut = is_shard_v<G> && p.group;
-    sizes.push_back(static_cast<std::size_t>(p.value->size()) * static_cast<std::size_t>(cut ? p.group->size() : 1));
-  }
+  void make_slot_of(std::string const& name, P const& p, std::vector<std::size_t>& sizes);
 
   /// The tensor as data-parallel rank 0 holds it (hybrid: replica 0's rank 0).
   template <class Tensor>
-  void broadcast_from_first(Tensor& value) {
-    detail::broadcast_on(dp_.comm(0), value, 0);
-    if constexpr (!std::is_same_v<ReplicateMesh, no_replication>) detail::broadcast_on(replicate_->comm(0), value, 0);
-  }
+  void broadcast_from_first(Tensor& value);
 
   template <class P>
-  detail::fsdp_slot<scalar> make_slot(std::string const& name, P const& p) {
-    using Tensor = typename P::tensor_type;
-    using Finished = typename decltype(detail::finished_view(p))::grad_placement;
-    if (options_.sync_module_states && !unfilled_) broadcast_from_first(*p.value);  // lazy: zeros everywhere
-    detail::fsdp_slot<scalar> s;
-    s.name = name;
-    s.rows = p.value->rows(), s.cols = p.value->cols();
-    auto const ranks = static_cast<std::size_t>(sharded ? dp_.size(0) : 1);
-    auto const rank = static_cast<std::size_t>(sharded ? dp_.coordinate(0) : 0);
-    s.first_row = static_cast<Eigen::Index>(chunk_offset(static_cast<std::size_t>(s.rows), ranks, rank));
-    s.row_count = static_cast<Eigen::Index>(chunk_size(static_cast<std::size_t>(s.rows), ranks, rank));
-    scalar const* mine = p.value->data() + s.first_row * s.cols;
-    if (keeps_master) s.shard.assign(mine, mine + s.row_count * s.cols);
-    s.shard_grad.assign(static_cast<std::size_t>(s.row_count * s.cols), scalar(0));
-    if (p.group) tp_group_ = p.group;
-    bool const counted = is_shard_v<Finished> || (p.group ? p.group->rank() : 0) == 0;
-    s.norm_weight = counted ? scalar(1) / static_cast<scalar>(p.copies) : scalar(0);
-    Tensor* value = p.value;
-    Eigen::Index const rows = s.rows, cols = s.cols;
-    constexpr bool kept = std::is_same_v<Tensor, nn::matrix<scalar>>;  // vectors: small, from the heap
-    s.resize_value = [value, rows, cols, spare = spare_](bool whole) {
-      // Freed to no rows and (for a matrix) no columns: a layer run on it by mistake fails its size check.
-      if constexpr (kept) {
-        if (!whole) {
-          spare->keep(*value, true);
-        } else if (value->rows() != rows || value->cols() != cols) {
-          value->resize(0, 0);
-          if (!spare->take(*value, rows, cols)) value->resize(rows, cols);
-        }
-      } else {
-        value->resize(whole ? rows : 0, whole || Tensor::ColsAtCompileTime == 1 ? cols : 0);
-      }
-      return value->data();
-    };
-    s.finish = [p] { detail::finish_gradient(p); };
-    s.mark_finished = [p] { detail::mark_copies_summed(p); };
-    s.finished_grad = [p] {
-      detail::ensure_gradient(p);
-      return detail::finished_view(p).grad->data();
-    };
-    s.clear_grad = [p, spare = spare_](bool free) {
-      for (Tensor* g : {p.grad, p.reduced_into}) {
-        if (!g) continue;
-        if (!free)
-          g->setZero();
-        else if constexpr (kept)
-          spare->keep(*g, false);
-        else
-          g->resize(0, Tensor::ColsAtCompileTime == 1 ? 1 : 0);
-      }
-    };
-    s.reuse_grad = [] {};
-    if constexpr (kept)
-      s.reuse_grad = [p, rows, cols, spare = spare_] {
-        if (p.grad->size() == 0 && spare->take(*p.grad, rows, cols)) p.grad->setZero();
-      };
-    return s;
-  }
+  detail::fsdp_slot<scalar> make_slot(std::string const& name, P const& p);
 
   Model& model_;
   ShardMesh dp_;
@@ -573,6 +387,13 @@ class fully_sharded final : detail::module_hooks {
   std::size_t prefetched_ = 0;
   bool unfilled_ = false;  // declared with sw::Lazy: the shards are zeros until a load fills them
 };
+
+}  // namespace shardwise
+
+// The members on units and slots, defined apart.
+#include "shardwise/fsdp/fully_shard_slots.hpp"
+
+namespace shardwise {
 
 namespace detail {
 /// Whether the policy shards over an axis of `names` that its tensor parallelism uses: the data axis is the

@@ -27,93 +27,13 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/mesh/mpi_collectives.hpp"
+#include "shardwise/mesh/mpi_datatype.hpp"
 #include "shardwise/mesh/mpi_failure.hpp"
 #include "shardwise/mesh/mpi_watchdog.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
-
-namespace detail {
-
-template <class T>
-MPI_Datatype mpi_datatype() {
-  if constexpr (std::is_same_v<T, float>)
-    return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>)
-    return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<T, std::int8_t>)
-    return MPI_INT8_T;
-  else if constexpr (std::is_same_v<T, std::uint8_t>)
-    return MPI_UINT8_T;
-  else if constexpr (std::is_same_v<T, std::int16_t>)
-    return MPI_INT16_T;
-  else if constexpr (std::is_same_v<T, std::uint16_t>)
-    return MPI_UINT16_T;
-  else if constexpr (std::is_same_v<T, std::int32_t>)
-    return MPI_INT32_T;
-  else if constexpr (std::is_same_v<T, std::uint32_t>)
-    return MPI_UINT32_T;
-  else if constexpr (std::is_same_v<T, std::int64_t>)
-    return MPI_INT64_T;
-  else if constexpr (std::is_same_v<T, std::uint64_t>)
-    return MPI_UINT64_T;
-  else if constexpr (sizeof(T) == 2)
-    return MPI_UINT16_T;  // bfloat16, half: moved as bits, reduced by our own op
-  else {
-    static_assert(sizeof(T) == 0,
-                  "shardwise::MpiComm: no MPI datatype for this element type; use float, double, "
-                  "Eigen::bfloat16, Eigen::half or a fixed-width integer");
-    return MPI_BYTE;
-  }
-}
-
-template <class T>
-inline constexpr bool mpi_reduces_natively = std::is_arithmetic_v<T>;
-
-template <class T, op_kind Op>
-void mpi_user_reduce(void* in, void* inout, int* count, MPI_Datatype*) {
-  auto const* a = static_cast<T const*>(in);
-  auto* b = static_cast<T*>(inout);
-  for (int i = 0; i < *count; ++i) b[i] = combine<Op>(a[i], b[i]);
-}
-
-/// The MPI operation for a reduction: native for built-in types (an average is a sum, divided afterwards).
-template <class T, op_kind Op>
-MPI_Op mpi_op() {
-  if constexpr (mpi_reduces_natively<T>) {
-    if constexpr (Op == op_kind::max)
-      return MPI_MAX;
-    else if constexpr (Op == op_kind::min)
-      return MPI_MIN;
-    else
-      return MPI_SUM;
-  } else {
-    static MPI_Op const op = [] {
-      MPI_Op created;
-      MPI_Op_create(&mpi_user_reduce<T, Op>, /*commute=*/1, &created);
-      return created;
-    }();
-    return op;
-  }
-}
-
-inline void mpi_check(int code, char const* what) {
-  if (code != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(code, text, &length);
-    fail("shardwise::MpiComm: ", what, " failed: ", std::string_view(text, static_cast<std::size_t>(length)));
-  }
-}
-
-inline int mpi_count(std::size_t n, char const* what) {
-  if (n > static_cast<std::size_t>(INT_MAX))
-    fail("shardwise::", what, ": ", n, " elements exceed MPI's count limit of ", INT_MAX, "; split the tensor");
-  return static_cast<int>(n);
-}
-
-}  // namespace detail
 
 /// An MPI communicator (through Boost.MPI): the world of one process per rank, or a mesh axis split from it.
 class MpiComm {
@@ -397,107 +317,33 @@ class MpiComm {
   }
 
   /// Sends raw bytes with the tensor shape they came from to rank `destination`.
-  void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
-    check_peer(destination, "send");
-    int const count = detail::mpi_count(bytes, "send");
-    point_to_point("send",
-                   "the receiving rank did not take the message: it never called recv for it, stopped, or "
-                   "the network failed",
-                   [&] {
-                     detail::mpi_check(MPI_Send(&shape, sizeof(extents), MPI_BYTE, destination, 2 * tag, native()),
-                                       "MPI_Send");
-                     detail::mpi_check(MPI_Send(data, count, MPI_BYTE, destination, 2 * tag + 1, native()), "MPI_Send");
-                   });
-  }
+  void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const;
 
   /// Like send_bytes, but returns at once, as the thread mesh's send always does: the bytes are copied and
   /// sent in the background (MPI_Isend), so two ranks that send to each other before receiving cannot wait on
   /// each other (pipeline schedules rely on it). finish_sends() waits for them.
-  void post_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
-    check_peer(destination, "send");
-    int const count = detail::mpi_count(bytes, "send");
-    reap_finished_sends();  // else a step of m microbatches would hold a copy of every send until its end
-    auto& sent = state_->posted.emplace_back();
-    sent.shape = shape;
-    sent.bytes.assign(static_cast<unsigned char const*>(data), static_cast<unsigned char const*>(data) + bytes);
-    detail::mpi_check(
-        MPI_Isend(&sent.shape, sizeof(extents), MPI_BYTE, destination, 2 * tag, native(), &sent.requests[0]),
-        "MPI_Isend");
-    detail::mpi_check(
-        MPI_Isend(sent.bytes.data(), count, MPI_BYTE, destination, 2 * tag + 1, native(), &sent.requests[1]),
-        "MPI_Isend");
-  }
+  void post_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const;
 
   /// The post_bytes sends of this communicator whose copies are held: those MPI may still be reading. Each
   /// post_bytes first frees the ones it is done with; finish_sends waits for the rest.
   [[nodiscard]] std::size_t sends_in_flight() const { return state_->posted.size(); }
 
   /// Waits until every post_bytes send of this communicator has been received (under the timeout).
-  void finish_sends() const {
-    for (auto& sent : state_->posted) {
-      wait_all(sent.requests, 2, "send", [&](MPI_Request*) {
-        detail::fail("shardwise::send on mesh axis \"", label_, "\": rank ", rank(), " waited ",
-                     detail::seconds_text(timeout()),
-                     " for a peer to receive what it sent; every send needs a matching recv. Raise the limit with "
-                     "SHARDWISE_TIMEOUT (seconds) or set_timeout if the receiver is just slow");
-      });
-    }
-    state_->posted.clear();
-  }
+  void finish_sends() const;
 
   /// Frees the oldest post_bytes sends MPI is done with (without waiting), up to the first still in flight.
-  void reap_finished_sends() const {
-    auto& posted = state_->posted;
-    while (!posted.empty()) {
-      int done = 0;
-      detail::mpi_check(MPI_Testall(2, posted.front().requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-      if (!done) return;
-      posted.pop_front();
-    }
-  }
+  void reap_finished_sends() const;
 
   /// Blocks until a message from `source` with `tag` arrives, then hands it to take(shape, bytes).
   template <class Take>
-  void recv_bytes(int source, int tag, Take&& take) const {
-    extents shape;
-    std::vector<unsigned char> data;
-    recv_into(source, tag, [&](extents const& sent, std::size_t bytes) -> void* {
-      shape = sent;
-      data.resize(bytes);
-      return data.data();
-    });
-    take(shape, data);
-  }
+  void recv_bytes(int source, int tag, Take&& take) const;
 
   /// Like recv_bytes, but the message lands where `where(shape, byte_count)` says (a pointer to at least
   /// byte_count bytes): no staging buffer as large as the message. If `where` throws (a shape this rank cannot
   /// take), the message is still received, into a scratch buffer, so that none is left pending, and the error
   /// propagates.
   template <class Where>
-  void recv_into(int source, int tag, Where&& where) const {
-    check_peer(source, "recv");
-    extents shape;
-    MPI_Request request;
-    detail::mpi_check(MPI_Irecv(&shape, sizeof(extents), MPI_BYTE, source, 2 * tag, native(), &request), "MPI_Irecv");
-    wait_all(&request, 1, "recv", [&](MPI_Request* pending) {
-      abandon(pending, 1);
-      detail::recv_timed_out(rank(), label_, timeout(), source, tag);
-    });
-    char const* const stalled = "the sender stopped or the network failed after the message's shape arrived";
-    int bytes = 0;
-    point_to_point("recv", stalled, [&] { bytes = probed_bytes(native(), source, 2 * tag + 1); });
-    void* destination = nullptr;
-    try {
-      destination = where(shape, static_cast<std::size_t>(bytes));
-    } catch (...) {
-      point_to_point("recv", stalled, [&] { discard(native(), source, 2 * tag + 1, bytes); });
-      throw;
-    }
-    point_to_point("recv", stalled, [&] {
-      detail::mpi_check(MPI_Recv(destination, bytes, MPI_BYTE, source, 2 * tag + 1, native(), MPI_STATUS_IGNORE),
-                        "MPI_Recv");
-    });
-  }
+  void recv_into(int source, int tag, Where&& where) const;
 
  private:
   /// Runs one blocking MPI call that moves a collective's data, after the ranks agreed on the call; if it lasts
@@ -634,3 +480,6 @@ class MpiComm {
 }
 
 }  // namespace shardwise
+
+// The point-to-point members, defined apart (they need the whole class).
+#include "shardwise/mesh/mpi_point_to_point.hpp"

@@ -316,12 +316,13 @@ parallelize_list<Group> list_for_parallelize(Model& model) {
   parallelize_list<Group> list;
   auto on_module = [&](auto& m, std::string const& path) {
     using M = std::remove_cvref_t<decltype(m)>;
-    auto& node = list.modules.emplace_back(&m, sizeof(m), path, nullptr, &m);
+    typename parallelize_list<Group>::node node{&m, sizeof(m), path, nullptr, &m};
     if constexpr (requires { m.shardwise_on_parallelize(1); }) node.call = &call_module_hook<M, Group>;
+    list.modules.push_back(std::move(node));
   };
   auto on_layer = [&](auto& l, std::string const& path) {
     using L = std::remove_cvref_t<decltype(l)>;
-    list.layers.emplace_back(&l, sizeof(l), path, &call_layer_parallelize<L, Group>, &l);
+    list.layers.push_back({&l, sizeof(l), path, &call_layer_parallelize<L, Group>, &l});
   };
   walk_tree(model, std::string(), on_module, on_layer);
   return list;
