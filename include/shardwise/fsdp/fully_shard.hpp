@@ -371,6 +371,8 @@ class fully_sharded final : detail::module_hooks {
   void broadcast_from_first(Tensor& value);
 
   template <class P>
+  /// The slot of one parameter: this rank's shard of it and of its gradient, and how to resize, finish and clear
+  /// the layer's tensors.
   detail::fsdp_slot<scalar> make_slot(std::string const& name, P const& p);
 
   Model& model_;

@@ -86,6 +86,7 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::broadcast_from_firs
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 template <class P>
+/// The slot of one parameter (see the declaration in fsdp/fully_shard.hpp).
 auto fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot(std::string const& name, P const& p)
     -> detail::fsdp_slot<scalar> {
   using Tensor = typename P::tensor_type;
