@@ -24,7 +24,7 @@
 #include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/cost/machine_file.hpp>
-#include <shardwise/cost/planner.hpp>
+#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/mesh/launch.hpp>

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <shardwise/cost/machine_file.hpp>
-#include <shardwise/cost/planner.hpp>
+#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <string>
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/checkpoint_reader.hpp"
 #include "shardwise/checkpoint/relay.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
@@ -45,43 +45,12 @@ struct load_options {
 
 namespace detail {
 
-/// A file of the checkpoint belongs to another save than the index read first: a save replaced the folder
-/// while it was read. load_sharded reads it again.
-class checkpoint_changed : public error {
- public:
-  using error::error;
-};
-
 /// The generation in dir's index, or 0 if it cannot be read.
 inline std::uint64_t current_generation(std::filesystem::path const& dir) {
   try {
     return read_checkpoint_index(dir).generation;
   } catch (std::exception const&) {
     return 0;
-  }
-}
-
-/// Reads rows [rows.first, rows.second) x columns [cols.first, cols.second) of a tensor that `file` stores
-/// transposed (GPT-2's Conv1D: [in, out]), so as file rows [cols) x file columns [rows), into `out`: the
-/// block's first row, rows `stride` apart, starting at column `col`. A box of at most load_staging_bytes is read
-/// at a time, then transposed into place, so a rank still reads only its block.
-template <class T>
-void read_transposed(safetensors_file const& file, std::string const& name, std::pair<std::size_t, std::size_t> rows,
-                     std::pair<std::size_t, std::size_t> cols, T* out, std::size_t stride, std::size_t col,
-                     std::vector<T>& box) {
-  std::size_t const budget = std::max<std::size_t>(1, load_staging_bytes / sizeof(T));
-  std::size_t const rows_per_read = std::min(rows.second - rows.first, budget);  // a file row's run
-  std::size_t const cols_per_read = std::max<std::size_t>(1, budget / std::max<std::size_t>(1, rows_per_read));
-  for (std::size_t r0 = rows.first; r0 < rows.second; r0 += rows_per_read) {
-    std::size_t const r1 = std::min(rows.second, r0 + rows_per_read);
-    for (std::size_t c0 = cols.first; c0 < cols.second; c0 += cols_per_read) {
-      std::size_t const c1 = std::min(cols.second, c0 + cols_per_read);
-      box.resize((c1 - c0) * (r1 - r0));
-      file.read_box(name, extents{c0, r0}, extents{c1 - c0, r1 - r0}, box.data());
-      for (std::size_t r = r0; r < r1; ++r)  // written along the parameter's rows, read down the box's columns
-        for (std::size_t c = c0; c < c1; ++c)
-          out[(r - rows.first) * stride + col + (c - cols.first)] = box[(c - c0) * (r1 - r0) + (r - r0)];
-    }
   }
 }
 
@@ -92,6 +61,222 @@ struct load_outcome {
   std::vector<std::string> missing, unexpected;
 };
 
+/// One load: where the checkpoint is (set by the caller's locate), what was asked and what was found.
+struct load_state {
+  std::filesystem::path source;  ///< The folder the pieces' files are relative to.
+  std::string index_file;        ///< The file errors name.
+  std::string_view who;          ///< "load_sharded", "load_pretrained", ...
+  load_options options;
+  load_outcome outcome;
+};
+
+/// How the ranks of one load read: each its own shard at once; in turns of ranks_per_step; tp rank 0 reading
+/// for all and sending each its shard; FSDP's first rank reading and relaying over dp x tp.
+enum class load_mode { each_rank, in_turns, rank0_sends, rank0_relays };
+
+template <class Model, class TpMesh>
+load_mode load_mode_of(Model& model, TpMesh const& tp, load_options const& options) {
+  if constexpr (requires { model.data_mesh(); }) {  // a model under FSDP: its shards span dp x tp
+    bool const spread = with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); }) > 1;
+    if (options.only_rank0_reads && spread) return load_mode::rank0_relays;
+  }
+  if constexpr (!requires { tp.comm(0); }) {
+    return load_mode::each_rank;  // one tp rank: no turns
+  } else {
+    if (!requires { model.data_mesh(); } && options.only_rank0_reads && tp.size() > 1) return load_mode::rank0_sends;
+    bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < tp.size();
+    return in_turns ? load_mode::in_turns : load_mode::each_rank;
+  }
+}
+
+/// The model's tensors against the checkpoint's: the same tensors (unless non-strict), the same global shapes,
+/// floating types. Lists the model's tensor names in `in_model`.
+template <class Model>
+void check_model_tensors(Model& model, int size, int rank, load_state& s, std::set<std::string>& in_model) {
+  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto&) {
+    in_model.insert(t.name);
+    checkpoint_tensor const* c = s.outcome.index.find(t.name);
+    if (!c && !s.options.strict) {
+      s.outcome.missing.push_back(t.name);
+      return;
+    }
+    if (!c)
+      fail("shardwise::", s.who, ": \"", s.index_file, "\": the model's tensor \"", t.name,
+           "\" is not in the checkpoint; load a checkpoint saved from this model, or pass "
+           "load_options{.strict = false} to keep its current value");
+    if (c->shape != t.stored_shape())
+      fail("shardwise::", s.who, ": \"", s.index_file, "\": tensor \"", t.name, "\" has shape ", shape_text(c->shape),
+           " in the checkpoint but ", shape_text(t.stored_shape()),
+           " in the model; load a checkpoint of the same model configuration");
+    if (!is_floating(c->type))
+      fail("shardwise::", s.who, ": \"", s.index_file, "\": tensor \"", t.name, "\" is stored as ", dtype_name(c->type),
+           ", not a floating type; load a checkpoint of this model");
+  });
+}
+
+/// The checkpoint's tensors that no model tensor reads: an error when strict, else listed as unexpected.
+template <class Model>
+void check_checkpoint_tensors(Model& model, load_state& s, std::set<std::string> const& in_model) {
+  for (auto const& c : s.outcome.index.tensors) {
+    if (in_model.count(c.name) || c.name.starts_with(optimizer_state_prefix)) continue;
+    if constexpr (requires { model.shardwise_other_stage(c.name); })
+      if (model.shardwise_other_stage(c.name)) continue;  // a pipeline stage reads only its own tensors
+    if (s.options.strict)
+      fail("shardwise::", s.who, ": \"", s.index_file, "\": the checkpoint's tensor \"", c.name,
+           "\" is not in the model; load the checkpoint into the model it was saved from, or pass "
+           "load_options{.strict = false} to skip it");
+    s.outcome.unexpected.push_back(c.name);
+  }
+}
+
+/// A model that states its configuration must have the checkpoint's: the same shapes can mean other weights.
+template <class Model>
+void check_configuration(Model& model, load_state const& s) {
+  if constexpr (requires { model.shardwise_config(); }) {
+    for (auto const& [field, value] : model.shardwise_config()) {
+      auto const saved = s.outcome.index.config.find(field);
+      if (saved != s.outcome.index.config.end() && saved->second != value)
+        fail("shardwise::", s.who, ": \"", s.index_file, "\": the checkpoint was saved from a model with ", field,
+             " = ", saved->second, " but this model has ", field, " = ", value,
+             "; build the model with the checkpoint's configuration");
+    }
+  }
+}
+
+/// Every file a piece names must be there.
+inline void check_piece_files(load_state const& s) {
+  for (auto const& c : s.outcome.index.tensors)
+    for (auto const& p : c.pieces)
+      if (!std::filesystem::exists(s.source / p.file))
+        fail("shardwise::", s.who, ": \"", (s.source / p.file).string(), "\" is missing (tensor \"", c.name,
+             "\" has a piece there): the rank folder \"", std::filesystem::path(p.file).parent_path().string(),
+             "\" is gone; restore it, or load another checkpoint");
+}
+
+/// Locates the checkpoint and compares it with the model.
+template <class Model, class Locate>
+void check_against_model(Model& model, int size, int rank, load_state& s, Locate& locate) {
+  s.outcome.missing.clear();
+  s.outcome.unexpected.clear();
+  locate(s.source, s.outcome.index, s.index_file, s.outcome.unexpected);
+  std::set<std::string> in_model;
+  check_model_tensors(model, size, rank, s, in_model);
+  check_checkpoint_tensors(model, s, in_model);
+  check_configuration(model, s);
+  check_piece_files(s);
+}
+
+/// Runs `check`; where the ranks go on to communicate, its error is agreed first, so that every rank raises it
+/// and none waits for a peer that will not come.
+template <class Model, class TpMesh, class Check>
+void check_agreed(Model& model, TpMesh const& tp, load_mode mode, std::filesystem::path const& dir,
+                  std::string_view who, Check&& check) {
+  constexpr bool fsdp = requires { model.data_mesh(); };
+  bool const agreed = mode == load_mode::rank0_relays || (!fsdp && mode != load_mode::each_rank);
+  if (!agreed) return check();
+  std::string error;
+  try {
+    check();
+  } catch (std::exception const& e) {
+    error = e.what();
+  }
+  if constexpr (fsdp)
+    with_fsdp_axes(model, tp, [&](auto const&... axes) {
+      agree_on_errors_across(error, "checking the checkpoint against the model", dir, who, axes...);
+    });
+  else if constexpr (requires { tp.comm(0); })
+    agree_on_errors(tp, error, "checking the checkpoint against the model", dir, who);
+}
+
+/// Each of the model's tensors that the checkpoint holds: zeroed, then its shard read.
+template <class Model>
+void read_shard(Model& model, int size, int rank, checkpoint_reader& reader, checkpoint_index const& index) {
+  if (checkpoint_load_hook) checkpoint_load_hook("read_begin", rank);
+  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {
+    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+    if (!index.find(t.name)) return;  // missing (non-strict): keeps its value
+    value.setZero();
+    std::vector<T> box;
+    reader.read(t, value.data(), box);
+  });
+  reader.close();  // unmap before the next ranks' turn
+  if (checkpoint_load_hook) checkpoint_load_hook("read_end", rank);
+}
+
+/// tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
+/// holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as
+/// zeros, so no rank waits for one that will not come; the error is agreed on once the tensor is sent, and
+/// raised on every rank.
+template <class Model, class TpMesh>
+void read_on_rank0_and_send(Model& model, TpMesh const& tp, checkpoint_reader& reader, checkpoint_index const& index,
+                            std::filesystem::path const& dir, std::string_view who) {
+  int const size = tp.size(), rank = tp.rank();
+  if (rank == 0 && checkpoint_load_hook) checkpoint_load_hook("read_begin", rank);
+  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {
+    using Tensor = std::remove_cvref_t<decltype(value)>;
+    if (!index.find(t.name)) return;  // missing (non-strict): skipped alike on every rank
+    std::vector<typename Tensor::Scalar> box;
+    std::string error;
+    if (rank != 0) shardwise::recv(tp, value, 0);
+    for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
+      Tensor block = Tensor::Zero(value.rows(), value.cols());
+      if (error.empty()) {
+        try {
+          tensor_layout theirs = t;
+          theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
+          theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
+          reader.read(theirs, block.data(), box);
+        } catch (std::exception const& e) {
+          error = e.what();
+        }
+      }
+      if (r == 0)
+        value = std::move(block);
+      else
+        shardwise::send(tp, block, r);
+    }
+    agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
+  });
+  if (rank == 0 && checkpoint_load_hook) checkpoint_load_hook("read_end", rank);
+}
+
+/// Under FSDP, the first rank reads every rank's block and relays it over dp x tp.
+template <class Model, class TpMesh>
+void relay_from_first_rank(Model& model, TpMesh const& tp, checkpoint_reader& reader, checkpoint_index const& index,
+                           std::filesystem::path const& dir, std::string_view who) {
+  relay_shards(
+      model, tp, dir, who,
+      [&](tensor_layout const& theirs, auto& block, std::string& error) {
+        std::vector<typename std::remove_cvref_t<decltype(block)>::Scalar> box;
+        try {
+          reader.read(theirs, block.data(), box);
+        } catch (std::exception const& e) {
+          error = e.what();
+        }
+      },
+      [&](std::string const& name) { return index.find(name) != nullptr; });
+  reader.close();
+}
+
+/// In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
+template <class Model, class TpMesh>
+void read_in_turns(Model& model, TpMesh const& tp, checkpoint_reader& reader, load_state const& s,
+                   std::filesystem::path const& dir) {
+  int const size = tp.size(), rank = tp.rank(), per_step = s.options.ranks_per_step;
+  std::string error;
+  for (int turn = 0; turn * per_step < size; ++turn) {
+    if (rank / per_step == turn && error.empty()) {
+      try {
+        read_shard(model, size, rank, reader, s.outcome.index);
+      } catch (std::exception const& e) {
+        error = e.what();
+      }
+    }
+    tp.comm(0).barrier();
+  }
+  agree_on_errors(tp, error, "reading the rank's shard", dir, s.who);
+}
+
 /// The loader behind load_sharded, load_consolidated and load_pretrained: locate(source, index, label,
 /// unexpected) finds the checkpoint (the folder its pieces' files are relative to, the index, the file to name
 /// in errors, and the file's tensors it leaves unread); then the model and the index are compared and each rank
@@ -99,272 +284,29 @@ struct load_outcome {
 template <class Model, class TpMesh, class Locate>
 load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir, load_options const& options,
                        std::string_view who, Locate&& locate) {
-  namespace fs = std::filesystem;
   int const size = tp.size(), rank = tp.rank();
-  constexpr bool fsdp = requires { model.data_mesh(); };  // a model under FSDP: its shards span dp x tp
-  bool const fsdp_rank0_reads = [&] {
-    if constexpr (fsdp)
-      return options.only_rank0_reads &&
-             with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); }) > 1;
-    else
-      return false;
-  }();
-  bool const rank0_reads = !fsdp && options.only_rank0_reads && size > 1;
-  bool const in_turns = !rank0_reads && options.ranks_per_step > 0 && options.ranks_per_step < size;
-  fs::path source;
-  load_outcome outcome;
-  checkpoint_index& index = outcome.index;
-  std::string index_file;
-  auto const check = [&] {
-    outcome.missing.clear();
-    outcome.unexpected.clear();
-    locate(source, index, index_file, outcome.unexpected);
-
-    // The model and the checkpoint must hold the same tensors (unless non-strict) with the same global shapes.
-    std::set<std::string> in_model;
-    detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto&) {
-      in_model.insert(t.name);
-      checkpoint_tensor const* c = index.find(t.name);
-      if (!c && !options.strict) {
-        outcome.missing.push_back(t.name);
-        return;
-      }
-      if (!c)
-        detail::fail("shardwise::", who, ": \"", index_file, "\": the model's tensor \"", t.name,
-                     "\" is not in the checkpoint; load a checkpoint saved from this model, or pass "
-                     "load_options{.strict = false} to keep its current value");
-      if (c->shape != t.stored_shape())
-        detail::fail("shardwise::", who, ": \"", index_file, "\": tensor \"", t.name, "\" has shape ",
-                     detail::shape_text(c->shape), " in the checkpoint but ", detail::shape_text(t.stored_shape()),
-                     " in the model; load a checkpoint of the same model configuration");
-      if (!is_floating(c->type))
-        detail::fail("shardwise::", who, ": \"", index_file, "\": tensor \"", t.name, "\" is stored as ",
-                     dtype_name(c->type), ", not a floating type; load a checkpoint of this model");
-    });
-    for (auto const& c : index.tensors) {
-      if (in_model.count(c.name) || c.name.starts_with(optimizer_state_prefix)) continue;
-      if constexpr (requires { model.shardwise_other_stage(c.name); })
-        if (model.shardwise_other_stage(c.name)) continue;  // a pipeline stage reads only its own tensors
-      if (options.strict)
-        detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint's tensor \"", c.name,
-                     "\" is not in the model; load the checkpoint into the model it was saved from, or pass "
-                     "load_options{.strict = false} to skip it");
-      outcome.unexpected.push_back(c.name);
-    }
-    // A model that states its configuration must have the checkpoint's: the same shapes can mean other weights.
-    if constexpr (requires { model.shardwise_config(); }) {
-      for (auto const& [field, value] : model.shardwise_config()) {
-        auto const saved = index.config.find(field);
-        if (saved != index.config.end() && saved->second != value)
-          detail::fail("shardwise::", who, ": \"", index_file, "\": the checkpoint was saved from a model with ", field,
-                       " = ", saved->second, " but this model has ", field, " = ", value,
-                       "; build the model with the checkpoint's configuration");
-      }
-    }
-    for (auto const& c : index.tensors)
-      for (auto const& p : c.pieces)
-        if (!fs::exists(source / p.file))
-          detail::fail("shardwise::", who, ": \"", (source / p.file).string(), "\" is missing (tensor \"", c.name,
-                       "\" has a piece there): the rank folder \"", fs::path(p.file).parent_path().string(),
-                       "\" is gone; restore it, or load another checkpoint");
-  };
-  if constexpr (fsdp) {
-    if (fsdp_rank0_reads) {  // every rank must reach the relay that follows: errors are agreed on first
-      std::string error;
-      try {
-        check();
-      } catch (std::exception const& e) {
-        error = e.what();
-      }
-      with_fsdp_axes(model, tp, [&](auto const&... axes) {
-        agree_on_errors_across(error, "checking the checkpoint against the model", dir, who, axes...);
-      });
-    } else {
-      check();
-    }
-  } else if constexpr (!requires { tp.comm(0); }) {  // one tp rank: no turns
-    check();
-  } else if (!in_turns && !rank0_reads) {
-    check();
-  } else {  // every rank must reach the collectives that follow: errors are agreed on first
-    std::string error;
-    try {
-      check();
-    } catch (std::exception const& e) {
-      error = e.what();
-    }
-    detail::agree_on_errors(tp, error, "checking the checkpoint against the model", dir, who);
-  }
-
-  std::map<std::string, std::unique_ptr<safetensors_file>> files;  // opened on first use
-  std::set<std::string> verified;                                  // "file\ntensor" checked against its checksum
-  // A rank file of another save than the index (a save replaced the folder meanwhile) is refused.
-  auto const open_piece_file = [&](std::filesystem::path const& path) {
-    auto file = std::make_unique<safetensors_file>(path.string());
-    if (!same_save(*file, index)) {
-      throw checkpoint_changed(concat("shardwise::", who, ": \"", path.string(),
-                                      "\" belongs to another save than the index; a save replaced the checkpoint "
-                                      "while it was read"));
-    }
-    return file;
-  };
-  auto const check_piece = [&](safetensors_file const& file, std::string const& name, std::string const& stored) {
-    std::string const computed = checksum_now(file, name);
-    if (computed != stored)
-      detail::fail("shardwise::", who, ": \"", file.path(), "\": tensor \"", name,
-                   "\" does not match the checksum its save recorded (", stored, ", now ", computed,
-                   "): the file is damaged; restore it or load another checkpoint, and run `shardwise verify` on the "
-                   "folder");
-  };
-  // Reads the part of tensor t that layout t describes (a rank's shard) into `out` (zeroed by the caller: rows
-  // the checkpoint does not hold, vocabulary padding, stay zero), straight from the pieces' files.
-  auto const read_layout = [&]<class T>(detail::tensor_layout const& t, T* out, std::vector<T>& box) {
-    checkpoint_tensor const& c = *index.find(t.name);
-    for (auto const& run : detail::row_runs(t, false)) {
-      for (auto const& p : c.pieces) {
-        // The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols).
-        std::uint64_t const r0 = std::max<std::uint64_t>(run.stored, p.offset[0]);
-        std::uint64_t const r1 = std::min<std::uint64_t>(run.stored + run.count, p.offset[0] + p.shape[0]);
-        std::uint64_t const c0 = t.is_vector ? 0 : std::max<std::uint64_t>(t.col_offset, p.offset[1]);
-        std::uint64_t const c1 =
-            t.is_vector ? 1 : std::min<std::uint64_t>(t.col_offset + t.local_cols, p.offset[1] + p.shape[1]);
-        if (r0 >= r1 || c0 >= c1) continue;
-        auto& file = files[p.file];
-        if (!file) file = open_piece_file(source / p.file);
-        std::string const& stored_name = p.name_in_file.empty() ? t.name : p.name_in_file;
-        if (options.verify_checksums && !p.checksum.empty() && verified.insert(p.file + '\n' + stored_name).second)
-          check_piece(*file, stored_name, p.checksum);
-        bool const plain = !p.transposed && p.offset_in_file.empty();  // else checked against the mapping
-        if (plain && file->info(stored_name).shape != p.shape)
-          detail::fail("shardwise::", who, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
-                       detail::shape_text(file->info(stored_name).shape), " but the index says ",
-                       detail::shape_text(p.shape), "; the checkpoint is corrupt: save it again");
-        // Index v of dimension d of the global tensor, in the file's tensor (in the model's orientation).
-        auto const at = [&](std::size_t d, std::uint64_t v) {
-          return static_cast<std::size_t>(v - p.offset[d] + (p.offset_in_file.empty() ? 0 : p.offset_in_file[d]));
-        };
-        auto const width = static_cast<std::size_t>(c1 - c0);
-        T* const first_row = out + (run.local + (r0 - run.stored)) * t.local_cols;
-        if (p.transposed) {
-          detail::read_transposed(*file, stored_name, {at(0, r0), at(0, r1)}, {at(1, c0), at(1, c1)}, first_row,
-                                  t.local_cols, c0 - t.col_offset, box);
-          continue;
-        }
-        auto read_rows = [&](std::uint64_t first, std::uint64_t end, T* into) {
-          extents offset{at(0, first)}, count{static_cast<std::size_t>(end - first)};
-          if (!t.is_vector) {
-            offset = {at(0, first), at(1, c0)};
-            count = {static_cast<std::size_t>(end - first), width};
-          }
-          file->read_box(stored_name, offset, count, into);
-        };
-        if (width == t.local_cols) {  // whole local rows: straight into the parameter, no staging copy
-          read_rows(r0, r1, first_row);
-          continue;
-        }
-        // Part of each row (a column-cut tensor): staged, a few MiB of rows at a time, so that the load holds
-        // little more than the parameters.
-        std::uint64_t const rows_per_read =
-            std::max<std::uint64_t>(1, detail::load_staging_bytes / (width * sizeof(T)));
-        box.resize(static_cast<std::size_t>(std::min<std::uint64_t>(rows_per_read, r1 - r0)) * width);
-        for (std::uint64_t first = r0; first < r1; first += rows_per_read) {
-          std::uint64_t const end = std::min(r1, first + rows_per_read);
-          read_rows(first, end, box.data());
-          for (std::uint64_t r = first; r < end; ++r)
-            std::memcpy(first_row + (r - r0) * t.local_cols + (c0 - t.col_offset), box.data() + (r - first) * width,
-                        width * sizeof(T));
-        }
-      }
-    }
-  };
-  auto const read_shard = [&] {
-    if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
-    detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
-      using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
-      if (!index.find(t.name)) return;  // missing (non-strict): keeps its value
-      value.setZero();
-      std::vector<T> box;
-      read_layout(t, value.data(), box);
-    });
-    files.clear();  // unmap before the next ranks' turn
-    if (detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
-  };
-  if constexpr (fsdp) {
-    if (fsdp_rank0_reads) {
-      relay_shards(
-          model, tp, dir, who,
-          [&](tensor_layout const& theirs, auto& block, std::string& error) {
-            using T = typename std::remove_cvref_t<decltype(block)>::Scalar;
-            std::vector<T> box;
-            try {
-              read_layout(theirs, block.data(), box);
-            } catch (std::exception const& e) {
-              error = e.what();
-            }
-          },
-          [&](std::string const& name) { return index.find(name) != nullptr; });
-      files.clear();
-      return outcome;
+  load_mode const mode = load_mode_of(model, tp, options);
+  load_state s{{}, {}, who, options, {}};
+  check_agreed(model, tp, mode, dir, who, [&] { check_against_model(model, size, rank, s, locate); });
+  checkpoint_reader reader(s.source, s.outcome.index, who, options.verify_checksums);
+  if constexpr (requires { model.data_mesh(); }) {
+    if (mode == load_mode::rank0_relays) {
+      relay_from_first_rank(model, tp, reader, s.outcome.index, dir, who);
+      return std::move(s.outcome);
     }
   }
-  if constexpr (!requires { tp.comm(0); }) {
-    read_shard();
-    return outcome;
-  } else {
-    if (rank0_reads) {
-      // tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
-      // holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as
-      // zeros, so no rank waits for one that will not come; the error is agreed on once the tensor is sent, and
-      // raised on every rank.
-      if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_begin", rank);
-      detail::for_each_checkpoint_tensor(model, size, rank, true, [&](detail::tensor_layout const& t, auto& value) {
-        using Tensor = std::remove_cvref_t<decltype(value)>;
-        using T = typename Tensor::Scalar;
-        if (!index.find(t.name)) return;  // missing (non-strict): skipped alike on every rank
-        std::vector<T> box;
-        std::string error;
-        if (rank != 0) shardwise::recv(tp, value, 0);
-        for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
-          Tensor block = Tensor::Zero(value.rows(), value.cols());
-          if (error.empty()) {
-            try {
-              detail::tensor_layout theirs = t;
-              theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
-              theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
-              read_layout(theirs, block.data(), box);
-            } catch (std::exception const& e) {
-              error = e.what();
-            }
-          }
-          if (r == 0)
-            value = std::move(block);
-          else
-            shardwise::send(tp, block, r);
-        }
-        detail::agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
-      });
-      if (rank == 0 && detail::checkpoint_load_hook) detail::checkpoint_load_hook("read_end", rank);
-      return outcome;
+  if constexpr (requires { tp.comm(0); }) {
+    if (mode == load_mode::rank0_sends) {
+      read_on_rank0_and_send(model, tp, reader, s.outcome.index, dir, who);
+      return std::move(s.outcome);
     }
-    if (!in_turns) {
-      read_shard();
-      return outcome;
+    if (mode == load_mode::in_turns) {
+      read_in_turns(model, tp, reader, s, dir);
+      return std::move(s.outcome);
     }
-    // In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
-    std::string error;
-    for (int turn = 0; turn * options.ranks_per_step < size; ++turn) {
-      if (rank / options.ranks_per_step == turn && error.empty()) {
-        try {
-          read_shard();
-        } catch (std::exception const& e) {
-          error = e.what();
-        }
-      }
-      tp.comm(0).barrier();
-    }
-    detail::agree_on_errors(tp, error, "reading the rank's shard", dir, who);
-    return outcome;
   }
+  read_shard(model, size, rank, reader, s.outcome.index);
+  return std::move(s.outcome);
 }
 
 }  // namespace detail

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/call.hpp"
-#include "shardwise/collectives/detail.hpp"
-#include "shardwise/collectives/pending.hpp"
+#include "shardwise/mesh/call.hpp"
+#include "shardwise/mesh/call_checks.hpp"
 #include "shardwise/mesh/mesh.hpp"
+#include "shardwise/mesh/pending.hpp"
 #include "shardwise/mesh/thread.hpp"  // the backend every build has: users of the collectives get run_threads
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
@@ -24,33 +24,6 @@
 namespace shardwise {
 
 namespace detail {
-
-/// Where a collective's result goes: a tensor, sized to the result's shape once the ranks have agreed on it.
-/// One type per element type, whatever the tensor's, so each backend's algorithms are compiled once per element
-/// type (they were once per tensor type: a tenth of a training program's build).
-template <class E>
-class output_ref {
- public:
-  template <class Out>
-  output_ref(Out& out, collective_site const& site)
-      : out_(&out), site_(&site), prepare_([](void* target, extents const& result, collective_site const& at) -> E* {
-          Out& tensor = *static_cast<Out*>(target);
-          prepare_output(tensor, result, at);
-          return data_of(tensor);
-        }) {}
-  /// Sizes the tensor to `result` and returns where its elements go.
-  E* operator()(extents const& result) const { return prepare_(out_, result, *site_); }
-
- private:
-  void* out_;
-  collective_site const* site_;
-  E* (*prepare_)(void*, extents const&, collective_site const&);
-};
-
-template <class Out>
-output_ref<element_t<Out>> output_into(Out& out, collective_site const& site) {
-  return {out, site};
-}
 
 template <class Comm, tensor T>
 void all_reduce_on(Comm const& comm, T& t, op_kind op, call_site where = {}) {
@@ -77,19 +50,6 @@ void all_gather_on(Comm const& comm, In const& in, Out& out, int dim, call_site 
   auto const [call, site] = gather_call(comm, in, out, dim, collective_kind::all_gather, where);
   Comm::collectives::all_gather(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
                                 site);
-}
-
-/// Starts an all-gather with the backend's collectives C: their own started transfer where they have one, else
-/// their blocking gather, finished before this returns.
-template <class C, class Comm, class E, class Output>
-pending_collective start_all_gather(Comm const& comm, E const* data, call_record const& call, storage_order order,
-                                    Output&& output, collective_site const& site) {
-  if constexpr (requires { C::transfers_in_background; }) {
-    return C::all_gather_start(comm, data, call, order, std::forward<Output>(output), site);
-  } else {
-    C::all_gather(comm, data, call, order, std::forward<Output>(output), site);
-    return {};
-  }
 }
 
 /// all_gather_on split in two: the ranks agree on the call and the transfer starts here; the returned

@@ -28,4 +28,11 @@ template <class... Parts>
 }
 
 }  // namespace detail
+
+/// Throws sw::error with the parts written one after another: for a module's own checks, in the library's words.
+template <class... Parts>
+[[noreturn]] void raise(Parts const&... parts) {
+  detail::fail(parts...);
+}
+
 }  // namespace shardwise

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "shardwise/core/error.hpp"
-#include "shardwise/cost/planner.hpp"
+#include "shardwise/cost/planning.hpp"
 
 namespace shardwise::planner {
 

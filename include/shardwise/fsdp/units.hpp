@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shardwise/collectives/pending.hpp"
+#include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/functional_types.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 

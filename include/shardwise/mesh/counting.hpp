@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/call.hpp"
-#include "shardwise/collectives/pending.hpp"
 #include "shardwise/cost/transfer.hpp"
+#include "shardwise/mesh/call.hpp"
 #include "shardwise/mesh/mesh.hpp"
+#include "shardwise/mesh/pending.hpp"
 
 namespace shardwise {
 

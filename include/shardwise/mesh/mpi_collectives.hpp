@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/call.hpp"
-#include "shardwise/collectives/detail.hpp"
-#include "shardwise/collectives/pending.hpp"
 #include "shardwise/core/reduce.hpp"
+#include "shardwise/mesh/call.hpp"
+#include "shardwise/mesh/call_checks.hpp"
+#include "shardwise/mesh/pending.hpp"
 #include "shardwise/tensor/box.hpp"
 #include "shardwise/tensor/extents.hpp"
 

@@ -9,11 +9,10 @@
 #include <utility>
 #include <variant>
 
-#include "shardwise/collectives/call.hpp"
-#include "shardwise/collectives/collectives.hpp"
-#include "shardwise/collectives/pending.hpp"
+#include "shardwise/mesh/call.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/mpi.hpp"
+#include "shardwise/mesh/pending.hpp"
 #include "shardwise/mesh/thread.hpp"
 
 namespace shardwise {

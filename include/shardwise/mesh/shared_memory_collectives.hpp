@@ -10,9 +10,9 @@
 #include <memory>
 #include <vector>
 
-#include "shardwise/collectives/call.hpp"
-#include "shardwise/collectives/detail.hpp"
 #include "shardwise/core/reduce.hpp"
+#include "shardwise/mesh/call.hpp"
+#include "shardwise/mesh/call_checks.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/tensor/box.hpp"
 #include "shardwise/tensor/extents.hpp"

@@ -171,12 +171,6 @@ inline void require_divides(std::string_view path, char const* what, std::size_t
                  " ranks; choose sizes the tp size divides");
 }
 
-/// Throws sw::error with the parts written one after another: for a module's own checks, in the library's words.
-template <class... Parts>
-[[noreturn]] void raise(Parts const&... parts) {
-  detail::fail(parts...);
-}
-
 /// A configuration number as text that reads back to the same double (17 significant digits), for the fields a
 /// model's config saves beside its weights.
 inline std::string config_number(double value) {

@@ -1,5 +1,6 @@
 #pragma once
-// Shared pieces of the tensor collectives: dimension checks, shape agreement across ranks, output sizing.
+// What the backends and the collectives share about one call: where it runs (for messages), dimension checks,
+// shape agreement across ranks, and where its result goes (sized once the ranks agree on it).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -114,6 +115,33 @@ constexpr void check_same_element() {
 template <class Comm>
 collective_site site_of(Comm const& comm, char const* name) {
   return {name, comm.label()};
+}
+
+/// Where a collective's result goes: a tensor, sized to the result's shape once the ranks have agreed on it.
+/// One type per element type, whatever the tensor's, so each backend's algorithms are compiled once per element
+/// type (they were once per tensor type: a tenth of a training program's build).
+template <class E>
+class output_ref {
+ public:
+  template <class Out>
+  output_ref(Out& out, collective_site const& site)
+      : out_(&out), site_(&site), prepare_([](void* target, extents const& result, collective_site const& at) -> E* {
+          Out& tensor = *static_cast<Out*>(target);
+          prepare_output(tensor, result, at);
+          return data_of(tensor);
+        }) {}
+  /// Sizes the tensor to `result` and returns where its elements go.
+  E* operator()(extents const& result) const { return prepare_(out_, result, *site_); }
+
+ private:
+  void* out_;
+  collective_site const* site_;
+  E* (*prepare_)(void*, extents const&, collective_site const&);
+};
+
+template <class Out>
+output_ref<element_t<Out>> output_into(Out& out, collective_site const& site) {
+  return {out, site};
 }
 
 }  // namespace shardwise::detail

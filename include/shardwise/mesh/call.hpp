@@ -11,9 +11,9 @@
 #include <string>
 #include <string_view>
 
-#include "shardwise/collectives/detail.hpp"
 #include "shardwise/core/call_site.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/mesh/call_checks.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/tensor/box.hpp"

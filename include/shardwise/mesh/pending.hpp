@@ -4,6 +4,8 @@
 #include <functional>
 #include <utility>
 
+#include "shardwise/mesh/call.hpp"
+
 namespace shardwise {
 
 /// A started collective (sw::all_gather_start). wait() finishes it: on MPI it completes the non-blocking
@@ -48,5 +50,22 @@ class pending_collective {
 
   std::function<void()> finish_;
 };
+
+namespace detail {
+
+/// Starts an all-gather with the backend's collectives C: their own started transfer where they have one, else
+/// their blocking gather, finished before this returns.
+template <class C, class Comm, class E, class Output>
+pending_collective start_all_gather(Comm const& comm, E const* data, call_record const& call, storage_order order,
+                                    Output&& output, collective_site const& site) {
+  if constexpr (requires { C::transfers_in_background; }) {
+    return C::all_gather_start(comm, data, call, order, std::forward<Output>(output), site);
+  } else {
+    C::all_gather(comm, data, call, order, std::forward<Output>(output), site);
+    return {};
+  }
+}
+
+}  // namespace detail
 
 }  // namespace shardwise
