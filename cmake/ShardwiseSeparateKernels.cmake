@@ -20,8 +20,11 @@ function(shardwise_add_separate_kernels eigen_target)
   shardwise_add_separate_part(kernels ${eigen_target})
 endfunction()
 
-# shardwise::separate_runtime: sw::launch's RuntimeComm split, barrier and collectives for float and double, so that
-# a file which launches does not compile both backends' algorithms itself. mpi_target: shardwise's MPI target.
+# shardwise::separate_runtime: sw::launch's RuntimeComm's MPI side, and both backends' collectives for float and
+# double, so that a file which launches parses no MPI header and does not compile the backends' algorithms itself. mpi_target: shardwise's MPI target.
 function(shardwise_add_separate_runtime mpi_target)
   shardwise_add_separate_part(runtime ${mpi_target})
+  if(TARGET Eigen3::Eigen)  # its 16-bit floating types' transfers too (FSDP's mixed precision)
+    target_link_libraries(shardwise_separate_runtime PRIVATE Eigen3::Eigen)
+  endif()
 endfunction()

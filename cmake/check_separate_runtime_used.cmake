@@ -6,7 +6,8 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm failed on ${OBJECT}")
 endif()
 foreach(name IN ITEMS "runtime_collectives::all_reduce<float>" "runtime_collectives::all_gather<float, "
-                      "runtime_collectives::reduce_scatter<float, " "runtime_split<shardwise::RuntimeComm>")
+                      "runtime_collectives::reduce_scatter<float, " "runtime_mpi<shardwise::MpiComm>::split"
+                      "runtime_mpi<shardwise::MpiComm>::world")
   if(NOT symbols MATCHES "\n *U [^\n]*${name}")
     message(FATAL_ERROR "WRONG: ${OBJECT} does not call ${name} from shardwise::separate_runtime")
   endif()
@@ -14,4 +15,8 @@ foreach(name IN ITEMS "runtime_collectives::all_reduce<float>" "runtime_collecti
     message(FATAL_ERROR "WRONG: ${OBJECT} compiles its own ${name}")
   endif()
 endforeach()
-message("the object file calls the separately compiled runtime")
+# Nor does it parse or compile anything of MPI's: the MPI side is reached only through the library.
+if(symbols MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*(shardwise::MpiComm::|boost::mpi::|shardwise::detail::mpi_)")
+  message(FATAL_ERROR "WRONG: ${OBJECT} compiles MPI code of its own: ${CMAKE_MATCH_0}")
+endif()
+message("the object file calls the separately compiled runtime and compiles no MPI code")

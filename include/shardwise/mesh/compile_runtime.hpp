@@ -1,6 +1,6 @@
 #pragma once
-// Compiles the parts of sw::launch's RuntimeComm that reach both backends' algorithms — split, barrier, and the
-// collectives for float and double — once. Include it in exactly one .cpp file of a program whose other files
+// Compiles sw::launch's RuntimeComm's MPI side (for every element type MPI transfers) and both backends'
+// collectives for float and double once. Include it in exactly one .cpp file of a program whose other files
 // define SHARDWISE_SEPARATE_RUNTIME: they then call these instead of compiling their own copies of the thread and
 // MPI algorithms (docs/build-time.md). CMake's shardwise::separate_runtime target does both.
 #if defined(SHARDWISE_DETAIL_RUNTIME_COLLECTIVES)
@@ -8,9 +8,27 @@
 #endif
 #define SHARDWISE_DETAIL_COMPILING_RUNTIME
 #include "shardwise/mesh/runtime.hpp"
+#include "shardwise/mesh/runtime_mpi.hpp"
 
 namespace shardwise::detail {
-SHARDWISE_DETAIL_RUNTIME_SPLIT_AND_BARRIER()
+template struct runtime_mpi<MpiComm>;
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(float)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(double)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::int8_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::uint8_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::int16_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::uint16_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::int32_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::uint32_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::int64_t)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(std::uint64_t)
+#if __has_include(<Eigen/Core>)  // 16-bit floating types, moved as bits (FSDP's mixed precision)
+}  // namespace shardwise::detail
+#include <Eigen/Core>
+namespace shardwise::detail {
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(Eigen::bfloat16)
+SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(Eigen::half)
+#endif
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(, float)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(, double)
 SHARDWISE_DETAIL_RUNTIME_BITS_GATHER()

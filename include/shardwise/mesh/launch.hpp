@@ -6,7 +6,6 @@
 #include <string_view>
 
 #include "shardwise/core/error.hpp"
-#include "shardwise/mesh/mpi.hpp"
 #include "shardwise/mesh/runtime.hpp"
 #include "shardwise/mesh/thread.hpp"
 
@@ -25,11 +24,11 @@ namespace shardwise {
 template <class Fn>
 void launch(int& argc, char**& argv, int threads, Fn&& fn) {
   if (launched_by_mpi()) {
-    RuntimeComm world(mpi_world(argc, argv));
+    RuntimeComm world(detail::mpi_side::world(argc, argv));
     try {
       fn(world);
     } catch (std::exception const& e) {
-      detail::mpi_tell_peers(e.what());  // the other ranks raise it at their next collective
+      detail::mpi_side::tell_peers(e.what());  // the other ranks raise it at their next collective
       throw;
     }
     return;

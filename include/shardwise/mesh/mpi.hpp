@@ -90,10 +90,13 @@ class MpiComm {
                   "shardwise::MpiComm::all_gather_value: the value is sent as bytes, so its type must be trivially "
                   "copyable; gather a tensor with sw::all_gather instead");
     std::vector<V> all(static_cast<std::size_t>(size()));
-    data_phase("gather_values", [&] {
-      detail::mpi_check(MPI_Allgather(&mine, sizeof(V), MPI_BYTE, all.data(), sizeof(V), MPI_BYTE, native()),
-                        "MPI_Allgather");
-    });
+    gather_bytes_into(&mine, sizeof(V), all.data());
+    return all;
+  }
+  /// Every rank's `bytes` bytes from `mine`, in rank order (all_gather_value for a record known by its size).
+  [[nodiscard]] std::vector<unsigned char> all_gather_bytes(void const* mine, std::size_t bytes) const {
+    std::vector<unsigned char> all(static_cast<std::size_t>(size()) * bytes);
+    gather_bytes_into(mine, bytes, all.data());
     return all;
   }
 
@@ -346,6 +349,12 @@ class MpiComm {
   void recv_into(int source, int tag, Where&& where) const;
 
  private:
+  void gather_bytes_into(void const* mine, std::size_t bytes, void* all) const {
+    int const count = detail::mpi_count(bytes, "MpiComm::all_gather_bytes");
+    data_phase("gather_values", [&] {
+      detail::mpi_check(MPI_Allgather(mine, count, MPI_BYTE, all, count, MPI_BYTE, native()), "MPI_Allgather");
+    });
+  }
   /// Runs one blocking MPI call that moves a collective's data, after the ranks agreed on the call; if it lasts
   /// longer than the timeout, a peer stopped or the network failed mid-transfer, and the job ends with a
   /// message (see mpi_data_watchdog).
