@@ -23,8 +23,8 @@
 #include <cstring>
 #include <fstream>
 #include <shardwise/cost/machine_file.hpp>
-#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/mesh/launch.hpp>
+#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
 #include <span>

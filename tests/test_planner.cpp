@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <shardwise/cost/machine_file.hpp>
-#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_config_json.hpp>
+#include <shardwise/models/llama_planner.hpp>
 #include <string>
 
 namespace sw = shardwise;

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <iostream>
 #include <shardwise/cost/machine_file.hpp>
-#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_config_json.hpp>
+#include <shardwise/models/llama_planner.hpp>
 #include <string>
 
 namespace plan_command {
