@@ -1,9 +1,12 @@
 #pragma once
-// LayerNorm and RMSNorm over the feature dimension, unsharded or under SequenceParallel (activations cut
-// along the sequence; each rank normalizes its own tokens, no communication). Under SequenceParallel the
-// weight gradients are partial sums over each rank's tokens, and their type says so.
+// LayerNorm and RMSNorm over the feature dimension, unsharded or under a style that keeps the activations cut
+// along the sequence (SequenceParallel: each rank normalizes its own tokens, no communication). There the weight
+// gradients are partial sums over each rank's tokens, and their type says so. A norm's state and code are a core
+// templated on the element type and the layout only (detail::norm_core), which every path and plan that gives a
+// norm the same layout shares; the typed norm on top checks its input's layout at compile time, naming the path.
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 
@@ -15,28 +18,62 @@
 
 namespace shardwise {
 
+/// What a plan entry's style must say for a norm (LayerNorm, RMSNorm): the layout its activations arrive and
+/// leave in, `input_layouts` = `output_layouts`, Replicate or Shard<0> (cut along the sequence: each rank
+/// normalizes its own tokens, and the weight's gradient is a partial sum that sw::finish_gradients reduces). A
+/// style that cuts a weight (`weight_placement`) or moves a module's input (`desired_input_layouts`) is not a
+/// norm's. SequenceParallel is one; a style of one's own with these members serves as well.
+template <class S>
+concept norm_style =
+    requires {
+      typename S::input_layouts;
+      typename S::output_layouts;
+    } && std::is_same_v<typename S::input_layouts, typename S::output_layouts> &&
+    (std::is_same_v<typename S::input_layouts, Replicate> || std::is_same_v<typename S::input_layouts, Shard<0>>) &&
+    !requires { typename S::weight_placement; } && !requires { typename S::desired_input_layouts; };
+
 namespace detail {
 
 enum class norm_kind { layer, rms };
 
-template <class T, class Location, norm_kind Kind>
-class norm_layer : public layer_plumbing<T> {
+/// The style of a norm the plan does not name: activations and weights whole.
+struct unsharded_norm {
+  using input_layouts = Replicate;
+  using output_layouts = Replicate;
+};
+template <class Style>
+struct norm_style_of {
+  using type = Style;
+};
+template <>
+struct norm_style_of<NoParallel> {
+  using type = unsharded_norm;
+};
+template <class Style>
+using norm_style_t = typename norm_style_of<Style>::type;
+
+/// The layout a norm under Style works in (Replicate for a style that is no norm's: the norm's check says so).
+template <class Style>
+struct norm_layout_of {
+  using type = Replicate;
+};
+template <norm_style Style>
+struct norm_layout_of<Style> {
+  using type = typename Style::input_layouts;
+};
+
+/// A norm's state and code for element type T in layout Layout; the path is a run-time string, for messages.
+template <class T, class Layout, norm_kind Kind>
+class norm_core : public layer_plumbing<T> {
   using plumbing = layer_plumbing<T>;
   using plumbing::group_;
   using plumbing::lazy_;
-  using Style = typename Location::style;
-  static constexpr bool sequence_parallel = is_sequence_parallel_v<Style>;
-  static constexpr bool allowed = std::is_same_v<Style, NoParallel> || sequence_parallel;
-  using style_shown = decltype(style_allowed<Location, allowed>());  // before the message: see mesh.hpp
-  static_assert(allowed,
-                "shardwise::LayerNorm/RMSNorm: a norm cannot be split by columns or rows; use "
-                "SequenceParallel, or leave it out of the plan");
+  using plumbing::path_;
+  static constexpr bool sequence_parallel = std::is_same_v<Layout, Shard<0>>;
 
  public:
-  using shardwise_location = Location;
   SHARDWISE_SAVED(saved_input_, mean_, rstd_)
-  using style = Style;
-  using layout = std::conditional_t<sequence_parallel, Shard<0>, Replicate>;
+  using layout = Layout;  ///< The layout its input and output have on the tp axis.
   using input_layout = layout;
   using output_layout = layout;
   using grad_placement = std::conditional_t<sequence_parallel, Partial<Sum>, Replicate>;
@@ -58,10 +95,8 @@ class norm_layer : public layer_plumbing<T> {
     return c;
   }
 
-  explicit norm_layer(std::size_t features, T eps = T(1e-5))
-      : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", Location::path.view()),
-        eps_(eps),
-        features_(features) {
+  norm_core(std::string_view path, std::size_t features, T eps)
+      : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", path), eps_(eps), features_(features) {
     if (lazy_) return;  // sizes only: sw::materialize allocates
     weight = vector::Ones(static_cast<Eigen::Index>(features));
     if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
@@ -93,18 +128,10 @@ class norm_layer : public layer_plumbing<T> {
     zero_grad();
   }
 
-  template <class X>
-  Activation<T, layout> operator()(X const& x) {
-    static_assert(
-        layer_input_v<T, X>,
-        "shardwise::LayerNorm/RMSNorm: the input must be a shardwise::Activation or a row-major [tokens, features] "
-        "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
-    static_assert(detail::input_layout_matches<layout, X>,
-                  "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
-                  "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
-    using layouts_shown [[maybe_unused]] = decltype(detail::show_layout_mismatch<Location::path, layout, X>());
+  /// Forward on this rank's [tokens, features] (the typed norm has checked the input's layout).
+  Activation<T, layout> forward_local(matrix const& x) {
     this->require_ready(false);  // a norm communicates nothing
-    saved_input_ = local_of<T>(x);
+    saved_input_ = x;
     Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
     rstd_.resize(saved_input_.rows());
     if constexpr (Kind == norm_kind::layer) {
@@ -120,10 +147,10 @@ class norm_layer : public layer_plumbing<T> {
   template <class P>
   Activation<T, layout> backward(Activation<T, P> const& dy_given) {
     char const* name = Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm";
-    auto&& dy_local = gradient_in<layout>(group_.get(), dy_given, name, Location::path.view());
+    auto&& dy_local = gradient_in<layout>(group_.get(), dy_given, name, path_);
     if (dy_local.rows() != saved_input_.rows() || dy_local.cols() != saved_input_.cols())
-      fail("shardwise::", name, " at \"", Location::path.view(), "\": backward got a gradient of ", dy_local.rows(),
-           "x", dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
+      fail("shardwise::", name, " at \"", path_, "\": backward got a gradient of ", dy_local.rows(), "x",
+           dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
            "; pass the gradient of this norm's last output");
     Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
     // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
@@ -151,7 +178,7 @@ class norm_layer : public layer_plumbing<T> {
   T eps_;
   std::size_t features_;
   Parameter<vector, grad_placement> parameter(vector& value, vector& grad, vector& pending, std::string_view leaf) {
-    Parameter<vector, grad_placement> p{&value, &grad, group_.get(), Location::path.view()};
+    Parameter<vector, grad_placement> p{&value, &grad, group_.get(), path_};
     if constexpr (sequence_parallel) p.grad = &pending, p.reduced_into = &grad;
     p.leaf = leaf;
     return p;
@@ -160,6 +187,40 @@ class norm_layer : public layer_plumbing<T> {
   matrix saved_input_;
   vector mean_, rstd_;
   vector pending_weight_grad_, pending_bias_grad_;  // SequenceParallel: this rank's partial sums, not reduced yet
+};
+
+/// A norm at a place in the plan (Location: its style, path and the whole plan): the core of its layout, with
+/// the compile-time checks that name the path.
+template <class T, class Location, norm_kind Kind>
+class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<typename Location::style>>::type, Kind> {
+  using core = norm_core<T, typename norm_layout_of<norm_style_t<typename Location::style>>::type, Kind>;
+  using Style = typename Location::style;
+  using style_shown = decltype(style_allowed<Location, norm_style<norm_style_t<Style>>>());  // see mesh.hpp
+  static_assert(norm_style<norm_style_t<Style>>,
+                "shardwise::LayerNorm/RMSNorm: a norm cannot be split by columns or rows; use "
+                "SequenceParallel, or leave it out of the plan");
+
+ public:
+  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  using style = Style;                  ///< The parallel style the plan gives it.
+  using typename core::layout;
+
+  explicit norm_layer(std::size_t features, T eps = T(1e-5)) : core(Location::path.view(), features, eps) {}
+
+  /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
+  /// matrix (taken to be in the style's layout).
+  template <class X>
+  Activation<T, layout> operator()(X const& x) {
+    static_assert(
+        layer_input_v<T, X>,
+        "shardwise::LayerNorm/RMSNorm: the input must be a shardwise::Activation or a row-major [tokens, features] "
+        "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
+    static_assert(detail::input_layout_matches<layout, X>,
+                  "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
+                  "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
+    using layouts_shown [[maybe_unused]] = decltype(detail::show_layout_mismatch<Location::path, layout, X>());
+    return this->forward_local(local_of<T>(x));
+  }
 };
 
 }  // namespace detail
