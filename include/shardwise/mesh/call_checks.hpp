@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/tensor/concept.hpp"
@@ -142,6 +143,20 @@ class output_ref {
 template <class Out>
 output_ref<element_t<Out>> output_into(Out& out, collective_site const& site) {
   return {out, site};
+}
+
+/// A point-to-point receive staged in a buffer of its own: comm.recv_into lands the message there, then
+/// take(shape, bytes) gets it (the backends whose transfer writes straight to where the caller says).
+template <class Comm, class Take>
+void receive_staged(Comm const& comm, int source, int tag, Take&& take) {
+  extents shape;
+  std::vector<unsigned char> data;
+  comm.recv_into(source, tag, [&](extents const& sent, std::size_t bytes) -> void* {
+    shape = sent;
+    data.resize(bytes);
+    return data.data();
+  });
+  take(shape, data);
 }
 
 }  // namespace shardwise::detail

@@ -64,14 +64,7 @@ inline void MpiComm::reap_finished_sends() const {
 
 template <class Take>
 void MpiComm::recv_bytes(int source, int tag, Take&& take) const {
-  extents shape;
-  std::vector<unsigned char> data;
-  recv_into(source, tag, [&](extents const& sent, std::size_t bytes) -> void* {
-    shape = sent;
-    data.resize(bytes);
-    return data.data();
-  });
-  take(shape, data);
+  detail::receive_staged(*this, source, tag, take);
 }
 
 template <class Where>

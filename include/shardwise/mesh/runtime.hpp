@@ -201,14 +201,7 @@ class RuntimeComm {
   template <class Take>
   void recv_bytes(int source, int tag, Take&& take) const {
     if (ThreadComm const* t = threads()) return t->recv_bytes(source, tag, take);
-    extents shape;
-    std::vector<unsigned char> data;
-    recv_into(source, tag, [&](extents const& sent, std::size_t bytes) -> void* {
-      shape = sent;
-      data.resize(bytes);
-      return data.data();
-    });
-    take(shape, data);
+    detail::receive_staged(*this, source, tag, take);
   }
 
  private:
