@@ -13,352 +13,12 @@
 #include <tuple>
 #include <type_traits>
 
-#include "shardwise/cost/cost.hpp"
-#include "shardwise/nn/functional.hpp"
-#include "shardwise/nn/layer_common.hpp"
-#include "shardwise/nn/linear_style.hpp"
-#include "shardwise/nn/parameter.hpp"
-#include "shardwise/nn/redistribute.hpp"
+#include "shardwise/nn/linear_core.hpp"
+#include "shardwise/nn/styles.hpp"
 
 namespace shardwise {
 
 namespace detail {
-
-/// A Linear's state and code under style Rule (a sw::linear_style): what the typed Linear derives from.
-template <class T, class Rule>
-class linear_core : public layer_plumbing<T> {
-  using plumbing = layer_plumbing<T>;
-  using plumbing::group_;
-  using plumbing::lazy_;
-  using plumbing::path_;
-  using layouts = linear_layouts<Rule>;
-  using mover = typename Rule::mover;
-  static_assert(activation_mover<mover, T>,
-                "shardwise::Linear: the style's mover must have move<From, To, T>(group, x) and "
-                "add_cost<From, To>(list, rows, cols, element, inputs), as sw::layout_engine has");
-  static constexpr bool serial = std::is_same_v<Rule, unsharded_linear>;
-
- protected:
-  static constexpr bool cut_rows = layouts::cut_rows, cut_cols = layouts::cut_cols;
-
- public:
-  SHARDWISE_SAVED(saved_input_)
-  using input_layout = typename layouts::in;    ///< The layout its input must have on the tp axis.
-  using output_layout = typename layouts::out;  ///< The layout of its output.
-  using matrix = nn::matrix<T>;                 ///< Row-major matrix of T.
-  using vector = nn::vector<T>;                 ///< Column vector of T.
-
-  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`; `path`: the layer's plan
-  /// path, kept for messages (a string of static storage).
-  linear_core(std::string_view path, std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias)
-      : plumbing("Linear", path), in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
-    if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
-    T const bound = T(1) / std::sqrt(static_cast<T>(in));
-    weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
-    fill_uniform(weight, bound, seed);
-    if (has_bias_) {
-      bias.resize(static_cast<Eigen::Index>(out));
-      fill_uniform(bias, bound, seed ^ 0x9e3779b97f4a7c15ull);
-    }
-    zero_grad();
-  }
-
-  /// @{ This rank's parameters (the whole of them before parallelize) and their gradients.
-  matrix weight, weight_grad;
-  vector bias, bias_grad;
-  /// @}
-
-  /// Input features (unsharded).
-  [[nodiscard]] std::size_t in_features() const { return in_; }
-  /// Output features (unsharded, padding included).
-  [[nodiscard]] std::size_t out_features() const { return out_; }
-  /// The output features before pad_outputs (a padded vocabulary's real size); checkpoints store only these.
-  [[nodiscard]] std::size_t unpadded_out_features() const { return unpadded_out_ ? unpadded_out_ : out_; }
-  /// Whether it adds a bias.
-  [[nodiscard]] bool has_bias() const { return has_bias_; }
-
-  /// Pads the output features with zero rows up to `out` (before parallelize): a padded vocabulary's logits,
-  /// which the loss then leaves out.
-  void pad_outputs(std::size_t out) {
-    if (out <= out_) return;
-    unpadded_out_ = out_;
-    if (lazy_ || tied()) {  // a tied weight is padded by its owner
-      out_ = local_out_ = out;
-      return;
-    }
-    matrix padded = matrix::Zero(static_cast<Eigen::Index>(out), weight.cols());
-    padded.topRows(weight.rows()) = weight;
-    weight = std::move(padded);
-    if (has_bias_) bias.conservativeResizeLike(vector::Zero(static_cast<Eigen::Index>(out)));
-    out_ = out;
-    zero_grad();
-  }
-
-  /// Pads the output features at parallelize, with zero rows, up to a multiple of the tp size (a vocabulary
-  /// the tp size does not divide, under ColwiseParallel): the logits of the padding are left out by the loss
-  /// when it is given the real vocabulary as `classes`. Checkpoints store the real rows only.
-  linear_core& pad_outputs_for_tp() {
-    pad_for_tp_ = true;
-    return *this;
-  }
-
-  /// Repeats every block of `block` output rows `copies` times in a row (before parallelize): key-value heads
-  /// replicated so that each of more tp ranks than heads holds the head its query heads use (optimum-neuron's
-  /// kv_size_multiplier). The copies' gradients are summed over the group by sw::finish_gradients.
-  void replicate_output_blocks(std::size_t block, std::size_t copies) {
-    if (copies <= 1) return;
-    if (block == 0 || out_ % block != 0 || copies_ != 1 || tied())
-      fail("shardwise::Linear at \"", path_, "\": cannot repeat blocks of ", block, " output rows of ", out_,
-           " (once, before parallelize, with a block size that divides the rows, on a weight it owns)");
-    copies_ = copies;
-    copy_block_ = block;
-    if (lazy_) {
-      out_ = local_out_ = out_ * copies;
-      return;
-    }
-    auto const b = static_cast<Eigen::Index>(block), c = static_cast<Eigen::Index>(copies);
-    matrix repeated(weight.rows() * c, weight.cols());
-    vector repeated_bias(has_bias_ ? bias.size() * c : 0);
-    for (Eigen::Index i = 0; i < weight.rows() / b; ++i)
-      for (Eigen::Index k = 0; k < c; ++k) {
-        repeated.middleRows((i * c + k) * b, b) = weight.middleRows(i * b, b);
-        if (has_bias_) repeated_bias.segment((i * c + k) * b, b) = bias.segment(i * b, b);
-      }
-    weight = std::move(repeated);
-    bias = std::move(repeated_bias);
-    out_ = local_out_ = out_ * copies;
-    zero_grad();
-  }
-
-  /// Sets the gradients to zero (a tied weight's are its owner's).
-  void zero_grad() {
-    weight_grad.setZero(weight.rows(), weight.cols());  // a tied layer's own weight is empty: its owner's is zeroed
-    bias_grad.setZero(bias.size());
-    copies_summed_ = false;
-  }
-
-  /// Keeps this rank's shard of the parameters and the group to talk to.
-  template <class Mesh>
-  void shardwise_parallelize(Mesh const& mesh) {
-    group_ = nn::make_group<T>(mesh);
-    if constexpr (!cut_rows && !cut_cols) return;
-    int const n = group_->size(), r = group_->rank();
-    if constexpr (cut_rows) {
-      if (pad_for_tp_) pad_outputs((out_ + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
-      require_divisible(style_name<Rule>, path_, "output features", out_, n, group_->axis(),
-                        ", or pad them with pad_outputs_for_tp()");
-      auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
-      local_out_ = static_cast<std::size_t>(rows);
-      if (lazy_) return;
-      if (!tied()) weight = matrix(weight.middleRows(r * rows, rows));  // a tied weight is cut by its owner
-      if (has_bias_) bias = vector(bias.segment(r * rows, rows));
-    } else {
-      require_divisible(style_name<Rule>, path_, "input features", in_, n, group_->axis());
-      auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
-      local_in_ = static_cast<std::size_t>(cols);
-      if (lazy_) return;
-      if (!tied()) weight = matrix(weight.middleCols(r * cols, cols));
-    }
-    zero_grad();
-  }
-
-  /// A lazily constructed layer allocates this rank's shard (zeros, to be filled from a checkpoint).
-  void shardwise_materialize() {
-    if (!lazy_) return;
-    if (!tied()) weight.setZero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_));
-    if (has_bias_) bias.setZero(static_cast<Eigen::Index>(local_out_));
-    lazy_ = false;  // gradients come on first use (backward, zero_grad, an optimizer): a load holds no more
-  }
-  /// The input gradient's layout: the input's, but for a weight cut by output rows (ColwiseParallel) on a
-  /// replicated input, where each rank's gradient is a partial sum over its output features: Partial<Sum>,
-  /// reduced once where it meets a layout (the next layer back, a module boundary, sw::redistribute) — one
-  /// reduction for wq, wk and wv together.
-  using input_grad_layout = typename layouts::input_grad;
-
-  /// Backward: accumulates the parameter gradients and returns the input gradient (input_grad_layout). The
-  /// gradient given is in the output's layout or Partial<Sum> (reduced here first).
-  template <class P>
-  Activation<T, input_grad_layout> backward(Activation<T, P> const& dy_given) {
-    require_group();
-    matrix const& w = current_weight();
-    auto&& dy_whole = gradient_in<output_layout>(group_.get(), dy_given, "Linear", path_);
-    matrix const* dy = &dy_whole;
-    matrix dy_part;
-    if constexpr (!same_layout_v<output_layout, typename layouts::product_out_grad>) {
-      dy_part = moved<output_layout, typename layouts::product_out_grad>(*dy);  // the output move's conjugate
-      dy = &dy_part;
-    }
-    if (dy->rows() != saved_input_.rows() || dy->cols() != w.rows())
-      fail("shardwise::Linear at \"", path_, "\": backward got a gradient of ", dy->rows(), "x", dy->cols(),
-           " on this rank after a forward of ", saved_input_.rows(), "x", w.rows(),
-           "; pass the gradient of this layer's last output");
-    matrix& wg = current_weight_grad();
-    if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
-    if (bias_grad.size() != bias.size()) bias_grad.setZero(bias.size());
-    if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
-    matrix dx(dy->rows(), w.cols());
-    nn::linear_backward<T>(saved_input_, w, *dy, dx, wg,
-                           has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
-    if constexpr (!layouts::input_grad_left_partial && !same_layout_v<typename layouts::product_in_grad, input_layout>)
-      dx = moved<typename layouts::product_in_grad, input_layout>(dx);  // the input move's conjugate
-    return {std::move(dx)};
-  }
-
-  /// The layer's cost (sw::cost) on one rank for an input of s.tokens rows: its shard of the weight (and bias)
-  /// with their gradients, and the transfers of its forward and backward, as its style's mover states them for
-  /// the moves the layer makes (the same moves as above). `in` and `out`: the unsharded features (out padded,
-  /// where the vocabulary is).
-  static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
-    constexpr std::size_t e = sizeof(T);
-    std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const local_in = cut_cols ? in / n : in, local_out = cut_rows ? (out + n - 1) / n : out;
-    cost c;
-    c.parameter_bytes = c.gradient_bytes = (local_in * local_out + (with_bias ? local_out : 0)) * e;
-    c.activation_bytes = s.tokens * local_in * e;  // what the product reads, kept for backward
-    mover::template add_cost<input_layout, typename layouts::product_in>(c.forward, s.tokens, in, e, s);
-    mover::template add_cost<typename layouts::product_out, output_layout>(c.forward, s.tokens, out, e, s);
-    mover::template add_cost<output_layout, typename layouts::product_out_grad>(c.backward, s.tokens, out, e, s);
-    if constexpr (!layouts::input_grad_left_partial)
-      mover::template add_cost<typename layouts::product_in_grad, input_layout>(c.backward, s.tokens, in, e, s);
-    return c;
-  }
-
-  /// How the weight (and its gradient) is cut over tp: Shard<0> (Colwise), Shard<1> (Rowwise) or Replicate.
-  using weight_grad_placement = typename layouts::weight;
-  /// How the bias is cut over tp.
-  using bias_grad_placement = typename layouts::bias;
-
-  /// The parameters with their gradients. A bias-free layer's bias and a tied weight (its owner's) are there
-  /// but not present: walks over the model's parameters pass them by.
-  auto parameters() {
-    Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), path_, copies_, copy_block_};
-    w.real_rows = unpadded_out_, w.present = !tied(), w.copies_summed = copies_ > 1 ? &copies_summed_ : nullptr;
-    w.mirror_of = mirror_of_;
-    Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), path_, copies_, copy_block_};
-    b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_;
-    b.copies_summed = w.copies_summed;
-    return std::make_tuple(w, b);
-  }
-
-  /// Makes the weight a pipeline stage's copy of the weight named `owner` on another stage (see
-  /// Parameter::mirror_of); `owner` must outlive the layer (a string literal).
-  void mirror_weight_of(std::string_view owner) { mirror_of_ = owner; }
-
-  /// Whether the weight is another layer's (sw::tie_weights).
-  [[nodiscard]] bool tied() const { return tie_.tied; }
-  /// The plan path of the layer that owns a tied weight.
-  [[nodiscard]] std::string_view tied_to() const { return tie_.owner_path; }
-
-  /// The weight this layer computes with: its own, or the one it is tied to.
-  [[nodiscard]] matrix const& current_weight() const { return tied() ? tie_.value(this) : weight; }
-  /// The gradient it accumulates into: its own, or its owner's.
-  [[nodiscard]] matrix& current_weight_grad() { return tied() ? tie_.grad(this) : weight_grad; }
-
-  /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
-  void shardwise_tie(matrix& value, matrix& grad, std::string_view owner_path) {
-    if (group_ || copies_ > 1 || unpadded_out_ != 0)
-      fail("shardwise::tie_weights: the Linear at \"", path_,
-           "\" is already parallelized, padded or repeated; tie weights in the model's constructor");
-    tie_.bind(this, value, grad, owner_path);
-    weight = matrix();  // one tensor: this layer's own is gone
-    weight_grad = matrix();
-  }
-
- protected:
-  /// Forward on the input's local values (the typed Linear has checked its type and layout).
-  template <class Given>
-  Activation<T, output_layout> forward_given(Given const& given) {
-    check_width(given);
-    keep_input(given);
-    return forward_kept_input();
-  }
-
-  /// Forward on an input the caller gives up: kept without a copy where the layer keeps its input as given.
-  Activation<T, output_layout> forward_taken(matrix& given) {
-    check_width(given);
-    if constexpr (keeps_input_as_given) {
-      saved_input_ = std::move(given);
-      given.resize(0, 0);  // Eigen's move swaps: what it got back is the last step's input, not the caller's
-    } else {
-      keep_input(given);
-    }
-    return forward_kept_input();
-  }
-
- private:
-  // Where forward keeps its input as given (not gathered over the sequence, not cut to this rank's columns).
-  static constexpr bool keeps_input_as_given = same_layout_v<input_layout, typename layouts::product_in>;
-
-  /// `x` moved from layout From to layout To by the style's mover.
-  template <class From, class To, class M>
-  matrix moved(M&& x) const {
-    return mover::template move<From, To, T>(*group_, std::forward<M>(x));
-  }
-
-  /// The input's width, checked in Release builds too: a wrong one would read past the input in the sliced
-  /// cases, or give wrong numbers.
-  template <class Given>
-  void check_width(Given const& given) const {
-    require_group();
-    constexpr bool local_input = std::is_same_v<input_layout, Shard<1>>;
-    auto const width = static_cast<Eigen::Index>(local_input ? chunk_size(in_, static_cast<std::size_t>(group_->size()),
-                                                                          static_cast<std::size_t>(group_->rank()))
-                                                             : in_);
-    if (given.cols() != width)
-      fail("shardwise::Linear at \"", path_, "\": the input has ", given.cols(),
-           " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,
-           "); give it [tokens, features] inputs of that width");
-  }
-
-  /// Keeps what the product reads, which backward needs too: the input as given, or moved (the whole sequence
-  /// gathered, this rank's columns taken).
-  template <class Given>
-  void keep_input(Given const& given) {
-    if constexpr (keeps_input_as_given)
-      saved_input_ = given;
-    else
-      saved_input_ = moved<input_layout, typename layouts::product_in>(given);
-  }
-
-  /// The product with the kept input, then the style's communication.
-  Activation<T, output_layout> forward_kept_input() {
-    matrix const& w = current_weight();
-    matrix y(saved_input_.rows(), w.rows());
-    // The bias goes in with the product, except where the product is a partial sum: there after it, once.
-    bool const bias_now = has_bias_ && !layouts::bias_after_output;
-    nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
-    if constexpr (!same_layout_v<typename layouts::product_out, output_layout>)
-      y = moved<typename layouts::product_out, output_layout>(std::move(y));
-    if (has_bias_ && layouts::bias_after_output) y.rowwise() += bias.transpose();
-    return {std::move(y)};
-  }
-
-  void require_group() const { this->require_ready(!serial); }
-
-  /// Replicated blocks whose gradients were summed: keep the sum in each block's first copy and zero the others,
-  /// so the next sum over copies counts it once.
-  void unsum_copies() {
-    copies_summed_ = false;
-    auto const rows = static_cast<std::size_t>(weight_grad.rows());
-    std::size_t const first = group_ ? static_cast<std::size_t>(group_->rank()) * rows : 0;
-    for (std::size_t i = 0; i < rows; ++i)
-      if (((first + i) / copy_block_) % copies_ != 0) {
-        weight_grad.row(static_cast<Eigen::Index>(i)).setZero();
-        if (has_bias_) bias_grad(static_cast<Eigen::Index>(i)) = T(0);
-      }
-  }
-
-  std::size_t in_, out_;
-  bool has_bias_;
-  bool copies_summed_ = false;  // see unsum_copies
-  bool pad_for_tp_ = false;     // see pad_outputs_for_tp
-  weight_tie<matrix> tie_;
-  std::string_view mirror_of_;               // a copy of another stage's weight (mirror_weight_of)
-  std::size_t copies_ = 1, copy_block_ = 0;  // see replicate_output_blocks
-  std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
-  std::size_t local_in_, local_out_;         // this rank's shard of the weight
-  matrix saved_input_;
-};
 
 /// The core a Linear under Style derives from; a style that is not a linear_style gets the unsharded one, so that
 /// the Linear's own check is the error the user reads.
@@ -413,7 +73,13 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   template <class X>
   Activation<T, output_layout> operator()(X const& x) {
     check_input_type<X>();
-    return this->forward_given(detail::local_of<T>(x));
+    decltype(auto) local = detail::local_of<T>(x);
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(local)>, matrix>) {
+      return this->forward_given(local);
+    } else {  // another library's tensor, seen through a map: one copy, which the layer then keeps or moves
+      matrix taken(local);
+      return this->forward_taken(taken);
+    }
   }
 
   /// As above, on an input given as a temporary (an Activation or a row-major matrix of T): where the layer keeps
@@ -447,3 +113,21 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
 };
 
 }  // namespace shardwise
+
+// With SHARDWISE_SEPARATE_KERNELS defined, the cores of the library's own Linear styles (unsharded, and the
+// layouts its models' plans use) for float and double are declared here and compiled once, by the file that
+// includes <shardwise/nn/compile_kernels.hpp>: a plan's first sharded Linear then costs its file no second compile
+// of them (docs/build-time.md). A style of one's own, or other layouts, compile where they are used, as before.
+#define SHARDWISE_DETAIL_LINEAR_CORES(prefix, T)                               \
+  prefix template class linear_core<T, unsharded_linear>;                      \
+  prefix template class linear_core<T, ColwiseParallel<Replicate, Shard<-1>>>; \
+  prefix template class linear_core<T, ColwiseParallel<Shard<0>, Shard<-1>>>;  \
+  prefix template class linear_core<T, ColwiseParallel<Replicate, Replicate>>; \
+  prefix template class linear_core<T, RowwiseParallel<Shard<-1>, Replicate>>; \
+  prefix template class linear_core<T, RowwiseParallel<Shard<-1>, Shard<0>>>;
+#if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
+namespace shardwise::detail {
+SHARDWISE_DETAIL_LINEAR_CORES(extern, float)
+SHARDWISE_DETAIL_LINEAR_CORES(extern, double)
+}  // namespace shardwise::detail
+#endif

@@ -95,24 +95,11 @@ class norm_core : public layer_plumbing<T> {
     return c;
   }
 
-  norm_core(std::string_view path, std::size_t features, T eps)
-      : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", path), eps_(eps), features_(features) {
-    if (lazy_) return;  // sizes only: sw::materialize allocates
-    weight = vector::Ones(static_cast<Eigen::Index>(features));
-    if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
-    zero_grad();
-  }
+  norm_core(std::string_view path, std::size_t features, T eps);
 
   vector weight, weight_grad, bias, bias_grad;  // bias: LayerNorm only; gradients: finished (reduced) ones
 
-  void zero_grad() {
-    weight_grad.setZero(weight.size());
-    bias_grad.setZero(bias.size());
-    if constexpr (sequence_parallel) {
-      pending_weight_grad_.setZero(weight.size());
-      pending_bias_grad_.setZero(bias.size());
-    }
-  }
+  void zero_grad();
 
   template <class Mesh>
   void shardwise_parallelize(Mesh const& mesh) {
@@ -120,48 +107,15 @@ class norm_core : public layer_plumbing<T> {
   }
 
   /// A lazily constructed norm allocates its (replicated) parameters: zeros, to be filled from a checkpoint.
-  void shardwise_materialize() {
-    if (!lazy_) return;
-    weight.setZero(static_cast<Eigen::Index>(features_));
-    if constexpr (Kind == norm_kind::layer) bias.setZero(static_cast<Eigen::Index>(features_));
-    lazy_ = false;
-    zero_grad();
-  }
+  void shardwise_materialize();
 
   /// Forward on this rank's [tokens, features] (the typed norm has checked the input's layout).
-  Activation<T, layout> forward_local(matrix const& x) {
-    this->require_ready(false);  // a norm communicates nothing
-    saved_input_ = x;
-    Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
-    rstd_.resize(saved_input_.rows());
-    if constexpr (Kind == norm_kind::layer) {
-      mean_.resize(saved_input_.rows());
-      nn::layer_norm_forward<T>(saved_input_, weight, bias, eps_, y.local, mean_, rstd_);
-    } else {
-      nn::rms_norm_forward<T>(saved_input_, weight, eps_, y.local, rstd_);
-    }
-    return y;
-  }
+  Activation<T, layout> forward_local(matrix const& x);
 
   /// Backward; the gradient given is in the norm's layout or Partial<Sum> (reduced into it here first).
   template <class P>
   Activation<T, layout> backward(Activation<T, P> const& dy_given) {
-    char const* name = Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm";
-    auto&& dy_local = gradient_in<layout>(group_.get(), dy_given, name, path_);
-    if (dy_local.rows() != saved_input_.rows() || dy_local.cols() != saved_input_.cols())
-      fail("shardwise::", name, " at \"", path_, "\": backward got a gradient of ", dy_local.rows(), "x",
-           dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
-           "; pass the gradient of this norm's last output");
-    Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
-    // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
-    vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
-    [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
-    if (dweight.size() != weight.size()) zero_grad();  // a materialized norm's first backward
-    if constexpr (Kind == norm_kind::layer)
-      nn::layer_norm_backward<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local, dweight, dbias);
-    else
-      nn::rms_norm_backward<T>(saved_input_, weight, dy_local, rstd_, dx.local, dweight);
-    return dx;
+    return backward_from(gradient_in<layout>(group_.get(), dy_given, this->kind_, path_));
   }
 
   /// The parameters with their gradients; under SequenceParallel the gradients are Partial until reduced
@@ -184,10 +138,75 @@ class norm_core : public layer_plumbing<T> {
     return p;
   }
 
+  Activation<T, layout> backward_from(matrix const& dy_local);
+
   matrix saved_input_;
   vector mean_, rstd_;
   vector pending_weight_grad_, pending_bias_grad_;  // SequenceParallel: this rank's partial sums, not reduced yet
 };
+
+// The members that do the work, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take the library's
+// layouts' cores from shardwise::separate_kernels (see the end of this file).
+template <class T, class Layout, norm_kind Kind>
+norm_core<T, Layout, Kind>::norm_core(std::string_view path, std::size_t features, T eps)
+    : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", path), eps_(eps), features_(features) {
+  if (lazy_) return;  // sizes only: sw::materialize allocates
+  weight = vector::Ones(static_cast<Eigen::Index>(features));
+  if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
+  zero_grad();
+}
+
+template <class T, class Layout, norm_kind Kind>
+void norm_core<T, Layout, Kind>::zero_grad() {
+  weight_grad.setZero(weight.size());
+  bias_grad.setZero(bias.size());
+  if constexpr (sequence_parallel) {
+    pending_weight_grad_.setZero(weight.size());
+    pending_bias_grad_.setZero(bias.size());
+  }
+}
+
+template <class T, class Layout, norm_kind Kind>
+void norm_core<T, Layout, Kind>::shardwise_materialize() {
+  if (!lazy_) return;
+  weight.setZero(static_cast<Eigen::Index>(features_));
+  if constexpr (Kind == norm_kind::layer) bias.setZero(static_cast<Eigen::Index>(features_));
+  lazy_ = false;
+  zero_grad();
+}
+
+template <class T, class Layout, norm_kind Kind>
+auto norm_core<T, Layout, Kind>::forward_local(matrix const& x) -> Activation<T, layout> {
+  this->require_ready(false);  // a norm communicates nothing
+  saved_input_ = x;
+  Activation<T, layout> y{matrix(saved_input_.rows(), saved_input_.cols())};
+  rstd_.resize(saved_input_.rows());
+  if constexpr (Kind == norm_kind::layer) {
+    mean_.resize(saved_input_.rows());
+    nn::layer_norm_forward<T>(saved_input_, weight, bias, eps_, y.local, mean_, rstd_);
+  } else {
+    nn::rms_norm_forward<T>(saved_input_, weight, eps_, y.local, rstd_);
+  }
+  return y;
+}
+
+template <class T, class Layout, norm_kind Kind>
+auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activation<T, layout> {
+  if (dy_local.rows() != saved_input_.rows() || dy_local.cols() != saved_input_.cols())
+    fail("shardwise::", this->kind_, " at \"", path_, "\": backward got a gradient of ", dy_local.rows(), "x",
+         dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
+         "; pass the gradient of this norm's last output");
+  Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
+  // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
+  vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
+  [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
+  if (dweight.size() != weight.size()) zero_grad();  // a materialized norm's first backward
+  if constexpr (Kind == norm_kind::layer)
+    nn::layer_norm_backward<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local, dweight, dbias);
+  else
+    nn::rms_norm_backward<T>(saved_input_, weight, dy_local, rstd_, dx.local, dweight);
+  return dx;
+}
 
 /// A norm at a place in the plan (Location: its style, path and the whole plan): the core of its layout, with
 /// the compile-time checks that name the path.
@@ -241,3 +260,18 @@ class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
 };
 
 }  // namespace shardwise
+
+// With SHARDWISE_SEPARATE_KERNELS defined, the norms' cores in the layouts the library's styles give them
+// (whole, and cut along the sequence) for float and double are declared here and compiled once, by the file
+// that includes <shardwise/nn/compile_kernels.hpp> (docs/build-time.md).
+#define SHARDWISE_DETAIL_NORM_CORES(prefix, T)                     \
+  prefix template class norm_core<T, Replicate, norm_kind::layer>; \
+  prefix template class norm_core<T, Replicate, norm_kind::rms>;   \
+  prefix template class norm_core<T, Shard<0>, norm_kind::layer>;  \
+  prefix template class norm_core<T, Shard<0>, norm_kind::rms>;
+#if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
+namespace shardwise::detail {
+SHARDWISE_DETAIL_NORM_CORES(extern, float)
+SHARDWISE_DETAIL_NORM_CORES(extern, double)
+}  // namespace shardwise::detail
+#endif
