@@ -1,9 +1,9 @@
 #pragma once
 // Compiles the nn kernels (functional.hpp, functional_elementwise.hpp, functional_attention.hpp) and the cores of
-// the library's Linear, Embedding and norm styles (linear.hpp, embedding.hpp, norm.hpp) for float and double. Include
-// it in exactly one .cpp file of a program whose other files define SHARDWISE_SEPARATE_KERNELS: they then call these
-// instead of compiling their own copies, which is most of a model file's build time (docs/build-time.md). CMake's
-// shardwise::separate_kernels target does both.
+// the library's Linear, Embedding and norm styles (linear.hpp, embedding.hpp, norm.hpp) and AdamW (optim.hpp) for float
+// and double. Include it in exactly one .cpp file of a program whose other files define SHARDWISE_SEPARATE_KERNELS:
+// they then call these instead of compiling their own copies, which is most of a model file's build time
+// (docs/build-time.md). CMake's shardwise::separate_kernels target does both.
 #if defined(SHARDWISE_DETAIL_FUNCTIONAL_KERNELS)
 #error "shardwise: include <shardwise/nn/compile_kernels.hpp> before any other shardwise header of its file"
 #endif
@@ -13,6 +13,7 @@
 #include "shardwise/nn/functional_attention.hpp"
 #include "shardwise/nn/linear.hpp"
 #include "shardwise/nn/norm.hpp"
+#include "shardwise/nn/optim.hpp"
 
 namespace shardwise::detail {
 template <>
@@ -36,3 +37,8 @@ SHARDWISE_DETAIL_NORM_CORES(, double)
 SHARDWISE_DETAIL_EMBEDDING_CORES(, float)
 SHARDWISE_DETAIL_EMBEDDING_CORES(, double)
 }  // namespace shardwise::detail
+
+namespace shardwise {
+SHARDWISE_DETAIL_OPTIMIZER(, float)
+SHARDWISE_DETAIL_OPTIMIZER(, double)
+}  // namespace shardwise

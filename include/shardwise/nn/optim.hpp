@@ -280,13 +280,7 @@ class AdamW {
 
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
   /// The state of a fully sharded model's parameter `index`: made on first use, then checked against its shard.
-  slice& shard_slice(std::size_t index, std::string_view name, std::size_t count) {
-    slice& s = slices_.size() == index ? slice_of(index, std::string(name), count, 1, 0) : slices_[index];
-    if (s.count != count)
-      detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
-                   "\") does not fit its shard; use one optimizer per model");
-    return s;
-  }
+  slice& shard_slice(std::size_t index, std::string_view name, std::size_t count);
 
   /// One step, with the squared norm also summed by sum_over_stages (over the pipeline axis, or nothing).
   template <class Model, class DataMesh, class SumOverStages>
@@ -312,25 +306,7 @@ class AdamW {
   /// first-level cache, each block's arithmetic vectorised in the order of the scalar formula (exact square
   /// roots and divisions), so the result is the scalar loop's bit for bit wherever the compiler does not fuse
   /// multiply-adds (x86-64's default target; with -march=native and -ffp-contract=fast it may fuse either).
-  void adam_update(slice& s, T* w, T const* g, T clip) {
-    using array = Eigen::Array<T, Eigen::Dynamic, 1>;
-    T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
-    T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
-    T const lr = s.learning_rate, decay = s.weight_decay, beta1 = options_.beta1, beta2 = options_.beta2;
-    constexpr std::size_t block = 512;
-    alignas(64) T root[block];  // sqrt(v / correction2) of one block
-    for (std::size_t start = 0; start < s.count; start += block) {
-      std::size_t const count = std::min(block, s.count - start);
-      auto const n = static_cast<Eigen::Index>(count);
-      Eigen::Map<array> weight(w + start, n), m(s.m.data() + start, n), v(s.v.data() + start, n), r(root, n);
-      Eigen::Map<array const> const grad(g + start, n);
-      m = beta1 * m + (T(1) - beta1) * (grad * clip);
-      v = beta2 * v + (T(1) - beta2) * (grad * clip) * (grad * clip);
-      r = v / correction2;
-      detail::exact_square_roots(root, count);
-      weight = (weight - lr * decay * weight) - (lr * (m / correction1)) / (r + options_.eps);
-    }
-  }
+  void adam_update(slice& s, T* w, T const* g, T clip);
 
   /// One parameter as a step sees it. The step walks the model once to list them and runs on the list, so its
   /// collectives and arithmetic are compiled once per data mesh, not once per parameter type (most of a training
@@ -347,15 +323,7 @@ class AdamW {
   /// Lists every parameter with its finished gradient (allocated if a lazy load left none), in the order of the
   /// slices; no names are built. A gradient not sharded over tp is the same on every tp rank, so only tp rank 0
   /// counts it; a mirrored one (another stage's copy) counts there.
-  void list_parameters(std::vector<detail::listed_parameter<T>> const& listed) {
-    parameters_.clear();
-    for (auto const& p : listed) {
-      bool const counted = p.mirror_of.empty() && (p.sharded || (p.group ? p.group->rank() : 0) == 0);
-      auto const grad = p.finished_grad();
-      parameters_.push_back(
-          {p.value.data(), grad.data(), p.value.size(), grad.size(), counted, static_cast<T>(p.copies), p.group});
-    }
-  }
+  void list_parameters(std::vector<detail::listed_parameter<T>> const& listed);
 
   /// Averages the listed gradients over data parallelism (ZeRO-1: reduce-scatters this rank's slice) and returns
   /// the global norm.
@@ -409,38 +377,9 @@ class AdamW {
 
   /// The state of listed parameter `index` (made on first use), checked against the parameter: a fitting state
   /// is not proof of the same model, but a misfit is proof of another.
-  slice& state_of(std::size_t index, detail::listed_parameter<T> const& p, int dp_size, int dp_rank) {
-    slice& s = slice_of(index, p.name, p.value.size(), dp_size, dp_rank);
-    if (s.start + s.count > p.value.size())
-      detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", p.name,
-                   "\") does not fit it; use one optimizer per model");
-    return s;
-  }
+  slice& state_of(std::size_t index, detail::listed_parameter<T> const& p, int dp_size, int dp_rank);
 
-  slice& slice_of(std::size_t index, std::string const& name, std::size_t n, int dp_size, int dp_rank) {
-    if (index == slices_.size()) {
-      slice s;
-      if (options_.zero1) {
-        s.start = chunk_offset(n, static_cast<std::size_t>(dp_size), static_cast<std::size_t>(dp_rank));
-        s.count = chunk_size(n, static_cast<std::size_t>(dp_size), static_cast<std::size_t>(dp_rank));
-      } else {
-        s.count = n;
-      }
-      s.weight_decay = options_.weight_decay;
-      s.learning_rate = options_.learning_rate;
-      for (auto const& group : options_.groups)
-        if (group.matches && group.matches(name)) {
-          s.weight_decay = group.weight_decay;
-          s.learning_rate = group.learning_rate.value_or(options_.learning_rate);
-          break;
-        }
-      s.m.assign(s.count, T(0));
-      s.v.assign(s.count, T(0));
-      if (options_.zero1 && dp_size > 1) s.grad.resize(static_cast<Eigen::Index>(s.count));  // only ZeRO-1 uses it
-      slices_.push_back(std::move(s));
-    }
-    return slices_[index];
-  }
+  slice& slice_of(std::size_t index, std::string const& name, std::size_t n, int dp_size, int dp_rank);
 
   AdamWOptions<T> options_;
   std::size_t steps_ = 0;
@@ -449,4 +388,95 @@ class AdamW {
   std::vector<step_parameter> parameters_;  // this step's, kept so that a step does not allocate the list
 };
 
+// The working members, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take AdamW<float> and
+// AdamW<double> from shardwise::separate_kernels (see the end of this file).
+template <class T>
+auto AdamW<T>::shard_slice(std::size_t index, std::string_view name, std::size_t count) -> slice& {
+  slice& s = slices_.size() == index ? slice_of(index, std::string(name), count, 1, 0) : slices_[index];
+  if (s.count != count)
+    detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", name,
+                 "\") does not fit its shard; use one optimizer per model");
+  return s;
+}
+
+template <class T>
+void AdamW<T>::adam_update(slice& s, T* w, T const* g, T clip) {
+  using array = Eigen::Array<T, Eigen::Dynamic, 1>;
+  T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
+  T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
+  T const lr = s.learning_rate, decay = s.weight_decay, beta1 = options_.beta1, beta2 = options_.beta2;
+  constexpr std::size_t block = 512;
+  alignas(64) T root[block];  // sqrt(v / correction2) of one block
+  for (std::size_t start = 0; start < s.count; start += block) {
+    std::size_t const count = std::min(block, s.count - start);
+    auto const n = static_cast<Eigen::Index>(count);
+    Eigen::Map<array> weight(w + start, n), m(s.m.data() + start, n), v(s.v.data() + start, n), r(root, n);
+    Eigen::Map<array const> const grad(g + start, n);
+    m = beta1 * m + (T(1) - beta1) * (grad * clip);
+    v = beta2 * v + (T(1) - beta2) * (grad * clip) * (grad * clip);
+    r = v / correction2;
+    detail::exact_square_roots(root, count);
+    weight = (weight - lr * decay * weight) - (lr * (m / correction1)) / (r + options_.eps);
+  }
+}
+template <class T>
+void AdamW<T>::list_parameters(std::vector<detail::listed_parameter<T>> const& listed) {
+  parameters_.clear();
+  for (auto const& p : listed) {
+    bool const counted = p.mirror_of.empty() && (p.sharded || (p.group ? p.group->rank() : 0) == 0);
+    auto const grad = p.finished_grad();
+    parameters_.push_back(
+        {p.value.data(), grad.data(), p.value.size(), grad.size(), counted, static_cast<T>(p.copies), p.group});
+  }
+}
+template <class T>
+auto AdamW<T>::state_of(std::size_t index, detail::listed_parameter<T> const& p, int dp_size, int dp_rank) -> slice& {
+  slice& s = slice_of(index, p.name, p.value.size(), dp_size, dp_rank);
+  if (s.start + s.count > p.value.size())
+    detail::fail("shardwise::AdamW: the state of parameter ", index, " (\"", p.name,
+                 "\") does not fit it; use one optimizer per model");
+  return s;
+}
+template <class T>
+auto AdamW<T>::slice_of(std::size_t index, std::string const& name, std::size_t n, int dp_size, int dp_rank) -> slice& {
+  if (index == slices_.size()) {
+    slice s;
+    if (options_.zero1) {
+      s.start = chunk_offset(n, static_cast<std::size_t>(dp_size), static_cast<std::size_t>(dp_rank));
+      s.count = chunk_size(n, static_cast<std::size_t>(dp_size), static_cast<std::size_t>(dp_rank));
+    } else {
+      s.count = n;
+    }
+    s.weight_decay = options_.weight_decay;
+    s.learning_rate = options_.learning_rate;
+    for (auto const& group : options_.groups)
+      if (group.matches && group.matches(name)) {
+        s.weight_decay = group.weight_decay;
+        s.learning_rate = group.learning_rate.value_or(options_.learning_rate);
+        break;
+      }
+    s.m.assign(s.count, T(0));
+    s.v.assign(s.count, T(0));
+    if (options_.zero1 && dp_size > 1) s.grad.resize(static_cast<Eigen::Index>(s.count));  // only ZeRO-1 uses it
+    slices_.push_back(std::move(s));
+  }
+  return slices_[index];
+}
+
 }  // namespace shardwise
+
+// With SHARDWISE_SEPARATE_KERNELS defined, AdamW's working members and the gradients' finishing (nn/walk.hpp) for
+// float and double are declared here and compiled once, by the file that includes
+// <shardwise/nn/compile_kernels.hpp> (docs/build-time.md).
+#define SHARDWISE_DETAIL_OPTIMIZER(prefix, T)                                          \
+  prefix template class AdamW<T>;                                                      \
+  prefix template void detail::exact_square_roots<T>(T*, std::size_t);                 \
+  prefix template T detail::sum_of_squares<T>(T const*, std::size_t);                  \
+  prefix template void detail::sum_over_copies<T>(detail::listed_parameter<T> const&); \
+  prefix template void detail::finish_gradient<T>(detail::listed_parameter<T> const&);
+#if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
+namespace shardwise {
+SHARDWISE_DETAIL_OPTIMIZER(extern, float)
+SHARDWISE_DETAIL_OPTIMIZER(extern, double)
+}  // namespace shardwise
+#endif
