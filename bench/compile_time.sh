@@ -7,12 +7,16 @@
 # --before REV the same files are also compiled against REV's headers. Each time is the fastest of --repeat runs
 # (default 2), in seconds; run it on a quiet machine. With --per-plan it times instead what each plan adds to a
 # program: bench/eight_variants.cpp with 1 to 4 plans in float (-DSHARDWISE_BENCH_PLANS=n), -O2, both libraries.
+# With --alternate (and --before) it compiles each file against REV's headers and this tree's in turn, --repeat
+# times, -O2 with both libraries, and prints every time: on a machine whose speed drifts from hour to hour, pairs
+# taken minutes apart compare what one-off timings cannot.
 #
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
 #   bench/compile_time.sh --per-plan [--before REV] [--repeat N]
+#   bench/compile_time.sh --alternate --before REV [--repeat N] [--files "..."]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan=""
+before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan="" alternate=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;
@@ -20,6 +24,7 @@ while [ $# -gt 0 ]; do
     --compiler) cxx=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
     --per-plan) per_plan=1; shift ;;
+    --alternate) alternate=1; shift ;;
     *) echo "compile_time.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +55,21 @@ printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
+if [ -n "$alternate" ]; then
+  [ -n "$before" ] || { echo "compile_time.sh: --alternate needs --before REV" >&2; exit 2; }
+  echo "| file (-O2, both libraries) | before ($before), each run | after (this tree), each run |"
+  echo "|---|---|---|"
+  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME"
+  for source in $files; do
+    old="" new=""
+    for _ in $(seq "$repeat"); do
+      old="$old${old:+, }$(repeat=1 fastest "$work/before/include" "$here/$source" $libraries)"
+      new="$new${new:+, }$(repeat=1 fastest "$here/include" "$here/$source" $libraries)"
+    done
+    echo "| \`$source\` | $old | $new |"
+  done
+  exit 0
+fi
 if [ -n "$per_plan" ]; then
   echo "| plans in bench/eight_variants.cpp (float, -O2, both libraries) | before | added | after | added |"
   echo "|---|---:|---:|---:|---:|"
