@@ -1,7 +1,7 @@
 #pragma once
 // Tensor parallelism against the unsharded run of the same code: every style, the feed-forward and attention
-// blocks, sequence-parallel norms, both embedding styles and loss parallel. Forward output, input gradient and
-// every parameter gradient must match (fp64: 1e-12, fp32: 1e-5, relative to the largest entry).
+// blocks, sequence-parallel norms, both embedding styles, loss parallel and every activation move. Forward output,
+// input gradient and every parameter gradient must match (fp64: 1e-12, fp32: 1e-5, relative to the largest entry).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,6 +35,7 @@ M<T> random_matrix(Eigen::Index rows, Eigen::Index cols, std::uint64_t seed) {
 template <class A, class B>
 double relative_error(A const& got, B const& expected) {
   if (got.rows() != expected.rows() || got.cols() != expected.cols()) return 1e300;
+  if (expected.size() == 0) return 0;  // an empty piece (more ranks than rows or columns)
   double const scale = std::max(1e-30, static_cast<double>(expected.cwiseAbs().maxCoeff()));
   return static_cast<double>((got - expected).cwiseAbs().maxCoeff()) / scale;
 }
@@ -382,6 +383,84 @@ void check_blocks(Mesh const& tp) {
   }
 }
 
+/// torch.chunk's piece `rank` of `n` along dim (ceil(total / n) each, the last ranks the rest), cut with Eigen
+/// blocks: the reference for uneven activations.
+template <class T>
+M<T> chunk_of(M<T> const& full, int dim, int rank, int n) {
+  Eigen::Index const total = dim == 0 ? full.rows() : full.cols();
+  Eigen::Index const piece = (total + n - 1) / n;
+  Eigen::Index const first = std::min<Eigen::Index>(rank * piece, total);
+  Eigen::Index const size = std::min<Eigen::Index>(piece, total - first);
+  return dim == 0 ? M<T>(full.middleRows(first, size)) : M<T>(full.middleCols(first, size));
+}
+template <class P, class T>
+M<T> chunk_in(M<T> const& full, int rank, int n) {
+  using N = sw::detail::normalize_2d_t<P>;
+  if constexpr (sw::is_shard_v<N>)
+    return chunk_of(full, N::dim, rank, n);
+  else
+    return full;
+}
+
+/// One activation move, From to To, on a [7, 5] activation (sizes no tp size above 1 divides): this rank's
+/// result equals its piece of the unsharded activation, and the layers' collective count equals what the cost
+/// model says the move transfers (sw::redistribute and module boundaries run the same rule).
+template <class T, class From, class To, class Mesh>
+void check_one_move(Mesh const& tp, char const* what) {
+  INFO("redistribute " << what);
+  int const n = tp.size(), r = tp.rank();
+  M<T> whole = random_matrix<T>(7, 5, 90);
+  M<T> local;
+  if constexpr (sw::is_partial_v<From>) {  // each rank a summand; the whole is their sum
+    whole.setZero();
+    for (int k = 0; k < n; ++k) {
+      M<T> const summand = random_matrix<T>(7, 5, 91 + static_cast<std::uint64_t>(k));
+      whole += summand;
+      if (k == r) local = summand;
+    }
+  } else {
+    local = chunk_in<From>(whole, r, n);
+  }
+  sw::count_collectives counted;
+  auto const moved = sw::redistribute<To>(tp, sw::Activation<T, From>{local});
+  NN_CHECK_CLOSE(moved.local, chunk_in<To>(whole, r, n), "values");
+  sw::transfer_list<> predicted;
+  sw::cost_inputs const s{.tokens = 7, .tp = static_cast<std::size_t>(n), .tp_rank = static_cast<std::size_t>(r)};
+  sw::detail::add_redistribute<From, To>(predicted, 7, 5, sizeof(T), s);
+  auto const& c = counted.count();
+  CHECK(c.all_gather == predicted.calls(sw::transfer_kind::all_gather));
+  CHECK(c.all_gather_bytes == predicted.bytes(sw::transfer_kind::all_gather));
+  CHECK(c.all_to_all == predicted.calls(sw::transfer_kind::all_to_all));
+  CHECK(c.all_to_all_bytes == predicted.bytes(sw::transfer_kind::all_to_all));
+  CHECK(c.all_reduce == predicted.calls(sw::transfer_kind::all_reduce));
+  CHECK(c.all_reduce_bytes == predicted.bytes(sw::transfer_kind::all_reduce));
+  CHECK(c.reduce_scatter == predicted.calls(sw::transfer_kind::reduce_scatter));
+  CHECK(c.reduce_scatter_bytes == predicted.bytes(sw::transfer_kind::reduce_scatter));
+}
+
+template <class T, class Mesh>
+void check_moves(Mesh const& tp) {
+  using R = sw::Replicate;
+  using S0 = sw::Shard<0>;
+  using S1 = sw::Shard<-1>;
+  using P = sw::Partial<sw::Sum>;
+  check_one_move<T, R, R>(tp, "Replicate -> Replicate");
+  check_one_move<T, R, S0>(tp, "Replicate -> Shard<0>");
+  check_one_move<T, R, S1>(tp, "Replicate -> Shard<-1>");
+  check_one_move<T, S0, R>(tp, "Shard<0> -> Replicate");
+  check_one_move<T, S0, S1>(tp, "Shard<0> -> Shard<-1>");
+  check_one_move<T, S1, R>(tp, "Shard<-1> -> Replicate");
+  check_one_move<T, S1, S0>(tp, "Shard<-1> -> Shard<0>");
+  check_one_move<T, P, R>(tp, "Partial -> Replicate");
+  check_one_move<T, P, S0>(tp, "Partial -> Shard<0>");
+  check_one_move<T, P, S1>(tp, "Partial -> Shard<-1>");
+  // A Shard<0> <-> Shard<-1> move is one all-to-all (DTensor's rule), not a gather and a slice.
+  sw::transfer_list<> list;
+  sw::detail::add_redistribute<S0, S1>(list, 8, 8, sizeof(T), {.tokens = 8, .tp = 2});
+  CHECK(list.calls() == 1);
+  CHECK(list.calls(sw::transfer_kind::all_to_all) == 1);
+}
+
 template <class T, class World>
 void check_all(World const& world) {
   auto const tp = sw::make_mesh<"tp">(world, {world.size()});
@@ -399,6 +478,7 @@ void check_all(World const& world) {
   check_sequence_parallel_norm<T, sw::RMSNorm>(tp, "RMSNorm");
   check_loss_parallel<T>(tp);
   check_blocks<T>(tp);
+  check_moves<T>(tp);
 }
 
 }  // namespace nn_cases

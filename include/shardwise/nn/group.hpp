@@ -19,15 +19,17 @@ namespace shardwise {
 /// What the layers' collectives moved on this rank: calls and bytes (of each call's input) by kind.
 struct collective_count {
   /// @{ Calls of each kind.
-  std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0;
+  std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
   /// @}
   /// @{ Bytes of each kind's inputs on this rank.
-  std::size_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
+  std::size_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, all_to_all_bytes = 0;
   /// @}
   /// Calls of every kind.
-  [[nodiscard]] std::size_t calls() const { return all_reduce + all_gather + reduce_scatter; }
+  [[nodiscard]] std::size_t calls() const { return all_reduce + all_gather + reduce_scatter + all_to_all; }
   /// Bytes of every kind.
-  [[nodiscard]] std::size_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes; }
+  [[nodiscard]] std::size_t bytes() const {
+    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + all_to_all_bytes;
+  }
 };
 
 namespace detail {
@@ -77,6 +79,9 @@ class group {
   virtual void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
   /// Sums `in` over the ranks and leaves this rank's torch.chunk piece along `dim` in `out`.
   virtual void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const = 0;
+  /// Cuts `in` into the ranks' torch.chunk pieces along `split_dim`, sends piece j to rank j and concatenates what
+  /// each rank sent along `concat_dim` into `out` (an activation cut along one dimension, re-cut along the other).
+  virtual void all_to_all(matrix<T> const& in, matrix<T>& out, int split_dim, int concat_dim) const = 0;
   /// all_gather on bfloat16 values: for a style that moves activations in 16 bits (tests/test_custom_style.cpp).
   virtual void all_gather_bf16(matrix<Eigen::bfloat16> const& in, matrix<Eigen::bfloat16>& out, int dim) const = 0;
 
@@ -128,6 +133,12 @@ class group_of final : public group<T> {
     out.resize(gathered.rows(), gathered.cols());
     std::memcpy(static_cast<void*>(out.data()), gathered.data(),
                 static_cast<std::size_t>(gathered.size()) * sizeof(std::uint16_t));
+  }
+  /// See group.
+  void all_to_all(matrix<T> const& in, matrix<T>& out, int split_dim, int concat_dim) const override {
+    if (auto* c = detail::layer_collective_counter())
+      ++c->all_to_all, c->all_to_all_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
+    detail::all_to_all_on(mesh_.comm(0), in, out, split_dim, concat_dim);
   }
   /// See group.
   void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const override {
