@@ -1,6 +1,7 @@
 // What one Llama block's backward sends, and how long it takes, at TP 2 on the thread mesh: with and without
-// sequence parallelism, at the tests' size and at a realistic one (dim 1024). Counts come from
-// sw::count_collectives (calls and bytes of each call's input, per rank); times are medians of --repeats runs.
+// sequence parallelism, at the tests' size and at a realistic one (dim 1024). Counts come from a counting mesh
+// (sw::counting, summed by sw::count_of: calls and bytes of each call's input, per rank); times are medians of
+// --repeats runs.
 //
 //   bench_block_comm [--repeats 5] [--smoke]
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <shardwise/mesh/counting.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <vector>
@@ -49,7 +51,8 @@ void measure(char const* size_name, models::LlamaConfig const& c, std::size_t to
   sw::collective_count counted;
   sw::run_threads(2, [&](auto& world) {
     openblas_set_num_threads(1);
-    auto const tp = sw::make_mesh<"tp">(world, {2});
+    auto counted_world = sw::counting(world);
+    auto const tp = sw::make_mesh<"tp">(counted_world, {2});
     OneBlock<block_plan<SequenceParallel>> model(c);
     sw::parallelize(model, tp);
     auto& block = model.layers[0];
@@ -61,11 +64,12 @@ void measure(char const* size_name, models::LlamaConfig const& c, std::size_t to
     using Stream = std::conditional_t<SequenceParallel, sw::Shard<0>, sw::Replicate>;
     for (int r = 0; r < repeats + 1; ++r) {
       (void)block.forward(sw::Activation<float, Stream>{x});
-      sw::count_collectives counter;
+      counted_world.log().clear();
       auto const start = Clock::now();
       auto const dx = block.backward(sw::Activation<float, Stream>{dy});
       double const seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (world.rank() == 0 && r > 0) times.push_back(seconds), counted = counter.count();  // r 0: warm-up
+      if (world.rank() == 0 && r > 0)  // r 0: warm-up
+        times.push_back(seconds), counted = sw::count_of(counted_world.log().entries());
       (void)dx;
     }
   });

@@ -1,5 +1,6 @@
 // A parallel style written in the test, not in the library (cases/custom_style_cases.hpp), on the thread mesh at
-// 1, 2 and 4 ranks; test_mpi_custom_style.cpp runs the same cases under mpiexec. And a norm style of the test's own.
+// 1, 2 and 4 ranks; test_mpi_custom_style.cpp runs the same cases under mpiexec. And a norm style and a module
+// style of the test's own.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -13,6 +14,13 @@ TEST_CASE("a style written outside the library trains like the unsharded block, 
   for (int n : {1, 2, 4}) {
     INFO("ranks: ", n);
     worlds::run_threads(n, [](auto& world) { custom_style_cases::trains_like_the_unsharded_block(world); });
+  }
+}
+
+TEST_CASE("a module style written outside the library moves the module's input at its boundary, threads") {
+  for (int n : {1, 2, 4}) {
+    INFO("ranks: ", n);
+    worlds::run_threads(n, [](auto& world) { custom_style_cases::module_style_at_a_boundary(world); });
   }
 }
 

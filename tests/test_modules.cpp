@@ -5,6 +5,7 @@
 // all-reduce. Thread mesh.
 #include <doctest/doctest.h>
 
+#include <shardwise/mesh/counting.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 
@@ -64,17 +65,18 @@ TEST_CASE("One Llama block: the collectives it sends per rank, and the same numb
     using Stream = typename block_plan_of<sp>::stream;
     INFO((sp ? "TP 2 with sequence parallelism" : "TP 2"));
     sw::run_threads(2, [&](auto& world) {
-      auto const tp = sw::make_mesh<"tp">(world, {2});
+      auto counted = sw::counting(world);
+      auto const tp = sw::make_mesh<"tp">(counted, {2});
       OneBlock<Plan> model(c);
       sw::parallelize(model, tp);
       auto& block = model.layers[0];
       Eigen::Index const rows = sp ? 8 : 16, first = sp ? 8 * tp.rank() : 0;
-      sw::count_collectives forward_count;
+      counted.log().clear();
       auto const y = block.forward(sw::Activation<float, Stream>{x.middleRows(first, rows)});
-      auto const f = forward_count.count();
-      sw::count_collectives backward_count;
+      auto const f = sw::count_of(counted.log().entries());
+      counted.log().clear();
       auto const dx = block.backward(sw::Activation<float, Stream>{dy.middleRows(first, rows)});
-      auto const b = backward_count.count();
+      auto const b = sw::count_of(counted.log().entries());
       CHECK((y.local - y0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= 1e-5f);
       CHECK((dx.local - dx0.local.middleRows(first, rows)).cwiseAbs().maxCoeff() <= 1e-5f);
       if (sp) {  // two PrepareModuleInput all-gathers and two reduce-scatters (wo, w2) forward; conjugates back

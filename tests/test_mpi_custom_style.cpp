@@ -12,6 +12,10 @@ TEST_CASE("a style written outside the library trains like the unsharded block, 
   custom_style_cases::trains_like_the_unsharded_block(worlds::mpi());
 }
 
+TEST_CASE("a module style written outside the library moves the module's input at its boundary, MPI mesh") {
+  custom_style_cases::module_style_at_a_boundary(worlds::mpi());
+}
+
 TEST_CASE("a style written outside the library round-trips a sharded checkpoint, MPI mesh") {
   auto const world = worlds::mpi();
   auto const dir = std::filesystem::current_path() / ("custom_style_mpi_" + std::to_string(world.size()));

@@ -13,7 +13,6 @@
 #include "shardwise/nn/norm.hpp"
 #include "shardwise/nn/optim.hpp"
 #include "shardwise/nn/parameter.hpp"
-#include "shardwise/nn/prepare.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/styles.hpp"
 #include "shardwise/nn/tie.hpp"

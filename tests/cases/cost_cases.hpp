@@ -26,6 +26,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/transfers.hpp"
+
 namespace cost_cases {
 namespace sw = shardwise;
 namespace models = shardwise::models;
@@ -111,12 +113,6 @@ std::size_t held_activation_bytes(Model& model) {
   sw::detail::for_each_layer(model, add);
   sw::detail::for_each_module(model, add);
   return bytes;
-}
-
-inline std::string listed(std::vector<sw::transfer> const& entries) {
-  std::ostringstream out;
-  for (auto const& t : entries) out << "  " << t << '\n';
-  return out.str();
 }
 
 /// One block at the world's size as tp, sequence parallel or not: forward and backward recorded against the

@@ -7,6 +7,8 @@
 //   data already in bfloat16's precision, so the low-precision gather moves it exactly;
 // - what the counting mesh records equals the layers' costs, and the gathers move 2 bytes a value;
 // - a sharded checkpoint round trip restores every parameter bit for bit.
+// And a module style written here (sw::module_style): the same block's input gathered in bfloat16 at its
+// boundary by sw::forward, checked against the unsharded block and the counting mesh against sw::call_cost.
 #include <doctest/doctest.h>
 
 #include <Eigen/Core>
@@ -22,6 +24,7 @@
 
 #include "../../examples/bf16_style.hpp"
 #include "../../examples/blocks.hpp"
+#include "support/transfers.hpp"
 
 namespace custom_style_cases {
 
@@ -113,6 +116,67 @@ void trains_like_the_unsharded_block(World const& world) {
     sw::zero_grad(serial);
   }
   check_parameters(sharded, serial, rank, n, "after five AdamW steps");
+}
+
+/// A module style written here, not in the library (sw::module_style): the module's sequence-cut input is
+/// gathered at its boundary in bfloat16, by the same mover; the gradient goes back the library's way.
+struct Bf16PrepareInput {
+  using input_layouts = sw::Shard<0>;
+  using desired_input_layouts = sw::Replicate;
+  using mover = bf16_style::bf16_gather_mover;
+};
+static_assert(sw::module_style<Bf16PrepareInput> &&
+              sw::module_style<sw::PrepareModuleOutput<sw::Shard<0>, sw::Replicate>>);
+static_assert(!sw::module_style<sw::ColwiseParallel<>> && !sw::module_style<sw::SequenceParallel<>>);
+
+template <class T, class Plan>
+struct WithFeedForward {
+  blocks::FeedForward<T, sw::subplan<Plan, "feed_forward">> feed_forward;
+  SHARDWISE_CHILDREN(feed_forward)
+  WithFeedForward(std::size_t d, std::size_t h, std::uint64_t seed) : feed_forward(d, h, seed) {}
+};
+using ModulePlan = sw::plan<sw::at<"feed_forward", Bf16PrepareInput>, sw::at<"feed_forward.w1", sw::ColwiseParallel<>>,
+                            sw::at<"feed_forward.w3", sw::ColwiseParallel<>>,
+                            sw::at<"feed_forward.w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>>;
+
+/// sw::forward / sw::backward apply the module style at the boundary: the results equal the unsharded block's
+/// (fp64, 1e-12: the input is in bfloat16's precision), and the counting mesh's record equals the module's
+/// call cost (sw::call_cost, which asks the style's mover), its first gather moving 2 bytes a value.
+template <class World>
+void module_style_at_a_boundary(World const& world) {
+  int const n = world.size(), rank = world.rank();
+  auto counted = sw::counting(world);
+  auto const tp = sw::make_mesh<"tp">(counted, {n});
+  WithFeedForward<double, ModulePlan> model(dim, hidden, 5);
+  SerialBlock serial(dim, hidden, 5);
+  sw::parallelize(model, tp);
+  matrix const x = bf16_data(tokens, dim, 300), dy = bf16_data(tokens, dim, 301);
+  counted.log().clear();
+  auto const y = sw::forward(model.feed_forward, sw::Activation<double, sw::Shard<0>>{rows_of(x, rank, n)});
+  auto const forward_record = counted.log().entries();
+  counted.log().clear();
+  auto const dx = sw::backward(model.feed_forward, sw::Activation<double, sw::Shard<0>>{rows_of(dy, rank, n)});
+  auto const backward_record = counted.log().entries();
+  CHECK(relative_error(y.local, rows_of(serial.forward(sw::Activation<double>{x}).local, rank, n)) <= 1e-12);
+  CHECK(relative_error(dx.local, rows_of(serial.backward(sw::Activation<double>{dy}).local, rank, n)) <= 1e-12);
+
+  using Module = decltype(model.feed_forward);
+  sw::cost_inputs const s{tokens, static_cast<std::size_t>(n), static_cast<std::size_t>(rank), "tp"};
+  sw::cost const c1 = decltype(model.feed_forward.w1)::shardwise_cost(dim, hidden, s);
+  sw::cost const c2 = decltype(model.feed_forward.w2)::shardwise_cost(hidden, dim, s);
+  sw::cost inner;
+  inner.forward.append(c1.forward).append(c1.forward).append(c2.forward);
+  inner.backward.append(c2.backward).append(c1.backward).append(c1.backward);
+  sw::cost const predicted = sw::call_cost<Module, double>(inner, dim, dim, s);
+  INFO("forward recorded:\n" << listed(forward_record) << "predicted:\n" << predicted.forward);
+  CHECK(forward_record == predicted.forward);
+  INFO("backward recorded:\n" << listed(backward_record) << "predicted:\n" << predicted.backward);
+  CHECK(backward_record == predicted.backward);
+  if (n > 1) {  // by hand: the boundary gathers this rank's tokens / n rows of dim values, 2 bytes each
+    REQUIRE(!forward_record.empty());
+    CHECK(forward_record.front().kind == sw::transfer_kind::all_gather);
+    CHECK(forward_record.front().bytes == tokens / static_cast<std::size_t>(n) * dim * 2);
+  }
 }
 
 /// Saved sharded, loaded into a block of other weights: every parameter bit for bit.

@@ -1,14 +1,17 @@
 #pragma once
 // Distributed tensors: distribute, distribute_from, from_local, full_tensor and redistribute between every
-// pair of layouts, on 1-D and 2-D meshes, checked against shards cut by the reference (test-side torch.chunk).
+// pair of layouts, on 1-D and 2-D meshes, checked against shards cut by the reference (test-side torch.chunk),
+// and each move's record on a counting mesh against its cost (sw::redistribute_cost).
 #include <algorithm>
 #include <array>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/adapters/xtensor.hpp>
+#include <shardwise/mesh/counting.hpp>
 #include <shardwise/shardwise.hpp>
 #include <tuple>
 
 #include "support/convert.hpp"
+#include "support/transfers.hpp"
 
 namespace cases {
 
@@ -89,9 +92,11 @@ void check_represents(D const& dt, ref::Array const& full, double tol) {
 template <class... L>
 struct layouts {};
 
-/// Every layout in From to every layout in To (Shard -> Partial excluded: not a redistribution).
+/// Every layout in From to every layout in To (Shard -> Partial excluded: not a redistribution): the values, and
+/// the move's record on the counting mesh under `mesh` against what redistribute_cost says it transfers.
 template <class T, class Mesh, class... From, class... To>
-void check_redistribute_pairs(Mesh const& mesh, ref::Array const& full, layouts<From...>, layouts<To...>) {
+void check_redistribute_pairs(Mesh const& mesh, sw::transfer_log& log, ref::Array const& full, layouts<From...>,
+                              layouts<To...>) {
   auto one_source = [&]<class F>() {
     auto const source = sw::distribute<F>(mesh, ref::make<T>(full));
     INFO("from " << layout_description<F>::name());
@@ -106,7 +111,13 @@ void check_redistribute_pairs(Mesh const& mesh, ref::Array const& full, layouts<
       }();
       if constexpr (!invalid) {
         INFO("to " << layout_description<G>::name());
-        check_represents(source.template redistribute<G>(), full, 0.0);
+        log.clear();
+        auto const moved = source.template redistribute<G>();
+        auto const recorded = log.entries();
+        auto const predicted = sw::redistribute_cost<G>(source);
+        INFO("recorded:\n" << listed(recorded) << "predicted:\n" << predicted);
+        CHECK(recorded == predicted);
+        check_represents(moved, full, 0.0);
       }
     };
     (one_target.template operator()<To>(), ...);
@@ -142,19 +153,20 @@ void check_partial_sources(Mesh const& mesh, std::vector<std::size_t> const& sha
 template <class World>
 void check_dtensor_1d(World const& world) {
   using sw::Layout, sw::Shard, sw::Replicate, sw::Partial, sw::Max, sw::Avg;
-  auto const mesh = sw::make_mesh<"tp">(world, {world.size()});
+  auto counted = sw::counting(world);
+  auto const mesh = sw::make_mesh<"tp">(counted, {world.size()});
   using all_1d = layouts<Layout<Replicate>, Layout<Shard<0>>, Layout<Shard<1>>, Layout<Shard<-1>>, Layout<Partial<>>,
                          Layout<Partial<Max>>, Layout<Partial<Avg>>>;
   std::vector<std::size_t> const shape{5, 3, 4};  // uneven over 2, 3 and 4 ranks, with empty shards at 4
   auto const full = ref::pattern(shape, 3);
   {
     INFO("Eigen::Tensor<float, 3>, static rank: plans fixed at compile time");
-    check_redistribute_pairs<Eigen::Tensor<float, 3>>(mesh, full, all_1d{}, all_1d{});
+    check_redistribute_pairs<Eigen::Tensor<float, 3>>(mesh, counted.log(), full, all_1d{}, all_1d{});
     check_partial_sources<Eigen::Tensor<float, 3>>(mesh, shape);
   }
   {
     INFO("xt::xarray<double>, rank known at run time: plans made at run time");
-    check_redistribute_pairs<xt::xarray<double>>(mesh, full, all_1d{}, all_1d{});
+    check_redistribute_pairs<xt::xarray<double>>(mesh, counted.log(), full, all_1d{}, all_1d{});
     check_partial_sources<xt::xarray<double>>(mesh, shape);
   }
 }
@@ -168,11 +180,12 @@ void check_dtensor_2d(World const& world) {
     return layouts<Layout<std::tuple_element_t<I / 4, P>, std::tuple_element_t<I % 4, P>>...>{};
   }(std::make_index_sequence<16>{}));
   auto const full = ref::pattern({7, 5}, 11);  // two mesh axes may cut one dimension: 7 = 4 + 3 = (2 + 2) + (2 + 1)
+  auto counted = sw::counting(world);
   auto check_grid = [&](int rows) {
     INFO("mesh " << rows << " x " << n / rows);
-    auto const mesh = sw::make_mesh<"dp", "tp">(world, {rows, n / rows});
-    check_redistribute_pairs<Eigen::MatrixXf>(mesh, full, all_2d{}, all_2d{});
-    check_redistribute_pairs<xt::xtensor<double, 2>>(mesh, full, all_2d{}, all_2d{});
+    auto const mesh = sw::make_mesh<"dp", "tp">(counted, {rows, n / rows});
+    check_redistribute_pairs<Eigen::MatrixXf>(mesh, counted.log(), full, all_2d{}, all_2d{});
+    check_redistribute_pairs<xt::xtensor<double, 2>>(mesh, counted.log(), full, all_2d{}, all_2d{});
   };
   for (int rows = 1; rows <= n; ++rows)
     if (n % rows == 0) check_grid(rows);

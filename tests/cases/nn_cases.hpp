@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <shardwise/mesh/counting.hpp>
 #include <vector>
 
 #include "../../examples/blocks.hpp"
@@ -406,7 +407,7 @@ M<T> chunk_in(M<T> const& full, int rank, int n) {
 /// result equals its piece of the unsharded activation, and the layers' collective count equals what the cost
 /// model says the move transfers (sw::redistribute and module boundaries run the same rule).
 template <class T, class From, class To, class Mesh>
-void check_one_move(Mesh const& tp, char const* what) {
+void check_one_move(Mesh const& tp, sw::transfer_log& log, char const* what) {
   INFO("redistribute " << what);
   int const n = tp.size(), r = tp.rank();
   M<T> whole = random_matrix<T>(7, 5, 90);
@@ -421,13 +422,13 @@ void check_one_move(Mesh const& tp, char const* what) {
   } else {
     local = chunk_in<From>(whole, r, n);
   }
-  sw::count_collectives counted;
+  log.clear();
   auto const moved = sw::redistribute<To>(tp, sw::Activation<T, From>{local});
+  auto const c = sw::count_of(log.entries());
   NN_CHECK_CLOSE(moved.local, chunk_in<To>(whole, r, n), "values");
   sw::transfer_list<> predicted;
   sw::cost_inputs const s{.tokens = 7, .tp = static_cast<std::size_t>(n), .tp_rank = static_cast<std::size_t>(r)};
   sw::detail::add_redistribute<From, To>(predicted, 7, 5, sizeof(T), s);
-  auto const& c = counted.count();
   CHECK(c.all_gather == predicted.calls(sw::transfer_kind::all_gather));
   CHECK(c.all_gather_bytes == predicted.bytes(sw::transfer_kind::all_gather));
   CHECK(c.all_to_all == predicted.calls(sw::transfer_kind::all_to_all));
@@ -438,22 +439,25 @@ void check_one_move(Mesh const& tp, char const* what) {
   CHECK(c.reduce_scatter_bytes == predicted.bytes(sw::transfer_kind::reduce_scatter));
 }
 
-template <class T, class Mesh>
-void check_moves(Mesh const& tp) {
+template <class T, class World>
+void check_moves(World const& world) {
+  auto counted = sw::counting(world);
+  auto const tp = sw::make_mesh<"tp">(counted, {world.size()});
+  auto& log = counted.log();
   using R = sw::Replicate;
   using S0 = sw::Shard<0>;
   using S1 = sw::Shard<-1>;
   using P = sw::Partial<sw::Sum>;
-  check_one_move<T, R, R>(tp, "Replicate -> Replicate");
-  check_one_move<T, R, S0>(tp, "Replicate -> Shard<0>");
-  check_one_move<T, R, S1>(tp, "Replicate -> Shard<-1>");
-  check_one_move<T, S0, R>(tp, "Shard<0> -> Replicate");
-  check_one_move<T, S0, S1>(tp, "Shard<0> -> Shard<-1>");
-  check_one_move<T, S1, R>(tp, "Shard<-1> -> Replicate");
-  check_one_move<T, S1, S0>(tp, "Shard<-1> -> Shard<0>");
-  check_one_move<T, P, R>(tp, "Partial -> Replicate");
-  check_one_move<T, P, S0>(tp, "Partial -> Shard<0>");
-  check_one_move<T, P, S1>(tp, "Partial -> Shard<-1>");
+  check_one_move<T, R, R>(tp, log, "Replicate -> Replicate");
+  check_one_move<T, R, S0>(tp, log, "Replicate -> Shard<0>");
+  check_one_move<T, R, S1>(tp, log, "Replicate -> Shard<-1>");
+  check_one_move<T, S0, R>(tp, log, "Shard<0> -> Replicate");
+  check_one_move<T, S0, S1>(tp, log, "Shard<0> -> Shard<-1>");
+  check_one_move<T, S1, R>(tp, log, "Shard<-1> -> Replicate");
+  check_one_move<T, S1, S0>(tp, log, "Shard<-1> -> Shard<0>");
+  check_one_move<T, P, R>(tp, log, "Partial -> Replicate");
+  check_one_move<T, P, S0>(tp, log, "Partial -> Shard<0>");
+  check_one_move<T, P, S1>(tp, log, "Partial -> Shard<-1>");
   // A Shard<0> <-> Shard<-1> move is one all-to-all (DTensor's rule), not a gather and a slice.
   sw::transfer_list<> list;
   sw::detail::add_redistribute<S0, S1>(list, 8, 8, sizeof(T), {.tokens = 8, .tp = 2});
@@ -478,7 +482,7 @@ void check_all(World const& world) {
   check_sequence_parallel_norm<T, sw::RMSNorm>(tp, "RMSNorm");
   check_loss_parallel<T>(tp);
   check_blocks<T>(tp);
-  check_moves<T>(tp);
+  check_moves<T>(world);
 }
 
 }  // namespace nn_cases

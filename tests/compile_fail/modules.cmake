@@ -12,9 +12,21 @@ shardwise_add_compile_fail_test(plan_member_named_otherwise SOURCE compile_fail/
          "member_declared_with_another_path<shardwise::fixed_string<3>{\"w3\"}, shardwise::fixed_string<3>{\"w1\"}>")
 shardwise_add_compile_fail_test(module_entry_not_prepare SOURCE compile_fail/module_entry_not_prepare.cpp
   LINK shardwise::eigen
-  EXPECT "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, PrepareModuleOutput")
+  EXPECT "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, PrepareModuleOutput"
+         "style_cannot_shard_layer_at<shardwise::fixed_string<13>{\"feed_forward\"}, shardwise::ColwiseParallel<")
 shardwise_add_compile_fail_test(module_input_layout SOURCE compile_fail/module_input_layout.cpp LINK shardwise::eigen
   EXPECT "shardwise::forward: the module's input does not have its plan entry's input_layouts"
          "input_layout_mismatch_at<shardwise::fixed_string<13>{\"feed_forward\"}, shardwise::Shard<0>, shardwise::Replicate>")
+shardwise_add_compile_fail_test(module_output_layout SOURCE compile_fail/module_output_layout.cpp LINK shardwise::eigen
+  EXPECT "shardwise::forward: the module's output does not have its plan entry's output_layouts"
+         "input_layout_mismatch_at<shardwise::fixed_string<13>{\"feed_forward\"}, shardwise::Shard<0>, shardwise::Shard<1>")
+shardwise_add_compile_fail_test(module_desired_partial SOURCE compile_fail/module_desired_partial.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::redistribute: activations move from Replicate, Shard<0>, Shard<-1> or Partial<Sum> to "
+         "Replicate, Shard<0> or Shard<-1>"
+         "boundary_cannot_move_at<shardwise::fixed_string<13>{\"feed_forward\"}, shardwise::Shard<0>, shardwise::Partial<(shardwise::Sum)?>")
+shardwise_add_compile_fail_test(module_entry_skipped SOURCE compile_fail/module_entry_skipped.cpp LINK shardwise::eigen
+  EXPECT "shardwise::Linear: the input's layout is not the one this layer's style expects, and the plan has an entry"
+         "input_layout_mismatch_at<shardwise::fixed_string<16>{\"feed_forward.w1\"}, shardwise::Replicate, shardwise::Shard<0>")
 shardwise_add_compile_fail_test(full_gradient_partial SOURCE compile_fail/full_gradient_partial.cpp LINK shardwise::eigen
   EXPECT "shardwise::full_gradient: the gradient is still Partial")

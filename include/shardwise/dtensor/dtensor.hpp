@@ -11,6 +11,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/dtensor/plan.hpp"
+#include "shardwise/dtensor/steps.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
@@ -25,9 +26,6 @@ template <int D>
 struct shard_dimension_out_of_range;  // incomplete on purpose: the diagnostic shows D
 template <std::size_t LayoutSize, std::size_t MeshAxes>
 struct layout_size_for_mesh;
-
-template <std::size_t K>
-using placements = std::array<placement_value, K>;
 
 /// Checks a layout against a mesh and a tensor type; true when usable.
 template <class Tensor, class Mesh, class L>
@@ -84,48 +82,6 @@ placements<K> normalized_checked(placements<K> values, std::size_t rank) {
   return values;
 }
 
-struct box {
-  extents offset, size;
-};
-
-/// The part of the global tensor this rank holds: cuts applied axis by axis, in mesh order.
-template <std::size_t K>
-box local_box(extents const& global, placements<K> const& layout, std::array<int, K> const& sizes,
-              std::array<int, K> const& coords) {
-  box b{zero_offset(global.rank), global};
-  for (std::size_t i = 0; i < K; ++i) {
-    if (layout[i].kind != placement_kind::shard) continue;
-    auto const d = static_cast<std::size_t>(layout[i].dim);
-    auto const n = static_cast<std::size_t>(sizes[i]), c = static_cast<std::size_t>(coords[i]);
-    b.offset[d] += chunk_offset(b.size[d], n, c);
-    b.size[d] = chunk_size(b.size[d], n, c);
-  }
-  return b;
-}
-
-/// A Partial<Sum> placement keeps the value on coordinate 0 only; the other ranks hold zeros.
-template <std::size_t K>
-bool holds_zeros(placements<K> const& layout, std::array<int, K> const& coords) {
-  for (std::size_t i = 0; i < K; ++i)
-    if (layout[i].kind == placement_kind::partial && layout[i].op == op_kind::sum && coords[i] != 0) return true;
-  return false;
-}
-
-template <class Tensor>
-Tensor copy_of_box(Tensor const& from, box const& b) {
-  Tensor to = make_tensor<Tensor>(b.size);
-  copy_box(traits_of<Tensor>::data(from), shape_of(from), b.offset, data_of(to), b.size, zero_offset(b.size.rank),
-           b.size, traits_of<Tensor>::order);
-  return to;
-}
-
-template <class Tensor>
-void fill_zero(Tensor& t) {
-  std::size_t const n = shape_of(t).elements();
-  auto* p = data_of(t);
-  for (std::size_t i = 0; i < n; ++i) p[i] = element_t<Tensor>(0);
-}
-
 /// Raises the same error on every rank of `comm` if any rank's check failed, so no rank is left waiting.
 template <class Comm>
 void agree_or_fail(Comm const& comm, bool ok, char const* what, std::string const& message) {
@@ -135,56 +91,6 @@ void agree_or_fail(Comm const& comm, bool ok, char const* what, std::string cons
       if (!ok) fail(message);
       fail("shardwise::", what, ": rank ", q, " of the mesh rejected its shard (see that rank's error)");
     }
-}
-
-/// A shape of the same rank with no elements: an output the collective will size.
-template <class Tensor>
-extents empty_like(Tensor const& t) {
-  extents e = shape_of(t);
-  if (e.rank) e[0] = 0;
-  return e;
-}
-
-template <class Comm, class Tensor>
-void run_step(redistribute_step const& step, Comm const& comm, int coordinate, Tensor& local) {
-  switch (step.kind) {
-    case step_kind::slice: {
-      auto const d = static_cast<std::size_t>(step.to.dim);
-      extents const shape = shape_of(local);
-      auto const n = static_cast<std::size_t>(comm.size()), c = static_cast<std::size_t>(coordinate);
-      box const b{with_dim(zero_offset(shape.rank), d, chunk_offset(shape[d], n, c)),
-                  with_dim(shape, d, chunk_size(shape[d], n, c))};
-      local = copy_of_box(local, b);
-      break;
-    }
-    case step_kind::all_gather: {
-      Tensor out = make_tensor<Tensor>(empty_like(local));
-      all_gather_on(comm, local, out, step.from.dim);
-      local = std::move(out);
-      break;
-    }
-    case step_kind::all_to_all: {
-      Tensor out = make_tensor<Tensor>(empty_like(local));
-      all_to_all_on(comm, local, out, step.to.dim, step.from.dim);
-      local = std::move(out);
-      break;
-    }
-    case step_kind::all_reduce:
-      all_reduce_on(comm, local, step.from.op);
-      break;
-    case step_kind::reduce_scatter: {
-      Tensor out = make_tensor<Tensor>(empty_like(local));
-      reduce_scatter_on(comm, local, out, step.to.dim, step.from.op);
-      local = std::move(out);
-      break;
-    }
-    case step_kind::repartial:
-      all_reduce_on(comm, local, step.from.op);
-      [[fallthrough]];
-    case step_kind::keep_one:
-      if (step.to.op == op_kind::sum && coordinate != 0) fill_zero(local);
-      break;
-  }
 }
 
 template <class... P>
@@ -239,7 +145,7 @@ class DTensor {
     static_assert(detail::check_layout<Tensor, Mesh, To>());
     Tensor local = local_;
     auto run = [&](detail::redistribute_step const& step) {
-      detail::run_step(step, mesh_.comm(step.axis), mesh_.coordinate(step.axis), local);
+      detail::run_redistribute_step(step, detail::comm_axis{mesh_.comm(step.axis), mesh_.coordinate(step.axis)}, local);
     };
     if constexpr (rank_v<Tensor> != dynamic_rank) {
       constexpr std::size_t rank = rank_v<Tensor>;
@@ -249,15 +155,24 @@ class DTensor {
                     "tensor is already reduced, so redistribute to Replicate or another Shard");
       for (std::size_t s = 0; s < plan.count; ++s) run(plan.steps[s]);
     } else {
-      auto const plan = detail::plan_redistribute(
-          placements(), detail::normalized_checked(detail::layout_values<To>::value, global_.rank));
-      if (!plan.valid)
-        detail::fail("shardwise::redistribute: Shard to Partial on mesh axis \"", Mesh::names[plan.invalid_axis],
-                     "\" is not a redistribution; a sharded tensor is already reduced, so redistribute to Replicate "
-                     "or another Shard");
+      auto const plan = checked_plan<To>();
       for (std::size_t s = 0; s < plan.count; ++s) run(plan.steps[s]);
     }
     return DTensor<Tensor, Mesh, To>(mesh_, std::move(local), global_);
+  }
+
+  /// What redistribute<To>() transfers on this rank, in order, as a counting mesh (sw::counting) records it: each
+  /// collective's kind, mesh axis and this rank's input bytes. The same steps as the move, costed.
+  template <class To>
+  [[nodiscard]] transfer_list<> redistribute_cost() const {
+    static_assert(detail::check_layout<Tensor, Mesh, To>());
+    std::array<std::size_t, mesh_axes> sizes{}, coords{};
+    for (std::size_t i = 0; i < mesh_axes; ++i)
+      sizes[i] = static_cast<std::size_t>(mesh_.size(i)), coords[i] = static_cast<std::size_t>(mesh_.coordinate(i));
+    transfer_list<> list;
+    detail::add_redistribute_transfers(list, checked_plan<To>(), placements(), global_, sizeof(element_type), sizes,
+                                       coords, Mesh::names);
+    return list;
   }
 
   /// The whole tensor, on every rank.
@@ -273,6 +188,18 @@ class DTensor {
   }
 
  private:
+  /// The steps of redistribute<To>() for this tensor's rank, made at run time; Shard to Partial refused.
+  template <class To>
+  detail::redistribute_plan<mesh_axes> checked_plan() const {
+    auto const plan = detail::plan_redistribute(
+        placements(), detail::normalized_checked(detail::layout_values<To>::value, global_.rank));
+    if (!plan.valid)
+      detail::fail("shardwise::redistribute: Shard to Partial on mesh axis \"", Mesh::names[plan.invalid_axis],
+                   "\" is not a redistribution; a sharded tensor is already reduced, so redistribute to Replicate "
+                   "or another Shard");
+    return plan;
+  }
+
   template <class Of>
   static constexpr detail::placements<mesh_axes> normalized_all(std::size_t rank) {
     auto values = detail::layout_values<Of>::value;
@@ -385,6 +312,13 @@ template <class L, device_mesh Mesh, class Tensor>
 template <class To, class Tensor, class Mesh, class From>
 [[nodiscard]] DTensor<Tensor, Mesh, To> redistribute(DTensor<Tensor, Mesh, From> const& dt) {
   return dt.template redistribute<To>();
+}
+
+/// redistribute_cost as a free function: what dt.redistribute<To>() transfers on this rank, as a counting mesh
+/// records it.
+template <class To, class Tensor, class Mesh, class From>
+[[nodiscard]] transfer_list<> redistribute_cost(DTensor<Tensor, Mesh, From> const& dt) {
+  return dt.template redistribute_cost<To>();
 }
 
 }  // namespace shardwise

@@ -67,7 +67,10 @@ class fully_sharded final : detail::module_hooks {
     make_slots();
     for (auto& s : slots_) s.clear_grad(sharded);
     for (auto& u : units_) release(u);  // nothing kept: spare_ is not active outside a step
+    attach(this);
   }
+  /// The model's layers no longer call this object's hooks.
+  ~fully_sharded() { attach(nullptr); }
 
   /// The model's forward (its root unit gathered for the step; each unit's module gathers in sw::forward).
   template <class... Args>
@@ -76,8 +79,8 @@ class fully_sharded final : detail::module_hooks {
       detail::fail(
           "shardwise::fully_shard: the model was declared with sw::Lazy and its shards hold no values yet; "
           "fill them with sw::load_sharded or sw::load_consolidated before its forward");
-    detail::hooks_installed on(this);
     phase_ = phase::forward;
+    idle_after const pass{phase_};
     spare_->active = false;  // what is released below (unshard's tensors) is freed, not handed along
     for (auto& u : units_) {
       release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
@@ -106,8 +109,8 @@ class fully_sharded final : detail::module_hooks {
   /// The model's backward: each unit's gradients are reduce-scattered after its sw::backward, the root's last.
   template <class... Args>
   decltype(auto) backward(Args&&... args) {
-    detail::hooks_installed on(this);
     phase_ = phase::backward;
+    idle_after const pass{phase_};
     spare_->end_pass();
     spare_->active = std::is_same_v<strategy, full_shard>;
     if constexpr (std::is_void_v<decltype(model_.backward(std::forward<Args>(args)...))>) {
@@ -232,8 +235,7 @@ class fully_sharded final : detail::module_hooks {
   /// For optimizers: a sum of squares of this rank's shards summed over every rank that holds other shards
   /// (tp, and dp unless no_shard), so every rank has the global one.
   scalar shardwise_sum_over_shards(scalar squares) const {
-    nn::vector<scalar> total(1);
-    total(0) = squares;
+    nn::vector<scalar> total = nn::vector<scalar>::Constant(1, squares);
     if (tp_group_) tp_group_->all_reduce(total);
     if (sharded) detail::all_reduce_on(dp_.comm(0), total, detail::op_kind::sum);
     return total(0);
@@ -242,7 +244,21 @@ class fully_sharded final : detail::module_hooks {
  private:
   enum class phase { idle, forward, backward };
 
+  /// Idle again when a pass ends, also when it throws: the hooks act within this model's passes only.
+  struct idle_after {
+    phase& current;
+    ~idle_after() { current = phase::idle; }
+  };
+
+  /// Every layer of the model carries these hooks (or none): sw::forward(module) finds them on its layers.
+  void attach(detail::module_hooks* hooks) {
+    detail::for_each_layer(model_, [&](auto& l) {
+      if constexpr (requires { l.shardwise_attach_hooks(hooks); }) l.shardwise_attach_hooks(hooks);
+    });
+  }
+
   void before_forward(detail::module_id module) override {
+    if (phase_ == phase::idle) return;  // a module called outside this model's passes
     if (auto* u = unit_of(module)) {
       gather(*u);
       u->called = true;
@@ -253,12 +269,14 @@ class fully_sharded final : detail::module_hooks {
     }
   }
   void after_forward(detail::module_id module) override {
+    if (phase_ == phase::idle) return;  // a module called outside this model's passes
     if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) {
       release(*u);
       if (!next_in_forward(index_of(*u))) spare_->end_pass();  // no unit of this pass takes what it released
     }
   }
   void before_backward(detail::module_id module) override {
+    if (phase_ == phase::idle) return;  // a module called outside this model's passes
     if (auto* u = unit_of(module)) {
       gather(*u);
       for (auto i : u->slots) slots_[i].reuse_grad();
@@ -267,6 +285,7 @@ class fully_sharded final : detail::module_hooks {
     }
   }
   void after_backward(detail::module_id module) override {
+    if (phase_ == phase::idle) return;  // a module called outside this model's passes
     if (auto* u = unit_of(module)) {
       reduce_gradients(*u);
       release(*u);

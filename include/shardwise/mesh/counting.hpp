@@ -52,6 +52,39 @@ template <std::size_t N>
   return std::equal(recorded.begin(), recorded.end(), predicted.begin(), predicted.end());
 }
 
+/// A counting mesh's record summed by kind: the calls and bytes (of each call's input on this rank) of the four
+/// collectives that move activations and gradients.
+struct collective_count {
+  /// @{ Calls of each kind.
+  std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
+  /// @}
+  /// @{ Bytes of each kind's inputs on this rank.
+  std::size_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, all_to_all_bytes = 0;
+  /// @}
+  /// Calls of every kind.
+  [[nodiscard]] std::size_t calls() const { return all_reduce + all_gather + reduce_scatter + all_to_all; }
+  /// Bytes of every kind.
+  [[nodiscard]] std::size_t bytes() const {
+    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + all_to_all_bytes;
+  }
+};
+
+/// The record `entries` (counted.log().entries()) summed by kind; other transfers (barriers, small gathers of
+/// shapes, point-to-point) are left out.
+inline collective_count count_of(std::vector<transfer> const& entries) {
+  collective_count c;
+  auto const add = [](std::size_t& calls, std::size_t& bytes, transfer const& t) {
+    calls += t.count, bytes += t.count * t.bytes;
+  };
+  for (auto const& t : entries) {
+    if (t.kind == transfer_kind::all_reduce) add(c.all_reduce, c.all_reduce_bytes, t);
+    if (t.kind == transfer_kind::all_gather) add(c.all_gather, c.all_gather_bytes, t);
+    if (t.kind == transfer_kind::reduce_scatter) add(c.reduce_scatter, c.reduce_scatter_bytes, t);
+    if (t.kind == transfer_kind::all_to_all) add(c.all_to_all, c.all_to_all_bytes, t);
+  }
+  return c;
+}
+
 template <communicator Inner>
 class CountingComm;
 

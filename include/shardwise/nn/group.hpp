@@ -14,51 +14,6 @@
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/nn/functional_types.hpp"
 
-namespace shardwise {
-
-/// What the layers' collectives moved on this rank: calls and bytes (of each call's input) by kind.
-struct collective_count {
-  /// @{ Calls of each kind.
-  std::size_t all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;
-  /// @}
-  /// @{ Bytes of each kind's inputs on this rank.
-  std::size_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, all_to_all_bytes = 0;
-  /// @}
-  /// Calls of every kind.
-  [[nodiscard]] std::size_t calls() const { return all_reduce + all_gather + reduce_scatter + all_to_all; }
-  /// Bytes of every kind.
-  [[nodiscard]] std::size_t bytes() const {
-    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + all_to_all_bytes;
-  }
-};
-
-namespace detail {
-inline collective_count*& layer_collective_counter() {
-  thread_local collective_count* counter = nullptr;
-  return counter;
-}
-}  // namespace detail
-
-/// Counts the collectives the layers (and module boundaries) run on this thread while it lives — one rank's
-/// communication: a block's forward and backward, say. Scopes nest; the innermost counts.
-class count_collectives {
- public:
-  count_collectives() : previous_(detail::layer_collective_counter()) { detail::layer_collective_counter() = &count_; }
-  ~count_collectives() { detail::layer_collective_counter() = previous_; }
-  count_collectives(count_collectives const&) = delete;
-  count_collectives& operator=(count_collectives const&) = delete;
-  /// What was counted so far.
-  [[nodiscard]] collective_count const& count() const { return count_; }
-  /// Starts counting again from zero.
-  void reset() { count_ = {}; }
-
- private:
-  collective_count count_;
-  collective_count* previous_;
-};
-
-}  // namespace shardwise
-
 namespace shardwise::nn {
 
 /// The tensor-parallel group a layer holds after parallelize: the 1-D mesh behind a small interface, so that a
@@ -95,8 +50,7 @@ class group {
   }
 };
 
-/// The group of a 1-D mesh of any backend (make_group builds it); counts its collectives when a
-/// sw::count_collectives is alive on the calling thread.
+/// The group of a 1-D mesh of any backend (make_group builds it).
 template <class Mesh, class T>
 class group_of final : public group<T> {
  public:
@@ -110,20 +64,15 @@ class group_of final : public group<T> {
   std::string_view axis() const override { return Mesh::names[0]; }
   /// See group.
   void all_reduce(T* data, std::size_t n, detail::op_kind op) const override {
-    if (auto* c = detail::layer_collective_counter()) ++c->all_reduce, c->all_reduce_bytes += n * sizeof(T);
     Eigen::Map<vector<T>> view(data, static_cast<Eigen::Index>(n));
     detail::all_reduce_on(mesh_.comm(0), view, op);
   }
   /// See group.
   void all_gather(matrix<T> const& in, matrix<T>& out, int dim) const override {
-    if (auto* c = detail::layer_collective_counter())
-      ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
     detail::all_gather_on(mesh_.comm(0), in, out, dim);
   }
   /// See group.
   void all_gather_bf16(matrix<Eigen::bfloat16> const& in, matrix<Eigen::bfloat16>& out, int dim) const override {
-    if (auto* c = detail::layer_collective_counter())
-      ++c->all_gather, c->all_gather_bytes += static_cast<std::size_t>(in.size()) * sizeof(Eigen::bfloat16);
     // Moved as bits: the backends' gathers of std::uint16_t are compiled once (SHARDWISE_SEPARATE_RUNTIME), not
     // in every file for Eigen's type.
     static_assert(sizeof(Eigen::bfloat16) == sizeof(std::uint16_t));
@@ -136,14 +85,10 @@ class group_of final : public group<T> {
   }
   /// See group.
   void all_to_all(matrix<T> const& in, matrix<T>& out, int split_dim, int concat_dim) const override {
-    if (auto* c = detail::layer_collective_counter())
-      ++c->all_to_all, c->all_to_all_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
     detail::all_to_all_on(mesh_.comm(0), in, out, split_dim, concat_dim);
   }
   /// See group.
   void reduce_scatter(matrix<T> const& in, matrix<T>& out, int dim) const override {
-    if (auto* c = detail::layer_collective_counter())
-      ++c->reduce_scatter, c->reduce_scatter_bytes += static_cast<std::size_t>(in.size()) * sizeof(T);
     detail::reduce_scatter_on(mesh_.comm(0), in, out, dim, detail::op_kind::sum);
   }
 

@@ -15,6 +15,7 @@
 #include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
+#include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/styles.hpp"
 #include "shardwise/plan/members.hpp"
 #include "shardwise/plan/plan.hpp"
@@ -30,6 +31,23 @@ namespace detail {
 /// Incomplete on purpose: the diagnostic shows the path and the style that cannot apply.
 template <fixed_string Path, class Style, class Spelled = spelled_t<Path>>
 struct style_cannot_shard_layer_at;
+
+/// Whether the plan has a module style (PrepareModuleInput and the like) at a module above the layer at `path`:
+/// then a layer's input in the wrong layout most likely means the module was called as module.forward(x), which
+/// skips that entry, instead of through sw::forward(module, x).
+template <class Plan>
+struct module_entries;
+template <class... Entries>
+struct module_entries<plan<Entries...>> {
+  static constexpr bool above(std::string_view path) {
+    [[maybe_unused]] auto const encloses = [path](std::string_view module) {
+      return path.size() > module.size() && path.starts_with(module) && path[module.size()] == '.';
+    };
+    return ((module_style<typename Entries::style> && encloses(Entries::path.view())) || ... || false);
+  }
+};
+template <class Location>
+inline constexpr bool module_entry_above = module_entries<typename Location::plan>::above(Location::path.view());
 
 /// Named in decltype before the layer's static_assert (see mesh.hpp's show_if_named_twice).
 template <class Location, bool Allowed>
@@ -88,6 +106,10 @@ class layer_plumbing {
   [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
   /// Whether the parameters exist (a layer declared under sw::Lazy has none until it is materialized).
   [[nodiscard]] bool materialized() const { return !lazy_; }
+  /// The hooks sw::forward and sw::backward run around the modules above this layer (null: none).
+  [[nodiscard]] detail::module_hooks* shardwise_module_hooks() const { return hooks_.get(); }
+  /// Set by the object that owns the hooks (fully_shard's sharded model), on every layer of its model.
+  void shardwise_attach_hooks(detail::module_hooks* hooks) { hooks_.set(hooks); }
 
  protected:
   /// `path` must outlive the layer (a plan path: static storage).
@@ -108,6 +130,7 @@ class layer_plumbing {
 
  private:
   registered_layer registration_;
+  attached_hooks hooks_;
 };
 
 /// A weight that belongs to another layer of the same model, kept as its distance from the layer that uses it

@@ -103,10 +103,16 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
     static_assert(detail::layer_input_v<T, Input>,
                   "shardwise::Linear: the input must be a shardwise::Activation or a row-major [tokens, features] "
                   "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
-    static_assert(detail::input_layout_matches<input_layout, Input>,
+    constexpr bool matches = detail::input_layout_matches<input_layout, Input>;
+    static_assert(matches || detail::module_entry_above<Location>,
                   "shardwise::Linear: the input's layout is not the one this layer's style expects; add "
                   "PrepareModuleInput, set the style's input_layouts, or follow a ColwiseParallel with a "
                   "RowwiseParallel");
+    static_assert(matches || !detail::module_entry_above<Location>,
+                  "shardwise::Linear: the input's layout is not the one this layer's style expects, and the plan "
+                  "has an entry (PrepareModuleInput or the like) for a module around this layer: call that module "
+                  "through sw::forward(module, x) and sw::backward(module, dy), which apply its entry; "
+                  "module.forward(x) skips it");
     using layouts_shown [[maybe_unused]] =
         decltype(detail::show_layout_mismatch<Location::path, input_layout, Input>());
   }

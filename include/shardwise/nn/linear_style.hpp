@@ -16,36 +16,6 @@
 
 namespace shardwise {
 
-/// The library's one way of moving activations between layouts over the tp group (sw::redistribute's), as a
-/// style's mover: `move` runs a move, `add_cost` appends the transfers that move runs to a cost list.
-struct layout_engine {
-  /// `x` ([tokens, features] on this rank, in layout From) in layout To.
-  template <class From, class To, class T>
-  static nn::matrix<T> move(nn::group<T> const& group, nn::matrix<T> const& x) {
-    return detail::redistribute_activation<From, To>(group, x);
-  }
-  /// As above, on an activation the caller gives up (a partial sum is reduced in place).
-  template <class From, class To, class T>
-  static nn::matrix<T> move(nn::group<T> const& group, nn::matrix<T>&& x) {
-    return detail::redistribute_activation<From, To>(group, std::move(x));
-  }
-  /// The transfers of move<From, To> on a whole activation of [rows, cols] values of `element` bytes.
-  template <class From, class To>
-  static constexpr void add_cost(transfer_list<>& list, std::size_t rows, std::size_t cols, std::size_t element,
-                                 cost_inputs const& s) {
-    detail::add_redistribute<From, To>(list, rows, cols, element, s);
-  }
-};
-
-/// A mover: moves an activation of element type T between two layouts over the group, and states what the move
-/// transfers (the cost model and the counting mesh's record must agree, entry for entry).
-template <class M, class T>
-concept activation_mover =
-    requires(nn::group<T> const& group, nn::matrix<T> const& x, transfer_list<>& list, cost_inputs const& s) {
-      { M::template move<Replicate, Shard<1>, T>(group, x) } -> std::same_as<nn::matrix<T>>;
-      M::template add_cost<Replicate, Shard<1>>(list, std::size_t{}, std::size_t{}, std::size_t{}, s);
-    };
-
 /// A style a Linear can take: the layouts its input arrives in and its output leaves in (Replicate, Shard<0>
 /// for the sequence, Shard<-1> for the features), how the weight [out, in] is cut over tp (Shard<0>: by output
 /// rows, as ColwiseParallel; Shard<1>: by input columns, as RowwiseParallel; Replicate) and its mover

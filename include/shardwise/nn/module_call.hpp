@@ -3,7 +3,7 @@
 // and the child's own plan entry (PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput at the
 // module's path, PyTorch's hooks) is applied around it: the input redistributed to the layouts the module
 // wants, its output to the layouts the parent wants, and the gradients back by the conjugate rule. A module
-// holds no Prepare member and names no layout. A gradient that comes back Partial<Sum> (the sum of several
+// names no layout. A gradient that comes back Partial<Sum> (the sum of several
 // ColwiseParallel layers' partial input gradients) is reduced once, at the boundary, into the input's layout.
 //
 // The module's path is not declared: it is read off its layers' plan paths ("feed_forward.w1" under the child
@@ -18,6 +18,7 @@
 #include "shardwise/core/fixed_string.hpp"
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/styles.hpp"
@@ -27,30 +28,38 @@ namespace shardwise {
 
 namespace detail {
 
-/// What a plan entry at a module's path asks for at the module's boundary.
+/// A module style's input pair and output pair (Replicate to Replicate where it has none).
+template <class S, bool Moves = moves_module_input<S>>
+struct module_input_pair {
+  using in = Replicate;
+  using desired_in = Replicate;
+};
+template <class S>
+struct module_input_pair<S, true> {
+  using in = typename S::input_layouts;
+  using desired_in = typename S::desired_input_layouts;
+};
+template <class S, bool Moves = moves_module_output<S>>
+struct module_output_pair {
+  using out = Replicate;
+  using desired_out = Replicate;
+};
+template <class S>
+struct module_output_pair<S, true> {
+  using out = typename S::output_layouts;
+  using desired_out = typename S::desired_output_layouts;
+};
+
+/// What a plan entry at a module's path asks for at the module's boundary: read off its style's members.
 template <class S>
 struct prepare_layouts {
   static constexpr bool input = false, output = false, known = std::is_same_v<S, NoParallel>;
+  using mover = layout_engine;
 };
-template <class I, class D>
-struct prepare_layouts<PrepareModuleInput<I, D>> {
-  static constexpr bool input = true, output = false, known = true;
-  using in = I;
-  using desired_in = D;
-};
-template <class O, class D>
-struct prepare_layouts<PrepareModuleOutput<O, D>> {
-  static constexpr bool input = false, output = true, known = true;
-  using out = O;
-  using desired_out = D;
-};
-template <class I, class DI, class O, class DO>
-struct prepare_layouts<PrepareModuleInputOutput<I, DI, O, DO>> {
-  static constexpr bool input = true, output = true, known = true;
-  using in = I;
-  using desired_in = DI;
-  using out = O;
-  using desired_out = DO;
+template <module_style S>
+struct prepare_layouts<S> : module_input_pair<S>, module_output_pair<S> {
+  static constexpr bool input = moves_module_input<S>, output = moves_module_output<S>, known = true;
+  using mover = typename S::mover;
 };
 
 template <class Key, class... Entries>
@@ -94,6 +103,17 @@ nn::group<T> const* group_under(Node& node) {
   return found;
 }
 
+/// The hooks the layers under `node` carry (the first layer that has any), null when none do.
+template <class Node>
+module_hooks* hooks_under(Node& node) {
+  module_hooks* found = nullptr;
+  for_each_layer(node, [&](auto& l) {
+    if constexpr (requires { l.shardwise_module_hooks(); })
+      if (!found) found = l.shardwise_module_hooks();
+  });
+  return found;
+}
+
 template <class T, class X>
 nn::matrix<T> moved(nn::group<T> const* g, X const& x, std::string_view path) {
   if (!g)
@@ -115,13 +135,23 @@ template <class X>
 using element_of_t = typename element_of<std::remove_cvref_t<X>>::type;
 
 /// x moved from layout From to layout To at a module's boundary, over the group of the module's layers.
-template <class From, class To, class Key, class Module, class X>
+/// Incomplete on purpose: the diagnostic names the module and a boundary move the library cannot make.
+template <fixed_string Path, class From, class To, class Spelled = spelled_t<Path>>
+struct boundary_cannot_move_at;
+
+template <class Mover, class From, class To, class Key, class Module, class X>
 auto move_at_boundary(Module& module, X const& x) {
   using T = element_of_t<X>;
   using layouts_shown [[maybe_unused]] =
       decltype(show_layout_mismatch<Key::spelled, From, X>());  // names the module and both layouts
+  if constexpr (std::is_same_v<Mover, layout_engine> && !activation_layout<To>()) {
+    using target_shown [[maybe_unused]] = decltype(show_incomplete<boundary_cannot_move_at<Key::spelled, From, To>>());
+  }
+  static_assert(activation_mover<Mover, T>,
+                "shardwise::forward: the mover of the plan entry at a module's path must have move<From, To, T> "
+                "and add_cost<From, To> (sw::activation_mover); use sw::layout_engine or write both");
   auto const* g = group_under<T>(module);
-  return Activation<T, To>{redistribute_activation<From, To>(*g, moved<T>(g, x, Key::value))};
+  return Activation<T, To>{Mover::template move<From, To, T>(*g, moved<T>(g, x, Key::value))};
 }
 
 }  // namespace detail
@@ -134,19 +164,22 @@ auto forward(Module& module, X const& x) {
   using S = detail::module_style_t<Module>;
   using L = detail::prepare_layouts<S>;
   using Key = detail::own_path_key<Module>;
+  using style_shown [[maybe_unused]] =  // names the module's path and the style (before the message: see mesh.hpp)
+      decltype(detail::style_allowed<located<S, Key::spelled, detail::plan_of_tree_t<Module>>, L::known>());
   static_assert(L::known,
                 "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, "
-                "PrepareModuleOutput or PrepareModuleInputOutput; styles such as ColwiseParallel go on its layers");
+                "PrepareModuleOutput or PrepareModuleInputOutput; styles such as ColwiseParallel go on its layers "
+                "(a module style of your own: see sw::module_style)");
   auto prepared_input = [&]() -> decltype(auto) {
     if constexpr (!L::input) {
       return (x);
     } else {
       static_assert(detail::input_layout_matches<typename L::in, X>,
                     "shardwise::forward: the module's input does not have its plan entry's input_layouts");
-      return detail::move_at_boundary<typename L::in, typename L::desired_in, Key>(module, x);
+      return detail::move_at_boundary<typename L::mover, typename L::in, typename L::desired_in, Key>(module, x);
     }
   };
-  auto* const hooks = detail::installed_module_hooks();
+  auto* const hooks = detail::hooks_under(module);
   if (hooks) hooks->before_forward(detail::id_of(module));
   auto&& y = module.forward(prepared_input());
   if (hooks) hooks->after_forward(detail::id_of(module));
@@ -156,7 +189,7 @@ auto forward(Module& module, X const& x) {
     using Y = std::remove_cvref_t<decltype(y)>;
     static_assert(detail::input_layout_matches<typename L::out, Y>,
                   "shardwise::forward: the module's output does not have its plan entry's output_layouts");
-    return detail::move_at_boundary<typename L::out, typename L::desired_out, Key>(module, y);
+    return detail::move_at_boundary<typename L::mover, typename L::out, typename L::desired_out, Key>(module, y);
   }
 }
 
@@ -175,11 +208,11 @@ auto backward(Module& module, DY const& dy) {
     } else {
       static_assert(detail::gradient_layout_ok<typename L::desired_out, typename DY::placement>,
                     "shardwise::backward: the gradient is not in the module's desired_output_layouts");
-      return Activation<T, typename L::out>{detail::redistribute_activation<typename DY::placement, typename L::out>(
+      return Activation<T, typename L::out>{L::mover::template move<typename DY::placement, typename L::out, T>(
           *g, detail::moved<T>(g, dy, detail::own_path_key<Module>::value))};
     }
   };
-  auto* const hooks = detail::installed_module_hooks();
+  auto* const hooks = detail::hooks_under(module);
   if (hooks) hooks->before_backward(detail::id_of(module));
   auto&& dx = module.backward(output_gradient());
   if (hooks) hooks->after_backward(detail::id_of(module));
@@ -190,7 +223,7 @@ auto backward(Module& module, DY const& dy) {
     static_assert(detail::gradient_layout_ok<typename L::desired_in, From>,
                   "shardwise::backward: the module's input gradient is neither in its desired_input_layouts nor "
                   "Partial<Sum>");
-    return Activation<T, typename L::in>{detail::redistribute_activation<From, typename L::in>(*g, dx.local)};
+    return Activation<T, typename L::in>{L::mover::template move<From, typename L::in, T>(*g, dx.local)};
   }
 }
 
@@ -227,13 +260,16 @@ constexpr call_boundary call_boundary_cost(std::size_t in_features, std::size_t 
     using DesiredIn = std::conditional_t<L::input, typename L::desired_in, Replicate>;
     using Y = detail::forward_result_t<Module, T, std::conditional_t<L::input, DesiredIn, In>>;
     using InputGradient = typename detail::backward_result_t<Module, T, typename Y::placement>::placement;
+    using Mover = typename L::mover;
     if constexpr (L::input) {
-      detail::add_redistribute<In, DesiredIn>(b.forward_in, s.tokens, in_features, e, s);
-      detail::add_redistribute<InputGradient, In>(b.backward_in, s.tokens, in_features, e, s);
+      Mover::template add_cost<In, DesiredIn>(b.forward_in, s.tokens, in_features, e, s);
+      Mover::template add_cost<InputGradient, In>(b.backward_in, s.tokens, in_features, e, s);
     }
     if constexpr (L::output) {
-      detail::add_redistribute<typename L::out, typename L::desired_out>(b.forward_out, s.tokens, out_features, e, s);
-      detail::add_redistribute<typename L::desired_out, typename L::out>(b.backward_out, s.tokens, out_features, e, s);
+      using Out = typename L::out;
+      using DesiredOut = typename L::desired_out;
+      Mover::template add_cost<Out, DesiredOut>(b.forward_out, s.tokens, out_features, e, s);
+      Mover::template add_cost<DesiredOut, Out>(b.backward_out, s.tokens, out_features, e, s);
     }
   }
   return b;

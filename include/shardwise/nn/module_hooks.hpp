@@ -1,8 +1,8 @@
 #pragma once
-// What runs around a module call besides its plan entry: sw::forward and sw::backward tell the hooks installed
-// on this thread (an FSDP unit's gather before the module runs, its free and gradient reduce-scatter after) which
-// module they are about to call and have called. Nothing is installed by default; a call then costs one
-// thread-local read. On the thread mesh each rank is a thread, so each rank sees only its own hooks.
+// What runs around a module call besides its plan entry: sw::forward and sw::backward tell the hooks the module's
+// layers carry (an FSDP unit's gather before the module runs, its free and gradient reduce-scatter after) which
+// module they are about to call and have called. The hooks are state of the model's layers, set by the object
+// that owns them (fully_shard's sharded model), not of the thread: no layer carries any by default.
 #include <utility>
 
 namespace shardwise::detail {
@@ -38,22 +38,19 @@ struct module_hooks {
   ~module_hooks() = default;
 };
 
-/// The hooks of this thread (null: none).
-inline module_hooks*& installed_module_hooks() {
-  thread_local module_hooks* hooks = nullptr;
-  return hooks;
-}
-
-/// Installs hooks for its lifetime (the previous ones back after it, also when an exception leaves).
-class hooks_installed {
+/// The hooks a layer carries for the modules above it (set by fully_shard on every layer of the model it shards):
+/// a copied layer belongs to no sharded model, so a copy starts without hooks, and assignment keeps the target's.
+class attached_hooks {
  public:
-  explicit hooks_installed(module_hooks* hooks) : previous_(std::exchange(installed_module_hooks(), hooks)) {}
-  hooks_installed(hooks_installed const&) = delete;
-  hooks_installed& operator=(hooks_installed const&) = delete;
-  ~hooks_installed() { installed_module_hooks() = previous_; }
+  attached_hooks() = default;
+  attached_hooks(attached_hooks const&) {}
+  attached_hooks& operator=(attached_hooks const&) { return *this; }
+  ~attached_hooks() = default;
+  [[nodiscard]] module_hooks* get() const { return hooks_; }
+  void set(module_hooks* hooks) { hooks_ = hooks; }
 
  private:
-  module_hooks* previous_;
+  module_hooks* hooks_ = nullptr;
 };
 
 }  // namespace shardwise::detail

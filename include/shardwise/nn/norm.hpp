@@ -234,9 +234,15 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
         layer_input_v<T, X>,
         "shardwise::LayerNorm/RMSNorm: the input must be a shardwise::Activation or a row-major [tokens, features] "
         "tensor of the layer's element type (Eigen row-major matrix, xt::xtensor<T, 2>)");
-    static_assert(detail::input_layout_matches<layout, X>,
+    constexpr bool matches = detail::input_layout_matches<layout, X>;
+    static_assert(matches || detail::module_entry_above<Location>,
                   "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects "
                   "(SequenceParallel: Shard<0>; none: Replicate); add PrepareModuleInput or change the style");
+    static_assert(matches || !detail::module_entry_above<Location>,
+                  "shardwise::LayerNorm/RMSNorm: the input's layout is not the one this norm's style expects, and "
+                  "the plan has an entry (PrepareModuleInput or the like) for a module around this norm: call that "
+                  "module through sw::forward(module, x) and sw::backward(module, dy), which apply its entry; "
+                  "module.forward(x) skips it");
     using layouts_shown [[maybe_unused]] = decltype(detail::show_layout_mismatch<Location::path, layout, X>());
     return this->forward_local(local_of<T>(x));
   }

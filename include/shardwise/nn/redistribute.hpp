@@ -2,13 +2,17 @@
 // Activations moved between layouts over the tensor-parallel group: sw::redistribute<To>(tp, x) in user code,
 // and the rule PrepareModuleInput/Output and module boundaries apply. Layouts are Replicate, Shard<0> (the
 // sequence), Shard<-1> (the features) and, as a source, Partial<Sum> (each rank holds a summand). The steps are
-// DTensor's (dtensor/plan.hpp): one set of rules for activations, DTensors and the cost model.
+// DTensor's (dtensor/plan.hpp), run and costed by DTensor's executor (dtensor/steps.hpp): one engine for
+// activations, DTensors and the cost model.
+#include <concepts>
+#include <cstddef>
 #include <string_view>
 #include <type_traits>
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/dtensor/plan.hpp"
+#include "shardwise/dtensor/steps.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -37,37 +41,23 @@ constexpr redistribute_plan<1> activation_steps() {
                               {normalized(placement_value_of<normalize_2d_t<To>>(), 2)});
 }
 
-/// One step of a move, run over the group on this rank's [rows, cols] (compiled once per element type).
+/// A layer's tp group as a step of a move runs over it (dtensor/steps.hpp): activations move by the executor
+/// DTensors move by. An activation is only ever Partial as a sum.
 template <class T>
-nn::matrix<T> run_activation_step(nn::group<T> const& g, redistribute_step const& step, nn::matrix<T> const& x) {
-  nn::matrix<T> y;
-  switch (step.kind) {
-    case step_kind::slice: {  // torch.chunk's pieces, as the collectives cut uneven sizes
-      int const d = step.to.dim;
-      auto const total = static_cast<std::size_t>(d == 0 ? x.rows() : x.cols());
-      auto const n = static_cast<std::size_t>(g.size()), r = static_cast<std::size_t>(g.rank());
-      auto const first = static_cast<Eigen::Index>(chunk_offset(total, n, r));
-      auto const part = static_cast<Eigen::Index>(chunk_size(total, n, r));
-      return d == 0 ? nn::matrix<T>(x.middleRows(first, part)) : nn::matrix<T>(x.middleCols(first, part));
-    }
-    case step_kind::all_gather:
-      g.all_gather(x, y, step.from.dim);
-      return y;
-    case step_kind::all_to_all:
-      g.all_to_all(x, y, step.to.dim, step.from.dim);
-      return y;
-    case step_kind::all_reduce:
-      y = x, g.all_reduce(y);
-      return y;
-    case step_kind::reduce_scatter:
-      g.reduce_scatter(x, y, step.to.dim);
-      return y;
-    case step_kind::keep_one:
-    case step_kind::repartial:
-      break;  // activation_steps never asks for a Partial output
+struct group_axis {
+  nn::group<T> const& group;
+
+  [[nodiscard]] int size() const { return group.size(); }
+  [[nodiscard]] int rank() const { return group.rank(); }
+  void all_gather(nn::matrix<T> const& in, nn::matrix<T>& out, int dim) const { group.all_gather(in, out, dim); }
+  void all_to_all(nn::matrix<T> const& in, nn::matrix<T>& out, int split_dim, int concat_dim) const {
+    group.all_to_all(in, out, split_dim, concat_dim);
   }
-  fail("shardwise::redistribute: an activation cannot be moved into a Partial layout");
-}
+  void all_reduce(nn::matrix<T>& x, op_kind op) const { group.all_reduce(x, op); }
+  void reduce_scatter(nn::matrix<T> const& in, nn::matrix<T>& out, int dim, op_kind) const {
+    group.reduce_scatter(in, out, dim);
+  }
+};
 
 /// Moves an activation between layouts over the group. Used backwards too: a gradient in the target layout
 /// goes back to the source layout by the same rule (the gradient of a gather is a slice and vice versa).
@@ -77,56 +67,25 @@ nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T> const
   if constexpr (plan.count == 0)
     return x;
   else
-    return run_activation_step(g, plan.steps[0], x);
+    return step_result(plan.steps[0], group_axis<T>{g}, x);
 }
 
 /// As above, on an activation the caller gives up: a partial sum is reduced in place instead of in a copy.
 template <class From, class To, class T>
 nn::matrix<T> redistribute_activation(nn::group<T> const& g, nn::matrix<T>&& x) {
   constexpr redistribute_plan<1> plan = activation_steps<From, To>();
-  if constexpr (plan.count == 1 && plan.steps[0].kind == step_kind::all_reduce) {
-    g.all_reduce(x);
-    return std::move(x);
-  } else {
-    return redistribute_activation<From, To>(g, static_cast<nn::matrix<T> const&>(x));
-  }
-}
-
-/// The transfers of one step on a [rows, cols] activation of `element` bytes per value (rows: the whole
-/// activation's tokens), as the counting mesh records them: each collective's input on this rank.
-constexpr void add_activation_step(transfer_list<>& list, redistribute_step const& step, std::size_t rows,
-                                   std::size_t cols, std::size_t element, cost_inputs const& s) {
-  auto const held = [&](placement_value p) {  // elements of the activation this rank holds in layout p
-    if (p.kind != placement_kind::shard) return rows * cols;
-    return p.dim == 0 ? s.local_tokens() * cols : rows * chunk_size(cols, s.tp, s.tp_rank);
-  };
-  switch (step.kind) {
-    case step_kind::all_gather:
-      list.add(transfer_kind::all_gather, s.tp_axis, held(step.from) * element);
-      break;
-    case step_kind::all_to_all:
-      list.add(transfer_kind::all_to_all, s.tp_axis, held(step.from) * element);
-      break;
-    case step_kind::all_reduce:
-      list.add(transfer_kind::all_reduce, s.tp_axis, rows * cols * element);
-      break;
-    case step_kind::reduce_scatter:
-      list.add(transfer_kind::reduce_scatter, s.tp_axis, rows * cols * element);
-      break;
-    case step_kind::slice:
-    case step_kind::keep_one:
-    case step_kind::repartial:
-      break;  // no communication (a Partial output is refused above)
-  }
+  if constexpr (plan.count == 1) run_redistribute_step(plan.steps[0], group_axis<T>{g}, x);
+  return std::move(x);
 }
 
 /// The transfers of redistribute_activation<From, To> on a [rows, cols] activation of `element` bytes per value,
-/// appended to `list`: the same steps, costed. rows: the whole activation's rows (tokens).
+/// appended to `list`: the same steps, costed as a DTensor's move is (rows: the whole activation's tokens).
 template <class From, class To>
 constexpr void add_redistribute(transfer_list<>& list, std::size_t rows, std::size_t cols, std::size_t element,
                                 cost_inputs const& s) {
   constexpr redistribute_plan<1> plan = activation_steps<From, To>();
-  for (std::size_t i = 0; i < plan.count; ++i) add_activation_step(list, plan.steps[i], rows, cols, element, s);
+  add_redistribute_transfers(list, plan, {normalized(placement_value_of<normalize_2d_t<From>>(), 2)},
+                             extents{rows, cols}, element, {s.tp}, {s.tp_rank}, {s.tp_axis});
 }
 
 template <class Layout, class Given>
@@ -152,6 +111,36 @@ decltype(auto) gradient_in(nn::group<T> const* group, Activation<T, P> const& dy
 }
 
 }  // namespace detail
+
+/// The library's one way of moving activations between layouts over the tp group (sw::redistribute's), as a
+/// style's mover: `move` runs a move, `add_cost` appends the transfers that move runs to a cost list.
+struct layout_engine {
+  /// `x` ([tokens, features] on this rank, in layout From) in layout To.
+  template <class From, class To, class T>
+  static nn::matrix<T> move(nn::group<T> const& group, nn::matrix<T> const& x) {
+    return detail::redistribute_activation<From, To>(group, x);
+  }
+  /// As above, on an activation the caller gives up (a partial sum is reduced in place).
+  template <class From, class To, class T>
+  static nn::matrix<T> move(nn::group<T> const& group, nn::matrix<T>&& x) {
+    return detail::redistribute_activation<From, To>(group, std::move(x));
+  }
+  /// The transfers of move<From, To> on a whole activation of [rows, cols] values of `element` bytes.
+  template <class From, class To>
+  static constexpr void add_cost(transfer_list<>& list, std::size_t rows, std::size_t cols, std::size_t element,
+                                 cost_inputs const& s) {
+    detail::add_redistribute<From, To>(list, rows, cols, element, s);
+  }
+};
+
+/// A mover: moves an activation of element type T between two layouts over the group, and states what the move
+/// transfers (the cost model and the counting mesh's record must agree, entry for entry).
+template <class M, class T>
+concept activation_mover =
+    requires(nn::group<T> const& group, nn::matrix<T> const& x, transfer_list<>& list, cost_inputs const& s) {
+      { M::template move<Replicate, Shard<1>, T>(group, x) } -> std::same_as<nn::matrix<T>>;
+      M::template add_cost<Replicate, Shard<1>>(list, std::size_t{}, std::size_t{}, std::size_t{}, s);
+    };
 
 /// An activation in another layout over the 1-D tensor-parallel mesh `tp` (collective): Replicate to a Shard
 /// takes this rank's piece (no communication), a Shard to Replicate all-gathers, Partial<Sum> to Replicate

@@ -8,7 +8,7 @@
 
 namespace shardwise {
 
-struct layout_engine;  // nn/linear_style.hpp: the library's mover of activations between layouts
+struct layout_engine;  // nn/redistribute.hpp: the library's mover of activations between layouts
 
 /// Linear: weight cut by output features (rows of [out, in]), bias likewise; the input is made Replicate and
 /// the output comes out Shard<-1>. Embedding: the table cut by embedding columns.
@@ -47,6 +47,7 @@ template <class InputLayouts, class DesiredInputLayouts>
 struct PrepareModuleInput {
   using input_layouts = InputLayouts;                 ///< The layout the input arrives in.
   using desired_input_layouts = DesiredInputLayouts;  ///< The layout the module receives it in.
+  using mover = layout_engine;                        ///< Activations move the library's way.
 };
 
 /// Redistributes a module's output from OutputLayouts to DesiredOutputLayouts.
@@ -54,6 +55,7 @@ template <class OutputLayouts, class DesiredOutputLayouts>
 struct PrepareModuleOutput {
   using output_layouts = OutputLayouts;                 ///< The layout the module's output comes out in.
   using desired_output_layouts = DesiredOutputLayouts;  ///< The layout it is passed on in.
+  using mover = layout_engine;                          ///< Activations move the library's way.
 };
 
 /// PrepareModuleInput and PrepareModuleOutput on one module.
@@ -63,7 +65,31 @@ struct PrepareModuleInputOutput {
   using desired_input_layouts = DesiredInputLayouts;    ///< The layout the module receives it in.
   using output_layouts = OutputLayouts;                 ///< The layout the module's output comes out in.
   using desired_output_layouts = DesiredOutputLayouts;  ///< The layout it is passed on in.
+  using mover = layout_engine;                          ///< Activations move the library's way.
 };
+
+namespace detail {
+template <class S>
+concept moves_module_input = requires {
+  typename S::input_layouts;
+  typename S::desired_input_layouts;
+};
+template <class S>
+concept moves_module_output = requires {
+  typename S::output_layouts;
+  typename S::desired_output_layouts;
+};
+
+}  // namespace detail
+
+/// A style a module's own plan entry can take, applied by sw::forward / sw::backward around the module: the
+/// layout its input arrives in and the one the module receives it in (`input_layouts`, `desired_input_layouts`),
+/// or those of its output (`output_layouts`, `desired_output_layouts`), or both; and its `mover`
+/// (sw::layout_engine, or one of its own: sw::activation_mover), which runs the moves and states their cost.
+/// PrepareModuleInput, PrepareModuleOutput and PrepareModuleInputOutput are three.
+template <class S>
+concept module_style =
+    requires { typename S::mover; } && (detail::moves_module_input<S> || detail::moves_module_output<S>);
 
 template <class S>
 inline constexpr bool is_colwise_v = false;

@@ -229,9 +229,7 @@ struct child_facts {
   static constexpr std::string_view path_text = path.path;
   static constexpr found_path own = module_path<M>();
   static constexpr found_path parent = path.found ? parent_path(path.path, name, repeated<C>::value) : found_path{};
-  // A layer at the module's own path is a Prepare child (the older way of applying a module's plan entry).
-  static constexpr bool prepare_child = layer<C> && own.found && path.found && path.path == own.path;
-  static constexpr bool ok = !path.found || prepare_child || (parent.found && (!own.found || parent.path == own.path));
+  static constexpr bool ok = !path.found || (parent.found && (!own.found || parent.path == own.path));
 };
 
 /// Whether every member's plan path ends with its name in SHARDWISE_CHILDREN: a member declared with another
