@@ -150,11 +150,11 @@ void check_partial_sources(Mesh const& mesh, std::vector<std::size_t> const& sha
   check_represents(partial_avg.template redistribute<sw::Layout<sw::Replicate>>(), average, 1e-6);
 }
 
-template <class World>
-void check_dtensor_1d(World const& world) {
+/// `counted`: a counting communicator (sw::counting), whose record each move is checked against.
+template <class Counted>
+void check_dtensor_1d(Counted const& counted) {
   using sw::Layout, sw::Shard, sw::Replicate, sw::Partial, sw::Max, sw::Avg;
-  auto counted = sw::counting(world);
-  auto const mesh = sw::make_mesh<"tp">(counted, {world.size()});
+  auto const mesh = sw::make_mesh<"tp">(counted, {counted.size()});
   using all_1d = layouts<Layout<Replicate>, Layout<Shard<0>>, Layout<Shard<1>>, Layout<Shard<-1>>, Layout<Partial<>>,
                          Layout<Partial<Max>>, Layout<Partial<Avg>>>;
   std::vector<std::size_t> const shape{5, 3, 4};  // uneven over 2, 3 and 4 ranks, with empty shards at 4
@@ -171,16 +171,15 @@ void check_dtensor_1d(World const& world) {
   }
 }
 
-template <class World>
-void check_dtensor_2d(World const& world) {
+template <class Counted>
+void check_dtensor_2d(Counted const& counted) {
   using sw::Layout, sw::Shard, sw::Replicate, sw::Partial;
-  int const n = world.size();
+  int const n = counted.size();
   using P = std::tuple<Replicate, Shard<0>, Shard<1>, Partial<>>;
   using all_2d = decltype([]<std::size_t... I>(std::index_sequence<I...>) {
     return layouts<Layout<std::tuple_element_t<I / 4, P>, std::tuple_element_t<I % 4, P>>...>{};
   }(std::make_index_sequence<16>{}));
   auto const full = ref::pattern({7, 5}, 11);  // two mesh axes may cut one dimension: 7 = 4 + 3 = (2 + 2) + (2 + 1)
-  auto counted = sw::counting(world);
   auto check_grid = [&](int rows) {
     INFO("mesh " << rows << " x " << n / rows);
     auto const mesh = sw::make_mesh<"dp", "tp">(counted, {rows, n / rows});
@@ -231,9 +230,10 @@ void check_dtensor_construction(World const& world) {
 
 template <class World>
 void check_all_dtensor(World const& world) {
-  check_dtensor_1d(world);
-  check_dtensor_2d(world);
-  check_dtensor_construction(world);
+  auto const counted = sw::counting(world);  // one communicator type for every case: compiled once
+  check_dtensor_1d(counted);
+  check_dtensor_2d(counted);
+  check_dtensor_construction(counted);
 }
 
 }  // namespace cases

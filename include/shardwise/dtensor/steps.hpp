@@ -99,6 +99,9 @@ struct comm_axis {
   }
 };
 
+template <class Comm>
+comm_axis(Comm const&, int) -> comm_axis<Comm>;  // (clang before 17 deduces no aggregate's arguments)
+
 /// What a step runs over: its size, this rank's place on it, and the four collectives a move is made of.
 template <class Axis, class Tensor>
 concept step_axis = requires(Axis const& a, Tensor const& in, Tensor& out, int dim, op_kind op) {
