@@ -1,20 +1,6 @@
-#include <shardwise/nn.hpp>
+#include "one_module.hpp"
 namespace sw = shardwise;
-template <class T, class Plan>
-struct FeedForward {
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
-  SHARDWISE_CHILDREN(w1)
-  FeedForward() : w1(8, 8, 1) {}
-  template <class X>
-  auto forward(X const& x) {
-    return w1(x);
-  }
-};
-template <class T, class Plan>
-struct Model {
-  FeedForward<T, sw::subplan<Plan, "feed_forward">> feed_forward;
-  SHARDWISE_CHILDREN(feed_forward)
-};
+using one_module::Model;
 #ifdef SHARDWISE_SHOULD_FAIL
 using said = sw::Shard<0>;  // the module's ColwiseParallel output comes cut by features, not by the sequence
 #else
