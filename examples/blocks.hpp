@@ -53,6 +53,7 @@ struct Attention {
   sw::Linear<T, sw::style_at<Plan, "wv">> wv;
   sw::Linear<T, sw::style_at<Plan, "wo">> wo;
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
+  SHARDWISE_HOOKS(static_check, on_parallelize)  // the members below that sw::parallelize calls
   SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   Attention(std::size_t dim, std::size_t heads, std::size_t sequence, std::uint64_t seed)

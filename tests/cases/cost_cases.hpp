@@ -115,6 +115,75 @@ std::size_t held_activation_bytes(Model& model) {
   return bytes;
 }
 
+/// A parameter as the cost model's walk states it and as the model holds it after parallelize.
+struct walked_parameter {
+  std::size_t elements = 0, rows = 0;
+  bool partial = false, repeated = false;
+  bool operator==(walked_parameter const&) const = default;
+};
+inline std::ostream& operator<<(std::ostream& out, walked_parameter const& p) {
+  return out << p.elements << " elements in " << p.rows << " rows" << (p.partial ? ", partial" : "")
+             << (p.repeated ? ", repeated" : "");
+}
+
+/// The parameters the model holds on this rank, in the order of sw::for_each_parameter.
+template <class Model>
+std::vector<walked_parameter> held_parameters(Model& model) {
+  std::vector<walked_parameter> held;
+  sw::for_each_parameter(model, [&](auto const&, auto const& p) {
+    using P = std::remove_cvref_t<decltype(p)>;
+    held.push_back({static_cast<std::size_t>(p.value->size()), static_cast<std::size_t>(p.value->rows()),
+                    sw::is_partial_v<typename P::grad_placement>, p.copies > 1});
+  });
+  return held;
+}
+
+/// What a cost walk (fn -> calls fn(sw::parameter_cost) per parameter) states.
+template <class Walk>
+std::vector<walked_parameter> walked_parameters(Walk&& walk) {
+  std::vector<walked_parameter> walked;
+  walk([&](sw::parameter_cost const& p) {
+    walked.push_back({p.elements, p.rows, p.partial_gradient, p.copies_elements != 0});
+  });
+  return walked;
+}
+
+/// The cost model's walk of a model's parameters (sw::parameter_costs over the model's shapes) against the
+/// parameters the model holds after parallelize over every rank as tp: Llama (a vocabulary tp 4 pads, key-value
+/// heads repeated at tp 4, tied and untied), GPT-2 (biases, LayerNorms, a tied head) and each Llama stage.
+template <bool SequenceParallel, class World>
+void check_parameter_walks(World const& world) {
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  sw::cost_inputs const s{8, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};
+  models::LlamaConfig m;
+  m.vocabulary = 66, m.dim = 32, m.layers = 4, m.heads = 4, m.kv_heads = 2, m.hidden = 64, m.sequence = 8;
+  for (bool tied : {false, true}) {
+    m.tie_word_embeddings = tied;
+    using Model = models::Llama<float, models::llama_plan<SequenceParallel, true>>;
+    Model model(m);
+    sw::parallelize(model, tp);
+    INFO("Llama at tp ", tp.size(), std::string_view(tied ? ", tied" : ""),
+         std::string_view(SequenceParallel ? ", sequence parallel" : ""));
+    CHECK(walked_parameters([&](auto&& fn) { Model::shardwise_parameter_costs(m, s, fn); }) == held_parameters(model));
+    using Stage = models::LlamaStage<float, models::llama_plan<SequenceParallel, true>>;
+    sw::stage_split const split(m.layers, 2);  // blocks 0-1 with the embedding, 2-3 with the norm and output
+    for (int stage = 0; stage < 2; ++stage) {
+      Stage chunk(m, split, stage);
+      sw::parallelize(chunk, tp);
+      INFO("stage ", stage);
+      CHECK(walked_parameters([&](auto&& fn) { Stage::shardwise_parameter_costs(m, split.of(stage), s, fn); }) ==
+            held_parameters(chunk));
+    }
+  }
+  using GPT2 = models::GPT2<float, models::gpt2_plan<SequenceParallel>>;
+  models::GPT2Config g;
+  g.vocabulary = 66, g.dim = 32, g.layers = 2, g.heads = 4, g.sequence = 6;
+  GPT2 gpt2(g);
+  sw::parallelize(gpt2, tp);
+  INFO("GPT-2 at tp ", tp.size());
+  CHECK(walked_parameters([&](auto&& fn) { GPT2::shardwise_parameter_costs(g, s, fn); }) == held_parameters(gpt2));
+}
+
 /// One block at the world's size as tp, sequence parallel or not: forward and backward recorded against the
 /// block's declared cost, the held bytes against its parameters, and the results against the unsharded block.
 template <class T, bool SequenceParallel, class World>
@@ -470,6 +539,8 @@ template <class World>
 void run_cost_cases(World const& world) {
   models::LlamaConfig c;
   c.dim = 32, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 6;
+  check_parameter_walks<false>(world);
+  check_parameter_walks<true>(world);
   check_block<double, false>(world, c, 2);
   check_block<double, true>(world, c, 2);
   check_block<float, true>(world, c, 3);  // 18 tokens: uneven sequence pieces at 4 ranks

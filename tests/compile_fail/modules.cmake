@@ -30,3 +30,23 @@ shardwise_add_compile_fail_test(module_entry_skipped SOURCE compile_fail/module_
          "input_layout_mismatch_at<shardwise::fixed_string<16>{\"feed_forward.w1\"}, shardwise::Replicate, shardwise::Shard<0>")
 shardwise_add_compile_fail_test(full_gradient_partial SOURCE compile_fail/full_gradient_partial.cpp LINK shardwise::eigen
   EXPECT "shardwise::full_gradient: the gradient is still Partial")
+shardwise_add_compile_fail_test(parameter_costs_shape_count SOURCE compile_fail/parameter_costs_shape_count.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::parameter_costs: a module's shardwise_shapes gives a different number of shapes than its "
+         "SHARDWISE_CHILDREN lists children")
+shardwise_add_compile_fail_test(parameter_costs_layer_shape SOURCE compile_fail/parameter_costs_layer_shape.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::parameter_costs: a layer has no shardwise_parameter_costs for the shape its module's "
+         "shardwise_shapes gives it")
+shardwise_add_compile_fail_test(parameter_costs_container_shape SOURCE compile_fail/parameter_costs_container_shape.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::parameter_costs: a child is neither a layer nor a module \\(SHARDWISE_CHILDREN\\); a vector or "
+         "optional child takes a sw::repeated_shape")
+shardwise_add_compile_fail_test(hooks_member_misspelt SOURCE compile_fail/hooks_member_misspelt.cpp LINK shardwise::eigen
+  EXPECT "shardwise::hooks: a module lists a hook in SHARDWISE_HOOKS\\(...\\) but defines no member shardwise_<hook>"
+         "hook_listed_but_not_defined<Heads, shardwise::hooks::on_parallelize>")
+shardwise_add_compile_fail_test(hooks_not_listed SOURCE compile_fail/hooks_not_listed.cpp LINK shardwise::eigen
+  EXPECT "shardwise::hooks: a module defines a hook \\(a member shardwise_<hook>, named below\\) that its SHARDWISE_HOOKS"
+         "hook_defined_but_not_listed<Heads, shardwise::hooks::on_parallelize>")
+shardwise_add_compile_fail_test(hooks_list_misspelt SOURCE compile_fail/hooks_list_misspelt.cpp LINK shardwise::eigen
+  EXPECT "on_paralelize" "shardwise::hooks: a module defines a hook \\(a member shardwise_<hook>, named below\\)")

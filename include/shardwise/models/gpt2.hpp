@@ -11,6 +11,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardwise/nn.hpp"
@@ -66,15 +67,23 @@ struct GPT2Attention {
   Linear<T, style_at<Plan, "v_proj">> v_proj;  ///< Value projection, dim -> dim, with bias.
   Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
   SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
+  SHARDWISE_HOOKS(on_parallelize)
   SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4.
   GPT2Attention(GPT2Config const& c, std::uint64_t seed)
-      : q_proj(c.dim, c.dim, seed + 1),
-        k_proj(c.dim, c.dim, seed + 2),
-        v_proj(c.dim, c.dim, seed + 3),
-        c_proj(c.dim, c.dim, seed + 4),
+      : q_proj(std::get<0>(shardwise_shapes(c)), seed + 1),
+        k_proj(std::get<1>(shardwise_shapes(c)), seed + 2),
+        v_proj(std::get<2>(shardwise_shapes(c)), seed + 3),
+        c_proj(std::get<3>(shardwise_shapes(c)), seed + 4),
         config_(c) {}
+
+  /// The shapes of q_proj, k_proj, v_proj and c_proj (with biases), which the constructor builds them from and
+  /// sw::parameter_costs walks.
+  static constexpr auto shardwise_shapes(GPT2Config const& c) {
+    linear_shape const square{c.dim, c.dim};
+    return std::tuple{square, square, square, square};
+  }
 
   /// Called by sw::parallelize before any layer is cut: each rank must hold whole heads.
   void shardwise_on_parallelize(int tp) {
@@ -142,7 +151,12 @@ struct GPT2MLP {
 
   /// The parameters are drawn from seed + 1 and seed + 2.
   GPT2MLP(GPT2Config const& c, std::uint64_t seed)
-      : c_fc(c.dim, c.hidden(), seed + 1), c_proj(c.hidden(), c.dim, seed + 2) {}
+      : c_fc(std::get<0>(shardwise_shapes(c)), seed + 1), c_proj(std::get<1>(shardwise_shapes(c)), seed + 2) {}
+
+  /// The shapes of c_fc and c_proj (with biases), which the constructor builds them from.
+  static constexpr auto shardwise_shapes(GPT2Config const& c) {
+    return std::tuple{linear_shape{c.dim, c.hidden()}, linear_shape{c.hidden(), c.dim}};
+  }
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: c_fc's and c_proj's (with biases) and
   /// what the forward keeps: c_fc's output, beside c_proj's input (the GELU's output).
@@ -188,10 +202,16 @@ struct GPT2Block {
 
   /// The attention's parameters are drawn from `seed`, the MLP's from seed + 10.
   GPT2Block(GPT2Config const& c, std::uint64_t seed)
-      : ln_1(c.dim, static_cast<T>(c.layer_norm_eps)),
+      : ln_1(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
         attn(c, seed),
-        ln_2(c.dim, static_cast<T>(c.layer_norm_eps)),
+        ln_2(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
         mlp(c, seed + 10) {}
+
+  /// Its children's shapes: the norms', the attention's and the MLP's.
+  static constexpr auto shardwise_shapes(GPT2Config const& c) {
+    return std::tuple{norm_shape{c.dim}, decltype(attn)::shardwise_shapes(c), norm_shape{c.dim},
+                      decltype(mlp)::shardwise_shapes(c)};
+  }
 
   /// Its cost on one rank (sw::cost): the norms', and the attention's and the MLP's each called through
   /// sw::forward (their plan entries' moves around them); backward in reverse.
@@ -227,15 +247,16 @@ struct GPT2 {
   LayerNorm<T, style_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
   Linear<T, style_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
   SHARDWISE_CHILDREN(wte, wpe, h, ln_f, lm_head)
+  SHARDWISE_HOOKS(config)
   SHARDWISE_SAVED()  // positions_ is a cache of position ids, not an activation
 
   /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not
   /// divide into the heads.
   explicit GPT2(GPT2Config const& c)
-      : wte((c.check(), c.vocabulary), c.dim, c.seed),
-        wpe(c.sequence, c.dim, c.seed + 1),
-        ln_f(c.dim, static_cast<T>(c.layer_norm_eps)),
-        lm_head(c.dim, c.vocabulary, c.seed + 2, false),
+      : wte(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
+        wpe(std::get<1>(shardwise_shapes(c)), c.seed + 1),
+        ln_f(std::get<3>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
+        lm_head(std::get<4>(shardwise_shapes(c)).each, c.seed + 2),
         config_(c) {
     if (c.heads == 0 || c.dim % c.heads != 0)
       shardwise::raise("shardwise::models::GPT2: dim ", c.dim, " does not divide into ", c.heads,
@@ -276,41 +297,21 @@ struct GPT2 {
     return total;
   }
 
+  /// Its children's shapes, which the constructor builds them from: wte, wpe, c.layers blocks, ln_f, and the LM
+  /// head, whose weight is wte's (no parameter of its own).
+  static constexpr auto shardwise_shapes(GPT2Config const& c) {
+    using Block = GPT2Block<T, subplan<Plan, "h.*">>;
+    return std::tuple{embedding_shape{c.vocabulary, c.dim}, embedding_shape{c.sequence, c.dim},
+                      repeated_shape{c.layers, Block::shardwise_shapes(c)}, norm_shape{c.dim},
+                      only_if(false, linear_shape{c.dim, c.vocabulary, false})};
+  }
+
   /// Its parameters, in the order of sw::for_each_parameter (lm_head's weight is wte's: not walked), as costs
-  /// that walk them see them (sw::parameter_cost): fn is called once per parameter.
+  /// that walk them see them (sw::parameter_cost): fn is called once per parameter (sw::parameter_costs over its
+  /// shapes).
   template <class Fn>
   static constexpr void shardwise_parameter_costs(GPT2Config const& c, cost_inputs const& s, Fn&& fn) {
-    constexpr std::size_t e = sizeof(T);
-    using Block = GPT2Block<T, subplan<Plan, "h.*">>;
-    using Attention = decltype(std::declval<Block&>().attn);
-    using MLP = decltype(std::declval<Block&>().mlp);
-    using Norm = decltype(ln_f);
-    bool const norms_partial = !std::is_same_v<typename Norm::grad_placement, Replicate>;
-    auto const linear = [&]<class Layer>(std::type_identity<Layer>, std::size_t in, std::size_t out) {
-      bool const cut_rows = std::is_same_v<typename Layer::weight_grad_placement, Shard<0>>;
-      std::size_t const n = cut_rows || std::is_same_v<typename Layer::weight_grad_placement, Shard<1>> ? s.tp : 1;
-      std::size_t const rows = cut_rows ? (out + n - 1) / n : out, cols = cut_rows ? in : in / n;
-      fn(parameter_cost{rows * cols, e, false, 0, rows});
-      fn(parameter_cost{cut_rows ? rows : out, e, false, 0, cut_rows ? rows : out});  // the bias
-    };
-    auto const embedding = [&]<class Layer>(std::type_identity<Layer>, std::size_t rows, std::size_t cols) {
-      std::size_t const held = Layer::shardwise_cost(rows, cols, s).parameter_bytes / e;
-      fn(parameter_cost{held, e, false, 0, held / cols});
-    };
-    auto const norm = [&] { fn(parameter_cost{c.dim, e, norms_partial, 0, c.dim}); };
-    embedding(std::type_identity<decltype(wte)>{}, c.vocabulary, c.dim);
-    embedding(std::type_identity<decltype(wpe)>{}, c.sequence, c.dim);
-    for (std::size_t i = 0; i < c.layers; ++i) {
-      norm(), norm();
-      linear(std::type_identity<decltype(std::declval<Attention&>().q_proj)>{}, c.dim, c.dim);
-      linear(std::type_identity<decltype(std::declval<Attention&>().k_proj)>{}, c.dim, c.dim);
-      linear(std::type_identity<decltype(std::declval<Attention&>().v_proj)>{}, c.dim, c.dim);
-      linear(std::type_identity<decltype(std::declval<Attention&>().c_proj)>{}, c.dim, c.dim);
-      norm(), norm();
-      linear(std::type_identity<decltype(std::declval<MLP&>().c_fc)>{}, c.dim, c.hidden());
-      linear(std::type_identity<decltype(std::declval<MLP&>().c_proj)>{}, c.hidden(), c.dim);
-    }
-    norm(), norm();
+    parameter_costs<GPT2>(shardwise_shapes(c), s, fn);
   }
 
   /// The config the model was built from.

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -39,15 +40,38 @@ struct LlamaAttention {
   Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim, no bias.
   Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim, no bias.
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
+  SHARDWISE_HOOKS(static_check, on_parallelize)
   SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
   /// from StaticHeads / StaticKvHeads.
-  LlamaAttention(LlamaConfig const& c, std::uint64_t seed)
-      : wq(c.dim, c.heads * c.head_dim(), seed + 1, false),
-        wk(c.dim, c.kv_heads * c.head_dim(), seed + 2, false),
-        wv(c.dim, c.kv_heads * c.head_dim(), seed + 3, false),
-        wo(c.heads * c.head_dim(), c.dim, seed + 4, false),
+  LlamaAttention(LlamaConfig const& c, std::uint64_t seed) : LlamaAttention(c, seed, shardwise_shapes(c)) {}
+
+  /// Whether the plan shards the heads (wk's weight cut by output rows: ColwiseParallel or a style like it).
+  static constexpr bool sharded_heads =
+      std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
+
+  /// The shapes of wq, wk, wv and wo (a tuple), which the constructor builds them from and sw::parameter_costs walks;
+  /// at `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
+  using shape_list = std::tuple<linear_shape, linear_shape, linear_shape, linear_shape>;
+  static constexpr shape_list shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
+    bool const built = tp == 0;  // as the constructor builds them: parallelize makes the copies
+    std::size_t const copies =
+        sharded_heads && !built ? kv_size_multiplier(c.heads, c.kv_heads, tp, c.kv_size_multiplier) : 1;
+    if (copies == 0)
+      shardwise::raise("shardwise::models::LlamaAttention: ", tp, " ranks cannot serve ", c.heads, " heads and ",
+                       c.kv_heads, " key-value heads; choose another tp size");
+    std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
+    return {linear_shape{c.dim, q, false}, linear_shape{c.dim, kv, false, copies},
+            linear_shape{c.dim, kv, false, copies}, linear_shape{q, c.dim, false}};
+  }
+
+ private:
+  LlamaAttention(LlamaConfig const& c, std::uint64_t seed, shape_list const& sh)
+      : wq(std::get<0>(sh), seed + 1),
+        wk(std::get<1>(sh), seed + 2),
+        wv(std::get<2>(sh), seed + 3),
+        wo(std::get<3>(sh), seed + 4),
         config_(c),
         rope_(c.sequence, c.head_dim(), c.rope_theta) {
     if ((StaticHeads != dynamic_size && c.heads != StaticHeads) ||
@@ -57,10 +81,7 @@ struct LlamaAttention {
                        c.heads, " and ", c.kv_heads);
   }
 
-  /// Whether the plan shards the heads (wk's weight cut by output rows: ColwiseParallel or a style like it).
-  static constexpr bool sharded_heads =
-      std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
-
+ public:
   /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
   template <std::size_t Ranks>
   static constexpr bool shardwise_static_check() {
@@ -101,11 +122,7 @@ struct LlamaAttention {
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections', in the order forward
   /// and backward call them; wk and wv hold kv_size_multiplier copies of each key-value head where tp needs them.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
-    std::size_t copies = 1;
-    if constexpr (sharded_heads) copies = kv_size_multiplier(c.heads, c.kv_heads, s.tp, c.kv_size_multiplier);
-    if (copies == 0)
-      shardwise::raise("shardwise::models::LlamaAttention::shardwise_cost: ", s.tp, " ranks cannot serve ", c.heads,
-                       " heads and ", c.kv_heads, " key-value heads; choose another tp size");
+    std::size_t const copies = std::get<1>(shardwise_shapes(c, s.tp)).copies;
     std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * copies * c.head_dim();
     cost const cq = decltype(wq)::shardwise_cost(c.dim, q, s), ck = decltype(wk)::shardwise_cost(c.dim, kv, s);
     cost const cv = decltype(wv)::shardwise_cost(c.dim, kv, s), co = decltype(wo)::shardwise_cost(q, c.dim, s);
@@ -179,9 +196,15 @@ struct LlamaFeedForward {
 
   /// The parameters are drawn from seed + 1 .. seed + 3.
   LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
-      : w1(c.dim, c.hidden, seed + 1, false),
-        w3(c.dim, c.hidden, seed + 2, false),
-        w2(c.hidden, c.dim, seed + 3, false) {}
+      : w1(std::get<0>(shardwise_shapes(c)), seed + 1),
+        w3(std::get<1>(shardwise_shapes(c)), seed + 2),
+        w2(std::get<2>(shardwise_shapes(c)), seed + 3) {}
+
+  /// The shapes of w1, w3 and w2, which the constructor builds them from and sw::parameter_costs walks.
+  static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t = 0) {
+    return std::tuple{linear_shape{c.dim, c.hidden, false}, linear_shape{c.dim, c.hidden, false},
+                      linear_shape{c.hidden, c.dim, false}};
+  }
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: w1, w3 and w2's, in the order forward and
   /// backward call them (under tensor parallelism, forward: one all-reduce of [tokens, dim] in w2).
@@ -236,10 +259,19 @@ struct LlamaBlock {
 
   /// The attention's parameters are drawn from `seed`, the feed-forward's from seed + 10.
   LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
-      : attention_norm(c.dim, static_cast<T>(c.norm_eps)),
+      : attention_norm(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
         attention(c, seed),
-        ffn_norm(c.dim, static_cast<T>(c.norm_eps)),
+        ffn_norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
         feed_forward(c, seed + 10) {}
+
+  /// Its children's shapes (the norms', the attention's and the feed-forward's) at `tp` ranks, for
+  /// sw::parameter_costs.
+  static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
+    using Attention = decltype(attention);
+    using FeedForward = decltype(feed_forward);
+    return std::tuple{norm_shape{c.dim}, Attention::shardwise_shapes(c, tp), norm_shape{c.dim},
+                      FeedForward::shardwise_shapes(c, tp)};
+  }
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the norms, then the attention and the
   /// feed-forward each called through sw::forward (their plan entries' moves around them); backward in reverse.
@@ -291,6 +323,7 @@ struct Llama {
   RMSNorm<T, style_at<Plan, "norm">> norm;                                                   ///< The final norm.
   Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
+  SHARDWISE_HOOKS(config)
   SHARDWISE_SAVED(block_inputs_)
 
   /// The decoder block's type (what sw::wrap_type<...> names to make each block an FSDP unit).
@@ -301,9 +334,9 @@ struct Llama {
   /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
   /// c.tie_word_embeddings is set.
   explicit Llama(LlamaConfig const& c)
-      : tok_embeddings((c.check(), c.vocabulary), c.dim, c.seed),
-        norm(c.dim, static_cast<T>(c.norm_eps)),
-        output(c.dim, c.vocabulary, c.seed + 1, false),
+      : tok_embeddings(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
+        norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
+        output(std::get<3>(shardwise_shapes(c)).each, c.seed + 1),
         config_(c) {
     layers.reserve(c.layers);
     for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
@@ -353,47 +386,19 @@ struct Llama {
     return parts;
   }
 
+  /// Its children's shapes at `tp` ranks, which the constructor builds them from: the embedding, c.layers
+  /// blocks, the final norm, and the output projection, which holds no weight of its own when tied.
+  static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
+    return std::tuple{embedding_shape{c.vocabulary, c.dim},
+                      repeated_shape{c.layers, block_type::shardwise_shapes(c, tp)}, norm_shape{c.dim},
+                      only_if(!c.tie_word_embeddings, linear_shape{c.dim, c.vocabulary, false})};
+  }
+
   /// This rank's parameters, in the order of sw::for_each_parameter, as costs that walk them see them
-  /// (sw::parameter_cost): fn is called once per parameter.
+  /// (sw::parameter_cost): fn is called once per parameter (sw::parameter_costs over its shapes).
   template <class Fn>
   static constexpr void shardwise_parameter_costs(LlamaConfig const& c, cost_inputs const& s, Fn&& fn) {
-    constexpr std::size_t e = sizeof(T);
-    auto const held = [](cost const& k) { return k.parameter_bytes / e; };
-    using Attention = decltype(std::declval<block_type&>().attention);
-    using FeedForward = decltype(std::declval<block_type&>().feed_forward);
-    using Norm = decltype(norm);
-    bool const norms_partial = !std::is_same_v<typename Norm::grad_placement, Replicate>;
-    std::size_t const copies =
-        Attention::sharded_heads ? kv_size_multiplier(c.heads, c.kv_heads, s.tp, c.kv_size_multiplier) : 1;
-    std::size_t const kv_rows = c.kv_heads * c.head_dim(), q = c.heads * c.head_dim();
-    cost const wq = decltype(std::declval<Attention&>().wq)::shardwise_cost(c.dim, q, s);
-    cost const wk = decltype(std::declval<Attention&>().wk)::shardwise_cost(c.dim, kv_rows * copies, s);
-    cost const wo = decltype(std::declval<Attention&>().wo)::shardwise_cost(q, c.dim, s);
-    cost const w1 = decltype(std::declval<FeedForward&>().w1)::shardwise_cost(c.dim, c.hidden, s);
-    cost const w2 = decltype(std::declval<FeedForward&>().w2)::shardwise_cost(c.hidden, c.dim, s);
-    parameter_cost const norm_weight{c.dim, e, norms_partial, 0, c.dim};
-    using Embed = decltype(tok_embeddings);
-    using Output = decltype(output);
-    std::size_t const t = s.tp;
-    using Wq = decltype(std::declval<Attention&>().wq);
-    parameter_cost const kv{held(wk), e, false, copies > 1 ? kv_rows * c.dim : 0,
-                            detail::rows_on_tp<Wq>(kv_rows * copies, t)};
-    fn(parameter_cost{held(Embed::shardwise_cost(c.vocabulary, c.dim, s)), e, false, 0,
-                      detail::rows_on_tp<Embed>(c.vocabulary, t)});
-    for (std::size_t i = 0; i < c.layers; ++i) {
-      fn(norm_weight), fn(parameter_cost{held(wq), e, false, 0, detail::rows_on_tp<Wq>(q, t)}), fn(kv), fn(kv);
-      fn(parameter_cost{held(wo), e, false, 0, detail::rows_on_tp<decltype(std::declval<Attention&>().wo)>(c.dim, t)});
-      fn(norm_weight);
-      parameter_cost const gate{held(w1), e, false, 0,
-                                detail::rows_on_tp<decltype(std::declval<FeedForward&>().w1)>(c.hidden, t)};
-      fn(gate), fn(gate);
-      fn(parameter_cost{held(w2), e, false, 0,
-                        detail::rows_on_tp<decltype(std::declval<FeedForward&>().w2)>(c.dim, t)});
-    }
-    fn(norm_weight);
-    if (!c.tie_word_embeddings)
-      fn(parameter_cost{held(Output::shardwise_cost(c.dim, c.vocabulary, s)), e, false, 0,
-                        detail::rows_on_tp<Output>(c.vocabulary, t)});
+    parameter_costs<Llama>(shardwise_shapes(c, s.tp), s, fn);
   }
 
   /// Whether the plan cuts the output projection and the embedding the same way, as tied weights need.

@@ -103,27 +103,31 @@ constexpr llama_block_units block_units(LlamaConfig const& c, fsdp_cost_options 
   return u;
 }
 
-/// The unit that holds a parameter of a block, by its place in the block's walk (0 attention_norm, 1-4 the
-/// attention's, 5 ffn_norm, 6-8 the feed-forward's): 0 the root, 1 the block, 2 the attention, 3 the feed-forward.
-constexpr int block_owner(std::size_t place, llama_block_units const& u) {
-  bool const in_attention = place >= 1 && place <= 4, in_feed_forward = place >= 6;
-  if (in_attention && u.attention) return 2;
-  if (in_feed_forward && u.feed_forward) return 3;
-  return u.block ? 1 : 0;
-}
-
-/// Calls fn(p) for each parameter of Llama<T, Plan> that unit `owner` holds (of layer `layer` for the blocks'
-/// units; every layer's and the ends' for the root, owner 0), in walk order.
+/// Calls fn(p) for each parameter of Llama<T, Plan> that unit `owner` holds — 0 the root (the embedding, the
+/// final norm, the output, and what no unit of a block holds), 1 block `layer`, 2 its attention, 3 its
+/// feed-forward — in walk order (sw::parameter_costs over the model's shapes, child by child).
 template <class Model, class Fn>
 constexpr void for_unit_parameters(LlamaConfig const& c, cost_inputs const& s, llama_block_units const& u, int owner,
                                    std::size_t layer, Fn&& fn) {
-  std::size_t index = 0;
-  Model::shardwise_parameter_costs(c, s, [&](parameter_cost const& p) {
-    std::size_t const i = index++;
-    bool const in_blocks = i >= 1 && i < 1 + 9 * c.layers;
-    int const holder = in_blocks ? block_owner((i - 1) % 9, u) : 0;
-    if (holder == owner && (owner == 0 || (i - 1) / 9 == layer)) fn(p);
-  });
+  using Block = typename Model::block_type;
+  auto const shapes = Model::shardwise_shapes(c, s.tp);
+  auto const block = std::get<1>(shapes).each;
+  int const in_block = u.block ? 1 : 0;
+  auto const walk = [&]<class Node>(std::type_identity<Node>, int holder, auto const& shape) {
+    if (holder == owner) parameter_costs<Node>(shape, s, fn);
+  };
+  walk(std::type_identity<decltype(std::declval<Model&>().tok_embeddings)>{}, 0, std::get<0>(shapes));
+  for (std::size_t i = 0; i < std::get<1>(shapes).count; ++i) {
+    if (owner != 0 && i != layer) continue;
+    walk(std::type_identity<decltype(std::declval<Block&>().attention_norm)>{}, in_block, std::get<0>(block));
+    walk(std::type_identity<decltype(std::declval<Block&>().attention)>{}, u.attention ? 2 : in_block,
+         std::get<1>(block));
+    walk(std::type_identity<decltype(std::declval<Block&>().ffn_norm)>{}, in_block, std::get<2>(block));
+    walk(std::type_identity<decltype(std::declval<Block&>().feed_forward)>{}, u.feed_forward ? 3 : in_block,
+         std::get<3>(block));
+  }
+  walk(std::type_identity<decltype(std::declval<Model&>().norm)>{}, 0, std::get<2>(shapes));
+  walk(std::type_identity<decltype(std::declval<Model&>().output)>{}, 0, std::get<3>(shapes));
 }
 
 /// Appends the gathers of unit `owner`'s parameters (of layer `layer` for a block's units).

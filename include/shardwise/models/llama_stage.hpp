@@ -40,6 +40,7 @@ struct LlamaStage {
   std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
   std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
+  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step)
   SHARDWISE_SAVED(block_inputs_)
 
   /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
@@ -49,14 +50,15 @@ struct LlamaStage {
                        " layers but the config has ", c.layers, "; build the split from config.layers");
     auto const range = split.of(stage);
     first_ = stage == 0, last_ = stage == split.stages() - 1, stages_ = split.stages();
-    if (first_) tok_embeddings.emplace(c.vocabulary, c.dim, c.seed);
+    auto const shapes = shardwise_shapes(c, range);
+    if (first_) tok_embeddings.emplace(std::get<0>(shapes).each, c.seed);
     layers.first = range.first;
     layers.reserve(range.count);
     for (std::size_t i = range.first; i < range.first + range.count; ++i)
       layers.emplace_back(c, c.seed + 100 * (i + 1));
     if (last_) {
-      norm.emplace(c.dim, static_cast<T>(c.norm_eps));
-      output.emplace(c.dim, c.vocabulary, c.seed + 1, false);
+      norm.emplace(std::get<2>(shapes).each, static_cast<T>(c.norm_eps));
+      output.emplace(std::get<3>(shapes).each, c.seed + 1);
       if (c.tie_word_embeddings) tie_output();
       output->pad_outputs_for_tp();
     }
@@ -228,20 +230,24 @@ struct LlamaStage {
     return t;
   }
 
+  /// Its children's shapes at `tp` ranks, which the constructor builds them from: the embedding on the first
+  /// stage, the blocks of `blocks`, and the final norm and output projection on the last (whose weight is the
+  /// embedding's when tied on one stage; a later stage holds a copy of the table).
+  static constexpr auto shardwise_shapes(LlamaConfig const& c, stage_range const& blocks, std::size_t tp = 0) {
+    bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
+    auto const whole = Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_shapes(c, tp);
+    auto const output = std::get<3>(whole).each;
+    return std::tuple{only_if(first, std::get<0>(whole)), repeated_shape{blocks.count, std::get<1>(whole).each},
+                      only_if(last, std::get<2>(whole)), only_if(last && !(c.tie_word_embeddings && first), output)};
+  }
+
   /// The stage's parameters, in the order of sw::for_each_parameter, as costs that walk them see them
-  /// (sw::parameter_cost; for sw::finish_gradients_cost and AdamW::step_cost): fn is called once per parameter.
+  /// (sw::parameter_cost; for sw::finish_gradients_cost and AdamW::step_cost): fn is called once per parameter
+  /// (sw::parameter_costs over its shapes).
   template <class Fn>
   static constexpr void shardwise_parameter_costs(LlamaConfig const& c, stage_range const& blocks, cost_inputs const& s,
                                                   Fn&& fn) {
-    bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
-    LlamaConfig whole = c;
-    whole.tie_word_embeddings = c.tie_word_embeddings && first;  // a later stage holds a copy of the table
-    std::size_t index = 0;
-    Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_parameter_costs(whole, s, [&](parameter_cost const& p) {
-      std::size_t const i = index++;
-      bool const in_blocks = i >= 1 + 9 * blocks.first && i < 1 + 9 * (blocks.first + blocks.count);
-      if ((i == 0 && first) || in_blocks || (i > 9 * c.layers && last)) fn(p);
-    });
+    parameter_costs<LlamaStage>(shardwise_shapes(c, blocks, s.tp), s, fn);
   }
 
  private:

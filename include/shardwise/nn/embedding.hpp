@@ -19,6 +19,7 @@
 #include "shardwise/nn/linear_style.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
+#include "shardwise/nn/shapes.hpp"
 
 namespace shardwise {
 
@@ -81,6 +82,16 @@ class embedding_core : public layer_plumbing<T> {
     mover::template add_cost<typename layouts::product_out, output_layout>(c.forward, s.tokens, dim, e, s);
     mover::template add_cost<output_layout, typename layouts::product_out_grad>(c.backward, s.tokens, dim, e, s);
     return c;
+  }
+
+  /// This rank's table as the costs that walk a model's parameters see it (sw::parameter_cost), for a table of
+  /// `shape` on s.tp ranks (cut as shardwise_cost cuts it).
+  template <class Fn>
+  static constexpr void shardwise_parameter_costs(embedding_shape const& shape, cost_inputs const& s, Fn&& fn) {
+    std::size_t const n = serial ? 1 : s.tp;
+    std::size_t const rows = cuts_vocabulary ? (shape.rows + n - 1) / n : shape.rows,
+                      cols = cuts_columns ? shape.cols / n : shape.cols;
+    fn(parameter_cost{rows * cols, sizeof(T), false, 0, rows});
   }
 
   /// Called by sw::parallelize: keeps this rank's slice and the group.
@@ -236,6 +247,8 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
   Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
       : core(Location::path.view(), vocabulary, dim, seed) {}
+  /// The same, from its shape.
+  Embedding(embedding_shape const& shape, std::uint64_t seed) : Embedding(shape.rows, shape.cols, seed) {}
 
   /// Pads the table at parallelize, with zero rows no id reaches, up to a multiple of the tp size (under
   /// RowwiseParallel, a vocabulary the tp size does not divide), as Megatron does. Checkpoints store the real

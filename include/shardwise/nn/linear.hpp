@@ -56,6 +56,9 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
     detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
   }
 
+  /// The same, from its shape (shape.copies is parallelize's to make: a Linear is built with one copy).
+  Linear(linear_shape const& shape, std::uint64_t seed) : Linear(shape.in, shape.out, seed, shape.bias) {}
+
   /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
   template <std::size_t Ranks>
   static constexpr bool shardwise_static_check() {

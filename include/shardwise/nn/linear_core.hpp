@@ -15,6 +15,7 @@
 #include "shardwise/nn/linear_style.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
+#include "shardwise/nn/shapes.hpp"
 
 namespace shardwise::detail {
 
@@ -121,6 +122,19 @@ class linear_core : public layer_plumbing<T> {
     if constexpr (!layouts::input_grad_left_partial)
       mover::template add_cost<typename layouts::product_in_grad, input_layout>(c.backward, s.tokens, in, e, s);
     return c;
+  }
+
+  /// This rank's parameters as the costs that walk a model's parameters see them (sw::parameter_cost), for a
+  /// Linear of `shape` on s.tp ranks: the weight, then the bias if it has one (cut as shardwise_cost cuts them).
+  template <class Fn>
+  static constexpr void shardwise_parameter_costs(linear_shape const& shape, cost_inputs const& s, Fn&& fn) {
+    std::size_t const n = serial ? 1 : s.tp, out = shape.out * shape.copies;
+    std::size_t const rows = cut_rows ? (out + n - 1) / n : out, cols = cut_cols ? shape.in / n : shape.in;
+    bool const repeated = shape.copies > 1;  // the copies' gradients are summed by an all-reduce of the whole
+    fn(parameter_cost{rows * cols, sizeof(T), is_partial_v<typename layouts::weight>,
+                      repeated ? shape.out * shape.in : 0, rows});
+    if (shape.bias)
+      fn(parameter_cost{rows, sizeof(T), is_partial_v<typename layouts::bias>, repeated ? shape.out : 0, rows});
   }
 
   /// How the weight (and its gradient) is cut over tp: Shard<0> (Colwise), Shard<1> (Rowwise) or Replicate.

@@ -15,6 +15,7 @@
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
+#include "shardwise/nn/shapes.hpp"
 
 namespace shardwise {
 
@@ -93,6 +94,15 @@ class norm_core : public layer_plumbing<T> {
     c.gradient_bytes = sequence_parallel ? 2 * values : values;
     c.activation_bytes = rows * (features + (Kind == norm_kind::layer ? 2 : 1)) * sizeof(T);  // input, statistics
     return c;
+  }
+
+  /// Its weight (and LayerNorm's bias) as the costs that walk a model's parameters see them
+  /// (sw::parameter_cost): whole on every rank, their gradients Partial under SequenceParallel.
+  template <class Fn>
+  static constexpr void shardwise_parameter_costs(norm_shape const& shape, cost_inputs const&, Fn&& fn) {
+    parameter_cost const p{shape.features, sizeof(T), sequence_parallel, 0, shape.features};
+    fn(p);
+    if (Kind == norm_kind::layer) fn(p);
   }
 
   norm_core(std::string_view path, std::size_t features, T eps);
@@ -225,6 +235,8 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
   using typename core::layout;
 
   explicit norm_layer(std::size_t features, T eps = T(1e-5)) : core(Location::path.view(), features, eps) {}
+  /// The same, from its shape.
+  explicit norm_layer(norm_shape const& shape, T eps = T(1e-5)) : norm_layer(shape.features, eps) {}
 
   /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
   /// matrix (taken to be in the style's layout).
@@ -263,6 +275,8 @@ class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
   /// `features` weights set to one; eps 1e-6 unless given (Llama's configs give 1e-5 or 1e-6).
   explicit RMSNorm(std::size_t features, T eps = T(1e-6))
       : detail::norm_layer<T, Location, detail::norm_kind::rms>(features, eps) {}
+  /// The same, from its shape.
+  explicit RMSNorm(norm_shape const& shape, T eps = T(1e-6)) : RMSNorm(shape.features, eps) {}
 };
 
 }  // namespace shardwise

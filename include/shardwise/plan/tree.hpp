@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/plan/hooks.hpp"
 #include "shardwise/plan/members.hpp"
 
 namespace shardwise {
@@ -200,6 +201,7 @@ void walk_tree(Node& node, Path const& path, OnModule& on_module, OnLayer& on_la
   } else if constexpr (chunks_of_stages<N>::value) {
     for (auto& chunk : node) walk_tree(chunk, path, on_module, on_layer);
   } else if constexpr (module<N>) {
+    static_assert(hooks_declared<N>);  // its hooks against its SHARDWISE_HOOKS list, with their own messages
     on_module(node, path);
     auto children = node.shardwise_children();
     [&]<std::size_t... I>(std::index_sequence<I...>) {

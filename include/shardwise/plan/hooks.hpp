@@ -1,0 +1,116 @@
+#pragma once
+// The optional members a module may define for the library to call, as one declared list. C++20 cannot list a
+// class's members, so a hook the library looked up by name alone would be skipped without a word if misspelt;
+// instead a module names its hooks in SHARDWISE_HOOKS(...), and every walk of the model checks both ways at
+// compile time: each listed hook is defined (a misspelt member is an error), each defined hook is listed (a hook
+// forgotten in the list is an error), and the list names only hooks that exist (a misspelt entry is an error).
+#include <type_traits>
+
+#include "shardwise/core/show.hpp"
+
+namespace shardwise {
+
+/// The hooks a module may list in SHARDWISE_HOOKS; each is a member named shardwise_<hook>.
+namespace hooks {
+struct static_check {};         ///< template <std::size_t Ranks> static constexpr bool shardwise_static_check()
+struct on_parallelize {};       ///< void shardwise_on_parallelize(int tp_size): before parallelize cuts a layer
+struct config {};               ///< std::map<std::string, std::string> shardwise_config() const: what checkpoints keep
+struct other_stage {};          ///< bool shardwise_other_stage(std::string_view tensor) const: another stage's
+struct after_pipeline_step {};  ///< template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp)
+}  // namespace hooks
+
+/// The hooks a module lists (SHARDWISE_HOOKS).
+template <class... Hooks>
+struct hook_list {
+  template <class Hook>
+  static constexpr bool has = (std::is_same_v<Hook, Hooks> || ...);
+};
+
+}  // namespace shardwise
+
+#define SHARDWISE_DETAIL_HOOK_1(a) ::shardwise::hooks::a
+#define SHARDWISE_DETAIL_HOOK_2(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_1(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_3(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_2(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_4(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_3(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_5(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_4(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, name, ...) name
+
+/// Inside a module: SHARDWISE_HOOKS(static_check, on_parallelize) names the optional members it defines for the
+/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks).
+#define SHARDWISE_HOOKS(...)                                                                                           \
+  using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                                           \
+      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2, \
+      SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
+
+namespace shardwise::detail {
+
+// Whether a class has a member of a hook's name, of any kind or signature: the name is ambiguous in a class
+// derived from it and from a class that has a member of that name.
+template <class Hook>
+struct hook_name;
+#define SHARDWISE_DETAIL_HOOK_NAME(hook)                       \
+  template <>                                                  \
+  struct hook_name<hooks::hook> {                              \
+    struct named {                                             \
+      int shardwise_##hook;                                    \
+    };                                                         \
+    template <class M>                                         \
+    struct probe : M, named {};                                \
+    template <class M>                                         \
+    static constexpr bool in() {                               \
+      if constexpr (std::is_final_v<M> || !std::is_class_v<M>) \
+        return false;                                          \
+      else                                                     \
+        return !requires { &probe<M>::shardwise_##hook; };     \
+    }                                                          \
+  };
+SHARDWISE_DETAIL_HOOK_NAME(static_check)
+SHARDWISE_DETAIL_HOOK_NAME(on_parallelize)
+SHARDWISE_DETAIL_HOOK_NAME(config)
+SHARDWISE_DETAIL_HOOK_NAME(other_stage)
+SHARDWISE_DETAIL_HOOK_NAME(after_pipeline_step)
+#undef SHARDWISE_DETAIL_HOOK_NAME
+
+template <class M>
+struct listed_hooks {
+  using type = hook_list<>;
+};
+template <class M>
+  requires requires { typename M::shardwise_hooks; }
+struct listed_hooks<M> {
+  using type = typename M::shardwise_hooks;
+};
+
+template <class M, class Hook>
+struct hook_defined_but_not_listed;  // incomplete on purpose: the diagnostic names the module and the hook
+template <class M, class Hook>
+struct hook_listed_but_not_defined;
+
+/// One hook of module M: defined if and only if listed.
+template <class M, class Hook>
+constexpr bool hook_declared() {
+  constexpr bool defined = hook_name<Hook>::template in<M>(), listed = listed_hooks<M>::type::template has<Hook>;
+  static_assert(!defined || listed,
+                "shardwise::hooks: a module defines a hook (a member shardwise_<hook>, named below) that its "
+                "SHARDWISE_HOOKS(...) does not list; add the hook to the list, or rename the member if it is not "
+                "meant for shardwise");
+  static_assert(
+      defined || !listed,
+      "shardwise::hooks: a module lists a hook in SHARDWISE_HOOKS(...) but defines no member shardwise_<hook> "
+      "(named below); check the member's spelling");
+  if constexpr (defined && !listed) {
+    using shown [[maybe_unused]] = decltype(show_incomplete<hook_defined_but_not_listed<M, Hook>>());
+  } else if constexpr (listed && !defined) {
+    using shown [[maybe_unused]] = decltype(show_incomplete<hook_listed_but_not_defined<M, Hook>>());
+  }
+  return defined == listed;
+}
+
+/// Every hook of module M against its SHARDWISE_HOOKS list.
+template <class M>
+inline constexpr bool hooks_declared =
+    hook_declared<M, hooks::static_check>() && hook_declared<M, hooks::on_parallelize>() &&
+    hook_declared<M, hooks::config>() && hook_declared<M, hooks::other_stage>() &&
+    hook_declared<M, hooks::after_pipeline_step>();
+
+}  // namespace shardwise::detail
