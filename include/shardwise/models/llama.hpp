@@ -51,9 +51,10 @@ struct LlamaAttention {
   static constexpr bool sharded_heads =
       std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
 
-  /// The shapes of wq, wk, wv and wo (a tuple), which the constructor builds them from and sw::parameter_costs walks;
-  /// at `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
+  /// The shapes of wq, wk, wv and wo.
   using shape_list = std::tuple<linear_shape, linear_shape, linear_shape, linear_shape>;
+  /// The shapes of wq, wk, wv and wo, which the constructor builds them from and sw::parameter_costs walks; at
+  /// `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
   static constexpr shape_list shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
     bool const built = tp == 0;  // as the constructor builds them: parallelize makes the copies
     std::size_t const copies =

@@ -10,27 +10,29 @@ namespace shardwise {
 /// A Linear's sizes: `in` -> `out` features, with a bias or not; `copies`: how many times parallelize repeats
 /// each block of its output rows (key-value heads under kv_size_multiplier; 1 when built).
 struct linear_shape {
-  std::size_t in = 0, out = 0;
-  bool bias = true;
-  std::size_t copies = 1;
+  std::size_t in = 0;      ///< Input features.
+  std::size_t out = 0;     ///< Output features (before parallelize repeats any).
+  bool bias = true;        ///< Whether it has a bias.
+  std::size_t copies = 1;  ///< How many times parallelize repeats each block of output rows.
 };
 
 /// An Embedding's sizes: `rows` entries (the vocabulary) of `cols` features.
 struct embedding_shape {
-  std::size_t rows = 0, cols = 0;
+  std::size_t rows = 0;  ///< Entries: the vocabulary (before any padding for tp).
+  std::size_t cols = 0;  ///< Features per entry.
 };
 
 /// A norm's size: its features.
 struct norm_shape {
-  std::size_t features = 0;
+  std::size_t features = 0;  ///< Features normalized.
 };
 
 /// The shape of a repeated child (a vector or slice of blocks: `count` of them) or of a child that may hold no
 /// parameters of its own (an optional one, a tied output: count 0 or 1), each of shape `each`.
 template <class Shape>
 struct repeated_shape {
-  std::size_t count = 0;
-  Shape each{};
+  std::size_t count = 0;  ///< How many elements (0 or 1 for an optional or tied child).
+  Shape each{};           ///< Each element's shape.
 };
 
 template <class Shape>

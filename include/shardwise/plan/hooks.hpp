@@ -12,16 +12,22 @@ namespace shardwise {
 
 /// The hooks a module may list in SHARDWISE_HOOKS; each is a member named shardwise_<hook>.
 namespace hooks {
-struct static_check {};         ///< template <std::size_t Ranks> static constexpr bool shardwise_static_check()
-struct on_parallelize {};       ///< void shardwise_on_parallelize(int tp_size): before parallelize cuts a layer
-struct config {};               ///< std::map<std::string, std::string> shardwise_config() const: what checkpoints keep
-struct other_stage {};          ///< bool shardwise_other_stage(std::string_view tensor) const: another stage's
-struct after_pipeline_step {};  ///< template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp)
+/// `template <std::size_t Ranks> static constexpr bool shardwise_static_check()`: sw::parallelize, static tp size.
+struct static_check {};
+/// `void shardwise_on_parallelize(int tp_size)`: sw::parallelize, before it cuts any layer.
+struct on_parallelize {};
+/// `std::map<std::string, std::string> shardwise_config() const`: what checkpoints keep beside the weights.
+struct config {};
+/// `bool shardwise_other_stage(std::string_view tensor) const`: whether a tensor is another pipeline stage's.
+struct other_stage {};
+/// `template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp)`: at the end of each pipeline step.
+struct after_pipeline_step {};
 }  // namespace hooks
 
 /// The hooks a module lists (SHARDWISE_HOOKS).
 template <class... Hooks>
 struct hook_list {
+  /// Whether Hook is in the list.
   template <class Hook>
   static constexpr bool has = (std::is_same_v<Hook, Hooks> || ...);
 };
