@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Builds the safetensors header fuzzer with clang (libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer) in
-# its own build folder and runs it from the seed corpus tests/fuzz/corpus (bad cases and good files).
-#   scripts/fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz]
-# New inputs go to BUILD_DIR/corpus; a finding is written to BUILD_DIR/crash-* and the script fails.
+# Builds the fuzz targets of every reader of outside input with clang (libFuzzer + AddressSanitizer +
+# UndefinedBehaviorSanitizer) in their own build folder (tests/fuzz) and runs each for SECONDS from its seeds:
+#   safetensors_header  tests/fuzz/corpus (bad cases and good files, tests/fuzz/make_corpus.py)
+#   checkpoint_index    tests/fuzz/seeds_index (a sharded checkpoint's shardwise_checkpoint.json)
+#   pretrained_index    tests/fuzz/seeds_pretrained (a save_pretrained model.safetensors.index.json)
+#   llama_config        tests/data (transformers' Llama 3 config.json files, and a broken one)
+#   machine_file        tools/machines (the planner's machine files)
+#   scripts/fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz] [TARGET...]
+# New inputs go to BUILD_DIR/corpus_<target>; a finding is written to BUILD_DIR/crash-* and the script fails.
 set -euo pipefail
 seconds=${1:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-$root/build-fuzz}
+shift $(($# < 2 ? $# : 2))
+targets=("$@")
+[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header checkpoint_index pretrained_index llama_config machine_file)
 cxx=${SHARDWISE_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++ || true)}
 if [[ -z "$cxx" ]]; then
   echo "fuzz.sh: no clang++ found; run scripts/install-deps.sh (clang-14, libclang-rt-14-dev)" >&2
   exit 1
 fi
 cmake -S "$root/tests/fuzz" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j2
-mkdir -p "$build/corpus"
+cmake --build "$build" -j2 --target $(printf '%s_fuzz ' "${targets[@]}")
 cd "$build"
-./safetensors_header_fuzz -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-  -dict="$root/tests/fuzz/safetensors.dict" -print_final_stats=1 corpus "$root/tests/fuzz/corpus"
+declare -A seeds=([safetensors_header]="$root/tests/fuzz/corpus" [checkpoint_index]="$root/tests/fuzz/seeds_index"
+                  [pretrained_index]="$root/tests/fuzz/seeds_pretrained" [llama_config]="$root/tests/data"
+                  [machine_file]="$root/tools/machines")
+for target in "${targets[@]}"; do
+  mkdir -p "corpus_$target"
+  dict=()
+  [[ $target == safetensors_header ]] && dict=(-dict="$root/tests/fuzz/safetensors.dict")
+  echo "fuzz.sh: $target for $seconds s"
+  "./${target}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 "${dict[@]}" \
+    -print_final_stats=1 "corpus_$target" "${seeds[$target]}"
+done
+echo "fuzz.sh: every target ran its time without a finding"

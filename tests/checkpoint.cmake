@@ -29,16 +29,16 @@ if(SHARDWISE_PYTHON)
                                                             "[1-9][0-9]* passed, 0 failed")
 endif()
 
-# The header parser under libFuzzer for 20 s, when clang with libFuzzer is at hand (scripts/fuzz.sh builds it in
-# its own folder with clang, ASan and UBSan; run it longer by hand: scripts/fuzz.sh 600).
+# Every reader of outside input under libFuzzer, 8 s each, when clang with libFuzzer is at hand (scripts/fuzz.sh
+# builds the targets in their own folder with clang, ASan and UBSan; run them longer by hand: scripts/fuzz.sh 600).
 find_program(SHARDWISE_FUZZ_CXX NAMES clang++-14 clang++)
 if(SHARDWISE_FUZZ_CXX AND EXISTS ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh)
-  add_test(NAME fuzz.safetensors_header
+  add_test(NAME fuzz.readers
            COMMAND ${CMAKE_COMMAND} -E env SHARDWISE_FUZZ_CXX=${SHARDWISE_FUZZ_CXX}
-                   bash ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh 20 ${CMAKE_BINARY_DIR}/fuzz)
-  # libFuzzer prints "Done N runs" only when the time is up without a finding.
-  set_tests_properties(fuzz.safetensors_header PROPERTIES LABELS fuzz TIMEOUT 600 PASS_REGULAR_EXPRESSION
-                                                          "Done [0-9]+ runs" COST 30)  # started first: its 30 s
+                   bash ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh 8 ${CMAKE_BINARY_DIR}/fuzz)
+  # The script's last line comes only after every target ran its time without a finding.
+  set_tests_properties(fuzz.readers PROPERTIES LABELS fuzz TIMEOUT 900 PASS_REGULAR_EXPRESSION
+                                               "every target ran its time without a finding" COST 90)  # started first
 endif()
 
 # Sharded save and load of the Llama model on the thread mesh, resharding, bad checkpoints, a killed save.
@@ -73,6 +73,26 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
            COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/broken_config.json' --ranks 8 --memory-per-rank 80GiB 2>&1; echo exit code $?")
   set_tests_properties(cli.plan.bad_json PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
       "broken_config.json is not valid JSON \\(.*parse error at line 4.*exit code 1")
+  # Counts out of range, on any flag: the flag, what it is for and the range, exit code non-zero (CLI11's 105),
+  # at once (a huge --ranks or --batch used to search for minutes). One test runs every case in turn and fails
+  # unless each prints its sentence.
+  set(bad_flags "")
+  foreach(case IN ITEMS "ranks 0|the ranks" "ranks 99999999999999999999999|the ranks" "batch 0|the sequences"
+                        "batch 4294967296|the sequences" "sequence 0|the tokens per sequence" "top 0|how many layouts"
+                        "tp 0|the tensor-parallel ranks")
+    string(REPLACE "|" ";" parts "${case}")
+    list(GET parts 0 given)
+    list(GET parts 1 meaning)
+    string(REGEX REPLACE " .*" "" name "${given}")
+    set(ranks_flag "--ranks 8")
+    if(name STREQUAL "ranks")
+      set(ranks_flag "")
+    endif()
+    string(APPEND bad_flags "${plan_70b} ${ranks_flag} --memory-per-rank 80GiB --${given} 2>&1 | "
+           "grep -q -- '--${name}: is .*; give ${meaning}.*, a whole number from ' || echo 'no sentence for --${given}'; ")
+  endforeach()
+  add_test(NAME cli.plan.bad_flags COMMAND sh -c "${bad_flags} echo checked")
+  set_tests_properties(cli.plan.bad_flags PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "^checked\n$")
   foreach(command IN ITEMS "" consolidate inspect verify plan)
     add_test(NAME cli.help${command} COMMAND shardwise_cli ${command} --help)
     set_tests_properties(cli.help${command} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "Usage:.*shardwise")

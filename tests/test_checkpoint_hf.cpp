@@ -3,6 +3,7 @@
 // against the full tensor sliced here; strict errors word for word; the non-strict report; a sharded folder
 // with model.safetensors.index.json. The files are written with safetensors_writer, apart from the loader.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -550,6 +551,16 @@ TEST_CASE("a sharded save_pretrained folder: model.safetensors.index.json maps e
         "shardwise::load_pretrained: \"" + label +
             "\" has no \"weight_map\" object of tensor names to files; it is not a save_pretrained shard index: save "
             "the model again");
+  // Nested deeper than any index, or a FIFO in its place: refused before parsing, and never waited on.
+  std::ofstream(dir.path / "model.safetensors.index.json", std::ios::trunc)
+      << "{\"weight_map\": {\"a\": " << std::string(100000, '[') << std::string(100000, ']') << "}}";
+  CHECK(error_of([&] { load_at_tp1(dir.path, gpt2_mapping); }) ==
+        "shardwise::load_pretrained: \"" + label +
+            "\" nests JSON 65 deep; it is not a save_pretrained shard index: save the model again");
+  fs::remove(dir.path / "model.safetensors.index.json");
+  REQUIRE(::mkfifo(label.c_str(), 0600) == 0);
+  CHECK(error_of([&] { load_at_tp1(dir.path, gpt2_mapping); }).find("\"" + label + "\" is not a regular file") !=
+        std::string::npos);
 }
 
 TEST_CASE("load_sharded takes strict = false too: a checkpoint with a tensor more or less than the model") {

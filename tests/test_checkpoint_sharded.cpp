@@ -3,6 +3,7 @@
 // the words of their errors; a save killed (SIGKILL, in a child process) leaves the previous checkpoint loadable.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -421,6 +422,27 @@ TEST_CASE("a corrupt index: an error naming the index file, the tensor and the f
     CHECK(entry(index, wq).at("pieces")[1].at("file") == rank_file(1));
   });
 
+  SUBCASE("nested deeper than an index, or a FIFO in its place: refused before parsing, never waited on") {
+    fs::path const file = ckpt / "shardwise_checkpoint.json";
+    std::ofstream(file, std::ios::trunc) << "{\"tensors\": " << std::string(100000, '[') << std::string(100000, ']')
+                                         << "}";
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "nests JSON 65 deep, deeper than an index does"});
+    fs::remove(file);
+    REQUIRE(::mkfifo(file.c_str(), 0600) == 0);
+    check_error([&] { load_at(1, c, ckpt); }, {"shardwise_checkpoint.json\" is not a regular file"});
+  }
+  SUBCASE("a shape of more than 2^64 elements") {
+    edit_index(ckpt, [&](nlohmann::json& index) {
+      entry(index, wq)["shape"] = {std::uint64_t{1} << 40, std::uint64_t{1} << 40};
+    });
+    check_error([&] { load_at(1, c, ckpt); },
+                {index_file, "tensor \"" + wq + "\"", "its shape holds more than 2^64 elements"});
+  }
+  SUBCASE("a tp size beyond int, which would wrap to 2") {
+    edit_index(ckpt, [&](nlohmann::json& index) { index["mesh"]["tp"] = (std::int64_t{1} << 32) + 2; });
+    check_error([&] { load_at(1, c, ckpt); },
+                {index_file, "has a mesh whose tp size is 4294967298, outside 1..1048576"});
+  }
   SUBCASE("pieces that overlap") {
     edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"][1]["offset"] = {8, 0}; });
     check_error([&] { load_at(1, c, ckpt); },

@@ -66,6 +66,12 @@ TEST_CASE("mesh sizes that do not fit the world are errors that say so, on every
     CHECK_THROWS_WITH_AS(size_zero(), doctest::Contains("axis \"tp\" has size 0"), sw::error);
     CHECK_THROWS_WITH_AS((void)(sw::make_mesh<sw::axis<"dp", 2>, sw::axis<"tp", 4>>(world)),
                          doctest::Contains("the mesh has 8 ranks"), sw::error);
+    // Products that wrap: (2^30 + 1) x 4 is 4 in 32 bits, and three sizes near 2^31 do not fit in 64 bits.
+    CHECK_THROWS_WITH_AS((void)(sw::make_mesh<"dp", "tp">(world, {(1 << 30) + 1, 4})),
+                         doctest::Contains("the mesh has 4294967300 ranks"), sw::error);
+    int const big = 2'147'483'647;
+    CHECK_THROWS_WITH_AS((void)(sw::make_mesh<"pp", "dp", "tp">(world, {big, big, big})),
+                         doctest::Contains("the mesh has more than 2^63 ranks"), sw::error);
   });
 }
 

@@ -2,6 +2,7 @@
 // parameter counts and per-rank memory against arithmetic written out here, the ZeRO paper's model-state
 // figures, the search over layouts, and the errors for bad input.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -177,6 +178,33 @@ TEST_CASE("planner: bad config files and machine files are named with the fix") 
   CHECK(thrown(machine_with(R"({"gemm_half_rate_tokens": -3})")).find("\"gemm_half_rate_tokens\" in ") !=
         std::string::npos);
   CHECK(machine_with(R"({"gemm_half_rate_tokens": 0})")().gemm_half_rate_tokens == 0);  // a flat GEMM rate
+  // Not an object of rates, or rates no machine has: refused, instead of a plan at inf or 0 tokens/s.
+  CHECK(thrown(machine_with("[1, 2]")).find("the file in ") != std::string::npos);
+  CHECK(thrown(machine_with("[1, 2]")).find("is a JSON array, not an object of rates") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"tp": 5})")).find("\"tp\" in ") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"tp": 5})")).find("is a JSON number, not an object of rates") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"gemm_flops": 1e300})")).find("\"gemm_flops\" in ") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"gemm_flops": 1e300})")).find("must be a number above 0 up to 1e+19; it is 1e+300") !=
+        std::string::npos);
+  CHECK(thrown(machine_with(R"({"dp": {"latency": 1e-300, "bandwidth": 1e300}})")).find("\"bandwidth\" in ") !=
+        std::string::npos);
+}
+
+TEST_CASE("planner: config and machine files nested deeper than any real one, or a FIFO, are refused at once") {
+  std::string const deep = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  CHECK(thrown([&] { (void)sw::models::llama_config_from_json(deep); }).find("config.json nests JSON 65 deep") !=
+        std::string::npos);
+  auto const file = std::filesystem::temp_directory_path() / "shardwise_test_planner_deep.json";
+  std::ofstream(file) << deep;
+  CHECK(thrown([&] { (void)planner::read_machine(file); }).find("nests JSON 65 deep; a machine file is") !=
+        std::string::npos);
+  std::filesystem::remove(file);
+  auto const fifo = std::filesystem::temp_directory_path() / "shardwise_test_planner_fifo.json";
+  std::filesystem::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(thrown([&] { (void)sw::models::read_llama_config(fifo); }).find("is not a regular file") != std::string::npos);
+  CHECK(thrown([&] { (void)planner::read_machine(fifo); }).find("is not a regular file") != std::string::npos);
+  std::filesystem::remove(fifo);
 }
 
 TEST_CASE("planner: a machine file's GEMM rate curve is read, and small microbatches run slower") {

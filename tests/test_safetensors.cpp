@@ -3,9 +3,11 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -394,6 +396,23 @@ TEST_CASE("bad files: an error naming the file, the tensor and the fix, never a 
              hand_made(R"({"__metadata__":{"step":12},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f32x2)),
         {"meta.safetensors", "__metadata__ value of \"step\"", "not a string"});
   }
+  SUBCASE("a FIFO in place of the file is refused, not waited on") {
+    std::string const fifo = dir.file("fifo.safetensors");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    check_error([&] { sw::safetensors_file f(fifo); }, {"fifo.safetensors", "is not a regular file"});
+  }
+  SUBCASE("deep nesting in a tensor's entry is refused before parsing, wherever it is") {
+    check_error(
+        open("deep_shape.safetensors", hand_made(R"({"w":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", f32x2)),
+        {"deep_shape.safetensors", "nests JSON deeper"});
+    // brackets inside a string are not nesting
+    sw::safetensors_file f(
+        (write_raw(dir.file("string.safetensors"), hand_made(R"({"__metadata__":{"k":"[[[[{{{{"},)"
+                                                             R"("w":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})",
+                                                             f32x2)),
+         dir.file("string.safetensors")));
+    CHECK(f.metadata().at("k") == "[[[[{{{{");
+  }
   SUBCASE("a good hand-made file with spaces after the header is accepted") {
     sw::safetensors_file f(
         (write_raw(dir.file("good.safetensors"),
@@ -401,4 +420,25 @@ TEST_CASE("bad files: an error naming the file, the tensor and the fix, never a 
          dir.file("good.safetensors")));
     CHECK(f.read<std::uint8_t>("w") == std::vector<std::uint8_t>(8, 1));
   }
+}
+
+TEST_CASE("a header of 100,000 tensors is read in time linear in its size (a guard against quadratic parsing)") {
+  // 40,000 tensors took 92 s when a depth-limiting callback made the parser rescan; linear parsing takes well
+  // under a second here. The bound is loose enough for sanitizer builds and tight enough to fail a quadratic one
+  // (which would take about ten minutes).
+  scratch_dir dir("many");
+  constexpr std::size_t tensors = 100'000;
+  std::string header = "{";
+  for (std::size_t i = 0; i < tensors; ++i)
+    header += (i ? "," : "") + std::string("\"t") + std::to_string(i) +
+              "\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[" + std::to_string(i) + "," +
+              std::to_string(i + 1) + "]}";
+  header += "}";
+  write_raw(dir.file("many.safetensors"), hand_made(header, std::string(tensors, '\x07')));
+  auto const start = std::chrono::steady_clock::now();
+  sw::safetensors_file f(dir.file("many.safetensors"));
+  double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(f.tensors().size() == tensors);
+  CHECK(f.read<std::uint8_t>("t99999") == std::vector<std::uint8_t>{7});
+  CHECK_MESSAGE(seconds < 30.0, "parsing took " << seconds << " s");
 }

@@ -27,6 +27,24 @@ struct options {
   planner::axis_choice only;        ///< --dp, --pp, --tp: sizes kept fixed.
 };
 
+/// A check for a count given on the command line: a whole number from `least` to `most`, or a sentence that
+/// says what the flag is for and the range (CLI11 prints it after the flag's name).
+inline auto count_from(std::size_t least, std::size_t most, char const* meaning) {
+  return [=](std::string const& text) -> std::string {
+    std::size_t used = 0;
+    unsigned long long value = 0;
+    bool whole = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+    try {
+      if (whole) value = std::stoull(text, &used);
+    } catch (std::exception const&) {
+      whole = false;  // beyond 2^64
+    }
+    if (whole && value >= least && value <= most) return {};
+    return "is " + text + "; give " + meaning + ", a whole number from " + std::to_string(least) + " to " +
+           std::to_string(most);
+  };
+}
+
 /// Bytes written with a unit: "80GiB", "80 GB", "8e10"; 0 when the text is not one.
 inline std::size_t parse_bytes(std::string const& text) {
   std::size_t used = 0;

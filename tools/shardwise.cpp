@@ -145,7 +145,12 @@ int main(int argc, char** argv) {
                                   "The layouts (dp x pp x tp, microbatches, ZeRO-1 or FSDP, activation "
                                   "checkpointing) of a Llama model that fit in the memory per rank, fastest first");
   plan->add_option("CONFIG", planned.config, "A transformers config.json of a Llama model")->required();
-  plan->add_option("--ranks", planned.ranks, "Ranks (processes) in the job")->required()->check(CLI::PositiveNumber);
+  // Counts are bounded so that the search stays short (every layout of the ranks, every microbatch count of the
+  // batch) and no product of them wraps.
+  using plan_command::count_from;
+  plan->add_option("--ranks", planned.ranks, "Ranks (processes) in the job")
+      ->required()
+      ->check(count_from(1, 1 << 20, "the ranks (processes) in the job"));
   plan->add_option("--memory-per-rank", memory, "Bytes each rank may hold: 80GiB, 40GB, 8e10")
       ->required()
       ->check([](std::string const& text) {
@@ -154,15 +159,23 @@ int main(int argc, char** argv) {
   plan->add_option("--machine", planned.machine,
                    "A machine file (JSON: gemm_flops, gemm_half_rate_tokens, memory_bandwidth, ranks_per_node, "
                    "tp/dp/pp bandwidth and latency; bench_machine writes one); default: this machine's values");
-  plan->add_option("--batch", planned.batch, "Sequences per optimizer step")->capture_default_str();
-  plan->add_option("--sequence", planned.sequence, "Tokens per sequence (default: max_position_embeddings)");
+  plan->add_option("--batch", planned.batch, "Sequences per optimizer step")
+      ->check(count_from(1, 1 << 24, "the sequences per optimizer step"))
+      ->capture_default_str();
+  plan->add_option("--sequence", planned.sequence, "Tokens per sequence (default: max_position_embeddings)")
+      ->check(count_from(1, 1 << 24, "the tokens per sequence (leave the flag out for max_position_embeddings)"));
   plan->add_option("--precision", planned.precision, "bf16 (mixed, fp32 master weights) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
-  plan->add_option("--top", planned.top, "How many layouts to print")->capture_default_str();
-  plan->add_option("--dp", planned.only.dp, "Only layouts with this many data-parallel ranks");
-  plan->add_option("--pp", planned.only.pp, "Only layouts with this many pipeline stages");
-  plan->add_option("--tp", planned.only.tp, "Only layouts with this many tensor-parallel ranks");
+  plan->add_option("--top", planned.top, "How many layouts to print")
+      ->check(count_from(1, 1 << 20, "how many layouts to print"))
+      ->capture_default_str();
+  plan->add_option("--dp", planned.only.dp, "Only layouts with this many data-parallel ranks")
+      ->check(count_from(1, 1 << 20, "the data-parallel ranks to keep fixed"));
+  plan->add_option("--pp", planned.only.pp, "Only layouts with this many pipeline stages")
+      ->check(count_from(1, 1 << 20, "the pipeline stages to keep fixed"));
+  plan->add_option("--tp", planned.only.tp, "Only layouts with this many tensor-parallel ranks")
+      ->check(count_from(1, 1 << 20, "the tensor-parallel ranks to keep fixed"));
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -25,7 +25,7 @@ class mapped_file {
 
   /// Maps `path` read-only; an empty file maps to an empty span.
   explicit mapped_file(std::string path) : path_(std::move(path)) {
-    int const fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    int const fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO would block a plain open
     if (fd < 0)
       detail::fail("shardwise::mapped_file: cannot open \"", path_, "\": ", std::strerror(errno),
                    "; check the path and its permissions");
@@ -39,6 +39,7 @@ class mapped_file {
       ::close(fd);
       detail::fail("shardwise::mapped_file: \"", path_, "\" is not a regular file; give the path of a file");
     }
+    (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     size_ = static_cast<std::size_t>(info.st_size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -18,6 +18,7 @@
 
 #include "shardwise/checkpoint/async_save.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
+#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/nn/optim.hpp"
 
 namespace shardwise {
@@ -217,7 +218,13 @@ checkpoint_index load_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& t
                  value("shardwise.tp"), ", dp ", value("shardwise.dp"), " (ZeRO-1 ", value("shardwise.zero1"),
                  ") cannot resume at tp ", want_tp, ", dp ", want_dp, " (ZeRO-1 ", sliced ? "1" : "0",
                  "); resume with the sizes it was saved with");
-  auto const starts = nlohmann::json::parse(value("shardwise.starts"));
+  auto const bad_starts = [&](auto const&... why) {
+    detail::fail("shardwise::load_sharded: \"", file.string(), "\": its shardwise.starts ", why...,
+                 "; the file is corrupt: save it again");
+  };
+  auto const starts = detail::parse_bounded_json(
+      value("shardwise.starts"), 2, [&](std::size_t depth) { bad_starts("nest JSON ", depth, " deep"); },
+      [&](std::string const& reason) { bad_starts("are not valid JSON (", reason, ")"); });
   auto const names = detail::parameter_names(model);
   optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
     if (m.empty()) return;

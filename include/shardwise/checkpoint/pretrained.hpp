@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,7 +28,9 @@
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
 #include "shardwise/checkpoint/sharded_load.hpp"
+#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/read_file.hpp"
 #include "shardwise/nn/lazy.hpp"
 
 namespace shardwise {
@@ -72,22 +73,16 @@ struct pretrained_files {
   std::map<std::string, std::string> metadata;  // the index's "metadata", as text
 };
 
-/// Reads model.safetensors.index.json: its "weight_map" and "metadata".
-inline pretrained_files read_pretrained_index(std::filesystem::path const& folder, std::string_view who) {
+/// Checks and reads the text of model.safetensors.index.json into `found` (whose label names it in errors).
+inline void pretrained_index_from_json(std::string_view text, pretrained_files& found, std::string_view who) {
   using nlohmann::json;
-  pretrained_files found{folder, (folder / pretrained_index_name).string(), {}, {}};
   auto const bad = [&](auto const&... parts) {
     fail("shardwise::", who, ": \"", found.label, "\" ", parts...,
          "; it is not a save_pretrained shard index: save the model again");
   };
-  std::ifstream in(found.label, std::ios::binary);
-  if (!in) fail("shardwise::", who, ": \"", found.label, "\" cannot be opened; check its permissions");
-  json root;
-  try {
-    root = json::parse(in);
-  } catch (json::exception const& e) {
-    bad("is not valid JSON (", e.what(), ")");
-  }
+  json const root = parse_bounded_json(
+      text, max_json_depth, [&](std::size_t depth) { bad("nests JSON ", depth, " deep"); },
+      [&](std::string const& reason) { bad("is not valid JSON (", reason, ")"); });
   if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object())
     bad("has no \"weight_map\" object of tensor names to files");
   for (auto const& [name, file] : root["weight_map"].items()) {
@@ -100,6 +95,13 @@ inline pretrained_files read_pretrained_index(std::filesystem::path const& folde
   if (root.contains("metadata") && root["metadata"].is_object())
     for (auto const& [key, value] : root["metadata"].items())
       found.metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();  // total_size: a number
+}
+
+/// Reads model.safetensors.index.json: its "weight_map" and "metadata".
+inline pretrained_files read_pretrained_index(std::filesystem::path const& folder, std::string_view who) {
+  pretrained_files found{folder, (folder / pretrained_index_name).string(), {}, {}};
+  pretrained_index_from_json(
+      read_regular_file(found.label, concat("shardwise::", who), "give the folder save_pretrained wrote"), found, who);
   return found;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/dtype.hpp"
+#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 
 namespace shardwise {
@@ -107,28 +108,19 @@ inline std::uint64_t safetensors_header_length(std::span<std::byte const> file, 
   return header_bytes;
 }
 
-/// The header's JSON object. The header has three levels (file, tensor, shape): deeper values are dropped while
-/// parsing, so a hostile header of nested brackets costs neither memory nor stack.
+/// The header's JSON object. The header has three levels (file, tensor, shape): deeper text is refused before it
+/// is parsed, so a hostile header of nested brackets costs neither memory nor stack, and the parse is linear.
 inline nlohmann::json parse_header_json(char const* text, std::uint64_t bytes, header_error const& where) {
-  using nlohmann::json;
-  bool too_deep = false;
-  json::parser_callback_t const limit_depth = [&](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth >= 3) {
-      too_deep = true;
-      return false;
-    }
-    return true;
-  };
-  json root;
-  try {
-    root = json::parse(text, text + bytes, limit_depth);
-  } catch (json::exception const& e) {
-    where("the header is not valid JSON (", e.what(), "); no tensor can be read. The file is corrupt: save it again");
-  }
-  if (too_deep)
-    where(
-        "the header nests JSON deeper than a safetensors header does (file, tensor, shape); no tensor can be "
-        "read. The file is corrupt: save it again");
+  nlohmann::json const root = parse_bounded_json(
+      std::string_view(text, static_cast<std::size_t>(bytes)), 3,
+      [&](std::size_t) {
+        where(
+            "the header nests JSON deeper than a safetensors header does (file, tensor, shape); no tensor can be "
+            "read. The file is corrupt: save it again");
+      },
+      [&](std::string const& reason) {
+        where("the header is not valid JSON (", reason, "); no tensor can be read. The file is corrupt: save it again");
+      });
   if (!root.is_object())
     where("the header is a JSON ", json_kind(root),
           ", not an object of tensors; no tensor can be read. The file is not safetensors: save it again");

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -20,7 +20,9 @@
 
 #include "shardwise/checkpoint/checksum.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
+#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/read_file.hpp"
 
 namespace shardwise {
 
@@ -109,12 +111,24 @@ namespace detail {
 
 inline std::uint64_t volume(std::vector<std::uint64_t> const& shape) {
   std::uint64_t n = 1;
-  for (auto d : shape) n *= d;
+  for (auto d : shape) n *= d;  // the index's shapes were checked by checked_volume when it was read
+  return n;
+}
+
+/// The product of a shape from a file, or fails naming `what` when it exceeds 2^64.
+inline std::uint64_t checked_volume(std::vector<std::uint64_t> const& shape, std::string_view where,
+                                    std::string const& name, std::string_view what) {
+  std::uint64_t n = 1;
+  for (auto d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      fail("shardwise::checkpoint: \"", where, "\": tensor \"", name, "\": ", what,
+           " holds more than 2^64 elements; the checkpoint is corrupt: save it again");
   return n;
 }
 
 /// Throws unless the pieces lie inside the tensor and cover it exactly once (no gap, no overlap).
 inline void check_coverage(checkpoint_tensor const& t, std::string_view where) {
+  (void)checked_volume(t.shape, where, t.name, "its shape");
   std::uint64_t covered = 0;
   for (std::size_t i = 0; i < t.pieces.size(); ++i) {
     auto const& p = t.pieces[i];
@@ -125,6 +139,7 @@ inline void check_coverage(checkpoint_tensor const& t, std::string_view where) {
       if (p.offset[d] > t.shape[d] || p.shape[d] > t.shape[d] - p.offset[d])
         fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": the piece in \"", p.file,
              "\" reaches beyond the tensor in dimension ", d, "; the checkpoint is corrupt: save it again");
+    (void)checked_volume(p.shape, where, t.name, "a piece");  // within the tensor: checked for clarity only
     for (std::size_t j = 0; j < i; ++j) {
       auto const& q = t.pieces[j];
       bool disjoint = false;
@@ -140,6 +155,9 @@ inline void check_coverage(checkpoint_tensor const& t, std::string_view where) {
     fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": its pieces hold ", covered, " of its ",
          volume(t.shape), " elements; a rank's shard is missing: save the checkpoint again");
 }
+
+/// The largest tp, pp or dp size an index may name: beyond any cluster, small enough for every product of them.
+inline constexpr std::int64_t max_index_mesh_size = 1 << 20;
 
 template <class... Parts>
 [[noreturn]] void fail_index(std::string const& file, Parts const&... parts) {
@@ -189,33 +207,28 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   return root.dump(1) + "\n";
 }
 
-/// Reads and checks dir/shardwise_checkpoint.json.
-[[nodiscard]] inline checkpoint_index read_checkpoint_index(std::filesystem::path const& dir) {
+/// Checks and reads the text of a checkpoint's index; `file` names it in errors.
+[[nodiscard]] inline checkpoint_index checkpoint_index_from_json(std::string_view text, std::string const& file) {
   using nlohmann::json;
-  std::string const file = (dir / checkpoint_index_name).string();
   auto const bad = [&](auto const&... parts) { detail::fail_index(file, parts...); };
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    detail::fail("shardwise::load_sharded: \"", file, "\" cannot be opened: \"", dir.string(),
-                 "\" is not a complete shardwise checkpoint (no ", checkpoint_index_name,
-                 "); give the folder save_sharded wrote");
-  json root;
-  try {
-    root = json::parse(in);
-  } catch (json::exception const& e) {
-    bad("is not valid JSON (", e.what(), ")");
-  }
+  json const root = detail::parse_bounded_json(
+      text, detail::max_json_depth,
+      [&](std::size_t depth) { bad("nests JSON ", depth, " deep, deeper than an index does"); },
+      [&](std::string const& reason) { bad("is not valid JSON (", reason, ")"); });
   checkpoint_index index;
   try {
     if (!root.is_object() || root.value("format", "") != checkpoint_format)
       bad("is not a shardwise checkpoint index (no \"format\": \"", checkpoint_format, "\")");
     if (root.at("version").get<int>() != 1) bad("has version ", root.at("version").dump(), "; this shardwise reads 1");
     index.step = root.at("step").get<std::int64_t>();
-    index.tp = root.at("mesh").at("tp").get<int>();
-    index.pp = root.at("mesh").at("pp").get<int>();
-    index.dp = root.at("mesh").value("dp", 1);
-    if (index.tp < 1 || index.pp < 1 || index.dp < 1)
-      bad("has a mesh of tp ", index.tp, " x pp ", index.pp, " x dp ", index.dp);
+    auto const mesh_size = [&](char const* axis, std::int64_t fallback) {
+      json const& mesh = root.at("mesh");
+      std::int64_t const size = mesh.contains(axis) ? mesh.at(axis).get<std::int64_t>() : fallback;
+      if (size < 1 || size > detail::max_index_mesh_size)
+        bad("has a mesh whose ", axis, " size is ", mesh.at(axis).dump(), ", outside 1..", detail::max_index_mesh_size);
+      return static_cast<int>(size);
+    };
+    index.tp = mesh_size("tp", 0), index.pp = mesh_size("pp", 0), index.dp = mesh_size("dp", 1);
     index.metadata = root.at("metadata").get<std::map<std::string, std::string>>();
     if (root.contains("config")) index.config = root.at("config").get<std::map<std::string, std::string>>();
     if (root.contains("generation")) {
@@ -224,6 +237,7 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
         bad("has generation \"", g, "\", which is not 16 hex digits");
       index.generation = std::stoull(g, nullptr, 16);
     }
+    std::set<std::string, std::less<>> names;  // a search of the list per tensor would be quadratic
     for (auto const& t : root.at("tensors")) {
       checkpoint_tensor tensor;
       tensor.name = t.at("name").get<std::string>();
@@ -246,7 +260,7 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
           bad("tensor \"", tensor.name, "\" has a piece in \"", p.file, "\", of tp rank ", r->first, " and pp rank ",
               r->second, ", outside the index's mesh of tp ", index.tp, " x pp ", index.pp,
               ": the mesh and the pieces disagree");
-      if (index.find(tensor.name)) bad("lists tensor \"", tensor.name, "\" twice");
+      if (!names.insert(tensor.name).second) bad("lists tensor \"", tensor.name, "\" twice");
       detail::check_coverage(tensor, file);
       index.tensors.push_back(std::move(tensor));
     }
@@ -254,6 +268,15 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
     bad("lacks a field or has one of the wrong type (", e.what(), ")");
   }
   return index;
+}
+
+/// Reads and checks dir/shardwise_checkpoint.json.
+[[nodiscard]] inline checkpoint_index read_checkpoint_index(std::filesystem::path const& dir) {
+  std::string const file = (dir / checkpoint_index_name).string();
+  std::string const fix =
+      detail::concat("give the folder save_sharded wrote (\"", dir.string(),
+                     "\" is not a complete shardwise checkpoint without a readable ", checkpoint_index_name, ")");
+  return checkpoint_index_from_json(detail::read_regular_file(file, "shardwise::load_sharded", fix), file);
 }
 
 }  // namespace shardwise

@@ -104,7 +104,8 @@ class Mesh {
 
   /// Splits `world` into the mesh (collective on world). sizes[i] is the size of axis i.
   Mesh(Comm const& world, std::array<int, ndim> const& sizes) : world_(world), sizes_(sizes) {
-    int total = 1;
+    long long total = 1;
+    bool beyond = false;  // the product does not fit: a wrapped one could equal the world size
     for (std::size_t i = 0; i < ndim; ++i) {
       if (sizes_[i] < 1)
         detail::fail("shardwise::make_mesh: axis \"", names[i], "\" has size ", sizes_[i],
@@ -112,11 +113,12 @@ class Mesh {
       if (static_sizes[i] != dynamic_size && static_cast<std::size_t>(sizes_[i]) != static_sizes[i])
         detail::fail("shardwise::make_mesh: axis \"", names[i], "\" is declared with size ", static_sizes[i],
                      " but was given ", sizes_[i]);
-      total *= sizes_[i];
+      beyond = beyond || __builtin_mul_overflow(total, static_cast<long long>(sizes_[i]), &total);
     }
-    if (total != world.size())
-      detail::fail("shardwise::make_mesh: the mesh has ", total, " ranks (", describe_sizes(), ") but the world has ",
-                   world.size(), "; choose axis sizes whose product is the world size");
+    if (beyond || total != world.size())
+      detail::fail("shardwise::make_mesh: the mesh has ", beyond ? "more than 2^63" : std::to_string(total), " ranks (",
+                   describe_sizes(), ") but the world has ", world.size(),
+                   "; choose axis sizes whose product is the world size");
     int rest = world.rank();
     for (std::size_t i = ndim; i-- > 0;) {
       coords_[i] = rest % sizes_[i];

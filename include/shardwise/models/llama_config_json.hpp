@@ -4,13 +4,13 @@
 // checkpoint headers are; every error names the file, the field and the fix.
 #include <cstddef>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <string_view>
 
+#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/read_file.hpp"
 #include "shardwise/models/llama.hpp"
 
 namespace shardwise::models {
@@ -50,13 +50,16 @@ inline double config_real(nlohmann::json const& root, char const* field, std::st
 /// sequence). Throws, naming the field, for text that is not JSON, another model_type, a missing or non-positive
 /// size, or a head_dim other than hidden_size / num_attention_heads.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(text);
-  } catch (nlohmann::json::exception const& e) {
-    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " is not valid JSON (", e.what(),
-                     "); give the config.json that transformers' save_pretrained wrote");
-  }
+  nlohmann::json const root = shardwise::detail::parse_bounded_json(
+      text, shardwise::detail::max_json_depth,
+      [&](std::size_t depth) {
+        shardwise::raise("shardwise::models::llama_config_from_json: ", source, " nests JSON ", depth,
+                         " deep; give the config.json that transformers' save_pretrained wrote");
+      },
+      [&](std::string const& reason) {
+        shardwise::raise("shardwise::models::llama_config_from_json: ", source, " is not valid JSON (", reason,
+                         "); give the config.json that transformers' save_pretrained wrote");
+      });
   if (!root.is_object())
     shardwise::raise("shardwise::models::llama_config_from_json: ", source,
                      " is not a JSON object; give the config.json that transformers' save_pretrained wrote");
@@ -85,13 +88,9 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
 /// The LlamaConfig of the config.json at `file` (llama_config_from_json); throws naming the file when it cannot
 /// be read.
 inline LlamaConfig read_llama_config(std::filesystem::path const& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    shardwise::raise("shardwise::models::read_llama_config: cannot open ", file.string(),
-                     "; give the path of a transformers config.json");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return llama_config_from_json(text.str(), file.string());
+  std::string const text = shardwise::detail::read_regular_file(file.string(), "shardwise::models::read_llama_config",
+                                                                "give the path of a transformers config.json");
+  return llama_config_from_json(text, file.string());
 }
 
 }  // namespace shardwise::models

@@ -1,0 +1,18 @@
+// libFuzzer target for a transformers config.json read as a Llama config (scripts/fuzz.sh): any text must either
+// give a config whose sizes are positive and whose heads divide the width, or be refused with shardwise::error.
+#include <cstddef>
+#include <cstdint>
+#include <shardwise/models/llama_config_json.hpp>
+#include <string_view>
+
+namespace sw = shardwise;
+
+extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+  try {
+    auto const c = sw::models::llama_config_from_json(std::string_view(reinterpret_cast<char const*>(data), size));
+    if (c.dim == 0 || c.heads == 0 || c.layers == 0 || c.vocabulary == 0 || c.dim % c.heads != 0) __builtin_trap();
+  } catch (sw::error const&) {
+    // refused with a message: what bad input must get
+  }
+  return 0;
+}

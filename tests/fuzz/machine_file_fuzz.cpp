@@ -1,0 +1,22 @@
+// libFuzzer target for a planner machine file (scripts/fuzz.sh): any text must either give a machine whose rates
+// are finite and positive, or be refused with shardwise::error.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <shardwise/cost/machine_file.hpp>
+#include <string_view>
+
+namespace sw = shardwise;
+
+extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+  try {
+    auto const m =
+        sw::planner::machine_from_json(std::string_view(reinterpret_cast<char const*>(data), size), "fuzz.json");
+    for (double rate : {m.gemm_flops, m.memory_bandwidth, m.tp.bandwidth, m.dp.bandwidth, m.pp.bandwidth, m.tp.latency,
+                        m.dp.latency, m.pp.latency})
+      if (!(std::isfinite(rate) && rate > 0)) __builtin_trap();
+  } catch (sw::error const&) {
+    // refused with a message: what bad input must get
+  }
+  return 0;
+}
