@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -422,10 +423,20 @@ TEST_CASE("bad files: an error naming the file, the tensor and the fix, never a 
   }
 }
 
+// Whether sanitizers or a build without optimization slow this binary (g++ says so by __SANITIZE_*__, clang by
+// __has_feature).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__OPTIMIZE__)
+constexpr bool slowed_build = true;
+#elif defined(__has_feature)
+constexpr bool slowed_build = __has_feature(address_sanitizer) || __has_feature(thread_sanitizer);
+#else
+constexpr bool slowed_build = false;
+#endif
+
 TEST_CASE("a header of 100,000 tensors is read in time linear in its size (a guard against quadratic parsing)") {
-  // 40,000 tensors took 92 s when a depth-limiting callback made the parser rescan; linear parsing takes well
-  // under a second here. The bound is loose enough for sanitizer builds and tight enough to fail a quadratic one
-  // (which would take about ten minutes).
+  // 40,000 tensors took 92 s when a depth-limiting callback made the parser rescan; linear parsing takes about
+  // 0.4 s here (-O2). The bound is 1 s in an optimized build (the fastest of three reads) and 30 s under the
+  // sanitizers, which slow the parse tenfold; a quadratic parse would take about ten minutes.
   scratch_dir dir("many");
   constexpr std::size_t tensors = 100'000;
   std::string header = "{";
@@ -435,10 +446,14 @@ TEST_CASE("a header of 100,000 tensors is read in time linear in its size (a gua
               std::to_string(i + 1) + "]}";
   header += "}";
   write_raw(dir.file("many.safetensors"), hand_made(header, std::string(tensors, '\x07')));
-  auto const start = std::chrono::steady_clock::now();
-  sw::safetensors_file f(dir.file("many.safetensors"));
-  double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CHECK(f.tensors().size() == tensors);
-  CHECK(f.read<std::uint8_t>("t99999") == std::vector<std::uint8_t>{7});
-  CHECK_MESSAGE(seconds < 30.0, "parsing took " << seconds << " s");
+  double fastest = 1e9;
+  for (int round = 0; round < 3; ++round) {
+    auto const start = std::chrono::steady_clock::now();
+    sw::safetensors_file f(dir.file("many.safetensors"));
+    fastest = std::min(fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    CHECK(f.tensors().size() == tensors);
+    CHECK(f.read<std::uint8_t>("t99999") == std::vector<std::uint8_t>{7});
+  }
+  double const bound = slowed_build ? 30.0 : 1.0;
+  CHECK_MESSAGE(fastest < bound, "the fastest of three reads took " << fastest << " s");
 }
