@@ -4,7 +4,6 @@
 // leaves no mapped page resident (what loaders use: a rank's memory then holds its shard, not the file too).
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +14,7 @@
 #include <utility>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/read_file.hpp"
 
 namespace shardwise {
 
@@ -25,22 +25,9 @@ class mapped_file {
 
   /// Maps `path` read-only; an empty file maps to an empty span.
   explicit mapped_file(std::string path) : path_(std::move(path)) {
-    int const fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO would block a plain open
-    if (fd < 0)
-      detail::fail("shardwise::mapped_file: cannot open \"", path_, "\": ", std::strerror(errno),
-                   "; check the path and its permissions");
-    struct stat info{};
-    if (::fstat(fd, &info) != 0) {
-      int const error = errno;
-      ::close(fd);
-      detail::fail("shardwise::mapped_file: cannot stat \"", path_, "\": ", std::strerror(error));
-    }
-    if (!S_ISREG(info.st_mode)) {
-      ::close(fd);
-      detail::fail("shardwise::mapped_file: \"", path_, "\" is not a regular file; give the path of a file");
-    }
-    (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    size_ = static_cast<std::size_t>(info.st_size);
+    std::uint64_t size = 0;
+    int const fd = detail::open_regular_file(path_, "shardwise::mapped_file", "give the path of a file", size);
+    size_ = static_cast<std::size_t>(size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {

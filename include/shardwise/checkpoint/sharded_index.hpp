@@ -139,7 +139,6 @@ inline void check_coverage(checkpoint_tensor const& t, std::string_view where) {
       if (p.offset[d] > t.shape[d] || p.shape[d] > t.shape[d] - p.offset[d])
         fail("shardwise::checkpoint: \"", where, "\": tensor \"", t.name, "\": the piece in \"", p.file,
              "\" reaches beyond the tensor in dimension ", d, "; the checkpoint is corrupt: save it again");
-    (void)checked_volume(p.shape, where, t.name, "a piece");  // within the tensor: checked for clarity only
     for (std::size_t j = 0; j < i; ++j) {
       auto const& q = t.pieces[j];
       bool disjoint = false;
