@@ -176,3 +176,59 @@ TEST_CASE("cli: `shardwise verify` and `shardwise inspect` report a damaged rank
   CHECK(gone_status == 1);
   CHECK(gone_text.find("1 problem(s) in the rank files") != std::string::npos);
 }
+
+TEST_CASE("cli: `shardwise consolidate` refuses damage and an output inside the checkpoint, exit 1" * doctest::skip()) {
+  char const* cli = std::getenv("SHARDWISE_CLI");
+  REQUIRE_MESSAGE(cli != nullptr, "set SHARDWISE_CLI to the shardwise command");
+  scratch dir;
+  fs::path const ckpt = dir.path / "ckpt";
+  Tiny saved;
+  fill(saved, 0.25f);
+  sw::save_sharded(saved, serial_tp(), ckpt, 1);
+  fs::path const log = dir.path / "out.txt";
+  auto run = [&](std::string const& command) {
+    int const status =
+        std::system((std::string("'") + cli + "' " + command + " > '" + log.string() + "' 2>&1").c_str());
+    std::ifstream in(log);
+    return std::pair{WEXITSTATUS(status), std::string((std::istreambuf_iterator<char>(in)), {})};
+  };
+  std::string const source = "'" + ckpt.string() + "'";
+  {  // into itself: refused before anything is written
+    auto const [status, text] = run("consolidate " + source + " " + source);
+    CHECK(status == 1);
+    CHECK(text.find("is inside the checkpoint") != std::string::npos);
+    CHECK(!fs::exists(ckpt / "model.safetensors"));
+  }
+  fs::path const out = dir.path / "out";
+  {  // whole: written, with the count of tensors and the mesh; then verified and inspected
+    auto const [status, text] = run("consolidate " + source + " '" + out.string() + "'");
+    CHECK(status == 0);
+    CHECK(text.find("4 tensors") != std::string::npos);
+    CHECK(text.find("saved at tp 1 x pp 1 x dp 1") != std::string::npos);
+    auto const [verified, verify_text] = run("verify '" + (out / "model.safetensors").string() + "'");
+    CHECK(verified == 0);
+    CHECK(verify_text.find("every tensor is as its writer wrote it") != std::string::npos);
+    auto const [inspected, inspect_text] = run("inspect " + source);
+    CHECK(inspected == 0);
+    CHECK(inspect_text.find("mesh tp 1 x pp 1 x dp 1, 4 tensors") != std::string::npos);
+  }
+  {  // a flipped byte in the consolidated file: verify names the tensor
+    std::fstream f(out / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  auto const [damaged_file, damaged_file_text] = run("verify '" + out.string() + "'");
+  CHECK(damaged_file == 1);
+  CHECK(damaged_file_text.find("does not match the checksum its writer recorded") != std::string::npos);
+  {  // a flipped byte in the rank file: consolidate names the tensor and leaves the old output alone
+    std::fstream f(ckpt / sw::rank_folder(0, 0) / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  auto const [status, output] = run("consolidate " + source + " '" + (dir.path / "again").string() + "'");
+  std::string const text = output;  // doctest's CAPTURE is a lambda: clang 14 cannot capture a binding
+  CAPTURE(text);
+  CHECK(status == 1);
+  CHECK(text.find("tensor \"second.weight\" does not match the checksum its save recorded") != std::string::npos);
+  CHECK(!fs::exists(dir.path / "again/model.safetensors"));
+}

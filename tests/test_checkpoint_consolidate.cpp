@@ -1,12 +1,18 @@
 // Consolidation: a checkpoint saved sharded at TP 4 (padded vocabulary, repeated key-value heads) and at TP 2
 // with sequence parallelism, written whole into one safetensors file whose tensors equal the unsharded model's;
-// Hugging Face names; the folder given either way; bad checkpoints.
+// Hugging Face names; the folder given either way; bad checkpoints: damaged or mixed rank files, an output inside
+// the checkpoint; the configuration and checksums the file carries, checked on load and by verify.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/file_checks.hpp>
+#include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
@@ -139,4 +145,132 @@ TEST_CASE("consolidating a bad checkpoint: an error naming the file and the tens
   check_error([&] { sw::consolidate(dir.path / "ckpt", dir.path / "m.safetensors"); },
               {"tp_rank_00_pp_rank_00/model.safetensors", "is missing", "tensor \"tok_embeddings.weight\""});
   CHECK(!fs::exists(dir.path / "m.safetensors"));
+}
+
+namespace {
+
+/// Flips the byte at `offset` of the file (a second flip restores it).
+void flip_byte(fs::path const& file, std::uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char const c = static_cast<char>(f.get());
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+/// The offset in the file of the middle byte of tensor `name`'s data.
+std::uint64_t middle_of(fs::path const& file, std::string const& name) {
+  std::uint64_t header = 0;
+  std::ifstream(file, std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
+  sw::tensor_info const info = sw::safetensors_file(file.string()).info(name);
+  return 8 + header + (info.begin + info.end) / 2;
+}
+
+/// Loads `file` into a Llama model of config c at tp 2.
+void load_at_tp2(models::LlamaConfig const& c, fs::path const& file) {
+  sw::run_threads(2, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+    models::Llama<float, models::llama_plan<false>> model(c);
+    sw::parallelize(model, tp);
+    (void)sw::load_consolidated(model, tp, file);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("consolidate refuses a damaged rank file, naming the tensor, and writes nothing") {
+  auto const c = config();
+  scratch_dir dir("damaged");
+  save_at<models::llama_plan<false>>(2, c, dir.path / "ckpt");
+  fs::path const out = dir.path / "out/model.safetensors";
+  // One byte flipped in each tensor of each rank file in turn (then flipped back): every one is caught.
+  std::size_t flips = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    fs::path const file = dir.path / "ckpt" / sw::rank_folder(rank, 0) / "model.safetensors";
+    std::vector<std::string> names;
+    {
+      sw::safetensors_file const rank_file(file.string());
+      for (auto const& t : rank_file.tensors()) names.push_back(t.name);
+    }
+    for (auto const& name : names) {
+      INFO("rank " << rank << ", tensor " << name);
+      std::uint64_t const at = middle_of(file, name);
+      flip_byte(file, at);
+      check_error([&] { sw::consolidate(dir.path / "ckpt", out); },
+                  {"shardwise::consolidate", file.string(), "tensor \"" + name + "\"",
+                   "does not match the checksum its save recorded", "nothing was written"});
+      CHECK(!fs::exists(out));
+      flip_byte(file, at);
+      ++flips;
+    }
+  }
+  CHECK(flips >= 20);
+  sw::consolidate(dir.path / "ckpt", out);  // restored: consolidates
+  CHECK(sw::verify_safetensors_file(out.string()).empty());
+
+  // A rank file of another save in its place: refused by generation.
+  save_at<models::llama_plan<false>>(2, c, dir.path / "other");
+  fs::path const moved = sw::rank_folder(1, 0) + "/model.safetensors";
+  fs::copy_file(dir.path / "other" / moved, dir.path / "ckpt" / moved, fs::copy_options::overwrite_existing);
+  check_error([&] { sw::consolidate(dir.path / "ckpt", dir.path / "mixed.safetensors"); },
+              {"shardwise::consolidate", moved, "belongs to another save than the index"});
+  CHECK(!fs::exists(dir.path / "mixed.safetensors"));
+}
+
+TEST_CASE("consolidate refuses an output inside the checkpoint (the next save there would delete it)") {
+  auto const c = config();
+  scratch_dir dir("inside");
+  save_at<models::llama_plan<false>>(2, c, dir.path / "ckpt");
+  for (fs::path const out :
+       {dir.path / "ckpt/model.safetensors", dir.path / "ckpt/sub/model.safetensors",
+        dir.path / "ckpt/tensor_parallel_shards/model.safetensors", dir.path / "ckpt/../ckpt/./model.safetensors"}) {
+    INFO(out.string());
+    check_error([&] { sw::consolidate(dir.path / "ckpt", out); },
+                {"shardwise::consolidate", "is inside the checkpoint", "write it elsewhere"});
+    CHECK(!fs::exists(out));
+  }
+  CHECK(!fs::exists(dir.path / "ckpt/sub"));
+  sw::consolidate(dir.path / "ckpt", dir.path / "ckpt_consolidated/model.safetensors");  // beside it: fine
+  CHECK(fs::exists(dir.path / "ckpt_consolidated/model.safetensors"));
+}
+
+TEST_CASE("a consolidated file carries the configuration and checksums; loads check them") {
+  auto const c = config();
+  scratch_dir dir("carries");
+  save_at<models::llama_plan<false>>(4, c, dir.path / "ckpt");
+  fs::path const file = dir.path / "model.safetensors";
+  sw::consolidate(dir.path / "ckpt", file);
+  {
+    sw::safetensors_file const f(file.string());
+    auto const config_text = f.metadata().at(sw::config_metadata_key);
+    CHECK(nlohmann::json::parse(config_text).get<std::map<std::string, std::string>>() == c.fields());
+    auto const sums = nlohmann::json::parse(f.metadata().at(sw::checksums_metadata_key));
+    REQUIRE(sums.size() == f.tensors().size());
+    for (auto const& t : f.tensors())  // each the checksum of the tensor's bytes, computed here anew
+      CHECK(sums.at(t.name).get<std::string>() == sw::detail::hex64(sw::checksum64(f.raw(t.name))));
+  }
+  load_at_tp2(c, file);  // the same configuration: loads
+
+  // Another configuration with the same shapes (2 heads of 16 instead of 4 of 8; another RoPE theta): refused,
+  // naming the field.
+  auto other_heads = c;
+  other_heads.heads = 2, other_heads.kv_heads = 1;
+  check_error([&] { load_at_tp2(other_heads, file); },
+              {"shardwise::load_consolidated", "saved from a model with heads = 4 but this model has heads = 2"});
+  auto other_theta = c;
+  other_theta.rope_theta = 500000;
+  check_error([&] { load_at_tp2(other_theta, file); }, {"rope_theta = 10000 but this model has rope_theta = 500000"});
+
+  // A flipped byte: verify names the tensor, and the load refuses it.
+  std::uint64_t const at = middle_of(file, "layers.1.feed_forward.w2.weight");
+  flip_byte(file, at);
+  auto const problems = sw::verify_safetensors_file(file.string());
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].find("tensor \"layers.1.feed_forward.w2.weight\" does not match the checksum") !=
+        std::string::npos);
+  check_error(
+      [&] { load_at_tp2(c, file); },
+      {"shardwise::load_consolidated", "tensor \"layers.1.feed_forward.w2.weight\"", "does not match the checksum"});
+  flip_byte(file, at);
+  CHECK(sw::verify_safetensors_file(file.string()).empty());
 }

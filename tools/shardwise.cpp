@@ -1,15 +1,17 @@
 // shardwise: the checkpoint command line.
 //   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names shardwise|transformers-llama]
 //   shardwise inspect FILE_OR_DIR
-//   shardwise verify CHECKPOINT_DIR
+//   shardwise verify CHECKPOINT_DIR_OR_FILE
 //   shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <iostream>
 #include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/file_checks.hpp>
 #include <shardwise/checkpoint/safetensors.hpp>
 #include <shardwise/checkpoint/sharded_index.hpp>
 #include <shardwise/checkpoint/verify.hpp>
@@ -37,24 +39,17 @@ std::string human_bytes(std::uint64_t n) {
 
 int consolidate(std::string const& checkpoint, std::string const& output_dir, bool remove, std::string const& names) {
   fs::path const source = sw::find_checkpoint_folder(checkpoint);
-  fs::path const out = fs::path(output_dir);
-  fs::path const canonical_source = fs::weakly_canonical(source);
-  fs::path const canonical_out = fs::weakly_canonical(out);
-  if (remove &&
-      std::mismatch(canonical_source.begin(), canonical_source.end(), canonical_out.begin(), canonical_out.end())
-              .first == canonical_source.end())
-    sw::detail::fail("shardwise consolidate: the output \"", output_dir, "\" is inside the checkpoint \"",
-                     source.string(), "\" that --remove-checkpoint-dir would remove; write it elsewhere");
-  fs::create_directories(out);
   sw::consolidate_options options;
   if (names == "transformers-llama") options.rename = sw::transformers_llama_name;
   options.progress = [](std::size_t i, std::size_t n, std::string const& name, std::uint64_t bytes) {
     std::fprintf(stderr, "[%zu/%zu] %s (%s)\n", i + 1, n, name.c_str(), human_bytes(bytes).c_str());
   };
-  fs::path const file = out / "model.safetensors";
-  auto const index = sw::consolidate(source, file, options);
-  std::fprintf(stderr, "wrote %s: %zu tensors, %s, step %lld (saved at tp %d)\n", file.c_str(), index.tensors.size(),
-               human_bytes(fs::file_size(file)).c_str(), static_cast<long long>(index.step), index.tp);
+  fs::path const file = fs::path(output_dir) / "model.safetensors";
+  auto const index = sw::consolidate(source, file, options);  // refuses an output inside the checkpoint
+  std::size_t const written = sw::safetensors_file(file.string()).tensors().size();  // not the optimizer state
+  std::fprintf(stderr, "wrote %s: %zu tensors, %s, step %lld (saved at tp %d x pp %d x dp %d)\n", file.c_str(), written,
+               human_bytes(fs::file_size(file)).c_str(), static_cast<long long>(index.step), index.tp, index.pp,
+               index.dp);
   if (remove) {
     fs::remove_all(source);
     std::fprintf(stderr, "removed %s\n", source.c_str());
@@ -71,7 +66,27 @@ int report(std::vector<std::string> const& problems, char const* what) {
   return problems.empty() ? 0 : 1;
 }
 
+/// The safetensors file `path` names: the file, or model.safetensors in the folder.
+fs::path safetensors_path(std::string const& path) {
+  return fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
+}
+
+/// Whether `path` is a sharded checkpoint (rather than a safetensors file, or a folder holding one).
+bool is_sharded_checkpoint(std::string const& path) {
+  return fs::is_directory(path) && !fs::exists(fs::path(path) / "model.safetensors");
+}
+
 int verify(std::string const& path) {
+  if (!is_sharded_checkpoint(path)) {  // a consolidated file: its tensors against the checksums it records
+    fs::path const file = safetensors_path(path);
+    auto const problems = sw::verify_safetensors_file(file.string());
+    if (problems.empty())
+      std::cout << "safetensors " << file.string()
+                << (sw::safetensors_file(file.string()).metadata().count(sw::checksums_metadata_key)
+                        ? ": every tensor is as its writer wrote it\n"
+                        : ": it records no checksums (not written by shardwise consolidate); its header reads\n");
+    return report(problems, "file");
+  }
   fs::path const dir = sw::find_checkpoint_folder(path);
   auto const problems = sw::verify_checkpoint(dir, true);
   if (problems.empty())
@@ -80,18 +95,24 @@ int verify(std::string const& path) {
 }
 
 int inspect(std::string const& path) {
-  if (fs::is_directory(path) && !fs::exists(fs::path(path) / "model.safetensors")) {
+  if (is_sharded_checkpoint(path)) {
     fs::path const dir = sw::find_checkpoint_folder(path);
     auto const index = sw::read_checkpoint_index(dir);
+    auto const optimizer_state = std::count_if(index.tensors.begin(), index.tensors.end(), [](auto const& t) {
+      return t.name.starts_with(sw::optimizer_state_prefix);
+    });
     std::cout << "sharded checkpoint " << dir.string() << ": step " << index.step << ", mesh tp " << index.tp
-              << " x pp " << index.pp << ", " << index.tensors.size() << " tensors\n";
+              << " x pp " << index.pp << " x dp " << index.dp << ", "
+              << index.tensors.size() - static_cast<std::size_t>(optimizer_state) << " tensors";
+    if (optimizer_state > 0) std::cout << " (and " << optimizer_state << " of optimizer state)";
+    std::cout << '\n';
     for (auto const& [k, v] : index.metadata) std::cout << "  metadata " << k << " = " << v << '\n';
     for (auto const& t : index.tensors)
       std::cout << "  " << t.name << "  " << sw::dtype_name(t.type) << ' ' << shape_of(t.shape) << "  tp "
                 << t.placement << "  " << t.pieces.size() << (t.pieces.size() == 1 ? " piece" : " pieces") << '\n';
     return report(sw::verify_checkpoint(dir, false), "rank files");
   }
-  fs::path const file = fs::is_directory(path) ? fs::path(path) / "model.safetensors" : fs::path(path);
+  fs::path const file = safetensors_path(path);
   sw::safetensors_file f(file.string());
   std::uint64_t total = 0;
   for (auto const& t : f.tensors()) total += t.bytes();
@@ -134,10 +155,14 @@ int main(int argc, char** argv) {
       ->required();
 
   std::string verified;
-  auto* ver = app.add_subcommand("verify",
-                                 "Checks a sharded checkpoint: its rank files, and every tensor piece against the "
-                                 "checksum its save recorded; exits 1 naming each problem");
-  ver->add_option("CHECKPOINT_DIR", verified, "The folder holding shardwise_checkpoint.json")->required();
+  auto* ver =
+      app.add_subcommand("verify",
+                         "Checks a sharded checkpoint (its rank files, every tensor piece against the checksum its "
+                         "save recorded) or a consolidated file (every tensor against its checksum); exits 1 "
+                         "naming each problem");
+  ver->add_option("CHECKPOINT_OR_FILE", verified,
+                  "The folder holding shardwise_checkpoint.json, or a consolidated .safetensors file (or its folder)")
+      ->required();
 
   plan_command::options planned;
   std::string memory;

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/file_checks.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -207,7 +208,8 @@ load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path co
     label = found.label;
     index = {};
     index.metadata = std::move(found.metadata);
-    std::map<std::string, std::unique_ptr<safetensors_file>> files;  // headers only; closed once checked
+    std::map<std::string, std::unique_ptr<safetensors_file>> files;       // headers only; closed once checked
+    std::map<std::string, std::map<std::string, std::string>> checksums;  // per file: tensor -> its checksum
     std::set<std::string> used;
     for_each_checkpoint_tensor(model, tp.size(), tp.rank(), true, [&](tensor_layout const& t, auto&) {
       std::optional<tensor_source> const s = mapping ? mapping(t.name) : tensor_source{t.name};
@@ -231,12 +233,16 @@ load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path co
       if (!file) {
         file = std::make_unique<safetensors_file>((source / where->second).string());
         index.metadata.insert(file->metadata().begin(), file->metadata().end());
+        for (auto const& field : metadata_strings(*file, config_metadata_key, who)) index.config.insert(field);
+        checksums[where->second] = metadata_strings(*file, checksums_metadata_key, who);
       }
       if (!file->contains(s->name))
         fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"", file->path(),
              "\", which does not hold it; the folder is incomplete or mixed: save the model again");
       tensor_info const& info = file->info(s->name);
       checkpoint_piece piece = mapped_piece(t, *s, info, where->second, label, who);
+      if (auto const sum = checksums[where->second].find(s->name); sum != checksums[where->second].end())
+        piece.checksum = sum->second;  // the reader checks the file's tensor against it before reading from it
       index.tensors.push_back({t.name, info.type, piece.shape, "", {}});
       index.tensors.back().pieces.push_back(std::move(piece));
       used.insert(s->name);
@@ -302,7 +308,10 @@ inline checkpoint_mapping renaming(std::function<std::string(std::string const&)
 /// Loads one consolidated safetensors file of full tensors (from `shardwise consolidate`, or a Hugging Face
 /// model.safetensors with `names` = sw::transformers_llama_name) into a parallelized model of any tp size: each
 /// rank reads only its slices. `names` maps shardwise's parameter names to the file's (renames only; for
-/// transposed or fused tensors use load_pretrained). Returns the file's metadata.
+/// transposed or fused tensors use load_pretrained). A file from `shardwise consolidate` carries the model's
+/// configuration and a checksum per tensor: a model of another configuration is refused, naming the field, and
+/// each tensor is checked against its checksum before it is read (load_options::verify_checksums). Returns the
+/// file's metadata.
 template <class Model, class TpMesh>
 std::map<std::string, std::string> load_consolidated(Model& model, TpMesh const& tp, std::filesystem::path const& file,
                                                      std::function<std::string(std::string const&)> const& names = {},
