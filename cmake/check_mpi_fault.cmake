@@ -1,9 +1,13 @@
 # Runs one MPI fault (tests/mpi_fault_runner.cpp) and requires what the reliability issue promises: a
 # non-zero exit, every EXPECT regex in the output, and an end within LIMIT seconds (never a hang).
-# -D: MPIEXEC, RANKS, RUNNER, MODE, LIMIT, EXPECT (a ;-list).
+# -D: MPIEXEC (none: a thread-mesh runner, run alone), RANKS, RUNNER, MODE, LIMIT, EXPECT (a ;-list).
 string(TIMESTAMP start "%s")
-execute_process(COMMAND ${MPIEXEC} -n ${RANKS} ${RUNNER} ${MODE} RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                ERROR_VARIABLE err TIMEOUT 120)
+if(MPIEXEC)
+  set(command ${MPIEXEC} -n ${RANKS} ${RUNNER} ${MODE})
+else()  # a thread-mesh runner: one process
+  set(command ${RUNNER} ${MODE})
+endif()
+execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
 string(TIMESTAMP stop "%s")
 math(EXPR seconds "${stop} - ${start}")
 set(all "${out}${err}")

@@ -139,6 +139,47 @@ TEST_CASE("every single-byte flip in tensor data is reported by load and by veri
 }
 
 // Run by CTest's cli.verify (with --no-skip and SHARDWISE_CLI set), where the command line is built.
+TEST_CASE("a save that cannot remove the checkpoint it replaced says so, naming what is left behind") {
+  for (bool const exchange : {true, false}) {
+    CAPTURE(exchange);
+    scratch dir;
+    fs::path const ckpt = dir.path / "ckpt";
+    Tiny saved;
+    fill(saved, 0.25f);
+    sw::save_sharded(saved, serial_tp(), ckpt, 1);
+    fill(saved, 0.5f);
+    sw::detail::checkpoint_without_exchange = !exchange;
+    sw::detail::checkpoint_refuse_removal = true;  // as for a user who may not delete the old files
+    std::string message = "(no error)";
+    try {
+      sw::save_sharded(saved, serial_tp(), ckpt, 2);
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    sw::detail::checkpoint_refuse_removal = false;
+    sw::detail::checkpoint_without_exchange = false;
+    CAPTURE(message);
+    CHECK(message.find("shardwise::save_sharded: the new checkpoint is in \"" + ckpt.string() +
+                       "\" (committed), but the checkpoint it replaced, moved to \"" +
+                       (dir.path / ".ckpt.").string()) != std::string::npos);
+    CHECK(message.find("cannot be removed (Permission denied); it keeps its disk space until removed") !=
+          std::string::npos);
+    auto const left = [&] {
+      int n = 0;
+      for (auto const& entry : fs::directory_iterator(dir.path))
+        n += entry.path().filename().string().starts_with(".ckpt.") && entry.is_directory() ? 1 : 0;
+      return n;
+    };
+    CHECK(left() == 1);
+    Tiny loaded;
+    fill(loaded, 0.0f);
+    sw::load_sharded(loaded, serial_tp(), ckpt);
+    CHECK(common_value(loaded) == 0.5f);  // the new save is the checkpoint
+    sw::save_sharded(saved, serial_tp(), ckpt, 3);
+    CHECK(left() == 0);  // the next save removes what was left
+  }
+}
+
 TEST_CASE("cli: `shardwise verify` and `shardwise inspect` report a damaged rank file, exit 1" * doctest::skip()) {
   char const* cli = std::getenv("SHARDWISE_CLI");
   REQUIRE_MESSAGE(cli != nullptr, "set SHARDWISE_CLI to the shardwise command");

@@ -181,9 +181,12 @@ TEST_CASE("sw::pipeline_step_cost puts a chunk's own transfers at each forward a
   sw::stage_transfers<> chunk;
   chunk.forward.add(sw::transfer_kind::all_reduce, "tp", 8);
   chunk.backward.add(sw::transfer_kind::all_reduce, "tp", 16);
-  // GPipe, 2 stages, 2 microbatches. Rank 0: forward, send; forward, send; then receive, backward twice.
+  // GPipe, 2 stages, 2 microbatches. Every rank first agrees on the step: a gather of 72 bytes (the schedule's
+  // name in 64, the microbatches and the chunks in 4 each). Rank 0: forward, send; forward, send; then receive,
+  // backward twice.
   auto const first = sw::pipeline_step_cost(sw::GPipe{}, 2, 0, 2, 100, chunk);
   auto const expected_first = sw::transfer_list<>()
+                                  .add(sw::transfer_kind::gather_values, "pp", 72)
                                   .add(sw::transfer_kind::all_reduce, "tp", 8)
                                   .add(sw::transfer_kind::send, "pp", 100)
                                   .add(sw::transfer_kind::all_reduce, "tp", 8)
@@ -196,6 +199,7 @@ TEST_CASE("sw::pipeline_step_cost puts a chunk's own transfers at each forward a
   // Rank 1 (the last stage): receive, forward, twice; then backward, send, twice.
   auto const last = sw::pipeline_step_cost(sw::GPipe{}, 2, 1, 2, 100, chunk);
   auto const expected_last = sw::transfer_list<>()
+                                 .add(sw::transfer_kind::gather_values, "pp", 72)
                                  .add(sw::transfer_kind::recv, "pp", 100)
                                  .add(sw::transfer_kind::all_reduce, "tp", 8)
                                  .add(sw::transfer_kind::recv, "pp", 100)

@@ -72,6 +72,48 @@ TEST_CASE("FSDP wrap policies: the units they make, and training equal to the un
   });
 }
 
+TEST_CASE("FSDP ranks that shard different models, or by other wrap policies, are refused by name on every rank") {
+  auto const c = llama_cases::small_config();
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    worlds::run_threads(n, [&](auto& world) {
+      auto const dp = sw::make_mesh<"dp">(world, {n});
+      auto const refused = [&](auto&& shard, std::vector<std::string> const& parts) {
+        std::string message = "(no error)";
+        try {
+          shard();
+        } catch (sw::error const& e) {
+          message = e.what();
+        }
+        CAPTURE(message);
+        CHECK(message.find("shardwise::fully_shard: the ranks of mesh axis \"dp\" shard different models: rank 0 "
+                           "has ") == 0);
+        for (auto const& part : parts) CHECK_MESSAGE(message.find(part) != std::string::npos, part);
+        auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);
+        CHECK(sw::all_reduce(dp, text_hash, sw::Max{}) == sw::all_reduce(dp, text_hash, sw::Min{}));
+      };
+      auto other = c;
+      other.layers = dp.rank() == n - 1 ? c.layers + 1 : c.layers;  // the last rank's model has a block more
+      refused(
+          [&] {
+            sw::models::Llama<float> model(other);
+            (void)sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+          },
+          {" in 3 units (", "rank " + std::to_string(n - 1) + " has ", " in 4 units (",
+           "the same wrap policy on every rank"});
+      refused(
+          [&] {  // the same model, wrapped by block on rank 0 and not at all elsewhere
+            sw::models::Llama<float> model(c);
+            if (dp.rank() == 0)
+              (void)sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+            else
+              (void)sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_none>>(model, dp);
+          },
+          {" in 3 units (", " in 1 units ("});
+    });
+  }
+}
+
 TEST_CASE("FSDP sync_module_states: ranks built from other seeds start from rank 0's parameters") {
   auto const c = llama_cases::small_config();
   auto const serial = serial_run(c, steps);

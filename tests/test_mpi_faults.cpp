@@ -8,3 +8,7 @@
 TEST_CASE("mismatched collective calls raise the same error on every rank, MPI mesh") {
   cases::check_mismatched_calls(shardwise::mpi_world());
 }
+
+TEST_CASE("desyncs are found in seconds with the default timeout, naming every rank's call, MPI mesh") {
+  cases::check_desyncs_found(shardwise::mpi_world());
+}

@@ -12,6 +12,7 @@ TEST_CASE("run_pipeline_step: GPipe, 1F1B and interleaved 1F1B equal the unshard
   auto const pp = shardwise::make_mesh<"pp">(world, {world.size()});
   pipeline_cases::check_all(pp);
   pipeline_cases::check_refusal(pp);
+  pipeline_cases::check_disagreement(pp);
 }
 
 TEST_CASE("MPI sends posted without waiting are freed once received, not at the end of the step") {

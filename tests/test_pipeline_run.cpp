@@ -21,6 +21,40 @@ TEST_CASE("run_pipeline_step: GPipe, 1F1B and interleaved 1F1B equal the unshard
   }
 }
 
+TEST_CASE("pipeline ranks that would run different steps are refused on every rank, thread mesh (2, 3, 4)") {
+  for (int ranks : {2, 3, 4}) {
+    INFO(ranks << " pipeline ranks");
+    worlds::run_threads(
+        ranks, [&](auto& world) { pipeline_cases::check_disagreement(shardwise::make_mesh<"pp">(world, {ranks})); });
+  }
+}
+
+TEST_CASE("a schedule proven at compile time runs without a run-time check, and only on its stage count") {
+  using proven = shardwise::checked_schedule<shardwise::OneFOneB, 2, 3>;
+  worlds::run_threads(2, [&](auto& world) {
+    auto const pp = shardwise::make_mesh<"pp">(world, {2});
+    auto const expected = pipeline_cases::unsharded(2, 3, 4);
+    auto chunks = pipeline_cases::chunks_of(pp.rank(), 2, 1, 1);
+    shardwise::run_pipeline_step(
+        proven{}, pp, std::span<pipeline_cases::Stack>(chunks),
+        [](int m) { return pipeline_cases::microbatch_input(m, 4); }, pipeline_cases::loss_gradient);
+    auto const mine = pipeline_cases::gradients_of(chunks[0]);
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      CHECK(mine[i] == expected[static_cast<std::size_t>(pp.rank() * 3) + i]);
+  });
+  worlds::run_threads(4, [&](auto& world) {
+    auto const pp = shardwise::make_mesh<"pp">(world, {4});
+    auto chunks = pipeline_cases::chunks_of(pp.rank(), 4, 1, 1);
+    CHECK_THROWS_WITH_AS(
+        shardwise::run_pipeline_step(
+            proven{}, pp, std::span<pipeline_cases::Stack>(chunks),
+            [](int m) { return pipeline_cases::microbatch_input(m, 4); }, pipeline_cases::loss_gradient),
+        "shardwise::run_pipeline_step: the schedule was proven for 2 stages but the pipeline axis "
+        "has 4 ranks; prove it for 4 (sw::checked_schedule<Schedule, 4, 3>)",
+        shardwise::error);
+  });
+}
+
 namespace {
 
 /// A chunk that waits a random 0-40 µs before each forward and backward, so that the ranks reach their sends

@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <Eigen/Dense>
+#include <chrono>
 #include <functional>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cases {
@@ -152,6 +154,89 @@ void check_mismatched_calls(World const& world) {
       },
       {first + "all_gather<float>([4], dim 0) at ", "fault_cases.hpp:" + gather_line + " as call #",
        second + "all_reduce<float>([4], sum) at ", "fault_cases.hpp:" + reduce_line + " as call #"});
+}
+
+/// The error `scenario(world)` raises on this rank (it must raise one), checked: every `expected` part, the
+/// same text on every rank, and raised within 10 s with the default timeout of 30 minutes.
+template <class World, class Scenario>
+void expect_desync(World const& world, char const* what, Scenario&& scenario,
+                   std::vector<std::string> const& expected) {
+  CAPTURE(what);
+  REQUIRE(world.timeout() == std::chrono::minutes(30));  // the default: only the desync check can end the wait
+  auto const start = std::chrono::steady_clock::now();
+  std::string message = "(no error)";
+  try {
+    scenario(world);
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CAPTURE(message);
+  CHECK(seconds < 10.0);
+  CHECK(message.find("shardwise: the ranks wait for each other in calls that can never complete") == 0);
+  for (auto const& part : expected) CHECK_MESSAGE(message.find(part) != std::string::npos, part);
+  auto const checked = sw::make_mesh<"checked">(world, {world.size()});
+  auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);  // exact in a double
+  CHECK(sw::all_reduce(checked, text_hash, sw::Max{}) == sw::all_reduce(checked, text_hash, sw::Min{}));
+}
+
+/// Desyncs that only the timeout used to end, each found in seconds with the default timeout, and named with
+/// every rank's call; a peer that is only slow is not reported.
+template <class World>
+void check_desyncs_found(World const& world) {
+  Eigen::VectorXf v = Eigen::VectorXf::Ones(4);
+  // clang-format off
+  auto const reduce_first = [&](auto const& mesh) { sw::all_reduce(mesh, v); };
+  std::string const first_line = "fault_cases.hpp:" + std::to_string(__LINE__ - 1);
+  auto const reduce_then = [&](auto const& mesh) { sw::all_reduce(mesh, v); };
+  std::string const then_line = "fault_cases.hpp:" + std::to_string(__LINE__ - 1);
+  auto const meet = [&](auto const& mesh) { sw::all_reduce(mesh, v); };
+  std::string const meet_line = "fault_cases.hpp:" + std::to_string(__LINE__ - 1);
+  // clang-format on
+  int const n = world.size();
+  std::string others;  // "1, 2, 3": the world ranks rank 0 waits for
+  for (int r = 1; r < n; ++r) others += (r > 1 ? ", " : "") + std::to_string(r);
+  std::string const waits_for_others = (n > 2 ? " for world ranks " : " for world rank ") + others;
+
+  // Rank 0 calls on "a" then "b"; the others on "b" then "a": each waits for the other forever.
+  expect_desync(world, "crossing",
+                [&](World const& w) {
+                  auto const a = sw::make_mesh<"a">(w, {w.size()});
+                  auto const b = sw::make_mesh<"b">(w, {w.size()});
+                  if (w.rank() == 0) {
+                    reduce_first(a);
+                    reduce_then(b);
+                  } else {
+                    reduce_first(b);
+                    reduce_then(a);
+                  }
+                },
+                {"world rank 0 waits in all_reduce<float>([4], sum) at ",
+                 first_line + " as call #0 on mesh axis \"a\"" + waits_for_others,
+                 "world rank " + std::to_string(n - 1) + " waits in all_reduce<float>([4], sum) at ",
+                 first_line + " as call #0 on mesh axis \"b\" for world rank 0", "in the same order"});
+
+  // Rank 0 reduces once more than its peers on "tp"; then every rank meets on "all". (Not on the world: an axis
+  // whose ranks fell out of step stays so, and the world must check the messages afterwards.)
+  expect_desync(world, "one call more",
+                [&](World const& w) {
+                  auto const tp = sw::make_mesh<"tp">(w, {w.size()});
+                  auto const all = sw::make_mesh<"all">(w, {w.size()});
+                  reduce_first(tp);
+                  if (w.rank() == 0) reduce_then(tp);
+                  meet(all);
+                },
+                {"world rank 0 waits in all_reduce<float>([4], sum) at ",
+                 then_line + " as call #1 on mesh axis \"tp\"" + waits_for_others,
+                 "world rank 1 waits in all_reduce<float>([4], sum) at ",
+                 meet_line + " as call #0 on mesh axis \"all\" for world rank 0"});
+
+  // A peer that computes for longer than the check's first look (2 s), then comes: no error.
+  auto const tp = sw::make_mesh<"tp">(world, {n});
+  Eigen::VectorXf ones = Eigen::VectorXf::Ones(4);
+  if (world.rank() == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  CHECK_NOTHROW(sw::all_reduce(tp, ones));
+  CHECK(ones == Eigen::VectorXf::Constant(4, static_cast<float>(n)));
 }
 
 }  // namespace cases

@@ -134,4 +134,46 @@ void check_refusal(Mesh const& pp) {
                        doctest::Contains("shardwise::check_schedule"), sw::error);
 }
 
+/// Ranks that would run different steps — other microbatch counts, another schedule — are refused before any
+/// data moves, naming every rank's step, with the same words on every rank (at once: no timeout is involved).
+template <class Mesh>
+void check_disagreement(Mesh const& pp) {
+  if (pp.size() < 2) return;
+  int const n = pp.size();
+  auto chunks = chunks_of(pp.rank(), n, 1, 1);
+  auto input = [](int m) { return microbatch_input(m, 4); };
+  auto const refused = [&](char const* what, auto&& step, std::vector<std::string> const& parts) {
+    CAPTURE(what);
+    std::string message = "(no error)";
+    try {
+      step();
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    CAPTURE(message);
+    CHECK(message.find("shardwise::run_pipeline_step: the ranks of pipeline axis \"pp\" run different steps") == 0);
+    for (auto const& part : parts) CHECK_MESSAGE(message.find(part) != std::string::npos, part);
+    auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);  // exact in a double
+    CHECK(sw::all_reduce(pp, text_hash, sw::Max{}) == sw::all_reduce(pp, text_hash, sw::Min{}));
+  };
+  std::string const last = std::to_string(n - 1);
+  refused("microbatches",
+          [&] {
+            sw::run_pipeline_step(sw::OneFOneB{}, pp, std::span<Stack>(chunks), pp.rank() == 0 ? n + 1 : n, input,
+                                  loss_gradient);
+          },
+          {"rank 0 runs shardwise::OneFOneB with " + std::to_string(n + 1) + " microbatches and 1 chunk per rank",
+           "rank " + last + " runs shardwise::OneFOneB with " + std::to_string(n) + " microbatches"});
+  refused("schedule",
+          [&] {
+            if (pp.rank() == 0)
+              sw::run_pipeline_step(sw::GPipe{}, pp, std::span<Stack>(chunks), n, input, loss_gradient);
+            else
+              sw::run_pipeline_step(sw::OneFOneB{}, pp, std::span<Stack>(chunks), n, input, loss_gradient);
+          },
+          {"rank 0 runs shardwise::GPipe with ", "rank " + last + " runs shardwise::OneFOneB with "});
+  // The axis is in step afterwards: a step all agree on runs.
+  check_against_unsharded(pp, sw::OneFOneB{}, 1, n);
+}
+
 }  // namespace pipeline_cases

@@ -50,3 +50,10 @@ shardwise_add_compile_fail_test(hooks_not_listed SOURCE compile_fail/hooks_not_l
          "hook_defined_but_not_listed<Heads, shardwise::hooks::on_parallelize>")
 shardwise_add_compile_fail_test(hooks_list_misspelt SOURCE compile_fail/hooks_list_misspelt.cpp LINK shardwise::eigen
   EXPECT "on_paralelize" "shardwise::hooks: a module defines a hook \\(a member shardwise_<hook>, named below\\)")
+shardwise_add_compile_fail_test(lazy_forward_free SOURCE compile_fail/lazy_forward_free.cpp LINK shardwise::eigen
+  EXPECT "shardwise::forward: the model is declared with sw::Lazy and its parameters are not materialized; call "
+         "sw::forward on the model that sw::materialize\\(lazy\\)")
+shardwise_add_compile_fail_test(parallelize_not_a_module SOURCE compile_fail/parallelize_not_a_module.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::parallelize: the model's type lists no children; declare its layers and sub-modules with "
+         "SHARDWISE_CHILDREN")

@@ -166,7 +166,13 @@ inline staged_save stage_save(save_group const& group, std::filesystem::path con
         fail("shardwise::save_sharded: \"", target.string(),
              "\" exists and is not a shardwise checkpoint; give a new or empty folder, or a previous "
              "checkpoint's, which is then replaced");
-      remove_stale_staging(target);  // under the lock, any staging folder is a dead save's
+      remove_stale_staging(target);                      // under the lock, any staging folder is a dead save's
+      if (fs::exists(target / checkpoint_index_name)) {  // a previous checkpoint left aside is superseded
+        std::error_code ignored;
+        fs::remove_all((target.parent_path().empty() ? fs::path(".") : target.parent_path()) /
+                           ("." + target.filename().string() + ".previous"),
+                       ignored);
+      }
       staged.generation = new_generation();
     } catch (std::exception const& e) {
       error = e.what();
@@ -335,7 +341,7 @@ inline void commit_save(save_group const& group, staged_save& staged, checkpoint
     } catch (std::exception const& e) {
       error = e.what();
       std::error_code ignored;
-      fs::remove_all(temp, ignored);
+      if (!checkpoint_refuse_removal) fs::remove_all(temp, ignored);  // after a commit: the replaced checkpoint
     }
   }
   group.agree(error, "checking and committing the checkpoint", staged.target);

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -44,6 +45,8 @@ namespace detail {
 inline void (*checkpoint_save_hook)(std::string_view stage, int tp_rank) = nullptr;
 /// For tests: commit as on a file system without renameat2 RENAME_EXCHANGE (the two renames).
 inline bool checkpoint_without_exchange = false;
+/// For tests: the checkpoint a commit replaces cannot be removed (as for a user who may not delete its files).
+inline bool checkpoint_refuse_removal = false;
 /// For tests: called when a rank starts ("read_begin") and ends ("read_end") reading its shard in load_sharded.
 inline void (*checkpoint_load_hook)(std::string_view stage, int tp_rank) = nullptr;
 /// The most a load stages at once for a column-cut tensor (rows of part of a row are read, then copied into
@@ -259,6 +262,21 @@ save_group save_group_over(Axes const&... axes) {
   return g;
 }
 
+/// Removes the checkpoint a commit replaced, now at `old` (a hidden sibling of `target`). One that cannot be
+/// removed stays, taking its disk space at every save: an error that says so, after the commit.
+inline void remove_replaced(std::filesystem::path const& old, std::filesystem::path const& target) {
+  std::error_code error;
+  if (checkpoint_refuse_removal)
+    error = std::make_error_code(std::errc::permission_denied);
+  else
+    std::filesystem::remove_all(old, error);
+  if (error)
+    fail("shardwise::save_sharded: the new checkpoint is in \"", target.string(),
+         "\" (committed), but the checkpoint it replaced, moved to \"", old.string(), "\", cannot be removed (",
+         error.message(), "); it keeps its disk space until removed: remove it as a user who may (the next save of \"",
+         target.string(), "\" tries again)");
+}
+
 /// Puts the complete folder `temp` in place of `target`, atomically when the file system can exchange names.
 /// An error after the new checkpoint is in place says so: the save then happened, only its flush or clean-up
 /// did not. The previous checkpoint is removed, or with `previous_out` left for the caller to remove: its folder
@@ -292,7 +310,7 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
     if (previous_out)
       *previous_out = old;
     else
-      fs::remove_all(old, ignored);
+      remove_replaced(old, target);
   };
   if (refused == 0) {
     committed([&] { fsync_directory(parent); });
@@ -308,13 +326,13 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
   if (checkpoint_save_hook) checkpoint_save_hook("previous_moved_aside", 0);
   fs::rename(temp, target);
   committed([&] { fsync_directory(parent); });
-  if (!previous_out) return fs::remove_all(previous, ignored), void();
+  if (!previous_out) return remove_replaced(previous, target);
   // Left for the caller to remove, perhaps after the folder's lock is released: by then another saver may move
   // its own previous checkpoint to ".NAME.previous". So it is handed over under the staging name this save has
   // just freed (unique to it; a later save removes what is left of it as a dead save's staging folder).
   std::error_code moved;
   fs::rename(previous, temp, moved);
-  if (moved) return fs::remove_all(previous, ignored), void();  // removed now, still under the lock
+  if (moved) return remove_replaced(previous, target);  // removed now, still under the lock
   *previous_out = temp;
 }
 

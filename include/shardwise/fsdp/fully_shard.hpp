@@ -65,6 +65,9 @@ class fully_sharded final : detail::module_hooks {
       : model_(model), dp_(std::move(dp)), replicate_(std::move(replicate)), options_(options) {
     find_units();
     make_slots();
+    detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units_);
+    if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
+      detail::agree_on_fsdp_structure(replicate_->comm(0), slots_, units_);
     for (auto& s : slots_) s.clear_grad(sharded);
     for (auto& u : units_) release(u);  // nothing kept: spare_ is not active outside a step
     attach(this);
@@ -488,12 +491,6 @@ template <class Policy, module Model, device_mesh ShardMesh, device_mesh Replica
 [[nodiscard]] auto fully_shard(Lazy<Model>& lazy, ShardMesh const& shard, ReplicateMesh const& replicate,
                                fsdp_options options = {}) {
   return fully_shard<Policy>(lazy.unmaterialized(), shard, replicate, options);
-}
-
-/// Sets the sharded model's gradient shards to zero (after an optimizer step).
-template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
-void zero_grad(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& model) {
-  model.zero_grad();
 }
 
 }  // namespace shardwise

@@ -222,4 +222,10 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::average_into(Whole&
   }
 }
 
+/// Sets the sharded model's gradient shards to zero (after an optimizer step).
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
+void zero_grad(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& model) {
+  model.zero_grad();
+}
+
 }  // namespace shardwise

@@ -5,10 +5,14 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/core/error.hpp"
 #include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/functional_types.hpp"
 #include "shardwise/nn/module_hooks.hpp"
@@ -39,6 +43,53 @@ struct fsdp_unit {
   bool gathered = false, called = false, reduced = false;  // the last two: in the current step
   std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
 };
+
+/// What the ranks of an FSDP mesh must agree on before any shard moves: the model they shard (its parameters'
+/// names and shapes) and its units, folded into a hash, beside counts to name in the error.
+struct fsdp_structure {
+  std::uint64_t hash = 0x9e3779b97f4a7c15ull;
+  std::uint64_t parameters = 0, elements = 0, units = 0;
+
+  /// Folds v into the hash (splitmix64 of the sum).
+  void mix(std::uint64_t v) {
+    std::uint64_t z = hash + v + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    hash = z ^ (z >> 31);
+  }
+  /// Folds a name in, byte by byte.
+  void mix(std::string_view text) {
+    mix(text.size());
+    for (char c : text) mix(static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
+  }
+  [[nodiscard]] bool same(fsdp_structure const& o) const {
+    return hash == o.hash && parameters == o.parameters && elements == o.elements && units == o.units;
+  }
+};
+
+/// Every rank of `comm` must shard the same model into the same units (a model of another size, or another wrap
+/// policy, would fail later with a shape error of other numbers on each rank): agreed before any shard moves.
+template <class Comm, class Slot>
+void agree_on_fsdp_structure(Comm const& comm, std::vector<Slot> const& slots, std::vector<fsdp_unit> const& units) {
+  fsdp_structure mine;
+  for (auto const& s : slots) {
+    mine.mix(s.name), mine.mix(static_cast<std::uint64_t>(s.rows)), mine.mix(static_cast<std::uint64_t>(s.cols));
+    ++mine.parameters, mine.elements += static_cast<std::uint64_t>(s.rows * s.cols);
+  }
+  for (auto const& u : units) {
+    mine.mix(u.path), mine.mix(u.slots.size());
+    for (std::size_t s : u.slots) mine.mix(s);
+    ++mine.units;
+  }
+  auto const all = gather_values(comm, mine);
+  if (std::all_of(all.begin(), all.end(), [&](auto const& o) { return o.same(all.front()); })) return;
+  std::string ranks;
+  for (std::size_t q = 0; q < all.size(); ++q)
+    ranks += concat(q ? "; " : "", "rank ", q, " has ", all[q].parameters, " parameters (", all[q].elements,
+                    " elements) in ", all[q].units, " units (structure hash ", all[q].hash, ")");
+  fail("shardwise::fully_shard: the ranks of mesh axis \"", comm.label(), "\" shard different models: ", ranks,
+       ". Build the same model (the same configuration) with the same wrap policy on every rank");
+}
 
 /// Whole matrices full_shard released (gathered parameters, full gradients), kept for the next gather or gradient
 /// of the same shape: glibc gives tensors this large back to the kernel at once, and faulting each unit's pages in

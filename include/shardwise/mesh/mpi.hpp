@@ -28,6 +28,7 @@
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/mesh/mpi_collectives.hpp"
 #include "shardwise/mesh/mpi_datatype.hpp"
+#include "shardwise/mesh/mpi_desync.hpp"
 #include "shardwise/mesh/mpi_failure.hpp"
 #include "shardwise/mesh/mpi_watchdog.hpp"
 #include "shardwise/mesh/timeout.hpp"
@@ -167,17 +168,34 @@ class MpiComm {
   }
 
   /// Waits for `count` requests, polling, so that a failure notice from another rank or the time limit ends
-  /// the wait: then on_timeout(requests) (which must raise; the requests still pending are not null) runs.
+  /// the wait: then on_timeout(requests) (which must raise; the requests still pending are not null) runs. With
+  /// `desync` (a collective's records), the wait takes part in the desync check (mesh/mpi_desync.hpp), which
+  /// raises when it cannot complete; whatever raises, the pending requests are abandoned first.
   template <class OnTimeout>
-  void wait_all(MPI_Request* requests, int count, char const* what, OnTimeout&& on_timeout) const {
-    auto const deadline = std::chrono::steady_clock::now() + timeout();
-    for (unsigned spin = 0;; ++spin) {
+  void wait_all(MPI_Request* requests, int count, char const* what, OnTimeout&& on_timeout,
+                detail::mpi_wait* desync = nullptr) const {
+    auto const start = std::chrono::steady_clock::now();
+    auto const deadline = start + timeout();
+    auto next_check = start + detail::desync_first_check(timeout());
+    std::optional<detail::mpi_wait_scope> checked;
+    if (desync != nullptr) checked.emplace(*desync);
+    for (unsigned spin = 0, round = 0;; ++spin) {
       int done = 0;
       detail::mpi_check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return;
       if (spin % 64 == 63) {
-        detail::mpi_raise_notice(what, label_, rank());
-        if (std::chrono::steady_clock::now() >= deadline) on_timeout(requests);
+        auto const now = std::chrono::steady_clock::now();
+        try {
+          detail::mpi_poll_side_channel(what, label_, rank());
+          if (desync != nullptr && now >= next_check) {
+            detail::mpi_desync_round(round++);
+            next_check = now + detail::desync_recheck(timeout());
+          }
+        } catch (...) {
+          abandon(requests, count);
+          throw;
+        }
+        if (now >= deadline) on_timeout(requests);
       }
       if (spin >= 256) std::this_thread::yield();  // more ranks than cores: let the peers run
     }
@@ -185,41 +203,7 @@ class MpiComm {
 
   /// Every rank's call record, exchanged point to point so that a rank that does not arrive is named (with the
   /// last call it made here) when the time limit passes, and a failed rank's notice ends the wait.
-  [[nodiscard]] std::vector<detail::call_record> all_gather_records(detail::call_record const& mine) const {
-    auto const n = static_cast<std::size_t>(size());
-    std::vector<detail::call_record> all(n);
-    all[static_cast<std::size_t>(rank())] = mine;
-    std::vector<MPI_Request> requests;
-    requests.reserve(2 * n);
-    for (int q = 0; q < size(); ++q) {
-      if (q == rank()) continue;
-      requests.emplace_back();
-      detail::mpi_check(MPI_Irecv(&all[static_cast<std::size_t>(q)], sizeof(detail::call_record), MPI_BYTE, q, 0,
-                                  internal(), &requests.back()),
-                        "MPI_Irecv");
-    }
-    std::size_t const receives = requests.size();
-    for (int q = 0; q < size(); ++q) {
-      if (q == rank()) continue;
-      requests.emplace_back();
-      detail::mpi_check(MPI_Isend(&mine, sizeof(detail::call_record), MPI_BYTE, q, 0, internal(), &requests.back()),
-                        "MPI_Isend");
-    }
-    char const* what = detail::kind_name(mine.kind).data();
-    wait_all(requests.data(), static_cast<int>(requests.size()), what, [&](MPI_Request* pending) {
-      std::vector<int> missing;
-      for (std::size_t i = 0, q = 0; i < receives; ++i, ++q) {
-        if (static_cast<int>(q) == rank()) ++q;
-        int arrived = 0;  // MPI_Testall changes no request until all are done: ask each one
-        MPI_Request_get_status(pending[i], &arrived, MPI_STATUS_IGNORE);
-        if (!arrived) missing.push_back(static_cast<int>(q));
-      }
-      abandon(pending, static_cast<int>(requests.size()));
-      time_out(what, missing);
-    });
-    remember(all);
-    return all;
-  }
+  [[nodiscard]] std::vector<detail::call_record> all_gather_records(detail::call_record const& mine) const;
 
   /// Two ranks only: sends `mine`, and then (when sends_data(mine)) `count` elements of `in`, to the peer, and
   /// returns the peer's record. When sends_data(theirs), the peer's elements follow: `place(theirs)` says where
@@ -228,58 +212,7 @@ class MpiComm {
   /// If `place` throws, the peer's data is still received and this rank's sends complete, so nothing stays
   /// pending, and the error propagates.
   template <class T, class Record, class SendsData, class Place>
-  Record pair_exchange(Record const& mine, T const* in, std::size_t count, SendsData&& sends_data,
-                       Place&& place) const {
-    static_assert(std::is_trivially_copyable_v<Record>,
-                  "shardwise::MpiComm::pair_exchange: the record is sent as bytes, so its type must be trivially "
-                  "copyable; send a plain struct of numbers");
-    MPI_Comm const c = internal();
-    int const peer = 1 - rank();
-    Record theirs;
-    MPI_Request requests[3];
-    int sends = 2;
-    detail::mpi_check(MPI_Irecv(&theirs, sizeof(Record), MPI_BYTE, peer, 0, c, &requests[0]), "MPI_Irecv");
-    detail::mpi_check(MPI_Isend(&mine, sizeof(Record), MPI_BYTE, peer, 0, c, &requests[1]), "MPI_Isend");
-    if (sends_data(mine)) {
-      int const n = detail::mpi_count(count, "all_gather");
-      detail::mpi_check(MPI_Isend(in, n, detail::mpi_datatype<T>(), peer, 1, c, &requests[2]), "MPI_Isend");
-    } else {
-      sends = 1;
-    }
-    char const* what = "pair_exchange";
-    if constexpr (std::is_same_v<Record, detail::call_record>) what = detail::kind_name(mine.kind).data();
-    wait_all(requests, 1, what, [&](MPI_Request* pending) {
-      abandon(pending, 1);
-      time_out(what, {peer});
-    });
-    if constexpr (std::is_same_v<Record, detail::call_record>) {
-      std::vector<detail::call_record> both(2);
-      both[static_cast<std::size_t>(peer)] = theirs;
-      remember(both);
-    }
-    auto drop = [&] {
-      if (sends_data(static_cast<Record const&>(theirs))) discard(c, peer, 1, probed_bytes(c, peer, 1));
-    };
-    try {
-      auto const placed = place(static_cast<Record const&>(theirs));  // (where, count): no structured binding, which
-      auto* const where = placed.first;                               // clang before 16 cannot capture
-      int const n = detail::mpi_count(placed.second, "all_gather");
-      data_phase(what, [&] {
-        if (where == nullptr)
-          drop();
-        else
-          detail::mpi_check(MPI_Recv(where, n, detail::mpi_datatype<T>(), peer, 1, c, MPI_STATUS_IGNORE), "MPI_Recv");
-      });
-    } catch (...) {
-      data_phase(what, [&] {
-        drop();
-        MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE);
-      });
-      throw;
-    }
-    data_phase(what, [&] { detail::mpi_check(MPI_Waitall(sends, requests + 1, MPI_STATUSES_IGNORE), "MPI_Waitall"); });
-    return theirs;
-  }
+  Record pair_exchange(Record const& mine, T const* in, std::size_t count, SendsData&& sends_data, Place&& place) const;
 
   /// Reduces `in` (the concatenation of every rank's piece) over ranks; this rank keeps piece `rank()`.
   template <class T>
@@ -388,14 +321,17 @@ class MpiComm {
   }
 
   [[noreturn]] void time_out(char const* what, std::vector<int> const& missing) const {
-    auto const elsewhere = whereabouts_of(what, missing);
+    std::vector<int> const world = world_ranks(missing);
+    auto const& answers = detail::desync_state().answers;  // what the desync check heard from them, if anything
     std::ostringstream who;
     for (std::size_t i = 0; i < missing.size(); ++i) {
       auto const q = static_cast<std::size_t>(missing[i]);
       who << (i ? "; " : "") << "rank " << q;
-      if (auto const& there = elsewhere[i])  // it waits in a call of another communicator
-        who << " is waiting in " << detail::text_of(there->what) << " on mesh axis \"" << detail::text_of(there->axis)
-            << "\" (the ranks make calls on different axes in different orders: a crossing)";
+      auto const heard = answers.find(world[i]);
+      if (heard != answers.end() && heard->second.has_last &&
+          heard->second.last.activity.what == detail::rank_activity::state::waiting)
+        who << " is waiting in " << detail::text_of(heard->second.last.activity.call) << " on mesh axis \""
+            << detail::text_of(heard->second.last.activity.axis) << '"';
       else if (q < state_->last_calls.size() && state_->last_calls[q].element[0] != '\0')
         who << " has not arrived (its last call on this axis: " << state_->last_calls[q] << " as call #"
             << state_->last_calls[q].sequence << ")";
@@ -405,21 +341,16 @@ class MpiComm {
     detail::collective_timed_out(rank(), label_, timeout(), what, who.str());
   }
 
-  /// Where each of the `missing` ranks waits, as they say when their own time runs out (for a crossing).
-  std::vector<std::optional<detail::mpi_whereabouts>> whereabouts_of(char const* what,
-                                                                     std::vector<int> const& missing) const {
-    detail::mpi_whereabouts mine;
-    detail::copy_tail(what, mine.what);
-    detail::copy_tail(label_, mine.axis);
+  /// The world ranks of ranks of this communicator.
+  [[nodiscard]] std::vector<int> world_ranks(std::vector<int> const& ranks) const {
     MPI_Group axis_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
     MPI_Comm_group(native(), &axis_group);
     MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-    std::vector<int> world_ranks(missing.size());
-    MPI_Group_translate_ranks(axis_group, static_cast<int>(missing.size()), missing.data(), world_group,
-                              world_ranks.data());
+    std::vector<int> world(ranks.size());
+    MPI_Group_translate_ranks(axis_group, static_cast<int>(ranks.size()), ranks.data(), world_group, world.data());
     MPI_Group_free(&axis_group);
     MPI_Group_free(&world_group);
-    return detail::mpi_exchange_whereabouts(world_ranks, mine, std::min(timeout(), timeout_duration(2000)));
+    return world;
   }
 
   void check_peer(int peer, char const* what) const {
@@ -490,5 +421,6 @@ class MpiComm {
 
 }  // namespace shardwise
 
-// The point-to-point members, defined apart (they need the whole class).
+// The point-to-point members and the call agreement, defined apart (they need the whole class).
+#include "shardwise/mesh/mpi_agreement.hpp"
 #include "shardwise/mesh/mpi_point_to_point.hpp"

@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -23,224 +25,11 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/shared_memory_collectives.hpp"
+#include "shardwise/mesh/thread_group.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
-
-namespace detail {
-
-/// Thrown on ranks that were blocked when another rank failed; run_threads reports the original error.
-class peer_failure : public error {
- public:
-  peer_failure() : error("shardwise::run_threads: another rank failed; its exception is rethrown") {}
-};
-
-/// Shared by every group of one run_threads call.
-struct thread_run_state {
-  explicit thread_run_state(int n) : world_size(n), finished(new std::atomic<bool>[static_cast<std::size_t>(n)]) {
-    for (int i = 0; i < n; ++i) finished[static_cast<std::size_t>(i)] = false;
-    for (int i = 0; i < n; ++i) waiting_in[static_cast<std::size_t>(i)] = nullptr;
-  }
-  int world_size;
-  std::atomic<bool> aborted{false};
-  std::unique_ptr<std::atomic<bool>[]> finished;
-  // Per world rank: the group it waits in (nullptr when it waits nowhere) and the call, for timeout messages.
-  std::unique_ptr<std::atomic<thread_group const*>[]> waiting_in{new std::atomic<thread_group const*>[world_size]};
-  std::unique_ptr<std::atomic<char const*>[]> waiting_for{new std::atomic<char const*>[world_size]};
-  std::mutex registry_mutex;
-  std::vector<std::weak_ptr<thread_group>> groups;
-
-  void register_group(std::shared_ptr<thread_group> const& group) {
-    std::lock_guard lock(registry_mutex);
-    groups.push_back(group);
-  }
-  void wake_all();
-};
-
-struct thread_group {
-  thread_group(std::shared_ptr<thread_run_state> run_state, std::vector<int> world_ranks, std::string axis_label,
-               timeout_duration wait_limit)
-      : run(std::move(run_state)),
-        members(std::move(world_ranks)),
-        label(std::move(axis_label)),
-        slots(members.size()),
-        own(new rank_state[members.size()]),
-        timeout(wait_limit.count()) {
-    for (std::size_t q = 0; q < members.size(); ++q) own[q].calls = 0, own[q].arrival = 0;
-  }
-
-  std::shared_ptr<thread_run_state> run;
-  std::vector<int> members;  // world rank of each group rank
-  std::string label;         // mesh axis name, for error messages
-  std::vector<thread_slot> slots;
-  // What each group rank writes for itself, on a cache line of its own (a shared line would bounce between the
-  // cores on every call): the collective calls it made so far, and 1 + the barrier generation it last arrived
-  // at, which a waiting rank reads to name who is missing.
-  struct alignas(64) rank_state {
-    std::atomic<std::uint64_t> calls;
-    std::atomic<std::uint32_t> arrival;
-  };
-  std::unique_ptr<rank_state[]> own;
-  std::atomic<timeout_duration::rep> timeout;
-  // One word, so that arriving, completing and withdrawing are single atomic steps: bits 0-31 the barrier
-  // generation, 32-47 the ranks arrived at it, 48-63 wake-ups for failure checks (which must not look like a
-  // completed barrier).
-  static constexpr std::uint64_t one_arrival = std::uint64_t{1} << 32, one_wakeup = std::uint64_t{1} << 48;
-  std::atomic<std::uint64_t> word{0};
-  // Ranks past their spin sleep here, with a deadline; whoever completes a barrier wakes them.
-  std::atomic<int> sleepers{0};
-  std::mutex sleep_mutex;
-  std::condition_variable sleep_ready;
-
-  // Point-to-point messages, buffered: (source, destination, tag) -> queue of messages.
-  struct message {
-    extents shape;
-    std::vector<unsigned char> bytes;
-  };
-  std::mutex mail_mutex;
-  std::condition_variable mail_ready;
-  std::map<std::tuple<int, int, int>, std::deque<message>> mailbox;
-
-  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
-  [[nodiscard]] timeout_duration wait_limit() const { return timeout_duration(timeout.load()); }
-
-  void wake_sleepers() {
-    if (sleepers.load() == 0) return;  // seq_cst, paired with the sleeper's increment: no wake-up is lost
-    {
-      std::lock_guard lock(sleep_mutex);
-    }
-    sleep_ready.notify_all();
-  }
-
-  void signal() {
-    word.fetch_add(one_wakeup, std::memory_order_acq_rel);
-    wake_sleepers();
-    {
-      std::lock_guard lock(mail_mutex);
-    }
-    mail_ready.notify_all();
-  }
-
-  [[nodiscard]] bool peers_cannot_arrive() const {
-    if (run->aborted.load(std::memory_order_acquire)) return true;
-    for (int member : members)
-      if (run->finished[static_cast<std::size_t>(member)].load(std::memory_order_acquire)) return true;
-    return false;
-  }
-
-  /// Throws if this wait can never finish: a rank failed, or a member returned from its function.
-  void check_peers(int rank, char const* what) const {
-    if (run->aborted.load(std::memory_order_acquire)) throw peer_failure();
-    for (std::size_t q = 0; q < members.size(); ++q) {
-      if (run->finished[static_cast<std::size_t>(members[q])].load(std::memory_order_acquire)) {
-        fail("shardwise::ThreadMesh: rank ", q, " of mesh axis \"", label, "\" returned from its function while rank ",
-             rank, " waits for it in ", what, "; every rank must call the same collectives in the same order");
-      }
-    }
-  }
-
-  /// What rank q of this group is doing, for a timeout message: where it waits, or what it last called.
-  [[nodiscard]] std::string whereabouts(std::size_t q) const {
-    auto const world_rank = static_cast<std::size_t>(members[q]);
-    thread_group const* elsewhere = run->waiting_in[world_rank].load();
-    char const* what = run->waiting_for[world_rank].load();
-    if (elsewhere != nullptr && elsewhere != this)
-      return concat("rank ", q, " is waiting in ", what, " on mesh axis \"", elsewhere->label,
-                    "\" (the ranks make calls on different axes in different orders: a crossing)");
-    std::uint64_t const made = own[q].calls.load();
-    if (made == 0) return concat("rank ", q, " has made no collective call on this axis yet");
-    return concat("rank ", q, " is not in a collective of this axis; it has made ", made, " calls on it");
-  }
-
-  [[noreturn]] void time_out(int rank, char const* what, std::uint32_t generation) const {
-    std::string missing;
-    for (std::size_t q = 0; q < members.size(); ++q)
-      if (own[q].arrival.load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
-    collective_timed_out(rank, label, wait_limit(), what, missing);
-  }
-
-  /// Waits for every member. A rank may give up waiting (timeout, failed peer) only where `may_leave`: at the
-  /// start of a collective, before any peer reads its buffers; it then withdraws its arrival, so no barrier
-  /// ever completes with a rank that left.
-  void barrier(int rank, char const* what, bool may_leave = true) {
-    if (members.size() == 1) return;
-    std::uint64_t const before = word.fetch_add(one_arrival);
-    auto const generation = static_cast<std::uint32_t>(before);
-    own[static_cast<std::size_t>(rank)].arrival.store(generation + 1, std::memory_order_relaxed);
-    if (((before / one_arrival) & 0xffff) == static_cast<std::uint64_t>(size() - 1)) {
-      // The last one: the next generation (wrapping within its 32 bits), no ranks arrived. seq_cst: see
-      // wake_sleepers.
-      std::uint64_t const next = generation == 0xffffffffu ? std::uint64_t(0) - 0xffffffffu : 1;
-      word.fetch_add(next - static_cast<std::uint64_t>(size()) * one_arrival);
-      wake_sleepers();
-      return;
-    }
-    auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
-    for (int spin = 0; spin < 320; ++spin) {  // the common case: peers arrive within a microsecond
-      if (passed()) return;
-      if (spin >= 256) std::this_thread::yield();
-    }
-    sleep_until_passed(rank, what, generation, may_leave);
-  }
-
- private:
-  /// Takes back this rank's arrival at `generation`; false if the barrier completed first (the rank stays).
-  bool withdraw(std::uint32_t generation) {
-    std::uint64_t w = word.load();
-    while (static_cast<std::uint32_t>(w) == generation)
-      if (word.compare_exchange_weak(w, w - one_arrival)) return true;
-    return false;
-  }
-
-  /// More ranks than cores, or a slow peer: sleep until the barrier passes, a peer fails, or the time is up.
-  void sleep_until_passed(int rank, char const* what, std::uint32_t generation, bool may_leave) {
-    auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
-    auto const world_rank = static_cast<std::size_t>(members[static_cast<std::size_t>(rank)]);
-    run->waiting_for[world_rank].store(what);
-    run->waiting_in[world_rank].store(this);
-    auto const deadline = std::chrono::steady_clock::now() + wait_limit();
-    sleepers.fetch_add(1);
-    struct leave {
-      thread_group& group;
-      std::size_t world_rank;
-      ~leave() {
-        group.sleepers.fetch_sub(1);
-        group.run->waiting_in[world_rank].store(nullptr);
-      }
-    } const on_exit{*this, world_rank};
-    std::unique_lock lock(sleep_mutex);
-    while (!passed()) {
-      if (may_leave && peers_cannot_arrive()) {
-        lock.unlock();
-        if (!withdraw(generation)) return;  // a member may have passed this very barrier and then returned
-        check_peers(rank, what);            // throws: a peer failed or returned
-        fail("shardwise::ThreadMesh: a peer of rank ", rank, " in ", what, " cannot arrive");
-      }
-      if (may_leave && std::chrono::steady_clock::now() >= deadline) {
-        lock.unlock();
-        if (!withdraw(generation)) return;
-        time_out(rank, what, generation);
-      }
-      if (may_leave)
-        sleep_ready.wait_until(lock, deadline);
-      else
-        sleep_ready.wait(lock);
-    }
-  }
-};
-
-inline void thread_run_state::wake_all() {
-  std::vector<std::shared_ptr<thread_group>> live;
-  {
-    std::lock_guard lock(registry_mutex);
-    for (auto const& weak : groups)
-      if (auto group = weak.lock()) live.push_back(std::move(group));
-  }
-  for (auto const& group : live) group->signal();
-}
-
-}  // namespace detail
 
 /// One rank's handle on a group of threads: the world of run_threads, or a mesh axis split from it.
 class ThreadComm {
@@ -279,7 +68,7 @@ class ThreadComm {
   template <class Fn>
   void exchange(detail::thread_slot mine, char const* what, Fn&& fn) const {
     group_->slots[static_cast<std::size_t>(rank_)] = std::move(mine);
-    group_->barrier(rank_, what);
+    group_->barrier(rank_, what, true, group_->slots[static_cast<std::size_t>(rank_)].call);
     std::exception_ptr failure;
     try {
       fn(static_cast<std::vector<detail::thread_slot> const&>(group_->slots));
@@ -294,21 +83,24 @@ class ThreadComm {
 
   /// Ranks with the same color form a new communicator, ordered by key then rank. Collective.
   [[nodiscard]] ThreadComm split(int color, int key, std::string_view label) const {
+    // A call like any collective (as on MPI): a rank that meets another call here is told so, by name.
+    detail::call_record const call = detail::make_call<char>(*this, detail::collective_kind::split, {},
+                                                             storage_order::row_major, call_site{nullptr, 0});
     detail::thread_slot mine;
-    mine.a = color;
-    mine.b = key;
-    group_->slots[static_cast<std::size_t>(rank_)] = mine;
-    group_->barrier(rank_, "split");
+    mine.key = detail::call_key::of(call), mine.call = &call, mine.a = color, mine.b = key;
     std::vector<std::pair<std::int64_t, int>> order;  // (key, old rank) of the ranks with my color
-    for (int q = 0; q < size(); ++q) {
-      auto const& slot = group_->slots[static_cast<std::size_t>(q)];
-      if (slot.a == color) order.emplace_back(slot.b, q);
-    }
+    exchange(std::move(mine), "split", [&](std::vector<detail::thread_slot> const& slots) {
+      if (!std::all_of(slots.begin(), slots.end(), [&](auto const& s) { return s.key == slots.front().key; }))
+        detail::shared_memory_collectives::report_disagreement(slots, group_->label);
+      for (int q = 0; q < size(); ++q) {
+        auto const& slot = slots[static_cast<std::size_t>(q)];
+        if (slot.a == color) order.emplace_back(slot.b, q);
+      }
+    });  // and everyone has read color and key
     std::sort(order.begin(), order.end());
     int new_rank = 0;
     while (order[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
     int const leader = order.front().second;
-    group_->barrier(rank_, "split");  // everyone has read color and key
     if (leader == rank_) {
       std::vector<int> world_ranks;
       for (auto const& [k, q] : order) world_ranks.push_back(group_->members[static_cast<std::size_t>(q)]);
@@ -383,9 +175,64 @@ class ThreadComm {
   int rank_;
 };
 
+namespace detail {
+
+/// How long the ranks of run_threads have to return once one has failed, before the process ends.
+inline constexpr std::chrono::seconds stuck_rank_grace{10};
+
+/// Ends the process when ranks have not returned within stuck_rank_grace of a rank's failure: they are stuck
+/// outside any collective (in the user's code), where no error can reach them, and would keep the process
+/// alive forever. The failure's message goes to stderr first, and the exit code is 1, as on MPI.
+class stuck_rank_watch {
+ public:
+  explicit stuck_rank_watch(int ranks) : state_(std::make_shared<shared>()) { state_->running = ranks; }
+
+  /// A rank returned (or threw).
+  void returned() {
+    std::lock_guard const hold(state_->mutex);
+    --state_->running;
+    state_->all_returned.notify_all();
+  }
+
+  /// A rank failed with `message`: the first failure starts the watch.
+  void failed(std::string const& message) {
+    {
+      std::lock_guard const hold(state_->mutex);
+      if (state_->watching) return;
+      state_->watching = true;
+    }
+    try {
+      std::thread([state = state_, message] {
+        std::unique_lock lock(state->mutex);
+        if (state->all_returned.wait_for(lock, stuck_rank_grace, [&] { return state->running == 0; })) return;
+        std::fprintf(stderr,
+                     "shardwise::run_threads: %d rank(s) did not return within %lld s after a rank failed; they are "
+                     "stuck outside any collective (in the program's own code), where no error reaches them, so "
+                     "the process ends with exit code 1. The failure: %s\n",
+                     state->running, static_cast<long long>(stuck_rank_grace.count()), message.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }).detach();
+    } catch (...) {  // no thread to be had: the ranks are joined as before
+    }
+  }
+
+ private:
+  struct shared {
+    std::mutex mutex;
+    std::condition_variable all_returned;
+    int running = 0;
+    bool watching = false;
+  };
+  std::shared_ptr<shared> state_;
+};
+
+}  // namespace detail
+
 /// Runs fn(ThreadComm& world) on `ranks` threads (rank 0 on the calling thread) and returns when all are
 /// done. If any rank throws, every rank blocked in a collective is released and the first exception is
-/// rethrown here.
+/// rethrown here. A rank that does not return within 10 s of a failure (stuck in its own code, where no error
+/// reaches it) ends the process with the failure's message and exit code 1 (detail::stuck_rank_watch).
 template <class Fn>
 void run_threads(int ranks, Fn&& fn) {
   if (ranks < 1) detail::fail("shardwise::run_threads: needs at least 1 rank, got ", ranks);
@@ -398,31 +245,36 @@ void run_threads(int ranks, Fn&& fn) {
   std::mutex error_mutex;
   std::exception_ptr first_error;
   bool first_is_real = false;  // a peer_failure only stands in until the original error is recorded
+  detail::stuck_rank_watch watch(ranks);
   auto rank_main = [&](int rank) {
     try {
       ThreadComm comm(world, rank);
       fn(comm);
       run->finished[static_cast<std::size_t>(rank)].store(true, std::memory_order_release);
     } catch (...) {
-      bool const real = [] {
+      std::string const real = [] {  // the message of an original error; empty for a peer_failure
         try {
           throw;
         } catch (detail::peer_failure const&) {
-          return false;
+          return std::string();
+        } catch (std::exception const& e) {
+          return std::string(e.what()).append(e.what()[0] == '\0' ? "(an exception without a message)" : "");
         } catch (...) {
-          return true;
+          return std::string("an exception that is not a std::exception");
         }
       }();
       {
         std::lock_guard lock(error_mutex);
-        if (!first_error || (real && !first_is_real)) {
+        if (!first_error || (!real.empty() && !first_is_real)) {
           first_error = std::current_exception();
-          first_is_real = real;
+          first_is_real = !real.empty();
         }
       }
       run->aborted.store(true, std::memory_order_release);
+      if (!real.empty()) watch.failed(real);
     }
     run->wake_all();
+    watch.returned();
   };
 
   std::vector<std::thread> threads;

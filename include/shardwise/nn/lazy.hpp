@@ -77,6 +77,21 @@ class Lazy : private detail::lazy_scope {  // the base is built first: the flag 
   Model model_;
 };
 
+/// sw::forward on a lazily declared model, whose parameters do not exist yet: refused at compile time.
+template <class Model, class X>
+void forward(Lazy<Model>&, X const&) {
+  static_assert(detail::lazy_use_refused<Model, X>,
+                "shardwise::forward: the model is declared with sw::Lazy and its parameters are not materialized; "
+                "call sw::forward on the model that sw::materialize(lazy) (or a load into the lazy model) returns");
+}
+/// sw::backward on a lazily declared model: refused, as forward.
+template <class Model, class X>
+void backward(Lazy<Model>&, X const&) {
+  static_assert(detail::lazy_use_refused<Model, X>,
+                "shardwise::backward: the model is declared with sw::Lazy and its parameters are not materialized; "
+                "call sw::backward on the model that sw::materialize(lazy) (or a load into the lazy model) returns");
+}
+
 /// Lets every layer of the lazy model record its shard's shape over `tp`; nothing is allocated.
 template <module Model, class Group>
 Lazy<Model>& parallelize(Lazy<Model>& lazy, Group const& tp) {

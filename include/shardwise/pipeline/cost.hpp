@@ -7,6 +7,7 @@
 
 #include "shardwise/cost/transfer.hpp"
 #include "shardwise/pipeline/schedules.hpp"
+#include "shardwise/pipeline/step_terms.hpp"
 
 namespace shardwise {
 
@@ -25,15 +26,16 @@ struct stage_transfers {
 };
 
 /// The transfers of rank `rank`'s part of one pipeline step of `schedule` over `stages` ranks and `microbatches`
-/// microbatches, in its action table's order: a send or receive of `boundary_bytes` (one microbatch's boundary
-/// activation on this rank, as its gradient) for each action whose peer is another rank, on mesh axis `axis`;
-/// `chunk`'s transfers for each forward and backward (its recomputation's first), and its after_step at the end.
-/// The optimizer step after run_pipeline_step adds its own.
+/// microbatches, in its action table's order: first the gather in which the ranks agree on the step, then a send or
+/// receive of `boundary_bytes` (one microbatch's boundary activation on this rank, as its gradient) for each action
+/// whose peer is another rank, on mesh axis `axis`; `chunk`'s transfers for each forward and backward (its
+/// recomputation's first), and its after_step at the end. The optimizer step after run_pipeline_step adds its own.
 template <std::size_t Capacity = 128, pipeline_schedule Schedule, std::size_t N = 48>
 transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages, int rank, int microbatches,
                                            std::size_t boundary_bytes, stage_transfers<N> const& chunk = {},
                                            axis_label axis = "pp") {
   transfer_list<Capacity> list;
+  list.add(transfer_kind::gather_values, axis, sizeof(detail::pipeline_step_terms));  // the step's terms agreed
   for (pipeline_action const& a : schedule.actions(rank, stages, microbatches)) {
     switch (a.kind) {
       case action_kind::forward:

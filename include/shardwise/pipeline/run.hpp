@@ -3,7 +3,10 @@
 // data moves) drives its model chunks, one microbatch at a time. Each forward's activations are moved out of
 // the chunk into that microbatch's saved_activations, so the chunk can run the next microbatch's forward before
 // this one's backward; activations and gradients cross to the neighbouring stages over the pipeline axis.
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -13,9 +16,11 @@
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
+#include "shardwise/mesh/call.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/pipeline/schedule.hpp"
+#include "shardwise/pipeline/step_terms.hpp"
 #include "shardwise/plan/saved.hpp"
 
 namespace shardwise {
@@ -215,6 +220,55 @@ class pipeline_step {
   std::vector<std::vector<slot_type>> slots_;
 };
 
+/// Compares the step's terms across the pipeline axis (one small gather): every rank raises the same error,
+/// naming each rank's terms, when they differ.
+template <class Schedule, class Mesh>
+void agree_on_step(Mesh const& pp, int microbatches) {
+  pipeline_step_terms mine;
+  copy_tail(type_name<Schedule>(), mine.schedule);
+  mine.microbatches = microbatches;
+  mine.chunks = Schedule::chunks_per_rank;
+  auto const all = gather_values(pp.comm(0), mine);
+  if (std::all_of(all.begin(), all.end(), [&](auto const& t) { return t.same(all.front()); })) return;
+  std::string ranks;
+  for (std::size_t q = 0; q < all.size(); ++q)
+    ranks += concat(q ? "; " : "", "rank ", q, " runs ", text_of(all[q].schedule), " with ", all[q].microbatches,
+                    " microbatches and ", all[q].chunks, all[q].chunks == 1 ? " chunk" : " chunks", " per rank");
+  fail("shardwise::run_pipeline_step: the ranks of pipeline axis \"", pp.comm(0).label(),
+       "\" run different steps: ", ranks,
+       ". Every rank must run the same schedule with the same microbatches and chunks in each step");
+}
+
+/// The step itself, once the schedule is known to run: this rank's action table drives its chunks.
+template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient>
+void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches, Input& input,
+                      LossGradient& loss_gradient, pipeline_options options) {
+  int const stages = pp.size();
+  pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
+  if (microbatches * shape.model_stages() * 2 > max_tag + 1)
+    fail("shardwise::run_pipeline_step: ", microbatches, " microbatches over ", shape.model_stages(),
+         " stages need more message tags than the mesh has (", max_tag + 1, "); use fewer microbatches per step");
+  if (chunks.size() != static_cast<std::size_t>(shape.chunks_per_rank))
+    fail("shardwise::run_pipeline_step: rank ", pp.rank(), " holds ", chunks.size(),
+         " model chunks but the schedule runs ", shape.chunks_per_rank,
+         " per rank; give each rank one chunk per schedule chunk");
+  using In = std::remove_cvref_t<decltype(input(0))>;
+  using X = stage_output_t<Chunk, In>;
+  if constexpr (!stages_chain<Chunk, X>()) {
+    using shown [[maybe_unused]] = decltype(show_incomplete<stage_output_is_not_the_next_stage_input<X>>());
+  }
+  static_assert(stages_chain<Chunk, X>(),
+                "shardwise::run_pipeline_step: a stage boundary does not chain: the chunk's forward on its own "
+                "output (or its backward on that output's gradient) does not give the same activation type, so "
+                "the next stage would receive another layout than the one this stage sends; make the stage end "
+                "in the layout it starts with (the plan's residual-stream layout)");
+  pipeline_step<Mesh, Chunk, In, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
+  for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
+  pipeline_finish_sends(pp);
+  for (Chunk& chunk : chunks)  // what the stages settle between them once a step (tied weights' gradients)
+    if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); }) chunk.shardwise_after_pipeline_step(pp);
+}
+
 }  // namespace detail
 
 /// Runs this rank's part of one pipeline step on the 1-D mesh `pp` (the pipeline axis), as `schedule` orders
@@ -232,39 +286,30 @@ class pipeline_step {
 /// Parameter gradients accumulate in the chunks, microbatch by microbatch in the order of each rank's table;
 /// then each chunk's `shardwise_after_pipeline_step(pp)`, if it has one, runs (LlamaStage sums the gradients of
 /// an embedding and output tied across stages there).
-/// The schedule is checked first, on every rank alike (sw::check_schedule), so a schedule that would hang
-/// throws before any data moves. `options.activations`: keep each microbatch's activations until its backward,
+/// First the ranks agree on the step (schedule, microbatches, chunks per rank: one small gather), then the
+/// schedule is checked on every rank alike (sw::check_schedule), so ranks that would run different steps, or a
+/// schedule that would hang, throw on every rank before any data moves (the overload below takes a schedule
+/// proven at compile time instead). `options.activations`: keep each microbatch's activations until its backward,
 /// or recompute them there from the chunk's input (activation checkpointing per stage; the same numbers).
 template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient>
 void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches,
                        Input&& input, LossGradient&& loss_gradient, pipeline_options options = {}) {
-  int const stages = pp.size();
-  check_schedule(schedule, stages, microbatches);
-  pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
-  if (microbatches * shape.model_stages() * 2 > detail::max_tag + 1)
-    detail::fail("shardwise::run_pipeline_step: ", microbatches, " microbatches over ", shape.model_stages(),
-                 " stages need more message tags than the mesh has (", detail::max_tag + 1,
-                 "); use fewer microbatches per step");
-  if (chunks.size() != static_cast<std::size_t>(shape.chunks_per_rank))
-    detail::fail("shardwise::run_pipeline_step: rank ", pp.rank(), " holds ", chunks.size(),
-                 " model chunks but the schedule runs ", shape.chunks_per_rank,
-                 " per rank; give each rank one chunk per schedule chunk");
-  using In = std::remove_cvref_t<decltype(input(0))>;
-  using X = detail::stage_output_t<Chunk, In>;
-  if constexpr (!detail::stages_chain<Chunk, X>()) {
-    using shown [[maybe_unused]] =
-        decltype(detail::show_incomplete<detail::stage_output_is_not_the_next_stage_input<X>>());
-  }
-  static_assert(detail::stages_chain<Chunk, X>(),
-                "shardwise::run_pipeline_step: a stage boundary does not chain: the chunk's forward on its own "
-                "output (or its backward on that output's gradient) does not give the same activation type, so "
-                "the next stage would receive another layout than the one this stage sends; make the stage end "
-                "in the layout it starts with (the plan's residual-stream layout)");
-  detail::pipeline_step<Mesh, Chunk, In, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
-  for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
-  detail::pipeline_finish_sends(pp);
-  for (Chunk& chunk : chunks)  // what the stages settle between them once a step (tied weights' gradients)
-    if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); }) chunk.shardwise_after_pipeline_step(pp);
+  detail::agree_on_step<Schedule>(pp, microbatches);
+  check_schedule(schedule, pp.size(), microbatches);
+  detail::run_checked_step(schedule, pp, chunks, microbatches, input, loss_gradient, options);
+}
+
+/// run_pipeline_step with a schedule proven at compile time for its counts (sw::checked_schedule<Schedule,
+/// stages, microbatches>): no table is checked at run time; the pipeline axis must have `stages` ranks.
+template <class Schedule, int Stages, int Microbatches, class Mesh, class Chunk, class Input, class LossGradient>
+void run_pipeline_step(checked_schedule<Schedule, Stages, Microbatches> const&, Mesh const& pp, std::span<Chunk> chunks,
+                       Input&& input, LossGradient&& loss_gradient, pipeline_options options = {}) {
+  if (pp.size() != Stages)
+    detail::fail("shardwise::run_pipeline_step: the schedule was proven for ", Stages,
+                 " stages but the pipeline axis has ", pp.size(), " ranks; prove it for ", pp.size(),
+                 " (sw::checked_schedule<Schedule, ", pp.size(), ", ", Microbatches, ">)");
+  detail::agree_on_step<Schedule>(pp, Microbatches);
+  detail::run_checked_step(Schedule{}, pp, chunks, Microbatches, input, loss_gradient, options);
 }
 
 }  // namespace shardwise

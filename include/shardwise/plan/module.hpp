@@ -352,6 +352,17 @@ void check_children_listed(parallelize_list<Group> const& list) {
 }
 }  // namespace detail
 
+/// A model type that is not a module — it lists no children with SHARDWISE_CHILDREN — has nothing parallelize
+/// could cut: refused at compile time with the fix (instead of "no matching function").
+template <class Model, class Group>
+  requires(!module<Model>)
+Model& parallelize(Model& model, Group const&) {
+  static_assert(module<Model>,
+                "shardwise::parallelize: the model's type lists no children; declare its layers and sub-modules "
+                "with SHARDWISE_CHILDREN(a, b, ...) inside the class (a single layer: put it in a module)");
+  return model;
+}
+
 /// Checks the model's plan against the model at compile time, then lets every layer take its shard over the
 /// 1-D mesh `tp` (collective on `tp`). Returns the model for chaining.
 template <module Model, class Group>
