@@ -4,7 +4,9 @@
 # without the check) and from this tree, run in turn in one sitting, ROUNDS times each. Prints each run's
 # numbers; compare the medians.
 #   bench/run_desync_cost.sh [BASE] [ROUNDS]
+# COLLECTIVES=0 in the environment: bench_train_llama only (to add rounds to its noisier numbers).
 set -euo pipefail
+collectives=${COLLECTIVES:-1}
 base=${1:-5d5c136}
 rounds=${2:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +18,9 @@ for side in base head; do
   [ "$side" = base ] && src=$work/base
   cmake -S "$src" -B "$work/build-$side" -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_BUILD_TESTS=OFF \
     -DSHARDWISE_BUILD_EXAMPLES=OFF -DSHARDWISE_BUILD_BENCH=ON >/dev/null
-  cmake --build "$work/build-$side" -j2 --target bench_collectives bench_train_llama >/dev/null
+  targets=(bench_train_llama)
+  [ "$collectives" = 1 ] && targets+=(bench_collectives)
+  cmake --build "$work/build-$side" -j2 --target "${targets[@]}" >/dev/null
 done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader \
   OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
@@ -26,8 +30,10 @@ large=(--vocabulary 8192 --dim 1024 --layers 2 --heads 16 --kv-heads 8 --hidden 
 for round in $(seq "$rounds"); do
   for side in base head; do
     bin=$work/build-$side/bench
-    echo "## round $round, $side: bench_collectives (all_reduce, all_gather rows: size | raw | sw-MPI | sw/raw | thread µs)"
-    mpiexec -n 2 --bind-to none "$bin/bench_collectives" | grep -E '^\| [0-9]+ [KM]iB \|'
+    if [ "$collectives" = 1 ]; then
+      echo "## round $round, $side: bench_collectives (all_reduce, all_gather rows: size | raw | sw-MPI | sw/raw | thread µs)"
+      mpiexec -n 2 --bind-to none "$bin/bench_collectives" | grep -E '^\| [0-9]+ [KM]iB \|'
+    fi
     echo "## round $round, $side: bench_train_llama tokens/s, dim 256 (TP 1, TP 2) and dim 1024 (TP 1, TP 2)"
     "$bin/bench_train_llama" --steps 5 --configurations 0,1 | grep '^RESULT shardwise'
     "$bin/bench_train_llama" --steps 3 --configurations 0,1 "${large[@]}" | grep '^RESULT shardwise'

