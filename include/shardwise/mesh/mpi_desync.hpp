@@ -67,8 +67,10 @@ struct mpi_desync_state {
   };
   std::map<int, heard> answers;  // world rank -> its answers to the current wait's questions
 };
+/// Never destroyed: the wait before MPI_Finalize runs in the MPI environment's deleter, during static
+/// destruction, and answers questions through this state.
 inline mpi_desync_state& desync_state() {
-  static mpi_desync_state state;
+  static mpi_desync_state& state = *new mpi_desync_state;
   return state;
 }
 
@@ -94,7 +96,7 @@ inline rank_activity mpi_own_activity() {
 /// Sends `bytes` to world rank `to` on the side channel without waiting (small: delivered eagerly). The bytes
 /// are kept alive in a ring of recent messages, as MPI may read them after this returns.
 inline void mpi_side_send(int to, int tag, void const* data, std::size_t bytes) {
-  static std::vector<std::string> in_flight(64);
+  static std::vector<std::string>& in_flight = *new std::vector<std::string>(64);  // never destroyed: see above
   static std::size_t next = 0;
   std::string& copy = in_flight[next++ % in_flight.size()];
   copy.assign(static_cast<char const*>(data), bytes);
