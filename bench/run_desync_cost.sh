@@ -2,7 +2,7 @@
 # The cost of the desync check (issue 35) on healthy runs: bench_collectives (MPI and thread mesh, 2 ranks)
 # and bench_train_llama (thread mesh, TP 1 and TP 2, dim 256 and dim 1024) built from BASE (the last commit
 # without the check) and from this tree, run in turn in one sitting, ROUNDS times each. Prints each run's
-# numbers; compare the medians.
+# numbers; compare the medians. The side that runs first alternates from round to round.
 #   bench/run_desync_cost.sh [BASE] [ROUNDS]
 # COLLECTIVES=0 in the environment: bench_train_llama only (to add rounds to its noisier numbers).
 set -euo pipefail
@@ -28,7 +28,9 @@ echo "# $(date -u '+%Y-%m-%d %H:%M') UTC, $(nproc --all) cores, $(grep -m1 'mode
 echo "# base $(git -C "$here" rev-parse --short "$base") against head $(git -C "$here" rev-parse --short HEAD) (+ working tree)"
 large=(--vocabulary 8192 --dim 1024 --layers 2 --heads 16 --kv-heads 8 --hidden 2816)
 for round in $(seq "$rounds"); do
-  for side in base head; do
+  order="base head"
+  [ $((round % 2)) = 0 ] && order="head base"  # alternated, so that drift within a round favours neither side
+  for side in $order; do
     bin=$work/build-$side/bench
     if [ "$collectives" = 1 ]; then
       echo "## round $round, $side: bench_collectives (all_reduce, all_gather rows: size | raw | sw-MPI | sw/raw | thread µs)"
