@@ -106,6 +106,7 @@ inline void assemble_tensor(checkpoint_tensor const& t,
   for (std::size_t d = 0; d < full.rank; ++d) full[d] = static_cast<std::size_t>(t.shape[d]);
   for (auto const& p : t.pieces) {
     safetensors_file const& file = *files.at(p.file);
+    file.will_need(t.name);  // read ahead before the checksum's pass, which is the first to touch the piece
     check_piece(file, t, p);
     extents size, offset;
     size.rank = offset.rank = full.rank;
@@ -113,7 +114,6 @@ inline void assemble_tensor(checkpoint_tensor const& t,
       size[d] = static_cast<std::size_t>(p.shape[d]);
       offset[d] = static_cast<std::size_t>(p.offset[d]);
     }
-    file.will_need(t.name);
     for_each_run(full, offset, size, zero_offset(full.rank), size, storage_order::row_major,
                  [&](std::size_t to, std::size_t from, std::size_t n) {
                    file.read_bytes(t.name, from * element, n * element, out.data() + to * element);
