@@ -169,9 +169,7 @@ inline staged_save stage_save(save_group const& group, std::filesystem::path con
       remove_stale_staging(target);                      // under the lock, any staging folder is a dead save's
       if (fs::exists(target / checkpoint_index_name)) {  // a previous checkpoint left aside is superseded
         std::error_code ignored;
-        fs::remove_all((target.parent_path().empty() ? fs::path(".") : target.parent_path()) /
-                           ("." + target.filename().string() + ".previous"),
-                       ignored);
+        fs::remove_all(previous_checkpoint_dir(target), ignored);
       }
       staged.generation = new_generation();
     } catch (std::exception const& e) {

@@ -262,6 +262,12 @@ save_group save_group_over(Axes const&... axes) {
   return g;
 }
 
+/// Where a commit without RENAME_EXCHANGE moves the checkpoint it replaces: the hidden sibling ".NAME.previous".
+inline std::filesystem::path previous_checkpoint_dir(std::filesystem::path const& target) {
+  return (target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path()) /
+         ("." + target.filename().string() + ".previous");
+}
+
 /// Removes the checkpoint a commit replaced, now at `old` (a hidden sibling of `target`). One that cannot be
 /// removed stays, taking its disk space at every save: an error that says so, after the commit.
 inline void remove_replaced(std::filesystem::path const& old, std::filesystem::path const& target) {
@@ -286,7 +292,7 @@ inline void commit_directory(std::filesystem::path const& temp, std::filesystem:
                              std::filesystem::path* previous_out = nullptr) {
   namespace fs = std::filesystem;
   fs::path const parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  fs::path const previous = parent / ("." + target.filename().string() + ".previous");
+  fs::path const previous = previous_checkpoint_dir(target);
   auto const committed = [&](auto&& finish) {
     try {
       finish();

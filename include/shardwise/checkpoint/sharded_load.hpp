@@ -320,8 +320,7 @@ checkpoint_index load_sharded_agreed(Model& model, TpMesh const& tp, std::filesy
   namespace fs = std::filesystem;
   auto const locate = [&](fs::path& source, checkpoint_index& index, std::string& label, std::vector<std::string>&) {
     source = detail::normalized_dir(dir);
-    fs::path const previous = (source.parent_path().empty() ? fs::path(".") : source.parent_path()) /
-                              ("." + source.filename().string() + ".previous");
+    fs::path const previous = previous_checkpoint_dir(source);
     if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
       source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
     index = read_checkpoint_index(source);

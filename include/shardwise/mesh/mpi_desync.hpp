@@ -105,6 +105,13 @@ inline void mpi_side_send(int to, int tag, void const* data, std::size_t bytes) 
   MPI_Request_free(&request);
 }
 
+/// Answers question `q` from world rank `asker` with what this process is doing.
+inline void mpi_answer(int asker, mpi_desync_question const& q) {
+  auto const& s = desync_state();
+  mpi_desync_reply const reply{q.asker_wait, q.round, s.current ? s.current->serial : 0, mpi_own_activity()};
+  mpi_side_send(asker, desync_answer, &reply, sizeof reply);
+}
+
 /// Handles one message of the side channel, if one has come: a peer's failure (raised), a question (answered),
 /// an answer (kept), a verdict for this very wait (raised). `what`, `axis`, `rank`: this rank's wait, for the
 /// failure message.
@@ -124,8 +131,7 @@ inline void mpi_poll_side_channel(char const* what, std::string_view axis, int r
   if (status.MPI_TAG == desync_query && bytes.size() == sizeof(mpi_desync_question)) {
     mpi_desync_question q;
     std::memcpy(&q, bytes.data(), sizeof q);
-    mpi_desync_reply const reply{q.asker_wait, q.round, s.current ? s.current->serial : 0, mpi_own_activity()};
-    mpi_side_send(status.MPI_SOURCE, desync_answer, &reply, sizeof reply);
+    mpi_answer(status.MPI_SOURCE, q);
   } else if (status.MPI_TAG == desync_answer && bytes.size() == sizeof(mpi_desync_reply)) {
     mpi_desync_reply r;
     std::memcpy(&r, bytes.data(), sizeof r);
@@ -240,8 +246,7 @@ inline void mpi_answer_questions() {
     if (!arrived) return;
     mpi_desync_question q;
     MPI_Recv(&q, sizeof q, MPI_BYTE, status.MPI_SOURCE, desync_query, notices().comm, MPI_STATUS_IGNORE);
-    mpi_desync_reply const reply{q.asker_wait, q.round, 0, mpi_own_activity()};
-    mpi_side_send(status.MPI_SOURCE, desync_answer, &reply, sizeof reply);
+    mpi_answer(status.MPI_SOURCE, q);
   }
 }
 

@@ -258,7 +258,7 @@ void run_threads(int ranks, Fn&& fn) {
         } catch (detail::peer_failure const&) {
           return std::string();
         } catch (std::exception const& e) {
-          return std::string(e.what()).append(e.what()[0] == '\0' ? "(an exception without a message)" : "");
+          return e.what()[0] == '\0' ? std::string("an exception without a message") : std::string(e.what());
         } catch (...) {
           return std::string("an exception that is not a std::exception");
         }
