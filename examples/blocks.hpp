@@ -4,6 +4,7 @@
 // apply their own plan entries (PrepareModuleInput under sequence parallelism). Used by the examples and by
 // the tests, which compare every sharded run with the same block built with sw::serial_plan.
 #include <cstdint>
+#include <shardwise/inference/cached_attention.hpp>
 #include <shardwise/nn.hpp>
 #include <utility>
 
@@ -91,6 +92,22 @@ struct Attention {
     sw::nn::causal_attention<T>(q_.local, k_.local, v_.local, sequence_, head_dim_, out.local, saved_);
     return wo(std::move(out));  // a temporary: wo keeps its storage for backward instead of a copy
   }
+
+  /// Forward with a key-value cache, for sw::generate: the step's new rows (a prompt's tokens, then one per
+  /// sequence) attend to every token their sequence has cached; nn::cached_attention writes their keys and values
+  /// into this layer's cache first. Locals, not members: nothing is kept for backward.
+  template <class X>
+  auto forward(X const& x, sw::cache_step const& step, sw::nn::kv_layer<T>& cache) {
+    auto q = wq(x), k = wk(x), v = wv(x);
+    auto out = q;
+    sw::nn::cached_attention<T>(q.local, k.local, v.local, head_dim_, step, cache, out.local);
+    return wo(std::move(out));
+  }
+
+  /// The key columns this rank caches: its heads x head_dim (after parallelize).
+  [[nodiscard]] std::size_t kv_columns() const { return static_cast<std::size_t>(wk.weight.rows()); }
+  /// Width of one head.
+  [[nodiscard]] std::size_t head_dim() const { return head_dim_; }
 
   template <class DY>
   auto backward(DY const& dy) {

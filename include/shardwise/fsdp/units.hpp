@@ -13,6 +13,7 @@
 
 #include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/fold_hash.hpp"
 #include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/functional_types.hpp"
 #include "shardwise/nn/module_hooks.hpp"
@@ -50,18 +51,10 @@ struct fsdp_structure {
   std::uint64_t hash = 0x9e3779b97f4a7c15ull;
   std::uint64_t parameters = 0, elements = 0, units = 0;
 
-  /// Folds v into the hash (splitmix64 of the sum).
-  void mix(std::uint64_t v) {
-    std::uint64_t z = hash + v + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    hash = z ^ (z >> 31);
-  }
+  /// Folds v into the hash.
+  void mix(std::uint64_t v) { hash = fold_hash(hash, v); }
   /// Folds a name in, byte by byte.
-  void mix(std::string_view text) {
-    mix(text.size());
-    for (char c : text) mix(static_cast<std::uint64_t>(static_cast<unsigned char>(c)));
-  }
+  void mix(std::string_view text) { hash = fold_hash(hash, text); }
   [[nodiscard]] bool same(fsdp_structure const& o) const {
     return hash == o.hash && parameters == o.parameters && elements == o.elements && units == o.units;
   }

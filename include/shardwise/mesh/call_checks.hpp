@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/fold_hash.hpp"
 #include "shardwise/tensor/concept.hpp"
 #include "shardwise/tensor/extents.hpp"
 
@@ -73,14 +74,8 @@ void check_shapes_agree(int ranks, ShapeOf&& shape_of_rank, std::size_t free_dim
 
 /// The shape outside dimension `free_dim` (and the rank and free_dim themselves) folded into 64 bits.
 inline std::uint64_t shape_fingerprint(extents const& shape, std::size_t free_dim) {
-  auto mix = [](std::uint64_t h, std::uint64_t v) {  // splitmix64 of h + v
-    std::uint64_t z = h + v + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  std::uint64_t h = mix(shape.rank, free_dim);
-  for (std::size_t i = 0; i < shape.rank; ++i) h = mix(h, i == free_dim ? ~std::uint64_t{0} : shape[i]);
+  std::uint64_t h = fold_hash(shape.rank, free_dim);
+  for (std::size_t i = 0; i < shape.rank; ++i) h = fold_hash(h, i == free_dim ? ~std::uint64_t{0} : shape[i]);
   return h;
 }
 

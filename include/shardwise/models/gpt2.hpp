@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "shardwise/inference/cached_attention.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
@@ -126,6 +127,19 @@ struct GPT2Attention {
     return c_proj(std::move(out));  // its storage becomes c_proj's kept input
   }
 
+  /// Forward with a key-value cache (inference): attention of the step's new rows over each sequence's cached
+  /// tokens (nn::cached_attention writes this layer's keys and values into `cache`); keeps nothing for backward.
+  template <class X>
+  auto forward(X const& x, cache_step const& step, nn::kv_layer<T>& cache) {
+    auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+    auto out = q;
+    nn::cached_attention<T>(q.local, k.local, v.local, config_.head_dim(), step, cache, out.local);
+    return c_proj(std::move(out));
+  }
+
+  /// Key (and value) columns on this rank: its heads x head_dim (after parallelize).
+  [[nodiscard]] std::size_t kv_columns() const { return static_cast<std::size_t>(k_proj.weight.rows()); }
+
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
@@ -228,6 +242,12 @@ struct GPT2Block {
   auto forward(X const& x) {
     return residual(ln_2, mlp, residual(ln_1, attn, x));
   }
+  /// Forward with a key-value cache (inference): the same branches, the attention given the step and this
+  /// block's cache.
+  template <class X>
+  auto forward(X const& x, cache_step const& step, nn::kv_layer<T>& cache) {
+    return residual(ln_2, mlp, residual(ln_1, attn, x, step, cache));
+  }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
@@ -325,6 +345,41 @@ struct GPT2 {
     for (auto& block : h) x = shardwise::forward(block, x);  // FSDP units gather here
     return lm_head(ln_f(x));
   }
+
+  /// Forward with a key-value cache (inference, sw::generate): `ids` are the step's new tokens, packed as its
+  /// entries are (kv_cache::append), at their positions in their sequences (at most config().sequence, wpe's
+  /// rows); gives the logits of each entry's last token, [entries, vocabulary] (this rank's part). Each block's
+  /// activations are dropped after it. Needs the residual stream whole on every rank (no sequence parallelism).
+  auto forward(std::span<const std::int64_t> ids, cache_step const& step, kv_cache<T>& cache) {
+    using Stream = decltype(wte(ids));
+    static_assert(std::is_same_v<typename Stream::placement, Replicate>,
+                  "shardwise::models::GPT2: a forward with a key-value cache needs the residual stream whole on "
+                  "every rank; build the model for inference with gpt2_plan<false> (no sequence parallelism): its "
+                  "weights are cut as under sequence parallelism, so the same checkpoints load");
+    if (ids.size() != step.rows())
+      shardwise::raise("shardwise::models::GPT2::forward: ", ids.size(), " token ids for a step of ", step.rows(),
+                       " new tokens; give one id per new token, the step's entries in order");
+    if (step.capacity > config_.sequence)
+      shardwise::raise("shardwise::models::GPT2::forward: a cache of ", step.capacity, " positions, but wpe holds ",
+                       config_.sequence, " (n_positions); give the cache a capacity of at most ", config_.sequence);
+    positions_ = step.positions();
+    auto x = wte(ids) + wpe(positions_);
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      x = shardwise::forward(h[i], x, step, cache.layer(i));
+      drop_saved_activations(h[i]);
+    }
+    Stream last{x.local(step.last_rows(), Eigen::all)};
+    auto logits = lm_head(ln_f(last));
+    drop_saved_activations(*this);
+    return logits;
+  }
+
+  /// The shape of its key-value cache on this rank (after parallelize: this rank's heads).
+  [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
+    return {h.size(), h.empty() ? 0 : h.front().attn.kv_columns(), config_.head_dim()};
+  }
+  /// The positions a sequence may reach: wpe's rows (n_positions); sw::generate refuses a longer cache up front.
+  [[nodiscard]] std::size_t shardwise_position_limit() const { return config_.sequence; }
 
   /// Backward of the last forward from the logits' gradient: accumulates every parameter's gradient.
   template <class DY>

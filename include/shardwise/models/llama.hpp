@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/core/show.hpp"
+#include "shardwise/inference/cached_attention.hpp"
 #include "shardwise/models/llama_config.hpp"
 #include "shardwise/nn.hpp"
 
@@ -154,6 +155,21 @@ struct LlamaAttention {
     return wo(std::move(out));  // its storage becomes wo's kept input
   }
 
+  /// Forward with a key-value cache (inference): the step's new rows, RoPE at their positions, attention over
+  /// each sequence's cached tokens (nn::cached_attention, which writes this layer's keys and values into `cache`).
+  /// Keeps nothing of its own for backward.
+  template <class X>
+  auto forward(X const& x, cache_step const& step, nn::kv_layer<T>& cache) {
+    auto q = wq(x), k = wk(x), v = wv(x);
+    rotate_heads_at(q.local, step), rotate_heads_at(k.local, step);
+    auto out = same_shape(q);
+    nn::cached_attention<T>(q.local, k.local, v.local, config_.head_dim(), step, cache, out.local);
+    return wo(std::move(out));
+  }
+
+  /// Key (and value) columns on this rank: its key-value heads x head_dim, copies included (after parallelize).
+  [[nodiscard]] std::size_t kv_columns() const { return static_cast<std::size_t>(wk.weight.rows()); }
+
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
   auto backward(DY const& dy) {
@@ -177,6 +193,22 @@ struct LlamaAttention {
     auto const d = static_cast<Eigen::Index>(config_.head_dim());
     for (Eigen::Index h = 0; h < x.cols() / d; ++h)
       detail::apply_rope(x.middleCols(h * d, d), rope_, config_.sequence, inverse);
+  }
+
+  /// Rotary embedding on every head of the step's rows, each entry's at its own positions; the tables grow to the
+  /// cache's capacity (once) when it is longer than config().sequence.
+  void rotate_heads_at(nn::matrix<T>& x, cache_step const& step) {
+    if (static_cast<std::size_t>(rope_.cos.rows()) < step.capacity)
+      rope_ = detail::rope_tables<T>(step.capacity, config_.head_dim(), config_.rope_theta);
+    auto const d = static_cast<Eigen::Index>(config_.head_dim());
+    Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> scratch;
+    Eigen::Index row = 0;
+    for (auto const& e : step.entries) {
+      auto const n = static_cast<Eigen::Index>(e.count);
+      for (Eigen::Index h = 0; h < x.cols() / d; ++h)
+        detail::rotate_rows(x.block(row, h * d, n, d), rope_, static_cast<Eigen::Index>(e.start), false, scratch);
+      row += n;
+    }
   }
 
   LlamaConfig config_;
@@ -288,6 +320,12 @@ struct LlamaBlock {
   template <class X>
   auto forward(X const& x) {
     return residual(ffn_norm, feed_forward, residual(attention_norm, attention, x));
+  }
+  /// Forward with a key-value cache (inference): the same branches, the attention given the step and this
+  /// block's cache.
+  template <class X>
+  auto forward(X const& x, cache_step const& step, nn::kv_layer<T>& cache) {
+    return residual(ffn_norm, feed_forward, residual(attention_norm, attention, x, step, cache));
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
@@ -421,6 +459,34 @@ struct Llama {
     for (std::size_t i = 0; i < layers.size(); ++i)  // through sw::forward: FSDP units gather here
       h = checkpoint_blocks_ ? checkpointed_forward(layers[i], h, block_inputs_[i]) : shardwise::forward(layers[i], h);
     return output(norm(h));
+  }
+
+  /// Forward with a key-value cache (inference, sw::generate): `ids` are the step's new tokens, packed as its
+  /// entries are (kv_cache::append); gives the logits of each entry's last token, [entries, vocabulary] (this
+  /// rank's part, in the plan's layout). Each block's activations are dropped after it: nothing is kept for
+  /// backward. Needs the residual stream whole on every rank (no sequence parallelism).
+  auto forward(std::span<const std::int64_t> ids, cache_step const& step, kv_cache<T>& cache) {
+    static_assert(std::is_same_v<typename stream::placement, Replicate>,
+                  "shardwise::models::Llama: a forward with a key-value cache needs the residual stream whole on "
+                  "every rank; build the model for inference with llama_plan<false> (no sequence parallelism): its "
+                  "weights are cut as under sequence parallelism, so the same checkpoints load");
+    if (ids.size() != step.rows())
+      shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids for a step of ", step.rows(),
+                       " new tokens; give one id per new token, the step's entries in order");
+    stream h = tok_embeddings(ids);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      h = shardwise::forward(layers[i], h, step, cache.layer(i));
+      drop_saved_activations(layers[i]);
+    }
+    stream last{h.local(step.last_rows(), Eigen::all)};
+    auto logits = output(norm(last));
+    drop_saved_activations(*this);
+    return logits;
+  }
+
+  /// The shape of its key-value cache on this rank (after parallelize: this rank's key-value heads).
+  [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
+    return {layers.size(), layers.empty() ? 0 : layers.front().attention.kv_columns(), config_.head_dim()};
   }
 
   /// Activation checkpointing per transformer block (Accelerate's activation_checkpointing, torchtitan's "full"

@@ -96,23 +96,29 @@ struct rope_tables {
   }
 };
 
-/// x <- x * cos + rotate_half(x) * sin on one head's columns, for every sequence in the rows. With
-/// inverse = true it applies the transpose (the backward): rotate_half's transpose is minus itself. One
-/// sequence's rows at a time, as array expressions over each half of the head (vectorised).
+/// x <- x * cos + rotate_half(x) * sin on one head's columns of consecutive tokens at positions first_position,
+/// first_position + 1, ...; inverse = true applies the transpose (rotate_half's transpose is minus itself). Array
+/// expressions over each half of the head (vectorised); `first_half` is scratch space.
+template <class T, class Block, class Scratch>
+void rotate_rows(Block&& x, rope_tables<T> const& rope, Eigen::Index first_position, bool inverse,
+                 Scratch& first_half) {
+  Eigen::Index const n = x.rows(), half = x.cols() / 2;
+  T const sign = inverse ? T(-1) : T(1);
+  auto a = x.leftCols(half).array();
+  auto b = x.rightCols(half).array();
+  auto const cos = rope.cos.middleRows(first_position, n).array(), sin = rope.sin.middleRows(first_position, n).array();
+  first_half = a * cos.leftCols(half) - sign * b * sin.leftCols(half);
+  b = b * cos.rightCols(half) + sign * a * sin.rightCols(half);  // a is still the input here
+  a = first_half;
+}
+
+/// rotate_rows on every sequence of `sequence` rows in x (positions restart at 0 in each).
 template <class T, class Block>
 void apply_rope(Block&& x, rope_tables<T> const& rope, std::size_t sequence, bool inverse) {
-  auto const s = static_cast<Eigen::Index>(sequence), half = x.cols() / 2;
-  T const sign = inverse ? T(-1) : T(1);
+  auto const s = static_cast<Eigen::Index>(sequence);
   Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> first_half;
-  for (Eigen::Index start = 0; start < x.rows(); start += s) {
-    Eigen::Index const n = std::min(s, x.rows() - start);
-    auto a = x.block(start, 0, n, half).array();
-    auto b = x.block(start, half, n, half).array();
-    auto const cos = rope.cos.topRows(n).array(), sin = rope.sin.topRows(n).array();
-    first_half = a * cos.leftCols(half) - sign * b * sin.leftCols(half);
-    b = b * cos.rightCols(half) + sign * a * sin.rightCols(half);  // a is still the input here
-    a = first_half;
-  }
+  for (Eigen::Index start = 0; start < x.rows(); start += s)
+    rotate_rows(x.middleRows(start, std::min(s, x.rows() - start)), rope, 0, inverse, first_half);
 }
 
 }  // namespace detail

@@ -158,9 +158,10 @@ auto move_at_boundary(Module& module, X const& x) {
 
 /// Calls the module's forward with its plan entry applied: the input moved from the entry's input_layouts to its
 /// desired_input_layouts, the output from output_layouts to desired_output_layouts (collective where they
-/// differ). Without an entry, it is module.forward(x).
-template <module Module, class X>
-auto forward(Module& module, X const& x) {
+/// differ). Without an entry, it is module.forward(x). Arguments after the input (`context`: a key-value cache
+/// and its step, say) go to module.forward unchanged, after it: the plan entry applies to the input only.
+template <module Module, class X, class... Context>
+auto forward(Module& module, X const& x, Context&&... context) {
   using S = detail::module_style_t<Module>;
   using L = detail::prepare_layouts<S>;
   using Key = detail::own_path_key<Module>;
@@ -181,7 +182,7 @@ auto forward(Module& module, X const& x) {
   };
   auto* const hooks = detail::hooks_under(module);
   if (hooks) hooks->before_forward(detail::id_of(module));
-  auto&& y = module.forward(prepared_input());
+  auto&& y = module.forward(prepared_input(), std::forward<Context>(context)...);
   if (hooks) hooks->after_forward(detail::id_of(module));
   if constexpr (!L::output) {
     return y;
@@ -305,10 +306,11 @@ constexpr cost pre_norm_residuals_cost(cost const& first, cost const& second, st
   return total;
 }
 
-/// x + sw::forward(module, norm(x)): the pre-norm residual branch of a transformer block.
-template <class Norm, module Module, class X>
-auto residual(Norm& norm, Module& module, X const& x) {
-  return x + forward(module, norm(x));
+/// x + sw::forward(module, norm(x), context...): the pre-norm residual branch of a transformer block; `context`
+/// (a key-value cache and its step, say) goes to the module's forward after its input.
+template <class Norm, module Module, class X, class... Context>
+auto residual(Norm& norm, Module& module, X const& x, Context&&... context) {
+  return x + forward(module, norm(x), std::forward<Context>(context)...);
 }
 
 /// The backward of residual: dy + norm.backward(sw::backward(module, dy)).

@@ -1,0 +1,90 @@
+#pragma once
+// Causal grouped-query attention with a key-value cache: the kernel a model's (or a user's) attention calls in a
+// forward with the cache. It writes the new tokens' keys and values into the layer's cache at the positions the
+// step reserved, then attends each new query row to every cached key up to its own position. Rows of several
+// sequences come packed (cache_step); prefill gives a prompt's tokens, decode one token per sequence, and a
+// sequence that is not in the step costs nothing. As causal_attention, queries go a panel of block_rows at a time,
+// so a long prompt never makes a [tokens, tokens] matrix; query head h reads key-value head h / group in place.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+
+#include "shardwise/inference/kv_cache.hpp"
+#include "shardwise/nn/functional_attention.hpp"
+
+namespace shardwise::detail {
+
+/// The sizes of a cached attention call, checked against the step and the cache.
+template <class T>
+attention_shape checked_cached_attention(nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
+                                         nn::const_matrix_ref<T> v, std::size_t head_dim, cache_step const& step,
+                                         nn::kv_layer<T> const& cache, std::size_t block_rows) {
+  constexpr char const* fn = "cached_attention";
+  auto const rows = static_cast<Eigen::Index>(step.rows());
+  if (q.rows() != rows)
+    fail("shardwise::nn::", fn, ": ", q.rows(), " query rows for a step of ", rows,
+         " new tokens; give one row per new token, the step's entries in order");
+  auto const a = checked_attention_shape<T>(fn, q, k, v, static_cast<std::size_t>(std::max<Eigen::Index>(rows, 1)),
+                                            head_dim, block_rows);
+  if (cache.keys.cols() != k.cols() || cache.values.cols() != k.cols() || cache.keys.rows() != cache.values.rows())
+    fail("shardwise::nn::", fn, ": the layer's cache holds ", cache.keys.cols(), " key columns but k has ", k.cols(),
+         "; build the cache from the model's shardwise_kv_shape() after parallelize");
+  for (auto const& e : step.entries)
+    if (step.capacity == 0 || e.start + e.count > step.capacity ||
+        static_cast<Eigen::Index>((e.sequence + 1) * step.capacity) > cache.keys.rows())
+      fail("shardwise::nn::", fn, ": sequence ", e.sequence, "'s tokens ", e.start, "..", e.start + e.count,
+           " do not fit this layer's cache; take the step from kv_cache::append of this cache");
+  return a;
+}
+
+}  // namespace shardwise::detail
+
+namespace shardwise::nn {
+
+/// out = softmax(q K^T / sqrt(head_dim), causal) V for the new rows of `step`, K and V the sequence's cached keys
+/// and values with k and v (the new tokens' own) written into `cache` first. q, out [rows, heads * head_dim];
+/// k, v [rows, kv_heads * head_dim], heads a multiple of kv_heads; RoPE, where the model has it, is applied to q
+/// and k before the call, at the rows' positions (cache_step::positions). Holds one [block_rows, keys] panel.
+template <std::floating_point T>
+void cached_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, std::size_t head_dim,
+                      cache_step const& step, kv_layer<T>& cache, matrix_ref<T> out,
+                      std::size_t block_rows = attention_block_rows) {
+  auto const a = detail::checked_cached_attention<T>(q, k, v, head_dim, step, cache, block_rows);
+  detail::nn_check_shape("cached_attention", "out [rows, heads * head_dim]", out, q.rows(), q.cols());
+  Eigen::Index const d = a.head_dim, panel_rows = static_cast<Eigen::Index>(block_rows);
+  T const scale = T(1) / std::sqrt(static_cast<T>(d));
+  Eigen::Index longest = 0;
+  for (auto const& e : step.entries) longest = std::max(longest, static_cast<Eigen::Index>(e.start + e.count));
+  matrix<T> panel(std::min(panel_rows, std::max<Eigen::Index>(q.rows(), 1)), longest);
+  Eigen::Matrix<T, Eigen::Dynamic, 1> inverse_sum(panel.rows());
+  Eigen::Index row = 0;
+  for (auto const& e : step.entries) {
+    auto const n = static_cast<Eigen::Index>(e.count), start = static_cast<Eigen::Index>(e.start);
+    Eigen::Index const base = static_cast<Eigen::Index>(e.sequence * step.capacity);
+    cache.keys.middleRows(base + start, n) = k.middleRows(row, n);
+    cache.values.middleRows(base + start, n) = v.middleRows(row, n);
+    for (Eigen::Index h = 0; h < a.heads; ++h) {
+      Eigen::Index const g = h / a.group();
+      for (Eigen::Index first = 0; first < n; first += panel_rows) {
+        Eigen::Index const rows = std::min(panel_rows, n - first), keys = start + first + rows;
+        auto p = panel.topLeftCorner(rows, keys);
+        p.noalias() = q.block(row + first, h * d, rows, d) * cache.keys.block(base, g * d, keys, d).transpose();
+        for (Eigen::Index r = 0; r < rows; ++r) {
+          auto seen = p.row(r).head(start + first + r + 1);
+          T const top = seen.maxCoeff();
+          seen = ((seen.array() - top) * scale).exp().matrix();
+          inverse_sum(r) = T(1) / seen.sum();
+        }
+        detail::mask_future(p, start + first);
+        auto o = out.block(row + first, h * d, rows, d);
+        o.noalias() = p * cache.values.block(base, g * d, keys, d);
+        o.array().colwise() *= inverse_sum.head(rows).array();
+      }
+    }
+    row += n;
+  }
+}
+
+}  // namespace shardwise::nn

@@ -1,0 +1,17 @@
+// Generation with the key-value cache under mpiexec at 2 and 4 ranks: the cases of test_generate.cpp
+// (generate_cases::all_cases), sampling against tp 1 computed on every rank, and the bad requests.
+#include <doctest/doctest.h>
+
+#include "cases/generate_cases.hpp"
+#include "support/worlds.hpp"
+
+TEST_CASE("generate: every step equals the full forward, and sampling is the same as at tp 1 (MPI)") {
+  auto const world = worlds::mpi();
+  auto const alone = generate_cases::llama<float>(shardwise::serial_world(), generate_cases::llama_config(),
+                                                  generate_cases::sampled());
+  generate_cases::all_cases(world, alone);
+}
+
+TEST_CASE("generate: bad requests are refused on every rank with the same words (MPI)") {
+  generate_cases::bad_requests(worlds::mpi());
+}
