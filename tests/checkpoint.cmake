@@ -123,6 +123,7 @@ endif()
 shardwise_add_test(test_checkpoint_hf test_checkpoint_hf.cpp LINK shardwise::checkpoint shardwise::eigen)
 # ... and transformers' own save_pretrained folders (LlamaForCausalLM), loaded at TP 1, 2 and 4: the same logits.
 include(${CMAKE_CURRENT_SOURCE_DIR}/torch/hf_checkpoints.cmake)
+include(${CMAKE_CURRENT_SOURCE_DIR}/torch/generate_parity.cmake)  # sw::generate against transformers' generate
 
 # The same on MPI: saved and loaded across processes, at 2 and 4 of them.
 if(TARGET shardwise::mpi)

@@ -4,6 +4,9 @@
 // sampling rule on hand-worked cases; every bad request refused on every rank.
 #include <doctest/doctest.h>
 
+#include <shardwise/models/gpt2_config_json.hpp>
+#include <shardwise/models/llama_config_json.hpp>
+
 #include "cases/generate_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -56,7 +59,13 @@ TEST_CASE("generate: the cache holds 2 x layers x local key-value columns x capa
         // this rank's key-value heads: kv_heads, repeated up to tp where tp is larger, cut over tp
         std::size_t const local_heads = std::max<std::size_t>(kv_heads, std::size_t(ranks)) / std::size_t(ranks);
         CHECK(g.cache_bytes == 2 * c.layers * local_heads * c.head_dim() * 30 * 3 * sizeof(float));
+        CHECK(g.cache_bytes == decltype(model)::kv_cache_bytes(c, std::size_t(ranks), 3, 30));  // the cost model's
       });
+  // At compile time: 1 key-value head repeated to 4 ranks holds 1 head per rank; GPT-2's 4 heads over 4 ranks, 1.
+  static_assert(models::Llama<float, models::llama_plan<false>>::kv_cache_bytes(
+                    {.dim = 32, .heads = 4, .kv_heads = 1}, 4, 3, 30) == 2 * 2 * 8 * 30 * 3 * sizeof(float));
+  static_assert(models::GPT2<double, models::gpt2_plan<false>>::kv_cache_bytes({.dim = 32, .heads = 4}, 4, 1, 40) ==
+                2 * 2 * 8 * 40 * sizeof(double));
 }
 
 TEST_CASE("sample_token: greedy, temperature, top-k and top-p on hand-worked probabilities") {
@@ -81,4 +90,51 @@ TEST_CASE("sample_token: greedy, temperature, top-k and top-p on hand-worked pro
 
 TEST_CASE("generate: bad requests are refused on every rank with the same words (threads)") {
   for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [&](auto& world) { bad_requests(world); });
+}
+
+TEST_CASE(
+    "llama_config_from_json: transformers 5's rope_parameters; a scaled rotary embedding is refused by the model") {
+  auto const base = std::string(R"({"model_type": "llama", "vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, )");
+  auto const v5 =
+      models::llama_config_from_json(base + R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})");
+  CHECK(v5.rope_theta == 500000.0);
+  CHECK_FALSE(v5.rope_scaled);
+  for (char const* scaled : {R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}})",
+                             R"("rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})"}) {
+    auto const c = models::llama_config_from_json(base + scaled);
+    CHECK(c.rope_scaled);
+    CHECK(c.rope_theta == 500000.0);
+    std::string const message = error_of([&] { models::Llama<float, models::llama_plan<false>> model(c); });
+    CHECK(message.find("the config asks for a scaled rotary embedding") != std::string::npos);
+  }
+}
+
+TEST_CASE("gpt2_config_from_json: GPT-2's published config; what shardwise's GPT-2 does not compute is refused") {
+  std::string const data = SHARDWISE_TEST_DATA_DIR;
+  auto const c = models::read_gpt2_config(data + "/gpt2_config.json");
+  CHECK(c.vocabulary == 50257);
+  CHECK(c.dim == 768);
+  CHECK(c.layers == 12);
+  CHECK(c.heads == 12);
+  CHECK(c.sequence == 1024);
+  CHECK(c.layer_norm_eps == 1e-5);
+  CHECK(models::transformers_model_type(data + "/gpt2_config.json") == "gpt2");
+  CHECK(models::transformers_model_type(data + "/llama3_8b_config.json") == "llama");
+  CHECK(models::read_llama_config(data + "/llama3_405b_config.json").rope_scaled);  // Llama 3.1's "llama3" scaling
+  CHECK_FALSE(models::read_llama_config(data + "/llama3_8b_config.json").rope_scaled);
+  auto const base = std::string(R"({"vocab_size": 61, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 40)");
+  auto refused = [&](std::string const& rest, std::string const& words) {
+    std::string const message = error_of([&] { (void)models::gpt2_config_from_json(base + rest); });
+    INFO(message);
+    CHECK(message.find(words) != std::string::npos);
+  };
+  CHECK(models::gpt2_config_from_json(base + "}").dim == 32);
+  refused(R"(, "activation_function": "relu"})", "has activation_function \"relu\"; shardwise's GPT-2 computes");
+  refused(R"(, "n_inner": 100})", "\"n_inner\" in config.json is not 4 x n_embd");
+  refused(R"(, "model_type": "llama"})", "describes model_type \"llama\", not \"gpt2\"");
+  refused(R"(, "n_head": 0})", "\"n_head\" in config.json is 0; it must be a positive whole number");
+  refused("}{", "is not valid JSON");
+  std::string const missing = error_of([] { (void)models::gpt2_config_from_json(R"({"n_embd": 32})"); });
+  CHECK(missing.find("gpt2_config_from_json: config.json has no \"vocab_size\"") != std::string::npos);
 }

@@ -1,18 +1,26 @@
-// libFuzzer target for a transformers config.json read as a Llama config (scripts/fuzz.sh): any text must either
-// give a config whose sizes are positive and whose heads divide the width, or be refused with shardwise::error.
+// libFuzzer target for a transformers config.json read as a Llama config and as a GPT-2 config (scripts/fuzz.sh):
+// any text must either give a config whose sizes are positive and whose heads divide the width, or be refused with
+// shardwise::error.
 #include <cstddef>
 #include <cstdint>
+#include <shardwise/models/gpt2_config_json.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <string_view>
 
 namespace sw = shardwise;
 
 extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+  std::string_view const text(reinterpret_cast<char const*>(data), size);
   try {
-    auto const c = sw::models::llama_config_from_json(std::string_view(reinterpret_cast<char const*>(data), size));
+    auto const c = sw::models::llama_config_from_json(text);
     if (c.dim == 0 || c.heads == 0 || c.layers == 0 || c.vocabulary == 0 || c.dim % c.heads != 0) __builtin_trap();
   } catch (sw::error const&) {
     // refused with a message: what bad input must get
+  }
+  try {
+    auto const c = sw::models::gpt2_config_from_json(text);
+    if (c.dim == 0 || c.heads == 0 || c.layers == 0 || c.vocabulary == 0 || c.sequence == 0) __builtin_trap();
+  } catch (sw::error const&) {
   }
   return 0;
 }

@@ -32,23 +32,23 @@ namespace shardwise {
 
 /// What generate does (transformers' generate arguments where it has them).
 struct generation_options {
-  int max_new_tokens = 32;                ///< New tokens per prompt at most; at least 1.
-  double temperature = 0;                 ///< 0: greedy; else sampling (see sw::sampling).
-  std::int64_t top_k = 0;                 ///< Sampling's top-k filter; 0: off.
-  double top_p = 1.0;                     ///< Sampling's top-p (nucleus) filter, in (0, 1]; 1: off.
-  std::uint64_t seed = 0;                 ///< Seed of the draws (sw::token_draws).
-  std::vector<std::int64_t> stop_tokens;  ///< A sequence ends after producing one of these (kept in its tokens).
+  int max_new_tokens = 32;                  ///< New tokens per prompt at most; at least 1.
+  double temperature = 0;                   ///< 0: greedy; else sampling (see sw::sampling).
+  std::int64_t top_k = 0;                   ///< Sampling's top-k filter; 0: off.
+  double top_p = 1.0;                       ///< Sampling's top-p (nucleus) filter, in (0, 1]; 1: off.
+  std::uint64_t seed = 0;                   ///< Seed of the draws (sw::token_draws).
+  std::vector<std::int64_t> stop_tokens{};  ///< A sequence ends after producing one of these (kept in its tokens).
   /// Positions per sequence in the cache (prompt and new tokens); 0: the longest prompt + max_new_tokens.
   std::size_t capacity = 0;
 };
 
 /// What generate produced, and how long it took on this rank.
 struct generation {
-  std::vector<std::vector<std::int64_t>> tokens;  ///< Per prompt, its new tokens (a stop token included).
-  double first_token_seconds = 0;                 ///< The prefill forward and the first tokens.
-  double decode_seconds = 0;                      ///< Every later step.
-  std::size_t decoded_tokens = 0;                 ///< Tokens the later steps produced.
-  std::size_t cache_bytes = 0;                    ///< The key-value cache on this rank (kv_cache::bytes).
+  std::vector<std::vector<std::int64_t>> tokens{};  ///< Per prompt, its new tokens (a stop token included).
+  double first_token_seconds = 0;                   ///< The prefill forward and the first tokens.
+  double decode_seconds = 0;                        ///< Every later step.
+  std::size_t decoded_tokens = 0;                   ///< Tokens the later steps produced.
+  std::size_t cache_bytes = 0;                      ///< The key-value cache on this rank (kv_cache::bytes).
   /// Tokens per second after the first (0 when there were none).
   [[nodiscard]] double decode_tokens_per_second() const {
     return decode_seconds > 0 ? static_cast<double>(decoded_tokens) / decode_seconds : 0;

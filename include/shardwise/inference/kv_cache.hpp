@@ -37,8 +37,8 @@ struct cache_entry {
 /// The rows of one forward with the cache: its entries, packed in order (entry 0's rows first), and the cache's
 /// capacity per sequence (where sequence s's rows begin in a layer's storage: s x capacity).
 struct cache_step {
-  std::vector<cache_entry> entries;  ///< The sequences of this forward and their new tokens.
-  std::size_t capacity = 0;          ///< Positions per sequence in the cache.
+  std::vector<cache_entry> entries{};  ///< The sequences of this forward and their new tokens.
+  std::size_t capacity = 0;            ///< Positions per sequence in the cache.
   /// All rows of the forward: the entries' counts summed.
   [[nodiscard]] std::size_t rows() const {
     std::size_t n = 0;

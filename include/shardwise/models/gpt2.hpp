@@ -30,7 +30,7 @@ struct GPT2Config {
   double layer_norm_eps = 1e-5;  ///< The LayerNorms' epsilon.
   std::uint64_t seed = 1234;     ///< Seed of the initial parameters.
   /// Width of one attention head: dim / heads.
-  [[nodiscard]] std::size_t head_dim() const { return dim / heads; }
+  [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
   /// The MLP's inner width, 4 * dim (GPT-2's n_inner default).
   [[nodiscard]] constexpr std::size_t hidden() const { return 4 * dim; }
   /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
@@ -378,6 +378,16 @@ struct GPT2 {
   [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
     return {h.size(), h.empty() ? 0 : h.front().attn.kv_columns(), config_.head_dim()};
   }
+  /// The bytes of its key-value cache on one of `tp` ranks for `sequences` sequences of `capacity` positions, at
+  /// compile time if need be (sw::kv_cache<T>::bytes() of the cache generate allocates): 2 x layers x this rank's
+  /// heads x head_dim x capacity x sequences x sizeof(T).
+  static constexpr std::size_t kv_cache_bytes(GPT2Config const& c, std::size_t tp, std::size_t sequences,
+                                              std::size_t capacity) {
+    using Attention = GPT2Attention<T, subplan<subplan<Plan, "h.*">, "attn">>;
+    constexpr bool sharded = std::is_same_v<typename decltype(Attention::k_proj)::weight_grad_placement, Shard<0>>;
+    return kv_cache<T>::bytes_for({c.layers, c.dim / (sharded ? tp : 1), c.head_dim()}, sequences, capacity);
+  }
+
   /// The positions a sequence may reach: wpe's rows (n_positions); sw::generate refuses a longer cache up front.
   [[nodiscard]] std::size_t shardwise_position_limit() const { return config_.sequence; }
 

@@ -18,205 +18,11 @@
 
 #include "shardwise/core/show.hpp"
 #include "shardwise/inference/cached_attention.hpp"
+#include "shardwise/models/llama_attention.hpp"
 #include "shardwise/models/llama_config.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
-
-namespace detail {
-template <fixed_string Path, std::size_t Heads, std::size_t KvHeads, std::size_t Ranks,
-          class Spelled = shardwise::detail::spelled_t<Path>>
-struct tp_cannot_serve_heads_at;  // incomplete on purpose: the diagnostic spells the path and the counts
-}
-
-/// Causal grouped-query attention with rotary embeddings. Under ColwiseParallel on wq, wk and wv each rank
-/// computes heads / tp query heads and kv_heads / tp key-value heads, the groups intact; with more ranks than
-/// key-value heads, each key-value head is repeated (kv_size_multiplier) and the copies' gradients summed.
-/// StaticHeads / StaticKvHeads (optional): head counts known at compile time, checked against a static tp size.
-template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
-          std::size_t StaticKvHeads = dynamic_size>
-struct LlamaAttention {
-  Linear<T, style_at<Plan, "wq">> wq;  ///< Query projection, dim -> heads * head_dim, no bias.
-  Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim, no bias.
-  Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim, no bias.
-  Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim, no bias.
-  SHARDWISE_CHILDREN(wq, wk, wv, wo)
-  SHARDWISE_HOOKS(static_check, on_parallelize)
-  SHARDWISE_SAVED(q_, k_, v_, saved_)
-
-  /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
-  /// from StaticHeads / StaticKvHeads.
-  LlamaAttention(LlamaConfig const& c, std::uint64_t seed) : LlamaAttention(c, seed, shardwise_shapes(c)) {}
-
-  /// Whether the plan shards the heads (wk's weight cut by output rows: ColwiseParallel or a style like it).
-  static constexpr bool sharded_heads =
-      std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
-
-  /// The shapes of wq, wk, wv and wo.
-  using shape_list = std::tuple<linear_shape, linear_shape, linear_shape, linear_shape>;
-  /// The shapes of wq, wk, wv and wo, which the constructor builds them from and sw::parameter_costs walks; at
-  /// `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
-  static constexpr shape_list shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
-    bool const built = tp == 0;  // as the constructor builds them: parallelize makes the copies
-    std::size_t const copies =
-        sharded_heads && !built ? kv_size_multiplier(c.heads, c.kv_heads, tp, c.kv_size_multiplier) : 1;
-    if (copies == 0)
-      shardwise::raise("shardwise::models::LlamaAttention: ", tp, " ranks cannot serve ", c.heads, " heads and ",
-                       c.kv_heads, " key-value heads; choose another tp size");
-    std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
-    return {linear_shape{c.dim, q, false}, linear_shape{c.dim, kv, false, copies},
-            linear_shape{c.dim, kv, false, copies}, linear_shape{q, c.dim, false}};
-  }
-
- private:
-  LlamaAttention(LlamaConfig const& c, std::uint64_t seed, shape_list const& sh)
-      : wq(std::get<0>(sh), seed + 1),
-        wk(std::get<1>(sh), seed + 2),
-        wv(std::get<2>(sh), seed + 3),
-        wo(std::get<3>(sh), seed + 4),
-        config_(c),
-        rope_(c.sequence, c.head_dim(), c.rope_theta) {
-    if ((StaticHeads != dynamic_size && c.heads != StaticHeads) ||
-        (StaticKvHeads != dynamic_size && c.kv_heads != StaticKvHeads))
-      shardwise::raise("shardwise::models::LlamaAttention at \"", own_style<Plan>::path.view(), "\": declared with ",
-                       StaticHeads, " heads and ", StaticKvHeads, " key-value heads but built from a config with ",
-                       c.heads, " and ", c.kv_heads);
-  }
-
- public:
-  /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
-  template <std::size_t Ranks>
-  static constexpr bool shardwise_static_check() {
-    if constexpr (!sharded_heads || StaticHeads == dynamic_size || StaticKvHeads == dynamic_size) {
-      return true;
-    } else {
-      constexpr bool ok = kv_size_multiplier(StaticHeads, StaticKvHeads, Ranks) != 0;
-      static_assert(ok,
-                    "shardwise::models::LlamaAttention: the tp size cannot serve these heads: the query heads must "
-                    "divide over tp, and tp must divide the key-value heads or be a multiple of them "
-                    "(kv_size_multiplier); choose another tp size");
-      if constexpr (!ok) {
-        using offending [[maybe_unused]] =
-            decltype(shardwise::detail::show_incomplete<
-                     detail::tp_cannot_serve_heads_at<own_style<Plan>::path, StaticHeads, StaticKvHeads, Ranks>>());
-      }
-      return ok;
-    }
-  }
-
-  /// Called by sw::parallelize before any layer is cut: with more ranks than key-value heads, wk and wv repeat
-  /// each key-value head kv_size_multiplier times, so that every rank holds the one its query heads use.
-  void shardwise_on_parallelize(int tp) {
-    if constexpr (sharded_heads) {
-      auto const ranks = static_cast<std::size_t>(tp);
-      std::size_t const m = kv_size_multiplier(config_.heads, config_.kv_heads, ranks, config_.kv_size_multiplier);
-      if (m == 0)
-        shardwise::raise("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", tp,
-                         " ranks cannot serve ", config_.heads, " heads and ", config_.kv_heads,
-                         " key-value heads with kv_size_multiplier ", config_.kv_size_multiplier,
-                         " (0: derived); the heads must divide over the ranks, and the ranks must divide the "
-                         "key-value heads or be a multiple of them: choose another tp size");
-      wk.replicate_output_blocks(config_.head_dim(), m);
-      wv.replicate_output_blocks(config_.head_dim(), m);
-    }
-  }
-
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections', in the order forward
-  /// and backward call them; wk and wv hold kv_size_multiplier copies of each key-value head where tp needs them.
-  static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
-    std::size_t const copies = std::get<1>(shardwise_shapes(c, s.tp)).copies;
-    std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * copies * c.head_dim();
-    cost const cq = decltype(wq)::shardwise_cost(c.dim, q, s), ck = decltype(wk)::shardwise_cost(c.dim, kv, s);
-    cost const cv = decltype(wv)::shardwise_cost(c.dim, kv, s), co = decltype(wo)::shardwise_cost(q, c.dim, s);
-    cost total;
-    total.hold(cq).hold(ck).hold(cv).hold(co);
-    std::size_t const n = sharded_heads ? s.tp : 1;
-    // q, k and v after the projections (this rank's heads), and each query row's softmax logsumexp per head.
-    total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
-    total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
-    // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, the attention's two
-    // [block rows, sequence] panels, the three input gradients (each as wq's input; their sum is added into the
-    // first, a temporary).
-    total.working_bytes = co.activation_bytes + s.tokens * (q + 2 * kv) / n * sizeof(T) +
-                          nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
-    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
-    total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
-    return total;
-  }
-
-  /// Forward on x [tokens, dim]; keeps what backward needs.
-  template <class X>
-  auto forward(X const& x) {
-    q_ = wq(x), k_ = wk(x), v_ = wv(x);
-    rotate_heads(q_.local, false);
-    rotate_heads(k_.local, false);
-    auto out = same_shape(q_);
-    nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
-    return wo(std::move(out));  // its storage becomes wo's kept input
-  }
-
-  /// Forward with a key-value cache (inference): the step's new rows, RoPE at their positions, attention over
-  /// each sequence's cached tokens (nn::cached_attention, which writes this layer's keys and values into `cache`).
-  /// Keeps nothing of its own for backward.
-  template <class X>
-  auto forward(X const& x, cache_step const& step, nn::kv_layer<T>& cache) {
-    auto q = wq(x), k = wk(x), v = wv(x);
-    rotate_heads_at(q.local, step), rotate_heads_at(k.local, step);
-    auto out = same_shape(q);
-    nn::cached_attention<T>(q.local, k.local, v.local, config_.head_dim(), step, cache, out.local);
-    return wo(std::move(out));
-  }
-
-  /// Key (and value) columns on this rank: its key-value heads x head_dim, copies included (after parallelize).
-  [[nodiscard]] std::size_t kv_columns() const { return static_cast<std::size_t>(wk.weight.rows()); }
-
-  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
-  template <class DY>
-  auto backward(DY const& dy) {
-    auto dout = wo.backward(dy);
-    auto dq = same_shape(q_), dk = same_shape(k_), dv = same_shape(v_);  // all written by the backward
-    nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
-    rotate_heads(dq.local, true);  // the transpose of the forward rotation
-    rotate_heads(dk.local, true);
-    return wq.backward(dq) + wk.backward(dk) + wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
-  }
-
- private:
-  /// An activation of a's layout and shape, its values not set: for outputs a kernel writes in full.
-  template <class A>
-  static A same_shape(A const& a) {
-    return A{nn::matrix<T>(a.local.rows(), a.local.cols())};
-  }
-
-  /// Rotary embedding on every head of [tokens, heads * head_dim] (inverse: its transpose, for backward).
-  void rotate_heads(nn::matrix<T>& x, bool inverse) const {
-    auto const d = static_cast<Eigen::Index>(config_.head_dim());
-    for (Eigen::Index h = 0; h < x.cols() / d; ++h)
-      detail::apply_rope(x.middleCols(h * d, d), rope_, config_.sequence, inverse);
-  }
-
-  /// Rotary embedding on every head of the step's rows, each entry's at its own positions; the tables grow to the
-  /// cache's capacity (once) when it is longer than config().sequence.
-  void rotate_heads_at(nn::matrix<T>& x, cache_step const& step) {
-    if (static_cast<std::size_t>(rope_.cos.rows()) < step.capacity)
-      rope_ = detail::rope_tables<T>(step.capacity, config_.head_dim(), config_.rope_theta);
-    auto const d = static_cast<Eigen::Index>(config_.head_dim());
-    Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> scratch;
-    Eigen::Index row = 0;
-    for (auto const& e : step.entries) {
-      auto const n = static_cast<Eigen::Index>(e.count);
-      for (Eigen::Index h = 0; h < x.cols() / d; ++h)
-        detail::rotate_rows(x.block(row, h * d, n, d), rope_, static_cast<Eigen::Index>(e.start), false, scratch);
-      row += n;
-    }
-  }
-
-  LlamaConfig config_;
-  detail::rope_tables<T> rope_;
-  output_t<decltype(wq)> q_;
-  output_t<decltype(wk)> k_, v_;
-  nn::attention_saved<T> saved_;  // each query row's softmax logsumexp, for backward
-};
 
 /// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
 template <class T, class Plan = serial_plan>
@@ -289,6 +95,8 @@ struct LlamaBlock {
   LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;  ///< The feed-forward.
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
   SHARDWISE_SAVED()
+  /// The attention's type.
+  using Attention = LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads>;
 
   /// The attention's parameters are drawn from `seed`, the feed-forward's from seed + 10.
   LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
@@ -377,6 +185,11 @@ struct Llama {
         norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
         output(std::get<3>(shardwise_shapes(c)).each, c.seed + 1),
         config_(c) {
+    if (c.rope_scaled)
+      shardwise::raise(
+          "shardwise::models::Llama: the config asks for a scaled rotary embedding (rope_scaling, or a "
+          "rope_type other than \"default\"); this model has the default rotary embedding only and "
+          "would compute other numbers: use a model without the scaling");
     layers.reserve(c.layers);
     for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
     if (c.tie_word_embeddings) tie_output_to_embedding();
@@ -487,6 +300,17 @@ struct Llama {
   /// The shape of its key-value cache on this rank (after parallelize: this rank's key-value heads).
   [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
     return {layers.size(), layers.empty() ? 0 : layers.front().attention.kv_columns(), config_.head_dim()};
+  }
+
+  /// The bytes of its key-value cache on one of `tp` ranks for `sequences` sequences of `capacity` positions, at
+  /// compile time if need be (sw::kv_cache<T>::bytes() of the cache generate allocates): 2 x layers x this rank's
+  /// key-value heads (kv_size_multiplier copies included) x head_dim x capacity x sequences x sizeof(T).
+  static constexpr std::size_t kv_cache_bytes(LlamaConfig const& c, std::size_t tp, std::size_t sequences,
+                                              std::size_t capacity) {
+    linear_shape const wk = std::get<1>(block_type::Attention::shardwise_shapes(c, tp));
+    std::size_t const columns = wk.out * wk.copies;
+    std::size_t const ranks = block_type::Attention::sharded_heads ? tp : 1;
+    return kv_cache<T>::bytes_for({c.layers, columns / ranks, c.head_dim()}, sequences, capacity);
   }
 
   /// Activation checkpointing per transformer block (Accelerate's activation_checkpointing, torchtitan's "full"

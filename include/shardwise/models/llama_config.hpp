@@ -34,6 +34,10 @@ struct LlamaConfig {
   /// transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
   /// tensor, one gradient, one optimizer state, saved once as the embedding).
   bool tie_word_embeddings = false;
+  /// Whether the config asks for a scaled rotary embedding (transformers' rope_scaling, or a rope_type other than
+  /// "default"). models::Llama refuses such a config (it rotates with the plain frequencies only); the planner
+  /// does not need the rotation.
+  bool rope_scaled = false;
   /// Width of one attention head: dim / heads.
   [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
 

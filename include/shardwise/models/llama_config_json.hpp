@@ -17,52 +17,77 @@ namespace shardwise::models {
 
 namespace detail {
 
-/// `field` of `root` as a positive whole number, or `fallback` when absent and `fallback` is not 0.
+/// `field` of `root` as a positive whole number, or `fallback` when absent and `fallback` is not 0; `who` (the
+/// reading function) and `source` (the file) name it in errors.
 inline std::size_t config_count(nlohmann::json const& root, char const* field, std::string_view source,
-                                std::size_t fallback = 0) {
+                                std::size_t fallback = 0, char const* who = "llama_config_from_json") {
   auto const found = root.find(field);
   if (found == root.end() || found->is_null()) {
     if (fallback != 0) return fallback;
-    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " has no \"", field,
-                     "\"; give the config.json that transformers' save_pretrained wrote for a Llama model");
+    shardwise::raise("shardwise::models::", who, ": ", source, " has no \"", field,
+                     "\"; give the config.json that transformers' save_pretrained wrote for this model");
   }
   if (!found->is_number_unsigned() || found->get<std::size_t>() == 0)
-    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
+    shardwise::raise("shardwise::models::", who, ": \"", field, "\" in ", source, " is ", found->dump(),
                      "; it must be a positive whole number");
   return found->get<std::size_t>();
 }
 
 /// `field` of `root` as a number, or `fallback` when absent.
-inline double config_real(nlohmann::json const& root, char const* field, std::string_view source, double fallback) {
+inline double config_real(nlohmann::json const& root, char const* field, std::string_view source, double fallback,
+                          char const* who = "llama_config_from_json") {
   auto const found = root.find(field);
   if (found == root.end() || found->is_null()) return fallback;
   if (!found->is_number())
-    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
+    shardwise::raise("shardwise::models::", who, ": \"", field, "\" in ", source, " is ", found->dump(),
                      "; it must be a number");
   return found->get<double>();
+}
+
+/// The JSON object of a transformers config.json given as text, bounded in depth; `who` and `source` name it in
+/// errors.
+inline nlohmann::json config_root(std::string_view text, std::string_view source, char const* who) {
+  nlohmann::json root = shardwise::detail::parse_bounded_json(
+      text, shardwise::detail::max_json_depth,
+      [&](std::size_t depth) {
+        shardwise::raise("shardwise::models::", who, ": ", source, " nests JSON ", depth,
+                         " deep; give the config.json that transformers' save_pretrained wrote");
+      },
+      [&](std::string const& reason) {
+        shardwise::raise("shardwise::models::", who, ": ", source, " is not valid JSON (", reason,
+                         "); give the config.json that transformers' save_pretrained wrote");
+      });
+  if (!root.is_object())
+    shardwise::raise("shardwise::models::", who, ": ", source,
+                     " is not a JSON object; give the config.json that transformers' save_pretrained wrote");
+  return root;
+}
+
+/// The rotary embedding's base ("rope_theta", or transformers 5's "rope_parameters": {"rope_theta": ...}) into
+/// c.rope_theta, and a scaling of it (rope_type "llama3", "linear", "yarn", ..., or transformers 4's
+/// "rope_scaling") into c.rope_scaled: the planner needs no more, and the model refuses it.
+inline void read_rope(nlohmann::json const& root, std::string_view source, LlamaConfig& c) {
+  c.rope_theta = config_real(root, "rope_theta", source, 10000.0);
+  if (auto scaling = root.find("rope_scaling"); scaling != root.end() && !scaling->is_null()) c.rope_scaled = true;
+  auto const parameters = root.find("rope_parameters");
+  if (parameters == root.end() || parameters->is_null()) return;
+  if (!parameters->is_object())
+    shardwise::raise("shardwise::models::llama_config_from_json: \"rope_parameters\" in ", source, " is ",
+                     parameters->dump(), "; it must be an object");
+  c.rope_theta = config_real(*parameters, "rope_theta", source, c.rope_theta);
+  if (auto type = parameters->find("rope_type"); type != parameters->end() && *type != "default") c.rope_scaled = true;
 }
 
 }  // namespace detail
 
 /// The LlamaConfig of a transformers Llama config.json given as text; `source` names it in errors. Reads
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
-/// intermediate_size, rms_norm_eps, rope_theta, tie_word_embeddings and max_position_embeddings (as the
-/// sequence). Throws, naming the field, for text that is not JSON, another model_type, a missing or non-positive
-/// size, or a head_dim other than hidden_size / num_attention_heads.
+/// intermediate_size, rms_norm_eps, rope_theta (or transformers 5's rope_parameters.rope_theta),
+/// tie_word_embeddings and max_position_embeddings (as the sequence); a scaled rotary embedding sets
+/// rope_scaled (models::Llama refuses it). Throws, naming the field, for text that is not JSON, another model_type, a
+/// missing or non-positive size, or a head_dim other than hidden_size / num_attention_heads.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
-  nlohmann::json const root = shardwise::detail::parse_bounded_json(
-      text, shardwise::detail::max_json_depth,
-      [&](std::size_t depth) {
-        shardwise::raise("shardwise::models::llama_config_from_json: ", source, " nests JSON ", depth,
-                         " deep; give the config.json that transformers' save_pretrained wrote");
-      },
-      [&](std::string const& reason) {
-        shardwise::raise("shardwise::models::llama_config_from_json: ", source, " is not valid JSON (", reason,
-                         "); give the config.json that transformers' save_pretrained wrote");
-      });
-  if (!root.is_object())
-    shardwise::raise("shardwise::models::llama_config_from_json: ", source,
-                     " is not a JSON object; give the config.json that transformers' save_pretrained wrote");
+  nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
   if (auto type = root.find("model_type"); type != root.end() && *type != "llama")
     shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
                      ", not \"llama\"; only Llama configs are read");
@@ -75,7 +100,7 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
   c.hidden = detail::config_count(root, "intermediate_size", source);
   c.sequence = detail::config_count(root, "max_position_embeddings", source, 2048);
   c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
-  c.rope_theta = detail::config_real(root, "rope_theta", source, 10000.0);
+  detail::read_rope(root, source, c);
   if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && tie->is_boolean()) c.tie_word_embeddings = *tie;
   c.check();
   if (root.contains("head_dim") && !root["head_dim"].is_null() &&

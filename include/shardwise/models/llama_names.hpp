@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "shardwise/checkpoint/pretrained.hpp"
 #include "shardwise/core/error.hpp"
 
 namespace shardwise {
@@ -38,6 +39,14 @@ namespace shardwise {
   detail::fail(
       "shardwise::transformers_llama_name: tensor \"", name,
       "\" is not a parameter of shardwise's Llama; consolidate without Hugging Face names (--names shardwise)");
+}
+
+/// The mapping for sw::load_pretrained of a LlamaForCausalLM save_pretrained folder (or its model.safetensors)
+/// into shardwise's models::Llama: every tensor whole and as stored, under transformers_llama_name's names.
+[[nodiscard]] inline checkpoint_mapping transformers_llama_mapping() {
+  return [](std::string const& name) -> std::optional<tensor_source> {
+    return tensor_source{transformers_llama_name(name)};
+  };
 }
 
 }  // namespace shardwise

@@ -1,0 +1,167 @@
+// Generation speed of sw::generate on a Llama, on the thread mesh: time to first token (the prefill of every
+// prompt and the first tokens) and decode tokens/s, beside this machine's memory-bandwidth roofline measured in the
+// same process: a decode step must read every weight of this rank and every cached key and value of the running
+// sequences, so its time is at least (those bytes) / (the read bandwidth of as many threads as ranks, each reading
+// its own buffer at once). Memory: this process's peak resident set while it generates (all its thread ranks)
+// against the formula (their weights + their key-value caches). One configuration per process (run_generate.sh
+// starts each), so each peak is its own.
+//
+//   bench_generate [--folder DIR] [--tp N] [--batch B] [--prompt-tokens P] [--new N] [--smoke]
+// DIR: a LlamaForCausalLM save_pretrained folder (torch_generate.py writes one); without it a random model of the
+// same default sizes is built.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <shardwise/inference.hpp>
+#include <shardwise/models/llama_config_json.hpp>
+#include <shardwise/models/llama_names.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proc_status.hpp"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using clock_type = std::chrono::steady_clock;
+
+struct settings {
+  std::filesystem::path folder;
+  int tp = 1, batch = 1, prompt_tokens = 128, new_tokens = 32;
+  bool smoke = false;
+};
+
+/// The default model: a Llama of 672 M parameters (2.7 GB in fp32), torch_generate.py's.
+models::LlamaConfig default_config() {
+  return {.vocabulary = 32000,
+          .dim = 2048,
+          .layers = 12,
+          .heads = 16,
+          .kv_heads = 4,
+          .hidden = 5632,
+          .norm_eps = 1e-5,
+          .sequence = 2048};
+}
+
+/// Bytes per second `threads` threads read at once, each summing its own buffer of `bytes` (the best of 5).
+double read_bandwidth(int threads, std::size_t bytes) {
+  std::vector<Eigen::VectorXf> buffers(static_cast<std::size_t>(threads));
+  for (auto& b : buffers) b = Eigen::VectorXf::Constant(static_cast<Eigen::Index>(bytes / sizeof(float)), 1.0f);
+  double best = 0;
+  std::vector<float> sums(buffers.size());
+  for (int run = 0; run < 5; ++run) {
+    auto const began = clock_type::now();
+    std::vector<std::thread> workers;
+    for (std::size_t t = 0; t < buffers.size(); ++t) workers.emplace_back([&, t] { sums[t] = buffers[t].sum(); });
+    for (auto& w : workers) w.join();
+    double const seconds = std::chrono::duration<double>(clock_type::now() - began).count();
+    best = std::max(best, double(threads) * double(bytes) / seconds);
+  }
+  if (sums.front() <= 0) std::printf("WRONG: the read did not happen\n");
+  return best;
+}
+
+/// Prompts of `tokens` ids each, different per sequence.
+std::vector<std::vector<std::int64_t>> make_prompts(int batch, int tokens, std::size_t vocabulary) {
+  std::vector<std::vector<std::int64_t>> prompts(static_cast<std::size_t>(batch));
+  for (std::size_t b = 0; b < prompts.size(); ++b)
+    for (int t = 0; t < tokens; ++t)
+      prompts[b].push_back(static_cast<std::int64_t>((b * 7919 + std::size_t(t) * 104729 + 17) % vocabulary));
+  return prompts;
+}
+
+/// This rank's parameter bytes.
+template <class Model>
+double parameter_bytes(Model& model) {
+  double bytes = 0;
+  sw::for_each_parameter(model, [&](std::string const&, auto const& p) { bytes += double(p.value->size()) * 4; });
+  return bytes;
+}
+
+/// Generates on every rank; rank 0 prints the figures against the roofline and the memory formula.
+template <class Model, class Tp>
+void measure(Model& model, Tp const& tp, settings const& s, double bandwidth) {
+  auto const prompts = make_prompts(s.batch, s.prompt_tokens, model.config().vocabulary);
+  sw::barrier(tp);  // every rank loaded: the peak from here on is generation's (a load maps the files)
+  if (tp.rank() == 0 && !bench::reset_peak()) std::printf("# VmHWM cannot be reset here: the peak includes the load\n");
+  sw::barrier(tp);
+  (void)sw::generate(model, tp, prompts, {.max_new_tokens = 2});  // warm: first touches of the weights
+  auto const g = sw::generate(model, tp, prompts, {.max_new_tokens = s.new_tokens});
+  double const weights = sw::all_reduce(tp, parameter_bytes(model), sw::Sum{});  // every rank's, summed
+  if (tp.rank() != 0) return;
+  // A decode step reads every weight once (all ranks together) and, per running sequence, its cached keys and
+  // values: at the middle step, prompt + new / 2 positions.
+  auto const shape = model.shardwise_kv_shape();
+  double const cached = 2.0 * double(shape.layers) * double(shape.columns) * double(tp.size()) * 4.0 *
+                        (s.prompt_tokens + s.new_tokens / 2.0) * s.batch;
+  double const steps = double(s.new_tokens - 1), step_seconds = g.decode_seconds / steps;
+  double const floor_seconds = (weights + cached) / bandwidth;
+  double const formula_mib = (weights + double(g.cache_bytes) * tp.size()) / (1 << 20);  // every rank's
+  std::printf(
+      "tp %d batch %d: first token %.3f s, decode %.2f tokens/s (%.1f ms a step); roofline %.1f ms a step "
+      "(%.2f GB read at %.2f GB/s): %.2f of it; peak resident %.0f MiB (all ranks), their weights + caches %.0f "
+      "MiB\n",
+      tp.size(), s.batch, g.first_token_seconds, g.decode_tokens_per_second(), 1e3 * step_seconds, 1e3 * floor_seconds,
+      (weights + cached) / 1e9, bandwidth / 1e9, floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib);
+  std::printf("RESULT shardwise_tp%d_batch%d %.4f %.3f %.4f %.0f %.0f\n", tp.size(), s.batch, g.first_token_seconds,
+              g.decode_tokens_per_second(), floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib);
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+    if (a == "--folder")
+      s.folder = next();
+    else if (a == "--tp")
+      s.tp = std::stoi(next());
+    else if (a == "--batch")
+      s.batch = std::stoi(next());
+    else if (a == "--prompt-tokens")
+      s.prompt_tokens = std::stoi(next());
+    else if (a == "--new")
+      s.new_tokens = std::stoi(next());
+    else if (a == "--smoke")
+      s.smoke = true;
+    else
+      throw std::invalid_argument("unknown argument " + a);
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings s = parse(argc, argv);
+  openblas_set_num_threads(1);  // one thread per rank
+  models::LlamaConfig config =
+      s.folder.empty() ? default_config() : models::read_llama_config(s.folder / "config.json");
+  if (s.smoke) {
+    config = {.vocabulary = 512, .dim = 128, .layers = 2, .heads = 4, .kv_heads = 2, .hidden = 352, .sequence = 256};
+    s.prompt_tokens = 16, s.new_tokens = 4, s.folder.clear();
+  }
+  double const bandwidth = read_bandwidth(s.tp, s.smoke ? (8u << 20) : (512u << 20));
+  sw::run_threads(s.tp, [&](sw::ThreadComm& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
+    using Model = models::Llama<float, models::llama_plan<false>>;
+    if (s.folder.empty()) {
+      Model model(config);
+      sw::parallelize(model, tp);
+      measure(model, tp, s, bandwidth);
+    } else {
+      sw::Lazy<Model> lazy(config);
+      sw::parallelize(lazy, tp);
+      measure(sw::load_pretrained(lazy, tp, s.folder, sw::transformers_llama_mapping()), tp, s, bandwidth);
+    }
+  });
+  return 0;
+}

@@ -1,0 +1,127 @@
+// The C++ half of the comparison of sw::generate with transformers' generate (generate_reference.py is the other
+// half and shares no code with this file). For each save_pretrained folder generate_reference.py wrote (DIR/llama:
+// grouped-query, 4 heads and 2 key-value heads, as shards with model.safetensors.index.json; DIR/llama_kv1: one
+// key-value head, repeated at tp 2 and 4 by kv_size_multiplier; DIR/gpt2: tied head), loaded lazily at tp 1, 2 and
+// 4 on threads (generate_dump DIR) or at the MPI world's size (mpiexec -n N generate_dump --mpi DIR), it writes
+// DIR/<model>/<tag>_<fp32|fp64>.txt: greedy generation of 64 tokens after each prompt of DIR/prompts.txt, every
+// step's logits; and for fp32 a sampled generation (temperature 0.9, top-k 12, top-p 0.85, seed 11) with every
+// step's logits and the draw each token was picked with.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <shardwise/inference.hpp>
+#include <shardwise/models/gpt2_config_json.hpp>
+#include <shardwise/models/gpt2_names.hpp>
+#include <shardwise/models/gpt2_plan.hpp>
+#include <shardwise/models/llama_names.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+#ifndef SHARDWISE_DUMP_WITHOUT_MPI
+#include <shardwise/mesh/mpi.hpp>
+#endif
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+
+namespace {
+
+using prompt_list = std::vector<std::vector<std::int64_t>>;
+
+sw::generation_options greedy() { return {.max_new_tokens = 64}; }
+sw::generation_options sampled() {
+  return {.max_new_tokens = 64, .temperature = 0.9, .top_k = 12, .top_p = 0.85, .seed = 11};
+}
+
+prompt_list read_prompts(fs::path const& file) {
+  std::ifstream in(file);
+  prompt_list prompts;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ids(line);
+    auto& p = prompts.emplace_back();
+    for (std::int64_t id; ids >> id;) p.push_back(id);
+  }
+  return prompts;
+}
+
+/// Generates with `options` and writes the tokens, each step's logits and, when sampling, the draws.
+template <class Model, class Tp>
+void dump(Model& model, Tp const& tp, prompt_list const& prompts, sw::generation_options const& options,
+          std::FILE* out) {
+  sw::token_draws draws(options.seed);  // generate's draws, in its order: per step, the running sequences'
+  std::vector<std::size_t> steps(prompts.size(), 0);
+  auto record = [&](std::size_t, std::span<const std::size_t> sequences, auto const& logits) {
+    for (std::size_t r = 0; r < sequences.size(); ++r) {
+      std::size_t const i = sequences[r], t = steps[i]++;
+      if (options.temperature > 0) std::fprintf(out, "draw %zu %zu %.17g\n", i, t, draws.next());
+      std::fprintf(out, "logits %zu %zu", i, t);
+      for (Eigen::Index j = 0; j < logits.cols(); ++j) std::fprintf(out, " %.17g", double(logits(Eigen::Index(r), j)));
+      std::fprintf(out, "\n");
+    }
+  };
+  auto const g = sw::generate(model, tp, prompts, options, record);
+  for (std::size_t i = 0; i < g.tokens.size(); ++i) {
+    std::fprintf(out, "tokens %zu", i);
+    for (std::int64_t id : g.tokens[i]) std::fprintf(out, " %lld", static_cast<long long>(id));
+    std::fprintf(out, "\n");
+  }
+}
+
+/// The model of `folder`, loaded lazily at tp's size; each run of it written by rank 0 (the others to nowhere).
+template <class T, class Tp>
+void runs(fs::path const& folder, Tp const& tp, std::string const& tag, prompt_list const& prompts) {
+  std::string const name = tag + (std::is_same_v<T, float> ? "_fp32" : "_fp64");
+  std::FILE* out = std::fopen(tp.rank() == 0 ? (folder / (name + ".txt")).c_str() : "/dev/null", "w");
+  auto const both = [&](auto& model) {
+    dump(model, tp, prompts, greedy(), out);
+    if (std::is_same_v<T, float>) dump(model, tp, prompts, sampled(), out);
+  };
+  if (models::transformers_model_type(folder / "config.json") == "gpt2") {
+    auto const c = models::read_gpt2_config(folder / "config.json");
+    sw::Lazy<models::GPT2<T, models::gpt2_plan<false>>> lazy(c);
+    sw::parallelize(lazy, tp);
+    both(sw::load_pretrained(lazy, tp, folder, sw::transformers_gpt2_mapping(c.dim)));
+  } else {
+    sw::Lazy<models::Llama<T, models::llama_plan<false>>> lazy(models::read_llama_config(folder / "config.json"));
+    sw::parallelize(lazy, tp);
+    both(sw::load_pretrained(lazy, tp, folder, sw::transformers_llama_mapping()));
+  }
+  std::fclose(out);
+}
+
+template <class World>
+void all_models(World const& world, fs::path const& dir, std::string const& tag) {
+  auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
+  prompt_list const prompts = read_prompts(dir / "prompts.txt");
+  for (char const* model : {"llama", "llama_kv1", "gpt2"}) {
+    runs<float>(dir / model, tp, tag, prompts);
+    runs<double>(dir / model, tp, tag, prompts);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool const mpi = argc == 3 && std::strcmp(argv[1], "--mpi") == 0;
+  if (argc != 2 && !mpi) {
+    std::fprintf(stderr, "usage: generate_dump DIR | mpiexec -n N generate_dump --mpi DIR\n");
+    return 2;
+  }
+  fs::path const dir = argv[argc - 1];
+  if (mpi) {
+#ifndef SHARDWISE_DUMP_WITHOUT_MPI
+    auto const world = sw::mpi_world();
+    all_models(world, dir, "mpi" + std::to_string(world.size()));
+#else
+    std::fprintf(stderr, "generate_dump: built without MPI\n");
+    return 2;
+#endif
+  } else {
+    for (int ranks : {1, 2, 4})
+      sw::run_threads(ranks, [&](sw::ThreadComm& world) { all_models(world, dir, "tp" + std::to_string(ranks)); });
+  }
+  return 0;
+}

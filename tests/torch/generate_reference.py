@@ -1,0 +1,246 @@
+"""The transformers half of the comparison of sw::generate with transformers' generate (generate_dump.cpp is the
+C++ half; nothing is shared).
+
+prepare DIR: builds three small random models with transformers — a LlamaForCausalLM with grouped-query attention
+(4 heads, 2 key-value heads), saved as shards with model.safetensors.index.json (DIR/llama); a tied
+LlamaForCausalLM with one key-value head, which tp 2 and 4 serve by kv_size_multiplier (DIR/llama_kv1); a
+GPT2LMHeadModel (DIR/gpt2) — with save_pretrained, and the prompts (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
+
+compare DIR [--example PATH] TAG...: for every model, in fp32 and in fp64 (model.double() on the same weights),
+transformers' generate(do_sample=False, max_new_tokens=64) on each prompt gives the tokens and every step's
+logits; each shardwise run named (tp1, tp2, tp4 on threads; mpi2, mpi4) must give the same tokens and logits
+within 1e-5 (fp32) and 1e-12 (fp64) of them, as max |difference| / max |transformers'| per step. The logits of
+step t are those of transformers' forward over the prompt and the tokens before t (by causality, what generate
+computed at step t): generate itself returns them cast to float32. And for fp64 three parts of transformers' Llama
+run in float64 here, as shardwise runs them: its rotary tables, its RMSNorm and its eager attention's softmax,
+which transformers computes in float32 even for a float64 model (together they moved fp64 logits by 6e-7); the
+fp64 Llama runs torch's scaled_dot_product_attention ("sdpa"), in float64 throughout. The sampled run's tokens must be the ones
+transformers' TemperatureLogitsWarper(0.9), TopKLogitsWarper(12) and TopPLogitsWarper(0.85) and an inverse-CDF
+draw pick from the same logits with the same draw. With --example, the example program `generate` runs on each
+folder (2 threads, 16 new tokens) and must print transformers' greedy tokens.
+
+usage: generate_reference.py prepare DIR | generate_reference.py compare DIR [--example PATH] TAG...
+"""
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+VOCAB, NEW_TOKENS = 61, 64
+PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
+TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
+MODELS = ("llama", "llama_kv1", "gpt2")
+
+
+def llama_config(kv_heads, tied):
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied, attention_bias=False,
+                       mlp_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def gpt2_config():
+    return GPT2Config(vocab_size=VOCAB, n_positions=80, n_embd=32, n_layer=2, n_head=4,
+                      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      layer_norm_epsilon=1e-5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def randomize(model):
+    """Values of order 0.2 (norm weights around 1), so that logits are not all near zero."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            norm_weight = ("norm" in name or ".ln_" in name) and name.endswith("weight")
+            p.copy_(1 + 0.1 * torch.randn_like(p) if norm_weight else 0.2 * torch.randn_like(p))
+
+
+def prepare(directory):
+    torch.manual_seed(0)
+    for name, model, shard in (("llama", LlamaForCausalLM(llama_config(2, False)), "20KB"),
+                               ("llama_kv1", LlamaForCausalLM(llama_config(1, True)), None),
+                               ("gpt2", GPT2LMHeadModel(gpt2_config()), None)):
+        randomize(model)
+        kwargs = {"max_shard_size": shard} if shard else {}
+        model.save_pretrained(os.path.join(directory, name), **kwargs)
+    with open(os.path.join(directory, "prompts.txt"), "w") as f:
+        for p in PROMPTS:
+            f.write(" ".join(map(str, p)) + "\n")
+    print("prepared")
+    return 0
+
+
+def rope_in_float64(rotary):
+    """transformers' rotary tables, computed in float64 (shardwise's): theta^(-2i/d) at each position."""
+    dim = 2 * rotary.inv_freq.shape[0]
+    inverse = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+    def forward(self, x, position_ids):
+        angles = position_ids[..., None].double() * inverse
+        both = torch.cat((angles, angles), dim=-1)
+        return both.cos().to(x.dtype), both.sin().to(x.dtype)
+
+    rotary.forward = types.MethodType(forward, rotary)
+
+
+def rms_norm_in_input_type(norm):
+    """LlamaRMSNorm in its input's type (transformers casts to float32 first)."""
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    norm.forward = types.MethodType(forward, norm)
+
+
+def load(directory, name, dtype):
+    cls = GPT2LMHeadModel if name == "gpt2" else LlamaForCausalLM
+    attention = "sdpa" if name != "gpt2" and dtype == "fp64" else "eager"  # eager Llama: softmax in float32
+    model = cls.from_pretrained(os.path.join(directory, name), attn_implementation=attention)
+    model = model.double() if dtype == "fp64" else model.float()
+    if name != "gpt2":
+        rope_in_float64(model.model.rotary_emb)
+        if dtype == "fp64":
+            for module in model.modules():
+                if type(module).__name__ == "LlamaRMSNorm":
+                    rms_norm_in_input_type(module)
+    return model.eval()
+
+
+def reference(model):
+    """transformers' greedy tokens for each prompt, and every step's logits from its forward over the sequence."""
+    runs = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                 return_dict_in_generate=True, pad_token_id=0)
+            tokens = out.sequences[0, len(p):].tolist()
+            logits = model(out.sequences[:, :-1]).logits[0].double().numpy()
+            runs.append((tokens, [logits[len(p) - 1 + t] for t in range(len(tokens))]))
+    return runs
+
+
+def read_dump(path):
+    """greedy and sampled runs of a dump file: {"tokens": {i: [...]}, "logits": {(i, t): row}, "draws": {...}}."""
+    runs, current = [], None
+    with open(path) as f:
+        for line in f:
+            kind, *rest = line.split()
+            if current is None or (kind != "tokens" and current["done"]):
+                current = {"tokens": {}, "logits": {}, "draws": {}, "done": False}
+                runs.append(current)
+            if kind == "tokens":
+                current["tokens"][int(rest[0])] = [int(v) for v in rest[1:]]
+                current["done"] = True
+            elif kind == "logits":
+                current["logits"][(int(rest[0]), int(rest[1]))] = np.array([float(v) for v in rest[2:]])
+            elif kind == "draw":
+                current["draws"][(int(rest[0]), int(rest[1]))] = float(rest[2])
+    return runs
+
+
+def hf_sample(row, draw):
+    scores = torch.tensor(row, dtype=torch.float32)[None]
+    for warper in (TemperatureLogitsWarper(0.9), TopKLogitsWarper(12), TopPLogitsWarper(0.85)):
+        scores = warper(None, scores)
+    weights = torch.softmax(scores.double(), dim=-1)[0].numpy()
+    cumulative = np.cumsum(weights)
+    return int(np.searchsorted(cumulative, draw * cumulative[-1], side="right"))
+
+
+class Results:
+    def __init__(self):
+        self.rows = []
+
+    def check(self, name, ok, detail=""):
+        self.rows.append((name, bool(ok), detail))
+
+
+def compare_greedy(results, label, run, expected, tolerance):
+    worst = 0.0
+    for i, (tokens, logits) in enumerate(expected):
+        results.check(f"{label}: prompt {i} tokens", run["tokens"].get(i) == tokens,
+                      f"{run['tokens'].get(i)} vs {tokens}" if run["tokens"].get(i) != tokens else "")
+        for t, want in enumerate(logits):
+            got = run["logits"].get((i, t))
+            if got is None or got.shape != want.shape:
+                results.check(f"{label}: prompt {i} step {t} logits", False, "missing or of another width")
+                continue
+            worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    results.check(f"{label}: every step's logits within {tolerance:g}", worst <= tolerance, f"worst {worst:.2e}")
+    return worst
+
+
+def compare_sampled(results, label, run):
+    picked = 0
+    for (i, t), draw in run["draws"].items():
+        ours = run["tokens"][i][t]
+        theirs = hf_sample(run["logits"][(i, t)], draw)
+        results.check(f"{label}: sampled prompt {i} step {t}", ours == theirs, f"{ours} vs transformers' {theirs}")
+        picked += 1
+    results.check(f"{label}: sampled steps compared", picked == len(PROMPTS) * NEW_TOKENS, f"{picked}")
+
+
+def compare_example(results, directory, example, expected_by_model):
+    for name in MODELS:
+        args = [example, os.path.join(directory, name), "--new", "16"]
+        for p in PROMPTS:
+            args += ["--prompt", ",".join(map(str, p))]
+        env = dict(os.environ, SHARDWISE_THREADS="2", OPENBLAS_NUM_THREADS="1")
+        out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+        printed = {}
+        for line in out.stdout.splitlines():
+            if line.startswith("prompt ") and "->" in line:
+                printed[int(line.split()[1])] = [int(v) for v in line.split("->")[1].split()]
+        for i, (tokens, _) in enumerate(expected_by_model[name]):
+            results.check(f"example generate on {name}: prompt {i}", out.returncode == 0 and printed.get(i) == tokens[:16],
+                          f"exit {out.returncode}, printed {printed.get(i)}, transformers {tokens[:16]} {out.stderr[-300:]}")
+
+
+def compare(directory, tags, example):
+    results, worst = Results(), {}
+    greedy_fp32 = {}
+    for name in MODELS:
+        for dtype in ("fp32", "fp64"):
+            expected = reference(load(directory, name, dtype))
+            if dtype == "fp32":
+                greedy_fp32[name] = expected
+            for tag in tags:
+                runs = read_dump(os.path.join(directory, name, f"{tag}_{dtype}.txt"))
+                label = f"{name} {tag} {dtype}"
+                results.check(f"{label}: runs written", len(runs) == (2 if dtype == "fp32" else 1), f"{len(runs)}")
+                if not runs:
+                    continue
+                error = compare_greedy(results, label, runs[0], expected, TOLERANCE[dtype])
+                worst[(name, dtype)] = max(worst.get((name, dtype), 0.0), error)
+                if dtype == "fp32" and len(runs) > 1:
+                    compare_sampled(results, label, runs[1])
+    if example:
+        compare_example(results, directory, example, greedy_fp32)
+    for name, ok, detail in results.rows:
+        if not ok or "every step" in name or "example" in name:
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    for (name, dtype), error in sorted(worst.items()):
+        print(f"worst {name} {dtype}: {error:.2e}")
+    failed = sum(1 for _, ok, _ in results.rows if not ok)
+    print(f"{len(results.rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "prepare":
+        return prepare(sys.argv[2])
+    if len(sys.argv) >= 4 and sys.argv[1] == "compare":
+        args, example = sys.argv[3:], None
+        if args[:1] == ["--example"]:
+            example, args = args[1], args[2:]
+        return compare(sys.argv[2], args, example)
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
