@@ -3,7 +3,8 @@
 # transformers' generate (torch_generate.py, as many torch threads as shardwise ranks) on the same LlamaForCausalLM
 # save_pretrained folder (672 M parameters, fp32; written once into DIR), greedy, 128-token prompts, 32 new tokens,
 # at batch 1 and 8 and 1 and 2 threads; then the ratios. bench_generate prints each configuration's share of the
-# memory-bandwidth roofline it measured in the same process.
+# memory-bandwidth roofline it measured in the same process. Then the same at batch 1 on a small model (dim 256, 4
+# layers; DIR-small), where per-token overhead rather than memory decides.
 #   bench/run_generate.sh BUILD_DIR [DIR]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
@@ -13,24 +14,37 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=${SHARDWISE_PYTHON:-$(bash "$here/../scripts/torch-venv.sh")}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 "$python" "$here/torch_generate.py" prepare "$dir"
+"$python" "$here/torch_generate.py" prepare "$dir-small" --small
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A ours theirs
+run() {  # run KEY FOLDER THREADS BATCH
+  local out
+  out=$("$build/bench/bench_generate" --folder "$2" --tp "$3" --batch "$4")
+  grep -v '^RESULT' <<<"$out"
+  ours[$1]=$(grep '^RESULT' <<<"$out")
+  out=$("$python" "$here/torch_generate.py" run "$2" --threads "$3" --batch "$4" 2>/dev/null)
+  grep -v '^RESULT' <<<"$out"
+  theirs[$1]=$(grep '^RESULT' <<<"$out")
+}
 for batch in 1 8; do
-  for n in 1 2; do
-    line=$("$build/bench/bench_generate" --folder "$dir" --tp "$n" --batch "$batch" | tee /dev/stderr | grep '^RESULT')
-    ours[$n,$batch]=$line
-    line=$("$python" "$here/torch_generate.py" run "$dir" --threads "$n" --batch "$batch" | tee /dev/stderr | grep '^RESULT')
-    theirs[$n,$batch]=$line
-  done
-done 2>&1
-echo
-for batch in 1 8; do
-  for n in 1 2; do
-    read -r _ _ our_first our_rate _ <<<"${ours[$n,$batch]}"
-    read -r _ _ their_first their_rate _ <<<"${theirs[$n,$batch]}"
-    awk -v n="$n" -v b="$batch" -v of="$our_first" -v orate="$our_rate" -v tf="$their_first" -v trate="$their_rate" \
-      'BEGIN { printf "batch %d, %d thread(s): decode %.2f / %.2f tokens/s = %.2fx transformers; first token %.3f / %.3f s = %.2fx faster\n", b, n, orate, trate, orate / trate, of, tf, tf / of }'
-  done
+  for n in 1 2; do run "$n,$batch" "$dir" "$n" "$batch"; done
 done
+echo "# small model ($dir-small)"
+for n in 1 2; do run "small$n,1" "$dir-small" "$n" 1; done
+echo
+ratio() {  # ratio KEY LABEL
+  local our_first our_rate bytes bandwidth their_first their_rate
+  read -r _ _ our_first our_rate _ _ _ bytes bandwidth <<<"${ours[$1]}"
+  read -r _ _ their_first their_rate _ <<<"${theirs[$1]}"
+  awk -v label="$2" -v b="${1##*,}" -v of="$our_first" -v orate="$our_rate" -v tf="$their_first" \
+      -v trate="$their_rate" -v bytes="$bytes" -v bw="$bandwidth" 'BEGIN {
+    floor = bytes / bw  # seconds a decode step takes at the measured read bandwidth
+    printf "%s: decode %.2f / %.2f tokens/s = %.2fx transformers (roofline share %.2f / %.2f);", label, orate, trate, orate / trate, floor * orate / b, floor * trate / b
+    printf " first token %.3f / %.3f s = %.2fx faster\n", of, tf, tf / of }'
+}
+for batch in 1 8; do
+  for n in 1 2; do ratio "$n,$batch" "batch $batch, $n thread(s)"; done
+done
+for n in 1 2; do ratio "small$n,1" "small model, batch 1, $n thread(s)"; done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

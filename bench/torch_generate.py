@@ -3,7 +3,8 @@ folder, the same prompts, greedy, fp32, on `--threads` threads (torch's intra-op
 generate(max_new_tokens=1); decode tokens/s: the tokens after the first over the time generate(max_new_tokens=N)
 took beyond that. Peak resident set from getrusage.
 
-  torch_generate.py prepare DIR                 # writes a random model of bench_generate's default sizes
+  torch_generate.py prepare DIR [--small]       # writes a random model of bench_generate's default sizes
+                                                # (--small: dim 256, 4 layers, vocabulary 512, 3.1 M parameters)
   torch_generate.py run DIR [--threads N] [--batch B] [--prompt-tokens P] [--new N]
 """
 import argparse
@@ -16,15 +17,17 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def prepare(directory):
+def prepare(directory, small):
     if os.path.exists(os.path.join(directory, "config.json")):
         print(f"# {directory}: present")
         return 0
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=12,
-                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=None,
-                         eos_token_id=None, pad_token_id=None)
+    sizes = dict(vocab_size=512, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=2) if small else \
+        dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=12, num_attention_heads=16,
+             num_key_value_heads=4)
+    config = LlamaConfig(**sizes, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = LlamaForCausalLM(config).float()
     model.save_pretrained(directory)
     print(f"# {directory}: written, {sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters")
@@ -60,7 +63,7 @@ def run(args):
 
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "prepare":
-        return prepare(sys.argv[2])
+        return prepare(sys.argv[2], "--small" in sys.argv[3:])
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["run"])
     parser.add_argument("directory")
