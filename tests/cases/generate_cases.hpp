@@ -125,41 +125,45 @@ auto tp_mesh(World const& world) {
   return sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
 }
 
+/// Model (a plan type) built from `c`, parallelized over the whole world, generating after prompts(c.vocabulary).
+template <class Model, class World, class Config>
+Generated generate_planned(World const& world, Config const& c, sw::generation_options const& o) {
+  auto const tp = tp_mesh(world);
+  Model model(c);
+  sw::parallelize(model, tp);
+  return generate_logged(model, tp, prompts(c.vocabulary), o);
+}
+
+/// For full_logits: the unsharded Model built from `c` with c.sequence set to the length asked for (GPT-2's wpe
+/// then holds that many positions: the same first rows as the generating model's, its table drawn row after row
+/// from the same seed).
+template <class Model, class Config>
+auto reference_of(Config c) {
+  return [c](std::size_t length) mutable {
+    c.sequence = length;
+    return Model(c);
+  };
+}
+
 /// Llama<T> under llama_plan<false> at the world's size.
 template <class T, class World>
 Generated llama(World const& world, models::LlamaConfig const& c, sw::generation_options const& o) {
-  auto const tp = tp_mesh(world);
-  models::Llama<T, models::llama_plan<false>> model(c);
-  sw::parallelize(model, tp);
-  return generate_logged(model, tp, prompts(c.vocabulary), o);
+  return generate_planned<models::Llama<T, models::llama_plan<false>>>(world, c, o);
 }
-
 /// The unsharded Llama<T> for full_logits.
 template <class T>
-auto llama_reference(models::LlamaConfig c) {
-  return [c](std::size_t length) mutable {
-    c.sequence = length;
-    return models::Llama<T>(c);
-  };
+auto llama_reference(models::LlamaConfig const& c) {
+  return reference_of<models::Llama<T>>(c);
 }
-
 /// GPT2<T> under gpt2_plan<false> at the world's size.
 template <class T, class World>
 Generated gpt2(World const& world, models::GPT2Config const& c, sw::generation_options const& o) {
-  auto const tp = tp_mesh(world);
-  models::GPT2<T, models::gpt2_plan<false>> model(c);
-  sw::parallelize(model, tp);
-  return generate_logged(model, tp, prompts(c.vocabulary), o);
+  return generate_planned<models::GPT2<T, models::gpt2_plan<false>>>(world, c, o);
 }
-
-/// The unsharded GPT2<T> for full_logits. wpe holds `length` positions: the same first rows as the generating
-/// model's (its table is drawn row after row from the same seed).
+/// The unsharded GPT2<T> for full_logits.
 template <class T>
-auto gpt2_reference(models::GPT2Config c) {
-  return [c](std::size_t length) mutable {
-    c.sequence = length;
-    return models::GPT2<T>(c);
-  };
+auto gpt2_reference(models::GPT2Config const& c) {
+  return reference_of<models::GPT2<T>>(c);
 }
 
 /// A decoder of a user's own: embedding, the user's attention (examples/blocks.hpp, which takes the cache), a
@@ -207,15 +211,10 @@ using tiny_plan =
 
 template <class World>
 Generated tiny(World const& world, sw::generation_options const& o) {
-  auto const tp = tp_mesh(world);
-  TinyDecoder<float, tiny_plan> model({});
-  sw::parallelize(model, tp);
-  return generate_logged(model, tp, prompts(61), o);
+  return generate_planned<TinyDecoder<float, tiny_plan>>(world, TinyDecoder<float, tiny_plan>::settings{}, o);
 }
 
-inline auto tiny_reference() {
-  return [](std::size_t length) { return TinyDecoder<float>({.sequence = length}); };
-}
+inline auto tiny_reference() { return reference_of<TinyDecoder<float>>(TinyDecoder<float>::settings{}); }
 
 /// The message of the sw::error `fn` throws ("" when it does not throw).
 template <class Fn>
