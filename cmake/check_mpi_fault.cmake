@@ -1,6 +1,9 @@
 # Runs one MPI fault (tests/mpi_fault_runner.cpp) and requires what the reliability issue promises: a
 # non-zero exit, every EXPECT regex in the output, and an end within LIMIT seconds (never a hang).
 # -D: MPIEXEC (none: a thread-mesh runner, run alone), RANKS, RUNNER, MODE, LIMIT, EXPECT (a ;-list).
+if(NOT EXPECT)
+  message(FATAL_ERROR "mode ${MODE}: no expected message given; a fault test must name what the output says")
+endif()
 string(TIMESTAMP start "%s")
 if(MPIEXEC)
   set(command ${MPIEXEC} -n ${RANKS} ${RUNNER} ${MODE})

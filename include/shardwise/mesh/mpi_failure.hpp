@@ -33,9 +33,11 @@ inline mpi_notices& notices() {
 }
 
 /// Sends `message` to every other rank of the world, once; they raise it at their next collective or wait.
+/// A rank that failed because it heard a peer's notice tells nobody: the peer told every rank already, and a
+/// relayed notice could reach a third rank first and name the relaying rank instead of the one that failed.
 inline void mpi_tell_peers(std::string_view message) {
   auto& n = notices();
-  if (n.comm == MPI_COMM_NULL || n.told) return;
+  if (n.comm == MPI_COMM_NULL || n.told || n.heard) return;
   n.told = true;
   n.text = std::string(message.substr(0, 4000));
   int me = 0, size = 0;
