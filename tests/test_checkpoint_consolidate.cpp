@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/file_checks.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
@@ -18,6 +19,7 @@
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace sw = shardwise;
@@ -127,12 +129,100 @@ TEST_CASE("Hugging Face transformers' names for the Llama model") {
   scratch_dir dir("names");
   save_at<models::llama_plan<false>>(2, c, dir.path / "ckpt");
   sw::consolidate_options options;
-  options.rename = sw::transformers_llama_name;
+  options.mapping = sw::transformers_llama_mapping();
   sw::consolidate(dir.path / "ckpt", dir.path / "hf.safetensors", options);
   sw::safetensors_file file((dir.path / "hf.safetensors").string());
   CHECK(file.contains("model.layers.1.self_attn.o_proj.weight"));
   CHECK(file.contains("lm_head.weight"));
   CHECK(!file.contains("output.weight"));
+}
+
+namespace {
+/// A mapping as GPT-2's: each layer's wq, wk and wv fused along their outputs into "layers.L.qkv", stored
+/// transposed ([in, out]); wk and wv start at `k_at` and `v_at` (32 and 48 tile it); every other tensor as it is.
+sw::checkpoint_mapping fused_qkv(std::uint64_t k_at = 32, std::uint64_t v_at = 48) {
+  return [=](std::string const& name) -> std::optional<sw::tensor_source> {
+    for (auto const& [leaf, start, size] : {std::tuple{".attention.wq.weight", std::uint64_t{0}, std::uint64_t{32}},
+                                            std::tuple{".attention.wk.weight", k_at, std::uint64_t{16}},
+                                            std::tuple{".attention.wv.weight", v_at, std::uint64_t{16}}})
+      if (name.ends_with(leaf))
+        return sw::tensor_source{name.substr(0, name.find(".attention")) + ".qkv", true, 0, start, size};
+    return sw::tensor_source{name};
+  };
+}
+}  // namespace
+
+TEST_CASE("consolidate under a mapping that fuses and transposes: each tensor in its place, and loaded back") {
+  auto const c = config();
+  auto const parameters = unsharded_parameters(c);
+  scratch_dir dir("fused");
+  save_at<models::llama_plan<false>>(4, c, dir.path / "ckpt");
+  auto const index = sw::read_checkpoint_index(dir.path / "ckpt");
+  std::map<std::string, std::vector<float>> expected;  // name -> the unsharded tensor, row-major [out, in]
+  for (std::size_t i = 0; i < parameters.size(); ++i) expected[index.tensors[i].name] = parameters[i];
+  sw::consolidate_options options;
+  options.mapping = fused_qkv();
+  fs::path const out = dir.path / "fused.safetensors";
+  sw::consolidate(dir.path / "ckpt", out, options);
+  sw::safetensors_file file(out.string());
+  CHECK(file.tensors().size() == expected.size() - 4);  // 3 tensors per layer became 1
+  CHECK(!file.contains("layers.0.attention.wq.weight"));
+  REQUIRE(file.info("layers.1.qkv").shape == std::vector<std::uint64_t>{32, 64});  // [in, q + k + v outputs]
+  auto const fused = file.read<float>("layers.1.qkv");
+  auto const& wq = expected["layers.1.attention.wq.weight"];  // [32, 32]
+  auto const& wv = expected["layers.1.attention.wv.weight"];  // [16, 32]
+  for (std::size_t out_row = 0; out_row < 32; ++out_row)
+    for (std::size_t in = 0; in < 32; ++in) {
+      REQUIRE(fused[in * 64 + out_row] == wq[out_row * 32 + in]);
+      if (out_row < 16) REQUIRE(fused[in * 64 + 48 + out_row] == wv[out_row * 32 + in]);
+    }
+  CHECK(file.read<float>("norm.weight") == expected["norm.weight"]);
+
+  auto other = config();
+  other.seed = 999;
+  sw::run_threads(1, [&](auto& world) {  // the same mapping loads it back (saved at tp 4, loaded at 1)
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {1}));
+    models::Llama<float, models::llama_plan<false>> model(other);
+    sw::parallelize(model, tp);
+    (void)sw::load_pretrained(model, tp, out, fused_qkv());
+    std::vector<std::int64_t> ids(8);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>((i * 5 + 1) % 62);
+    models::Llama<float> reference(c);
+    auto const want = reference.forward(ids).local;
+    auto const got = model.forward(ids).local;
+    REQUIRE(got.rows() == want.rows());
+    CHECK((got - want).cwiseAbs().maxCoeff() <= 1e-6f * want.cwiseAbs().maxCoeff());
+  });
+}
+
+TEST_CASE("consolidate refuses a mapping that drops a tensor, leaves a gap, or maps two tensors to one") {
+  scratch_dir dir("bad_mapping");
+  save_at<models::llama_plan<false>>(2, config(), dir.path / "ckpt");
+  auto const attempt = [&](sw::checkpoint_mapping mapping) {
+    sw::consolidate_options options;
+    options.mapping = std::move(mapping);
+    sw::consolidate(dir.path / "ckpt", dir.path / "out.safetensors", options);
+  };
+  check_error(
+      [&] {
+        attempt([](std::string const& n) -> std::optional<sw::tensor_source> {
+          if (n == "norm.weight") return std::nullopt;
+          return sw::tensor_source{n};
+        });
+      },
+      {"tensor \"norm.weight\"", "no name in the output"});
+  check_error(
+      [&] { attempt(fused_qkv(32, 56)); },  // v starts 8 rows after k ends
+      {"the slices mapped to \"layers.0.qkv\" do not tile it", "tensor \"layers.0.attention.wv.weight\"", "[56, 72)"});
+  check_error([&] { attempt(fused_qkv(32, 40)); }, {"do not tile"});  // v overlaps k
+  check_error(
+      [&] {
+        attempt([](std::string const& n) -> std::optional<sw::tensor_source> {
+          return sw::tensor_source{n.ends_with("_norm.weight") ? std::string("norms") : n};
+        });
+      },
+      {"both map to the whole of \"norms\""});
+  CHECK(!fs::exists(dir.path / "out.safetensors"));
 }
 
 TEST_CASE("consolidating a bad checkpoint: an error naming the file and the tensor") {

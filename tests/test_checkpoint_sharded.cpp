@@ -694,7 +694,7 @@ TEST_CASE("a consolidated file (shardwise's or Hugging Face's names) loaded at a
   save_at<tp_plan>(2, c, dir.path / "ckpt", 4);
   sw::consolidate(dir.path / "ckpt", dir.path / "model.safetensors");
   sw::consolidate_options hf;
-  hf.rename = sw::transformers_llama_name;
+  hf.mapping = sw::transformers_llama_mapping();
   sw::consolidate(dir.path / "ckpt", dir.path / "hf.safetensors", hf);
   for (int ranks : {1, 2, 4}) {
     INFO("TP " << ranks);

@@ -110,6 +110,21 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("config_to_json: what llama_config_to_json and gpt2_config_to_json write reads back the same") {
+  std::string const data = SHARDWISE_TEST_DATA_DIR;
+  auto const gpt2 = models::read_gpt2_config(data + "/gpt2_config.json");
+  auto const gpt2_again = models::gpt2_config_from_json(models::gpt2_config_to_json(gpt2).dump());
+  CHECK(gpt2_again.fields() == gpt2.fields());
+  CHECK(gpt2_again.sequence == gpt2.sequence);
+  auto const llama = models::read_llama_config(data + "/llama3_8b_config.json");
+  auto const llama_again = models::llama_config_from_json(models::llama_config_to_json(llama).dump());
+  CHECK(llama_again.fields() == llama.fields());
+  CHECK(llama_again.sequence == llama.sequence);
+  auto const scaled = models::read_llama_config(data + "/llama3_405b_config.json");
+  CHECK(error_of([&] { (void)models::llama_config_to_json(scaled); }).find("scaled rotary embedding") !=
+        std::string::npos);
+}
+
 TEST_CASE("gpt2_config_from_json: GPT-2's published config; what shardwise's GPT-2 does not compute is refused") {
   std::string const data = SHARDWISE_TEST_DATA_DIR;
   auto const c = models::read_gpt2_config(data + "/gpt2_config.json");

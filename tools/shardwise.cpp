@@ -1,22 +1,29 @@
 // shardwise: the checkpoint command line.
-//   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names shardwise|transformers-llama]
-//   shardwise inspect FILE_OR_DIR
-//   shardwise verify CHECKPOINT_DIR_OR_FILE
-//   shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
+//   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names
+//   shardwise|transformers-llama|transformers-gpt2] shardwise inspect FILE_OR_DIR shardwise verify
+//   CHECKPOINT_DIR_OR_FILE shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <shardwise/checkpoint/atomic_file.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/file_checks.hpp>
 #include <shardwise/checkpoint/safetensors.hpp>
 #include <shardwise/checkpoint/sharded_index.hpp>
 #include <shardwise/checkpoint/verify.hpp>
+#include <shardwise/models/gpt2_config_json.hpp>
+#include <shardwise/models/gpt2_names.hpp>
+#include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_names.hpp>
+#include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "plan_command.hpp"
@@ -37,15 +44,73 @@ std::string human_bytes(std::uint64_t n) {
   return out.str();
 }
 
+/// The number a checkpoint's configuration records for `field`; throws naming the field when it has none.
+double config_field(sw::checkpoint_index const& index, char const* field, char const* names) {
+  auto const found = index.config.find(field);
+  double value = 0;
+  if (found != index.config.end()) {
+    auto const& text = found->second;
+    auto const [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error == std::errc() && end == text.data() + text.size() && std::isfinite(value) && value > 0) return value;
+  }
+  throw std::runtime_error(std::string("shardwise consolidate --names ") + names +
+                           ": the checkpoint's configuration has no positive number \"" + field +
+                           "\", which config.json needs; save it from the model's own class, or consolidate with "
+                           "--names shardwise");
+}
+
+/// transformers' config.json for the model saved at `index` under `names` (transformers-llama or -gpt2), so that
+/// from_pretrained(OUTPUT_DIR) loads it. GPT-2's n_positions is wpe's rows; a Llama's max_position_embeddings is
+/// not recorded (transformers' default applies: the rotary embedding does not depend on it).
+nlohmann::json transformers_config(sw::checkpoint_index const& index, std::string const& names) {
+  auto const count = [&](char const* field) {
+    return static_cast<std::size_t>(config_field(index, field, names.c_str()));
+  };
+  if (names == "transformers-gpt2") {
+    sw::models::GPT2Config c;
+    c.vocabulary = count("vocabulary"), c.dim = count("dim"), c.layers = count("layers"), c.heads = count("heads");
+    c.layer_norm_eps = config_field(index, "layer_norm_eps", names.c_str());
+    auto const wpe =
+        std::find_if(index.tensors.begin(), index.tensors.end(), [](auto const& t) { return t.name == "wpe.weight"; });
+    if (wpe == index.tensors.end() || wpe->shape.size() != 2)
+      throw std::runtime_error(
+          "shardwise consolidate --names transformers-gpt2: the checkpoint has no wpe.weight "
+          "matrix, so it is not a models::GPT2; consolidate it with --names shardwise");
+    c.sequence = static_cast<std::size_t>(wpe->shape[0]);
+    return sw::models::gpt2_config_to_json(c);
+  }
+  sw::models::LlamaConfig c;
+  c.vocabulary = count("vocabulary"), c.dim = count("dim"), c.layers = count("layers"), c.heads = count("heads");
+  c.kv_heads = count("kv_heads"), c.hidden = count("hidden");
+  c.norm_eps = config_field(index, "norm_eps", names.c_str());
+  c.rope_theta = config_field(index, "rope_theta", names.c_str());
+  auto const tie = index.config.find("tie_word_embeddings");
+  c.tie_word_embeddings = tie != index.config.end() && tie->second == "true";
+  auto json = sw::models::llama_config_to_json(c);
+  json.erase("max_position_embeddings");
+  return json;
+}
+
 int consolidate(std::string const& checkpoint, std::string const& output_dir, bool remove, std::string const& names) {
   fs::path const source = sw::find_checkpoint_folder(checkpoint);
   sw::consolidate_options options;
-  if (names == "transformers-llama") options.rename = sw::transformers_llama_name;
+  std::string config_text;  // transformers' config.json, made before anything is written: it may be refused
+  if (names != "shardwise") {
+    auto const saved = sw::read_checkpoint_index(source);
+    config_text = transformers_config(saved, names).dump(2) + "\n";
+    if (names == "transformers-llama") options.mapping = sw::transformers_llama_mapping();
+    auto const dim = static_cast<std::uint64_t>(config_field(saved, "dim", names.c_str()));
+    if (names == "transformers-gpt2") options.mapping = sw::transformers_gpt2_mapping(dim);
+  }
   options.progress = [](std::size_t i, std::size_t n, std::string const& name, std::uint64_t bytes) {
     std::fprintf(stderr, "[%zu/%zu] %s (%s)\n", i + 1, n, name.c_str(), human_bytes(bytes).c_str());
   };
   fs::path const file = fs::path(output_dir) / "model.safetensors";
   auto const index = sw::consolidate(source, file, options);  // refuses an output inside the checkpoint
+  if (!config_text.empty()) {
+    std::span<std::byte const> const piece(reinterpret_cast<std::byte const*>(config_text.data()), config_text.size());
+    sw::detail::write_file_atomically(fs::path(output_dir) / "config.json", std::span(&piece, 1));
+  }
   std::size_t const written = sw::safetensors_file(file.string()).tensors().size();  // not the optimizer state
   std::fprintf(stderr, "wrote %s: %zu tensors, %s, step %lld (saved at tp %d x pp %d x dp %d)\n", file.c_str(), written,
                human_bytes(fs::file_size(file)).c_str(), static_cast<long long>(index.step), index.tp, index.pp,
@@ -143,8 +208,10 @@ int main(int argc, char** argv) {
   cons->add_option("OUTPUT_DIR", output, "Where to write model.safetensors (created if needed)")->required();
   cons->add_flag("--remove-checkpoint-dir", remove,
                  "Remove the sharded checkpoint once the consolidated file is written");
-  cons->add_option("--names", names, "Tensor names: shardwise's, or transformers-llama (LlamaForCausalLM's)")
-      ->check(CLI::IsMember({"shardwise", "transformers-llama"}))
+  cons->add_option("--names", names,
+                   "Tensor names and layouts: shardwise's, transformers-llama (LlamaForCausalLM's) or "
+                   "transformers-gpt2 (GPT2LMHeadModel's: q, k and v fused into c_attn, Conv1D weights transposed)")
+      ->check(CLI::IsMember({"shardwise", "transformers-llama", "transformers-gpt2"}))
       ->capture_default_str();
 
   std::string target;

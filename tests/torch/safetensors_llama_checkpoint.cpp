@@ -2,9 +2,12 @@
 // shardwise's Llama saved sharded at TP 4 (a vocabulary of 62 padded to 64, 2 key-value heads repeated for 4
 // ranks) into DIR/ckpt, and the unsharded model's logits for one batch in DIR/logits.npy. The Python side runs
 // `shardwise consolidate --names transformers-llama`, loads model.safetensors into LlamaForCausalLM and compares.
+// The same for shardwise's GPT-2 (vocabulary 61 padded to 62, saved at TP 2 into DIR/gpt2_ckpt, logits in
+// DIR/gpt2_logits.npy), consolidated with --names transformers-gpt2 and loaded by GPT2LMHeadModel.from_pretrained.
 #include <cstdio>
 #include <filesystem>
 #include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <vector>
@@ -35,6 +38,18 @@ int main(int argc, char** argv) {
     models::Llama<float, models::llama_plan<false>> model(c);
     sw::parallelize(model, tp);
     sw::save_sharded(model, tp, out / "ckpt", 17, {{"model", "llama-test"}});
+  });
+  models::GPT2Config g;
+  g.vocabulary = 61, g.dim = 32, g.layers = 2, g.heads = 4, g.sequence = 8;
+  models::GPT2<float> gpt2(g);
+  std::vector<std::int64_t> gpt2_ids;  // (i * 7 + 3) % 61 for i < 16, as the Python side
+  for (int i = 0; i < 16; ++i) gpt2_ids.push_back((i * 7 + 3) % 61);
+  npy::write(out / "gpt2_logits.npy", gpt2.forward(gpt2_ids).local);
+  sw::run_threads(2, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+    models::GPT2<float, models::gpt2_plan<false>> model(g);
+    sw::parallelize(model, tp);
+    sw::save_sharded(model, tp, out / "gpt2_ckpt", 5);
   });
   std::printf("wrote %s/ckpt and %s/logits.npy\n", out.c_str(), out.c_str());
   return 0;

@@ -1,7 +1,10 @@
 """Consolidation checked with Hugging Face's own packages: shardwise's Llama is saved sharded at TP 4
 (safetensors_llama_checkpoint), `shardwise inspect` lists it, `shardwise consolidate --names transformers-llama`
 writes one model.safetensors, which safetensors loads and transformers' LlamaForCausalLM takes with
-strict=True; its logits must equal those of shardwise's unsharded model. Prints "N passed, M failed".
+strict=True, and from_pretrained reads the folder with the config.json consolidate wrote; their logits must equal
+those of shardwise's unsharded model. The same for shardwise's GPT-2 with --names transformers-gpt2 (q, k and v
+fused into c_attn, Conv1D weights transposed): GPT2LMHeadModel.from_pretrained reports no missing or unexpected
+keys and gives the same logits. Prints "N passed, M failed".
 
 usage: safetensors_llama_reference.py CHECKPOINT_PROGRAM SHARDWISE_COMMAND DIR
 """
@@ -13,9 +16,10 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 VOCAB, DIM, HIDDEN, LAYERS, HEADS, KV_HEADS, SEQUENCE = 62, 32, 64, 2, 4, 2, 8
+GPT2_VOCAB = 61  # shardwise pads it to 62 for TP 2; the consolidated file is unpadded
 TOLERANCE = 1e-4  # fp32 on both sides
 
 
@@ -23,6 +27,23 @@ def run(results, name, command):
     done = subprocess.run(command, capture_output=True, text=True)
     results.append((name, done.returncode == 0, done.stderr[-2000:]))
     return done
+
+
+def check_from_pretrained(results, model_class, folder, ids, expected, vocabulary):
+    """The consolidated folder (model.safetensors and config.json) read by transformers' from_pretrained: no missing,
+    unexpected or mismatched keys, and the logits of shardwise's unsharded model."""
+    name = model_class.__name__
+    try:
+        model, info = model_class.from_pretrained(folder, output_loading_info=True, attn_implementation="eager")
+    except Exception as e:  # a missing config.json or file: a failed check, not a crash of the test
+        results.append((f"{name}.from_pretrained", False, str(e)[:500]))
+        return
+    problems = {k: v for k, v in info.items() if v}
+    results.append((f"{name}.from_pretrained: no missing or unexpected keys", not problems, str(problems)[:500]))
+    with torch.no_grad():
+        logits = model.float()(ids).logits.reshape(-1, vocabulary).numpy()
+    error = float(np.abs(logits - expected).max()) / max(float(np.abs(expected).max()), 1e-30)
+    results.append((f"{name}.from_pretrained: logits equal shardwise's", error <= TOLERANCE, f"error {error}"))
 
 
 def main():
@@ -67,8 +88,16 @@ def main():
         expected = np.load(os.path.join(directory, "logits.npy"))
         error = float(np.abs(logits - expected).max()) / max(float(np.abs(expected).max()), 1e-30)
         results.append(("logits of transformers' Llama from model.safetensors", error <= TOLERANCE, f"error {error}"))
+        check_from_pretrained(results, LlamaForCausalLM, out, ids, expected, VOCAB)
     else:
         results.append(("model.safetensors written", False, path))
+
+    gpt2_out = os.path.join(directory, "gpt2_consolidated")
+    run(results, "shardwise consolidate --names transformers-gpt2",
+        [command, "consolidate", os.path.join(directory, "gpt2_ckpt"), gpt2_out, "--names", "transformers-gpt2"])
+    gpt2_ids = torch.tensor([(i * 7 + 3) % GPT2_VOCAB for i in range(16)]).view(2, SEQUENCE)
+    check_from_pretrained(results, GPT2LMHeadModel, gpt2_out, gpt2_ids,
+                          np.load(os.path.join(directory, "gpt2_logits.npy")), GPT2_VOCAB)
 
     # --remove-checkpoint-dir: the same file again, then the sharded checkpoint is gone.
     again = os.path.join(directory, "again")

@@ -16,10 +16,12 @@
 #include <string_view>
 #include <vector>
 
+#include "shardwise/checkpoint/export_layout.hpp"
 #include "shardwise/checkpoint/file_checks.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/safetensors_write.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
+#include "shardwise/checkpoint/tensor_mapping.hpp"
 #include "shardwise/checkpoint/verify.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/tensor/box.hpp"
@@ -41,8 +43,11 @@ namespace shardwise {
 
 /// Options of consolidate.
 struct consolidate_options {
-  /// Renames tensors on the way (for example to Hugging Face transformers' names); identity when empty.
-  std::function<std::string(std::string const&)> rename;
+  /// Where each tensor goes in the output, under another program's names (sw::transformers_llama_mapping(),
+  /// sw::transformers_gpt2_mapping(dim): the mapping that loads that program's files); shardwise's names, each
+  /// tensor as stored, when empty. A mapped tensor may be stored transposed, or as a slice of a fused tensor whose
+  /// slices the mapping must cover exactly.
+  checkpoint_mapping mapping;
   /// Called before each tensor is written: how many were written before, the count, its name and its bytes.
   std::function<void(std::size_t, std::size_t, std::string const&, std::uint64_t)> progress;
 };
@@ -141,18 +146,25 @@ inline checkpoint_index consolidate(std::filesystem::path const& checkpoint, std
     if (!t.name.starts_with(optimizer_state_prefix)) weights.push_back(&t);
   auto const files = detail::open_rank_files(dir, index, weights);
 
+  for (auto const* t : weights)
+    if (t->shape.size() > max_rank)
+      detail::fail("shardwise::consolidate: tensor \"", t->name, "\" has more than ", max_rank, " dimensions");
+  checkpoint_mapping const same_names = [](std::string const& name) { return tensor_source{name}; };
+  auto const outputs = detail::plan_export(weights, options.mapping ? options.mapping : same_names);
   safetensors_writer writer;
   std::size_t written = 0;  // in the order of the file (by element size, then name)
-  for (auto const* weight : weights) {
-    checkpoint_tensor const& t = *weight;
-    std::string const name = options.rename ? options.rename(t.name) : t.name;
-    if (t.shape.size() > max_rank)
-      detail::fail("shardwise::consolidate: tensor \"", t.name, "\" has more than ", max_rank, " dimensions");
-    writer.add_deferred(name, t.type, t.shape, [&, name](std::span<std::byte> out) {
-      if (options.progress) options.progress(written++, weights.size(), name, out.size());
-      detail::assemble_tensor(t, files, out);
+  for (auto const& o : outputs)
+    writer.add_deferred(o.name, o.type, o.file_shape(), [&](std::span<std::byte> out) {
+      if (options.progress) options.progress(written++, outputs.size(), o.name, out.size());
+      if (o.as_stored()) return detail::assemble_tensor(*o.members[0].tensor, files, out);
+      for (auto const& m : o.members) {  // transposed or fused: each assembled apart, then put in its place
+        std::size_t elements = 1;
+        for (auto const n : m.tensor->shape) elements *= static_cast<std::size_t>(n);
+        std::vector<std::byte> member(elements * dtype_size(o.type));
+        detail::assemble_tensor(*m.tensor, files, member);
+        detail::place_export_member(o, m, member, out);
+      }
     });
-  }
   std::map<std::string, std::string> metadata(index.metadata.begin(), index.metadata.end());
   metadata["format"] = "pt";
   metadata["shardwise.step"] = std::to_string(index.step);

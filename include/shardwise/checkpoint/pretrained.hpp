@@ -29,29 +29,13 @@
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
 #include "shardwise/checkpoint/sharded_load.hpp"
+#include "shardwise/checkpoint/tensor_mapping.hpp"
 #include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
 #include "shardwise/nn/lazy.hpp"
 
 namespace shardwise {
-
-/// Where one model tensor comes from in the checkpoint.
-struct tensor_source {
-  std::string name;        ///< the file's tensor
-  bool transpose = false;  ///< the file stores it transposed (GPT-2's Conv1D: [in, out]); no-op for a vector
-  /// -1: the whole tensor; else the model tensor is [slice_start, slice_start + slice_size) along this dimension
-  /// of the file's tensor after transposing (q, k or v of GPT-2's fused c_attn: slice_dim 0). A vector: 0.
-  int slice_dim = -1;
-  /// The slice's start and size along slice_dim, when slice_dim is not -1.
-  /// @{
-  std::uint64_t slice_start = 0, slice_size = 0;
-  /// @}
-};
-
-/// Model tensor name ("h.0.attn.wq.weight") -> its source, or std::nullopt when the checkpoint has none (the
-/// tensor is then missing: an error when strict, reported and left as it is otherwise).
-using checkpoint_mapping = std::function<std::optional<tensor_source>(std::string const& model_name)>;
 
 /// What a load found, as transformers' load_state_dict(strict=False) reports it.
 struct load_report {

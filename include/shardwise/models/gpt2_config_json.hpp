@@ -38,6 +38,25 @@ inline GPT2Config gpt2_config_from_json(std::string_view text, std::string_view 
   return c;
 }
 
+/// The transformers config.json of a GPT2LMHeadModel with configuration `c` (what save_pretrained writes for it,
+/// and what gpt2_config_from_json reads back): no dropout, "gelu_new", the LM head tied to wte.
+inline nlohmann::json gpt2_config_to_json(GPT2Config const& c) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", c.vocabulary},
+          {"n_embd", c.dim},
+          {"n_layer", c.layers},
+          {"n_head", c.heads},
+          {"n_positions", c.sequence},
+          {"n_inner", nullptr},
+          {"layer_norm_epsilon", c.layer_norm_eps},
+          {"activation_function", "gelu_new"},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"tie_word_embeddings", true}};
+}
+
 /// The GPT2Config of the config.json at `file` (gpt2_config_from_json); throws naming the file when it cannot be
 /// read.
 inline GPT2Config read_gpt2_config(std::filesystem::path const& file) {

@@ -110,6 +110,31 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
   return c;
 }
 
+/// The transformers config.json of a LlamaForCausalLM with configuration `c` (what save_pretrained writes for
+/// it, and what llama_config_from_json reads back): SiLU, no biases, max_position_embeddings = c.sequence.
+/// Throws for a scaled rotary embedding (rope_scaled), whose parameters it does not have.
+inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
+  if (c.rope_scaled)
+    shardwise::raise(
+        "shardwise::models::llama_config_to_json: the configuration has a scaled rotary embedding, "
+        "whose parameters LlamaConfig does not keep; write that config.json from the original");
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", c.vocabulary},
+          {"hidden_size", c.dim},
+          {"num_hidden_layers", c.layers},
+          {"num_attention_heads", c.heads},
+          {"num_key_value_heads", c.kv_heads},
+          {"intermediate_size", c.hidden},
+          {"max_position_embeddings", c.sequence},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"tie_word_embeddings", c.tie_word_embeddings}};
+}
+
 /// The LlamaConfig of the config.json at `file` (llama_config_from_json); throws naming the file when it cannot
 /// be read.
 inline LlamaConfig read_llama_config(std::filesystem::path const& file) {
