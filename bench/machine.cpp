@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <shardwise/nn.hpp>
 #include <shardwise/shardwise.hpp>
 #include <vector>
@@ -135,11 +136,15 @@ int main(int argc, char** argv) {
   }
   double const memory = memory_bandwidth(runs);
   link_figures const l = thread_links(smoke ? 1 : 20);
+  char measured[32];  // UTC: shardwise plan prints it, so a stale file shows its age
+  std::time_t const now = std::time(nullptr);
+  std::strftime(measured, sizeof measured, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::printf(
-      "{\n  \"name\": \"this machine, thread mesh: measured by bench_machine\",\n  \"gemm_flops\": %.3g,\n"
+      "{\n  \"name\": \"this machine, thread mesh: measured by bench_machine\",\n  \"measured\": \"%s\",\n"
+      "  \"gemm_flops\": %.3g,\n"
       "  \"gemm_half_rate_tokens\": %.3g,\n  \"memory_bandwidth\": %.3g,\n  \"ranks_per_node\": 0,\n"
       "  \"tp\": {\"bandwidth\": %.3g, \"latency\": %.3g},\n  \"dp\": {\"bandwidth\": %.3g, \"latency\": %.3g},\n"
       "  \"pp\": {\"bandwidth\": %.3g, \"latency\": %.3g}\n}\n",
-      peak, half, memory, l.tp_bandwidth, l.latency, l.dp_bandwidth, l.latency, l.pp_bandwidth, l.latency);
+      measured, peak, half, memory, l.tp_bandwidth, l.latency, l.dp_bandwidth, l.latency, l.pp_bandwidth, l.latency);
   return 0;
 }

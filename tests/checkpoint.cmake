@@ -62,15 +62,15 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
   # need named); a config that is not JSON (exit code 1, the file and the parser's position named).
   set(plan_70b "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/llama3_70b_config.json'")
   foreach(ranks 1024 16384)
-    add_test(NAME cli.plan.llama3_70b.${ranks} COMMAND sh -c "${plan_70b} --ranks ${ranks} --memory-per-rank 80GiB; echo exit code $?")
+    add_test(NAME cli.plan.llama3_70b.${ranks} COMMAND sh -c "${plan_70b} --ranks ${ranks} --memory-per-rank 80GiB --sequence 8192; echo exit code $?")
     set_tests_properties(cli.plan.llama3_70b.${ranks} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
-        "Llama, 70.55 B parameters.*${ranks} ranks, 80.0 GiB per rank.*searched [0-9]+ layouts in [0-9.]+ ms; [1-9][0-9]* fit.*dp +pp +tp +micro.*exit code 0")
+        "Llama, 70.55 B parameters.*${ranks} ranks, 80.0 GiB per rank.*machine: .*built in, as tools/machines/this_machine.json; measured 20[0-9-]+.*measure yours: .*bench_machine.*searched [0-9]+ layouts in [0-9.]+ ms; [1-9][0-9]* fit.*dp +pp +tp +micro.*exit code 0")
   endforeach()
-  add_test(NAME cli.plan.no_fit COMMAND sh -c "${plan_70b} --ranks 8 --memory-per-rank 80GiB 2>&1; echo exit code $?")
+  add_test(NAME cli.plan.no_fit COMMAND sh -c "${plan_70b} --ranks 8 --memory-per-rank 80GiB --sequence 8192 2>&1; echo exit code $?")
   set_tests_properties(cli.plan.no_fit PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
       "no layout of 8 ranks fits in 80.0 GiB per rank; the smallest needs [0-9.]+ GiB \\(dp [0-9]+ x pp [0-9]+ x tp [0-9]+.*give more memory per rank, more ranks or a smaller --batch\n*exit code 1")
   add_test(NAME cli.plan.bad_json
-           COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/broken_config.json' --ranks 8 --memory-per-rank 80GiB 2>&1; echo exit code $?")
+           COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/broken_config.json' --ranks 8 --memory-per-rank 80GiB --sequence 8192 2>&1; echo exit code $?")
   set_tests_properties(cli.plan.bad_json PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
       "broken_config.json is not valid JSON \\(.*parse error at line 4.*exit code 1")
   # Counts out of range, on any flag: the flag, what it is for and the range, exit code non-zero (CLI11's 105),
@@ -88,11 +88,24 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
     if(name STREQUAL "ranks")
       set(ranks_flag "")
     endif()
-    string(APPEND bad_flags "${plan_70b} ${ranks_flag} --memory-per-rank 80GiB --${given} 2>&1 | "
+    set(sequence_flag "--sequence 8192")
+    if(name STREQUAL "sequence")
+      set(sequence_flag "")
+    endif()
+    string(APPEND bad_flags "${plan_70b} ${ranks_flag} ${sequence_flag} --memory-per-rank 80GiB --${given} 2>&1 | "
            "grep -q -- '--${name}: is .*; give ${meaning}.*, a whole number from ' || echo 'no sentence for --${given}'; ")
   endforeach()
+  # --sequence is required (max_position_embeddings is no training length); --state takes the three kinds.
+  string(APPEND bad_flags "${plan_70b} --ranks 8 --memory-per-rank 80GiB 2>&1 | grep -q -- '--sequence is required' "
+         "|| echo 'no sentence for a missing --sequence'; ${plan_70b} --ranks 8 --memory-per-rank 80GiB --sequence 8 "
+         "--state zero2 2>&1 | grep -q -- '--state: zero2 not in {replicated,zero1,fsdp}' || echo 'no sentence for --state zero2'; ")
   add_test(NAME cli.plan.bad_flags COMMAND sh -c "${bad_flags} echo checked")
   set_tests_properties(cli.plan.bad_flags PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "^checked\n$")
+  # The outputs docs/planning.md quotes are what the commands print now (they drifted while nothing checked).
+  add_test(NAME docs.outputs.planning
+           COMMAND ${CMAKE_COMMAND} -DDOC=${PROJECT_SOURCE_DIR}/docs/planning.md -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+                   -DSHARDWISE=$<TARGET_FILE:shardwise_cli> -P ${PROJECT_SOURCE_DIR}/cmake/check_doc_outputs.cmake)
+  set_tests_properties(docs.outputs.planning PROPERTIES LABELS "docs;cli")
   foreach(command IN ITEMS "" consolidate inspect verify plan)
     add_test(NAME cli.help${command} COMMAND shardwise_cli ${command} --help)
     set_tests_properties(cli.help${command} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "Usage:.*shardwise")

@@ -229,6 +229,10 @@ TEST_CASE("planner: the default machine is tools/machines/this_machine.json") {
   auto const file = planner::read_machine(std::string(SHARDWISE_SOURCE_DIR) + "/tools/machines/this_machine.json");
   planner::machine const built_in;
   CHECK(file.name == built_in.name);
+  CHECK(file.measured == built_in.measured);
+  CHECK_FALSE(built_in.measured.empty());
+  auto const assumed = planner::read_machine(std::string(SHARDWISE_SOURCE_DIR) + "/tools/machines/h100_cluster.json");
+  CHECK(assumed.measured.empty());  // a file without the field is not dated with the default's day
   CHECK(file.gemm_flops == built_in.gemm_flops);
   CHECK(file.gemm_half_rate_tokens == built_in.gemm_half_rate_tokens);
   CHECK(file.memory_bandwidth == built_in.memory_bandwidth);

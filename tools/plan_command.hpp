@@ -21,10 +21,11 @@ struct options {
   std::size_t memory_per_rank = 0;  ///< --memory-per-rank, bytes.
   std::string machine;              ///< --machine FILE, or empty for this machine's measured values.
   std::size_t batch = 1024;         ///< --batch: sequences per step.
-  std::size_t sequence = 0;         ///< --sequence: tokens per sequence; 0: max_position_embeddings.
+  std::size_t sequence = 0;         ///< --sequence: tokens per sequence (required).
   std::string precision = "bf16";   ///< --precision bf16|fp32.
   std::size_t top = 10;             ///< --top: layouts printed.
-  planner::axis_choice only;        ///< --dp, --pp, --tp: sizes kept fixed.
+  planner::axis_choice only;        ///< --dp, --pp, --tp, --state: sizes and the sharding kept fixed.
+  std::string state;                ///< --state replicated|zero1|fsdp, or empty for all.
 };
 
 /// A check for a count given on the command line: a whole number from `least` to `most`, or a sentence that
@@ -78,27 +79,37 @@ inline void print_layout(planner::estimate const& e) {
 /// Runs the search and prints it; 1 (and why, on stderr) when no layout fits.
 inline int run(options const& o) {
   auto c = shardwise::models::read_llama_config(o.config);
-  planner::training_shape shape{o.batch, o.sequence != 0 ? o.sequence : c.sequence,
-                                o.precision == "fp32" ? planner::fp32 : planner::bf16_mixed};
+  planner::training_shape shape{o.batch, o.sequence, o.precision == "fp32" ? planner::fp32 : planner::bf16_mixed};
   planner::machine const m = o.machine.empty() ? planner::machine{} : planner::read_machine(o.machine);
+  planner::axis_choice only = o.only;
+  for (auto s : {planner::state_sharding::replicated, planner::state_sharding::zero1, planner::state_sharding::fsdp})
+    if (o.state == planner::sharding_name(s)) only.sharding = s;
   auto const start = std::chrono::steady_clock::now();
-  auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m, o.only);
+  auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m, only);
   double const ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf(
       "Llama, %.2f B parameters (%zu layers, dim %zu, %zu heads / %zu key-value heads, hidden %zu, "
       "vocabulary %zu)\n",
       static_cast<double>(planner::parameter_count(c)) / 1e9, c.layers, c.dim, c.heads, c.kv_heads, c.hidden,
       c.vocabulary);
-  std::printf("%zu ranks, %.1f GiB per rank; %zu sequences x %zu tokens a step, %s; machine: %s\n", o.ranks,
-              gib(o.memory_per_rank), shape.batch, shape.sequence, std::string(shape.bytes.name).c_str(),
-              m.name.c_str());
+  std::printf("%zu ranks, %.1f GiB per rank; %zu sequences x %zu tokens a step, %s\n", o.ranks, gib(o.memory_per_rank),
+              shape.batch, shape.sequence, std::string(shape.bytes.name).c_str());
+  std::string const dated = m.measured.empty() ? "not dated" : "measured " + m.measured;
+  std::printf("machine: %s (%s; %s)\n", m.name.c_str(),
+              o.machine.empty() ? "built in, as tools/machines/this_machine.json" : o.machine.c_str(), dated.c_str());
+  if (o.machine.empty())
+    std::printf(
+        "  rates drift from day to day; measure yours: cmake --build build --target bench_machine && "
+        "build/bench/bench_machine > my_machine.json, then --machine my_machine.json\n");
   std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
   if (found.searched == 0) {
     std::fprintf(stderr,
-                 "shardwise plan: no layout of %zu ranks has dp %zu, pp %zu, tp %zu (0: any): dp x pp x tp must "
+                 "shardwise plan: no layout of %zu ranks has dp %zu, pp %zu, tp %zu (0: any)%s%s: dp x pp x tp must "
                  "equal the ranks, tp divide the %zu heads and divide or be a multiple of the %zu key-value heads, "
-                 "pp be at most the %zu layers and dp divide the --batch of %zu\n",
-                 o.ranks, o.only.dp, o.only.pp, o.only.tp, c.heads, c.kv_heads, c.layers, shape.batch);
+                 "pp be at most the %zu layers and dp divide the --batch of %zu; zero1 and fsdp need dp > 1, and "
+                 "fsdp pp 1\n",
+                 o.ranks, o.only.dp, o.only.pp, o.only.tp, o.state.empty() ? "" : " and state ", o.state.c_str(),
+                 c.heads, c.kv_heads, c.layers, shape.batch);
     return 1;
   }
   if (found.fitting.empty()) {

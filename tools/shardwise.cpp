@@ -254,8 +254,12 @@ int main(int argc, char** argv) {
   plan->add_option("--batch", planned.batch, "Sequences per optimizer step")
       ->check(count_from(1, 1 << 24, "the sequences per optimizer step"))
       ->capture_default_str();
-  plan->add_option("--sequence", planned.sequence, "Tokens per sequence (default: max_position_embeddings)")
-      ->check(count_from(1, 1 << 24, "the tokens per sequence (leave the flag out for max_position_embeddings)"));
+  // Required: max_position_embeddings is the longest sequence a model takes (131072 for Qwen2), rarely the
+  // length it trains at, and a default of it plans steps of a hundred million tokens.
+  plan->add_option("--sequence", planned.sequence,
+                   "Tokens per sequence you train with (max_position_embeddings is only the longest the model takes)")
+      ->required()
+      ->check(count_from(1, 1 << 24, "the tokens per sequence you train with"));
   plan->add_option("--precision", planned.precision, "bf16 (mixed, fp32 master weights) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
@@ -268,6 +272,11 @@ int main(int argc, char** argv) {
       ->check(count_from(1, 1 << 20, "the pipeline stages to keep fixed"));
   plan->add_option("--tp", planned.only.tp, "Only layouts with this many tensor-parallel ranks")
       ->check(count_from(1, 1 << 20, "the tensor-parallel ranks to keep fixed"));
+
+  plan->add_option("--state", planned.state,
+                   "Only layouts whose optimizer state is replicated, zero1 (sharded over dp) or fsdp (parameters, "
+                   "gradients and state sharded)")
+      ->check(CLI::IsMember({"replicated", "zero1", "fsdp"}));
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -14,7 +14,7 @@
 
 namespace shardwise::planner {
 
-/// The machine described by the text of a JSON file (`file` names it in errors): {"name", "gemm_flops",
+/// The machine described by the text of a JSON file (`file` names it in errors): {"name", "measured", "gemm_flops",
 /// "gemm_half_rate_tokens", "memory_bandwidth", "ranks_per_node", "tp": {"bandwidth", "latency"}, "dp": {...}, "pp":
 /// {...}}; a field left out keeps this machine's measured value.
 inline machine machine_from_json(std::string_view text, std::filesystem::path const& file) {
@@ -48,6 +48,9 @@ inline machine machine_from_json(std::string_view text, std::filesystem::path co
     into = value;
   };
   if (root.contains("name") && root["name"].is_string()) m.name = root["name"].get<std::string>();
+  m.measured.clear();  // the built-in default's date is not the file's
+  if (root.contains("measured") && root["measured"].is_string())
+    m.measured = root["measured"].get<std::string>().substr(0, 64);
   if (root.contains("ranks_per_node")) {
     if (!root["ranks_per_node"].is_number_unsigned())
       shardwise::raise(who, ": \"ranks_per_node\" in ", file.string(),

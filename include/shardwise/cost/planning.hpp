@@ -46,6 +46,9 @@ struct link {
 /// the optimizer), and a link per mesh axis. The defaults are this machine's, as `bench_machine` measures them.
 struct machine {
   std::string name = "2-core AMD EPYC (Zen 3), thread mesh: measured by bench_machine";  ///< As printed.
+  /// When its rates were measured (bench_machine writes the UTC time), printed by `shardwise plan` so that a
+  /// stale file shows its age; empty when not known (an assumed machine, or a file without the field).
+  std::string measured = "2026-11-26";
   double gemm_flops = 80e9;  ///< FLOP/s of one rank's GEMMs at large token counts (the fitted peak).
   /// Tokens per GEMM at which the rate is half the peak: rate = gemm_flops x tokens / (tokens + this). Small
   /// microbatches run the GEMM kernels below their peak (here: 64 tokens 56, 2048 tokens 78 GFLOP/s).

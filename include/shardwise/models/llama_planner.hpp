@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -191,12 +192,14 @@ struct axis_choice {
   std::size_t dp = 0;  ///< Data-parallel ranks, or 0.
   std::size_t pp = 0;  ///< Pipeline stages, or 0.
   std::size_t tp = 0;  ///< Tensor-parallel ranks, or 0.
+  /// The optimizer state's sharding to keep fixed, or std::nullopt for every kind.
+  std::optional<state_sharding> sharding;
 };
 
 /// Every layout of `ranks` ranks (dp x pp x tp = ranks; tp cutting the heads; pp up to the layers, 1F1B; the
 /// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (not within
 /// pipeline stages, as shardwise offers it); checkpointing off and on), estimated and filtered by
-/// `memory_per_rank` bytes; `only` fixes axis sizes.
+/// `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
 inline search_result search(models::LlamaConfig const& c, training_shape const& t, std::size_t ranks,
                             std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
   search_result r;
@@ -210,6 +213,7 @@ inline search_result search(models::LlamaConfig const& c, training_shape const& 
         if ((t.batch / dp) % mb != 0) continue;
         for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
           if (s != state_sharding::replicated && (dp == 1 || (s == state_sharding::fsdp && pp > 1))) continue;
+          if (only.sharding && s != *only.sharding) continue;
           for (bool checkpointing : {false, true}) {
             estimate const e = estimate_layout(c, t, layout{dp, pp, tp, mb, s, checkpointing}, m);
             if (r.searched++ == 0 || e.bytes_per_rank() < r.smallest.bytes_per_rank()) r.smallest = e;
