@@ -66,6 +66,17 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
     set_tests_properties(cli.plan.llama3_70b.${ranks} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
         "Llama, 70.55 B parameters.*${ranks} ranks, 80.0 GiB per rank.*machine: .*built in, as tools/machines/this_machine.json; measured 20[0-9-]+.*measure yours: .*bench_machine.*searched [0-9]+ layouts in [0-9.]+ ms; [1-9][0-9]* fit.*dp +pp +tp +micro.*exit code 0")
   endforeach()
+  # Qwen2, Mistral and GPT-2 configs: their family and what sets them apart in the first line.
+  foreach(case IN ITEMS "qwen2_7b|4096|Qwen2, 7.62 B parameters .*q/k/v biases\\)" "mistral_7b|8192|Mistral, 7.24 B parameters .*sliding window 4096\\)"
+                        "gpt2|1024|GPT-2, 0.12 B parameters .*no pipeline stages\\)")
+    string(REPLACE "|" ";" parts "${case}")
+    list(GET parts 0 config)
+    list(GET parts 1 sequence)
+    list(GET parts 2 expected)
+    add_test(NAME cli.plan.${config}
+             COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/${config}_config.json' --ranks 64 --memory-per-rank 80GiB --sequence ${sequence} --top 2; echo exit code $?")
+    set_tests_properties(cli.plan.${config} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "^${expected}.*fit.*exit code 0")
+  endforeach()
   add_test(NAME cli.plan.no_fit COMMAND sh -c "${plan_70b} --ranks 8 --memory-per-rank 80GiB --sequence 8192 2>&1; echo exit code $?")
   set_tests_properties(cli.plan.no_fit PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
       "no layout of 8 ranks fits in 80.0 GiB per rank; the smallest needs [0-9.]+ GiB \\(dp [0-9]+ x pp [0-9]+ x tp [0-9]+.*give more memory per rank, more ranks or a smaller --batch\n*exit code 1")

@@ -10,6 +10,7 @@
 #include <shardwise/cost/machine_file.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_planner.hpp>
+#include <shardwise/models/planner_models.hpp>
 #include <string>
 
 namespace sw = shardwise;
@@ -289,4 +290,68 @@ TEST_CASE("planner: a tp group beyond a node talks over the dp link; fixed axis 
     CHECK(e.plan.tp == 8);
     CHECK(e.plan.pp == 2);
   }
+}
+
+TEST_CASE("planner: Qwen2 (q/k/v biases), Mistral (a sliding window) and GPT-2 configs, with their parameter counts") {
+  auto const qwen2 = planner::read_model(data + "/qwen2_7b_config.json");
+  CHECK(qwen2.family == "Qwen2");
+  CHECK(qwen2.qkv_bias);
+  CHECK(qwen2.sliding_window == 0);  // "use_sliding_window": false
+  std::size_t const qwen2_biases = 28 * (3584 + 2 * 4 * 128);
+  CHECK(planner::parameter_count(qwen2) == llama_parameters(152064, 3584, 28, 28, 4, 18944) + qwen2_biases);
+
+  auto const mistral = planner::read_model(data + "/mistral_7b_config.json");
+  CHECK(mistral.family == "Mistral");
+  CHECK(mistral.sliding_window == 4096);
+  CHECK_FALSE(mistral.qkv_bias);
+  CHECK(planner::parameter_count(mistral) == 7241732096);  // Mistral 7B's published count
+  CHECK(planner::parameter_count(mistral) == llama_parameters(32000, 4096, 32, 32, 8, 14336));
+
+  auto const gpt2 = planner::read_model(data + "/gpt2_config.json");
+  CHECK(gpt2.family == "GPT-2");
+  CHECK_FALSE(gpt2.pipeline);
+  // GPT-2 small's 124,439,808: per block two LayerNorms, c_attn, c_proj, c_fc and c_proj with biases; wte, wpe,
+  // ln_f; the LM head is wte.
+  std::size_t const block = 2 * 2 * 768 + (768 * 2304 + 2304) + (768 * 768 + 768) + 2 * (768 * 3072) + 3072 + 768;
+  CHECK(planner::parameter_count(gpt2) == 12 * block + 50257 * 768 + 1024 * 768 + 2 * 768);
+  CHECK(planner::parameter_count(gpt2) == 124439808);
+  auto const found = planner::search(gpt2, {64, 1024, planner::bf16_mixed}, 8, std::size_t{1} << 40, {});
+  REQUIRE_FALSE(found.fitting.empty());
+  for (auto const& e : found.fitting) CHECK(e.plan.pp == 1);  // shardwise runs GPT-2 without stages
+}
+
+TEST_CASE("planner: a sliding window bounds the attention's work and panels; within the window nothing changes") {
+  auto const mistral = planner::read_model(data + "/mistral_7b_config.json");
+  auto whole = mistral;  // the same block without the window
+  whole.sliding_window = 0;
+  planner::layout const l{4, 1, 8, 2, planner::state_sharding::zero1};
+  auto const at = [&](planner::model_description const& d, std::size_t sequence) {
+    return planner::estimate_layout(d, planner::training_shape{64, sequence, planner::bf16_mixed}, l, {});
+  };
+  CHECK(at(mistral, 4096).step_seconds == at(whole, 4096).step_seconds);
+  CHECK(at(mistral, 4096).bytes_per_rank() == at(whole, 4096).bytes_per_rank());
+  CHECK(at(mistral, 32768).step_seconds < at(whole, 32768).step_seconds);
+  CHECK(at(mistral, 32768).working_bytes < at(whole, 32768).working_bytes);
+  CHECK(at(mistral, 32768).activation_bytes == at(whole, 32768).activation_bytes);  // saved per token either way
+  // The keys a query meets: all earlier ones up to the window, a panel of 128 rows at a time. 7/8 of the queries
+  // meet the window and up to a panel more; the first 4096 about half of it: between 7/8 x 4096 + 1/8 x 2048 - 128
+  // and 4096 + 128.
+  CHECK(planner::detail::attention_keys_met(32768, 4096) < 4096 + 128);
+  CHECK(planner::detail::attention_keys_met(32768, 4096) > 3584 + 256 - 128);
+  CHECK(planner::detail::attention_keys_met(2048, 4096) == sw::nn::attention_keys_per_query(2048));
+}
+
+TEST_CASE("planner: a config of another model_type, or a bad sliding window, is refused naming it") {
+  auto const refused = [](std::string const& text) {
+    return thrown([&] { (void)planner::model_from_json(text, "c.json"); });
+  };
+  CHECK(refused(R"({"model_type": "t5"})")
+            .find("c.json describes model_type \"t5\"; the planner plans llama, qwen2, "
+                  "mistral and gpt2") != std::string::npos);
+  CHECK(refused("{}").find("describes model_type (none)") != std::string::npos);
+  std::string const mistral = R"({"model_type": "mistral", "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 128, "sliding_window": )";
+  CHECK(refused(mistral + "-3}").find("\"sliding_window\" in c.json is -3; it must be a positive whole number") !=
+        std::string::npos);
+  CHECK(planner::model_from_json(mistral + "null}", "c.json").sliding_window == 0);  // Mistral v0.3: no window
 }

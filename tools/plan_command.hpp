@@ -1,13 +1,12 @@
 #pragma once
-// `shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]`: the layouts of a Llama model
-// over N ranks that fit in the memory, fastest first (shardwise::planner).
+// `shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES --sequence TOKENS [--machine FILE]`: the layouts of a
+// Llama, Qwen2, Mistral or GPT-2 model over N ranks that fit in the memory, fastest first (shardwise::planner).
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <iostream>
 #include <shardwise/cost/machine_file.hpp>
-#include <shardwise/models/llama_config_json.hpp>
-#include <shardwise/models/llama_planner.hpp>
+#include <shardwise/models/planner_models.hpp>
 #include <string>
 
 namespace plan_command {
@@ -78,7 +77,7 @@ inline void print_layout(planner::estimate const& e) {
 
 /// Runs the search and prints it; 1 (and why, on stderr) when no layout fits.
 inline int run(options const& o) {
-  auto c = shardwise::models::read_llama_config(o.config);
+  auto const c = planner::read_model(o.config);
   planner::training_shape shape{o.batch, o.sequence, o.precision == "fp32" ? planner::fp32 : planner::bf16_mixed};
   planner::machine const m = o.machine.empty() ? planner::machine{} : planner::read_machine(o.machine);
   planner::axis_choice only = o.only;
@@ -87,11 +86,14 @@ inline int run(options const& o) {
   auto const start = std::chrono::steady_clock::now();
   auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m, only);
   double const ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::string extras = c.qkv_bias ? ", q/k/v biases" : "";
+  if (c.sliding_window != 0) extras += ", sliding window " + std::to_string(c.sliding_window);
+  if (!c.pipeline) extras += "; no pipeline stages";
   std::printf(
-      "Llama, %.2f B parameters (%zu layers, dim %zu, %zu heads / %zu key-value heads, hidden %zu, "
-      "vocabulary %zu)\n",
-      static_cast<double>(planner::parameter_count(c)) / 1e9, c.layers, c.dim, c.heads, c.kv_heads, c.hidden,
-      c.vocabulary);
+      "%s, %.2f B parameters (%zu layers, dim %zu, %zu heads / %zu key-value heads, hidden %zu, "
+      "vocabulary %zu%s)\n",
+      c.family.c_str(), static_cast<double>(planner::parameter_count(c)) / 1e9, c.layers, c.dim, c.heads, c.kv_heads,
+      c.hidden, c.vocabulary, extras.c_str());
   std::printf("%zu ranks, %.1f GiB per rank; %zu sequences x %zu tokens a step, %s\n", o.ranks, gib(o.memory_per_rank),
               shape.batch, shape.sequence, std::string(shape.bytes.name).c_str());
   std::string const dated = m.measured.empty() ? "not dated" : "measured " + m.measured;

@@ -233,10 +233,13 @@ int main(int argc, char** argv) {
 
   plan_command::options planned;
   std::string memory;
-  auto* plan = app.add_subcommand("plan",
-                                  "The layouts (dp x pp x tp, microbatches, ZeRO-1 or FSDP, activation "
-                                  "checkpointing) of a Llama model that fit in the memory per rank, fastest first");
-  plan->add_option("CONFIG", planned.config, "A transformers config.json of a Llama model")->required();
+  auto* plan =
+      app.add_subcommand("plan",
+                         "The layouts (dp x pp x tp, microbatches, ZeRO-1 or FSDP, activation "
+                         "checkpointing) of a Llama, Qwen2, Mistral or GPT-2 model that fit in the memory per rank, "
+                         "fastest first");
+  plan->add_option("CONFIG", planned.config, "A transformers config.json (model_type llama, qwen2, mistral or gpt2)")
+      ->required();
   // Counts are bounded so that the search stays short (every layout of the ranks, every microbatch count of the
   // batch) and no product of them wraps.
   using plan_command::count_from;

@@ -1,10 +1,13 @@
-// libFuzzer target for a transformers config.json read as a Llama config and as a GPT-2 config (scripts/fuzz.sh):
+// libFuzzer target for a transformers config.json read as a Llama config, as a GPT-2 config and by the planner
+// (planner::model_from_json: llama, qwen2, mistral, gpt2) (scripts/fuzz.sh):
 // any text must either give a config whose sizes are positive and whose heads divide the width, or be refused with
 // shardwise::error.
 #include <cstddef>
 #include <cstdint>
 #include <shardwise/models/gpt2_config_json.hpp>
 #include <shardwise/models/llama_config_json.hpp>
+#include <shardwise/models/planner_models.hpp>
+#include <string>
 #include <string_view>
 
 namespace sw = shardwise;
@@ -20,6 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   try {
     auto const c = sw::models::gpt2_config_from_json(text);
     if (c.dim == 0 || c.heads == 0 || c.layers == 0 || c.vocabulary == 0 || c.sequence == 0) __builtin_trap();
+  } catch (sw::error const&) {
+  }
+  try {
+    auto const d = sw::planner::model_from_json(std::string(text), "config.json");
+    if (d.dim == 0 || d.heads == 0 || d.layers == 0 || d.vocabulary == 0 || d.kv_heads == 0) __builtin_trap();
   } catch (sw::error const&) {
   }
   return 0;

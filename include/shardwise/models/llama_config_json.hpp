@@ -78,19 +78,8 @@ inline void read_rope(nlohmann::json const& root, std::string_view source, Llama
   if (auto type = parameters->find("rope_type"); type != parameters->end() && *type != "default") c.rope_scaled = true;
 }
 
-}  // namespace detail
-
-/// The LlamaConfig of a transformers Llama config.json given as text; `source` names it in errors. Reads
-/// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
-/// intermediate_size, rms_norm_eps, rope_theta (or transformers 5's rope_parameters.rope_theta),
-/// tie_word_embeddings and max_position_embeddings (as the sequence); a scaled rotary embedding sets
-/// rope_scaled (models::Llama refuses it). Throws, naming the field, for text that is not JSON, another model_type, a
-/// missing or non-positive size, or a head_dim other than hidden_size / num_attention_heads.
-inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
-  nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
-  if (auto type = root.find("model_type"); type != root.end() && *type != "llama")
-    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
-                     ", not \"llama\"; only Llama configs are read");
+/// The Llama fields of a config.json's object (Llama's, or Qwen2's and Mistral's, which share them).
+inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view source) {
   LlamaConfig c;
   c.vocabulary = detail::config_count(root, "vocab_size", source);
   c.dim = detail::config_count(root, "hidden_size", source);
@@ -108,6 +97,21 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
     shardwise::raise("shardwise::models::llama_config_from_json: \"head_dim\" in ", source,
                      " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
   return c;
+}
+}  // namespace detail
+
+/// The LlamaConfig of a transformers Llama config.json given as text; `source` names it in errors. Reads
+/// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
+/// intermediate_size, rms_norm_eps, rope_theta (or transformers 5's rope_parameters.rope_theta),
+/// tie_word_embeddings and max_position_embeddings (as the sequence); a scaled rotary embedding sets
+/// rope_scaled (models::Llama refuses it). Throws, naming the field, for text that is not JSON, another model_type, a
+/// missing or non-positive size, or a head_dim other than hidden_size / num_attention_heads.
+inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
+  nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
+  if (auto type = root.find("model_type"); type != root.end() && *type != "llama")
+    shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
+                     ", not \"llama\"; only Llama configs are read");
+  return detail::llama_fields(root, source);
 }
 
 /// The transformers config.json of a LlamaForCausalLM with configuration `c` (what save_pretrained writes for

@@ -1,12 +1,15 @@
 #pragma once
-// The Llama planner behind `shardwise plan`: for a Llama config, a rank count and a memory limit, every layout of
+// The planner behind `shardwise plan`: for a model, a rank count and a memory limit, every layout of
 // dp x pp x tp x microbatches x optimizer-state sharding x activation checkpointing, with its memory per rank and
 // a step time predicted from a machine description, ranked. One transformer block's parameters, saved
 // activations and tensor-parallel transfers come from the block's own declared cost (LlamaBlock::shardwise_cost,
 // the one the counting mesh proves on real runs); the rest is the arithmetic of the schedules shardwise runs.
+// The search works on a model_description; this header describes the Llama family (Llama, and Qwen2's q/k/v
+// biases and Mistral's sliding window on the same block), models/gpt2_planner.hpp GPT-2.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +37,22 @@ struct model_figures {
   std::size_t layers = 0;  ///< Blocks in the model.
 };
 
+/// What the search needs of a model: its sizes, and the figures of its block and ends from their declared costs.
+struct model_description {
+  std::string family = "Llama";  ///< As printed ("Llama", "Qwen2", "Mistral", "GPT-2").
+  /// The model's sizes.
+  /// @{
+  std::size_t vocabulary = 0, dim = 0, layers = 0, heads = 0, kv_heads = 0, hidden = 0;
+  /// @}
+  std::size_t sliding_window = 0;     ///< Keys a query attends at most (Mistral); 0: the causal whole.
+  bool qkv_bias = false;              ///< q, k and v projections with biases (Qwen2).
+  std::size_t tensors_per_layer = 9;  ///< Parameter tensors per block (the optimizer's per-tensor latency).
+  bool pipeline = true;               ///< shardwise runs the model in pipeline stages.
+  /// One block's and the ends' figures for microbatches of `tokens` tokens of `sequence`-token sequences over
+  /// tp ranks (this rank: 0, the largest piece).
+  std::function<model_figures(std::size_t sequence, std::size_t tokens, std::size_t tp)> figures;
+};
+
 /// The figures of config `c` at `tokens` tokens per microbatch over tp ranks (this rank: 0, the largest piece).
 inline model_figures figures(models::LlamaConfig const& c, std::size_t tokens, std::size_t tp) {
   using Block = planned_model::block_type;
@@ -47,21 +66,43 @@ inline model_figures figures(models::LlamaConfig const& c, std::size_t tokens, s
           Output::shardwise_cost(c.dim, c.vocabulary, s), c.layers};
 }
 
-/// Whether shardwise's Llama can cut config `c` over tp ranks (whole query heads per rank, key-value heads
-/// split or repeated evenly).
-constexpr bool tp_fits(models::LlamaConfig const& c, std::size_t tp) {
-  if (c.heads % tp != 0) return false;
-  return tp <= c.kv_heads ? c.kv_heads % tp == 0 : tp % c.kv_heads == 0;
+/// The Llama family's description of config `c`: Llama's block, with Qwen2's q, k and v biases (`qkv_bias`) or
+/// Mistral's sliding window (`sliding_window` keys per query; 0: none) when given; `family` names it.
+inline model_description describe(models::LlamaConfig const& c, std::string family = "Llama", bool qkv_bias = false,
+                                  std::size_t sliding_window = 0) {
+  model_description d{std::move(family), c.vocabulary,        c.dim,    c.layers,
+                      c.heads,           c.kv_heads,          c.hidden, sliding_window,
+                      qkv_bias,          qkv_bias ? 12u : 9u, true,     {}};
+  d.figures = [c, qkv_bias](std::size_t sequence, std::size_t tokens, std::size_t tp) {
+    models::LlamaConfig at = c;
+    at.sequence = sequence;  // the attention's panels follow the sequence
+    model_figures f = figures(at, tokens, tp);
+    if (qkv_bias) {  // cut as the projections' outputs: q's heads, k's and v's heads split or repeated
+      std::size_t const head = c.dim / c.heads, kv = tp <= c.kv_heads ? c.kv_heads / tp : 1;
+      f.block.parameter_bytes += (c.dim / tp + 2 * kv * head) * sizeof(float);
+    }
+    return f;
+  };
+  return d;
 }
+
+/// Whether shardwise can cut a model of `d`'s heads over tp ranks (whole query heads per rank, key-value heads
+/// split or repeated evenly).
+inline bool tp_fits(model_description const& d, std::size_t tp) {
+  if (d.heads % tp != 0) return false;
+  return tp <= d.kv_heads ? d.kv_heads % tp == 0 : tp % d.kv_heads == 0;
+}
+/// As above, for a Llama config.
+inline bool tp_fits(models::LlamaConfig const& c, std::size_t tp) { return tp_fits(describe(c), tp); }
 
 namespace detail {
 
 /// What one pipeline stage keeps for one microbatch's backward, in fp32 bytes (with checkpointing, each block's
 /// input; the recomputed block's own set is counted once per stage, by the caller).
-inline std::size_t stage_activations(model_figures const& f, models::LlamaConfig const& c, layout const& l,
+inline std::size_t stage_activations(model_figures const& f, model_description const& d, layout const& l,
                                      std::size_t tokens, bool first, bool last) {
   std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
-  std::size_t const block_input = chunk_size(tokens, l.tp, 0) * c.dim * sizeof(float);  // the stream, cut by SP
+  std::size_t const block_input = chunk_size(tokens, l.tp, 0) * d.dim * sizeof(float);  // the stream, cut by SP
   std::size_t bytes = blocks * (l.checkpointing ? block_input : f.block.activation_bytes);
   if (first) bytes += f.embedding.activation_bytes;
   if (last) bytes += f.ends.activation_bytes - f.embedding.activation_bytes;
@@ -82,18 +123,31 @@ inline std::size_t stage_parameters(model_figures const& f, layout const& l, boo
 /// stage's weights streamed by each pass and once more for their gradients, the saved activations written, read, and
 /// their gradients written and read); and the tensor-parallel transfers the block and the ends declare. For the last
 /// stage (the only one at pp 1).
-inline double microbatch_seconds(model_figures const& f, models::LlamaConfig const& c, layout const& l,
+/// The keys a query meets on average in the blocked causal attention over `sequence` tokens, with a sliding
+/// window of `window` keys (0: none): each panel of query rows reads the keys from its first row's window start.
+inline double attention_keys_met(std::size_t sequence, std::size_t window) {
+  if (window == 0 || window >= sequence) return nn::attention_keys_per_query(sequence);
+  double pairs = 0;
+  for (std::size_t first = 0; first < sequence; first += nn::attention_block_rows) {
+    std::size_t const rows = std::min(nn::attention_block_rows, sequence - first);
+    std::size_t const from = first + 1 > window ? first + 1 - window : 0;
+    pairs += static_cast<double>(rows) * static_cast<double>(first + rows - from);
+  }
+  return pairs / static_cast<double>(sequence);
+}
+
+inline double microbatch_seconds(model_figures const& f, model_description const& d, layout const& l,
                                  training_shape const& t, std::size_t tokens, machine const& m) {
   std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
   double const weights =
       static_cast<double>(blocks * f.block.parameter_bytes + f.output.parameter_bytes) / sizeof(float);
   // The blocked attention's two forward products per query and key it meets; its backward has five.
   double const attention = 4.0 * static_cast<double>(blocks) * static_cast<double>(tokens) *
-                           nn::attention_keys_per_query(t.sequence) * static_cast<double>(c.dim / l.tp);
+                           attention_keys_met(t.sequence, d.sliding_window) * static_cast<double>(d.dim / l.tp);
   double const passes = l.checkpointing ? 4.0 : 3.0;
   double const flops = passes * 2.0 * static_cast<double>(tokens) * weights + (passes + 0.5) * attention;
   double const scale = static_cast<double>(t.bytes.activation) / sizeof(float);
-  double const saved = static_cast<double>(stage_activations(f, c, l, tokens, l.pp == 1, true)) * scale;
+  double const saved = static_cast<double>(stage_activations(f, d, l, tokens, l.pp == 1, true)) * scale;
   double const traffic = weights * static_cast<double>((passes + 1) * t.bytes.parameter) + 4 * saved;
   link const tp = m.ranks_per_node == 0 || l.tp <= m.ranks_per_node ? m.tp : m.dp;
   double comm = transfer_seconds(f.block.forward, l.tp, tp, scale) * (l.checkpointing ? 2.0 : 1.0);
@@ -135,22 +189,23 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t root, std:
 
 /// The memory per rank and step time of layout `l` for config `c`, batch `t` on machine `m`. The pipeline runs
 /// 1F1B: stage k keeps min(pp - k, microbatches) microbatches' activations; the busiest rank is reported.
-inline estimate estimate_layout(models::LlamaConfig const& config, training_shape const& t, layout const& l,
+inline estimate estimate_layout(model_description const& d, training_shape const& t, layout const& l,
                                 machine const& m) {
   if (l.dp == 0 || l.pp == 0 || l.tp == 0 || l.microbatches == 0 || t.sequence == 0 ||
       t.batch % (l.dp * l.microbatches) != 0 || t.batch == 0)
     shardwise::raise("shardwise::planner::estimate_layout: dp ", l.dp, ", pp ", l.pp, ", tp ", l.tp, " and ",
                      l.microbatches, " microbatches cannot run a batch of ", t.batch, " sequences of ", t.sequence,
                      " tokens; every size must be positive and dp x microbatches must divide the batch");
-  models::LlamaConfig c = config;
-  c.sequence = t.sequence;  // the attention's panels and products follow the sequence
   std::size_t const sequences = t.batch / (l.dp * l.microbatches);
   std::size_t const tokens = sequences * t.sequence;
-  model_figures const f = figures(c, tokens, l.tp);
+  // The attention's panels span the sequence, or a window and a panel under a sliding window.
+  std::size_t const span =
+      d.sliding_window == 0 ? t.sequence : std::min(t.sequence, d.sliding_window + nn::attention_block_rows);
+  model_figures const f = d.figures(span, tokens, l.tp);
   double const act_scale = static_cast<double>(t.bytes.activation) / sizeof(float);
-  std::size_t const gradient_between_stages = chunk_size(tokens, l.tp, 0) * c.dim * sizeof(float);
+  std::size_t const gradient_between_stages = chunk_size(tokens, l.tp, 0) * d.dim * sizeof(float);
   std::size_t working = f.block.working_bytes + 2 * gradient_between_stages;
-  if (l.pp == 1) working += tokens * chunk_size(c.vocabulary, l.tp, 0) * sizeof(float);
+  if (l.pp == 1) working += tokens * chunk_size(d.vocabulary, l.tp, 0) * sizeof(float);
   working = static_cast<std::size_t>(static_cast<double>(working) * act_scale);
   estimate e{l};
   for (std::size_t stage = 0; stage < l.pp; ++stage) {
@@ -163,21 +218,27 @@ inline estimate estimate_layout(models::LlamaConfig const& config, training_shap
     std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
     std::size_t const recomputed = l.checkpointing ? f.block.activation_bytes : 0;  // one block at a time
     auto const activations = static_cast<std::size_t>(
-        static_cast<double>(in_flight * detail::stage_activations(f, c, l, tokens, first, last) + recomputed) *
+        static_cast<double>(in_flight * detail::stage_activations(f, d, l, tokens, first, last) + recomputed) *
         act_scale);
     if (state + activations + working > e.bytes_per_rank())
       e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations, e.working_bytes = working;
     if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
   }
-  double const boundary = static_cast<double>(chunk_size(tokens, l.tp, 0) * c.dim * t.bytes.activation);
+  double const boundary = static_cast<double>(chunk_size(tokens, l.tp, 0) * d.dim * t.bytes.activation);
   double const send = l.pp > 1 ? 2 * (m.pp.latency + boundary / m.pp.bandwidth) : 0;
   double const schedule =
-      static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, c, l, t, tokens, m) + send);
-  std::size_t const tensors = 9 * chunk_size(c.layers, l.pp, 0) + 3;
+      static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, d, l, t, tokens, m) + send);
+  std::size_t const tensors = d.tensors_per_layer * chunk_size(d.layers, l.pp, 0) + 3;
   std::size_t const root = l.pp == 1 ? f.ends.parameter_bytes / sizeof(float) : 0;
   e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, root, tensors, l, t.bytes, m);
   e.tokens_per_second = static_cast<double>(t.batch * t.sequence) / e.step_seconds;
   return e;
+}
+
+/// As above, for a Llama config.
+inline estimate estimate_layout(models::LlamaConfig const& c, training_shape const& t, layout const& l,
+                                machine const& m) {
+  return estimate_layout(describe(c), t, l, m);
 }
 
 /// What a search found: the layouts that fit, fastest first, and the one that needs the least memory.
@@ -200,13 +261,13 @@ struct axis_choice {
 /// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (not within
 /// pipeline stages, as shardwise offers it); checkpointing off and on), estimated and filtered by
 /// `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
-inline search_result search(models::LlamaConfig const& c, training_shape const& t, std::size_t ranks,
+inline search_result search(model_description const& d, training_shape const& t, std::size_t ranks,
                             std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
   search_result r;
   auto const allowed = [](std::size_t size, std::size_t fixed) { return fixed == 0 || size == fixed; };
   for (std::size_t tp = 1; tp <= ranks; ++tp) {
-    if (ranks % tp != 0 || !tp_fits(c, tp) || !allowed(tp, only.tp)) continue;
-    for (std::size_t pp = 1; pp <= ranks / tp && pp <= c.layers; ++pp) {
+    if (ranks % tp != 0 || !tp_fits(d, tp) || !allowed(tp, only.tp)) continue;
+    for (std::size_t pp = 1; pp <= ranks / tp && pp <= (d.pipeline ? d.layers : 1); ++pp) {
       std::size_t const dp = ranks / tp / pp;
       if ((ranks / tp) % pp != 0 || t.batch % dp != 0 || !allowed(pp, only.pp) || !allowed(dp, only.dp)) continue;
       for (std::size_t mb = 1; mb <= t.batch / dp; ++mb) {
@@ -215,7 +276,7 @@ inline search_result search(models::LlamaConfig const& c, training_shape const& 
           if (s != state_sharding::replicated && (dp == 1 || (s == state_sharding::fsdp && pp > 1))) continue;
           if (only.sharding && s != *only.sharding) continue;
           for (bool checkpointing : {false, true}) {
-            estimate const e = estimate_layout(c, t, layout{dp, pp, tp, mb, s, checkpointing}, m);
+            estimate const e = estimate_layout(d, t, layout{dp, pp, tp, mb, s, checkpointing}, m);
             if (r.searched++ == 0 || e.bytes_per_rank() < r.smallest.bytes_per_rank()) r.smallest = e;
             if (e.bytes_per_rank() <= memory_per_rank) r.fitting.push_back(e);
           }
@@ -229,9 +290,17 @@ inline search_result search(models::LlamaConfig const& c, training_shape const& 
   return r;
 }
 
-/// Parameter elements of config `c` (the whole model, one copy).
-inline std::size_t parameter_count(models::LlamaConfig const& c) {
-  return detail::stage_parameters(figures(c, 1, 1), layout{}, true, true);
+/// As above, for a Llama config.
+inline search_result search(models::LlamaConfig const& c, training_shape const& t, std::size_t ranks,
+                            std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
+  return search(describe(c), t, ranks, memory_per_rank, m, only);
 }
+
+/// Parameter elements of the model `d` describes (the whole model, one copy).
+inline std::size_t parameter_count(model_description const& d) {
+  return detail::stage_parameters(d.figures(1, 1, 1), layout{}, true, true);
+}
+/// As above, for a Llama config.
+inline std::size_t parameter_count(models::LlamaConfig const& c) { return parameter_count(describe(c)); }
 
 }  // namespace shardwise::planner
