@@ -168,6 +168,17 @@ TEST_CASE("FSDP with uneven shards equals the unsharded run") {
   check<sw::fsdp_policy<sw::full_shard, blocks>>("full shard, dp 3", 3, {.dp = 3, .sequences = 12}, c, serial);
   check<sw::fsdp_policy<sw::full_shard, blocks>>("full shard, dp 4", 4, {.dp = 4, .sequences = 12}, c, serial);
   check<sw::fsdp_policy<sw::full_shard, blocks>, tp_only>("dp 2 x TP 2", 4, {.dp = 2, .sequences = 12}, c, serial);
+  // Tied embeddings with a vocabulary of 67, which no dp size here divides: each rank's rows of the one shared
+  // table, its last shard short (FSDP2 skipped such a shard's gradient for a tied weight: PyTorch #176076).
+  auto tied = c;
+  tied.tie_word_embeddings = true;
+  auto const tied_serial = serial_run(tied, steps, 12);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("tied, vocabulary 67, dp 2", 2, {.dp = 2, .sequences = 12}, tied,
+                                                 tied_serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("tied, vocabulary 67, dp 4", 4, {.dp = 4, .sequences = 12}, tied,
+                                                 tied_serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, tp_only>("tied, vocabulary 67, dp 2 x TP 2", 4,
+                                                          {.dp = 2, .sequences = 12}, tied, tied_serial);
 }
 
 TEST_CASE("FSDP holds each rank's shard: parameters and gradients over dp") {
