@@ -5,11 +5,13 @@
 // sharding saves from its first replica and loads into every replica.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -158,19 +160,32 @@ void check_resharded(World const& world, fs::path const& dir, models::LlamaConfi
 /// Training resumed from a checkpoint with the optimizer state equals training straight through: 3 steps
 /// under dp save_dp, saved with the AdamW state, loaded under dp load_dp into a model of another seed and a new
 /// optimizer, 3 more steps; against the unsharded run of 6 steps (losses, norms with clipping, parameters).
-template <bool Lazy = false, class World>
+/// Async: saved through an sw::async_save, and a 4th step trained while it writes before wait(): the checkpoint
+/// must still be the state at the call (the resumed run would differ otherwise).
+template <bool Lazy = false, bool Async = false, class World>
 void check_resumed(World const& world, fs::path const& dir, int save_dp, int load_dp) {
-  INFO("saved with the optimizer at dp " << save_dp << ", resumed at dp " << load_dp << (Lazy ? ", lazily" : ""));
+  INFO("saved with the optimizer at dp " << save_dp << (Async ? " asynchronously" : "") << ", resumed at dp " << load_dp
+                                         << (Lazy ? ", lazily" : ""));
   auto const c = llama_cases::small_config();
   auto const all = sw::make_mesh<"all">(world, {world.size()});
   under_fsdp<full_shard>(world, c, save_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
     sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
     (void)fsdp_cases::train_steps(sharded, tp, all, sharded.data_mesh().rank(), save_dp, {.dp = save_dp}, c, 3,
                                   &optimizer);
-    if constexpr (decltype(with_tp)::value)
+    sw::async_save saver;
+    if constexpr (decltype(with_tp)::value && Async)
+      sw::save_sharded(sharded, optimizer, tp, dir, 3, saver);
+    else if constexpr (Async)
+      sw::save_sharded(sharded, optimizer, dir, 3, saver);
+    else if constexpr (decltype(with_tp)::value)
       sw::save_sharded(sharded, optimizer, tp, dir, 3);
     else
       sw::save_sharded(sharded, optimizer, dir, 3);
+    if constexpr (Async) {
+      (void)fsdp_cases::train_steps(sharded, tp, all, sharded.data_mesh().rank(), save_dp, {.dp = save_dp}, c, 1,
+                                    &optimizer, 3);  // while the save writes: its snapshot is the call's state
+      saver.wait();
+    }
   });
   auto other = c;
   other.seed += 7;
@@ -189,6 +204,48 @@ void check_resumed(World const& world, fs::path const& dir, int save_dp, int loa
   expected.losses.erase(expected.losses.begin(), expected.losses.begin() + 3);
   expected.norms.erase(expected.norms.begin(), expected.norms.begin() + 3);
   fsdp_cases::check_same_training(resumed, expected);
+  world.barrier();
+}
+
+/// How many of the next background writes fail (the first writer that begins, per process): "no space left".
+inline std::atomic<int> writes_to_fail{0};
+inline bool const failing_writes = (sw::detail::checkpoint_save_hook = [](std::string_view stage, int) {
+  if (stage == "rank_file_begin" && writes_to_fail.fetch_sub(1) > 0)
+    throw std::runtime_error("no space left on device (a test's failed write)");
+}, true);
+
+/// An asynchronous save under FSDP x TP whose one rank's background write fails: wait() raises it on every rank
+/// in that rank's words, the previous checkpoint is unchanged and loads, and the next save through the saver works.
+template <class World>
+void check_async_failure(World const& world, fs::path const& dir) {
+  auto const c = llama_cases::small_config();
+  under_fsdp<full_shard>(world, c, world.size() / 2, [&](auto& sharded, auto const& tp, auto) {
+    sw::save_sharded(sharded, tp, dir, 1);  // the previous checkpoint, synchronously
+    auto const kept = fsdp_cases::whole_parameters(sharded);
+    sw::async_save saver;
+    world.barrier();
+    if (world.rank() == 1) writes_to_fail = 1;  // one process under MPI; the first writer of all on threads
+    world.barrier();
+    sw::save_sharded(sharded, tp, dir, 2, saver);
+    std::string message;
+    try {
+      saver.wait();
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    INFO("rank " << world.rank() << ": " << message);
+    CHECK(message.find("no space left on device (a test's failed write)") != std::string::npos);
+    CHECK(message.find("while writing the rank's shard in the background); the previous checkpoint is unchanged") !=
+          std::string::npos);
+    world.barrier();
+    writes_to_fail = 0;
+    world.barrier();
+    CHECK(sw::load_sharded(sharded, tp, dir).step == 1);
+    check_equal(fsdp_cases::whole_parameters(sharded), kept);
+    sw::save_sharded(sharded, tp, dir, 3, saver);  // the saver works again
+    saver.wait();
+    CHECK(sw::read_checkpoint_index(dir).step == 3);
+  });
   world.barrier();
 }
 
@@ -227,6 +284,13 @@ void check_hybrid(World const& world, fs::path const& dir) {
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
     CHECK(reads_begun == (world.rank() == 0 ? 1 : 0));
   });
+  under_hybrid(world, other, [&](auto& sharded, auto const&, int) {  // saved again from the first replica, async
+    (void)sw::load_sharded(sharded, dir);
+    sw::async_save saver;
+    sw::save_sharded(sharded, dir, 5, saver);
+    saver.wait();
+  });
+  CHECK(sw::read_checkpoint_index(dir).step == 5);
   under_fsdp<full_shard>(world, other, 4, [&](auto& sharded, auto const&, auto) {
     (void)sw::load_sharded(sharded, dir);
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
@@ -297,6 +361,7 @@ void check_all(World const& world, fs::path const& root) {
     check_resumed(world, root / "resumed", 1, 1);
   }
   if (n == 2) {
+    check_resumed<false, true>(world, root / "resumed_async", 2, 1);  // dp 2, saved in the background
     check_resharded<full_shard, full_shard>(world, root / "dp2_to_tp2", c, 2, 1);
     check_resharded<full_shard, full_shard>(world, root / "tp2_to_dp2", c, 1, 2);
     check_resharded<no_shard, full_shard>(world, root / "no_shard", c, 2, 2);
@@ -309,9 +374,11 @@ void check_all(World const& world, fs::path const& root) {
                                             12);
     check_resharded<full_shard, no_shard>(world, root / "tp4_to_no_shard", c, 1, 2);
     check_resumed(world, root / "resumed", 2, 4);
+    check_resumed<false, true>(world, root / "resumed_async", 2, 4);  // dp 2 x tp 2, saved in the background
     check_hybrid(world, root / "hybrid");
   }
   if (n >= 4) check_refusals(world, root / "refusals");
+  if (n >= 2) check_async_failure(world, root / "async_failure");
   world.barrier();
   if (world.rank() == 0) fs::remove_all(root);
 }

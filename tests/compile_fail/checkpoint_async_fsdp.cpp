@@ -1,6 +1,8 @@
-// An FSDP model (sw::fully_shard's) given to the asynchronous save, which saves tensor-parallel shards only:
-// FSDP models save synchronously.
+// An FSDP model (sw::fully_shard's) and its AdamW given to the ZeRO-1 asynchronous save, which gathers
+// tensor-parallel shards and dp slices of the state: a model under FSDP shards its state itself and saves through
+// its own overload, save_sharded(sharded, optimizer, [tp,] dir, step, saver).
 #include <shardwise/checkpoint/async_save.hpp>
+#include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/models/llama.hpp>
@@ -10,10 +12,11 @@ using Model = sw::models::Llama<float>;
 using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_none>;
 void use(Model& model, sw::Mesh<sw::ThreadComm, sw::axis<"dp">, sw::axis<"tp">> const& mesh, sw::async_save& saver) {
   auto sharded = sw::fully_shard<policy>(model, sw::submesh<"dp">(mesh));
+  sw::AdamW<float> optimizer({.learning_rate = 1e-2f});
 #ifdef SHARDWISE_SHOULD_FAIL
-  sw::save_sharded(sharded, sw::submesh<"tp">(mesh), "ckpt", 1, saver);
+  sw::save_sharded(sharded, optimizer, sw::submesh<"tp">(mesh), sw::submesh<"dp">(mesh), "ckpt", 1, saver);
 #else
-  sw::save_sharded(sharded, sw::submesh<"tp">(mesh), "ckpt", 1);
+  sw::save_sharded(sharded, optimizer, sw::submesh<"tp">(mesh), "ckpt", 1, saver);
   saver.wait();
 #endif
 }

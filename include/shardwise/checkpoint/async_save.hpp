@@ -172,7 +172,8 @@ struct async_save_state {
 
 struct async_save_access;
 
-/// A model that hands out its ranks' shards itself (sw::fully_shard's): it saves synchronously only.
+/// A model that hands out its ranks' shards itself (sw::fully_shard's): it saves through its own overloads
+/// (fsdp/checkpoint.hpp).
 template <class Model>
 concept hands_out_parameter_shards = requires(Model& m) { m.shardwise_for_each_parameter_shard([](auto&&...) {}); };
 
@@ -371,8 +372,8 @@ template <class Model, class TpMesh>
 void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
                   async_save& saver, std::map<std::string, std::string> const& metadata = {}) {
   static_assert(!detail::hands_out_parameter_shards<Model>,
-                "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
-                "tp, dir, step)");
+                "shardwise::save_sharded(..., async_save): a model under FSDP saves through its own overload: call "
+                "save_sharded(sharded, [optimizer,] [tp,] dir, step, saver)");
   auto group = detail::owning_save_group(tp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank();
   detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, {});
@@ -385,8 +386,8 @@ template <class Model, class TpMesh, class PpMesh>
 void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir, std::int64_t step,
                   async_save& saver, std::map<std::string, std::string> const& metadata = {}) {
   static_assert(!detail::hands_out_parameter_shards<Model>,
-                "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
-                "tp, dir, step)");
+                "shardwise::save_sharded(..., async_save): FSDP is not offered within pipeline stages; save a model "
+                "under FSDP with save_sharded(sharded, [optimizer,] [tp,] dir, step, saver)");
   auto group = detail::owning_save_group(tp, pp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.pp_size = pp.size(), group.pp_rank = pp.rank();
   detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, {});

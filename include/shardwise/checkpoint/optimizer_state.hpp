@@ -169,8 +169,8 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                   std::filesystem::path const& dir, std::int64_t step, async_save& saver,
                   std::map<std::string, std::string> const& metadata = {}) {
   static_assert(!detail::hands_out_parameter_shards<Model>,
-                "shardwise::save_sharded(..., async_save): FSDP models save synchronously: call save_sharded(sharded, "
-                "optimizer, tp, dir, step)");
+                "shardwise::save_sharded(..., async_save): a model under FSDP shards its optimizer state itself; "
+                "call save_sharded(sharded, optimizer, [tp,] dir, step, saver)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
   auto write_state = detail::gathered_optimizer_state_writer(model, optimizer, tp, dp);
   std::string error;

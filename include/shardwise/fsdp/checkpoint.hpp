@@ -3,6 +3,7 @@
 //
 //   sw::save_sharded(sharded, "ckpt", step);          // FSDP alone: every dp rank writes its rows
 //   sw::save_sharded(sharded, tp, "ckpt", step);      // FSDP x TP: every (dp, tp) rank writes its block
+//   sw::save_sharded(sharded, [optimizer,] [tp,] "ckpt", step, saver);  // the same, in the background
 //   sw::load_sharded(sharded, [tp,] "ckpt");          // any checkpoint of the model: another dp x tp, TP-only, ...
 //   sw::load_consolidated(sharded, [tp,] "model.safetensors", sw::transformers_llama_name);
 //
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/async_save.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/fully_shard.hpp"
@@ -83,23 +85,34 @@ struct sharded_with_state {
   [[nodiscard]] int replica() const { return sharded.replica(); }
 };
 
-/// Saves `walked` (the sharded model, or it with its optimizer state) over the model's dp and tp ranks.
-template <class Sharded, class Walked, class... Tp>
-void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
-               std::map<std::string, std::string> const& metadata, Tp const&... tp) {
+/// Refuses a save of a model under FSDP over the wrong tp mesh, or whose lazy shards no load has filled.
+template <class Sharded, class... Tp>
+void check_fsdp_save(Sharded& sharded, Tp const&... tp) {
   check_fsdp_tp(sharded, "save_sharded", tp...);
   if (sharded.shardwise_unfilled())
     fail(
         "shardwise::save_sharded: the model was declared with sw::Lazy and no load has filled its shards, so "
         "they hold zeros; load it (load_sharded, load_consolidated) before saving it");
-  auto const save = [&] {
-    auto const& dp = sharded.data_mesh();
-    auto group = save_group_over(tp..., dp);
-    if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
-    group.dp_size = dp.size(), group.dp_rank = dp.rank();
-    group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
-    save_sharded_stage(walked, group, dir, step, metadata, {});
-  };
+}
+
+/// The ranks of a save of a model under FSDP: its dp and tp ranks, each writing its shards (under no_shard,
+/// dp rank 0 writes the whole tensors).
+template <class Sharded, class... Tp>
+save_group fsdp_save_group(Sharded& sharded, Tp const&... tp) {
+  auto const& dp = sharded.data_mesh();
+  auto group = save_group_over(tp..., dp);
+  if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
+  group.dp_size = dp.size(), group.dp_rank = dp.rank();
+  group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
+  return group;
+}
+
+/// Saves `walked` (the sharded model, or it with its optimizer state) over the model's dp and tp ranks.
+template <class Sharded, class Walked, class... Tp>
+void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
+               std::map<std::string, std::string> const& metadata, Tp const&... tp) {
+  check_fsdp_save(sharded, tp...);
+  auto const save = [&] { save_sharded_stage(walked, fsdp_save_group(sharded, tp...), dir, step, metadata, {}); };
   if constexpr (requires { sharded.replicate_mesh(); }) {
     // Hybrid: every replica holds the same shards and the first saves them; the others return when it has
     // committed (so a rank that reads the checkpoint next finds it), or raise its error.
@@ -112,6 +125,34 @@ void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& di
     agree_on_errors_across(error, "saving from the first replica", dir, "save_sharded", sharded.replicate_mesh());
   } else {
     save();
+  }
+}
+
+/// save_fsdp through an async_save: the shards are copied now and written in the background. Under hybrid
+/// sharding the first replica saves, and the outcome is agreed over the replicas when it is committed; a save
+/// that cannot start is raised on every replica at once.
+template <class Sharded, class Walked, class... Tp>
+void save_fsdp_async(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
+                     std::map<std::string, std::string> const& metadata, async_save& saver, Tp const&... tp) {
+  check_fsdp_save(sharded, tp...);
+  auto const start = [&] {
+    async_save_access::start(saver, walked, fsdp_save_group(sharded, tp...), dir, step, metadata, {});
+  };
+  if constexpr (requires { sharded.replicate_mesh(); }) {
+    std::string error;
+    try {
+      if (sharded.replica() == 0)
+        start();
+      else
+        async_save_access::finish(saver);  // the previous save's outcome, agreed over the replicas as theirs
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+    agree_on_errors_across(error, "starting the save from the first replica", dir, "save_sharded",
+                           sharded.replicate_mesh());
+    async_save_access::extend_over(saver, sharded.replicate_mesh(), dir, "saving from the first replica");
+  } else {
+    start();
   }
 }
 
@@ -212,6 +253,42 @@ void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharde
                   std::map<std::string, std::string> const& metadata = {}) {
   detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
   detail::save_fsdp(sharded, walked, dir, step, detail::with_steps(metadata, optimizer), tp);
+}
+
+/// save_sharded of a model under FSDP (without tensor parallelism), asynchronously through `saver`
+/// (sw::async_save): collectively over the dp ranks it finishes the saver's previous save, copies each rank's
+/// shards into memory and returns; they are written in the background and committed by the saver's next call
+/// (wait(), poll(), the next save), which raises a failure on every rank.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, std::filesystem::path const& dir,
+                  std::int64_t step, async_save& saver, std::map<std::string, std::string> const& metadata = {}) {
+  detail::save_fsdp_async(sharded, sharded, dir, step, metadata, saver);
+}
+
+/// The same under FSDP x TP; `tp` is the mesh the model was parallelized over.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, device_mesh TpMesh>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, TpMesh const& tp,
+                  std::filesystem::path const& dir, std::int64_t step, async_save& saver,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::save_fsdp_async(sharded, sharded, dir, step, metadata, saver, tp);
+}
+
+/// The model and its AdamW state under FSDP, asynchronously through `saver` (the state is copied with the shards).
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, class T>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, AdamW<T>& optimizer,
+                  std::filesystem::path const& dir, std::int64_t step, async_save& saver,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
+  detail::save_fsdp_async(sharded, walked, dir, step, detail::with_steps(metadata, optimizer), saver);
+}
+
+/// The model and its AdamW state under FSDP x TP, asynchronously through `saver`.
+template <module Model, class Policy, class ShardMesh, class ReplicateMesh, class T, device_mesh TpMesh>
+void save_sharded(fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>& sharded, AdamW<T>& optimizer,
+                  TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step, async_save& saver,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::sharded_with_state<fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>, T> walked{sharded, optimizer};
+  detail::save_fsdp_async(sharded, walked, dir, step, detail::with_steps(metadata, optimizer), saver, tp);
 }
 
 /// Loads a sharded checkpoint, saved under any dp x tp (or tensor parallelism alone), into a model under FSDP:
