@@ -12,10 +12,11 @@
 //   bench_fsdp [--steps 5] [--rounds 3] [--small] [--smoke] [--machine FILE] [--only "full shard"]
 //   mpiexec -n 4 bench_fsdp memory [--small]
 //   mpiexec -n 2 bench_fsdp prefetch [--small] [--rounds 3]
-//   mpiexec -n 4 bench_fsdp load [--small] [--dir D]
+//   mpiexec -n 4 bench_fsdp load [--small] [--dir D] [--tp 2]
 //
-//  - with `load`, under mpiexec (full shard at dp = the world): each rank's peak resident set while loading a
-//    consolidated model.safetensors, every rank reading its rows against only_rank0_reads.
+//  - with `load`, under mpiexec (full shard at dp = the world / tp; with --tp, FSDP x TP): each rank's peak resident
+//    set while loading a consolidated model.safetensors, every rank reading its rows against only_rank0_reads,
+//    against its shard plus the largest tensor.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -302,56 +303,75 @@ void memory(World const& world, models::LlamaConfig const& c) {
   }
 }
 
-/// Under mpiexec: a model saved and consolidated (then freed), full shard at dp = world of the same model declared
-/// with sw::Lazy (each rank's resident set after the model, above its start, and the peak of sharding it), then
-/// the loads of the consolidated file, every rank reading its rows and with only_rank0_reads (rank 0 reads and
-/// sends each rank its shards), alternating, twice: each rank's peak resident set during the load above its size
-/// before it.
-template <class World>
-void load_memory(World const& world, models::LlamaConfig const& c, std::filesystem::path const& dir) {
+/// Calls fn(sharded, tp...) on `model` fully sharded at dp = world / tp_size: over the 1-D dp mesh at tp 1 (no tp
+/// argument), else over the dp x tp mesh with llama_plan's tensor parallelism (fn also gets the tp mesh).
+template <class World, class Model, class Fn>
+void sharded_at(World const& world, int tp_size, Model& model, Fn&& fn) {
   using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>;
-  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  if (tp_size == 1) {
+    auto sharded = sw::fully_shard<policy>(model, sw::make_mesh<"dp">(world, {world.size()}));
+    fn(sharded);
+  } else {
+    auto const mesh = sw::make_mesh<"dp", "tp">(world, {world.size() / tp_size, tp_size});
+    auto sharded = sw::fully_shard<policy>(model, mesh);
+    fn(sharded, sw::submesh<"tp">(mesh));
+  }
+}
+
+/// Prints one table row per rank, in rank order.
+template <class World>
+void print_by_rank(World const& world, char const* line) {
+  for (int r = 0; r < world.size(); ++r) {
+    world.barrier();
+    if (r == world.rank()) std::printf("%s\n", line), std::fflush(stdout);
+  }
+}
+
+/// Under mpiexec: a model saved and consolidated (then freed), full shard at dp = world / tp of the same model
+/// declared with sw::Lazy (each rank's resident set after the model, above its start, and the peak of sharding
+/// it), then the loads of the consolidated file, every rank reading its rows and with only_rank0_reads (rank 0
+/// reads and sends each rank its shards: Accelerate's fsdp2_load_full_state_dict), alternating, twice: each
+/// rank's peak resident set during the load above its size before it, against its shard plus the largest tensor.
+template <class Plan, class World>
+void load_memory(World const& world, models::LlamaConfig const& c, std::filesystem::path const& dir, int tp_size) {
   std::filesystem::path const file = dir / "model.safetensors";
-  double const start_rss = bench::status_mib("VmRSS");
+  double const start_rss = bench::status_mib("VmRSS"), mib = 1024.0 * 1024.0;
   {
-    models::Llama<float> model(c);
-    auto sharded = sw::fully_shard<policy>(model, dp);
-    sw::save_sharded(sharded, dir / "ckpt", 0);
+    models::Llama<float, Plan> model(c);
+    sharded_at(world, tp_size, model,
+               [&](auto& sharded, auto const&... tp) { sw::save_sharded(sharded, tp..., dir / "ckpt", 0); });
     if (world.rank() == 0) sw::consolidate(dir / "ckpt", file);
     world.barrier();
   }
+  double largest = 0;  // MiB: what rank 0 holds of one tensor while it sends its pieces
+  for (auto const& t : sw::safetensors_file(file.string()).tensors())
+    largest = std::max(largest, double(t.bytes()) / mib);
   // Declared with sw::Lazy: no rank ever holds the whole model; the loads below fill the shards.
   double const lazy_before = bench::status_mib("VmRSS");
   std::ofstream("/proc/self/clear_refs") << "5";
-  sw::Lazy<models::Llama<float>> lazy(c);
-  auto sharded = sw::fully_shard<policy>(lazy, dp);
-  double const lazy_peak = bench::status_mib("VmHWM") - lazy_before;
-  double const mib = 1024.0 * 1024.0, shard = double(sharded.held_elements() / 2) * sizeof(float) / mib;
-  char first[256];
-  std::snprintf(first, sizeof first, "| sw::Lazy, fully_shard | %d | %d | %.1f | %.1f | %.1f | %.3f | |", world.size(),
-                world.rank(), shard, lazy_before - start_rss, lazy_peak, lazy_peak / shard);
-  for (int r = 0; r < world.size(); ++r) {
-    world.barrier();
-    if (r == world.rank()) std::printf("%s\n", first), std::fflush(stdout);
-  }
-  for (int round = 0; round < 2; ++round)
-    for (bool const rank0 : {false, true}) {
-      world.barrier();
-      double const before = bench::status_mib("VmRSS");
-      std::ofstream("/proc/self/clear_refs") << "5";  // the peak resident set starts again from now
-      auto const start = clock_type::now();
-      (void)sw::load_consolidated(sharded, file, {}, {.only_rank0_reads = rank0});
-      double const seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-      double const peak = bench::status_mib("VmHWM") - before;
-      char line[256];
-      std::snprintf(line, sizeof line, "| %s | %d | %d | %.1f | %.1f | %.1f | %.3f | %.2f |",
-                    rank0 ? "only_rank0_reads" : "every rank reads its rows", world.size(), world.rank(), shard,
-                    before - start_rss, peak, peak / shard, seconds);
-      for (int r = 0; r < world.size(); ++r) {
+  sw::Lazy<models::Llama<float, Plan>> lazy(c);
+  sharded_at(world, tp_size, lazy, [&](auto& sharded, auto const&... tp) {
+    double const lazy_peak = bench::status_mib("VmHWM") - lazy_before;
+    double const shard = double(sharded.held_elements() / 2) * sizeof(float) / mib;
+    char line[320];
+    std::snprintf(line, sizeof line, "| sw::Lazy, fully_shard | %d x %d | %d | %.1f | %.1f | %.1f | %.1f | | |",
+                  world.size() / tp_size, tp_size, world.rank(), shard, largest, lazy_before - start_rss, lazy_peak);
+    print_by_rank(world, line);
+    for (int round = 0; round < 2; ++round)
+      for (bool const rank0 : {false, true}) {
         world.barrier();
-        if (r == world.rank()) std::printf("%s\n", line), std::fflush(stdout);
+        double const before = bench::status_mib("VmRSS");
+        std::ofstream("/proc/self/clear_refs") << "5";  // the peak resident set starts again from now
+        auto const start = clock_type::now();
+        (void)sw::load_consolidated(sharded, tp..., file, {}, {.only_rank0_reads = rank0});
+        double const seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+        double const peak = bench::status_mib("VmHWM") - before;
+        std::snprintf(line, sizeof line, "| %s | %d x %d | %d | %.1f | %.1f | %.1f | %.1f | %.3f | %.2f |",
+                      rank0 ? "only_rank0_reads" : "every rank reads its rows", world.size() / tp_size, tp_size,
+                      world.rank(), shard, largest, before - start_rss, peak, peak / (shard + largest), seconds);
+        print_by_rank(world, line);
       }
-    }
+  });
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -389,7 +409,7 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(1);  // one BLAS thread per rank: the ranks are the parallelism
   bool small = false, smoke = false, memory_mode = false, prefetch_mode = false, load_mode = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "shardwise_bench_fsdp_load";
-  int steps = 5, rounds = 3;
+  int steps = 5, rounds = 3, tp = 1;
   std::string only;  // the modes whose name holds it (e.g. "full shard"), to profile one
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;
@@ -399,6 +419,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "load")) load_mode = true;
     if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::max(1, std::atoi(argv[++i]));
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
@@ -411,7 +432,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (load_mode) {
-    sw::launch(argc, argv, 2, [&](auto& world) { load_memory(world, c, dir); });
+    sw::launch(argc, argv, 2, [&](auto& world) {
+      if (tp == 1)
+        load_memory<sw::serial_plan>(world, c, dir, 1);
+      else
+        load_memory<models::llama_plan<false>>(world, c, dir, tp);
+    });
     return 0;
   }
   if (prefetch_mode) {

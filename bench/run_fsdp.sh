@@ -40,9 +40,10 @@ done
 echo
 mpiexec -n 2 --bind-to none "$build/bench/bench_fsdp" prefetch "${size[@]}"
 echo
-echo "# a model declared with sw::Lazy, fully sharded, then loading a consolidated model.safetensors into it at dp = ranks (mpiexec), alternating, twice"
-echo "| step | ranks | rank | parameter shard (MiB) | RSS before the step, above the process's start (MiB) | peak RSS in the step, above the RSS before it (MiB) | that / shard | seconds |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "# a model declared with sw::Lazy, fully sharded (dp x tp), then loading a consolidated model.safetensors into it (mpiexec), alternating, twice"
+echo "| step | dp x tp | rank | parameter shard (MiB) | largest tensor (MiB) | RSS before the step, above the process's start (MiB) | peak RSS in the step, above the RSS before it (MiB) | that / (shard + largest) | seconds |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for n in 2 4; do
   mpiexec -n "$n" --bind-to none "$build/bench/bench_fsdp" load "${size[@]}"
 done
+mpiexec -n 4 --bind-to none "$build/bench/bench_fsdp" load --tp 2 "${size[@]}"

@@ -79,6 +79,17 @@ class mapped_file {
     (void)::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_WILLNEED);
   }
 
+  /// Drops this process's pages of bytes [offset, offset + length) of the mapping (a hint; errors ignored): they
+  /// stay in the page cache, and a later touch maps them again. A reader that has gone through a range whole (a
+  /// checksum) calls it so that the file does not stay in its resident memory, one tensor after another.
+  void release(std::size_t offset, std::size_t length) const {
+    if (!data_ || length == 0 || offset >= size_) return;
+    std::size_t const page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    std::size_t const start = offset / page * page;
+    std::size_t const end = length > size_ - offset ? size_ : offset + length;
+    (void)::madvise(const_cast<std::byte*>(data_) + start, end - start, MADV_DONTNEED);
+  }
+
   /// Copies bytes [offset, offset + length) of the file into `out`. Through pread, not the mapping: a page of
   /// the mapping counts in the process's resident memory once touched (and, with MADV_RANDOM, is faulted in
   /// 4 KiB at a time), while a read copies from the page cache and leaves nothing resident but `out`.

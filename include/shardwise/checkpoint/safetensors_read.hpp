@@ -196,6 +196,12 @@ class safetensors_file {
     file_.read(header_.data_start + t.begin + first, length, out);
   }
 
+  /// Drops this process's mapped pages of tensor `name` (mapped_file::release): after a pass over it whole.
+  void release(std::string_view name) const {
+    tensor_info const& t = info(name);
+    file_.release(header_.data_start + t.begin, t.bytes());
+  }
+
   /// Asks the kernel to read tensor `name`'s bytes ahead, in the background (a hint).
   void will_need(std::string_view name) const {
     tensor_info const& t = info(name);

@@ -25,9 +25,12 @@ inline std::string generation_of(safetensors_file const& file) {
 inline bool same_save(safetensors_file const& file, checkpoint_index const& index) {
   return index.generation == 0 || generation_of(file) == hex64(index.generation);
 }
-/// The checksum of tensor `name`'s bytes in `file` as they are now, as the index records it.
+/// The checksum of tensor `name`'s bytes in `file` as they are now, as the index records it. The pages it read
+/// are released after it (a load that checks every tensor would otherwise keep the whole file resident).
 inline std::string checksum_now(safetensors_file const& file, std::string_view name) {
-  return hex64(checksum64(file.raw(name)));
+  std::string sum = hex64(checksum64(file.raw(name)));
+  file.release(name);
+  return sum;
 }
 }  // namespace detail
 
