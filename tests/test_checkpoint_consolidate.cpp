@@ -146,7 +146,7 @@ sw::checkpoint_mapping fused_qkv(std::uint64_t k_at = 32, std::uint64_t v_at = 4
                                             std::tuple{".attention.wk.weight", k_at, std::uint64_t{16}},
                                             std::tuple{".attention.wv.weight", v_at, std::uint64_t{16}}})
       if (name.ends_with(leaf))
-        return sw::tensor_source{name.substr(0, name.find(".attention")) + ".qkv", true, 0, start, size};
+        return sw::tensor_source{name.substr(0, name.find(".attention")) + ".qkv", true, 0, start, size, 64};
     return sw::tensor_source{name};
   };
 }
@@ -215,13 +215,30 @@ TEST_CASE("consolidate refuses a mapping that drops a tensor, leaves a gap, or m
       [&] { attempt(fused_qkv(32, 56)); },  // v starts 8 rows after k ends
       {"the slices mapped to \"layers.0.qkv\" do not tile it", "tensor \"layers.0.attention.wv.weight\"", "[56, 72)"});
   check_error([&] { attempt(fused_qkv(32, 40)); }, {"do not tile"});  // v overlaps k
+  auto const fused = fused_qkv();
+  check_error(
+      [&] {
+        attempt([&](std::string const& n) -> std::optional<sw::tensor_source> {
+          if (n.ends_with(".wv.weight")) return sw::tensor_source{n};  // v left out of qkv
+          return fused(n);
+        });
+      },
+      {"the slices mapped to \"layers.0.qkv\" cover [0, 48) of its 64 along dimension 0"});
+  check_error(
+      [&] {
+        attempt([&](std::string const& n) -> std::optional<sw::tensor_source> {
+          if (n.ends_with(".wv.weight")) return sw::tensor_source{n.substr(0, n.find(".attention")) + ".qkv"};
+          return fused(n);
+        });
+      },  // a slice and a whole tensor on one name (the whole one sorted first)
+      {"tensor \"layers.0.attention.wv.weight\" maps to the whole of \"layers.0.qkv\""});
   check_error(
       [&] {
         attempt([](std::string const& n) -> std::optional<sw::tensor_source> {
           return sw::tensor_source{n.ends_with("_norm.weight") ? std::string("norms") : n};
         });
       },
-      {"both map to the whole of \"norms\""});
+      {"maps to the whole of \"norms\", which tensor", "maps to as well"});
   CHECK(!fs::exists(dir.path / "out.safetensors"));
 }
 

@@ -354,4 +354,11 @@ TEST_CASE("planner: a config of another model_type, or a bad sliding window, is 
   CHECK(refused(mistral + "-3}").find("\"sliding_window\" in c.json is -3; it must be a positive whole number") !=
         std::string::npos);
   CHECK(planner::model_from_json(mistral + "null}", "c.json").sliding_window == 0);  // Mistral v0.3: no window
+  // Qwen2 windows the layers from max_window_layers on: all of them at 0, else the planner plans full attention.
+  std::string const qwen2 = R"({"model_type": "qwen2", "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 128, "sliding_window": 16, "use_sliding_window": true, )";
+  CHECK(planner::model_from_json(qwen2 + R"("max_window_layers": 0})", "c.json").sliding_window == 16);
+  CHECK(planner::model_from_json(qwen2 + R"("max_window_layers": 1})", "c.json").sliding_window == 0);
+  CHECK(planner::model_from_json(qwen2 + R"("max_window_layers": 0, "use_sliding_window": false})", "c.json")
+            .sliding_window == 0);
 }

@@ -137,6 +137,7 @@ inline void snapshot(rank_file_plan& plan, snapshot_buffer& buffer) {
     }
     piece.runs = {std::span<std::byte const>(start, static_cast<std::size_t>(at - start))};
   }
+  plan.copies.clear();  // pieces a model handed out (FSDP's shards) were copied by the walk: one copy is enough
   snapshot_fence();
 }
 

@@ -49,12 +49,14 @@ struct export_tensor {
 /// dimension from 0 without a gap or an overlap, all of one type and orientation) and sets its shape.
 inline void fit_export_members(export_tensor& out) {
   auto const who = [&](export_member const& m) { return concat("tensor \"", m.tensor->name, "\""); };
-  auto const& first = out.members.front();
-  if (out.members.size() > 1 && first.source.slice_dim == -1)
-    fail("shardwise::consolidate: ", who(first), " and ", who(out.members[1]), " both map to the whole of \"", out.name,
-         "\"; map each to its own tensor, or to slices of it");
+  for (auto const& m : out.members)  // a whole tensor shares its output with nothing
+    if (out.members.size() > 1 && m.source.slice_dim == -1)
+      fail("shardwise::consolidate: ", who(m), " maps to the whole of \"", out.name, "\", which ",
+           who(m.tensor == out.members[0].tensor ? out.members[1] : out.members[0]),
+           " maps to as well; map each to its own tensor, or to slices of it");
   std::sort(out.members.begin(), out.members.end(),
             [](auto const& a, auto const& b) { return a.source.slice_start < b.source.slice_start; });
+  auto const& first = out.members.front();
   out.type = first.tensor->type;
   out.model_shape = first.tensor->shape;
   out.transposed = first.source.transpose && out.model_shape.size() == 2;
@@ -82,6 +84,10 @@ inline void fit_export_members(export_tensor& out) {
            "); map every slice of it, each once");
     next += m.source.slice_size;
   }
+  for (auto const& m : out.members)
+    if (m.source.slice_of != 0 && m.source.slice_of != next)
+      fail("shardwise::consolidate: the slices mapped to \"", out.name, "\" cover [0, ", next, ") of its ",
+           m.source.slice_of, " along dimension ", d, " (", who(m), " says so); map every slice of it, each once");
   out.model_shape[static_cast<std::size_t>(d)] = next;
 }
 

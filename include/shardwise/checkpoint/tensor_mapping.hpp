@@ -21,6 +21,9 @@ struct tensor_source {
   /// @{
   std::uint64_t slice_start = 0, slice_size = 0;
   /// @}
+  /// The fused tensor's size along slice_dim (GPT-2's c_attn: 3 x dim), or 0 when not given: written back by
+  /// sw::consolidate, the slices must cover exactly that, so that a missing last slice is an error.
+  std::uint64_t slice_of = 0;
 };
 
 /// Model tensor name ("h.0.attn.wq.weight") -> its source, or std::nullopt when the checkpoint has none (the

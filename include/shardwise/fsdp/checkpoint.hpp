@@ -96,11 +96,12 @@ void check_fsdp_save(Sharded& sharded, Tp const&... tp) {
 }
 
 /// The ranks of a save of a model under FSDP: its dp and tp ranks, each writing its shards (under no_shard,
-/// dp rank 0 writes the whole tensors).
-template <class Sharded, class... Tp>
+/// dp rank 0 writes the whole tensors). `owning`: the group keeps copies of the meshes (an asynchronous save
+/// uses it after the call returns), else references.
+template <bool owning = false, class Sharded, class... Tp>
 save_group fsdp_save_group(Sharded& sharded, Tp const&... tp) {
   auto const& dp = sharded.data_mesh();
-  auto group = save_group_over(tp..., dp);
+  auto group = owning ? owning_save_group(tp..., dp) : save_group_over(tp..., dp);
   if constexpr (sizeof...(Tp) == 1) group.tp_size = (tp.size(), ...), group.tp_rank = (tp.rank(), ...);
   group.dp_size = dp.size(), group.dp_rank = dp.rank();
   group.writes = Sharded::shards_parameters || dp.rank() == 0;  // no_shard: whole tensors everywhere; rank 0's
@@ -136,7 +137,7 @@ void save_fsdp_async(Sharded& sharded, Walked& walked, std::filesystem::path con
                      std::map<std::string, std::string> const& metadata, async_save& saver, Tp const&... tp) {
   check_fsdp_save(sharded, tp...);
   auto const start = [&] {
-    async_save_access::start(saver, walked, fsdp_save_group(sharded, tp...), dir, step, metadata, {});
+    async_save_access::start(saver, walked, fsdp_save_group<true>(sharded, tp...), dir, step, metadata, {});
   };
   if constexpr (requires { sharded.replicate_mesh(); }) {
     std::string error;

@@ -24,8 +24,9 @@ namespace shardwise::detail {
 struct mpi_notices {
   MPI_Comm comm = MPI_COMM_NULL;
   bool told = false;
-  bool heard = false;  // a peer's failure notice arrived (and was raised here)
-  std::string text;    // kept alive while the notices are in flight
+  bool heard = false;       // a peer's failure notice arrived (and was raised here)
+  std::string heard_error;  // the error raised for it: relayed by nobody
+  std::string text;         // kept alive while the notices are in flight
 };
 inline mpi_notices& notices() {
   static mpi_notices state;
@@ -33,11 +34,12 @@ inline mpi_notices& notices() {
 }
 
 /// Sends `message` to every other rank of the world, once; they raise it at their next collective or wait.
-/// A rank that failed because it heard a peer's notice tells nobody: the peer told every rank already, and a
-/// relayed notice could reach a third rank first and name the relaying rank instead of the one that failed.
+/// A rank whose error is the one raised for a peer's notice tells nobody: the peer told every rank already, and a
+/// relayed notice could reach a third rank first and name the relaying rank instead of the one that failed. (A
+/// rank that caught that error and failed later for a reason of its own does tell.)
 inline void mpi_tell_peers(std::string_view message) {
   auto& n = notices();
-  if (n.comm == MPI_COMM_NULL || n.told || n.heard) return;
+  if (n.comm == MPI_COMM_NULL || n.told || (n.heard && message == n.heard_error)) return;
   n.told = true;
   n.text = std::string(message.substr(0, 4000));
   int me = 0, size = 0;
@@ -64,8 +66,9 @@ inline void mpi_raise_notice(char const* what, std::string_view axis, int rank) 
   std::string text(static_cast<std::size_t>(length), '\0');
   MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, 0, n.comm, MPI_STATUS_IGNORE);
   n.heard = true;
-  fail("shardwise: world rank ", status.MPI_SOURCE, " failed, so rank ", rank, " of mesh axis \"", axis,
-       "\" stops waiting in ", what, ". Its error: ", text);
+  n.heard_error = concat("shardwise: world rank ", status.MPI_SOURCE, " failed, so rank ", rank, " of mesh axis \"",
+                         axis, "\" stops waiting in ", what, ". Its error: ", text);
+  fail(n.heard_error);
 }
 
 /// Ends the whole job after `message` went to stderr: MPI_Abort, and if the job is not gone in 5 s, _Exit

@@ -41,7 +41,7 @@ namespace shardwise {
         std::string_view const fused[] = {"attn.q_proj", "attn.k_proj", "attn.v_proj"};
         for (std::uint64_t i = 0; i < 3; ++i)  // c_attn = [q | k | v] along its outputs
           if (layer == fused[i])
-            return tensor_source{prefix + "attn.c_attn." + std::string(kind), weight, 0, i * dim, dim};
+            return tensor_source{prefix + "attn.c_attn." + std::string(kind), weight, 0, i * dim, dim, 3 * dim};
       }
     }
   }

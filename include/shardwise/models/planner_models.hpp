@@ -17,8 +17,9 @@ namespace shardwise::planner {
 inline constexpr char const* planned_model_types = "llama, qwen2, mistral and gpt2";
 
 /// The planner's description of the model whose transformers config.json is the text `text` (`source` names it
-/// in errors), by its model_type: "llama"; "qwen2" (q/k/v biases; the window of "sliding_window" only when
-/// "use_sliding_window" is true, as transformers reads it); "mistral" ("sliding_window", or none when null); "gpt2".
+/// in errors), by its model_type: "llama"; "qwen2" (q/k/v biases; the window of "sliding_window" when
+/// "use_sliding_window" is true and "max_window_layers" is 0, so that every layer has it); "mistral"
+/// ("sliding_window", or none when null); "gpt2".
 /// Throws naming the model_type for any other, and the field for a bad one.
 inline model_description model_from_json(std::string const& text, std::string const& source) {
   constexpr char const* who = "shardwise::planner::read_model";
@@ -32,8 +33,13 @@ inline model_description model_from_json(std::string const& text, std::string co
                      planned_model_types, " (give the config.json that transformers' save_pretrained wrote)");
   models::LlamaConfig const c = models::detail::llama_fields(root, source);
   if (kind == "llama") return describe(c);
+  // Qwen2 windows only the layers from max_window_layers on (transformers' layer_types); the planner's blocks are
+  // alike, so it applies the window when every layer has it and plans the full attention (an upper bound) else.
   auto const use_window = root.find("use_sliding_window");
-  bool const windowed = kind == "mistral" || (use_window != root.end() && use_window->is_boolean() && *use_window);
+  bool windowed = kind == "mistral";
+  auto const first_windowed = root.find("max_window_layers");
+  if (kind == "qwen2" && use_window != root.end() && use_window->is_boolean() && *use_window)
+    windowed = first_windowed != root.end() && first_windowed->is_number_unsigned() && *first_windowed == 0;
   std::size_t window = 0;
   if (windowed && root.contains("sliding_window") && !root["sliding_window"].is_null())
     window = models::detail::config_count(root, "sliding_window", source, 0, "read_model");
