@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the fuzz targets of every reader of outside input with clang (libFuzzer + AddressSanitizer +
+# Builds the fuzz target of every reader of outside input (one binary) with clang (libFuzzer + AddressSanitizer +
 # UndefinedBehaviorSanitizer) in their own build folder (tests/fuzz) and runs each for SECONDS from its seeds:
 #   safetensors_header  tests/fuzz/corpus (bad cases and good files, tests/fuzz/make_corpus.py)
 #   checkpoint_index    tests/fuzz/seeds_index (a sharded checkpoint's shardwise_checkpoint.json)
@@ -22,7 +22,7 @@ if [[ -z "$cxx" ]]; then
   exit 1
 fi
 cmake -S "$root/tests/fuzz" -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j2 --target $(printf '%s_fuzz ' "${targets[@]}")
+cmake --build "$build" -j2 --target readers_fuzz
 cd "$build"
 declare -A seeds=([safetensors_header]="$root/tests/fuzz/corpus" [checkpoint_index]="$root/tests/fuzz/seeds_index"
                   [pretrained_index]="$root/tests/fuzz/seeds_pretrained" [llama_config]="$root/tests/data"
@@ -32,7 +32,8 @@ for target in "${targets[@]}"; do
   dict=()
   [[ $target == safetensors_header ]] && dict=(-dict="$root/tests/fuzz/safetensors.dict")
   echo "fuzz.sh: $target for $seconds s"
-  "./${target}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 "${dict[@]}" \
+  SHARDWISE_FUZZ_TARGET=$target ./readers_fuzz -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=65536 "${dict[@]}" \
     -print_final_stats=1 "corpus_$target" "${seeds[$target]}"
 done
 echo "fuzz.sh: every target ran its time without a finding"

@@ -19,8 +19,8 @@ namespace shardwise::planner {
 /// {...}}; a field left out keeps this machine's measured value.
 inline machine machine_from_json(std::string_view text, std::filesystem::path const& file) {
   constexpr char const* who = "shardwise::planner::read_machine";
-  nlohmann::json const root = detail::parse_bounded_json(
-      text, detail::max_json_depth,
+  nlohmann::json const root = shardwise::detail::parse_bounded_json(
+      text, shardwise::detail::max_json_depth,
       [&](std::size_t depth) {
         shardwise::raise(who, ": ", file.string(), " nests JSON ", depth,
                          " deep; a machine file is an object of rates (see tools/machines/this_machine.json)");
@@ -70,7 +70,7 @@ inline machine machine_from_json(std::string_view text, std::filesystem::path co
 /// The machine described by the JSON file `file` (see machine_from_json).
 inline machine read_machine(std::filesystem::path const& file) {
   return machine_from_json(
-      detail::read_regular_file(file.string(), "shardwise::planner::read_machine", "give a machine file"), file);
+      shardwise::detail::read_regular_file(file.string(), "shardwise::planner::read_machine", "give a machine file"), file);
 }
 
 }  // namespace shardwise::planner

@@ -1,14 +1,17 @@
-// libFuzzer target for a planner machine file (scripts/fuzz.sh): any text must either give a machine whose rates
-// are finite and positive, or be refused with shardwise::error.
+// The fuzz target (readers_fuzz.cpp) for a planner machine file (scripts/fuzz.sh): any text must either give a machine
+// whose rates are finite and positive, or be refused with shardwise::error.
+#pragma once
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <shardwise/cost/machine_file.hpp>
 #include <string_view>
 
+namespace fuzz_readers {
 namespace sw = shardwise;
 
-extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+inline void machine_file(std::uint8_t const* data, std::size_t size) {
   try {
     auto const m =
         sw::planner::machine_from_json(std::string_view(reinterpret_cast<char const*>(data), size), "fuzz.json");
@@ -18,5 +21,5 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   } catch (sw::error const&) {
     // refused with a message: what bad input must get
   }
-  return 0;
 }
+}  // namespace fuzz_readers

@@ -1,7 +1,9 @@
-// libFuzzer target for the safetensors header parser (scripts/fuzz.sh builds it with clang and
+// The fuzz target (readers_fuzz.cpp) for the safetensors header parser (scripts/fuzz.sh builds it with clang and
 // -fsanitize=fuzzer,address,undefined and runs it on tests/fuzz/corpus). Any input must either parse into
 // tensors whose bytes lie inside the input, or be refused with shardwise::error: every other exception, crash,
 // out-of-bounds read, leak or undefined behaviour is a finding.
+#pragma once
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -10,9 +12,10 @@
 #include <span>
 #include <vector>
 
+namespace fuzz_readers {
 namespace sw = shardwise;
 
-extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+inline void safetensors_header(std::uint8_t const* data, std::size_t size) {
   std::span<std::byte const> const file(reinterpret_cast<std::byte const*>(data), size);
   try {
     sw::safetensors_header const header = sw::parse_safetensors_header(file, "fuzz.safetensors");
@@ -39,5 +42,5 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   } catch (sw::error const&) {
     // refused with a message: what bad input must get
   }
-  return 0;
 }
+}  // namespace fuzz_readers

@@ -1,7 +1,8 @@
-// libFuzzer target for a transformers config.json read as a Llama config, as a GPT-2 config and by the planner
-// (planner::model_from_json: llama, qwen2, mistral, gpt2) (scripts/fuzz.sh):
-// any text must either give a config whose sizes are positive and whose heads divide the width, or be refused with
-// shardwise::error.
+// The fuzz target (readers_fuzz.cpp) for a transformers config.json read as a Llama config, as a GPT-2 config and by
+// the planner (planner::model_from_json: llama, qwen2, mistral, gpt2) (scripts/fuzz.sh): any text must either give a
+// config whose sizes are positive and whose heads divide the width, or be refused with shardwise::error.
+#pragma once
+
 #include <cstddef>
 #include <cstdint>
 #include <shardwise/models/gpt2_config_json.hpp>
@@ -10,9 +11,10 @@
 #include <string>
 #include <string_view>
 
+namespace fuzz_readers {
 namespace sw = shardwise;
 
-extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+inline void llama_config(std::uint8_t const* data, std::size_t size) {
   std::string_view const text(reinterpret_cast<char const*>(data), size);
   try {
     auto const c = sw::models::llama_config_from_json(text);
@@ -30,5 +32,5 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
     if (d.dim == 0 || d.heads == 0 || d.layers == 0 || d.vocabulary == 0 || d.kv_heads == 0) __builtin_trap();
   } catch (sw::error const&) {
   }
-  return 0;
 }
+}  // namespace fuzz_readers
