@@ -169,3 +169,7 @@ shardwise_add_compile_fail_test(core_safetensors_write_dtype SOURCE compile_fail
 shardwise_add_compile_fail_test(checkpoint_async_fsdp SOURCE compile_fail/checkpoint_async_fsdp.cpp
   LINK shardwise::checkpoint shardwise::eigen
   EXPECT "shardwise::save_sharded\\(\\.\\.\\., async_save\\): a model under FSDP shards its optimizer state itself; call save_sharded\\(sharded, optimizer, \\[tp,\\] dir, step, saver\\)")
+# And so does the dp x tp save with the optimizer (ZeRO-1 gathers its slices; FSDP saves its own).
+shardwise_add_compile_fail_test(checkpoint_optimizer_fsdp SOURCE compile_fail/checkpoint_optimizer_fsdp.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::save_sharded\\(model, optimizer, tp, dp, \\.\\.\\.\\): a model under FSDP shards its optimizer state itself; call save_sharded\\(sharded, optimizer, \\[tp,\\] dir, step\\)")

@@ -2,7 +2,7 @@
 // tensor_parallel_shards/tp_rank_XX_pp_rank_YY; consolidated whole; loaded at pp 1 (into a stage and into the
 // plain Llama model), pp 2 and pp 4, at tp 1, 2 and 4 — every tensor equal to the trained one, exactly; a lazy
 // stage reads only its own tensors (another stage's damaged files do not stop it, its own do). Saved through an
-// sw::async_save, the same loads.
+// sw::async_save, the same loads. Saved with the optimizer's state, training resumes at another dp x pp x tp.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <mutex>
 #include <shardwise/checkpoint/async_save.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <string>
 #include <vector>
@@ -194,4 +195,48 @@ TEST_CASE("tied embeddings over pp 2: saved once, under the embedding's name; lo
   (void)sw::load_sharded(plain, tp1, dir);
   auto const table = sw::full_tensor(std::get<0>(plain.tok_embeddings.parameters()));
   CHECK(std::vector<float>(table.data(), table.data() + table.size()) == trained.at("tok_embeddings.weight"));
+}
+
+namespace {
+/// Trains `saved` 3 steps and saves it with the optimizer's state, then resumes at `resumed` for 3 more (tp: the
+/// rest of 4 ranks); the resumed run must be the unsharded run that never stopped, steps 4 to 6, to the pipeline
+/// tests' tolerances (llama_pipeline_cases::check_against_unsharded: losses 1e-4 relative, norms 1e-5,
+/// parameters 2e-4 of their size plus their tensor's rms): fp32 sums in other orders, so not bit for bit.
+template <class SavedPlan, class ResumedPlan>
+void check_resumed(fs::path const& dir, llama_pipeline_cases::Setup const& saved, llama_pipeline_cases::Setup resumed) {
+  INFO("saved at dp " << saved.dp << " x pp " << saved.pp << " x tp " << 4 / (saved.dp * saved.pp) << ", resumed at dp "
+                      << resumed.dp << " x pp " << resumed.pp << " x tp " << 4 / (resumed.dp * resumed.pp));
+  REQUIRE(saved.sequences() == resumed.sequences());  // the same batches
+  auto const save = [&](auto& stage, auto const& tp, auto const& pp, auto const& dp, auto& optimizer) {
+    sw::save_sharded(stage, optimizer, tp, pp, dp, dir, 3);
+  };
+  sw::run_threads(
+      4, [&](auto& world) { (void)llama_pipeline_cases::train<SavedPlan>(world, saved, sw::OneFOneB{}, 3, save); });
+  auto expected = llama_pipeline_cases::unsharded(saved, 6);
+  expected.losses.erase(expected.losses.begin(), expected.losses.begin() + 3);
+  expected.norms.erase(expected.norms.begin(), expected.norms.begin() + 3);
+  auto const load = [&](auto& stage, auto const& tp, auto const&, auto const& dp, auto& optimizer) {
+    CHECK(sw::load_sharded(stage, optimizer, tp, dp, dir).step == 3);
+    CHECK(optimizer.steps() == 3);
+  };
+  resumed.first_step = 3;
+  sw::run_threads(4, [&](auto& world) {
+    auto const got = llama_pipeline_cases::train<ResumedPlan>(world, resumed, sw::OneFOneB{}, 3,
+                                                              llama_pipeline_cases::nothing_after{}, load);
+    auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {resumed.dp, resumed.pp, 4 / (resumed.dp * resumed.pp)});
+    llama_pipeline_cases::check_against_unsharded(sw::submesh<"pp">(mesh), got, expected);
+  });
+}
+}  // namespace
+
+TEST_CASE("a pipeline's optimizer state resumes at another dp x pp x tp: the run that never stopped") {
+  scratch_dir scratch;
+  using models::llama_plan;
+  // pp 2 x tp 2 -> dp 2 (ZeRO-1) x pp 1 x tp 2; dp 2 (ZeRO-1) x pp 2 -> pp 4; pp 2 x tp 2 -> pp 4 (tp 1)
+  check_resumed<llama_plan<true>, llama_plan<true>>(scratch.path / "a", {.pp = 2, .microbatches = 2},
+                                                    {.dp = 2, .microbatches = 1, .zero1 = true});
+  check_resumed<sw::serial_plan, sw::serial_plan>(
+      scratch.path / "b", {.dp = 2, .pp = 2, .microbatches = 1, .zero1 = true}, {.pp = 4, .microbatches = 2});
+  check_resumed<llama_plan<true>, sw::serial_plan>(scratch.path / "c", {.pp = 2, .microbatches = 2},
+                                                   {.pp = 4, .microbatches = 2});
 }

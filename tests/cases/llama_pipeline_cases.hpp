@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "llama_cases.hpp"
@@ -39,6 +40,7 @@ struct Setup {
   bool checkpoint_blocks = false;  ///< activation checkpointing per transformer block
   bool tied = false;               ///< tie_word_embeddings: the embedding on the first stage, the output on the last
   bool zero1 = false;
+  int first_step = 0;  ///< the step whose batch comes first (a run resumed from a checkpoint)
   int sequences() const { return 2 * dp * microbatches; }  ///< per step, over every dp rank: two per microbatch
 };
 
@@ -59,13 +61,15 @@ std::vector<llama_cases::TrainedTensor> parameters_of(Stage& stage, int* mirrors
 }
 
 /// Trains for `steps` on a dp x pp x tp mesh of `world` with `schedule`; returns the loss curve (the same on
-/// every rank) and this rank's stage's parameters. `after(stage, tp, pp)` runs on the trained stage (a save).
+/// every rank) and this rank's stage's parameters. `after(stage, tp, pp)` or `after(stage, tp, pp, dp, optimizer)`
+/// runs on the trained stage (a save); `before(stage, tp, pp, dp, optimizer)` on the parallelized one (a load).
 struct nothing_after {
   template <class... Args>
   void operator()(Args&&...) const {}
 };
-template <class Plan, class Schedule, class World, class After = nothing_after>
-Run train(World const& world, Setup const& s, Schedule const& schedule, int steps, After&& after = {}) {
+template <class Plan, class Schedule, class World, class After = nothing_after, class Before = nothing_after>
+Run train(World const& world, Setup const& s, Schedule const& schedule, int steps, After&& after = {},
+          Before&& before = {}) {
   auto const c = config(s.tied);
   auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
   auto const tp = sw::submesh<"tp">(mesh);
@@ -80,10 +84,11 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
   }
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = s.zero1});
   sw::parallelize(stage, tp);
+  before(stage, tp, pp, dp, optimizer);
   int const m_count = s.microbatches, per_rank = s.sequences() / s.dp, per_micro = per_rank / m_count;
   std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(m_count)), targets(ids.size());
   Run run;
-  for (int step = 0; step < steps; ++step) {
+  for (int step = s.first_step; step < s.first_step + steps; ++step) {
     for (std::size_t m = 0; m < ids.size(); ++m)
       llama_cases::batch(c, step, s.sequences(), dp.rank() * per_rank + static_cast<int>(m) * per_micro, per_micro,
                          ids[m], targets[m]);
@@ -102,7 +107,10 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
     run.losses.push_back(sw::all_reduce(dp, loss, sw::Avg{}));
   }
   run.parameters = parameters_of(stage, &run.mirrors);
-  after(stage, tp, pp);
+  if constexpr (std::is_invocable_v<After&, decltype(stage)&, decltype(tp) const&, decltype(pp) const&>)
+    after(stage, tp, pp);
+  else
+    after(stage, tp, pp, dp, optimizer);
   return run;
 }
 

@@ -1,157 +1,188 @@
 #pragma once
-// Checkpoints with the optimizer: the model's sharded checkpoint plus AdamW's moments and step count, written
-// in the same atomic commit. Each (dp, tp) rank's state goes to
-//   tensor_parallel_shards/dp_rank_XX_tp_rank_YY_pp_rank_00/optimizer.safetensors
-// one file per dp rank when ZeRO-1 shards the state over data parallelism (dp_rank_00 alone otherwise, every
-// dp replica holding the same state). Tensors "<parameter>.exp_avg" and "<parameter>.exp_avg_sq" hold this
-// rank's slice of the flattened local shard; resuming needs the same tp size, dp size and ZeRO-1 setting.
+// Checkpoints with the optimizer: the model's sharded checkpoint plus AdamW's moments and step count, in the same
+// atomic commit. Each parameter's moments are tensors "optimizer.<parameter>.exp_avg" and ".exp_avg_sq", cut over
+// tp as the parameter is and written beside it (under ZeRO-1 the dp ranks' slices are gathered first) — the names
+// and cuts a model under FSDP saves (fsdp/checkpoint.hpp). So the state reshards on load as the parameters do:
+// a checkpoint saved at one dp x tp x pp, with ZeRO-1 or without, or under FSDP, resumes at another.
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <map>
-#include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "shardwise/checkpoint/async_save.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
-#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/nn/optim.hpp"
+#include "shardwise/nn/walk.hpp"
 
 namespace shardwise {
 
 namespace detail {
 
-[[nodiscard]] inline std::string optimizer_folder(int dp_rank, int tp_rank) {
-  char name[64];
-  std::snprintf(name, sizeof name, "dp_rank_%02d_tp_rank_%02d_pp_rank_00", dp_rank, tp_rank);
-  return std::string("tensor_parallel_shards/") + name;
+/// What optimizer steps a checkpoint saved with the state had taken (index metadata).
+inline constexpr char const* optimizer_steps_key = "shardwise.optimizer_steps";
+
+/// Refuses, by name, a checkpoint saved without the optimizer's state.
+inline void check_has_optimizer_state(checkpoint_index const& index, std::string const& file) {
+  if (!index.metadata.contains(optimizer_steps_key))
+    fail("shardwise::load_sharded: \"", file,
+         "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
 }
 
-inline constexpr char const* optimizer_file_name = "optimizer.safetensors";
-
-/// The checkpoint names of the model's parameters in the optimizer's order (sw::for_each_parameter's).
-template <class Model>
-std::vector<std::string> parameter_names(Model& model) {
-  std::vector<std::string> names;
-  for_each_parameter(model, [&](std::string const& name, auto const&) { names.push_back(name); });
-  return names;
-}
-
-/// The state of one dp rank, as the file holds it.
+/// Sets the optimizer's step count from a checkpoint saved with its state.
 template <class T>
-struct state_part {
-  std::vector<std::uint64_t> starts;
-  std::vector<std::vector<T>> m, v;
+void resume_steps(AdamW<T>& optimizer, checkpoint_index const& index, std::filesystem::path const& dir) {
+  check_has_optimizer_state(index, dir.string());
+  optimizer.set_steps(static_cast<std::size_t>(std::stoull(index.metadata.at(optimizer_steps_key))));
+}
+
+/// The checkpoint's metadata with the optimizer's step count.
+template <class T>
+std::map<std::string, std::string> with_steps(std::map<std::string, std::string> metadata, AdamW<T> const& optimizer) {
+  metadata[optimizer_steps_key] = std::to_string(optimizer.steps());
+  return metadata;
+}
+
+/// A parameter's name in checkpoints: a pipeline stage's copy of another stage's weight goes by its owner's.
+template <class P>
+std::string checkpoint_name(std::string const& name, P const& p) {
+  return p.mirror_of.empty() ? name : std::string(p.mirror_of);
+}
+
+/// A parameter's first and second moments, whole on this rank (its tp shard), shaped as its local storage.
+template <class T>
+struct whole_moments {
+  nn::matrix<T> m, v;
+};
+
+/// Zeroed moments for every parameter of the model, in the order of sw::for_each_parameter (AdamW's).
+template <class T, class Model>
+std::vector<whole_moments<T>> blank_moments(Model& model) {
+  std::vector<whole_moments<T>> moments;
+  for_each_parameter(model, [&](std::string const&, auto const& p) {
+    auto const rows = p.value->rows(), cols = p.value->cols();
+    moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
+  });
+  return moments;
+}
+
+/// Collectively over dp: every parameter's moments whole on this rank's tp shard (under ZeRO-1 the dp ranks'
+/// slices, gathered in dp rank order, which is the flattened shard's), kept where `keep` (the writer) only.
+template <class Model, class T, class DpMesh>
+std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, bool keep) {
+  auto moments = keep ? blank_moments<T>(model) : std::vector<whole_moments<T>>{};
+  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
+  using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t, std::span<T> m, std::span<T> v) {
+    if (keep && index >= moments.size())
+      fail(
+          "shardwise::save_sharded: the optimizer has more parameters than the model; save the optimizer with the "
+          "model it trains");
+    if (!keep && !sliced) return;  // nothing to send, nothing kept
+    for (auto [moment, which] : {std::pair{m, &whole_moments<T>::m}, std::pair{v, &whole_moments<T>::v}}) {
+      vector whole = Eigen::Map<vector const>(moment.data(), static_cast<Eigen::Index>(moment.size()));
+      if (sliced) {
+        vector const mine = std::move(whole);
+        all_gather_on(dp.comm(0), mine, whole, 0);  // uneven slices, in dp rank order
+      }
+      if (!keep) continue;
+      auto& into = moments[index].*which;
+      if (whole.size() != into.size())
+        fail("shardwise::save_sharded: the optimizer's state of parameter ", index, " holds ", whole.size(),
+             " elements but the parameter ", into.size(), "; save the optimizer with the model it trains");
+      std::copy(whole.data(), whole.data() + whole.size(), into.data());
+    }
+  });
+  return moments;
+}
+
+/// Each rank's part of the whole moments into the optimizer: its ZeRO-1 slice, or all of them.
+template <class Model, class T, class DpMesh>
+void take_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, std::vector<whole_moments<T>> const& whole) {
+  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
+    if (index >= whole.size() || start + m.size() > static_cast<std::size_t>(whole[index].m.size()))
+      fail("shardwise::load_sharded: the optimizer's state of parameter ", index,
+           " does not fit the model's; load into the optimizer that trains this model");
+    std::copy_n(whole[index].m.data() + start, m.size(), m.data());
+    std::copy_n(whole[index].v.data() + start, v.size(), v.data());
+  });
+}
+
+/// A model (or pipeline stage) not under FSDP with its AdamW moments, walked as one checkpoint: the parameters,
+/// then their moments as tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" cut as the parameter is.
+template <class Model, class T>
+struct model_with_state {
+  Model& model;
+  std::vector<whole_moments<T>> moments;  ///< In the order of sw::for_each_parameter.
+
+  template <class Fn>
+  void shardwise_for_each_parameter_shard(Fn&& fn) {
+    check_materialized();
+    for_each_parameter(model, [&](std::string const& name, auto const& p) {
+      auto& value = *p.value;
+      fn(checkpoint_name(name, p), p, value.rows(), value.cols(), 0, value);
+    });
+    std::size_t i = 0;
+    for_each_parameter(model, [&](std::string const& name, auto const& p) {
+      if (i == moments.size())
+        fail(
+            "shardwise::save_sharded: the model has more parameters than the optimizer's state; save the "
+            "optimizer with the model it trains");
+      auto& [m, v] = moments[i++];
+      std::string const stored = concat(optimizer_state_prefix, checkpoint_name(name, p));
+      fn(stored + ".exp_avg", p, m.rows(), m.cols(), 0, m);
+      fn(stored + ".exp_avg_sq", p, v.rows(), v.cols(), 0, v);
+    });
+  }
+  /// For loaders: a checkpoint saved without the optimizer is refused by name, not as a missing tensor.
+  void shardwise_check_index(checkpoint_index const& index, std::string const& file) const {
+    check_has_optimizer_state(index, file);
+  }
+  [[nodiscard]] auto shardwise_config() const
+    requires requires(Model const& m) { m.shardwise_config(); }
+  {
+    return model.shardwise_config();
+  }
+  /// For pipeline stages: another stage's tensors are not this one's to read.
+  [[nodiscard]] bool shardwise_other_stage(std::string_view name) const
+    requires requires(Model const& m) { m.shardwise_other_stage(name); }
+  {
+    return model.shardwise_other_stage(name);
+  }
+
+ private:
+  void check_materialized() {
+    for_each_named_layer(model, [&](auto& l, std::string const& path) {
+      if constexpr (requires { l.materialized(); })
+        if (!l.materialized())
+          fail("shardwise::save_sharded: the layer at \"", path,
+               "\" is not materialized (declared lazily); a model with optimizer state has been trained: load it "
+               "first");
+    });
+  }
 };
 
 }  // namespace detail
 
-namespace detail {
-
-/// Every dp rank's AdamW state, as copies (under ZeRO-1 each dp rank's slices, gathered on dp rank 0; otherwise
-/// dp rank 0's own state): collective over dp.
-template <class Model, class T, class DpMesh>
-std::shared_ptr<std::vector<state_part<T>>> gather_optimizer_state(Model& model, AdamW<T>& optimizer, DpMesh const& dp,
-                                                                   std::size_t names) {
-  int const dp_size = dp.size(), dp_rank = dp.rank();
-  bool const sliced = optimizer.options().zero1 && dp_size > 1;
-  auto parts = std::make_shared<std::vector<state_part<T>>>(static_cast<std::size_t>(sliced ? dp_size : 1));
-  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
-    if (index >= names)
-      fail(
-          "shardwise::save_sharded: the optimizer has more parameters than the model names; save the "
-          "optimizer with the model it trains");
-    if (!sliced) {
-      (*parts)[0].starts.push_back(start);
-      (*parts)[0].m.emplace_back(m.begin(), m.end());
-      (*parts)[0].v.emplace_back(v.begin(), v.end());
-      return;
-    }
-    for (auto const* moment : {&m, &v}) {
-      Eigen::Matrix<T, Eigen::Dynamic, 1> mine =
-          Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(moment->data(), static_cast<Eigen::Index>(moment->size()));
-      Eigen::Matrix<T, Eigen::Dynamic, 1> all;
-      all_gather_on(dp.comm(0), mine, all, 0);  // uneven slices, in dp rank order
-      if (dp_rank != 0) continue;
-      std::size_t offset = 0;
-      for (int d = 0; d < dp_size; ++d) {
-        auto& part = (*parts)[static_cast<std::size_t>(d)];
-        std::size_t const total = static_cast<std::size_t>(all.size());
-        std::size_t const n =
-            total == 0 ? 0 : chunk_size(total, static_cast<std::size_t>(dp_size), static_cast<std::size_t>(d));
-        auto& into = moment == &m ? part.m : part.v;
-        into.emplace_back(all.data() + offset, all.data() + offset + n);
-        if (moment == &m) part.starts.push_back(offset);
-        offset += n;
-      }
-    }
-  });
-  return parts;
-}
-
-/// The also_write of save_sharded that writes the gathered state's files into the checkpoint being built. It
-/// holds what it writes (no reference to the optimizer), so an asynchronous save runs it in the background.
-template <class T>
-std::function<void(std::filesystem::path const&, int)> optimizer_state_writer(
-    std::shared_ptr<std::vector<state_part<T>>> parts, std::vector<std::string> names, std::size_t steps, bool sliced,
-    int dp_size, int tp_size) {
-  return [parts = std::move(parts), names = std::move(names), steps, sliced, dp_size, tp_size](
-             std::filesystem::path const& folder, int tp_rank) {
-    for (std::size_t d = 0; d < parts->size(); ++d) {
-      safetensors_writer writer;
-      auto const& part = (*parts)[d];
-      for (std::size_t i = 0; i < part.m.size(); ++i) {
-        if (part.m[i].empty()) continue;  // an empty bias, or a slice with no elements
-        writer.add<T>(names[i] + ".exp_avg", {part.m[i].size()}, std::span<T const>(part.m[i]));
-        writer.add<T>(names[i] + ".exp_avg_sq", {part.v[i].size()}, std::span<T const>(part.v[i]));
-      }
-      nlohmann::json starts = nlohmann::json::object();
-      for (std::size_t i = 0; i < part.m.size(); ++i)
-        if (!part.m[i].empty()) starts[names[i]] = part.starts[i];
-      auto const path = folder / optimizer_folder(static_cast<int>(d), tp_rank);
-      std::filesystem::create_directories(path);
-      writer.write(path / optimizer_file_name, {{"format", "pt"},
-                                                {"shardwise.optimizer", "AdamW"},
-                                                {"shardwise.steps", std::to_string(steps)},
-                                                {"shardwise.zero1", sliced ? "1" : "0"},
-                                                {"shardwise.dp", std::to_string(sliced ? dp_size : 1)},
-                                                {"shardwise.tp", std::to_string(tp_size)},
-                                                {"shardwise.starts", starts.dump()}});
-    }
-  };
-}
-
-/// Collectively over dp: gathers the AdamW state (to dp rank 0 under ZeRO-1) and returns the writer of its files,
-/// which dp rank 0 hands to the model's save.
-template <class Model, class T, class TpMesh, class DpMesh>
-std::function<void(std::filesystem::path const&, int)> gathered_optimizer_state_writer(Model& model,
-                                                                                       AdamW<T>& optimizer,
-                                                                                       TpMesh const& tp,
-                                                                                       DpMesh const& dp) {
-  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
-  auto names = parameter_names(model);
-  auto parts = gather_optimizer_state(model, optimizer, dp, names.size());
-  return optimizer_state_writer(std::move(parts), std::move(names), optimizer.steps(), sliced, dp.size(), tp.size());
-}
-
-}  // namespace detail
-
-/// Saves the model (as save_sharded) and the AdamW state, collectively over the dp x tp mesh: every rank calls
-/// it with its tp and dp 1-D meshes. Under ZeRO-1 each dp rank's slice of the moments is sent to dp rank 0,
-/// which writes the file of every dp rank; the folder is replaced atomically with all of it.
+/// Saves the model (as save_sharded) and its AdamW state, collectively over the dp x tp mesh: every rank calls it
+/// with its tp and dp 1-D meshes. Under ZeRO-1 the dp ranks' slices of the moments are gathered on dp rank 0,
+/// which writes them with the model, cut over tp as the parameters; the folder is replaced atomically with all
+/// of it. The state then resumes at any dp x tp, with ZeRO-1 or without, or under FSDP.
 template <class Model, class T, class TpMesh, class DpMesh>
 void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
                   std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {}) {
-  auto write_state = detail::gathered_optimizer_state_writer(model, optimizer, tp, dp);
+  static_assert(!detail::hands_out_parameter_shards<Model>,
+                "shardwise::save_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
+                "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
+  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0)};
   std::string error;
   if (dp.rank() == 0) {
     try {
-      save_sharded(model, tp, dir, step, metadata, std::move(write_state));
+      save_sharded(walked, tp, dir, step, detail::with_steps(metadata, optimizer));
     } catch (std::exception const& e) {
       error = e.what();
     }
@@ -159,11 +190,31 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
   detail::agree_on_errors(dp, error, "saving the model and optimizer state", dir);
 }
 
+/// Saves a pipeline stage and its AdamW state, collectively over tp, the pipeline axis `pp` and the stage's dp
+/// replicas (every rank calls it with its stage): dp rank 0 of each stage writes as save_sharded(stage, tp, pp,
+/// ...) does, with the moments beside the parameters, so the checkpoint resumes at any pp, tp and dp.
+template <class Model, class T, class TpMesh, class PpMesh, class DpMesh>
+  requires requires(PpMesh const& pp) { pp.comm(0); }
+void save_sharded(Model& stage, AdamW<T>& optimizer, TpMesh const& tp, PpMesh const& pp, DpMesh const& dp,
+                  std::filesystem::path const& dir, std::int64_t step,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  detail::model_with_state<Model, T> walked{stage, detail::gather_moments(stage, optimizer, dp, dp.rank() == 0)};
+  std::string error;
+  if (dp.rank() == 0) {
+    try {
+      save_sharded(walked, tp, pp, dir, step, detail::with_steps(metadata, optimizer));
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+  }
+  detail::agree_on_errors(dp, error, "saving the stage and optimizer state", dir);
+}
+
 /// Saves the model and the AdamW state as the overload above does, asynchronously through `saver` (see
-/// sw::async_save): collectively over the dp x tp mesh it finishes the saver's previous save, copies the
-/// state (gathered on dp rank 0 under ZeRO-1) and dp rank 0's model shards, and returns; dp rank 0's ranks
-/// write it all in the background. Every rank's saver then commits it (wait(), poll(), the next save), and a
-/// failure is raised on every rank of the dp x tp mesh.
+/// sw::async_save): collectively over the dp x tp mesh it finishes the saver's previous save, gathers the state
+/// on dp rank 0, copies it with dp rank 0's model shards, and returns; dp rank 0's ranks write it all in the
+/// background. Every rank's saver then commits it (wait(), poll(), the next save), and a failure is raised on
+/// every rank of the dp x tp mesh.
 template <class Model, class T, class TpMesh, class DpMesh>
 void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
                   std::filesystem::path const& dir, std::int64_t step, async_save& saver,
@@ -172,13 +223,14 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                 "shardwise::save_sharded(..., async_save): a model under FSDP shards its optimizer state itself; "
                 "call save_sharded(sharded, optimizer, [tp,] dir, step, saver)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
-  auto write_state = detail::gathered_optimizer_state_writer(model, optimizer, tp, dp);
+  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0)};
   std::string error;
   if (dp.rank() == 0) {
     try {
       auto group = detail::owning_save_group(tp);
       group.tp_size = tp.size(), group.tp_rank = tp.rank();
-      detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, std::move(write_state));
+      detail::async_save_access::start(saver, walked, std::move(group), dir, step,
+                                       detail::with_steps(metadata, optimizer), {});
     } catch (std::exception const& e) {
       error = e.what();
     }
@@ -187,61 +239,17 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
   detail::async_save_access::extend_over(saver, dp, dir, "saving the model and optimizer state in the background");
 }
 
-/// Loads the model (as load_sharded, at any tp size) and the AdamW state saved with it, which needs the tp
-/// size, dp size and ZeRO-1 setting it was saved with. Every rank reads only its own state file.
+/// Loads the model (or a pipeline stage: its own tensors) and the AdamW state saved with it, whatever dp, tp and
+/// pp sizes and ZeRO-1 setting saved them, or FSDP: every rank reads its tp shard of each parameter's moments and
+/// keeps its ZeRO-1 slice of them (or all), and the optimizer's step count is restored. Errors are raised alike
+/// on every rank of the dp x tp mesh.
 template <class Model, class T, class TpMesh, class DpMesh>
 checkpoint_index load_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
-                              std::filesystem::path const& dir) {
-  auto index = load_sharded(model, tp, dir);
-  bool const sliced = optimizer.options().zero1 && dp.size() > 1;
-  auto const folder = detail::normalized_dir(dir) / detail::optimizer_folder(sliced ? dp.rank() : 0, tp.rank());
-  auto const file = folder / detail::optimizer_file_name;
-  if (!std::filesystem::exists(file))
-    detail::fail("shardwise::load_sharded: \"", detail::normalized_dir(dir).string(),
-                 "\" has no optimizer state for dp rank ", sliced ? dp.rank() : 0, ", tp rank ", tp.rank(), " (no \"",
-                 file.string(),
-                 "\"); resume with the tp and dp sizes and the ZeRO-1 setting it was saved with, or "
-                 "load the model alone");
-  safetensors_file in(file.string());
-  auto const& meta = in.metadata();
-  auto value = [&](char const* key) {
-    auto const found = meta.find(key);
-    if (found == meta.end())
-      detail::fail("shardwise::load_sharded: \"", file.string(), "\": metadata \"", key,
-                   "\" is missing; this is not a shardwise optimizer state file");
-    return found->second;
-  };
-  std::string const want_dp = std::to_string(sliced ? dp.size() : 1), want_tp = std::to_string(tp.size());
-  if (value("shardwise.zero1") != (sliced ? "1" : "0") || value("shardwise.dp") != want_dp ||
-      value("shardwise.tp") != want_tp)
-    detail::fail("shardwise::load_sharded: \"", file.string(), "\": optimizer state saved at tp ",
-                 value("shardwise.tp"), ", dp ", value("shardwise.dp"), " (ZeRO-1 ", value("shardwise.zero1"),
-                 ") cannot resume at tp ", want_tp, ", dp ", want_dp, " (ZeRO-1 ", sliced ? "1" : "0",
-                 "); resume with the sizes it was saved with");
-  auto const bad_starts = [&](auto const&... why) {
-    detail::fail("shardwise::load_sharded: \"", file.string(), "\": its shardwise.starts ", why...,
-                 "; the file is corrupt: save it again");
-  };
-  auto const starts = detail::parse_bounded_json(
-      value("shardwise.starts"), 2, [&](std::size_t depth) { bad_starts("nest JSON ", depth, " deep"); },
-      [&](std::string const& reason) { bad_starts("are not valid JSON (", reason, ")"); });
-  auto const names = detail::parameter_names(model);
-  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
-    if (m.empty()) return;
-    std::string const& name = names.at(index);
-    if (!starts.contains(name) || starts.at(name).template get<std::uint64_t>() != start)
-      detail::fail("shardwise::load_sharded: \"", file.string(), "\": tensor \"", name,
-                   "\" has no optimizer state for this rank's slice (elements from ", start,
-                   "); resume with the model and sizes it was saved with");
-    for (auto [moment, suffix] : {std::pair{m, ".exp_avg"}, std::pair{v, ".exp_avg_sq"}}) {
-      std::string const stored = name + suffix;
-      if (!(in.shape(stored) == extents{moment.size()}))
-        detail::fail("shardwise::load_sharded: \"", file.string(), "\": tensor \"", stored, "\" does not hold ",
-                     moment.size(), " elements; resume with the model and sizes it was saved with");
-      in.read_box(stored, extents{0}, extents{moment.size()}, moment.data());
-    }
-  });
-  optimizer.set_steps(static_cast<std::size_t>(std::stoull(value("shardwise.steps"))));
+                              std::filesystem::path const& dir, load_options const& options = {}) {
+  detail::model_with_state<Model, T> walked{model, detail::blank_moments<T>(model)};
+  auto index = detail::load_sharded_agreed(walked, tp, dir, options, tp, dp);
+  detail::take_moments(model, optimizer, dp, walked.moments);
+  detail::resume_steps(optimizer, index, dir);
   return index;
 }
 

@@ -159,6 +159,8 @@ void check_against_model(Model& model, int size, int rank, load_state& s, Locate
   s.outcome.missing.clear();
   s.outcome.unexpected.clear();
   locate(s.source, s.outcome.index, s.index_file, s.outcome.unexpected);
+  if constexpr (requires { model.shardwise_check_index(s.outcome.index, s.index_file); })
+    model.shardwise_check_index(s.outcome.index, s.index_file);  // what it needs beyond its tensors (optimizer state)
   std::set<std::string> in_model;
   check_model_tensors(model, size, rank, s, in_model);
   check_checkpoint_tensors(model, s, in_model);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/async_save.hpp"
+#include "shardwise/checkpoint/optimizer_state.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/fully_shard.hpp"
@@ -43,9 +44,6 @@ void check_fsdp_tp(Sharded const& sharded, std::string_view who, Tp const&... tp
          sizeof...(Tp) ? "the tp mesh given has " : "no tp mesh was given (", given,
          sizeof...(Tp) ? " ranks" : " rank)", "; pass the tp mesh the model was parallelized over");
 }
-
-/// What optimizer steps a checkpoint saved with the state had taken (index metadata).
-inline constexpr char const* optimizer_steps_key = "shardwise.optimizer_steps";
 
 /// A model under FSDP and its AdamW, walked as one checkpoint: the parameters' shards, then their moments as
 /// tensors "optimizer.<parameter>.exp_avg" and "...exp_avg_sq", cut as the parameter is, so that they reshard
@@ -75,6 +73,10 @@ struct sharded_with_state {
     requires requires { sharded.shardwise_config(); }
   {
     return sharded.shardwise_config();
+  }
+  /// For loaders: a checkpoint saved without the optimizer is refused by name, not as a missing tensor.
+  void shardwise_check_index(checkpoint_index const& index, std::string const& file) const {
+    check_has_optimizer_state(index, file);
   }
   [[nodiscard]] auto const& data_mesh() const { return sharded.data_mesh(); }
   [[nodiscard]] auto const& replicate_mesh() const
@@ -185,23 +187,6 @@ std::map<std::string, std::string> load_fsdp_file(Sharded& sharded, Tp const& tp
                                                   load_options const& options) {
   auto metadata = load_mapped(sharded, tp, file, renaming(names), options, "load_consolidated").metadata;
   sharded.shardwise_mark_loaded();
-  return metadata;
-}
-
-/// Sets the optimizer's step count from a checkpoint saved with its state.
-template <class T>
-void resume_steps(AdamW<T>& optimizer, checkpoint_index const& index, std::filesystem::path const& dir) {
-  auto const steps = index.metadata.find(optimizer_steps_key);
-  if (steps == index.metadata.end())
-    fail("shardwise::load_sharded: \"", dir.string(),
-         "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
-  optimizer.set_steps(static_cast<std::size_t>(std::stoull(steps->second)));
-}
-
-/// The checkpoint's metadata with the optimizer's step count.
-template <class T>
-std::map<std::string, std::string> with_steps(std::map<std::string, std::string> metadata, AdamW<T> const& optimizer) {
-  metadata[optimizer_steps_key] = std::to_string(optimizer.steps());
   return metadata;
 }
 
