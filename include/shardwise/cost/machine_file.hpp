@@ -70,7 +70,8 @@ inline machine machine_from_json(std::string_view text, std::filesystem::path co
 /// The machine described by the JSON file `file` (see machine_from_json).
 inline machine read_machine(std::filesystem::path const& file) {
   return machine_from_json(
-      shardwise::detail::read_regular_file(file.string(), "shardwise::planner::read_machine", "give a machine file"), file);
+      shardwise::detail::read_regular_file(file.string(), "shardwise::planner::read_machine", "give a machine file"),
+      file);
 }
 
 }  // namespace shardwise::planner
