@@ -173,3 +173,10 @@ shardwise_add_compile_fail_test(checkpoint_async_fsdp SOURCE compile_fail/checkp
 shardwise_add_compile_fail_test(checkpoint_optimizer_fsdp SOURCE compile_fail/checkpoint_optimizer_fsdp.cpp
   LINK shardwise::checkpoint shardwise::eigen
   EXPECT "shardwise::save_sharded\\(model, optimizer, tp, dp, \\.\\.\\.\\): a model under FSDP shards its optimizer state itself; call save_sharded\\(sharded, optimizer, \\[tp,\\] dir, step\\)")
+# And a pipeline stage's save with the optimizer, and the dp x tp load with it.
+shardwise_add_compile_fail_test(checkpoint_optimizer_stage_fsdp SOURCE compile_fail/checkpoint_optimizer_stage_fsdp.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::save_sharded\\(stage, optimizer, tp, pp, dp, \\.\\.\\.\\): a model under FSDP shards its optimizer state itself; call save_sharded\\(sharded, optimizer, \\[tp,\\] dir, step\\)")
+shardwise_add_compile_fail_test(checkpoint_optimizer_load_fsdp SOURCE compile_fail/checkpoint_optimizer_load_fsdp.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::load_sharded\\(model, optimizer, tp, dp, \\.\\.\\.\\): a model under FSDP shards its optimizer state itself; call load_sharded\\(sharded, optimizer, \\[tp,\\] dir\\)")

@@ -232,11 +232,14 @@ void check_resumed(fs::path const& dir, llama_pipeline_cases::Setup const& saved
 TEST_CASE("a pipeline's optimizer state resumes at another dp x pp x tp: the run that never stopped") {
   scratch_dir scratch;
   using models::llama_plan;
-  // pp 2 x tp 2 -> dp 2 (ZeRO-1) x pp 1 x tp 2; dp 2 (ZeRO-1) x pp 2 -> pp 4; pp 2 x tp 2 -> pp 4 (tp 1)
+  // pp 2 x tp 2 -> dp 2 (ZeRO-1) x pp 1 x tp 2; dp 2 (ZeRO-1) x pp 2 -> pp 4; pp 2 x tp 2 -> pp 4 (tp 1), tied too
   check_resumed<llama_plan<true>, llama_plan<true>>(scratch.path / "a", {.pp = 2, .microbatches = 2},
                                                     {.dp = 2, .microbatches = 1, .zero1 = true});
   check_resumed<sw::serial_plan, sw::serial_plan>(
       scratch.path / "b", {.dp = 2, .pp = 2, .microbatches = 1, .zero1 = true}, {.pp = 4, .microbatches = 2});
   check_resumed<llama_plan<true>, sw::serial_plan>(scratch.path / "c", {.pp = 2, .microbatches = 2},
                                                    {.pp = 4, .microbatches = 2});
+  // Tied embeddings: the last stage's output is a copy of the first stage's table; its moments are the table's.
+  check_resumed<llama_plan<true>, sw::serial_plan>(scratch.path / "d", {.pp = 2, .microbatches = 2, .tied = true},
+                                                   {.pp = 4, .microbatches = 2, .tied = true});
 }

@@ -4,12 +4,15 @@
 // tp as the parameter is and written beside it (under ZeRO-1 the dp ranks' slices are gathered first) — the names
 // and cuts a model under FSDP saves (fsdp/checkpoint.hpp). So the state reshards on load as the parameters do:
 // a checkpoint saved at one dp x tp x pp, with ZeRO-1 or without, or under FSDP, resumes at another.
+#include <charconv>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -25,18 +28,32 @@ namespace detail {
 /// What optimizer steps a checkpoint saved with the state had taken (index metadata).
 inline constexpr char const* optimizer_steps_key = "shardwise.optimizer_steps";
 
-/// Refuses, by name, a checkpoint saved without the optimizer's state.
+/// Refuses, by name, a checkpoint saved without the optimizer's state (`file`: its index), or with it in the
+/// per-rank files of shardwise before the state resharded (0.1.0's optimizer.safetensors), which this one does not
+/// read.
 inline void check_has_optimizer_state(checkpoint_index const& index, std::string const& file) {
-  if (!index.metadata.contains(optimizer_steps_key))
-    fail("shardwise::load_sharded: \"", file,
-         "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
+  if (index.metadata.contains(optimizer_steps_key)) return;
+  auto const old_file = std::filesystem::path(file).parent_path() /
+                        "tensor_parallel_shards/dp_rank_00_tp_rank_00_pp_rank_00/optimizer.safetensors";
+  if (std::filesystem::exists(old_file))
+    fail("shardwise::load_sharded: \"", file, "\" keeps its optimizer state in per-rank files (\"", old_file.string(),
+         "\"), shardwise's earlier format, which this version does not read; load the model alone, or resume with the "
+         "earlier version and save again");
+  fail("shardwise::load_sharded: \"", file,
+       "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
 }
 
 /// Sets the optimizer's step count from a checkpoint saved with its state.
 template <class T>
 void resume_steps(AdamW<T>& optimizer, checkpoint_index const& index, std::filesystem::path const& dir) {
-  check_has_optimizer_state(index, dir.string());
-  optimizer.set_steps(static_cast<std::size_t>(std::stoull(index.metadata.at(optimizer_steps_key))));
+  check_has_optimizer_state(index, (dir / checkpoint_index_name).string());
+  std::string const& text = index.metadata.at(optimizer_steps_key);
+  std::size_t steps = 0;
+  auto const [end, failed] = std::from_chars(text.data(), text.data() + text.size(), steps);
+  if (failed != std::errc{} || end != text.data() + text.size())
+    fail("shardwise::load_sharded: \"", (dir / checkpoint_index_name).string(), "\": its ", optimizer_steps_key, " \"",
+         text, "\" is not a number of steps; the checkpoint is damaged: save it again");
+  optimizer.set_steps(steps);
 }
 
 /// The checkpoint's metadata with the optimizer's step count.
@@ -70,17 +87,16 @@ std::vector<whole_moments<T>> blank_moments(Model& model) {
 }
 
 /// Collectively over dp: every parameter's moments whole on this rank's tp shard (under ZeRO-1 the dp ranks'
-/// slices, gathered in dp rank order, which is the flattened shard's), kept where `keep` (the writer) only.
+/// slices, gathered in dp rank order, which is the flattened shard's), kept where `keep` (the writer) only. A
+/// state that does not fit the model is raised on every dp rank, after the gathers every rank makes.
 template <class Model, class T, class DpMesh>
-std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, bool keep) {
+std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, bool keep,
+                                             std::filesystem::path const& dir) {
   auto moments = keep ? blank_moments<T>(model) : std::vector<whole_moments<T>>{};
   bool const sliced = optimizer.options().zero1 && dp.size() > 1;
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  std::string error;
   optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t, std::span<T> m, std::span<T> v) {
-    if (keep && index >= moments.size())
-      fail(
-          "shardwise::save_sharded: the optimizer has more parameters than the model; save the optimizer with the "
-          "model it trains");
     if (!keep && !sliced) return;  // nothing to send, nothing kept
     for (auto [moment, which] : {std::pair{m, &whole_moments<T>::m}, std::pair{v, &whole_moments<T>::v}}) {
       vector whole = Eigen::Map<vector const>(moment.data(), static_cast<Eigen::Index>(moment.size()));
@@ -88,14 +104,16 @@ std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, 
         vector const mine = std::move(whole);
         all_gather_on(dp.comm(0), mine, whole, 0);  // uneven slices, in dp rank order
       }
-      if (!keep) continue;
-      auto& into = moments[index].*which;
-      if (whole.size() != into.size())
-        fail("shardwise::save_sharded: the optimizer's state of parameter ", index, " holds ", whole.size(),
-             " elements but the parameter ", into.size(), "; save the optimizer with the model it trains");
-      std::copy(whole.data(), whole.data() + whole.size(), into.data());
+      if (!keep || !error.empty()) continue;
+      if (index >= moments.size() || whole.size() != (moments[index].*which).size()) {
+        error = concat("shardwise::save_sharded: the optimizer's state of parameter ", index,
+                       " does not fit the model's parameters; save the optimizer with the model it trains");
+        continue;
+      }
+      std::copy(whole.data(), whole.data() + whole.size(), (moments[index].*which).data());
     }
   });
+  agree_on_errors(dp, error, "gathering the optimizer state", dir);
   return moments;
 }
 
@@ -112,29 +130,36 @@ void take_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, std::vect
 }
 
 /// A model (or pipeline stage) not under FSDP with its AdamW moments, walked as one checkpoint: the parameters,
-/// then their moments as tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" cut as the parameter is.
+/// then their moments as tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" cut as the parameter is. A load
+/// (`loading`) materializes lazily declared layers and sizes the moments as it walks them.
 template <class Model, class T>
 struct model_with_state {
   Model& model;
   std::vector<whole_moments<T>> moments;  ///< In the order of sw::for_each_parameter.
+  bool loading = false;
+
+  /// What the walk hands out lives as long as this: a save borrows it, as it borrows a model's parameters.
+  static constexpr bool shardwise_values_outlive_walk = true;
 
   template <class Fn>
   void shardwise_for_each_parameter_shard(Fn&& fn) {
-    check_materialized();
+    prepare_layers();
     for_each_parameter(model, [&](std::string const& name, auto const& p) {
       auto& value = *p.value;
       fn(checkpoint_name(name, p), p, value.rows(), value.cols(), 0, value);
     });
     std::size_t i = 0;
     for_each_parameter(model, [&](std::string const& name, auto const& p) {
-      if (i == moments.size())
-        fail(
-            "shardwise::save_sharded: the model has more parameters than the optimizer's state; save the "
-            "optimizer with the model it trains");
+      auto const rows = p.value->rows(), cols = p.value->cols();
+      if (loading && i == moments.size())
+        moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
+      if (i == moments.size() || moments[i].m.rows() != rows || moments[i].m.cols() != cols)
+        fail("shardwise::save_sharded: the optimizer's state does not fit parameter \"", name,
+             "\"; save the optimizer with the model it trains");
       auto& [m, v] = moments[i++];
       std::string const stored = concat(optimizer_state_prefix, checkpoint_name(name, p));
-      fn(stored + ".exp_avg", p, m.rows(), m.cols(), 0, m);
-      fn(stored + ".exp_avg_sq", p, v.rows(), v.cols(), 0, v);
+      fn(stored + ".exp_avg", p, rows, cols, 0, m);
+      fn(stored + ".exp_avg_sq", p, rows, cols, 0, v);
     });
   }
   /// For loaders: a checkpoint saved without the optimizer is refused by name, not as a missing tensor.
@@ -154,13 +179,16 @@ struct model_with_state {
   }
 
  private:
-  void check_materialized() {
+  void prepare_layers() {
     for_each_named_layer(model, [&](auto& l, std::string const& path) {
-      if constexpr (requires { l.materialized(); })
+      if constexpr (requires { l.materialized(); }) {
+        if constexpr (requires { l.shardwise_materialize(); })
+          if (loading && !l.materialized()) l.shardwise_materialize();
         if (!l.materialized())
           fail("shardwise::save_sharded: the layer at \"", path,
                "\" is not materialized (declared lazily); a model with optimizer state has been trained: load it "
                "first");
+      }
     });
   }
 };
@@ -178,7 +206,7 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::save_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
-  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0)};
+  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
   std::string error;
   if (dp.rank() == 0) {
     try {
@@ -198,7 +226,10 @@ template <class Model, class T, class TpMesh, class PpMesh, class DpMesh>
 void save_sharded(Model& stage, AdamW<T>& optimizer, TpMesh const& tp, PpMesh const& pp, DpMesh const& dp,
                   std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {}) {
-  detail::model_with_state<Model, T> walked{stage, detail::gather_moments(stage, optimizer, dp, dp.rank() == 0)};
+  static_assert(!detail::hands_out_parameter_shards<Model>,
+                "shardwise::save_sharded(stage, optimizer, tp, pp, dp, ...): a model under FSDP shards its optimizer "
+                "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
+  detail::model_with_state<Model, T> walked{stage, detail::gather_moments(stage, optimizer, dp, dp.rank() == 0, dir)};
   std::string error;
   if (dp.rank() == 0) {
     try {
@@ -223,7 +254,7 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                 "shardwise::save_sharded(..., async_save): a model under FSDP shards its optimizer state itself; "
                 "call save_sharded(sharded, optimizer, [tp,] dir, step, saver)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
-  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0)};
+  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
   std::string error;
   if (dp.rank() == 0) {
     try {
@@ -246,10 +277,19 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
 template <class Model, class T, class TpMesh, class DpMesh>
 checkpoint_index load_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh const& dp,
                               std::filesystem::path const& dir, load_options const& options = {}) {
-  detail::model_with_state<Model, T> walked{model, detail::blank_moments<T>(model)};
+  static_assert(!detail::hands_out_parameter_shards<Model>,
+                "shardwise::load_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
+                "state itself; call load_sharded(sharded, optimizer, [tp,] dir)");
+  detail::model_with_state<Model, T> walked{model, {}, true};
   auto index = detail::load_sharded_agreed(walked, tp, dir, options, tp, dp);
-  detail::take_moments(model, optimizer, dp, walked.moments);
-  detail::resume_steps(optimizer, index, dir);
+  std::string error;
+  try {
+    detail::take_moments(model, optimizer, dp, walked.moments);
+    detail::resume_steps(optimizer, index, dir);
+  } catch (std::exception const& e) {
+    error = e.what();
+  }
+  detail::agree_on_errors_across(error, "taking the optimizer state", dir, "load_sharded", tp, dp);
   return index;
 }
 

@@ -220,8 +220,10 @@ template <class Model>
 rank_file_plan plan_rank_file(Model& model, save_group const& group, std::uint64_t generation, std::int64_t step) {
   int const size = group.tp_size, rank = group.tp_rank;
   rank_file_plan plan;
-  // A model that hands out its ranks' rows itself (FSDP) may hand out temporaries; parameters are borrowed.
-  constexpr bool hands_out_shards = requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); };
+  // A model that hands out its ranks' rows itself (FSDP) may hand out temporaries, unless it says they outlive
+  // the walk; parameters are borrowed.
+  constexpr bool hands_out_shards = requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); } &&
+                                    !requires { requires Model::shardwise_values_outlive_walk; };
   plan.file = group.folder(rank, group.pp_rank, group.dp_rank) + "/model.safetensors";
   nlohmann::json offsets = nlohmann::json::object();
   for_each_checkpoint_tensor(model, size, rank, false, [&](tensor_layout const& t, auto& value) {
@@ -366,7 +368,7 @@ void save_sharded_stage(Model& model, save_group const& group, std::filesystem::
 /// Saves the model's parameters as a sharded checkpoint in `dir`, collectively over the tp mesh (every tp rank
 /// calls it). `dir` is replaced atomically: a new folder, or a previous checkpoint.
 /// `also_write(folder, tp_rank)`, if given, runs on every tp rank after its shard is written and may add files
-/// under `folder` (the checkpoint being built): they are committed with it, atomically (optimizer state).
+/// under `folder` (the checkpoint being built): they are committed with it, atomically.
 template <class Model, class TpMesh>
 void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {},
