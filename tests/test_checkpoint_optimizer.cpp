@@ -184,11 +184,11 @@ TEST_CASE("Checkpoint with optimizer state resumes at another dp x tp and ZeRO-1
     std::size_t vocabulary;
   };
   // The last pair's vocabulary (62) is padded to 64 at tp 4: the moments' padding rows are neither saved nor read.
-  for (auto const& [saved, resumed, vocabulary] :
-       {Pair{{2, 2, true}, {1, 4, false}, 64}, Pair{{4, 1, false}, {2, 2, true}, 64},
-        Pair{{1, 4, false}, {4, 1, true}, 64}, Pair{{2, 2, false}, {2, 1, true}, 64},
-        Pair{{2, 2, true}, {1, 4, true}, 62}}) {
-    c.vocabulary = vocabulary;
+  for (auto const& pair : {Pair{{2, 2, true}, {1, 4, false}, 64}, Pair{{4, 1, false}, {2, 2, true}, 64},
+                           Pair{{1, 4, false}, {4, 1, true}, 64}, Pair{{2, 2, false}, {2, 1, true}, 64},
+                           Pair{{2, 2, true}, {1, 4, true}, 62}}) {
+    Layout const saved = pair.saved, resumed = pair.resumed;  // not bindings: clang 14 cannot capture those
+    c.vocabulary = pair.vocabulary;
     INFO("saved at dp " << saved.dp << " x tp " << saved.tp << " (ZeRO-1 " << saved.zero1 << "), resumed at dp "
                         << resumed.dp << " x tp " << resumed.tp << " (ZeRO-1 " << resumed.zero1 << "), vocabulary "
                         << c.vocabulary);
