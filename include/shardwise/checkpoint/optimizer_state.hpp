@@ -129,6 +129,20 @@ void take_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, std::vect
   });
 }
 
+/// Runs `write` on dp rank 0 (the replica that writes) and raises its failure, if any, on every dp rank.
+template <class DpMesh, class Write>
+void on_dp_rank0(DpMesh const& dp, std::filesystem::path const& dir, std::string_view stage, Write&& write) {
+  std::string error;
+  if (dp.rank() == 0) {
+    try {
+      write();
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+  }
+  agree_on_errors(dp, error, stage, dir);
+}
+
 /// A model (or pipeline stage) not under FSDP with its AdamW moments, walked as one checkpoint: the parameters,
 /// then their moments as tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" cut as the parameter is. A load
 /// (`loading`) materializes lazily declared layers and sizes the moments as it walks them.
@@ -207,15 +221,8 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                 "shardwise::save_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
   detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
-  std::string error;
-  if (dp.rank() == 0) {
-    try {
-      save_sharded(walked, tp, dir, step, detail::with_steps(metadata, optimizer));
-    } catch (std::exception const& e) {
-      error = e.what();
-    }
-  }
-  detail::agree_on_errors(dp, error, "saving the model and optimizer state", dir);
+  detail::on_dp_rank0(dp, dir, "saving the model and optimizer state",
+                      [&] { save_sharded(walked, tp, dir, step, detail::with_steps(metadata, optimizer)); });
 }
 
 /// Saves a pipeline stage and its AdamW state, collectively over tp, the pipeline axis `pp` and the stage's dp
@@ -230,15 +237,8 @@ void save_sharded(Model& stage, AdamW<T>& optimizer, TpMesh const& tp, PpMesh co
                 "shardwise::save_sharded(stage, optimizer, tp, pp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
   detail::model_with_state<Model, T> walked{stage, detail::gather_moments(stage, optimizer, dp, dp.rank() == 0, dir)};
-  std::string error;
-  if (dp.rank() == 0) {
-    try {
-      save_sharded(walked, tp, pp, dir, step, detail::with_steps(metadata, optimizer));
-    } catch (std::exception const& e) {
-      error = e.what();
-    }
-  }
-  detail::agree_on_errors(dp, error, "saving the stage and optimizer state", dir);
+  detail::on_dp_rank0(dp, dir, "saving the stage and optimizer state",
+                      [&] { save_sharded(walked, tp, pp, dir, step, detail::with_steps(metadata, optimizer)); });
 }
 
 /// Saves the model and the AdamW state as the overload above does, asynchronously through `saver` (see
@@ -255,18 +255,12 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                 "call save_sharded(sharded, optimizer, [tp,] dir, step, saver)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
   detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
-  std::string error;
-  if (dp.rank() == 0) {
-    try {
-      auto group = detail::owning_save_group(tp);
-      group.tp_size = tp.size(), group.tp_rank = tp.rank();
-      detail::async_save_access::start(saver, walked, std::move(group), dir, step,
-                                       detail::with_steps(metadata, optimizer), {});
-    } catch (std::exception const& e) {
-      error = e.what();
-    }
-  }
-  detail::agree_on_errors(dp, error, "saving the model and optimizer state", dir);
+  detail::on_dp_rank0(dp, dir, "saving the model and optimizer state", [&] {
+    auto group = detail::owning_save_group(tp);
+    group.tp_size = tp.size(), group.tp_rank = tp.rank();
+    detail::async_save_access::start(saver, walked, std::move(group), dir, step,
+                                     detail::with_steps(metadata, optimizer), {});
+  });
   detail::async_save_access::extend_over(saver, dp, dir, "saving the model and optimizer state in the background");
 }
 
