@@ -144,11 +144,7 @@ llama_cases::Run resumable_run(World const& world, Layout const& at, models::Lla
   }
   llama_cases::Run run;
   run.losses = t.train(tp, dp, first, more, c);
-  sw::for_each_parameter(t.model, [&](std::string const& name, auto const& p) {
-    auto const whole = sw::full_tensor(p);
-    auto& kept = run.parameters.emplace_back(llama_cases::TrainedTensor{name, {}});
-    kept.values.assign(whole.data(), whole.data() + whole.size());
-  });
+  run.parameters = llama_cases::whole_parameters(t.model);
   return run;
 }
 

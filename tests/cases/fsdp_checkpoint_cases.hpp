@@ -235,10 +235,7 @@ llama_cases::Run zero1_run(World const& world, models::LlamaConfig const& c, int
     run.losses.push_back(sw::all_reduce(dp, result.loss, sw::Avg{}));
   }
   if (save) sw::save_sharded(model, optimizer, tp, dp, dir, 3);
-  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
-    auto const whole = sw::full_tensor(p);
-    run.parameters.push_back({name, std::vector<float>(whole.data(), whole.data() + whole.size())});
-  });
+  run.parameters = llama_cases::whole_parameters(model);
   return run;
 }
 

@@ -59,6 +59,17 @@ struct Run {
   std::vector<double> own_norms;
 };
 
+/// Every parameter of `model` gathered whole over tp (copies once, vocabulary padding left out), in its order.
+template <class Model>
+std::vector<TrainedTensor> whole_parameters(Model& model) {
+  std::vector<TrainedTensor> parameters;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    auto const whole = sw::full_tensor(p);
+    parameters.push_back({name, std::vector<float>(whole.data(), whole.data() + whole.size())});
+  });
+  return parameters;
+}
+
 /// Trains for `steps` on a dp x tp mesh of `world`; every rank returns the same Run (but for state_elements and
 /// dp_rank). max_grad_norm: AdamW's global-norm clipping threshold (0: none); `sequences` per step, over all
 /// dp ranks, in `micro_batches` microbatches on each.

@@ -157,7 +157,8 @@ struct model_with_state {
 
   template <class Fn>
   void shardwise_for_each_parameter_shard(Fn&& fn) {
-    prepare_layers();
+    for_each_named_layer(model,
+                         [&](auto& l, std::string const& path) { materialized_for_checkpoint(l, path, loading); });
     for_each_parameter(model, [&](std::string const& name, auto const& p) {
       auto& value = *p.value;
       fn(checkpoint_name(name, p), p, value.rows(), value.cols(), 0, value);
@@ -190,20 +191,6 @@ struct model_with_state {
     requires requires(Model const& m) { m.shardwise_other_stage(name); }
   {
     return model.shardwise_other_stage(name);
-  }
-
- private:
-  void prepare_layers() {
-    for_each_named_layer(model, [&](auto& l, std::string const& path) {
-      if constexpr (requires { l.materialized(); }) {
-        if constexpr (requires { l.shardwise_materialize(); })
-          if (loading && !l.materialized()) l.shardwise_materialize();
-        if (!l.materialized())
-          fail("shardwise::save_sharded: the layer at \"", path,
-               "\" is not materialized (declared lazily); a model with optimizer state has been trained: load it "
-               "first");
-      }
-    });
   }
 };
 

@@ -136,6 +136,20 @@ tensor_layout layout_of(P const& p, std::string const& path, int size, int rank,
   return t;
 }
 
+/// A lazily declared layer (at `path`) allocated for a load (`materialize`), or refused for a save: a layer
+/// that no load has filled has nothing to write.
+template <class Layer>
+void materialized_for_checkpoint(Layer& l, std::string const& path, bool materialize) {
+  if constexpr (requires { l.materialized(); }) {
+    if (l.materialized()) return;
+    if constexpr (requires { l.shardwise_materialize(); })
+      if (materialize) l.shardwise_materialize();
+    if (!l.materialized())
+      fail("shardwise::save_sharded: the layer at \"", path,
+           "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
+  }
+}
+
 /// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
 /// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused. A
 /// model whose ranks hold rows of the tp-local tensors (FSDP's shards) hands them out itself: the layout is then
@@ -153,15 +167,7 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
     });
   } else {
     auto visit_layer = [&](auto& l, std::string const& path) {
-      if constexpr (requires { l.materialized(); }) {
-        if (!l.materialized()) {
-          if constexpr (requires { l.shardwise_materialize(); })
-            if (materialize) l.shardwise_materialize();
-          if (!l.materialized())
-            fail("shardwise::save_sharded: the layer at \"", path,
-                 "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
-        }
-      }
+      materialized_for_checkpoint(l, path, materialize);
       auto parameters = l.parameters();
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         (
