@@ -1,6 +1,10 @@
 // The Llama model trained in pipeline stages on the thread mesh at 1, 2 and 4 ranks, with tp and dp beside the
-// pipeline at 4, against the unsharded run (cases/llama_pipeline_cases.hpp).
+// pipeline at 4, and with FSDP within the stages at pp 2 x dp 2, against the unsharded run
+// (cases/llama_pipeline_cases.hpp).
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <span>
 
 #include "cases/llama_pipeline_cases.hpp"
 #include "support/worlds.hpp"
@@ -28,5 +32,40 @@ TEST_CASE("LlamaStage: a split of another layer count is refused; tied embedding
     auto const pp = shardwise::make_mesh<"pp">(world, {1});
     CHECK_THROWS_WITH_AS(first.shardwise_after_pipeline_step(pp),
                          doctest::Contains("with the first and last stages on one rank"), shardwise::error);
+  });
+}
+
+TEST_CASE("Llama in pipeline stages under FSDP: equal to the unsharded run, thread mesh") {
+  worlds::run_threads(4, [&](auto& world) { llama_pipeline_cases::check_all_sharded(world, llama_cases::steps()); });
+}
+
+TEST_CASE("FSDP within pipeline stages: the stages' span after fully_shard, and unreduced gradients, are refused") {
+  namespace sw = shardwise;
+  using llama_pipeline_cases::Setup;
+  worlds::run_threads(2, [&](auto& world) {
+    Setup const s{.dp = 2, .pp = 1, .microbatches = 2};
+    auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {2, 1, 1});
+    auto const tp = sw::submesh<"tp">(mesh);
+    auto const pp = sw::submesh<"pp">(mesh);
+    auto const dp = sw::submesh<"dp">(mesh);
+    auto stage = llama_pipeline_cases::make_stages<sw::serial_plan>(s, pp);
+    sw::parallelize(stage, tp);
+    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(stage, dp);
+    llama_pipeline_cases::microbatch_feed<decltype(stage), decltype(tp)> feed{stage, tp, s, dp.rank()};
+    feed.load(0);
+    // The span of the stages: their parameters are freed between the units' calls.
+    CHECK_THROWS_WITH_AS(
+        sw::run_pipeline_step(sw::GPipe{}, pp, std::span(stage), 2, feed.input(), feed.loss_gradient()),
+        doctest::Contains("pass the sharded model itself"), sw::error);
+    // Without gradient sync the step leaves whole gradients unreduced: the optimizer refuses the shards.
+    sw::AdamW<float> optimizer({.learning_rate = 3e-3f});
+    sharded.set_requires_gradient_sync(false);
+    sw::run_pipeline_step(sw::GPipe{}, pp, sharded, 2, feed.input(), feed.loss_gradient());
+    CHECK_THROWS_WITH_AS(optimizer.step(sharded, pp), doctest::Contains("were not reduced over data parallelism"),
+                         sw::error);
+    // With it on again, the next step reduces what both steps accumulated, and the optimizer steps.
+    sharded.set_requires_gradient_sync(true);
+    sw::run_pipeline_step(sw::GPipe{}, pp, sharded, 2, feed.input(), feed.loss_gradient());
+    CHECK(std::isfinite(optimizer.step(sharded, pp)));
   });
 }

@@ -40,6 +40,8 @@ struct Setup {
   bool checkpoint_blocks = false;  ///< activation checkpointing per transformer block
   bool tied = false;               ///< tie_word_embeddings: the embedding on the first stage, the output on the last
   bool zero1 = false;
+  /// train_sharded: when the stages' gradients are reduce-scattered over dp
+  sw::sharded_gradient_reduction reduction = sw::sharded_gradient_reduction::every_microbatch;
   int first_step = 0;  ///< the step whose batch comes first (a run resumed from a checkpoint)
   int sequences() const { return 2 * dp * microbatches; }  ///< per step, over every dp rank: two per microbatch
 };
@@ -67,50 +69,110 @@ struct nothing_after {
   template <class... Args>
   void operator()(Args&&...) const {}
 };
-template <class Plan, class Schedule, class World, class After = nothing_after, class Before = nothing_after>
-Run train(World const& world, Setup const& s, Schedule const& schedule, int steps, After&& after = {},
-          Before&& before = {}) {
+/// This rank's chunks of the model: chunk k is stage k * pp + rank (one chunk unless interleaved).
+template <class Plan, class PipelineMesh>
+sw::stage_chunks<models::LlamaStage<float, Plan>> make_stages(Setup const& s, PipelineMesh const& pp) {
   auto const c = config(s.tied);
-  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
-  auto const tp = sw::submesh<"tp">(mesh);
-  auto const pp = sw::submesh<"pp">(mesh);
-  auto const dp = sw::submesh<"dp">(mesh);
-  // This rank's chunks: chunk k is stage k * pp + rank of the model (one chunk unless interleaved).
   sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
   sw::stage_split const split(c.layers, pp.size() * s.chunks);
   for (int k = 0; k < s.chunks; ++k) {
     stage.emplace_back(c, split, k * pp.size() + pp.rank());
     stage.back().checkpoint_blocks(s.checkpoint_blocks);
   }
+  return stage;
+}
+
+/// Each step's microbatches on this dp rank, and what run_pipeline_step takes of them: the first stage's input and
+/// the last stage's loss gradient, which records the step's loss (the mean over the microbatches, in their order).
+template <class Stages, class TensorMesh>
+struct microbatch_feed {
+  Stages& stage;
+  TensorMesh const& tp;
+  Setup const& s;
+  int dp_rank;
+  std::vector<std::vector<std::int64_t>> ids = std::vector<std::vector<std::int64_t>>(std::size_t(s.microbatches));
+  std::vector<std::vector<std::int64_t>> targets = ids;
+  float step_loss = 0;
+
+  void load(int step) {
+    int const per_rank = s.sequences() / s.dp, per_micro = per_rank / s.microbatches;
+    for (std::size_t m = 0; m < ids.size(); ++m)
+      llama_cases::batch(config(s.tied), step, s.sequences(), dp_rank * per_rank + static_cast<int>(m) * per_micro,
+                         per_micro, ids[m], targets[m]);
+    step_loss = 0;
+  }
+  auto input() {
+    return [this](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); };
+  }
+  auto loss_gradient() {
+    return [this](int m, auto const& h) {
+      float const scale = 1.0f / float(s.microbatches);
+      auto result = stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], scale);
+      step_loss += result.loss / float(s.microbatches);
+      return result.gradient;
+    };
+  }
+  /// The step's loss, the same on every rank: the last stage's, averaged over dp.
+  template <class PipelineMesh, class DataMesh>
+  float loss(PipelineMesh const& pp, DataMesh const& dp) const {
+    float const loss = sw::all_reduce(pp, stage.back().is_last() ? step_loss : 0.0f, sw::Sum{});
+    return sw::all_reduce(dp, loss, sw::Avg{});
+  }
+};
+
+template <class Plan, class Schedule, class World, class After = nothing_after, class Before = nothing_after>
+Run train(World const& world, Setup const& s, Schedule const& schedule, int steps, After&& after = {},
+          Before&& before = {}) {
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const pp = sw::submesh<"pp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto stage = make_stages<Plan>(s, pp);
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = s.zero1});
   sw::parallelize(stage, tp);
   before(stage, tp, pp, dp, optimizer);
-  int const m_count = s.microbatches, per_rank = s.sequences() / s.dp, per_micro = per_rank / m_count;
-  std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(m_count)), targets(ids.size());
+  microbatch_feed<decltype(stage), decltype(tp)> feed{stage, tp, s, dp.rank()};
   Run run;
   for (int step = s.first_step; step < s.first_step + steps; ++step) {
-    for (std::size_t m = 0; m < ids.size(); ++m)
-      llama_cases::batch(c, step, s.sequences(), dp.rank() * per_rank + static_cast<int>(m) * per_micro, per_micro,
-                         ids[m], targets[m]);
-    float step_loss = 0;  // on the last stage: the mean over the microbatches, summed in their order
-    auto input = [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); };
-    auto loss_gradient = [&](int m, auto const& h) {
-      auto result = stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(m_count));
-      step_loss += result.loss / float(m_count);
-      return result.gradient;
-    };
-    sw::run_pipeline_step(schedule, pp, std::span(stage), m_count, input, loss_gradient,
+    feed.load(step);
+    sw::run_pipeline_step(schedule, pp, std::span(stage), s.microbatches, feed.input(), feed.loss_gradient(),
                           sw::pipeline_options{s.activations});
     run.norms.push_back(optimizer.step(sw::finish_gradients(stage), dp, pp));
     sw::zero_grad(stage);
-    float const loss = sw::all_reduce(pp, stage.back().is_last() ? step_loss : 0.0f, sw::Sum{});
-    run.losses.push_back(sw::all_reduce(dp, loss, sw::Avg{}));
+    run.losses.push_back(feed.loss(pp, dp));
   }
   run.parameters = parameters_of(stage, &run.mirrors);
   if constexpr (std::is_invocable_v<After&, decltype(stage)&, decltype(tp) const&, decltype(pp) const&>)
     after(stage, tp, pp);
   else
     after(stage, tp, pp, dp, optimizer);
+  return run;
+}
+
+/// train's run with the stages under FSDP (sw::fully_shard<Policy> over dp, after parallelize over tp): the
+/// sharded model is what run_pipeline_step drives and AdamW::step(sharded, pp) steps.
+template <class Plan, class Policy, class Schedule, class World>
+Run train_sharded(World const& world, Setup const& s, Schedule const& schedule, int steps) {
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const pp = sw::submesh<"pp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto stage = make_stages<Plan>(s, pp);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  sw::parallelize(stage, tp);
+  auto sharded = sw::fully_shard<Policy>(stage, dp);
+  microbatch_feed<decltype(stage), decltype(tp)> feed{stage, tp, s, dp.rank()};
+  Run run;
+  for (int step = s.first_step; step < s.first_step + steps; ++step) {
+    feed.load(step);
+    sw::run_pipeline_step(schedule, pp, sharded, s.microbatches, feed.input(), feed.loss_gradient(),
+                          sw::pipeline_options{s.activations, s.reduction});
+    run.norms.push_back(optimizer.step(sharded, pp));
+    sw::zero_grad(sharded);
+    run.losses.push_back(feed.loss(pp, dp));
+  }
+  sharded.unshard();
+  run.parameters = parameters_of(stage, &run.mirrors);
   return run;
 }
 
@@ -155,6 +217,43 @@ void check(World const& world, Setup const& s, Schedule const& schedule, int ste
   Run const got = train<Plan>(world, s, schedule, steps);
   auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
   check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps));
+}
+
+/// FSDP within the stages (full shard, a unit per block) trained with `schedule` against the unsharded run.
+template <class Plan, class Schedule, class World>
+void check_sharded(World const& world, Setup const& s, Schedule const& schedule, int steps) {
+  bool const every = s.reduction == sw::sharded_gradient_reduction::every_microbatch;
+  INFO("FSDP: dp " << s.dp << " x pp " << s.pp << " x tp " << world.size() / (s.dp * s.pp) << ", " << s.microbatches
+                   << " microbatches, " << s.chunks << " chunks, reduced "
+                   << std::string(every ? "every microbatch" : "at the step's end"));
+  using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>;
+  Run const got = train_sharded<Plan, policy>(world, s, schedule, steps);
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
+  check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps));
+}
+
+/// FSDP within pipeline stages, every setup that fits `world`: pp 2 x dp 2 with GPipe, 1F1B and interleaved 1F1B,
+/// each reducing every microbatch and once at the step's end; pp 2 x dp 2 x tp 2 with sequence parallelism.
+template <class World>
+void check_all_sharded(World const& world, int steps) {
+  int const n = world.size();
+  for (auto reduction :
+       {sw::sharded_gradient_reduction::end_of_step, sw::sharded_gradient_reduction::every_microbatch}) {
+    if (n == 4) {
+      check_sharded<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .reduction = reduction}, sw::GPipe{},
+                                     steps);
+      check_sharded<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 3, .reduction = reduction},
+                                     sw::OneFOneB{}, steps);
+      check_sharded<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .chunks = 2, .reduction = reduction},
+                                     sw::Interleaved1F1B<2>{}, steps);
+    }
+    if (n == 8) {
+      check_sharded<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .reduction = reduction},
+                                              sw::GPipe{}, steps);
+      check_sharded<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 3, .reduction = reduction},
+                                              sw::OneFOneB{}, steps);
+    }
+  }
 }
 
 /// Activation checkpointing per stage, and per transformer block: the same run, bit for bit.

@@ -78,13 +78,11 @@ class fully_sharded final : detail::module_hooks {
   /// The model's forward (its root unit gathered for the step; each unit's module gathers in sw::forward).
   template <class... Args>
   auto forward(Args&&... args) {
-    if (unfilled_)
-      detail::fail(
-          "shardwise::fully_shard: the model was declared with sw::Lazy and its shards hold no values yet; "
-          "fill them with sw::load_sharded or sw::load_consolidated before its forward");
+    refuse_unfilled();
     phase_ = phase::forward;
     idle_after const pass{phase_};
     spare_->active = false;  // what is released below (unshard's tensors) is freed, not handed along
+    pipelining_ = false;
     for (auto& u : units_) {
       release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
       u.called = u.reduced = false;
@@ -124,6 +122,39 @@ class fully_sharded final : detail::module_hooks {
       finish_backward();
       return dx;
     }
+  }
+
+  /// FSDP2's set_requires_gradient_sync: whether a backward reduce-scatters the gradients (the default). Off, the
+  /// layers keep accumulating whole gradients over backwards (gradient accumulation, or a pipeline step's
+  /// microbatches, or pipeline steps) and nothing moves over dp; the next backward (or pipeline step) with it on
+  /// reduces the sum. The optimizer refuses shards whose gradients are still unreduced.
+  void set_requires_gradient_sync(bool on) { sync_ = on; }
+  /// Whether a backward reduce-scatters the gradients (set_requires_gradient_sync).
+  [[nodiscard]] bool requires_gradient_sync() const { return sync_; }
+
+  /// For sw::run_pipeline_step: this rank's pipeline chunks (the model's stage_chunks, or the model as one).
+  auto shardwise_pipeline_chunks() {
+    if constexpr (requires { std::span(model_); })
+      return std::span(model_);
+    else
+      return std::span(&model_, 1);
+  }
+  /// For sw::run_pipeline_step, before a step's first action: the root unit gathered for the whole step (the
+  /// last stage's head runs outside any chunk's forward), every other unit released and its counts reset;
+  /// `every_microbatch`: a unit's gradients are reduce-scattered after each of its backwards, else at the end.
+  void shardwise_pipeline_begin(bool every_microbatch);
+  /// For sw::run_pipeline_step, before a forward action: the units' hooks act as in a forward.
+  void shardwise_pipeline_forward() { phase_ = phase::forward; }
+  /// For sw::run_pipeline_step, before a backward action: the units' hooks act as in a backward (a recomputed
+  /// forward gathers without releasing).
+  void shardwise_pipeline_backward() { phase_ = phase::backward; }
+  /// For sw::run_pipeline_step, after a step's last action: the gradients left unreduced (no gradient sync) and
+  /// the root's reduced, the root released; throws, naming the unit, if a unit's forwards and backwards differ.
+  void shardwise_pipeline_end();
+  /// For sw::run_pipeline_step, when a step throws: the hooks stop acting.
+  void shardwise_pipeline_abandon() {
+    phase_ = phase::idle;
+    pipelining_ = false;
   }
 
   /// Gathers every unit's masters in full precision (collective): the model then holds its whole parameters,
@@ -182,6 +213,7 @@ class fully_sharded final : detail::module_hooks {
   /// what its squares count in the global norm on this rank (0 where another rank counts them).
   template <class Fn>
   void shardwise_for_each_shard(Fn&& fn) {
+    refuse_unreduced_gradients();
     for (auto& s : slots_) {
       auto const n = static_cast<std::size_t>(s.row_count * s.cols);
       scalar* value = keeps_master ? s.shard.data() : s.resize_value(true);
@@ -194,17 +226,7 @@ class fully_sharded final : detail::module_hooks {
   /// this tp rank (parameter.value is freed between units' calls); what fn leaves in it becomes the shard. The
   /// units are released first, so a forward after a load gathers the new values.
   template <class Fn>
-  void shardwise_for_each_parameter_shard(Fn&& fn) {
-    reshard();
-    std::size_t i = 0;
-    for_each_parameter(model_, [&](std::string const& name, auto const& p) {
-      auto& s = slots_[i++];
-      scalar* master = keeps_master ? s.shard.data() : s.resize_value(true);
-      nn::matrix<scalar> shard = Eigen::Map<nn::matrix<scalar> const>(master, s.row_count, s.cols);
-      fn(name, p, s.rows, s.cols, s.first_row, shard);
-      std::copy(shard.data(), shard.data() + shard.size(), master);
-    });
-  }
+  void shardwise_for_each_parameter_shard(Fn&& fn);
   /// For loaders, once a load has succeeded: the shards hold a checkpoint's values, so a model declared with
   /// sw::Lazy may run.
   void shardwise_mark_loaded() { unfilled_ = false; }
@@ -260,42 +282,11 @@ class fully_sharded final : detail::module_hooks {
     });
   }
 
-  void before_forward(detail::module_id module) override {
-    if (phase_ == phase::idle) return;  // a module called outside this model's passes
-    if (auto* u = unit_of(module)) {
-      gather(*u);
-      u->called = true;
-      if (phase_ != phase::forward) return;  // a recomputation in backward (activation checkpointing)
-      forward_order_.push_back(index_of(*u));
-      if (options_.forward_prefetch) prefetch(next_in_forward(index_of(*u)));
-      spare_->spare.clear();  // what this unit (and its prefetch) did not take: other shapes, not kept waiting
-    }
-  }
-  void after_forward(detail::module_id module) override {
-    if (phase_ == phase::idle) return;  // a module called outside this model's passes
-    if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) {
-      release(*u);
-      if (!next_in_forward(index_of(*u))) spare_->end_pass();  // no unit of this pass takes what it released
-    }
-  }
-  void before_backward(detail::module_id module) override {
-    if (phase_ == phase::idle) return;  // a module called outside this model's passes
-    if (auto* u = unit_of(module)) {
-      gather(*u);
-      for (auto i : u->slots) slots_[i].reuse_grad();
-      if (options_.backward_prefetch) prefetch(next_in_backward(index_of(*u)));
-      spare_->spare.clear();  // what this unit (and its prefetch) did not take: other shapes, not kept waiting
-    }
-  }
-  void after_backward(detail::module_id module) override {
-    if (phase_ == phase::idle) return;  // a module called outside this model's passes
-    if (auto* u = unit_of(module)) {
-      reduce_gradients(*u);
-      release(*u);
-      if (!next_in_backward(index_of(*u))) spare_->spare.clear();  // not kept through the root's reduce-scatter
-      u->reduced = true;
-    }
-  }
+  // The hooks sw::forward and sw::backward call around a module (fsdp/fully_shard_hooks.hpp).
+  void before_forward(detail::module_id module) override;
+  void after_forward(detail::module_id module) override;
+  void before_backward(detail::module_id module) override;
+  void after_backward(detail::module_id module) override;
 
   detail::fsdp_unit* unit_of(detail::module_id module) {
     for (std::size_t i = 1; i < units_.size(); ++i)
@@ -303,19 +294,13 @@ class fully_sharded final : detail::module_hooks {
     return nullptr;
   }
 
-  void finish_backward() {
-    finish_prefetches();
-    reduce_gradients(units_[0]);
-    release(units_[0]);  // its parameters' storage kept for the next forward's first gather
-    spare_->end_pass();
-    phase_ = phase::idle;
-    for (std::size_t i = 1; i < units_.size(); ++i)
-      if (units_[i].called && !units_[i].reduced)
-        detail::fail(
-            "shardwise::fully_shard: the unit \"", units_[i].path,
-            "\" ran forward but its gradients were not reduced: call it as sw::backward(module, dy) in the model's "
-            "backward");
-  }
+  /// The end of the model's backward: the root's gradients reduced, every unit that ran forward checked.
+  void finish_backward();
+
+  /// A model declared with sw::Lazy and not loaded yet cannot run.
+  void refuse_unfilled() const;
+  /// The optimizer (or a checkpoint) would read gradient shards that miss the whole gradients still held.
+  void refuse_unreduced_gradients() const;
 
   void gather(detail::fsdp_unit& u) {
     if (!u.in_flight.empty()) finish_prefetch(u);
@@ -368,7 +353,14 @@ class fully_sharded final : detail::module_hooks {
   void release(detail::fsdp_unit& u);
 
   /// The unit's gradients finished over tp, averaged over dp into the gradient shards, and freed.
-  void reduce_gradients(detail::fsdp_unit& u);
+  void reduce_gradients(detail::fsdp_unit& u) {
+    finish_gradients_of(u);
+    reduce_finished_gradients(u);
+  }
+  /// The tp step of reduce_gradients (partial sums, replicated heads' copies), while the unit is gathered.
+  void finish_gradients_of(detail::fsdp_unit& u);
+  /// The dp step of reduce_gradients: finished gradients averaged into the shards and freed.
+  void reduce_finished_gradients(detail::fsdp_unit& u);
 
   /// into += this rank's rows of the average of `whole` over dp (hybrid: and over the replicas), reduced in
   /// whole's element type.
@@ -409,6 +401,9 @@ class fully_sharded final : detail::module_hooks {
   phase phase_ = phase::idle;
   std::vector<std::size_t> forward_order_, last_forward_order_;  // units in the order their forwards ran
   std::size_t prefetched_ = 0;
+  bool sync_ = true;         // set_requires_gradient_sync
+  bool pipelining_ = false;  // within a pipeline step (shardwise_pipeline_begin .. end)
+  bool reduce_every_microbatch_ = true;
   bool unfilled_ = false;  // declared with sw::Lazy: the shards are zeros until a load fills them
 };
 
@@ -416,6 +411,8 @@ class fully_sharded final : detail::module_hooks {
 
 // The members on units and slots, defined apart.
 #include "shardwise/fsdp/fully_shard_slots.hpp"
+// The hooks around the model's modules, and pipeline steps over it (sw::run_pipeline_step), defined apart.
+#include "shardwise/fsdp/fully_shard_hooks.hpp"
 
 namespace shardwise {
 

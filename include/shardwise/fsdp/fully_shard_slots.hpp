@@ -4,6 +4,7 @@
 // threshold) and one slot per parameter (this rank's shard of it and of its gradient, and how to resize, finish and
 // clear the layer's tensors) — and what a step does with a unit's slots: gather, release, reduce the gradients.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -124,9 +125,10 @@ auto fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot(std::stri
   };
   s.finish = [p] { detail::finish_gradient(p); };
   s.mark_finished = [p] { detail::mark_copies_summed(p); };
-  s.finished_grad = [p] {
-    detail::ensure_gradient(p);
-    return detail::finished_view(p).grad->data();
+  s.finished_grad = [p, rows, cols] {  // by the slot's shape: the value may be released already (pipeline steps)
+    auto const finished = detail::finished_view(p);
+    if (finished.grad->size() != rows * cols) finished.grad->setZero(rows, cols);
+    return finished.grad->data();
   };
   s.clear_grad = [p, spare = spare_](bool free) {
     for (Tensor* g : {p.grad, p.reduced_into}) {
@@ -188,9 +190,13 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::release(detail::fsd
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reduce_gradients(detail::fsdp_unit& u) {
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_gradients_of(detail::fsdp_unit& u) {
   for (auto i : u.slots) slots_[i].finish();
   for (auto i : u.slots) slots_[i].mark_finished();
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reduce_finished_gradients(detail::fsdp_unit& u) {
   for (auto i : u.slots) {
     auto& s = slots_[i];
     Eigen::Map<nn::matrix<scalar>> whole(s.finished_grad(), s.rows, s.cols);
@@ -203,6 +209,7 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reduce_gradients(de
     }
     s.clear_grad(sharded);
   }
+  u.unreduced = false;
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
@@ -220,6 +227,20 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::average_into(Whole&
     detail::all_reduce_on(dp_.comm(0), whole, detail::op_kind::avg);
     into += whole.template cast<scalar>();
   }
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+template <class Fn>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::shardwise_for_each_parameter_shard(Fn&& fn) {
+  reshard();
+  std::size_t i = 0;
+  for_each_parameter(model_, [&](std::string const& name, auto const& p) {
+    auto& s = slots_[i++];
+    scalar* master = keeps_master ? s.shard.data() : s.resize_value(true);
+    nn::matrix<scalar> shard = Eigen::Map<nn::matrix<scalar> const>(master, s.row_count, s.cols);
+    fn(name, p, s.rows, s.cols, s.first_row, shard);
+    std::copy(shard.data(), shard.data() + shard.size(), master);
+  });
 }
 
 /// Sets the sharded model's gradient shards to zero (after an optimizer step).

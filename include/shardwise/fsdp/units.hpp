@@ -43,6 +43,8 @@ struct fsdp_unit {
   std::vector<std::size_t> slots;
   bool gathered = false, called = false, reduced = false;  // the last two: in the current step
   std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
+  int forwards = 0, backwards = 0;  // in the current pipeline step (sw::run_pipeline_step over a sharded model)
+  bool unreduced = false;           // gradients accumulated whole, not yet reduce-scattered (no gradient sync)
 };
 
 /// What the ranks of an FSDP mesh must agree on before any shard moves: the model they shard (its parameters'

@@ -171,21 +171,19 @@ class AdamW {
   template <class Sharded>
     requires requires(Sharded& m, T squares) { m.shardwise_sum_over_shards(squares); }
   T step(Sharded& model) {
-    ++steps_;
-    stepped_shards_ = true;
-    std::size_t index = 0;
-    T squares = 0;
-    model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const> grad, T weight) {
-      (void)shard_slice(index++, name, value.size());
-      squares += detail::sum_of_squares(grad.data(), grad.size()) * weight;
+    return step_shards(model, [](T squares) { return squares; });
+  }
+
+  /// One step of pipeline stages under FSDP (sw::run_pipeline_step over a sharded model): as step(sharded), with
+  /// the global norm also summed over the pipeline axis `pp` (so the clipping is the unsharded model's).
+  template <class Sharded, class PipelineMesh>
+    requires requires(Sharded& m, T squares) { m.shardwise_sum_over_shards(squares); }
+  T step(Sharded& model, PipelineMesh const& pp) {
+    return step_shards(model, [&](T squares) {
+      nn::vector<T> total = nn::vector<T>::Constant(1, squares);
+      detail::all_reduce_on(pp.comm(0), total, detail::op_kind::sum);
+      return total(0);
     });
-    T const norm = std::sqrt(model.shardwise_sum_over_shards(squares));
-    T const clip = clip_factor(norm);
-    index = 0;
-    model.shardwise_for_each_shard([&](std::string_view, std::span<T> value, std::span<T const> grad, T) {
-      adam_update(slices_[index++], value.data(), grad.data(), clip);
-    });
-    return norm;
   }
 
   /// The state of a fully sharded model, for checkpoints: fn(index, m, v) per parameter shard, in the model's
@@ -281,6 +279,26 @@ class AdamW {
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
   /// The state of a fully sharded model's parameter `index`: made on first use, then checked against its shard.
   slice& shard_slice(std::size_t index, std::string_view name, std::size_t count);
+
+  /// step(sharded) with the squared norm, summed over the shards, then by sum_over_stages.
+  template <class Sharded, class SumOverStages>
+  T step_shards(Sharded& model, SumOverStages&& sum_over_stages) {
+    ++steps_;
+    stepped_shards_ = true;
+    std::size_t index = 0;
+    T squares = 0;
+    model.shardwise_for_each_shard([&](std::string_view name, std::span<T> value, std::span<T const> grad, T weight) {
+      (void)shard_slice(index++, name, value.size());
+      squares += detail::sum_of_squares(grad.data(), grad.size()) * weight;
+    });
+    T const norm = std::sqrt(sum_over_stages(model.shardwise_sum_over_shards(squares)));
+    T const clip = clip_factor(norm);
+    index = 0;
+    model.shardwise_for_each_shard([&](std::string_view, std::span<T> value, std::span<T const> grad, T) {
+      adam_update(slices_[index++], value.data(), grad.data(), clip);
+    });
+    return norm;
+  }
 
   /// One step, with the squared norm also summed by sum_over_stages (over the pipeline axis, or nothing).
   template <class Model, class DataMesh, class SumOverStages>

@@ -31,12 +31,39 @@ enum class stage_activations {
   recompute,  ///< activation checkpointing per stage: only the chunk's input is held, the forward runs again
 };
 
+/// When the stages of a fully sharded model (run_pipeline_step over sw::fully_shard's model) reduce-scatter their
+/// gradients over the data-parallel axis.
+enum class sharded_gradient_reduction {
+  every_microbatch,  ///< after each backward of a unit: its whole gradients are freed at once (least memory)
+  end_of_step,       ///< once, when the step ends: whole gradients held all step, 1 / microbatches the traffic
+};
+
 /// Options of run_pipeline_step.
 struct pipeline_options {
   stage_activations activations = stage_activations::keep;  ///< See stage_activations.
+  /// For a fully sharded model only: see sharded_gradient_reduction (PyTorch's pipelining reduces at the end).
+  sharded_gradient_reduction sharded_gradients = sharded_gradient_reduction::every_microbatch;
 };
 
 namespace detail {
+
+/// What drives a rank's chunks through a pipeline step besides the schedule: a fully sharded model
+/// (fsdp/fully_shard_pipeline.hpp) gathers and reduces its units around the actions.
+template <class D>
+concept pipeline_driver = requires(D& d) {
+  d.shardwise_pipeline_chunks();
+  d.shardwise_pipeline_begin(true);
+  d.shardwise_pipeline_forward();
+  d.shardwise_pipeline_backward();
+  d.shardwise_pipeline_end();
+  d.shardwise_pipeline_abandon();
+};
+
+/// The driver of plain chunks: nothing around the actions.
+struct no_pipeline_driver {
+  void shardwise_pipeline_forward() {}
+  void shardwise_pipeline_backward() {}
+};
 
 /// What one rank holds for one (chunk, microbatch) between the steps of its table.
 template <class Chunk, class In, class X>
@@ -91,20 +118,21 @@ void pipeline_finish_sends(Mesh const& pp) {
 }
 
 /// One rank's pipeline step: the state of every (chunk, microbatch) between the actions of its table.
-template <class Mesh, class Chunk, class In, class X, class Input, class LossGradient>
+template <class Mesh, class Chunk, class In, class X, class Input, class LossGradient, class Driver>
 class pipeline_step {
   using slot_type = microbatch_slot<Chunk, In, X>;
 
  public:
   pipeline_step(Mesh const& pp, pipeline_shape shape, std::span<Chunk> chunks, Input& input, LossGradient& loss,
-                pipeline_options options)
+                pipeline_options options, Driver& driver)
       : pp_(pp),
         shape_(shape),
         rank_(pp.rank()),
         chunks_(chunks),
         input_(input),
         loss_gradient_(loss),
-        recompute_(options.activations == stage_activations::recompute) {
+        recompute_(options.activations == stage_activations::recompute),
+        driver_(driver) {
     slots_.resize(chunks.size());
     for (auto& per_chunk : slots_) per_chunk.resize(static_cast<std::size_t>(shape.microbatches));
   }
@@ -135,6 +163,7 @@ class pipeline_step {
   int stage_of(pipeline_action const& action) const { return shape_.stage_of(rank_, action.chunk); }
 
   void forward_of(pipeline_action const& action) {
+    driver_.shardwise_pipeline_forward();
     auto& here = slot(action);
     int const stage = stage_of(action);
     X y = shape_.is_first(stage) ? forward_first(action, here) : forward_rest(action, here);
@@ -171,6 +200,7 @@ class pipeline_step {
   }
 
   void backward_of(pipeline_action const& action) {
+    driver_.shardwise_pipeline_backward();
     auto& here = slot(action);
     if (recompute_) {  // the same code on the same numbers: bit for bit
       if (shape_.is_first(stage_of(action)))
@@ -217,6 +247,7 @@ class pipeline_step {
   Input& input_;
   LossGradient& loss_gradient_;
   bool recompute_;
+  Driver& driver_;
   std::vector<std::vector<slot_type>> slots_;
 };
 
@@ -239,10 +270,20 @@ void agree_on_step(Mesh const& pp, int microbatches) {
        ". Every rank must run the same schedule with the same microbatches and chunks in each step");
 }
 
+/// The ranks agree on a step whose schedule was proven for Stages stages and Microbatches microbatches.
+template <class Schedule, int Stages, int Microbatches, class Mesh>
+void agree_on_checked_step(Mesh const& pp) {
+  if (pp.size() != Stages)
+    fail("shardwise::run_pipeline_step: the schedule was proven for ", Stages, " stages but the pipeline axis has ",
+         pp.size(), " ranks; prove it for ", pp.size(), " (sw::checked_schedule<Schedule, ", pp.size(), ", ",
+         Microbatches, ">)");
+  agree_on_step<Schedule>(pp, Microbatches);
+}
+
 /// The step itself, once the schedule is known to run: this rank's action table drives its chunks.
-template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient>
+template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient, class Driver>
 void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches, Input& input,
-                      LossGradient& loss_gradient, pipeline_options options) {
+                      LossGradient& loss_gradient, pipeline_options options, Driver& driver) {
   int const stages = pp.size();
   pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
   if (microbatches * shape.model_stages() * 2 > max_tag + 1)
@@ -262,11 +303,52 @@ void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk>
                 "output (or its backward on that output's gradient) does not give the same activation type, so "
                 "the next stage would receive another layout than the one this stage sends; make the stage end "
                 "in the layout it starts with (the plan's residual-stream layout)");
-  pipeline_step<Mesh, Chunk, In, X, Input, LossGradient> step(pp, shape, chunks, input, loss_gradient, options);
+  pipeline_step<Mesh, Chunk, In, X, Input, LossGradient, Driver> step(pp, shape, chunks, input, loss_gradient, options,
+                                                                      driver);
   for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
   pipeline_finish_sends(pp);
   for (Chunk& chunk : chunks)  // what the stages settle between them once a step (tied weights' gradients)
     if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); }) chunk.shardwise_after_pipeline_step(pp);
+}
+
+/// The step of a fully sharded model's chunks: its units gathered and reduced around the actions; the hooks
+/// stop acting if the step throws.
+template <pipeline_schedule Schedule, class Mesh, pipeline_driver Sharded, class Input, class LossGradient>
+void run_sharded_step(Schedule const& schedule, Mesh const& pp, Sharded& sharded, int microbatches, Input& input,
+                      LossGradient& loss_gradient, pipeline_options options) {
+  struct abandon_unless_done {
+    Sharded& sharded;
+    bool done = false;
+    ~abandon_unless_done() {
+      if (!done) sharded.shardwise_pipeline_abandon();
+    }
+  } guard{sharded};
+  sharded.shardwise_pipeline_begin(options.sharded_gradients == sharded_gradient_reduction::every_microbatch);
+  run_checked_step(schedule, pp, sharded.shardwise_pipeline_chunks(), microbatches, input, loss_gradient, options,
+                   sharded);
+  guard.done = true;
+  sharded.shardwise_pipeline_end();
+}
+
+/// Plain chunks: refused when they belong to a fully sharded model, whose hooks would find no step of theirs.
+template <class Chunk>
+void refuse_sharded_chunks(std::span<Chunk> chunks) {
+  for (Chunk& chunk : chunks)
+    if (hooks_under(chunk))
+      fail(
+          "shardwise::run_pipeline_step: the chunks belong to a model under sw::fully_shard, whose parameters "
+          "are freed between its units' calls; pass the sharded model itself: run_pipeline_step(schedule, pp, "
+          "sharded, microbatches, input, loss_gradient)");
+}
+
+template <class Chunk>
+constexpr bool chunk_is_module() {
+  static_assert(module<Chunk>,
+                "shardwise::run_pipeline_step: a chunk is not a module (a type with SHARDWISE_CHILDREN) that "
+                "sw::forward and sw::backward can call; pass a span of the stages, or, for stages under "
+                "sw::fully_shard, the sharded model itself: run_pipeline_step(schedule, pp, sharded, "
+                "microbatches, input, loss_gradient)");
+  return module<Chunk>;
 }
 
 }  // namespace detail
@@ -294,9 +376,27 @@ void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk>
 template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, class LossGradient>
 void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches,
                        Input&& input, LossGradient&& loss_gradient, pipeline_options options = {}) {
+  if constexpr (detail::chunk_is_module<Chunk>()) {
+    detail::refuse_sharded_chunks(chunks);
+    detail::agree_on_step<Schedule>(pp, microbatches);
+    check_schedule(schedule, pp.size(), microbatches);
+    detail::no_pipeline_driver none;
+    detail::run_checked_step(schedule, pp, chunks, microbatches, input, loss_gradient, options, none);
+  }
+}
+
+/// run_pipeline_step over the stages of a fully sharded model (sw::fully_shard of this rank's stage, or of its
+/// sw::stage_chunks under an interleaved schedule), FSDP within the pipeline as torchtitan composes them. Each
+/// unit is gathered before its module's forward and backward of every microbatch (under full_shard released
+/// after each forward), the root unit once for the step; the gradients are reduce-scattered over dp as
+/// `options.sharded_gradients` says, and all of them by the step's end (unless set_requires_gradient_sync(false)).
+/// Then AdamW::step(sharded, pp) takes the global norm over dp, tp and pp.
+template <pipeline_schedule Schedule, class Mesh, detail::pipeline_driver Sharded, class Input, class LossGradient>
+void run_pipeline_step(Schedule const& schedule, Mesh const& pp, Sharded& sharded, int microbatches, Input&& input,
+                       LossGradient&& loss_gradient, pipeline_options options = {}) {
   detail::agree_on_step<Schedule>(pp, microbatches);
   check_schedule(schedule, pp.size(), microbatches);
-  detail::run_checked_step(schedule, pp, chunks, microbatches, input, loss_gradient, options);
+  detail::run_sharded_step(schedule, pp, sharded, microbatches, input, loss_gradient, options);
 }
 
 /// run_pipeline_step with a schedule proven at compile time for its counts (sw::checked_schedule<Schedule,
@@ -304,12 +404,21 @@ void run_pipeline_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk
 template <class Schedule, int Stages, int Microbatches, class Mesh, class Chunk, class Input, class LossGradient>
 void run_pipeline_step(checked_schedule<Schedule, Stages, Microbatches> const&, Mesh const& pp, std::span<Chunk> chunks,
                        Input&& input, LossGradient&& loss_gradient, pipeline_options options = {}) {
-  if (pp.size() != Stages)
-    detail::fail("shardwise::run_pipeline_step: the schedule was proven for ", Stages,
-                 " stages but the pipeline axis has ", pp.size(), " ranks; prove it for ", pp.size(),
-                 " (sw::checked_schedule<Schedule, ", pp.size(), ", ", Microbatches, ">)");
-  detail::agree_on_step<Schedule>(pp, Microbatches);
-  detail::run_checked_step(Schedule{}, pp, chunks, Microbatches, input, loss_gradient, options);
+  if constexpr (detail::chunk_is_module<Chunk>()) {
+    detail::refuse_sharded_chunks(chunks);
+    detail::agree_on_checked_step<Schedule, Stages, Microbatches>(pp);
+    detail::no_pipeline_driver none;
+    detail::run_checked_step(Schedule{}, pp, chunks, Microbatches, input, loss_gradient, options, none);
+  }
+}
+
+/// run_pipeline_step over a fully sharded model's stages (above) with a schedule proven at compile time.
+template <class Schedule, int Stages, int Microbatches, class Mesh, detail::pipeline_driver Sharded, class Input,
+          class LossGradient>
+void run_pipeline_step(checked_schedule<Schedule, Stages, Microbatches> const&, Mesh const& pp, Sharded& sharded,
+                       Input&& input, LossGradient&& loss_gradient, pipeline_options options = {}) {
+  detail::agree_on_checked_step<Schedule, Stages, Microbatches>(pp);
+  detail::run_sharded_step(Schedule{}, pp, sharded, Microbatches, input, loss_gradient, options);
 }
 
 }  // namespace shardwise
