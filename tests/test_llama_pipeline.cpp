@@ -69,3 +69,27 @@ TEST_CASE("FSDP within pipeline stages: the stages' span after fully_shard, and 
     CHECK(std::isfinite(optimizer.step(sharded, pp)));
   });
 }
+
+/// A last stage whose head (a module of its own) holds a copy of the first stage's table.
+struct TiedHead {
+  shardwise::Linear<float> proj{8, 4, 1};
+  SHARDWISE_CHILDREN(proj)
+};
+struct LastStage {
+  TiedHead head;
+  SHARDWISE_CHILDREN(head)
+};
+
+TEST_CASE("FSDP within pipeline stages: a tied table's copy outside the root unit is refused, naming both") {
+  namespace sw = shardwise;
+  LastStage stage;
+  stage.head.proj.mirror_weight_of("tok_embeddings.weight");
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  using head_unit = sw::fsdp_policy<sw::full_shard, sw::wrap_type<TiedHead>>;  // its gradients freed per backward
+  CHECK_THROWS_WITH_AS((void)sw::fully_shard<head_unit>(stage, dp),
+                       doctest::Contains("\"head.proj.weight\" is a pipeline stage's copy of a weight tied across "
+                                         "stages, but it lies in the unit \"head\""),
+                       sw::error);
+  using blocks_only = sw::fsdp_policy<sw::full_shard, sw::wrap_none>;  // in the root unit: taken
+  CHECK_NOTHROW((void)sw::fully_shard<blocks_only>(stage, dp));
+}

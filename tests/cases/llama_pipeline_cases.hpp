@@ -232,8 +232,9 @@ void check_sharded(World const& world, Setup const& s, Schedule const& schedule,
   check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps));
 }
 
-/// FSDP within pipeline stages, every setup that fits `world`: pp 2 x dp 2 with GPipe, 1F1B and interleaved 1F1B,
-/// each reducing every microbatch and once at the step's end; pp 2 x dp 2 x tp 2 with sequence parallelism.
+/// FSDP within pipeline stages, every setup that fits `world`, each reducing every microbatch and once at the step's
+/// end: pp 2 x dp 2 with GPipe, 1F1B, interleaved 1F1B and tied embeddings; pp 2 x dp 2 x tp 2 with sequence
+/// parallelism (GPipe with tied embeddings, 1F1B).
 template <class World>
 void check_all_sharded(World const& world, int steps) {
   int const n = world.size();
@@ -247,9 +248,12 @@ void check_all_sharded(World const& world, int steps) {
       check_sharded<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .chunks = 2, .reduction = reduction},
                                      sw::Interleaved1F1B<2>{}, steps);
     }
+    if (n == 4)  // tied embeddings: the stages exchange the whole gradients of the root unit's tables
+      check_sharded<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 3, .tied = true, .reduction = reduction},
+                                     sw::OneFOneB{}, steps);
     if (n == 8) {
-      check_sharded<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 2, .reduction = reduction},
-                                              sw::GPipe{}, steps);
+      check_sharded<models::llama_plan<true>>(
+          world, {.dp = 2, .pp = 2, .microbatches = 2, .tied = true, .reduction = reduction}, sw::GPipe{}, steps);
       check_sharded<models::llama_plan<true>>(world, {.dp = 2, .pp = 2, .microbatches = 3, .reduction = reduction},
                                               sw::OneFOneB{}, steps);
     }

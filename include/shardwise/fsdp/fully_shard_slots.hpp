@@ -62,15 +62,21 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slots() {
       for (std::size_t i = first; i < slots_.size(); ++i) (void)slots_[i].resize_value(false);
   });
   assign_to_units(sizes);
+  for (std::size_t u = 1; u < units_.size(); ++u)  // the stages exchange a tied weight's whole gradient at the end
+    for (std::size_t i : units_[u].slots)
+      if (slots_[i].mirror)
+        detail::fail("shardwise::fully_shard: \"", slots_[i].name,
+                     "\" is a pipeline stage's copy of a weight tied "
+                     "across stages, but it lies in the unit \"",
+                     units_[u].path,
+                     "\", whose gradients are freed "
+                     "before the stages exchange theirs; leave the tied layers in the root unit (wrap the blocks)");
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 template <class P>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot_of(std::string const& name, P const& p,
                                                                           std::vector<std::size_t>& sizes) {
-  if (!p.mirror_of.empty())
-    detail::fail("shardwise::fully_shard: \"", name, "\" is a pipeline stage's copy of \"", p.mirror_of,
-                 "\"; FSDP within pipeline stages does not take tied embeddings across stages yet; untie them");
   slots_.push_back(make_slot(name, p));
   // The whole parameter's size, as Accelerate's min_num_params counts it: this rank's tp shard times the group.
   using G = typename P::grad_placement;
@@ -104,7 +110,8 @@ auto fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot(std::stri
   if (keeps_master) s.shard.assign(mine, mine + s.row_count * s.cols);
   s.shard_grad.assign(static_cast<std::size_t>(s.row_count * s.cols), scalar(0));
   if (p.group) tp_group_ = p.group;
-  bool const counted = is_shard_v<Finished> || (p.group ? p.group->rank() : 0) == 0;
+  s.mirror = !p.mirror_of.empty();  // a pipeline stage's copy of another stage's weight: counted there
+  bool const counted = !s.mirror && (is_shard_v<Finished> || (p.group ? p.group->rank() : 0) == 0);
   s.norm_weight = counted ? scalar(1) / static_cast<scalar>(p.copies) : scalar(0);
   Tensor* value = p.value;
   Eigen::Index const rows = s.rows, cols = s.cols;
