@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/nn.hpp>
 #include <span>
