@@ -148,8 +148,16 @@ TEST_CASE("FSDP: gradient accumulation, a forward without backward, tied embeddi
   check<sw::fsdp_policy<sw::no_shard, blocks, sw::mixed_precision<Eigen::bfloat16, float>>>(
       "forward without backward, no-shard in bf16", 2, {.dp = 2, .validation_forward = true}, c,
       bf16_reference(c, steps, 2, false), bf16_rounding);
+  auto const two_microbatches = serial_run(c, steps, 4, 2);
   check<sw::fsdp_policy<sw::full_shard, blocks>>("two microbatches per step", 2, {.dp = 2, .microbatches = 2}, c,
-                                                 serial_run(c, steps, 4, 2));
+                                                 two_microbatches);
+  // FSDP2's no-sync accumulation: whole gradients kept over the first microbatch, reduced after the last.
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("two microbatches, reduced after the last", 2,
+                                                 {.dp = 2, .microbatches = 2, .sync_last_microbatch = true}, c,
+                                                 two_microbatches);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>(
+      "two microbatches, reduced after the last, dp 2 x TP 2 (SP)", 4,
+      {.dp = 2, .microbatches = 2, .sync_last_microbatch = true}, c, two_microbatches);
   auto tied = c;
   tied.tie_word_embeddings = true;
   auto const tied_serial = serial_run(tied, steps);

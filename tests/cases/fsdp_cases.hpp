@@ -34,10 +34,11 @@ struct Setup {
   bool checkpoint_blocks = false;
   std::size_t min_num_params = 0;  // wrap_min_params' threshold
   bool one_mesh = false;           // sw::fully_shard on the dp x tp mesh (it parallelizes), not on dp after parallelize
-  bool sync_module_states = false;  // each dp rank builds its model from another seed; rank 0's is broadcast
-  int microbatches = 1;             // per step and rank, their gradients accumulated
-  bool validation_forward = false;  // a forward without backward between the last backward and the step
-  bool prefetch = false;            // forward and backward prefetch (fsdp_options)
+  bool sync_module_states = false;    // each dp rank builds its model from another seed; rank 0's is broadcast
+  int microbatches = 1;               // per step and rank, their gradients accumulated
+  bool sync_last_microbatch = false;  // set_requires_gradient_sync off but for the last microbatch's backward
+  bool validation_forward = false;    // a forward without backward between the last backward and the step
+  bool prefetch = false;              // forward and backward prefetch (fsdp_options)
 };
 
 /// The unsharded run: one rank, no FSDP, the same batches (every dp rank's sequences in one batch).
@@ -81,6 +82,7 @@ llama_cases::Run train_steps(Sharded& sharded, Tp const& tp, Everyone const& all
       auto const logits = sharded.forward(ids);
       auto result = models::llama_loss(tp, logits, targets, c.vocabulary);
       result.dlogits.local /= float(micro);
+      if (setup.sync_last_microbatch) sharded.set_requires_gradient_sync(m + 1 == micro);
       sharded.backward(result.dlogits);
       loss += result.loss / float(micro);
     }
