@@ -16,6 +16,7 @@
 #include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/models/llama.hpp>
 #include <shardwise/models/llama_fsdp_cost.hpp>
+#include <shardwise/models/llama_fsdp_pipeline_cost.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/pipeline/cost.hpp>
@@ -428,6 +429,48 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
   CHECK(gradients == chunk.gradient_bytes);
 }
 
+/// One pipeline step of Llama stages under FSDP (sw::run_pipeline_step over sw::fully_shard of each rank's stage,
+/// each block a unit) on a dp 2 x pp 2 x tp counting mesh, then AdamW::step(sharded, pp): the record of every
+/// axis, in order, against models::llama_fsdp_pipeline_step_cost.
+template <class Schedule, bool SequenceParallel, class World>
+void check_fsdp_pipeline_step(World const& world, int microbatches, models::LlamaConfig c,
+                              sw::sharded_gradient_reduction reduction, bool tied = false) {
+  using Plan = models::llama_plan<SequenceParallel>;
+  c.tie_word_embeddings = tied;
+  auto counted = sw::counting(world);
+  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(counted, {2, 2, world.size() / 4});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const pp = sw::submesh<"pp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  sw::stage_split const split(c.layers, pp.size());
+  sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
+  stage.emplace_back(c, split, pp.rank());
+  sw::parallelize(stage, tp);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(stage, dp);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
+  for (std::size_t m = 0; m < ids.size(); ++m)
+    tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), 1, ids[m], targets[m]);
+  counted.log().clear();  // after fully_shard's own agreement and broadcasts
+  sw::run_pipeline_step(
+      Schedule{}, pp, sharded, microbatches,
+      [&](int m) { return std::span<const std::int64_t>(ids[static_cast<std::size_t>(m)]); },
+      [&](int m, auto const& h) {
+        return stage.back().head_loss(tp, h, targets[static_cast<std::size_t>(m)], 1.0f / float(microbatches)).gradient;
+      },
+      {.sharded_gradients = reduction});
+  optimizer.step(sharded, pp);
+  auto const record = counted.log().entries();
+  auto const t = step_inputs(c.sequence, tp, dp, microbatches, false);
+  auto const predicted = models::llama_fsdp_pipeline_step_cost<float, Plan>(
+      Schedule{}, c, split.of(pp.rank()), pp.size(), pp.rank(), microbatches, t, reduction);
+  INFO("FSDP dp 2 x pp 2 x tp ", tp.size(), " (rank ", world.rank(), "), ", microbatches, " microbatches, reduced ",
+       std::string_view(reduction == sw::sharded_gradient_reduction::every_microbatch ? "every microbatch"
+                                                                                      : "at the end"),
+       std::string_view(tied ? ", tied" : ""), "\nrecorded:\n", listed(record), "predicted:\n", predicted);
+  CHECK(record == predicted);
+}
+
 /// One training step of the Llama model under sw::fully_shard (each block a unit) on a (replicate x) dp x tp
 /// counting mesh, the model given to sw::parallelize over tp first, with `microbatches` passes and the options
 /// `o` says (prefetch, checkpointed blocks, hybrid replicas): the record of every axis, in order, against
@@ -583,6 +626,12 @@ void run_cost_cases(World const& world) {
     check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.recomputed = true});
     check_pipeline_tp_step<sw::GPipe, true>(world, 1, 2, 3, p, {.recomputed = true});
   }
+  if (n == 4)  // FSDP within the stages: dp 2 x pp 2, both reductions, and tied embeddings
+    for (auto reduction :
+         {sw::sharded_gradient_reduction::every_microbatch, sw::sharded_gradient_reduction::end_of_step}) {
+      check_fsdp_pipeline_step<sw::GPipe, true>(world, 2, p, reduction);
+      check_fsdp_pipeline_step<sw::OneFOneB, true>(world, 3, p, reduction, true);
+    }
   check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 1, 2, p);
   check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, n, 4, p, {.recomputed = true});
   // FSDP over every rank (a vocabulary of 66: uneven rows at dp 4), one and two microbatches.
