@@ -108,8 +108,7 @@ inline int run(options const& o) {
     std::fprintf(stderr,
                  "shardwise plan: no layout of %zu ranks has dp %zu, pp %zu, tp %zu (0: any)%s%s: dp x pp x tp must "
                  "equal the ranks, tp divide the %zu heads and divide or be a multiple of the %zu key-value heads, "
-                 "pp be at most the %zu layers and dp divide the --batch of %zu; zero1 and fsdp need dp > 1, and "
-                 "fsdp pp 1\n",
+                 "pp be at most the %zu layers and dp divide the --batch of %zu; zero1 and fsdp need dp > 1\n",
                  o.ranks, o.only.dp, o.only.pp, o.only.tp, o.state.empty() ? "" : " and state ", o.state.c_str(),
                  c.heads, c.kv_heads, c.layers, shape.batch);
     return 1;

@@ -160,7 +160,8 @@ inline double microbatch_seconds(model_figures const& f, model_description const
 }
 
 /// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements, of
-/// which `root` are FSDP's root unit (gathered once per microbatch; the blocks twice).
+/// which `root` are FSDP's root unit (gathered and reduced once per microbatch, within pipeline stages once per
+/// step; the blocks gathered twice per microbatch, their gradients reduced once).
 inline double data_parallel_seconds(std::size_t elements, std::size_t root, std::size_t tensors, layout const& l,
                                     precision p, machine const& m) {
   double const n = static_cast<double>(l.dp), e = static_cast<double>(elements);
@@ -172,10 +173,10 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t root, std:
     if (l.sharding == state_sharding::zero1)
       seconds = moved * static_cast<double>(p.gradient + p.parameter) / m.dp.bandwidth;
     if (l.sharding == state_sharding::fsdp) {  // per microbatch: gathers, and the gradients reduce-scattered
-      double const once = (n - 1) / n * static_cast<double>(root);
-      seconds = static_cast<double>(l.microbatches) *
-                ((moved - once) * static_cast<double>(2 * p.parameter + p.gradient) +
-                 once * static_cast<double>(p.parameter + p.gradient)) /
+      double const once = (n - 1) / n * static_cast<double>(root), microbatches = static_cast<double>(l.microbatches);
+      double const root_passes = l.pp > 1 ? 1.0 : microbatches;  // a pipeline step keeps its root gathered
+      seconds = (microbatches * (moved - once) * static_cast<double>(2 * p.parameter + p.gradient) +
+                 root_passes * once * static_cast<double>(p.parameter + p.gradient)) /
                 m.dp.bandwidth;
     }
     seconds += static_cast<double>(tensors) * m.dp.latency;
@@ -208,20 +209,23 @@ inline estimate estimate_layout(model_description const& d, training_shape const
   if (l.pp == 1) working += tokens * chunk_size(d.vocabulary, l.tp, 0) * sizeof(float);
   working = static_cast<std::size_t>(static_cast<double>(working) * act_scale);
   estimate e{l};
+  std::size_t root = 0;  // the busiest stage's root unit under FSDP: what no block holds
   for (std::size_t stage = 0; stage < l.pp; ++stage) {
     bool const first = stage == 0, last = stage + 1 == l.pp;
     std::size_t const elements = detail::stage_parameters(f, l, first, last);
+    std::size_t const stage_root = elements - chunk_size(f.layers, l.pp, 0) * f.block.parameter_bytes / sizeof(float);
     std::size_t state = model_state_bytes(elements, l.dp, l.sharding, t.bytes);
-    if (l.sharding == state_sharding::fsdp)  // the root unit and one block gathered whole, with their gradients
-      state +=
-          (f.ends.parameter_bytes + f.block.parameter_bytes) / sizeof(float) * (t.bytes.parameter + t.bytes.gradient);
+    if (l.sharding == state_sharding::fsdp)  // the stage's root unit and one block gathered whole, with gradients
+      state += (stage_root + f.block.parameter_bytes / sizeof(float)) * (t.bytes.parameter + t.bytes.gradient);
     std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
     std::size_t const recomputed = l.checkpointing ? f.block.activation_bytes : 0;  // one block at a time
     auto const activations = static_cast<std::size_t>(
         static_cast<double>(in_flight * detail::stage_activations(f, d, l, tokens, first, last) + recomputed) *
         act_scale);
-    if (state + activations + working > e.bytes_per_rank())
+    if (state + activations + working > e.bytes_per_rank()) {
       e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations, e.working_bytes = working;
+      root = stage_root;
+    }
     if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
   }
   double const boundary = static_cast<double>(chunk_size(tokens, l.tp, 0) * d.dim * t.bytes.activation);
@@ -229,7 +233,6 @@ inline estimate estimate_layout(model_description const& d, training_shape const
   double const schedule =
       static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, d, l, t, tokens, m) + send);
   std::size_t const tensors = d.tensors_per_layer * chunk_size(d.layers, l.pp, 0) + 3;
-  std::size_t const root = l.pp == 1 ? f.ends.parameter_bytes / sizeof(float) : 0;
   e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, root, tensors, l, t.bytes, m);
   e.tokens_per_second = static_cast<double>(t.batch * t.sequence) / e.step_seconds;
   return e;
@@ -258,9 +261,9 @@ struct axis_choice {
 };
 
 /// Every layout of `ranks` ranks (dp x pp x tp = ranks; tp cutting the heads; pp up to the layers, 1F1B; the
-/// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (not within
-/// pipeline stages, as shardwise offers it); checkpointing off and on), estimated and filtered by
-/// `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
+/// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (within pipeline
+/// stages too, each stage's gradients reduced after every microbatch); checkpointing off and on), estimated and
+/// filtered by `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
 inline search_result search(model_description const& d, training_shape const& t, std::size_t ranks,
                             std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
   search_result r;
@@ -273,7 +276,7 @@ inline search_result search(model_description const& d, training_shape const& t,
       for (std::size_t mb = 1; mb <= t.batch / dp; ++mb) {
         if ((t.batch / dp) % mb != 0) continue;
         for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
-          if (s != state_sharding::replicated && (dp == 1 || (s == state_sharding::fsdp && pp > 1))) continue;
+          if (s != state_sharding::replicated && dp == 1) continue;
           if (only.sharding && s != *only.sharding) continue;
           for (bool checkpointing : {false, true}) {
             estimate const e = estimate_layout(d, t, layout{dp, pp, tp, mb, s, checkpointing}, m);
