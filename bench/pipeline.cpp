@@ -7,13 +7,17 @@
 //    model and batch (the thread mesh);
 //  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
 //    above what it held before the step, for GPipe, 1F1B, and 1F1B with activation checkpointing per stage
-//    (1f1b-recompute) and per block (1f1b-blocks).
+//    (1f1b-recompute) and per block (1f1b-blocks); and, `memory fsdp-1f1b` under mpiexec -n 4, FSDP within the
+//    stages (dp 2 x pp 2, full shard, a unit per block): each rank's peak above what it held before the step,
+//    against the planner's figure beyond the shards (the root unit, one block and their gradients gathered whole,
+//    the activations and a backward's transients).
 //
 //    Beside each, the step time `shardwise plan` predicts for that layout (shardwise::planner, fp32, this
 //    machine's measured values, or --machine FILE) and measured / predicted;
 //
 //   bench_pipeline [--steps 3] [--rounds 3] [--small] [--smoke] [--compare-only] [--machine FILE]
 //   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute|1f1b-blocks [--small]
+//   mpiexec -n 4 bench_pipeline memory fsdp-1f1b [--small]
 #include <malloc.h>
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include <cstring>
 #include <fstream>
 #include <shardwise/cost/machine_file.hpp>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_stage.hpp>
@@ -284,6 +289,56 @@ int measure_memory(int argc, char** argv, std::string const& mode, models::Llama
   return 0;
 }
 
+/// FSDP within the stages: dp 2 x pp 2 (full shard, a unit per block), 1F1B over each dp rank's 4 sequences as 4
+/// microbatches; each rank's peak resident set during a step above what it held before (its shards, their
+/// gradients and AdamW's moments), against the planner's figure for the busiest stage beyond the sharded state.
+int measure_sharded_memory(int argc, char** argv, models::LlamaConfig const& c) {
+  sw::launch(argc, argv, 4, [&](auto& world) {
+    if (world.size() != 4) {
+      std::printf("# memory fsdp-1f1b runs dp 2 x pp 2: start it under mpiexec -n 4\n");
+      return;
+    }
+    auto const mesh = sw::make_mesh<"dp", "pp">(world, {2, 2});
+    auto const pp = sw::submesh<"pp">(mesh);
+    auto const dp = sw::submesh<"dp">(mesh);
+    auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+    sw::stage_chunks<models::LlamaStage<float>> stage;
+    stage.emplace_back(c, sw::stage_split(c.layers, pp.size()), pp.rank());
+    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(stage, dp);
+    sw::AdamW<float> optimizer({.learning_rate = 1e-4f});
+    int const micro = batch_sequences / 2;  // this dp rank's half of the batch, a sequence per microbatch
+    Batch const batch(c, micro, dp.rank() * micro, micro);
+    auto const step = [&] {
+      sw::run_pipeline_step(
+          sw::OneFOneB{}, pp, sharded, micro,
+          [&](int m) { return std::span<const std::int64_t>(batch.ids[static_cast<std::size_t>(m)]); },
+          [&](int m, auto const& h) {
+            return stage.back().head_loss(tp, h, batch.targets[static_cast<std::size_t>(m)], 0.25f).gradient;
+          });
+    };
+    step();  // a first step and the optimizer's: its moments exist, as every later step finds them
+    optimizer.step(sharded, pp);
+    sw::zero_grad(sharded);
+    malloc_trim(0);
+    if (!bench::reset_peak()) std::printf("# this kernel cannot reset VmHWM: the peak below may predate the step\n");
+    double const before = bench::status_mib("VmRSS");
+    step();
+    double const peak = bench::status_mib("VmHWM");
+    namespace planner = sw::planner;
+    planner::layout const l{2, 2, 1, static_cast<std::size_t>(micro), planner::state_sharding::fsdp, false};
+    auto const e = planner::estimate_layout(c, {batch_sequences, c.sequence, planner::fp32}, l, {});
+    std::size_t const sharded_state = planner::model_state_bytes(e.parameters, 2, l.sharding, planner::fp32);
+    double const mib = 1024.0 * 1024.0, planned = double(e.bytes_per_rank() - sharded_state) / mib;
+    std::printf(
+        "RESULT memory fsdp-1f1b dp %d stage %d of %d: %.1f MiB above the %.1f MiB held before the step (shardwise "
+        "plan, FSDP x PP: %.1f MiB on the busiest stage beyond its shards: %.1f gathered with gradients, %.1f of "
+        "activations, %.1f of a backward's transients; measured / planned %.3f)\n",
+        dp.rank(), pp.rank(), pp.size(), peak - before, before, planned, double(e.state_bytes - sharded_state) / mib,
+        double(e.activation_bytes) / mib, double(e.working_bytes) / mib, (peak - before) / planned);
+  });
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -302,6 +357,7 @@ int main(int argc, char** argv) {
   }
   rounds = std::max(rounds, 1), steps = std::max(steps, 1);
   auto const c = config(small);
+  if (memory_mode == "fsdp-1f1b") return measure_sharded_memory(argc, argv, c);
   if (!memory_mode.empty()) return measure_memory(argc, argv, memory_mode, c);
   std::printf("# Llama dim %zu, %zu layers, hidden %zu, %d sequences of %zu tokens per step; thread mesh\n", c.dim,
               c.layers, c.hidden, batch_sequences, c.sequence);
