@@ -173,6 +173,10 @@ shardwise_add_compile_fail_test(checkpoint_async_fsdp SOURCE compile_fail/checkp
 shardwise_add_compile_fail_test(checkpoint_optimizer_fsdp SOURCE compile_fail/checkpoint_optimizer_fsdp.cpp
   LINK shardwise::checkpoint shardwise::eigen
   EXPECT "shardwise::save_sharded\\(model, optimizer, tp, dp, \\.\\.\\.\\): a model under FSDP shards its optimizer state itself; call save_sharded\\(sharded, optimizer, \\[tp,\\] dir, step\\)")
+# A pipeline stage under FSDP given to the FSDP saves, which have no pipeline axis.
+shardwise_add_compile_fail_test(checkpoint_fsdp_stage SOURCE compile_fail/checkpoint_fsdp_stage.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::save_sharded: the model under FSDP is a pipeline stage, and the saves of a model under FSDP do not take the pipeline axis")
 # And a pipeline stage's save with the optimizer, and the dp x tp load with it.
 shardwise_add_compile_fail_test(checkpoint_optimizer_stage_fsdp SOURCE compile_fail/checkpoint_optimizer_stage_fsdp.cpp
   LINK shardwise::checkpoint shardwise::eigen

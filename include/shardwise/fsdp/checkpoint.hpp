@@ -19,6 +19,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -90,6 +92,13 @@ struct sharded_with_state {
 /// Refuses a save of a model under FSDP over the wrong tp mesh, or whose lazy shards no load has filled.
 template <class Sharded, class... Tp>
 void check_fsdp_save(Sharded& sharded, Tp const&... tp) {
+  using Model = std::remove_cvref_t<decltype(sharded.model())>;
+  static_assert(
+      !requires(Model const& m, std::string_view name) { m.shardwise_other_stage(name); },
+      "shardwise::save_sharded: the model under FSDP is a pipeline stage, and the saves of a model under "
+      "FSDP do not take the pipeline axis (every stage would write the same rank files); checkpoints of "
+      "FSDP within pipeline stages are not offered yet: save the stages without FSDP "
+      "(save_sharded(stage, tp, pp, dir, step)), or the whole model under FSDP");
   check_fsdp_tp(sharded, "save_sharded", tp...);
   if (sharded.shardwise_unfilled())
     fail(
