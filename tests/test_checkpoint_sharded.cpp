@@ -687,6 +687,35 @@ TEST_CASE("ranks_per_step: at most that many ranks read at once") {
   sw::detail::checkpoint_load_hook = nullptr;
 }
 
+TEST_CASE("ranks_per_step over the node (sw::node_turns): at most that many of its ranks read, across replicas") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("node_turns");
+  save_at<tp_plan>(2, c, dir.path / "ckpt", 9);
+  sw::detail::checkpoint_load_hook = count_readers;
+  for (bool per_node : {false, true}) {
+    INFO((per_node ? "turns over the node" : "turns over each tp group"));
+    most_reading = 0;
+    std::vector<std::vector<std::vector<float>>> loaded(4);
+    sw::run_threads(4, [&](auto& world) {
+      auto const mesh = sw::make_mesh<"dp", "tp">(world, {2, 2});  // two replicas load at once
+      auto const tp = sw::submesh<"tp">(mesh);
+      sw::load_options options{.ranks_per_step = 1};
+      if (per_node) options.turns = sw::node_turns(world);  // one node: the four threads
+      models::Llama<float, tp_plan> model(config(555));
+      sw::parallelize(model, tp);
+      (void)sw::load_sharded(model, tp, dir.path / "ckpt", options);
+      loaded[static_cast<std::size_t>(world.rank())] = full_parameters(model, tp, c.vocabulary);
+    });
+    if (per_node)
+      CHECK(most_reading.load() == 1);
+    else
+      CHECK(most_reading.load() >= 2);  // a rank of each replica at once: what per-node turns prevent
+    for (auto const& got : loaded) CHECK(got == expected.parameters);
+  }
+  sw::detail::checkpoint_load_hook = nullptr;
+}
+
 TEST_CASE("a consolidated file (shardwise's or Hugging Face's names) loaded at any TP size, each rank slicing it") {
   auto const c = config();
   auto const expected = reference(c);

@@ -391,6 +391,10 @@ void check_refusals(World const& world, fs::path const& dir) {
                          sw::error);
     CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, tp, dir, {.ranks_per_step = 1}),
                          doctest::Contains("under FSDP every rank reads only its own shard"), sw::error);
+    // In turns over the node (every rank of the world here), one rank at a time: taken, and it loads.
+    sw::load_options turns{.ranks_per_step = 1};
+    turns.turns = sw::node_turns(world);
+    CHECK_NOTHROW((void)sw::load_sharded(sharded, tp, dir, turns));
     sw::AdamW<float> optimizer(fsdp_cases::adamw_options);
     CHECK_THROWS_WITH_AS(sw::load_sharded(sharded, optimizer, tp, dir),
                          doctest::Contains("holds no optimizer state (it was saved without the optimizer); load the "

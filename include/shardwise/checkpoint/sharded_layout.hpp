@@ -223,7 +223,8 @@ void agree_on_errors_across(std::string const& error, std::string_view stage, st
   message.clear();
   for (Eigen::Index i = 0; i < text.size() && text(i) != 0.0; ++i)
     message.push_back(static_cast<char>(static_cast<unsigned char>(text(i))));
-  if (source != rank) message += reporter_text(source, axes...);
+  if constexpr (sizeof...(Axes) > 0)  // none: this rank's own error
+    if (source != rank) message += reporter_text(source, axes...);
   throw shardwise::error(message);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checkpoint_reader.hpp"
+#include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/relay.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
@@ -28,8 +29,9 @@
 namespace shardwise {
 /// Options of load_sharded, load_consolidated and load_pretrained.
 struct load_options {
-  /// How many tp ranks read at once (optimum-neuron's num_local_ranks_per_step): the others wait their turn,
-  /// which bounds the concurrent disk and page-cache load. 0: all at once, with no communication at all.
+  /// How many ranks read at once (optimum-neuron's num_local_ranks_per_step): the others wait their turn, which
+  /// bounds the concurrent disk and page-cache load. Among the load's tp ranks, or among `turns`' ranks when set
+  /// (sw::node_turns(world): every rank of the node). 0: all at once, with no communication at all.
   int ranks_per_step = 0;
   /// The RAM-efficient mode: only tp rank 0 opens the files; it reads one tensor at a time and sends every
   /// other rank its shard over the mesh (the others never touch the disk nor hold more than their shard).
@@ -41,6 +43,9 @@ struct load_options {
   /// Check every piece a rank reads against the checksum its save recorded (the piece is read whole once for
   /// that); off: only the boxes the rank needs are read.
   bool verify_checksums = true;
+  /// The ranks that take turns under ranks_per_step (sw::node_turns(world): this node's, across tp groups and
+  /// data-parallel replicas; every one of them must load with the same ranks_per_step); null: the load's tp ranks.
+  std::shared_ptr<read_turns const> turns;
 };
 
 namespace detail {
@@ -70,6 +75,16 @@ struct load_state {
   load_outcome outcome;
 };
 
+/// How many ranks take turns under ranks_per_step, and this rank's place among them: options.turns', or tp's.
+template <class TpMesh>
+int turn_size(TpMesh const& tp, load_options const& options) {
+  return options.turns ? options.turns->size : tp.size();
+}
+template <class TpMesh>
+int turn_rank(TpMesh const& tp, load_options const& options) {
+  return options.turns ? options.turns->rank : tp.rank();
+}
+
 /// How the ranks of one load read: each its own shard at once; in turns of ranks_per_step; tp rank 0 reading
 /// for all and sending each its shard; FSDP's first rank reading and relaying over dp x tp.
 enum class load_mode { each_rank, in_turns, rank0_sends, rank0_relays };
@@ -80,13 +95,10 @@ load_mode load_mode_of(Model& model, TpMesh const& tp, load_options const& optio
     bool const spread = with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); }) > 1;
     if (options.only_rank0_reads && spread) return load_mode::rank0_relays;
   }
-  if constexpr (!requires { tp.comm(0); }) {
-    return load_mode::each_rank;  // one tp rank: no turns
-  } else {
+  if constexpr (requires { tp.comm(0); })
     if (!requires { model.data_mesh(); } && options.only_rank0_reads && tp.size() > 1) return load_mode::rank0_sends;
-    bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < tp.size();
-    return in_turns ? load_mode::in_turns : load_mode::each_rank;
-  }
+  bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < turn_size(tp, options);
+  return in_turns ? load_mode::in_turns : load_mode::each_rank;
 }
 
 /// The model's tensors against the checkpoint's: the same tensors (unless non-strict), the same global shapes,
@@ -264,19 +276,25 @@ void relay_from_first_rank(Model& model, TpMesh const& tp, checkpoint_reader& re
 template <class Model, class TpMesh>
 void read_in_turns(Model& model, TpMesh const& tp, checkpoint_reader& reader, load_state const& s,
                    std::filesystem::path const& dir) {
-  int const size = tp.size(), rank = tp.rank(), per_step = s.options.ranks_per_step;
+  int const size = turn_size(tp, s.options), rank = turn_rank(tp, s.options), per_step = s.options.ranks_per_step;
   std::string error;
   for (int turn = 0; turn * per_step < size; ++turn) {
     if (rank / per_step == turn && error.empty()) {
       try {
-        read_shard(model, size, rank, reader, s.outcome.index);
+        read_shard(model, tp.size(), tp.rank(), reader, s.outcome.index);
       } catch (std::exception const& e) {
         error = e.what();
       }
     }
-    tp.comm(0).barrier();
+    if (s.options.turns)
+      s.options.turns->barrier();
+    else if constexpr (requires { tp.comm(0); })
+      tp.comm(0).barrier();
   }
-  agree_on_errors(tp, error, "reading the rank's shard", dir, s.who);
+  if constexpr (requires { tp.comm(0); })
+    agree_on_errors(tp, error, "reading the rank's shard", dir, s.who);
+  else
+    agree_on_errors_across(error, "reading the rank's shard", dir, s.who);  // one tp rank: its own error
 }
 
 /// The loader behind load_sharded, load_consolidated and load_pretrained: locate(source, index, label,
@@ -302,10 +320,10 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
       read_on_rank0_and_send(model, tp, reader, s.outcome.index, dir, who);
       return std::move(s.outcome);
     }
-    if (mode == load_mode::in_turns) {
-      read_in_turns(model, tp, reader, s, dir);
-      return std::move(s.outcome);
-    }
+  }
+  if (mode == load_mode::in_turns) {
+    read_in_turns(model, tp, reader, s, dir);
+    return std::move(s.outcome);
   }
   read_shard(model, size, rank, reader, s.outcome.index);
   return std::move(s.outcome);

@@ -203,10 +203,11 @@ std::map<std::string, std::string> load_fsdp_file(Sharded& sharded, Tp const& tp
 template <class Sharded, class... Tp>
 load_options fsdp_load_options(Sharded const& sharded, std::string_view who, load_options options, Tp const&... tp) {
   check_fsdp_tp(sharded, who, tp...);
-  if (options.ranks_per_step > 0)
+  if (options.ranks_per_step > 0 && !options.turns)
     fail("shardwise::", who,
-         ": load_options ranks_per_step applies to tensor-parallel models; under FSDP every rank reads only its own "
-         "shard (its rows), so leave it unset (or set only_rank0_reads for one reader)");
+         ": load_options ranks_per_step takes turns within a tp group; under FSDP every rank reads only its own "
+         "shard (its rows), so take turns over the node (load_options::turns = sw::node_turns(world)), or leave "
+         "it unset (or set only_rank0_reads for one reader)");
   return options;
 }
 
