@@ -661,30 +661,40 @@ void count_readers(std::string_view stage, int) {
 }
 }  // namespace
 
+/// Loads the checkpoint `ckpt` on four threads as dp (4 / tp_size) x tp_size, each rank with options_of(world),
+/// counting its readers: every rank's parameters must be `expected`'s. Returns the most that read at once.
+template <class OptionsOf>
+int most_readers_loading(fs::path const& ckpt, Reference const& expected, int tp_size, OptionsOf&& options_of) {
+  auto const c = config();
+  most_reading = 0;
+  sw::detail::checkpoint_load_hook = count_readers;
+  std::vector<std::vector<std::vector<float>>> loaded(4);
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"dp", "tp">(world, {4 / tp_size, tp_size}));
+    models::Llama<float, tp_plan> model(config(555));
+    sw::parallelize(model, tp);
+    (void)sw::load_sharded(model, tp, ckpt, options_of(world));
+    loaded[static_cast<std::size_t>(world.rank())] = full_parameters(model, tp, c.vocabulary);
+  });
+  sw::detail::checkpoint_load_hook = nullptr;
+  for (auto const& got : loaded) CHECK(got == expected.parameters);
+  return most_reading.load();
+}
+
 TEST_CASE("ranks_per_step: at most that many ranks read at once") {
   auto const c = config();
   auto const expected = reference(c);
   scratch_dir dir("turns");
   save_at<tp_plan>(4, c, dir.path / "ckpt", 9);
-  sw::detail::checkpoint_load_hook = count_readers;
   for (int per_step : {0, 1, 2}) {
     INFO("ranks_per_step " << per_step);
-    most_reading = 0;
-    std::vector<std::vector<std::vector<float>>> loaded(4);
-    sw::run_threads(4, [&](auto& world) {
-      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {4}));
-      models::Llama<float, tp_plan> model(config(555));
-      sw::parallelize(model, tp);
-      (void)sw::load_sharded(model, tp, dir.path / "ckpt", {.ranks_per_step = per_step});
-      loaded[static_cast<std::size_t>(world.rank())] = full_parameters(model, tp, c.vocabulary);
-    });
+    int const most = most_readers_loading(dir.path / "ckpt", expected, 4,
+                                          [&](auto&) { return sw::load_options{.ranks_per_step = per_step}; });
     if (per_step == 0)
-      CHECK(most_reading.load() >= 2);  // all at once: they overlap (what the turns must prevent)
+      CHECK(most >= 2);  // all at once: they overlap (what the turns must prevent)
     else
-      CHECK(most_reading.load() <= per_step);
-    for (auto const& got : loaded) CHECK(got == expected.parameters);
+      CHECK(most <= per_step);
   }
-  sw::detail::checkpoint_load_hook = nullptr;
 }
 
 TEST_CASE("ranks_per_step over the node (sw::node_turns): at most that many of its ranks read, across replicas") {
@@ -692,28 +702,18 @@ TEST_CASE("ranks_per_step over the node (sw::node_turns): at most that many of i
   auto const expected = reference(c);
   scratch_dir dir("node_turns");
   save_at<tp_plan>(2, c, dir.path / "ckpt", 9);
-  sw::detail::checkpoint_load_hook = count_readers;
   for (bool per_node : {false, true}) {
     INFO((per_node ? "turns over the node" : "turns over each tp group"));
-    most_reading = 0;
-    std::vector<std::vector<std::vector<float>>> loaded(4);
-    sw::run_threads(4, [&](auto& world) {
-      auto const mesh = sw::make_mesh<"dp", "tp">(world, {2, 2});  // two replicas load at once
-      auto const tp = sw::submesh<"tp">(mesh);
+    int const most = most_readers_loading(dir.path / "ckpt", expected, 2, [&](auto& world) {  // two replicas
       sw::load_options options{.ranks_per_step = 1};
       if (per_node) options.turns = sw::node_turns(world);  // one node: the four threads
-      models::Llama<float, tp_plan> model(config(555));
-      sw::parallelize(model, tp);
-      (void)sw::load_sharded(model, tp, dir.path / "ckpt", options);
-      loaded[static_cast<std::size_t>(world.rank())] = full_parameters(model, tp, c.vocabulary);
+      return options;
     });
     if (per_node)
-      CHECK(most_reading.load() == 1);
+      CHECK(most == 1);
     else
-      CHECK(most_reading.load() >= 2);  // a rank of each replica at once: what per-node turns prevent
-    for (auto const& got : loaded) CHECK(got == expected.parameters);
+      CHECK(most >= 2);  // a rank of each replica at once: what per-node turns prevent
   }
-  sw::detail::checkpoint_load_hook = nullptr;
 }
 
 TEST_CASE("a consolidated file (shardwise's or Hugging Face's names) loaded at any TP size, each rank slicing it") {

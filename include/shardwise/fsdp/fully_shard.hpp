@@ -296,6 +296,8 @@ class fully_sharded final : detail::module_hooks {
 
   /// The end of the model's backward: the root's gradients reduced, every unit that ran forward checked.
   void finish_backward();
+  /// The root unit's gradients reduced (unless gradient sync is off: kept whole), its parameters released.
+  void finish_root();
 
   /// A model declared with sw::Lazy and not loaded yet cannot run.
   void refuse_unfilled() const;

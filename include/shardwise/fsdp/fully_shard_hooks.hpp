@@ -72,13 +72,18 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::after_backward(deta
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_backward() {
-  finish_prefetches();
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_root() {
   if (sync_)
     reduce_gradients(units_[0]);
   else
     units_[0].unreduced = true;
-  release(units_[0]);  // its parameters' storage kept for the next forward's first gather
+  release(units_[0]);
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_backward() {
+  finish_prefetches();
+  finish_root();  // its parameters' storage kept for the next forward's first gather
   spare_->end_pass();
   phase_ = phase::idle;
   for (std::size_t i = 1; i < units_.size(); ++i)
@@ -110,11 +115,7 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::shardwise_pipeline_
   shardwise_pipeline_abandon();
   for (std::size_t i = 1; i < units_.size(); ++i)
     if (units_[i].unreduced && sync_) reduce_finished_gradients(units_[i]);  // finished after each backward
-  if (sync_)
-    reduce_gradients(units_[0]);
-  else
-    units_[0].unreduced = true;
-  release(units_[0]);
+  finish_root();
   for (std::size_t i = 1; i < units_.size(); ++i)
     if (units_[i].forwards != units_[i].backwards || units_[i].forwards == 0)
       detail::fail("shardwise::run_pipeline_step: the unit \"", units_[i].path, "\" of the fully sharded stage ran ",
