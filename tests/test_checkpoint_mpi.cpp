@@ -124,6 +124,9 @@ TEST_CASE("MPI: saved at TP = world size, loaded at every TP size that divides i
     check_logits<models::llama_plan<false>>(mesh, dir, expected, 11);
     check_logits<models::llama_plan<true>>(mesh, dir, expected, 11);
     check_logits<models::llama_plan<false>>(mesh, dir, expected, 11, {.only_rank0_reads = true});  // sent over MPI
+    sw::load_options node_reads{.only_rank0_reads = true};  // the host's first process reads for all of them
+    node_reads.turns = sw::node_turns(world);
+    check_logits<models::llama_plan<false>>(mesh, dir, expected, 11, node_reads);
     check_logits<models::llama_plan<false>>(mesh, dir, expected, 11, {.ranks_per_step = 1});
   }
 

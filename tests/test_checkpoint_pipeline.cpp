@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -36,6 +37,11 @@ struct scratch_dir {
 
 using Tensors = std::map<std::string, std::vector<float>>;
 
+std::atomic<int> reading_ranks{0};
+void count_reading_ranks(std::string_view stage, int) {
+  if (stage == "read_begin") ++reading_ranks;
+}
+
 /// Trains pp 2 x tp 2 (sequence parallel) for 3 steps and saves it (through an sw::async_save when `async`);
 /// returns every trained tensor, whole.
 Tensors train_and_save(fs::path const& dir, bool tied = false, bool async = false) {
@@ -60,18 +66,19 @@ Tensors train_and_save(fs::path const& dir, bool tied = false, bool async = fals
 /// Loads `dir` into stage `stage` of `stages` at tp `tp_size` (a lazy stage when `lazy`) and returns its
 /// tensors, whole.
 template <class Plan, class Mesh>
-Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, bool lazy, bool tied = false) {
+Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, bool lazy, bool tied,
+                   sw::load_options const& options) {
   auto const c = llama_pipeline_cases::config(tied);
   sw::stage_split const split(c.layers, stages);
   std::vector<llama_cases::TrainedTensor> loaded;
   if (lazy) {
     sw::Lazy<models::LlamaStage<float, Plan>> model(c, split, stage);
     sw::parallelize(model, tp);
-    loaded = llama_pipeline_cases::parameters_of(sw::load_sharded(model, tp, dir));
+    loaded = llama_pipeline_cases::parameters_of(sw::load_sharded(model, tp, dir, options));
   } else {
     models::LlamaStage<float, Plan> model(c, split, stage);
     sw::parallelize(model, tp);
-    (void)sw::load_sharded(model, tp, dir);
+    (void)sw::load_sharded(model, tp, dir, options);
     loaded = llama_pipeline_cases::parameters_of(model);
   }
   Tensors tensors;
@@ -80,17 +87,22 @@ Tensors load_stage(Mesh const& tp, fs::path const& dir, int stages, int stage, b
 }
 
 /// Loads at pp `stages` x tp `tp_size` on threads; every stage's tensors must equal the trained ones, and
-/// together the stages must hold every tensor.
-void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_size, bool lazy, bool tied = false) {
-  INFO("load at pp " << stages << " x tp " << tp_size << (lazy ? ", lazy" : ""));
+/// together the stages must hold every tensor. With `node_reads`, the node's first rank reads for every stage
+/// (only_rank0_reads over sw::node_turns).
+void check_load(Tensors const& trained, fs::path const& dir, int stages, int tp_size, bool lazy, bool tied = false,
+                bool node_reads = false) {
+  INFO("load at pp " << stages << " x tp " << tp_size << (lazy ? ", lazy" : "") << (node_reads ? ", node reads" : ""));
   Tensors seen;
   std::mutex guard;
   sw::run_threads(stages * tp_size, [&](auto& world) {
     auto const mesh = sw::make_mesh<"pp", "tp">(world, {stages, tp_size});
     auto const tp = sw::submesh<"tp">(mesh);
     int const stage = sw::coordinate<"pp">(mesh);
-    Tensors const mine = tp_size == 1 ? load_stage<sw::serial_plan>(tp, dir, stages, stage, lazy, tied)
-                                      : load_stage<models::llama_plan<true>>(tp, dir, stages, stage, lazy, tied);
+    sw::load_options options{.only_rank0_reads = node_reads};
+    if (node_reads) options.turns = sw::node_turns(world);
+    Tensors const mine = tp_size == 1
+                             ? load_stage<sw::serial_plan>(tp, dir, stages, stage, lazy, tied, options)
+                             : load_stage<models::llama_plan<true>>(tp, dir, stages, stage, lazy, tied, options);
     std::lock_guard lock(guard);
     for (auto const& tensor : mine) {  // (no structured binding: clang 14 cannot capture one in doctest's macros)
       if (seen.count(tensor.first))
@@ -171,11 +183,12 @@ TEST_CASE("a lazy stage reads only its own stage's files") {
     out.write(noise.data(), 64);
   }
   auto const tp1 = sw::make_mesh<"tp">(sw::serial_world(), {1});
-  auto const first = load_stage<sw::serial_plan>(tp1, dir, 2, 0, true);  // reads stage 0's files only
+  auto const first = load_stage<sw::serial_plan>(tp1, dir, 2, 0, true, false, {});  // reads stage 0's files only
   for (auto const& [name, values] : first) CHECK(values == trained.at(name));
   CHECK(first.count("tok_embeddings.weight") == 1);
   CHECK(first.count("output.weight") == 0);
-  CHECK_THROWS_WITH_AS(load_stage<sw::serial_plan>(tp1, dir, 2, 1, true), doctest::Contains("checksum"), sw::error);
+  CHECK_THROWS_WITH_AS(load_stage<sw::serial_plan>(tp1, dir, 2, 1, true, false, {}), doctest::Contains("checksum"),
+                       sw::error);
 }
 
 TEST_CASE("tied embeddings over pp 2: saved once, under the embedding's name; loaded into both stages and at pp 1") {
@@ -190,6 +203,13 @@ TEST_CASE("tied embeddings over pp 2: saved once, under the embedding's name; lo
   check_load(trained, dir, 1, 1, false, true);
   check_load(trained, dir, 2, 2, false, true);  // the last stage's output copy is read from the embedding's
   check_load(trained, dir, 4, 1, true, true);
+  // One reader for the node: the first stage's first rank reads the other stage's tensors, and the copy, too.
+  reading_ranks = 0;
+  sw::detail::checkpoint_load_hook = count_reading_ranks;
+  check_load(trained, dir, 2, 2, false, true, true);
+  check_load(trained, dir, 4, 1, true, true, true);
+  sw::detail::checkpoint_load_hook = nullptr;
+  CHECK(reading_ranks.load() == 2);  // one per load
   models::Llama<float> plain(llama_pipeline_cases::config(true));
   auto const tp1 = sw::make_mesh<"tp">(sw::serial_world(), {1});
   (void)sw::load_sharded(plain, tp1, dir);

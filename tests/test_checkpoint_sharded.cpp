@@ -647,9 +647,10 @@ TEST_CASE("a lazily declared model is filled with its shard only") {
 }
 
 namespace {
-std::atomic<int> reading{0}, most_reading{0};
+std::atomic<int> reading{0}, most_reading{0}, began_reading{0};
 void count_readers(std::string_view stage, int) {
   if (stage == "read_begin") {
+    ++began_reading;
     int const now = ++reading;
     int seen = most_reading.load();
     while (now > seen && !most_reading.compare_exchange_weak(seen, now)) {
@@ -666,7 +667,7 @@ void count_readers(std::string_view stage, int) {
 template <class OptionsOf>
 int most_readers_loading(fs::path const& ckpt, Reference const& expected, int tp_size, OptionsOf&& options_of) {
   auto const c = config();
-  most_reading = 0;
+  most_reading = 0, began_reading = 0;
   sw::detail::checkpoint_load_hook = count_readers;
   std::vector<std::vector<std::vector<float>>> loaded(4);
   sw::run_threads(4, [&](auto& world) {
@@ -713,6 +714,46 @@ TEST_CASE("ranks_per_step over the node (sw::node_turns): at most that many of i
       CHECK(most == 1);
     else
       CHECK(most >= 2);  // a rank of each replica at once: what per-node turns prevent
+  }
+}
+
+TEST_CASE("only_rank0_reads over the node (sw::node_turns): its first rank alone reads, for every replica") {
+  auto const c = config();
+  auto const expected = reference(c);
+  scratch_dir dir("node_reader");
+  fs::path const ckpt = dir.path / "ckpt";
+  save_at<tp_plan>(2, c, ckpt, 9);
+  auto const options_of = [](bool per_node) {
+    return [per_node](auto& world) {
+      sw::load_options options{.only_rank0_reads = true};
+      if (per_node) options.turns = sw::node_turns(world);  // one node: the four threads
+      return options;
+    };
+  };
+  for (int tp_size : {2, 4}) {  // two replicas of tp 2; one tp group of 4 loading a tp 2 save (padded, cut again)
+    for (bool per_node : {false, true}) {
+      INFO("tp " << tp_size << (per_node ? ", one reader for the node" : ", one reader per tp group"));
+      (void)most_readers_loading(ckpt, expected, tp_size, options_of(per_node));
+      CHECK(began_reading.load() == (per_node || tp_size == 4 ? 1 : 2));
+    }
+  }
+  // A rank file cut short: the node's reader finds it, and every rank raises its words (none waits for a block).
+  fs::path const shard = ckpt / "tensor_parallel_shards/tp_rank_01_pp_rank_00/model.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  std::vector<std::string> messages(4);
+  sw::run_threads(4, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"dp", "tp">(world, {2, 2}));
+    models::Llama<float, tp_plan> model(config(555));
+    sw::parallelize(model, tp);
+    try {
+      (void)sw::load_sharded(model, tp, ckpt, options_of(true)(world));
+    } catch (sw::error const& e) {
+      messages[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (auto const& message : messages) {
+    CHECK_MESSAGE(message.find("tp_rank_01_pp_rank_00/model.safetensors") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("truncated") != std::string::npos, message);
   }
 }
 

@@ -126,6 +126,19 @@ void check_resharded(World const& world, fs::path const& dir, models::LlamaConfi
     check_equal(fsdp_cases::whole_parameters(sharded), saved);
     CHECK(reads_begun == (world.rank() == 0 ? 2 : 0));
   });
+  // The node's first rank reads for every rank of the node (sw::node_turns; on threads, and under MPI on one host,
+  // the whole world), into a model whose values all differ until loaded.
+  under_fsdp<LoadPolicy>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
+    sw::load_options node_reads = first_rank_reads;
+    node_reads.turns = sw::node_turns(world);
+    reads_begun = 0;
+    if constexpr (decltype(with_tp)::value)
+      (void)sw::load_sharded(sharded, tp, dir, node_reads);
+    else
+      (void)sw::load_sharded(sharded, dir, node_reads);
+    check_equal(fsdp_cases::whole_parameters(sharded), saved);
+    CHECK(reads_begun == (node_reads.turns->rank == 0 ? 1 : 0));
+  });
   // Declared with sw::Lazy (no rank holds the whole model): refused until a load fills the shards.
   under_fsdp<LoadPolicy, true>(world, other, load_dp, [&](auto& sharded, auto const& tp, auto with_tp) {
     auto const refused = [&] {

@@ -1,8 +1,9 @@
 #pragma once
-// Which ranks take turns reading a checkpoint under load_options::ranks_per_step. By default the ranks of the
-// load's tp group; with sw::node_turns(world), every rank of this node — across tp groups and data-parallel
-// replicas — as optimum-neuron's num_local_ranks_per_step counts them: what the turns bound (concurrent disk and
-// page-cache traffic, host memory) belongs to the node, not to one tp group.
+// Which ranks take turns reading a checkpoint under load_options::ranks_per_step, or share one reader under
+// only_rank0_reads. By default the ranks of the load's tp group; with sw::node_turns(world), every rank of this
+// node — across tp groups, data-parallel replicas and pipeline stages — as optimum-neuron's
+// num_local_ranks_per_step counts them: what the turns bound (concurrent disk and page-cache traffic, host
+// memory) belongs to the node, not to one tp group.
 #include <unistd.h>
 
 #include <array>
@@ -16,12 +17,17 @@
 
 namespace shardwise {
 
-/// The ranks that take turns reading (load_options::turns): this rank's place among them, how many there are, and
-/// a barrier over them that closes each turn.
+/// The ranks that take turns reading (load_options::turns): this rank's place among them, how many there are, a
+/// barrier over them that closes each turn, and messages between them (for only_rank0_reads: the first of them
+/// reads for all).
 struct read_turns {
   int rank = 0;                   ///< This rank's place among them.
   int size = 1;                   ///< How many take turns.
   std::function<void()> barrier;  ///< Waits until every one of them has finished the turn (collective).
+  /// Sends `bytes` bytes at `data` to the one of them at place `to` (delivered in order, per sender).
+  std::function<void(void const* data, std::size_t bytes, int to)> send;
+  /// Receives the next message from place `from` into where(bytes) (which returns room for `bytes` bytes).
+  std::function<void(int from, std::function<void*(std::size_t bytes)> const& where)> receive;
 };
 
 namespace detail {
@@ -34,8 +40,9 @@ struct host_name {
 
 /// The ranks of `world` (a communicator: the thread world, MPI's, a runtime one) on this rank's node, grouped by
 /// host name as MPI's shared-memory split groups them, to take turns over: pass it as load_options::turns with
-/// ranks_per_step, so that at most that many ranks of a node read at once whatever their tp group or replica.
-/// Collective over `world`; on the thread mesh every rank is on one node.
+/// ranks_per_step, so that at most that many ranks of a node read at once whatever their tp group or replica, or
+/// with only_rank0_reads, so that the node's first rank alone reads, for all of them. Collective over `world`; on
+/// the thread mesh every rank is on one node.
 template <class Comm>
 std::shared_ptr<read_turns const> node_turns(Comm const& world) {
   detail::host_name mine;
@@ -47,6 +54,10 @@ std::shared_ptr<read_turns const> node_turns(Comm const& world) {
   auto turns = std::make_shared<read_turns>();
   turns->rank = node.rank(), turns->size = node.size();
   turns->barrier = [node] { node.barrier(); };
+  turns->send = [node](void const* data, std::size_t bytes, int to) { node.send_bytes(data, bytes, {bytes}, to, 0); };
+  turns->receive = [node](int from, std::function<void*(std::size_t)> const& where) {
+    node.recv_into(from, 0, [&](extents const&, std::size_t bytes) -> void* { return where(bytes); });
+  };
   return turns;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checkpoint_reader.hpp"
+#include "shardwise/checkpoint/node_reader.hpp"
 #include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/relay.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
@@ -33,8 +34,9 @@ struct load_options {
   /// bounds the concurrent disk and page-cache load. Among the load's tp ranks, or among `turns`' ranks when set
   /// (sw::node_turns(world): every rank of the node). 0: all at once, with no communication at all.
   int ranks_per_step = 0;
-  /// The RAM-efficient mode: only tp rank 0 opens the files; it reads one tensor at a time and sends every
-  /// other rank its shard over the mesh (the others never touch the disk nor hold more than their shard).
+  /// The RAM-efficient mode: only tp rank 0 opens the files (under FSDP, the first rank of dp x tp; with `turns`
+  /// from sw::node_turns, the node's first rank, for every rank of the node); it reads one block at a time and
+  /// sends every other rank its shard (the others never touch the disk nor hold more than their shard).
   bool only_rank0_reads = false;
   /// Strict (transformers' load_state_dict(strict=True)): a model tensor the checkpoint lacks, or a checkpoint
   /// tensor no model tensor reads, is an error naming it. Non-strict: such tensors are skipped — a missing one
@@ -43,8 +45,9 @@ struct load_options {
   /// Check every piece a rank reads against the checksum its save recorded (the piece is read whole once for
   /// that); off: only the boxes the rank needs are read.
   bool verify_checksums = true;
-  /// The ranks that take turns under ranks_per_step (sw::node_turns(world): this node's, across tp groups and
-  /// data-parallel replicas; every one of them must load with the same ranks_per_step); null: the load's tp ranks.
+  /// The ranks that take turns under ranks_per_step, or share one reader under only_rank0_reads
+  /// (sw::node_turns(world): this node's, across tp groups, data-parallel replicas and pipeline stages; every one
+  /// of them must load the same checkpoint with the same options); null: the load's tp ranks.
   std::shared_ptr<read_turns const> turns;
 };
 
@@ -86,11 +89,19 @@ int turn_rank(TpMesh const& tp, load_options const& options) {
 }
 
 /// How the ranks of one load read: each its own shard at once; in turns of ranks_per_step; tp rank 0 reading
-/// for all and sending each its shard; FSDP's first rank reading and relaying over dp x tp.
-enum class load_mode { each_rank, in_turns, rank0_sends, rank0_relays };
+/// for all and sending each its shard; FSDP's first rank reading and relaying over dp x tp; the node's first
+/// rank reading for the node.
+enum class load_mode { each_rank, in_turns, rank0_sends, rank0_relays, node_reads };
 
 template <class Model, class TpMesh>
 load_mode load_mode_of(Model& model, TpMesh const& tp, load_options const& options) {
+  if (options.only_rank0_reads && options.turns && options.turns->size > 1) {
+    if (!options.turns->send || !options.turns->receive)
+      fail(
+          "shardwise::load_options: only_rank0_reads over `turns` needs turns that can send and receive; build "
+          "them with sw::node_turns(world)");
+    return load_mode::node_reads;
+  }
   if constexpr (requires { model.data_mesh(); }) {  // a model under FSDP: its shards span dp x tp
     bool const spread = with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); }) > 1;
     if (options.only_rank0_reads && spread) return load_mode::rank0_relays;
@@ -180,13 +191,26 @@ void check_against_model(Model& model, int size, int rank, load_state& s, Locate
   check_piece_files(s);
 }
 
-/// Runs `check`; where the ranks go on to communicate, its error is agreed first, so that every rank raises it
-/// and none waits for a peer that will not come.
+/// Raises `error` (if any, from any rank) on every rank of the axes a load's ranks share: FSDP's dp x tp, or tp.
+template <class Model, class TpMesh>
+void agree_over_load_axes(Model& model, TpMesh const& tp, std::string const& error, std::string_view stage,
+                          std::filesystem::path const& dir, std::string_view who) {
+  if constexpr (requires { model.data_mesh(); })
+    with_fsdp_axes(model, tp, [&](auto const&... axes) { agree_on_errors_across(error, stage, dir, who, axes...); });
+  else if constexpr (requires { tp.comm(0); })
+    agree_on_errors(tp, error, stage, dir, who);
+  else
+    agree_on_errors_across(error, stage, dir, who);  // one rank: its own error
+}
+
+/// Runs `check`; where the ranks go on to communicate, its error is agreed first (over the node too when its
+/// first rank reads for it), so that every rank raises it and none waits for a peer that will not come.
 template <class Model, class TpMesh, class Check>
-void check_agreed(Model& model, TpMesh const& tp, load_mode mode, std::filesystem::path const& dir,
-                  std::string_view who, Check&& check) {
+void check_agreed(Model& model, TpMesh const& tp, load_mode mode, load_options const& options,
+                  std::filesystem::path const& dir, std::string_view who, Check&& check) {
   constexpr bool fsdp = requires { model.data_mesh(); };
-  bool const agreed = mode == load_mode::rank0_relays || (!fsdp && mode != load_mode::each_rank);
+  bool const agreed =
+      mode == load_mode::rank0_relays || mode == load_mode::node_reads || (!fsdp && mode != load_mode::each_rank);
   if (!agreed) return check();
   std::string error;
   try {
@@ -194,12 +218,8 @@ void check_agreed(Model& model, TpMesh const& tp, load_mode mode, std::filesyste
   } catch (std::exception const& e) {
     error = e.what();
   }
-  if constexpr (fsdp)
-    with_fsdp_axes(model, tp, [&](auto const&... axes) {
-      agree_on_errors_across(error, "checking the checkpoint against the model", dir, who, axes...);
-    });
-  else if constexpr (requires { tp.comm(0); })
-    agree_on_errors(tp, error, "checking the checkpoint against the model", dir, who);
+  if (mode == load_mode::node_reads) error = node_agreed_error(*options.turns, error);
+  agree_over_load_axes(model, tp, error, "checking the checkpoint against the model", dir, who);
 }
 
 /// Each of the model's tensors that the checkpoint holds: zeroed, then its shard read.
@@ -291,10 +311,7 @@ void read_in_turns(Model& model, TpMesh const& tp, checkpoint_reader& reader, lo
     else if constexpr (requires { tp.comm(0); })
       tp.comm(0).barrier();
   }
-  if constexpr (requires { tp.comm(0); })
-    agree_on_errors(tp, error, "reading the rank's shard", dir, s.who);
-  else
-    agree_on_errors_across(error, "reading the rank's shard", dir, s.who);  // one tp rank: its own error
+  agree_over_load_axes(model, tp, error, "reading the rank's shard", dir, s.who);
 }
 
 /// The loader behind load_sharded, load_consolidated and load_pretrained: locate(source, index, label,
@@ -307,8 +324,13 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
   int const size = tp.size(), rank = tp.rank();
   load_mode const mode = load_mode_of(model, tp, options);
   load_state s{{}, {}, who, options, {}};
-  check_agreed(model, tp, mode, dir, who, [&] { check_against_model(model, size, rank, s, locate); });
+  check_agreed(model, tp, mode, options, dir, who, [&] { check_against_model(model, size, rank, s, locate); });
   checkpoint_reader reader(s.source, s.outcome.index, who, options.verify_checksums);
+  if (mode == load_mode::node_reads) {
+    std::string const error = read_for_the_node(model, size, rank, reader, s.outcome.index, *options.turns);
+    agree_over_load_axes(model, tp, error, "reading on the node's first rank", dir, who);
+    return std::move(s.outcome);
+  }
   if constexpr (requires { model.data_mesh(); }) {
     if (mode == load_mode::rank0_relays) {
       relay_from_first_rank(model, tp, reader, s.outcome.index, dir, who);
