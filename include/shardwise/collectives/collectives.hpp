@@ -234,6 +234,30 @@ void send(Mesh const& mesh, T const& t, int destination, int tag = 0) {
   }
 }
 
+/// Sends t to rank `destination` of the axis without waiting for its receive: the bytes are copied and sent in
+/// the background (MPI_Isend; the shared-memory meshes buffer every send), so that neighbours that send to each
+/// other before receiving cannot wait on each other, and a transfer overlaps the compute that follows it.
+/// finish_posted_sends(mesh) waits for them.
+template <class Mesh, class T>
+void post_send(Mesh const& mesh, T const& t, int destination, int tag = 0) {
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<T>()) {
+    auto const& comm = mesh.comm(0);
+    detail::check_tag(tag, {"post_send", comm.label()});
+    auto const shape = shape_of(t);
+    auto const bytes = shape.elements() * sizeof(element_t<T>);
+    if constexpr (requires { comm.post_bytes(detail::traits_of<T>::data(t), bytes, shape, destination, tag); })
+      comm.post_bytes(detail::traits_of<T>::data(t), bytes, shape, destination, tag);
+    else
+      comm.send_bytes(detail::traits_of<T>::data(t), bytes, shape, destination, tag);  // buffered there
+  }
+}
+
+/// Waits until the sends post_send left in flight on the mesh's axis have been received (under the timeout).
+template <class Mesh>
+void finish_posted_sends(Mesh const& mesh) {
+  if constexpr (requires { mesh.comm(0).finish_sends(); }) mesh.comm(0).finish_sends();
+}
+
 /// Receives into t what rank `source` sent with `tag` (resizing t where the type allows).
 template <class Mesh, class T>
 void recv(Mesh const& mesh, T& t, int source, int tag = 0) {

@@ -98,25 +98,6 @@ constexpr bool stages_chain() {
 template <class Output>
 struct stage_output_is_not_the_next_stage_input;  // incomplete on purpose: the compile error spells the layout
 
-/// Sends without waiting for the receiver: the schedules are proven with buffered sends (an MPI_Send of a large
-/// message waits for its receive, and two neighbours sending to each other would wait forever).
-template <class Mesh, class X>
-void pipeline_send(Mesh const& pp, X const& x, int to, int tag) {
-  auto const& comm = pp.comm(0);
-  auto const shape = shape_of(x.local);
-  auto const bytes = shape.elements() * sizeof(element_t<decltype(x.local)>);
-  if constexpr (requires { comm.post_bytes(x.local.data(), bytes, shape, to, tag); })
-    comm.post_bytes(x.local.data(), bytes, shape, to, tag);
-  else
-    comm.send_bytes(x.local.data(), bytes, shape, to, tag);  // the shared-memory meshes buffer every send
-}
-
-/// Waits for the sends pipeline_send left in flight (MPI).
-template <class Mesh>
-void pipeline_finish_sends(Mesh const& pp) {
-  if constexpr (requires { pp.comm(0).finish_sends(); }) pp.comm(0).finish_sends();
-}
-
 /// One rank's pipeline step: the state of every (chunk, microbatch) between the actions of its table.
 template <class Mesh, class Chunk, class In, class X, class Input, class LossGradient, class Driver>
 class pipeline_step {
@@ -224,7 +205,7 @@ class pipeline_step {
     if (action.peer == rank_)
       slot_at(shape_.chunk_of(stage), action.microbatch).*destination = std::move(data);
     else
-      pipeline_send(pp_, data, action.peer, tag(action.microbatch, stage, step < 0));
+      post_send(pp_, data.local, action.peer, tag(action.microbatch, stage, step < 0));  // proven with buffered sends
     data = X{};
   }
 
@@ -306,7 +287,7 @@ void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk>
   pipeline_step<Mesh, Chunk, In, X, Input, LossGradient, Driver> step(pp, shape, chunks, input, loss_gradient, options,
                                                                       driver);
   for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
-  pipeline_finish_sends(pp);
+  finish_posted_sends(pp);
   for (Chunk& chunk : chunks)  // what the stages settle between them once a step (tied weights' gradients)
     if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); }) chunk.shardwise_after_pipeline_step(pp);
 }

@@ -1,0 +1,6 @@
+#pragma once
+// Context parallelism: sequences cut over a cp axis (context_split) and causal attention across it, by ring
+// (ring_attention) or by all-to-all (ulysses_attention), forward and backward. See docs/context-parallel.md.
+#include "shardwise/context/ring_attention.hpp"
+#include "shardwise/context/split.hpp"
+#include "shardwise/context/ulysses_attention.hpp"
