@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/llama_cases.hpp"
+#include "cases/llama_context_cases.hpp"
 #include "support/worlds.hpp"
 
 namespace {
@@ -327,4 +328,11 @@ TEST_CASE("Llama with tied word embeddings refuses a plan that cuts the two diff
   CHECK_THROWS_WITH(Model{c},
                     doctest::Contains("shardwise::models::Llama: tie_word_embeddings needs the plan to cut \"output\" "
                                       "and \"tok_embeddings\" the same way"));
+}
+
+TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, thread mesh") {
+  for (int ranks : {2, 4}) {
+    INFO(ranks << " ranks");
+    worlds::run_threads(ranks, [&](auto& world) { llama_context_cases::check_all(world); });
+  }
 }

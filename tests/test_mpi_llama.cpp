@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/llama_cases.hpp"
+#include "cases/llama_context_cases.hpp"
 #include "support/worlds.hpp"
 
 TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
@@ -48,4 +49,8 @@ TEST_CASE("Llama: fewer key-value heads than ranks, and a padded vocabulary, MPI
   c.vocabulary = world.size() == 4 ? 30 : 63;  // padded to 32 / 64
   INFO("vocabulary " << c.vocabulary << " at TP " << world.size());
   against_serial(c, 1, false);
+}
+
+TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, MPI mesh") {
+  llama_context_cases::check_all(worlds::mpi());
 }

@@ -31,7 +31,9 @@ struct LlamaFeedForward {
   Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden, no bias.
   Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim, no bias.
   SHARDWISE_CHILDREN(w1, w3, w2)
+  SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED(h1_, h3_, a_)
+  static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
 
   /// The parameters are drawn from seed + 1 .. seed + 3.
   LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
@@ -94,7 +96,9 @@ struct LlamaBlock {
   RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;                  ///< Norm before the feed-forward.
   LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;  ///< The feed-forward.
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
+  SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED()
+  static constexpr bool shardwise_token_wise = true;  ///< Residuals, token by token: the attention sees across.
   /// The attention's type.
   using Attention = LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads>;
 
@@ -170,7 +174,7 @@ struct Llama {
   RMSNorm<T, style_at<Plan, "norm">> norm;                                                   ///< The final norm.
   Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_HOOKS(config)
+  SHARDWISE_HOOKS(config, on_context_parallel)
   SHARDWISE_SAVED(block_inputs_)
 
   /// The decoder block's type (what sw::wrap_type<...> names to make each block an FSDP unit).
@@ -262,11 +266,22 @@ struct Llama {
   /// What checkpoints store beside the weights, and check on load: LlamaConfig::fields().
   [[nodiscard]] std::map<std::string, std::string> shardwise_config() const { return config_.fields(); }
 
-  /// Logits [tokens, vocabulary] for the token ids (whole sequences, config().sequence each).
+  /// Called by sw::context_parallelize: from then on forward takes this rank's tokens of each sequence.
+  void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
+    if (context->split().sequence != config_.sequence)
+      shardwise::raise("shardwise::models::Llama: the context_split cuts sequences of ", context->split().sequence,
+                       " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");
+    rows_per_sequence_ = context->tokens();
+  }
+
+  /// Logits [tokens, vocabulary] for the token ids (whole sequences, config().sequence each; under context
+  /// parallelism, this rank's tokens of each: sw::context_parallel::positions()).
   auto forward(std::span<const std::int64_t> ids) {
-    if (ids.size() % config_.sequence != 0)
+    std::size_t const rows = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
+    if (ids.size() % rows != 0)
       shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids are not whole sequences of ",
-                       config_.sequence, " (config().sequence); give it a batch of whole sequences");
+                       rows, rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
+                       "; give it a batch of whole sequences");
     stream h = tok_embeddings(ids);
     if (checkpoint_blocks_) block_inputs_.resize(layers.size());
     for (std::size_t i = 0; i < layers.size(); ++i)  // through sw::forward: FSDP units gather here
@@ -340,6 +355,7 @@ struct Llama {
   }
 
   LlamaConfig config_;
+  std::size_t rows_per_sequence_ = 0;  // this cp rank's tokens of each sequence; 0: not context-parallel
   bool checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/context/context_parallel.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/inference/cached_attention.hpp"
 #include "shardwise/models/llama_config.hpp"
@@ -40,8 +41,8 @@ struct LlamaAttention {
   Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim, no bias.
   Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim, no bias.
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
-  SHARDWISE_HOOKS(static_check, on_parallelize)
-  SHARDWISE_SAVED(q_, k_, v_, saved_)
+  SHARDWISE_HOOKS(static_check, on_parallelize, on_context_parallel)
+  SHARDWISE_SAVED(q_, k_, v_, saved_, out_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
   /// from StaticHeads / StaticKvHeads.
@@ -143,6 +144,10 @@ struct LlamaAttention {
     return total;
   }
 
+  /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, rotated at
+  /// their global positions and attended across the cp ranks.
+  void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) { context_ = context; }
+
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
@@ -150,10 +155,14 @@ struct LlamaAttention {
     rotate_heads(q_.local, false);
     rotate_heads(k_.local, false);
     auto out = same_shape(q_);
-    nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
+    if (context_) {
+      context_->attend<T>(q_.local, k_.local, v_.local, config_.head_dim(), out.local, saved_);
+      out_ = out.local;  // the ring's backward needs each row's output (its softmax term spans every block)
+    } else {
+      nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
+    }
     return wo(std::move(out));  // its storage becomes wo's kept input
   }
-
   /// Forward with a key-value cache (inference): the step's new rows, RoPE at their positions, attention over
   /// each sequence's cached tokens (nn::cached_attention, which writes this layer's keys and values into `cache`).
   /// Keeps nothing of its own for backward.
@@ -174,7 +183,11 @@ struct LlamaAttention {
   auto backward(DY const& dy) {
     auto dout = wo.backward(dy);
     auto dq = same_shape(q_), dk = same_shape(k_), dv = same_shape(v_);  // all written by the backward
-    nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
+    if (context_)
+      context_->attend_backward<T>(dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local, dk.local,
+                                   dv.local);
+    else
+      nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
     rotate_heads(dq.local, true);  // the transpose of the forward rotation
     rotate_heads(dk.local, true);
     return wq.backward(dq) + wk.backward(dk) + wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
@@ -187,11 +200,31 @@ struct LlamaAttention {
     return A{nn::matrix<T>(a.local.rows(), a.local.cols())};
   }
 
-  /// Rotary embedding on every head of [tokens, heads * head_dim] (inverse: its transpose, for backward).
+  /// Rotary embedding on every head of [tokens, heads * head_dim] (inverse: its transpose, for backward); under
+  /// context parallelism, each row at its token's global position.
   void rotate_heads(nn::matrix<T>& x, bool inverse) const {
     auto const d = static_cast<Eigen::Index>(config_.head_dim());
+    if (context_) return rotate_heads_at_positions(x, inverse);
     for (Eigen::Index h = 0; h < x.cols() / d; ++h)
       detail::apply_rope(x.middleCols(h * d, d), rope_, config_.sequence, inverse);
+  }
+  /// Each sequence's rows are this rank's positions: rotated a run of consecutive positions at a time.
+  void rotate_heads_at_positions(nn::matrix<T>& x, bool inverse) const {
+    auto const d = static_cast<Eigen::Index>(config_.head_dim());
+    auto const& positions = context_->positions();
+    auto const n = static_cast<Eigen::Index>(positions.size());
+    Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> scratch;
+    for (Eigen::Index first = 0; first < n;) {
+      Eigen::Index run = 1;
+      while (first + run < n &&
+             positions[static_cast<std::size_t>(first + run)] == positions[static_cast<std::size_t>(first)] + run)
+        ++run;
+      for (Eigen::Index b = 0; b < x.rows(); b += n)
+        for (Eigen::Index h = 0; h < x.cols() / d; ++h)
+          detail::rotate_rows(x.block(b + first, h * d, run, d), rope_, positions[static_cast<std::size_t>(first)],
+                              inverse, scratch);
+      first += run;
+    }
   }
 
   /// Rotary embedding on every head of the step's rows, each entry's at its own positions; the tables grow to the
@@ -214,7 +247,9 @@ struct LlamaAttention {
   detail::rope_tables<T> rope_;
   output_t<decltype(wq)> q_;
   output_t<decltype(wk)> k_, v_;
-  nn::attention_saved<T> saved_;  // each query row's softmax logsumexp, for backward
+  nn::attention_saved<T> saved_;                     // each query row's softmax logsumexp, for backward
+  std::shared_ptr<context_parallel const> context_;  // set by sw::context_parallelize
+  nn::matrix<T> out_;                                // the attention's output, kept under context parallelism
 };
 
 }  // namespace shardwise::models

@@ -22,6 +22,12 @@ struct config {};
 struct other_stage {};
 /// `template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp)`: at the end of each pipeline step.
 struct after_pipeline_step {};
+/// `void shardwise_on_context_parallel(std::shared_ptr<sw::context_parallel const> const&)`:
+/// sw::context_parallelize; the module treats sequences cut over a cp axis itself (attention across the ranks).
+struct on_context_parallel {};
+/// `static constexpr bool shardwise_token_wise = true`: the module's own code treats every row (token) alone, so
+/// sw::context_parallelize may cut its sequences (its children declare for themselves).
+struct token_wise {};
 }  // namespace hooks
 
 /// The hooks a module lists (SHARDWISE_HOOKS).
@@ -75,6 +81,8 @@ SHARDWISE_DETAIL_HOOK_NAME(on_parallelize)
 SHARDWISE_DETAIL_HOOK_NAME(config)
 SHARDWISE_DETAIL_HOOK_NAME(other_stage)
 SHARDWISE_DETAIL_HOOK_NAME(after_pipeline_step)
+SHARDWISE_DETAIL_HOOK_NAME(on_context_parallel)
+SHARDWISE_DETAIL_HOOK_NAME(token_wise)
 #undef SHARDWISE_DETAIL_HOOK_NAME
 
 template <class M>
@@ -117,6 +125,7 @@ template <class M>
 inline constexpr bool hooks_declared =
     hook_declared<M, hooks::static_check>() && hook_declared<M, hooks::on_parallelize>() &&
     hook_declared<M, hooks::config>() && hook_declared<M, hooks::other_stage>() &&
-    hook_declared<M, hooks::after_pipeline_step>();
+    hook_declared<M, hooks::after_pipeline_step>() && hook_declared<M, hooks::on_context_parallel>() &&
+    hook_declared<M, hooks::token_wise>();
 
 }  // namespace shardwise::detail

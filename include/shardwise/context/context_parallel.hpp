@@ -1,0 +1,170 @@
+#pragma once
+// A model's sequences cut over a context-parallel (cp) axis: sw::context_parallelize hands every module that
+// attends across tokens a sw::context_parallel (the cut, and attention across the cp ranks by ring or
+// all-to-all), and refuses at compile time a model with a module that has not said how it treats a cut sequence.
+// Every other module works on this rank's rows as they are: a linear layer, a norm or an embedding treats each
+// token alone. Parameters are whole on every cp rank, their gradients averaged over cp as over dp.
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "shardwise/context/ring_attention.hpp"
+#include "shardwise/context/split.hpp"
+#include "shardwise/context/ulysses_attention.hpp"
+#include "shardwise/plan/hooks.hpp"
+#include "shardwise/plan/module.hpp"
+#include "shardwise/plan/tree.hpp"
+
+namespace shardwise {
+
+/// How attention reaches across the cp ranks: keys and values passed round a ring (any head count), or an
+/// all-to-all to whole sequences of heads / cp heads (the heads and key-value heads must divide over cp).
+enum class context_method { ring, all_to_all };
+
+/// This rank's part of a context-parallel run: the cut (context_split), its place in it, and attention across
+/// the cp mesh, for float and double. Built by sw::context_parallelize; modules read it through their
+/// shardwise_on_context_parallel hook.
+class context_parallel {
+ public:
+  /// Attention across `cp` (a 1-D mesh over split.ranks ranks) by `method`.
+  template <class Mesh>
+  context_parallel(Mesh const& cp, context_split split, context_method method)
+      : split_(split), rank_(cp.rank()), positions_(split.positions(cp.rank())), method_(method) {
+    split_.check();
+    bind<float>(cp, float_);
+    bind<double>(cp, double_);
+  }
+
+  [[nodiscard]] context_split const& split() const { return split_; }  ///< The cut.
+  [[nodiscard]] int rank() const { return rank_; }                     ///< This rank's place on the cp axis.
+  [[nodiscard]] context_method method() const { return method_; }      ///< Ring or all-to-all.
+  /// The global positions of this rank's tokens within each sequence, increasing.
+  [[nodiscard]] std::vector<std::int64_t> const& positions() const { return positions_; }
+  /// This rank's tokens of each sequence.
+  [[nodiscard]] std::size_t tokens() const { return positions_.size(); }
+  /// The factor that turns this rank's mean over its own tokens into its share of the mean over every token, when
+  /// the cp ranks' results are then averaged (as data-parallel losses and gradients are): tokens x ranks /
+  /// sequence (1 when the cut is even).
+  [[nodiscard]] double mean_weight() const {
+    return static_cast<double>(tokens()) * split_.ranks / static_cast<double>(split_.sequence);
+  }
+
+  /// ring_attention / ulysses_attention over this rank's rows.
+  template <std::floating_point T>
+  void attend(nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k, nn::const_matrix_ref<T> v, std::size_t head_dim,
+              nn::matrix_ref<T> out, nn::attention_saved<T>& saved) const {
+    kernels<T>().forward(q, k, v, head_dim, out, saved);
+  }
+  /// The backward of attend.
+  template <std::floating_point T>
+  void attend_backward(nn::const_matrix_ref<T> dout, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
+                       nn::const_matrix_ref<T> v, nn::const_matrix_ref<T> out, nn::attention_saved<T> const& saved,
+                       nn::matrix_ref<T> dq, nn::matrix_ref<T> dk, nn::matrix_ref<T> dv) const {
+    kernels<T>().backward(dout, q, k, v, out, saved, dq, dk, dv);
+  }
+
+ private:
+  template <class T>
+  struct typed {
+    using M = nn::const_matrix_ref<T>;
+    using W = nn::matrix_ref<T>;
+    std::function<void(M, M, M, std::size_t, W, nn::attention_saved<T>&)> forward;
+    std::function<void(M, M, M, M, M, nn::attention_saved<T> const&, W, W, W)> backward;
+  };
+  template <class T, class Mesh>
+  void bind(Mesh const& cp, typed<T>& k) {
+    using M = nn::const_matrix_ref<T>;
+    using W = nn::matrix_ref<T>;
+    context_split const s = split_;
+    if (method_ == context_method::ring) {
+      k.forward = [cp, s](M q, M kk, M v, std::size_t d, W out, nn::attention_saved<T>& saved) {
+        ring_attention<Mesh, T>(cp, s, q, kk, v, d, out, saved);
+      };
+      k.backward = [cp, s](M dout, M q, M kk, M v, M out, nn::attention_saved<T> const& saved, W dq, W dk, W dv) {
+        ring_attention_backward<Mesh, T>(cp, s, dout, q, kk, v, out, saved, dq, dk, dv);
+      };
+    } else {
+      k.forward = [cp, s](M q, M kk, M v, std::size_t d, W out, nn::attention_saved<T>& saved) {
+        ulysses_attention<Mesh, T>(cp, s, q, kk, v, d, out, saved);
+      };
+      k.backward = [cp, s](M dout, M q, M kk, M v, M out, nn::attention_saved<T> const& saved, W dq, W dk, W dv) {
+        ulysses_attention_backward<Mesh, T>(cp, s, dout, q, kk, v, out, saved, dq, dk, dv);
+      };
+    }
+  }
+  template <class T>
+  [[nodiscard]] typed<T> const& kernels() const {
+    if constexpr (std::is_same_v<T, float>)
+      return float_;
+    else
+      return double_;
+  }
+
+  context_split split_;
+  int rank_ = 0;
+  std::vector<std::int64_t> positions_;
+  context_method method_ = context_method::ring;
+  typed<float> float_;
+  typed<double> double_;
+};
+
+}  // namespace shardwise
+
+namespace shardwise::detail {
+
+template <class Module>
+struct module_does_not_say_how_it_treats_a_sequence_cut_over_cp;  // incomplete on purpose: names the module
+
+/// Whether module N may run on a sequence cut over cp: it attends across the ranks itself (the hook), or its own
+/// code treats every token alone (token_wise); layers always do.
+template <class N>
+constexpr bool context_parallel_ready() {
+  if constexpr (layer<N> || !module<N>) {
+    return true;
+  } else {
+    constexpr bool ready = requires(N& m, std::shared_ptr<context_parallel const> const& c) {
+      m.shardwise_on_context_parallel(c);
+    } || requires { requires N::shardwise_token_wise; };
+    if constexpr (!ready) {
+      using shown [[maybe_unused]] =
+          decltype(show_incomplete<module_does_not_say_how_it_treats_a_sequence_cut_over_cp<N>>());
+    }
+    return ready;
+  }
+}
+
+}  // namespace shardwise::detail
+
+namespace shardwise {
+
+/// Cuts the model's sequences over the cp mesh (a 1-D mesh; split.ranks its size): every module with a
+/// shardwise_on_context_parallel hook gets this rank's sw::context_parallel. From then on the model takes this
+/// rank's tokens of every sequence (split.rows_of, or ids picked by positions()), and its parameters' gradients
+/// are to be averaged over cp as over dp (the loss weighted by mean_weight()). Refused at compile time if a
+/// module under Model neither attends across cp itself nor declares itself token-wise.
+template <module Model, class Mesh>
+std::shared_ptr<context_parallel const> context_parallelize(Model& model, Mesh const& cp, context_split split,
+                                                            context_method method = context_method::ring) {
+  constexpr bool ready = detail::every_node<Model>([]<class N>() { return detail::context_parallel_ready<N>(); });
+  static_assert(ready,
+                "shardwise::context_parallelize: a module of this model (named below) does not say how it treats a "
+                "sequence cut over cp ranks; if its own code treats every token alone, declare "
+                "`static constexpr bool shardwise_token_wise = true;` and list token_wise in its SHARDWISE_HOOKS, "
+                "else give it shardwise_on_context_parallel and attend across the ranks with the context_parallel "
+                "it receives");
+  auto context = std::make_shared<context_parallel const>(cp, split, method);
+  if constexpr (ready) {
+    auto on_module = [&](auto& m, auto const&) {
+      if constexpr (requires { m.shardwise_on_context_parallel(context); }) m.shardwise_on_context_parallel(context);
+    };
+    auto on_layer = [](auto&, auto const&) {};
+    detail::walk_tree(model, std::string(), on_module, on_layer);
+  }
+  return context;
+}
+
+}  // namespace shardwise

@@ -1,0 +1,112 @@
+#pragma once
+// Training the Llama model with its sequences cut over a context-parallel axis (sw::context_parallelize): the
+// loss curve, the clipped norms and the parameters after the run must equal the unsharded run's, for cp alone
+// and cp with tp (with and without sequence parallelism) or with dp, by ring and by all-to-all.
+#include <doctest/doctest.h>
+
+#include <shardwise/context.hpp>
+#include <string>
+
+#include "cases/llama_cases.hpp"
+
+namespace llama_context_cases {
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+
+struct Layout {
+  int dp = 1, cp = 2;  // tp: the rest of the world
+  sw::context_method method = sw::context_method::ring;
+  bool balanced = true;
+};
+
+/// This rank's tokens of each sequence of `all` (rows of whole sequences): those at the context's positions.
+inline std::vector<std::int64_t> mine(std::vector<std::int64_t> const& all, sw::context_parallel const& context) {
+  std::vector<std::int64_t> picked;
+  std::size_t const sequence = context.split().sequence;
+  for (std::size_t first = 0; first < all.size(); first += sequence)
+    for (std::int64_t p : context.positions()) picked.push_back(all[first + static_cast<std::size_t>(p)]);
+  return picked;
+}
+
+/// Trains for `steps` on a dp x cp x tp mesh of `world`, 4 sequences a step over dp, each cut over cp; the loss
+/// of each rank weighted by its share of the tokens (mean_weight), the gradients averaged over dp x cp.
+template <class Plan, class World>
+llama_cases::Run train(World const& world, Layout const& l, int steps, models::LlamaConfig const& c) {
+  int const tp_size = world.size() / (l.dp * l.cp);
+  auto const mesh = sw::make_mesh<"dp", "cp", "tp">(world, {l.dp, l.cp, tp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  // The ranks that hold the same parameters and see other tokens: dp x cp, as one axis (the same rank order).
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(world, {l.dp * l.cp, tp_size}));
+  models::Llama<float, Plan> model(c);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  sw::parallelize(model, tp);
+  auto const context =
+      sw::context_parallelize(model, sw::submesh<"cp">(mesh), {c.sequence, l.cp, l.balanced}, l.method);
+  int const sequences = 4, per_rank = sequences / l.dp;
+  auto const weight = static_cast<float>(context->mean_weight());
+  llama_cases::Run run;
+  std::vector<std::int64_t> ids, targets;
+  for (int step = 0; step < steps; ++step) {
+    llama_cases::batch(c, step, sequences, dp.rank() * per_rank, per_rank, ids, targets);
+    auto const logits = model.forward(mine(ids, *context));
+    auto result = models::llama_loss(tp, logits, mine(targets, *context), c.vocabulary);
+    result.dlogits.local *= weight;
+    model.backward(result.dlogits);
+    run.norms.push_back(optimizer.step(sw::finish_gradients(model), data));
+    sw::zero_grad(model);
+    run.losses.push_back(sw::all_reduce(data, result.loss * weight, sw::Avg{}));
+  }
+  run.parameters = llama_cases::whole_parameters(model);
+  return run;
+}
+
+/// The layouts of a world of `n` ranks, each trained and checked against `serial` (losses, clipped norms within
+/// 1e-5 relative, parameters).
+template <class World>
+void check_against(World const& world, llama_cases::Run const& serial, models::LlamaConfig const& c, int steps,
+                   std::vector<Layout> const& layouts, bool sequence_parallel) {
+  for (auto const& l : layouts) {
+    INFO("dp " << l.dp << " x cp " << l.cp << " x tp " << world.size() / (l.dp * l.cp)
+               << (l.method == sw::context_method::ring ? ", ring" : ", all-to-all")
+               << (l.balanced ? ", head-tail chunks" : ", contiguous") << (sequence_parallel ? ", SP" : "")
+               << ", sequence " << c.sequence);
+    auto const run = sequence_parallel ? train<models::llama_plan<true>>(world, l, steps, c)
+                                       : train<models::llama_plan<false>>(world, l, steps, c);
+    REQUIRE(run.norms.size() == serial.norms.size());
+    for (std::size_t i = 0; i < run.norms.size(); ++i)
+      CHECK_MESSAGE(std::abs(run.norms[i] - serial.norms[i]) <= 1e-5 * serial.norms[i], "step " << i);
+    llama_cases::check_same_run(run, serial);
+  }
+}
+
+/// cp 2 (and 4 at 4 ranks) alone, cp 2 x tp 2, cp 2 x dp 2, ring and all-to-all, a sequence cp divides and one it
+/// does not.
+template <class World>
+void check_all(World const& world) {
+  int const n = world.size(), steps = llama_cases::steps();
+  using sw::context_method;
+  for (std::size_t sequence : {8u, 9u}) {
+    auto c = llama_cases::small_config();
+    c.sequence = sequence;
+    auto const serial = llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, c);
+    if (n == 2) {
+      check_against(world, serial, c, steps,
+                    {{1, 2, context_method::ring, true},
+                     {1, 2, context_method::all_to_all, true},
+                     {1, 2, context_method::ring, false}},
+                    false);
+    } else if (n == 4) {
+      check_against(world, serial, c, steps,
+                    {{1, 2, context_method::ring, true},
+                     {2, 2, context_method::ring, true},
+                     {1, 4, context_method::ring, true},
+                     {2, 2, context_method::all_to_all, true}},
+                    false);
+      check_against(world, serial, c, steps, {{1, 2, context_method::ring, true}}, true);  // cp 2 x tp 2, SP
+    }
+  }
+}
+
+}  // namespace llama_context_cases
