@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <shardwise/context.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/counting.hpp>
 #include <shardwise/models/gpt2.hpp>
@@ -298,6 +299,58 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   CHECK(gradients == held.gradient_bytes);
   auto const walk = [&](auto&& fn) { Model::shardwise_parameter_costs(c, t.tp, fn); };
   CHECK(optimizer.state_elements() * sizeof(float) == sw::AdamW<float>::state_bytes(walk, zero1, t.dp, t.dp_rank));
+}
+
+/// Two training steps of the Llama model cut over cp on a dp x cp x tp counting mesh (tp: the rest of the world):
+/// each step's record (the ring's or the all-to-all's transfers on "cp" within each block, AdamW's gradient
+/// reduction over dp x cp as one "data" axis) against models::llama_step_cost with the cp axis in its inputs; the
+/// activations the model keeps against its cost.
+template <bool SequenceParallel, class World>
+void check_context_step(World const& world, int dp_size, int cp_size, sw::context_method method,
+                        models::LlamaConfig const& c) {
+  using Plan = models::llama_plan<SequenceParallel>;
+  using Model = models::Llama<float, Plan>;
+  auto counted = sw::counting(world);
+  int const tp_size = world.size() / (dp_size * cp_size);
+  auto const mesh = sw::make_mesh<"dp", "cp", "tp">(counted, {dp_size, cp_size, tp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const cp = sw::submesh<"cp">(mesh);
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(counted, {dp_size * cp_size, tp_size}));
+  Model model(c);
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  sw::parallelize(model, tp);
+  auto const context = sw::context_parallelize(model, cp, {c.sequence, cp_size}, method);
+  std::size_t const per_rank = 4 / static_cast<std::size_t>(dp_size);  // 4 sequences a step
+  models::training_step_inputs t = step_inputs(per_rank * context->tokens(), tp, data, 1, false);
+  t.tp.cp = {static_cast<std::size_t>(cp_size), static_cast<std::size_t>(cp.rank()), c.sequence, true, method};
+  t.dp_axis = "data";
+  auto const predicted = models::llama_step_cost<float, Plan>(c, t);
+  sw::cost const held = Model::shardwise_cost(c, t.tp);
+  INFO("dp ", dp_size, " x cp ", cp_size, " x tp ", tp_size, " (rank ", world.rank(), "), sequence ", c.sequence,
+       std::string_view(method == sw::context_method::ring ? ", ring" : ", all-to-all"),
+       std::string_view(SequenceParallel ? ", sequence parallel" : ""));
+  std::vector<std::int64_t> ids, targets, my_ids, my_targets;
+  for (int step = 0; step < 2; ++step) {
+    counted.log().clear();
+    tokens_for(c, static_cast<unsigned>(100 * step + 10 * (world.rank() / (cp_size * tp_size))), per_rank, ids,
+               targets);
+    my_ids.clear(), my_targets.clear();
+    for (std::size_t first = 0; first < ids.size(); first += c.sequence)
+      for (std::int64_t p : context->positions()) {
+        my_ids.push_back(ids[first + static_cast<std::size_t>(p)]);
+        my_targets.push_back(targets[first + static_cast<std::size_t>(p)]);
+      }
+    auto const logits = model.forward(my_ids);
+    if (step == 0) CHECK(held_activation_bytes(model) == held.activation_bytes);
+    auto result = models::llama_loss(tp, logits, my_targets, c.vocabulary);
+    result.dlogits.local *= static_cast<float>(context->mean_weight());
+    model.backward(result.dlogits);
+    optimizer.step(sw::finish_gradients(model), data);
+    auto const record = counted.log().entries();
+    INFO("step ", step, " recorded:\n", listed(record), "predicted:\n", predicted);
+    CHECK(record == predicted);
+    sw::zero_grad(model);
+  }
 }
 
 /// One pipeline step of the Llama stages over `pp`, a microbatch per entry of `ids`, the loss on the last stage
@@ -602,6 +655,22 @@ void run_cost_cases(World const& world) {
   check_training_step<true>(world, 1, false, 1, m, true);  // activation checkpointing: blocks recomputed
   check_training_step<false>(world, n, false, 1, m, true);
   if (n == 4) check_training_step<true>(world, 2, true, 2, m);
+  // Cut over cp: by ring at cp 2 and cp 4 (with a sequence of 9: uneven pieces), by all-to-all; cp x tp with
+  // sequence parallelism, cp x dp.
+  if (n >= 2) {
+    auto nine = m;
+    nine.sequence = 9;
+    check_context_step<false>(world, 1, 2, sw::context_method::ring, m);
+    check_context_step<false>(world, 1, 2, sw::context_method::ring, nine);
+    if (n == 2) check_context_step<false>(world, 1, 2, sw::context_method::all_to_all, nine);  // tp 1: kv heads divide
+  }
+  if (n == 4) {
+    auto nine = m;
+    nine.sequence = 9;
+    check_context_step<false>(world, 1, 4, sw::context_method::ring, nine);
+    check_context_step<true>(world, 1, 2, sw::context_method::ring, m);
+    check_context_step<false>(world, 2, 2, sw::context_method::all_to_all, m);
+  }
   // The GPT-2 model as its tests train it: tp over every rank, with and without sequence parallelism; dp 2 x tp 2
   // with ZeRO-1.
   check_gpt2_step<false>(world, 1, false);

@@ -21,10 +21,6 @@
 
 namespace shardwise {
 
-/// How attention reaches across the cp ranks: keys and values passed round a ring (any head count), or an
-/// all-to-all to whole sequences of heads / cp heads (the heads and key-value heads must divide over cp).
-enum class context_method { ring, all_to_all };
-
 /// This rank's part of a context-parallel run: the cut (context_split), its place in it, and attention across
 /// the cp mesh, for float and double. Built by sw::context_parallelize; modules read it through their
 /// shardwise_on_context_parallel hook.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "shardwise/context/sizes.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/nn/functional_types.hpp"
 
@@ -36,9 +37,8 @@ struct context_split {
   /// How many tokens of each sequence rank r holds.
   [[nodiscard]] std::size_t tokens(int rank) const {
     check(rank);
-    std::size_t n = 0;
-    for (int chunk : chunks_of(rank)) n += chunk_start(chunk + 1) - chunk_start(chunk);
-    return n;
+    return context_inputs{static_cast<std::size_t>(ranks), 0, sequence, balanced}.tokens(
+        static_cast<std::size_t>(rank));
   }
 
   /// Rank r's rows of `whole`, rows of whole sequences ([batch x sequence, columns]): [batch x tokens(r), columns].

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "shardwise/context/sizes.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/cost/transfer.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -15,12 +16,14 @@
 namespace shardwise {
 
 /// The sizes a cost is computed for: the tokens of one microbatch (every sequence, all of them, not this rank's
-/// piece), the tensor-parallel size, this rank's place on it (uneven pieces differ by rank) and the axis' name.
+/// piece; under context parallelism, this cp rank's tokens of every sequence), the tensor-parallel size, this
+/// rank's place on it (uneven pieces differ by rank), the axis' name, and the context-parallel axis.
 struct cost_inputs {
   std::size_t tokens = 0;           ///< Rows of the whole activation: sequences x sequence length.
   std::size_t tp = 1;               ///< Ranks on the tensor-parallel axis.
   std::size_t tp_rank = 0;          ///< This rank's coordinate on it.
   std::string_view tp_axis = "tp";  ///< The axis' name, as the mesh calls it.
+  context_inputs cp{};              ///< The context-parallel axis (ranks 1: none).
 
   /// This rank's rows of a [tokens, ...] activation cut along the tokens (torch.chunk's pieces).
   [[nodiscard]] constexpr std::size_t local_tokens() const { return chunk_size(tokens, tp, tp_rank); }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "shardwise/context/context_parallel.hpp"
+#include "shardwise/context/cost.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/inference/cached_attention.hpp"
 #include "shardwise/models/llama_config.hpp"
@@ -133,15 +134,27 @@ struct LlamaAttention {
     std::size_t const n = sharded_heads ? s.tp : 1;
     // q, k and v after the projections (this rank's heads), and each query row's softmax logsumexp per head.
     total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
-    total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
+    total.activation_bytes += saved_bytes(c, s, n);
     // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, the attention's two
     // [block rows, sequence] panels, the three input gradients (each as wq's input; their sum is added into the
     // first, a temporary).
     total.working_bytes = co.activation_bytes + s.tokens * (q + 2 * kv) / n * sizeof(T) +
                           nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
-    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
-    total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
+    cost const across = context_attention_cost<T>(s, q / n, kv / n);  // nothing without a cp axis
+    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(across.forward).append(co.forward);
+    total.backward.append(co.backward).append(across.backward);
+    total.backward.append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
+  }
+
+  /// What the attention keeps for its backward besides q, k and v: each query row's logsumexp per head (under
+  /// all-to-all, of the whole sequences of this rank's heads / cp heads), and under the ring its output.
+  static constexpr std::size_t saved_bytes(LlamaConfig const& c, cost_inputs const& s, std::size_t n) {
+    context_inputs const& cp = s.cp;
+    if (cp.ranks > 1 && cp.method == context_method::all_to_all)
+      return nn::attention_saved_bytes<T>(s.tokens / cp.tokens(cp.rank) * cp.sequence, c.heads / n / cp.ranks);
+    std::size_t const ring_output = cp.ranks > 1 ? s.tokens * c.heads * c.head_dim() / n * sizeof(T) : 0;
+    return nn::attention_saved_bytes<T>(s.tokens, c.heads / n) + ring_output;
   }
 
   /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, rotated at
@@ -157,7 +170,8 @@ struct LlamaAttention {
     auto out = same_shape(q_);
     if (context_) {
       context_->attend<T>(q_.local, k_.local, v_.local, config_.head_dim(), out.local, saved_);
-      out_ = out.local;  // the ring's backward needs each row's output (its softmax term spans every block)
+      if (context_->method() == context_method::ring)
+        out_ = out.local;  // the ring's backward needs each row's output (its softmax term spans every block)
     } else {
       nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
     }
