@@ -4,7 +4,7 @@
 // list (tests/cases/cost_cases.hpp). constexpr, so that a plan's cost stays a compile-time value.
 #include <cstddef>
 
-#include "shardwise/context/sizes.hpp"
+#include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/cost/cost.hpp"
 
 namespace shardwise::detail {

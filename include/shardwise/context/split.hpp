@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "shardwise/context/sizes.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/nn/functional_types.hpp"
 
 namespace shardwise {

@@ -8,8 +8,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "shardwise/context/sizes.hpp"
 #include "shardwise/core/show.hpp"
+#include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/cost/transfer.hpp"
 #include "shardwise/placement/chunk.hpp"
 

@@ -12,12 +12,12 @@ enum class context_method { ring, all_to_all };
 
 /// A context-parallel axis as the cost model sees it: its size, this rank on it, the sequence it cuts and how.
 struct context_inputs {
-  std::size_t ranks = 1;     ///< Ranks on the cp axis (1: not context-parallel).
-  std::size_t rank = 0;      ///< This rank's coordinate on it.
-  std::size_t sequence = 0;  ///< Tokens per whole sequence.
-  bool balanced = true;      ///< Head-tail chunks (context_split::balanced).
-  context_method method = context_method::ring;
-  std::string_view axis = "cp";  ///< The axis' name, as the mesh calls it.
+  std::size_t ranks = 1;                         ///< Ranks on the cp axis (1: not context-parallel).
+  std::size_t rank = 0;                          ///< This rank's coordinate on it.
+  std::size_t sequence = 0;                      ///< Tokens per whole sequence.
+  bool balanced = true;                          ///< Head-tail chunks (context_split::balanced).
+  context_method method = context_method::ring;  ///< Ring or all-to-all.
+  std::string_view axis = "cp";                  ///< The axis' name, as the mesh calls it.
 
   /// Tokens of each sequence that rank r holds (context_split::tokens).
   [[nodiscard]] constexpr std::size_t tokens(std::size_t r) const {
