@@ -64,7 +64,7 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
   foreach(ranks 1024 16384)
     add_test(NAME cli.plan.llama3_70b.${ranks} COMMAND sh -c "${plan_70b} --ranks ${ranks} --memory-per-rank 80GiB --sequence 8192; echo exit code $?")
     set_tests_properties(cli.plan.llama3_70b.${ranks} PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
-        "Llama, 70.55 B parameters.*${ranks} ranks, 80.0 GiB per rank.*machine: .*built in, as tools/machines/this_machine.json; measured 20[0-9-]+.*measure yours: .*bench_machine.*searched [0-9]+ layouts in [0-9.]+ ms; [1-9][0-9]* fit.*dp +pp +tp +micro.*exit code 0")
+        "Llama, 70.55 B parameters.*${ranks} ranks, 80.0 GiB per rank.*machine: .*built in, as tools/machines/this_machine.json; measured 20[0-9-]+.*measure yours: .*bench_machine.*searched [0-9]+ layouts in [0-9.]+ ms; [1-9][0-9]* fit.*dp +pp +tp +cp +micro.*exit code 0")
   endforeach()
   # Qwen2, Mistral and GPT-2 configs: their family and what sets them apart in the first line.
   foreach(case IN ITEMS "qwen2_7b|4096|Qwen2, 7.62 B parameters .*q/k/v biases\\)" "mistral_7b|8192|Mistral, 7.24 B parameters .*sliding window 4096\\)"
@@ -90,7 +90,8 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
   set(bad_flags "")
   foreach(case IN ITEMS "ranks 0|the ranks" "ranks 99999999999999999999999|the ranks" "batch 0|the sequences"
                         "batch 4294967296|the sequences" "sequence 0|the tokens per sequence" "top 0|how many layouts"
-                        "tp 0|the tensor-parallel ranks")
+                        "tp 0|the tensor-parallel ranks" "cp 0|the context-parallel ranks"
+                        "cp 9|the context-parallel ranks")
     string(REPLACE "|" ";" parts "${case}")
     list(GET parts 0 given)
     list(GET parts 1 meaning)

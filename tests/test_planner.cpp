@@ -137,7 +137,7 @@ TEST_CASE("planner: the search covers the layouts of the rank count, fitting one
     CHECK(found.searched > found.fitting.size());
     for (std::size_t i = 0; i < found.fitting.size(); ++i) {
       auto const& e = found.fitting[i];
-      CHECK(e.plan.dp * e.plan.pp * e.plan.tp == ranks);
+      CHECK(e.plan.dp * e.plan.pp * e.plan.tp * e.plan.cp == ranks);
       CHECK(e.bytes_per_rank() <= limit);
       CHECK(shape.batch % (e.plan.dp * e.plan.microbatches) == 0);
       if (i > 0) CHECK(found.fitting[i - 1].step_seconds <= e.step_seconds);
@@ -392,4 +392,57 @@ TEST_CASE("planner: a config of another model_type, or a bad sliding window, is 
   CHECK(planner::model_from_json(qwen2 + R"("max_window_layers": 1})", "c.json").sliding_window == 0);
   CHECK(planner::model_from_json(qwen2 + R"("max_window_layers": 0, "use_sliding_window": false})", "c.json")
             .sliding_window == 0);
+}
+
+TEST_CASE("planner: cp cuts each sequence: activations near 1/cp, the ring on the cp link; searched for Llama only") {
+  auto const c = sw::models::read_llama_config(data + "/llama3_8b_config.json");
+  planner::training_shape const shape{8, 32768, planner::bf16_mixed};
+  planner::layout const whole{1, 1, 8, 1};
+  planner::layout cut = whole;
+  cut.cp = 2;
+  auto const a = planner::estimate_layout(c, shape, whole, {});
+  auto const b = planner::estimate_layout(c, shape, cut, {});
+  CHECK(b.state_bytes == a.state_bytes);  // the same parameters on every cp rank
+  // Half the tokens per rank; the ring keeps the attention's output too (one more activation of q's size).
+  double const ratio = static_cast<double>(b.activation_bytes) / static_cast<double>(a.activation_bytes);
+  CAPTURE(ratio);
+  CHECK(ratio > 0.5);
+  CHECK(ratio < 0.6);
+  CHECK(b.tokens_per_second > 1.5 * a.tokens_per_second);  // twice the ranks, each with half the sequence
+  planner::machine slow_ring;
+  slow_ring.tp = {1e8, 1e-3};  // the ring's neighbours share the node's (tp) link
+  CHECK(planner::estimate_layout(c, shape, cut, slow_ring).step_seconds > b.step_seconds);
+  // A search at 16 ranks, in less memory than tp 8 alone needs: layouts with cp fit (besides pipelines), each
+  // without pp or FSDP; at pp 1 and tp 8 only cut sequences fit.
+  std::size_t const limit = a.bytes_per_rank() * 3 / 4;
+  auto const found = planner::search(c, shape, 16, limit, {});
+  REQUIRE_FALSE(found.fitting.empty());
+  std::size_t cut_layouts = 0;
+  for (auto const& e : found.fitting) {
+    CHECK(e.plan.dp * e.plan.pp * e.plan.tp * e.plan.cp == 16);
+    if (e.plan.cp == 1) continue;
+    ++cut_layouts;
+    CHECK(e.plan.pp == 1);
+    CHECK(e.plan.sharding != planner::state_sharding::fsdp);
+  }
+  CHECK(cut_layouts > 0);
+  planner::training_shape const one_sequence{1, 32768, planner::bf16_mixed};  // dp cannot cut a batch of one
+  auto const at_tp8 = planner::search(c, one_sequence, 16, a.bytes_per_rank() * 3 / 8, {}, {0, 1, 8});
+  REQUIRE_FALSE(at_tp8.fitting.empty());
+  for (auto const& e : at_tp8.fitting) CHECK(e.plan.cp == 2);
+  CHECK(at_tp8.smallest.plan.cp == 2);
+  auto const fixed = planner::search(c, shape, 16, std::size_t{1} << 50, {}, planner::axis_choice{0, 0, 0, 4});
+  REQUIRE_FALSE(fixed.fitting.empty());
+  for (auto const& e : fixed.fitting) CHECK(e.plan.cp == 4);
+  planner::layout too_many = whole;
+  too_many.cp = 16;
+  CHECK(thrown([&] { (void)planner::estimate_layout(c, shape, too_many, {}); }).find("cp be at most 8") !=
+        std::string::npos);
+  // GPT-2 is not cut over cp by shardwise: never searched so, and refused by name.
+  auto const gpt2 = planner::read_model(data + "/gpt2_config.json");
+  planner::training_shape const short_shape{64, 1024, planner::bf16_mixed};
+  for (auto const& e : planner::search(gpt2, short_shape, 8, std::size_t{1} << 50, {}).fitting) CHECK(e.plan.cp == 1);
+  CHECK(thrown([&] {
+          (void)planner::estimate_layout(gpt2, short_shape, planner::layout{1, 1, 4, 1, {}, false, 2}, {});
+        }).find("cp > 1 needs a model shardwise cuts over cp (the Llama family)") != std::string::npos);
 }

@@ -23,7 +23,7 @@ struct options {
   std::size_t sequence = 0;         ///< --sequence: tokens per sequence (required).
   std::string precision = "bf16";   ///< --precision bf16|fp32.
   std::size_t top = 10;             ///< --top: layouts printed.
-  planner::axis_choice only;        ///< --dp, --pp, --tp, --state: sizes and the sharding kept fixed.
+  planner::axis_choice only;        ///< --dp, --pp, --tp, --cp, --state: sizes and the sharding kept fixed.
   std::string state;                ///< --state replicated|zero1|fsdp, or empty for all.
 };
 
@@ -69,7 +69,7 @@ inline double gib(std::size_t bytes) { return static_cast<double>(bytes) / 0x1p3
 
 inline void print_layout(planner::estimate const& e) {
   auto const& l = e.plan;
-  std::printf("%6zu %4zu %4zu %6zu  %-10s  %-4s  %10.2f  %11.2f  %9.2f  %10.3g  %10.4g\n", l.dp, l.pp, l.tp,
+  std::printf("%6zu %4zu %4zu %4zu %6zu  %-10s  %-4s  %10.2f  %11.2f  %9.2f  %10.3g  %10.4g\n", l.dp, l.pp, l.tp, l.cp,
               l.microbatches, std::string(planner::sharding_name(l.sharding)).c_str(), l.checkpointing ? "yes" : "no",
               gib(e.state_bytes), gib(e.activation_bytes + e.working_bytes), gib(e.bytes_per_rank()), e.step_seconds,
               e.tokens_per_second);
@@ -106,26 +106,28 @@ inline int run(options const& o) {
   std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
   if (found.searched == 0) {
     std::fprintf(stderr,
-                 "shardwise plan: no layout of %zu ranks has dp %zu, pp %zu, tp %zu (0: any)%s%s: dp x pp x tp must "
-                 "equal the ranks, tp divide the %zu heads and divide or be a multiple of the %zu key-value heads, "
-                 "pp be at most the %zu layers and dp divide the --batch of %zu; zero1 and fsdp need dp > 1\n",
-                 o.ranks, o.only.dp, o.only.pp, o.only.tp, o.state.empty() ? "" : " and state ", o.state.c_str(),
-                 c.heads, c.kv_heads, c.layers, shape.batch);
+                 "shardwise plan: no layout of %zu ranks has dp %zu, pp %zu, tp %zu, cp %zu (0: any)%s%s: dp x pp x tp "
+                 "x cp must equal the ranks, tp divide the %zu heads and divide or be a multiple of the %zu key-value "
+                 "heads, pp be at most the %zu layers and dp divide the --batch of %zu; cp (up to %zu, without pp, "
+                 "and not with fsdp) needs a model shardwise cuts over cp (the Llama family); zero1 and fsdp need "
+                 "dp x cp > 1\n",
+                 o.ranks, o.only.dp, o.only.pp, o.only.tp, o.only.cp, o.state.empty() ? "" : " and state ",
+                 o.state.c_str(), c.heads, c.kv_heads, c.layers, shape.batch, planner::most_context_ranks);
     return 1;
   }
   if (found.fitting.empty()) {
     auto const& s = found.smallest.plan;
-    std::fprintf(stderr,
-                 "shardwise plan: no layout of %zu ranks fits in %.1f GiB per rank; the smallest needs %.1f GiB "
-                 "(dp %zu x pp %zu x tp %zu, %zu microbatches, %s, checkpointing %s): give more memory per rank, "
-                 "more ranks or a smaller --batch\n",
-                 o.ranks, gib(o.memory_per_rank), gib(found.smallest.bytes_per_rank()), s.dp, s.pp, s.tp,
-                 s.microbatches, std::string(planner::sharding_name(s.sharding)).c_str(),
-                 s.checkpointing ? "on" : "off");
+    std::fprintf(
+        stderr,
+        "shardwise plan: no layout of %zu ranks fits in %.1f GiB per rank; the smallest needs %.1f GiB "
+        "(dp %zu x pp %zu x tp %zu x cp %zu, %zu microbatches, %s, checkpointing %s): give more memory per rank, "
+        "more ranks or a smaller --batch\n",
+        o.ranks, gib(o.memory_per_rank), gib(found.smallest.bytes_per_rank()), s.dp, s.pp, s.tp, s.cp, s.microbatches,
+        std::string(planner::sharding_name(s.sharding)).c_str(), s.checkpointing ? "on" : "off");
     return 1;
   }
-  std::printf("\n%6s %4s %4s %6s  %-10s  %-4s  %10s  %11s  %9s  %10s  %10s\n", "dp", "pp", "tp", "micro", "state",
-              "ckpt", "model GiB", "activ. GiB", "total GiB", "step s", "tokens/s");
+  std::printf("\n%6s %4s %4s %4s %6s  %-10s  %-4s  %10s  %11s  %9s  %10s  %10s\n", "dp", "pp", "tp", "cp", "micro",
+              "state", "ckpt", "model GiB", "activ. GiB", "total GiB", "step s", "tokens/s");
   for (std::size_t i = 0; i < found.fitting.size() && i < o.top; ++i) print_layout(found.fitting[i]);
   return 0;
 }

@@ -275,6 +275,8 @@ int main(int argc, char** argv) {
       ->check(count_from(1, 1 << 20, "the pipeline stages to keep fixed"));
   plan->add_option("--tp", planned.only.tp, "Only layouts with this many tensor-parallel ranks")
       ->check(count_from(1, 1 << 20, "the tensor-parallel ranks to keep fixed"));
+  plan->add_option("--cp", planned.only.cp, "Only layouts with this many context-parallel ranks (1: none)")
+      ->check(count_from(1, shardwise::planner::most_context_ranks, "the context-parallel ranks to keep fixed"));
 
   plan->add_option("--state", planned.state,
                    "Only layouts whose optimizer state is replicated, zero1 (sharded over dp) or fsdp (parameters, "

@@ -70,14 +70,15 @@ struct training_shape {
   precision bytes = bf16_mixed;  ///< Element sizes.
 };
 
-/// One layout of the ranks and its settings. dp x pp x tp = the rank count.
+/// One layout of the ranks and its settings. dp x pp x tp x cp = the rank count.
 struct layout {
   std::size_t dp = 1;            ///< Data-parallel ranks.
   std::size_t pp = 1;            ///< Pipeline stages (1F1B).
   std::size_t tp = 1;            ///< Tensor-parallel ranks (with sequence parallelism).
   std::size_t microbatches = 1;  ///< Per step and dp rank (gradient accumulation or the pipeline's).
-  state_sharding sharding = state_sharding::replicated;  ///< Over dp.
+  state_sharding sharding = state_sharding::replicated;  ///< Over dp (and cp, whose ranks hold the same parameters).
   bool checkpointing = false;                            ///< Activation checkpointing per block.
+  std::size_t cp = 1;  ///< Context-parallel ranks: each sequence cut in head-tail chunks, ring attention.
 };
 
 /// A layout's predicted memory per rank (the busiest rank: the first pipeline stage) and step time.
@@ -112,11 +113,14 @@ constexpr std::size_t model_state_bytes(std::size_t elements, std::size_t dp, st
   }
 }
 
-/// Seconds one rank spends in the transfers of `list` over an axis of `ranks` ranks through `l`.
-inline double transfer_seconds(transfer_list<> const& list, std::size_t ranks, link l, double element_scale) {
+/// Seconds one rank spends in the transfers of `list` on mesh axis `axis` (of `ranks` ranks) through `l`; a receive
+/// costs nothing of its own (its bytes are the sender's wire time).
+inline double transfer_seconds(transfer_list<> const& list, std::string_view axis, std::size_t ranks, link l,
+                               double element_scale) {
   double const n = static_cast<double>(ranks);
   double seconds = 0;
   for (transfer const& t : list) {
+    if (t.axis.view() != axis || t.kind == transfer_kind::recv) continue;
     double const bytes = static_cast<double>(t.bytes) * element_scale;
     double wire = bytes;
     if (t.kind == transfer_kind::all_reduce) wire = 2 * (n - 1) / n * bytes;

@@ -16,7 +16,7 @@ namespace shardwise::planner {
 /// q, k, v, the attention's and the MLP's projections, each with a bias), the LM head tied to wte.
 inline model_description describe(models::GPT2Config const& c) {
   model_description d{"GPT-2", c.vocabulary, c.dim, c.layers, c.heads, c.heads, c.hidden(), 0, false, 16, false, {}};
-  d.figures = [c](std::size_t sequence, std::size_t tokens, std::size_t tp) {
+  d.figures = [c](std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const&) {  // no cp
     using Model = models::GPT2<float, models::gpt2_plan<true>>;
     using Block = models::GPT2Block<float, subplan<models::gpt2_plan<true>, "h.*">>;
     using Token = decltype(std::declval<Model&>().wte);

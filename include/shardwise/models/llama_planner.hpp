@@ -48,17 +48,25 @@ struct model_description {
   bool qkv_bias = false;              ///< q, k and v projections with biases (Qwen2).
   std::size_t tensors_per_layer = 9;  ///< Parameter tensors per block (the optimizer's per-tensor latency).
   bool pipeline = true;               ///< shardwise runs the model in pipeline stages.
-  /// One block's and the ends' figures for microbatches of `tokens` tokens of `sequence`-token sequences over
-  /// tp ranks (this rank: 0, the largest piece).
-  std::function<model_figures(std::size_t sequence, std::size_t tokens, std::size_t tp)> figures;
+  /// One block's and the ends' figures for microbatches of `tokens` tokens (this cp rank's) of `sequence`-token
+  /// sequences over tp ranks (this rank: 0, the largest piece), the sequences cut over `cp`.
+  std::function<model_figures(std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const& cp)>
+      figures;
+  bool context_parallel = false;  ///< shardwise cuts its sequences over cp (sw::context_parallelize).
 };
 
-/// The figures of config `c` at `tokens` tokens per microbatch over tp ranks (this rank: 0, the largest piece).
-inline model_figures figures(models::LlamaConfig const& c, std::size_t tokens, std::size_t tp) {
+/// The most cp ranks the planner estimates: the ring's per-step transfers are listed in the block's declared cost,
+/// whose list holds them up to 8 ranks.
+inline constexpr std::size_t most_context_ranks = 8;
+
+/// The figures of config `c` at `tokens` tokens per microbatch over tp ranks (this rank: 0, the largest piece),
+/// the sequences cut over `cp` (tokens: this cp rank's).
+inline model_figures figures(models::LlamaConfig const& c, std::size_t tokens, std::size_t tp,
+                             context_inputs const& cp = {}) {
   using Block = planned_model::block_type;
   using Embed = decltype(std::declval<planned_model&>().tok_embeddings);
   using Output = decltype(std::declval<planned_model&>().output);
-  cost_inputs const s{tokens, tp, 0, "tp"};
+  cost_inputs const s{tokens, tp, 0, "tp", cp};
   models::LlamaConfig ends_only = c;
   ends_only.layers = 0;
   return {call_cost<Block, float>(Block::shardwise_cost(c, s), c.dim, c.dim, s),
@@ -73,10 +81,11 @@ inline model_description describe(models::LlamaConfig const& c, std::string fami
   model_description d{std::move(family), c.vocabulary,        c.dim,    c.layers,
                       c.heads,           c.kv_heads,          c.hidden, sliding_window,
                       qkv_bias,          qkv_bias ? 12u : 9u, true,     {}};
-  d.figures = [c, qkv_bias](std::size_t sequence, std::size_t tokens, std::size_t tp) {
+  d.context_parallel = true;
+  d.figures = [c, qkv_bias](std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const& cp) {
     models::LlamaConfig at = c;
     at.sequence = sequence;  // the attention's panels follow the sequence
-    model_figures f = figures(at, tokens, tp);
+    model_figures f = figures(at, tokens, tp, cp);
     if (qkv_bias) {  // cut as the projections' outputs: q's heads, k's and v's heads split or repeated
       std::size_t const head = c.dim / c.heads, kv = tp <= c.kv_heads ? c.kv_heads / tp : 1;
       f.block.parameter_bytes += (c.dim / tp + 2 * kv * head) * sizeof(float);
@@ -150,10 +159,13 @@ inline double microbatch_seconds(model_figures const& f, model_description const
   double const saved = static_cast<double>(stage_activations(f, d, l, tokens, l.pp == 1, true)) * scale;
   double const traffic = weights * static_cast<double>((passes + 1) * t.bytes.parameter) + 4 * saved;
   link const tp = m.ranks_per_node == 0 || l.tp <= m.ranks_per_node ? m.tp : m.dp;
-  double comm = transfer_seconds(f.block.forward, l.tp, tp, scale) * (l.checkpointing ? 2.0 : 1.0);
-  comm += transfer_seconds(f.block.backward, l.tp, tp, scale);
-  comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, l.tp, tp, scale) +
-         transfer_seconds(f.ends.backward, l.tp, tp, scale);
+  link const cp = m.ranks_per_node == 0 || l.tp * l.cp <= m.ranks_per_node ? m.tp : m.dp;  // the ring's neighbours
+  auto const block_seconds = [&](transfer_list<> const& list) {
+    return transfer_seconds(list, "tp", l.tp, tp, scale) + transfer_seconds(list, "cp", l.cp, cp, scale);
+  };
+  double comm = block_seconds(f.block.forward) * (l.checkpointing ? 2.0 : 1.0) + block_seconds(f.block.backward);
+  comm = comm * static_cast<double>(blocks) + transfer_seconds(f.ends.forward, "tp", l.tp, tp, scale) +
+         transfer_seconds(f.ends.backward, "tp", l.tp, tp, scale);
   double const rate =
       m.gemm_flops * static_cast<double>(tokens) / (static_cast<double>(tokens) + m.gemm_half_rate_tokens);
   return flops / rate + traffic / m.memory_bandwidth + comm;
@@ -192,17 +204,22 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t root, std:
 /// 1F1B: stage k keeps min(pp - k, microbatches) microbatches' activations; the busiest rank is reported.
 inline estimate estimate_layout(model_description const& d, training_shape const& t, layout const& l,
                                 machine const& m) {
-  if (l.dp == 0 || l.pp == 0 || l.tp == 0 || l.microbatches == 0 || t.sequence == 0 ||
-      t.batch % (l.dp * l.microbatches) != 0 || t.batch == 0)
-    shardwise::raise("shardwise::planner::estimate_layout: dp ", l.dp, ", pp ", l.pp, ", tp ", l.tp, " and ",
-                     l.microbatches, " microbatches cannot run a batch of ", t.batch, " sequences of ", t.sequence,
-                     " tokens; every size must be positive and dp x microbatches must divide the batch");
+  if (l.dp == 0 || l.pp == 0 || l.tp == 0 || l.cp == 0 || l.cp > most_context_ranks || l.microbatches == 0 ||
+      t.sequence < l.cp || t.batch % (l.dp * l.microbatches) != 0 || t.batch == 0 || (l.cp > 1 && !d.context_parallel))
+    shardwise::raise("shardwise::planner::estimate_layout: dp ", l.dp, ", pp ", l.pp, ", tp ", l.tp, ", cp ", l.cp,
+                     " and ", l.microbatches, " microbatches cannot run a batch of ", t.batch, " sequences of ",
+                     t.sequence, " tokens of ", d.family,
+                     "; every size must be positive, dp x microbatches must divide the batch, the sequence hold a "
+                     "token per cp rank, cp be at most ",
+                     most_context_ranks, ", and cp > 1 needs a model shardwise cuts over cp (the Llama family)");
   std::size_t const sequences = t.batch / (l.dp * l.microbatches);
-  std::size_t const tokens = sequences * t.sequence;
-  // The attention's panels span the sequence, or a window and a panel under a sliding window.
+  context_inputs const cut{l.cp, 0, t.sequence};  // cp rank 0 holds the largest piece
+  std::size_t const tokens = sequences * cut.tokens(0);
+  // The attention's panels span the sequence (this rank's keys at a time under cp), or a window and a panel under
+  // a sliding window.
   std::size_t const span =
       d.sliding_window == 0 ? t.sequence : std::min(t.sequence, d.sliding_window + nn::attention_block_rows);
-  model_figures const f = d.figures(span, tokens, l.tp);
+  model_figures const f = d.figures(l.cp > 1 ? cut.tokens(0) : span, tokens, l.tp, l.cp > 1 ? cut : context_inputs{});
   double const act_scale = static_cast<double>(t.bytes.activation) / sizeof(float);
   std::size_t const gradient_between_stages = chunk_size(tokens, l.tp, 0) * d.dim * sizeof(float);
   std::size_t working = f.block.working_bytes + 2 * gradient_between_stages;
@@ -214,7 +231,7 @@ inline estimate estimate_layout(model_description const& d, training_shape const
     bool const first = stage == 0, last = stage + 1 == l.pp;
     std::size_t const elements = detail::stage_parameters(f, l, first, last);
     std::size_t const stage_root = elements - chunk_size(f.layers, l.pp, 0) * f.block.parameter_bytes / sizeof(float);
-    std::size_t state = model_state_bytes(elements, l.dp, l.sharding, t.bytes);
+    std::size_t state = model_state_bytes(elements, l.dp * l.cp, l.sharding, t.bytes);
     if (l.sharding == state_sharding::fsdp)  // the stage's root unit and one block gathered whole, with gradients
       state += (stage_root + f.block.parameter_bytes / sizeof(float)) * (t.bytes.parameter + t.bytes.gradient);
     std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
@@ -233,7 +250,9 @@ inline estimate estimate_layout(model_description const& d, training_shape const
   double const schedule =
       static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, d, l, t, tokens, m) + send);
   std::size_t const tensors = d.tensors_per_layer * chunk_size(d.layers, l.pp, 0) + 3;
-  e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, root, tensors, l, t.bytes, m);
+  layout replicas = l;  // the ranks that hold the same parameters: dp x cp
+  replicas.dp = l.dp * l.cp;
+  e.step_seconds = schedule + detail::data_parallel_seconds(e.parameters, root, tensors, replicas, t.bytes, m);
   e.tokens_per_second = static_cast<double>(t.batch * t.sequence) / e.step_seconds;
   return e;
 }
@@ -256,13 +275,37 @@ struct axis_choice {
   std::size_t dp = 0;  ///< Data-parallel ranks, or 0.
   std::size_t pp = 0;  ///< Pipeline stages, or 0.
   std::size_t tp = 0;  ///< Tensor-parallel ranks, or 0.
+  std::size_t cp = 0;  ///< Context-parallel ranks, or 0.
   /// The optimizer state's sharding to keep fixed, or std::nullopt for every kind.
   std::optional<state_sharding> sharding;
 };
 
-/// Every layout of `ranks` ranks (dp x pp x tp = ranks; tp cutting the heads; pp up to the layers, 1F1B; the
-/// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (within pipeline
-/// stages too, each stage's gradients reduced after every microbatch); checkpointing off and on), estimated and
+namespace detail {
+/// The microbatch counts, shardings and checkpointing of one dp x pp x tp x cp split (`base`), estimated into `r`.
+inline void search_layouts(model_description const& d, training_shape const& t, layout const& base,
+                           std::size_t memory_per_rank, machine const& m, axis_choice const& only, search_result& r) {
+  std::size_t const dp = base.dp;
+  for (std::size_t mb = 1; mb <= t.batch / dp; ++mb) {
+    if ((t.batch / dp) % mb != 0) continue;
+    for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
+      if (s != state_sharding::replicated && dp * base.cp == 1) continue;
+      if ((s == state_sharding::fsdp && base.cp > 1) || (only.sharding && s != *only.sharding)) continue;
+      for (bool checkpointing : {false, true}) {
+        layout l = base;
+        l.microbatches = mb, l.sharding = s, l.checkpointing = checkpointing;
+        estimate const e = estimate_layout(d, t, l, m);
+        if (r.searched++ == 0 || e.bytes_per_rank() < r.smallest.bytes_per_rank()) r.smallest = e;
+        if (e.bytes_per_rank() <= memory_per_rank) r.fitting.push_back(e);
+      }
+    }
+  }
+}
+}  // namespace detail
+
+/// Every layout of `ranks` ranks (dp x pp x tp x cp = ranks; tp cutting the heads; pp up to the layers, 1F1B; cp
+/// cutting each sequence, without pipeline stages, for the models shardwise cuts over cp; the microbatches dividing
+/// each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (within pipeline stages too, each
+/// stage's gradients reduced after every microbatch; not with cp); checkpointing off and on), estimated and
 /// filtered by `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
 inline search_result search(model_description const& d, training_shape const& t, std::size_t ranks,
                             std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
@@ -271,19 +314,14 @@ inline search_result search(model_description const& d, training_shape const& t,
   for (std::size_t tp = 1; tp <= ranks; ++tp) {
     if (ranks % tp != 0 || !tp_fits(d, tp) || !allowed(tp, only.tp)) continue;
     for (std::size_t pp = 1; pp <= ranks / tp && pp <= (d.pipeline ? d.layers : 1); ++pp) {
-      std::size_t const dp = ranks / tp / pp;
-      if ((ranks / tp) % pp != 0 || t.batch % dp != 0 || !allowed(pp, only.pp) || !allowed(dp, only.dp)) continue;
-      for (std::size_t mb = 1; mb <= t.batch / dp; ++mb) {
-        if ((t.batch / dp) % mb != 0) continue;
-        for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
-          if (s != state_sharding::replicated && dp == 1) continue;
-          if (only.sharding && s != *only.sharding) continue;
-          for (bool checkpointing : {false, true}) {
-            estimate const e = estimate_layout(d, t, layout{dp, pp, tp, mb, s, checkpointing}, m);
-            if (r.searched++ == 0 || e.bytes_per_rank() < r.smallest.bytes_per_rank()) r.smallest = e;
-            if (e.bytes_per_rank() <= memory_per_rank) r.fitting.push_back(e);
-          }
-        }
+      if ((ranks / tp) % pp != 0 || !allowed(pp, only.pp)) continue;
+      for (std::size_t cp = 1; cp <= ranks / tp / pp && cp <= most_context_ranks; ++cp) {
+        bool const cuts = cp == 1 || (d.context_parallel && pp == 1 && cp <= t.sequence);
+        if ((ranks / tp / pp) % cp != 0 || !cuts || !allowed(cp, only.cp)) continue;
+        std::size_t const dp = ranks / tp / pp / cp;
+        if (t.batch % dp != 0 || !allowed(dp, only.dp)) continue;
+        detail::search_layouts(d, t, layout{dp, pp, tp, 1, state_sharding::replicated, false, cp}, memory_per_rank, m,
+                               only, r);
       }
     }
   }
@@ -301,7 +339,7 @@ inline search_result search(models::LlamaConfig const& c, training_shape const& 
 
 /// Parameter elements of the model `d` describes (the whole model, one copy).
 inline std::size_t parameter_count(model_description const& d) {
-  return detail::stage_parameters(d.figures(1, 1, 1), layout{}, true, true);
+  return detail::stage_parameters(d.figures(1, 1, 1, {}), layout{}, true, true);
 }
 /// As above, for a Llama config.
 inline std::size_t parameter_count(models::LlamaConfig const& c) { return parameter_count(describe(c)); }
