@@ -18,6 +18,7 @@ struct Layout {
   int dp = 1, cp = 2;  // tp: the rest of the world
   sw::context_method method = sw::context_method::ring;
   bool balanced = true;
+  bool zero1 = false;  // AdamW's state sharded over dp x cp
 };
 
 /// This rank's tokens of each sequence of `all` (rows of whole sequences): those at the context's positions.
@@ -40,7 +41,7 @@ llama_cases::Run train(World const& world, Layout const& l, int steps, models::L
   // The ranks that hold the same parameters and see other tokens: dp x cp, as one axis (the same rank order).
   auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(world, {l.dp * l.cp, tp_size}));
   models::Llama<float, Plan> model(c);
-  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
+  sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = l.zero1});
   sw::parallelize(model, tp);
   auto const context =
       sw::context_parallelize(model, sw::submesh<"cp">(mesh), {c.sequence, l.cp, l.balanced}, l.method);
@@ -71,7 +72,7 @@ void check_against(World const& world, llama_cases::Run const& serial, models::L
     INFO("dp " << l.dp << " x cp " << l.cp << " x tp " << world.size() / (l.dp * l.cp)
                << (l.method == sw::context_method::ring ? ", ring" : ", all-to-all")
                << (l.balanced ? ", head-tail chunks" : ", contiguous") << (sequence_parallel ? ", SP" : "")
-               << ", sequence " << c.sequence);
+               << (l.zero1 ? ", ZeRO-1 over dp x cp" : "") << ", sequence " << c.sequence);
     auto const run = sequence_parallel ? train<models::llama_plan<true>>(world, l, steps, c)
                                        : train<models::llama_plan<false>>(world, l, steps, c);
     REQUIRE(run.norms.size() == serial.norms.size());
@@ -81,8 +82,8 @@ void check_against(World const& world, llama_cases::Run const& serial, models::L
   }
 }
 
-/// cp 2 (and 4 at 4 ranks) alone, cp 2 x tp 2, cp 2 x dp 2, ring and all-to-all, a sequence cp divides and one it
-/// does not.
+/// cp 2 (and 4 at 4 ranks) alone, cp 2 x tp 2, cp 2 x dp 2 (also with ZeRO-1 over dp x cp), ring and all-to-all, a
+/// sequence cp divides and one it does not.
 template <class World>
 void check_all(World const& world) {
   int const n = world.size(), steps = llama_cases::steps();
@@ -102,7 +103,8 @@ void check_all(World const& world) {
                     {{1, 2, context_method::ring, true},
                      {2, 2, context_method::ring, true},
                      {1, 4, context_method::ring, true},
-                     {2, 2, context_method::all_to_all, true}},
+                     {2, 2, context_method::all_to_all, true},
+                     {2, 2, context_method::ring, true, true}},
                     false);
       check_against(world, serial, c, steps, {{1, 2, context_method::ring, true}}, true);  // cp 2 x tp 2, SP
     }
