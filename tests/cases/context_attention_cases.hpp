@@ -67,8 +67,10 @@ enum class method { ring, all_to_all };
 /// This rank's part of the attention across the cp mesh, forward and backward, against the whole's rows.
 template <class Mesh>
 void check_method(Mesh const& cp, Sizes const& s, Whole const& w, method m, bool balanced) {
-  INFO((m == method::ring ? "ring" : "all-to-all")
-       << (balanced ? ", balanced" : ", contiguous") << ", sequence " << s.sequence << ", cp " << cp.size());
+  std::string const what = std::string(m == method::ring ? "ring" : "all-to-all") +
+                           (balanced ? ", balanced" : ", contiguous") + ", sequence " + std::to_string(s.sequence) +
+                           ", cp " + std::to_string(cp.size());
+  INFO(what);
   sw::context_split const split{static_cast<std::size_t>(s.sequence), cp.size(), balanced};
   int const rank = cp.rank();
   auto const mine = [&](matrix const& whole) { return split.rows_of<double>(whole, rank); };

@@ -63,22 +63,37 @@ llama_cases::Run train(World const& world, Layout const& l, int steps, models::L
   return run;
 }
 
+/// The parameters' tolerance under cp: llama_cases::check_same_run's measure, at 3e-4 instead of 2e-4. The ring
+/// merges each row's softmax block by block, in another order than the whole row, and an uneven cut's loss
+/// weights (tokens x cp / sequence) round; AdamW's first steps magnify such rounding on elements whose gradient
+/// nearly cancels (llama_cases::parameter_tolerance says how). Measured worst: 2.16e-4 at 5 steps (clang 14,
+/// ThreadSanitizer build; one element, a 9-token sequence cut in 5 and 4), within 2e-4 at 50 steps.
+inline double const context_parameter_tolerance = 3e-4;
+
+/// A layout as the failure messages name it.
+inline std::string described(Layout const& l, int ranks, bool sequence_parallel, std::size_t sequence) {
+  std::string text =
+      "dp " + std::to_string(l.dp) + " x cp " + std::to_string(l.cp) + " x tp " + std::to_string(ranks / (l.dp * l.cp));
+  text += l.method == sw::context_method::ring ? ", ring" : ", all-to-all";
+  text += l.balanced ? ", head-tail chunks" : ", contiguous";
+  if (sequence_parallel) text += ", SP";
+  if (l.zero1) text += ", ZeRO-1 over dp x cp";
+  return text + ", sequence " + std::to_string(sequence);
+}
+
 /// The layouts of a world of `n` ranks, each trained and checked against `serial` (losses, clipped norms within
-/// 1e-5 relative, parameters).
+/// 1e-5 relative, parameters within context_parameter_tolerance).
 template <class World>
 void check_against(World const& world, llama_cases::Run const& serial, models::LlamaConfig const& c, int steps,
                    std::vector<Layout> const& layouts, bool sequence_parallel) {
   for (auto const& l : layouts) {
-    INFO("dp " << l.dp << " x cp " << l.cp << " x tp " << world.size() / (l.dp * l.cp)
-               << (l.method == sw::context_method::ring ? ", ring" : ", all-to-all")
-               << (l.balanced ? ", head-tail chunks" : ", contiguous") << (sequence_parallel ? ", SP" : "")
-               << (l.zero1 ? ", ZeRO-1 over dp x cp" : "") << ", sequence " << c.sequence);
+    INFO(described(l, world.size(), sequence_parallel, c.sequence));
     auto const run = sequence_parallel ? train<models::llama_plan<true>>(world, l, steps, c)
                                        : train<models::llama_plan<false>>(world, l, steps, c);
     REQUIRE(run.norms.size() == serial.norms.size());
     for (std::size_t i = 0; i < run.norms.size(); ++i)
       CHECK_MESSAGE(std::abs(run.norms[i] - serial.norms[i]) <= 1e-5 * serial.norms[i], "step " << i);
-    llama_cases::check_same_run(run, serial);
+    llama_cases::check_same_run(run, serial, context_parameter_tolerance);
   }
 }
 
