@@ -39,6 +39,17 @@ context_attention_shape checked_context_shape(char const* fn, context_split cons
   return {q.rows() / n, d, q.cols() / d, k.cols() / d, static_cast<Eigen::Index>(block_rows)};
 }
 
+/// The shapes of a cp attention backward's dout and its outputs dq, dk, dv (not resized: this rank's rows).
+template <class T>
+void check_context_gradients(char const* fn, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
+                             nn::const_matrix_ref<T> dout, nn::matrix_ref<T> dq, nn::matrix_ref<T> dk,
+                             nn::matrix_ref<T> dv) {
+  nn_check_shape(fn, "dout [rows, heads * head_dim]", dout, q.rows(), q.cols());
+  nn_check_shape(fn, "dq [rows, heads * head_dim]", dq, q.rows(), q.cols());
+  nn_check_shape(fn, "dk [rows, kv_heads * head_dim]", dk, q.rows(), k.cols());
+  nn_check_shape(fn, "dv [rows, kv_heads * head_dim]", dv, q.rows(), k.cols());
+}
+
 }  // namespace shardwise::detail
 
 namespace shardwise {
@@ -94,11 +105,8 @@ void ring_attention_backward(Mesh const& cp, context_split const& split, nn::con
       saved.sequence != static_cast<Eigen::Index>(split.sequence) || saved.kv_heads != a.kv_heads)
     detail::fail("shardwise::", fn, ": `saved` is not from a ring_attention forward of these ", q.rows(), " rows, ",
                  q.cols(), " query and ", k.cols(), " key columns; call ring_attention on them first");
-  for (auto [what, m] : {std::pair{"dout", &dout}, std::pair{"out", &out}})
-    detail::nn_check_shape(fn, what, *m, q.rows(), q.cols());
-  detail::nn_check_shape(fn, "dq [rows, heads * head_dim]", dq, q.rows(), q.cols());
-  detail::nn_check_shape(fn, "dk [rows, kv_heads * head_dim]", dk, q.rows(), k.cols());
-  detail::nn_check_shape(fn, "dv [rows, kv_heads * head_dim]", dv, q.rows(), k.cols());
+  detail::nn_check_shape(fn, "out [rows, heads * head_dim]", out, q.rows(), q.cols());
+  detail::check_context_gradients<T>(fn, q, k, dout, dq, dk, dv);
   nn::matrix<T> const row_term = detail::attention_row_term<T>(dout, out, a.heads, a.head_dim);
   auto const mine = split.positions(rank);
   Eigen::Index const kv_cols = k.cols();

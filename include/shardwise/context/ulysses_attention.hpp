@@ -99,10 +99,7 @@ void ulysses_attention_backward(Mesh const& cp, context_split const& split, nn::
   constexpr char const* fn = "ulysses_attention_backward";
   (void)detail::checked_ulysses_shape<T>(fn, split, cp.size(), cp.rank(), q, k, v,
                                          static_cast<std::size_t>(saved.head_dim), block_rows);
-  detail::nn_check_shape(fn, "dout [rows, heads * head_dim]", dout, q.rows(), q.cols());
-  detail::nn_check_shape(fn, "dq [rows, heads * head_dim]", dq, q.rows(), q.cols());
-  detail::nn_check_shape(fn, "dk [rows, kv_heads * head_dim]", dk, q.rows(), k.cols());
-  detail::nn_check_shape(fn, "dv [rows, kv_heads * head_dim]", dv, q.rows(), k.cols());
+  detail::check_context_gradients<T>(fn, q, k, dout, dq, dk, dv);
   nn::matrix<T> const wdo = detail::rows_to_heads<Mesh, T>(cp, split, dout);
   nn::matrix<T> const wq = detail::rows_to_heads<Mesh, T>(cp, split, q);
   nn::matrix<T> const wk = detail::rows_to_heads<Mesh, T>(cp, split, k);
