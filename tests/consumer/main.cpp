@@ -4,12 +4,6 @@
 #include <atomic>
 #include <cstdio>
 #include <shardwise/adapters/eigen.hpp>
-#ifdef CONSUMER_WITH_SEPARATE_KERNELS
-#include <shardwise/nn/functional.hpp>
-#ifndef SHARDWISE_SEPARATE_KERNELS
-#error "shardwise::separate_kernels must define SHARDWISE_SEPARATE_KERNELS"
-#endif
-#endif
 #include <shardwise/shardwise.hpp>
 #ifdef CONSUMER_WITH_XTENSOR
 #include <shardwise/adapters/xtensor.hpp>
@@ -61,17 +55,6 @@ int main(int argc, char** argv) {
     sw::all_reduce(sw::submesh<"tp">(mesh), t);
     check(t == xt::xtensor<double, 2>(xt::ones<double>({2, 3}) * 3.0), "xtensor: all_reduce sums to 3");
   });
-#endif
-
-#ifdef CONSUMER_WITH_SEPARATE_KERNELS
-  // shardwise::separate_kernels: the kernels are declared extern here and come from the target's library.
-  {
-    sw::nn::matrix<double> x(2, 3), w(2, 3), y(2, 2);
-    x << 1, 2, 3, 4, 5, 6;
-    w << 1, 0, 0, 0, 1, 1;
-    sw::nn::linear_forward<double>(x, w, std::nullopt, y);
-    check(y(0, 0) == 1 && y(0, 1) == 5 && y(1, 0) == 4 && y(1, 1) == 11, "separate_kernels: linear_forward");
-  }
 #endif
 
 #ifdef CONSUMER_WITH_EIGEN_BLAS
