@@ -10,7 +10,7 @@
 #include "cases/pipeline_cases.hpp"
 #include "support/worlds.hpp"
 
-TEST_CASE("run_pipeline_step: GPipe, 1F1B and interleaved 1F1B equal the unsharded run, thread mesh") {
+TEST_CASE("run_pipeline_step: GPipe, 1F1B, ZB-H1 and interleaved 1F1B equal the unsharded run, thread mesh") {
   for (int ranks : {1, 2, 4}) {
     INFO(ranks << " pipeline ranks");
     worlds::run_threads(ranks, [&](auto& world) {
@@ -109,6 +109,7 @@ TEST_CASE(
       CAPTURE(microbatches);
       run_with_delays(shardwise::GPipe{}, stages, microbatches);
       run_with_delays(shardwise::OneFOneB{}, stages, microbatches);
+      run_with_delays(shardwise::ZeroBubbleH1{}, stages, microbatches);
       if (microbatches % stages != 0) continue;  // interleaved runs whole groups (refused otherwise: above)
       run_with_delays(shardwise::Interleaved1F1B<2>{}, stages, microbatches);
       run_with_delays(shardwise::Interleaved1F1B<3>{}, stages, microbatches);

@@ -23,13 +23,14 @@ struct doctest::StringMaker<sw::pipeline_action> {
 
 namespace {
 
-// "F0 F1 B0 ..." (with ".c" for the chunk when `chunks` > 1): a rank's compute order, the sends and receives left out.
+// "F0 F1 B0 ..." (with ".c" for the chunk when `chunks` > 1): a rank's compute order, the sends and receives left out;
+// B is a whole backward or its input-gradient half, W the weight-gradient half.
 std::string compute_order(sw::pipeline_actions const& actions, bool chunks = false) {
   std::string order;
   for (auto const& action : actions) {
-    if (action.kind != action_kind::forward && action.kind != action_kind::backward) continue;
+    if (!sw::computes(action.kind)) continue;
     if (!order.empty()) order += ' ';
-    order += action.kind == action_kind::forward ? 'F' : 'B';
+    order += action.kind == action_kind::forward ? 'F' : action.kind == action_kind::backward_weight ? 'W' : 'B';
     order += std::to_string(action.microbatch);
     if (chunks) order += "." + std::to_string(action.chunk);
   }
@@ -52,6 +53,8 @@ static_assert(all_pass<sw::GPipe, 1>(one_to_eight{}) && all_pass<sw::GPipe, 2>(o
               all_pass<sw::GPipe, 4>(one_to_eight{}));
 static_assert(all_pass<sw::OneFOneB, 1>(one_to_eight{}) && all_pass<sw::OneFOneB, 2>(one_to_eight{}) &&
               all_pass<sw::OneFOneB, 4>(one_to_eight{}));
+static_assert(all_pass<sw::ZeroBubbleH1, 1>(one_to_eight{}) && all_pass<sw::ZeroBubbleH1, 2>(one_to_eight{}) &&
+              all_pass<sw::ZeroBubbleH1, 4>(one_to_eight{}));
 static_assert(all_pass<sw::Interleaved1F1B<2>, 1>(one_to_eight{}) &&
               all_pass<sw::Interleaved1F1B<2>, 2>(one_to_eight{}) &&
               all_pass<sw::Interleaved1F1B<2>, 4>(one_to_eight{}));
@@ -79,7 +82,7 @@ struct WithoutSupports {
   static constexpr sw::pipeline_actions actions(int, int, int) { return {}; }
 };
 static_assert(sw::pipeline_schedule<sw::GPipe> && sw::pipeline_schedule<sw::OneFOneB> &&
-              sw::pipeline_schedule<sw::Interleaved1F1B<2>>);
+              sw::pipeline_schedule<sw::ZeroBubbleH1> && sw::pipeline_schedule<sw::Interleaved1F1B<2>>);
 static_assert(!sw::pipeline_schedule<NotASchedule> && !sw::schedule_chunks<NotASchedule>);
 static_assert(!sw::pipeline_schedule<WithoutSupports> && !sw::schedule_counts<WithoutSupports> &&
               sw::schedule_chunks<WithoutSupports> && sw::schedule_actions<WithoutSupports>);
@@ -182,6 +185,70 @@ TEST_CASE("interleaved 1F1B, 2 stages, 2 chunks, 4 microbatches: Megatron's orde
   CHECK(sw::Interleaved1F1B<2>::actions(0, 2, 4)[4] == A::recv_activation(1, 0, 1));  // after F0.0, send, F1.0, send
 }
 
+// The messages of a rank's table in order, the compute steps left out.
+sw::pipeline_actions messages_of(sw::pipeline_actions const& actions) {
+  sw::pipeline_actions messages;
+  for (auto const& action : actions)
+    if (!sw::computes(action.kind)) messages.push_back(action);
+  return messages;
+}
+
+TEST_CASE("ZB-H1: 1F1B's forwards and Bs, each W after its B, held back by the rank (written by hand)") {
+  CHECK(compute_order(sw::ZeroBubbleH1::actions(0, 2, 4)) == "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3");
+  CHECK(compute_order(sw::ZeroBubbleH1::actions(1, 2, 4)) == "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3");
+  CHECK(compute_order(sw::ZeroBubbleH1::actions(3, 4, 2)) == "F0 B0 F1 B1 W0 W1");  // fewer microbatches than r
+  CHECK(compute_order(sw::ZeroBubbleH1::actions(2, 4, 6)) == "F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 B5 W3 W4 W5");
+  CHECK(sw::ZeroBubbleH1::actions(1, 2, 1) == sw::pipeline_actions{A::recv_activation(0, 0), A::forward(0),
+                                                                   A::backward_input(0), A::send_gradient(0, 0),
+                                                                   A::backward_weight(0)});
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int microbatches = 1; microbatches <= 16; ++microbatches)
+      for (int rank = 0; rank < stages; ++rank) {
+        CAPTURE(stages);
+        CAPTURE(microbatches);
+        CAPTURE(rank);
+        // W sends nothing: the messages are 1F1B's, in 1F1B's order, so it runs wherever 1F1B runs.
+        CHECK(messages_of(sw::ZeroBubbleH1::actions(rank, stages, microbatches)) ==
+              messages_of(sw::OneFOneB::actions(rank, stages, microbatches)));
+        // Every rank holds min(stages, microbatches) between forward and W (1F1B's rank 0), and rank + 1 Bs waiting
+        // for their W.
+        CHECK(sw::peak_in_flight(sw::ZeroBubbleH1::actions(rank, stages, microbatches)) ==
+              std::min(stages, microbatches));
+        CHECK(sw::peak_weight_pending(sw::ZeroBubbleH1::actions(rank, stages, microbatches)) ==
+              std::min(rank + 1, microbatches));
+      }
+}
+
+TEST_CASE("a split backward: W after its B, each once, and a missing W named") {
+  SUBCASE("W before its B") {
+    auto const check = sw::simulate_table({{A::forward(0), A::backward_weight(0), A::backward_input(0)}}, {1, 1, 1});
+    CHECK(check.rule == schedule_rule::weight_before_input_gradient);
+    CHECK(check.step == 1);
+    CHECK(check.action == A::backward_weight(0));
+    CHECK(sw::detail::describe(check, 1, 1) ==
+          "rank 0, step 1, backward_weight(microbatch 0, chunk 0): a backward_weight (W) runs before the "
+          "backward_input (B) of its microbatch and chunk; W uses what B keeps: put it after that B");
+  }
+  SUBCASE("W twice, and W after a whole backward") {
+    auto const twice = sw::simulate_table(
+        {{A::forward(0), A::backward_input(0), A::backward_weight(0), A::backward_weight(0)}}, {1, 1, 1});
+    CHECK(twice.rule == schedule_rule::done_twice);
+    CHECK(twice.step == 3);
+    auto const after_whole = sw::simulate_table({{A::forward(0), A::backward(0), A::backward_weight(0)}}, {1, 1, 1});
+    CHECK(after_whole.rule == schedule_rule::done_twice);
+    CHECK(after_whole.step == 2);
+  }
+  SUBCASE("a W never run, and a gradient sent after B (not W)") {
+    auto const missing = sw::simulate_table({{A::forward(0), A::backward_input(0)}}, {1, 1, 1});
+    CHECK(missing.rule == schedule_rule::never_computed);
+    CHECK(missing.action == A::backward_weight(0));
+    auto const sent_after_b = check_two_stages(
+        {A::forward(0), A::send_activation(1, 0), A::recv_gradient(1, 0), A::backward_input(0), A::backward_weight(0)},
+        {A::recv_activation(0, 0), A::forward(0), A::backward_input(0), A::send_gradient(0, 0), A::backward_weight(0)});
+    CHECK(sent_after_b.ok());
+  }
+}
+
 TEST_CASE("every schedule passes at run time: stages <= 8, chunks <= 3, microbatches <= 16") {
   for (int stages = 1; stages <= 8; ++stages)
     for (int microbatches = 1; microbatches <= 16; ++microbatches) {
@@ -189,6 +256,7 @@ TEST_CASE("every schedule passes at run time: stages <= 8, chunks <= 3, microbat
       CAPTURE(microbatches);
       CHECK(sw::simulate_schedule(sw::GPipe{}, stages, microbatches).ok());
       CHECK(sw::simulate_schedule(sw::OneFOneB{}, stages, microbatches).ok());
+      CHECK(sw::simulate_schedule(sw::ZeroBubbleH1{}, stages, microbatches).ok());
       bool const whole_groups = microbatches % stages == 0;
       CHECK(sw::simulate_schedule(sw::Interleaved1F1B<1>{}, stages, microbatches).ok() == whole_groups);
       CHECK(sw::simulate_schedule(sw::Interleaved1F1B<2>{}, stages, microbatches).ok() == whole_groups);

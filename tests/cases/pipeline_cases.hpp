@@ -103,7 +103,7 @@ void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_s
   }
 }
 
-/// GPipe and 1F1B with 1 .. 2 * stages + 1 microbatches (fewer than the stages too), interleaved 1F1B (two
+/// GPipe, 1F1B and ZB-H1 with 1 .. 2 * stages + 1 microbatches (fewer than the stages too), interleaved 1F1B (two
 /// chunks per rank) with multiples of the stages.
 template <class Mesh>
 void check_all(Mesh const& pp) {
@@ -111,6 +111,7 @@ void check_all(Mesh const& pp) {
   for (int microbatches = 1; microbatches <= 2 * ranks + 1; ++microbatches) {
     check_against_unsharded(pp, sw::GPipe{}, 2, microbatches);
     check_against_unsharded(pp, sw::OneFOneB{}, 1, microbatches);
+    check_against_unsharded(pp, sw::ZeroBubbleH1{}, 1, microbatches);
   }
   for (int microbatches = ranks; microbatches <= 2 * ranks; microbatches += ranks)
     check_against_unsharded(pp, sw::Interleaved1F1B<2>{}, 1, microbatches);

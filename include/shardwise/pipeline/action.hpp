@@ -1,6 +1,7 @@
 #pragma once
-// The vocabulary of pipeline schedules: one rank's action table is a list of forwards, backwards and the
-// point-to-point sends and receives between neighbouring stages. A schedule (schedules.hpp) writes the list;
+// The vocabulary of pipeline schedules: one rank's action table is a list of forwards, backwards (whole, or split
+// into the input gradient B and the weight gradient W, as zero-bubble schedules run them) and the point-to-point
+// sends and receives between neighbouring stages. A schedule (schedules.hpp) writes the list;
 // the checker (check.hpp) runs every rank's list against the others before any data moves.
 #include <string>
 #include <utility>
@@ -19,6 +20,8 @@ enum class action_kind : unsigned char {
   recv_activation,  ///< a forward's input from the rank of the previous stage
   send_gradient,    ///< a backward's input gradient to the rank of the previous stage
   recv_gradient,    ///< a backward's output gradient from the rank of the next stage
+  backward_input,   ///< B: the part of the backward that gives the input gradient (what the previous stage waits on)
+  backward_weight,  ///< W: the rest, the parameters' gradients; after its B, and it sends nothing
 };
 
 /// One step of one rank's schedule. `chunk` is a model chunk of this rank (always 0 without interleaving):
@@ -36,6 +39,14 @@ struct pipeline_action {
   /// The backward of forward(microbatch, chunk).
   static constexpr pipeline_action backward(int microbatch, int chunk = 0) {
     return {action_kind::backward, microbatch, chunk, -1};
+  }
+  /// B: the input-gradient half of backward(microbatch, chunk); its weight-gradient half is backward_weight.
+  static constexpr pipeline_action backward_input(int microbatch, int chunk = 0) {
+    return {action_kind::backward_input, microbatch, chunk, -1};
+  }
+  /// W: the weight-gradient half of backward(microbatch, chunk), any time after backward_input of the same.
+  static constexpr pipeline_action backward_weight(int microbatch, int chunk = 0) {
+    return {action_kind::backward_weight, microbatch, chunk, -1};
   }
   /// Sends forward(microbatch, chunk)'s output to rank `to`, which holds the next stage.
   static constexpr pipeline_action send_activation(int to, int microbatch, int chunk = 0) {
@@ -103,22 +114,44 @@ class action_writer {
 
   /// recv_gradient (unless the last stage), backward, send_gradient (unless the first stage).
   constexpr void backward(int microbatch, int chunk = 0) {
-    int const stage = shape_.stage_of(rank_, chunk);
-    if (!shape_.is_last(stage))
-      actions_.push_back(pipeline_action::recv_gradient(shape_.rank_of(stage + 1), microbatch, chunk));
-    actions_.push_back(pipeline_action::backward(microbatch, chunk));
-    if (!shape_.is_first(stage))
-      actions_.push_back(pipeline_action::send_gradient(shape_.rank_of(stage - 1), microbatch, chunk));
+    backward_with(pipeline_action::backward(microbatch, chunk));
+  }
+
+  /// recv_gradient (unless the last stage), B, send_gradient (unless the first stage): backward_weight later.
+  constexpr void backward_input(int microbatch, int chunk = 0) {
+    backward_with(pipeline_action::backward_input(microbatch, chunk));
+  }
+
+  /// W alone: it needs no message.
+  constexpr void backward_weight(int microbatch, int chunk = 0) {
+    actions_.push_back(pipeline_action::backward_weight(microbatch, chunk));
   }
 
   /// The list written so far.
   [[nodiscard]] constexpr pipeline_actions take() && { return std::move(actions_); }
 
  private:
+  constexpr void backward_with(pipeline_action computed) {
+    int const stage = shape_.stage_of(rank_, computed.chunk);
+    if (!shape_.is_last(stage))
+      actions_.push_back(
+          pipeline_action::recv_gradient(shape_.rank_of(stage + 1), computed.microbatch, computed.chunk));
+    actions_.push_back(computed);
+    if (!shape_.is_first(stage))
+      actions_.push_back(
+          pipeline_action::send_gradient(shape_.rank_of(stage - 1), computed.microbatch, computed.chunk));
+  }
+
   pipeline_shape shape_;
   int rank_;
   pipeline_actions actions_;
 };
+
+/// Whether `kind` computes (a forward, a backward or one of its halves) rather than moves a message.
+constexpr bool computes(action_kind kind) {
+  return kind == action_kind::forward || kind == action_kind::backward || kind == action_kind::backward_input ||
+         kind == action_kind::backward_weight;
+}
 
 namespace detail {
 
@@ -136,6 +169,10 @@ namespace detail {
       return "send_gradient";
     case action_kind::recv_gradient:
       return "recv_gradient";
+    case action_kind::backward_input:
+      return "backward_input";
+    case action_kind::backward_weight:
+      return "backward_weight";
   }
   return "unknown action";
 }
@@ -144,8 +181,7 @@ namespace detail {
 [[nodiscard]] inline std::string describe(pipeline_action const& action) {
   std::string text = concat(action_name(action.kind), "(microbatch ", action.microbatch, ", chunk ", action.chunk, ")");
   bool const sends = action.kind == action_kind::send_activation || action.kind == action_kind::send_gradient;
-  if (action.kind != action_kind::forward && action.kind != action_kind::backward)
-    text += concat(sends ? " to rank " : " from rank ", action.peer);
+  if (!computes(action.kind)) text += concat(sends ? " to rank " : " from rank ", action.peer);
   return text;
 }
 

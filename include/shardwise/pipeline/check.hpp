@@ -1,8 +1,9 @@
 #pragma once
 // Runs every rank's action table against the others, as the ranks would, before any data moves: sends are
 // buffered, a receive waits for its message, messages between two ranks arrive in the order they were sent.
-// A schedule passes when every rank reaches its end with each forward and backward done once, after its inputs,
-// and every message received in the order it was sent. constexpr, so checked_schedule runs it at compile time.
+// A schedule passes when every rank reaches its end with each forward and backward done once, after its inputs
+// (a backward split in two: its input-gradient half B, then its weight-gradient half W), and every message received
+// in the order it was sent. constexpr, so checked_schedule runs it at compile time.
 #include <cstddef>
 #include <vector>
 
@@ -13,18 +14,19 @@ namespace shardwise {
 
 /// The rule a schedule breaks (none: it passes).
 enum class schedule_rule : unsigned char {
-  none,                      ///< no rule broken: the schedule passes
-  counts_not_supported,      ///< the schedule's supports(stages, microbatches) is false, or a count is below 1
-  malformed_action,          ///< microbatch or chunk out of range, or a peer that does not hold the neighbour stage
-  send_before_compute,       ///< an activation sent before its forward, or a gradient before its backward
-  forward_before_input,      ///< a forward (not of stage 0) before its activation was received
-  backward_before_forward,   ///< a backward before its own forward
-  backward_before_gradient,  ///< a backward (not of the last stage) before its gradient was received
-  done_twice,                ///< a forward, backward or receive of one microbatch and chunk done twice
-  receive_out_of_order,      ///< a receive expects another microbatch or chunk than the next message brings
-  deadlock,                  ///< every unfinished rank waits in a receive
-  never_computed,            ///< a forward or backward of some microbatch and stage never runs
-  message_never_received,    ///< a message is sent and never received
+  none,                          ///< no rule broken: the schedule passes
+  counts_not_supported,          ///< the schedule's supports(stages, microbatches) is false, or a count is below 1
+  malformed_action,              ///< microbatch or chunk out of range, or a peer that does not hold the neighbour stage
+  send_before_compute,           ///< an activation sent before its forward, or a gradient before its backward
+  forward_before_input,          ///< a forward (not of stage 0) before its activation was received
+  backward_before_forward,       ///< a backward before its own forward
+  backward_before_gradient,      ///< a backward (not of the last stage) before its gradient was received
+  done_twice,                    ///< a forward, backward or receive of one microbatch and chunk done twice
+  receive_out_of_order,          ///< a receive expects another microbatch or chunk than the next message brings
+  deadlock,                      ///< every unfinished rank waits in a receive
+  never_computed,                ///< a forward or backward of some microbatch and stage never runs
+  message_never_received,        ///< a message is sent and never received
+  weight_before_input_gradient,  ///< a backward_weight (W) before the backward_input (B) of the same microbatch
 };
 
 /// What simulate_table found: ok(), or the rule broken, where (rank, step: the index in that rank's list) and
@@ -48,7 +50,8 @@ struct stage_progress {
   bool input_received = false;
   bool forward_done = false;
   bool gradient_received = false;
-  bool backward_done = false;
+  bool input_gradient_done = false;  // B, or the whole backward
+  bool weight_done = false;          // W, or the whole backward
 };
 
 /// A message on its way: the send that made it, by which rank at which step.
@@ -123,7 +126,7 @@ class schedule_simulator {
         action.kind == action_kind::recv_activation || action.kind == action_kind::send_gradient;
     if (towards_next) return !shape_.is_last(stage) && action.peer == shape_.rank_of(stage + 1);
     if (towards_previous) return !shape_.is_first(stage) && action.peer == shape_.rank_of(stage - 1);
-    return action.kind == action_kind::forward || action.kind == action_kind::backward;
+    return computes(action.kind);
   }
 
   constexpr schedule_rule execute(int rank, int step, pipeline_action const& action) {
@@ -136,14 +139,21 @@ class schedule_simulator {
         state.forward_done = true;
         return schedule_rule::none;
       case action_kind::backward:
-        if (state.backward_done) return schedule_rule::done_twice;
+      case action_kind::backward_input:
+        if (state.input_gradient_done || state.weight_done) return schedule_rule::done_twice;
         if (!state.forward_done) return schedule_rule::backward_before_forward;
         if (!shape_.is_last(stage) && !state.gradient_received) return schedule_rule::backward_before_gradient;
-        state.backward_done = true;
+        state.input_gradient_done = true;
+        state.weight_done = action.kind == action_kind::backward;
+        return schedule_rule::none;
+      case action_kind::backward_weight:
+        if (state.weight_done) return schedule_rule::done_twice;
+        if (!state.input_gradient_done) return schedule_rule::weight_before_input_gradient;
+        state.weight_done = true;
         return schedule_rule::none;
       case action_kind::send_activation:
       case action_kind::send_gradient: {
-        bool const computed = carries_gradient(action.kind) ? state.backward_done : state.forward_done;
+        bool const computed = carries_gradient(action.kind) ? state.input_gradient_done : state.forward_done;
         if (!computed) return schedule_rule::send_before_compute;
         channel(rank, action.peer, action.kind).messages.push_back({action, rank, step});
         return schedule_rule::none;
@@ -183,9 +193,15 @@ class schedule_simulator {
           auto const& state = progress_[index(shape_.stage_of(rank, chunk), microbatch)];
           if (!state.forward_done)
             return {schedule_rule::never_computed, rank, length(rank), pipeline_action::forward(microbatch, chunk), {}};
-          if (!state.backward_done)
+          if (!state.input_gradient_done)
             return {
                 schedule_rule::never_computed, rank, length(rank), pipeline_action::backward(microbatch, chunk), {}};
+          if (!state.weight_done)
+            return {schedule_rule::never_computed,
+                    rank,
+                    length(rank),
+                    pipeline_action::backward_weight(microbatch, chunk),
+                    {}};
         }
     return {};
   }

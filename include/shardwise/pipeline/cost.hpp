@@ -47,7 +47,10 @@ transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages,
         list.append(chunk.forward);
         break;
       case action_kind::backward:
+      case action_kind::backward_input:  // runs the whole backward (pipeline/run.hpp)
         list.append(chunk.recompute).append(chunk.backward);
+        break;
+      case action_kind::backward_weight:
         break;
       case action_kind::send_activation:
       case action_kind::send_gradient:

@@ -123,7 +123,10 @@ class pipeline_step {
       case action_kind::forward:
         return forward_of(action);
       case action_kind::backward:
+      case action_kind::backward_input:  // the whole backward, for now: W below has nothing left to do
         return backward_of(action);
+      case action_kind::backward_weight:
+        return;
       case action_kind::send_activation:
         return send(action, slot(action).output, 1, &slot_type::input);
       case action_kind::send_gradient:

@@ -35,18 +35,21 @@
   "a backward runs before its gradient was received; put recv_gradient from the next stage's rank " \
   "before it (only the last stage needs none)"
 #define SHARDWISE_SCHEDULE_RULE_DONE_TWICE \
-  "a forward, backward or receive of one microbatch and chunk happens twice; do each once"
+  "a forward, backward (or its half) or receive of one microbatch and chunk happens twice; do each once"
 #define SHARDWISE_SCHEDULE_RULE_RECEIVE_OUT_OF_ORDER                                              \
   "a receive expects another microbatch or chunk than the next message from that rank (messages " \
   "arrive in the order they were sent); receive in the order the peer sends"
 #define SHARDWISE_SCHEDULE_RULE_DEADLOCK                                                               \
   "the schedule deadlocks: every unfinished rank waits in a receive whose message is sent only after " \
   "a wait of its own, or never; move the peer's send before the receive it feeds"
-#define SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED                                                         \
-  "a forward or backward of a microbatch never runs; every rank runs each of its chunks' forward and " \
-  "backward once per microbatch"
+#define SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED                                                          \
+  "a forward or backward (or backward_weight) of a microbatch never runs; every rank runs each of its " \
+  "chunks' forward and backward (or backward_input and backward_weight) once per microbatch"
 #define SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED \
   "a message is sent but never received; add the matching receive on the peer, or drop the send"
+#define SHARDWISE_SCHEDULE_RULE_WEIGHT_BEFORE_INPUT_GRADIENT                                                    \
+  "a backward_weight (W) runs before the backward_input (B) of its microbatch and chunk; W uses what B keeps: " \
+  "put it after that B"
 
 namespace shardwise {
 
@@ -117,6 +120,8 @@ constexpr int static_chunks_per_rank() {
       return SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED;
     case schedule_rule::message_never_received:
       return SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED;
+    case schedule_rule::weight_before_input_gradient:
+      return SHARDWISE_SCHEDULE_RULE_WEIGHT_BEFORE_INPUT_GRADIENT;
   }
   return "unknown rule";
 }
@@ -195,6 +200,8 @@ struct checked_schedule {
                 "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_NEVER_COMPUTED);
   static_assert(result.rule != schedule_rule::message_never_received,
                 "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED);
+  static_assert(result.rule != schedule_rule::weight_before_input_gradient,
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_WEIGHT_BEFORE_INPUT_GRADIENT);
 
  public:
   /// The schedule proven.

@@ -1,5 +1,5 @@
 #pragma once
-// Pipeline schedules as types: GPipe, 1F1B and interleaved 1F1B, each a constexpr function from (rank, stages,
+// Pipeline schedules as types: GPipe, 1F1B, interleaved 1F1B and ZB-H1, each a constexpr function from (rank, stages,
 // microbatches) to that rank's action table, and the concept a schedule of your own satisfies. Each table is
 // proven deadlock-free by check.hpp, at compile time when the counts are static.
 #include <algorithm>
@@ -127,6 +127,37 @@ struct Interleaved1F1B {
   static constexpr int microbatch_of(int k, int stages) { return k / (stages * V) * stages + k % stages; }
 };
 
+/// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024; PyTorch's ScheduleInterleavedZeroBubble at one
+/// chunk per rank): 1F1B's order of forwards and input-gradient backwards (B), with each weight-gradient backward
+/// (W) after its B, rank r holding back r of them: rank 0 runs W as soon as B is done, into the time it would wait
+/// for the next gradient, while the last rank runs its Bs first, which the others wait on. The messages are
+/// exactly 1F1B's (W sends nothing), so it runs wherever 1F1B does. The bubble is (stages - 1)(F + B - W) against
+/// 1F1B's (stages - 1)(F + B + W): a third of it when the three take equal time. Rank r holds at most
+/// min(stages, microbatches) microbatches between forward and W, as 1F1B's rank 0 does. Runs any counts.
+struct ZeroBubbleH1 {
+  /// One model chunk per rank.
+  static constexpr int chunks_per_rank = 1;
+
+  /// Any stage and microbatch counts of at least one.
+  static constexpr bool supports(int stages, int microbatches) { return stages >= 1 && microbatches >= 1; }
+
+  /// Rank `rank`'s warm-up forwards, then per microbatch i: the next forward, B(i) and W(i - rank); then the
+  /// Ws held back.
+  static constexpr pipeline_actions actions(int rank, int stages, int microbatches) {
+    action_writer writer({stages, chunks_per_rank, microbatches}, rank);
+    int const warmup = std::min(stages - 1 - rank, microbatches);
+    for (int microbatch = 0; microbatch < warmup; ++microbatch) writer.forward(microbatch);
+    for (int i = 0; i < microbatches; ++i) {
+      if (warmup + i < microbatches) writer.forward(warmup + i);
+      writer.backward_input(i);
+      if (i >= rank) writer.backward_weight(i - rank);
+    }
+    for (int microbatch = std::max(microbatches - rank, 0); microbatch < microbatches; ++microbatch)
+      writer.backward_weight(microbatch);
+    return std::move(writer).take();
+  }
+};
+
 /// Every rank's actions under `schedule`: element r is rank r's list.
 template <pipeline_schedule S>
 constexpr std::vector<pipeline_actions> action_table(S const& schedule, int stages, int microbatches) {
@@ -135,14 +166,26 @@ constexpr std::vector<pipeline_actions> action_table(S const& schedule, int stag
   return table;
 }
 
-/// The most microbatch-chunks whose forward has run and whose backward has not, over the list: how many
-/// microbatches' activations the rank holds at its peak.
+/// The most microbatch-chunks whose forward has run and whose backward (or W, when split) has not, over the list:
+/// how many microbatches' activations, or what W keeps of them, the rank holds at its peak.
 constexpr int peak_in_flight(pipeline_actions const& actions) {
   int held = 0;
   int peak = 0;
   for (auto const& action : actions) {
     if (action.kind == action_kind::forward) peak = std::max(peak, ++held);
-    if (action.kind == action_kind::backward) --held;
+    if (action.kind == action_kind::backward || action.kind == action_kind::backward_weight) --held;
+  }
+  return peak;
+}
+
+/// The most microbatch-chunks whose B has run and whose W has not: how many weight-gradient stashes (each layer's
+/// output gradient, beside the input it keeps) the rank holds at its peak.
+constexpr int peak_weight_pending(pipeline_actions const& actions) {
+  int held = 0;
+  int peak = 0;
+  for (auto const& action : actions) {
+    if (action.kind == action_kind::backward_input) peak = std::max(peak, ++held);
+    if (action.kind == action_kind::backward_weight) --held;
   }
   return peak;
 }
