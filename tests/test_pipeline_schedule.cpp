@@ -21,6 +21,8 @@ struct doctest::StringMaker<sw::pipeline_action> {
   static doctest::String convert(sw::pipeline_action const& action) { return sw::detail::describe(action).c_str(); }
 };
 
+#include "compile_fail/pipeline_schedule_bounded_deadlock.cpp"  // ForwardsFirstSplitBackward, as it compiles
+
 namespace {
 
 // "F0 F1 B0 ..." (with ".c" for the chunk when `chunks` > 1): a rank's compute order, the sends and receives left out;
@@ -247,6 +249,53 @@ TEST_CASE("a split backward: W after its B, each once, and a missing W named") {
         {A::recv_activation(0, 0), A::forward(0), A::backward_input(0), A::send_gradient(0, 0), A::backward_weight(0)});
     CHECK(sent_after_b.ok());
   }
+}
+
+TEST_CASE("finite buffers: a table that runs unbounded and at 2 messages in flight per peer deadlocks at 1") {
+  // The compile-fail test's table (declaring 2 here), traced by hand in docs/design-zero-bubble.md: at 1, rank 0
+  // waits in its send of activation 3 while rank 1 waits in its send of gradient 1, neither receiving.
+  auto const table = sw::action_table(ForwardsFirstSplitBackward{}, 2, 4);
+  CHECK(sw::simulate_table(table, {2, 1, 4}).ok());
+  CHECK(sw::simulate_table(table, {2, 1, 4}, 2).ok());
+  auto const at_one = sw::simulate_table(table, {2, 1, 4}, 1);
+  CHECK(at_one.rule == schedule_rule::deadlock_at_bound);
+  CHECK(at_one.rank == 0);
+  CHECK(at_one.step == 7);
+  CHECK(at_one.action == A::send_activation(1, 3));
+  CHECK_THROWS_WITH_AS(sw::check_schedule(sw::bounded<ForwardsFirstSplitBackward, 1>{}, 2, 4),
+                       "shardwise::check_schedule: rank 0, step 7, send_activation(microbatch 3, chunk 0) to rank 1: "
+                       "the schedule deadlocks once a peer may hold only in_flight_per_peer unreceived messages: this "
+                       "send waits for its peer to receive, while the peer waits on this rank; receive earlier on "
+                       "the peer, send later, or raise in_flight_per_peer (sw::bounded<Schedule, K>)",
+                       sw::error);
+  static_assert(sw::checked_schedule<sw::bounded<ForwardsFirstSplitBackward, 2>, 2, 4>::result.ok());
+  static_assert(sw::in_flight_per_peer<sw::bounded<sw::OneFOneB, 3>>() == 3 &&
+                sw::in_flight_per_peer<sw::OneFOneB>() == sw::unbounded_in_flight);
+}
+
+TEST_CASE("finite buffers: the slots per peer each built-in schedule needs (docs/pipeline.md)") {
+  // 1F1B at 2 stages with a rendezvous send (0 slots), by hand: rank 0 sends activation 0 and waits until rank 1
+  // takes it; rank 1 computes and sends gradient 0, waiting for rank 0 to take it; rank 0 goes on to send
+  // activation 1 and waits there before it would receive that gradient.
+  auto const rendezvous = sw::simulate_schedule(sw::bounded<sw::OneFOneB, 0>{}, 2, 2);
+  CHECK(rendezvous.rule == schedule_rule::deadlock_at_bound);
+  CHECK(rendezvous.rank == 0);
+  CHECK(rendezvous.step == 3);
+  CHECK(rendezvous.action == A::send_activation(1, 1));
+  CHECK(sw::simulate_schedule(sw::bounded<sw::ZeroBubbleH1, 0>{}, 2, 2).rule == schedule_rule::deadlock_at_bound);
+  CHECK(sw::simulate_schedule(sw::bounded<sw::Interleaved1F1B<2>, 1>{}, 2, 4).rule == schedule_rule::deadlock_at_bound);
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int microbatches = 1; microbatches <= 16; ++microbatches) {
+      CAPTURE(stages);
+      CAPTURE(microbatches);
+      // GPipe's messages flow one way at a time: a send waits only for a rank that is about to receive it.
+      CHECK(sw::simulate_schedule(sw::bounded<sw::GPipe, 0>{}, stages, microbatches).ok());
+      CHECK(sw::simulate_schedule(sw::bounded<sw::OneFOneB, 1>{}, stages, microbatches).ok());
+      CHECK(sw::simulate_schedule(sw::bounded<sw::ZeroBubbleH1, 1>{}, stages, microbatches).ok());
+      bool const whole_groups = microbatches % stages == 0;
+      CHECK(sw::simulate_schedule(sw::bounded<sw::Interleaved1F1B<2>, 2>{}, stages, microbatches).ok() == whole_groups);
+      CHECK(sw::simulate_schedule(sw::bounded<sw::Interleaved1F1B<3>, 2>{}, stages, microbatches).ok() == whole_groups);
+    }
 }
 
 TEST_CASE("every schedule passes at run time: stages <= 8, chunks <= 3, microbatches <= 16") {

@@ -1,6 +1,8 @@
 #pragma once
 // Runs every rank's action table against the others, as the ranks would, before any data moves: sends are
 // buffered, a receive waits for its message, messages between two ranks arrive in the order they were sent.
+// With a bound K on the messages in flight per peer (a schedule's in_flight_per_peer), a send to another rank
+// waits once more than K of this rank's messages to that peer are unreceived: K eager slots, K = 0 a rendezvous.
 // A schedule passes when every rank reaches its end with each forward and backward done once, after its inputs
 // (a backward split in two: its input-gradient half B, then its weight-gradient half W), and every message received
 // in the order it was sent. constexpr, so checked_schedule runs it at compile time.
@@ -27,7 +29,12 @@ enum class schedule_rule : unsigned char {
   never_computed,                ///< a forward or backward of some microbatch and stage never runs
   message_never_received,        ///< a message is sent and never received
   weight_before_input_gradient,  ///< a backward_weight (W) before the backward_input (B) of the same microbatch
+  deadlock_at_bound,  ///< with a bounded number of unreceived messages per peer, ranks wait in sends and receives
 };
+
+/// in_flight_per_peer when a schedule declares none: a send never waits (MPI_Isend with a copy, the thread
+/// mailbox), however many of its messages the peer has not received yet.
+inline constexpr int unbounded_in_flight = -1;
 
 /// What simulate_table found: ok(), or the rule broken, where (rank, step: the index in that rank's list) and
 /// the action. For a deadlock, the lowest waiting rank and the receive it waits in; for never_computed, step is
@@ -80,22 +87,24 @@ constexpr bool carries_gradient(action_kind kind) {
 /// Runs the ranks round-robin, each as far as it can go, until all are done or none can move.
 class schedule_simulator {
  public:
-  constexpr schedule_simulator(std::vector<pipeline_actions> const& table, pipeline_shape shape)
+  constexpr schedule_simulator(std::vector<pipeline_actions> const& table, pipeline_shape shape, int in_flight_per_peer)
       : table_(table),
         shape_(shape),
+        bound_(in_flight_per_peer),
         next_step_(table.size(), 0),
+        waiting_in_send_(table.size(), false),
         progress_(static_cast<std::size_t>(shape.model_stages() * shape.microbatches)),
         channels_(static_cast<std::size_t>(shape.stages * shape.stages * 2)) {}
 
   constexpr schedule_check run() {
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (int rank = 0; rank < shape_.stages; ++rank) {
-        int const before = next_step_[rank];
+    for (long before = -1; before != events_;) {
+      before = events_;
+      for (int rank = 0; rank < shape_.stages; ++rank)
         if (auto broken = advance(rank); !broken.ok()) return broken;
-        moved = moved || next_step_[rank] != before;
-      }
     }
+    for (int rank = 0; rank < shape_.stages; ++rank)
+      if (waiting_in_send_[rank])
+        return {schedule_rule::deadlock_at_bound, rank, next_step_[rank], table_[rank][next_step_[rank]], {}};
     for (int rank = 0; rank < shape_.stages; ++rank)
       if (next_step_[rank] < length(rank))
         return {schedule_rule::deadlock, rank, next_step_[rank], table_[rank][next_step_[rank]], {}};
@@ -104,17 +113,38 @@ class schedule_simulator {
   }
 
  private:
-  // Runs `rank` until its end, a receive whose message has not come, or a broken rule.
+  // Runs `rank` until its end, a receive whose message has not come, a send over the bound, or a broken rule.
+  // A send over the bound has posted its message: the rank stays at it until the peer has received enough.
   constexpr schedule_check advance(int rank) {
     auto const& actions = table_[rank];
     for (int& step = next_step_[rank]; step < length(rank); ++step) {
       auto const& action = actions[step];
+      if (waiting_in_send_[rank]) {
+        if (over_bound(rank, action.peer)) break;
+        waiting_in_send_[rank] = false;
+        ++events_;
+        continue;
+      }
       if (!well_formed(rank, action)) return {schedule_rule::malformed_action, rank, step, action, {}};
       if (is_receive(action.kind) && !message_waiting(rank, action)) break;
       if (auto rule = execute(rank, step, action); rule != schedule_rule::none)
         return {rule, rank, step, action, arrived_};
+      ++events_;
+      if (is_send(action.kind) && action.peer != rank && over_bound(rank, action.peer)) {
+        waiting_in_send_[rank] = true;
+        break;
+      }
     }
     return {};
+  }
+
+  // Whether more of `rank`'s messages to `peer` are unreceived than the bound allows (sends to itself are moves).
+  constexpr bool over_bound(int rank, int peer) const {
+    if (bound_ < 0) return false;
+    auto const& activations = channel(rank, peer, action_kind::send_activation);
+    auto const& gradients = channel(rank, peer, action_kind::send_gradient);
+    auto const unreceived = activations.messages.size() - activations.next + gradients.messages.size() - gradients.next;
+    return unreceived > static_cast<std::size_t>(bound_);
   }
 
   constexpr bool well_formed(int rank, pipeline_action const& action) const {
@@ -231,7 +261,10 @@ class schedule_simulator {
 
   std::vector<pipeline_actions> const& table_;
   pipeline_shape shape_;
+  int bound_;
+  long events_ = 0;  // actions done and sends released: the rounds go on while it grows
   std::vector<int> next_step_;
+  std::vector<bool> waiting_in_send_;
   std::vector<stage_progress> progress_;
   std::vector<pipeline_channel> channels_;
   pipeline_action arrived_{};
@@ -239,14 +272,16 @@ class schedule_simulator {
 
 }  // namespace detail
 
-/// Checks an action table (element r: rank r's actions) of a pipeline of `shape`: see schedule_rule for what
-/// it rejects. Returns the first problem the simulation meets, or ok().
-constexpr schedule_check simulate_table(std::vector<pipeline_actions> const& table, pipeline_shape shape) {
+/// Checks an action table (element r: rank r's actions) of a pipeline of `shape`, with at most
+/// `in_flight_per_peer` unreceived messages from one rank to another before a send waits (unbounded_in_flight:
+/// never): see schedule_rule for what it rejects. Returns the first problem the simulation meets, or ok().
+constexpr schedule_check simulate_table(std::vector<pipeline_actions> const& table, pipeline_shape shape,
+                                        int in_flight_per_peer = unbounded_in_flight) {
   if (shape.stages < 1 || shape.chunks_per_rank < 1 || shape.microbatches < 1)
     return {schedule_rule::counts_not_supported, -1, -1, {}, {}};
   if (table.size() != static_cast<std::size_t>(shape.stages))  // a rank without a list cannot take part
     return {schedule_rule::malformed_action, static_cast<int>(table.size()), -1, {}, {}};
-  return detail::schedule_simulator(table, shape).run();
+  return detail::schedule_simulator(table, shape, in_flight_per_peer).run();
 }
 
 /// Checks `schedule` with these counts: whether it supports them, then its action table (simulate_table).
@@ -255,7 +290,7 @@ constexpr schedule_check simulate_schedule(S const& schedule, int stages, int mi
   if (stages < 1 || microbatches < 1 || !schedule.supports(stages, microbatches))
     return {schedule_rule::counts_not_supported, -1, -1, {}, {}};
   return simulate_table(action_table(schedule, stages, microbatches),
-                        {stages, static_cast<int>(S::chunks_per_rank), microbatches});
+                        {stages, static_cast<int>(S::chunks_per_rank), microbatches}, in_flight_per_peer<S>());
 }
 
 }  // namespace shardwise

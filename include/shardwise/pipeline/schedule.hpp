@@ -1,8 +1,9 @@
 #pragma once
 // Pipeline schedules that are proven before they run. checked_schedule<Schedule, stages, microbatches> runs
 // the schedule's whole action table through the checker (check.hpp) at compile time: a schedule that would hang
-// or mismatch a message does not compile, and the diagnostic names the rule, the rank and the step. With counts
-// known only at run time, check_schedule runs the same check and throws with the same words.
+// (with unbounded sends, or at the in_flight_per_peer it declares) or mismatch a message does not compile, and the
+// diagnostic names the rule, the rank and the step. With counts known only at run time, check_schedule runs the same
+// check and throws with the same words.
 #include <concepts>
 #include <string>
 
@@ -50,6 +51,10 @@
 #define SHARDWISE_SCHEDULE_RULE_WEIGHT_BEFORE_INPUT_GRADIENT                                                    \
   "a backward_weight (W) runs before the backward_input (B) of its microbatch and chunk; W uses what B keeps: " \
   "put it after that B"
+#define SHARDWISE_SCHEDULE_RULE_DEADLOCK_AT_BOUND                                                                 \
+  "the schedule deadlocks once a peer may hold only in_flight_per_peer unreceived messages: this send waits for " \
+  "its peer to receive, while the peer waits on this rank; receive earlier on the peer, send later, or raise "    \
+  "in_flight_per_peer (sw::bounded<Schedule, K>)"
 
 namespace shardwise {
 
@@ -122,6 +127,8 @@ constexpr int static_chunks_per_rank() {
       return SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED;
     case schedule_rule::weight_before_input_gradient:
       return SHARDWISE_SCHEDULE_RULE_WEIGHT_BEFORE_INPUT_GRADIENT;
+    case schedule_rule::deadlock_at_bound:
+      return SHARDWISE_SCHEDULE_RULE_DEADLOCK_AT_BOUND;
   }
   return "unknown rule";
 }
@@ -202,6 +209,8 @@ struct checked_schedule {
                 "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_MESSAGE_NEVER_RECEIVED);
   static_assert(result.rule != schedule_rule::weight_before_input_gradient,
                 "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_WEIGHT_BEFORE_INPUT_GRADIENT);
+  static_assert(result.rule != schedule_rule::deadlock_at_bound,
+                "shardwise::checked_schedule: " SHARDWISE_SCHEDULE_RULE_DEADLOCK_AT_BOUND);
 
  public:
   /// The schedule proven.

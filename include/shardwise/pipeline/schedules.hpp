@@ -158,6 +158,27 @@ struct ZeroBubbleH1 {
   }
 };
 
+/// The messages from one rank to another that may be unreceived before a send waits, as schedule S declares
+/// (`static constexpr int in_flight_per_peer`), or -1 (unbounded) when it declares none.
+template <class S>
+constexpr int in_flight_per_peer() {
+  if constexpr (requires { S::in_flight_per_peer; })
+    return static_cast<int>(S::in_flight_per_peer);
+  else
+    return -1;
+}
+
+/// Schedule S, checked (and run) as though a rank may have at most K messages to a peer unreceived before its
+/// next send to that peer waits: K eager buffer slots per peer, K = 0 a rendezvous send (MPI_Ssend). A table that
+/// passes unbounded can deadlock at a small K: each rank waits in a send for the other to receive.
+template <class S, int K>
+struct bounded : S {
+  static_assert(K >= 0,
+                "shardwise::bounded<Schedule, K>: K is how many messages to a peer may be unreceived; use 0 or more");
+  /// The bound the check uses.
+  static constexpr int in_flight_per_peer = K;
+};
+
 /// Every rank's actions under `schedule`: element r is rank r's list.
 template <pipeline_schedule S>
 constexpr std::vector<pipeline_actions> action_table(S const& schedule, int stages, int microbatches) {
