@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cases/pipeline_cases.hpp"
 #include "support/worlds.hpp"
@@ -114,4 +116,57 @@ TEST_CASE(
       run_with_delays(shardwise::Interleaved1F1B<2>{}, stages, microbatches);
       run_with_delays(shardwise::Interleaved1F1B<3>{}, stages, microbatches);
     }
+}
+
+namespace {
+
+/// A chunk that logs how each of its backwards ran: as B (weight-gradient work put off: "B", with whether its
+/// Linears' weight gradients were still zero after it) or whole ("whole"); as B it puts off work of its own, which
+/// logs "W" when W runs it.
+struct Logging {
+  pipeline_cases::Stack stack;
+  std::vector<std::string>* log = nullptr;
+  SHARDWISE_CHILDREN(stack)
+  SHARDWISE_SAVED()
+  Logging(int first, int count, std::vector<std::string>& to) : stack(first, count), log(&to) {}
+  pipeline_cases::X forward(pipeline_cases::X const& x) { return stack.forward(x); }
+  pipeline_cases::X backward(pipeline_cases::X const& dy) {
+    auto* later = shardwise::weight_gradients_deferred_to();
+    auto dx = stack.backward(dy);
+    if (!later) {
+      log->push_back("whole");
+      return dx;
+    }
+    log->push_back(stack.layers[0].w1.weight_grad.squaredNorm() == 0 ? "B (w1 gradient zero)" : "B");
+    later->defer([this] { log->push_back("W"); });
+    return dx;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ZB-H1's B puts the Linears' weight gradients off to its W, and a module of your own can do the same") {
+  for (bool split : {true, false}) {
+    std::vector<std::string> log;
+    auto const expected = pipeline_cases::unsharded(1, 2, 4);
+    shardwise::run_threads(1, [&](auto& world) {
+      auto const pp = shardwise::make_mesh<"pp">(world, {1});
+      std::vector<Logging> chunks;
+      chunks.emplace_back(0, 1, log);
+      auto const input = [](int m) { return pipeline_cases::microbatch_input(m, 4); };
+      if (split)  // one stage: F0 B0 W0 F1 B1 W1
+        shardwise::run_pipeline_step(shardwise::ZeroBubbleH1{}, pp, std::span<Logging>(chunks), 2, input,
+                                     pipeline_cases::loss_gradient);
+      else
+        shardwise::run_pipeline_step(shardwise::OneFOneB{}, pp, std::span<Logging>(chunks), 2, input,
+                                     pipeline_cases::loss_gradient);
+      auto const mine = pipeline_cases::gradients_of(chunks[0].stack);
+      for (std::size_t i = 0; i < mine.size(); ++i) CHECK(mine[i] == expected[i]);
+    });
+    if (split)
+      CHECK(log == std::vector<std::string>{"B (w1 gradient zero)", "W", "B", "W"});
+    else
+      CHECK(log == std::vector<std::string>{"whole", "whole"});
+    CHECK(shardwise::weight_gradients_deferred_to() == nullptr);  // disarmed once the step is over
+  }
 }

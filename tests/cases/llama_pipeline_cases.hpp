@@ -281,8 +281,8 @@ void check_recompute_bitwise(World const& world, Setup s, int steps) {
 }
 
 /// Every setup that fits `world`: pp over all ranks with GPipe and 1F1B at microbatches fewer than, equal to
-/// and more than the stages; interleaved 1F1B at pp 2, v 2; pp 2 x tp 2 with sequence parallelism; dp 2 x pp 2 with
-/// ZeRO-1; dp 2 x pp 2 x tp 2.
+/// and more than the stages, and ZB-H1 (tied too, and under tp 2 with SP); interleaved 1F1B at pp 2, v 2; pp 2 x tp 2
+/// with sequence parallelism; dp 2 x pp 2 with ZeRO-1; dp 2 x pp 2 x tp 2.
 template <class World>
 void check_all(World const& world, int steps) {
   int const n = world.size();
@@ -291,15 +291,20 @@ void check_all(World const& world, int steps) {
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::GPipe{}, steps);
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::OneFOneB{}, steps);
     }
+    for (int m : {2, 5})  // Linear's weight gradients put off from B to W, fewer and more microbatches than stages
+      check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::ZeroBubbleH1{}, steps);
     check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);
   }
-  if (n == 2)  // tied embeddings: the first stage's embedding and the last stage's output stay one value
+  if (n == 2) {  // tied embeddings: the first stage's embedding and the last stage's output stay one value
     check<sw::serial_plan>(world, {.pp = 2, .microbatches = 2, .tied = true}, sw::OneFOneB{}, steps);
+    check<sw::serial_plan>(world, {.pp = 2, .microbatches = 3, .tied = true}, sw::ZeroBubbleH1{}, steps);
+  }
   if (n == 2)  // interleaved: two chunks of one block each per rank, microbatches a multiple of the ranks
     for (int m : {2, 4})
       check<sw::serial_plan>(world, {.pp = 2, .microbatches = m, .chunks = 2}, sw::Interleaved1F1B<2>{}, steps);
   if (n == 4) {
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 4}, sw::OneFOneB{}, steps);
+    check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 4}, sw::ZeroBubbleH1{}, steps);  // tp 2, SP
     check<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, sw::GPipe{}, steps);
     check<sw::serial_plan>(world, {.dp = 2, .pp = 2, .microbatches = 2, .zero1 = true}, sw::OneFOneB{}, steps);
     check_recompute_bitwise<models::llama_plan<true>>(world, {.pp = 2, .microbatches = 3}, steps);

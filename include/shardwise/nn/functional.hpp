@@ -75,25 +75,39 @@ void linear_forward(const_matrix_ref<T> x, const_matrix_ref<T> weight, std::opti
   }
 }
 
+/// The input-gradient half of linear_backward (a pipeline's B): dx [N, in] = dy [N, out] W (assigned).
+template <std::floating_point T>
+void linear_backward_input(const_matrix_ref<T> weight, const_matrix_ref<T> dy, matrix_ref<T> dx) {
+  constexpr char const* fn = "linear_backward_input";
+  detail::nn_check_shape(fn, "dy [N, out]", dy, dy.rows(), weight.rows());
+  detail::nn_check_shape(fn, "dx [N, in]", dx, dy.rows(), weight.cols());
+  dx.noalias() = dy * weight;
+}
+
+/// The weight-gradient half of linear_backward (a pipeline's W): dweight += dy^T x, dbias += column sums of dy
+/// (std::nullopt when the layer has no bias). The two halves run the very statements linear_backward runs.
+template <std::floating_point T>
+void linear_backward_weight(const_matrix_ref<T> x, const_matrix_ref<T> dy, matrix_ref<T> dweight,
+                            std::optional<vector_ref<T>> dbias) {
+  constexpr char const* fn = "linear_backward_weight";
+  detail::nn_check_shape(fn, "dy [N, out]", dy, x.rows(), dweight.rows());
+  detail::nn_check_shape(fn, "dweight [out, in]", dweight, dweight.rows(), x.cols());
+  dweight.noalias() += dy.transpose() * x;
+  if (dbias) {
+    detail::nn_check_size(fn, "dbias [out]", *dbias, dweight.rows());
+    *dbias += dy.colwise().sum().transpose();
+  }
+}
+
 /// Backward of linear_forward, given dy [N, out]: dx = dy W (assigned; std::nullopt skips it, e.g. for a first
 /// layer whose input needs no gradient), dweight += dy^T x, dbias += column sums of dy (std::nullopt when the
 /// layer has no bias). Parameter gradients accumulate, as PyTorch's .grad does.
 template <std::floating_point T>
 void linear_backward(const_matrix_ref<T> x, const_matrix_ref<T> weight, const_matrix_ref<T> dy,
                      std::optional<matrix_ref<T>> dx, matrix_ref<T> dweight, std::optional<vector_ref<T>> dbias) {
-  constexpr char const* fn = "linear_backward";
-  detail::nn_check_shape(fn, "weight [out, in]", weight, weight.rows(), x.cols());
-  detail::nn_check_shape(fn, "dy [N, out]", dy, x.rows(), weight.rows());
-  detail::nn_check_shape(fn, "dweight [out, in]", dweight, weight.rows(), weight.cols());
-  if (dx) {
-    detail::nn_check_shape(fn, "dx [N, in]", *dx, x.rows(), x.cols());
-    dx->noalias() = dy * weight;
-  }
-  dweight.noalias() += dy.transpose() * x;
-  if (dbias) {
-    detail::nn_check_size(fn, "dbias [out]", *dbias, weight.rows());
-    *dbias += dy.colwise().sum().transpose();
-  }
+  detail::nn_check_shape("linear_backward", "weight [out, in]", weight, weight.rows(), x.cols());
+  if (dx) linear_backward_input<T>(weight, dy, *dx);
+  linear_backward_weight<T>(x, dy, dweight, dbias);
 }
 
 // ------------------------------------------------------------------------------------------------------- embedding
@@ -297,6 +311,9 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
                                          matrix_ref<T>);                                                               \
   prefix template void linear_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,               \
                                           std::optional<matrix_ref<T>>, matrix_ref<T>, std::optional<vector_ref<T>>);  \
+  prefix template void linear_backward_input<T>(const_matrix_ref<T>, const_matrix_ref<T>, matrix_ref<T>);              \
+  prefix template void linear_backward_weight<T>(const_matrix_ref<T>, const_matrix_ref<T>, matrix_ref<T>,              \
+                                                 std::optional<vector_ref<T>>);                                        \
   prefix template void embedding_forward<T>(std::span<const std::int64_t>, const_matrix_ref<T>, matrix_ref<T>,         \
                                             std::int64_t);                                                             \
   prefix template void embedding_backward<T>(std::span<const std::int64_t>, const_matrix_ref<T>, matrix_ref<T>,        \

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/nn/deferred_weight_gradients.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/linear_style.hpp"
@@ -189,6 +190,7 @@ class linear_core : public layer_plumbing<T> {
 
   void keep_shard();  // parallelize, once the group is known
   Activation<T, input_grad_layout> backward_from(matrix const& dy_whole);
+  void weight_gradient(matrix const& x, matrix const& dy);
   void check_width(Eigen::Index given_width) const;
   void keep_input(matrix const& given);
   Activation<T, output_layout> forward_kept_input();
@@ -315,16 +317,32 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
     fail("shardwise::Linear at \"", path_, "\": backward got a gradient of ", dy->rows(), "x", dy->cols(),
          " on this rank after a forward of ", saved_input_.rows(), "x", w.rows(),
          "; pass the gradient of this layer's last output");
+  matrix dx(dy->rows(), w.cols());
+  nn::linear_backward_input<T>(w, *dy, dx);
+  if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: W runs this later, on what it keeps
+    matrix kept_dy;
+    if (dy == &dy_part)
+      kept_dy = std::move(dy_part);
+    else
+      kept_dy = dy_whole;
+    later->defer([this, x = std::move(saved_input_), kept_dy = std::move(kept_dy)] { weight_gradient(x, kept_dy); });
+    saved_input_ = matrix();
+  } else {
+    weight_gradient(saved_input_, *dy);
+  }
+  if constexpr (!layouts::input_grad_left_partial && !same_layout_v<typename layouts::product_in_grad, input_layout>)
+    dx = moved<typename layouts::product_in_grad, input_layout>(dx);  // the input move's conjugate
+  return {std::move(dx)};
+}
+
+template <class T, class Rule>
+void linear_core<T, Rule>::weight_gradient(matrix const& x, matrix const& dy) {
+  matrix const& w = current_weight();
   matrix& wg = current_weight_grad();
   if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
   if (bias_grad.size() != bias.size()) bias_grad.setZero(bias.size());
   if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
-  matrix dx(dy->rows(), w.cols());
-  nn::linear_backward<T>(saved_input_, w, *dy, dx, wg,
-                         has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
-  if constexpr (!layouts::input_grad_left_partial && !same_layout_v<typename layouts::product_in_grad, input_layout>)
-    dx = moved<typename layouts::product_in_grad, input_layout>(dx);  // the input move's conjugate
-  return {std::move(dx)};
+  nn::linear_backward_weight<T>(x, dy, wg, has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
 }
 
 template <class T, class Rule>

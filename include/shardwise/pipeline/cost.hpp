@@ -47,7 +47,7 @@ transfer_list<Capacity> pipeline_step_cost(Schedule const& schedule, int stages,
         list.append(chunk.forward);
         break;
       case action_kind::backward:
-      case action_kind::backward_input:  // runs the whole backward (pipeline/run.hpp)
+      case action_kind::backward_input:  // every transfer of the backward is B's: W computes locally
         list.append(chunk.recompute).append(chunk.backward);
         break;
       case action_kind::backward_weight:

@@ -18,6 +18,7 @@
 #include "shardwise/core/show.hpp"
 #include "shardwise/mesh/call.hpp"
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/deferred_weight_gradients.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/pipeline/schedule.hpp"
 #include "shardwise/pipeline/step_terms.hpp"
@@ -68,13 +69,14 @@ struct no_pipeline_driver {
 /// What one rank holds for one (chunk, microbatch) between the steps of its table.
 template <class Chunk, class In, class X>
 struct microbatch_slot {
-  X input{};                        ///< received activation
-  X output{};                       ///< forward output waiting to be sent
-  X gradient{};                     ///< received output gradient (or the loss's)
-  X input_gradient{};               ///< backward's result waiting to be sent
-  saved_activations<Chunk> kept{};  ///< the forward's activations, until the backward
-  X recompute_from{};               ///< stage_activations::recompute: the forward's input, kept instead
-  In recompute_first{};             ///< the same on the first stage: the model's input
+  X input{};                                ///< received activation
+  X output{};                               ///< forward output waiting to be sent
+  X gradient{};                             ///< received output gradient (or the loss's)
+  X input_gradient{};                       ///< backward's result waiting to be sent
+  saved_activations<Chunk> kept{};          ///< the forward's activations, until the backward
+  X recompute_from{};                       ///< stage_activations::recompute: the forward's input, kept instead
+  In recompute_first{};                     ///< the same on the first stage: the model's input
+  deferred_weight_gradients weight_work{};  ///< what B put off for W: each layer's input and output gradient
 };
 
 /// The activation type crossing the stage boundaries: what a chunk's forward makes of the model's input.
@@ -123,10 +125,11 @@ class pipeline_step {
       case action_kind::forward:
         return forward_of(action);
       case action_kind::backward:
-      case action_kind::backward_input:  // the whole backward, for now: W below has nothing left to do
         return backward_of(action);
+      case action_kind::backward_input:
+        return backward_input_of(action);
       case action_kind::backward_weight:
-        return;
+        return slot(action).weight_work.run();
       case action_kind::send_activation:
         return send(action, slot(action).output, 1, &slot_type::input);
       case action_kind::send_gradient:
@@ -181,6 +184,17 @@ class pipeline_step {
     X y = forward(chunk_of(action), x);
     if (recompute_) here.recompute_from = std::move(x);
     return y;
+  }
+
+  /// B: the backward with the layers' weight-gradient work put off into the slot, for W. Not under FSDP, whose
+  /// hooks reduce-scatter the gradients as each unit's backward ends: there B is the whole backward, W nothing.
+  void backward_input_of(pipeline_action const& action) {
+    if constexpr (std::is_same_v<Driver, no_pipeline_driver>) {
+      defer_weight_gradients const into(slot(action).weight_work);
+      backward_of(action);
+    } else {
+      backward_of(action);
+    }
   }
 
   void backward_of(pipeline_action const& action) {
