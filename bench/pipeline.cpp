@@ -1,10 +1,11 @@
 // Pipeline parallelism on the Llama model, in one run:
 //  - step time against microbatches (a fixed batch of 8 sequences cut into m = 1, 2, 4, 8) for pp 2 and pp 4
-//    with GPipe and 1F1B, and the measured bubble — the share of the pipeline schedule's time (the step without
-//    the optimizer) a rank spends outside its stage's forward, backward and loss, averaged over the ranks —
-//    beside the theoretical (p - 1) / (m + p - 1);
-//  - tokens/s of pp 2 (1F1B, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on the same
-//    model and batch (the thread mesh);
+//    with GPipe, 1F1B and ZB-H1, and the measured bubble — the share of the pipeline schedule's time (the step
+//    without the optimizer) a rank spends outside its stage's forward, backward (B), weight gradients (W) and
+//    loss, averaged over the ranks — beside the theoretical: (p - 1) / (m + p - 1) for GPipe and 1F1B,
+//    (p - 1)(F + B - W) / (m (F + B + W) + (p - 1)(F + B - W)) for ZB-H1 from the measured F, B and W;
+//  - tokens/s of pp 2 (1F1B and ZB-H1, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on
+//    the same model and batch (the thread mesh);
 //  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
 //    above what it held before the step, for GPipe, 1F1B, and 1F1B with activation checkpointing per stage
 //    (1f1b-recompute) and per block (1f1b-blocks); and, `memory fsdp-1f1b` under mpiexec -n 4, FSDP within the
@@ -26,6 +27,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <shardwise/cost/machine_file.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/launch.hpp>
@@ -83,11 +86,12 @@ struct Batch {
   }
 };
 
-/// A stage that times its own forward and backward: the busy time of a rank.
+/// A stage that times its own forward, backward (B under a zero-bubble schedule) and weight-gradient work (W): the
+/// busy time of a rank. Under B it collects the layers' put-off work and puts it off as one timed piece.
 template <class Stage>
 struct Timed {
   Stage stage;
-  double busy = 0;
+  double forward_seconds = 0, backward_seconds = 0, weight_seconds = 0;
   SHARDWISE_CHILDREN(stage)
   SHARDWISE_SAVED()
   Timed(models::LlamaConfig const& c, sw::stage_split const& split, int index) : stage(c, split, index) {}
@@ -95,19 +99,33 @@ struct Timed {
   auto forward(X const& x) {
     auto const start = clock_type::now();
     auto y = stage.forward(x);
-    busy += seconds_since(start);
+    forward_seconds += seconds_since(start);
     return y;
   }
   typename Stage::stream backward(typename Stage::stream const& dy) {
+    auto* const later = sw::weight_gradients_deferred_to();
+    auto own = std::make_shared<sw::deferred_weight_gradients>();
+    std::optional<sw::defer_weight_gradients> into;
+    if (later) into.emplace(*own);
     auto const start = clock_type::now();
     auto dx = stage.backward(dy);
-    busy += seconds_since(start);
+    backward_seconds += seconds_since(start);
+    into.reset();
+    if (later)
+      later->defer([this, own] {
+        auto const begin = clock_type::now();
+        own->run();
+        weight_seconds += seconds_since(begin);
+      });
     return dx;
   }
+  [[nodiscard]] double busy() const { return forward_seconds + backward_seconds + weight_seconds; }
+  void reset() { forward_seconds = backward_seconds = weight_seconds = 0; }
 };
 
 struct Timing {
   double step_seconds = 0, bubble = 0;
+  double forward = 0, backward = 0, weight = 0;  // one microbatch through one stage (F, B, W), mean over the ranks
 };
 
 /// Mean step time (after one warm-up step) and mean bubble over the ranks, pp stages on the thread mesh.
@@ -115,7 +133,7 @@ template <class Schedule>
 Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatches, int steps,
                        sw::stage_activations activations = sw::stage_activations::keep) {
   Timing timing;
-  std::vector<double> bubble(static_cast<std::size_t>(stages));
+  std::vector<double> bubble(static_cast<std::size_t>(stages)), f(bubble.size()), b(bubble.size()), w(bubble.size());
   sw::run_threads(stages, [&](auto& world) {
     auto const pp = sw::make_mesh<"pp">(world, {stages});
     auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
@@ -123,10 +141,10 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
     stage.emplace_back(c, sw::stage_split(c.layers, stages), pp.rank());
     sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
     Batch const batch(c, microbatches);
-    double total = 0, busy = 0, pipelined = 0;
+    double total = 0, busy = 0, pipelined = 0, forward = 0, backward = 0, weight = 0;
     for (int step = 0; step <= steps; ++step) {
       sw::barrier(pp);
-      stage.front().busy = 0;
+      stage.front().reset();
       auto const start = clock_type::now();
       sw::run_pipeline_step(
           Schedule{}, pp, std::span(stage), microbatches,
@@ -135,7 +153,7 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
             auto const head = clock_type::now();
             auto result = stage.back().stage.head_loss(tp, h, batch.targets[static_cast<std::size_t>(m)],
                                                        1.0f / float(microbatches));
-            stage.back().busy += seconds_since(head);
+            stage.back().forward_seconds += seconds_since(head);  // the head runs in F
             return result.gradient;
           },
           sw::pipeline_options{activations});
@@ -145,12 +163,19 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
       sw::zero_grad(stage.front());
       sw::barrier(pp);
       double const wall = seconds_since(start);
-      if (step > 0) total += wall, busy += stage.front().busy, pipelined += pipeline_wall;
+      auto const& t = stage.front();
+      if (step > 0)
+        total += wall, busy += t.busy(), pipelined += pipeline_wall, forward += t.forward_seconds,
+            backward += t.backward_seconds, weight += t.weight_seconds;
     }
-    bubble[static_cast<std::size_t>(pp.rank())] = 1.0 - busy / pipelined;
+    auto const r = static_cast<std::size_t>(pp.rank());
+    double const per = double(steps) * double(microbatches);
+    bubble[r] = 1.0 - busy / pipelined, f[r] = forward / per, b[r] = backward / per, w[r] = weight / per;
     if (pp.rank() == 0) timing.step_seconds = total / steps;
   });
-  for (double b : bubble) timing.bubble += b / stages;
+  for (std::size_t r = 0; r < bubble.size(); ++r)
+    timing.bubble += bubble[r] / stages, timing.forward += f[r] / stages, timing.backward += b[r] / stages,
+        timing.weight += w[r] / stages;
   return timing;
 }
 
@@ -188,17 +213,29 @@ double model_step_seconds(models::LlamaConfig const& c, int dp_size, int tp_size
   return seconds;
 }
 
+/// ZB-H1's bubble in theory (Qi et al.): (p - 1)(F + B - W) idle on each rank, against m (F + B + W) of work, from
+/// the measured times of one microbatch through one stage.
+double zero_bubble_h1_theory(Timing const& t, int stages, int m) {
+  double const idle = double(stages - 1) * std::max(t.forward + t.backward - t.weight, 0.0);
+  return idle / (double(m) * (t.forward + t.backward + t.weight) + idle);
+}
+
 void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
-  std::printf("%-6s %-5s %4s %12s %12s %12s\n", "stages", "sched", "m", "step (s)", "bubble", "(p-1)/(m+p-1)");
+  std::printf("%-6s %-5s %4s %12s %12s %12s %24s\n", "stages", "sched", "m", "step (s)", "bubble", "theory",
+              "F / B / W per microbatch (ms)");
+  auto const row = [](int stages, char const* name, int m, Timing const& t, double theory) {
+    std::printf("%-6d %-5s %4d %12.4f %12.3f %12.3f %8.1f /%6.1f /%6.1f\n", stages, name, m, t.step_seconds, t.bubble,
+                theory, t.forward * 1e3, t.backward * 1e3, t.weight * 1e3);
+    std::fflush(stdout);
+  };
   for (int stages : {2, 4}) {
     if (smoke && stages == 4) break;
     for (int m : {1, 2, 4, 8}) {
-      double const theory = double(stages - 1) / double(m + stages - 1);
-      auto const gpipe = pipeline_timing<sw::GPipe>(c, stages, m, steps);
-      auto const one = pipeline_timing<sw::OneFOneB>(c, stages, m, steps);
-      std::printf("%-6d %-5s %4d %12.4f %12.3f %12.3f\n", stages, "gpipe", m, gpipe.step_seconds, gpipe.bubble, theory);
-      std::printf("%-6d %-5s %4d %12.4f %12.3f %12.3f\n", stages, "1f1b", m, one.step_seconds, one.bubble, theory);
-      std::fflush(stdout);
+      double const theory = double(stages - 1) / double(m + stages - 1);  // 1F1B's and GPipe's: (p-1)/(m+p-1)
+      row(stages, "gpipe", m, pipeline_timing<sw::GPipe>(c, stages, m, steps), theory);
+      row(stages, "1f1b", m, pipeline_timing<sw::OneFOneB>(c, stages, m, steps), theory);
+      auto const zb = pipeline_timing<sw::ZeroBubbleH1>(c, stages, m, steps);
+      row(stages, "zbh1", m, zb, zero_bubble_h1_theory(zb, stages, m));
     }
   }
 }
@@ -207,14 +244,15 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
 /// not on one); each layout's median over the rounds.
 void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   double const tokens = double(batch_sequences) * double(c.sequence);
-  std::vector<double> ones, pp2s, tp2s, dp2s;
+  std::vector<double> ones, pp2s, zbs, tp2s, dp2s;
   for (int r = 0; r < rounds; ++r) {
     ones.push_back(model_step_seconds<sw::serial_plan>(c, 1, 1, steps));
     pp2s.push_back(pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds);
+    zbs.push_back(pipeline_timing<sw::ZeroBubbleH1>(c, 2, batch_sequences, steps).step_seconds);
     tp2s.push_back(model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps));
     dp2s.push_back(model_step_seconds<sw::serial_plan>(c, 2, 1, steps));
   }
-  double const one = bench::median(ones), pp2 = bench::median(pp2s), tp2 = bench::median(tp2s),
+  double const one = bench::median(ones), pp2 = bench::median(pp2s), zb = bench::median(zbs), tp2 = bench::median(tp2s),
                dp2 = bench::median(dp2s);
   std::printf("\n# each layout's median step over %d rounds\n", rounds);
   namespace planner = sw::planner;
@@ -232,6 +270,7 @@ void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   auto const zero1 = planner::state_sharding::zero1;
   row("one_rank", one, planned({1, 1, 1, batch_sequences}));
   row("pp2_1f1b_m8", pp2, planned({1, 2, 1, batch_sequences}));
+  row("pp2_zbh1_m8", zb, planned({1, 2, 1, batch_sequences}));  // the planner knows 1F1B's bubble only
   row("tp2_sequence_parallel", tp2, planned({1, 1, 2, batch_sequences}));
   row("dp2_zero1", dp2, planned({2, 1, 1, batch_sequences / 2, zero1}));
 }

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One run, side by side: bench_pipeline's step times, bubbles and tokens/s (thread mesh), each stage's peak
 # activation memory for GPipe, 1F1B and 1F1B with activation checkpointing per stage and per block (mpiexec -n 2
-# and -n 4: one process per stage), then PyTorch's torch.distributed.pipelining Schedule1F1B at pp 2 on the same model and batch
+# and -n 4: one process per stage), then PyTorch's torch.distributed.pipelining Schedule1F1B and
+# ScheduleInterleavedZeroBubble (ZB-H1) at pp 2 on the same model and batch
 # (torch_pipeline.py: transformers' LlamaForCausalLM split into two stages, gloo), and the ratio.
 #   bench/run_pipeline.sh BUILD_DIR [--small]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
+ratios=()
 build=${1:?usage: run_pipeline.sh BUILD_DIR [--small]}
 shift
 size=()
@@ -26,9 +28,12 @@ for n in 2 4; do
   done
 done
 echo
-theirs=$("$python" "$here/torch_pipeline.py" "${size[@]}")
-echo "$theirs" | grep -v '^RESULT'
-a=$(echo "$ours" | awk '/^RESULT pp2_1f1b_m8/ {print $3}')
-b=$(echo "$theirs" | awk '/^RESULT torch_pp2_1f1b_m8/ {print $3}')
+for schedule in 1f1b zbh1; do
+  theirs=$("$python" "$here/torch_pipeline.py" --schedule "$schedule" "${size[@]}")
+  echo "$theirs" | grep -v '^RESULT'
+  a=$(echo "$ours" | awk -v s="$schedule" '$2 == "pp2_" s "_m8" {print $3}')
+  b=$(echo "$theirs" | awk -v s="$schedule" '$2 == "torch_pp2_" s "_m8" {print $3}')
+  ratios+=("pp 2, $schedule, m = 8: shardwise $a tokens/s, PyTorch pipelining $b tokens/s: shardwise / PyTorch = $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}')")
+done
 echo
-echo "pp 2, 1F1B, m = 8: shardwise $a tokens/s, PyTorch pipelining $b tokens/s: shardwise / PyTorch = $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}')"
+printf '%s\n' "${ratios[@]}"

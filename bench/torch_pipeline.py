@@ -1,11 +1,12 @@
 """PyTorch's torch.distributed.pipelining training the same Llama model as bench_pipeline at pp 2: transformers'
 LlamaForCausalLM (vocabulary 256, dim 1024, 4 layers, 16 heads, 8 key-value heads, hidden 2816, fp32) split into
 two stages (the embedding and layers 0-1; layers 2-3, the final norm and lm_head), PipelineStage and
-Schedule1F1B with 8 microbatches of one 128-token sequence, gloo, one process per stage with one thread each;
+Schedule1F1B (or, with --schedule zbh1, ScheduleInterleavedZeroBubble at one stage per rank: ZB-H1, its backward
+split into input and weight gradients) with 8 microbatches of one 128-token sequence, gloo, one process per stage with one thread each;
 torch.optim.AdamW with global-norm clipping over both stages. Prints the median step time after warm-up and a
 RESULT line (tokens/s) for run_pipeline.sh. Attention is transformers' "eager" one, as in torch_train_llama.py.
 
-usage: torch_pipeline.py [--steps 3] [--warmup 1] [--small]
+usage: torch_pipeline.py [--steps 3] [--warmup 1] [--small] [--schedule 1f1b|zbh1]
 """
 import argparse
 import os
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 MICROBATCHES = 8
@@ -77,7 +78,10 @@ def run(rank, world, port, args, queue):
     def loss_fn(logits, targets):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    if args.schedule == "zbh1":
+        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    else:
+        schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     optimizer = torch.optim.AdamW(stage_module.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     sequence, sequences, vocabulary = s["sequence"], s["sequences"], s["vocabulary"]
     ids = torch.tensor([[(b * 131 + t * 17) % vocabulary for t in range(sequence)] for b in range(sequences)])
@@ -124,6 +128,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--schedule", choices=("1f1b", "zbh1"), default="1f1b")
     args = parser.parse_args()
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(run, args=(2, free_port(), args, queue), nprocs=2, join=True)
@@ -132,10 +137,11 @@ def main():
     median = max(r["median"] for r in reports)
     tokens_per_second = s["sequences"] * s["sequence"] / median
     losses = reports[-1]["losses"]
-    print(f"# PyTorch {torch.__version__.split('+')[0]} pipelining: Schedule1F1B, pp 2, {MICROBATCHES} microbatches, "
+    name = "ScheduleInterleavedZeroBubble" if args.schedule == "zbh1" else "Schedule1F1B"
+    print(f"# PyTorch {torch.__version__.split('+')[0]} pipelining: {name}, pp 2, {MICROBATCHES} microbatches, "
           f"gloo, 2 processes x 1 thread; median of {args.steps} steps after {args.warmup} warm-up: "
           f"{median * 1e3:.0f} ms, {tokens_per_second:.0f} tokens/s; loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    print(f"RESULT torch_pp2_1f1b_m8 {tokens_per_second:.1f}")
+    print(f"RESULT torch_pp2_{args.schedule}_m8 {tokens_per_second:.1f}")
     return 0
 
 
