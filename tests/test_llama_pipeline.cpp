@@ -33,6 +33,15 @@ TEST_CASE("LlamaStage: a split of another layer count is refused; tied embedding
     CHECK_THROWS_WITH_AS(first.shardwise_after_pipeline_step(pp),
                          doctest::Contains("with the first and last stages on one rank"), shardwise::error);
   });
+  // ZBV's V placement puts the first and last of 2 x 2 stages on rank 0: refused there too.
+  models::LlamaStage<float> first_of_four(c, shardwise::stage_split(c.layers, 4), 0);
+  worlds::run_threads(2, [&](auto& world) {
+    auto const pp = shardwise::make_mesh<"pp">(world, {2});
+    if (pp.rank() == 0)
+      CHECK_THROWS_WITH_AS(
+          first_of_four.shardwise_after_pipeline_step(pp, shardwise::shape_of<shardwise::ZeroBubbleV>(2, 1)),
+          doctest::Contains("or ZeroBubbleV's V placement) is not supported"), shardwise::error);
+  });
 }
 
 TEST_CASE("Llama in pipeline stages under FSDP: equal to the unsharded run, thread mesh") {

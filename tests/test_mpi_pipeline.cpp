@@ -7,7 +7,7 @@
 #include "cases/pipeline_cases.hpp"
 #include "support/worlds.hpp"
 
-TEST_CASE("run_pipeline_step: GPipe, 1F1B, ZB-H1 and interleaved 1F1B equal the unsharded run, MPI mesh") {
+TEST_CASE("run_pipeline_step: GPipe, 1F1B, ZB-H1, ZBV and interleaved 1F1B equal the unsharded run, MPI mesh") {
   auto const world = worlds::mpi();
   auto const pp = shardwise::make_mesh<"pp">(world, {world.size()});
   pipeline_cases::check_all(pp);

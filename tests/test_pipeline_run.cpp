@@ -12,7 +12,7 @@
 #include "cases/pipeline_cases.hpp"
 #include "support/worlds.hpp"
 
-TEST_CASE("run_pipeline_step: GPipe, 1F1B, ZB-H1 and interleaved 1F1B equal the unsharded run, thread mesh") {
+TEST_CASE("run_pipeline_step: GPipe, 1F1B, ZB-H1, ZBV and interleaved 1F1B equal the unsharded run, thread mesh") {
   for (int ranks : {1, 2, 4}) {
     INFO(ranks << " pipeline ranks");
     worlds::run_threads(ranks, [&](auto& world) {
@@ -84,18 +84,19 @@ struct Delayed {
 template <class Schedule>
 void run_with_delays(Schedule const& schedule, int stages, int microbatches) {
   int const v = Schedule::chunks_per_rank;
+  auto const shape = shardwise::shape_of<Schedule>(stages, microbatches);
   auto const expected = pipeline_cases::unsharded(stages * v, microbatches, 2);
   worlds::run_threads(stages, [&](auto& world) {
     auto const pp = shardwise::make_mesh<"pp">(world, {stages});
     std::vector<Delayed> chunks;
-    for (int c = 0; c < v; ++c) chunks.emplace_back(c * stages + pp.rank(), 1);
+    for (int c = 0; c < v; ++c) chunks.emplace_back(shape.stage_of(pp.rank(), c), 1);
     shardwise::run_pipeline_step(
         schedule, pp, std::span<Delayed>(chunks), microbatches,
         [](int m) { return pipeline_cases::microbatch_input(m, 2); }, pipeline_cases::loss_gradient);
     for (int c = 0; c < v; ++c) {
       auto const mine = pipeline_cases::gradients_of(chunks[static_cast<std::size_t>(c)].stack);
       for (std::size_t i = 0; i < mine.size(); ++i)
-        CHECK(mine[i] == expected[static_cast<std::size_t>((c * stages + pp.rank()) * 3) + i]);
+        CHECK(mine[i] == expected[static_cast<std::size_t>(shape.stage_of(pp.rank(), c) * 3) + i]);
     }
   });
 }
@@ -112,6 +113,7 @@ TEST_CASE(
       run_with_delays(shardwise::GPipe{}, stages, microbatches);
       run_with_delays(shardwise::OneFOneB{}, stages, microbatches);
       run_with_delays(shardwise::ZeroBubbleH1{}, stages, microbatches);
+      run_with_delays(shardwise::ZeroBubbleV{}, stages, microbatches);
       if (microbatches % stages != 0) continue;  // interleaved runs whole groups (refused otherwise: above)
       run_with_delays(shardwise::Interleaved1F1B<2>{}, stages, microbatches);
       run_with_delays(shardwise::Interleaved1F1B<3>{}, stages, microbatches);

@@ -221,6 +221,33 @@ TEST_CASE("ZB-H1: 1F1B's forwards and Bs, each W after its B, held back by the r
       }
 }
 
+TEST_CASE("ZBV: the V placement, and PyTorch's order transcribed (microbatch.chunk)") {
+  constexpr auto shape = sw::shape_of<sw::ZeroBubbleV>(4, 8);
+  static_assert(shape.placement == sw::stage_placement::v && shape.model_stages() == 8);
+  static_assert(shape.stage_of(0, 0) == 0 && shape.stage_of(0, 1) == 7 && shape.stage_of(3, 1) == 4);
+  static_assert(shape.rank_of(4) == 3 && shape.rank_of(7) == 0 && shape.chunk_of(4) == 1 && shape.chunk_of(3) == 0);
+  static_assert(sw::checked_schedule<sw::ZeroBubbleV, 4, 8>::shape.placement == sw::stage_placement::v);
+  // PyTorch's _calculate_single_rank_operations for ScheduleZBVZeroBubble, p = 2, m = 4, rank 0, written out by hand.
+  CHECK(compute_order(sw::ZeroBubbleV::actions(0, 2, 4), true) ==
+        "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F3.0 B0.0 W0.0 F2.1 B2.1 W2.1 B1.0 W1.0 F3.1 B3.1 W3.1 B2.0 "
+        "W2.0 B3.0 W3.0");
+  // The turn of the V is on the last rank, from its chunk 0 (stage 1) to its chunk 1 (stage 2): to itself.
+  auto const last = sw::ZeroBubbleV::actions(1, 2, 1);
+  CHECK(std::find(last.begin(), last.end(), A::send_activation(1, 0, 0)) != last.end());
+  CHECK(std::find(last.begin(), last.end(), A::recv_activation(1, 0, 1)) != last.end());
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int microbatches = 1; microbatches <= 16; ++microbatches) {
+      CAPTURE(stages);
+      CAPTURE(microbatches);
+      CHECK(sw::simulate_schedule(sw::ZeroBubbleV{}, stages, microbatches).ok());
+      CHECK(sw::simulate_schedule(sw::bounded<sw::ZeroBubbleV, 2>{}, stages, microbatches).ok());
+      if (microbatches < 2 * stages - 1) continue;
+      for (int rank = 0; rank < stages; ++rank)  // 2 stages' worth of half-size chunks on every rank
+        CHECK(sw::peak_in_flight(sw::ZeroBubbleV::actions(rank, stages, microbatches)) == 2 * stages);
+    }
+  CHECK(sw::simulate_schedule(sw::bounded<sw::ZeroBubbleV, 1>{}, 2, 4).rule == schedule_rule::deadlock_at_bound);
+}
+
 TEST_CASE("a split backward: W after its B, each once, and a missing W named") {
   SUBCASE("W before its B") {
     auto const check = sw::simulate_table({{A::forward(0), A::backward_weight(0), A::backward_input(0)}}, {1, 1, 1});

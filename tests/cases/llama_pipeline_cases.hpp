@@ -25,10 +25,10 @@ namespace sw = shardwise;
 namespace models = shardwise::models;
 using llama_cases::Run;
 
-/// Four blocks, so that four stages hold one each.
-inline models::LlamaConfig config(bool tied = false) {
+/// Four blocks, so that four stages hold one each (or `layers`: 8 for ZBV at pp 4).
+inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4) {
   auto c = llama_cases::small_config();
-  c.layers = 4;
+  c.layers = layers;
   c.tie_word_embeddings = tied;
   return c;
 }
@@ -37,6 +37,9 @@ inline models::LlamaConfig config(bool tied = false) {
 /// model chunks per pp rank (2 for Interleaved1F1B<2>).
 struct Setup {
   int dp = 1, pp = 1, microbatches = 1, chunks = 1;
+  std::size_t layers = 4;  ///< blocks of the model: a multiple of pp * chunks
+  /// The parameters' tolerance (llama_cases::check_same_run's): 8 blocks drift further from the unsharded run
+  double tolerance = llama_cases::parameter_tolerance;
   sw::stage_activations activations = sw::stage_activations::keep;
   bool checkpoint_blocks = false;  ///< activation checkpointing per transformer block
   bool tied = false;               ///< tie_word_embeddings: the embedding on the first stage, the output on the last
@@ -70,14 +73,17 @@ struct nothing_after {
   template <class... Args>
   void operator()(Args&&...) const {}
 };
-/// This rank's chunks of the model: chunk k is stage k * pp + rank (one chunk unless interleaved).
+/// This rank's chunks of the model: chunk k is stage k * pp + rank (one chunk unless interleaved), or as
+/// `placement` puts it (ZBV's V).
 template <class Plan, class PipelineMesh>
-sw::stage_chunks<models::LlamaStage<float, Plan>> make_stages(Setup const& s, PipelineMesh const& pp) {
-  auto const c = config(s.tied);
+sw::stage_chunks<models::LlamaStage<float, Plan>> make_stages(
+    Setup const& s, PipelineMesh const& pp, sw::stage_placement placement = sw::stage_placement::loop) {
+  auto const c = config(s.tied, s.layers);
   sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
   sw::stage_split const split(c.layers, pp.size() * s.chunks);
+  sw::pipeline_shape const shape{pp.size(), s.chunks, s.microbatches, placement};
   for (int k = 0; k < s.chunks; ++k) {
-    stage.emplace_back(c, split, k * pp.size() + pp.rank());
+    stage.emplace_back(c, split, shape.stage_of(pp.rank(), k));
     stage.back().checkpoint_blocks(s.checkpoint_blocks);
   }
   return stage;
@@ -128,7 +134,7 @@ Run train(World const& world, Setup const& s, Schedule const& schedule, int step
   auto const tp = sw::submesh<"tp">(mesh);
   auto const pp = sw::submesh<"pp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
-  auto stage = make_stages<Plan>(s, pp);
+  auto stage = make_stages<Plan>(s, pp, sw::placement_of<Schedule>());
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = s.zero1});
   sw::parallelize(stage, tp);
   before(stage, tp, pp, dp, optimizer);
@@ -158,7 +164,7 @@ Run train_sharded(World const& world, Setup const& s, Schedule const& schedule, 
   auto const tp = sw::submesh<"tp">(mesh);
   auto const pp = sw::submesh<"pp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
-  auto stage = make_stages<Plan>(s, pp);
+  auto stage = make_stages<Plan>(s, pp, sw::placement_of<Schedule>());
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
   sw::parallelize(stage, tp);
   auto sharded = sw::fully_shard<Policy>(stage, dp);
@@ -180,14 +186,15 @@ Run train_sharded(World const& world, Setup const& s, Schedule const& schedule, 
 /// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape (a
 /// returned reference stays valid: the map only grows).
 inline Run const& unsharded(Setup const& s, int steps) {
-  static std::map<std::tuple<int, int, bool>, Run> runs;  // by (sequences, microbatches, tied)
-  static std::mutex guard;                                // every thread-mesh rank asks: one computes it
+  static std::map<std::tuple<int, int, bool, std::size_t>, Run> runs;  // by (sequences, microbatches, tied, layers)
+  static std::mutex guard;                                             // every thread-mesh rank asks: one computes it
   std::lock_guard lock(guard);
-  std::tuple<int, int, bool> const key{s.sequences(), s.microbatches, s.tied};
+  std::tuple<int, int, bool, std::size_t> const key{s.sequences(), s.microbatches, s.tied, s.layers};
   auto found = runs.find(key);
   if (found == runs.end())
-    found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, config(s.tied),
-                                                                  s.microbatches, 1.0f, s.sequences()))
+    found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false,
+                                                                  config(s.tied, s.layers), s.microbatches, 1.0f,
+                                                                  s.sequences()))
                 .first;
   return found->second;
 }
@@ -195,7 +202,8 @@ inline Run const& unsharded(Setup const& s, int steps) {
 /// The pipeline run against the unsharded one: the same loss curve and norms, and each stage's parameters
 /// equal to the unsharded model's of the same names; every parameter is on some stage.
 template <class PipelineMesh>
-void check_against_unsharded(PipelineMesh const& pp_of_world, Run const& got, Run const& expected) {
+void check_against_unsharded(PipelineMesh const& pp_of_world, Run const& got, Run const& expected,
+                             double tolerance = llama_cases::parameter_tolerance) {
   REQUIRE(got.norms.size() == expected.norms.size());
   for (std::size_t i = 0; i < got.norms.size(); ++i)
     CHECK(std::abs(got.norms[i] - expected.norms[i]) <= 1e-5 * expected.norms[i]);
@@ -204,7 +212,7 @@ void check_against_unsharded(PipelineMesh const& pp_of_world, Run const& got, Ru
   for (auto const& mine : got.parameters)
     for (auto const& whole : expected.parameters)
       if (whole.path == mine.path) expected_here.parameters.push_back(whole);
-  llama_cases::check_same_run(got, expected_here);
+  llama_cases::check_same_run(got, expected_here, tolerance);
   // The stages hold every parameter once: the counts over the pipeline axis add up to the model's.
   int const held = sw::all_reduce(pp_of_world, static_cast<int>(got.parameters.size()) - got.mirrors, sw::Sum{});
   CHECK(held == static_cast<int>(expected.parameters.size()));
@@ -217,7 +225,7 @@ void check(World const& world, Setup const& s, Schedule const& schedule, int ste
              << " microbatches");
   Run const got = train<Plan>(world, s, schedule, steps);
   auto const mesh = sw::make_mesh<"dp", "pp", "tp">(world, {s.dp, s.pp, world.size() / (s.dp * s.pp)});
-  check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps));
+  check_against_unsharded(sw::submesh<"pp">(mesh), got, unsharded(s, steps), s.tolerance);
 }
 
 /// FSDP within the stages (full shard, a unit per block) trained with `schedule` against the unsharded run.
@@ -291,8 +299,19 @@ void check_all(World const& world, int steps) {
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::GPipe{}, steps);
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::OneFOneB{}, steps);
     }
-    for (int m : {2, 5})  // Linear's weight gradients put off from B to W, fewer and more microbatches than stages
+    for (int m : {2, 5}) {  // Linear's weight gradients put off from B to W, fewer and more microbatches than stages
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::ZeroBubbleH1{}, steps);
+      // ZBV: two chunks per rank in the V, 2 n blocks of one. At 8 blocks (pp 4) one parameter of 50 steps at m 5
+      // was 4.31e-4 from the unsharded run's, and 1F1B on the same 8 blocks gave that very element and value
+      // (measured 2026-11-30): the deeper model's drift, so 8 blocks are held to 5e-4.
+      check<sw::serial_plan>(world,
+                             {.pp = n,
+                              .microbatches = m,
+                              .chunks = 2,
+                              .layers = std::size_t(2 * n),
+                              .tolerance = n == 4 ? 5e-4 : llama_cases::parameter_tolerance},
+                             sw::ZeroBubbleV{}, steps);
+    }
     check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);
   }
   if (n == 2) {  // tied embeddings: the first stage's embedding and the last stage's output stay one value

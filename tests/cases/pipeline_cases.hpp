@@ -72,10 +72,13 @@ inline std::vector<Matrix> unsharded(int layers, int microbatches, Eigen::Index 
   return gradients_of(model);
 }
 
-/// This rank's chunks for `chunks_per_rank` chunks each of `per_stage` blocks: chunk c is stage c * ranks + rank.
-inline std::vector<Stack> chunks_of(int rank, int ranks, int chunks_per_rank, int per_stage) {
+/// This rank's chunks for `chunks_per_rank` chunks each of `per_stage` blocks: chunk c is stage c * ranks + rank,
+/// or as `placement` puts it.
+inline std::vector<Stack> chunks_of(int rank, int ranks, int chunks_per_rank, int per_stage,
+                                    sw::stage_placement placement = sw::stage_placement::loop) {
+  sw::pipeline_shape const shape{ranks, chunks_per_rank, 1, placement};
   std::vector<Stack> chunks;
-  for (int c = 0; c < chunks_per_rank; ++c) chunks.emplace_back((c * ranks + rank) * per_stage, per_stage);
+  for (int c = 0; c < chunks_per_rank; ++c) chunks.emplace_back(shape.stage_of(rank, c) * per_stage, per_stage);
   return chunks;
 }
 
@@ -87,12 +90,13 @@ void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_s
   int const ranks = pp.size(), rank = pp.rank(), v = Schedule::chunks_per_rank;
   int const layers = ranks * v * per_stage;
   auto const expected = unsharded(layers, microbatches, tokens);
-  auto chunks = chunks_of(rank, ranks, v, per_stage);
+  auto const shape = sw::shape_of<Schedule>(ranks, microbatches);
+  auto chunks = chunks_of(rank, ranks, v, per_stage, shape.placement);
   sw::run_pipeline_step(
       schedule, pp, std::span<Stack>(chunks), microbatches, [&](int m) { return microbatch_input(m, tokens); },
       loss_gradient, options);
   for (int c = 0; c < v; ++c) {
-    int const stage = c * ranks + rank;
+    int const stage = shape.stage_of(rank, c);
     auto const mine = gradients_of(chunks[static_cast<std::size_t>(c)]);
     for (std::size_t i = 0; i < mine.size(); ++i) {
       auto const& want = expected[static_cast<std::size_t>(stage * per_stage * 3) + i];
@@ -103,8 +107,8 @@ void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_s
   }
 }
 
-/// GPipe, 1F1B and ZB-H1 with 1 .. 2 * stages + 1 microbatches (fewer than the stages too), interleaved 1F1B (two
-/// chunks per rank) with multiples of the stages.
+/// GPipe, 1F1B and ZB-H1 with 1 .. 2 * stages + 1 microbatches, ZBV (V placement) with 1, 2p - 1 and 2p + 2 (fewer than
+/// the stages too), interleaved 1F1B (two chunks per rank) with multiples of the stages.
 template <class Mesh>
 void check_all(Mesh const& pp) {
   int const ranks = pp.size();
@@ -115,6 +119,8 @@ void check_all(Mesh const& pp) {
   }
   for (int microbatches = ranks; microbatches <= 2 * ranks; microbatches += ranks)
     check_against_unsharded(pp, sw::Interleaved1F1B<2>{}, 1, microbatches);
+  for (int microbatches : {1, 2 * ranks - 1, 2 * ranks + 2})  // fewer than 2 p - 1 (padding dropped), and more
+    check_against_unsharded(pp, sw::ZeroBubbleV{}, 1, microbatches);
   // 32768 tokens x 6 doubles: 1.5 MiB per message, past every eager limit, so that a blocking MPI send would
   // wait for its receive and 1F1B's neighbours, sending to each other, would hang without buffered sends.
   check_against_unsharded(pp, sw::OneFOneB{}, 1, 2 * ranks, 1 << 15);

@@ -72,19 +72,25 @@ struct LlamaStage {
 
   /// Called by sw::run_pipeline_step at the end of each step: with tie_word_embeddings over several stages,
   /// the first stage's embedding and the last stage's copy of it as the output exchange their gradients over
-  /// the pipeline axis and each adds the other's (a + b = b + a exactly), so the two stay one value.
+  /// the pipeline axis and each adds the other's (a + b = b + a exactly), so the two stay one value. `shape`
+  /// says which rank holds the last stage.
   template <class Mesh>
-  void shardwise_after_pipeline_step(Mesh const& pp) {
+  void shardwise_after_pipeline_step(Mesh const& pp, pipeline_shape const& shape) {
     if (!config_.tie_word_embeddings || (first_ && last_)) return;
-    int const last_rank = (stages_ - 1) % pp.size();
+    int const last_rank = shape.rank_of(stages_ - 1);
     if (first_ && last_rank == pp.rank())
       shardwise::raise(
           "shardwise::models::LlamaStage: tie_word_embeddings with the first and last stages on one "
-          "rank (interleaved chunks on one pipeline rank) is not supported; untie them or use more "
-          "pipeline ranks");
+          "rank (interleaved chunks on one pipeline rank, or ZeroBubbleV's V placement) is not supported; untie "
+          "them or use more pipeline ranks (and a loop placement)");
     constexpr int tag = shardwise::detail::max_tag;  // after the step's messages, which are all received by now
     if (first_) exchange_and_add(pp, *tok_embeddings, tok_embeddings->weight_grad, last_rank, tag, true);
     if (last_) exchange_and_add(pp, *output, output->weight_grad, 0, tag, false);
+  }
+  /// The same under the loop placement (chunk c of rank r is stage c * ranks + r).
+  template <class Mesh>
+  void shardwise_after_pipeline_step(Mesh const& pp) {
+    shardwise_after_pipeline_step(pp, pipeline_shape{pp.size(), stages_ / pp.size()});
   }
 
   /// Whether this stage holds the embedding (stage 0).

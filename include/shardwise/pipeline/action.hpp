@@ -72,22 +72,38 @@ struct pipeline_action {
 /// One rank's actions, in the order it runs them.
 using pipeline_actions = std::vector<pipeline_action>;
 
+/// Which model stages a rank's chunks are.
+enum class stage_placement : unsigned char {
+  loop,  ///< chunk c of rank r is stage c * stages + r (Megatron's and PyTorch's interleaved schedules)
+  v,     ///< two chunks: chunk 0 of rank r is stage r, chunk 1 stage 2 * stages - 1 - r (ZBV: rank 0 holds both ends)
+};
+
 /// The counts a schedule runs with. `stages` is the number of pipeline ranks (the size of the "pp" axis); with
-/// `chunks_per_rank` = V the model is cut into stages * V pieces, and piece (stage index) c * stages + r is
-/// chunk c of rank r, as in Megatron and PyTorch's interleaved schedules.
+/// `chunks_per_rank` = V the model is cut into stages * V pieces (stage indices), which `placement` puts on the
+/// ranks' chunks.
 struct pipeline_shape {
   int stages = 1;           ///< pipeline ranks
-  int chunks_per_rank = 1;  ///< model chunks per rank (V of interleaved 1F1B; 1 otherwise)
+  int chunks_per_rank = 1;  ///< model chunks per rank (V of interleaved 1F1B, 2 of ZBV; 1 otherwise)
   int microbatches = 1;     ///< microbatches per step
+  stage_placement placement = stage_placement::loop;  ///< which stages a rank's chunks are
 
   /// How many pieces the model is cut into.
   [[nodiscard]] constexpr int model_stages() const { return stages * chunks_per_rank; }
   /// The stage index of chunk `chunk` on rank `rank`.
-  [[nodiscard]] constexpr int stage_of(int rank, int chunk) const { return chunk * stages + rank; }
+  [[nodiscard]] constexpr int stage_of(int rank, int chunk) const {
+    if (placement == stage_placement::v) return chunk == 0 ? rank : 2 * stages - 1 - rank;
+    return chunk * stages + rank;
+  }
   /// The rank that holds stage index `stage`.
-  [[nodiscard]] constexpr int rank_of(int stage) const { return stage % stages; }
+  [[nodiscard]] constexpr int rank_of(int stage) const {
+    if (placement == stage_placement::v) return stage < stages ? stage : 2 * stages - 1 - stage;
+    return stage % stages;
+  }
   /// The chunk that stage index `stage` is on its rank.
-  [[nodiscard]] constexpr int chunk_of(int stage) const { return stage / stages; }
+  [[nodiscard]] constexpr int chunk_of(int stage) const {
+    if (placement == stage_placement::v) return stage < stages ? 0 : 1;
+    return stage / stages;
+  }
   /// Whether `stage` takes the model's input (it receives no activation).
   [[nodiscard]] constexpr bool is_first(int stage) const { return stage == 0; }
   /// Whether `stage` computes the loss (it receives no gradient).

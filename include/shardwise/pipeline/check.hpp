@@ -289,8 +289,8 @@ template <pipeline_schedule S>
 constexpr schedule_check simulate_schedule(S const& schedule, int stages, int microbatches) {
   if (stages < 1 || microbatches < 1 || !schedule.supports(stages, microbatches))
     return {schedule_rule::counts_not_supported, -1, -1, {}, {}};
-  return simulate_table(action_table(schedule, stages, microbatches),
-                        {stages, static_cast<int>(S::chunks_per_rank), microbatches}, in_flight_per_peer<S>());
+  return simulate_table(action_table(schedule, stages, microbatches), shape_of<S>(stages, microbatches),
+                        in_flight_per_peer<S>());
 }
 
 }  // namespace shardwise

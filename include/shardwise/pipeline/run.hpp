@@ -283,7 +283,7 @@ template <pipeline_schedule Schedule, class Mesh, class Chunk, class Input, clas
 void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk> chunks, int microbatches, Input& input,
                       LossGradient& loss_gradient, pipeline_options options, Driver& driver) {
   int const stages = pp.size();
-  pipeline_shape const shape{stages, Schedule::chunks_per_rank, microbatches};
+  pipeline_shape const shape = shape_of<Schedule>(stages, microbatches);
   if (microbatches * shape.model_stages() * 2 > max_tag + 1)
     fail("shardwise::run_pipeline_step: ", microbatches, " microbatches over ", shape.model_stages(),
          " stages need more message tags than the mesh has (", max_tag + 1, "); use fewer microbatches per step");
@@ -305,8 +305,12 @@ void run_checked_step(Schedule const& schedule, Mesh const& pp, std::span<Chunk>
                                                                       driver);
   for (pipeline_action const& action : schedule.actions(pp.rank(), stages, microbatches)) step.run(action);
   finish_posted_sends(pp);
-  for (Chunk& chunk : chunks)  // what the stages settle between them once a step (tied weights' gradients)
-    if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); }) chunk.shardwise_after_pipeline_step(pp);
+  for (Chunk& chunk : chunks) {  // what the stages settle between them once a step (tied weights' gradients)
+    if constexpr (requires { chunk.shardwise_after_pipeline_step(pp, shape); })
+      chunk.shardwise_after_pipeline_step(pp, shape);
+    else if constexpr (requires { chunk.shardwise_after_pipeline_step(pp); })
+      chunk.shardwise_after_pipeline_step(pp);
+  }
 }
 
 /// The step of a fully sharded model's chunks: its units gathered and reduced around the actions; the hooks

@@ -216,7 +216,8 @@ struct checked_schedule {
   /// The schedule proven.
   using schedule = Schedule;
   /// The counts proven.
-  static constexpr pipeline_shape shape{Stages, detail::static_chunks_per_rank<Schedule>(), Microbatches};
+  static constexpr pipeline_shape shape{Stages, detail::static_chunks_per_rank<Schedule>(), Microbatches,
+                                        placement_of<Schedule>()};
 
   /// Rank `rank`'s actions, as proven (built again: a table cannot outlive the constant evaluation).
   static constexpr pipeline_actions actions(int rank) { return Schedule{}.actions(rank, Stages, Microbatches); }

@@ -179,6 +179,75 @@ struct bounded : S {
   static constexpr int in_flight_per_peer = K;
 };
 
+/// Where schedule S puts the stages (`static constexpr stage_placement placement`; loop when it declares none).
+template <class S>
+constexpr stage_placement placement_of() {
+  if constexpr (requires { S::placement; })
+    return S::placement;
+  else
+    return stage_placement::loop;
+}
+
+/// The shape schedule S runs with these counts: its chunks per rank and its placement.
+template <class S>
+constexpr pipeline_shape shape_of(int stages, int microbatches) {
+  return {stages, static_cast<int>(S::chunks_per_rank), microbatches, placement_of<S>()};
+}
+
+/// ZBV (Qi et al., section 6; PyTorch's ScheduleZBVZeroBubble): two chunks per rank in the V placement, so the
+/// model runs down the ranks on chunk 0 and back up on chunk 1 (rank 0 holds the embedding and the head; the turn
+/// is a move on the last rank), with the backward split into B and W. The order is PyTorch's, padded to
+/// 2 * stages - 1 microbatches and the padding dropped: warm-up forwards of chunk 0, then of both chunks, then each
+/// microbatch's F, B, W per chunk, and a cool-down of Bs and the Ws held back. With equal F, B and W and enough
+/// microbatches its bubble is near zero; every rank holds about 2 * stages half-size chunk-microbatches, as 1F1B's
+/// rank 0 holds stages whole ones. Layers must divide into 2 * stages stages.
+struct ZeroBubbleV {
+  /// Two model chunks per rank.
+  static constexpr int chunks_per_rank = 2;
+  /// Chunk 0 of rank r is stage r, chunk 1 stage 2 * stages - 1 - r.
+  static constexpr stage_placement placement = stage_placement::v;
+
+  /// Any stage and microbatch counts of at least one.
+  static constexpr bool supports(int stages, int microbatches) { return stages >= 1 && microbatches >= 1; }
+
+  /// Rank `rank`'s table.
+  static constexpr pipeline_actions actions(int rank, int stages, int microbatches) {
+    table t{action_writer(shape_of<ZeroBubbleV>(stages, microbatches), rank), microbatches};
+    int const padded = std::max(2 * stages - 1, microbatches);
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    for (int i = 0; i < 2 * (stages - rank) - 1; ++i) t.forward(f0++, 0);
+    for (int i = 0; i < rank; ++i) t.forward(f1++, 1), t.forward(f0++, 0);
+    for (int i = 0; i < stages - rank; ++i) t.forward(f1++, 1), t.input(b1, 1), t.weight(b1++, 1);
+    while (f1 < f0 || f0 < padded) {
+      if (f0 < padded) t.forward(f0++, 0);
+      t.input(b0, 0), t.weight(b0++, 0);
+      t.forward(f1++, 1), t.input(b1, 1), t.weight(b1++, 1);
+    }
+    int w0 = b0, w1 = b1;
+    for (int i = 0; i < rank; ++i) t.input(b0++, 0), t.input(b1++, 1);
+    for (int i = 0; i < stages - rank; ++i) t.input(b0++, 0), t.weight(w0++, 0);
+    while (w1 < b1) t.weight(w1++, 1);
+    while (w0 < b0) t.weight(w0++, 0);
+    return std::move(t.writer).take();
+  }
+
+ private:
+  // The writer, dropping the padding's microbatches.
+  struct table {
+    action_writer writer;
+    int microbatches;
+    constexpr void forward(int m, int chunk) {
+      if (m < microbatches) writer.forward(m, chunk);
+    }
+    constexpr void input(int m, int chunk) {
+      if (m < microbatches) writer.backward_input(m, chunk);
+    }
+    constexpr void weight(int m, int chunk) {
+      if (m < microbatches) writer.backward_weight(m, chunk);
+    }
+  };
+};
+
 /// Every rank's actions under `schedule`: element r is rank r's list.
 template <pipeline_schedule S>
 constexpr std::vector<pipeline_actions> action_table(S const& schedule, int stages, int microbatches) {

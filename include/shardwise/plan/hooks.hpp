@@ -20,7 +20,8 @@ struct on_parallelize {};
 struct config {};
 /// `bool shardwise_other_stage(std::string_view tensor) const`: whether a tensor is another pipeline stage's.
 struct other_stage {};
-/// `template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp)`: at the end of each pipeline step.
+/// `template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp, sw::pipeline_shape const& shape)`, or
+/// without `shape`: at the end of each pipeline step.
 struct after_pipeline_step {};
 /// `void shardwise_on_context_parallel(std::shared_ptr<sw::context_parallel const> const&)`:
 /// sw::context_parallelize; the module treats sequences cut over a cp axis itself (attention across the ranks).
