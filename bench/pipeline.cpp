@@ -2,8 +2,9 @@
 //  - step time against microbatches (a fixed batch of 8 sequences cut into m = 1, 2, 4, 8) for pp 2 and pp 4
 //    with GPipe, 1F1B and ZB-H1, and the measured bubble — the share of the pipeline schedule's time (the step
 //    without the optimizer) a rank spends outside its stage's forward, backward (B), weight gradients (W) and
-//    loss, averaged over the ranks — beside the theoretical: (p - 1) / (m + p - 1) for GPipe and 1F1B,
-//    (p - 1)(F + B - W) / (m (F + B + W) + (p - 1)(F + B - W)) for ZB-H1 from the measured F, B and W;
+//    loss, averaged over the ranks — beside the theoretical: the bubble of the schedule's own tables timed at
+//    the measured F, B and W (sw::schedule_timeline: (p - 1) / (m + p - 1) for 1F1B with equal stages); ZBV
+//    (two chunks per rank, the V) where the layers divide into 2p stages;
 //  - tokens/s of pp 2 (1F1B and ZB-H1, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on
 //    the same model and batch (the thread mesh);
 //  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
@@ -34,6 +35,7 @@
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_stage.hpp>
+#include <shardwise/pipeline/timeline.hpp>
 #include <shardwise/shardwise.hpp>
 #include <span>
 #include <string>
@@ -137,14 +139,16 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
   sw::run_threads(stages, [&](auto& world) {
     auto const pp = sw::make_mesh<"pp">(world, {stages});
     auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
-    std::vector<Timed<models::LlamaStage<float>>> stage;
-    stage.emplace_back(c, sw::stage_split(c.layers, stages), pp.rank());
+    auto const shape = sw::shape_of<Schedule>(stages, microbatches);
+    sw::stage_chunks<Timed<models::LlamaStage<float>>> stage;  // ZBV: two chunks, in the V
+    for (int chunk = 0; chunk < shape.chunks_per_rank; ++chunk)
+      stage.emplace_back(c, sw::stage_split(c.layers, shape.model_stages()), shape.stage_of(pp.rank(), chunk));
     sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f});
     Batch const batch(c, microbatches);
     double total = 0, busy = 0, pipelined = 0, forward = 0, backward = 0, weight = 0;
     for (int step = 0; step <= steps; ++step) {
       sw::barrier(pp);
-      stage.front().reset();
+      for (auto& chunk : stage) chunk.reset();
       auto const start = clock_type::now();
       sw::run_pipeline_step(
           Schedule{}, pp, std::span(stage), microbatches,
@@ -159,17 +163,17 @@ Timing pipeline_timing(models::LlamaConfig const& c, int stages, int microbatche
           sw::pipeline_options{activations});
       sw::barrier(pp);
       double const pipeline_wall = seconds_since(start);  // the schedule alone: what its bubble is a share of
-      optimizer.step(sw::finish_gradients(stage.front()), sw::make_mesh<"dp">(sw::serial_world(), {1}), pp);
-      sw::zero_grad(stage.front());
+      optimizer.step(sw::finish_gradients(stage), sw::make_mesh<"dp">(sw::serial_world(), {1}), pp);
+      sw::zero_grad(stage);
       sw::barrier(pp);
       double const wall = seconds_since(start);
-      auto const& t = stage.front();
-      if (step > 0)
-        total += wall, busy += t.busy(), pipelined += pipeline_wall, forward += t.forward_seconds,
-            backward += t.backward_seconds, weight += t.weight_seconds;
+      if (step > 0) total += wall, pipelined += pipeline_wall;
+      for (auto const& t : stage)
+        if (step > 0)
+          busy += t.busy(), forward += t.forward_seconds, backward += t.backward_seconds, weight += t.weight_seconds;
     }
     auto const r = static_cast<std::size_t>(pp.rank());
-    double const per = double(steps) * double(microbatches);
+    double const per = double(steps) * double(microbatches) * double(shape.chunks_per_rank);  // chunk-microbatches
     bubble[r] = 1.0 - busy / pipelined, f[r] = forward / per, b[r] = backward / per, w[r] = weight / per;
     if (pp.rank() == 0) timing.step_seconds = total / steps;
   });
@@ -213,11 +217,11 @@ double model_step_seconds(models::LlamaConfig const& c, int dp_size, int tp_size
   return seconds;
 }
 
-/// ZB-H1's bubble in theory (Qi et al.): (p - 1)(F + B - W) idle on each rank, against m (F + B + W) of work, from
-/// the measured times of one microbatch through one stage.
-double zero_bubble_h1_theory(Timing const& t, int stages, int m) {
-  double const idle = double(stages - 1) * std::max(t.forward + t.backward - t.weight, 0.0);
-  return idle / (double(m) * (t.forward + t.backward + t.weight) + idle);
+/// The schedule's bubble in theory: its tables' timeline (sw::schedule_timeline) at the measured F, B and W of one
+/// microbatch through one chunk, equal on every stage, messages free.
+template <class Schedule>
+double theory(Timing const& t, int stages, int m) {
+  return sw::schedule_timeline(Schedule{}, stages, m, {t.forward, t.backward, t.weight, 0}).bubble();
 }
 
 void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
@@ -231,11 +235,15 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
   for (int stages : {2, 4}) {
     if (smoke && stages == 4) break;
     for (int m : {1, 2, 4, 8}) {
-      double const theory = double(stages - 1) / double(m + stages - 1);  // 1F1B's and GPipe's: (p-1)/(m+p-1)
-      row(stages, "gpipe", m, pipeline_timing<sw::GPipe>(c, stages, m, steps), theory);
-      row(stages, "1f1b", m, pipeline_timing<sw::OneFOneB>(c, stages, m, steps), theory);
-      auto const zb = pipeline_timing<sw::ZeroBubbleH1>(c, stages, m, steps);
-      row(stages, "zbh1", m, zb, zero_bubble_h1_theory(zb, stages, m));
+      auto const gpipe = pipeline_timing<sw::GPipe>(c, stages, m, steps);
+      row(stages, "gpipe", m, gpipe, theory<sw::GPipe>(gpipe, stages, m));
+      auto const one = pipeline_timing<sw::OneFOneB>(c, stages, m, steps);
+      row(stages, "1f1b", m, one, theory<sw::OneFOneB>(one, stages, m));
+      auto const h1 = pipeline_timing<sw::ZeroBubbleH1>(c, stages, m, steps);
+      row(stages, "zbh1", m, h1, theory<sw::ZeroBubbleH1>(h1, stages, m));
+      if (c.layers % (2 * static_cast<std::size_t>(stages)) != 0) continue;  // ZBV: 2 x stages chunks
+      auto const v = pipeline_timing<sw::ZeroBubbleV>(c, stages, m, steps);
+      row(stages, "zbv", m, v, theory<sw::ZeroBubbleV>(v, stages, m));
     }
   }
 }
@@ -244,16 +252,17 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
 /// not on one); each layout's median over the rounds.
 void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   double const tokens = double(batch_sequences) * double(c.sequence);
-  std::vector<double> ones, pp2s, zbs, tp2s, dp2s;
+  std::vector<double> ones, pp2s, zbs, zbvs, tp2s, dp2s;
   for (int r = 0; r < rounds; ++r) {
     ones.push_back(model_step_seconds<sw::serial_plan>(c, 1, 1, steps));
     pp2s.push_back(pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds);
     zbs.push_back(pipeline_timing<sw::ZeroBubbleH1>(c, 2, batch_sequences, steps).step_seconds);
+    zbvs.push_back(pipeline_timing<sw::ZeroBubbleV>(c, 2, batch_sequences, steps).step_seconds);
     tp2s.push_back(model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps));
     dp2s.push_back(model_step_seconds<sw::serial_plan>(c, 2, 1, steps));
   }
-  double const one = bench::median(ones), pp2 = bench::median(pp2s), zb = bench::median(zbs), tp2 = bench::median(tp2s),
-               dp2 = bench::median(dp2s);
+  double const one = bench::median(ones), pp2 = bench::median(pp2s), zb = bench::median(zbs), zbv = bench::median(zbvs),
+               tp2 = bench::median(tp2s), dp2 = bench::median(dp2s);
   std::printf("\n# each layout's median step over %d rounds\n", rounds);
   namespace planner = sw::planner;
   planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};
@@ -271,6 +280,7 @@ void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   row("one_rank", one, planned({1, 1, 1, batch_sequences}));
   row("pp2_1f1b_m8", pp2, planned({1, 2, 1, batch_sequences}));
   row("pp2_zbh1_m8", zb, planned({1, 2, 1, batch_sequences}));  // the planner knows 1F1B's bubble only
+  row("pp2_zbv_m8", zbv, planned({1, 2, 1, batch_sequences}));
   row("tp2_sequence_parallel", tp2, planned({1, 1, 2, batch_sequences}));
   row("dp2_zero1", dp2, planned({2, 1, 1, batch_sequences / 2, zero1}));
 }

@@ -2,11 +2,12 @@
 LlamaForCausalLM (vocabulary 256, dim 1024, 4 layers, 16 heads, 8 key-value heads, hidden 2816, fp32) split into
 two stages (the embedding and layers 0-1; layers 2-3, the final norm and lm_head), PipelineStage and
 Schedule1F1B (or, with --schedule zbh1, ScheduleInterleavedZeroBubble at one stage per rank: ZB-H1, its backward
-split into input and weight gradients) with 8 microbatches of one 128-token sequence, gloo, one process per stage with one thread each;
+split into input and weight gradients; with --schedule zbv, ScheduleZBVZeroBubble on four stages of one layer,
+rank r holding stages r and 3 - r) with 8 microbatches of one 128-token sequence, gloo, one process per stage with one thread each;
 torch.optim.AdamW with global-norm clipping over both stages. Prints the median step time after warm-up and a
 RESULT line (tokens/s) for run_pipeline.sh. Attention is transformers' "eager" one, as in torch_train_llama.py.
 
-usage: torch_pipeline.py [--steps 3] [--warmup 1] [--small] [--schedule 1f1b|zbh1]
+usage: torch_pipeline.py [--steps 3] [--warmup 1] [--small] [--schedule 1f1b|zbh1|zbv]
 """
 import argparse
 import os
@@ -22,7 +23,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble  # noqa: E402
+from torch.distributed.pipelining import (  # noqa: E402
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 MICROBATCHES = 8
@@ -70,18 +76,29 @@ def run(rank, world, port, args, queue):
                          rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
                          attn_implementation="eager", use_cache=False)
     model = LlamaForCausalLM(config).float()
-    per_stage = s["layers"] // world
-    stage_module = Stage(model, rank * per_stage, (rank + 1) * per_stage, s["sequence"])
+    if args.schedule == "zbv":  # two stages per rank in the V: rank r holds stages r and 2 world - 1 - r
+        indices = (rank, 2 * world - 1 - rank)
+        per_stage = s["layers"] // (2 * world)
+        modules = [Stage(model, i * per_stage, (i + 1) * per_stage, s["sequence"]) for i in indices]
+        stages = [PipelineStage(m, i, 2 * world, torch.device("cpu")) for m, i in zip(modules, indices)]
+    else:
+        per_stage = s["layers"] // world
+        modules = [Stage(model, rank * per_stage, (rank + 1) * per_stage, s["sequence"])]
+        stages = [PipelineStage(modules[0], rank, world, torch.device("cpu"))]
     del model
-    stage = PipelineStage(stage_module, rank, world, torch.device("cpu"))
+    stage_module = torch.nn.ModuleList(modules)
+    holds_first = any(stage.stage_index == 0 for stage in stages)
+    holds_last = any(stage.stage_index == stage.num_stages - 1 for stage in stages)
 
     def loss_fn(logits, targets):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    if args.schedule == "zbh1":
-        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    if args.schedule == "zbv":
+        schedule = ScheduleZBVZeroBubble(stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    elif args.schedule == "zbh1":
+        schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     else:
-        schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+        schedule = Schedule1F1B(stages[0], n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     optimizer = torch.optim.AdamW(stage_module.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     sequence, sequences, vocabulary = s["sequence"], s["sequences"], s["vocabulary"]
     ids = torch.tensor([[(b * 131 + t * 17) % vocabulary for t in range(sequence)] for b in range(sequences)])
@@ -91,10 +108,8 @@ def run(rank, world, port, args, queue):
         dist.barrier()
         start = time.perf_counter()
         step_losses = []
-        if rank == 0:
-            schedule.step(ids)
-        else:
-            schedule.step(target=targets, losses=step_losses)
+        inputs = (ids,) if holds_first else ()  # under ZBV rank 0 holds the first stage and the last
+        schedule.step(*inputs, **(dict(target=targets, losses=step_losses) if holds_last else {}))
         # Global-norm clipping over both stages (torchtitan's way): the squares summed across the pipeline.
         grads = [p.grad for p in stage_module.parameters() if p.grad is not None]
         squares = torch.stack([g.pow(2).sum() for g in grads]).sum()
@@ -107,7 +122,7 @@ def run(rank, world, port, args, queue):
         dist.barrier()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
-        if rank == world - 1:
+        if holds_last:
             losses.append(float(torch.stack(step_losses).detach().mean()))
     report = dict(rank=rank, median=statistics.median(times), losses=losses)
     gathered = [None] * world
@@ -128,7 +143,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--schedule", choices=("1f1b", "zbh1"), default="1f1b")
+    parser.add_argument("--schedule", choices=("1f1b", "zbh1", "zbv"), default="1f1b")
     args = parser.parse_args()
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(run, args=(2, free_port(), args, queue), nprocs=2, join=True)
@@ -136,8 +151,8 @@ def main():
     s = shape_of(args.small)
     median = max(r["median"] for r in reports)
     tokens_per_second = s["sequences"] * s["sequence"] / median
-    losses = reports[-1]["losses"]
-    name = "ScheduleInterleavedZeroBubble" if args.schedule == "zbh1" else "Schedule1F1B"
+    losses = next(r["losses"] for r in reports if r["losses"])
+    name = {"1f1b": "Schedule1F1B", "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}[args.schedule]
     print(f"# PyTorch {torch.__version__.split('+')[0]} pipelining: {name}, pp 2, {MICROBATCHES} microbatches, "
           f"gloo, 2 processes x 1 thread; median of {args.steps} steps after {args.warmup} warm-up: "
           f"{median * 1e3:.0f} ms, {tokens_per_second:.0f} tokens/s; loss {losses[0]:.4f} -> {losses[-1]:.4f}")

@@ -4,8 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <shardwise/pipeline/schedule.hpp>
 #include <shardwise/pipeline/stages.hpp>
+#include <shardwise/pipeline/timeline.hpp>
 #include <span>
 #include <string>
 #include <utility>
@@ -246,6 +248,34 @@ TEST_CASE("ZBV: the V placement, and PyTorch's order transcribed (microbatch.chu
         CHECK(sw::peak_in_flight(sw::ZeroBubbleV::actions(rank, stages, microbatches)) == 2 * stages);
     }
   CHECK(sw::simulate_schedule(sw::bounded<sw::ZeroBubbleV, 1>{}, 2, 4).rule == schedule_rule::deadlock_at_bound);
+}
+
+TEST_CASE("the timeline of a table: 1F1B's (p-1)/(m+p-1), and ZB-H1 and ZBV at their lower bounds") {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m = 1; m <= 16; ++m) {
+      CAPTURE(p);
+      CAPTURE(m);
+      sw::pipeline_times const unit{1, 1, 1, 0};  // F = B = W: a whole backward is twice a forward
+      auto const one = sw::schedule_timeline(sw::OneFOneB{}, p, m, unit);
+      CHECK(one.makespan == 3.0 * (m + p - 1));  // the textbook 1F1B and GPipe step
+      CHECK(sw::schedule_timeline(sw::GPipe{}, p, m, unit).makespan == 3.0 * (m + p - 1));
+      CHECK(std::abs(one.bubble() - double(p - 1) / double(m + p - 1)) < 1e-12);
+      // ZB-H1: the last rank can start after p - 1 forwards and has 3m of work: 3m + p - 1 is the least possible,
+      // and the paper's (p-1)/(3m+p-1) bubble, once there are as many microbatches as stages.
+      auto const h1 = sw::schedule_timeline(sw::ZeroBubbleH1{}, p, m, unit);
+      CHECK(h1.complete);
+      if (m >= p) CHECK(h1.makespan == 3.0 * m + p - 1);
+      CHECK(h1.makespan <= one.makespan);
+      // ZBV: half-size chunks, each rank 2m chunk-microbatches of 1.5; the last rank starts after p - 1 half
+      // forwards: 3m + (p - 1) / 2 at least, reached once there are 2p microbatches.
+      auto const v = sw::schedule_timeline(sw::ZeroBubbleV{}, p, m, {0.5, 0.5, 0.5, 0});
+      if (m >= 2 * p) CHECK(v.makespan == 3.0 * m + 0.5 * (p - 1));
+      CHECK(v.makespan <= h1.makespan);
+    }
+  // A message's time on the link delays every receive on another rank: 1F1B at p = 2, m = 1 waits for it twice.
+  CHECK(sw::schedule_timeline(sw::OneFOneB{}, 2, 1, {1, 1, 1, 0.25}).makespan == 6.5);
+  // A table the check refuses stops: not complete.
+  CHECK_FALSE(sw::simulate_timeline({{A::recv_gradient(1, 0)}, {}}, {2, 1, 1}, {}).complete);
 }
 
 TEST_CASE("a split backward: W after its B, each once, and a missing W named") {
