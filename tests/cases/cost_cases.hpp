@@ -380,7 +380,8 @@ void check_pipeline_step(World const& world, int microbatches, models::LlamaConf
   sw::stage_chunks<models::LlamaStage<float>> stage;
   int const chunks = Schedule::chunks_per_rank;
   sw::stage_split const split(c.layers, pp.size() * chunks);
-  for (int k = 0; k < chunks; ++k) stage.emplace_back(c, split, k * pp.size() + pp.rank());
+  auto const shape = sw::shape_of<Schedule>(pp.size(), microbatches);  // the loop placement, or ZBV's V
+  for (int k = 0; k < chunks; ++k) stage.emplace_back(c, split, shape.stage_of(pp.rank(), k));
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f});
   std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
   for (std::size_t m = 0; m < ids.size(); ++m) tokens_for(c, static_cast<unsigned>(m), 1, ids[m], targets[m]);
@@ -681,12 +682,15 @@ void run_cost_cases(World const& world) {
   p.layers = 4;
   check_pipeline_step<sw::GPipe>(world, 4, p);
   check_pipeline_step<sw::OneFOneB>(world, 4, p);
+  check_pipeline_step<sw::ZeroBubbleH1>(world, 4, p);  // W sends nothing: 1F1B's messages
   if (n <= 2) check_pipeline_step<sw::Interleaved1F1B<2>>(world, 4, p);
+  if (n <= 2) check_pipeline_step<sw::ZeroBubbleV>(world, 4, p);  // the V's turn on the last rank sends nothing
   // Stages cut over tp, as the pipeline tests train them: pp 2 x tp 2 (with sequence parallelism, without, with
   // checkpointed blocks, tied embeddings, stage-level recomputation), dp 2 x pp 2 with ZeRO-1; every rank as tp at
   // pp 1; and pp over every rank with the stages recomputed.
   if (n == 4) {
     check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 4, p);
+    check_pipeline_tp_step<sw::ZeroBubbleH1, true>(world, 1, 2, 4, p);  // every tp transfer in B, none in W
     check_pipeline_tp_step<sw::GPipe, true>(world, 1, 2, 3, p);
     check_pipeline_tp_step<sw::OneFOneB, false>(world, 1, 2, 2, p);
     check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.checkpointed = true});
