@@ -446,3 +446,35 @@ TEST_CASE("planner: cp cuts each sequence: activations near 1/cp, the ring on th
           (void)planner::estimate_layout(gpt2, short_shape, planner::layout{1, 1, 4, 1, {}, false, 2}, {});
         }).find("cp > 1 needs a model shardwise cuts over cp (the Llama family)") != std::string::npos);
 }
+
+TEST_CASE("planner: ZB-H1 and ZBV take 1F1B's step times their tables' timeline, and hold pp on every stage") {
+  // With F = B = W, ZB-H1's pipeline time is 3m + p - 1 against 1F1B's 3(m + p - 1), once m >= p; past 4 p
+  // microbatches the ratio comes from the steady state, one microbatch's work per microbatch.
+  planner::microbatch_parts const unit{1, 1, 1};
+  for (std::size_t m : {4, 8, 16, 64, 1000})
+    CHECK(planner::schedule_time_ratio(planner::pipeline_choice::zero_bubble_h1, 4, m, unit) ==
+          doctest::Approx(double(3 * m + 3) / double(3 * (m + 3))).epsilon(1e-12));
+  CHECK(planner::schedule_time_ratio(planner::pipeline_choice::zero_bubble_v, 4, 64, unit) ==
+        doctest::Approx((3 * 64 + 1.5) / (3 * 67.0)).epsilon(1e-12));  // ZBV: 3m + (p - 1) / 2
+  CHECK(planner::schedule_time_ratio(planner::pipeline_choice::one_f_one_b, 4, 8, unit) == 1);
+  auto const c = sw::models::read_llama_config(data + "/llama3_8b_config.json");
+  planner::training_shape const shape{64, 8192, planner::bf16_mixed};
+  planner::machine const m;
+  auto const at = [&](planner::pipeline_choice s, std::size_t pp, std::size_t micro) {
+    return planner::estimate_layout(c, shape, planner::layout{1, pp, 8, micro, {}, false, 1, s}, m);
+  };
+  auto const one = at(planner::pipeline_choice::one_f_one_b, 4, 4);
+  auto const h1 = at(planner::pipeline_choice::zero_bubble_h1, 4, 4);
+  auto const v = at(planner::pipeline_choice::zero_bubble_v, 4, 4);
+  CHECK(h1.step_seconds < one.step_seconds);
+  CHECK(v.step_seconds < h1.step_seconds);
+  CHECK(h1.activation_bytes >= one.activation_bytes);  // the last stage holds pp microbatches too, and the head
+  CHECK(v.state_bytes > one.state_bytes);              // rank 0 holds the embedding and the output
+  CHECK_THROWS_WITH_AS(at(planner::pipeline_choice::zero_bubble_v, 3, 4),
+                       doctest::Contains("ZeroBubbleV over 3 stages cuts the 32 layers into 6 chunks"), sw::error);
+  planner::axis_choice only;
+  only.pp = 4, only.schedule = planner::pipeline_choice::zero_bubble_h1;
+  auto const found = planner::search(c, shape, 32, std::size_t(80) << 30, m, only);
+  REQUIRE_FALSE(found.fitting.empty());
+  for (auto const& e : found.fitting) CHECK(e.plan.schedule == planner::pipeline_choice::zero_bubble_h1);
+}

@@ -25,6 +25,7 @@ struct options {
   std::size_t top = 10;             ///< --top: layouts printed.
   planner::axis_choice only;        ///< --dp, --pp, --tp, --cp, --state: sizes and the sharding kept fixed.
   std::string state;                ///< --state replicated|zero1|fsdp, or empty for all.
+  std::string schedule;             ///< --schedule 1f1b|zbh1|zbv for the layouts with stages, or empty (1f1b).
 };
 
 /// A check for a count given on the command line: a whole number from `least` to `most`, or a sentence that
@@ -83,6 +84,9 @@ inline int run(options const& o) {
   planner::axis_choice only = o.only;
   for (auto s : {planner::state_sharding::replicated, planner::state_sharding::zero1, planner::state_sharding::fsdp})
     if (o.state == planner::sharding_name(s)) only.sharding = s;
+  for (auto s : {planner::pipeline_choice::one_f_one_b, planner::pipeline_choice::zero_bubble_h1,
+                 planner::pipeline_choice::zero_bubble_v})
+    if (o.schedule == planner::schedule_name(s)) only.schedule = s;
   auto const start = std::chrono::steady_clock::now();
   auto const found = planner::search(c, shape, o.ranks, o.memory_per_rank, m, only);
   double const ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -103,6 +107,7 @@ inline int run(options const& o) {
     std::printf(
         "  rates drift from day to day; measure yours: cmake --build build --target bench_machine && "
         "build/bench/bench_machine > my_machine.json, then --machine my_machine.json\n");
+  if (only.schedule) std::printf("pipeline schedule: %s\n", o.schedule.c_str());
   std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
   if (found.searched == 0) {
     std::fprintf(stderr,

@@ -283,6 +283,11 @@ int main(int argc, char** argv) {
                    "gradients and state sharded)")
       ->check(CLI::IsMember({"replicated", "zero1", "fsdp"}));
 
+  plan->add_option("--schedule", planned.schedule,
+                   "The pipeline schedule of layouts with stages: 1f1b (the default), zbh1 (ZB-H1) or zbv (ZBV: two "
+                   "chunks per rank, where twice the stages divide the layers)")
+      ->check(CLI::IsMember({"1f1b", "zbh1", "zbv"}));
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*cons) return consolidate(checkpoint, output, remove, names);

@@ -31,6 +31,17 @@ enum class state_sharding {
   zero1,       ///< The optimizer state sharded over dp (AdamWOptions::zero1).
   fsdp         ///< Parameters, gradients and optimizer state sharded (full shard, one unit per block).
 };
+/// The pipeline schedule a layout with stages runs.
+enum class pipeline_choice : unsigned char {
+  one_f_one_b,     ///< sw::OneFOneB
+  zero_bubble_h1,  ///< sw::ZeroBubbleH1: 1F1B's order, the weight gradients put off into the bubble
+  zero_bubble_v,   ///< sw::ZeroBubbleV: two chunks per rank in the V (layers a multiple of 2 pp)
+};
+/// "1f1b", "zbh1", "zbv".
+constexpr std::string_view schedule_name(pipeline_choice s) {
+  return s == pipeline_choice::one_f_one_b ? "1f1b" : s == pipeline_choice::zero_bubble_h1 ? "zbh1" : "zbv";
+}
+
 /// "replicated", "zero1", "fsdp".
 constexpr std::string_view sharding_name(state_sharding s) {
   return s == state_sharding::replicated ? "replicated" : s == state_sharding::zero1 ? "zero1" : "fsdp";
@@ -73,12 +84,13 @@ struct training_shape {
 /// One layout of the ranks and its settings. dp x pp x tp x cp = the rank count.
 struct layout {
   std::size_t dp = 1;            ///< Data-parallel ranks.
-  std::size_t pp = 1;            ///< Pipeline stages (1F1B).
+  std::size_t pp = 1;            ///< Pipeline stages (1F1B unless `schedule` says otherwise).
   std::size_t tp = 1;            ///< Tensor-parallel ranks (with sequence parallelism).
   std::size_t microbatches = 1;  ///< Per step and dp rank (gradient accumulation or the pipeline's).
   state_sharding sharding = state_sharding::replicated;  ///< Over dp (and cp, whose ranks hold the same parameters).
   bool checkpointing = false;                            ///< Activation checkpointing per block.
   std::size_t cp = 1;  ///< Context-parallel ranks: each sequence cut in head-tail chunks, ring attention.
+  pipeline_choice schedule = pipeline_choice::one_f_one_b;  ///< With pp > 1: the pipeline schedule.
 };
 
 /// A layout's predicted memory per rank (the busiest rank: the first pipeline stage) and step time.

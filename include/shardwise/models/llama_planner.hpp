@@ -20,6 +20,7 @@
 #include "shardwise/cost/planning.hpp"
 #include "shardwise/models/llama.hpp"
 #include "shardwise/models/llama_plan.hpp"
+#include "shardwise/models/planner_schedule.hpp"
 #include "shardwise/placement/chunk.hpp"
 
 namespace shardwise::planner {
@@ -171,6 +172,20 @@ inline double microbatch_seconds(model_figures const& f, model_description const
   return flops / rate + traffic / m.memory_bandwidth + comm;
 }
 
+/// A microbatch's time on one stage (microbatch_seconds) cut as a zero-bubble schedule cuts it: F one of its passes,
+/// W the Linears' weight-gradient products, B the rest.
+inline microbatch_parts microbatch_split(model_figures const& f, layout const& l, std::size_t tokens, double seconds,
+                                         machine const& m) {
+  std::size_t const blocks = chunk_size(f.layers, l.pp, 0);
+  double const weights =
+      static_cast<double>(blocks * f.block.parameter_bytes + f.output.parameter_bytes) / sizeof(float);
+  double const rate =
+      m.gemm_flops * static_cast<double>(tokens) / (static_cast<double>(tokens) + m.gemm_half_rate_tokens);
+  double const forward = seconds / (l.checkpointing ? 4.0 : 3.0);
+  double const weight = std::min(2.0 * static_cast<double>(tokens) * weights / rate, seconds - forward);
+  return {forward, seconds - forward - weight, weight};
+}
+
 /// Seconds of the data-parallel transfers and the optimizer of one step over `elements` parameter elements, of
 /// which `root` are FSDP's root unit (gathered and reduced once per microbatch, within pipeline stages once per
 /// step; the blocks gathered twice per microbatch, their gradients reduced once).
@@ -201,7 +216,9 @@ inline double data_parallel_seconds(std::size_t elements, std::size_t root, std:
 }  // namespace detail
 
 /// The memory per rank and step time of layout `l` for config `c`, batch `t` on machine `m`. The pipeline runs
-/// 1F1B: stage k keeps min(pp - k, microbatches) microbatches' activations; the busiest rank is reported.
+/// 1F1B: stage k keeps min(pp - k, microbatches) microbatches' activations; the busiest rank is reported. ZB-H1
+/// and ZBV (`l.schedule`) keep min(pp, microbatches) on every rank (not counting W's output gradients), and take
+/// 1F1B's step times the ratio of their tables' timelines (schedule_time_ratio); ZBV puts both ends on rank 0.
 inline estimate estimate_layout(model_description const& d, training_shape const& t, layout const& l,
                                 machine const& m) {
   if (l.dp == 0 || l.pp == 0 || l.tp == 0 || l.cp == 0 || l.cp > most_context_ranks || l.microbatches == 0 ||
@@ -212,6 +229,12 @@ inline estimate estimate_layout(model_description const& d, training_shape const
                      "; every size must be positive, dp x microbatches must divide the batch, the sequence hold a "
                      "token per cp rank, cp be at most ",
                      most_context_ranks, ", and cp > 1 needs a model shardwise cuts over cp (the Llama family)");
+  bool const v = l.pp > 1 && l.schedule == pipeline_choice::zero_bubble_v;
+  if (v && d.layers % (2 * l.pp) != 0)
+    shardwise::raise("shardwise::planner::estimate_layout: ZeroBubbleV over ", l.pp, " stages cuts the ", d.layers,
+                     " layers into ", 2 * l.pp,
+                     " chunks, which does not divide them; use 1F1B or ZB-H1, or a pp whose "
+                     "double divides the layers");
   std::size_t const sequences = t.batch / (l.dp * l.microbatches);
   context_inputs const cut{l.cp, 0, t.sequence};  // cp rank 0 holds the largest piece
   std::size_t const tokens = sequences * cut.tokens(0);
@@ -228,13 +251,14 @@ inline estimate estimate_layout(model_description const& d, training_shape const
   estimate e{l};
   std::size_t root = 0;  // the busiest stage's root unit under FSDP: what no block holds
   for (std::size_t stage = 0; stage < l.pp; ++stage) {
-    bool const first = stage == 0, last = stage + 1 == l.pp;
+    bool const first = stage == 0, last = v ? stage == 0 : stage + 1 == l.pp;  // ZBV: both ends on rank 0
     std::size_t const elements = detail::stage_parameters(f, l, first, last);
     std::size_t const stage_root = elements - chunk_size(f.layers, l.pp, 0) * f.block.parameter_bytes / sizeof(float);
     std::size_t state = model_state_bytes(elements, l.dp * l.cp, l.sharding, t.bytes);
     if (l.sharding == state_sharding::fsdp)  // the stage's root unit and one block gathered whole, with gradients
       state += (stage_root + f.block.parameter_bytes / sizeof(float)) * (t.bytes.parameter + t.bytes.gradient);
-    std::size_t const in_flight = std::min(l.pp - stage, l.microbatches);
+    bool const split = l.pp > 1 && l.schedule != pipeline_choice::one_f_one_b;  // every stage holds pp (1F1B's first)
+    std::size_t const in_flight = std::min(split ? l.pp : l.pp - stage, l.microbatches);
     std::size_t const recomputed = l.checkpointing ? f.block.activation_bytes : 0;  // one block at a time
     auto const activations = static_cast<std::size_t>(
         static_cast<double>(in_flight * detail::stage_activations(f, d, l, tokens, first, last) + recomputed) *
@@ -243,12 +267,14 @@ inline estimate estimate_layout(model_description const& d, training_shape const
       e.parameters = elements, e.state_bytes = state, e.activation_bytes = activations, e.working_bytes = working;
       root = stage_root;
     }
-    if (!first && !last) stage = l.pp - 2;  // the middle stages hold no more than the first
+    if (!first && !last) stage = v ? l.pp : l.pp - 2;  // the middle stages hold no more than the first
   }
   double const boundary = static_cast<double>(chunk_size(tokens, l.tp, 0) * d.dim * t.bytes.activation);
   double const send = l.pp > 1 ? 2 * (m.pp.latency + boundary / m.pp.bandwidth) : 0;
-  double const schedule =
-      static_cast<double>(l.microbatches + l.pp - 1) * (detail::microbatch_seconds(f, d, l, t, tokens, m) + send);
+  double const microbatch = detail::microbatch_seconds(f, d, l, t, tokens, m);
+  double const ratio =
+      schedule_time_ratio(l.schedule, l.pp, l.microbatches, detail::microbatch_split(f, l, tokens, microbatch, m));
+  double const schedule = static_cast<double>(l.microbatches + l.pp - 1) * (microbatch + send) * ratio;
   std::size_t const tensors = d.tensors_per_layer * chunk_size(d.layers, l.pp, 0) + 3;
   layout replicas = l;  // the ranks that hold the same parameters: dp x cp
   replicas.dp = l.dp * l.cp;
@@ -278,6 +304,8 @@ struct axis_choice {
   std::size_t cp = 0;  ///< Context-parallel ranks, or 0.
   /// The optimizer state's sharding to keep fixed, or std::nullopt for every kind.
   std::optional<state_sharding> sharding;
+  /// The pipeline schedule of the layouts with stages (1F1B when not given; ZBV only where 2 pp divides the layers).
+  std::optional<pipeline_choice> schedule;
 };
 
 namespace detail {
@@ -302,7 +330,8 @@ inline void search_layouts(model_description const& d, training_shape const& t, 
 }
 }  // namespace detail
 
-/// Every layout of `ranks` ranks (dp x pp x tp x cp = ranks; tp cutting the heads; pp up to the layers, 1F1B; cp
+/// Every layout of `ranks` ranks (dp x pp x tp x cp = ranks; tp cutting the heads; pp up to the layers, 1F1B or
+/// only.schedule; cp
 /// cutting each sequence, without pipeline stages, for the models shardwise cuts over cp; the microbatches dividing
 /// each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (within pipeline stages too, each
 /// stage's gradients reduced after every microbatch; not with cp); checkpointing off and on), estimated and
@@ -320,8 +349,11 @@ inline search_result search(model_description const& d, training_shape const& t,
         if ((ranks / tp / pp) % cp != 0 || !cuts || !allowed(cp, only.cp)) continue;
         std::size_t const dp = ranks / tp / pp / cp;
         if (t.batch % dp != 0 || !allowed(dp, only.dp)) continue;
-        detail::search_layouts(d, t, layout{dp, pp, tp, 1, state_sharding::replicated, false, cp}, memory_per_rank, m,
-                               only, r);
+        auto const schedule =
+            pp > 1 ? only.schedule.value_or(pipeline_choice::one_f_one_b) : pipeline_choice::one_f_one_b;
+        if (schedule == pipeline_choice::zero_bubble_v && d.layers % (2 * pp) != 0) continue;
+        detail::search_layouts(d, t, layout{dp, pp, tp, 1, state_sharding::replicated, false, cp, schedule},
+                               memory_per_rank, m, only, r);
       }
     }
   }
