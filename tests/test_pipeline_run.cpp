@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -171,4 +172,46 @@ TEST_CASE("ZB-H1's B puts the Linears' weight gradients off to its W, and a modu
       CHECK(log == std::vector<std::string>{"whole", "whole"});
     CHECK(shardwise::weight_gradients_deferred_to() == nullptr);  // disarmed once the step is over
   }
+}
+
+namespace {
+
+/// An embedding, both norms and a Linear with a bias, each backward run whole or as B then W; two microbatches
+/// accumulate, as in a pipeline step.
+struct EveryLayer {
+  shardwise::Embedding<double> table{10, 6, 3};
+  shardwise::RMSNorm<double> rms{6};
+  shardwise::LayerNorm<double> layer{6};
+  shardwise::Linear<double> linear{6, 5, 7, true};
+  SHARDWISE_CHILDREN(table, rms, layer, linear)
+  SHARDWISE_SAVED()
+
+  void step(int microbatch, bool split) {
+    std::vector<std::int64_t> const ids{1, 4, 4, 9 - microbatch};
+    auto const y = linear(layer(rms(table(ids))));
+    pipeline_cases::Matrix dy(y.local.rows(), y.local.cols());
+    for (Eigen::Index i = 0; i < dy.size(); ++i) dy.data()[i] = std::cos(0.37 * double(i + 11 * microbatch));
+    shardwise::deferred_weight_gradients later;
+    {
+      std::optional<shardwise::defer_weight_gradients> into;
+      if (split) into.emplace(later);
+      table.backward(rms.backward(layer.backward(linear.backward(shardwise::Activation<double>{dy}))));
+    }
+    if (split) CHECK(later.size() == 4);  // one record per layer, W's work
+    later.run();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("B then W gives each layer's weight gradients of the whole backward, bit for bit") {
+  EveryLayer whole, split;
+  for (int m = 0; m < 2; ++m) whole.step(m, false), split.step(m, true);
+  CHECK(split.table.weight_grad == whole.table.weight_grad);
+  CHECK(split.rms.weight_grad == whole.rms.weight_grad);
+  CHECK(split.layer.weight_grad == whole.layer.weight_grad);
+  CHECK(split.layer.bias_grad == whole.layer.bias_grad);
+  CHECK(split.linear.weight_grad == whole.linear.weight_grad);
+  CHECK(split.linear.bias_grad == whole.linear.bias_grad);
+  CHECK(whole.linear.weight_grad.norm() > 0);
 }

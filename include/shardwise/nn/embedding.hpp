@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/nn/deferred_weight_gradients.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/linear_style.hpp"
@@ -220,8 +221,17 @@ void embedding_core<T, Rule>::backward_from(matrix const& dy_whole) {
     part = mover::template move<output_layout, typename layouts::product_out_grad, T>(*group_, *dy);  // conjugate
     dy = &part;
   }
-  if (weight_grad.size() != weight.size()) zero_grad();  // a materialized table's first backward
-  nn::embedding_backward<T>(ids_, *dy, weight_grad, vocab_start_);
+  auto const scatter = [this](std::vector<std::int64_t> const& ids, matrix const& rows) {
+    if (weight_grad.size() != weight.size()) zero_grad();  // a materialized table's first backward
+    nn::embedding_backward<T>(ids, rows, weight_grad, vocab_start_);
+  };
+  if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: the scatter-add is all of W
+    matrix rows = dy == &part ? std::move(part) : matrix(dy_whole);
+    later->defer([scatter, ids = std::move(ids_), rows = std::move(rows)] { scatter(ids, rows); });
+    ids_.clear();
+    return;
+  }
+  scatter(ids_, *dy);
 }
 
 }  // namespace detail

@@ -203,6 +203,46 @@ void layer_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> gamma, const
   }
 }
 
+/// The input-gradient half of layer_norm_backward (a pipeline's B): dx alone, by the same expressions.
+template <std::floating_point T>
+void layer_norm_backward_input(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_matrix_ref<T> dy,
+                               const_vector_ref<T> mean, const_vector_ref<T> rstd, matrix_ref<T> dx) {
+  constexpr char const* fn = "layer_norm_backward_input";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_norm(fn, d);
+  detail::nn_check_size(fn, "gamma [D]", gamma, d);
+  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
+  detail::nn_check_size(fn, "mean [N]", mean, n);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  detail::nn_check_shape(fn, "dx [N, D]", dx, n, d);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    auto const xhat = (x.row(i).array() - mean(i)) * rstd(i);
+    auto const g = dy.row(i).array() * gamma.transpose().array();
+    T const g_mean = g.mean(), gx_mean = (g * xhat).mean();
+    dx.row(i).array() = (g - g_mean - xhat * gx_mean) * rstd(i);
+  }
+}
+
+/// The weight-gradient half of layer_norm_backward (a pipeline's W): dgamma and dbeta accumulated row by row, by
+/// the same expressions in the same order.
+template <std::floating_point T>
+void layer_norm_backward_weight(const_matrix_ref<T> x, const_matrix_ref<T> dy, const_vector_ref<T> mean,
+                                const_vector_ref<T> rstd, vector_ref<T> dgamma, vector_ref<T> dbeta) {
+  constexpr char const* fn = "layer_norm_backward_weight";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
+  detail::nn_check_size(fn, "mean [N]", mean, n);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  detail::nn_check_size(fn, "dgamma [D]", dgamma, d);
+  detail::nn_check_size(fn, "dbeta [D]", dbeta, d);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    auto const xhat = (x.row(i).array() - mean(i)) * rstd(i);
+    auto const dyi = dy.row(i).array();
+    dgamma.transpose().array() += dyi * xhat;
+    dbeta.transpose().array() += dyi;
+  }
+}
+
 // -------------------------------------------------------------------------------------------------------- RMS norm
 
 /// y = x * rsqrt(mean(x^2) + eps) * weight per row, as Llama's RMSNorm in Hugging Face transformers (which, for
@@ -245,6 +285,38 @@ void rms_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> weight, const_
     dweight.transpose().array() += dyi * xhat;  // before dx, which may share dy's memory, is written
     dx.row(i).array() = (g - xhat * gx_mean) * rstd(i);
   }
+}
+
+/// The input-gradient half of rms_norm_backward (a pipeline's B): dx alone, by the same expressions.
+template <std::floating_point T>
+void rms_norm_backward_input(const_matrix_ref<T> x, const_vector_ref<T> weight, const_matrix_ref<T> dy,
+                             const_vector_ref<T> rstd, matrix_ref<T> dx) {
+  constexpr char const* fn = "rms_norm_backward_input";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_norm(fn, d);
+  detail::nn_check_size(fn, "weight [D]", weight, d);
+  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  detail::nn_check_shape(fn, "dx [N, D]", dx, n, d);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    auto const xhat = x.row(i).array() * rstd(i);
+    auto const g = dy.row(i).array() * weight.transpose().array();
+    T const gx_mean = (g * xhat).mean();
+    dx.row(i).array() = (g - xhat * gx_mean) * rstd(i);
+  }
+}
+
+/// The weight-gradient half of rms_norm_backward (a pipeline's W): dweight accumulated row by row, by the same
+/// expression in the same order.
+template <std::floating_point T>
+void rms_norm_backward_weight(const_matrix_ref<T> x, const_matrix_ref<T> dy, const_vector_ref<T> rstd,
+                              vector_ref<T> dweight) {
+  constexpr char const* fn = "rms_norm_backward_weight";
+  Eigen::Index const n = x.rows(), d = x.cols();
+  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
+  detail::nn_check_size(fn, "rstd [N]", rstd, n);
+  detail::nn_check_size(fn, "dweight [D]", dweight, d);
+  for (Eigen::Index i = 0; i < n; ++i) dweight.transpose().array() += dy.row(i).array() * (x.row(i).array() * rstd(i));
 }
 
 // --------------------------------------------------------------------------------------------------- cross-entropy
@@ -326,6 +398,14 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
   prefix template void rms_norm_forward<T>(const_matrix_ref<T>, const_vector_ref<T>, T, matrix_ref<T>, vector_ref<T>); \
   prefix template void rms_norm_backward<T>(const_matrix_ref<T>, const_vector_ref<T>, const_matrix_ref<T>,             \
                                             const_vector_ref<T>, matrix_ref<T>, vector_ref<T>);                        \
+  prefix template void layer_norm_backward_input<T>(const_matrix_ref<T>, const_vector_ref<T>, const_matrix_ref<T>,     \
+                                                    const_vector_ref<T>, const_vector_ref<T>, matrix_ref<T>);          \
+  prefix template void layer_norm_backward_weight<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_vector_ref<T>,    \
+                                                     const_vector_ref<T>, vector_ref<T>, vector_ref<T>);               \
+  prefix template void rms_norm_backward_input<T>(const_matrix_ref<T>, const_vector_ref<T>, const_matrix_ref<T>,       \
+                                                  const_vector_ref<T>, matrix_ref<T>);                                 \
+  prefix template void rms_norm_backward_weight<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_vector_ref<T>,      \
+                                                   vector_ref<T>);                                                     \
   prefix template T cross_entropy_forward_backward<T>(const_matrix_ref<T>, std::span<const std::int64_t>,              \
                                                       matrix_ref<T>, std::int64_t);
 #if defined(SHARDWISE_SEPARATE_KERNELS)

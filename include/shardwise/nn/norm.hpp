@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/nn/deferred_weight_gradients.hpp"
 #include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/layer_common.hpp"
 #include "shardwise/nn/parameter.hpp"
@@ -149,6 +150,7 @@ class norm_core : public layer_plumbing<T> {
   }
 
   Activation<T, layout> backward_from(matrix const& dy_local);
+  void weight_gradient(matrix const& x, matrix const& dy, vector const& mean, vector const& rstd);
 
   matrix saved_input_;
   vector mean_, rstd_;
@@ -207,6 +209,16 @@ auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activa
          dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
          "; pass the gradient of this norm's last output");
   Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
+  if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: W runs the weight's part later
+    if constexpr (Kind == norm_kind::layer)
+      nn::layer_norm_backward_input<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local);
+    else
+      nn::rms_norm_backward_input<T>(saved_input_, weight, dy_local, rstd_, dx.local);
+    later->defer([this, x = std::move(saved_input_), dy = matrix(dy_local), mean = std::move(mean_),
+                  rstd = std::move(rstd_)] { weight_gradient(x, dy, mean, rstd); });
+    saved_input_ = matrix(), mean_ = vector(), rstd_ = vector();
+    return dx;
+  }
   // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
   vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
   [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
@@ -216,6 +228,18 @@ auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activa
   else
     nn::rms_norm_backward<T>(saved_input_, weight, dy_local, rstd_, dx.local, dweight);
   return dx;
+}
+
+template <class T, class Layout, norm_kind Kind>
+void norm_core<T, Layout, Kind>::weight_gradient(matrix const& x, matrix const& dy, vector const& mean,
+                                                 vector const& rstd) {
+  vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
+  [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
+  if (dweight.size() != weight.size()) zero_grad();
+  if constexpr (Kind == norm_kind::layer)
+    nn::layer_norm_backward_weight<T>(x, dy, mean, rstd, dweight, dbias);
+  else
+    nn::rms_norm_backward_weight<T>(x, dy, rstd, dweight);
 }
 
 /// A norm at a place in the plan (Location: its style, path and the whole plan): the core of its layout, with
