@@ -174,35 +174,6 @@ void layer_norm_forward(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_
   }
 }
 
-/// Backward of layer_norm_forward from its saved mean and rstd: with xhat = (x - mean) rstd and g = dy * gamma,
-/// dx = rstd (g - mean(g) - xhat mean(g xhat)) (assigned), dgamma += column sums of dy * xhat, dbeta += column
-/// sums of dy (parameter gradients accumulate, as PyTorch's .grad does). dx may be the same memory as dy.
-template <std::floating_point T>
-void layer_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_matrix_ref<T> dy,
-                         const_vector_ref<T> mean, const_vector_ref<T> rstd, matrix_ref<T> dx, vector_ref<T> dgamma,
-                         vector_ref<T> dbeta) {
-  constexpr char const* fn = "layer_norm_backward";
-  Eigen::Index const n = x.rows(), d = x.cols();
-  detail::nn_check_norm(fn, d);
-  detail::nn_check_size(fn, "gamma [D]", gamma, d);
-  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
-  detail::nn_check_size(fn, "mean [N]", mean, n);
-  detail::nn_check_size(fn, "rstd [N]", rstd, n);
-  detail::nn_check_shape(fn, "dx [N, D]", dx, n, d);
-  detail::nn_check_size(fn, "dgamma [D]", dgamma, d);
-  detail::nn_check_size(fn, "dbeta [D]", dbeta, d);
-  for (Eigen::Index i = 0; i < n; ++i) {
-    auto const xhat = (x.row(i).array() - mean(i)) * rstd(i);
-    auto const dyi = dy.row(i).array();
-    auto const g = dyi * gamma.transpose().array();
-    T const g_mean = g.mean(), gx_mean = (g * xhat).mean();
-    // The parameter gradients read dy before dx, which may share its memory, is written.
-    dgamma.transpose().array() += dyi * xhat;
-    dbeta.transpose().array() += dyi;
-    dx.row(i).array() = (g - g_mean - xhat * gx_mean) * rstd(i);
-  }
-}
-
 /// The input-gradient half of layer_norm_backward (a pipeline's B): dx alone, by the same expressions.
 template <std::floating_point T>
 void layer_norm_backward_input(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_matrix_ref<T> dy,
@@ -243,6 +214,18 @@ void layer_norm_backward_weight(const_matrix_ref<T> x, const_matrix_ref<T> dy, c
   }
 }
 
+/// Backward of layer_norm_forward from its saved mean and rstd: with xhat = (x - mean) rstd and g = dy * gamma,
+/// dx = rstd (g - mean(g) - xhat mean(g xhat)) (assigned), dgamma += column sums of dy * xhat, dbeta += column
+/// sums of dy (parameter gradients accumulate, as PyTorch's .grad does). dx may be the same memory as dy.
+template <std::floating_point T>
+void layer_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> gamma, const_matrix_ref<T> dy,
+                         const_vector_ref<T> mean, const_vector_ref<T> rstd, matrix_ref<T> dx, vector_ref<T> dgamma,
+                         vector_ref<T> dbeta) {
+  // The parameter gradients read dy before dx, which may share its memory, is written.
+  layer_norm_backward_weight<T>(x, dy, mean, rstd, dgamma, dbeta);
+  layer_norm_backward_input<T>(x, gamma, dy, mean, rstd, dx);
+}
+
 // -------------------------------------------------------------------------------------------------------- RMS norm
 
 /// y = x * rsqrt(mean(x^2) + eps) * weight per row, as Llama's RMSNorm in Hugging Face transformers (which, for
@@ -260,30 +243,6 @@ void rms_norm_forward(const_matrix_ref<T> x, const_vector_ref<T> weight, T eps, 
     T const r = T(1) / std::sqrt(x.row(i).squaredNorm() / static_cast<T>(d) + eps);
     rstd(i) = r;
     y.row(i).array() = x.row(i).array() * r * weight.transpose().array();
-  }
-}
-
-/// Backward of rms_norm_forward from its saved rstd: with xhat = x rstd and g = dy * weight,
-/// dx = rstd (g - xhat mean(g xhat)) (assigned), dweight += column sums of dy * xhat (accumulates, as PyTorch's
-/// .grad does). dx may be the same memory as dy.
-template <std::floating_point T>
-void rms_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> weight, const_matrix_ref<T> dy,
-                       const_vector_ref<T> rstd, matrix_ref<T> dx, vector_ref<T> dweight) {
-  constexpr char const* fn = "rms_norm_backward";
-  Eigen::Index const n = x.rows(), d = x.cols();
-  detail::nn_check_norm(fn, d);
-  detail::nn_check_size(fn, "weight [D]", weight, d);
-  detail::nn_check_shape(fn, "dy [N, D]", dy, n, d);
-  detail::nn_check_size(fn, "rstd [N]", rstd, n);
-  detail::nn_check_shape(fn, "dx [N, D]", dx, n, d);
-  detail::nn_check_size(fn, "dweight [D]", dweight, d);
-  for (Eigen::Index i = 0; i < n; ++i) {
-    auto const xhat = x.row(i).array() * rstd(i);
-    auto const dyi = dy.row(i).array();
-    auto const g = dyi * weight.transpose().array();
-    T const gx_mean = (g * xhat).mean();
-    dweight.transpose().array() += dyi * xhat;  // before dx, which may share dy's memory, is written
-    dx.row(i).array() = (g - xhat * gx_mean) * rstd(i);
   }
 }
 
@@ -317,6 +276,16 @@ void rms_norm_backward_weight(const_matrix_ref<T> x, const_matrix_ref<T> dy, con
   detail::nn_check_size(fn, "rstd [N]", rstd, n);
   detail::nn_check_size(fn, "dweight [D]", dweight, d);
   for (Eigen::Index i = 0; i < n; ++i) dweight.transpose().array() += dy.row(i).array() * (x.row(i).array() * rstd(i));
+}
+
+/// Backward of rms_norm_forward from its saved rstd: with xhat = x rstd and g = dy * weight,
+/// dx = rstd (g - xhat mean(g xhat)) (assigned), dweight += column sums of dy * xhat (accumulates, as PyTorch's
+/// .grad does). dx may be the same memory as dy.
+template <std::floating_point T>
+void rms_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> weight, const_matrix_ref<T> dy,
+                       const_vector_ref<T> rstd, matrix_ref<T> dx, vector_ref<T> dweight) {
+  rms_norm_backward_weight<T>(x, dy, rstd, dweight);  // before dx, which may share dy's memory, is written
+  rms_norm_backward_input<T>(x, weight, dy, rstd, dx);
 }
 
 // --------------------------------------------------------------------------------------------------- cross-entropy
