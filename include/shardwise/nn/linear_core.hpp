@@ -320,11 +320,7 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
   matrix dx(dy->rows(), w.cols());
   nn::linear_backward_input<T>(w, *dy, dx);
   if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: W runs this later, on what it keeps
-    matrix kept_dy;
-    if (dy == &dy_part)
-      kept_dy = std::move(dy_part);
-    else
-      kept_dy = dy_whole;
+    matrix kept_dy = dy == &dy_part ? std::move(dy_part) : matrix(dy_whole);  // the caller's dy: a copy
     later->defer([this, x = std::move(saved_input_), kept_dy = std::move(kept_dy)] { weight_gradient(x, kept_dy); });
     saved_input_ = matrix();
   } else {

@@ -171,6 +171,17 @@ constexpr bool computes(action_kind kind) {
 
 namespace detail {
 
+/// Whether `kind` receives a message, sends one, or moves a gradient (not an activation).
+constexpr bool is_receive(action_kind kind) {
+  return kind == action_kind::recv_activation || kind == action_kind::recv_gradient;
+}
+constexpr bool is_send(action_kind kind) {
+  return kind == action_kind::send_activation || kind == action_kind::send_gradient;
+}
+constexpr bool carries_gradient(action_kind kind) {
+  return kind == action_kind::send_gradient || kind == action_kind::recv_gradient;
+}
+
 [[nodiscard]] inline char const* action_name(action_kind kind) {
   switch (kind) {
     case action_kind::forward:
@@ -196,8 +207,7 @@ namespace detail {
 /// "recv_gradient(microbatch 0, chunk 0) from rank 1", for run-time messages.
 [[nodiscard]] inline std::string describe(pipeline_action const& action) {
   std::string text = concat(action_name(action.kind), "(microbatch ", action.microbatch, ", chunk ", action.chunk, ")");
-  bool const sends = action.kind == action_kind::send_activation || action.kind == action_kind::send_gradient;
-  if (!computes(action.kind)) text += concat(sends ? " to rank " : " from rank ", action.peer);
+  if (!computes(action.kind)) text += concat(is_send(action.kind) ? " to rank " : " from rank ", action.peer);
   return text;
 }
 

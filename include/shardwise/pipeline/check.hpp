@@ -74,16 +74,6 @@ struct pipeline_channel {
   std::size_t next = 0;
 };
 
-constexpr bool is_receive(action_kind kind) {
-  return kind == action_kind::recv_activation || kind == action_kind::recv_gradient;
-}
-constexpr bool is_send(action_kind kind) {
-  return kind == action_kind::send_activation || kind == action_kind::send_gradient;
-}
-constexpr bool carries_gradient(action_kind kind) {
-  return kind == action_kind::send_gradient || kind == action_kind::recv_gradient;
-}
-
 /// Runs the ranks round-robin, each as far as it can go, until all are done or none can move.
 class schedule_simulator {
  public:

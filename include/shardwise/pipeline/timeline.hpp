@@ -63,8 +63,8 @@ constexpr pipeline_timeline simulate_timeline(std::vector<pipeline_actions> cons
   std::vector<std::size_t> next(ranks, 0);
   std::vector<detail::timed_channel> channels(ranks * ranks * 2);
   auto const channel = [&](int from, int to, action_kind kind) -> detail::timed_channel& {
-    bool const gradient = kind == action_kind::send_gradient || kind == action_kind::recv_gradient;
-    return channels[(static_cast<std::size_t>(from) * ranks + static_cast<std::size_t>(to)) * 2 + (gradient ? 1 : 0)];
+    std::size_t const gradient = detail::carries_gradient(kind) ? 1 : 0;
+    return channels[(static_cast<std::size_t>(from) * ranks + static_cast<std::size_t>(to)) * 2 + gradient];
   };
   for (bool moved = true; moved;) {
     moved = false;
@@ -72,9 +72,9 @@ constexpr pipeline_timeline simulate_timeline(std::vector<pipeline_actions> cons
       for (; next[r] < table[r].size(); ++next[r], moved = true) {
         auto const& a = table[r][next[r]];
         int const rank = static_cast<int>(r);
-        if (a.kind == action_kind::send_activation || a.kind == action_kind::send_gradient) {
+        if (detail::is_send(a.kind)) {
           channel(rank, a.peer, a.kind).arrivals.push_back(clock[r] + (a.peer == rank ? 0 : times.message));
-        } else if (a.kind == action_kind::recv_activation || a.kind == action_kind::recv_gradient) {
+        } else if (detail::is_receive(a.kind)) {
           auto& from = channel(a.peer, rank, a.kind);
           if (from.next == from.arrivals.size()) break;
           clock[r] = std::max(clock[r], from.arrivals[from.next++]);
