@@ -1,11 +1,12 @@
 // The Llama model trained in pipeline stages on the thread mesh at 1, 2 and 4 ranks, with tp and dp beside the
-// pipeline at 4, and with FSDP within the stages at pp 2 x dp 2, against the unsharded run
-// (cases/llama_pipeline_cases.hpp).
+// pipeline at 4, with FSDP within the stages at pp 2 x dp 2, and with the sequences cut over cp under FSDP and
+// within stages, against the unsharded run (cases/llama_pipeline_cases.hpp, cases/llama_context_composed_cases.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <span>
 
+#include "cases/llama_context_composed_cases.hpp"
 #include "cases/llama_pipeline_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -101,4 +102,10 @@ TEST_CASE("FSDP within pipeline stages: a tied table's copy outside the root uni
                        sw::error);
   using blocks_only = sw::fsdp_policy<sw::full_shard, sw::wrap_none>;  // in the root unit: taken
   CHECK_NOTHROW((void)sw::fully_shard<blocks_only>(stage, dp));
+}
+
+TEST_CASE("Llama cut over cp under FSDP and within pipeline stages: equal to the unsharded run, thread mesh") {
+  for (int ranks : {2, 4})
+    worlds::run_threads(ranks,
+                        [&](auto& world) { llama_context_composed_cases::check_all(world, llama_cases::steps()); });
 }

@@ -25,10 +25,12 @@ namespace sw = shardwise;
 namespace models = shardwise::models;
 using llama_cases::Run;
 
-/// Four blocks, so that four stages hold one each (or `layers`: 8 for ZBV at pp 4).
-inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4) {
+/// Four blocks, so that four stages hold one each (or `layers`: 8 for ZBV at pp 4); sequences of 8 tokens (or
+/// `sequence`: 9 for a cut over cp 2 that is uneven).
+inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4, std::size_t sequence = 8) {
   auto c = llama_cases::small_config();
   c.layers = layers;
+  c.sequence = sequence;
   c.tie_word_embeddings = tied;
   return c;
 }
@@ -37,7 +39,8 @@ inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4) {
 /// model chunks per pp rank (2 for Interleaved1F1B<2>).
 struct Setup {
   int dp = 1, pp = 1, microbatches = 1, chunks = 1;
-  std::size_t layers = 4;  ///< blocks of the model: a multiple of pp * chunks
+  std::size_t layers = 4;    ///< blocks of the model: a multiple of pp * chunks
+  std::size_t sequence = 8;  ///< tokens per sequence
   /// The parameters' tolerance (llama_cases::check_same_run's): 8 blocks drift further from the unsharded run
   double tolerance = llama_cases::parameter_tolerance;
   sw::stage_activations activations = sw::stage_activations::keep;
@@ -78,7 +81,7 @@ struct nothing_after {
 template <class Plan, class PipelineMesh>
 sw::stage_chunks<models::LlamaStage<float, Plan>> make_stages(
     Setup const& s, PipelineMesh const& pp, sw::stage_placement placement = sw::stage_placement::loop) {
-  auto const c = config(s.tied, s.layers);
+  auto const c = config(s.tied, s.layers, s.sequence);
   sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
   sw::stage_split const split(c.layers, pp.size() * s.chunks);
   sw::pipeline_shape const shape{pp.size(), s.chunks, s.microbatches, placement};
@@ -104,8 +107,8 @@ struct microbatch_feed {
   void load(int step) {
     int const per_rank = s.sequences() / s.dp, per_micro = per_rank / s.microbatches;
     for (std::size_t m = 0; m < ids.size(); ++m)
-      llama_cases::batch(config(s.tied), step, s.sequences(), dp_rank * per_rank + static_cast<int>(m) * per_micro,
-                         per_micro, ids[m], targets[m]);
+      llama_cases::batch(config(s.tied, s.layers, s.sequence), step, s.sequences(),
+                         dp_rank * per_rank + static_cast<int>(m) * per_micro, per_micro, ids[m], targets[m]);
     step_loss = 0;
   }
   auto input() {
@@ -186,15 +189,17 @@ Run train_sharded(World const& world, Setup const& s, Schedule const& schedule, 
 /// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape (a
 /// returned reference stays valid: the map only grows).
 inline Run const& unsharded(Setup const& s, int steps) {
-  static std::map<std::tuple<int, int, bool, std::size_t>, Run> runs;  // by (sequences, microbatches, tied, layers)
-  static std::mutex guard;                                             // every thread-mesh rank asks: one computes it
+  // by (sequences, microbatches, tied, layers, sequence length)
+  static std::map<std::tuple<int, int, bool, std::size_t, std::size_t>, Run> runs;
+  static std::mutex guard;  // every thread-mesh rank asks: one computes it
   std::lock_guard lock(guard);
-  std::tuple<int, int, bool, std::size_t> const key{s.sequences(), s.microbatches, s.tied, s.layers};
+  std::tuple<int, int, bool, std::size_t, std::size_t> const key{s.sequences(), s.microbatches, s.tied, s.layers,
+                                                                 s.sequence};
   auto found = runs.find(key);
   if (found == runs.end())
     found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false,
-                                                                  config(s.tied, s.layers), s.microbatches, 1.0f,
-                                                                  s.sequences()))
+                                                                  config(s.tied, s.layers, s.sequence), s.microbatches,
+                                                                  1.0f, s.sequences()))
                 .first;
   return found->second;
 }

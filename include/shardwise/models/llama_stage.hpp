@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -40,7 +41,7 @@ struct LlamaStage {
   std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
   std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step)
+  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step, on_context_parallel)
   SHARDWISE_SAVED(block_inputs_)
 
   /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
@@ -116,14 +117,26 @@ struct LlamaStage {
     return numbered && block < config_.layers && (block < layers.first || block >= layers.first + layers.size());
   }
 
-  /// The first stage's forward: the embedding of the token ids (whole sequences), then its blocks.
+  /// Called by sw::context_parallelize: from then on the first stage takes this rank's tokens of each sequence,
+  /// and every stage's stream holds those tokens' rows (the blocks' attention sees across the cp ranks).
+  void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
+    if (context->split().sequence != config_.sequence)
+      shardwise::raise("shardwise::models::LlamaStage: the context_split cuts sequences of ", context->split().sequence,
+                       " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");
+    rows_per_sequence_ = context->tokens();
+  }
+
+  /// The first stage's forward: the embedding of the token ids (whole sequences; under context parallelism, this
+  /// rank's tokens of each: sw::context_parallel::positions()), then its blocks.
   stream forward(std::span<const std::int64_t> ids) {
     if (!first_)
       shardwise::raise("shardwise::models::LlamaStage::forward: token ids given to stage holding layers ", layers.first,
                        "..", layers.first + layers.size(), ", which has no embedding; give them to the first stage");
-    if (ids.size() % config_.sequence != 0)
+    std::size_t const rows = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
+    if (ids.size() % rows != 0)
       shardwise::raise("shardwise::models::LlamaStage::forward: ", ids.size(), " token ids are not whole sequences of ",
-                       config_.sequence, " (config().sequence); give it a batch of whole sequences");
+                       rows, rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
+                       "; give it a batch of whole sequences");
     return forward((*tok_embeddings)(ids));
   }
 
@@ -286,6 +299,7 @@ struct LlamaStage {
 
   LlamaConfig config_;
   int stages_ = 1;
+  std::size_t rows_per_sequence_ = 0;  // this cp rank's tokens of each sequence; 0 without context parallelism
   bool first_ = false, last_ = false, checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };
