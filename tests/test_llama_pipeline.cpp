@@ -104,6 +104,25 @@ TEST_CASE("FSDP within pipeline stages: a tied table's copy outside the root uni
   CHECK_NOTHROW((void)sw::fully_shard<blocks_only>(stage, dp));
 }
 
+TEST_CASE(
+    "LlamaStage under cp: a split of another sequence length is refused; the first stage takes this rank's pieces") {
+  namespace models = shardwise::models;
+  auto const c = llama_pipeline_cases::config();  // sequences of 8
+  models::LlamaStage<float> first(c, shardwise::stage_split(c.layers, 2), 0);
+  worlds::run_threads(2, [&](auto& world) {
+    auto const cp = shardwise::make_mesh<"cp">(world, {2});
+    auto copy = first;
+    CHECK_THROWS_WITH_AS(shardwise::context_parallelize(copy, cp, {9, 2}),
+                         doctest::Contains("the context_split cuts sequences of 9 tokens but the model's are 8"),
+                         shardwise::error);
+    (void)shardwise::context_parallelize(copy, cp, {8, 2});  // 4 tokens of each sequence here
+    std::vector<std::int64_t> const six(6, 1);               // neither sequences of 8 nor 4-token pieces
+    CHECK_THROWS_WITH_AS((void)copy.forward(six),
+                         doctest::Contains("6 token ids are not whole sequences of 4 (this cp rank's tokens"),
+                         shardwise::error);
+  });
+}
+
 TEST_CASE("Llama cut over cp under FSDP and within pipeline stages: equal to the unsharded run, thread mesh") {
   for (int ranks : {2, 4})
     worlds::run_threads(ranks,
