@@ -2,8 +2,9 @@
 // clipping on every step, loss curve and final parameters equal to the unsharded run (fp32; losses and norms
 // 1e-4 relative, parameters as llama_cases::check_same_run states, but for the key biases: see
 // gpt2_cases::without_key_biases) for TP 2, TP 4, TP 2 and TP 4 with sequence parallelism and dp 2 x tp 2 with
-// ZeRO-1; a padded vocabulary and padded positions; the tie (one tensor); heads that do not divide over tp
-// refused with the reason.
+// ZeRO-1; the sequences cut over cp (ring and all-to-all, with dp, tp and sequence parallelism; uneven cuts); a
+// padded vocabulary and padded positions; the tie (one tensor); heads that do not divide over tp refused with the
+// reason.
 #include <doctest/doctest.h>
 
 #include "cases/gpt2_cases.hpp"
@@ -24,10 +25,11 @@ gpt2_cases::Run serial_run(models::GPT2Config const& c) {
 
 template <class PlanTag>
 void check_against(char const* name, gpt2_cases::Run const& serial, int ranks, int dp, bool zero1, PlanTag,
-                   models::GPT2Config const& c) {
+                   models::GPT2Config const& c, gpt2_cases::context_cut cut = {}) {
   INFO(std::string(name));
   worlds::run_threads(ranks, [&](auto& world) {
-    auto const run = gpt2_cases::train<typename PlanTag::type>(world, dp, steps, zero1, c);
+    auto const run =
+        gpt2_cases::train<typename PlanTag::type>(world, dp, steps, zero1, c, gpt2_cases::max_grad_norm, cut);
     if (world.rank() != 0) return;
     gpt2_cases::check_same_training(run, serial);
   });
@@ -48,6 +50,38 @@ TEST_CASE("GPT-2: sharded training equals the unsharded run, thread mesh") {
   check_against("TP 2 with sequence parallelism", serial, 2, 1, false, sequence_parallel{}, c);
   check_against("TP 4 with sequence parallelism", serial, 4, 1, false, sequence_parallel{}, c);
   check_against("dp 2 x tp 2 with ZeRO-1", serial, 4, 2, true, sequence_parallel{}, c);
+}
+
+TEST_CASE("GPT-2 with its sequences cut over cp equals the unsharded run, thread mesh") {
+  auto c = gpt2_cases::small_config();
+  c.sequence = 9;  // over cp 2: head-tail chunks of 3, 2, 2 and 2 tokens, 5 on rank 0 and 4 on rank 1
+  auto const serial = serial_run(c);
+  auto const ring = sw::context_method::ring;
+  check_against("cp 2, ring", serial, 2, 1, false, tp_only{}, c, {2, ring});
+  check_against("cp 2, all-to-all", serial, 2, 1, false, tp_only{}, c, {2, sw::context_method::all_to_all});
+  check_against("cp 4, ring", serial, 4, 1, false, tp_only{}, c, {4, ring});
+  check_against("dp 2 x cp 2, ring, ZeRO-1 over dp x cp", serial, 4, 2, true, tp_only{}, c, {2, ring});
+  check_against("cp 2 x tp 2 with sequence parallelism, ring", serial, 4, 1, false, sequence_parallel{}, c, {2, ring});
+}
+
+TEST_CASE("GPT-2 under cp: a split of another sequence length, and a cached forward, are refused") {
+  auto const c = gpt2_cases::small_config();
+  worlds::run_threads(2, [&](auto& world) {
+    auto const cp = sw::make_mesh<"cp">(world, {2});
+    models::GPT2<float> model(c);
+    CHECK_THROWS_WITH_AS(sw::context_parallelize(model, cp, {9, 2}),
+                         doctest::Contains("the context_split cuts sequences of 9 tokens but the model's are 8"),
+                         sw::error);
+    (void)sw::context_parallelize(model, cp, {8, 2});
+    std::vector<std::int64_t> const six(6, 1);  // neither sequences of 8 nor this rank's 4-token pieces
+    CHECK_THROWS_WITH_AS((void)model.forward(six),
+                         doctest::Contains("6 ids are not whole sequences of 4 tokens (this cp"), sw::error);
+    sw::kv_cache<float> cache(model.shardwise_kv_shape(), 1, 8);
+    std::vector<std::int64_t> const prompt(3, 1);
+    std::vector<std::size_t> const first{0}, three{3};
+    CHECK_THROWS_WITH_AS((void)model.forward(prompt, cache.append(first, three), cache),
+                         doctest::Contains("a forward with a key-value cache on a model cut over cp"), sw::error);
+  });
 }
 
 TEST_CASE("GPT-2: a padded vocabulary and padded positions train like the unsharded run") {

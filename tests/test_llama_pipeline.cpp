@@ -105,7 +105,8 @@ TEST_CASE("FSDP within pipeline stages: a tied table's copy outside the root uni
 }
 
 TEST_CASE(
-    "LlamaStage under cp: a split of another sequence length is refused; the first stage takes this rank's pieces") {
+    "LlamaStage under cp: a split of another sequence length is refused; the first stage takes pieces; Llama under cp "
+    "does not decode") {
   namespace models = shardwise::models;
   auto const c = llama_pipeline_cases::config();  // sequences of 8
   models::LlamaStage<float> first(c, shardwise::stage_split(c.layers, 2), 0);
@@ -119,6 +120,15 @@ TEST_CASE(
     std::vector<std::int64_t> const six(6, 1);               // neither sequences of 8 nor 4-token pieces
     CHECK_THROWS_WITH_AS((void)copy.forward(six),
                          doctest::Contains("6 token ids are not whole sequences of 4 (this cp rank's tokens"),
+                         shardwise::error);
+    // The whole model cut over cp does not decode: a cached forward is refused.
+    models::Llama<float> model(c);
+    (void)shardwise::context_parallelize(model, cp, {8, 2});
+    shardwise::kv_cache<float> cache(model.shardwise_kv_shape(), 1, 8);
+    std::vector<std::int64_t> const prompt(3, 1);
+    std::vector<std::size_t> const first{0}, three{3};
+    CHECK_THROWS_WITH_AS((void)model.forward(prompt, cache.append(first, three), cache),
+                         doctest::Contains("a forward with a key-value cache on a model cut over cp"),
                          shardwise::error);
   });
 }

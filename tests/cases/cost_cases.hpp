@@ -9,6 +9,7 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <random>
 #include <shardwise/context.hpp>
 #include <shardwise/fsdp.hpp>
@@ -577,20 +578,27 @@ void check_fsdp_tp_step(World const& world, int dp_size, int microbatches, model
   CHECK(record == predicted);
 }
 
-/// One training step of the GPT-2 model on a dp x tp counting mesh, as the GPT-2 tests train it (AdamW with
-/// parameter groups): its record against the model's cost (forward, loss, backward), finish_gradients_cost and
-/// AdamW::step_cost; the held parameter, gradient and activation bytes against the model's cost.
+/// One training step of the GPT-2 model on a dp x cp x tp counting mesh (cp 1 but when given: then 9-token sequences,
+/// cut unevenly at cp 2), as the GPT-2 tests train it (AdamW with parameter groups, the gradients reduced over
+/// dp x cp as one "data" axis): its record against the model's cost (forward, loss, backward, the attention's
+/// transfers on "cp"), finish_gradients_cost and AdamW::step_cost; the held parameter, gradient and activation
+/// bytes against the model's cost.
 template <bool SequenceParallel, class World>
-void check_gpt2_step(World const& world, int dp_size, bool zero1) {
+void check_gpt2_step(World const& world, int dp_size, bool zero1, int cp_size = 1,
+                     sw::context_method method = sw::context_method::ring) {
   using Model = models::GPT2<float, models::gpt2_plan<SequenceParallel>>;
   models::GPT2Config c;
-  c.vocabulary = 66, c.dim = 32, c.layers = 2, c.heads = 4, c.sequence = 6;  // 66, 6: padded at tp 4
+  c.vocabulary = 66, c.dim = 32, c.layers = 2, c.heads = 4, c.sequence = cp_size > 1 ? 9 : 6;  // 66, 6: padded at tp 4
   auto counted = sw::counting(world);
-  auto const mesh = sw::make_mesh<"dp", "tp">(counted, {dp_size, world.size() / dp_size});
+  int const tp_size = world.size() / (dp_size * cp_size);
+  auto const mesh = sw::make_mesh<"dp", "cp", "tp">(counted, {dp_size, cp_size, tp_size});
   auto const tp = sw::submesh<"tp">(mesh);
-  auto const dp = sw::submesh<"dp">(mesh);
+  auto const cp = sw::submesh<"cp">(mesh);
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(counted, {dp_size * cp_size, tp_size}));
   Model model(c);
   sw::parallelize(model, tp);
+  std::shared_ptr<sw::context_parallel const> context;
+  if (cp_size > 1) context = sw::context_parallelize(model, cp, {c.sequence, cp_size}, method);
   sw::AdamW<float> optimizer(
       {.learning_rate = 1e-3f,
        .weight_decay = 0.1f,
@@ -598,37 +606,45 @@ void check_gpt2_step(World const& world, int dp_size, bool zero1) {
        .zero1 = zero1,
        .groups = {{.matches = sw::names_matching({"*.bias", "*ln_*.weight"}), .weight_decay = 0.0f}}});
   std::size_t const sequences = 4 / static_cast<std::size_t>(dp_size);
-  sw::cost_inputs const s{sequences * c.sequence, static_cast<std::size_t>(tp.size()),
-                          static_cast<std::size_t>(tp.rank()), "tp"};
+  std::size_t const rows = context ? context->tokens() : c.sequence;
+  sw::cost_inputs s{sequences * rows, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};
+  if (context)
+    s.cp = {static_cast<std::size_t>(cp_size), static_cast<std::size_t>(cp.rank()), c.sequence, true, method};
   sw::cost const pass = Model::shardwise_cost(c, s);
   using Logits = typename decltype(std::declval<Model&>().lm_head)::output_layout;
   auto const walk = [&](auto&& fn) { Model::shardwise_parameter_costs(c, s, fn); };
-  sw::transfer_list<128> predicted;
+  sw::transfer_list<256> predicted;
   predicted.append(pass.forward).append(sw::cross_entropy_cost<float, Logits>(s.tokens, s).forward);
-  predicted.append(pass.backward).append(sw::finish_gradients_cost<128>(walk, s));
-  predicted.append(sw::AdamW<float>::template step_cost<128>(walk, zero1, static_cast<std::size_t>(dp.size()),
-                                                             static_cast<std::size_t>(dp.rank()), s, "dp"));
-  std::vector<std::int64_t> ids(s.tokens), targets(s.tokens);
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    ids[i] = std::int64_t((i * 7 + 3 * static_cast<std::size_t>(dp.rank())) % c.vocabulary),
-    targets[i] = (ids[i] + 1) % std::int64_t(c.vocabulary);
+  predicted.append(pass.backward).append(sw::finish_gradients_cost<256>(walk, s));
+  predicted.append(sw::AdamW<float>::template step_cost<256>(walk, zero1, static_cast<std::size_t>(data.size()),
+                                                             static_cast<std::size_t>(data.rank()), s, "data"));
+  std::vector<std::int64_t> ids, targets;
+  int const dp_rank = mesh.template coordinate<"dp">();
+  for (std::size_t b = 0; b < sequences; ++b)
+    for (std::size_t t = 0; t < rows; ++t) {
+      std::size_t const i = b * c.sequence + (context ? static_cast<std::size_t>(context->positions()[t]) : t);
+      ids.push_back(std::int64_t((i * 7 + 3 * static_cast<std::size_t>(dp_rank)) % c.vocabulary));
+      targets.push_back((ids.back() + 1) % std::int64_t(c.vocabulary));
+    }
   counted.log().clear();
   auto const logits = model.forward(ids);
   CHECK(held_activation_bytes(model) == pass.activation_bytes);
-  auto const result = models::gpt2_loss(tp, logits, targets, c.vocabulary);
+  auto result = models::gpt2_loss(tp, logits, targets, c.vocabulary);
+  if (context) result.dlogits.local *= static_cast<float>(context->mean_weight());
   model.backward(result.dlogits);
-  optimizer.step(sw::finish_gradients(model), dp);
+  optimizer.step(sw::finish_gradients(model), data);
   auto const record = counted.log().entries();
-  INFO("GPT-2 dp ", dp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+  INFO("GPT-2 dp ", dp_size, " x cp ", cp_size, " x tp ", tp.size(), " (rank ", world.rank(), ")",
        std::string_view(SequenceParallel ? ", sequence parallel" : ""), std::string_view(zero1 ? ", ZeRO-1" : ""),
-       "\nrecorded:\n", listed(record), "predicted:\n", predicted);
+       std::string_view(method == sw::context_method::ring ? "" : ", all-to-all"), "\nrecorded:\n", listed(record),
+       "predicted:\n", predicted);
   CHECK(record == predicted);
   auto const [parameters, gradients] = held_bytes(model);
   CHECK(parameters == pass.parameter_bytes);
   CHECK(gradients == pass.gradient_bytes);
   CHECK(optimizer.state_elements() * sizeof(float) ==
-        sw::AdamW<float>::state_bytes(walk, zero1, static_cast<std::size_t>(dp.size()),
-                                      static_cast<std::size_t>(dp.rank())));
+        sw::AdamW<float>::state_bytes(walk, zero1, static_cast<std::size_t>(data.size()),
+                                      static_cast<std::size_t>(data.rank())));
 }
 
 /// Every case at the world's size.
@@ -677,6 +693,11 @@ void run_cost_cases(World const& world) {
   check_gpt2_step<false>(world, 1, false);
   check_gpt2_step<true>(world, 1, false);
   if (n == 4) check_gpt2_step<true>(world, 2, true);
+  // ... and cut over cp: by ring and (at 2 ranks) by all-to-all; cp 2 x tp 2 with sequence parallelism, dp 2 x cp 2.
+  if (n >= 2) check_gpt2_step<false>(world, 1, false, 2);
+  if (n == 2) check_gpt2_step<false>(world, 1, false, 2, sw::context_method::all_to_all);
+  if (n == 4) check_gpt2_step<true>(world, 1, false, 2);
+  if (n == 4) check_gpt2_step<false>(world, 2, true, 2);
   // Pipeline steps over every rank: 4 layers, so that interleaving (2 chunks per rank) has a layer per stage at 2.
   models::LlamaConfig p = m;
   p.layers = 4;

@@ -6,12 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>
 
-#include "cases/llama_cases.hpp"
+#include "cases/llama_context_cases.hpp"
 
 namespace gpt2_cases {
 
@@ -54,17 +55,33 @@ inline void batch(models::GPT2Config const& c, int step, int sequences, int firs
     }
 }
 
-/// Trains for `steps` on a dp x tp mesh of `world`; every rank returns the same Run (but for state_elements and
-/// dp_rank). Unsharded runs (one rank) also record the norm of the gradients as computed here (own_norms).
+/// The sequences cut over cp ranks (sw::context_parallelize): 1 for none.
+struct context_cut {
+  int cp = 1;
+  sw::context_method method = sw::context_method::ring;
+};
+
+/// Trains for `steps` on a dp x cp x tp mesh of `world` (cp 1 but for `cut`); every rank returns the same Run (but
+/// for state_elements and dp_rank). Under cp each rank's loss is weighted by its share of the tokens and the
+/// gradients are averaged over dp x cp. Unsharded runs (one rank) also record the norm of the gradients as computed
+/// here (own_norms).
 template <class Plan, class World>
 Run train(World const& world, int dp_size, int steps, bool zero1, models::GPT2Config const& c,
-          float max_norm = max_grad_norm) {
-  auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, world.size() / dp_size});
+          float max_norm = max_grad_norm, context_cut cut = {}) {
+  int const tp_size = world.size() / (dp_size * cut.cp);
+  auto const mesh = sw::make_mesh<"dp", "cp", "tp">(world, {dp_size, cut.cp, tp_size});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(world, {dp_size * cut.cp, tp_size}));
   models::GPT2<float, Plan> model(c);
   sw::AdamW<float> optimizer(adamw(zero1, max_norm));
   sw::parallelize(model, tp);
+  std::shared_ptr<sw::context_parallel const> context;
+  if (cut.cp > 1) context = sw::context_parallelize(model, sw::submesh<"cp">(mesh), {c.sequence, cut.cp}, cut.method);
+  float const weight = context ? static_cast<float>(context->mean_weight()) : 1.0f;
+  auto const here = [&](std::vector<std::int64_t> const& all) {
+    return context ? llama_context_cases::mine(all, *context) : all;
+  };
   constexpr int sequences = 4;
   int const per_rank = sequences / dp_size;
   Run run;
@@ -72,8 +89,9 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::GPT2Co
   std::vector<std::int64_t> ids, targets;
   for (int step = 0; step < steps; ++step) {
     batch(c, step, sequences, dp.rank() * per_rank, per_rank, ids, targets);
-    auto const logits = model.forward(ids);
-    auto const result = models::gpt2_loss(tp, logits, targets, c.vocabulary);
+    auto const logits = model.forward(here(ids));
+    auto result = models::gpt2_loss(tp, logits, here(targets), c.vocabulary);
+    result.dlogits.local *= weight;
     model.backward(result.dlogits);
     auto finished = sw::finish_gradients(model);
     if (world.size() == 1) {
@@ -82,9 +100,9 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::GPT2Co
                              [&](std::string const&, auto const& p) { squares += double(p.grad->squaredNorm()); });
       run.own_norms.push_back(std::sqrt(squares));
     }
-    run.norms.push_back(optimizer.step(finished, dp));
+    run.norms.push_back(optimizer.step(finished, data));
     sw::zero_grad(model);
-    run.losses.push_back(sw::all_reduce(dp, result.loss, sw::Avg{}));  // the whole batch's: dp ranks' mean
+    run.losses.push_back(sw::all_reduce(data, result.loss * weight, sw::Avg{}));  // the whole batch's
   }
   run.state_elements = optimizer.state_elements();
   sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {

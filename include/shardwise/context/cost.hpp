@@ -6,6 +6,7 @@
 
 #include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/nn/functional_attention.hpp"
 
 namespace shardwise::detail {
 
@@ -64,6 +65,19 @@ constexpr cost context_attention_cost(cost_inputs const& s, std::size_t q_cols, 
   for (std::size_t width : {q, q, kv, kv}) detail::ulysses_exchange(cp, rows, width, true, c.backward);
   for (std::size_t width : {q, kv, kv}) detail::ulysses_exchange(cp, rows, width, false, c.backward);
   return c;
+}
+
+/// What causal attention keeps for its backward besides q, k and v on one rank of s.tokens rows and `heads` query
+/// heads of `head_dim` (this tp rank's): each query row's logsumexp per head; under all-to-all over s.cp, that of
+/// the whole sequences of heads / cp heads; under the ring, also its output (the backward's softmax term spans
+/// every block).
+template <class T>
+constexpr std::size_t context_attention_kept_bytes(cost_inputs const& s, std::size_t heads, std::size_t head_dim) {
+  context_inputs const& cp = s.cp;
+  if (cp.ranks > 1 && cp.method == context_method::all_to_all)
+    return nn::attention_saved_bytes<T>(s.tokens / cp.tokens(cp.rank) * cp.sequence, heads / cp.ranks);
+  std::size_t const ring_output = cp.ranks > 1 ? s.tokens * heads * head_dim * sizeof(T) : 0;
+  return nn::attention_saved_bytes<T>(s.tokens, heads) + ring_output;
 }
 
 }  // namespace shardwise

@@ -9,11 +9,14 @@
 // sharded (models/gpt2_plan.hpp); with sw::serial_plan it is the unsharded reference.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "shardwise/context/context_parallel.hpp"
+#include "shardwise/context/cost.hpp"
 #include "shardwise/inference/cached_attention.hpp"
 #include "shardwise/nn.hpp"
 
@@ -68,8 +71,8 @@ struct GPT2Attention {
   Linear<T, style_at<Plan, "v_proj">> v_proj;  ///< Value projection, dim -> dim, with bias.
   Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
   SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
-  SHARDWISE_HOOKS(on_parallelize)
-  SHARDWISE_SAVED(q_, k_, v_, saved_)
+  SHARDWISE_HOOKS(on_parallelize, on_context_parallel)
+  SHARDWISE_SAVED(q_, k_, v_, saved_, out_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4.
   GPT2Attention(GPT2Config const& c, std::uint64_t seed)
@@ -96,8 +99,8 @@ struct GPT2Attention {
   }
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections' (with biases), in
-  /// the order forward and backward call them, and what the forward keeps: q, k, v (this rank's heads) and each
-  /// query row's softmax logsumexp per head.
+  /// the order forward and backward call them (with the attention's transfers across s.cp between them), and what
+  /// the forward keeps: q, k, v (this rank's heads) and sw::context_attention_kept_bytes.
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
     cost const cq = decltype(q_proj)::shardwise_cost(c.dim, c.dim, s, true);
     cost const ck = decltype(k_proj)::shardwise_cost(c.dim, c.dim, s, true);
@@ -108,22 +111,34 @@ struct GPT2Attention {
     constexpr bool sharded_heads = std::is_same_v<typename decltype(q_proj)::weight_grad_placement, Shard<0>>;
     std::size_t const n = sharded_heads ? s.tp : 1;
     total.activation_bytes += 3 * s.tokens * c.dim / n * sizeof(T);
-    total.activation_bytes += nn::attention_saved_bytes<T>(s.tokens, c.heads / n);
+    total.activation_bytes += context_attention_kept_bytes<T>(s, c.heads / n, c.head_dim());
     // Backward's transients at their peak, as the Llama attention's: c_proj's input gradient, the gradients of
     // q, k and v, the two [block rows, sequence] panels, the three input gradients (summed into the first).
     total.working_bytes = co.activation_bytes + 3 * s.tokens * c.dim / n * sizeof(T) +
                           nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
-    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(co.forward);
-    total.backward.append(co.backward).append(cq.backward).append(ck.backward).append(cv.backward);
+    cost const across = context_attention_cost<T>(s, c.dim / n, c.dim / n);  // nothing without a cp axis
+    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(across.forward).append(co.forward);
+    total.backward.append(co.backward).append(across.backward);
+    total.backward.append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
   }
+
+  /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, attended
+  /// across the cp ranks (GPT2 adds each token's position embedding at its global position).
+  void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) { context_ = context; }
 
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
   auto forward(X const& x) {
     q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
     auto out = q_;
-    nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
+    if (context_) {
+      context_->attend<T>(q_.local, k_.local, v_.local, config_.head_dim(), out.local, saved_);
+      if (context_->method() == context_method::ring)
+        out_ = out.local;  // the ring's backward needs each row's output (its softmax term spans every block)
+    } else {
+      nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
+    }
     return c_proj(std::move(out));  // its storage becomes c_proj's kept input
   }
 
@@ -145,14 +160,20 @@ struct GPT2Attention {
   auto backward(DY const& dy) {
     auto dout = c_proj.backward(dy);
     auto dq = q_, dk = k_, dv = v_;
-    nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
+    if (context_)
+      context_->attend_backward<T>(dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local, dk.local,
+                                   dv.local);
+    else
+      nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
     return q_proj.backward(dq) + k_proj.backward(dk) + v_proj.backward(dv);  // Partial<Sum> under ColwiseParallel
   }
 
  private:
   GPT2Config config_;
   output_t<decltype(q_proj)> q_, k_, v_;
-  nn::attention_saved<T> saved_;  // each query row's softmax logsumexp, for backward
+  nn::attention_saved<T> saved_;                     // each query row's softmax logsumexp, for backward
+  nn::matrix<T> out_;                                // the output, kept under the ring for its backward
+  std::shared_ptr<context_parallel const> context_;  // set by sw::context_parallelize
 };
 
 /// The feed-forward: c_fc (dim -> 4 dim), gelu_new, c_proj (4 dim -> dim), both with bias.
@@ -161,7 +182,9 @@ struct GPT2MLP {
   Linear<T, style_at<Plan, "c_fc">> c_fc;      ///< dim -> 4 dim, with bias.
   Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< 4 dim -> dim, with bias.
   SHARDWISE_CHILDREN(c_fc, c_proj)
+  SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED(h_)
+  static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
 
   /// The parameters are drawn from seed + 1 and seed + 2.
   GPT2MLP(GPT2Config const& c, std::uint64_t seed)
@@ -212,7 +235,9 @@ struct GPT2Block {
   LayerNorm<T, style_at<Plan, "ln_2">> ln_2;     ///< LayerNorm before the MLP.
   GPT2MLP<T, subplan<Plan, "mlp">> mlp;          ///< The MLP.
   SHARDWISE_CHILDREN(ln_1, attn, ln_2, mlp)
+  SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED()
+  static constexpr bool shardwise_token_wise = true;  ///< Residuals, token by token: the attention sees across.
 
   /// The attention's parameters are drawn from `seed`, the MLP's from seed + 10.
   GPT2Block(GPT2Config const& c, std::uint64_t seed)
@@ -267,7 +292,7 @@ struct GPT2 {
   LayerNorm<T, style_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
   Linear<T, style_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
   SHARDWISE_CHILDREN(wte, wpe, h, ln_f, lm_head)
-  SHARDWISE_HOOKS(config)
+  SHARDWISE_HOOKS(config, on_context_parallel)
   SHARDWISE_SAVED()  // positions_ is a cache of position ids, not an activation
 
   /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not
@@ -339,7 +364,17 @@ struct GPT2 {
   /// What checkpoints store beside the weights, and check on load: GPT2Config::fields().
   [[nodiscard]] std::map<std::string, std::string> shardwise_config() const { return config_.fields(); }
 
-  /// Logits [tokens, vocabulary] for the token ids (whole sequences of config().sequence tokens).
+  /// Called by sw::context_parallelize: from then on forward takes this rank's tokens of each sequence, each
+  /// given its position embedding at its global position.
+  void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
+    if (context->split().sequence != config_.sequence)
+      shardwise::raise("shardwise::models::GPT2: the context_split cuts sequences of ", context->split().sequence,
+                       " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");
+    context_ = context;
+  }
+
+  /// Logits [tokens, vocabulary] for the token ids (whole sequences of config().sequence tokens; under context
+  /// parallelism, this rank's tokens of each: sw::context_parallel::positions()).
   auto forward(std::span<const std::int64_t> ids) {
     auto x = wte(ids) + wpe(positions(ids.size()));
     for (auto& block : h) x = shardwise::forward(block, x);  // FSDP units gather here
@@ -356,6 +391,10 @@ struct GPT2 {
                   "shardwise::models::GPT2: a forward with a key-value cache needs the residual stream whole on "
                   "every rank; build the model for inference with gpt2_plan<false> (no sequence parallelism): its "
                   "weights are cut as under sequence parallelism, so the same checkpoints load");
+    if (context_)
+      shardwise::raise(
+          "shardwise::models::GPT2::forward: a forward with a key-value cache on a model cut over cp "
+          "(sw::context_parallelize); generate with a model that is not");
     if (ids.size() != step.rows())
       shardwise::raise("shardwise::models::GPT2::forward: ", ids.size(), " token ids for a step of ", step.rows(),
                        " new tokens; give one id per new token, the step's entries in order");
@@ -401,18 +440,23 @@ struct GPT2 {
   }
 
  private:
-  /// The position of every token: 0, 1, ..., sequence - 1, again for each sequence of the batch.
+  /// The position of every token: 0, 1, ..., sequence - 1, again for each sequence of the batch (under context
+  /// parallelism, this rank's positions in each).
   std::span<const std::int64_t> positions(std::size_t tokens) {
-    if (tokens % config_.sequence != 0)
-      shardwise::raise("shardwise::models::GPT2: ", tokens, " ids are not whole sequences of ", config_.sequence,
-                       " tokens; give forward a batch of complete sequences");
+    std::size_t const rows = context_ ? context_->tokens() : config_.sequence;
+    if (tokens % rows != 0)
+      shardwise::raise("shardwise::models::GPT2: ", tokens, " ids are not whole sequences of ", rows,
+                       context_ ? " tokens (this cp rank's tokens of each sequence)" : " tokens",
+                       "; give forward a batch of complete sequences");
     positions_.resize(tokens);
-    for (std::size_t i = 0; i < tokens; ++i) positions_[i] = static_cast<std::int64_t>(i % config_.sequence);
+    for (std::size_t i = 0; i < tokens; ++i)
+      positions_[i] = context_ ? context_->positions()[i % rows] : static_cast<std::int64_t>(i % rows);
     return positions_;
   }
 
   GPT2Config config_;
   std::vector<std::int64_t> positions_;
+  std::shared_ptr<context_parallel const> context_;  // set by sw::context_parallelize
 };
 
 }  // namespace shardwise::models

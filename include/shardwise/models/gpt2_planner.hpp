@@ -16,7 +16,8 @@ namespace shardwise::planner {
 /// q, k, v, the attention's and the MLP's projections, each with a bias), the LM head tied to wte.
 inline model_description describe(models::GPT2Config const& c) {
   model_description d{"GPT-2", c.vocabulary, c.dim, c.layers, c.heads, c.heads, c.hidden(), 0, false, 16, false, {}};
-  d.figures = [c](std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const&) {  // no cp
+  d.context_parallel = true;  // sw::context_parallelize cuts its sequences (wpe at each token's global position)
+  d.figures = [c](std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const& cp) {
     using Model = models::GPT2<float, models::gpt2_plan<true>>;
     using Block = models::GPT2Block<float, subplan<models::gpt2_plan<true>, "h.*">>;
     using Token = decltype(std::declval<Model&>().wte);
@@ -24,7 +25,7 @@ inline model_description describe(models::GPT2Config const& c) {
     using Head = decltype(std::declval<Model&>().lm_head);
     models::GPT2Config at = c;
     at.sequence = sequence;  // the attention's panels follow the sequence; wpe keeps the config's positions
-    cost_inputs const s{tokens, tp, 0, "tp"};
+    cost_inputs const s{tokens, tp, 0, "tp", cp};
     models::GPT2Config ends_only = c;
     ends_only.layers = 0;
     cost embedding = Token::shardwise_cost(c.vocabulary, c.dim, s);

@@ -298,6 +298,10 @@ struct Llama {
                   "shardwise::models::Llama: a forward with a key-value cache needs the residual stream whole on "
                   "every rank; build the model for inference with llama_plan<false> (no sequence parallelism): its "
                   "weights are cut as under sequence parallelism, so the same checkpoints load");
+    if (rows_per_sequence_)
+      shardwise::raise(
+          "shardwise::models::Llama::forward: a forward with a key-value cache on a model cut over cp "
+          "(sw::context_parallelize); generate with a model that is not");
     if (ids.size() != step.rows())
       shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids for a step of ", step.rows(),
                        " new tokens; give one id per new token, the step's entries in order");

@@ -134,7 +134,7 @@ struct LlamaAttention {
     std::size_t const n = sharded_heads ? s.tp : 1;
     // q, k and v after the projections (this rank's heads), and each query row's softmax logsumexp per head.
     total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
-    total.activation_bytes += saved_bytes(c, s, n);
+    total.activation_bytes += context_attention_kept_bytes<T>(s, c.heads / n, c.head_dim());
     // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, the attention's two
     // [block rows, sequence] panels, the three input gradients (each as wq's input; their sum is added into the
     // first, a temporary).
@@ -145,16 +145,6 @@ struct LlamaAttention {
     total.backward.append(co.backward).append(across.backward);
     total.backward.append(cq.backward).append(ck.backward).append(cv.backward);
     return total;
-  }
-
-  /// What the attention keeps for its backward besides q, k and v: each query row's logsumexp per head (under
-  /// all-to-all, of the whole sequences of this rank's heads / cp heads), and under the ring its output.
-  static constexpr std::size_t saved_bytes(LlamaConfig const& c, cost_inputs const& s, std::size_t n) {
-    context_inputs const& cp = s.cp;
-    if (cp.ranks > 1 && cp.method == context_method::all_to_all)
-      return nn::attention_saved_bytes<T>(s.tokens / cp.tokens(cp.rank) * cp.sequence, c.heads / n / cp.ranks);
-    std::size_t const ring_output = cp.ranks > 1 ? s.tokens * c.heads * c.head_dim() / n * sizeof(T) : 0;
-    return nn::attention_saved_bytes<T>(s.tokens, c.heads / n) + ring_output;
   }
 
   /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, rotated at

@@ -228,7 +228,8 @@ inline estimate estimate_layout(model_description const& d, training_shape const
                      t.sequence, " tokens of ", d.family,
                      "; every size must be positive, dp x microbatches must divide the batch, the sequence hold a "
                      "token per cp rank, cp be at most ",
-                     most_context_ranks, ", and cp > 1 needs a model shardwise cuts over cp (the Llama family)");
+                     most_context_ranks,
+                     ", and cp > 1 needs a model shardwise cuts over cp (the Llama family and GPT-2)");
   bool const v = l.pp > 1 && l.schedule == pipeline_choice::zero_bubble_v;
   if (v && d.layers % (2 * l.pp) != 0)
     shardwise::raise("shardwise::planner::estimate_layout: ZeroBubbleV over ", l.pp, " stages cuts the ", d.layers,
@@ -317,7 +318,7 @@ inline void search_layouts(model_description const& d, training_shape const& t, 
     if ((t.batch / dp) % mb != 0) continue;
     for (auto s : {state_sharding::replicated, state_sharding::zero1, state_sharding::fsdp}) {
       if (s != state_sharding::replicated && dp * base.cp == 1) continue;
-      if ((s == state_sharding::fsdp && base.cp > 1) || (only.sharding && s != *only.sharding)) continue;
+      if (only.sharding && s != *only.sharding) continue;
       for (bool checkpointing : {false, true}) {
         layout l = base;
         l.microbatches = mb, l.sharding = s, l.checkpointing = checkpointing;
@@ -331,11 +332,10 @@ inline void search_layouts(model_description const& d, training_shape const& t, 
 }  // namespace detail
 
 /// Every layout of `ranks` ranks (dp x pp x tp x cp = ranks; tp cutting the heads; pp up to the layers, 1F1B or
-/// only.schedule; cp
-/// cutting each sequence, without pipeline stages, for the models shardwise cuts over cp; the microbatches dividing
-/// each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP (within pipeline stages too, each
-/// stage's gradients reduced after every microbatch; not with cp); checkpointing off and on), estimated and
-/// filtered by `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
+/// only.schedule; cp cutting each sequence, up to most_context_ranks, for the models shardwise cuts over cp; the
+/// microbatches dividing each dp rank's sequences; the optimizer state replicated, ZeRO-1, or FSDP over dp x cp
+/// (within pipeline stages too, each stage's gradients reduced after every microbatch); checkpointing off and on),
+/// estimated and filtered by `memory_per_rank` bytes; `only` fixes axis sizes and the sharding.
 inline search_result search(model_description const& d, training_shape const& t, std::size_t ranks,
                             std::size_t memory_per_rank, machine const& m, axis_choice only = {}) {
   search_result r;
@@ -345,7 +345,7 @@ inline search_result search(model_description const& d, training_shape const& t,
     for (std::size_t pp = 1; pp <= ranks / tp && pp <= (d.pipeline ? d.layers : 1); ++pp) {
       if ((ranks / tp) % pp != 0 || !allowed(pp, only.pp)) continue;
       for (std::size_t cp = 1; cp <= ranks / tp / pp && cp <= most_context_ranks; ++cp) {
-        bool const cuts = cp == 1 || (d.context_parallel && pp == 1 && cp <= t.sequence);
+        bool const cuts = cp == 1 || (d.context_parallel && cp <= t.sequence);
         if ((ranks / tp / pp) % cp != 0 || !cuts || !allowed(cp, only.cp)) continue;
         std::size_t const dp = ranks / tp / pp / cp;
         if (t.batch % dp != 0 || !allowed(dp, only.dp)) continue;
