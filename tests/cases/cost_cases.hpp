@@ -302,6 +302,15 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   CHECK(optimizer.state_elements() * sizeof(float) == sw::AdamW<float>::state_bytes(walk, zero1, t.dp, t.dp_rank));
 }
 
+/// This cp rank's tokens of each sequence of `all` (rows of whole sequences).
+inline std::vector<std::int64_t> my_tokens(std::vector<std::int64_t> const& all, sw::context_parallel const& context) {
+  std::vector<std::int64_t> picked;
+  std::size_t const sequence = context.split().sequence;
+  for (std::size_t first = 0; first < all.size(); first += sequence)
+    for (std::int64_t p : context.positions()) picked.push_back(all[first + static_cast<std::size_t>(p)]);
+  return picked;
+}
+
 /// Two training steps of the Llama model cut over cp on a dp x cp x tp counting mesh (tp: the rest of the world):
 /// each step's record (the ring's or the all-to-all's transfers on "cp" within each block, AdamW's gradient
 /// reduction over dp x cp as one "data" axis) against models::llama_step_cost with the cp axis in its inputs; the
@@ -335,12 +344,7 @@ void check_context_step(World const& world, int dp_size, int cp_size, sw::contex
     counted.log().clear();
     tokens_for(c, static_cast<unsigned>(100 * step + 10 * (world.rank() / (cp_size * tp_size))), per_rank, ids,
                targets);
-    my_ids.clear(), my_targets.clear();
-    for (std::size_t first = 0; first < ids.size(); first += c.sequence)
-      for (std::int64_t p : context->positions()) {
-        my_ids.push_back(ids[first + static_cast<std::size_t>(p)]);
-        my_targets.push_back(targets[first + static_cast<std::size_t>(p)]);
-      }
+    my_ids = my_tokens(ids, *context), my_targets = my_tokens(targets, *context);
     auto const logits = model.forward(my_ids);
     if (step == 0) CHECK(held_activation_bytes(model) == held.activation_bytes);
     auto result = models::llama_loss(tp, logits, my_targets, c.vocabulary);
@@ -435,6 +439,7 @@ struct pipeline_setup {
   bool checkpointed = false;  ///< Each block checkpointed.
   bool recomputed = false;    ///< Stage-level recomputation (stage_activations::recompute).
   bool tied = false;          ///< tie_word_embeddings across the stages.
+  int cp = 1;                 ///< Each stage's sequences cut over cp ranks (ring); AdamW over dp x cp.
 };
 
 template <class Schedule, bool SequenceParallel, class World>
@@ -444,25 +449,33 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
   c.tie_word_embeddings = o.tied;
   using Stage = models::LlamaStage<float, models::llama_plan<SequenceParallel>>;
   auto counted = sw::counting(world);
-  auto const mesh = sw::make_mesh<"dp", "pp", "tp">(counted, {dp_size, pp_size, world.size() / (dp_size * pp_size)});
+  int const tp_size = world.size() / (dp_size * pp_size * o.cp);
+  auto const mesh = sw::make_mesh<"pp", "dp", "cp", "tp">(counted, {pp_size, dp_size, o.cp, tp_size});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const pp = sw::submesh<"pp">(mesh);
-  auto const dp = sw::submesh<"dp">(mesh);
+  auto const cp = sw::submesh<"cp">(mesh);
+  auto const data = sw::submesh<"data">(sw::make_mesh<"pp", "data", "tp">(counted, {pp_size, dp_size * o.cp, tp_size}));
   sw::stage_split const split(c.layers, pp.size());
   sw::stage_chunks<Stage> stage;
   stage.emplace_back(c, split, pp.rank());
   stage.back().checkpoint_blocks(checkpointed);
   sw::parallelize(stage, tp);
+  std::shared_ptr<sw::context_parallel const> context;
+  if (o.cp > 1) context = sw::context_parallelize(stage.back(), cp, {c.sequence, o.cp});
+  std::size_t const rows_per_sequence = context ? context->tokens() : c.sequence;
   sw::AdamW<float> optimizer({.learning_rate = 3e-3f, .max_grad_norm = 1.0f, .zero1 = zero1});
   std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
-  for (std::size_t m = 0; m < ids.size(); ++m)
-    tokens_for(c, static_cast<unsigned>(10 * dp.rank() + m), 1, ids[m], targets[m]);
+  for (std::size_t m = 0; m < ids.size(); ++m) {
+    tokens_for(c, static_cast<unsigned>(10 * mesh.template coordinate<"dp">() + m), 1, ids[m], targets[m]);
+    if (context) ids[m] = my_tokens(ids[m], *context), targets[m] = my_tokens(targets[m], *context);
+  }
   counted.log().clear();
   run_llama_pipeline_step<Schedule>(pp, tp, stage, ids, targets,
                                     {o.recomputed ? sw::stage_activations::recompute : sw::stage_activations::keep});
-  optimizer.step(sw::finish_gradients(stage), dp, pp);
+  optimizer.step(sw::finish_gradients(stage), data, pp);
   auto const record = counted.log().entries();
-  sw::cost_inputs const s{c.sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};
+  sw::cost_inputs s{rows_per_sequence, static_cast<std::size_t>(tp.size()), static_cast<std::size_t>(tp.rank()), "tp"};
+  if (context) s.cp = {static_cast<std::size_t>(o.cp), static_cast<std::size_t>(cp.rank()), c.sequence};
   sw::stage_range const blocks = split.of(pp.rank());
   sw::cost const chunk = Stage::shardwise_cost(c, blocks, s, checkpointed);
   std::size_t const rows = SequenceParallel ? s.local_tokens() : s.tokens;  // the stream crossing stages
@@ -471,9 +484,9 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
                              Stage::shardwise_pipeline_transfers(c, blocks, s, checkpointed, o.recomputed));
   auto const walk = [&](auto&& fn) { Stage::shardwise_parameter_costs(c, blocks, s, fn); };
   predicted.append(sw::finish_gradients_cost(walk, s));
-  predicted.append(sw::AdamW<float>::step_cost(walk, zero1, static_cast<std::size_t>(dp.size()),
-                                               static_cast<std::size_t>(dp.rank()), s, "dp", "pp"));
-  INFO("dp ", dp.size(), " x pp ", pp.size(), " x tp ", tp.size(), " (rank ", world.rank(), ")",
+  predicted.append(sw::AdamW<float>::step_cost(walk, zero1, static_cast<std::size_t>(data.size()),
+                                               static_cast<std::size_t>(data.rank()), s, "data", "pp"));
+  INFO("dp ", dp_size, " x pp ", pp.size(), " x cp ", o.cp, " x tp ", tp.size(), " (rank ", world.rank(), ")",
        std::string_view(SequenceParallel ? ", sequence parallel" : ""), std::string_view(zero1 ? ", ZeRO-1" : ""),
        std::string_view(checkpointed ? ", blocks checkpointed" : ""),
        std::string_view(o.recomputed ? ", recomputed" : ""), std::string_view(o.tied ? ", tied" : ""), ", ",
@@ -719,6 +732,10 @@ void run_cost_cases(World const& world) {
     check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.tied = true});
     check_pipeline_tp_step<sw::OneFOneB, true>(world, 1, 2, 3, p, {.recomputed = true});
     check_pipeline_tp_step<sw::GPipe, true>(world, 1, 2, 3, p, {.recomputed = true});
+    auto p9 = p;  // each stage's sequences cut over cp 2, unevenly (5 and 4 tokens)
+    p9.sequence = 9;
+    check_pipeline_tp_step<sw::OneFOneB, false>(world, 1, 2, 3, p9, {.cp = 2});
+    check_pipeline_tp_step<sw::ZeroBubbleH1, false>(world, 1, 2, 2, p9, {.cp = 2});
   }
   if (n == 4)  // FSDP within the stages: dp 2 x pp 2, both reductions, and tied embeddings
     for (auto reduction :
