@@ -9,12 +9,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "shardwise/context/ring_attention.hpp"
 #include "shardwise/context/split.hpp"
 #include "shardwise/context/ulysses_attention.hpp"
+#include "shardwise/core/fixed_string.hpp"
 #include "shardwise/plan/hooks.hpp"
 #include "shardwise/plan/module.hpp"
 #include "shardwise/plan/tree.hpp"
@@ -114,6 +116,15 @@ namespace shardwise::detail {
 
 template <class Module>
 struct module_does_not_say_how_it_treats_a_sequence_cut_over_cp;  // incomplete on purpose: names the module
+template <fixed_string Path, class Spelled = spelled_t<Path>>
+struct at_plan_path;  // incomplete on purpose: spells the module's plan path, where its layers were given one
+
+/// The plan path of module N (where its layers were built with one), as text a template argument can spell.
+template <class N>
+struct context_module_path {
+  static constexpr found_path own = module_path<N>();
+  static constexpr std::string_view text = own.path;
+};
 
 /// Whether module N may run on a sequence cut over cp: it attends across the ranks itself (the hook), or its own
 /// code treats every token alone (token_wise); layers always do.
@@ -128,6 +139,10 @@ constexpr bool context_parallel_ready() {
     if constexpr (!ready) {
       using shown [[maybe_unused]] =
           decltype(show_incomplete<module_does_not_say_how_it_treats_a_sequence_cut_over_cp<N>>());
+      if constexpr (context_module_path<N>::own.found) {
+        using path_shown [[maybe_unused]] =
+            decltype(show_incomplete<at_plan_path<spelled<context_module_path<N>::text>()>>());
+      }
     }
     return ready;
   }
