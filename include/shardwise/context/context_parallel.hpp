@@ -110,6 +110,30 @@ class context_parallel {
   typed<double> double_;
 };
 
+/// A model attention's causal attention on its rows: of whole sequences of `sequence` tokens (nn::causal_attention)
+/// when `context` is null, else of this rank's tokens across the cp ranks. Under the ring, the output is copied to
+/// `kept_output`, which the ring's backward needs (its softmax term spans every block).
+template <std::floating_point T>
+void attend_causal(context_parallel const* context, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
+                   nn::const_matrix_ref<T> v, std::size_t sequence, std::size_t head_dim, nn::matrix<T>& out,
+                   nn::attention_saved<T>& saved, nn::matrix<T>& kept_output) {
+  if (!context) return nn::causal_attention<T>(q, k, v, sequence, head_dim, out, saved);
+  context->attend<T>(q, k, v, head_dim, out, saved);
+  if (context->method() == context_method::ring) kept_output = out;
+}
+
+/// The backward of attend_causal (kept_output: what it kept).
+template <std::floating_point T>
+void attend_causal_backward(context_parallel const* context, nn::const_matrix_ref<T> dout, nn::const_matrix_ref<T> q,
+                            nn::const_matrix_ref<T> k, nn::const_matrix_ref<T> v, nn::const_matrix_ref<T> kept_output,
+                            nn::attention_saved<T> const& saved, nn::matrix_ref<T> dq, nn::matrix_ref<T> dk,
+                            nn::matrix_ref<T> dv) {
+  if (context)
+    context->attend_backward<T>(dout, q, k, v, kept_output, saved, dq, dk, dv);
+  else
+    nn::causal_attention_backward<T>(dout, q, k, v, saved, dq, dk, dv);
+}
+
 }  // namespace shardwise
 
 namespace shardwise::detail {

@@ -132,13 +132,8 @@ struct GPT2Attention {
   auto forward(X const& x) {
     q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
     auto out = q_;
-    if (context_) {
-      context_->attend<T>(q_.local, k_.local, v_.local, config_.head_dim(), out.local, saved_);
-      if (context_->method() == context_method::ring)
-        out_ = out.local;  // the ring's backward needs each row's output (its softmax term spans every block)
-    } else {
-      nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
-    }
+    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local,
+                     saved_, out_);
     return c_proj(std::move(out));  // its storage becomes c_proj's kept input
   }
 
@@ -160,11 +155,8 @@ struct GPT2Attention {
   auto backward(DY const& dy) {
     auto dout = c_proj.backward(dy);
     auto dq = q_, dk = k_, dv = v_;
-    if (context_)
-      context_->attend_backward<T>(dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local, dk.local,
-                                   dv.local);
-    else
-      nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
+    attend_causal_backward<T>(context_.get(), dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local,
+                              dk.local, dv.local);
     return q_proj.backward(dq) + k_proj.backward(dk) + v_proj.backward(dv);  // Partial<Sum> under ColwiseParallel
   }
 

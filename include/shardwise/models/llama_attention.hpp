@@ -158,13 +158,8 @@ struct LlamaAttention {
     rotate_heads(q_.local, false);
     rotate_heads(k_.local, false);
     auto out = same_shape(q_);
-    if (context_) {
-      context_->attend<T>(q_.local, k_.local, v_.local, config_.head_dim(), out.local, saved_);
-      if (context_->method() == context_method::ring)
-        out_ = out.local;  // the ring's backward needs each row's output (its softmax term spans every block)
-    } else {
-      nn::causal_attention<T>(q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local, saved_);
-    }
+    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local,
+                     saved_, out_);
     return wo(std::move(out));  // its storage becomes wo's kept input
   }
   /// Forward with a key-value cache (inference): the step's new rows, RoPE at their positions, attention over
@@ -187,11 +182,8 @@ struct LlamaAttention {
   auto backward(DY const& dy) {
     auto dout = wo.backward(dy);
     auto dq = same_shape(q_), dk = same_shape(k_), dv = same_shape(v_);  // all written by the backward
-    if (context_)
-      context_->attend_backward<T>(dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local, dk.local,
-                                   dv.local);
-    else
-      nn::causal_attention_backward<T>(dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local, dv.local);
+    attend_causal_backward<T>(context_.get(), dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local,
+                              dk.local, dv.local);
     rotate_heads(dq.local, true);  // the transpose of the forward rotation
     rotate_heads(dk.local, true);
     return wq.backward(dq) + wk.backward(dk) + wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
