@@ -56,15 +56,15 @@ int main(int argc, char** argv) {
     float first_loss = 0, last_loss = 0;
     for (int step = 1; step <= steps; ++step) {
       ids.clear(), targets.clear();
-      for (int b = 0; b < sequences; ++b) {
+      for (int b = 0; b < sequences; ++b) {  // whole sequences, the same on every rank
         std::size_t const s = start(rng);
-        for (std::int64_t p : context->positions()) {  // this rank's tokens of the sequence
-          ids.push_back(static_cast<unsigned char>(text[s + static_cast<std::size_t>(p)]));
-          targets.push_back(static_cast<unsigned char>(text[s + static_cast<std::size_t>(p) + 1]));
+        for (std::size_t p = 0; p < config.sequence; ++p) {
+          ids.push_back(static_cast<unsigned char>(text[s + p]));
+          targets.push_back(static_cast<unsigned char>(text[s + p + 1]));
         }
       }
-      auto const logits = model.forward(ids);
-      auto result = models::llama_loss(tp, logits, targets, config.vocabulary);
+      auto const logits = model.forward(context->my_tokens(ids));  // this rank's tokens of each sequence
+      auto result = models::llama_loss(tp, logits, context->my_tokens(targets), config.vocabulary);
       float const weight = static_cast<float>(context->mean_weight());  // this rank's share of the tokens
       result.dlogits.local *= weight;
       model.backward(result.dlogits);

@@ -302,15 +302,6 @@ void check_training_step(World const& world, int dp_size, bool zero1, int microb
   CHECK(optimizer.state_elements() * sizeof(float) == sw::AdamW<float>::state_bytes(walk, zero1, t.dp, t.dp_rank));
 }
 
-/// This cp rank's tokens of each sequence of `all` (rows of whole sequences).
-inline std::vector<std::int64_t> my_tokens(std::vector<std::int64_t> const& all, sw::context_parallel const& context) {
-  std::vector<std::int64_t> picked;
-  std::size_t const sequence = context.split().sequence;
-  for (std::size_t first = 0; first < all.size(); first += sequence)
-    for (std::int64_t p : context.positions()) picked.push_back(all[first + static_cast<std::size_t>(p)]);
-  return picked;
-}
-
 /// Two training steps of the Llama model cut over cp on a dp x cp x tp counting mesh (tp: the rest of the world):
 /// each step's record (the ring's or the all-to-all's transfers on "cp" within each block, AdamW's gradient
 /// reduction over dp x cp as one "data" axis) against models::llama_step_cost with the cp axis in its inputs; the
@@ -344,7 +335,7 @@ void check_context_step(World const& world, int dp_size, int cp_size, sw::contex
     counted.log().clear();
     tokens_for(c, static_cast<unsigned>(100 * step + 10 * (world.rank() / (cp_size * tp_size))), per_rank, ids,
                targets);
-    my_ids = my_tokens(ids, *context), my_targets = my_tokens(targets, *context);
+    my_ids = context->my_tokens(ids), my_targets = context->my_tokens(targets);
     auto const logits = model.forward(my_ids);
     if (step == 0) CHECK(held_activation_bytes(model) == held.activation_bytes);
     auto result = models::llama_loss(tp, logits, my_targets, c.vocabulary);
@@ -467,7 +458,7 @@ void check_pipeline_tp_step(World const& world, int dp_size, int pp_size, int mi
   std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(microbatches)), targets(ids.size());
   for (std::size_t m = 0; m < ids.size(); ++m) {
     tokens_for(c, static_cast<unsigned>(10 * mesh.template coordinate<"dp">() + m), 1, ids[m], targets[m]);
-    if (context) ids[m] = my_tokens(ids[m], *context), targets[m] = my_tokens(targets[m], *context);
+    if (context) ids[m] = context->my_tokens(ids[m]), targets[m] = context->my_tokens(targets[m]);
   }
   counted.log().clear();
   run_llama_pipeline_step<Schedule>(pp, tp, stage, ids, targets,

@@ -79,9 +79,7 @@ Run train(World const& world, int dp_size, int steps, bool zero1, models::GPT2Co
   std::shared_ptr<sw::context_parallel const> context;
   if (cut.cp > 1) context = sw::context_parallelize(model, sw::submesh<"cp">(mesh), {c.sequence, cut.cp}, cut.method);
   float const weight = context ? static_cast<float>(context->mean_weight()) : 1.0f;
-  auto const here = [&](std::vector<std::int64_t> const& all) {
-    return context ? llama_context_cases::mine(all, *context) : all;
-  };
+  auto const here = [&](std::vector<std::int64_t> const& all) { return context ? context->my_tokens(all) : all; };
   constexpr int sequences = 4;
   int const per_rank = sequences / dp_size;
   Run run;

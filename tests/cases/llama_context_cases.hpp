@@ -21,15 +21,6 @@ struct Layout {
   bool zero1 = false;  // AdamW's state sharded over dp x cp
 };
 
-/// This rank's tokens of each sequence of `all` (rows of whole sequences): those at the context's positions.
-inline std::vector<std::int64_t> mine(std::vector<std::int64_t> const& all, sw::context_parallel const& context) {
-  std::vector<std::int64_t> picked;
-  std::size_t const sequence = context.split().sequence;
-  for (std::size_t first = 0; first < all.size(); first += sequence)
-    for (std::int64_t p : context.positions()) picked.push_back(all[first + static_cast<std::size_t>(p)]);
-  return picked;
-}
-
 /// Trains for `steps` on a dp x cp x tp mesh of `world`, 4 sequences a step over dp, each cut over cp; the loss
 /// of each rank weighted by its share of the tokens (mean_weight), the gradients averaged over dp x cp.
 template <class Plan, class World>
@@ -51,8 +42,8 @@ llama_cases::Run train(World const& world, Layout const& l, int steps, models::L
   std::vector<std::int64_t> ids, targets;
   for (int step = 0; step < steps; ++step) {
     llama_cases::batch(c, step, sequences, dp.rank() * per_rank, per_rank, ids, targets);
-    auto const logits = model.forward(mine(ids, *context));
-    auto result = models::llama_loss(tp, logits, mine(targets, *context), c.vocabulary);
+    auto const logits = model.forward(context->my_tokens(ids));
+    auto result = models::llama_loss(tp, logits, context->my_tokens(targets), c.vocabulary);
     result.dlogits.local *= weight;
     model.backward(result.dlogits);
     run.norms.push_back(optimizer.step(sw::finish_gradients(model), data));

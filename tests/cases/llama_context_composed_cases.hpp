@@ -54,8 +54,8 @@ Run train_fsdp(World const& world, Layout const& l, int steps, models::LlamaConf
   std::vector<std::int64_t> ids, targets;
   for (int step = 0; step < steps; ++step) {
     llama_cases::batch(c, step, sequences, dp_rank * per_rank, per_rank, ids, targets);
-    auto const logits = sharded.forward(llama_context_cases::mine(ids, *context));
-    auto result = models::llama_loss(tp, logits, llama_context_cases::mine(targets, *context), c.vocabulary);
+    auto const logits = sharded.forward(context->my_tokens(ids));
+    auto result = models::llama_loss(tp, logits, context->my_tokens(targets), c.vocabulary);
     result.dlogits.local *= weight;
     sharded.backward(result.dlogits);
     run.norms.push_back(optimizer.step(sharded));
@@ -79,8 +79,8 @@ struct context_feed {
     whole.load(step);
     ids.clear(), targets.clear();
     for (std::size_t m = 0; m < whole.ids.size(); ++m) {
-      ids.push_back(llama_context_cases::mine(whole.ids[m], context));
-      targets.push_back(llama_context_cases::mine(whole.targets[m], context));
+      ids.push_back(context.my_tokens(whole.ids[m]));
+      targets.push_back(context.my_tokens(whole.targets[m]));
     }
     step_loss = 0;
   }

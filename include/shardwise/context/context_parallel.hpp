@@ -44,6 +44,12 @@ class context_parallel {
   [[nodiscard]] std::vector<std::int64_t> const& positions() const { return positions_; }
   /// This rank's tokens of each sequence.
   [[nodiscard]] std::size_t tokens() const { return positions_.size(); }
+  /// This rank's tokens of `whole`, whole sequences back to back (the token ids and targets every cp rank has):
+  /// what its forward and loss take. context_split::tokens_of at this rank.
+  template <class T>
+  [[nodiscard]] std::vector<T> my_tokens(std::vector<T> const& whole) const {
+    return split_.tokens_of(whole, rank_);
+  }
   /// The factor that turns this rank's mean over its own tokens into its share of the mean over every token, when
   /// the cp ranks' results are then averaged (as data-parallel losses and gradients are): tokens x ranks /
   /// sequence (1 when the cut is even).

@@ -53,6 +53,20 @@ struct context_split {
     return local;
   }
 
+  /// Rank r's tokens of `whole`, whole sequences back to back (token ids, targets): batch x tokens(r) values, in
+  /// the order of its rows.
+  template <class T>
+  [[nodiscard]] std::vector<T> tokens_of(std::vector<T> const& whole, int rank) const {
+    std::vector<std::int64_t> const mine = positions(rank);
+    auto const batch =
+        static_cast<std::size_t>(whole_batch(static_cast<Eigen::Index>(whole.size()), "tokens_of", "tokens"));
+    std::vector<T> local;
+    local.reserve(batch * mine.size());
+    for (std::size_t b = 0; b < batch; ++b)
+      for (std::int64_t p : mine) local.push_back(whole[b * sequence + static_cast<std::size_t>(p)]);
+    return local;
+  }
+
   /// Writes rank r's rows `local` ([batch x tokens(r), columns]) into their places in `whole`.
   template <class T>
   void place_rows(nn::const_matrix_ref<T> local, int rank, nn::matrix_ref<T> whole) const {
@@ -88,12 +102,12 @@ struct context_split {
     if (!balanced) return {rank};
     return {rank, 2 * ranks - 1 - rank};
   }
-  [[nodiscard]] Eigen::Index whole_batch(Eigen::Index rows, char const* fn) const {
+  [[nodiscard]] Eigen::Index whole_batch(Eigen::Index rows, char const* fn, char const* what = "rows") const {
     check();
     auto const s = static_cast<Eigen::Index>(sequence);
     if (rows % s != 0)
-      detail::fail("shardwise::context_split::", fn, ": ", rows, " rows are not whole sequences of ", sequence,
-                   " tokens; give it rows of whole sequences");
+      detail::fail("shardwise::context_split::", fn, ": ", rows, " ", what, " are not whole sequences of ", sequence,
+                   " tokens; give it ", what, " of whole sequences");
     return rows / s;
   }
 };
