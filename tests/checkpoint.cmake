@@ -84,6 +84,12 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
            COMMAND sh -c "'$<TARGET_FILE:shardwise_cli>' plan '${CMAKE_CURRENT_SOURCE_DIR}/data/broken_config.json' --ranks 8 --memory-per-rank 80GiB --sequence 8192 2>&1; echo exit code $?")
   set_tests_properties(cli.plan.bad_json PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
       "broken_config.json is not valid JSON \\(.*parse error at line 4.*exit code 1")
+  # A machine file with a physically impossible rate: refused with the field, the value and the range (exit code 1),
+  # instead of every layout planned at an infinite step and 0 tokens/s (a . for each ; of the message: CMake splits at them).
+  add_test(NAME cli.plan.impossible_machine
+           COMMAND sh -c "${plan_70b} --ranks 1024 --memory-per-rank 80GiB --sequence 8192 --machine '${CMAKE_CURRENT_SOURCE_DIR}/data/impossible_machine.json' 2>&1; echo exit code $?")
+  set_tests_properties(cli.plan.impossible_machine PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION
+      "\"gemm_flops\" in .*impossible_machine.json is 1e-300. a rank's GEMM rate must be a number from 1000 to 1e\\+18 FLOP/s. measure this machine with bench_machine.*\nexit code 1")
   # Counts out of range, on any flag: the flag, what it is for and the range, exit code non-zero (CLI11's 105),
   # at once (a huge --ranks or --batch used to search for minutes). One test runs every case in turn and fails
   # unless each prints its sentence.

@@ -184,8 +184,23 @@ TEST_CASE("planner: bad config files and machine files are named with the fix") 
   CHECK(thrown(machine_with(R"({"tp": 5})")).find("\"tp\" in ") != std::string::npos);
   CHECK(thrown(machine_with(R"({"tp": 5})")).find("is a JSON number, not an object of rates") != std::string::npos);
   CHECK(thrown(machine_with(R"({"gemm_flops": 1e300})")).find("\"gemm_flops\" in ") != std::string::npos);
-  CHECK(thrown(machine_with(R"({"gemm_flops": 1e300})")).find("must be a number above 0 up to 1e+19; it is 1e+300") !=
+  CHECK(thrown(machine_with(R"({"gemm_flops": 1e300})"))
+            .find(" is 1e+300; a rank's GEMM rate must be a number from 1000 to 1e+18 FLOP/s; measure this machine "
+                  "with bench_machine") != std::string::npos);
+  // Physically impossible rates, however small: each names its field, the value and the range.
+  CHECK(thrown(machine_with(R"({"gemm_flops": 1e-300})")).find("\"gemm_flops\" in ") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"gemm_flops": 1e-300})")).find(" is 1e-300; a rank's GEMM rate must be") !=
         std::string::npos);
+  CHECK(thrown(machine_with(R"({"memory_bandwidth": 1e-300})")).find("\"memory_bandwidth\" in ") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"memory_bandwidth": 1e300})"))
+            .find("a rank's memory bandwidth must be a number from 1000 to 1e+15 bytes/s") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"tp": {"bandwidth": 1e-300}})"))
+            .find("a link's bandwidth must be a number from 1000 to 1e+15 bytes/s") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"pp": {"latency": 1e-300}})"))
+            .find("a link's latency must be a number from 1e-09 to 60 seconds") != std::string::npos);
+  CHECK(thrown(machine_with(R"({"gemm_half_rate_tokens": 1e300})"))
+            .find("the tokens at half the GEMM rate must be a number from 0 to 1e+09 tokens") != std::string::npos);
+  CHECK(machine_with(R"({"gemm_flops": 1e3, "memory_bandwidth": 1e15})")().gemm_flops == 1e3);  // the bounds
   CHECK(thrown(machine_with(R"({"dp": {"latency": 1e-300, "bandwidth": 1e300}})")).find("\"bandwidth\" in ") !=
         std::string::npos);
 }

@@ -14,6 +14,21 @@
 
 namespace shardwise::planner {
 
+namespace detail {
+/// What a machine file may say for one field: a number from `least` to `most` (so never inf or NaN).
+struct machine_range {
+  double least, most;
+  char const* what;  ///< The quantity, for the error.
+  char const* unit;
+};
+inline constexpr machine_range gemm_flops_range{1e3, 1e18, "a rank's GEMM rate", "FLOP/s"};
+inline constexpr machine_range memory_bandwidth_range{1e3, 1e15, "a rank's memory bandwidth", "bytes/s"};
+inline constexpr machine_range link_bandwidth_range{1e3, 1e15, "a link's bandwidth", "bytes/s"};
+inline constexpr machine_range latency_range{1e-9, 60, "a link's latency", "seconds"};
+// 0: a GEMM rate flat in the tokens.
+inline constexpr machine_range half_rate_tokens_range{0, 1e9, "the tokens at half the GEMM rate", "tokens"};
+}  // namespace detail
+
 /// The machine described by the text of a JSON file (`file` names it in errors): {"name", "measured", "gemm_flops",
 /// "gemm_half_rate_tokens", "memory_bandwidth", "ranks_per_node", "tp": {"bandwidth", "latency"}, "dp": {...}, "pp":
 /// {...}}; a field left out keeps this machine's measured value.
@@ -36,15 +51,17 @@ inline machine machine_from_json(std::string_view text, std::filesystem::path co
                        ", not an object of rates; see tools/machines/this_machine.json for the format");
   };
   object(root, "the file");
-  // Each rate within what any machine could have (a rank of 10 EFLOP/s, 10 PB/s, a latency of a minute), so an
-  // absurd file is refused instead of planning at inf or 0 tokens/s.
-  auto const number = [&](nlohmann::json const& at, char const* field, double& into, double most,
-                          bool zero_allowed = false) {
+  // Each value within what a real machine has, so an impossible file (1e-300 FLOP/s plans an infinite step, 1e300 a
+  // free one) is refused instead of planning at inf or 0 tokens/s. The ranges (docs/planning.md) are generous: from
+  // a slow embedded core to hundreds of times any rank built so far.
+  auto const number = [&](nlohmann::json const& at, char const* field, double& into, detail::machine_range range) {
     if (!at.contains(field)) return;
     double const value = at[field].is_number() ? at[field].get<double>() : -1;
-    if (!(value > 0 || (zero_allowed && value == 0)) || !(value <= most))
-      shardwise::raise(who, ": \"", field, "\" in ", file.string(), " must be a number ",
-                       zero_allowed ? "from 0" : "above 0", " up to ", most, "; it is ", at[field].dump());
+    if (!(value >= range.least && value <= range.most))
+      shardwise::raise(who, ": \"", field, "\" in ", file.string(), " is ", at[field].dump(), "; ", range.what,
+                       " must be a number from ", range.least, " to ", range.most, " ", range.unit,
+                       "; measure this machine with bench_machine (build/bench/bench_machine > my_machine.json) or "
+                       "correct the file");
     into = value;
   };
   if (root.contains("name") && root["name"].is_string()) m.name = root["name"].get<std::string>();
@@ -57,12 +74,14 @@ inline machine machine_from_json(std::string_view text, std::filesystem::path co
                        " must be a whole number (0: every rank on one node)");
     m.ranks_per_node = root["ranks_per_node"].get<std::size_t>();
   }
-  number(root, "gemm_flops", m.gemm_flops, 1e19), number(root, "memory_bandwidth", m.memory_bandwidth, 1e16);
-  number(root, "gemm_half_rate_tokens", m.gemm_half_rate_tokens, 1e9, true);  // 0: a rate flat in the tokens
+  number(root, "gemm_flops", m.gemm_flops, detail::gemm_flops_range);
+  number(root, "memory_bandwidth", m.memory_bandwidth, detail::memory_bandwidth_range);
+  number(root, "gemm_half_rate_tokens", m.gemm_half_rate_tokens, detail::half_rate_tokens_range);
   for (auto [axis, into] : {std::pair{"tp", &m.tp}, std::pair{"dp", &m.dp}, std::pair{"pp", &m.pp}})
     if (root.contains(axis)) {
       object(root[axis], std::string("\"") + axis + "\"");
-      number(root[axis], "bandwidth", into->bandwidth, 1e16), number(root[axis], "latency", into->latency, 60);
+      number(root[axis], "bandwidth", into->bandwidth, detail::link_bandwidth_range);
+      number(root[axis], "latency", into->latency, detail::latency_range);
     }
   return m;
 }
