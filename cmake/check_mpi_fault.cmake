@@ -1,6 +1,7 @@
 # Runs one MPI fault (tests/mpi_fault_runner.cpp) and requires what the reliability issue promises: a
 # non-zero exit, every EXPECT regex in the output, and an end within LIMIT seconds (never a hang).
-# -D: MPIEXEC (none: a thread-mesh runner, run alone), RANKS, RUNNER, MODE, LIMIT, EXPECT (a ;-list).
+# -D: MPIEXEC (none: a thread-mesh runner, run alone), RANKS, RUNNER, MODE, LIMIT, EXPECT (a ;-list), and
+# EXIT_CODE (optional: the exact exit code required, as when the program's main catches the error).
 if(NOT EXPECT)
   message(FATAL_ERROR "mode ${MODE}: no expected message given; a fault test must name what the output says")
 endif()
@@ -17,6 +18,9 @@ set(all "${out}${err}")
 message("exit: ${rc}; ${seconds} s; output:\n${all}")
 if(rc EQUAL 0)
   message(FATAL_ERROR "mode ${MODE}: exited 0; a fault must end the job with a non-zero exit")
+endif()
+if(DEFINED EXIT_CODE AND NOT rc STREQUAL EXIT_CODE)
+  message(FATAL_ERROR "mode ${MODE}: exited ${rc}, not ${EXIT_CODE}")
 endif()
 if(seconds GREATER LIMIT)
   message(FATAL_ERROR "mode ${MODE}: took ${seconds} s, more than ${LIMIT} s")

@@ -3,9 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/shardwise.hpp>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 namespace sw = shardwise;
 
@@ -87,4 +91,33 @@ TEST_CASE("many collectives in a row stay in step (barrier generations)") {
       REQUIRE(v(2) == expected);
     }
   });
+}
+
+TEST_CASE("SHARDWISE_WAIT_NOTICE sets when a long wait is first reported; a bad value is refused by name") {
+  using std::chrono::milliseconds;
+  ::unsetenv("SHARDWISE_WAIT_NOTICE");
+  CHECK(sw::detail::default_wait_notice().first == milliseconds(60000));  // then every 5 minutes
+  CHECK(sw::detail::default_wait_notice().every == milliseconds(300000));
+  ::setenv("SHARDWISE_WAIT_NOTICE", "2.5", 1);
+  CHECK(sw::detail::default_wait_notice().first == milliseconds(2500));
+  ::setenv("SHARDWISE_WAIT_NOTICE", "0", 1);
+  CHECK(!sw::detail::default_wait_notice().on());
+  for (char const* bad : {"soon", "-1", "1e10", "5s"}) {
+    ::setenv("SHARDWISE_WAIT_NOTICE", bad, 1);
+    std::string const expected =
+        "SHARDWISE_WAIT_NOTICE=\"" + std::string(bad) + "\" is not a number of seconds; set it to when a long wait";
+    CHECK_THROWS_WITH_AS(sw::run_threads(2, [](auto const&) {}), doctest::Contains(expected.c_str()), sw::error);
+  }
+  ::unsetenv("SHARDWISE_WAIT_NOTICE");
+}
+
+TEST_CASE("a rank busy in its own code for less than the grace after a failure is waited for") {
+  // Only a rank still running 10 s after the failure is given up (thread_fault.stuck_rank): this one returns,
+  // so run_threads rethrows the original exception.
+  CHECK_THROWS_WITH_AS(sw::run_threads(2,
+                                       [](auto const& world) {
+                                         if (world.rank() == 0) throw std::runtime_error("bad shard on rank 0");
+                                         std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                                       }),
+                       "bad shard on rank 0", std::runtime_error);
 }

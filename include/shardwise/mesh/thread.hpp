@@ -1,7 +1,8 @@
 #pragma once
 // Ranks as threads of one process. Collectives read peers' buffers directly through shared memory, so a
 // byte moves once. An exception on any rank reaches every rank blocked in a collective and is rethrown by
-// run_threads; a rank that returns while peers wait for it is reported by name instead of hanging.
+// run_threads; a rank that returns while peers wait for it is reported by name instead of hanging, and one stuck
+// in the program's own code after a failure is left running while the error reaches run_threads' caller.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -177,62 +178,135 @@ class ThreadComm {
 
 namespace detail {
 
-/// How long the ranks of run_threads have to return once one has failed, before the process ends.
+/// How long the ranks of run_threads have to return once one has failed, before they are given up as stuck.
 inline constexpr std::chrono::seconds stuck_rank_grace{10};
 
-/// Ends the process when ranks have not returned within stuck_rank_grace of a rank's failure: they are stuck
-/// outside any collective (in the user's code), where no error can reach them, and would keep the process
-/// alive forever. The failure's message goes to stderr first, and the exit code is 1, as on MPI.
-class stuck_rank_watch {
+/// What the rank threads of one run_threads call share with it: the first error, and which ranks still run.
+/// On the heap, not on run_threads' stack: a rank given up as stuck is left running, and may return later.
+class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcome> {
  public:
-  explicit stuck_rank_watch(int ranks) : state_(std::make_shared<shared>()) { state_->running = ranks; }
+  explicit thread_run_outcome(int ranks) : running_(static_cast<std::size_t>(ranks), true) {}
 
-  /// A rank returned (or threw).
-  void returned() {
-    std::lock_guard const hold(state_->mutex);
-    --state_->running;
-    state_->all_returned.notify_all();
+  /// Rank `rank` failed with the exception being handled. The first error is kept, but an original error
+  /// replaces a peer_failure, which only stands in for it. The first failure starts the grace.
+  void failed() {
+    std::string const real = current_message();
+    std::lock_guard const hold(mutex_);
+    if (!error_ || (!real.empty() && !error_is_real_)) {
+      error_ = std::current_exception();
+      error_is_real_ = !real.empty();
+      message_ = real.empty() ? "another rank failed" : real;
+    }
+    if (failed_) return;
+    failed_ = true;
+    failed_at_ = std::chrono::steady_clock::now();
+    if (running_[0]) watch_calling_thread();
   }
 
-  /// A rank failed with `message`: the first failure starts the watch.
-  void failed(std::string const& message) {
+  /// Rank `rank` returned (or threw).
+  void returned(int rank) {
     {
-      std::lock_guard const hold(state_->mutex);
-      if (state_->watching) return;
-      state_->watching = true;
+      std::lock_guard const hold(mutex_);
+      running_[static_cast<std::size_t>(rank)] = false;
     }
+    changed_.notify_all();
+  }
+
+  /// Waits until every rank has returned, or until stuck_rank_grace after the first failure (without one, a
+  /// rank that never returns is waited for, as by join); returns the ranks still running then.
+  std::vector<int> await_ranks() {
+    std::unique_lock lock(mutex_);
+    auto const all_back = [&] { return std::find(running_.begin(), running_.end(), true) == running_.end(); };
+    changed_.wait(lock, [&] { return all_back() || failed_; });
+    if (!all_back()) changed_.wait_until(lock, failed_at_ + stuck_rank_grace, all_back);
+    return still_running();
+  }
+
+  /// The error to rethrow (null: every rank returned), and its message.
+  [[nodiscard]] std::exception_ptr error() const { return error_; }
+  [[nodiscard]] std::string const& message() const { return message_; }
+
+ private:
+  /// The message of the exception being handled; empty for a peer_failure.
+  static std::string current_message() {
     try {
-      std::thread([state = state_, message] {
-        std::unique_lock lock(state->mutex);
-        if (state->all_returned.wait_for(lock, stuck_rank_grace, [&] { return state->running == 0; })) return;
+      throw;
+    } catch (peer_failure const&) {
+      return {};
+    } catch (std::exception const& e) {
+      return e.what()[0] == '\0' ? std::string("an exception without a message") : std::string(e.what());
+    } catch (...) {
+      return "an exception that is not a std::exception";
+    }
+  }
+
+  [[nodiscard]] std::vector<int> still_running() const {
+    std::vector<int> ranks;
+    for (std::size_t r = 0; r < running_.size(); ++r)
+      if (running_[r]) ranks.push_back(static_cast<int>(r));
+    return ranks;
+  }
+
+  /// Rank 0 runs on the calling thread: if it is stuck in the program's own code, nothing can return to
+  /// run_threads' caller, so a watch ends the process after the grace, with the failure's message and exit
+  /// code 1, as MPI's abort does (a rank 0 that never returns would keep the process alive forever).
+  void watch_calling_thread() {
+    try {
+      std::thread([self = shared_from_this()] {
+        std::unique_lock lock(self->mutex_);
+        if (self->changed_.wait_until(lock, self->failed_at_ + stuck_rank_grace, [&] { return !self->running_[0]; }))
+          return;
         std::fprintf(stderr,
-                     "shardwise::run_threads: %d rank(s) did not return within %lld s after a rank failed; they are "
-                     "stuck outside any collective (in the program's own code), where no error reaches them, so "
-                     "the process ends with exit code 1. The failure: %s\n",
-                     state->running, static_cast<long long>(stuck_rank_grace.count()), message.c_str());
+                     "shardwise::run_threads: %zu rank(s) did not return within %lld s after a rank failed; they "
+                     "are stuck outside any collective (in the program's own code), where no error reaches them, "
+                     "and rank 0 is among them: it runs on the calling thread, so no exception can reach "
+                     "run_threads' caller, and the process ends with exit code 1. The failure: %s\n",
+                     self->still_running().size(), static_cast<long long>(stuck_rank_grace.count()),
+                     self->message_.c_str());
         std::fflush(stderr);
         std::_Exit(1);
       }).detach();
-    } catch (...) {  // no thread to be had: the ranks are joined as before
+    } catch (...) {  // no thread to be had: rank 0 is waited for, as before
     }
   }
 
- private:
-  struct shared {
-    std::mutex mutex;
-    std::condition_variable all_returned;
-    int running = 0;
-    bool watching = false;
-  };
-  std::shared_ptr<shared> state_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<bool> running_;
+  std::exception_ptr error_;
+  bool error_is_real_ = false;
+  std::string message_;
+  bool failed_ = false;
+  std::chrono::steady_clock::time_point failed_at_{};
 };
+
+/// Throws the error of a run whose `stuck` ranks did not return within the grace after `outcome`'s failure:
+/// a shardwise::error naming them, with the original exception nested (std::rethrow_if_nested finds it).
+[[noreturn]] inline void throw_stuck_ranks(std::vector<int> const& stuck, thread_run_outcome const& outcome) {
+  bool const one = stuck.size() == 1;
+  std::string const text =
+      concat("shardwise::run_threads: ", stuck.size(), " rank(s) did not return within ", stuck_rank_grace.count(),
+             " s after a rank failed: world ", ranks_text(stuck), one ? " is" : " are",
+             " stuck outside any collective (in the program's own code), where no error reaches ", one ? "it" : "them",
+             "; ", one ? "it is" : "they are",
+             " left running (detached), and the failure is thrown here. End the program soon: a rank that resumes runs "
+             "on with objects that may be gone. The failure: ",
+             outcome.message());
+  try {
+    std::rethrow_exception(outcome.error());
+  } catch (...) {
+    std::throw_with_nested(error(text));
+  }
+}
 
 }  // namespace detail
 
 /// Runs fn(ThreadComm& world) on `ranks` threads (rank 0 on the calling thread) and returns when all are
 /// done. If any rank throws, every rank blocked in a collective is released and the first exception is
 /// rethrown here. A rank that does not return within 10 s of a failure (stuck in its own code, where no error
-/// reaches it) ends the process with the failure's message and exit code 1 (detail::stuck_rank_watch).
+/// reaches it) is left running, detached, and a shardwise::error naming it is thrown here instead, with the
+/// failure's message (and the failure nested), so that main can catch it, report and return; if that rank is
+/// rank 0 (the calling thread), nothing can return here, and the process ends with the message and exit code 1.
 template <class Fn>
 void run_threads(int ranks, Fn&& fn) {
   if (ranks < 1) detail::fail("shardwise::run_threads: needs at least 1 rank, got ", ranks);
@@ -241,48 +315,38 @@ void run_threads(int ranks, Fn&& fn) {
   for (int r = 0; r < ranks; ++r) everyone[static_cast<std::size_t>(r)] = r;
   auto world = std::make_shared<detail::thread_group>(run, std::move(everyone), "world", detail::default_timeout());
   run->register_group(world);
+  auto outcome = std::make_shared<detail::thread_run_outcome>(ranks);
 
-  std::mutex error_mutex;
-  std::exception_ptr first_error;
-  bool first_is_real = false;  // a peer_failure only stands in until the original error is recorded
-  detail::stuck_rank_watch watch(ranks);
-  auto rank_main = [&](int rank) {
+  // Everything by value but fn: a rank left running after the grace must not reach this frame once it is gone.
+  auto rank_main = [world, run, outcome, &fn](int rank) {
     try {
       ThreadComm comm(world, rank);
       fn(comm);
       run->finished[static_cast<std::size_t>(rank)].store(true, std::memory_order_release);
     } catch (...) {
-      std::string const real = [] {  // the message of an original error; empty for a peer_failure
-        try {
-          throw;
-        } catch (detail::peer_failure const&) {
-          return std::string();
-        } catch (std::exception const& e) {
-          return e.what()[0] == '\0' ? std::string("an exception without a message") : std::string(e.what());
-        } catch (...) {
-          return std::string("an exception that is not a std::exception");
-        }
-      }();
-      {
-        std::lock_guard lock(error_mutex);
-        if (!first_error || (!real.empty() && !first_is_real)) {
-          first_error = std::current_exception();
-          first_is_real = !real.empty();
-        }
-      }
+      outcome->failed();
       run->aborted.store(true, std::memory_order_release);
-      if (!real.empty()) watch.failed(real);
     }
     run->wake_all();
-    watch.returned();
+    outcome->returned(rank);
   };
 
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(ranks - 1));
   for (int r = 1; r < ranks; ++r) threads.emplace_back(rank_main, r);
   rank_main(0);
-  for (auto& t : threads) t.join();
-  if (first_error) std::rethrow_exception(first_error);
+  // A thread stuck in the program's own code cannot be joined, and nothing can stop it safely; detaching it
+  // lets the error reach the caller, and a process may exit with it still running (exit ends every thread).
+  std::vector<int> const stuck = outcome->await_ranks();
+  for (int r = 1; r < ranks; ++r) {
+    auto& thread = threads[static_cast<std::size_t>(r - 1)];
+    if (std::find(stuck.begin(), stuck.end(), r) != stuck.end())
+      thread.detach();
+    else
+      thread.join();
+  }
+  if (!stuck.empty()) detail::throw_stuck_ranks(stuck, *outcome);
+  if (outcome->error()) std::rethrow_exception(outcome->error());
 }
 
 }  // namespace shardwise

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "shardwise/mesh/desync.hpp"
 #include "shardwise/mesh/shared_memory_collectives.hpp"
 #include "shardwise/mesh/timeout.hpp"
+#include "shardwise/mesh/wait_notice.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -41,6 +43,8 @@ struct thread_run_state {
     for (int i = 0; i < n; ++i) waiting_in[static_cast<std::size_t>(i)] = nullptr;
   }
   int world_size;
+  // When long waits are reported; read here, so that a bad SHARDWISE_WAIT_NOTICE raises before any rank runs.
+  wait_notice_times notice = default_wait_notice();
   std::atomic<bool> aborted{false};
   std::unique_ptr<std::atomic<bool>[]> finished;
   // Per world rank: the group it waits in (nullptr when it waits nowhere) and the call, for timeout messages.
@@ -238,6 +242,9 @@ struct thread_group {
     auto const now = [] { return std::chrono::steady_clock::now(); };
     auto const deadline = now() + wait_limit();
     auto next_check = now() + desync_first_check(wait_limit());
+    auto const started = now();
+    int notices = 0;
+    auto next_notice = wait_notice_due(started, run->notice, 0);
     if (may_leave) announce_sleep(world_rank, what, generation, call);
     sleepers.fetch_add(1);
     struct leave {
@@ -271,11 +278,34 @@ struct thread_group {
         lock.lock();
         continue;
       }
+      if (may_leave && now() >= next_notice) {
+        print_notice(rank, what, call, generation, notices);
+        next_notice = wait_notice_due(started, run->notice, ++notices);
+        continue;
+      }
       if (may_leave)
-        sleep_ready.wait_until(lock, std::min(deadline, next_check));
+        sleep_ready.wait_until(lock, std::min({deadline, next_check, next_notice}));
       else
         sleep_ready.wait(lock);
     }
+  }
+
+  /// The k-th notice of a long wait in `call` (or `what`) at `generation` (mesh/wait_notice.hpp), printed by the
+  /// lowest rank that waits, so that the axis gives one line.
+  void print_notice(int rank, char const* what, call_record const* call, std::uint32_t generation, int k) const {
+    std::vector<int> waiting;
+    std::string missing;
+    for (std::size_t q = 0; q < members.size(); ++q) {
+      if (own[q].arrival.load() == generation + 1)
+        waiting.push_back(static_cast<int>(q));
+      else
+        missing += (missing.empty() ? "" : "; ") + whereabouts(q);
+    }
+    if (waiting.empty() || waiting.front() != rank || missing.empty()) return;
+    std::string const text =
+        wait_notice_text(label, waiting, call ? call_text(*call) : what, missing, run->notice, k, wait_limit());
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
   }
 
   /// Tells the desync check that this rank sleeps in this barrier's `generation`, in `call` (or `what`).
