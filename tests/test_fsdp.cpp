@@ -114,6 +114,49 @@ TEST_CASE("FSDP ranks that shard different models, or by other wrap policies, ar
   }
 }
 
+TEST_CASE("FSDP ranks that shard by different strategies are refused at fully_shard, naming each rank's") {
+  auto const c = llama_cases::small_config();
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    worlds::run_threads(n, [&](auto& world) {
+      auto const dp = sw::make_mesh<"dp">(world, {n});
+      auto const refused = [&](auto&& shard, std::string const& expected) {
+        std::string message = "(no error)";
+        try {
+          shard();
+        } catch (sw::error const& e) {
+          message = e.what();
+        }
+        CAPTURE(message);
+        CHECK(message == expected);
+        auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);
+        CHECK(sw::all_reduce(dp, text_hash, sw::Max{}) == sw::all_reduce(dp, text_hash, sw::Min{}));
+      };
+      std::string const fix = ". Give every rank the same fsdp_policy strategy (full_shard, shard_grad_op or no_shard)";
+      std::string const start = "shardwise::fully_shard: the ranks of mesh axis \"dp\" shard by different strategies: ";
+      std::string const rest = n == 3 ? "; rank 2 has full_shard" : "";
+      refused(
+          [&] {  // no_shard on rank 1: all-reduces where the others reduce-scatter
+            sw::models::Llama<float> model(c);
+            if (dp.rank() == 1)
+              (void)sw::fully_shard<sw::fsdp_policy<sw::no_shard, blocks>>(model, dp);
+            else
+              (void)sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+          },
+          start + "rank 0 has full_shard; rank 1 has no_shard" + rest + fix);
+      refused(
+          [&] {  // shard_grad_op on rank 0: gathers once a step where the others gather twice
+            sw::models::Llama<float> model(c);
+            if (dp.rank() == 0)
+              (void)sw::fully_shard<sw::fsdp_policy<sw::shard_grad_op, blocks>>(model, dp);
+            else
+              (void)sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+          },
+          start + "rank 0 has shard_grad_op; rank 1 has full_shard" + rest + fix);
+    });
+  }
+}
+
 TEST_CASE("FSDP sync_module_states: ranks built from other seeds start from rank 0's parameters") {
   auto const c = llama_cases::small_config();
   auto const serial = serial_run(c, steps);

@@ -65,9 +65,9 @@ class fully_sharded final : detail::module_hooks {
       : model_(model), dp_(std::move(dp)), replicate_(std::move(replicate)), options_(options) {
     find_units();
     make_slots();
-    detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units_);
+    detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units_, detail::fsdp_strategy_name<strategy>);
     if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
-      detail::agree_on_fsdp_structure(replicate_->comm(0), slots_, units_);
+      detail::agree_on_fsdp_structure(replicate_->comm(0), slots_, units_, detail::fsdp_strategy_name<strategy>);
     for (auto& s : slots_) s.clear_grad(sharded);
     for (auto& u : units_) release(u);  // nothing kept: spare_ is not active outside a step
     attach(this);

@@ -85,6 +85,11 @@ namespace detail {
 template <class S>
 inline constexpr bool is_fsdp_strategy =
     std::is_same_v<S, full_shard> || std::is_same_v<S, shard_grad_op> || std::is_same_v<S, no_shard>;
+/// A strategy's name, as the error of ranks that shard by different strategies spells it.
+template <class S>
+inline constexpr std::string_view fsdp_strategy_name = std::is_same_v<S, full_shard>      ? "full_shard"
+                                                       : std::is_same_v<S, shard_grad_op> ? "shard_grad_op"
+                                                                                          : "no_shard";
 
 template <class Type>
 struct mixed_precision_type_is_not_floating;  // incomplete on purpose: the diagnostic names the type

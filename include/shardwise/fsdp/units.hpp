@@ -53,6 +53,7 @@ struct fsdp_unit {
 struct fsdp_structure {
   std::uint64_t hash = 0x9e3779b97f4a7c15ull;
   std::uint64_t parameters = 0, elements = 0, units = 0;
+  char strategy[16] = {};  // the sharding strategy's name: a rank of another one would move other collectives
 
   /// Folds v into the hash.
   void mix(std::uint64_t v) { hash = fold_hash(hash, v); }
@@ -63,11 +64,14 @@ struct fsdp_structure {
   }
 };
 
-/// Every rank of `comm` must shard the same model into the same units (a model of another size, or another wrap
-/// policy, would fail later with a shape error of other numbers on each rank): agreed before any shard moves.
+/// Every rank of `comm` must shard the same model into the same units by the same strategy (a model of another
+/// size, or another wrap policy, would fail later with a shape error of other numbers on each rank; another
+/// strategy, with collectives that do not match): agreed before any shard moves.
 template <class Comm, class Slot>
-void agree_on_fsdp_structure(Comm const& comm, std::vector<Slot> const& slots, std::vector<fsdp_unit> const& units) {
+void agree_on_fsdp_structure(Comm const& comm, std::vector<Slot> const& slots, std::vector<fsdp_unit> const& units,
+                             std::string_view strategy) {
   fsdp_structure mine;
+  strategy.copy(mine.strategy, sizeof mine.strategy - 1);
   for (auto const& s : slots) {
     mine.mix(s.name), mine.mix(static_cast<std::uint64_t>(s.rows)), mine.mix(static_cast<std::uint64_t>(s.cols));
     ++mine.parameters, mine.elements += static_cast<std::uint64_t>(s.rows * s.cols);
@@ -78,6 +82,13 @@ void agree_on_fsdp_structure(Comm const& comm, std::vector<Slot> const& slots, s
     ++mine.units;
   }
   auto const all = gather_values(comm, mine);
+  auto const named = [&](std::size_t q) { return std::string_view(all[q].strategy); };
+  if (std::any_of(all.begin(), all.end(), [&](auto const& o) { return named(0) != o.strategy; })) {
+    std::string ranks;
+    for (std::size_t q = 0; q < all.size(); ++q) ranks += concat(q ? "; " : "", "rank ", q, " has ", named(q));
+    fail("shardwise::fully_shard: the ranks of mesh axis \"", comm.label(), "\" shard by different strategies: ", ranks,
+         ". Give every rank the same fsdp_policy strategy (full_shard, shard_grad_op or no_shard)");
+  }
   if (std::all_of(all.begin(), all.end(), [&](auto const& o) { return o.same(all.front()); })) return;
   std::string ranks;
   for (std::size_t q = 0; q < all.size(); ++q)
