@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   }
   auto const world = sw::mpi_world(argc, argv);
   bool const faulty = world.rank() == 1;
-  if (mode == "sleep") {
+  if (mode == "sleep" || mode == "wait_notice") {  // wait_notice: a short SHARDWISE_WAIT_NOTICE, so notices come
     reduce_twice(world, faulty);
   } else if (mode == "early_return") {
     reduce_twice(world, false, faulty);

@@ -32,6 +32,7 @@
 #include "shardwise/mesh/mpi_failure.hpp"
 #include "shardwise/mesh/mpi_watchdog.hpp"
 #include "shardwise/mesh/timeout.hpp"
+#include "shardwise/mesh/wait_notice.hpp"
 #include "shardwise/tensor/extents.hpp"
 
 namespace shardwise {
@@ -177,6 +178,8 @@ class MpiComm {
     auto const start = std::chrono::steady_clock::now();
     auto const deadline = start + timeout();
     auto next_check = start + detail::desync_first_check(timeout());
+    int notices = 0;
+    auto next_notice = detail::wait_notice_due(start, state_->notice, 0);
     std::optional<detail::mpi_wait_scope> checked;
     if (desync != nullptr) checked.emplace(*desync);
     for (unsigned spin = 0, round = 0;; ++spin) {
@@ -196,6 +199,10 @@ class MpiComm {
           throw;
         }
         if (now >= deadline) on_timeout(requests);
+        if (desync != nullptr && now >= next_notice) {
+          print_notice(*desync, notices);
+          next_notice = detail::wait_notice_due(start, state_->notice, ++notices);
+        }
       }
       if (spin >= 256) std::this_thread::yield();  // more ranks than cores: let the peers run
     }
@@ -321,6 +328,12 @@ class MpiComm {
   }
 
   [[noreturn]] void time_out(char const* what, std::vector<int> const& missing) const {
+    detail::collective_timed_out(rank(), label_, timeout(), what, whereabouts(missing));
+  }
+
+  /// Where the ranks `missing` of this communicator are, for a timeout or a wait notice: the wait the desync
+  /// check heard of, else the last call each made here.
+  [[nodiscard]] std::string whereabouts(std::vector<int> const& missing) const {
     std::vector<int> const world = world_ranks(missing);
     auto const& answers = detail::desync_state().answers;  // what the desync check heard from them, if anything
     std::ostringstream who;
@@ -338,7 +351,26 @@ class MpiComm {
       else
         who << " has not arrived (it has made no call on this axis yet)";
     }
-    detail::collective_timed_out(rank(), label_, timeout(), what, who.str());
+    return who.str();
+  }
+
+  /// The k-th notice of a long wait `w` (mesh/wait_notice.hpp), printed by the lowest rank of the communicator
+  /// that waits, so that the axis gives one line.
+  void print_notice(detail::mpi_wait const& w, int k) const {
+    std::vector<int> const gone = w.missing(w.context);  // world ranks
+    std::vector<int> everyone(static_cast<std::size_t>(size()));
+    for (int q = 0; q < size(); ++q) everyone[static_cast<std::size_t>(q)] = q;
+    std::vector<int> const world = world_ranks(everyone);
+    std::vector<int> waiting, missing;
+    for (int q = 0; q < size(); ++q) {
+      bool const away = std::find(gone.begin(), gone.end(), world[static_cast<std::size_t>(q)]) != gone.end();
+      (away ? missing : waiting).push_back(q);
+    }
+    if (missing.empty() || waiting.empty() || waiting.front() != rank()) return;
+    std::string const text = detail::wait_notice_text(label_, waiting, w.call ? detail::call_text(*w.call) : w.what,
+                                                      whereabouts(missing), state_->notice, k, timeout());
+    std::fprintf(stderr, "%s\n", text.c_str());
+    std::fflush(stderr);
   }
 
   /// The world ranks of ranks of this communicator.
@@ -397,6 +429,7 @@ class MpiComm {
     std::optional<boost::mpi::communicator> internal;  // see internal()
     std::uint64_t calls = 0;                           // see next_call_number()
     timeout_duration timeout = detail::default_timeout();
+    detail::wait_notice_times notice = detail::default_wait_notice();  // when long waits are reported
     std::vector<detail::call_record> last_calls;  // the peers' latest agreed calls, for timeout messages
     /// One post_bytes send in flight: what it sends, kept alive until MPI is done with it.
     struct posted_send {

@@ -222,9 +222,15 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
     return still_running();
   }
 
-  /// The error to rethrow (null: every rank returned), and its message.
-  [[nodiscard]] std::exception_ptr error() const { return error_; }
-  [[nodiscard]] std::string const& message() const { return message_; }
+  /// The error to rethrow (null: no rank failed), and its message; locked, as a rank given up may still fail.
+  [[nodiscard]] std::exception_ptr error() const {
+    std::lock_guard const hold(mutex_);
+    return error_;
+  }
+  [[nodiscard]] std::string message() const {
+    std::lock_guard const hold(mutex_);
+    return message_;
+  }
 
  private:
   /// The message of the exception being handled; empty for a peer_failure.
@@ -270,7 +276,7 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
     }
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<bool> running_;
   std::exception_ptr error_;
