@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -136,6 +137,79 @@ TEST_CASE("every single-byte flip in tensor data is reported by load and by veri
   sw::load_sharded(model, serial_tp(), ckpt);
   CHECK(common_value(model) == 0.5f);
   CHECK(sw::verify_checkpoint(ckpt, true).empty());
+}
+
+namespace {
+std::atomic<int> reads_begun{0};
+void (*at_last_read)(fs::path const&) = nullptr;
+fs::path last_read_dir;
+
+/// Loads `ckpt` on four threads — two tp groups of two on one node, reading one rank at a time over the node
+/// (sw::node_turns) — and runs `meanwhile` as the node's last rank starts to read, in the first attempt: each
+/// rank's common value, or its error. A rank left waiting for peers gives up after 10 s (its error is returned).
+std::vector<std::string> load_while(fs::path const& ckpt, void (*meanwhile)(fs::path const&)) {
+  reads_begun = 0, at_last_read = meanwhile, last_read_dir = ckpt;
+  sw::detail::checkpoint_load_hook = [](std::string_view stage, int) {
+    if (stage == "read_begin" && ++reads_begun == 4) at_last_read(last_read_dir);
+  };
+  std::vector<std::string> outcome(4);
+  try {
+    sw::run_threads(4, [&](auto& world) {
+      world.set_timeout(std::chrono::seconds(10));  // a wait the ranks could have agreed away fails the test
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"dp", "tp">(world, {2, 2}));
+      sw::load_options const options{.ranks_per_step = 1, .turns = sw::node_turns(world)};
+      auto& mine = outcome[static_cast<std::size_t>(world.rank())];
+      Tiny model;
+      try {
+        sw::load_sharded(model, tp, ckpt, options);
+        mine = std::to_string(common_value(model));
+      } catch (sw::error const& e) {
+        mine = e.what();
+      }
+    });
+  } catch (std::exception const& e) {
+    outcome.assign(1, std::string("run_threads: ") + e.what());
+  }
+  sw::detail::checkpoint_load_hook = nullptr;
+  return outcome;
+}
+
+std::string each_rank(std::vector<std::string> const& outcome) {
+  std::string text;
+  for (std::size_t r = 0; r < outcome.size(); ++r) text += "\nrank " + std::to_string(r) + ": " + outcome[r];
+  return text;
+}
+}  // namespace
+
+TEST_CASE("a save between two ranks' reads: every rank of the node reads again, together, or fails alike") {
+  scratch dir;
+  fs::path const ckpt = dir.path / "ckpt";
+  auto const save = [](fs::path const& where, float value) {
+    Tiny model;
+    fill(model, value);
+    sw::save_sharded(model, serial_tp(), where, static_cast<std::int64_t>(value));
+  };
+  save(ckpt, 1.0f);
+  // The last rank's tp group finds the folder replaced and reads again; the first group has read save 1 whole. Its
+  // ranks share the node's turns, so they must read again too, or the others would wait for them.
+  auto const replaced = load_while(ckpt, [](fs::path const& where) {
+    Tiny model;
+    fill(model, 2.0f);
+    sw::save_sharded(model, serial_tp(), where, 2);
+  });
+  CHECK_MESSAGE(replaced == std::vector<std::string>(4, std::to_string(2.0f)), each_rank(replaced));
+  // A file cut short before the last rank reads it: that group fails, the other read it whole; every rank raises
+  // the same words, naming the file.
+  save(ckpt, 3.0f);
+  auto const damaged = load_while(ckpt, [](fs::path const& where) {
+    fs::path const file = where / sw::rank_folder(0, 0) / "model.safetensors";
+    fs::resize_file(file, fs::file_size(file) - 8);
+  });
+  INFO(each_rank(damaged));
+  REQUIRE(damaged.size() == 4);
+  CHECK(damaged[0].find(sw::rank_folder(0, 0)) != std::string::npos);
+  CHECK(damaged[0].find("the file is truncated or corrupt") != std::string::npos);
+  CHECK(damaged == std::vector<std::string>(4, damaged[0]));
 }
 
 // Run by CTest's cli.verify (with --no-skip and SHARDWISE_CLI set), where the command line is built.

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/sharded.hpp>
@@ -169,4 +170,57 @@ TEST_CASE("MPI: a save that fails on rank 0 fails on every process with rank 0's
     CHECK(fs::exists(dir / "notes.txt"));
     fs::remove_all(shared_dir(n));
   }
+}
+
+namespace {
+int process_rank = -1;
+bool saved_meanwhile = false;
+fs::path meanwhile_dir;
+}  // namespace
+
+TEST_CASE("MPI: a save between two tp groups' reads on one node: every process reads the new save") {
+  auto const world = sw::mpi_world();
+  int const n = world.size();
+  if (n != 4) return;                           // two tp groups of two, sharing the node's turns
+  world.set_timeout(std::chrono::seconds(20));  // a process retrying alone would wait this long, then fail
+  fs::path const dir = shared_dir(n) / "replaced_while_read";
+  if (world.rank() == 0) fs::create_directories(dir.parent_path());
+  world.barrier();
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {2, 2});
+  auto const tp = sw::submesh<"tp">(mesh);
+  {
+    models::Llama<float, models::llama_plan<false>> model(config());
+    sw::parallelize(model, tp);
+    sw::save_sharded(model, tp, dir, 21);
+  }
+  world.barrier();
+  // The last process of the node to read saves the checkpoint again (serially) as its turn starts: its tp group
+  // finds the folder replaced and reads again, and so must the other group, which shares the node's turns.
+  process_rank = world.rank(), saved_meanwhile = false, meanwhile_dir = dir;
+  sw::detail::checkpoint_load_hook = [](std::string_view stage, int) {
+    if (stage != "read_begin" || process_rank != 3 || saved_meanwhile) return;
+    saved_meanwhile = true;
+    auto const one = sw::submesh<"tp">(sw::make_mesh<"tp">(sw::serial_world(), {1}));
+    models::Llama<float, models::llama_plan<false>> model(config());
+    sw::parallelize(model, one);
+    sw::save_sharded(model, one, meanwhile_dir, 22);
+  };
+  sw::load_options options{.ranks_per_step = 1};
+  options.turns = sw::node_turns(world);  // one host: the four processes
+  std::int64_t step = 0;
+  std::string message;
+  try {
+    auto c = config();
+    c.seed = 999;
+    models::Llama<float, models::llama_plan<false>> model(c);
+    sw::parallelize(model, tp);
+    step = sw::load_sharded(model, tp, dir, options).step;
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  sw::detail::checkpoint_load_hook = nullptr;
+  INFO("process " << world.rank() << ": " << message);
+  CHECK(step == 22);
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
 }

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -377,6 +378,30 @@ void check_hybrid(World const& world, fs::path const& dir) {
     saver.wait();
   });
   CHECK(sw::read_checkpoint_index(dir).step == 5);
+  // A background write of the first replica fails: every rank of both replicas raises its words at wait() (the
+  // outcome is agreed over the replicas at the commit), none waiting out the timeout, shortened here to show it.
+  auto const timeout = world.timeout();
+  world.set_timeout(std::chrono::seconds(20));
+  under_hybrid(world, other, [&](auto& sharded, auto const&, int) {
+    sw::async_save saver;
+    world.barrier();
+    if (world.rank() == 1) writes_to_fail = 1;  // a process of the first replica under MPI; its first writer on threads
+    world.barrier();
+    sw::save_sharded(sharded, dir, 6, saver);
+    std::string message;
+    try {
+      saver.wait();
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    INFO("rank " << world.rank() << ": " << message);
+    CHECK(message.find("no space left on device (a test's failed write)") != std::string::npos);
+    world.barrier();
+    writes_to_fail = 0;
+    world.barrier();
+  });
+  world.set_timeout(timeout);
+  CHECK(sw::read_checkpoint_index(dir).step == 5);  // the failed save left the checkpoint as it was
   under_fsdp<full_shard>(world, other, 4, [&](auto& sharded, auto const&, auto) {
     (void)sw::load_sharded(sharded, dir);
     check_equal(fsdp_cases::whole_parameters(sharded), saved);

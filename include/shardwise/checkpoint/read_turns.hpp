@@ -6,6 +6,7 @@
 // memory) belongs to the node, not to one tp group.
 #include <unistd.h>
 
+#include <Eigen/Core>
 #include <array>
 #include <cstddef>
 #include <functional>
@@ -28,6 +29,13 @@ struct read_turns {
   std::function<void(void const* data, std::size_t bytes, int to)> send;
   /// Receives the next message from place `from` into where(bytes) (which returns room for `bytes` bytes).
   std::function<void(int from, std::function<void*(std::size_t bytes)> const& where)> receive;
+  /// This rank's place in the world the turns were made from (sw::node_turns), and that world's size.
+  int world_rank = 0, world_size = 1;
+  /// Element-wise maximum over every rank of that world (collective over it): load_sharded agrees there whether
+  /// to retry, since ranks that share turns or a reader but no mesh axis must retry together, or none of them
+  /// (a rank retrying alone would wait for the others until the timeout). Null (turns built by hand): the load's
+  /// mesh axes alone agree.
+  std::function<void(Eigen::VectorXd& values)> max_over_world;
 };
 
 namespace detail {
@@ -42,7 +50,8 @@ struct host_name {
 /// host name as MPI's shared-memory split groups them, to take turns over: pass it as load_options::turns with
 /// ranks_per_step, so that at most that many ranks of a node read at once whatever their tp group or replica, or
 /// with only_rank0_reads, so that the node's first rank alone reads, for all of them. Collective over `world`; on
-/// the thread mesh every rank is on one node.
+/// the thread mesh every rank is on one node. Every rank of `world` must then load the checkpoint: a load agrees
+/// over the whole world whether to read it again (a save replaced it meanwhile).
 template <class Comm>
 std::shared_ptr<read_turns const> node_turns(Comm const& world) {
   detail::host_name mine;
@@ -57,6 +66,10 @@ std::shared_ptr<read_turns const> node_turns(Comm const& world) {
   turns->send = [node](void const* data, std::size_t bytes, int to) { node.send_bytes(data, bytes, {bytes}, to, 0); };
   turns->receive = [node](int from, std::function<void*(std::size_t)> const& where) {
     node.recv_into(from, 0, [&](extents const&, std::size_t bytes) -> void* { return where(bytes); });
+  };
+  turns->world_rank = world.rank(), turns->world_size = world.size();
+  turns->max_over_world = [world](Eigen::VectorXd& values) {
+    detail::all_reduce_on(world, values, detail::op_kind::max);
   };
   return turns;
 }
