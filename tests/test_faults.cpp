@@ -47,6 +47,19 @@ TEST_CASE("desyncs are found in seconds with the default timeout, naming every r
   }
 }
 
+TEST_CASE("a desync's verdict taken late is not mistaken for a new one, thread mesh") {
+  // The last rank takes its verdict 6 s late: the others raise it, and the check in their next collective
+  // (2 s later) must not take its old wait for a new cycle; it raises the same message and joins them.
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    shardwise::run_threads(n, [](auto const& world) {
+      cases::check_crossing_with_held_ranks(world, "a verdict taken late", [&](int rank) {
+        if (rank == world.size() - 1) sw::detail::test_hold_verdicts_until() = std::chrono::steady_clock::now() + 6s;
+      });
+    });
+  }
+}
+
 TEST_CASE("a rank that waits past the timeout raises, naming the rank that did not arrive") {
   auto const [message, seconds] = failure_of(2, [](auto const& world) {
     auto const mesh = sw::make_mesh<"tp">(world, {2});

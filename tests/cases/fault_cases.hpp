@@ -157,7 +157,8 @@ void check_mismatched_calls(World const& world) {
 }
 
 /// The error `scenario(world)` raises on this rank (it must raise one), checked: every `expected` part, the
-/// same text on every rank, and raised within 10 s with the default timeout of 30 minutes.
+/// same text on every rank, and raised well before the default timeout of 30 minutes (within 120 s: a loaded
+/// machine took up to 51 s; what is checked is that the desync check ended it, and that nothing stays waiting).
 template <class World, class Scenario>
 void expect_desync(World const& world, char const* what, Scenario&& scenario,
                    std::vector<std::string> const& expected) {
@@ -172,12 +173,43 @@ void expect_desync(World const& world, char const* what, Scenario&& scenario,
   }
   double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CAPTURE(message);
-  CHECK(seconds < 10.0);
+  CHECK(seconds < 120.0);
   CHECK(message.find("shardwise: the ranks wait for each other in calls that can never complete") == 0);
   for (auto const& part : expected) CHECK_MESSAGE(message.find(part) != std::string::npos, part);
   auto const checked = sw::make_mesh<"checked">(world, {world.size()});
   auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);  // exact in a double
   CHECK(sw::all_reduce(checked, text_hash, sw::Max{}) == sw::all_reduce(checked, text_hash, sw::Min{}));
+}
+
+/// The crossing of check_desyncs_found, with `hold(world rank)` called on every rank just before its first call
+/// (it sets a test hook of mesh/desync.hpp that holds the rank back, as a loaded machine would): every rank must
+/// still raise the same message, in time, and take part in the next collective.
+template <class World, class Hold>
+void check_crossing_with_held_ranks(World const& world, char const* what, Hold&& hold) {
+  Eigen::VectorXf v = Eigen::VectorXf::Ones(4);
+  int const n = world.size();
+  std::string others;  // "1, 2, 3": the world ranks rank 0 waits for
+  for (int r = 1; r < n; ++r) others += (r > 1 ? ", " : "") + std::to_string(r);
+  expect_desync(
+      world, what,
+      [&](World const& w) {
+        auto const a = sw::make_mesh<"a">(w, {w.size()});
+        auto const b = sw::make_mesh<"b">(w, {w.size()});
+        hold(w.rank());
+        if (w.rank() == 0) {
+          sw::all_reduce(a, v);
+          sw::all_reduce(b, v);
+        } else {
+          sw::all_reduce(b, v);
+          sw::all_reduce(a, v);
+        }
+      },
+      {"world rank 0 waits in all_reduce<float>([4], sum) at ",
+       " as call #0 on mesh axis \"a\"" + std::string(n > 2 ? " for world ranks " : " for world rank ") + others,
+       "world rank " + std::to_string(n - 1) + " waits in all_reduce<float>([4], sum) at ",
+       " as call #0 on mesh axis \"b\" for world rank 0"});
+  sw::detail::test_hold_verdicts_until() = {};
+  sw::detail::test_quiet_until() = {};
 }
 
 /// Desyncs that only the timeout used to end, each found in seconds with the default timeout, and named with

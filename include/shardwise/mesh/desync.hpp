@@ -7,6 +7,12 @@
 // never reported. A cycle of waits (two ranks that cross sub-mesh axes, a rank that makes one call more than
 // its peers and then waits on another axis) is therefore found, and every rank in it raises the same message,
 // naming each rank's call. The timeout stays for peers that are merely slow.
+//
+// A verdict poisons the collectives it was found in: it goes to every rank of them (desync_recipients), not only
+// to the ranks the check had a report from, since a rank that was slow to report (a loaded machine) waits in
+// them just the same and would otherwise stay waiting, or find a new cycle with a peer that has moved on and
+// raise another message. A rank takes it at once if it waits, or at its next collective; until it has taken it,
+// the check counts it as one that may arrive, so that its old wait is not mistaken for a new desync.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -44,6 +50,8 @@ struct rank_activity {
   state what = state::unknown;
   std::uint32_t waiting_for = 0;                     ///< How many of waits_for count.
   std::array<std::int32_t, most_named> waits_for{};  ///< World ranks this rank waits for (the first 16).
+  std::uint32_t member_count = 0;                    ///< How many of members count.
+  std::array<std::int32_t, most_named> members{};    ///< World ranks of the wait's axis (the first 16).
   std::array<char, 48> axis{};                       ///< The mesh axis of the wait.
   std::array<char, 200> call{};                      ///< "all_reduce<float>([4], sum) at train.cpp:42 as call #3".
 
@@ -54,14 +62,16 @@ struct rank_activity {
   }
 };
 
-/// The report of a rank waiting on mesh axis `axis` in `call` (null: in `what`, with no record) for the world
-/// ranks `waits_for`.
+/// The report of a rank waiting on mesh axis `axis` (whose world ranks are `members`) in `call` (null: in
+/// `what`, with no record) for the world ranks `waits_for`.
 inline rank_activity waiting_activity(std::string_view axis, call_record const* call, char const* what,
-                                      std::vector<int> const& waits_for) {
+                                      std::vector<int> const& waits_for, std::vector<int> const& members) {
   rank_activity a;
   a.what = rank_activity::state::waiting;
   for (int r : waits_for)
     if (a.waiting_for < rank_activity::most_named) a.waits_for[a.waiting_for++] = r;
+  for (int r : members)
+    if (a.member_count < rank_activity::most_named) a.members[a.member_count++] = r;
   copy_tail(axis, a.axis);
   std::ostringstream text;
   if (call != nullptr)
@@ -117,6 +127,41 @@ inline std::string desync_message(std::map<int, rank_activity> const& reports, s
   out << ". Every rank of a mesh axis must make the same collective calls on it in the same order (a rank that "
          "calls on another axis first, or calls once more than its peers, waits for them forever)";
   return out.str();
+}
+
+/// The world ranks a verdict on `stuck` goes to: the stuck ranks and every rank of the axes they wait on (those
+/// they wait for, and those that arrived with them), whatever the reports said of them; not ranks that finished.
+inline std::vector<int> desync_recipients(std::map<int, rank_activity> const& reports, std::vector<int> const& stuck) {
+  std::vector<int> to(stuck);
+  for (int r : stuck) {
+    rank_activity const& a = reports.at(r);
+    to.insert(to.end(), a.waits_for.begin(), a.waits_for.begin() + a.waiting_for);
+    to.insert(to.end(), a.members.begin(), a.members.begin() + a.member_count);
+  }
+  std::sort(to.begin(), to.end());
+  to.erase(std::unique(to.begin(), to.end()), to.end());
+  std::erase_if(to, [&](int r) {
+    auto const found = reports.find(r);
+    return found != reports.end() && found->second.what == rank_activity::state::finished;
+  });
+  return to;
+}
+
+/// Tests only: until this time, this rank leaves a desync verdict it was sent untaken (and, on MPI, answers and
+/// checks as usual), as a rank the scheduler holds back would. Per thread: a thread-mesh rank is a thread.
+inline std::chrono::steady_clock::time_point& test_hold_verdicts_until() {
+  thread_local std::chrono::steady_clock::time_point until{};
+  return until;
+}
+/// Tests only (MPI): until this time, this process neither answers the check's questions nor checks nor takes
+/// a verdict, as a process the scheduler holds back would.
+inline std::chrono::steady_clock::time_point& test_quiet_until() {
+  thread_local std::chrono::steady_clock::time_point until{};
+  return until;
+}
+/// Whether a test hold (test_hold_verdicts_until, test_quiet_until) is on now.
+inline bool test_held(std::chrono::steady_clock::time_point const& until) {
+  return until != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() < until;
 }
 
 /// The message for the stuck ranks, when `me` is one of them; else empty.

@@ -182,22 +182,30 @@ class MpiComm {
     auto next_notice = detail::wait_notice_due(start, state_->notice, 0);
     std::optional<detail::mpi_wait_scope> checked;
     if (desync != nullptr) checked.emplace(*desync);
+    auto const or_abandon = [&](auto&& step) {
+      try {
+        step();
+      } catch (...) {
+        abandon(requests, count);
+        throw;
+      }
+    };
+    // A collective first takes a desync verdict that came while this rank computed: its records may all have
+    // come already (sent by ranks that left the poisoned call), and the wait below would not poll.
+    if (desync != nullptr) or_abandon([&] { detail::mpi_poll_side_channel(what, label_, rank()); });
     for (unsigned spin = 0, round = 0;; ++spin) {
       int done = 0;
       detail::mpi_check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return;
       if (spin % 64 == 63) {
         auto const now = std::chrono::steady_clock::now();
-        try {
+        or_abandon([&] {
           detail::mpi_poll_side_channel(what, label_, rank());
           if (desync != nullptr && now >= next_check) {
             detail::mpi_desync_round(round++);
             next_check = now + detail::desync_recheck(timeout());
           }
-        } catch (...) {
-          abandon(requests, count);
-          throw;
-        }
+        });
         if (now >= deadline) on_timeout(requests);
         if (desync != nullptr && now >= next_notice) {
           print_notice(*desync, notices);
@@ -374,6 +382,13 @@ class MpiComm {
   }
 
   /// The world ranks of ranks of this communicator.
+  /// The ranks of this communicator: 0, 1, ..., size() - 1.
+  [[nodiscard]] std::vector<int> all_ranks() const {
+    std::vector<int> ranks(static_cast<std::size_t>(size()));
+    for (int q = 0; q < size(); ++q) ranks[static_cast<std::size_t>(q)] = q;
+    return ranks;
+  }
+
   [[nodiscard]] std::vector<int> world_ranks(std::vector<int> const& ranks) const {
     MPI_Group axis_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
     MPI_Comm_group(native(), &axis_group);

@@ -49,12 +49,18 @@ inline std::vector<detail::call_record> MpiComm::all_gather_records(detail::call
       return ranks;
     }
   } const records{this, requests.data(), receives};
-  detail::mpi_wait desync{label_, &mine, what,
+  detail::mpi_wait desync{label_,
+                          &mine,
+                          what,
                           [](void const* c) {
                             auto const& r = *static_cast<pending_records const*>(c);
                             return r.comm->world_ranks(r.missing());
                           },
-                          &records};
+                          &records,
+                          [](void const* c) {
+                            auto const& r = *static_cast<pending_records const*>(c);
+                            return r.comm->world_ranks(r.comm->all_ranks());
+                          }};
   wait_all(
       requests.data(), static_cast<int>(requests.size()), what,
       [&](MPI_Request* pending) {
@@ -95,7 +101,11 @@ Record MpiComm::pair_exchange(Record const& mine, T const* in, std::size_t count
                                       auto const& self = *static_cast<MpiComm const*>(c);
                                       return self.world_ranks({1 - self.rank()});
                                     },
-                                    this});
+                                    this,
+                                    [](void const* c) {
+                                      auto const& self = *static_cast<MpiComm const*>(c);
+                                      return self.world_ranks({0, 1});
+                                    }});
   }
   wait_all(
       requests, 1, what,

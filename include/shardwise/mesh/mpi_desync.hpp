@@ -5,7 +5,10 @@
 // polls: while it waits in any call, or before MPI_Finalize (then: it has finished). A rank that computes does
 // not answer, and counts as one that may still arrive. An answer is used only when two rounds in a row gave the
 // same one (a wait that just ended cannot pass for a stuck one). When the waits cannot complete, the rank sends
-// the message to every stuck rank and raises it; each raises it at its next poll, inside the same wait.
+// the message to every rank of the stuck waits' axes (desync_recipients) and raises it; each raises it at its
+// next poll, in the wait it is in or at the start of its next collective. Each verdict carries a number, and a
+// rank's answers say the last number it took from the asker: until a rank has taken the asker's verdict, the
+// asker decides nothing on it, so a rank still leaving the old wait cannot look like a new desync.
 #include <mpi.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -38,6 +42,7 @@ struct mpi_wait {
   char const* what = "";
   std::vector<int> (*missing)(void const* context) = nullptr;  ///< World ranks not yet heard from.
   void const* context = nullptr;
+  std::vector<int> (*members)(void const* context) = nullptr;  ///< World ranks of the axis.
   std::uint64_t serial = 0;  ///< Numbers the waits of this process, so that late messages are known as such.
 };
 
@@ -47,11 +52,13 @@ struct mpi_desync_question {
   std::uint32_t round = 0;
 };
 
-/// An answer: the question's numbers, the answering rank's own wait (for a verdict to name), and its activity.
+/// An answer: the question's numbers, the answering rank's own wait, the number of the last verdict it took from
+/// the asker, and its activity.
 struct mpi_desync_reply {
   std::uint64_t asker_wait = 0;
   std::uint32_t round = 0;
   std::uint64_t own_wait = 0;
+  std::uint64_t verdict_taken = 0;
   rank_activity activity;
 };
 
@@ -65,7 +72,16 @@ struct mpi_desync_state {
     bool has_last = false, has_before = false;
     std::uint32_t first_asked = ~0u;  ///< The round this wait first asked the rank.
   };
-  std::map<int, heard> answers;  // world rank -> its answers to the current wait's questions
+  std::map<int, heard> answers;             // world rank -> its answers to the current wait's questions
+  std::uint64_t verdicts_sent = 0;          ///< Numbers this process's verdicts (1, 2, ...).
+  std::map<int, std::uint64_t> owed;        ///< World rank -> the number of this process's verdict it must take.
+  std::map<int, std::uint64_t> taken_from;  ///< World rank -> the number of the last verdict taken from it.
+  struct verdict {
+    int from = -1;
+    std::uint64_t number = 0;
+    std::string message;
+  };
+  std::optional<verdict> held;  ///< A verdict received while a test holds verdicts back.
 };
 /// Never destroyed: the wait before MPI_Finalize runs in the MPI environment's deleter, during static
 /// destruction, and answers questions through this state.
@@ -90,7 +106,7 @@ inline rank_activity mpi_own_activity() {
   }
   if (s.current == nullptr) return {};
   mpi_wait const& w = *s.current;
-  return waiting_activity(w.axis, w.call, w.what, w.missing(w.context));
+  return waiting_activity(w.axis, w.call, w.what, w.missing(w.context), w.members(w.context));
 }
 
 /// Sends `bytes` to world rank `to` on the side channel without waiting (small: delivered eagerly). The bytes
@@ -108,41 +124,58 @@ inline void mpi_side_send(int to, int tag, void const* data, std::size_t bytes) 
 /// Answers question `q` from world rank `asker` with what this process is doing.
 inline void mpi_answer(int asker, mpi_desync_question const& q) {
   auto const& s = desync_state();
-  mpi_desync_reply const reply{q.asker_wait, q.round, s.current ? s.current->serial : 0, mpi_own_activity()};
+  auto const taken = s.taken_from.find(asker);
+  mpi_desync_reply const reply{q.asker_wait, q.round, s.current ? s.current->serial : 0,
+                               taken == s.taken_from.end() ? 0 : taken->second, mpi_own_activity()};
   mpi_side_send(asker, desync_answer, &reply, sizeof reply);
 }
 
-/// Handles one message of the side channel, if one has come: a peer's failure (raised), a question (answered),
-/// an answer (kept), a verdict for this very wait (raised). `what`, `axis`, `rank`: this rank's wait, for the
-/// failure message.
+/// Raises verdict `v`, unless a test holds verdicts back: then it is kept, and raised at a later poll.
+inline void mpi_take_verdict(mpi_desync_state::verdict v) {
+  auto& s = desync_state();
+  if (test_held(test_hold_verdicts_until())) {
+    s.held = std::move(v);
+    return;
+  }
+  s.held.reset();
+  s.taken_from[v.from] = v.number;  // answers to its sender say so from now on
+  fail(v.message);
+}
+
+/// Handles the messages of the side channel that have come: a peer's failure (raised), a question (answered),
+/// an answer (kept), a desync verdict (raised, whatever this rank waits in: the check sends one only to ranks
+/// of the stuck waits' axes). `what`, `axis`, `rank`: this rank's wait, for the failure message.
 inline void mpi_poll_side_channel(char const* what, std::string_view axis, int rank) {
   auto& n = notices();
-  if (n.comm == MPI_COMM_NULL) return;
-  int arrived = 0;
-  MPI_Status status;
-  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, n.comm, &arrived, &status);
-  if (!arrived) return;
-  if (status.MPI_TAG == 0) return mpi_raise_notice(what, axis, rank);
-  int length = 0;
-  MPI_Get_count(&status, MPI_BYTE, &length);
-  std::string bytes(static_cast<std::size_t>(length), '\0');
-  MPI_Recv(bytes.data(), length, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, n.comm, MPI_STATUS_IGNORE);
   auto& s = desync_state();
-  if (status.MPI_TAG == desync_query && bytes.size() == sizeof(mpi_desync_question)) {
-    mpi_desync_question q;
-    std::memcpy(&q, bytes.data(), sizeof q);
-    mpi_answer(status.MPI_SOURCE, q);
-  } else if (status.MPI_TAG == desync_answer && bytes.size() == sizeof(mpi_desync_reply)) {
-    mpi_desync_reply r;
-    std::memcpy(&r, bytes.data(), sizeof r);
-    if (s.current == nullptr || r.asker_wait != s.current->serial) return;  // for a wait that has ended
-    auto& h = s.answers[status.MPI_SOURCE];
-    h.before = h.last, h.has_before = h.has_last;
-    h.last = r, h.has_last = true;
-  } else if (status.MPI_TAG == desync_verdict_tag && bytes.size() > sizeof(std::uint64_t)) {
-    std::uint64_t target = 0;
-    std::memcpy(&target, bytes.data(), sizeof target);
-    if (s.current != nullptr && s.current->serial == target) fail(bytes.substr(sizeof target));
+  if (n.comm == MPI_COMM_NULL || test_held(test_quiet_until())) return;
+  if (s.held) mpi_take_verdict(*s.held);
+  for (;;) {
+    int arrived = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, n.comm, &arrived, &status);
+    if (!arrived) return;
+    if (status.MPI_TAG == 0) return mpi_raise_notice(what, axis, rank);
+    int length = 0;
+    MPI_Get_count(&status, MPI_BYTE, &length);
+    std::string bytes(static_cast<std::size_t>(length), '\0');
+    MPI_Recv(bytes.data(), length, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, n.comm, MPI_STATUS_IGNORE);
+    if (status.MPI_TAG == desync_query && bytes.size() == sizeof(mpi_desync_question)) {
+      mpi_desync_question q;
+      std::memcpy(&q, bytes.data(), sizeof q);
+      mpi_answer(status.MPI_SOURCE, q);
+    } else if (status.MPI_TAG == desync_answer && bytes.size() == sizeof(mpi_desync_reply)) {
+      mpi_desync_reply r;
+      std::memcpy(&r, bytes.data(), sizeof r);
+      if (s.current == nullptr || r.asker_wait != s.current->serial) continue;  // for a wait that has ended
+      auto& h = s.answers[status.MPI_SOURCE];
+      h.before = h.last, h.has_before = h.has_last;
+      h.last = r, h.has_last = true;
+    } else if (status.MPI_TAG == desync_verdict_tag && bytes.size() > sizeof(std::uint64_t)) {
+      std::uint64_t number = 0;  // the bytes: the verdict's number, then its message
+      std::memcpy(&number, bytes.data(), sizeof number);
+      mpi_take_verdict({status.MPI_SOURCE, number, bytes.substr(sizeof number)});
+    }
   }
 }
 
@@ -168,10 +201,12 @@ inline std::vector<int> mpi_desync_closure(rank_activity const& mine, int me) {
 
 /// The reports the check may decide on in `round`: a rank's answer counts once the last two rounds gave it
 /// alike. False while some rank of the closure is still unsettled (asked for less than two rounds, or answering
-/// differently), so that the decision sees every rank it can.
+/// differently), so that the decision sees every rank it can. A rank that has not yet taken this process's last
+/// verdict to it is leaving its wait: it may arrive.
 inline bool mpi_settled_reports(std::vector<int> const& closure, std::uint32_t round,
-                                std::map<int, rank_activity>& reports, std::map<int, std::uint64_t>& their_waits) {
-  auto const& answers = desync_state().answers;
+                                std::map<int, rank_activity>& reports) {
+  auto& s = desync_state();
+  auto const& answers = s.answers;
   for (int r : closure) {
     auto const h = answers.find(r);
     if (h == answers.end() || h->second.first_asked == ~0u || h->second.first_asked + 2 > round) return false;
@@ -180,32 +215,41 @@ inline bool mpi_settled_reports(std::vector<int> const& closure, std::uint32_t r
                            a.last.activity == a.before.activity && a.last.own_wait == a.before.own_wait;
     bool const silent = !a.has_last || a.last.round + 2 <= round;  // computing: it may still arrive
     if (!confirmed && !silent) return false;
-    if (confirmed) reports[r] = a.last.activity, their_waits[r] = a.last.own_wait;
+    if (!confirmed) continue;
+    auto const owed = s.owed.find(r);
+    if (owed != s.owed.end() && a.last.verdict_taken < owed->second &&
+        a.last.activity.what == rank_activity::state::waiting)
+      continue;
+    if (owed != s.owed.end()) s.owed.erase(owed);
+    reports[r] = a.last.activity;
   }
   return true;
 }
 
 /// One round of the check for the current wait: decides on the answers of the rounds before, then asks again
 /// every rank the wait depends on. When the waits cannot complete, the lowest world rank among the stuck ones
-/// (the others wait for its word, so that all raise the same message) tells every stuck rank and raises.
+/// (the others wait for its word, so that all raise the same message) tells every rank of the stuck waits' axes
+/// (desync_recipients) and raises.
 inline void mpi_desync_round(std::uint32_t round) {
   auto& s = desync_state();
   mpi_wait const& w = *s.current;
   int const me = mpi_world_rank();
-  rank_activity const mine = waiting_activity(w.axis, w.call, w.what, w.missing(w.context));
+  if (test_held(test_quiet_until())) return;
+  rank_activity const mine = mpi_own_activity();
   std::vector<int> const closure = mpi_desync_closure(mine, me);
   std::map<int, rank_activity> reports{{me, mine}};
-  std::map<int, std::uint64_t> their_waits;
-  if (mpi_settled_reports(closure, round, reports, their_waits)) {
+  if (mpi_settled_reports(closure, round, reports)) {
     std::vector<int> const stuck = stuck_ranks(reports);
     if (!stuck.empty() && stuck.front() == me) {
       std::string const message = desync_message(reports, stuck);
-      for (int r : stuck) {
-        if (r == me || reports[r].what != rank_activity::state::waiting) continue;
-        std::string bytes(sizeof(std::uint64_t), '\0');
-        std::memcpy(bytes.data(), &their_waits[r], sizeof(std::uint64_t));
-        bytes += message;
+      std::uint64_t const number = ++s.verdicts_sent;
+      std::string bytes(sizeof number, '\0');  // the verdict's number, then its message
+      std::memcpy(bytes.data(), &number, sizeof number);
+      bytes += message;
+      for (int r : desync_recipients(reports, stuck)) {
+        if (r == me) continue;
         mpi_side_send(r, desync_verdict_tag, bytes.data(), bytes.size());
+        s.owed[r] = number;
       }
       fail(message);
     }

@@ -68,10 +68,16 @@ struct thread_run_state {
 
   /// Whether a deadlock including world rank r was found (read without the lock, on every wake-up).
   [[nodiscard]] bool has_verdict(std::size_t r) const { return verdict_ready[r].load(std::memory_order_acquire); }
-  /// The error of the deadlock found for world rank r (empty: none), taken.
+  /// Whether world rank r, on its own thread, takes its verdict now (a test may hold it back).
+  [[nodiscard]] bool verdict_to_take(std::size_t r) const {
+    return has_verdict(r) && !test_held(test_hold_verdicts_until());
+  }
+  /// The error of the deadlock found for world rank r (empty: none), taken. The rank leaves its wait with it, in
+  /// the same step: a check in between would take that wait for a new desync.
   std::string take_verdict(std::size_t r) {
     std::lock_guard const hold(desync_mutex);
     verdict_ready[r].store(false);
+    sleeping[r] = {};
     return std::exchange(verdicts[r], {});
   }
   void check_desync(int me);
@@ -190,6 +196,8 @@ struct thread_group {
   /// ever completes with a rank that left.
   void barrier(int rank, char const* what, bool may_leave = true, call_record const* call = nullptr) {
     if (members.size() == 1) return;
+    if (call != nullptr && run->verdict_to_take(static_cast<std::size_t>(members[static_cast<std::size_t>(rank)])))
+      fail(run->take_verdict(static_cast<std::size_t>(members[static_cast<std::size_t>(rank)])));
     std::uint64_t const before = word.fetch_add(one_arrival);
     auto const generation = static_cast<std::uint32_t>(before);
     own[static_cast<std::size_t>(rank)].arrival.store(generation + 1, std::memory_order_relaxed);
@@ -261,12 +269,11 @@ struct thread_group {
     } const on_exit{*this, world_rank, may_leave};
     std::unique_lock lock(sleep_mutex);
     while (!passed()) {
-      if (may_leave && (peers_cannot_arrive() || now() >= deadline || run->has_verdict(world_rank))) {
+      if (may_leave && (peers_cannot_arrive() || now() >= deadline || run->verdict_to_take(world_rank))) {
         lock.unlock();
-        bool const left = withdraw(generation);
-        std::string const verdict = run->has_verdict(world_rank) ? run->take_verdict(world_rank) : std::string();
-        if (!left) return;  // a member may have passed this very barrier and then returned
-        if (!verdict.empty()) fail(verdict);
+        // A member may have passed this very barrier and then returned; a verdict then stays for the next call.
+        if (!withdraw(generation)) return;
+        if (run->verdict_to_take(world_rank)) fail(run->take_verdict(world_rank));
         check_peers(rank, what);  // throws: a peer failed or returned
         if (now() >= deadline) time_out(rank, what, generation);
         fail("shardwise::ThreadMesh: a peer of rank ", rank, " in ", what, " cannot arrive");
@@ -318,8 +325,9 @@ struct thread_group {
   }
 };
 
-/// Looks at what every rank is doing; if world rank `me` sleeps in a wait that can never complete, every rank
-/// sleeping in such a wait gets the same error, and is woken to raise it.
+/// Looks at what every rank is doing; if world rank `me` sleeps in a wait that can never complete, every rank of
+/// the axes of such waits gets the same error (desync_recipients), and is woken to raise it. A rank told before
+/// counts as one that may arrive: it is leaving its wait.
 inline void thread_run_state::check_desync(int me) {
   std::vector<int> stuck;
   {
@@ -331,14 +339,16 @@ inline void thread_run_state::check_desync(int me) {
       auto const& w = sleeping[static_cast<std::size_t>(r)];
       if (finished[static_cast<std::size_t>(r)].load(std::memory_order_acquire))
         reports[r].what = rank_activity::state::finished;
-      else if (w.group != nullptr && thread_group::sleeps_unpassed(w, waits_for))
-        reports[r] = waiting_activity(w.group->label, w.has_call ? &w.call : nullptr, w.what, waits_for);
+      else if (w.group != nullptr && !has_verdict(static_cast<std::size_t>(r)) &&  // told: it leaves that wait
+               thread_group::sleeps_unpassed(w, waits_for))
+        reports[r] =
+            waiting_activity(w.group->label, w.has_call ? &w.call : nullptr, w.what, waits_for, w.group->members);
     }
     stuck = stuck_ranks(reports);
     if (std::find(stuck.begin(), stuck.end(), me) == stuck.end()) return;
     std::string const message = desync_message(reports, stuck);
-    for (int r : stuck) {  // a rank told of a deadlock before keeps that message
-      if (reports[r].what != rank_activity::state::waiting || has_verdict(static_cast<std::size_t>(r))) continue;
+    for (int r : desync_recipients(reports, stuck)) {  // a rank told of a deadlock before keeps that message
+      if (has_verdict(static_cast<std::size_t>(r))) continue;
       verdicts[static_cast<std::size_t>(r)] = message;
       verdict_ready[static_cast<std::size_t>(r)].store(true, std::memory_order_release);
     }
