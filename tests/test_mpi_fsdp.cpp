@@ -4,7 +4,8 @@
 // parallelism, and uneven shards at dp 4 and dp 2 x tp 2. Mixed precision (bfloat16 gathers, fp32 or bfloat16
 // reduce) against the unsharded run that rounds the same way: at 1, at 2, and at dp 2 x tp 2. Forward and
 // backward prefetch (MPI_Iallgatherv started before a unit computes): at 2 (uneven shards, activation
-// checkpointing, bf16 gathers) and at 4 (hybrid, dp 2 x TP 2).
+// checkpointing, bf16 gathers) and at 4 (hybrid, dp 2 x TP 2). Processes given different strategies are refused at
+// fully_shard, naming each one's.
 #include <doctest/doctest.h>
 
 #include "cases/fsdp_cases.hpp"
@@ -112,4 +113,27 @@ TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same wa
     check_same_training(train<gathers_bf16, sequence_parallel>(world, {.dp = 2}, c, steps),
                         bf16_reference(c, steps, 2, false), bf16_rounding);
   }
+}
+
+TEST_CASE("FSDP processes that shard by different strategies are refused at fully_shard, MPI mesh") {
+  auto const world = worlds::mpi();
+  int const n = world.size();
+  if (n < 2) return;
+  auto const dp = sw::make_mesh<"dp">(world, {n});
+  std::string message = "(no error)";
+  try {
+    sw::models::Llama<float> model(llama_cases::small_config());
+    if (dp.rank() == 1)  // no_shard on process 1: it would all-reduce where the others reduce-scatter
+      (void)sw::fully_shard<policy<sw::no_shard>>(model, dp);
+    else
+      (void)sw::fully_shard<policy<sw::full_shard>>(model, dp);
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  std::string expected =
+      "shardwise::fully_shard: the ranks of mesh axis \"dp\" shard by different strategies: rank 0 has full_shard; "
+      "rank 1 has no_shard";
+  for (int r = 2; r < n; ++r) expected += "; rank " + std::to_string(r) + " has full_shard";
+  expected += ". Give every rank the same fsdp_policy strategy (full_shard, shard_grad_op or no_shard)";
+  CHECK(message == expected);
 }
