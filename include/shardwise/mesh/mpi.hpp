@@ -316,7 +316,7 @@ class MpiComm {
   /// Runs blocking MPI calls of `what` under the timeout; `stalled` says what a stall means.
   template <class MoveData>
   void point_to_point(char const* what, char const* stalled, MoveData&& move_data) const {
-    detail::mpi_data_watchdog::instance().guard({what, stalled, label_, rank(), timeout()}, move_data);
+    detail::mpi_data_watchdog::instance().guard({what, stalled, label_, rank(), timeout(), state_->notice}, move_data);
   }
 
   /// Gives up on requests after a timeout: receives are cancelled, sends left to MPI.

@@ -3,7 +3,8 @@
 // the blocking MPI call that moves it can only stall if a peer stops or the network fails mid-transfer; MPI
 // cannot interrupt it, and its non-blocking twins measured up to 2.7x slower here (bench_mpi_nonblocking). So a
 // watchdog thread, started on the first data phase, ends the job with a message if one lasts longer than the
-// communicator's timeout; arming and disarming it costs two clock reads and a few atomic stores per call.
+// communicator's timeout, and prints the wait notices of mesh/wait_notice.hpp before that; arming and disarming
+// it costs two clock reads and a few atomic stores per call.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "shardwise/mesh/mpi_failure.hpp"
 #include "shardwise/mesh/timeout.hpp"
+#include "shardwise/mesh/wait_notice.hpp"
 
 namespace shardwise::detail {
 
@@ -33,6 +35,7 @@ class mpi_data_watchdog {
     std::string_view axis;
     int rank;
     timeout_duration limit;
+    wait_notice_times notice{};  ///< When a long data phase is reported (by default never).
   };
 
   /// Runs `move_data` (blocking MPI calls), ending the job if it lasts longer than `current.limit`.
@@ -45,6 +48,8 @@ class mpi_data_watchdog {
     axis_length_.store(current.axis.size(), std::memory_order_relaxed);
     rank_.store(current.rank, std::memory_order_relaxed);
     limit_ms_.store(current.limit.count(), std::memory_order_relaxed);
+    notice_first_ms_.store(current.notice.first.count(), std::memory_order_relaxed);
+    notice_every_ms_.store(current.notice.every.count(), std::memory_order_relaxed);
     since_ms_.store(now_ms(), std::memory_order_release);
     struct disarm {
       std::atomic<std::int64_t>& since;
@@ -66,7 +71,11 @@ class mpi_data_watchdog {
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       std::int64_t const since = since_ms_.load(std::memory_order_acquire);
-      if (since == 0 || now_ms() - since <= limit_ms_.load(std::memory_order_relaxed)) continue;
+      if (since == 0) continue;
+      if (std::int64_t const elapsed = now_ms() - since; elapsed <= limit_ms_.load(std::memory_order_relaxed)) {
+        notice(since, elapsed);
+        continue;
+      }
       std::string_view const axis(axis_.load(std::memory_order_relaxed), axis_length_.load(std::memory_order_relaxed));
       std::fprintf(stderr,
                    "shardwise: rank %d of mesh axis \"%.*s\": %s did not finish within the timeout (%s): %s. "
@@ -79,6 +88,26 @@ class mpi_data_watchdog {
     }
   }
 
+  /// Prints the next notice of the data phase that began at `since` once it is due (on the watchdog's thread).
+  void notice(std::int64_t since, std::int64_t elapsed) {
+    if (since != noticed_since_) noticed_since_ = since, notices_ = 0;
+    std::int64_t const first = notice_first_ms_.load(std::memory_order_relaxed);
+    std::int64_t const every = notice_every_ms_.load(std::memory_order_relaxed);
+    if (first <= 0 || elapsed < first + notices_ * every) return;
+    std::string_view const axis(axis_.load(std::memory_order_relaxed), axis_length_.load(std::memory_order_relaxed));
+    std::fprintf(stderr,
+                 "shardwise: still waiting: rank %d of mesh axis \"%.*s\" has waited %s in %s, which blocks in MPI "
+                 "(if it never finishes: %s). A slow transfer cannot be told from a stuck one, so the wait goes on "
+                 "until the timeout (%s, SHARDWISE_TIMEOUT), which ends the job; this notice repeats every %s "
+                 "(SHARDWISE_WAIT_NOTICE=seconds sets the first, 0 turns them off)\n",
+                 rank_.load(), static_cast<int>(axis.size()), axis.data(),
+                 seconds_text(timeout_duration(first + notices_ * every)).c_str(), what_.load(), stalled_.load(),
+                 seconds_text(timeout_duration(limit_ms_.load())).c_str(),
+                 seconds_text(timeout_duration(every)).c_str());
+    std::fflush(stderr);
+    ++notices_;
+  }
+
   std::once_flag started_;
   std::atomic<std::int64_t> since_ms_{0};  // when the current data phase began; 0: none
   std::atomic<std::int64_t> limit_ms_{0};
@@ -87,6 +116,10 @@ class mpi_data_watchdog {
   std::atomic<char const*> axis_{""};
   std::atomic<std::size_t> axis_length_{0};
   std::atomic<int> rank_{-1};
+  std::atomic<std::int64_t> notice_first_ms_{0};
+  std::atomic<std::int64_t> notice_every_ms_{0};
+  std::int64_t noticed_since_ = 0;  // the data phase the notices count for, and how many it has had
+  std::int64_t notices_ = 0;
 };
 
 }  // namespace shardwise::detail
