@@ -135,6 +135,7 @@ if(SHARDWISE_BUILD_TOOLS AND CLI11_FOUND)  # tools/ defines shardwise_cli after 
                                                      "holds no shardwise_checkpoint.json.*exit code 1")
   # verify and inspect on a damaged checkpoint (the doctest case is skipped in test_checkpoint_concurrency's own run).
   add_test(NAME cli.verify COMMAND test_checkpoint_concurrency --no-skip "--test-case=cli: *" --no-colors)
+  set_target_properties(test_checkpoint_concurrency PROPERTIES EXCLUDE_FROM_ALL OFF)  # built with the tools
   set_tests_properties(cli.verify PROPERTIES LABELS cli ENVIRONMENT "SHARDWISE_CLI=$<TARGET_FILE:shardwise_cli>")
   # Consolidated from TP 4 and loaded by Hugging Face transformers' LlamaForCausalLM: the same logits.
   add_executable(safetensors_llama_checkpoint torch/safetensors_llama_checkpoint.cpp)
