@@ -29,8 +29,8 @@ struct read_turns {
   std::function<void(void const* data, std::size_t bytes, int to)> send;
   /// Receives the next message from place `from` into where(bytes) (which returns room for `bytes` bytes).
   std::function<void(int from, std::function<void*(std::size_t bytes)> const& where)> receive;
-  /// This rank's place in the world the turns were made from (sw::node_turns), and that world's size.
-  int world_rank = 0, world_size = 1;
+  int world_rank = 0;  ///< This rank's place in the world the turns were made from (sw::node_turns).
+  int world_size = 1;  ///< That world's size.
   /// Element-wise maximum over every rank of that world (collective over it): load_sharded agrees there whether
   /// to retry, since ranks that share turns or a reader but no mesh axis must retry together, or none of them
   /// (a rank retrying alone would wait for the others until the timeout). Null (turns built by hand): the load's

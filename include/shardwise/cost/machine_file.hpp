@@ -17,9 +17,10 @@ namespace shardwise::planner {
 namespace detail {
 /// What a machine file may say for one field: a number from `least` to `most` (so never inf or NaN).
 struct machine_range {
-  double least, most;
+  double least;      ///< The smallest value accepted.
+  double most;       ///< The largest value accepted.
   char const* what;  ///< The quantity, for the error.
-  char const* unit;
+  char const* unit;  ///< Its unit, for the error.
 };
 inline constexpr machine_range gemm_flops_range{1e3, 1e18, "a rank's GEMM rate", "FLOP/s"};
 inline constexpr machine_range memory_bandwidth_range{1e3, 1e15, "a rank's memory bandwidth", "bytes/s"};
