@@ -186,6 +186,11 @@ inline constexpr std::chrono::seconds stuck_rank_grace{10};
 class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcome> {
  public:
   explicit thread_run_outcome(int ranks) : running_(static_cast<std::size_t>(ranks), true) {}
+  thread_run_outcome(thread_run_outcome const&) = delete;
+  thread_run_outcome& operator=(thread_run_outcome const&) = delete;
+  ~thread_run_outcome() {
+    if (watch_.joinable()) watch_.detach();  // the watch itself held the last reference
+  }
 
   /// Rank `rank` failed with the exception being handled. The first error is kept, but an original error
   /// replaces a peer_failure, which only stands in for it. The first failure starts the grace.
@@ -201,6 +206,18 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
     failed_ = true;
     failed_at_ = std::chrono::steady_clock::now();
     if (running_[0]) watch_calling_thread();
+  }
+
+  /// Once rank 0 has returned: waits for the watch of the calling thread to end, so that what it releases (the
+  /// last reference to this outcome, and with it the error) is released before run_threads goes on, not
+  /// alongside the caller's handling of the error.
+  void end_watch() {
+    std::thread watch;
+    {
+      std::lock_guard const hold(mutex_);
+      watch = std::move(watch_);
+    }
+    if (watch.joinable()) watch.join();
   }
 
   /// Rank `rank` returned (or threw).
@@ -258,7 +275,7 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
   /// code 1, as MPI's abort does (a rank 0 that never returns would keep the process alive forever).
   void watch_calling_thread() {
     try {
-      std::thread([self = shared_from_this()] {
+      watch_ = std::thread([self = shared_from_this()] {
         std::unique_lock lock(self->mutex_);
         if (self->changed_.wait_until(lock, self->failed_at_ + stuck_rank_grace, [&] { return !self->running_[0]; }))
           return;
@@ -271,7 +288,7 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
                      self->message_.c_str());
         std::fflush(stderr);
         std::_Exit(1);
-      }).detach();
+      });
     } catch (...) {  // no thread to be had: rank 0 is waited for, as before
     }
   }
@@ -284,6 +301,7 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
   std::string message_;
   bool failed_ = false;
   std::chrono::steady_clock::time_point failed_at_{};
+  std::thread watch_;  ///< The watch of the calling thread (watch_calling_thread), joined by end_watch.
 };
 
 /// Throws the error of a run whose `stuck` ranks did not return within the grace after `outcome`'s failure:
@@ -341,6 +359,7 @@ void run_threads(int ranks, Fn&& fn) {
   threads.reserve(static_cast<std::size_t>(ranks - 1));
   for (int r = 1; r < ranks; ++r) threads.emplace_back(rank_main, r);
   rank_main(0);
+  outcome->end_watch();
   // A thread stuck in the program's own code cannot be joined, and nothing can stop it safely; detaching it
   // lets the error reach the caller, and a process may exit with it still running (exit ends every thread).
   std::vector<int> const stuck = outcome->await_ranks();
