@@ -23,6 +23,21 @@ void check(char const* name, int ranks, Setup const& setup, shardwise::models::L
     if (world.rank() == 0) fsdp_cases::check_same_training(run, serial, tolerance);
   });
 }
+
+/// The words `shard` raised on this rank ("(no error)" if none), checked to be the same on every rank of dp.
+template <class Mesh, class Shard>
+std::string refusal_on_every_rank(Mesh const& dp, Shard&& shard) {
+  std::string message = "(no error)";
+  try {
+    shard();
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);
+  CHECK(sw::all_reduce(dp, text_hash, sw::Max{}) == sw::all_reduce(dp, text_hash, sw::Min{}));
+  return message;
+}
 }  // namespace
 
 TEST_CASE("FSDP strategies equal the unsharded run, thread mesh") {
@@ -79,18 +94,11 @@ TEST_CASE("FSDP ranks that shard different models, or by other wrap policies, ar
     worlds::run_threads(n, [&](auto& world) {
       auto const dp = sw::make_mesh<"dp">(world, {n});
       auto const refused = [&](auto&& shard, std::vector<std::string> const& parts) {
-        std::string message = "(no error)";
-        try {
-          shard();
-        } catch (sw::error const& e) {
-          message = e.what();
-        }
+        std::string const message = refusal_on_every_rank(dp, shard);
         CAPTURE(message);
         CHECK(message.find("shardwise::fully_shard: the ranks of mesh axis \"dp\" shard different models: rank 0 "
                            "has ") == 0);
         for (auto const& part : parts) CHECK_MESSAGE(message.find(part) != std::string::npos, part);
-        auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);
-        CHECK(sw::all_reduce(dp, text_hash, sw::Max{}) == sw::all_reduce(dp, text_hash, sw::Min{}));
       };
       auto other = c;
       other.layers = dp.rank() == n - 1 ? c.layers + 1 : c.layers;  // the last rank's model has a block more
@@ -121,16 +129,7 @@ TEST_CASE("FSDP ranks that shard by different strategies are refused at fully_sh
     worlds::run_threads(n, [&](auto& world) {
       auto const dp = sw::make_mesh<"dp">(world, {n});
       auto const refused = [&](auto&& shard, std::string const& expected) {
-        std::string message = "(no error)";
-        try {
-          shard();
-        } catch (sw::error const& e) {
-          message = e.what();
-        }
-        CAPTURE(message);
-        CHECK(message == expected);
-        auto const text_hash = static_cast<double>(std::hash<std::string>{}(message) >> 12);
-        CHECK(sw::all_reduce(dp, text_hash, sw::Max{}) == sw::all_reduce(dp, text_hash, sw::Min{}));
+        CHECK(refusal_on_every_rank(dp, shard) == expected);
       };
       std::string const fix = ". Give every rank the same fsdp_policy strategy (full_shard, shard_grad_op or no_shard)";
       std::string const start = "shardwise::fully_shard: the ranks of mesh axis \"dp\" shard by different strategies: ";
