@@ -64,7 +64,7 @@ void linear_forward(const_matrix_ref<T> x, const_matrix_ref<T> weight, std::opti
   }
   // A few rows (decoding a batch of sequences) against a large weight: a block of weight rows at a time, which the
   // GEMM packs in cache, rather than the whole weight packed through memory (8 rows against 368 MB: 1.8x as fast
-  // here, docs/benchmarks.md "Generation"). One row is a matrix-vector product either way.
+  // here, docs/benchmarks-io.md "Generation"). One row is a matrix-vector product either way.
   Eigen::Index const block = x.rows() > 1 && x.rows() <= 16 && weight.rows() >= 1024 ? 128 : weight.rows();
   for (Eigen::Index first = 0; first < weight.rows(); first += block) {
     Eigen::Index const n = std::min(block, weight.rows() - first);

@@ -20,7 +20,7 @@
 namespace shardwise::nn {
 
 /// Query rows causal_attention and its backward take at a time when not told: the transient panels are
-/// 2 x 128 x sequence elements. 64 to 256 ran equally fast here (docs/benchmarks.md, "Long sequences").
+/// 2 x 128 x sequence elements. 64 to 256 ran equally fast here (docs/benchmarks-long-sequences.md, "Long sequences").
 inline constexpr std::size_t attention_block_rows = 128;
 
 /// What the backward of causal_attention needs besides q, k and v: the logsumexp of every query row's scaled

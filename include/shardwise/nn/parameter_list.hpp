@@ -1,8 +1,8 @@
 #pragma once
 // A model's layers and parameters as a run-time list, built by one walk of the model's tree. finish_gradients,
 // zero_grad and the optimizers run over the list, so their code is compiled once per element type, not once
-// per model type: a program that trains a model under several plans walks each model's tree once (docs/design.md,
-// step 3).
+// per model type: a program that trains a model under several plans walks each model's tree once
+// (docs/history/design-issue-34.md, step 3).
 #include <cstddef>
 #include <string>
 #include <string_view>

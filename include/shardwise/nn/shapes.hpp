@@ -2,7 +2,7 @@
 // A layer's sizes as one value: what its constructor takes and what its parameter walk for the cost model
 // reads. A module states its children's shapes once (a static constexpr shardwise_shapes), builds its children
 // from them, and sw::parameter_costs walks the same shapes with the children's types at compile time, so the
-// cost model's list of parameters cannot drift from the model (docs/design.md, step 6).
+// cost model's list of parameters cannot drift from the model (docs/history/design-issue-34.md, step 6).
 #include <cstddef>
 
 namespace shardwise {
