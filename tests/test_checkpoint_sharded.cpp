@@ -443,6 +443,30 @@ TEST_CASE("a corrupt index: an error naming the index file, the tensor and the f
     check_error([&] { load_at(1, c, ckpt); },
                 {index_file, "has a mesh whose tp size is 4294967298, outside 1..1048576"});
   }
+  // Numbers that are not sizes where sizes belong: converting them would be undefined behaviour (the fuzzer's
+  // finding: "tp": 22E22), so each is refused by name.
+  SUBCASE("a mesh size of 2.2e23") {
+    edit_index(ckpt, [&](nlohmann::json& index) { index["mesh"]["tp"] = 2.2e23; });
+    check_error([&] { load_at(1, c, ckpt); },
+                {index_file, "has a mesh size 2.2e+23, which is not a 64-bit integer", "save it again"});
+  }
+  SUBCASE("a negative offset") {
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"][1]["offset"] = {-16, 0}; });
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "has an offset -16, which is not an integer >= 0"});
+  }
+  SUBCASE("a fractional shape") {
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["shape"] = {32.5, 32}; });
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "has a tensor's shape 32.5, which is not an integer >= 0"});
+  }
+  SUBCASE("a step of 1e300") {
+    edit_index(ckpt, [&](nlohmann::json& index) { index["step"] = 1e300; });
+    check_error([&] { load_at(1, c, ckpt); }, {index_file, "has step 1e+300, which is not a 64-bit integer"});
+  }
+  SUBCASE("a piece's folder numbered past int") {
+    std::string const far = "tensor_parallel_shards/tp_rank_99999999999_pp_rank_00/model.safetensors";
+    edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"][1]["file"] = far; });
+    check_error([&] { load_at(1, c, ckpt); }, {far});
+  }
   SUBCASE("pieces that overlap") {
     edit_index(ckpt, [&](nlohmann::json& index) { entry(index, wq)["pieces"][1]["offset"] = {8, 0}; });
     check_error([&] { load_at(1, c, ckpt); },

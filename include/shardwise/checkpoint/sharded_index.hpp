@@ -4,10 +4,11 @@
 // tensor_parallel_shards/tp_rank_XX_pp_rank_XX/ and the box of the global tensor it stores — plus the mesh
 // sizes, the step and the user's metadata. Written and read with nlohmann::json; everything read is checked,
 // including that the pieces of every tensor cover it exactly once.
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -164,13 +166,42 @@ template <class... Parts>
        "; the checkpoint is corrupt or of another version: save it again");
 }
 
-/// The tp and pp ranks of the folder "tensor_parallel_shards/tp_rank_XX_pp_rank_YY/" a piece's file is in.
+/// The tp and pp ranks of the folder "tensor_parallel_shards/tp_rank_XX_pp_rank_YY/" a piece's file is in (by
+/// from_chars: sscanf's %d on a number past int is undefined behaviour, and these names come from a file).
 inline std::optional<std::pair<int, int>> piece_ranks(std::string const& file) {
-  auto const at = file.find("tp_rank_");
+  auto const read = [&](std::size_t& at, std::string_view prefix, int& value) {
+    if (file.compare(at, prefix.size(), prefix) != 0) return false;
+    char const* const begin = file.data() + at + prefix.size();
+    auto const [end, error] = std::from_chars(begin, file.data() + file.size(), value);
+    at = static_cast<std::size_t>(end - file.data());
+    return error == std::errc{} && end != begin;
+  };
+  std::size_t at = file.find("tp_rank_");
   int tp = -1, pp = -1;
-  if (at == std::string::npos || std::sscanf(file.c_str() + at, "tp_rank_%d_pp_rank_%d", &tp, &pp) != 2)
-    return std::nullopt;
+  if (at == std::string::npos || !read(at, "tp_rank_", tp) || !read(at, "_pp_rank_", pp)) return std::nullopt;
   return std::pair{tp, pp};
+}
+
+/// An integer field of an index, checked before it is converted: JSON may hold 2.2e23, 1.5 or -1 where a count
+/// belongs, and converting those is undefined behaviour, not an error. `bad` raises, naming `what`.
+template <class Int, class Bad>
+Int index_integer(nlohmann::json const& value, char const* what, Bad const& bad) {
+  constexpr bool is_signed = std::is_signed_v<Int>;
+  bool const integral = is_signed ? value.is_number_integer() : value.is_number_unsigned();
+  if (!integral || (is_signed && value.is_number_unsigned() &&
+                    value.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<Int>::max())))
+    bad("has ", what, " ", value.dump(), ", which is not ", is_signed ? "a 64-bit integer" : "an integer >= 0");
+  return value.get<Int>();
+}
+
+/// A list of sizes (a shape, an offset), each checked as index_integer checks one.
+template <class Bad>
+std::vector<std::uint64_t> index_sizes(nlohmann::json const& value, char const* what, Bad const& bad) {
+  if (!value.is_array()) bad("has ", what, " ", value.dump(), ", which is not a list of sizes");
+  std::vector<std::uint64_t> sizes;
+  sizes.reserve(value.size());  // bounded by the index's text, already in memory
+  for (auto const& size : value) sizes.push_back(index_integer<std::uint64_t>(size, what, bad));
+  return sizes;
 }
 
 inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
@@ -218,11 +249,12 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   try {
     if (!root.is_object() || root.value("format", "") != checkpoint_format)
       bad("is not a shardwise checkpoint index (no \"format\": \"", checkpoint_format, "\")");
-    if (root.at("version").get<int>() != 1) bad("has version ", root.at("version").dump(), "; this shardwise reads 1");
-    index.step = root.at("step").get<std::int64_t>();
+    if (root.at("version") != 1) bad("has version ", root.at("version").dump(), "; this shardwise reads 1");
+    index.step = detail::index_integer<std::int64_t>(root.at("step"), "step", bad);
     auto const mesh_size = [&](char const* axis, std::int64_t fallback) {
       json const& mesh = root.at("mesh");
-      std::int64_t const size = mesh.contains(axis) ? mesh.at(axis).get<std::int64_t>() : fallback;
+      std::int64_t const size =
+          mesh.contains(axis) ? detail::index_integer<std::int64_t>(mesh.at(axis), "a mesh size", bad) : fallback;
       if (size < 1 || size > detail::max_index_mesh_size)
         bad("has a mesh whose ", axis, " size is ", mesh.at(axis).dump(), ", outside 1..", detail::max_index_mesh_size);
       return static_cast<int>(size);
@@ -244,11 +276,11 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
       if (!type)
         bad("tensor \"", tensor.name, "\" has dtype ", t.at("dtype").dump(), ", which shardwise does not read");
       tensor.type = *type;
-      tensor.shape = t.at("shape").get<std::vector<std::uint64_t>>();
+      tensor.shape = detail::index_sizes(t.at("shape"), "a tensor's shape", bad);
       tensor.placement = t.at("placement").at("tp").get<std::string>();
       for (auto const& p : t.at("pieces")) {
-        tensor.pieces.push_back({p.at("file").get<std::string>(), p.at("offset").get<std::vector<std::uint64_t>>(),
-                                 p.at("shape").get<std::vector<std::uint64_t>>()});
+        tensor.pieces.push_back({p.at("file").get<std::string>(), detail::index_sizes(p.at("offset"), "an offset", bad),
+                                 detail::index_sizes(p.at("shape"), "a piece's shape", bad)});
         tensor.pieces.back().checksum = p.value("checksum", "");
       }
       for (auto const& p : tensor.pieces)
