@@ -80,4 +80,36 @@ constexpr std::size_t context_attention_kept_bytes(cost_inputs const& s, std::si
   return nn::attention_saved_bytes<T>(s.tokens, heads) + ring_output;
 }
 
+/// The shape of multi-head attention on one rank, for attention_cost: query and key-value features (all heads,
+/// before tp), the query heads and their width, the sequence, and the ranks the heads are cut over (1: not cut).
+struct attention_shape {
+  std::size_t q_features = 0;   ///< Query (and output) features: heads x head_dim.
+  std::size_t kv_features = 0;  ///< Key (and value) features, with any copies tp needs.
+  std::size_t heads = 0;        ///< Query heads.
+  std::size_t head_dim = 0;     ///< Each head's width.
+  std::size_t sequence = 0;     ///< Tokens per sequence (the attention's panels span it).
+  std::size_t head_ranks = 1;   ///< The ranks that cut the heads (tp where the projections cut them).
+};
+
+/// The cost of attention on one rank (GPT-2's and Llama's, and yours) from its four projections' costs: their
+/// parameters; q, k, v and sw::context_attention_kept_bytes kept for the backward; the backward's transients at
+/// their peak (the output projection's input gradient, the gradients of q, k and v, the two [block rows, sequence]
+/// panels, the three input gradients); the transfers in the order the code makes them — q, k, v, across the cp
+/// ranks, the output projection; backward in reverse, with q's, k's and v's backward last.
+template <class T>
+constexpr cost attention_cost(cost const& q, cost const& k, cost const& v, cost const& out, attention_shape const& a,
+                              cost_inputs const& s) {
+  cost total;
+  total.hold(q).hold(k).hold(v).hold(out);
+  std::size_t const n = a.head_ranks, projected = s.tokens * (a.q_features + 2 * a.kv_features) / n * sizeof(T);
+  total.activation_bytes += projected + context_attention_kept_bytes<T>(s, a.heads / n, a.head_dim);
+  total.working_bytes =
+      out.activation_bytes + projected + nn::attention_panel_bytes<T>(a.sequence) + 3 * q.activation_bytes;
+  cost const across = context_attention_cost<T>(s, a.q_features / n, a.kv_features / n);  // nothing without cp
+  total.forward.append(q.forward).append(k.forward).append(v.forward).append(across.forward).append(out.forward);
+  total.backward.append(out.backward).append(across.backward);
+  total.backward.append(q.backward).append(k.backward).append(v.backward);
+  return total;
+}
+
 }  // namespace shardwise

@@ -164,11 +164,4 @@ inline bool test_held(std::chrono::steady_clock::time_point const& until) {
   return until != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() < until;
 }
 
-/// The message for the stuck ranks, when `me` is one of them; else empty.
-inline std::string desync_verdict(std::map<int, rank_activity> const& reports, int me) {
-  std::vector<int> const stuck = stuck_ranks(reports);
-  if (std::find(stuck.begin(), stuck.end(), me) == stuck.end()) return {};
-  return desync_message(reports, stuck);
-}
-
 }  // namespace shardwise::detail

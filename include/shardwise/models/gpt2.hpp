@@ -98,29 +98,15 @@ struct GPT2Attention {
                        " ranks; each rank computes whole heads: choose a tp size that divides the heads");
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections' (with biases), in
-  /// the order forward and backward call them (with the attention's transfers across s.cp between them), and what
-  /// the forward keeps: q, k, v (this rank's heads) and sw::context_attention_kept_bytes.
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: sw::attention_cost of its four
+  /// projections (with biases).
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
-    cost const cq = decltype(q_proj)::shardwise_cost(c.dim, c.dim, s, true);
-    cost const ck = decltype(k_proj)::shardwise_cost(c.dim, c.dim, s, true);
-    cost const cv = decltype(v_proj)::shardwise_cost(c.dim, c.dim, s, true);
-    cost const co = decltype(c_proj)::shardwise_cost(c.dim, c.dim, s, true);
-    cost total;
-    total.hold(cq).hold(ck).hold(cv).hold(co);
     constexpr bool sharded_heads = std::is_same_v<typename decltype(q_proj)::weight_grad_placement, Shard<0>>;
-    std::size_t const n = sharded_heads ? s.tp : 1;
-    total.activation_bytes += 3 * s.tokens * c.dim / n * sizeof(T);
-    total.activation_bytes += context_attention_kept_bytes<T>(s, c.heads / n, c.head_dim());
-    // Backward's transients at their peak, as the Llama attention's: c_proj's input gradient, the gradients of
-    // q, k and v, the two [block rows, sequence] panels, the three input gradients (summed into the first).
-    total.working_bytes = co.activation_bytes + 3 * s.tokens * c.dim / n * sizeof(T) +
-                          nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
-    cost const across = context_attention_cost<T>(s, c.dim / n, c.dim / n);  // nothing without a cp axis
-    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(across.forward).append(co.forward);
-    total.backward.append(co.backward).append(across.backward);
-    total.backward.append(cq.backward).append(ck.backward).append(cv.backward);
-    return total;
+    return attention_cost<T>(decltype(q_proj)::shardwise_cost(c.dim, c.dim, s, true),
+                             decltype(k_proj)::shardwise_cost(c.dim, c.dim, s, true),
+                             decltype(v_proj)::shardwise_cost(c.dim, c.dim, s, true),
+                             decltype(c_proj)::shardwise_cost(c.dim, c.dim, s, true),
+                             {c.dim, c.dim, c.heads, c.head_dim(), c.sequence, sharded_heads ? s.tp : 1}, s);
   }
 
   /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, attended

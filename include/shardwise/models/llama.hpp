@@ -155,14 +155,6 @@ struct llama_cost_parts {
   transfer_list<> head_backward;  ///< The backward from the logits' gradient to the last block's output.
 };
 
-namespace detail {
-/// A layer's weight rows on one of `tp` ranks (torch.chunk's largest piece where the layer cuts dimension 0).
-template <class Layer>
-constexpr std::size_t rows_on_tp(std::size_t rows, std::size_t tp) {
-  return std::is_same_v<typename Layer::weight_grad_placement, Shard<0>> ? (rows + tp - 1) / tp : rows;
-}
-}  // namespace detail
-
 /// The decoder. forward(ids) gives logits [tokens, vocabulary] (this rank's part, in the plan's layout);
 /// backward(dlogits) accumulates every parameter's gradient. StaticHeads / StaticKvHeads (optional): the head
 /// counts at compile time, so that a static tp size that cannot serve them is a compile error.

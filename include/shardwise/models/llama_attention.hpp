@@ -122,29 +122,14 @@ struct LlamaAttention {
     }
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the four projections', in the order forward
-  /// and backward call them; wk and wv hold kv_size_multiplier copies of each key-value head where tp needs them.
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: sw::attention_cost of its four
+  /// projections; wk and wv hold kv_size_multiplier copies of each key-value head where tp needs them.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
     std::size_t const copies = std::get<1>(shardwise_shapes(c, s.tp)).copies;
     std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * copies * c.head_dim();
-    cost const cq = decltype(wq)::shardwise_cost(c.dim, q, s), ck = decltype(wk)::shardwise_cost(c.dim, kv, s);
-    cost const cv = decltype(wv)::shardwise_cost(c.dim, kv, s), co = decltype(wo)::shardwise_cost(q, c.dim, s);
-    cost total;
-    total.hold(cq).hold(ck).hold(cv).hold(co);
-    std::size_t const n = sharded_heads ? s.tp : 1;
-    // q, k and v after the projections (this rank's heads), and each query row's softmax logsumexp per head.
-    total.activation_bytes += s.tokens * (q + 2 * kv) / n * sizeof(T);
-    total.activation_bytes += context_attention_kept_bytes<T>(s, c.heads / n, c.head_dim());
-    // Backward's transients at their peak: wo's input gradient, the gradients of q, k and v, the attention's two
-    // [block rows, sequence] panels, the three input gradients (each as wq's input; their sum is added into the
-    // first, a temporary).
-    total.working_bytes = co.activation_bytes + s.tokens * (q + 2 * kv) / n * sizeof(T) +
-                          nn::attention_panel_bytes<T>(c.sequence) + 3 * cq.activation_bytes;
-    cost const across = context_attention_cost<T>(s, q / n, kv / n);  // nothing without a cp axis
-    total.forward.append(cq.forward).append(ck.forward).append(cv.forward).append(across.forward).append(co.forward);
-    total.backward.append(co.backward).append(across.backward);
-    total.backward.append(cq.backward).append(ck.backward).append(cv.backward);
-    return total;
+    return attention_cost<T>(decltype(wq)::shardwise_cost(c.dim, q, s), decltype(wk)::shardwise_cost(c.dim, kv, s),
+                             decltype(wv)::shardwise_cost(c.dim, kv, s), decltype(wo)::shardwise_cost(q, c.dim, s),
+                             {q, kv, c.heads, c.head_dim(), c.sequence, sharded_heads ? s.tp : 1}, s);
   }
 
   /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, rotated at

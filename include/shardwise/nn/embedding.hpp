@@ -21,6 +21,7 @@
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/shapes.hpp"
+#include "shardwise/placement/chunk.hpp"
 
 namespace shardwise {
 
@@ -75,8 +76,7 @@ class embedding_core : public layer_plumbing<T> {
   static constexpr cost shardwise_cost(std::size_t vocabulary, std::size_t dim, cost_inputs const& s) {
     constexpr std::size_t e = sizeof(T);
     std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const rows = cuts_vocabulary ? (vocabulary + n - 1) / n : vocabulary,
-                      cols = cuts_columns ? dim / n : dim;
+    std::size_t const rows = shard_extent(vocabulary, cuts_vocabulary, n), cols = shard_extent(dim, cuts_columns, n);
     cost c;
     c.parameter_bytes = c.gradient_bytes = rows * cols * e;
     c.activation_bytes = s.tokens * sizeof(std::int64_t);  // the ids, for the backward
@@ -90,8 +90,8 @@ class embedding_core : public layer_plumbing<T> {
   template <class Fn>
   static constexpr void shardwise_parameter_costs(embedding_shape const& shape, cost_inputs const& s, Fn&& fn) {
     std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const rows = cuts_vocabulary ? (shape.rows + n - 1) / n : shape.rows,
-                      cols = cuts_columns ? shape.cols / n : shape.cols;
+    std::size_t const rows = shard_extent(shape.rows, cuts_vocabulary, n),
+                      cols = shard_extent(shape.cols, cuts_columns, n);
     fn(parameter_cost{rows * cols, sizeof(T), false, 0, rows});
   }
 
@@ -173,17 +173,17 @@ template <class T, class Rule>
 void embedding_core<T, Rule>::keep_shard() {
   int const n = group_->size(), r = group_->rank();
   if constexpr (cuts_vocabulary) {
-    if (pad_for_tp_) pad_vocabulary((table_rows() + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
+    if (pad_for_tp_) pad_vocabulary(padded_to_multiple(table_rows(), static_cast<std::size_t>(n)));
     require_divisible(style_name<Rule>, path_, "vocabulary entries", table_rows(), n, group_->axis(),
                       ", or pad the table with pad_vocabulary_for_tp()");
-    auto const rows = static_cast<Eigen::Index>(table_rows() / static_cast<std::size_t>(n));
+    auto const rows = static_cast<Eigen::Index>(shard_extent(table_rows(), true, static_cast<std::size_t>(n)));
     vocab_start_ = r * rows;
     local_rows_ = static_cast<std::size_t>(rows);
     if (lazy_) return;
     weight = matrix(weight.middleRows(r * rows, rows));
   } else if constexpr (cuts_columns) {
     require_divisible(style_name<Rule>, path_, "embedding columns", dim_, n, group_->axis());
-    auto const cols = static_cast<Eigen::Index>(dim_ / static_cast<std::size_t>(n));
+    auto const cols = static_cast<Eigen::Index>(shard_extent(dim_, true, static_cast<std::size_t>(n)));
     local_cols_ = static_cast<std::size_t>(cols);
     if (lazy_) return;
     weight = matrix(weight.middleCols(r * cols, cols));
@@ -225,7 +225,7 @@ void embedding_core<T, Rule>::backward_from(matrix const& dy_whole) {
     if (weight_grad.size() != weight.size()) zero_grad();  // a materialized table's first backward
     nn::embedding_backward<T>(ids, rows, weight_grad, vocab_start_);
   };
-  if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: the scatter-add is all of W
+  if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: the scatter-add is all of W
     matrix rows = dy == &part ? std::move(part) : matrix(dy_whole);
     later->defer([scatter, ids = std::move(ids_), rows = std::move(rows)] { scatter(ids, rows); });
     ids_.clear();

@@ -17,6 +17,7 @@
 #include "shardwise/nn/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/shapes.hpp"
+#include "shardwise/placement/chunk.hpp"
 
 namespace shardwise::detail {
 
@@ -113,7 +114,7 @@ class linear_core : public layer_plumbing<T> {
   static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
     constexpr std::size_t e = sizeof(T);
     std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const local_in = cut_cols ? in / n : in, local_out = cut_rows ? (out + n - 1) / n : out;
+    std::size_t const local_in = shard_extent(in, cut_cols, n), local_out = shard_extent(out, cut_rows, n);
     cost c;
     c.parameter_bytes = c.gradient_bytes = (local_in * local_out + (with_bias ? local_out : 0)) * e;
     c.activation_bytes = s.tokens * local_in * e;  // what the product reads, kept for backward
@@ -278,17 +279,17 @@ void linear_core<T, Rule>::keep_shard() {
   if constexpr (!cut_rows && !cut_cols) return;
   int const n = group_->size(), r = group_->rank();
   if constexpr (cut_rows) {
-    if (pad_for_tp_) pad_outputs((out_ + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * n);
+    if (pad_for_tp_) pad_outputs(padded_to_multiple(out_, static_cast<std::size_t>(n)));
     require_divisible(style_name<Rule>, path_, "output features", out_, n, group_->axis(),
                       ", or pad them with pad_outputs_for_tp()");
-    auto const rows = static_cast<Eigen::Index>(out_ / static_cast<std::size_t>(n));
+    auto const rows = static_cast<Eigen::Index>(shard_extent(out_, true, static_cast<std::size_t>(n)));
     local_out_ = static_cast<std::size_t>(rows);
     if (lazy_) return;
     if (!tied()) weight = matrix(weight.middleRows(r * rows, rows));  // a tied weight is cut by its owner
     if (has_bias_) bias = vector(bias.segment(r * rows, rows));
   } else {
     require_divisible(style_name<Rule>, path_, "input features", in_, n, group_->axis());
-    auto const cols = static_cast<Eigen::Index>(in_ / static_cast<std::size_t>(n));
+    auto const cols = static_cast<Eigen::Index>(shard_extent(in_, true, static_cast<std::size_t>(n)));
     local_in_ = static_cast<std::size_t>(cols);
     if (lazy_) return;
     if (!tied()) weight = matrix(weight.middleCols(r * cols, cols));
@@ -319,7 +320,7 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
          "; pass the gradient of this layer's last output");
   matrix dx(dy->rows(), w.cols());
   nn::linear_backward_input<T>(w, *dy, dx);
-  if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: W runs this later, on what it keeps
+  if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: W runs this later, on what it keeps
     matrix kept_dy = dy == &dy_part ? std::move(dy_part) : matrix(dy_whole);  // the caller's dy: a copy
     later->defer([this, x = std::move(saved_input_), kept_dy = std::move(kept_dy)] { weight_gradient(x, kept_dy); });
     saved_input_ = matrix();
@@ -376,9 +377,9 @@ template <class T, class Rule>
 void linear_core<T, Rule>::check_width(Eigen::Index given_width) const {
   require_group();
   constexpr bool local_input = std::is_same_v<input_layout, Shard<1>>;
-  auto const width = static_cast<Eigen::Index>(
-      local_input ? chunk_size(in_, static_cast<std::size_t>(group_->size()), static_cast<std::size_t>(group_->rank()))
-                  : in_);
+  std::size_t const ranks = group_ ? static_cast<std::size_t>(group_->size()) : 1;  // no group: unsharded
+  std::size_t const rank = group_ ? static_cast<std::size_t>(group_->rank()) : 0;
+  auto const width = static_cast<Eigen::Index>(shard_extent(in_, local_input, ranks, rank));
   if (given_width != width)
     fail("shardwise::Linear at \"", path_, "\": the input has ", given_width,
          " features on this rank but the layer takes ", width, local_input ? " (its shard of " : " (of ", in_,

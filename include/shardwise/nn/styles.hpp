@@ -95,13 +95,5 @@ template <class S>
 inline constexpr bool is_colwise_v = false;
 template <class I, class O>
 inline constexpr bool is_colwise_v<ColwiseParallel<I, O>> = true;
-template <class S>
-inline constexpr bool is_rowwise_v = false;
-template <class I, class O>
-inline constexpr bool is_rowwise_v<RowwiseParallel<I, O>> = true;
-template <class S>
-inline constexpr bool is_sequence_parallel_v = false;
-template <int D>
-inline constexpr bool is_sequence_parallel_v<SequenceParallel<D>> = true;
 
 }  // namespace shardwise

@@ -19,4 +19,17 @@ namespace shardwise {
   return std::min(total, full * index);
 }
 
+/// The one shard-size rule of every layer, its cost and its checks: a dimension of `total` on piece `index` of
+/// `pieces` when a style cuts it (chunk_size), else the whole. A layer checks, or pads, before it cuts, so its pieces
+/// are equal; a cost takes piece 0, the largest.
+[[nodiscard]] constexpr std::size_t shard_extent(std::size_t total, bool cut, std::size_t pieces,
+                                                 std::size_t index = 0) {
+  return cut ? chunk_size(total, pieces, index) : total;
+}
+
+/// `total` rounded up to a multiple of `pieces`, as Megatron pads a vocabulary the tp size does not divide.
+[[nodiscard]] constexpr std::size_t padded_to_multiple(std::size_t total, std::size_t pieces) {
+  return (total + pieces - 1) / pieces * pieces;
+}
+
 }  // namespace shardwise
