@@ -105,10 +105,10 @@ struct Timed {
     return y;
   }
   typename Stage::stream backward(typename Stage::stream const& dy) {
-    auto* const later = sw::weight_gradients_deferred_to();
+    auto* const later = sw::weight_gradients_deferred_to(stage);
     auto own = std::make_shared<sw::deferred_weight_gradients>();
-    std::optional<sw::defer_weight_gradients> into;
-    if (later) into.emplace(*own);
+    std::optional<sw::defer_weight_gradients<Stage>> into;
+    if (later) into.emplace(stage, *own);
     auto const start = clock_type::now();
     auto dx = stage.backward(dy);
     backward_seconds += seconds_since(start);

@@ -134,7 +134,7 @@ struct Logging {
   Logging(int first, int count, std::vector<std::string>& to) : stack(first, count), log(&to) {}
   pipeline_cases::X forward(pipeline_cases::X const& x) { return stack.forward(x); }
   pipeline_cases::X backward(pipeline_cases::X const& dy) {
-    auto* later = shardwise::weight_gradients_deferred_to();
+    auto* later = shardwise::weight_gradients_deferred_to(*this);
     auto dx = stack.backward(dy);
     if (!later) {
       log->push_back("whole");
@@ -165,12 +165,12 @@ TEST_CASE("ZB-H1's B puts the Linears' weight gradients off to its W, and a modu
                                      pipeline_cases::loss_gradient);
       auto const mine = pipeline_cases::gradients_of(chunks[0].stack);
       for (std::size_t i = 0; i < mine.size(); ++i) CHECK(mine[i] == expected[i]);
+      CHECK(shardwise::weight_gradients_deferred_to(chunks[0]) == nullptr);  // disarmed once the step is over
     });
     if (split)
       CHECK(log == std::vector<std::string>{"B (w1 gradient zero)", "W", "B", "W"});
     else
       CHECK(log == std::vector<std::string>{"whole", "whole"});
-    CHECK(shardwise::weight_gradients_deferred_to() == nullptr);  // disarmed once the step is over
   }
 }
 
@@ -193,8 +193,8 @@ struct EveryLayer {
     for (Eigen::Index i = 0; i < dy.size(); ++i) dy.data()[i] = std::cos(0.37 * double(i + 11 * microbatch));
     shardwise::deferred_weight_gradients later;
     {
-      std::optional<shardwise::defer_weight_gradients> into;
-      if (split) into.emplace(later);
+      std::optional<shardwise::defer_weight_gradients<EveryLayer>> into;
+      if (split) into.emplace(*this, later);
       table.backward(rms.backward(layer.backward(linear.backward(shardwise::Activation<double>{dy}))));
     }
     if (split) CHECK(later.size() == 4);  // one record per layer, W's work

@@ -1,14 +1,17 @@
 #pragma once
 // Zero-bubble pipeline schedules split a backward in two: B, which gives the input gradient the previous stage waits
 // on, and W, the parameters' gradients, which can wait to fill the time a rank would idle. While a backward runs as B
-// (sw::defer_weight_gradients alive on the thread), a layer that can put its weight gradient off records that work
+// (sw::defer_weight_gradients alive on the module), a layer that can put its weight gradient off records that work
 // instead of doing it; W runs the records in the order they were made, so every gradient accumulates in the order
 // the whole backward would have accumulated it, bit for bit. Layers that record nothing compute their weight
-// gradients in B, which is as correct and fills less.
+// gradients in B, which is as correct and fills less. Where the work goes is state of the module's layers, set by
+// the pipeline on the chunk it runs, not of the thread.
 #include <cstddef>
 #include <functional>
 #include <utility>
 #include <vector>
+
+#include "shardwise/plan/tree.hpp"
 
 namespace shardwise {
 
@@ -30,32 +33,46 @@ class deferred_weight_gradients {
 };
 
 namespace detail {
-inline deferred_weight_gradients*& weight_gradient_sink() {
-  thread_local deferred_weight_gradients* sink = nullptr;  // each rank runs its backward on its own thread
-  return sink;
+/// Points every layer under `node` that can put its weight gradient off (the library's layers) at `into`.
+template <class Node>
+void point_weight_work(Node& node, deferred_weight_gradients* into) {
+  for_each_layer(node, [into](auto& l) {
+    if constexpr (requires { l.shardwise_defer_weight_work(into); }) l.shardwise_defer_weight_work(into);
+  });
 }
 }  // namespace detail
 
-/// Where a layer's backward on this thread should record its weight-gradient work, or null when it should do it
-/// now (outside a pipeline's B). A layer of your own with parameters may test it as Linear does:
-/// `if (auto* later = sw::weight_gradients_deferred_to()) later->defer([...] { ... }); else ...`.
-[[nodiscard]] inline deferred_weight_gradients* weight_gradients_deferred_to() {
-  return detail::weight_gradient_sink();
+/// Where the backward of `node` (a module or a layer) records its weight-gradient work, or null when it should do
+/// it now (outside a pipeline's B): what the first of its layers was pointed at. A module of your own with
+/// parameters, or work of its own, may test it as Linear does:
+/// `if (auto* later = sw::weight_gradients_deferred_to(*this)) later->defer([...] { ... }); else ...`.
+template <class Node>
+[[nodiscard]] deferred_weight_gradients* weight_gradients_deferred_to(Node& node) {
+  deferred_weight_gradients* found = nullptr;
+  bool first = true;
+  detail::for_each_layer(node, [&](auto& l) {
+    if constexpr (requires { l.shardwise_weight_work(); })
+      if (first) found = l.shardwise_weight_work(), first = false;
+  });
+  return found;
 }
 
-/// While alive, backwards on this thread record their weight-gradient work into `into` (run_pipeline_step arms it
-/// around a backward_input action).
+/// While alive, the backward of `node`'s layers records their weight-gradient work into `into` (run_pipeline_step
+/// arms it on a chunk around a backward_input action).
+template <class Node>
 class defer_weight_gradients {
  public:
-  /// Arms `into` on this thread.
-  explicit defer_weight_gradients(deferred_weight_gradients& into) : previous_(detail::weight_gradient_sink()) {
-    detail::weight_gradient_sink() = &into;
+  /// Arms `into` on every layer of `node`.
+  defer_weight_gradients(Node& node, deferred_weight_gradients& into)
+      : node_(node), previous_(weight_gradients_deferred_to(node)) {
+    detail::point_weight_work(node_, &into);
   }
-  ~defer_weight_gradients() { detail::weight_gradient_sink() = previous_; }
+  ~defer_weight_gradients() { detail::point_weight_work(node_, previous_); }
   defer_weight_gradients(defer_weight_gradients const&) = delete;
   defer_weight_gradients& operator=(defer_weight_gradients const&) = delete;
 
  private:
+  Node& node_;
   deferred_weight_gradients* previous_;
 };
 

@@ -14,6 +14,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/deferred_weight_gradients.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/styles.hpp"
@@ -110,6 +111,10 @@ class layer_plumbing {
   [[nodiscard]] detail::module_hooks* shardwise_module_hooks() const { return hooks_.get(); }
   /// Set by the object that owns the hooks (fully_shard's sharded model), on every layer of its model.
   void shardwise_attach_hooks(detail::module_hooks* hooks) { hooks_.set(hooks); }
+  /// Where the layer's backward records its weight-gradient work (a pipeline's B), or null: it does it now.
+  [[nodiscard]] deferred_weight_gradients* shardwise_weight_work() const { return weight_work_.get(); }
+  /// Set by sw::defer_weight_gradients on every layer of the module it arms (null: disarmed).
+  void shardwise_defer_weight_work(deferred_weight_gradients* into) { weight_work_.set(into); }
 
  protected:
   /// `path` must outlive the layer (a plan path: static storage).
@@ -131,6 +136,7 @@ class layer_plumbing {
  private:
   registered_layer registration_;
   attached_hooks hooks_;
+  attached<deferred_weight_gradients> weight_work_;
 };
 
 /// A weight that belongs to another layer of the same model, kept as its distance from the layer that uses it

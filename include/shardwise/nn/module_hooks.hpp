@@ -38,19 +38,23 @@ struct module_hooks {
   ~module_hooks() = default;
 };
 
-/// The hooks a layer carries for the modules above it (set by fully_shard on every layer of the model it shards):
-/// a copied layer belongs to no sharded model, so a copy starts without hooks, and assignment keeps the target's.
-class attached_hooks {
+/// A pointer a layer carries for the object that set it (fully_shard's hooks, a pipeline's weight-gradient
+/// work): a copied layer belongs to neither, so a copy starts without it, and assignment keeps the target's.
+template <class P>
+class attached {
  public:
-  attached_hooks() = default;
-  attached_hooks(attached_hooks const&) {}
-  attached_hooks& operator=(attached_hooks const&) { return *this; }
-  ~attached_hooks() = default;
-  [[nodiscard]] module_hooks* get() const { return hooks_; }
-  void set(module_hooks* hooks) { hooks_ = hooks; }
+  attached() = default;
+  attached(attached const&) {}
+  attached& operator=(attached const&) { return *this; }
+  ~attached() = default;
+  [[nodiscard]] P* get() const { return to_; }
+  void set(P* to) { to_ = to; }
 
  private:
-  module_hooks* hooks_ = nullptr;
+  P* to_ = nullptr;
 };
+
+/// The hooks a layer carries for the modules above it (set by fully_shard on every layer of the model it shards).
+using attached_hooks = attached<module_hooks>;
 
 }  // namespace shardwise::detail

@@ -209,7 +209,7 @@ auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activa
          dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
          "; pass the gradient of this norm's last output");
   Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
-  if (auto* later = weight_gradients_deferred_to()) {  // a pipeline's B: W runs the weight's part later
+  if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: W runs the weight's part later
     if constexpr (Kind == norm_kind::layer)
       nn::layer_norm_backward_input<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local);
     else

@@ -190,7 +190,7 @@ class pipeline_step {
   /// hooks reduce-scatter the gradients as each unit's backward ends: there B is the whole backward, W nothing.
   void backward_input_of(pipeline_action const& action) {
     if constexpr (std::is_same_v<Driver, no_pipeline_driver>) {
-      defer_weight_gradients const into(slot(action).weight_work);
+      defer_weight_gradients const into(chunk_of(action), slot(action).weight_work);
       backward_of(action);
     } else {
       backward_of(action);
