@@ -1,7 +1,8 @@
 #pragma once
 // The transfers of attention across the cp ranks (ring_attention, ulysses_attention and their backward) on one
 // rank, in the order the code sends and receives them, for the cost model: a counting mesh records the same
-// list (tests/cases/cost_cases.hpp). constexpr, so that a plan's cost stays a compile-time value.
+// list (tests/cases/cost_cases.hpp). constexpr, so that a plan's cost stays a compile-time value. Also the whole
+// attention's cost from its projections' (sw::attention_cost), which places those transfers among theirs.
 #include <cstddef>
 
 #include "shardwise/cost/context_inputs.hpp"
