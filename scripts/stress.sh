@@ -5,15 +5,22 @@
 #   scripts/stress.sh [ROUNDS] [BUILD_DIR]
 # ROUNDS: 10 unless given. BUILD_DIR: a build with the test suite (build-stress unless given; configured and built
 # here if absent, g++ release as a user builds). The load: SHARDWISE_STRESS_LOAD busy loops (one per core unless
-# given; a second copy of the tests would share their files in the build folder and fail for that alone).
+# given; a second copy of the tests would share their files in the build folder and fail for that alone) at nice
+# SHARDWISE_STRESS_NICE (19 unless given). Not at nice 0: MPI's waiting ranks poll and yield, and beside loops of
+# equal priority the scheduler gives the loops nearly every cycle, so that a plain MPI_Allreduce of 4 ranks takes
+# 2 ms instead of 4 us and a 5 s test takes minutes (bench/run_mpi_beside_load.sh measures it; docs/build-time.md).
+# At nice 19 the loops still take every cycle the tests leave and hold a core for a time slice when they get it.
+# The tests run at two slots over the cores, as CI's ASan + UBSan stage runs them.
 # SHARDWISE_STRESS_TESTS: a CTest regular expression to hunt in fewer tests (all of the two labels unless given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-10}
 dir=${2:-build-stress}
 load=${SHARDWISE_STRESS_LOAD:-$(nproc)}
+niceness=${SHARDWISE_STRESS_NICE:-19}
 [[ $rounds =~ ^[1-9][0-9]{0,3}$ ]] || { echo "stress.sh: ROUNDS must be a count from 1 to 9999, not '$rounds'" >&2; exit 2; }
 [[ $load =~ ^[0-9]{1,2}$ ]] || { echo "stress.sh: SHARDWISE_STRESS_LOAD must be a count of busy loops, 0 to 99" >&2; exit 2; }
+[[ $niceness =~ ^(1?[0-9])$ ]] || { echo "stress.sh: SHARDWISE_STRESS_NICE must be a niceness from 0 to 19" >&2; exit 2; }
 jobs=$(nproc)
 labels="threads|mpi"
 only=()
@@ -31,7 +38,7 @@ cmake --build "$dir" -j"$jobs" >/dev/null
 loaders=()
 start_load() {
   for ((i = 0; i < load; ++i)); do
-    (while :; do :; done) &
+    nice -n "$niceness" bash -c 'while :; do :; done' &
     loaders+=($!)
   done
 }
@@ -49,10 +56,10 @@ declare -A failed=() hung=()
 for ((round = 1; round <= rounds; ++round)); do
   start_load
   started=$(date +%s)
-  ctest --test-dir "$dir" -j"$jobs" -L "$labels" "${only[@]}" --output-on-failure >"$log/round$round.txt" 2>&1 || true
+  ctest --test-dir "$dir" -j$((jobs + 2)) -L "$labels" "${only[@]}" --output-on-failure >"$log/round$round.txt" 2>&1 || true
   stop_load
   summary=$(grep -E "tests passed|tests failed" "$log/round$round.txt" | tail -n 1)
-  echo "round $round of $rounds ($((($(date +%s) - started))) s, $load busy loops): $summary"
+  echo "round $round of $rounds ($((($(date +%s) - started))) s, $load busy loops at nice $niceness): $summary"
   while read -r name kind; do
     failed[$name]=$((${failed[$name]:-0} + 1))
     [[ $kind == *Timeout* ]] && hung[$name]=$((${hung[$name]:-0} + 1))
@@ -60,7 +67,7 @@ for ((round = 1; round <= rounds; ++round)); do
   done < <(sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \((.*)\)$/\1 \2/p' "$log/round$round.txt")
 done
 
-echo "== $rounds rounds of the tests labelled $labels ${only[*]} beside $load busy loops; the rounds' output: $log"
+echo "== $rounds rounds of the tests labelled $labels ${only[*]} beside $load busy loops at nice $niceness; the rounds' output: $log"
 if ((${#failed[@]} == 0)); then
   echo "stress: every test passed every round: 0 failures, 0 hangs"
   exit 0

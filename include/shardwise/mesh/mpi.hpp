@@ -37,6 +37,13 @@
 
 namespace shardwise {
 
+namespace detail {
+/// A wait polls its requests without pause for this long, then sleeps between polls: a waiting rank that keeps
+/// polling takes processor time from the peers it waits for when ranks outnumber cores.
+inline constexpr std::chrono::microseconds mpi_poll_spin{200};
+inline constexpr std::chrono::microseconds mpi_poll_sleep{20};
+}  // namespace detail
+
 /// An MPI communicator (through Boost.MPI): the world of one process per rank, or a mesh axis split from it.
 class MpiComm {
  public:
@@ -168,10 +175,11 @@ class MpiComm {
     });
   }
 
-  /// Waits for `count` requests, polling, so that a failure notice from another rank or the time limit ends
-  /// the wait: then on_timeout(requests) (which must raise; the requests still pending are not null) runs. With
-  /// `desync` (a collective's records), the wait takes part in the desync check (mesh/mpi_desync.hpp), which
-  /// raises when it cannot complete; whatever raises, the pending requests are abandoned first.
+  /// Waits for `count` requests, polling (without pause for 200 µs, then sleeping 20 µs between polls),
+  /// so that a failure notice from another rank or the time limit ends the wait: then on_timeout(requests) (which must
+  /// raise; the requests still pending are not null) runs. With `desync` (a collective's records), the wait takes part
+  /// in the desync check (mesh/mpi_desync.hpp), which raises when it cannot complete; whatever raises, the pending
+  /// requests are abandoned first.
   template <class OnTimeout>
   void wait_all(MPI_Request* requests, int count, char const* what, OnTimeout&& on_timeout,
                 detail::mpi_wait* desync = nullptr) const {
@@ -193,12 +201,14 @@ class MpiComm {
     // A collective first takes a desync verdict that came while this rank computed: its records may all have
     // come already (sent by ranks that left the poisoned call), and the wait below would not poll.
     if (desync != nullptr) or_abandon([&] { detail::mpi_poll_side_channel(what, label_, rank()); });
+    bool sleeping = false;
     for (unsigned spin = 0, round = 0;; ++spin) {
       int done = 0;
       detail::mpi_check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return;
       if (spin % 64 == 63) {
         auto const now = std::chrono::steady_clock::now();
+        sleeping = now - start >= detail::mpi_poll_spin;
         or_abandon([&] {
           detail::mpi_poll_side_channel(what, label_, rank());
           if (desync != nullptr && now >= next_check) {
@@ -212,7 +222,7 @@ class MpiComm {
           next_notice = detail::wait_notice_due(start, state_->notice, ++notices);
         }
       }
-      if (spin >= 256) std::this_thread::yield();  // more ranks than cores: let the peers run
+      if (sleeping) std::this_thread::sleep_for(detail::mpi_poll_sleep);
     }
   }
 
