@@ -78,7 +78,9 @@ CXX=g++ cmake -S . -B build $(generator_for build) "${launcher[@]}" -DCMAKE_BUIL
   -DSHARDWISE_BUILD_EXAMPLES=ON -DSHARDWISE_BUILD_BENCH=ON -DSHARDWISE_BENCH_FLAGS=-O1 -DSHARDWISE_PYTHON="$python" >/dev/null
 cmake --build build -j"$jobs"
 cache_stats
-ctest --test-dir build -j"$jobs" --output-on-failure
+# Two test slots over the cores, as in the ASan + UBSan stage: the MPI examples and PyTorch comparisons take two
+# slots each, and at one slot per core each ran alone while its single-threaded parts left a core idle.
+ctest --test-dir build -j$((jobs + 2)) --output-on-failure
 bash scripts/ci-times.sh build
 
 # The clang builds need neither the benchmarks and tools (built and run above) nor the header check. No build
@@ -110,7 +112,7 @@ CXX=clang++-19 cmake -S . -B build-clang19 $(generator_for build-clang19) "${cla
 cmake --build build-clang19 -j"$jobs"
 cache_stats
 # Two test slots more than cores: some 150 s of its tests is waiting on purpose (for a timeout, a notice, a rank
-# held back), an MPI test takes two slots, and the suite passes beside a busy loop per core (scripts/stress.sh),
+# held back), an MPI test takes two slots, and the suite passes at 2 slots over the cores beside a busy loop per core (scripts/stress.sh),
 # so the waits may overlap: 360 s of tests at 2 slots over the cores against 447 s at one (the same build, quiet).
 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
   ctest --test-dir build-clang19 -j$((jobs + 2)) --output-on-failure -LE "consumer|torch|fuzz|netns"
