@@ -112,7 +112,7 @@ CXX=clang++-19 cmake -S . -B build-clang19 $(generator_for build-clang19) "${cla
 cmake --build build-clang19 -j"$jobs"
 cache_stats
 # Two test slots more than cores: some 150 s of its tests is waiting on purpose (for a timeout, a notice, a rank
-# held back), an MPI test takes two slots, and the suite passes at 2 slots over the cores beside a busy loop per core (scripts/stress.sh),
+# held back), an MPI test takes two slots, and the suite passes so beside a busy loop per core (scripts/stress.sh),
 # so the waits may overlap: 360 s of tests at 2 slots over the cores against 447 s at one (the same build, quiet).
 ASAN_OPTIONS="detect_leaks=0" UBSAN_OPTIONS="print_stacktrace=1" \
   ctest --test-dir build-clang19 -j$((jobs + 2)) --output-on-failure -LE "consumer|torch|fuzz|netns"
