@@ -18,15 +18,19 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   double seconds = 5;
+  char const* seconds_text = "5";
   long limit = 1000000;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--smoke") == 0)
+    if (std::strcmp(argv[i], "--smoke") == 0) {
       limit = 100;
-    else
+    } else {
+      seconds_text = argv[i];
       seconds = std::atof(argv[i]);
+    }
   }
   if (!(seconds > 0 && seconds <= 3600)) {
-    if (rank == 0) std::fprintf(stderr, "bench_mpi_beside_load: SECONDS must be in (0, 3600], not '%s'\n", argv[1]);
+    if (rank == 0)
+      std::fprintf(stderr, "bench_mpi_beside_load: SECONDS must be in (0, 3600], not '%s'\n", seconds_text);
     MPI_Finalize();
     return 2;
   }
