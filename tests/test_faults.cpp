@@ -53,8 +53,9 @@ TEST_CASE("a desync's verdict taken late is not mistaken for a new one, thread m
   for (int n = 2; n <= 4; ++n) {
     CAPTURE(n);
     shardwise::run_threads(n, [](auto const& world) {
-      cases::check_crossing_with_held_ranks(world, "a verdict taken late", [&](int rank) {
-        if (rank == world.size() - 1) sw::detail::test_hold_verdicts_until() = std::chrono::steady_clock::now() + 6s;
+      cases::check_crossing_with_held_ranks(world, "a verdict taken late", [&](auto const& w) {
+        if (w.rank() == w.size() - 1)
+          sw::detail::desync_test_holds_of(w).verdicts_until = std::chrono::steady_clock::now() + 6s;
       });
     });
   }

@@ -21,12 +21,12 @@ TEST_CASE("a desync's verdict reaches ranks held back while it was found, MPI me
   // The ranks between the first and the last answer nothing for 8 s, so rank 0 finds the cycle with the last
   // rank alone (about 4 s in); they wait on axis "b" all the same, and must raise the same message, not stay
   // waiting for rank 0 or find a new cycle with it in its next collective. (At 2 ranks none is held.)
-  cases::check_crossing_with_held_ranks(world, "ranks that did not answer", [&](int rank) {
-    if (rank > 0 && rank < world.size() - 1) shardwise::detail::test_quiet_until() = now() + 8s;
+  cases::check_crossing_with_held_ranks(world, "ranks that did not answer", [&](auto const& w) {
+    if (w.rank() > 0 && w.rank() < w.size() - 1) shardwise::detail::desync_test_holds_of(w).quiet_until = now() + 8s;
   });
   // The last rank takes its verdict 12 s late, answering meanwhile that it waits on "b" for rank 0: rank 0, in
   // its next collective, must not take that for a new cycle.
-  cases::check_crossing_with_held_ranks(world, "a verdict taken late", [&](int rank) {
-    if (rank == world.size() - 1) shardwise::detail::test_hold_verdicts_until() = now() + 12s;
+  cases::check_crossing_with_held_ranks(world, "a verdict taken late", [&](auto const& w) {
+    if (w.rank() == w.size() - 1) shardwise::detail::desync_test_holds_of(w).verdicts_until = now() + 12s;
   });
 }

@@ -181,8 +181,8 @@ void expect_desync(World const& world, char const* what, Scenario&& scenario,
   CHECK(sw::all_reduce(checked, text_hash, sw::Max{}) == sw::all_reduce(checked, text_hash, sw::Min{}));
 }
 
-/// The crossing of check_desyncs_found, with `hold(world rank)` called on every rank just before its first call
-/// (it sets a test hook of mesh/desync.hpp that holds the rank back, as a loaded machine would): every rank must
+/// The crossing of check_desyncs_found, with `hold(world)` called on every rank just before its first call (it
+/// sets a test hold of mesh/desync.hpp that holds the rank back, as a loaded machine would): every rank must
 /// still raise the same message, in time, and take part in the next collective.
 template <class World, class Hold>
 void check_crossing_with_held_ranks(World const& world, char const* what, Hold&& hold) {
@@ -195,7 +195,7 @@ void check_crossing_with_held_ranks(World const& world, char const* what, Hold&&
       [&](World const& w) {
         auto const a = sw::make_mesh<"a">(w, {w.size()});
         auto const b = sw::make_mesh<"b">(w, {w.size()});
-        hold(w.rank());
+        hold(w);
         if (w.rank() == 0) {
           sw::all_reduce(a, v);
           sw::all_reduce(b, v);
@@ -208,8 +208,7 @@ void check_crossing_with_held_ranks(World const& world, char const* what, Hold&&
        " as call #0 on mesh axis \"a\"" + std::string(n > 2 ? " for world ranks " : " for world rank ") + others,
        "world rank " + std::to_string(n - 1) + " waits in all_reduce<float>([4], sum) at ",
        " as call #0 on mesh axis \"b\" for world rank 0"});
-  sw::detail::test_hold_verdicts_until() = {};
-  sw::detail::test_quiet_until() = {};
+  sw::detail::desync_test_holds_of(world) = {};
 }
 
 /// Desyncs that only the timeout used to end, each found in seconds with the default timeout, and named with

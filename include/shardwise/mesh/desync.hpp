@@ -147,19 +147,16 @@ inline std::vector<int> desync_recipients(std::map<int, rank_activity> const& re
   return to;
 }
 
-/// Tests only: until this time, this rank leaves a desync verdict it was sent untaken (and, on MPI, answers and
-/// checks as usual), as a rank the scheduler holds back would. Per thread: a thread-mesh rank is a thread.
-inline std::chrono::steady_clock::time_point& test_hold_verdicts_until() {
-  thread_local std::chrono::steady_clock::time_point until{};
-  return until;
-}
-/// Tests only (MPI): until this time, this process neither answers the check's questions nor checks nor takes
-/// a verdict, as a process the scheduler holds back would.
-inline std::chrono::steady_clock::time_point& test_quiet_until() {
-  thread_local std::chrono::steady_clock::time_point until{};
-  return until;
-}
-/// Whether a test hold (test_hold_verdicts_until, test_quiet_until) is on now.
+/// Tests only: holds that make a rank behave as one the scheduler holds back would. Each rank has its own, in
+/// its mesh's state (desync_test_holds_of(world)).
+struct desync_test_holds {
+  /// Until this time, the rank leaves a desync verdict it was sent untaken (and, on MPI, answers and checks as
+  /// usual).
+  std::chrono::steady_clock::time_point verdicts_until{};
+  /// MPI only: until this time, the process neither answers the check's questions nor checks nor takes a verdict.
+  std::chrono::steady_clock::time_point quiet_until{};
+};
+/// Whether a test hold (a time of desync_test_holds) is on now.
 inline bool test_held(std::chrono::steady_clock::time_point const& until) {
   return until != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() < until;
 }

@@ -477,6 +477,11 @@ class MpiComm {
   return MpiComm(std::move(env), boost::mpi::communicator(), "world");
 }
 
+namespace detail {
+/// Tests only: this process's desync test holds (mesh/desync.hpp).
+inline desync_test_holds& desync_test_holds_of(MpiComm const&) { return desync_state().test_holds; }
+}  // namespace detail
+
 }  // namespace shardwise
 
 // The point-to-point members and the call agreement, defined apart (they need the whole class).

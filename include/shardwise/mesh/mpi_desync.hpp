@@ -82,6 +82,7 @@ struct mpi_desync_state {
     std::string message;
   };
   std::optional<verdict> held;  ///< A verdict received while a test holds verdicts back.
+  desync_test_holds test_holds;
 };
 /// Never destroyed: the wait before MPI_Finalize runs in the MPI environment's deleter, during static
 /// destruction, and answers questions through this state.
@@ -133,7 +134,7 @@ inline void mpi_answer(int asker, mpi_desync_question const& q) {
 /// Raises verdict `v`, unless a test holds verdicts back: then it is kept, and raised at a later poll.
 inline void mpi_take_verdict(mpi_desync_state::verdict v) {
   auto& s = desync_state();
-  if (test_held(test_hold_verdicts_until())) {
+  if (test_held(s.test_holds.verdicts_until)) {
     s.held = std::move(v);
     return;
   }
@@ -148,7 +149,7 @@ inline void mpi_take_verdict(mpi_desync_state::verdict v) {
 inline void mpi_poll_side_channel(char const* what, std::string_view axis, int rank) {
   auto& n = notices();
   auto& s = desync_state();
-  if (n.comm == MPI_COMM_NULL || test_held(test_quiet_until())) return;
+  if (n.comm == MPI_COMM_NULL || test_held(s.test_holds.quiet_until)) return;
   if (s.held) mpi_take_verdict(*s.held);
   for (;;) {
     int arrived = 0;
@@ -234,7 +235,7 @@ inline void mpi_desync_round(std::uint32_t round) {
   auto& s = desync_state();
   mpi_wait const& w = *s.current;
   int const me = mpi_world_rank();
-  if (test_held(test_quiet_until())) return;
+  if (test_held(s.test_holds.quiet_until)) return;
   rank_activity const mine = mpi_own_activity();
   std::vector<int> const closure = mpi_desync_closure(mine, me);
   std::map<int, rank_activity> reports{{me, mine}};

@@ -32,6 +32,11 @@
 
 namespace shardwise {
 
+class ThreadComm;
+namespace detail {
+desync_test_holds& desync_test_holds_of(ThreadComm const& comm);
+}
+
 /// One rank's handle on a group of threads: the world of run_threads, or a mesh axis split from it.
 class ThreadComm {
  public:
@@ -172,9 +177,17 @@ class ThreadComm {
                    " is not another rank of this axis (size ", size(), ", this rank ", rank_, ")");
   }
 
+  friend detail::desync_test_holds& detail::desync_test_holds_of(ThreadComm const& comm);
+
   std::shared_ptr<detail::thread_group> group_;
   int rank_;
 };
+
+/// Tests only: the desync test holds (mesh/desync.hpp) of the rank `comm` is on, kept in its run's state.
+inline detail::desync_test_holds& detail::desync_test_holds_of(ThreadComm const& comm) {
+  auto const world_rank = static_cast<std::size_t>(comm.group_->members[static_cast<std::size_t>(comm.rank_)]);
+  return comm.group_->run->test_holds[world_rank];
+}
 
 namespace detail {
 

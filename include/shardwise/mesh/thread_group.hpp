@@ -65,12 +65,14 @@ struct thread_run_state {
   std::vector<sleeping_wait> sleeping = std::vector<sleeping_wait>(static_cast<std::size_t>(world_size));
   std::vector<std::string> verdicts = std::vector<std::string>(static_cast<std::size_t>(world_size));
   std::unique_ptr<std::atomic<bool>[]> verdict_ready{new std::atomic<bool>[static_cast<std::size_t>(world_size)] {}};
+  /// Per world rank, written and read by that rank's thread only.
+  std::vector<desync_test_holds> test_holds = std::vector<desync_test_holds>(static_cast<std::size_t>(world_size));
 
   /// Whether a deadlock including world rank r was found (read without the lock, on every wake-up).
   [[nodiscard]] bool has_verdict(std::size_t r) const { return verdict_ready[r].load(std::memory_order_acquire); }
   /// Whether world rank r, on its own thread, takes its verdict now (a test may hold it back).
   [[nodiscard]] bool verdict_to_take(std::size_t r) const {
-    return has_verdict(r) && !test_held(test_hold_verdicts_until());
+    return has_verdict(r) && !test_held(test_holds[r].verdicts_until);
   }
   /// The error of the deadlock found for world rank r (empty: none), taken. The rank leaves its wait with it, in
   /// the same step: a check in between would take that wait for a new desync.

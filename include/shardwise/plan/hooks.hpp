@@ -46,13 +46,18 @@ struct hook_list {
 #define SHARDWISE_DETAIL_HOOK_3(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_2(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_4(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_3(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_5(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_4(__VA_ARGS__)
-#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, name, ...) name
+#define SHARDWISE_DETAIL_HOOK_6(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_5(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_7(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_6(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_8(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_7(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, name, ...) name
 
 /// Inside a module: SHARDWISE_HOOKS(static_check, on_parallelize) names the optional members it defines for the
-/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks).
+/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 8, one
+/// more than there are hooks.
 #define SHARDWISE_HOOKS(...)                                                                                           \
   using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                                           \
-      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2, \
+      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_8, SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, \
+      SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2,                                       \
       SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
 
 namespace shardwise::detail {
