@@ -318,9 +318,10 @@ struct async_save_access {
     }
     std::string error;
     try {
-      s->plan = plan_rank_file(model, s->group, s->staged.generation, step);
+      model_tensors const tensors = tensors_of(model);
+      s->plan = plan_rank_file(tensors, s->group, s->staged.generation, step);
       snapshot(s->plan, saver.buffer_);
-      s->head = index_head(model, s->group, step, s->staged.generation, metadata);
+      s->head = index_head(tensors, s->group, step, s->staged.generation, metadata);
     } catch (std::exception const& e) {
       error = e.what();
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -74,6 +75,15 @@ class checkpoint_reader {
     checkpoint_tensor const& c = *index_->find(t.name);
     for (auto const& run : row_runs(t, false))
       for (auto const& p : c.pieces) read_piece(t, run, p, out, box);
+  }
+
+  /// read() into values of any floating type.
+  void read(tensor_layout const& t, tensor_values const& out) {
+    with_floating_type(out.type, [&](auto zero) {
+      using E = decltype(zero);
+      std::vector<E> box;
+      read(t, reinterpret_cast<E*>(out.data), box);
+    });
   }
 
   /// Unmaps the files opened so far (before the next ranks' turn).

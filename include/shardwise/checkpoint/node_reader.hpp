@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checkpoint_reader.hpp"
+#include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
 
@@ -155,24 +156,23 @@ inline std::string node_agreed_error(read_turns const& node, std::string error) 
 
 /// The node's first rank reads every block the node's ranks ask for, rank by rank, then its own. Returns the
 /// first read error (empty if none), which every rank of the node then knows.
-template <class Model>
-std::string read_for_the_node(Model& model, int size, int rank, checkpoint_reader& reader,
-                              checkpoint_index const& index, read_turns const& node) {
+inline std::string read_for_the_node(model_tensors const& model, int size, int rank, checkpoint_reader& reader,
+                                     checkpoint_index const& index, read_turns const& node) {
   std::string error;
   if (node.rank != 0) {
     std::vector<block_request> mine;
-    for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {
-      if (index.find(t.name)) mine.push_back({t, sizeof(typename std::remove_cvref_t<decltype(value)>::Scalar)});
+    model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const& value) {
+      if (index.find(t.name)) mine.push_back({t, dtype_size(value.type)});
     });
     request_bytes const requests = encode_requests(mine);
     node.send(requests.bytes().data(), requests.bytes().size(), 0);
-    for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {
+    model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const& value) {
       if (!index.find(t.name)) return;
       node.receive(0, [&](std::size_t bytes) -> void* {
-        if (bytes != static_cast<std::size_t>(value.size()) * sizeof(*value.data()))
+        if (bytes != value.bytes())
           fail("shardwise::load_options::only_rank0_reads: the node's reader sent ", bytes, " bytes for tensor \"",
                t.name, "\"; every rank of the node must load the same checkpoint with the same options");
-        return value.data();
+        return value.data;
       });
     });
     return node_agreed_error(node, error);
@@ -188,14 +188,12 @@ std::string read_for_the_node(Model& model, int size, int rank, checkpoint_reade
       read_block(reader, index, request, error,
                  [&](void const* data, std::size_t count) { node.send(data, count, r); });
   }
-  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {  // its own
-    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+  model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const& value) {  // its own
     if (!index.find(t.name)) return;
-    value.setZero();
-    std::vector<T> box;
+    value.set_zero();
     if (error.empty()) {
       try {
-        reader.read(t, value.data(), box);
+        reader.read(t, value);
       } catch (std::exception const& e) {
         error = e.what();
       }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/file_checks.hpp"
+#include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -178,76 +179,99 @@ std::optional<std::pair<std::string, std::string>> tied_source(Model& model, che
   return found;
 }
 
-/// load_pretrained and load_consolidated: builds an index of the model's tensors from the mapping and the
-/// files' headers (missing and unexpected tensors checked per options.strict), then loads through load_into.
+/// What a mapped load needs to know of the model beyond its tensors: which tied weight, if any, a file tensor is
+/// the mapping's source of (tied_source).
+using tied_lookup = std::function<std::optional<std::pair<std::string, std::string>>(std::string const&)>;
+
+/// A mapped load's checkpoint_locator: an index of the model's tensors built from the mapping and the files'
+/// headers (missing and unexpected tensors checked per options.strict), with the files' metadata in `report`.
+struct mapped_locator {
+  model_tensors const& model;
+  int size, rank;
+  tied_lookup tied;
+  std::filesystem::path path;
+  checkpoint_mapping const& mapping;
+  load_options const& options;
+  std::string_view who;
+  load_report& report;
+
+  void operator()(std::filesystem::path& source, checkpoint_index& index, std::string& label,
+                  std::vector<std::string>& unexpected) const;
+};
+
+inline void mapped_locator::operator()(std::filesystem::path& source, checkpoint_index& index, std::string& label,
+                                       std::vector<std::string>& unexpected) const {
+  namespace fs = std::filesystem;
+  pretrained_files found = find_pretrained_files(path, who);
+  source = found.folder;
+  label = found.label;
+  index = {};
+  index.metadata = std::move(found.metadata);
+  std::map<std::string, std::unique_ptr<safetensors_file>> files;       // headers only; closed once checked
+  std::map<std::string, std::map<std::string, std::string>> checksums;  // per file: tensor -> its checksum
+  std::set<std::string> used;
+  model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const&) {
+    std::optional<tensor_source> const s = mapping ? mapping(t.name) : tensor_source{t.name};
+    auto const where = s ? found.file_of.find(s->name) : found.file_of.end();
+    if (where == found.file_of.end()) {  // missing: strict raises here, saying why; else load_into reports it
+      if (options.strict)
+        fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" is not in the checkpoint",
+             !s                  ? std::string(" (the mapping gives it no source)")
+             : s->name != t.name ? " (as \"" + s->name + "\")"
+                                 : std::string(),
+             "; load a checkpoint of this model, fix the mapping, or pass load_options{.strict = false} to keep "
+             "its current value");
+      return;
+    }
+    auto& file = files[where->second];
+    if (!file && !fs::exists(source / where->second))
+      fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"",
+           (source / where->second).string(),
+           "\", which is missing; the folder is incomplete: copy the file back or "
+           "save the model again");
+    if (!file) {
+      file = std::make_unique<safetensors_file>((source / where->second).string());
+      index.metadata.insert(file->metadata().begin(), file->metadata().end());
+      for (auto const& field : metadata_strings(*file, config_metadata_key, who)) index.config.insert(field);
+      checksums[where->second] = metadata_strings(*file, checksums_metadata_key, who);
+    }
+    if (!file->contains(s->name))
+      fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"", file->path(),
+           "\", which does not hold it; the folder is incomplete or mixed: save the model again");
+    tensor_info const& info = file->info(s->name);
+    checkpoint_piece piece = mapped_piece(t, *s, info, where->second, label, who);
+    if (auto const sum = checksums[where->second].find(s->name); sum != checksums[where->second].end())
+      piece.checksum = sum->second;  // the reader checks the file's tensor against it before reading from it
+    index.tensors.push_back({t.name, info.type, piece.shape, "", {}});
+    index.tensors.back().pieces.push_back(std::move(piece));
+    used.insert(s->name);
+  });
+  for (auto const& [name, file] : found.file_of) {
+    if (used.count(name)) continue;
+    if (options.strict) {
+      if (auto const tied_to = tied(name))
+        fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name, "\" is the model's \"",
+             tied_to->first, "\", which the model ties to \"", tied_to->second,
+             "\" (it computes with that tensor and does not read this one); load the checkpoint into a model "
+             "that does not tie them, or pass load_options{.strict = false} to skip it");
+      fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name,
+           "\" is not in the model (no model tensor reads it); load it into the model it was saved from, map a "
+           "model tensor to it, or pass load_options{.strict = false} to skip it");
+    }
+    unexpected.push_back(name);
+  }
+  report.metadata = index.metadata;
+}
+
+/// load_pretrained and load_consolidated: loads through load_into, the index built by a mapped_locator.
 template <class Model, class TpMesh>
 load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path const& path,
                         checkpoint_mapping const& mapping, load_options const& options, std::string_view who) {
-  namespace fs = std::filesystem;
   load_report report;
-  auto locate = [&](fs::path& source, checkpoint_index& index, std::string& label,
-                    std::vector<std::string>& unexpected) {
-    pretrained_files found = find_pretrained_files(path, who);
-    source = found.folder;
-    label = found.label;
-    index = {};
-    index.metadata = std::move(found.metadata);
-    std::map<std::string, std::unique_ptr<safetensors_file>> files;       // headers only; closed once checked
-    std::map<std::string, std::map<std::string, std::string>> checksums;  // per file: tensor -> its checksum
-    std::set<std::string> used;
-    for_each_checkpoint_tensor(model, tp.size(), tp.rank(), true, [&](tensor_layout const& t, auto&) {
-      std::optional<tensor_source> const s = mapping ? mapping(t.name) : tensor_source{t.name};
-      auto const where = s ? found.file_of.find(s->name) : found.file_of.end();
-      if (where == found.file_of.end()) {  // missing: strict raises here, saying why; else load_into reports it
-        if (options.strict)
-          fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" is not in the checkpoint",
-               !s                  ? std::string(" (the mapping gives it no source)")
-               : s->name != t.name ? " (as \"" + s->name + "\")"
-                                   : std::string(),
-               "; load a checkpoint of this model, fix the mapping, or pass load_options{.strict = false} to keep "
-               "its current value");
-        return;
-      }
-      auto& file = files[where->second];
-      if (!file && !fs::exists(source / where->second))
-        fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"",
-             (source / where->second).string(),
-             "\", which is missing; the folder is incomplete: copy the file back or "
-             "save the model again");
-      if (!file) {
-        file = std::make_unique<safetensors_file>((source / where->second).string());
-        index.metadata.insert(file->metadata().begin(), file->metadata().end());
-        for (auto const& field : metadata_strings(*file, config_metadata_key, who)) index.config.insert(field);
-        checksums[where->second] = metadata_strings(*file, checksums_metadata_key, who);
-      }
-      if (!file->contains(s->name))
-        fail("shardwise::", who, ": \"", label, "\" puts tensor \"", s->name, "\" in \"", file->path(),
-             "\", which does not hold it; the folder is incomplete or mixed: save the model again");
-      tensor_info const& info = file->info(s->name);
-      checkpoint_piece piece = mapped_piece(t, *s, info, where->second, label, who);
-      if (auto const sum = checksums[where->second].find(s->name); sum != checksums[where->second].end())
-        piece.checksum = sum->second;  // the reader checks the file's tensor against it before reading from it
-      index.tensors.push_back({t.name, info.type, piece.shape, "", {}});
-      index.tensors.back().pieces.push_back(std::move(piece));
-      used.insert(s->name);
-    });
-    for (auto const& [name, file] : found.file_of) {
-      if (used.count(name)) continue;
-      if (options.strict) {
-        if (auto const tied = tied_source(model, mapping, name))
-          fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name, "\" is the model's \"",
-               tied->first, "\", which the model ties to \"", tied->second,
-               "\" (it computes with that tensor and does not read this one); load the checkpoint into a model "
-               "that does not tie them, or pass load_options{.strict = false} to skip it");
-        fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name,
-             "\" is not in the model (no model tensor reads it); load it into the model it was saved from, map a "
-             "model tensor to it, or pass load_options{.strict = false} to skip it");
-      }
-      unexpected.push_back(name);
-    }
-    report.metadata = index.metadata;
-  };
-  auto outcome = load_into(model, tp, path, options, who, locate);
+  model_tensors const tensors = tensors_of(model);
+  tied_lookup const tied = [&](std::string const& name) { return tied_source(model, mapping, name); };
+  auto outcome = load_into(model, tp, path, options, who,
+                           mapped_locator{tensors, tp.size(), tp.rank(), tied, path, mapping, options, who, report});
   report.missing = std::move(outcome.missing);
   report.unexpected = std::move(outcome.unexpected);
   return report;

@@ -59,6 +59,7 @@
 
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/pretrained.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/safetensors_write.hpp"
@@ -77,10 +78,9 @@ namespace detail {
 
 /// The stage's tensors (name, dtype, global shape, placement), in model order, as its rank files record them
 /// for the index.
-template <class Model>
-nlohmann::json stage_tensors(Model& model, int tp_size) {
+inline nlohmann::json stage_tensors(model_tensors const& model, int tp_size) {
   nlohmann::json list = nlohmann::json::array();
-  for_each_checkpoint_tensor(model, tp_size, 0, false, [&](tensor_layout const& t, auto&) {
+  model.for_each(tp_size, 0, false, [&](tensor_layout const& t, tensor_values const&) {
     if (t.mirror) return;  // saved by the stage that owns it
     list.push_back(
         {{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.stored_shape()}, {"placement", t.placement()}});
@@ -216,21 +216,13 @@ struct rank_file_plan {
 /// This rank's pieces of the model, pointing into the parameters (no copy): each run of local rows is contiguous
 /// in the row-major storage, and a piece is its runs in stored order. Rows a model hands out itself (FSDP's
 /// shards, its optimizer state) are copied, as they may not outlive the walk.
-template <class Model>
-rank_file_plan plan_rank_file(Model& model, save_group const& group, std::uint64_t generation, std::int64_t step) {
+inline rank_file_plan plan_rank_file(model_tensors const& model, save_group const& group, std::uint64_t generation,
+                                     std::int64_t step) {
   int const size = group.tp_size, rank = group.tp_rank;
   rank_file_plan plan;
-  // A model that hands out its ranks' rows itself (FSDP) may hand out temporaries, unless it says they outlive
-  // the walk; parameters are borrowed.
-  constexpr bool hands_out_shards = requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); } &&
-                                    !requires { requires Model::shardwise_values_outlive_walk; };
   plan.file = group.folder(rank, group.pp_rank, group.dp_rank) + "/model.safetensors";
   nlohmann::json offsets = nlohmann::json::object();
-  for_each_checkpoint_tensor(model, size, rank, false, [&](tensor_layout const& t, auto& value) {
-    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
-    static_assert(std::remove_cvref_t<decltype(value)>::IsRowMajor ||
-                      std::remove_cvref_t<decltype(value)>::ColsAtCompileTime == 1,
-                  "shardwise::save_sharded: a parameter's storage must be row-major (shardwise::nn::matrix)");
+  model.for_each(size, rank, false, [&](tensor_layout const& t, tensor_values const& value) {
     if (!group.writes) return;
     if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
     if (t.mirror) return;                      // another stage's weight: saved there
@@ -243,8 +235,8 @@ rank_file_plan plan_rank_file(Model& model, save_group const& group, std::uint64
              "\": this rank's rows are not one range of the stored tensor; this layout is not supported");
       rows += r.count;
     }
-    auto const* from = reinterpret_cast<std::byte const*>(value.data());
-    std::size_t const row_bytes = t.local_cols * sizeof(T);
+    std::byte const* from = value.data;
+    std::size_t const row_bytes = t.local_cols * dtype_size(value.type);
     rank_file_plan::piece piece{t.name, t.type, {rows}, {}};
     if (!t.is_vector) piece.shape.push_back(t.local_cols);
     for (auto const& r : runs) {
@@ -255,7 +247,7 @@ rank_file_plan plan_rank_file(Model& model, save_group const& group, std::uint64
       else
         last.push_back(run);
     }
-    if constexpr (hands_out_shards) {  // `value` may be the walk's temporary: keep a copy
+    if (!model.values_outlive_walk) {  // `value` may be the walk's temporary (FSDP's rows): keep a copy
       auto& copy = plan.copies.emplace_back();
       for (auto const& run : piece.runs) copy.insert(copy.end(), run.begin(), run.end());
       piece.runs = {std::span<std::byte const>(copy)};
@@ -288,15 +280,14 @@ inline void write_rank_file(rank_file_plan const& plan, std::filesystem::path co
 }
 
 /// The index's fields that come from the model and the call, kept from the start of a save to its commit.
-template <class Model>
-checkpoint_index index_head(Model& model, save_group const& group, std::int64_t step, std::uint64_t generation,
-                            std::map<std::string, std::string> const& metadata) {
+inline checkpoint_index index_head(model_tensors const& model, save_group const& group, std::int64_t step,
+                                   std::uint64_t generation, std::map<std::string, std::string> const& metadata) {
   checkpoint_index index;
   index.step = step;
   index.tp = group.tp_size, index.pp = group.pp_size, index.dp = group.dp_size;
   index.metadata = metadata;
   index.generation = generation;
-  if constexpr (requires { model.shardwise_config(); }) index.config = model.shardwise_config();
+  if (model.config) index.config = *model.config;
   return index;
 }
 
@@ -348,10 +339,9 @@ inline void commit_save(save_group const& group, staged_save& staged, checkpoint
 }
 
 /// Every rank of the group writes its file; the leader checks the pieces, writes the index and commits.
-template <class Model>
-void save_sharded_stage(Model& model, save_group const& group, std::filesystem::path const& dir, std::int64_t step,
-                        std::map<std::string, std::string> const& metadata,
-                        std::function<void(std::filesystem::path const&, int)> const& also_write) {
+inline void save_sharded_stage(model_tensors const& model, save_group const& group, std::filesystem::path const& dir,
+                               std::int64_t step, std::map<std::string, std::string> const& metadata,
+                               std::function<void(std::filesystem::path const&, int)> const& also_write) {
   staged_save staged = stage_save(group, dir);
   std::string error;
   try {
@@ -375,7 +365,7 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
                   std::function<void(std::filesystem::path const&, int)> const& also_write = {}) {
   auto group = detail::save_group_over(tp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank();
-  detail::save_sharded_stage(model, group, dir, step, metadata, also_write);
+  detail::save_sharded_stage(detail::tensors_of(model), group, dir, step, metadata, also_write);
 }
 
 /// Saves a model cut into pipeline stages, collectively over tp and the pipeline axis `pp` (every rank of
@@ -388,7 +378,7 @@ void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesys
                   std::map<std::string, std::string> const& metadata = {}) {
   auto group = detail::save_group_over(tp, pp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.pp_size = pp.size(), group.pp_rank = pp.rank();
-  detail::save_sharded_stage(model, group, dir, step, metadata, {});
+  detail::save_sharded_stage(detail::tensors_of(model), group, dir, step, metadata, {});
 }
 
 }  // namespace shardwise

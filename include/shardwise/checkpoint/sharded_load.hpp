@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,6 +19,7 @@
 
 #include "shardwise/checkpoint/checkpoint_reader.hpp"
 #include "shardwise/checkpoint/load_verdict.hpp"
+#include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/node_reader.hpp"
 #include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/relay.hpp"
@@ -115,9 +117,9 @@ load_mode load_mode_of(Model& model, TpMesh const& tp, load_options const& optio
 
 /// The model's tensors against the checkpoint's: the same tensors (unless non-strict), the same global shapes,
 /// floating types. Lists the model's tensor names in `in_model`.
-template <class Model>
-void check_model_tensors(Model& model, int size, int rank, load_state& s, std::set<std::string>& in_model) {
-  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto&) {
+inline void check_model_tensors(model_tensors const& model, int size, int rank, load_state& s,
+                                std::set<std::string>& in_model) {
+  model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const&) {
     in_model.insert(t.name);
     checkpoint_tensor const* c = s.outcome.index.find(t.name);
     if (!c && !s.options.strict) {
@@ -139,12 +141,10 @@ void check_model_tensors(Model& model, int size, int rank, load_state& s, std::s
 }
 
 /// The checkpoint's tensors that no model tensor reads: an error when strict, else listed as unexpected.
-template <class Model>
-void check_checkpoint_tensors(Model& model, load_state& s, std::set<std::string> const& in_model) {
+inline void check_checkpoint_tensors(model_tensors const& model, load_state& s, std::set<std::string> const& in_model) {
   for (auto const& c : s.outcome.index.tensors) {
     if (in_model.count(c.name) || c.name.starts_with(optimizer_state_prefix)) continue;
-    if constexpr (requires { model.shardwise_other_stage(c.name); })
-      if (model.shardwise_other_stage(c.name)) continue;  // a pipeline stage reads only its own tensors
+    if (model.other_stage && model.other_stage(c.name)) continue;  // a pipeline stage reads only its own tensors
     if (s.options.strict)
       fail("shardwise::", s.who, ": \"", s.index_file, "\": the checkpoint's tensor \"", c.name,
            "\" is not in the model; load the checkpoint into the model it was saved from, or pass "
@@ -154,10 +154,9 @@ void check_checkpoint_tensors(Model& model, load_state& s, std::set<std::string>
 }
 
 /// A model that states its configuration must have the checkpoint's: the same shapes can mean other weights.
-template <class Model>
-void check_configuration(Model& model, load_state const& s) {
-  if constexpr (requires { model.shardwise_config(); }) {
-    for (auto const& [field, value] : model.shardwise_config()) {
+inline void check_configuration(model_tensors const& model, load_state const& s) {
+  if (model.config) {
+    for (auto const& [field, value] : *model.config) {
       auto const saved = s.outcome.index.config.find(field);
       if (saved != s.outcome.index.config.end() && saved->second != value)
         fail("shardwise::", s.who, ": \"", s.index_file, "\": the checkpoint was saved from a model with ", field,
@@ -177,14 +176,19 @@ inline void check_piece_files(load_state const& s) {
              "\" is gone; restore it, or load another checkpoint");
 }
 
+/// How a load finds its checkpoint: locate(source, index, label, unexpected) sets the folder its pieces' files are
+/// relative to, the index, the file to name in errors, and the file's tensors it leaves unread.
+using checkpoint_locator =
+    std::function<void(std::filesystem::path&, checkpoint_index&, std::string&, std::vector<std::string>&)>;
+
 /// Locates the checkpoint and compares it with the model.
-template <class Model, class Locate>
-void check_against_model(Model& model, int size, int rank, load_state& s, Locate& locate) {
+inline void check_against_model(model_tensors const& model, int size, int rank, load_state& s,
+                                checkpoint_locator const& locate) {
   s.outcome.missing.clear();
   s.outcome.unexpected.clear();
   locate(s.source, s.outcome.index, s.index_file, s.outcome.unexpected);
-  if constexpr (requires { model.shardwise_check_index(s.outcome.index, s.index_file); })
-    model.shardwise_check_index(s.outcome.index, s.index_file);  // what it needs beyond its tensors (optimizer state)
+  if (model.check_index)
+    model.check_index(s.outcome.index, s.index_file);  // what it needs beyond its tensors (optimizer state)
   std::set<std::string> in_model;
   check_model_tensors(model, size, rank, s, in_model);
   check_checkpoint_tensors(model, s, in_model);
@@ -224,15 +228,13 @@ void check_agreed(Model& model, TpMesh const& tp, load_mode mode, load_options c
 }
 
 /// Each of the model's tensors that the checkpoint holds: zeroed, then its shard read.
-template <class Model>
-void read_shard(Model& model, int size, int rank, checkpoint_reader& reader, checkpoint_index const& index) {
+inline void read_shard(model_tensors const& model, int size, int rank, checkpoint_reader& reader,
+                       checkpoint_index const& index) {
   if (checkpoint_load_hook) checkpoint_load_hook("read_begin", rank);
-  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {
-    using T = typename std::remove_cvref_t<decltype(value)>::Scalar;
+  model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const& value) {
     if (!index.find(t.name)) return;  // missing (non-strict): keeps its value
-    value.setZero();
-    std::vector<T> box;
-    reader.read(t, value.data(), box);
+    value.set_zero();
+    reader.read(t, value);
   });
   reader.close();  // unmap before the next ranks' turn
   if (checkpoint_load_hook) checkpoint_load_hook("read_end", rank);
@@ -242,33 +244,36 @@ void read_shard(Model& model, int size, int rank, checkpoint_reader& reader, che
 /// holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as
 /// zeros, so no rank waits for one that will not come; the error is agreed on once the tensor is sent, and
 /// raised on every rank.
-template <class Model, class TpMesh>
-void read_on_rank0_and_send(Model& model, TpMesh const& tp, checkpoint_reader& reader, checkpoint_index const& index,
-                            std::filesystem::path const& dir, std::string_view who) {
+template <class TpMesh>
+void read_on_rank0_and_send(model_tensors const& model, TpMesh const& tp, checkpoint_reader& reader,
+                            checkpoint_index const& index, std::filesystem::path const& dir, std::string_view who) {
   int const size = tp.size(), rank = tp.rank();
   if (rank == 0 && checkpoint_load_hook) checkpoint_load_hook("read_begin", rank);
-  for_each_checkpoint_tensor(model, size, rank, true, [&](tensor_layout const& t, auto& value) {
-    using Tensor = std::remove_cvref_t<decltype(value)>;
+  model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const& value) {
     if (!index.find(t.name)) return;  // missing (non-strict): skipped alike on every rank
-    std::vector<typename Tensor::Scalar> box;
     std::string error;
-    if (rank != 0) shardwise::recv(tp, value, 0);
+    if (rank != 0) {
+      auto bytes = bytes_of(value);
+      shardwise::recv(tp, bytes, 0);
+    }
+    std::vector<std::byte> storage(rank == 0 ? value.bytes() : 0);
+    tensor_values const block{storage.data(), value.type, value.rows, value.cols};
     for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
-      Tensor block = Tensor::Zero(value.rows(), value.cols());
+      block.set_zero();
       if (error.empty()) {
         try {
           tensor_layout theirs = t;
           theirs.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(r) : 0;
           theirs.col_offset = t.shard_dim == 1 ? t.local_cols * static_cast<std::size_t>(r) : 0;
-          reader.read(theirs, block.data(), box);
+          reader.read(theirs, block);
         } catch (std::exception const& e) {
           error = e.what();
         }
       }
       if (r == 0)
-        value = std::move(block);
+        std::copy(storage.begin(), storage.end(), value.data);
       else
-        shardwise::send(tp, block, r);
+        shardwise::send(tp, bytes_of(block), r);
     }
     agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
   });
@@ -302,7 +307,7 @@ void read_in_turns(Model& model, TpMesh const& tp, checkpoint_reader& reader, lo
   for (int turn = 0; turn * per_step < size; ++turn) {
     if (rank / per_step == turn && error.empty()) {
       try {
-        read_shard(model, tp.size(), tp.rank(), reader, s.outcome.index);
+        read_shard(tensors_of(model), tp.size(), tp.rank(), reader, s.outcome.index);
       } catch (std::exception const& e) {
         error = e.what();
       }
@@ -319,16 +324,17 @@ void read_in_turns(Model& model, TpMesh const& tp, checkpoint_reader& reader, lo
 /// unexpected) finds the checkpoint (the folder its pieces' files are relative to, the index, the file to name
 /// in errors, and the file's tensors it leaves unread); then the model and the index are compared and each rank
 /// reads the boxes its shard needs.
-template <class Model, class TpMesh, class Locate>
+template <class Model, class TpMesh>
 load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir, load_options const& options,
-                       std::string_view who, Locate&& locate) {
+                       std::string_view who, checkpoint_locator const& locate) {
   int const size = tp.size(), rank = tp.rank();
   load_mode const mode = load_mode_of(model, tp, options);
   load_state s{{}, {}, who, options, {}};
-  check_agreed(model, tp, mode, options, dir, who, [&] { check_against_model(model, size, rank, s, locate); });
+  model_tensors const tensors = tensors_of(model);
+  check_agreed(model, tp, mode, options, dir, who, [&] { check_against_model(tensors, size, rank, s, locate); });
   checkpoint_reader reader(s.source, s.outcome.index, who, options.verify_checksums);
   if (mode == load_mode::node_reads) {
-    std::string const error = read_for_the_node(model, size, rank, reader, s.outcome.index, *options.turns);
+    std::string const error = read_for_the_node(tensors, size, rank, reader, s.outcome.index, *options.turns);
     agree_over_load_axes(model, tp, error, "reading on the node's first rank", dir, who);
     return std::move(s.outcome);
   }
@@ -340,7 +346,7 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
   }
   if constexpr (requires { tp.comm(0); }) {
     if (mode == load_mode::rank0_sends) {
-      read_on_rank0_and_send(model, tp, reader, s.outcome.index, dir, who);
+      read_on_rank0_and_send(tensors, tp, reader, s.outcome.index, dir, who);
       return std::move(s.outcome);
     }
   }
@@ -348,32 +354,22 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
     read_in_turns(model, tp, reader, s, dir);
     return std::move(s.outcome);
   }
-  read_shard(model, size, rank, reader, s.outcome.index);
+  read_shard(tensors, size, rank, reader, s.outcome.index);
   return std::move(s.outcome);
 }
 
-/// load_sharded with the layouts of tp (a mesh, or single_stage) and its outcome agreed over `agreeing` (every
-/// axis whose ranks load together: tp, and FSDP's dp) and, with turns from sw::node_turns, over their world: the
-/// ranks read again together, or fail together with one error, and none waits for a peer that went on.
-template <class Model, class TpMesh, class... Agreeing>
-checkpoint_index load_sharded_agreed(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
-                                     load_options const& options, Agreeing const&... agreeing) {
-  namespace fs = std::filesystem;
-  auto const locate = [&](fs::path& source, checkpoint_index& index, std::string& label, std::vector<std::string>&) {
-    source = detail::normalized_dir(dir);
-    fs::path const previous = previous_checkpoint_dir(source);
-    if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
-      source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
-    index = read_checkpoint_index(source);
-    label = (source / checkpoint_index_name).string();
-  };
+/// Runs `load_once` (one attempt at a load) until the ranks of the axes `agreeing` have loaded one and the same
+/// save, as load_sharded_agreed says; the loop does not depend on the model's type.
+template <class... Agreeing>
+checkpoint_index retry_load(std::function<checkpoint_index()> const& load_once, std::filesystem::path const& dir,
+                            load_options const& options, Agreeing const&... agreeing) {
   read_turns const* const world = options.turns && options.turns->max_over_world ? options.turns.get() : nullptr;
   constexpr int attempts = 50;
   for (int attempt = 1;; ++attempt) {
     std::uint64_t const before = detail::current_generation(detail::normalized_dir(dir));
     load_attempt a;
     try {
-      a.index = detail::load_into(model, tp, dir, options, "load_sharded", locate).index;
+      a.index = load_once();
     } catch (detail::checkpoint_changed const& e) {
       a.status = 1, a.error = e.what();
     } catch (std::exception const& e) {
@@ -399,6 +395,25 @@ checkpoint_index load_sharded_agreed(Model& model, TpMesh const& tp, std::filesy
     }
     if (world_verdict(*world, verdict, a, last, failure, replaced) == load_verdict::done) return a.index;
   }
+}
+/// load_sharded with the layouts of tp (a mesh, or single_stage) and its outcome agreed over `agreeing` (every
+/// axis whose ranks load together: tp, and FSDP's dp) and, with turns from sw::node_turns, over their world: the
+/// ranks read again together, or fail together with one error, and none waits for a peer that went on.
+template <class Model, class TpMesh, class... Agreeing>
+checkpoint_index load_sharded_agreed(Model& model, TpMesh const& tp, std::filesystem::path const& dir,
+                                     load_options const& options, Agreeing const&... agreeing) {
+  namespace fs = std::filesystem;
+  checkpoint_locator const locate = [&](fs::path& source, checkpoint_index& index, std::string& label,
+                                        std::vector<std::string>&) {
+    source = detail::normalized_dir(dir);
+    fs::path const previous = previous_checkpoint_dir(source);
+    if (!fs::exists(source / checkpoint_index_name) && fs::exists(previous / checkpoint_index_name))
+      source = previous;  // a save on a file system without RENAME_EXCHANGE died between its two renames
+    index = read_checkpoint_index(source);
+    label = (source / checkpoint_index_name).string();
+  };
+  return retry_load([&] { return detail::load_into(model, tp, dir, options, "load_sharded", locate).index; }, dir,
+                    options, agreeing...);
 }
 }  // namespace detail
 

@@ -124,7 +124,9 @@ template <class Sharded, class Walked, class... Tp>
 void save_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir, std::int64_t step,
                std::map<std::string, std::string> const& metadata, Tp const&... tp) {
   check_fsdp_save(sharded, tp...);
-  auto const save = [&] { save_sharded_stage(walked, fsdp_save_group(sharded, tp...), dir, step, metadata, {}); };
+  auto const save = [&] {
+    save_sharded_stage(tensors_of(walked), fsdp_save_group(sharded, tp...), dir, step, metadata, {});
+  };
   if constexpr (requires { sharded.replicate_mesh(); }) {
     // Hybrid: every replica holds the same shards and the first saves them; the others return when it has
     // committed (so a rank that reads the checkpoint next finds it), or raise its error.
