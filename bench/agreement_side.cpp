@@ -11,9 +11,9 @@
 
 #define shardwise SIDE
 #include <shardwise/adapters/eigen.hpp>
-#include <shardwise/collectives/collectives.hpp>
+#include <shardwise/mesh/collectives.hpp>
 #include <shardwise/mesh/mesh.hpp>
-#include <shardwise/mesh/thread.hpp>
+#include <shardwise/mesh/thread/comm.hpp>
 
 #define SIDE_NAME2(side, name) side##_##name
 #define SIDE_NAME(side, name) SIDE_NAME2(side, name)

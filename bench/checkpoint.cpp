@@ -46,7 +46,7 @@
 #include <shardwise/checkpoint/async_save.hpp>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>

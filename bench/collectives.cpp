@@ -15,7 +15,7 @@
 // the median of the ratios of batches that ran back to back. "Effective GB/s" is message bytes (the
 // all-reduced vector, the gathered output) per second. --smoke: one call per size, sizes up to 1 MiB, results
 // checked, times meaningless.
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 
 #include <mpi.h>
 #include <sched.h>
@@ -44,8 +44,8 @@
 
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/mesh/mesh.hpp"
-#include "shardwise/mesh/mpi.hpp"
-#include "shardwise/mesh/thread.hpp"
+#include "shardwise/mesh/mpi/comm.hpp"
+#include "shardwise/mesh/thread/comm.hpp"
 
 namespace sw = shardwise;
 

@@ -16,7 +16,7 @@
 #include <shardwise/context.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama.hpp>
-#include <shardwise/models/llama_planner.hpp>
+#include <shardwise/planner/llama.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>

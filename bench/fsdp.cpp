@@ -24,12 +24,12 @@
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
-#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/mesh/launch.hpp>
 #include <shardwise/models/llama_plan.hpp>
-#include <shardwise/models/llama_planner.hpp>
+#include <shardwise/planner/llama.hpp>
+#include <shardwise/planner/machine_file.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>

@@ -30,12 +30,12 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/mesh/launch.hpp>
-#include <shardwise/models/llama_planner.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/pipeline/timeline.hpp>
+#include <shardwise/planner/llama.hpp>
+#include <shardwise/planner/machine_file.hpp>
 #include <shardwise/shardwise.hpp>
 #include <span>
 #include <string>

@@ -18,7 +18,7 @@
 
 #include "median.hpp"
 #include "shardwise/adapters/eigen.hpp"
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 
 namespace sw = shardwise;
 using clock_type = std::chrono::steady_clock;

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/mesh/launch.hpp>
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #include <shardwise/shardwise.hpp>
 #include <stdexcept>
 #include <string>

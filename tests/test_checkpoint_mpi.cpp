@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <shardwise/checkpoint/sharded.hpp>
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>

@@ -1,7 +1,7 @@
 // The distributed tensor cases of test_dtensor.cpp on the MPI mesh; CTest runs this under mpiexec -n 1, 2, 3, 4.
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 
 #include "cases/dtensor_cases.hpp"
 

@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 
 #include "cases/fault_cases.hpp"
 

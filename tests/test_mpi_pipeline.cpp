@@ -2,7 +2,7 @@
 // (cases/pipeline_cases.hpp): activations and gradients cross between processes with non-blocking sends.
 #include <doctest/doctest.h>
 
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 
 #include "cases/pipeline_cases.hpp"
 #include "support/worlds.hpp"

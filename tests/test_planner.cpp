@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <shardwise/cost/machine_file.hpp>
 #include <shardwise/models/llama_config_json.hpp>
-#include <shardwise/models/llama_planner.hpp>
-#include <shardwise/models/planner_models.hpp>
+#include <shardwise/planner/llama.hpp>
+#include <shardwise/planner/machine_file.hpp>
+#include <shardwise/planner/models.hpp>
 #include <string>
 
 namespace sw = shardwise;

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <iostream>
-#include <shardwise/cost/machine_file.hpp>
-#include <shardwise/models/planner_models.hpp>
+#include <shardwise/planner/machine_file.hpp>
+#include <shardwise/planner/models.hpp>
 #include <string>
 
 namespace plan_command {

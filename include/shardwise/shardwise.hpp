@@ -1,14 +1,14 @@
 #pragma once
 // The umbrella header: everything that needs no third-party library. Add adapters/eigen.hpp,
-// adapters/xtensor.hpp and mesh/mpi.hpp (or mesh/launch.hpp) for what you use.
-#include "shardwise/collectives/collectives.hpp"
+// adapters/xtensor.hpp and mesh/mpi/comm.hpp (or mesh/launch.hpp) for what you use.
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fixed_string.hpp"
 #include "shardwise/dtensor/dtensor.hpp"
 #include "shardwise/dtensor/plan.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/serial.hpp"
-#include "shardwise/mesh/thread.hpp"
+#include "shardwise/mesh/thread/comm.hpp"
 #include "shardwise/pipeline/schedule.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"

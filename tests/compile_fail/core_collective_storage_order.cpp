@@ -1,7 +1,7 @@
 // A reduce-scatter from a row-major into a column-major matrix: both must have the same storage order.
 #include <shardwise/adapters/eigen.hpp>
-#include <shardwise/collectives/collectives.hpp>
-#include <shardwise/mesh/thread.hpp>
+#include <shardwise/mesh/collectives.hpp>
+#include <shardwise/mesh/thread/comm.hpp>
 namespace sw = shardwise;
 using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 void use(sw::Mesh<sw::ThreadComm, sw::axis<"tp">> const& mesh, RowMajorMatrix const& in) {

@@ -1,6 +1,6 @@
 // A mesh type with no named axis.
 #include <shardwise/mesh/mesh.hpp>
-#include <shardwise/mesh/thread.hpp>
+#include <shardwise/mesh/thread/comm.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using Grid = sw::Mesh<sw::ThreadComm>;

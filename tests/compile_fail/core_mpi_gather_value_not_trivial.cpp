@@ -1,5 +1,5 @@
 // MpiComm::all_gather_value sends its value as bytes: a std::string is refused.
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #include <string>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL

@@ -1,7 +1,7 @@
 // A broadcast of long double over MPI: MPI has no datatype shardwise maps it to.
 #include <shardwise/adapters/eigen.hpp>
-#include <shardwise/collectives/collectives.hpp>
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/collectives.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using Matrix = Eigen::Matrix<long double, Eigen::Dynamic, Eigen::Dynamic>;

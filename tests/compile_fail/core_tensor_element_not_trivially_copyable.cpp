@@ -1,6 +1,6 @@
 // A tensor type whose tensor_traits give std::string elements: shardwise moves elements as bytes.
-#include <shardwise/collectives/collectives.hpp>
-#include <shardwise/mesh/thread.hpp>
+#include <shardwise/mesh/collectives.hpp>
+#include <shardwise/mesh/thread/comm.hpp>
 #include <string>
 #include <vector>
 namespace sw = shardwise;

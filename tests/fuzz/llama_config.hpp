@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <shardwise/models/gpt2_config_json.hpp>
 #include <shardwise/models/llama_config_json.hpp>
-#include <shardwise/models/planner_models.hpp>
+#include <shardwise/planner/models.hpp>
 #include <string>
 #include <string_view>
 

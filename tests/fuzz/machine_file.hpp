@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <shardwise/cost/machine_file.hpp>
+#include <shardwise/planner/machine_file.hpp>
 #include <string_view>
 
 namespace fuzz_readers {

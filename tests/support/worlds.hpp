@@ -3,11 +3,11 @@
 // into one binary): sw::RuntimeComm, what sw::launch gives a user's program. A case is then compiled once and runs
 // on both backends: CTest starts the binary directly for the thread-mesh cases and under mpiexec for the MPI ones
 // (doctest suite "mpi"). Without MPI in the build the thread cases get the ThreadComm itself.
-#include <shardwise/mesh/thread.hpp>
+#include <shardwise/mesh/thread/comm.hpp>
 #include <utility>
 
 #if defined(SHARDWISE_TEST_WITH_MPI)
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #include <shardwise/mesh/runtime.hpp>
 #endif
 

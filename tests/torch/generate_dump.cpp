@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 #ifndef SHARDWISE_DUMP_WITHOUT_MPI
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #endif
 
 namespace sw = shardwise;

@@ -18,7 +18,7 @@
 
 #include "npy.hpp"
 #ifndef SHARDWISE_DUMP_WITHOUT_MPI
-#include <shardwise/mesh/mpi.hpp>
+#include <shardwise/mesh/mpi/comm.hpp>
 #endif
 
 namespace sw = shardwise;

@@ -10,8 +10,8 @@
 #include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
+#include "shardwise/mesh/collectives.hpp"
 
 namespace shardwise::detail {
 /// One attempt of load_sharded on this rank: what it read, or why not.

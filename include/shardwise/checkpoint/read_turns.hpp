@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 
 namespace shardwise {
 

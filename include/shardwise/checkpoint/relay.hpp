@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/sharded_layout.hpp"
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 
 namespace shardwise::detail {
 

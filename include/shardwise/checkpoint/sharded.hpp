@@ -67,7 +67,7 @@
 #include "shardwise/checkpoint/sharded_layout.hpp"
 #include "shardwise/checkpoint/sharded_load.hpp"
 #include "shardwise/checkpoint/verify.hpp"
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"

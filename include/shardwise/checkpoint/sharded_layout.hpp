@@ -30,7 +30,7 @@
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/safetensors_write.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"

@@ -27,7 +27,7 @@
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
 #include "shardwise/checkpoint/verify.hpp"
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/lazy.hpp"
 
 namespace shardwise {

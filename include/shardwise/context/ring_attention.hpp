@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "shardwise/adapters/eigen.hpp"  // the blocks travel as Eigen matrices
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/context/attention_block.hpp"
 #include "shardwise/context/split.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/functional_attention.hpp"
 
 namespace shardwise::detail {

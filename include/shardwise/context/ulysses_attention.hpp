@@ -8,9 +8,9 @@
 #include <cstddef>
 
 #include "shardwise/adapters/eigen.hpp"  // the blocks travel as Eigen matrices
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/context/ring_attention.hpp"
 #include "shardwise/context/split.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/functional_attention.hpp"
 
 namespace shardwise::detail {

@@ -7,11 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/dtensor/plan.hpp"
 #include "shardwise/dtensor/steps.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"

@@ -8,10 +8,10 @@
 #include <string_view>
 #include <utility>
 
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/transfer.hpp"
 #include "shardwise/dtensor/plan.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/tensor/box.hpp"

@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/policy.hpp"
 #include "shardwise/fsdp/units.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/nn/functional_types.hpp"
 #include "shardwise/nn/lazy.hpp"

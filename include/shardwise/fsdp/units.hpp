@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fold_hash.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/functional_types.hpp"
 #include "shardwise/nn/module_hooks.hpp"

@@ -20,11 +20,11 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fold_hash.hpp"
 #include "shardwise/inference/kv_cache.hpp"
 #include "shardwise/inference/sampling.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/nn/redistribute.hpp"
 

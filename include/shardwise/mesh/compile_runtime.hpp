@@ -7,8 +7,8 @@
 #error "shardwise: include <shardwise/mesh/compile_runtime.hpp> before runtime.hpp and launch.hpp"
 #endif
 #define SHARDWISE_DETAIL_COMPILING_RUNTIME
+#include "shardwise/mesh/mpi/runtime.hpp"
 #include "shardwise/mesh/runtime.hpp"
-#include "shardwise/mesh/runtime_mpi.hpp"
 
 namespace shardwise::detail {
 template struct runtime_mpi<MpiComm>;

@@ -7,7 +7,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/runtime.hpp"
-#include "shardwise/mesh/thread.hpp"
+#include "shardwise/mesh/thread/comm.hpp"
 
 namespace shardwise {
 

@@ -2,7 +2,7 @@
 // A communicator whose backend — threads or MPI — is chosen when the program starts. sw::launch hands one to the
 // user's function, so that function, the model and its plan are compiled once instead of once per backend.
 // Each call goes to the chosen backend's own communicator and algorithms; the choice costs one branch per
-// collective. The MPI side is reached through detail::runtime_mpi, defined in mesh/runtime_mpi.hpp.
+// collective. The MPI side is reached through detail::runtime_mpi, defined in mesh/mpi/runtime.hpp.
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "shardwise/mesh/call.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/pending.hpp"
-#include "shardwise/mesh/thread.hpp"
+#include "shardwise/mesh/thread/comm.hpp"
 
 namespace shardwise {
 
@@ -51,7 +51,7 @@ struct runtime_collectives {
   static auto gather_values(comm const& c, V const& mine, call_record const& call);
 };
 
-/// The MPI side of a RuntimeComm (Mpi: MpiComm). Its definitions are in mesh/runtime_mpi.hpp, which includes
+/// The MPI side of a RuntimeComm (Mpi: MpiComm). Its definitions are in mesh/mpi/runtime.hpp, which includes
 /// MPI's headers: runtime.hpp includes it too, unless SHARDWISE_SEPARATE_RUNTIME says that the program's
 /// shardwise::separate_runtime compiled them once, so that a file that launches parses no MPI header at all.
 template <class Mpi>
@@ -99,7 +99,7 @@ struct runtime_mpi {
 };
 using mpi_side = runtime_mpi<MpiComm>;
 
-/// Whether MPI transfers elements of type E (mesh/mpi_datatype.hpp): the types RuntimeComm's MPI side is compiled
+/// Whether MPI transfers elements of type E (mesh/mpi/datatype.hpp): the types RuntimeComm's MPI side is compiled
 /// for (16-bit ones are Eigen::bfloat16 and Eigen::half, moved as bits).
 template <class E>
 inline constexpr bool mpi_transfers =
@@ -124,14 +124,14 @@ class RuntimeComm {
   using collectives = detail::runtime_collectives;  ///< The chosen backend's collectives.
 
   explicit RuntimeComm(ThreadComm threads) : backend_(std::move(threads)) {}  ///< Ranks as threads.
-  /// Ranks as MPI processes (include <shardwise/mesh/mpi.hpp> to make an MpiComm).
+  /// Ranks as MPI processes (include <shardwise/mesh/mpi/comm.hpp> to make an MpiComm).
   template <std::same_as<MpiComm> Mpi>
   explicit RuntimeComm(Mpi mpi) : backend_(std::make_shared<Mpi const>(std::move(mpi))) {}
   /// Ranks as MPI processes, the MpiComm already held (what sw::launch passes under mpiexec).
   explicit RuntimeComm(detail::mpi_side::handle mpi) : backend_(std::move(mpi)) {}
 
   /// Calls fn with the backend's communicator (ThreadComm const& or MpiComm const&; a file that names the MPI
-  /// side in fn must include <shardwise/mesh/mpi.hpp>).
+  /// side in fn must include <shardwise/mesh/mpi/comm.hpp>).
   template <class Fn>
   decltype(auto) visit(Fn&& fn) const {
     if (ThreadComm const* t = threads()) return std::forward<Fn>(fn)(*t);
@@ -304,5 +304,5 @@ SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, double)
 SHARDWISE_DETAIL_RUNTIME_BITS_GATHER(extern)
 }  // namespace shardwise::detail
 #else
-#include "shardwise/mesh/runtime_mpi.hpp"
+#include "shardwise/mesh/mpi/runtime.hpp"
 #endif

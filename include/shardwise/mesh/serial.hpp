@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
-#include "shardwise/mesh/thread.hpp"
+#include "shardwise/mesh/thread/comm.hpp"
 
 namespace shardwise {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "shardwise/adapters/eigen.hpp"
-#include "shardwise/collectives/collectives.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/functional_types.hpp"
 
 namespace shardwise::nn {

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/collectives/collectives.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/mesh/call.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/deferred_weight_gradients.hpp"
 #include "shardwise/nn/module_call.hpp"

@@ -15,7 +15,7 @@
 #include "shardwise/mesh/call_checks.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/pending.hpp"
-#include "shardwise/mesh/thread.hpp"  // the backend every build has: users of the collectives get run_threads
+#include "shardwise/mesh/thread/comm.hpp"  // the backend every build has: users of the collectives get run_threads
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/tensor/box.hpp"

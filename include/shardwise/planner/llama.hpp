@@ -5,7 +5,7 @@
 // activations and tensor-parallel transfers come from the block's own declared cost (LlamaBlock::shardwise_cost,
 // the one the counting mesh proves on real runs); the rest is the arithmetic of the schedules shardwise runs.
 // The search works on a model_description; this header describes the Llama family (Llama, and Qwen2's q/k/v
-// biases and Mistral's sliding window on the same block), models/gpt2_planner.hpp GPT-2.
+// biases and Mistral's sliding window on the same block), planner/gpt2.hpp GPT-2.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -17,11 +17,11 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/cost/planning.hpp"
 #include "shardwise/models/llama.hpp"
 #include "shardwise/models/llama_plan.hpp"
-#include "shardwise/models/planner_schedule.hpp"
 #include "shardwise/placement/chunk.hpp"
+#include "shardwise/planner/planning.hpp"
+#include "shardwise/planner/schedule.hpp"
 
 namespace shardwise::planner {
 

@@ -1,7 +1,7 @@
 #pragma once
 // What the planner's estimates are made of, for any model: element sizes, how optimizer state is sharded over
 // dp, a machine's GEMM rate, memory bandwidth and links, a layout of the ranks and its estimate. The Llama
-// planner (models/llama_planner.hpp) and machine files (cost/machine_file.hpp) build on it.
+// planner (planner/llama.hpp) and machine files (planner/machine_file.hpp) build on it.
 #include <cstddef>
 #include <string>
 #include <string_view>

@@ -26,11 +26,11 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/reduce.hpp"
-#include "shardwise/mesh/mpi_collectives.hpp"
-#include "shardwise/mesh/mpi_datatype.hpp"
-#include "shardwise/mesh/mpi_desync.hpp"
-#include "shardwise/mesh/mpi_failure.hpp"
-#include "shardwise/mesh/mpi_watchdog.hpp"
+#include "shardwise/mesh/mpi/collectives.hpp"
+#include "shardwise/mesh/mpi/datatype.hpp"
+#include "shardwise/mesh/mpi/desync.hpp"
+#include "shardwise/mesh/mpi/failure.hpp"
+#include "shardwise/mesh/mpi/watchdog.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/mesh/wait_notice.hpp"
 #include "shardwise/tensor/extents.hpp"
@@ -178,7 +178,7 @@ class MpiComm {
   /// Waits for `count` requests, polling (without pause for 200 µs, then sleeping 20 µs between polls),
   /// so that a failure notice from another rank or the time limit ends the wait: then on_timeout(requests) (which must
   /// raise; the requests still pending are not null) runs. With `desync` (a collective's records), the wait takes part
-  /// in the desync check (mesh/mpi_desync.hpp), which raises when it cannot complete; whatever raises, the pending
+  /// in the desync check (mesh/mpi/desync.hpp), which raises when it cannot complete; whatever raises, the pending
   /// requests are abandoned first.
   template <class OnTimeout>
   void wait_all(MPI_Request* requests, int count, char const* what, OnTimeout&& on_timeout,
@@ -485,5 +485,5 @@ inline desync_test_holds& desync_test_holds_of(MpiComm const&) { return desync_s
 }  // namespace shardwise
 
 // The point-to-point members and the call agreement, defined apart (they need the whole class).
-#include "shardwise/mesh/mpi_agreement.hpp"
-#include "shardwise/mesh/mpi_point_to_point.hpp"
+#include "shardwise/mesh/mpi/agreement.hpp"
+#include "shardwise/mesh/mpi/point_to_point.hpp"

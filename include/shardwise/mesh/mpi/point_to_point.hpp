@@ -1,12 +1,12 @@
 #pragma once
-// MpiComm's point-to-point transfers (send, post, receive), defined apart from the class so that mesh/mpi.hpp
+// MpiComm's point-to-point transfers (send, post, receive), defined apart from the class so that mesh/mpi/comm.hpp
 // stays readable: each message is its tensor shape, then its bytes, on tags 2t and 2t + 1, under the timeout.
 #include <mpi.h>
 
 #include <cstddef>
 #include <vector>
 
-#include "shardwise/mesh/mpi.hpp"
+#include "shardwise/mesh/mpi/comm.hpp"
 
 namespace shardwise {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/mesh/mpi.hpp"
+#include "shardwise/mesh/mpi/comm.hpp"
 #include "shardwise/mesh/runtime.hpp"
 
 namespace shardwise::detail {
@@ -119,7 +119,7 @@ void runtime_mpi<Mpi>::all_to_all(Mpi const& c, E const* data, call_record const
 }  // namespace shardwise::detail
 
 // The MPI side's collectives for element type E, explicitly instantiated (mesh/compile_runtime.hpp), for every
-// type MPI transfers (mesh/mpi_datatype.hpp).
+// type MPI transfers (mesh/mpi/datatype.hpp).
 #define SHARDWISE_DETAIL_RUNTIME_MPI_COLLECTIVES(E)                                                                  \
   template void runtime_mpi<MpiComm>::all_reduce<E>(MpiComm const&, E*, call_record const&, collective_site const&); \
   template void runtime_mpi<MpiComm>::all_gather<E>(MpiComm const&, E const*, call_record const&, storage_order,     \

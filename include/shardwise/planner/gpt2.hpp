@@ -8,7 +8,7 @@
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/models/gpt2.hpp"
 #include "shardwise/models/gpt2_plan.hpp"
-#include "shardwise/models/llama_planner.hpp"
+#include "shardwise/planner/llama.hpp"
 
 namespace shardwise::planner {
 

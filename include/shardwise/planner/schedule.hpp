@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "shardwise/cost/planning.hpp"
 #include "shardwise/pipeline/timeline.hpp"
+#include "shardwise/planner/planning.hpp"
 
 namespace shardwise::planner {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <thread>
 
-#include "shardwise/mesh/mpi_failure.hpp"
+#include "shardwise/mesh/mpi/failure.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/mesh/wait_notice.hpp"
 

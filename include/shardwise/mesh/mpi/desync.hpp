@@ -27,7 +27,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/desync.hpp"
-#include "shardwise/mesh/mpi_failure.hpp"
+#include "shardwise/mesh/mpi/failure.hpp"
 
 namespace shardwise::detail {
 

@@ -1,6 +1,6 @@
 #pragma once
-// MpiComm's call agreement, defined apart from the class so that mesh/mpi.hpp stays readable: every rank's call
-// record, exchanged point to point under the timeout and the desync check (mesh/mpi_desync.hpp), and the
+// MpiComm's call agreement, defined apart from the class so that mesh/mpi/comm.hpp stays readable: every rank's call
+// record, exchanged point to point under the timeout and the desync check (mesh/mpi/desync.hpp), and the
 // two-rank exchange that sends a record with its data.
 #include <mpi.h>
 
@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "shardwise/mesh/mpi.hpp"
+#include "shardwise/mesh/mpi/comm.hpp"
 
 namespace shardwise {
 

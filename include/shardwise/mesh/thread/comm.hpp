@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
-#include "shardwise/mesh/shared_memory_collectives.hpp"
-#include "shardwise/mesh/thread_group.hpp"
+#include "shardwise/mesh/thread/group.hpp"
+#include "shardwise/mesh/thread/shared_memory_collectives.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/tensor/extents.hpp"
 

@@ -1,5 +1,5 @@
 #pragma once
-// The shared state of the thread mesh (mesh/thread.hpp): one group of threads per mesh axis with its barrier
+// The shared state of the thread mesh (mesh/thread/comm.hpp): one group of threads per mesh axis with its barrier
 // (spin, then sleep), the run's record of which rank waits where, the desync check on it (mesh/desync.hpp),
 // and failures: a rank that failed or returned releases its peers' waits.
 #include <algorithm>
@@ -21,7 +21,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/desync.hpp"
-#include "shardwise/mesh/shared_memory_collectives.hpp"
+#include "shardwise/mesh/thread/shared_memory_collectives.hpp"
 #include "shardwise/mesh/timeout.hpp"
 #include "shardwise/mesh/wait_notice.hpp"
 #include "shardwise/tensor/extents.hpp"

@@ -10,7 +10,7 @@
 #include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
-#include "shardwise/cost/planning.hpp"
+#include "shardwise/planner/planning.hpp"
 
 namespace shardwise::planner {
 

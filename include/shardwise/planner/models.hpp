@@ -7,9 +7,9 @@
 
 #include "shardwise/core/read_file.hpp"
 #include "shardwise/models/gpt2_config_json.hpp"
-#include "shardwise/models/gpt2_planner.hpp"
 #include "shardwise/models/llama_config_json.hpp"
-#include "shardwise/models/llama_planner.hpp"
+#include "shardwise/planner/gpt2.hpp"
+#include "shardwise/planner/llama.hpp"
 
 namespace shardwise::planner {
 
