@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
-#include <shardwise/nn/functional_attention.hpp>
+#include <shardwise/nn/kernels/functional_attention.hpp>
 #include <string>
 #include <vector>
 

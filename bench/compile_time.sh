@@ -50,7 +50,7 @@ if [ -n "$before" ]; then
   mkdir -p "$work/before"
   git -C "$here" archive "$before" include | tar -x -C "$work/before"
 fi
-printf '#include <shardwise/nn/compile_kernels.hpp>\n' > "$work/kernels.cpp"
+printf '#include <shardwise/nn/kernels/compile_kernels.hpp>\n' > "$work/kernels.cpp"
 printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"

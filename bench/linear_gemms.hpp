@@ -1,6 +1,6 @@
 #pragma once
 // A Linear's forward and backward GEMMs alone, as the benchmarks time the machine without the library around them.
-#include <shardwise/nn/functional_types.hpp>
+#include <shardwise/nn/kernels/functional_types.hpp>
 
 namespace bench {
 

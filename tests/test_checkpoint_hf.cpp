@@ -15,9 +15,9 @@
 #include <shardwise/checkpoint/safetensors_write.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/models/gpt2_names.hpp>
-#include <shardwise/nn/embedding.hpp>
-#include <shardwise/nn/linear.hpp>
-#include <shardwise/nn/norm.hpp>
+#include <shardwise/nn/layers/embedding.hpp>
+#include <shardwise/nn/layers/linear.hpp>
+#include <shardwise/nn/layers/norm.hpp>
 #include <shardwise/nn/tie.hpp>
 #include <shardwise/shardwise.hpp>
 #include <stdexcept>

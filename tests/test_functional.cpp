@@ -7,8 +7,8 @@
 #include <limits>
 #include <optional>
 #include <random>
-#include <shardwise/nn/functional.hpp>
-#include <shardwise/nn/functional_attention.hpp>
+#include <shardwise/nn/kernels/functional.hpp>
+#include <shardwise/nn/kernels/functional_attention.hpp>
 #include <string>
 #include <tuple>
 #include <utility>

@@ -4,7 +4,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fixed_string.hpp"
 #include "shardwise/dtensor/dtensor.hpp"
-#include "shardwise/dtensor/plan.hpp"
+#include "shardwise/layout/redistribute_plan.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/mesh/serial.hpp"

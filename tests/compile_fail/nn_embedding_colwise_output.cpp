@@ -1,4 +1,4 @@
-#include <shardwise/nn/embedding.hpp>
+#include <shardwise/nn/layers/embedding.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using plan = sw::plan<sw::at<"tok", sw::ColwiseParallel<sw::Replicate, sw::Shard<0>>>>;

@@ -1,4 +1,4 @@
-#include <shardwise/nn/linear.hpp>
+#include <shardwise/nn/layers/linear.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using input = Eigen::MatrixXf;  // column-major

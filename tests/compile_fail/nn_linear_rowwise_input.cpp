@@ -1,4 +1,4 @@
-#include <shardwise/nn/linear.hpp>
+#include <shardwise/nn/layers/linear.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using plan = sw::plan<sw::at<"w2", sw::RowwiseParallel<sw::Shard<0>>>>;

@@ -1,4 +1,4 @@
-#include <shardwise/nn/loss.hpp>
+#include <shardwise/nn/training/loss.hpp>
 namespace sw = shardwise;
 float use(sw::Mesh<sw::ThreadComm, sw::axis<"dp">, sw::axis<"tp">> const& mesh,
           sw::Activation<float, sw::Shard<-1>> const& logits, std::vector<std::int64_t> const& targets) {

@@ -1,4 +1,4 @@
-#include <shardwise/nn/norm.hpp>
+#include <shardwise/nn/layers/norm.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using input = sw::nn::matrix<double>;  // the layer's element type is float

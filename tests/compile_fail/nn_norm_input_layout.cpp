@@ -1,4 +1,4 @@
-#include <shardwise/nn/norm.hpp>
+#include <shardwise/nn/layers/norm.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 using plan = sw::plan<sw::at<"norm", sw::SequenceParallel<>>>;

@@ -1,4 +1,4 @@
-#include <shardwise/nn/linear.hpp>
+#include <shardwise/nn/layers/linear.hpp>
 #include <shardwise/plan/module.hpp>
 namespace sw = shardwise;
 template <class T, class Plan>

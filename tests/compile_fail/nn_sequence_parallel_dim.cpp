@@ -1,4 +1,4 @@
-#include <shardwise/nn/styles.hpp>
+#include <shardwise/nn/layers/styles.hpp>
 namespace sw = shardwise;
 #ifdef SHARDWISE_SHOULD_FAIL
 template struct sw::SequenceParallel<1>;

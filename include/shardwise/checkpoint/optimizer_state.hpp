@@ -18,7 +18,7 @@
 
 #include "shardwise/checkpoint/async_save.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
-#include "shardwise/nn/optim.hpp"
+#include "shardwise/nn/training/optim.hpp"
 #include "shardwise/nn/walk.hpp"
 
 namespace shardwise {

@@ -12,7 +12,7 @@
 #include <limits>
 #include <span>
 
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise::detail {
 

@@ -7,7 +7,7 @@
 
 #include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/nn/functional_attention.hpp"
+#include "shardwise/nn/kernels/functional_attention.hpp"
 
 namespace shardwise::detail {
 

@@ -13,7 +13,7 @@
 #include "shardwise/context/attention_block.hpp"
 #include "shardwise/context/split.hpp"
 #include "shardwise/mesh/collectives.hpp"
-#include "shardwise/nn/functional_attention.hpp"
+#include "shardwise/nn/kernels/functional_attention.hpp"
 
 namespace shardwise::detail {
 

@@ -9,7 +9,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/context_inputs.hpp"
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise {
 

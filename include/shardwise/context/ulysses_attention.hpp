@@ -11,7 +11,7 @@
 #include "shardwise/context/ring_attention.hpp"
 #include "shardwise/context/split.hpp"
 #include "shardwise/mesh/collectives.hpp"
-#include "shardwise/nn/functional_attention.hpp"
+#include "shardwise/nn/kernels/functional_attention.hpp"
 
 namespace shardwise::detail {
 

@@ -1,6 +1,6 @@
 #pragma once
 // A distributed tensor: this rank's shard, the global shape, and the layout (one placement per mesh axis) in
-// the type. Moving between layouts picks its collectives at compile time (dtensor/plan.hpp).
+// the type. Moving between layouts picks its collectives at compile time (layout/redistribute_plan.hpp).
 #include <array>
 #include <cstddef>
 #include <cstring>
@@ -9,8 +9,8 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/show.hpp"
-#include "shardwise/dtensor/plan.hpp"
-#include "shardwise/dtensor/steps.hpp"
+#include "shardwise/layout/redistribute_plan.hpp"
+#include "shardwise/layout/redistribute_steps.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/placement/chunk.hpp"

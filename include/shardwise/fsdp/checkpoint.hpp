@@ -30,7 +30,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/fully_shard.hpp"
 #include "shardwise/mesh/mesh.hpp"
-#include "shardwise/nn/optim.hpp"
+#include "shardwise/nn/training/optim.hpp"
 
 namespace shardwise {
 

@@ -24,7 +24,7 @@
 #include "shardwise/fsdp/units.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/walk.hpp"

@@ -15,7 +15,7 @@
 #include "shardwise/core/fold_hash.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/pending.hpp"
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 
 namespace shardwise::detail {

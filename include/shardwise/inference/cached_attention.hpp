@@ -12,7 +12,7 @@
 #include <cstddef>
 
 #include "shardwise/inference/kv_cache.hpp"
-#include "shardwise/nn/functional_attention.hpp"
+#include "shardwise/nn/kernels/functional_attention.hpp"
 
 namespace shardwise::detail {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise {
 

@@ -10,8 +10,8 @@
 #include <map>
 #include <string>
 
-#include "shardwise/nn/functional_types.hpp"
-#include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
 
 namespace shardwise::models {
 

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "shardwise/nn/activation.hpp"
-#include "shardwise/nn/functional_elementwise.hpp"
+#include "shardwise/nn/kernels/functional_elementwise.hpp"
 
 namespace shardwise {
 

@@ -12,7 +12,7 @@
 
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/mesh/collectives.hpp"
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise::nn {
 

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
 #include "shardwise/plan/module.hpp"
 
 namespace shardwise {

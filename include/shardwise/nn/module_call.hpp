@@ -18,10 +18,10 @@
 #include "shardwise/core/fixed_string.hpp"
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
-#include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
+#include "shardwise/nn/layers/styles.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/redistribute.hpp"
-#include "shardwise/nn/styles.hpp"
 #include "shardwise/plan/module.hpp"
 
 namespace shardwise {

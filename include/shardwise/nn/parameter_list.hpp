@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"
 

@@ -2,8 +2,8 @@
 // Activations moved between layouts over the tensor-parallel group: sw::redistribute<To>(tp, x) in user code,
 // and the rule PrepareModuleInput/Output and module boundaries apply. Layouts are Replicate, Shard<0> (the
 // sequence), Shard<-1> (the features) and, as a source, Partial<Sum> (each rank holds a summand). The steps are
-// DTensor's (dtensor/plan.hpp), run and costed by DTensor's executor (dtensor/steps.hpp): one engine for
-// activations, DTensors and the cost model.
+// DTensor's (layout/redistribute_plan.hpp), run and costed by DTensor's executor (layout/redistribute_steps.hpp): one
+// engine for activations, DTensors and the cost model.
 #include <concepts>
 #include <cstddef>
 #include <string_view>
@@ -11,8 +11,8 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/dtensor/plan.hpp"
-#include "shardwise/dtensor/steps.hpp"
+#include "shardwise/layout/redistribute_plan.hpp"
+#include "shardwise/layout/redistribute_steps.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/placement/chunk.hpp"
@@ -28,8 +28,8 @@ constexpr bool activation_layout() {
 }
 
 /// What moves a [tokens, features] activation from layout From to layout To over the tp axis: DTensor's rules
-/// (dtensor/plan.hpp) on one mesh axis, so that an activation and a DTensor move alike — Replicate to a Shard takes
-/// this rank's piece, a Shard to Replicate all-gathers, Shard<0> to Shard<-1> (and back) is one all-to-all,
+/// (layout/redistribute_plan.hpp) on one mesh axis, so that an activation and a DTensor move alike — Replicate to a
+/// Shard takes this rank's piece, a Shard to Replicate all-gathers, Shard<0> to Shard<-1> (and back) is one all-to-all,
 /// Partial<Sum> to Replicate all-reduces and to a Shard reduce-scatters. One step at most.
 template <class From, class To>
 constexpr redistribute_plan<1> activation_steps() {
@@ -41,8 +41,8 @@ constexpr redistribute_plan<1> activation_steps() {
                               {normalized(placement_value_of<normalize_2d_t<To>>(), 2)});
 }
 
-/// A layer's tp group as a step of a move runs over it (dtensor/steps.hpp): activations move by the executor
-/// DTensors move by. An activation is only ever Partial as a sum.
+/// A layer's tp group as a step of a move runs over it (layout/redistribute_steps.hpp): activations move by the
+/// executor DTensors move by. An activation is only ever Partial as a sum.
 template <class T>
 struct group_axis {
   nn::group<T> const& group;

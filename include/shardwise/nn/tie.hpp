@@ -11,7 +11,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fixed_string.hpp"
 #include "shardwise/core/show.hpp"
-#include "shardwise/nn/layer_common.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
 
 namespace shardwise {
 

@@ -3,7 +3,7 @@
 // holds a slice of the vocabulary, looks up the ids that fall in it, and the partial rows are summed) or
 // ColwiseParallel (each rank holds a slice of the embedding columns). Ids are the same on every rank. The table
 // is the weight of a Linear on one-hot ids, transposed, so a style cuts it and moves its output by the Linear's
-// rules (nn/linear_style.hpp): a cut by output features is a cut of the columns, a cut by input features one of
+// rules (nn/layers/linear_style.hpp): a cut by output features is a cut of the columns, a cut by input features one of
 // the vocabulary, whose lookups are then partial sums.
 #include <cstdint>
 #include <memory>
@@ -14,13 +14,13 @@
 #include <vector>
 
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/nn/deferred_weight_gradients.hpp"
-#include "shardwise/nn/functional.hpp"
-#include "shardwise/nn/layer_common.hpp"
-#include "shardwise/nn/linear_style.hpp"
-#include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
+#include "shardwise/nn/layers/linear_style.hpp"
+#include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/shapes.hpp"
+#include "shardwise/nn/training/deferred_weight_gradients.hpp"
 #include "shardwise/placement/chunk.hpp"
 
 namespace shardwise {
@@ -273,7 +273,7 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the cores of the library's Embedding styles (unsharded, by vocabulary
 // into a whole or a sequence-cut output, by columns) for float and double are declared here and compiled once,
-// by the file that includes <shardwise/nn/compile_kernels.hpp> (docs/build-time.md).
+// by the file that includes <shardwise/nn/kernels/compile_kernels.hpp> (docs/build-time.md).
 #define SHARDWISE_DETAIL_EMBEDDING_CORES(prefix, T)                               \
   prefix template class embedding_core<T, unsharded_linear>;                      \
   prefix template class embedding_core<T, RowwiseParallel<Replicate, Replicate>>; \

@@ -10,8 +10,8 @@
 #include <type_traits>
 
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/nn/layers/styles.hpp"
 #include "shardwise/nn/redistribute.hpp"
-#include "shardwise/nn/styles.hpp"
 #include "shardwise/plan/plan.hpp"
 
 namespace shardwise {

@@ -5,15 +5,15 @@
 // they then call these instead of compiling their own copies, which is most of a model file's build time
 // (docs/build-time.md). CMake's shardwise::separate_kernels target does both.
 #if defined(SHARDWISE_DETAIL_FUNCTIONAL_KERNELS)
-#error "shardwise: include <shardwise/nn/compile_kernels.hpp> before any other shardwise header of its file"
+#error "shardwise: include <shardwise/nn/kernels/compile_kernels.hpp> before any other shardwise header of its file"
 #endif
 #define SHARDWISE_DETAIL_COMPILING_KERNELS
-#include "shardwise/nn/embedding.hpp"
-#include "shardwise/nn/functional.hpp"
-#include "shardwise/nn/functional_attention.hpp"
-#include "shardwise/nn/linear.hpp"
-#include "shardwise/nn/norm.hpp"
-#include "shardwise/nn/optim.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
+#include "shardwise/nn/kernels/functional_attention.hpp"
+#include "shardwise/nn/layers/embedding.hpp"
+#include "shardwise/nn/layers/linear.hpp"
+#include "shardwise/nn/layers/norm.hpp"
+#include "shardwise/nn/training/optim.hpp"
 
 namespace shardwise::detail {
 template <>

@@ -1,6 +1,6 @@
 #pragma once
-// The one redistribution engine's executor and its cost. plan_redistribute (dtensor/plan.hpp) decides the steps;
-// run_redistribute_step runs one on this rank's piece over a mesh axis — a DTensor's axis communicator, or a
+// The one redistribution engine's executor and its cost. plan_redistribute (layout/redistribute_plan.hpp) decides the
+// steps; run_redistribute_step runs one on this rank's piece over a mesh axis — a DTensor's axis communicator, or a
 // layer's tp group (nn/redistribute.hpp) — and add_redistribute_transfers states what the same steps move, as a
 // counting mesh records it. DTensors, activations and the cost model all go through these two functions.
 #include <array>
@@ -10,7 +10,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/transfer.hpp"
-#include "shardwise/dtensor/plan.hpp"
+#include "shardwise/layout/redistribute_plan.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/placement/placement.hpp"

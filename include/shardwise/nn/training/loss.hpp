@@ -14,8 +14,8 @@
 #include "shardwise/core/show.hpp"
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
-#include "shardwise/nn/functional.hpp"
 #include "shardwise/nn/group.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
 
 namespace shardwise {
 

@@ -15,7 +15,7 @@
 #include <concepts>
 #include <cstddef>
 
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise::nn {
 
@@ -198,8 +198,8 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the attention kernels for float and double are declared here and compiled
-// once, by the one file that includes <shardwise/nn/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
-// instead of in every file that calls them (docs/build-time.md).
+// once, by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake: link
+// shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
 #define SHARDWISE_DETAIL_ATTENTION_KERNELS(prefix, T)                                                                  \
   prefix template void causal_attention<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>, std::size_t, \
                                            std::size_t, matrix_ref<T>, attention_saved<T>&, std::size_t);              \

@@ -1,11 +1,11 @@
 #pragma once
 // Element-wise activation functions, forward (x -> y) and backward (x, dy -> dx), as torch.nn.functional has them.
 // Each is one coefficient-wise Eigen expression, so y may be the same memory as x, and dx the same as dy.
-// Conventions (T not deduced, shapes checked, Ref views) are those of shardwise/nn/functional.hpp.
+// Conventions (T not deduced, shapes checked, Ref views) are those of shardwise/nn/kernels/functional.hpp.
 #include <numbers>
 #include <unsupported/Eigen/SpecialFunctions>  // erf on arrays
 
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise::detail {
 template <class T>
@@ -89,7 +89,7 @@ void gelu_tanh_backward(const_matrix_ref<T> x, const_matrix_ref<T> dy, matrix_re
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the activations for float and double are declared here and compiled once,
-// by the one file that includes <shardwise/nn/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
+// by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
 // instead of in every file that calls them (docs/build-time.md).
 #define SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(prefix, T)                                           \
   prefix template void relu_forward<T>(const_matrix_ref<T>, matrix_ref<T>);                       \

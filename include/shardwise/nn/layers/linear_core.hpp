@@ -2,7 +2,7 @@
 // A Linear's state and code under one style, for one element type: what every Linear of every path and plan
 // with that style shares. Its members that do the work are defined after the class, out of it, so that a
 // program built with SHARDWISE_SEPARATE_KERNELS takes them for the library's own styles from
-// shardwise::separate_kernels instead of compiling them in every file (nn/linear.hpp declares which).
+// shardwise::separate_kernels instead of compiling them in every file (nn/layers/linear.hpp declares which).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -10,13 +10,13 @@
 #include <type_traits>
 
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/nn/deferred_weight_gradients.hpp"
-#include "shardwise/nn/functional.hpp"
-#include "shardwise/nn/layer_common.hpp"
-#include "shardwise/nn/linear_style.hpp"
-#include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
+#include "shardwise/nn/layers/linear_style.hpp"
+#include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/shapes.hpp"
+#include "shardwise/nn/training/deferred_weight_gradients.hpp"
 #include "shardwise/placement/chunk.hpp"
 
 namespace shardwise::detail {

@@ -1,6 +1,6 @@
 #pragma once
 // Linear: y = x W^T + b with W of shape [out, in] (PyTorch's layout), forward and backward, unsharded or under
-// any style that says how it cuts the weight and moves activations (nn/linear_style.hpp): ColwiseParallel,
+// any style that says how it cuts the weight and moves activations (nn/layers/linear_style.hpp): ColwiseParallel,
 // RowwiseParallel or one of the user's. The layer never asks which style it has; it moves its input to what its
 // product reads and the product's result to the output layout, with the style's mover, and backward runs the
 // conjugate moves: replicate <-> all-reduce, all-gather <-> reduce-scatter. Its code depends on its element
@@ -13,8 +13,8 @@
 #include <tuple>
 #include <type_traits>
 
-#include "shardwise/nn/linear_core.hpp"
-#include "shardwise/nn/styles.hpp"
+#include "shardwise/nn/layers/linear_core.hpp"
+#include "shardwise/nn/layers/styles.hpp"
 
 namespace shardwise {
 
@@ -125,8 +125,8 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the cores of the library's own Linear styles (unsharded, and the
 // layouts its models' plans use) for float and double are declared here and compiled once, by the file that
-// includes <shardwise/nn/compile_kernels.hpp>: a plan's first sharded Linear then costs its file no second compile
-// of them (docs/build-time.md). A style of one's own, or other layouts, compile where they are used, as before.
+// includes <shardwise/nn/kernels/compile_kernels.hpp>: a plan's first sharded Linear then costs its file no second
+// compile of them (docs/build-time.md). A style of one's own, or other layouts, compile where they are used, as before.
 #define SHARDWISE_DETAIL_LINEAR_CORES(prefix, T)                               \
   prefix template class linear_core<T, unsharded_linear>;                      \
   prefix template class linear_core<T, ColwiseParallel<Replicate, Shard<-1>>>; \

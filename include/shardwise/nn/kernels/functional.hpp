@@ -15,8 +15,8 @@
 //  - Shapes are checked at run time (O(1)); a mismatch throws shardwise::error naming the argument.
 //  - Inputs that are not row-major with contiguous rows are copied by Eigen::Ref<const ...>; keep the hot path
 //    row-major.
-// Include this header for all of them; nn/functional_elementwise.hpp (relu, silu, gelu) and nn/functional_types.hpp
-// (the aliases) are its parts.
+// Include this header for all of them; nn/kernels/functional_elementwise.hpp (relu, silu, gelu) and
+// nn/kernels/functional_types.hpp (the aliases) are its parts.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -25,8 +25,8 @@
 #include <span>
 #include <type_traits>
 
-#include "shardwise/nn/functional_elementwise.hpp"
-#include "shardwise/nn/functional_types.hpp"
+#include "shardwise/nn/kernels/functional_elementwise.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise::detail {
 /// The row of a table holding ids [vocab_start, vocab_start + rows), or -1 when id is elsewhere. Compares before
@@ -345,8 +345,8 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, these kernels (and those of functional_elementwise.hpp) for float and double
-// are declared here and compiled once, by the one file that includes <shardwise/nn/compile_kernels.hpp> (CMake: link
-// shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
+// are declared here and compiled once, by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake:
+// link shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
 #define SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(prefix, T)                                                                 \
   prefix template void linear_forward<T>(const_matrix_ref<T>, const_matrix_ref<T>, std::optional<const_vector_ref<T>>, \
                                          matrix_ref<T>);                                                               \

@@ -11,12 +11,12 @@
 #include <type_traits>
 
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/nn/deferred_weight_gradients.hpp"
-#include "shardwise/nn/functional.hpp"
-#include "shardwise/nn/layer_common.hpp"
-#include "shardwise/nn/parameter.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"
+#include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/shapes.hpp"
+#include "shardwise/nn/training/deferred_weight_gradients.hpp"
 
 namespace shardwise {
 
@@ -307,7 +307,7 @@ class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the norms' cores in the layouts the library's styles give them
 // (whole, and cut along the sequence) for float and double are declared here and compiled once, by the file
-// that includes <shardwise/nn/compile_kernels.hpp> (docs/build-time.md).
+// that includes <shardwise/nn/kernels/compile_kernels.hpp> (docs/build-time.md).
 #define SHARDWISE_DETAIL_NORM_CORES(prefix, T)                     \
   prefix template class norm_core<T, Replicate, norm_kind::layer>; \
   prefix template class norm_core<T, Replicate, norm_kind::rms>;   \
