@@ -175,11 +175,12 @@ struct Tied {
 // SHARDWISE_HOOKS takes every hook there is in one list.
 struct EveryHookListed {
   SHARDWISE_HOOKS(static_check, on_parallelize, config, other_stage, after_pipeline_step, on_context_parallel,
-                  token_wise)
+                  token_wise, position_limit)
 };
 static_assert(EveryHookListed::shardwise_hooks::has<sw::hooks::static_check> &&
               EveryHookListed::shardwise_hooks::has<sw::hooks::on_context_parallel> &&
-              EveryHookListed::shardwise_hooks::has<sw::hooks::token_wise>);
+              EveryHookListed::shardwise_hooks::has<sw::hooks::token_wise> &&
+              EveryHookListed::shardwise_hooks::has<sw::hooks::position_limit>);
 
 TEST_CASE("parallelize finds a layer a module holds but does not list, on every rank") {
   sw::run_threads(2, [](auto& world) {

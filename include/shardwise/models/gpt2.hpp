@@ -270,7 +270,7 @@ struct GPT2 {
   LayerNorm<T, style_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
   Linear<T, style_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
   SHARDWISE_CHILDREN(wte, wpe, h, ln_f, lm_head)
-  SHARDWISE_HOOKS(config, on_context_parallel)
+  SHARDWISE_HOOKS(config, on_context_parallel, position_limit)
   SHARDWISE_SAVED()  // positions_ is a cache of position ids, not an activation
 
   /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not

@@ -29,6 +29,9 @@ struct on_context_parallel {};
 /// `static constexpr bool shardwise_token_wise = true`: the module's own code treats every row (token) alone, so
 /// sw::context_parallelize may cut its sequences (its children declare for themselves).
 struct token_wise {};
+/// `std::size_t shardwise_position_limit() const`: sw::generate; the positions the model can embed (learned
+/// position embeddings), so that a longer cache is refused up front.
+struct position_limit {};
 }  // namespace hooks
 
 /// The hooks a module lists (SHARDWISE_HOOKS).
@@ -49,15 +52,16 @@ struct hook_list {
 #define SHARDWISE_DETAIL_HOOK_6(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_5(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_7(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_6(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_8(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_7(__VA_ARGS__)
-#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, name, ...) name
+#define SHARDWISE_DETAIL_HOOK_9(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_8(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, name, ...) name
 
 /// Inside a module: SHARDWISE_HOOKS(static_check, on_parallelize) names the optional members it defines for the
-/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 8, one
+/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 9, one
 /// more than there are hooks.
 #define SHARDWISE_HOOKS(...)                                                                                           \
   using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                                           \
-      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_8, SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, \
-      SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2,                                       \
+      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_9, SHARDWISE_DETAIL_HOOK_8, SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, \
+      SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2,              \
       SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
 
 namespace shardwise::detail {
@@ -84,6 +88,7 @@ struct hook_name;
   };
 SHARDWISE_DETAIL_HOOK_NAME(static_check)
 SHARDWISE_DETAIL_HOOK_NAME(on_parallelize)
+SHARDWISE_DETAIL_HOOK_NAME(position_limit)
 SHARDWISE_DETAIL_HOOK_NAME(config)
 SHARDWISE_DETAIL_HOOK_NAME(other_stage)
 SHARDWISE_DETAIL_HOOK_NAME(after_pipeline_step)
@@ -132,6 +137,6 @@ inline constexpr bool hooks_declared =
     hook_declared<M, hooks::static_check>() && hook_declared<M, hooks::on_parallelize>() &&
     hook_declared<M, hooks::config>() && hook_declared<M, hooks::other_stage>() &&
     hook_declared<M, hooks::after_pipeline_step>() && hook_declared<M, hooks::on_context_parallel>() &&
-    hook_declared<M, hooks::token_wise>();
+    hook_declared<M, hooks::token_wise>() && hook_declared<M, hooks::position_limit>();
 
 }  // namespace shardwise::detail
