@@ -256,9 +256,9 @@ void read_on_rank0_and_send(model_tensors const& model, TpMesh const& tp, checkp
       auto bytes = bytes_of(value);
       shardwise::recv(tp, bytes, 0);
     }
-    std::vector<std::byte> storage(rank == 0 ? value.bytes() : 0);
-    tensor_values const block{storage.data(), value.type, value.rows, value.cols};
-    for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, into its own storage
+    std::vector<std::byte> storage(rank == 0 && size > 1 ? value.bytes() : 0);  // the block in flight
+    for (int r = size - 1; r >= 0 && rank == 0; --r) {  // rank 0's own block last, straight into its storage
+      tensor_values const block = r == 0 ? value : tensor_values{storage.data(), value.type, value.rows, value.cols};
       block.set_zero();
       if (error.empty()) {
         try {
@@ -270,10 +270,7 @@ void read_on_rank0_and_send(model_tensors const& model, TpMesh const& tp, checkp
           error = e.what();
         }
       }
-      if (r == 0)
-        std::copy(storage.begin(), storage.end(), value.data);
-      else
-        shardwise::send(tp, bytes_of(block), r);
+      if (r != 0) shardwise::send(tp, bytes_of(block), r);
     }
     agree_on_errors(tp, error, "reading a tensor on tp rank 0", dir, who);
   });
@@ -300,14 +297,14 @@ void relay_from_first_rank(Model& model, TpMesh const& tp, checkpoint_reader& re
 
 /// In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
 template <class Model, class TpMesh>
-void read_in_turns(Model& model, TpMesh const& tp, checkpoint_reader& reader, load_state const& s,
-                   std::filesystem::path const& dir) {
+void read_in_turns(Model& model, model_tensors const& tensors, TpMesh const& tp, checkpoint_reader& reader,
+                   load_state const& s, std::filesystem::path const& dir) {
   int const size = turn_size(tp, s.options), rank = turn_rank(tp, s.options), per_step = s.options.ranks_per_step;
   std::string error;
   for (int turn = 0; turn * per_step < size; ++turn) {
     if (rank / per_step == turn && error.empty()) {
       try {
-        read_shard(tensors_of(model), tp.size(), tp.rank(), reader, s.outcome.index);
+        read_shard(tensors, tp.size(), tp.rank(), reader, s.outcome.index);
       } catch (std::exception const& e) {
         error = e.what();
       }
@@ -351,7 +348,7 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
     }
   }
   if (mode == load_mode::in_turns) {
-    read_in_turns(model, tp, reader, s, dir);
+    read_in_turns(model, tensors, tp, reader, s, dir);
     return std::move(s.outcome);
   }
   read_shard(tensors, size, rank, reader, s.outcome.index);
