@@ -13,7 +13,8 @@
 TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unsharded run, thread mesh") {
   for (int ranks : {1, 2, 4}) {
     INFO(ranks << " ranks");
-    worlds::run_threads(ranks, [&](auto& world) { llama_pipeline_cases::check_all(world, llama_cases::steps()); });
+    worlds::run_threads(ranks,
+                        [&](auto& world) { llama_pipeline_cases::check_all(world, llama_pipeline_cases::steps()); });
   }
 }
 
@@ -46,7 +47,8 @@ TEST_CASE("LlamaStage: a split of another layer count is refused; tied embedding
 }
 
 TEST_CASE("Llama in pipeline stages under FSDP: equal to the unsharded run, thread mesh") {
-  worlds::run_threads(4, [&](auto& world) { llama_pipeline_cases::check_all_sharded(world, llama_cases::steps()); });
+  worlds::run_threads(
+      4, [&](auto& world) { llama_pipeline_cases::check_all_sharded(world, llama_pipeline_cases::steps()); });
 }
 
 TEST_CASE("FSDP within pipeline stages: the stages' span after fully_shard, and unreduced gradients, are refused") {
@@ -135,6 +137,6 @@ TEST_CASE(
 
 TEST_CASE("Llama cut over cp under FSDP and within pipeline stages: equal to the unsharded run, thread mesh") {
   for (int ranks : {2, 4})
-    worlds::run_threads(ranks,
-                        [&](auto& world) { llama_context_composed_cases::check_all(world, llama_cases::steps()); });
+    worlds::run_threads(
+        ranks, [&](auto& world) { llama_context_composed_cases::check_all(world, llama_pipeline_cases::steps()); });
 }

@@ -9,13 +9,13 @@
 #include "support/worlds.hpp"
 
 TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unsharded run, MPI mesh") {
-  llama_pipeline_cases::check_all(worlds::mpi(), llama_cases::steps());
+  llama_pipeline_cases::check_all(worlds::mpi(), llama_pipeline_cases::steps());
 }
 
 TEST_CASE("Llama in pipeline stages under FSDP: equal to the unsharded run, MPI mesh") {
-  llama_pipeline_cases::check_all_sharded(worlds::mpi(), llama_cases::steps());
+  llama_pipeline_cases::check_all_sharded(worlds::mpi(), llama_pipeline_cases::steps());
 }
 
 TEST_CASE("Llama cut over cp under FSDP and within pipeline stages: equal to the unsharded run, MPI mesh") {
-  llama_context_composed_cases::check_all(worlds::mpi(), llama_cases::steps());
+  llama_context_composed_cases::check_all(worlds::mpi(), llama_pipeline_cases::steps());
 }

@@ -35,8 +35,8 @@ inline void batch(models::LlamaConfig const& c, int step, int sequences, int fir
     }
 }
 
-/// Training steps per run: 50, or SHARDWISE_TEST_STEPS. The sanitizer builds (scripts/test.sh) run 5: they look
-/// for races and memory errors, which every step's code shows; the Release build checks the 50-step curves.
+/// Training steps per run: 50 (or `usual`), or SHARDWISE_TEST_STEPS. The ThreadSanitizer stage of scripts/test.sh
+/// runs 5: it looks for races, which every step's code shows; the ASan + UBSan stage checks the full curves.
 inline int steps(int usual = 50) {
   char const* given = std::getenv("SHARDWISE_TEST_STEPS");
   return given ? std::max(1, std::atoi(given)) : usual;

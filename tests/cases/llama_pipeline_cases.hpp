@@ -25,6 +25,12 @@ namespace sw = shardwise;
 namespace models = shardwise::models;
 using llama_cases::Run;
 
+/// Training steps of a pipeline case: 16, or SHARDWISE_TEST_STEPS. A schedule runs the unsharded step's math in
+/// another order, so each step's loss and norm show whether the order is right; how far float sums in another order
+/// drift over 50 steps the layouts within a stage show (test_llama, test_fsdp). At 50 steps this group took 560 s
+/// of the ASan stage's test time, and its thread file ran into CTest's 300 s timeout on a loaded machine.
+inline int steps() { return llama_cases::steps(16); }
+
 /// Four blocks, so that four stages hold one each (or `layers`: 8 for ZBV at pp 4); sequences of 8 tokens (or
 /// `sequence`: 9 for a cut over cp 2 that is uneven).
 inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4, std::size_t sequence = 8) {
