@@ -17,18 +17,12 @@
 
 #include "shardwise/context/context_parallel.hpp"
 #include "shardwise/context/cost.hpp"
-#include "shardwise/core/show.hpp"
 #include "shardwise/inference/cached_attention.hpp"
+#include "shardwise/models/grouped_heads.hpp"
 #include "shardwise/models/llama_config.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
-
-namespace detail {
-template <fixed_string Path, std::size_t Heads, std::size_t KvHeads, std::size_t Ranks,
-          class Spelled = shardwise::detail::spelled_t<Path>>
-struct tp_cannot_serve_heads_at;  // incomplete on purpose: the diagnostic spells the path and the counts
-}
 
 /// Causal grouped-query attention with rotary embeddings. Under ColwiseParallel on wq, wk and wv each rank
 /// computes heads / tp query heads and kv_heads / tp key-value heads, the groups intact; with more ranks than
@@ -58,12 +52,9 @@ struct LlamaAttention {
   /// The shapes of wq, wk, wv and wo, which the constructor builds them from and sw::parameter_costs walks; at
   /// `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
   static constexpr shape_list shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
-    bool const built = tp == 0;  // as the constructor builds them: parallelize makes the copies
     std::size_t const copies =
-        sharded_heads && !built ? kv_size_multiplier(c.heads, c.kv_heads, tp, c.kv_size_multiplier) : 1;
-    if (copies == 0)
-      shardwise::raise("shardwise::models::LlamaAttention: ", tp, " ranks cannot serve ", c.heads, " heads and ",
-                       c.kv_heads, " key-value heads; choose another tp size");
+        sharded_heads ? grouped_heads::of(c).kv_copies(tp, "shardwise::models::Llama", own_style<Plan>::path.view())
+                      : 1;
     std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
     return {linear_shape{c.dim, q, false}, linear_shape{c.dim, kv, false, copies},
             linear_shape{c.dim, kv, false, copies}, linear_shape{q, c.dim, false}};
@@ -77,49 +68,22 @@ struct LlamaAttention {
         wo(std::get<3>(sh), seed + 4),
         config_(c),
         rope_(c.sequence, c.head_dim(), c.rope_theta) {
-    if ((StaticHeads != dynamic_size && c.heads != StaticHeads) ||
-        (StaticKvHeads != dynamic_size && c.kv_heads != StaticKvHeads))
-      shardwise::raise("shardwise::models::LlamaAttention at \"", own_style<Plan>::path.view(), "\": declared with ",
-                       StaticHeads, " heads and ", StaticKvHeads, " key-value heads but built from a config with ",
-                       c.heads, " and ", c.kv_heads);
+    grouped_heads::of(c).require_declared<StaticHeads, StaticKvHeads>("shardwise::models::LlamaAttention",
+                                                                      own_style<Plan>::path.view());
   }
 
  public:
   /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
   template <std::size_t Ranks>
   static constexpr bool shardwise_static_check() {
-    if constexpr (!sharded_heads || StaticHeads == dynamic_size || StaticKvHeads == dynamic_size) {
-      return true;
-    } else {
-      constexpr bool ok = kv_size_multiplier(StaticHeads, StaticKvHeads, Ranks) != 0;
-      static_assert(ok,
-                    "shardwise::models::LlamaAttention: the tp size cannot serve these heads: the query heads must "
-                    "divide over tp, and tp must divide the key-value heads or be a multiple of them "
-                    "(kv_size_multiplier); choose another tp size");
-      if constexpr (!ok) {
-        using offending [[maybe_unused]] =
-            decltype(shardwise::detail::show_incomplete<
-                     detail::tp_cannot_serve_heads_at<own_style<Plan>::path, StaticHeads, StaticKvHeads, Ranks>>());
-      }
-      return ok;
-    }
+    return !sharded_heads || static_heads_servable<own_style<Plan>::path, StaticHeads, StaticKvHeads, Ranks>();
   }
 
   /// Called by sw::parallelize before any layer is cut: with more ranks than key-value heads, wk and wv repeat
   /// each key-value head kv_size_multiplier times, so that every rank holds the one its query heads use.
   void shardwise_on_parallelize(int tp) {
-    if constexpr (sharded_heads) {
-      auto const ranks = static_cast<std::size_t>(tp);
-      std::size_t const m = kv_size_multiplier(config_.heads, config_.kv_heads, ranks, config_.kv_size_multiplier);
-      if (m == 0)
-        shardwise::raise("shardwise::models::Llama at \"", own_style<Plan>::path.view(), "\": ", tp,
-                         " ranks cannot serve ", config_.heads, " heads and ", config_.kv_heads,
-                         " key-value heads with kv_size_multiplier ", config_.kv_size_multiplier,
-                         " (0: derived); the heads must divide over the ranks, and the ranks must divide the "
-                         "key-value heads or be a multiple of them: choose another tp size");
-      wk.replicate_output_blocks(config_.head_dim(), m);
-      wv.replicate_output_blocks(config_.head_dim(), m);
-    }
+    if constexpr (sharded_heads)
+      grouped_heads::of(config_).repeat_kv_heads(wk, wv, tp, "shardwise::models::Llama", own_style<Plan>::path.view());
   }
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: sw::attention_cost of its four
