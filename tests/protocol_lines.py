@@ -4,7 +4,7 @@
 A line is a line of code in the class body: blank lines and comments do not count. Each member is either math or
 protocol:
 - math: the children's declarations and the state the computation keeps; forward and backward (with and without a
-  key-value cache) and the private helpers they call;
+  key-value cache) and the helpers they call, directly or through other helpers;
 - protocol: what is there for the library: the SHARDWISE_* lists, constructors, shapes, static checks, the
   shardwise_* hooks and costs, type aliases and constants, accessors for other code.
 
@@ -66,14 +66,24 @@ def function_name(head):
     return match.group(1)
 
 
-def classify(body, class_name):
+def calls_of(lines):
+    return set(re.findall(r"\b([a-z_][a-z_0-9]*)\s*\(", " ".join(lines)))
+
+
+def classify(body):
     math, protocol = 0, 0
-    helpers_called = set()
     parsed = members(code_lines(body))
+    bodies = {}  # name -> the calls in every member of that name
     for lines in parsed:
         name = function_name(" ".join(lines[:3]))
-        if name in MATH_FUNCTIONS:
-            helpers_called.update(re.findall(r"\b([a-z_][a-z_0-9]*)\s*\(", " ".join(lines)))
+        if name:
+            bodies.setdefault(name, set()).update(calls_of(lines))
+    helpers_called, pending = set(), list(MATH_FUNCTIONS)  # what forward and backward reach, through helpers too
+    while pending:
+        for called in bodies.get(pending.pop(), ()):
+            if called not in helpers_called:
+                helpers_called.add(called)
+                pending.append(called)
     for lines in parsed:
         first = lines[0]
         head = " ".join(lines[:3])
@@ -95,7 +105,7 @@ def main(argv):
     if len(argv) < 3:
         sys.exit(__doc__)
     path, name = argv[1], argv[2]
-    math, protocol = classify(class_body(open(path).read(), name), name)
+    math, protocol = classify(class_body(open(path).read(), name))
     print(f"{name} in {path}: {math} lines of math, {protocol} of protocol")
     failed = False
     if "--at-most-protocol" in argv:
