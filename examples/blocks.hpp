@@ -45,16 +45,17 @@ struct FeedForward {
 
 /// Causal multi-head self-attention over a batch of whole sequences (rows [sequences x sequence, dim]); q, k,
 /// v and the output projection are Linear layers, and under ColwiseParallel on wq/wk/wv each rank holds whole
-/// heads (heads / tp of them). StaticHeads (optional): the head count known at compile time, so a static tp
-/// size that does not divide it does not compile.
+/// heads (heads / tp of them). Its heads are a child, sw::attention_heads, which checks that they divide over the
+/// tp size. StaticHeads (optional): the head count known at compile time, so a static tp size that does not
+/// divide it does not compile.
 template <class T, class Plan = sw::serial_plan, std::size_t StaticHeads = sw::dynamic_size>
 struct Attention {
   sw::Linear<T, sw::style_at<Plan, "wq">> wq;
   sw::Linear<T, sw::style_at<Plan, "wk">> wk;
   sw::Linear<T, sw::style_at<Plan, "wv">> wv;
   sw::Linear<T, sw::style_at<Plan, "wo">> wo;
-  SHARDWISE_CHILDREN(wq, wk, wv, wo)
-  SHARDWISE_HOOKS(static_check, on_parallelize)  // the members below that sw::parallelize calls
+  sw::attention_heads<Plan, StaticHeads> heads;  // count, width, sequence: checked by sw::parallelize
+  SHARDWISE_CHILDREN(wq, wk, wv, wo, heads)
   SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   Attention(std::size_t dim, std::size_t heads, std::size_t sequence, std::uint64_t seed)
@@ -62,34 +63,13 @@ struct Attention {
         wk(dim, dim, seed + 2),
         wv(dim, dim, seed + 3),
         wo(dim, dim, seed + 4),
-        heads_(heads),
-        head_dim_(dim / heads),
-        sequence_(sequence) {
-    if (StaticHeads != sw::dynamic_size && heads != StaticHeads)
-      sw::raise("blocks::Attention: declared with ", StaticHeads, " heads but built with ", heads);
-  }
-
-  /// Called by sw::parallelize when the tp size is static.
-  template <std::size_t Ranks>
-  static constexpr bool shardwise_static_check() {
-    constexpr bool ok = StaticHeads == sw::dynamic_size || StaticHeads % Ranks == 0;
-    static_assert(ok,
-                  "shardwise::ColwiseParallel on attention: the heads do not divide over the tp size; choose a "
-                  "head count the tp size divides");
-    constexpr bool named = sw::static_divides<sw::own_style<Plan>::path, StaticHeads, Ranks>();  // spells the sizes
-    return ok && named;
-  }
-
-  /// Called by sw::parallelize: heads must split whole over the group.
-  void shardwise_on_parallelize(int tp_size) const {
-    sw::require_divides(sw::own_style<Plan>::path.view(), "heads", heads_, tp_size);
-  }
+        heads(dim, heads, sequence) {}
 
   template <class X>
   auto forward(X const& x) {
     q_ = wq(x), k_ = wk(x), v_ = wv(x);
     auto out = q_;  // same layout and shape: [tokens, local heads * head_dim]
-    sw::nn::causal_attention<T>(q_.local, k_.local, v_.local, sequence_, head_dim_, out.local, saved_);
+    sw::nn::causal_attention<T>(q_.local, k_.local, v_.local, heads.sequence, heads.head_dim, out.local, saved_);
     return wo(std::move(out));  // a temporary: wo keeps its storage for backward instead of a copy
   }
 
@@ -100,14 +80,9 @@ struct Attention {
   auto forward(X const& x, sw::cache_step const& step, sw::nn::kv_layer<T>& cache) {
     auto q = wq(x), k = wk(x), v = wv(x);
     auto out = q;
-    sw::nn::cached_attention<T>(q.local, k.local, v.local, head_dim_, step, cache, out.local);
+    sw::nn::cached_attention<T>(q.local, k.local, v.local, heads.head_dim, step, cache, out.local);
     return wo(std::move(out));
   }
-
-  /// The key columns this rank caches: its heads x head_dim (after parallelize).
-  [[nodiscard]] std::size_t kv_columns() const { return static_cast<std::size_t>(wk.weight.rows()); }
-  /// Width of one head.
-  [[nodiscard]] std::size_t head_dim() const { return head_dim_; }
 
   template <class DY>
   auto backward(DY const& dy) {
@@ -119,7 +94,6 @@ struct Attention {
   }
 
  private:
-  std::size_t heads_, head_dim_, sequence_;
   sw::output_t<decltype(wq)> q_, k_, v_;  // kept for backward, with the softmax statistics in saved_
   sw::nn::attention_saved<T> saved_;
 };

@@ -142,3 +142,17 @@ TEST_CASE("a Linear given a temporary input keeps its storage, not a copy: the s
     });
   }
 }
+
+TEST_CASE("an attention's heads built with another count than declared, or not splitting the features, are refused") {
+  using plan = nn_cases::attention_plan;
+  CHECK_THROWS_WITH_AS((blocks::Attention<float, plan, 4>(8, 2, 4, 40)),
+                       "shardwise::attention_heads at \"\": declared with 4 heads but built with 2; build it with the "
+                       "declared count or declare this one",
+                       shardwise::error);
+  CHECK_THROWS_WITH_AS((blocks::Attention<float, plan>(8, 3, 4, 40)),
+                       "shardwise::attention_heads at \"\": 8 features do not split into 3 heads; choose a head count "
+                       "that divides the features",
+                       shardwise::error);
+  blocks::Attention<float, plan, 4> declared(8, 4, 4, 40);  // as declared: 4 heads of 2 features
+  CHECK(declared.heads.head_dim == 2);
+}

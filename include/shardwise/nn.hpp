@@ -1,6 +1,7 @@
 #pragma once
 // Layers, parallel styles, plans and the loss: everything tensor parallelism needs (Eigen required).
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/attention_heads.hpp"
 #include "shardwise/nn/elementwise.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
 #include "shardwise/nn/kernels/functional_attention.hpp"

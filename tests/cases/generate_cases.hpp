@@ -198,7 +198,9 @@ struct TinyDecoder {
     decltype(h) last{h.local(step.last_rows(), Eigen::all)};
     return head(last);
   }
-  sw::kv_cache_shape shardwise_kv_shape() const { return {1, attention.kv_columns(), attention.head_dim()}; }
+  sw::kv_cache_shape shardwise_kv_shape() const {  // this rank's key columns: its heads
+    return {1, static_cast<std::size_t>(attention.wk.weight.rows()), attention.heads.head_dim};
+  }
 
  private:
   settings config_;
