@@ -5,6 +5,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "../examples/blocks.hpp"
 #include "cases/cost_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -171,6 +172,26 @@ TEST_CASE("A transfer list stores repeats once, and one that outgrows its capaci
   CHECK_THROWS_WITH_AS((models::llama_step_cost<float, sp_plan>(config, step)),
                        doctest::Contains("pass a larger Capacity"), std::length_error);
   CHECK(models::llama_step_cost<float, sp_plan, 256>(config, step).calls(ag) == 10 * 2 * (2 * 2 + 1));  // 2 layers
+}
+
+TEST_CASE("A module's cost comes from its own code: a user's feed-forward with no cost of its own") {
+  // examples/blocks.hpp's FeedForward computes what the Llama one does, but declares no cost, and its backward is
+  // one statement: both branches' temporaries live to its end, so it holds more at once than Llama's two.
+  using mlp_plan = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>, sw::at<"w3", sw::ColwiseParallel<>>,
+                            sw::at<"w2", sw::RowwiseParallel<>>>;
+  for (std::size_t rank : {0, 1}) {
+    sw::cost_inputs const s{tokens, 2, rank};
+    using user_ffn = blocks::FeedForward<sw::meta<float>, mlp_plan>;
+    sw::cost const user = sw::derived_cost<user_ffn, sw::Activation<sw::meta<float>>>(s, 64, 64, 176, 7);
+    sw::cost const llama = sw::cost_of<FeedForward<tp_plan>>(config, s);
+    CHECK(user.forward == llama.forward);
+    CHECK(user.backward == llama.backward);
+    CHECK(user.parameter_bytes == llama.parameter_bytes);
+    CHECK(user.activation_bytes == llama.activation_bytes);
+    std::size_t const hidden = tokens * 176 / 2 * 4, dim = tokens * 64 * 4;  // one tensor of each, on this rank
+    CHECK(user.working_bytes == 3 * hidden + 2 * dim);
+    CHECK(llama.working_bytes == std::max(2 * hidden + dim, hidden + 2 * dim));
+  }
 }
 
 TEST_CASE("The Llama block's predicted cost equals what a counting thread mesh records, at 1, 2 and 4 ranks") {

@@ -2,6 +2,7 @@
 // Layers, parallel styles, plans and the loss: everything tensor parallelism needs (Eigen required).
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/attention_heads.hpp"
+#include "shardwise/nn/derived_cost.hpp"
 #include "shardwise/nn/elementwise.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
 #include "shardwise/nn/kernels/functional_attention.hpp"
@@ -11,6 +12,7 @@
 #include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/layers/styles.hpp"
 #include "shardwise/nn/lazy.hpp"
+#include "shardwise/nn/meta.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/nn/parameter_costs.hpp"
 #include "shardwise/nn/redistribute.hpp"

@@ -36,7 +36,7 @@ struct LlamaFeedForward {
   static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
 
   /// The parameters are drawn from seed + 1 .. seed + 3.
-  LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
+  constexpr LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
       : w1(std::get<0>(shardwise_shapes(c)), seed + 1),
         w3(std::get<1>(shardwise_shapes(c)), seed + 2),
         w2(std::get<2>(shardwise_shapes(c)), seed + 3) {}
@@ -47,36 +47,23 @@ struct LlamaFeedForward {
                       linear_shape{c.hidden, c.dim, false}};
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: w1, w3 and w2's, in the order forward and
-  /// backward call them (under tensor parallelism, forward: one all-reduce of [tokens, dim] in w2).
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on
+  /// shapes (sw::derived_cost).
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
-    cost const c1 = decltype(w1)::shardwise_cost(c.dim, c.hidden, s),
-               c3 = decltype(w3)::shardwise_cost(c.dim, c.hidden, s);
-    cost const c2 = decltype(w2)::shardwise_cost(c.hidden, c.dim, s);
-    cost total;
-    total.hold(c1).hold(c3).hold(c2);
-    total.activation_bytes += 3 * c2.activation_bytes;  // silu's input, w3's output and silu's output: as w2's input
-    // Backward's transients at their peak (each hidden tensor as w2's input, each dim-wide one as w1's): in the
-    // first statement w2's input gradient, its product with h3 (which becomes the SiLU's gradient in place) and
-    // w1's input gradient; in the second w2's input gradient (which becomes its product with the SiLU's output in
-    // place) and w1's and w3's input gradients (their sum is added into w3's, a temporary).
-    std::size_t const hidden = c2.activation_bytes, dim = c1.activation_bytes;
-    total.working_bytes = std::max(2 * hidden + dim, hidden + 2 * dim);
-    total.forward.append(c1.forward).append(c3.forward).append(c2.forward);
-    total.backward.append(c2.backward).append(c1.backward).append(c3.backward);
-    return total;
+    using input = Activation<meta<T>, typename decltype(w1)::input_layout>;
+    return derived_cost<LlamaFeedForward<meta<T>, Plan>, input>(s, c.dim, c, 0);
   }
 
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
-  auto forward(X const& x) {
+  constexpr auto forward(X const& x) {
     h1_ = w1(x), h3_ = w3(x);
     a_ = silu(h1_);
     return w2(a_ * h3_);
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
-  auto backward(DY const& dy) {
+  constexpr auto backward(DY const& dy) {
     auto dp = w2.backward(dy);
     // Two statements, so that the first branch's temporaries are freed before the second's are made.
     auto dx = w1.backward(silu_backward(h1_, dp * h3_));  // the product's storage becomes the SiLU's gradient

@@ -89,7 +89,7 @@ inline constexpr bool layer_input_v = [] {
 
 /// The local part of a layer's input: the Activation's matrix, or a view of a plain tensor (no copy).
 template <class T, class X>
-decltype(auto) local_of(X const& x) {
+constexpr decltype(auto) local_of(X const& x) {
   if constexpr (is_activation_v<X>) {
     return (x.local);
   } else if constexpr (std::is_same_v<X, nn::matrix<T>>) {
@@ -128,8 +128,8 @@ constexpr void check_sum_layouts() {
                 "redistribute one of them first");
 }
 /// Element-wise operands must have the same shape on this rank (Eigen checks only in debug builds).
-template <class T>
-void check_same_shape(char const* op, nn::matrix<T> const& a, nn::matrix<T> const& b) {
+template <class Matrix>
+constexpr void check_same_shape(char const* op, Matrix const& a, Matrix const& b) {
   if (a.rows() != b.rows() || a.cols() != b.cols())
     detail::fail("shardwise::operator", op, ": activations of ", a.rows(), "x", a.cols(), " and ", b.rows(), "x",
                  b.cols(),
@@ -140,14 +140,14 @@ void check_same_shape(char const* op, nn::matrix<T> const& a, nn::matrix<T> cons
 
 /// The element-wise product, in a's layout.
 template <class T, class P, class Q>
-Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q> const& b) {
+constexpr Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q> const& b) {
   detail::check_product_layouts<P, Q>();
   detail::check_same_shape("*", a.local, b.local);
   return {a.local.cwiseProduct(b.local)};
 }
 /// The element-wise product, written into the temporary a.
 template <class T, class P, class Q>
-Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q> const& b) {
+constexpr Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q> const& b) {
   detail::check_product_layouts<P, Q>();
   detail::check_same_shape("*", a.local, b.local);
   a.local.array() *= b.local.array();
@@ -155,26 +155,26 @@ Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q> const& b) {
 }
 /// The element-wise product, written into the temporary b.
 template <class T, class P, class Q>
-Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q>&& b) {
+constexpr Activation<T, P> operator*(Activation<T, P> const& a, Activation<T, Q>&& b) {
   detail::check_same_shape("*", a.local, b.local);  // first, so the error names the operands in the caller's order
   return {(std::move(b) * a).local};
 }
 /// The element-wise product of two temporaries, written into a.
 template <class T, class P, class Q>
-Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q>&& b) {
+constexpr Activation<T, P> operator*(Activation<T, P>&& a, Activation<T, Q>&& b) {
   return std::move(a) * static_cast<Activation<T, Q> const&>(b);
 }
 
 /// The element-wise sum, in a's layout.
 template <class T, class P, class Q>
-Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q> const& b) {
+constexpr Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q> const& b) {
   detail::check_sum_layouts<P, Q>();
   detail::check_same_shape("+", a.local, b.local);
   return {a.local + b.local};
 }
 /// The element-wise sum, written into the temporary a.
 template <class T, class P, class Q>
-Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q> const& b) {
+constexpr Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q> const& b) {
   detail::check_sum_layouts<P, Q>();
   detail::check_same_shape("+", a.local, b.local);
   a.local += b.local;
@@ -182,13 +182,13 @@ Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q> const& b) {
 }
 /// The element-wise sum, written into the temporary b.
 template <class T, class P, class Q>
-Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q>&& b) {
+constexpr Activation<T, P> operator+(Activation<T, P> const& a, Activation<T, Q>&& b) {
   detail::check_same_shape("+", a.local, b.local);  // first, so the error names the operands in the caller's order
   return {(std::move(b) + a).local};
 }
 /// The element-wise sum of two temporaries, written into a.
 template <class T, class P, class Q>
-Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q>&& b) {
+constexpr Activation<T, P> operator+(Activation<T, P>&& a, Activation<T, Q>&& b) {
   return std::move(a) + static_cast<Activation<T, Q> const&>(b);
 }
 

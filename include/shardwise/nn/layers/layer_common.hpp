@@ -91,7 +91,7 @@ inline void require_divisible(std::string_view style, std::string_view path, cha
          " ranks of mesh axis \"", axis, "\"; choose sizes the tp size divides", or_else);
 }
 
-inline void require_static_size(std::string_view path, char const* what, std::size_t declared, std::size_t given) {
+constexpr void require_static_size(std::string_view path, char const* what, std::size_t declared, std::size_t given) {
   if (declared != 0 && declared != given)
     fail("shardwise::Linear at \"", path, "\": declared with ", declared, " ", what, " but built with ", given);
 }

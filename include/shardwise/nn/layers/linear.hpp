@@ -50,14 +50,14 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   using typename core::output_layout;
 
   /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
-  Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
+  constexpr Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
       : core(Location::path.view(), in, out, seed, with_bias) {
     detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
     detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
   }
 
   /// The same, from its shape (shape.copies is parallelize's to make: a Linear is built with one copy).
-  Linear(linear_shape const& shape, std::uint64_t seed) : Linear(shape.in, shape.out, seed, shape.bias) {}
+  constexpr Linear(linear_shape const& shape, std::uint64_t seed) : Linear(shape.in, shape.out, seed, shape.bias) {}
 
   /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
   template <std::size_t Ranks>
@@ -74,7 +74,7 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
   /// matrix (taken to be in the style's input layout).
   template <class X>
-  Activation<T, output_layout> operator()(X const& x) {
+  constexpr Activation<T, output_layout> operator()(X const& x) {
     check_input_type<X>();
     decltype(auto) local = detail::local_of<T>(x);
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(local)>, matrix>) {
@@ -90,7 +90,7 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   template <class X>
     requires(!std::is_lvalue_reference_v<X> &&
              (std::is_same_v<X, matrix> || (detail::is_activation_v<X> && std::is_same_v<typename X::element_type, T>)))
-  Activation<T, output_layout> operator()(X&& x) {
+  constexpr Activation<T, output_layout> operator()(X&& x) {
     check_input_type<X>();
     if constexpr (detail::is_activation_v<X>)
       return this->forward_taken(x.local);

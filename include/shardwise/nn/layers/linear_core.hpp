@@ -425,3 +425,5 @@ void linear_core<T, Rule>::unsum_copies() {
 }
 
 }  // namespace shardwise::detail
+
+#include "shardwise/nn/layers/linear_meta.hpp"  // the shape-only Linear (element type sw::meta<T>)

@@ -1,0 +1,102 @@
+#pragma once
+// Shape-only tensors, for costs that come from the code that runs: a module built with the element type
+// sw::meta<T> holds no parameters, and its own forward and backward, run on meta matrices (a shape and the trace
+// they report to, no values), record what the module costs on one rank — each layer's transfers in the order the
+// code calls it, the bytes its members keep from forward to backward, and the most its backward holds at once —
+// in time that does not depend on the sizes. sw::derived_cost runs it (nn/meta.hpp).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "shardwise/cost/cost.hpp"
+
+namespace shardwise {
+
+/// The element type of a shape-only module: T's sizes, no values (see sw::derived_cost).
+template <class T>
+struct meta {
+  using element = T;  ///< The element type whose sizes it has.
+};
+
+/// What a shape-only run records: the sizes it runs for, the cost so far, and the bytes its meta matrices hold
+/// now and at most.
+struct meta_trace {
+  cost_inputs inputs;    ///< The tokens and axes the run is for.
+  cost total{};          ///< The transfers and bytes recorded so far.
+  std::size_t live = 0;  ///< Bytes the live meta matrices hold.
+  std::size_t peak = 0;  ///< The most they held at once since the last reset_peak().
+
+  /// Starts a new peak from what is held now.
+  constexpr void reset_peak() { peak = live; }
+  /// A meta matrix of `bytes` comes to life.
+  constexpr void acquire(std::size_t bytes) {
+    live += bytes;
+    peak = std::max(peak, live);
+  }
+  /// One of `bytes` ends.
+  constexpr void release(std::size_t bytes) { live -= bytes; }
+};
+
+/// A [rows, cols] matrix of T with no values: what a meta activation holds. It reports its bytes to its trace
+/// while it lives; moved from, it is empty (as an Eigen matrix whose storage was taken).
+template <class T>
+class meta_matrix {
+ public:
+  using Scalar = meta<T>;  ///< As an Eigen matrix's: the element type.
+
+  /// Empty, reporting to no trace.
+  constexpr meta_matrix() = default;
+  /// A matrix of rows x cols that reports to `trace`.
+  constexpr meta_matrix(std::ptrdiff_t rows, std::ptrdiff_t cols, meta_trace* trace)
+      : rows_(rows), cols_(cols), trace_(trace) {
+    if (trace_) trace_->acquire(bytes());
+  }
+  /// A copy: as many bytes again.
+  constexpr meta_matrix(meta_matrix const& other) : meta_matrix(other.rows_, other.cols_, other.trace_) {}
+  /// Takes the other's storage, which is left empty.
+  constexpr meta_matrix(meta_matrix&& other) noexcept
+      : rows_(std::exchange(other.rows_, 0)), cols_(std::exchange(other.cols_, 0)), trace_(other.trace_) {}
+  /// Copy or move assignment (the old storage ends).
+  constexpr meta_matrix& operator=(meta_matrix other) noexcept {
+    swap(other);
+    return *this;
+  }
+  constexpr ~meta_matrix() {
+    if (trace_) trace_->release(bytes());
+  }
+  /// Exchanges the two matrices.
+  constexpr void swap(meta_matrix& other) noexcept {
+    std::swap(rows_, other.rows_), std::swap(cols_, other.cols_), std::swap(trace_, other.trace_);
+  }
+  /// Exchanges the two matrices.
+  friend constexpr void swap(meta_matrix& a, meta_matrix& b) noexcept { a.swap(b); }
+
+  [[nodiscard]] constexpr std::ptrdiff_t rows() const { return rows_; }          ///< Rows.
+  [[nodiscard]] constexpr std::ptrdiff_t cols() const { return cols_; }          ///< Columns.
+  [[nodiscard]] constexpr std::ptrdiff_t size() const { return rows_ * cols_; }  ///< Elements.
+  /// The bytes its values would take.
+  [[nodiscard]] constexpr std::size_t bytes() const { return static_cast<std::size_t>(rows_ * cols_) * sizeof(T); }
+  /// The trace it reports to (null: none).
+  [[nodiscard]] constexpr meta_trace* trace() const { return trace_; }
+  /// A new matrix of this one's trace.
+  [[nodiscard]] constexpr meta_matrix like(std::ptrdiff_t rows, std::ptrdiff_t cols) const {
+    return {rows, cols, trace_};
+  }
+
+  /// @{ What the element-wise arithmetic on activations uses: each result a new matrix of the same shape, or
+  /// this one.
+  [[nodiscard]] constexpr meta_matrix cwiseProduct(meta_matrix const&) const { return like(rows_, cols_); }
+  constexpr meta_matrix& array() { return *this; }
+  constexpr meta_matrix const& array() const { return *this; }
+  constexpr meta_matrix& operator*=(meta_matrix const&) { return *this; }
+  constexpr meta_matrix& operator+=(meta_matrix const&) { return *this; }
+  friend constexpr meta_matrix operator+(meta_matrix const& a, meta_matrix const&) { return a.like(a.rows_, a.cols_); }
+  /// @}
+
+ private:
+  std::ptrdiff_t rows_ = 0, cols_ = 0;
+  meta_trace* trace_ = nullptr;
+};
+
+}  // namespace shardwise
