@@ -194,6 +194,46 @@ TEST_CASE("A module's cost comes from its own code: a user's feed-forward with n
   }
 }
 
+// A residual branch of the Llama block, norm and feed-forward, called through sw::residual: its cost on shapes
+// takes in the norm's and the plan entry's moves around the feed-forward (sequence parallelism's gather before
+// it and the reduction of its Partial input gradient after it), as the hand-composed sw::call_cost states them.
+template <class T, class Plan>
+struct FeedForwardBranch {
+  sw::RMSNorm<T, sw::style_at<Plan, "ffn_norm">> ffn_norm;
+  models::LlamaFeedForward<T, sw::subplan<Plan, "feed_forward">> feed_forward;
+  SHARDWISE_CHILDREN(ffn_norm, feed_forward)
+  SHARDWISE_SAVED()
+  constexpr explicit FeedForwardBranch(models::LlamaConfig const& c) : ffn_norm(c.dim), feed_forward(c, 0) {}
+  template <class X>
+  constexpr auto forward(X const& x) {
+    return sw::residual(ffn_norm, feed_forward, x);
+  }
+  template <class DY>
+  constexpr auto backward(DY const& dy) {
+    return sw::residual_backward(ffn_norm, feed_forward, dy);
+  }
+};
+
+template <class Plan>
+constexpr bool branch_cost_as_composed(sw::cost_inputs const& s) {
+  using Branch = FeedForwardBranch<float, sw::subplan<Plan, "layers.*">>;
+  using Norm = decltype(Branch::ffn_norm);
+  using Inner = decltype(Branch::feed_forward);
+  using input = sw::Activation<sw::meta<float>, typename Norm::layout>;
+  sw::cost const derived =
+      sw::derived_cost<FeedForwardBranch<sw::meta<float>, sw::subplan<Plan, "layers.*">>, input>(s, 64, config);
+  sw::cost const inner = sw::call_cost<Inner, float>(Inner::shardwise_cost(config, s), 64, 64, s);
+  sw::cost composed;
+  composed.hold(Norm::shardwise_cost(64, s)).hold(inner);
+  return derived.forward == inner.forward && derived.backward == inner.backward &&
+         derived.parameter_bytes == composed.parameter_bytes && derived.gradient_bytes == composed.gradient_bytes &&
+         derived.activation_bytes == composed.activation_bytes && derived.working_bytes == composed.working_bytes;
+}
+static_assert(branch_cost_as_composed<sp_plan>(sw::cost_inputs{tokens, 4, 3}));
+static_assert(branch_cost_as_composed<sp_plan>(sw::cost_inputs{6, 4, 3}));  // uneven: rank 3 holds no token
+static_assert(branch_cost_as_composed<tp_plan>(sw::cost_inputs{tokens, 2, 1}));
+static_assert(branch_cost_as_composed<sw::serial_plan>(sw::cost_inputs{tokens, 1, 0}));
+
 TEST_CASE("The Llama block's predicted cost equals what a counting thread mesh records, at 1, 2 and 4 ranks") {
   for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [](auto& world) { cost_cases::run_cost_cases(world); });
 }

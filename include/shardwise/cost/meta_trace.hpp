@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "shardwise/cost/cost.hpp"
@@ -17,7 +18,18 @@ namespace shardwise {
 template <class T>
 struct meta {
   using element = T;  ///< The element type whose sizes it has.
+  constexpr meta() = default;
+  /// From a number (a norm's epsilon, say): nothing to keep.
+  template <class Number>
+    requires std::is_arithmetic_v<Number>
+  constexpr meta(Number) {}  // NOLINT: converts, as the element types it stands for do
 };
+
+/// Whether T is a shape-only element type (sw::meta<U>).
+template <class T>
+inline constexpr bool is_meta_v = false;
+template <class T>
+inline constexpr bool is_meta_v<meta<T>> = true;
 
 /// What a shape-only run records: the sizes it runs for, the cost so far, and the bytes its meta matrices hold
 /// now and at most.

@@ -165,7 +165,7 @@ struct GPT2MLP {
   static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
 
   /// The parameters are drawn from seed + 1 and seed + 2.
-  GPT2MLP(GPT2Config const& c, std::uint64_t seed)
+  constexpr GPT2MLP(GPT2Config const& c, std::uint64_t seed)
       : c_fc(std::get<0>(shardwise_shapes(c)), seed + 1), c_proj(std::get<1>(shardwise_shapes(c)), seed + 2) {}
 
   /// The shapes of c_fc and c_proj (with biases), which the constructor builds them from.
@@ -173,31 +173,22 @@ struct GPT2MLP {
     return std::tuple{linear_shape{c.dim, c.hidden()}, linear_shape{c.hidden(), c.dim}};
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: c_fc's and c_proj's (with biases) and
-  /// what the forward keeps: c_fc's output, beside c_proj's input (the GELU's output).
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on
+  /// shapes (sw::derived_cost).
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
-    cost const fc = decltype(c_fc)::shardwise_cost(c.dim, c.hidden(), s, true);
-    cost const proj = decltype(c_proj)::shardwise_cost(c.hidden(), c.dim, s, true);
-    cost total;
-    total.hold(fc).hold(proj);
-    total.activation_bytes += proj.activation_bytes;  // h_: as wide as c_proj's input
-    // Backward's transients: c_proj's input gradient (the GELU's gradient is written into it), c_fc's input
-    // gradient.
-    total.working_bytes = proj.activation_bytes + fc.activation_bytes;
-    total.forward.append(fc.forward).append(proj.forward);
-    total.backward.append(proj.backward).append(fc.backward);
-    return total;
+    using input = Activation<meta<T>, typename decltype(c_fc)::input_layout>;
+    return derived_cost<GPT2MLP<meta<T>, Plan>, input>(s, c.dim, c, 0);
   }
 
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
-  auto forward(X const& x) {
+  constexpr auto forward(X const& x) {
     h_ = c_fc(x);
     return c_proj(gelu_tanh(h_));
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
-  auto backward(DY const& dy) {
+  constexpr auto backward(DY const& dy) {
     return c_fc.backward(gelu_tanh_backward(h_, c_proj.backward(dy)));
   }
 

@@ -7,6 +7,7 @@
 #include "shardwise/cost/meta_trace.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/elementwise.hpp"
+#include "shardwise/placement/chunk.hpp"
 
 namespace shardwise {
 
@@ -17,6 +18,33 @@ struct Activation<meta<T>, P> {
   using placement = P;           ///< The layout on the tp axis.
   meta_matrix<T> local;          ///< This rank's part: its shape.
 };
+
+namespace detail {
+/// This rank's rows of an activation of s.tokens rows in Layout (its tokens where Layout cuts them).
+template <class Layout>
+constexpr std::ptrdiff_t meta_rows(cost_inputs const& s) {
+  return static_cast<std::ptrdiff_t>(std::is_same_v<normalize_2d_t<Layout>, Shard<0>> ? s.local_tokens() : s.tokens);
+}
+/// This rank's columns of an activation of whole_cols columns in Layout over `ranks` (its chunk where Layout
+/// cuts them).
+template <class Layout>
+constexpr std::ptrdiff_t meta_cols(std::size_t whole_cols, std::size_t ranks, std::size_t rank) {
+  bool const cut = std::is_same_v<normalize_2d_t<Layout>, Shard<1>>;
+  return static_cast<std::ptrdiff_t>(shard_extent(whole_cols, cut, ranks, rank));
+}
+
+/// x moved from layout From to layout To by Mover, on shapes: the move's transfers added to `list` (Mover's
+/// add_cost, for the whole activation) and the moved activation's shape on this rank.
+template <class Mover, class From, class To, class T>
+constexpr meta_matrix<T> meta_moved(meta_matrix<T> const& x, transfer_list<>& list) {
+  cost_inputs const& s = x.trace()->inputs;
+  bool const cut = std::is_same_v<normalize_2d_t<From>, Shard<1>>;
+  std::size_t const whole_cols = static_cast<std::size_t>(x.cols()) * (cut ? s.tp : 1);
+  Mover::template add_cost<From, To>(list, s.tokens, whole_cols, sizeof(T), s);
+  return x.like(meta_rows<To>(s), meta_cols<To>(whole_cols, s.tp, s.tp_rank));
+}
+
+}  // namespace detail
 
 #define SHARDWISE_DETAIL_META_ELEMENTWISE(name)                                                                      \
   template <class T, class P>                                                                                        \

@@ -20,6 +20,7 @@
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 #include "shardwise/nn/layers/styles.hpp"
+#include "shardwise/nn/meta.hpp"
 #include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/plan/module.hpp"
@@ -140,20 +141,38 @@ template <fixed_string Path, class From, class To, class Spelled = spelled_t<Pat
 struct boundary_cannot_move_at;
 
 template <class Mover, class From, class To, class Key, class Module, class X>
-auto move_at_boundary(Module& module, X const& x) {
+constexpr auto move_at_boundary(Module& module, X const& x) {
   using T = element_of_t<X>;
   using layouts_shown [[maybe_unused]] =
       decltype(show_layout_mismatch<Key::spelled, From, X>());  // names the module and both layouts
   if constexpr (std::is_same_v<Mover, layout_engine> && !activation_layout<To>()) {
     using target_shown [[maybe_unused]] = decltype(show_incomplete<boundary_cannot_move_at<Key::spelled, From, To>>());
   }
-  static_assert(activation_mover<Mover, T>,
+  static_assert(is_meta_v<T> || activation_mover<Mover, T>,
                 "shardwise::forward: the mover of the plan entry at a module's path must have move<From, To, T> "
                 "and add_cost<From, To> (sw::activation_mover); use sw::layout_engine or write both");
-  auto const* g = group_under<T>(module);
-  return Activation<T, To>{Mover::template move<From, To, T>(*g, moved<T>(g, x, Key::value))};
+  if constexpr (is_meta_v<T>) {  // a shape-only run: the move's cost recorded
+    return Activation<T, To>{meta_moved<Mover, From, To>(x.local, x.local.trace()->total.forward)};
+  } else {
+    auto const* g = group_under<T>(module);
+    return Activation<T, To>{Mover::template move<From, To, T>(*g, moved<T>(g, x, Key::value))};
+  }
 }
 
+/// The hooks around a call of `module` on an X (none on shapes).
+template <class X, class Module>
+constexpr module_hooks* call_hooks(Module& module) {
+  if constexpr (is_meta_v<element_of_t<X>>)
+    return nullptr;
+  else
+    return hooks_under(module);
+}
+
+/// On shapes, a gradient moved from From to To at a module's boundary in its backward: its cost recorded.
+template <class Mover, class From, class To, class T>
+constexpr Activation<T, To> meta_gradient_moved(Activation<T, From> const& dy) {
+  return {meta_moved<Mover, From, To>(dy.local, dy.local.trace()->total.backward)};
+}
 }  // namespace detail
 
 /// Calls the module's forward with its plan entry applied: the input moved from the entry's input_layouts to its
@@ -161,7 +180,7 @@ auto move_at_boundary(Module& module, X const& x) {
 /// differ). Without an entry, it is module.forward(x). Arguments after the input (`context`: a key-value cache
 /// and its step, say) go to module.forward unchanged, after it: the plan entry applies to the input only.
 template <module Module, class X, class... Context>
-auto forward(Module& module, X const& x, Context&&... context) {
+constexpr auto forward(Module& module, X const& x, Context&&... context) {
   using S = detail::module_style_t<Module>;
   using L = detail::prepare_layouts<S>;
   using Key = detail::own_path_key<Module>;
@@ -180,7 +199,7 @@ auto forward(Module& module, X const& x, Context&&... context) {
       return detail::move_at_boundary<typename L::mover, typename L::in, typename L::desired_in, Key>(module, x);
     }
   };
-  auto* const hooks = detail::hooks_under(module);
+  auto* const hooks = detail::call_hooks<X>(module);
   if (hooks) hooks->before_forward(detail::id_of(module));
   auto&& y = module.forward(prepared_input(), std::forward<Context>(context)...);
   if (hooks) hooks->after_forward(detail::id_of(module));
@@ -198,22 +217,28 @@ auto forward(Module& module, X const& x, Context&&... context) {
 /// module's output layout, the input gradient (in the layout the module gives it, or Partial<Sum>) back to the
 /// layout the input came in. Without an entry, it is module.backward(dy).
 template <module Module, class DY>
-auto backward(Module& module, DY const& dy) {
+constexpr auto backward(Module& module, DY const& dy) {
   using S = detail::module_style_t<Module>;
   using L = detail::prepare_layouts<S>;
   using T = detail::element_of_t<DY>;
-  auto* const g = (L::input || L::output) ? detail::group_under<T>(module) : nullptr;
+  using Key = detail::own_path_key<Module>;
+  nn::group<T> const* g = nullptr;
+  if constexpr (!is_meta_v<T>) g = (L::input || L::output) ? detail::group_under<T>(module) : nullptr;
   auto output_gradient = [&]() -> decltype(auto) {
     if constexpr (!L::output) {
       return (dy);
     } else {
       static_assert(detail::gradient_layout_ok<typename L::desired_out, typename DY::placement>,
                     "shardwise::backward: the gradient is not in the module's desired_output_layouts");
-      return Activation<T, typename L::out>{L::mover::template move<typename DY::placement, typename L::out, T>(
-          *g, detail::moved<T>(g, dy, detail::own_path_key<Module>::value))};
+      using From = typename DY::placement;
+      if constexpr (is_meta_v<T>)
+        return detail::meta_gradient_moved<typename L::mover, From, typename L::out>(dy);
+      else
+        return Activation<T, typename L::out>{
+            L::mover::template move<From, typename L::out, T>(*g, detail::moved<T>(g, dy, Key::value))};
     }
   };
-  auto* const hooks = detail::hooks_under(module);
+  auto* const hooks = detail::call_hooks<DY>(module);
   if (hooks) hooks->before_backward(detail::id_of(module));
   auto&& dx = module.backward(output_gradient());
   if (hooks) hooks->after_backward(detail::id_of(module));
@@ -224,7 +249,10 @@ auto backward(Module& module, DY const& dy) {
     static_assert(detail::gradient_layout_ok<typename L::desired_in, From>,
                   "shardwise::backward: the module's input gradient is neither in its desired_input_layouts nor "
                   "Partial<Sum>");
-    return Activation<T, typename L::in>{L::mover::template move<From, typename L::in, T>(*g, dx.local)};
+    if constexpr (is_meta_v<T>)
+      return detail::meta_gradient_moved<typename L::mover, From, typename L::in>(dx);
+    else
+      return Activation<T, typename L::in>{L::mover::template move<From, typename L::in, T>(*g, dx.local)};
   }
 }
 
@@ -309,13 +337,13 @@ constexpr cost pre_norm_residuals_cost(cost const& first, cost const& second, st
 /// x + sw::forward(module, norm(x), context...): the pre-norm residual branch of a transformer block; `context`
 /// (a key-value cache and its step, say) goes to the module's forward after its input.
 template <class Norm, module Module, class X, class... Context>
-auto residual(Norm& norm, Module& module, X const& x, Context&&... context) {
+constexpr auto residual(Norm& norm, Module& module, X const& x, Context&&... context) {
   return x + forward(module, norm(x), std::forward<Context>(context)...);
 }
 
 /// The backward of residual: dy + norm.backward(sw::backward(module, dy)).
 template <class Norm, module Module, class DY>
-auto residual_backward(Norm& norm, Module& module, DY const& dy) {
+constexpr auto residual_backward(Norm& norm, Module& module, DY const& dy) {
   return dy + norm.backward(backward(module, dy));
 }
 

@@ -13,18 +13,6 @@
 
 namespace shardwise::detail {
 
-/// This rank's rows and columns of a [whole_rows, whole_cols] activation in `Layout` on s.tp ranks (columns cut
-/// only where `cols_cut`: a Linear's features divide over tp).
-template <class Layout>
-constexpr std::ptrdiff_t meta_rows(cost_inputs const& s) {
-  return static_cast<std::ptrdiff_t>(std::is_same_v<normalize_2d_t<Layout>, Shard<0>> ? s.local_tokens() : s.tokens);
-}
-template <class Layout>
-constexpr std::ptrdiff_t meta_cols(std::size_t whole_cols, std::size_t ranks, std::size_t rank) {
-  bool const cut = std::is_same_v<normalize_2d_t<Layout>, Shard<1>>;
-  return static_cast<std::ptrdiff_t>(shard_extent(whole_cols, cut, ranks, rank));
-}
-
 /// The shape-only Linear under style Rule.
 template <class T, class Rule>
 class linear_core<meta<T>, Rule> {

@@ -258,14 +258,14 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
   using style = Style;                  ///< The parallel style the plan gives it.
   using typename core::layout;
 
-  explicit norm_layer(std::size_t features, T eps = T(1e-5)) : core(Location::path.view(), features, eps) {}
+  constexpr explicit norm_layer(std::size_t features, T eps = T(1e-5)) : core(Location::path.view(), features, eps) {}
   /// The same, from its shape.
-  explicit norm_layer(norm_shape const& shape, T eps = T(1e-5)) : norm_layer(shape.features, eps) {}
+  constexpr explicit norm_layer(norm_shape const& shape, T eps = T(1e-5)) : norm_layer(shape.features, eps) {}
 
   /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
   /// matrix (taken to be in the style's layout).
   template <class X>
-  Activation<T, layout> operator()(X const& x) {
+  constexpr Activation<T, layout> operator()(X const& x) {
     static_assert(
         layer_input_v<T, X>,
         "shardwise::LayerNorm/RMSNorm: the input must be a shardwise::Activation or a row-major [tokens, features] "
@@ -297,10 +297,10 @@ template <class T, class Location = unplanned>
 class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
  public:
   /// `features` weights set to one; eps 1e-6 unless given (Llama's configs give 1e-5 or 1e-6).
-  explicit RMSNorm(std::size_t features, T eps = T(1e-6))
+  constexpr explicit RMSNorm(std::size_t features, T eps = T(1e-6))
       : detail::norm_layer<T, Location, detail::norm_kind::rms>(features, eps) {}
   /// The same, from its shape.
-  explicit RMSNorm(norm_shape const& shape, T eps = T(1e-6)) : RMSNorm(shape.features, eps) {}
+  constexpr explicit RMSNorm(norm_shape const& shape, T eps = T(1e-6)) : RMSNorm(shape.features, eps) {}
 };
 
 }  // namespace shardwise
@@ -319,3 +319,5 @@ SHARDWISE_DETAIL_NORM_CORES(extern, float)
 SHARDWISE_DETAIL_NORM_CORES(extern, double)
 }  // namespace shardwise::detail
 #endif
+
+#include "shardwise/nn/layers/norm_meta.hpp"  // the shape-only norm (element type sw::meta<T>)

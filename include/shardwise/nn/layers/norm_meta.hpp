@@ -1,0 +1,62 @@
+#pragma once
+// A norm of a shape-only module (element type sw::meta<T>): no parameters and no arithmetic, but the shapes the
+// real norm gives and keeps, and its declared cost (norm_core<T, Layout, Kind>::shardwise_cost) recorded in the
+// trace when the module's code calls it. A Partial<Sum> gradient handed to it is reduced first, as by the real
+// norm, and the reduction recorded.
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+
+#include "shardwise/nn/layers/norm.hpp"  // the real core, whose cost this one records
+#include "shardwise/nn/meta.hpp"
+
+namespace shardwise::detail {
+
+/// The shape-only norm in layout Layout.
+template <class T, class Layout, norm_kind Kind>
+class norm_core<meta<T>, Layout, Kind> {
+  using real = norm_core<T, Layout, Kind>;
+
+ public:
+  using layout = Layout;                                 ///< As the real norm's.
+  using input_layout = layout;                           ///< As the real norm's.
+  using output_layout = layout;                          ///< As the real norm's.
+  using grad_placement = typename real::grad_placement;  ///< As the real norm's.
+  using matrix = meta_matrix<T>;                         ///< A shape.
+
+  /// The size only (`path` and `eps` as the real norm takes them).
+  constexpr norm_core(std::string_view, std::size_t features, meta<T>) : features_(features) {}
+
+  /// The real norm's cost (sw::cost), which a call records.
+  static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& s = {}) {
+    return real::shardwise_cost(features, s);
+  }
+
+  /// Forward: keeps what the real norm keeps (its input and the per-token statistics) and returns the output's
+  /// shape; the parameters' bytes are recorded the first time.
+  constexpr Activation<meta<T>, layout> forward_local(matrix const& x) {
+    meta_trace& trace = *x.trace();
+    cost const c = real::shardwise_cost(features_, trace.inputs);
+    kept_ = x.like(static_cast<std::ptrdiff_t>(c.activation_bytes / sizeof(T)), 1);  // input and statistics
+    if (!counted_) trace.total.parameter_bytes += c.parameter_bytes, trace.total.gradient_bytes += c.gradient_bytes;
+    counted_ = true;
+    return {x.like(x.rows(), x.cols())};
+  }
+
+  /// Backward: the input gradient's shape (a Partial<Sum> gradient reduced into the norm's layout first).
+  template <class P>
+  constexpr Activation<meta<T>, layout> backward(Activation<meta<T>, P> const& dy) {
+    meta_trace& trace = *dy.local.trace();
+    cost_inputs const& s = trace.inputs;
+    if constexpr (std::is_same_v<P, Partial<Sum>> && !std::is_same_v<layout, Partial<Sum>>)
+      layout_engine::add_cost<Partial<Sum>, layout>(trace.total.backward, s.tokens, features_, sizeof(T), s);
+    return {dy.local.like(meta_rows<layout>(s), static_cast<std::ptrdiff_t>(features_))};
+  }
+
+ private:
+  std::size_t features_;
+  bool counted_ = false;
+  matrix kept_;
+};
+
+}  // namespace shardwise::detail
