@@ -159,10 +159,16 @@ constexpr auto move_at_boundary(Module& module, X const& x) {
   }
 }
 
-/// The hooks around a call of `module` on an X (none on shapes).
+/// Whether X is a shape-only activation (sw::meta<T> elements).
+template <class X>
+inline constexpr bool meta_activation_v = false;
+template <class T, class P>
+inline constexpr bool meta_activation_v<Activation<meta<T>, P>> = true;
+
+/// The hooks around a call of `module` on an X (none on shapes; X may be any input: token ids, a tensor).
 template <class X, class Module>
 constexpr module_hooks* call_hooks(Module& module) {
-  if constexpr (is_meta_v<element_of_t<X>>)
+  if constexpr (meta_activation_v<std::remove_cvref_t<X>>)
     return nullptr;
   else
     return hooks_under(module);
