@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "shardwise/cost/meta_trace.hpp"
-#include "shardwise/nn/layers/linear.hpp"
 #include "shardwise/nn/meta.hpp"
 
 namespace shardwise {

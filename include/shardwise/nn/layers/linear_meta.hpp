@@ -65,10 +65,8 @@ class linear_core<meta<T>, Rule> {
     if constexpr (!same_layout_v<input_layout, typename layouts::product_in>) {
       return forward_given(given);
     } else {
-      meta_trace& trace = *given.trace();
-      Activation<meta<T>, output_layout> y = output_like(trace, given);
+      Activation<meta<T>, output_layout> y = record_forward(*given.trace(), given);
       kept_ = std::move(given);
-      record(trace);
       return y;
     }
   }
