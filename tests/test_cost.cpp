@@ -39,6 +39,14 @@ constexpr sw::cost attention_tp2 = sw::cost_of<Attention<tp_plan>>(config, sw::c
 static_assert(attention_tp2.forward == sw::transfer_list<>().add(sw::transfer_kind::all_reduce, "tp", tokens * 64 * 4));
 static_assert(attention_tp2.backward.empty());
 static_assert(attention_tp2.parameter_bytes == (64 * 64 + 2 * 64 * 32 + 64 * 64) / 2 * 4);
+// From its own code run on shapes (this rank's 4 of 8 query heads and 2 of 4 key-value heads, 8 wide). Kept: the
+// input x, which wq, wk and wv each keep; q, k and v; each query row's logsumexp per head; wo's input. The
+// backward's peak: wo's input gradient and q, k and v's gradients throughout, beside them the kernel's two
+// [32 query rows, 32 keys] panels, then (larger) the three input gradients, summed into the first.
+static_assert(attention_tp2.activation_bytes ==
+              (3 * tokens * 64 + tokens * (32 + 16 + 16) + tokens * 4 + tokens * 32) * 4);
+static_assert(attention_tp2.working_bytes ==
+              (tokens * 32 + tokens * (32 + 16 + 16) + std::max<std::size_t>(2 * 32 * 32, 3 * tokens * 64)) * 4);
 
 // The block under sequence parallelism: per branch an all-gather of this rank's tokens and a reduce-scatter of
 // all of them, forward; backward the same, conjugated, in reverse branch order.

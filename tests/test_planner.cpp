@@ -95,13 +95,14 @@ TEST_CASE("planner: a layout's memory per rank, against the arithmetic of the 8B
   CHECK(one.activation_bytes < e.activation_bytes / 4);  // checkpointing keeps each block's input only
   CHECK(one.step_seconds > e.step_seconds);              // and runs every block's forward again
   // A backward's transients, once: the block's declared ones (its larger branch: here the attention's, with wo's
-  // input gradient, q, k and v's gradients, the blocked attention's two panels of 128 query rows x 2048 keys,
-  // three input gradients, summed into the first), the gradient given and the one passed on (this rank's tokens under
-  // sequence parallelism) and, at pp 1, the logits' gradient (tokens x vocabulary / 8); in the activation type's bytes
-  // (bf16: 2).
+  // input gradient and q, k and v's gradients held throughout, and beside them first the blocked attention's two
+  // panels of 128 query rows x 2048 keys, then, once those are freed, three input gradients, summed into the first),
+  // the gradient given and the one passed on (this rank's tokens under sequence parallelism) and, at pp 1, the
+  // logits' gradient (tokens x vocabulary / 8); in the activation type's bytes (bf16: 2).
   std::size_t const tokens = 2 * 2048, hidden = 14336 / 8;
   std::size_t const feed_forward = std::max(2 * tokens * hidden + tokens * 4096, tokens * hidden + 2 * tokens * 4096);
-  std::size_t const attention = tokens * 4096 / 8 + tokens * (4096 + 2 * 1024) / 8 + 2 * 128 * 2048 + 3 * tokens * 4096;
+  std::size_t const attention =
+      tokens * 4096 / 8 + tokens * (4096 + 2 * 1024) / 8 + std::max<std::size_t>(2 * 128 * 2048, 3 * tokens * 4096);
   CHECK(attention > feed_forward);
   CHECK(e.working_bytes == (attention + 2 * tokens / 8 * 4096 + tokens * 128256 / 8) * 2);
   CHECK(e.bytes_per_rank() == e.state_bytes + e.activation_bytes + e.working_bytes);
@@ -366,7 +367,7 @@ TEST_CASE("planner: Qwen2 (q/k/v biases), Mistral (a sliding window) and GPT-2 c
   for (auto const& e : found.fitting) CHECK(e.plan.pp == 1);  // shardwise runs GPT-2 without stages
 }
 
-TEST_CASE("planner: a sliding window bounds the attention's work and panels; within the window nothing changes") {
+TEST_CASE("planner: a sliding window bounds the attention's work; within the window nothing changes") {
   auto const mistral = planner::read_model(data + "/mistral_7b_config.json");
   auto whole = mistral;  // the same block without the window
   whole.sliding_window = 0;
@@ -377,7 +378,9 @@ TEST_CASE("planner: a sliding window bounds the attention's work and panels; wit
   CHECK(at(mistral, 4096).step_seconds == at(whole, 4096).step_seconds);
   CHECK(at(mistral, 4096).bytes_per_rank() == at(whole, 4096).bytes_per_rank());
   CHECK(at(mistral, 32768).step_seconds < at(whole, 32768).step_seconds);
-  CHECK(at(mistral, 32768).working_bytes < at(whole, 32768).working_bytes);
+  // The window bounds the backward's panels, but its peak is later, once they are freed: the attention's three
+  // input gradients (tokens x dim each) outweigh two panels of 128 rows x 32768 keys.
+  CHECK(at(mistral, 32768).working_bytes == at(whole, 32768).working_bytes);
   CHECK(at(mistral, 32768).activation_bytes == at(whole, 32768).activation_bytes);  // saved per token either way
   // The keys a query meets: all earlier ones up to the window, a panel of 128 rows at a time. 7/8 of the queries
   // meet the window and up to a panel more; the first 4096 about half of it: between 7/8 x 4096 + 1/8 x 2048 - 128

@@ -89,8 +89,8 @@ template <class X>
 std::size_t saved_bytes_of(X const& x) {
   if constexpr (requires { x.local; }) {  // an Activation
     return saved_bytes_of(x.local);
-  } else if constexpr (requires { x.logsumexp; }) {  // the attention's softmax statistics
-    return saved_bytes_of(x.logsumexp);
+  } else if constexpr (requires { x.logsumexp; }) {  // the attention's softmax statistics and kept output
+    return saved_bytes_of(x.logsumexp) + saved_bytes_of(x.output);
   } else if constexpr (requires { x.input; }) {  // a checkpointed block's input
     return saved_bytes_of(x.input);
   } else if constexpr (requires { typename X::Scalar; }) {  // an Eigen matrix or vector

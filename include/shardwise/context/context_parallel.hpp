@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "shardwise/context/attend_meta.hpp"
 #include "shardwise/context/ring_attention.hpp"
 #include "shardwise/context/split.hpp"
 #include "shardwise/context/ulysses_attention.hpp"
@@ -117,28 +118,59 @@ class context_parallel {
 };
 
 /// A model attention's causal attention on its rows: of whole sequences of `sequence` tokens (nn::causal_attention)
-/// when `context` is null, else of this rank's tokens across the cp ranks. Under the ring, the output is copied to
-/// `kept_output`, which the ring's backward needs (its softmax term spans every block).
+/// when `context` is null, else of this rank's tokens across the cp ranks. Under the ring, `saved` also keeps the
+/// output, which the ring's backward needs (its softmax term spans every block).
 template <std::floating_point T>
 void attend_causal(context_parallel const* context, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                    nn::const_matrix_ref<T> v, std::size_t sequence, std::size_t head_dim, nn::matrix<T>& out,
-                   nn::attention_saved<T>& saved, nn::matrix<T>& kept_output) {
+                   nn::attention_saved<T>& saved) {
   if (!context) return nn::causal_attention<T>(q, k, v, sequence, head_dim, out, saved);
   context->attend<T>(q, k, v, head_dim, out, saved);
-  if (context->method() == context_method::ring) kept_output = out;
+  if (context->method() == context_method::ring) saved.output = out;
 }
 
-/// The backward of attend_causal (kept_output: what it kept).
+/// The backward of attend_causal (`saved`: what it kept).
 template <std::floating_point T>
 void attend_causal_backward(context_parallel const* context, nn::const_matrix_ref<T> dout, nn::const_matrix_ref<T> q,
-                            nn::const_matrix_ref<T> k, nn::const_matrix_ref<T> v, nn::const_matrix_ref<T> kept_output,
-                            nn::attention_saved<T> const& saved, nn::matrix_ref<T> dq, nn::matrix_ref<T> dk,
-                            nn::matrix_ref<T> dv) {
+                            nn::const_matrix_ref<T> k, nn::const_matrix_ref<T> v, nn::attention_saved<T> const& saved,
+                            nn::matrix_ref<T> dq, nn::matrix_ref<T> dk, nn::matrix_ref<T> dv) {
   if (context)
-    context->attend_backward<T>(dout, q, k, v, kept_output, saved, dq, dk, dv);
+    context->attend_backward<T>(dout, q, k, v, saved.output, saved, dq, dk, dv);
   else
     nn::causal_attention_backward<T>(dout, q, k, v, saved, dq, dk, dv);
 }
+
+/// Where an attention keeps the sw::context_parallel that sw::context_parallelize hands its
+/// shardwise_on_context_parallel hook (null before). Built with the shape-only element type sw::meta<T> it holds
+/// nothing: a shape-only run (sw::derived_cost) reads the cp axis from its cost inputs.
+template <class T>
+class context_slot {
+ public:
+  /// Keeps the context handed over.
+  context_slot& operator=(std::shared_ptr<context_parallel const> context) {
+    context_ = std::move(context);
+    return *this;
+  }
+  /// The context (null: none given; attention within whole sequences).
+  [[nodiscard]] context_parallel const* get() const { return context_.get(); }
+  /// The context's members.
+  context_parallel const* operator->() const { return context_.get(); }
+  /// Whether a context was given.
+  explicit operator bool() const { return context_ != nullptr; }
+
+ private:
+  std::shared_ptr<context_parallel const> context_;
+};
+
+/// A shape-only attention's slot: never given a context.
+template <class T>
+class context_slot<meta<T>> {
+ public:
+  /// None.
+  [[nodiscard]] constexpr context_parallel const* get() const { return nullptr; }
+  /// None given.
+  constexpr explicit operator bool() const { return false; }
+};
 
 }  // namespace shardwise
 

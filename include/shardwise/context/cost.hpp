@@ -1,13 +1,12 @@
 #pragma once
 // The transfers of attention across the cp ranks (ring_attention, ulysses_attention and their backward) on one
 // rank, in the order the code sends and receives them, for the cost model: a counting mesh records the same
-// list (tests/cases/cost_cases.hpp). constexpr, so that a plan's cost stays a compile-time value. Also the whole
-// attention's cost from its projections' (sw::attention_cost), which places those transfers among theirs.
+// list (tests/cases/cost_cases.hpp). constexpr, so that a plan's cost stays a compile-time value. An attention's
+// shape-only run records them where its code calls sw::attend_causal (context/attend_meta.hpp).
 #include <cstddef>
 
 #include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/cost/cost.hpp"
-#include "shardwise/nn/kernels/functional_attention.hpp"
 
 namespace shardwise::detail {
 
@@ -66,51 +65,6 @@ constexpr cost context_attention_cost(cost_inputs const& s, std::size_t q_cols, 
   for (std::size_t width : {q, q, kv, kv}) detail::ulysses_exchange(cp, rows, width, true, c.backward);
   for (std::size_t width : {q, kv, kv}) detail::ulysses_exchange(cp, rows, width, false, c.backward);
   return c;
-}
-
-/// What causal attention keeps for its backward besides q, k and v on one rank of s.tokens rows and `heads` query
-/// heads of `head_dim` (this tp rank's): each query row's logsumexp per head; under all-to-all over s.cp, that of
-/// the whole sequences of heads / cp heads; under the ring, also its output (the backward's softmax term spans
-/// every block).
-template <class T>
-constexpr std::size_t context_attention_kept_bytes(cost_inputs const& s, std::size_t heads, std::size_t head_dim) {
-  context_inputs const& cp = s.cp;
-  if (cp.ranks > 1 && cp.method == context_method::all_to_all)
-    return nn::attention_saved_bytes<T>(s.tokens / cp.tokens(cp.rank) * cp.sequence, heads / cp.ranks);
-  std::size_t const ring_output = cp.ranks > 1 ? s.tokens * heads * head_dim * sizeof(T) : 0;
-  return nn::attention_saved_bytes<T>(s.tokens, heads) + ring_output;
-}
-
-/// The shape of multi-head attention on one rank, for attention_cost: query and key-value features (all heads,
-/// before tp), the query heads and their width, the sequence, and the ranks the heads are cut over (1: not cut).
-struct attention_shape {
-  std::size_t q_features = 0;   ///< Query (and output) features: heads x head_dim.
-  std::size_t kv_features = 0;  ///< Key (and value) features, with any copies tp needs.
-  std::size_t heads = 0;        ///< Query heads.
-  std::size_t head_dim = 0;     ///< Each head's width.
-  std::size_t sequence = 0;     ///< Tokens per sequence (the attention's panels span it).
-  std::size_t head_ranks = 1;   ///< The ranks that cut the heads (tp where the projections cut them).
-};
-
-/// The cost of attention on one rank (GPT-2's and Llama's, and yours) from its four projections' costs: their
-/// parameters; q, k, v and sw::context_attention_kept_bytes kept for the backward; the backward's transients at
-/// their peak (the output projection's input gradient, the gradients of q, k and v, the two [block rows, sequence]
-/// panels, the three input gradients); the transfers in the order the code makes them — q, k, v, across the cp
-/// ranks, the output projection; backward in reverse, with q's, k's and v's backward last.
-template <class T>
-constexpr cost attention_cost(cost const& q, cost const& k, cost const& v, cost const& out, attention_shape const& a,
-                              cost_inputs const& s) {
-  cost total;
-  total.hold(q).hold(k).hold(v).hold(out);
-  std::size_t const n = a.head_ranks, projected = s.tokens * (a.q_features + 2 * a.kv_features) / n * sizeof(T);
-  total.activation_bytes += projected + context_attention_kept_bytes<T>(s, a.heads / n, a.head_dim);
-  total.working_bytes =
-      out.activation_bytes + projected + nn::attention_panel_bytes<T>(a.sequence) + 3 * q.activation_bytes;
-  cost const across = context_attention_cost<T>(s, a.q_features / n, a.kv_features / n);  // nothing without cp
-  total.forward.append(q.forward).append(k.forward).append(v.forward).append(across.forward).append(out.forward);
-  total.backward.append(out.backward).append(across.backward);
-  total.backward.append(q.backward).append(k.backward).append(v.backward);
-  return total;
 }
 
 }  // namespace shardwise

@@ -72,10 +72,10 @@ struct GPT2Attention {
   Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
   SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
   SHARDWISE_HOOKS(on_parallelize, on_context_parallel)
-  SHARDWISE_SAVED(q_, k_, v_, saved_, out_)
+  SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4.
-  GPT2Attention(GPT2Config const& c, std::uint64_t seed)
+  constexpr GPT2Attention(GPT2Config const& c, std::uint64_t seed)
       : q_proj(std::get<0>(shardwise_shapes(c)), seed + 1),
         k_proj(std::get<1>(shardwise_shapes(c)), seed + 2),
         v_proj(std::get<2>(shardwise_shapes(c)), seed + 3),
@@ -90,7 +90,7 @@ struct GPT2Attention {
   }
 
   /// Called by sw::parallelize before any layer is cut: each rank must hold whole heads.
-  void shardwise_on_parallelize(int tp) {
+  constexpr void shardwise_on_parallelize(int tp) {
     constexpr bool sharded_heads = std::is_same_v<typename decltype(q_proj)::weight_grad_placement, Shard<0>>;
     if (sharded_heads && config_.heads % static_cast<std::size_t>(tp) != 0)
       shardwise::raise("shardwise::models::GPT2 at \"", own_style<Plan>::path.view(), "\": ", config_.heads,
@@ -98,15 +98,11 @@ struct GPT2Attention {
                        " ranks; each rank computes whole heads: choose a tp size that divides the heads");
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: sw::attention_cost of its four
-  /// projections (with biases).
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on
+  /// shapes (sw::derived_cost).
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
-    constexpr bool sharded_heads = std::is_same_v<typename decltype(q_proj)::weight_grad_placement, Shard<0>>;
-    return attention_cost<T>(decltype(q_proj)::shardwise_cost(c.dim, c.dim, s, true),
-                             decltype(k_proj)::shardwise_cost(c.dim, c.dim, s, true),
-                             decltype(v_proj)::shardwise_cost(c.dim, c.dim, s, true),
-                             decltype(c_proj)::shardwise_cost(c.dim, c.dim, s, true),
-                             {c.dim, c.dim, c.heads, c.head_dim(), c.sequence, sharded_heads ? s.tp : 1}, s);
+    using input = Activation<meta<T>, typename decltype(q_proj)::input_layout>;
+    return derived_cost<GPT2Attention<meta<T>, Plan>, input>(s, c.dim, c, 0);
   }
 
   /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, attended
@@ -115,11 +111,11 @@ struct GPT2Attention {
 
   /// Forward on x [tokens, dim]; keeps what backward needs.
   template <class X>
-  auto forward(X const& x) {
+  constexpr auto forward(X const& x) {
     q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
     auto out = q_;
     attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local,
-                     saved_, out_);
+                     saved_);
     return c_proj(std::move(out));  // its storage becomes c_proj's kept input
   }
 
@@ -133,25 +129,21 @@ struct GPT2Attention {
     return c_proj(std::move(out));
   }
 
-  /// Key (and value) columns on this rank: its heads x head_dim (after parallelize).
-  [[nodiscard]] std::size_t kv_columns() const { return static_cast<std::size_t>(k_proj.weight.rows()); }
-
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
-  auto backward(DY const& dy) {
+  constexpr auto backward(DY const& dy) {
     auto dout = c_proj.backward(dy);
     auto dq = q_, dk = k_, dv = v_;
-    attend_causal_backward<T>(context_.get(), dout.local, q_.local, k_.local, v_.local, out_, saved_, dq.local,
-                              dk.local, dv.local);
+    attend_causal_backward<T>(context_.get(), dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local,
+                              dv.local);
     return q_proj.backward(dq) + k_proj.backward(dk) + v_proj.backward(dv);  // Partial<Sum> under ColwiseParallel
   }
 
  private:
   GPT2Config config_;
   output_t<decltype(q_proj)> q_, k_, v_;
-  nn::attention_saved<T> saved_;                     // each query row's softmax logsumexp, for backward
-  nn::matrix<T> out_;                                // the output, kept under the ring for its backward
-  std::shared_ptr<context_parallel const> context_;  // set by sw::context_parallelize
+  nn::attention_saved<T> saved_;  // each query row's softmax logsumexp (and the output under the ring)
+  context_slot<T> context_;       // set by sw::context_parallelize
 };
 
 /// The feed-forward: c_fc (dim -> 4 dim), gelu_new, c_proj (4 dim -> dim), both with bias.
@@ -384,7 +376,8 @@ struct GPT2 {
 
   /// The shape of its key-value cache on this rank (after parallelize: this rank's heads).
   [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
-    return {h.size(), h.empty() ? 0 : h.front().attn.kv_columns(), config_.head_dim()};
+    return {h.size(), h.empty() ? 0 : static_cast<std::size_t>(h.front().attn.k_proj.weight.rows()),
+            config_.head_dim()};
   }
   /// The bytes of its key-value cache on one of `tp` ranks for `sequences` sequences of `capacity` positions, at
   /// compile time if need be (sw::kv_cache<T>::bytes() of the cache generate allocates): 2 x layers x this rank's

@@ -49,7 +49,7 @@ struct grouped_heads {
   /// For a module declared with static head counts (dynamic_size: any): refuses other counts, naming the module
   /// and its plan path.
   template <std::size_t StaticHeads, std::size_t StaticKvHeads>
-  void require_declared(std::string_view module, std::string_view path) const {
+  constexpr void require_declared(std::string_view module, std::string_view path) const {
     if ((StaticHeads != dynamic_size && heads != StaticHeads) ||
         (StaticKvHeads != dynamic_size && kv_heads != StaticKvHeads))
       shardwise::raise(module, " at \"", path, "\": declared with ", StaticHeads, " heads and ", StaticKvHeads,
@@ -59,7 +59,7 @@ struct grouped_heads {
   /// For a module's shardwise_on_parallelize, before the layers are cut: repeats each key-value head of `wk` and
   /// `wv` as `tp` ranks need, so that every rank holds the ones its query heads use.
   template <class Keys, class Values>
-  void repeat_kv_heads(Keys& wk, Values& wv, int tp, std::string_view model, std::string_view path) const {
+  constexpr void repeat_kv_heads(Keys& wk, Values& wv, int tp, std::string_view model, std::string_view path) const {
     std::size_t const m = kv_copies(static_cast<std::size_t>(tp), model, path);
     wk.replicate_output_blocks(head_dim, m);
     wv.replicate_output_blocks(head_dim, m);

@@ -297,7 +297,8 @@ struct Llama {
 
   /// The shape of its key-value cache on this rank (after parallelize: this rank's key-value heads).
   [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
-    return {layers.size(), layers.empty() ? 0 : layers.front().attention.kv_columns(), config_.head_dim()};
+    return {layers.size(), layers.empty() ? 0 : static_cast<std::size_t>(layers.front().attention.wk.weight.rows()),
+            config_.head_dim()};
   }
 
   /// The bytes of its key-value cache on one of `tp` ranks for `sequences` sequences of `capacity` positions, at

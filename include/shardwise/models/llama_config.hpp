@@ -1,7 +1,7 @@
 #pragma once
-// The Llama model's configuration (LlamaConfig, with its checks and the fields saved beside its weights), the
-// rotary position embedding's tables and rotation (Hugging Face's rotate-half convention), and the
-// kv_size_multiplier that lets more tp ranks than key-value heads serve grouped-query attention.
+// The Llama model's configuration (LlamaConfig, with its checks and the fields saved beside its weights) and the
+// kv_size_multiplier that lets more tp ranks than key-value heads serve grouped-query attention (the rotary
+// embedding is models/rotary_embedding.hpp).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -81,51 +81,6 @@ struct LlamaConfig {
                        " must be positive");
   }
 };
-
-namespace detail {
-
-/// cos and sin tables [sequence, head_dim], Hugging Face's layout: the frequencies repeated twice.
-template <class T>
-struct rope_tables {
-  nn::matrix<T> cos, sin;
-  rope_tables(std::size_t sequence, std::size_t head_dim, double theta) {
-    auto const s = static_cast<Eigen::Index>(sequence), d = static_cast<Eigen::Index>(head_dim);
-    cos.resize(s, d), sin.resize(s, d);
-    for (Eigen::Index p = 0; p < s; ++p)
-      for (Eigen::Index i = 0; i < d / 2; ++i) {
-        double const angle = double(p) / std::pow(theta, double(2 * i) / double(head_dim));
-        cos(p, i) = cos(p, i + d / 2) = static_cast<T>(std::cos(angle));
-        sin(p, i) = sin(p, i + d / 2) = static_cast<T>(std::sin(angle));
-      }
-  }
-};
-
-/// x <- x * cos + rotate_half(x) * sin on one head's columns of consecutive tokens at positions first_position,
-/// first_position + 1, ...; inverse = true applies the transpose (rotate_half's transpose is minus itself). Array
-/// expressions over each half of the head (vectorised); `first_half` is scratch space.
-template <class T, class Block, class Scratch>
-void rotate_rows(Block&& x, rope_tables<T> const& rope, Eigen::Index first_position, bool inverse,
-                 Scratch& first_half) {
-  Eigen::Index const n = x.rows(), half = x.cols() / 2;
-  T const sign = inverse ? T(-1) : T(1);
-  auto a = x.leftCols(half).array();
-  auto b = x.rightCols(half).array();
-  auto const cos = rope.cos.middleRows(first_position, n).array(), sin = rope.sin.middleRows(first_position, n).array();
-  first_half = a * cos.leftCols(half) - sign * b * sin.leftCols(half);
-  b = b * cos.rightCols(half) + sign * a * sin.rightCols(half);  // a is still the input here
-  a = first_half;
-}
-
-/// rotate_rows on every sequence of `sequence` rows in x (positions restart at 0 in each).
-template <class T, class Block>
-void apply_rope(Block&& x, rope_tables<T> const& rope, std::size_t sequence, bool inverse) {
-  auto const s = static_cast<Eigen::Index>(sequence);
-  Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> first_half;
-  for (Eigen::Index start = 0; start < x.rows(); start += s)
-    rotate_rows(x.middleRows(start, std::min(s, x.rows() - start)), rope, 0, inverse, first_half);
-}
-
-}  // namespace detail
 
 /// The kv_size_multiplier that lets `tp` ranks serve `heads` query heads and `kv_heads` key-value heads, each
 /// rank holding whole heads and the key-value heads its query heads use; `requested` 0 derives it. Returns 0

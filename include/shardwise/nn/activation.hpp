@@ -22,6 +22,12 @@ struct Activation {
   nn::matrix<T> local;     ///< This rank's part, a plain Eigen matrix.
 };
 
+/// An activation of a's layout and shape whose values are not set: for an output a kernel writes in full.
+template <class T, class P>
+Activation<T, P> empty_like(Activation<T, P> const& a) {
+  return {nn::matrix<T>(a.local.rows(), a.local.cols())};
+}
+
 namespace detail {
 
 /// Activations are [tokens, features]: Shard<-1> and Shard<1> are the same placement, as are Shard<-2> and 0.

@@ -12,7 +12,8 @@
 namespace shardwise {
 
 /// The cost (sw::cost) on one rank of a module, for s.tokens tokens: Module (built with the element type
-/// sw::meta<T>, from `args`) runs its own forward on an input of [tokens, features] in the layout Input has
+/// sw::meta<T>, from `args`, then set up for s.tp ranks by its on_parallelize hook as sw::parallelize sets up the
+/// real one) runs its own forward on an input of [tokens, features] in the layout Input has
 /// (an sw::Activation<sw::meta<T>, Layout>), then its backward on a gradient of its output's shape. Transfers: what
 /// its layers record as its code calls them; parameters and gradients: each layer's once; activation bytes: what
 /// it and its layers keep after the forward; working bytes: the most its backward holds at once beyond that and
@@ -24,6 +25,8 @@ constexpr cost derived_cost(cost_inputs const& s, std::size_t features, Args&&..
   meta_trace trace{s};
   {
     Module module(std::forward<Args>(args)...);
+    if constexpr (requires { module.shardwise_on_parallelize(1); })  // as sw::parallelize sets up the real one
+      module.shardwise_on_parallelize(static_cast<int>(s.tp));
     Input x{meta_matrix<T>(detail::meta_rows<In>(s), detail::meta_cols<In>(features, s.tp, s.tp_rank), &trace)};
     std::size_t const before = trace.live;
     auto y = module.forward(x);

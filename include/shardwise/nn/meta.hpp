@@ -19,6 +19,12 @@ struct Activation<meta<T>, P> {
   meta_matrix<T> local;          ///< This rank's part: its shape.
 };
 
+/// A shape-only activation of a's layout and shape (as sw::empty_like of a real one).
+template <class T, class P>
+constexpr Activation<meta<T>, P> empty_like(Activation<meta<T>, P> const& a) {
+  return {a.local.like(a.local.rows(), a.local.cols())};
+}
+
 namespace detail {
 /// This rank's rows of an activation of s.tokens rows in Layout (its tokens where Layout cuts them).
 template <class Layout>

@@ -28,6 +28,9 @@ inline constexpr std::size_t attention_block_rows = 128;
 template <class T>
 struct attention_saved {
   matrix<T> logsumexp;  ///< [tokens, heads]: log sum_j exp(q_i k_j / sqrt(head_dim)) over the keys row i sees.
+  /// The attention's output, where its backward needs it: across cp ranks by the ring, whose softmax term spans
+  /// every block (sw::attend_causal keeps it); empty otherwise.
+  matrix<T> output;
   /// The sizes causal_attention was called with.
   /// @{
   Eigen::Index sequence = 0, head_dim = 0, heads = 0, kv_heads = 0;

@@ -36,6 +36,9 @@ class linear_core<meta<T>, Rule> {
   constexpr linear_core(std::string_view, std::size_t in, std::size_t out, std::uint64_t, bool with_bias)
       : in_(in), out_(out), has_bias_(with_bias) {}
 
+  /// As the real layer's before parallelize: `copies` of every output block (key-value heads repeated for tp).
+  constexpr void replicate_output_blocks(std::size_t, std::size_t copies) { out_ *= copies; }
+
   /// The real layer's cost (sw::cost), which a call records.
   static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
     return real::shardwise_cost(in, out, s, with_bias);

@@ -1,0 +1,112 @@
+#pragma once
+// Rotary position embedding (RoPE, Hugging Face's rotate-half convention) on every head of an attention's queries
+// or keys: at each token's position within its sequence, at its global position under context parallelism, or at
+// a key-value cache step's positions. Its shape-only form (sw::meta<T>) rotates nothing and holds nothing, as the
+// real rotation holds nothing beyond a few rows of scratch.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "shardwise/context/context_parallel.hpp"
+#include "shardwise/cost/meta_trace.hpp"
+#include "shardwise/inference/kv_cache.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
+
+namespace shardwise::models {
+
+/// RoPE tables for heads of `head_dim` columns: cos and sin [positions, head_dim], the frequencies
+/// theta^(-2i / head_dim) repeated over the two halves of a head.
+template <class T>
+class rotary_embedding {
+ public:
+  /// Tables for positions 0 .. positions - 1.
+  rotary_embedding(std::size_t positions, std::size_t head_dim, double theta) : head_dim_(head_dim), theta_(theta) {
+    build(positions);
+  }
+
+  /// Rotates every head of x [tokens, heads * head_dim] (inverse: by the transpose, for a backward): each row at
+  /// its position in its sequence of `sequence` rows, or with a context, at this rank's global positions.
+  void rotate(nn::matrix<T>& x, std::size_t sequence, context_parallel const* context, bool inverse = false) const {
+    if (context) return rotate_at_positions(x, context->positions(), inverse);
+    auto const s = static_cast<Eigen::Index>(sequence);
+    scratch first_half;
+    for (Eigen::Index start = 0; start < x.rows(); start += s)
+      rotate_run(x.middleRows(start, std::min(s, x.rows() - start)), 0, inverse, first_half);
+  }
+
+  /// Rotates every head of a key-value cache step's rows, each entry's at its own positions; the tables grow to
+  /// the cache's capacity (once) when it holds more positions than they do.
+  void rotate(nn::matrix<T>& x, cache_step const& step) {
+    if (static_cast<std::size_t>(cos_.rows()) < step.capacity) build(step.capacity);
+    Eigen::Index row = 0;
+    scratch first_half;
+    for (auto const& e : step.entries) {
+      auto const n = static_cast<Eigen::Index>(e.count);
+      rotate_run(x.middleRows(row, n), static_cast<Eigen::Index>(e.start), false, first_half);
+      row += n;
+    }
+  }
+
+ private:
+  using scratch = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  void build(std::size_t positions) {
+    auto const s = static_cast<Eigen::Index>(positions), d = static_cast<Eigen::Index>(head_dim_);
+    cos_.resize(s, d), sin_.resize(s, d);
+    for (Eigen::Index p = 0; p < s; ++p)
+      for (Eigen::Index i = 0; i < d / 2; ++i) {
+        double const angle = double(p) / std::pow(theta_, double(2 * i) / double(head_dim_));
+        cos_(p, i) = cos_(p, i + d / 2) = static_cast<T>(std::cos(angle));
+        sin_(p, i) = sin_(p, i + d / 2) = static_cast<T>(std::sin(angle));
+      }
+  }
+
+  /// Each run of consecutive positions (a cp rank's chunks of each sequence), rotated at once.
+  void rotate_at_positions(nn::matrix<T>& x, std::vector<std::int64_t> const& positions, bool inverse) const {
+    auto const n = static_cast<Eigen::Index>(positions.size());
+    auto const at = [&](Eigen::Index i) { return positions[static_cast<std::size_t>(i)]; };
+    scratch first_half;
+    for (Eigen::Index first = 0; first < n;) {
+      Eigen::Index run = 1;
+      while (first + run < n && at(first + run) == at(first) + run) ++run;
+      for (Eigen::Index b = 0; b < x.rows(); b += n)
+        rotate_run(x.middleRows(b + first, run), at(first), inverse, first_half);
+      first += run;
+    }
+  }
+
+  /// x <- x * cos + rotate_half(x) * sin on every head of consecutive rows at positions first, first + 1, ...;
+  /// inverse applies the transpose (rotate_half's transpose is minus itself). Array expressions over each half
+  /// of a head (vectorised); `first_half` is scratch space.
+  template <class Rows>
+  void rotate_run(Rows&& x, Eigen::Index first, bool inverse, scratch& first_half) const {
+    auto const d = static_cast<Eigen::Index>(head_dim_), half = d / 2, n = x.rows();
+    T const sign = inverse ? T(-1) : T(1);
+    auto const cos = cos_.middleRows(first, n).array(), sin = sin_.middleRows(first, n).array();
+    for (Eigen::Index h = 0; h < x.cols() / d; ++h) {
+      auto a = x.middleCols(h * d, half).array();
+      auto b = x.middleCols(h * d + half, half).array();
+      first_half = a * cos.leftCols(half) - sign * b * sin.leftCols(half);
+      b = b * cos.rightCols(half) + sign * a * sin.rightCols(half);  // a is still the input here
+      a = first_half;
+    }
+  }
+
+  nn::matrix<T> cos_, sin_;
+  std::size_t head_dim_;
+  double theta_;
+};
+
+/// The shape-only rotary embedding: rotation keeps every shape and holds nothing.
+template <class T>
+class rotary_embedding<meta<T>> {
+ public:
+  /// No tables.
+  constexpr rotary_embedding(std::size_t, std::size_t, double) {}
+  /// Nothing to rotate.
+  constexpr void rotate(meta_matrix<T>&, std::size_t, context_parallel const*, bool = false) const {}
+};
+
+}  // namespace shardwise::models
