@@ -67,13 +67,15 @@ static_assert(block_serial.parameter_bytes == (2 * 64 + 64 * 64 * 2 + 2 * 64 * 3
 
 // A backward's transients: the feed-forward's peak is in its first statement (two tokens x hidden tensors on
 // this rank and one tokens x dim: the SiLU's gradient is written into its operand) or its second (one and two:
-// products and sums go into temporaries); a block's is its larger branch's, not the sum (the branches run one
-// after the other).
+// products and sums go into temporaries). A block's branches run one after the other, the feed-forward's first:
+// its peak is that branch's, or the attention's beside the feed-forward branch's input gradient (tokens x dim),
+// which the attention's branch adds its own to; not the sum.
 static_assert(ffn_tp2.working_bytes ==
               std::max(2 * tokens * 176 / 2 + tokens * 64, tokens * 176 / 2 + 2 * tokens * 64) * 4);
 constexpr sw::cost attention_serial = sw::cost_of<Attention<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
 constexpr sw::cost ffn_serial = sw::cost_of<FeedForward<sw::serial_plan>>(config, sw::cost_inputs{tokens, 1, 0});
-static_assert(block_serial.working_bytes == std::max(attention_serial.working_bytes, ffn_serial.working_bytes));
+static_assert(block_serial.working_bytes ==
+              std::max(ffn_serial.working_bytes, tokens * 64 * 4 + attention_serial.working_bytes));
 static_assert(block_serial.working_bytes < attention_serial.working_bytes + ffn_serial.working_bytes);
 
 // A body appended n times is stored once with a repeat group, and shows exactly what n plain appends show:

@@ -94,17 +94,18 @@ TEST_CASE("planner: a layout's memory per rank, against the arithmetic of the 8B
                                             planner::machine{});
   CHECK(one.activation_bytes < e.activation_bytes / 4);  // checkpointing keeps each block's input only
   CHECK(one.step_seconds > e.step_seconds);              // and runs every block's forward again
-  // A backward's transients, once: the block's declared ones (its larger branch: here the attention's, with wo's
-  // input gradient and q, k and v's gradients held throughout, and beside them first the blocked attention's two
-  // panels of 128 query rows x 2048 keys, then, once those are freed, three input gradients, summed into the first),
-  // the gradient given and the one passed on (this rank's tokens under sequence parallelism) and, at pp 1, the
-  // logits' gradient (tokens x vocabulary / 8); in the activation type's bytes (bf16: 2).
+  // A backward's transients, once: the block's (its peak: in the attention's branch, which runs beside the gradient
+  // the feed-forward's branch passed on, this rank's tokens x 4096; in it wo's input gradient and q, k and v's
+  // gradients held throughout, and beside them first the blocked attention's two panels of 128 query rows x 2048
+  // keys, then, once those are freed, three input gradients, summed into the first), the gradient given and the
+  // one passed on (this rank's tokens under sequence parallelism) and, at pp 1, the logits' gradient
+  // (tokens x vocabulary / 8); in the activation type's bytes (bf16: 2).
   std::size_t const tokens = 2 * 2048, hidden = 14336 / 8;
   std::size_t const feed_forward = std::max(2 * tokens * hidden + tokens * 4096, tokens * hidden + 2 * tokens * 4096);
   std::size_t const attention =
       tokens * 4096 / 8 + tokens * (4096 + 2 * 1024) / 8 + std::max<std::size_t>(2 * 128 * 2048, 3 * tokens * 4096);
   CHECK(attention > feed_forward);
-  CHECK(e.working_bytes == (attention + 2 * tokens / 8 * 4096 + tokens * 128256 / 8) * 2);
+  CHECK(e.working_bytes == (tokens / 8 * 4096 + attention + 2 * tokens / 8 * 4096 + tokens * 128256 / 8) * 2);
   CHECK(e.bytes_per_rank() == e.state_bytes + e.activation_bytes + e.working_bytes);
 }
 

@@ -201,7 +201,7 @@ struct GPT2Block {
   static constexpr bool shardwise_token_wise = true;  ///< Residuals, token by token: the attention sees across.
 
   /// The attention's parameters are drawn from `seed`, the MLP's from seed + 10.
-  GPT2Block(GPT2Config const& c, std::uint64_t seed)
+  constexpr GPT2Block(GPT2Config const& c, std::uint64_t seed)
       : ln_1(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
         attn(c, seed),
         ln_2(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
@@ -213,19 +213,17 @@ struct GPT2Block {
                       decltype(mlp)::shardwise_shapes(c)};
   }
 
-  /// Its cost on one rank (sw::cost): the norms', and the attention's and the MLP's each called through
-  /// sw::forward (their plan entries' moves around them); backward in reverse.
+  /// Its cost on one rank (sw::cost): its own forward and backward, run on shapes (sw::derived_cost), its input
+  /// in the residual stream's layout.
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
-    using Attention = decltype(attn);
-    using MLP = decltype(mlp);
-    return pre_norm_residuals_cost<T, decltype(ln_1), Attention, decltype(ln_2), MLP>(
-        Attention::shardwise_cost(c, s), MLP::shardwise_cost(c, s), c.dim, s);
+    using input = Activation<meta<T>, typename decltype(ln_1)::input_layout>;
+    return derived_cost<GPT2Block<meta<T>, Plan>, input>(s, c.dim, c, 0);
   }
 
   /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
   /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).
   template <class X>
-  auto forward(X const& x) {
+  constexpr auto forward(X const& x) {
     return residual(ln_2, mlp, residual(ln_1, attn, x));
   }
   /// Forward with a key-value cache (inference): the same branches, the attention given the step and this
@@ -236,7 +234,7 @@ struct GPT2Block {
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
-  auto backward(DY const& dy) {
+  constexpr auto backward(DY const& dy) {
     return residual_backward(ln_1, attn, residual_backward(ln_2, mlp, dy));
   }
 };

@@ -90,7 +90,7 @@ struct LlamaBlock {
   using Attention = LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads>;
 
   /// The attention's parameters are drawn from `seed`, the feed-forward's from seed + 10.
-  LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
+  constexpr LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
       : attention_norm(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
         attention(c, seed),
         ffn_norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
@@ -105,19 +105,17 @@ struct LlamaBlock {
                       FeedForward::shardwise_shapes(c, tp)};
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the norms, then the attention and the
-  /// feed-forward each called through sw::forward (their plan entries' moves around them); backward in reverse.
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on
+  /// shapes (sw::derived_cost), its input in the residual stream's layout.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
-    using Attention = decltype(attention);
-    using FeedForward = decltype(feed_forward);
-    return pre_norm_residuals_cost<T, decltype(attention_norm), Attention, decltype(ffn_norm), FeedForward>(
-        Attention::shardwise_cost(c, s), FeedForward::shardwise_cost(c, s), c.dim, s);
+    using input = Activation<meta<T>, typename decltype(attention_norm)::input_layout>;
+    return derived_cost<LlamaBlock<meta<T>, Plan, StaticHeads, StaticKvHeads>, input>(s, c.dim, c, 0);
   }
 
   /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
   /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).
   template <class X>
-  auto forward(X const& x) {
+  constexpr auto forward(X const& x) {
     return residual(ffn_norm, feed_forward, residual(attention_norm, attention, x));
   }
   /// Forward with a key-value cache (inference): the same branches, the attention given the step and this
@@ -128,7 +126,7 @@ struct LlamaBlock {
   }
   /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
   template <class DY>
-  auto backward(DY const& dy) {
+  constexpr auto backward(DY const& dy) {
     return residual_backward(attention_norm, attention, residual_backward(ffn_norm, feed_forward, dy));
   }
 };

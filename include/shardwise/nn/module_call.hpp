@@ -323,23 +323,6 @@ constexpr cost call_cost(cost const& inner, std::size_t in_features, std::size_t
   return c;
 }
 
-/// The cost of a transformer block's two pre-norm residual branches, residual(second_norm, second,
-/// residual(first_norm, first, x)): the norms' and each module's (`first`, `second`: their own costs) called
-/// through sw::forward with its plan entry's moves; forward in that order, backward in reverse. `features`: the
-/// stream's width.
-template <class T, class FirstNorm, module First, class SecondNorm, module Second>
-constexpr cost pre_norm_residuals_cost(cost const& first, cost const& second, std::size_t features,
-                                       cost_inputs const& s) {
-  cost const a = call_cost<First, T>(first, features, features, s);
-  cost const b = call_cost<Second, T>(second, features, features, s);
-  cost total;
-  total.hold(FirstNorm::shardwise_cost(features, s)).hold(a);
-  total.hold(SecondNorm::shardwise_cost(features, s)).hold(b);
-  total.forward.append(a.forward).append(b.forward);
-  total.backward.append(b.backward).append(a.backward);
-  return total;
-}
-
 /// x + sw::forward(module, norm(x), context...): the pre-norm residual branch of a transformer block; `context`
 /// (a key-value cache and its step, say) goes to the module's forward after its input.
 template <class Norm, module Module, class X, class... Context>

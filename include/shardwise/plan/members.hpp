@@ -7,8 +7,8 @@
 /// Inside a module: SHARDWISE_CHILDREN(w1, w3, w2) names the members that are layers or modules.
 #define SHARDWISE_CHILDREN(...)                                          \
   static constexpr std::string_view shardwise_child_list = #__VA_ARGS__; \
-  auto shardwise_children() { return std::tie(__VA_ARGS__); }            \
-  auto shardwise_children() const { return std::tie(__VA_ARGS__); }
+  constexpr auto shardwise_children() { return std::tie(__VA_ARGS__); }  \
+  constexpr auto shardwise_children() const { return std::tie(__VA_ARGS__); }
 
 /// Inside a module or layer: SHARDWISE_SAVED(h1_, h3_, a_) names the members its forward fills for its
 /// backward (SHARDWISE_SAVED() if it keeps none), so that several microbatches can be in flight
