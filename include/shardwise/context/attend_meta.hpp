@@ -25,6 +25,15 @@ struct attention_saved<meta<T>> {
 };
 }  // namespace nn
 
+namespace detail {
+/// `count` [block rows, sequence] panels, as the attention kernels allocate them, on q's trace while they live.
+template <class T>
+constexpr meta_matrix<T> attention_panels(meta_matrix<T> const& q, std::size_t count, std::size_t sequence) {
+  auto const rows = static_cast<std::ptrdiff_t>(std::min(nn::attention_block_rows, sequence));
+  return q.like(static_cast<std::ptrdiff_t>(count) * rows, static_cast<std::ptrdiff_t>(sequence));
+}
+}  // namespace detail
+
 /// attend_causal on shapes (M = sw::meta<T>): this rank's forward transfers across the cp axis of the run's
 /// inputs, the one [block rows, sequence] panel the kernel holds, and what it keeps: each query row's logsumexp per
 /// head — under all-to-all, of whole sequences of its cp share of the heads — and under the ring the output too.
@@ -41,10 +50,7 @@ constexpr void attend_causal(context_parallel const*, meta_matrix<typename M::el
   auto const q_cols = static_cast<std::size_t>(q.cols()), heads = q_cols / head_dim;
   trace.total.forward.append(
       context_attention_cost<T>(trace.inputs, q_cols, static_cast<std::size_t>(k.cols())).forward);
-  {
-    auto const panel_rows = static_cast<std::ptrdiff_t>(std::min(nn::attention_block_rows, sequence));
-    meta_matrix<T> const panel = q.like(panel_rows, static_cast<std::ptrdiff_t>(sequence));
-  }
+  (void)detail::attention_panels(q, 1, sequence);  // held while the kernel runs, then freed
   auto const rows = static_cast<std::size_t>(q.rows());
   if (across && cp.method == context_method::all_to_all)
     saved.logsumexp = q.like(static_cast<std::ptrdiff_t>(rows / cp.tokens(cp.rank) * cp.sequence),
@@ -69,8 +75,7 @@ constexpr void attend_causal_backward(context_parallel const*, meta_matrix<typen
   meta_trace& trace = *q.trace();
   auto const q_cols = static_cast<std::size_t>(q.cols()), kv_cols = static_cast<std::size_t>(k.cols());
   trace.total.backward.append(context_attention_cost<T>(trace.inputs, q_cols, kv_cols).backward);
-  auto const panel_rows = static_cast<std::ptrdiff_t>(std::min(nn::attention_block_rows, saved.sequence));
-  meta_matrix<T> const panels = q.like(2 * panel_rows, static_cast<std::ptrdiff_t>(saved.sequence));
+  (void)detail::attention_panels(q, 2, saved.sequence);
 }
 
 }  // namespace shardwise

@@ -153,10 +153,6 @@ class context_slot {
   }
   /// The context (null: none given; attention within whole sequences).
   [[nodiscard]] context_parallel const* get() const { return context_.get(); }
-  /// The context's members.
-  context_parallel const* operator->() const { return context_.get(); }
-  /// Whether a context was given.
-  explicit operator bool() const { return context_ != nullptr; }
 
  private:
   std::shared_ptr<context_parallel const> context_;
@@ -168,8 +164,6 @@ class context_slot<meta<T>> {
  public:
   /// None.
   [[nodiscard]] constexpr context_parallel const* get() const { return nullptr; }
-  /// None given.
-  constexpr explicit operator bool() const { return false; }
 };
 
 }  // namespace shardwise
