@@ -38,6 +38,14 @@ struct meta_trace {
   cost total{};          ///< The transfers and bytes recorded so far.
   std::size_t live = 0;  ///< Bytes the live meta matrices hold.
   std::size_t peak = 0;  ///< The most they held at once since the last reset_peak().
+  /// Set when the backward starts: from then on what runs (a forward run again by activation checkpointing too)
+  /// is the backward's.
+  bool backward_pass = false;
+
+  /// Where the run records its transfers now, in the order its code makes them: the forward's list until the
+  /// backward starts (a loss's backward run within the forward step, as a pipeline's last stage runs it, too),
+  /// then the backward's.
+  constexpr transfer_list<>& transfers() { return backward_pass ? total.backward : total.forward; }
 
   /// Starts a new peak from what is held now.
   constexpr void reset_peak() { peak = live; }
@@ -49,6 +57,26 @@ struct meta_trace {
   /// One of `bytes` ends.
   constexpr void release(std::size_t bytes) { live -= bytes; }
 };
+
+namespace detail {
+/// A call of a module on shapes, while it lives: at its end what the call added to `list` is folded into one more
+/// repetition of the call before it when the two are equal (transfer_list::fold_repeat), so that a model's
+/// blocks store one block's transfers however many it has.
+class repeated_call {
+ public:
+  /// Null: not a call on shapes, nothing to fold.
+  constexpr explicit repeated_call(transfer_list<>* list) : list_(list), mark_(list ? list->mark() : transfer_mark{}) {}
+  constexpr ~repeated_call() {
+    if (list_) list_->fold_repeat(mark_);
+  }
+  repeated_call(repeated_call const&) = delete;
+  repeated_call& operator=(repeated_call const&) = delete;
+
+ private:
+  transfer_list<>* list_;
+  transfer_mark mark_;
+};
+}  // namespace detail
 
 /// A [rows, cols] matrix of T with no values: what a meta activation holds. It reports its bytes to its trace
 /// while it lives; moved from, it is empty (as an Eigen matrix whose storage was taken).
@@ -102,6 +130,7 @@ class meta_matrix {
   constexpr meta_matrix& array() { return *this; }
   constexpr meta_matrix const& array() const { return *this; }
   constexpr meta_matrix& operator*=(meta_matrix const&) { return *this; }
+  constexpr meta_matrix& operator*=(Scalar) { return *this; }
   constexpr meta_matrix& operator+=(meta_matrix const&) { return *this; }
   friend constexpr meta_matrix operator+(meta_matrix const& a, meta_matrix const&) { return a.like(a.rows_, a.cols_); }
   /// @}

@@ -47,7 +47,7 @@ struct GPT2Config {
   }
   /// Throws, naming the field and the fix, for sizes no model can have: zeros, tables too large to index, a
   /// non-positive epsilon (GPT2 itself refuses a width the heads do not divide).
-  void check() const {
+  constexpr void check() const {
     auto const positive = [](char const* field, std::size_t value) {
       if (value == 0) shardwise::raise("shardwise::models::GPT2Config: ", field, " is 0; give it a positive size");
     };
@@ -256,7 +256,7 @@ struct GPT2 {
 
   /// Builds the model from `c` (parameters drawn from c.seed, embeddings N(0, 0.02)); throws if dim does not
   /// divide into the heads.
-  explicit GPT2(GPT2Config const& c)
+  constexpr explicit GPT2(GPT2Config const& c)
       : wte(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
         wpe(std::get<1>(shardwise_shapes(c)), c.seed + 1),
         ln_f(std::get<3>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
@@ -279,26 +279,10 @@ struct GPT2 {
     wpe.pad_vocabulary_for_tp();
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: the embeddings (wte and wpe), every block
-  /// (called through sw::forward), the final LayerNorm and lm_head (which computes with wte's table), forward in
-  /// that order and backward in reverse.
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on shapes
+  /// (sw::derived_model_cost).
   static constexpr cost shardwise_cost(GPT2Config const& c, cost_inputs const& s) {
-    using Block = GPT2Block<T, subplan<Plan, "h.*">>;
-    using Head = decltype(lm_head);
-    cost const token = decltype(wte)::shardwise_cost(c.vocabulary, c.dim, s);
-    cost const position = decltype(wpe)::shardwise_cost(c.sequence, c.dim, s);
-    cost const block = call_cost<Block, T>(Block::shardwise_cost(c, s), c.dim, c.dim, s);
-    cost const head = Head::shardwise_cost(c.dim, c.vocabulary, s);
-    cost total;
-    total.hold(token).hold(position).hold(decltype(ln_f)::shardwise_cost(c.dim, s));
-    for (std::size_t i = 0; i < c.layers; ++i) total.hold(block);
-    total.activation_bytes += head.activation_bytes;  // its weight is wte's
-    total.forward.append(token.forward).append(position.forward).append(block.forward, c.layers).append(head.forward);
-    total.backward.append(head.backward);
-    shardwise::detail::add_redistribute<typename Head::input_grad_layout, typename decltype(ln_f)::input_layout>(
-        total.backward, s.tokens, c.dim, sizeof(T), s);
-    total.backward.append(block.backward, c.layers).append(token.backward).append(position.backward);
-    return total;
+    return derived_model_cost<GPT2<meta<T>, Plan>>(s, [](auto&) {}, c);
   }
 
   /// Its children's shapes, which the constructor builds them from: wte, wpe, c.layers blocks, ln_f, and the LM
@@ -334,8 +318,8 @@ struct GPT2 {
 
   /// Logits [tokens, vocabulary] for the token ids (whole sequences of config().sequence tokens; under context
   /// parallelism, this rank's tokens of each: sw::context_parallel::positions()).
-  auto forward(std::span<const std::int64_t> ids) {
-    auto x = wte(ids) + wpe(positions(ids.size()));
+  constexpr auto forward(token_ids_t<T> ids) {
+    auto x = wte(ids) + wpe(positions(ids));
     for (auto& block : h) x = shardwise::forward(block, x);  // FSDP units gather here
     return lm_head(ln_f(x));
   }
@@ -350,7 +334,7 @@ struct GPT2 {
                   "shardwise::models::GPT2: a forward with a key-value cache needs the residual stream whole on "
                   "every rank; build the model for inference with gpt2_plan<false> (no sequence parallelism): its "
                   "weights are cut as under sequence parallelism, so the same checkpoints load");
-    if (context_)
+    if (context_.get())
       shardwise::raise(
           "shardwise::models::GPT2::forward: a forward with a key-value cache on a model cut over cp "
           "(sw::context_parallelize); generate with a model that is not");
@@ -392,7 +376,7 @@ struct GPT2 {
 
   /// Backward of the last forward from the logits' gradient: accumulates every parameter's gradient.
   template <class DY>
-  void backward(DY const& dlogits) {
+  constexpr void backward(DY const& dlogits) {
     auto dx = ln_f.backward(lm_head.backward(dlogits));
     for (auto block = h.rbegin(); block != h.rend(); ++block) dx = shardwise::backward(*block, dx);
     wte.backward(dx);
@@ -400,23 +384,28 @@ struct GPT2 {
   }
 
  private:
-  /// The position of every token: 0, 1, ..., sequence - 1, again for each sequence of the batch (under context
-  /// parallelism, this rank's positions in each).
-  std::span<const std::int64_t> positions(std::size_t tokens) {
-    std::size_t const rows = context_ ? context_->tokens() : config_.sequence;
-    if (tokens % rows != 0)
-      shardwise::raise("shardwise::models::GPT2: ", tokens, " ids are not whole sequences of ", rows,
-                       context_ ? " tokens (this cp rank's tokens of each sequence)" : " tokens",
-                       "; give forward a batch of complete sequences");
-    positions_.resize(tokens);
-    for (std::size_t i = 0; i < tokens; ++i)
-      positions_[i] = context_ ? context_->positions()[i % rows] : static_cast<std::int64_t>(i % rows);
-    return positions_;
+  /// The position of every token of `ids`: 0, 1, ..., sequence - 1, again for each sequence of the batch (under
+  /// context parallelism, this rank's positions in each); on shapes, as many as the ids.
+  constexpr token_ids_t<T> positions(token_ids_t<T> ids) {
+    if constexpr (is_meta_v<T>) {
+      return ids;
+    } else {
+      context_parallel const* const context = context_.get();
+      std::size_t const tokens = ids.size(), rows = context ? context->tokens() : config_.sequence;
+      if (tokens % rows != 0)
+        shardwise::raise("shardwise::models::GPT2: ", tokens, " ids are not whole sequences of ", rows,
+                         context ? " tokens (this cp rank's tokens of each sequence)" : " tokens",
+                         "; give forward a batch of complete sequences");
+      positions_.resize(tokens);
+      for (std::size_t i = 0; i < tokens; ++i)
+        positions_[i] = context ? context->positions()[i % rows] : static_cast<std::int64_t>(i % rows);
+      return positions_;
+    }
   }
 
   GPT2Config config_;
   std::vector<std::int64_t> positions_;
-  std::shared_ptr<context_parallel const> context_;  // set by sw::context_parallelize
+  context_slot<T> context_;  // set by sw::context_parallelize
 };
 
 }  // namespace shardwise::models

@@ -161,12 +161,12 @@ struct Llama {
 
   /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
   /// c.tie_word_embeddings is set.
-  explicit Llama(LlamaConfig const& c)
+  constexpr explicit Llama(LlamaConfig const& c)
       : tok_embeddings(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
         norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
         output(std::get<3>(shardwise_shapes(c)).each, c.seed + 1),
         config_(c) {
-    if (c.rope_scaled)
+    if (c.rope_scaled && !is_meta_v<T>)  // on shapes the rotation moves and keeps nothing, scaled or not
       shardwise::raise(
           "shardwise::models::Llama: the config asks for a scaled rotary embedding (rope_scaling, or a "
           "rope_type other than \"default\"); this model has the default rotary embedding only and "
@@ -180,29 +180,12 @@ struct Llama {
     output.pad_outputs_for_tp();
   }
 
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens per forward: the embedding, every block
-  /// (called through sw::forward), the final norm and the output projection, forward in that order and backward
-  /// in reverse (the norm first reduces the output's Partial input gradient, without sequence parallelism).
-  /// With `checkpointed_blocks` (checkpoint_blocks(true)) each block keeps only its input between forward and
-  /// backward; the transfers of its forward then run again in the backward, before its own.
+  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens per forward: its own forward and backward,
+  /// run on shapes (sw::derived_model_cost). With `checkpointed_blocks` (checkpoint_blocks(true)) each block keeps
+  /// only its input between forward and backward, and its forward's transfers run again in the backward.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s, bool checkpointed_blocks = false) {
-    llama_cost_parts const parts = shardwise_cost_parts(c, s);
-    cost total;
-    total.hold(parts.embedding).hold(decltype(norm)::shardwise_cost(c.dim, s));
-    cost kept = parts.block;
-    if (checkpointed_blocks) {  // only the block's input: the stream, this rank's tokens under Shard<0>
-      bool const cut = std::is_same_v<typename stream::placement, Shard<0>>;
-      kept.activation_bytes = (cut ? s.local_tokens() : s.tokens) * c.dim * sizeof(T);
-      kept.backward = transfer_list<>().append(parts.block.forward).append(parts.block.backward);
-    }
-    for (std::size_t i = 0; i < c.layers; ++i) total.hold(kept);
-    if (!c.tie_word_embeddings)
-      total.hold(parts.output);  // a tied output computes with the embedding's table
-    else
-      total.activation_bytes += parts.output.activation_bytes;
-    total.forward.append(parts.embedding.forward).append(parts.block.forward, c.layers).append(parts.output.forward);
-    total.backward.append(parts.head_backward).append(kept.backward, c.layers).append(parts.embedding.backward);
-    return total;
+    using shapes = Llama<meta<T>, Plan, StaticHeads, StaticKvHeads>;
+    return derived_model_cost<shapes>(s, [&](shapes& model) { model.checkpoint_blocks(checkpointed_blocks); }, c);
   }
 
   /// The costs shardwise_cost composes: the embedding's, one block's (called through sw::forward), the output
@@ -253,9 +236,9 @@ struct Llama {
 
   /// Logits [tokens, vocabulary] for the token ids (whole sequences, config().sequence each; under context
   /// parallelism, this rank's tokens of each: sw::context_parallel::positions()).
-  auto forward(std::span<const std::int64_t> ids) {
+  constexpr auto forward(token_ids_t<T> ids) {
     std::size_t const rows = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
-    if (ids.size() % rows != 0)
+    if (!is_meta_v<T> && ids.size() % rows != 0)  // on shapes: s.tokens are the rank's, whatever the cut
       shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids are not whole sequences of ",
                        rows, rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
                        "; give it a batch of whole sequences");
@@ -313,11 +296,11 @@ struct Llama {
   /// Activation checkpointing per transformer block (Accelerate's activation_checkpointing, torchtitan's "full"
   /// mode): each block keeps only its input between its forward and its backward and runs its forward again in
   /// the backward. The same numbers, bit for bit; off by default.
-  void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
+  constexpr void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
 
   /// Backward of the last forward from the logits' gradient: accumulates every parameter's gradient.
   template <class DY>
-  void backward(DY const& dlogits) {
+  constexpr void backward(DY const& dlogits) {
     stream dh = norm.backward(output.backward(dlogits));
     for (std::size_t i = layers.size(); i-- > 0;)
       dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh)
@@ -326,7 +309,7 @@ struct Llama {
   }
 
  private:
-  void tie_output_to_embedding() {
+  constexpr void tie_output_to_embedding() {
     if constexpr (can_tie)
       tie_weights(output, tok_embeddings);
     else

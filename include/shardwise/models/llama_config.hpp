@@ -57,7 +57,7 @@ struct LlamaConfig {
 
   /// Throws, naming the field and the fix, for sizes no model can have: zeros, head counts that do not divide,
   /// an odd head width (the rotary embedding rotates pairs), or tables too large to index.
-  void check() const {
+  constexpr void check() const {
     auto const positive = [](char const* field, std::size_t value) {
       if (value == 0) shardwise::raise("shardwise::models::LlamaConfig: ", field, " is 0; give it a positive size");
     };

@@ -45,12 +45,14 @@ struct LlamaStage {
   SHARDWISE_SAVED(block_inputs_)
 
   /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
-  LlamaStage(LlamaConfig const& c, stage_split const& split, int stage) : config_((c.check(), c)) {
-    if (split.layers() != c.layers)
-      shardwise::raise("shardwise::models::LlamaStage: the stage split cuts ", split.layers(),
-                       " layers but the config has ", c.layers, "; build the split from config.layers");
-    auto const range = split.of(stage);
-    first_ = stage == 0, last_ = stage == split.stages() - 1, stages_ = split.stages();
+  LlamaStage(LlamaConfig const& c, stage_split const& split, int stage)
+      : LlamaStage(c, checked_range(c, split, stage), split.stages()) {}
+
+  /// Builds the stage holding `range` of c.layers blocks, one of `stages` (which tied embeddings across stages
+  /// need: shardwise_after_pipeline_step), with the unsharded model's parameters.
+  constexpr LlamaStage(LlamaConfig const& c, stage_range const& range, int stages)
+      : config_((c.check(), c)), stages_(stages) {
+    first_ = range.first == 0, last_ = range.first + range.count == c.layers;
     auto const shapes = shardwise_shapes(c, range);
     if (first_) tok_embeddings.emplace(std::get<0>(shapes).each, c.seed);
     layers.first = range.first;
@@ -69,7 +71,7 @@ struct LlamaStage {
   /// Activation checkpointing per transformer block (optimum-neuron's
   /// pipeline_parallel_gradient_checkpointing_enabled): each block keeps only its input between its forward and
   /// its backward, and runs its forward again in the backward. The same numbers, bit for bit; off by default.
-  void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
+  constexpr void checkpoint_blocks(bool on) { checkpoint_blocks_ = on; }
 
   /// Called by sw::run_pipeline_step at the end of each step: with tie_word_embeddings over several stages,
   /// the first stage's embedding and the last stage's copy of it as the output exchange their gradients over
@@ -95,9 +97,9 @@ struct LlamaStage {
   }
 
   /// Whether this stage holds the embedding (stage 0).
-  [[nodiscard]] bool is_first() const { return first_; }
+  [[nodiscard]] constexpr bool is_first() const { return first_; }
   /// Whether this stage holds the final norm and the output projection (the last stage).
-  [[nodiscard]] bool is_last() const { return last_; }
+  [[nodiscard]] constexpr bool is_last() const { return last_; }
   /// The config the model was built from.
   [[nodiscard]] LlamaConfig const& config() const { return config_; }
   /// What checkpoints store beside the weights: LlamaConfig::fields(), as Llama's.
@@ -128,12 +130,12 @@ struct LlamaStage {
 
   /// The first stage's forward: the embedding of the token ids (whole sequences; under context parallelism, this
   /// rank's tokens of each: sw::context_parallel::positions()), then its blocks.
-  stream forward(std::span<const std::int64_t> ids) {
+  constexpr stream forward(token_ids_t<T> ids) {
     if (!first_)
       shardwise::raise("shardwise::models::LlamaStage::forward: token ids given to stage holding layers ", layers.first,
                        "..", layers.first + layers.size(), ", which has no embedding; give them to the first stage");
     std::size_t const rows = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
-    if (ids.size() % rows != 0)
+    if (!is_meta_v<T> && ids.size() % rows != 0)  // on shapes: s.tokens are the rank's, whatever the cut
       shardwise::raise("shardwise::models::LlamaStage::forward: ", ids.size(), " token ids are not whole sequences of ",
                        rows, rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
                        "; give it a batch of whole sequences");
@@ -141,7 +143,7 @@ struct LlamaStage {
   }
 
   /// The stage's blocks on the residual stream received from the stage before.
-  stream forward(stream h) {
+  constexpr stream forward(stream h) {
     if (!checkpoint_blocks_) {
       for (auto& block : layers) h = shardwise::forward(block, h);  // FSDP units gather here
       return h;
@@ -153,7 +155,7 @@ struct LlamaStage {
 
   /// Backward of the stage's last forward from the gradient of its output: accumulates the parameter
   /// gradients; returns the gradient of its input (empty on the first stage, whose input is token ids).
-  stream backward(stream dh) {
+  constexpr stream backward(stream dh) {
     for (std::size_t i = layers.size(); i-- > 0;)
       dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh)
                               : shardwise::backward(layers[i], dh);
@@ -173,7 +175,7 @@ struct LlamaStage {
   /// over a step's microbatches): accumulates the head's gradients and returns the loss and the stream's
   /// gradient.
   template <class Mesh>
-  head_result head_loss(Mesh const& tp, stream const& h, std::span<const std::int64_t> targets, T scale = T(1)) {
+  constexpr head_result head_loss(Mesh const& tp, stream const& h, token_ids_t<T> targets, T scale = T(1)) {
     if (!last_)
       shardwise::raise("shardwise::models::LlamaStage::head_loss: the stage holding layers ", layers.first, "..",
                        layers.first + layers.size(), " is not the last; compute the loss on the last stage");
@@ -183,42 +185,15 @@ struct LlamaStage {
   }
 
   /// Its cost on one rank (sw::cost) as the stage holding `blocks` of config `c`, for s.tokens tokens per
-  /// microbatch. Forward: the embedding's transfers (first stage), its blocks', and on the last stage the head's,
-  /// which head_loss runs right after the forward (the final norm, the output projection and the loss, then
-  /// their backward). Backward: its blocks' in reverse (each block's forward first, with `checkpointed_blocks`),
-  /// then the embedding's. What it holds: its parameters, their gradients, and what its forward keeps for its
-  /// backward (not the head's, which head_loss spends at once). For sw::pipeline_step_cost's stage_transfers.
+  /// microbatch: its own code run on shapes as sw::run_pipeline_step runs it (sw::derived_stage_cost). Forward:
+  /// the embedding's transfers (first stage), its blocks', and on the last stage the head's, which head_loss runs
+  /// right after the forward. Backward: its blocks' in reverse (each block's forward first, with
+  /// `checkpointed_blocks`), then the embedding's. For sw::pipeline_step_cost's stage_transfers.
   static constexpr cost shardwise_cost(LlamaConfig const& c, stage_range const& blocks, cost_inputs const& s,
                                        bool checkpointed_blocks = false) {
-    using Whole = Llama<T, Plan, StaticHeads, StaticKvHeads>;
-    using Output = Linear<T, style_at<Plan, "output">>;
-    bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
-    llama_cost_parts const parts = Whole::shardwise_cost_parts(c, s);
-    cost block = parts.block;
-    if (checkpointed_blocks) {  // only the block's input, this rank's tokens under Shard<0>
-      bool const cut = std::is_same_v<typename stream::placement, Shard<0>>;
-      block.activation_bytes = (cut ? s.local_tokens() : s.tokens) * c.dim * sizeof(T);
-      block.backward = transfer_list<>().append(parts.block.forward).append(parts.block.backward);
-    }
-    cost total;
-    if (first) {
-      total.hold(parts.embedding);
-      total.forward.append(parts.embedding.forward);
-    }
-    for (std::size_t i = 0; i < blocks.count; ++i) total.hold(block);
-    total.forward.append(block.forward, blocks.count);
-    total.backward.append(block.backward, blocks.count);
-    if (first) total.backward.append(parts.embedding.backward);
-    if (last) {
-      cost head = parts.output, norm = RMSNorm<T, style_at<Plan, "norm">>::shardwise_cost(c.dim, s);
-      head.activation_bytes = norm.activation_bytes = 0;  // spent by head_loss before the next forward
-      if (c.tie_word_embeddings && first) head.parameter_bytes = head.gradient_bytes = 0;  // the embedding's table
-      total.hold(head).hold(norm);
-      total.forward.append(parts.output.forward)
-          .append(cross_entropy_cost<T, typename Output::output_layout>(s.tokens, s).forward)
-          .append(parts.head_backward);
-    }
-    return total;
+    return derived_stage_cost<shapes_type, typename shapes_type::stream>(
+        s, c.dim, true, [&](shapes_type& stage) { stage.checkpoint_blocks(checkpointed_blocks); }, c, blocks,
+        stages_around(c, blocks));
   }
 
   /// What sw::pipeline_step_cost needs of this stage (sw::stage_transfers): shardwise_cost's forward and backward;
@@ -234,14 +209,12 @@ struct LlamaStage {
     bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
     cost const stage = shardwise_cost(c, blocks, s, checkpointed_blocks);
     stage_transfers<> t{stage.forward, stage.backward, {}, {}};
-    if (stage_recomputed) {
-      llama_cost_parts const parts = Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_cost_parts(c, s);
-      if (first) t.recompute.append(parts.embedding.forward);
-      t.recompute.append(parts.block.forward, blocks.count);
-    }
+    if (stage_recomputed)  // the stage's forward again, without the head
+      t.recompute = derived_stage_cost<shapes_type, typename shapes_type::stream>(
+                        s, c.dim, false, [](auto&) {}, c, blocks, stages_around(c, blocks))
+                        .forward;
     if (c.tie_word_embeddings && first != last) {
-      std::size_t const table =
-          Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_cost_parts(c, s).embedding.gradient_bytes;
+      std::size_t const table = embedding_type::shardwise_cost(c.vocabulary, c.dim, s).gradient_bytes;
       transfer_kind const one = first ? transfer_kind::send : transfer_kind::recv;
       transfer_kind const other = first ? transfer_kind::recv : transfer_kind::send;
       t.after_step.add(one, pp_axis, table).add(other, pp_axis, table);
@@ -272,7 +245,7 @@ struct LlamaStage {
  private:
   /// Ties the output to the embedding: the same tensor on one stage; across stages, a copy of the embedding's
   /// initial table, marked as the first stage's "tok_embeddings.weight" (see Parameter::mirror_of).
-  void tie_output() {
+  constexpr void tie_output() {
     if constexpr (!Llama<T, Plan, StaticHeads, StaticKvHeads>::can_tie) {
       shardwise::raise(
           "shardwise::models::LlamaStage: tie_word_embeddings needs the plan to cut \"output\" and "
@@ -295,6 +268,20 @@ struct LlamaStage {
     recv(pp, other, peer, tag);
     if (!send_first) send(pp, grad, peer, tag);
     grad += other;
+  }
+
+  using shapes_type = LlamaStage<meta<T>, Plan, StaticHeads, StaticKvHeads>;  // the stage on shapes, for its cost
+
+  /// A stage count `blocks` can be one of (its cost does not depend on it).
+  static constexpr int stages_around(LlamaConfig const& c, stage_range const& blocks) {
+    return blocks.count == c.layers ? 1 : 2;
+  }
+  /// split.of(stage), once the split is known to cut c.layers blocks.
+  static stage_range checked_range(LlamaConfig const& c, stage_split const& split, int stage) {
+    if (split.layers() != c.layers)
+      shardwise::raise("shardwise::models::LlamaStage: the stage split cuts ", split.layers(),
+                       " layers but the config has ", c.layers, "; build the split from config.layers");
+    return split.of(stage);
   }
 
   LlamaConfig config_;

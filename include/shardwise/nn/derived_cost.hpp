@@ -2,13 +2,16 @@
 // A module's cost from its own code (sw::derived_cost): the module built with the element type sw::meta<T> runs
 // its forward and backward on shape-only activations, and what its layers record, what it keeps from forward to
 // backward and the most its backward holds at once are its cost on one rank. Nothing restates the order its code
-// calls its children in; it takes microseconds whatever the sizes.
+// calls its children in; it takes microseconds whatever the sizes. A whole model runs the same way from token
+// ids (sw::derived_model_cost); its repeated blocks are stored once (detail::repeated_call).
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "shardwise/cost/meta_trace.hpp"
 #include "shardwise/nn/meta.hpp"
+#include "shardwise/plan/tree.hpp"
 
 namespace shardwise {
 
@@ -23,7 +26,31 @@ constexpr void set_up_shapes_for(Node& node, int tp) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {  // not std::apply: its invoke traits cost compile time
       (set_up_shapes_for(std::get<I>(children), tp), ...);
     }(std::make_index_sequence<std::tuple_size_v<decltype(children)>>{});
+  } else if constexpr (repeated<Node>::value) {
+    for (auto& element : node) set_up_shapes_for(element, tp);
+  } else if constexpr (optional_child<Node>::value) {
+    if (node) set_up_shapes_for(*node, tp);
   }
+}
+
+/// Runs `module`'s forward on `input` and its backward on a gradient of its output's shape, recording in `trace`
+/// what sw::derived_cost describes.
+template <class Module, class Input>
+constexpr void run_on_shapes(Module& module, Input const& input, meta_trace& trace) {
+  std::size_t const before = trace.live;
+  auto y = module.forward(input);
+  trace.total.activation_bytes = trace.live - before - y.local.bytes();
+  auto const dy = y;  // the output's gradient: its shape and layout
+  trace.reset_peak();
+  std::size_t const held = trace.live;
+  trace.backward_pass = true;  // a forward run again now (checkpointing) is part of the backward
+  if constexpr (std::is_void_v<decltype(module.backward(dy))>) {
+    module.backward(dy);
+  } else {
+    auto dx = module.backward(dy);
+  }
+  trace.backward_pass = false;
+  trace.total.working_bytes = trace.peak - held;
 }
 }  // namespace detail
 
@@ -43,14 +70,58 @@ constexpr cost derived_cost(cost_inputs const& s, std::size_t features, Args&&..
     Module module(std::forward<Args>(args)...);
     detail::set_up_shapes_for(module, static_cast<int>(s.tp));
     Input x{meta_matrix<T>(detail::meta_rows<In>(s), detail::meta_cols<In>(features, s.tp, s.tp_rank), &trace)};
+    detail::run_on_shapes(module, x, trace);
+  }
+  return trace.total;
+}
+
+/// The cost (sw::cost) on one rank of a whole model, whose forward takes s.tokens token ids (sw::token_ids_t) and
+/// whose backward takes its output's gradient: Model (built with the element type sw::meta<T> from `args`, set
+/// up as by sw::derived_cost, then handed to `prepare`: `model.checkpoint_blocks(true)`, say) runs its own
+/// forward and backward on shapes. The same figures as sw::derived_cost; a forward its backward runs again
+/// (activation checkpointing) counts among the backward's transfers.
+template <class Model, class Prepare, class... Args>
+constexpr cost derived_model_cost(cost_inputs const& s, Prepare&& prepare, Args&&... args) {
+  meta_trace trace{s};
+  {
+    Model model(std::forward<Args>(args)...);
+    detail::set_up_shapes_for(model, static_cast<int>(s.tp));
+    std::forward<Prepare>(prepare)(model);
+    detail::run_on_shapes(model, meta_ids{s.tokens, &trace}, trace);
+  }
+  return trace.total;
+}
+
+/// The cost (sw::cost) on one rank of a pipeline stage for one microbatch of s.tokens tokens, its own code run on
+/// shapes as sw::run_pipeline_step runs it: Stage (built with the element type sw::meta<T> from `args`, set up as
+/// by sw::derived_cost, then handed to `prepare`) runs forward on token ids when it is the first stage, else on
+/// the stream of [tokens, features] the stage before sends (Stream: an sw::Activation<sw::meta<T>, Layout>); with
+/// `head` on the last stage, head_loss right after (its transfers are the forward's); then backward from the
+/// stream's gradient. Activation bytes: what the forward keeps (not the head's, which head_loss spends).
+template <class Stage, class Stream, class Prepare, class... Args>
+constexpr cost derived_stage_cost(cost_inputs const& s, std::size_t features, bool head, Prepare&& prepare,
+                                  Args&&... args) {
+  using T = typename Stream::element_type::element;
+  using In = typename Stream::placement;
+  meta_trace trace{s};
+  {
+    Stage stage(std::forward<Args>(args)...);
+    detail::set_up_shapes_for(stage, static_cast<int>(s.tp));
+    std::forward<Prepare>(prepare)(stage);
+    meta_ids const ids{s.tokens, &trace};
     std::size_t const before = trace.live;
-    auto y = module.forward(x);
-    trace.total.activation_bytes = trace.live - before - y.local.bytes();
-    auto const dy = y;  // the output's gradient: its shape and layout
+    Stream received;  // what the stage before sends, which the stage keeps only where its code does
+    if (!stage.is_first())
+      received.local =
+          meta_matrix<T>(detail::meta_rows<In>(s), detail::meta_cols<In>(features, s.tp, s.tp_rank), &trace);
+    Stream h = stage.is_first() ? stage.forward(ids) : stage.forward(std::move(received));
+    trace.total.activation_bytes = trace.live - before - h.local.bytes();
+    Stream dh = head && stage.is_last() ? stage.head_loss(trace, h, ids).gradient : h;
     trace.reset_peak();
     std::size_t const held = trace.live;
+    trace.backward_pass = true;
     {
-      auto dx = module.backward(dy);
+      Stream dx = stage.backward(std::move(dh));
     }
     trace.total.working_bytes = trace.peak - held;
   }

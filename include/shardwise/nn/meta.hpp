@@ -2,6 +2,9 @@
 // Shape-only activations (sw::meta<T>; cost/meta_trace.hpp) and the element-wise functions on them: the same
 // shapes and the same storage reuse as the functions on real activations (a temporary's storage becomes the
 // result), so that a shape-only run holds what the real run holds, at every point of its backward.
+#include <cstddef>
+#include <cstdint>
+#include <span>
 #include <utility>
 
 #include "shardwise/cost/meta_trace.hpp"
@@ -17,6 +20,39 @@ struct Activation<meta<T>, P> {
   using element_type = meta<T>;  ///< The element type.
   using placement = P;           ///< The layout on the tp axis.
   meta_matrix<T> local;          ///< This rank's part: its shape.
+};
+
+/// Token ids on shapes: how many, and the trace the run reports to (what a shape-only model's forward takes).
+struct meta_ids {
+  std::size_t count = 0;        ///< How many ids.
+  meta_trace* trace = nullptr;  ///< The run's trace.
+  /// How many ids, as a span's size.
+  [[nodiscard]] constexpr std::size_t size() const { return count; }
+};
+
+/// The token ids a model of element type T takes: a span of int64 for real numbers, sw::meta_ids on shapes, so
+/// that one forward serves both.
+template <class T>
+struct token_ids {
+  using type = std::span<const std::int64_t>;  ///< Real ids.
+};
+/// On shapes: a count.
+template <class T>
+struct token_ids<meta<T>> {
+  using type = meta_ids;  ///< Shape-only ids.
+};
+/// token_ids<T>::type.
+template <class T>
+using token_ids_t = typename token_ids<T>::type;
+
+/// What a shape-only layer has where the real one has a parameter's values: nothing (sw::tie_weights hands it on,
+/// and a model's constructor may scale it, as GPT-2's scales its embeddings).
+struct meta_values {
+  /// Scaled: still nothing.
+  template <class Number>
+  constexpr meta_values& operator*=(Number) {
+    return *this;
+  }
 };
 
 /// A shape-only activation of a's layout and shape (as sw::empty_like of a real one).

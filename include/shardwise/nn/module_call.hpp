@@ -152,7 +152,7 @@ constexpr auto move_at_boundary(Module& module, X const& x) {
                 "shardwise::forward: the mover of the plan entry at a module's path must have move<From, To, T> "
                 "and add_cost<From, To> (sw::activation_mover); use sw::layout_engine or write both");
   if constexpr (is_meta_v<T>) {  // a shape-only run: the move's cost recorded
-    return Activation<T, To>{meta_moved<Mover, From, To>(x.local, x.local.trace()->total.forward)};
+    return Activation<T, To>{meta_moved<Mover, From, To>(x.local, x.local.trace()->transfers())};
   } else {
     auto const* g = group_under<T>(module);
     return Activation<T, To>{Mover::template move<From, To, T>(*g, moved<T>(g, x, Key::value))};
@@ -174,10 +174,20 @@ constexpr module_hooks* call_hooks(Module& module) {
     return hooks_under(module);
 }
 
+/// On shapes, the list a call of a module on x records in (meta_trace::transfers), whose repeats
+/// detail::repeated_call folds; null on real activations.
+template <class X>
+constexpr transfer_list<>* meta_call_list(X const& x) {
+  if constexpr (meta_activation_v<X>)
+    return &x.local.trace()->transfers();
+  else
+    return nullptr;
+}
+
 /// On shapes, a gradient moved from From to To at a module's boundary in its backward: its cost recorded.
 template <class Mover, class From, class To, class T>
 constexpr Activation<T, To> meta_gradient_moved(Activation<T, From> const& dy) {
-  return {meta_moved<Mover, From, To>(dy.local, dy.local.trace()->total.backward)};
+  return {meta_moved<Mover, From, To>(dy.local, dy.local.trace()->transfers())};
 }
 }  // namespace detail
 
@@ -205,6 +215,7 @@ constexpr auto forward(Module& module, X const& x, Context&&... context) {
       return detail::move_at_boundary<typename L::mover, typename L::in, typename L::desired_in, Key>(module, x);
     }
   };
+  detail::repeated_call const call(detail::meta_call_list(x));  // on shapes: a repeated block stored once
   auto* const hooks = detail::call_hooks<X>(module);
   if (hooks) hooks->before_forward(detail::id_of(module));
   auto&& y = module.forward(prepared_input(), std::forward<Context>(context)...);
@@ -244,6 +255,7 @@ constexpr auto backward(Module& module, DY const& dy) {
             L::mover::template move<From, typename L::out, T>(*g, detail::moved<T>(g, dy, Key::value))};
     }
   };
+  detail::repeated_call const call(detail::meta_call_list(dy));
   auto* const hooks = detail::call_hooks<DY>(module);
   if (hooks) hooks->before_backward(detail::id_of(module));
   auto&& dx = module.backward(output_gradient());

@@ -36,7 +36,7 @@ constexpr auto show_tie_mismatch() {
 
 /// The owner's weight shape before any cut: [vocabulary, dim] for an Embedding, [out, in] for a Linear.
 template <class Owner>
-std::pair<std::size_t, std::size_t> unsharded_weight_shape(Owner const& owner) {
+constexpr std::pair<std::size_t, std::size_t> unsharded_weight_shape(Owner const& owner) {
   if constexpr (requires { owner.vocabulary(); })
     return {owner.vocabulary(), owner.dim()};
   else
@@ -50,7 +50,7 @@ std::pair<std::size_t, std::size_t> unsharded_weight_shape(Owner const& owner) {
 /// cut the weight the same way: an output Linear under ColwiseParallel (rows: the vocabulary) with an Embedding
 /// under RowwiseParallel, RowwiseParallel with ColwiseParallel, or neither in the plan.
 template <class User, class Owner>
-void tie_weights(User& user, Owner& owner) {
+constexpr void tie_weights(User& user, Owner& owner) {
   static_assert(
       requires { user.shardwise_tie(owner.weight, owner.weight_grad, std::string_view()); },
       "shardwise::tie_weights: the first layer must be a shardwise::Linear (the one that reuses the "

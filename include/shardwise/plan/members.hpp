@@ -14,4 +14,4 @@
 /// backward (SHARDWISE_SAVED() if it keeps none), so that several microbatches can be in flight
 /// (sw::saved_activations moves them out and back) and activation checkpointing can drop them.
 #define SHARDWISE_SAVED(...) \
-  auto shardwise_saved() { return std::tie(__VA_ARGS__); }
+  constexpr auto shardwise_saved() { return std::tie(__VA_ARGS__); }

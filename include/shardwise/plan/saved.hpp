@@ -67,7 +67,7 @@ struct saved_store {
 
 /// Swaps every saved member under `node` with its place in `store` (which grows to fit repeated children).
 template <class Node, class Store>
-void swap_saved(Node& node, Store& store) {
+constexpr void swap_saved(Node& node, Store& store) {
   using N = std::remove_cvref_t<Node>;
   if constexpr (layer<N> || module<N>) {
     auto members = node.shardwise_saved();
@@ -135,9 +135,9 @@ class saved_activations {
  public:
   /// Moves the activations of node's last forward here (the node keeps empty or stale buffers, which its next
   /// forward overwrites).
-  void take_from(Node& node) { detail::swap_saved(node, store_); }
+  constexpr void take_from(Node& node) { detail::swap_saved(node, store_); }
   /// Moves them back into the node, ready for its backward.
-  void give_back(Node& node) { detail::swap_saved(node, store_); }
+  constexpr void give_back(Node& node) { detail::swap_saved(node, store_); }
 
  private:
   detail::saved_store_t<Node> store_{};
@@ -146,7 +146,7 @@ class saved_activations {
 /// Frees what node's last forward kept for its backward (activation checkpointing: the forward runs again
 /// before the backward).
 template <class Node>
-void drop_saved_activations(Node& node) {
+constexpr void drop_saved_activations(Node& node) {
   saved_activations<Node> dropped;
   dropped.take_from(node);
 }

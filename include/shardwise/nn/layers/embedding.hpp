@@ -255,15 +255,15 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
   using style = Style;                  ///< The parallel style the plan gives it.
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
-  Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
+  constexpr Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
       : core(Location::path.view(), vocabulary, dim, seed) {}
   /// The same, from its shape.
-  Embedding(embedding_shape const& shape, std::uint64_t seed) : Embedding(shape.rows, shape.cols, seed) {}
+  constexpr Embedding(embedding_shape const& shape, std::uint64_t seed) : Embedding(shape.rows, shape.cols, seed) {}
 
   /// Pads the table at parallelize, with zero rows no id reaches, up to a multiple of the tp size (under
   /// RowwiseParallel, a vocabulary the tp size does not divide), as Megatron does. Checkpoints store the real
   /// rows only; give the loss the real vocabulary as `classes`.
-  Embedding& pad_vocabulary_for_tp() {
+  constexpr Embedding& pad_vocabulary_for_tp() {
     this->pad_for_tp_ = true;
     return *this;
   }
@@ -285,3 +285,5 @@ SHARDWISE_DETAIL_EMBEDDING_CORES(extern, float)
 SHARDWISE_DETAIL_EMBEDDING_CORES(extern, double)
 }  // namespace shardwise::detail
 #endif
+
+#include "shardwise/nn/layers/embedding_meta.hpp"  // the shape-only Embedding (element type sw::meta<T>)

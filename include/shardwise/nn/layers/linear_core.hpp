@@ -112,19 +112,31 @@ class linear_core : public layer_plumbing<T> {
   /// the moves the layer makes (the same moves as above). `in` and `out`: the unsharded features (out padded,
   /// where the vocabulary is).
   static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
-    constexpr std::size_t e = sizeof(T);
-    std::size_t const n = serial ? 1 : s.tp;
-    std::size_t const local_in = shard_extent(in, cut_cols, n), local_out = shard_extent(out, cut_rows, n);
     cost c;
-    c.parameter_bytes = c.gradient_bytes = (local_in * local_out + (with_bias ? local_out : 0)) * e;
-    c.activation_bytes = s.tokens * local_in * e;  // what the product reads, kept for backward
-    mover::template add_cost<input_layout, typename layouts::product_in>(c.forward, s.tokens, in, e, s);
-    mover::template add_cost<typename layouts::product_out, output_layout>(c.forward, s.tokens, out, e, s);
-    mover::template add_cost<output_layout, typename layouts::product_out_grad>(c.backward, s.tokens, out, e, s);
-    if constexpr (!layouts::input_grad_left_partial)
-      mover::template add_cost<typename layouts::product_in_grad, input_layout>(c.backward, s.tokens, in, e, s);
+    c.parameter_bytes = c.gradient_bytes = parameter_bytes(in, out, s, with_bias);
+    c.activation_bytes = s.tokens * shard_extent(in, cut_cols, serial ? 1 : s.tp) * sizeof(T);  // the product's input
+    add_forward_cost(c.forward, in, out, s);
+    add_backward_cost(c.backward, in, out, s);
     return c;
   }
+  /// @{ The parts of shardwise_cost: the bytes of this rank's parameters, the transfers of a forward and of a
+  /// backward (appended to `list`).
+  static constexpr std::size_t parameter_bytes(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias) {
+    std::size_t const n = serial ? 1 : s.tp;
+    std::size_t const local_in = shard_extent(in, cut_cols, n), local_out = shard_extent(out, cut_rows, n);
+    return (local_in * local_out + (with_bias ? local_out : 0)) * sizeof(T);
+  }
+  static constexpr void add_forward_cost(transfer_list<>& list, std::size_t in, std::size_t out, cost_inputs const& s) {
+    mover::template add_cost<input_layout, typename layouts::product_in>(list, s.tokens, in, sizeof(T), s);
+    mover::template add_cost<typename layouts::product_out, output_layout>(list, s.tokens, out, sizeof(T), s);
+  }
+  static constexpr void add_backward_cost(transfer_list<>& list, std::size_t in, std::size_t out,
+                                          cost_inputs const& s) {
+    mover::template add_cost<output_layout, typename layouts::product_out_grad>(list, s.tokens, out, sizeof(T), s);
+    if constexpr (!layouts::input_grad_left_partial)
+      mover::template add_cost<typename layouts::product_in_grad, input_layout>(list, s.tokens, in, sizeof(T), s);
+  }
+  /// @}
 
   /// This rank's parameters as the costs that walk a model's parameters see them (sw::parameter_cost), for a
   /// Linear of `shape` on s.tp ranks: the weight, then the bias if it has one (cut as shardwise_cost cuts them).

@@ -25,6 +25,7 @@ class linear_core<meta<T>, Rule> {
   static constexpr bool cut_rows = layouts::cut_rows, cut_cols = layouts::cut_cols;
 
  public:
+  SHARDWISE_SAVED(kept_)
   using input_layout = typename layouts::in;               ///< As the real layer's.
   using output_layout = typename layouts::out;             ///< As the real layer's.
   using input_grad_layout = typename layouts::input_grad;  ///< As the real layer's.
@@ -38,6 +39,18 @@ class linear_core<meta<T>, Rule> {
 
   /// As the real layer's before parallelize: `copies` of every output block (key-value heads repeated for tp).
   constexpr void replicate_output_blocks(std::size_t, std::size_t copies) { out_ *= copies; }
+  /// As the real layer's: its cost's shard already counts the padding.
+  constexpr linear_core& pad_outputs_for_tp() { return *this; }
+
+  /// @{ No values: what sw::tie_weights hands another tied shape-only Linear.
+  meta_values weight, weight_grad;
+  /// @}
+  [[nodiscard]] constexpr std::size_t in_features() const { return in_; }    ///< Input features (unsharded).
+  [[nodiscard]] constexpr std::size_t out_features() const { return out_; }  ///< Output features (unsharded).
+  /// Tied (sw::tie_weights): it computes with another layer's parameters, which that layer counts.
+  constexpr void shardwise_tie(meta_values&, meta_values&, std::string_view) { counted_ = true; }
+  /// As the real layer's: a copy of another stage's weight, which this stage holds and counts.
+  constexpr void mirror_weight_of(std::string_view) {}
 
   /// The real layer's cost (sw::cost), which a call records.
   static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
@@ -51,8 +64,8 @@ class linear_core<meta<T>, Rule> {
     meta_trace& trace = *dy.local.trace();
     cost_inputs const& s = trace.inputs;
     if constexpr (std::is_same_v<P, Partial<Sum>> && !std::is_same_v<output_layout, Partial<Sum>>)
-      mover::template add_cost<Partial<Sum>, output_layout>(trace.total.backward, s.tokens, out_, sizeof(T), s);
-    trace.total.backward.append(own_cost(s).backward);
+      mover::template add_cost<Partial<Sum>, output_layout>(trace.transfers(), s.tokens, out_, sizeof(T), s);
+    real::add_backward_cost(trace.transfers(), in_, out_, s);
     return {dy.local.like(meta_rows<input_grad_layout>(s), meta_cols<input_grad_layout>(in_, ranks(s), s.tp_rank))};
   }
 
@@ -76,9 +89,6 @@ class linear_core<meta<T>, Rule> {
 
  private:
   [[nodiscard]] static constexpr std::size_t ranks(cost_inputs const& s) { return serial ? 1 : s.tp; }
-  [[nodiscard]] constexpr cost own_cost(cost_inputs const& s) const {
-    return real::shardwise_cost(in_, out_, s, has_bias_);
-  }
   [[nodiscard]] constexpr std::ptrdiff_t product_in_cols(cost_inputs const& s) const {
     return static_cast<std::ptrdiff_t>(shard_extent(in_, cut_cols, ranks(s)));
   }
@@ -93,9 +103,11 @@ class linear_core<meta<T>, Rule> {
   }
   /// The forward's transfers, and the parameters' bytes the first time the layer is called.
   constexpr void record(meta_trace& trace) {
-    cost const c = own_cost(trace.inputs);
-    trace.total.forward.append(c.forward);
-    if (!counted_) trace.total.parameter_bytes += c.parameter_bytes, trace.total.gradient_bytes += c.gradient_bytes;
+    real::add_forward_cost(trace.transfers(), in_, out_, trace.inputs);
+    if (!counted_) {
+      std::size_t const bytes = real::parameter_bytes(in_, out_, trace.inputs, has_bias_);
+      trace.total.parameter_bytes += bytes, trace.total.gradient_bytes += bytes;
+    }
     counted_ = true;
   }
 

@@ -88,14 +88,21 @@ class norm_core : public layer_plumbing<T> {
   /// SequenceParallel). It sends nothing itself: SequenceParallel's partial gradients are reduced by
   /// sw::finish_gradients.
   static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& s = {}) {
-    std::size_t const values = features * (Kind == norm_kind::layer ? 2 : 1) * sizeof(T);
-    std::size_t const rows = sequence_parallel ? s.local_tokens() : s.tokens;
     cost c;
-    c.parameter_bytes = values;
-    c.gradient_bytes = sequence_parallel ? 2 * values : values;
-    c.activation_bytes = rows * (features + (Kind == norm_kind::layer ? 2 : 1)) * sizeof(T);  // input, statistics
+    c.parameter_bytes = parameter_bytes(features);
+    c.gradient_bytes = sequence_parallel ? 2 * c.parameter_bytes : c.parameter_bytes;
+    c.activation_bytes = activation_bytes(features, s);
     return c;
   }
+  /// @{ Parts of shardwise_cost: the bytes of its parameters, and of what its forward keeps (input, statistics).
+  static constexpr std::size_t parameter_bytes(std::size_t features) {
+    return features * (Kind == norm_kind::layer ? 2 : 1) * sizeof(T);
+  }
+  static constexpr std::size_t activation_bytes(std::size_t features, cost_inputs const& s) {
+    std::size_t const rows = sequence_parallel ? s.local_tokens() : s.tokens;
+    return rows * (features + (Kind == norm_kind::layer ? 2 : 1)) * sizeof(T);
+  }
+  /// @}
 
   /// Its weight (and LayerNorm's bias) as the costs that walk a model's parameters see them
   /// (sw::parameter_cost): whole on every rank, their gradients Partial under SequenceParallel.

@@ -18,6 +18,7 @@ class norm_core<meta<T>, Layout, Kind> {
   using real = norm_core<T, Layout, Kind>;
 
  public:
+  SHARDWISE_SAVED(kept_)
   using layout = Layout;                                 ///< As the real norm's.
   using input_layout = layout;                           ///< As the real norm's.
   using output_layout = layout;                          ///< As the real norm's.
@@ -36,9 +37,11 @@ class norm_core<meta<T>, Layout, Kind> {
   /// shape; the parameters' bytes are recorded the first time.
   constexpr Activation<meta<T>, layout> forward_local(matrix const& x) {
     meta_trace& trace = *x.trace();
-    cost const c = real::shardwise_cost(features_, trace.inputs);
-    kept_ = x.like(static_cast<std::ptrdiff_t>(c.activation_bytes / sizeof(T)), 1);  // input and statistics
-    if (!counted_) trace.total.parameter_bytes += c.parameter_bytes, trace.total.gradient_bytes += c.gradient_bytes;
+    kept_ = x.like(static_cast<std::ptrdiff_t>(real::activation_bytes(features_, trace.inputs) / sizeof(T)), 1);
+    if (!counted_) {
+      cost const c = real::shardwise_cost(features_, trace.inputs);
+      trace.total.parameter_bytes += c.parameter_bytes, trace.total.gradient_bytes += c.gradient_bytes;
+    }
     counted_ = true;
     return {x.like(x.rows(), x.cols())};
   }
@@ -49,7 +52,7 @@ class norm_core<meta<T>, Layout, Kind> {
     meta_trace& trace = *dy.local.trace();
     cost_inputs const& s = trace.inputs;
     if constexpr (std::is_same_v<P, Partial<Sum>> && !std::is_same_v<layout, Partial<Sum>>)
-      layout_engine::add_cost<Partial<Sum>, layout>(trace.total.backward, s.tokens, features_, sizeof(T), s);
+      layout_engine::add_cost<Partial<Sum>, layout>(trace.transfers(), s.tokens, features_, sizeof(T), s);
     return {dy.local.like(meta_rows<layout>(s), static_cast<std::ptrdiff_t>(features_))};
   }
 

@@ -19,7 +19,7 @@ struct checkpointed_input {
 /// The module's output for x (through sw::forward, so its plan entry applies), keeping only x in `kept`:
 /// the activations the forward made are freed at once.
 template <module Module, class X>
-auto checkpointed_forward(Module& module, X const& x, checkpointed_input<X>& kept) {
+constexpr auto checkpointed_forward(Module& module, X const& x, checkpointed_input<X>& kept) {
   kept.input = x;
   auto y = forward(module, x);
   drop_saved_activations(module);
@@ -29,7 +29,8 @@ auto checkpointed_forward(Module& module, X const& x, checkpointed_input<X>& kep
 /// The module's input gradient for the output gradient dy: runs the forward again from `kept`, then the
 /// backward (through sw::backward); frees the kept input and the recomputed activations afterwards.
 template <module Module, class X, class DY>
-auto checkpointed_backward(Module& module, checkpointed_input<X>& kept, DY const& dy) {
+constexpr auto checkpointed_backward(Module& module, checkpointed_input<X>& kept, DY const& dy) {
+  detail::repeated_call const call(detail::meta_call_list(dy));  // on shapes: recomputation and backward
   forward(module, kept.input);
   auto dx = backward(module, dy);
   kept.input = X{};
