@@ -142,6 +142,36 @@ static_assert(shows_the_same(
       return list;
     }()));
 
+// fold_repeat: calls that append what the call before appended are stored once, as a repeat group; the flat
+// sequence is what appending them in full gives. `calls` of `body` after a lead-in, each folded as it ends.
+template <std::size_t N>
+constexpr auto folded(sw::transfer_list<N> const& body, std::size_t calls) {
+  sw::transfer_list<> list;
+  list.add(ar, "dp", 8);
+  for (std::size_t i = 0; i < calls; ++i) {
+    std::size_t const from = list.stored();
+    list.append(body).fold_repeat(from);
+  }
+  return list;
+}
+template <std::size_t N>
+constexpr auto unfolded(sw::transfer_list<N> const& body, std::size_t calls) {
+  sw::transfer_list<> list;
+  list.add(ar, "dp", 8);
+  for (std::size_t i = 0; i < calls; ++i) list.append(body);
+  return list;
+}
+constexpr auto two_moves = sw::transfer_list<>().add(ag, "tp", 1).add(rs, "tp", 4);
+static_assert(folded(two_moves, 5).stored() == 3 && shows_the_same(folded(two_moves, 5), unfolded(two_moves, 5)));
+// A body that starts as the list ends merges into it the first time: the second and third calls fold (stored: the
+// merged entry and rs, then ar and rs once).
+constexpr auto starts_like_lead = sw::transfer_list<>().add(ar, "dp", 8).add(rs, "tp", 4);
+static_assert(folded(starts_like_lead, 3).stored() == 4 &&
+              shows_the_same(folded(starts_like_lead, 3), unfolded(starts_like_lead, 3)));
+// A body with a repeat group of its own is stored in full each time.
+static_assert(folded(around_grouped(wrapping, 3), 2).stored() == 1 + 2 * around_grouped(wrapping, 3).stored() &&
+              shows_the_same(folded(around_grouped(wrapping, 3), 2), unfolded(around_grouped(wrapping, 3), 2)));
+
 // Llama 3 8B (32 layers), 70B (80) and 405B (126) under sequence parallelism, as constant expressions. Per block two
 // all-gathers forward (block_sp4) and two backward; the output projection gathers the stream once forward, the
 // embedding gathers its gradient once backward; checkpointing runs each block's forward again in the backward.

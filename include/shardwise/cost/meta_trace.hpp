@@ -65,16 +65,16 @@ namespace detail {
 class repeated_call {
  public:
   /// Null: not a call on shapes, nothing to fold.
-  constexpr explicit repeated_call(transfer_list<>* list) : list_(list), mark_(list ? list->mark() : transfer_mark{}) {}
+  constexpr explicit repeated_call(transfer_list<>* list) : list_(list), from_(list ? list->stored() : 0) {}
   constexpr ~repeated_call() {
-    if (list_) list_->fold_repeat(mark_);
+    if (list_) list_->fold_repeat(from_);
   }
   repeated_call(repeated_call const&) = delete;
   repeated_call& operator=(repeated_call const&) = delete;
 
  private:
   transfer_list<>* list_;
-  transfer_mark mark_;
+  std::size_t from_;
 };
 }  // namespace detail
 

@@ -92,13 +92,6 @@ struct transfer_cursor {
 };
 }  // namespace detail
 
-/// Where a transfer_list stood before a call (transfer_list::mark): what transfer_list::fold_repeat compares the
-/// call's entries with.
-struct transfer_mark {
-  std::size_t stored = 0;      ///< Entries stored then.
-  std::size_t last_count = 0;  ///< The count of the last of them (a change: the call's first entry merged into it).
-};
-
 /// An ordered list of transfers in which identical calls in a row are one entry with a count; constexpr. What it
 /// shows (iteration, size, [], ==, <<) is that flat merged sequence; what it stores is compact: a list appended
 /// `times` times (append(list, times)) is stored once with a repeat group, so a model's layers cost one block's
@@ -163,14 +156,12 @@ class transfer_list {
     return *this;
   }
 
-  /// Where the list stands now, for fold_repeat after a call.
-  [[nodiscard]] constexpr transfer_mark mark() const { return {size_, size_ > 0 ? items_[size_ - 1].count : 0}; }
-  /// Stores the entries added since `m` as one more repetition of the entries just before them, when they repeat
-  /// them: a module called again on the same shapes (a model's next block) stores nothing new. The flat sequence
-  /// is unchanged; only what is stored shrinks.
-  constexpr transfer_list& fold_repeat(transfer_mark const& m) {
-    std::size_t const from = m.stored, n = size_ - from;
-    if (n < 2 || from < n || items_[from - 1].count != m.last_count) return *this;  // too short, or merged
+  /// Stores the entries added since it held `from` (its stored() before a call) as one more repetition of the
+  /// entries just before them, when they repeat them: a module called again on the same shapes (a model's next
+  /// block) stores nothing new. What is stored expands to the same flat sequence; only less is stored.
+  constexpr transfer_list& fold_repeat(std::size_t from) {
+    std::size_t const n = size_ - from;
+    if (n < 2 || from < n) return *this;  // one entry merges by itself; no room before for a repetition
     detail::transfer_repeat* const last = group_count_ > 0 ? &groups_[group_count_ - 1] : nullptr;
     if (last && last->last > from) return *this;  // the new entries hold a repeat group of their own
     bool const whole_group = last && last->first == from - n && last->last == from;
