@@ -190,6 +190,8 @@ static_assert(llama_8b.forward.bytes(ag) == (2 * 32 + 1) * std::size_t{8192} / 4
 static_assert(llama_8b.forward.size() == 1 + 4 * 32 + 1 && llama_8b.forward.stored() == 4);
 constexpr sw::cost llama_8b_kept = sw::cost_of<SpLlama>(llama3_8b, sw::cost_inputs{8192, 4, 1}, true);
 static_assert(llama_8b_kept.forward == llama_8b.forward && llama_8b_kept.backward.calls(ag) == 4 * 32 + 1);
+// The backward stores as few, checkpointed or not: each block's recomputation and backward fold alike.
+static_assert(llama_8b.backward.stored() == 4 && llama_8b_kept.backward.stored() == 4);
 constexpr sw::cost llama_70b = sw::cost_of<SpLlama>(llama3_70b, sw::cost_inputs{8192, 2, 0});
 static_assert(llama_70b.forward.calls(ag) == 2 * 80 + 1 && llama_70b.backward.calls(ag) == 2 * 80 + 1);
 constexpr sw::cost llama_70b_kept = sw::cost_of<SpLlama>(llama3_70b, sw::cost_inputs{8192, 2, 0}, true);
@@ -214,6 +216,24 @@ TEST_CASE("A transfer list stores repeats once, and one that outgrows its capaci
   CHECK_THROWS_WITH_AS((models::llama_step_cost<float, sp_plan>(config, step)),
                        doctest::Contains("pass a larger Capacity"), std::length_error);
   CHECK(models::llama_step_cost<float, sp_plan, 256>(config, step).calls(ag) == 20 * 2 * (2 * 2 + 1));  // 2 layers
+}
+
+TEST_CASE("A model cut over many cp ranks: its blocks' ring transfers are recorded before they fold") {
+  // At cp 8 a block's backward stores 32 entries: two blocks outgrow a sw::cost's 48 before they fold, so the run
+  // records into larger lists. The model sends and receives what its blocks do, and nothing else.
+  models::LlamaConfig c = config;
+  c.layers = 4;
+  sw::cost_inputs s{4 * 32 / 8, 4, 1};  // 4 sequences of 32 tokens, this rank's 4 of each
+  s.cp = {8, 3, 32, true, sw::context_method::ring};
+  sw::cost const block = Block<sp_plan>::shardwise_cost(c, s);
+  CHECK(block.backward.stored() > 48 / 2);  // two of them outgrow a sw::cost's list
+  sw::cost const model = models::Llama<float, sp_plan>::shardwise_cost(c, s);
+  for (auto kind : {sw::transfer_kind::send, sw::transfer_kind::recv}) {
+    CHECK(block.backward.calls(kind, "cp") > 0);
+    CHECK(model.forward.calls(kind, "cp") == 4 * block.forward.calls(kind, "cp"));
+    CHECK(model.backward.calls(kind, "cp") == 4 * block.backward.calls(kind, "cp"));
+    CHECK(model.backward.bytes(kind, "cp") == 4 * block.backward.bytes(kind, "cp"));
+  }
 }
 
 TEST_CASE("A module's cost comes from its own code: a user's feed-forward with no cost of its own") {

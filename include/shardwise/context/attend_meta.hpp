@@ -48,9 +48,7 @@ constexpr void attend_causal(context_parallel const*, meta_matrix<typename M::el
   context_inputs const& cp = trace.inputs.cp;
   bool const across = cp.ranks > 1;
   auto const q_cols = static_cast<std::size_t>(q.cols()), heads = q_cols / head_dim;
-  if (across)
-    trace.transfers().append(
-        context_attention_cost<T>(trace.inputs, q_cols, static_cast<std::size_t>(k.cols())).forward);
+  if (across) trace.add(context_attention_cost<T>(trace.inputs, q_cols, static_cast<std::size_t>(k.cols())).forward);
   (void)detail::attention_panels(q, 1, sequence);  // held while the kernel runs, then freed
   auto const rows = static_cast<std::size_t>(q.rows());
   if (across && cp.method == context_method::all_to_all)
@@ -76,7 +74,7 @@ constexpr void attend_causal_backward(context_parallel const*, meta_matrix<typen
   meta_trace& trace = *q.trace();
   auto const q_cols = static_cast<std::size_t>(q.cols()), kv_cols = static_cast<std::size_t>(k.cols());
   if (trace.inputs.cp.ranks > 1)  // nothing moves across cp otherwise
-    trace.transfers().append(context_attention_cost<T>(trace.inputs, q_cols, kv_cols).backward);
+    trace.add(context_attention_cost<T>(trace.inputs, q_cols, kv_cols).backward);
   (void)detail::attention_panels(q, 2, saved.sequence);
 }
 

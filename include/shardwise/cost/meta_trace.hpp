@@ -31,21 +31,51 @@ inline constexpr bool is_meta_v = false;
 template <class T>
 inline constexpr bool is_meta_v<meta<T>> = true;
 
-/// What a shape-only run records: the sizes it runs for, the cost so far, and the bytes its meta matrices hold
-/// now and at most.
-struct meta_trace {
+/// What a shape-only run records: the sizes it runs for, the bytes its meta matrices hold now and at most, and
+/// the transfers its code makes, in order. A module called again on the same shapes (a model's next block) is
+/// folded into a repeat group as its call ends (transfer_list::fold_repeat); until then two calls' entries are
+/// held, so the run records into lists larger than a sw::cost's and hands the folded result over at the end.
+class meta_trace {
+ public:
+  static constexpr std::size_t recorded_capacity = 256;  ///< Entries a pass may hold before its repeats fold.
+
+  /// A run for `s`.
+  constexpr explicit meta_trace(cost_inputs const& s) : inputs(s) {}
+
   cost_inputs inputs;    ///< The tokens and axes the run is for.
-  cost total{};          ///< The transfers and bytes recorded so far.
+  cost total{};          ///< The bytes recorded so far; finish() adds the transfers.
   std::size_t live = 0;  ///< Bytes the live meta matrices hold.
   std::size_t peak = 0;  ///< The most they held at once since the last reset_peak().
-  /// Set when the backward starts: from then on what runs (a forward run again by activation checkpointing too)
-  /// is the backward's.
-  bool backward_pass = false;
 
-  /// Where the run records its transfers now, in the order its code makes them: the forward's list until the
-  /// backward starts (a loss's backward run within the forward step, as a pipeline's last stage runs it, too),
-  /// then the backward's.
-  constexpr transfer_list<>& transfers() { return backward_pass ? total.backward : total.forward; }
+  /// Where a layer adds its transfers now (the list a style's mover writes): the entries since the last module
+  /// call began or ended, which flush() moves to the pass's record.
+  constexpr transfer_list<>& transfers() { return pending_; }
+  /// Adds a whole list (a cost's) to the pass's record, after the pending entries: a list longer than a
+  /// sw::cost's, as a ring attention's over many cp ranks, fits.
+  template <std::size_t N>
+  constexpr void add(transfer_list<N> const& list) {
+    recorded().append(list);
+  }
+  /// The pass's record so far (the forward's until start_backward, then the backward's), pending entries moved in.
+  constexpr transfer_list<recorded_capacity>& recorded() {
+    flush();
+    return backward_pass_ ? backward_ : forward_;
+  }
+  /// From now on what runs is the backward's (a forward run again by activation checkpointing too; a loss's
+  /// backward within the forward step, as a pipeline's last stage runs it, is the forward's).
+  constexpr void start_backward() {
+    flush();
+    backward_pass_ = true;
+  }
+  /// The cost recorded: the bytes, and each pass's transfers (throws if they do not fit a sw::cost's lists).
+  constexpr cost finish() {
+    flush();
+    total.forward = transfer_list<>();
+    total.backward = transfer_list<>();
+    total.forward.append(forward_);
+    total.backward.append(backward_);
+    return total;
+  }
 
   /// Starts a new peak from what is held now.
   constexpr void reset_peak() { peak = live; }
@@ -56,24 +86,35 @@ struct meta_trace {
   }
   /// One of `bytes` ends.
   constexpr void release(std::size_t bytes) { live -= bytes; }
+
+ private:
+  constexpr void flush() {
+    if (pending_.empty()) return;
+    (backward_pass_ ? backward_ : forward_).append(pending_);
+    pending_.clear();
+  }
+
+  bool backward_pass_ = false;
+  transfer_list<> pending_;
+  transfer_list<recorded_capacity> forward_, backward_;
 };
 
 namespace detail {
-/// A call of a module on shapes, while it lives: at its end what the call added to `list` is folded into one more
+/// A call of a module on shapes, while it lives: at its end what the call recorded is folded into one more
 /// repetition of the call before it when the two are equal (transfer_list::fold_repeat), so that a model's
-/// blocks store one block's transfers however many it has.
+/// repeated blocks are stored once.
 class repeated_call {
  public:
   /// Null: not a call on shapes, nothing to fold.
-  constexpr explicit repeated_call(transfer_list<>* list) : list_(list), from_(list ? list->stored() : 0) {}
+  constexpr explicit repeated_call(meta_trace* trace) : trace_(trace), from_(trace ? trace->recorded().stored() : 0) {}
   constexpr ~repeated_call() {
-    if (list_) list_->fold_repeat(from_);
+    if (trace_) trace_->recorded().fold_repeat(from_);
   }
   repeated_call(repeated_call const&) = delete;
   repeated_call& operator=(repeated_call const&) = delete;
 
  private:
-  transfer_list<>* list_;
+  meta_trace* trace_;
   std::size_t from_;
 };
 }  // namespace detail

@@ -178,6 +178,9 @@ class transfer_list {
     return *this;
   }
 
+  /// Empties the list.
+  constexpr void clear() { size_ = 0, group_count_ = 0; }
+
   /// Entries (runs of identical calls) of the flat sequence; walks it.
   [[nodiscard]] constexpr std::size_t size() const {
     std::size_t n = 0;

@@ -131,8 +131,8 @@ struct LlamaBlock {
   }
 };
 
-/// The costs Llama::shardwise_cost composes, for costs that run its parts in another order (FSDP's gathers
-/// between the blocks: models::llama_fsdp_step_cost).
+/// The parts of the Llama's cost for a step cost that runs them in its own order: FSDP's, whose gathers and
+/// reductions go between the blocks (models::llama_fsdp_step_cost, still composed by hand).
 struct llama_cost_parts {
   cost embedding;                 ///< The token embedding.
   cost block;                     ///< One block, called through sw::forward (its redistributions included).
@@ -188,8 +188,9 @@ struct Llama {
     return derived_model_cost<shapes>(s, [&](shapes& model) { model.checkpoint_blocks(checkpointed_blocks); }, c);
   }
 
-  /// The costs shardwise_cost composes: the embedding's, one block's (called through sw::forward), the output
-  /// projection's, and the transfers of the backward from the logits' gradient to the last block's output.
+  /// Its cost's parts, for FSDP's step cost (llama_cost_parts): the embedding's, one block's (called through
+  /// sw::forward), the output projection's, and the transfers of the backward from the logits' gradient to the
+  /// last block's output.
   static constexpr llama_cost_parts shardwise_cost_parts(LlamaConfig const& c, cost_inputs const& s) {
     using Output = decltype(output);
     llama_cost_parts parts{decltype(tok_embeddings)::shardwise_cost(c.vocabulary, c.dim, s),

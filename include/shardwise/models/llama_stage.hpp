@@ -9,10 +9,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,6 +50,11 @@ struct LlamaStage {
   /// need: shardwise_after_pipeline_step), with the unsharded model's parameters.
   constexpr LlamaStage(LlamaConfig const& c, stage_range const& range, int stages)
       : config_((c.check(), c)), stages_(stages) {
+    if (range.count == 0 || range.first + range.count > c.layers || stages < 1 ||
+        (stages == 1) != (range.count == c.layers))
+      shardwise::raise("shardwise::models::LlamaStage: blocks [", range.first, ", ", range.first + range.count,
+                       ") as one of ", stages, " stages of a model of ", c.layers,
+                       " layers; give a non-empty range within the layers, and one stage only for all of them");
     first_ = range.first == 0, last_ = range.first + range.count == c.layers;
     auto const shapes = shardwise_shapes(c, range);
     if (first_) tok_embeddings.emplace(std::get<0>(shapes).each, c.seed);

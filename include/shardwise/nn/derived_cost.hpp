@@ -43,13 +43,12 @@ constexpr void run_on_shapes(Module& module, Input const& input, meta_trace& tra
   auto const dy = y;  // the output's gradient: its shape and layout
   trace.reset_peak();
   std::size_t const held = trace.live;
-  trace.backward_pass = true;  // a forward run again now (checkpointing) is part of the backward
+  trace.start_backward();  // a forward run again now (checkpointing) is part of the backward
   if constexpr (std::is_void_v<decltype(module.backward(dy))>) {
     module.backward(dy);
   } else {
     auto dx = module.backward(dy);
   }
-  trace.backward_pass = false;
   trace.total.working_bytes = trace.peak - held;
 }
 }  // namespace detail
@@ -72,7 +71,7 @@ constexpr cost derived_cost(cost_inputs const& s, std::size_t features, Args&&..
     Input x{meta_matrix<T>(detail::meta_rows<In>(s), detail::meta_cols<In>(features, s.tp, s.tp_rank), &trace)};
     detail::run_on_shapes(module, x, trace);
   }
-  return trace.total;
+  return trace.finish();
 }
 
 /// The cost (sw::cost) on one rank of a whole model, whose forward takes s.tokens token ids (sw::token_ids_t) and
@@ -89,7 +88,7 @@ constexpr cost derived_model_cost(cost_inputs const& s, Prepare&& prepare, Args&
     std::forward<Prepare>(prepare)(model);
     detail::run_on_shapes(model, meta_ids{s.tokens, &trace}, trace);
   }
-  return trace.total;
+  return trace.finish();
 }
 
 /// The cost (sw::cost) on one rank of a pipeline stage for one microbatch of s.tokens tokens, its own code run on
@@ -119,13 +118,13 @@ constexpr cost derived_stage_cost(cost_inputs const& s, std::size_t features, bo
     Stream dh = head && stage.is_last() ? stage.head_loss(trace, h, ids).gradient : h;
     trace.reset_peak();
     std::size_t const held = trace.live;
-    trace.backward_pass = true;
+    trace.start_backward();
     {
       Stream dx = stage.backward(std::move(dh));
     }
     trace.total.working_bytes = trace.peak - held;
   }
-  return trace.total;
+  return trace.finish();
 }
 
 }  // namespace shardwise

@@ -174,12 +174,12 @@ constexpr module_hooks* call_hooks(Module& module) {
     return hooks_under(module);
 }
 
-/// On shapes, the list a call of a module on x records in (meta_trace::transfers), whose repeats
-/// detail::repeated_call folds; null on real activations.
+/// On shapes, the trace a call of a module on x records in, whose repeats detail::repeated_call folds; null on
+/// real activations.
 template <class X>
-constexpr transfer_list<>* meta_call_list(X const& x) {
+constexpr meta_trace* meta_trace_of(X const& x) {
   if constexpr (meta_activation_v<X>)
-    return &x.local.trace()->transfers();
+    return x.local.trace();
   else
     return nullptr;
 }
@@ -215,7 +215,7 @@ constexpr auto forward(Module& module, X const& x, Context&&... context) {
       return detail::move_at_boundary<typename L::mover, typename L::in, typename L::desired_in, Key>(module, x);
     }
   };
-  detail::repeated_call const call(detail::meta_call_list(x));  // on shapes: a repeated block stored once
+  detail::repeated_call const call(detail::meta_trace_of(x));  // on shapes: a repeated block stored once
   auto* const hooks = detail::call_hooks<X>(module);
   if (hooks) hooks->before_forward(detail::id_of(module));
   auto&& y = module.forward(prepared_input(), std::forward<Context>(context)...);
@@ -255,7 +255,7 @@ constexpr auto backward(Module& module, DY const& dy) {
             L::mover::template move<From, typename L::out, T>(*g, detail::moved<T>(g, dy, Key::value))};
     }
   };
-  detail::repeated_call const call(detail::meta_call_list(dy));
+  detail::repeated_call const call(detail::meta_trace_of(dy));
   auto* const hooks = detail::call_hooks<DY>(module);
   if (hooks) hooks->before_backward(detail::id_of(module));
   auto&& dx = module.backward(output_gradient());

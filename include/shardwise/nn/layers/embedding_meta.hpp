@@ -49,7 +49,7 @@ class embedding_core<meta<T>, Rule> {
     meta_trace& trace = *ids.trace;
     cost_inputs const& s = trace.inputs;
     cost const c = real::shardwise_cost(vocabulary_, dim_, s);
-    trace.transfers().append(c.forward);
+    trace.add(c.forward);
     if (!counted_) trace.total.parameter_bytes += c.parameter_bytes, trace.total.gradient_bytes += c.gradient_bytes;
     counted_ = true;
     ids_ = meta_matrix<std::int64_t>(static_cast<std::ptrdiff_t>(ids.count), 1, &trace);
@@ -63,7 +63,7 @@ class embedding_core<meta<T>, Rule> {
     cost_inputs const& s = trace.inputs;
     if constexpr (std::is_same_v<P, Partial<Sum>> && !std::is_same_v<normalize_2d_t<output_layout>, Partial<Sum>>)
       mover::template add_cost<Partial<Sum>, output_layout>(trace.transfers(), s.tokens, dim_, sizeof(T), s);
-    trace.transfers().append(real::shardwise_cost(vocabulary_, dim_, s).backward);
+    trace.add(real::shardwise_cost(vocabulary_, dim_, s).backward);
   }
 
  protected:

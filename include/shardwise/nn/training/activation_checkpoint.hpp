@@ -30,7 +30,7 @@ constexpr auto checkpointed_forward(Module& module, X const& x, checkpointed_inp
 /// backward (through sw::backward); frees the kept input and the recomputed activations afterwards.
 template <module Module, class X, class DY>
 constexpr auto checkpointed_backward(Module& module, checkpointed_input<X>& kept, DY const& dy) {
-  detail::repeated_call const call(detail::meta_call_list(dy));  // on shapes: recomputation and backward
+  detail::repeated_call const call(detail::meta_trace_of(dy));  // on shapes: recomputation and backward
   forward(module, kept.input);
   auto dx = backward(module, dy);
   kept.input = X{};

@@ -198,17 +198,16 @@ template <class Mesh, class T, class P>
 constexpr LossAndGradient<meta<T>, P> cross_entropy(Mesh const&, Activation<meta<T>, P> const& logits, meta_ids,
                                                     std::int64_t = -100, std::int64_t = -1) {
   meta_trace& trace = *logits.local.trace();
-  trace.transfers().append(
-      cross_entropy_cost<T, P>(static_cast<std::size_t>(logits.local.rows()), trace.inputs).forward);
+  trace.add(cross_entropy_cost<T, P>(static_cast<std::size_t>(logits.local.rows()), trace.inputs).forward);
   return {meta<T>{}, {logits.local.like(logits.local.rows(), logits.local.cols())}};
 }
 /// As above, on logits given as a temporary: the gradient takes their storage, as the real one's.
 template <class Mesh, class T, class P>
-constexpr LossAndGradient<meta<T>, P> cross_entropy(Mesh const& tp, Activation<meta<T>, P>&& logits, meta_ids targets,
-                                                    std::int64_t ignore_index = -100, std::int64_t classes = -1) {
-  LossAndGradient<meta<T>, P> result = cross_entropy(tp, std::as_const(logits), targets, ignore_index, classes);
-  result.dlogits.local = std::move(logits.local);
-  return result;
+constexpr LossAndGradient<meta<T>, P> cross_entropy(Mesh const&, Activation<meta<T>, P>&& logits, meta_ids,
+                                                    std::int64_t = -100, std::int64_t = -1) {
+  meta_trace& trace = *logits.local.trace();
+  trace.add(cross_entropy_cost<T, P>(static_cast<std::size_t>(logits.local.rows()), trace.inputs).forward);
+  return {meta<T>{}, {std::move(logits.local)}};
 }
 
 /// Cross-entropy matching the logits' layout: loss parallel on logits cut along the vocabulary (Shard<-1>, over
