@@ -21,6 +21,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/fsdp/policy.hpp"
+#include "shardwise/fsdp/schedule.hpp"
 #include "shardwise/fsdp/units.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
@@ -39,7 +40,7 @@ struct no_replication {};
 /// to the optimizer (AdamW::step(sharded)); sw::zero_grad(sharded) after the step. The model must outlive it and
 /// stay where it is.
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh = no_replication>
-class fully_sharded final : detail::module_hooks {
+class fully_sharded final : detail::fsdp_unit_actions {
   using strategy = typename Policy::strategy;
   static constexpr bool sharded = !std::is_same_v<strategy, no_shard>;
   using param_type =
@@ -62,15 +63,21 @@ class fully_sharded final : detail::module_hooks {
   /// of `replicate`, whose groups hold equal shards. Every dp rank must hold the same values (the same seed, or a
   /// load); its copy beyond its shard is freed here.
   fully_sharded(Model& model, ShardMesh dp, std::optional<ReplicateMesh> replicate, fsdp_options options)
-      : model_(model), dp_(std::move(dp)), replicate_(std::move(replicate)), options_(options) {
-    find_units();
+      : model_(model),
+        dp_(std::move(dp)),
+        replicate_(std::move(replicate)),
+        options_(options),
+        schedule_(*this, {std::is_same_v<strategy, full_shard>, keeps_master, options.forward_prefetch,
+                          options.backward_prefetch}) {
+    detail::find_fsdp_units<typename Policy::wrap>(model_, units(), candidates_);
     make_slots();
-    detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units_, detail::fsdp_strategy_name<strategy>);
+    detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units(), detail::fsdp_strategy_name<strategy>);
     if constexpr (!std::is_same_v<ReplicateMesh, no_replication>)
-      detail::agree_on_fsdp_structure(replicate_->comm(0), slots_, units_, detail::fsdp_strategy_name<strategy>);
+      detail::agree_on_fsdp_structure(replicate_->comm(0), slots_, units(), detail::fsdp_strategy_name<strategy>);
     for (auto& s : slots_) s.clear_grad(sharded);
-    for (auto& u : units_) release(u);  // nothing kept: spare_ is not active outside a step
-    attach(this);
+    in_flight_.resize(units().size());
+    for (auto& u : units()) schedule_.release(u);  // nothing kept: spare_ is not active outside a step
+    attach(&schedule_);
   }
   /// The model's layers no longer call this object's hooks.
   ~fully_sharded() { attach(nullptr); }
@@ -79,47 +86,24 @@ class fully_sharded final : detail::module_hooks {
   template <class... Args>
   auto forward(Args&&... args) {
     refuse_unfilled();
-    phase_ = phase::forward;
-    idle_after const pass{phase_};
-    spare_->active = false;  // what is released below (unshard's tensors) is freed, not handed along
-    pipelining_ = false;
-    for (auto& u : units_) {
-      release(u);  // whatever a forward without backward left gathered predates the optimizer's last step
-      u.called = u.reduced = false;
-    }
-    spare_->end_pass();                                     // a pass that threw may have kept gradients
-    spare_->active = std::is_same_v<strategy, full_shard>;  // the one strategy that frees within a step
-    spare_->reused_bytes = 0;
-    if (!forward_order_.empty()) last_forward_order_ = std::move(forward_order_);
-    forward_order_.clear();
-    gather(units_[0]);
-    if (options_.forward_prefetch) prefetch(next_in_forward(0));
+    detail::fsdp_schedule::pass const pass(schedule_);
+    schedule_.begin_forward();
     auto y = model_.forward(std::forward<Args>(args)...);
-    spare_->end_pass();
-    phase_ = phase::idle;
-    finish_prefetches();  // nothing may still read the shards when the optimizer steps them
-    for (std::size_t i = 1; i < units_.size(); ++i)
-      if (!units_[i].called)
-        detail::fail(
-            "shardwise::fully_shard: the unit \"", units_[i].path,
-            "\" was not called through sw::forward in the model's forward, so its parameters were never gathered; "
-            "call it as sw::forward(module, x) (and sw::backward(module, dy) in backward)");
+    schedule_.end_forward();
     return y;
   }
 
   /// The model's backward: each unit's gradients are reduce-scattered after its sw::backward, the root's last.
   template <class... Args>
   decltype(auto) backward(Args&&... args) {
-    phase_ = phase::backward;
-    idle_after const pass{phase_};
-    spare_->end_pass();
-    spare_->active = std::is_same_v<strategy, full_shard>;
+    detail::fsdp_schedule::pass const pass(schedule_);
+    schedule_.begin_backward();
     if constexpr (std::is_void_v<decltype(model_.backward(std::forward<Args>(args)...))>) {
       model_.backward(std::forward<Args>(args)...);
-      finish_backward();
+      schedule_.end_backward();
     } else {
       auto dx = model_.backward(std::forward<Args>(args)...);
-      finish_backward();
+      schedule_.end_backward();
       return dx;
     }
   }
@@ -128,9 +112,9 @@ class fully_sharded final : detail::module_hooks {
   /// layers keep accumulating whole gradients over backwards (gradient accumulation, or a pipeline step's
   /// microbatches, or pipeline steps) and nothing moves over dp; the next backward (or pipeline step) with it on
   /// reduces the sum. The optimizer refuses shards whose gradients are still unreduced.
-  void set_requires_gradient_sync(bool on) { sync_ = on; }
+  void set_requires_gradient_sync(bool on) { schedule_.sync = on; }
   /// Whether a backward reduce-scatters the gradients (set_requires_gradient_sync).
-  [[nodiscard]] bool requires_gradient_sync() const { return sync_; }
+  [[nodiscard]] bool requires_gradient_sync() const { return schedule_.sync; }
 
   /// For sw::run_pipeline_step: this rank's pipeline chunks (the model's stage_chunks, or the model as one).
   auto shardwise_pipeline_chunks() {
@@ -142,26 +126,26 @@ class fully_sharded final : detail::module_hooks {
   /// For sw::run_pipeline_step, before a step's first action: the root unit gathered for the whole step (the
   /// last stage's head runs outside any chunk's forward), every other unit released and its counts reset;
   /// `every_microbatch`: a unit's gradients are reduce-scattered after each of its backwards, else at the end.
-  void shardwise_pipeline_begin(bool every_microbatch);
+  void shardwise_pipeline_begin(bool every_microbatch) {
+    refuse_unfilled();
+    schedule_.begin_pipeline_step(every_microbatch);
+  }
   /// For sw::run_pipeline_step, before a forward action: the units' hooks act as in a forward.
-  void shardwise_pipeline_forward() { phase_ = phase::forward; }
+  void shardwise_pipeline_forward() { schedule_.pipeline_forward(); }
   /// For sw::run_pipeline_step, before a backward action: the units' hooks act as in a backward (a recomputed
   /// forward gathers without releasing).
-  void shardwise_pipeline_backward() { phase_ = phase::backward; }
+  void shardwise_pipeline_backward() { schedule_.pipeline_backward(); }
   /// For sw::run_pipeline_step, after a step's last action: the gradients left unreduced (no gradient sync) and
   /// the root's reduced, the root released; throws, naming the unit, if a unit's forwards and backwards differ.
-  void shardwise_pipeline_end();
+  void shardwise_pipeline_end() { schedule_.end_pipeline_step(); }
   /// For sw::run_pipeline_step, when a step throws: the hooks stop acting.
-  void shardwise_pipeline_abandon() {
-    phase_ = phase::idle;
-    pipelining_ = false;
-  }
+  void shardwise_pipeline_abandon() { schedule_.abandon(); }
 
   /// Gathers every unit's masters in full precision (collective): the model then holds its whole parameters,
   /// to read or save them. The next forward gathers again (in the policy's precision).
   void unshard() {
-    finish_prefetches();
-    for (auto& u : units_) {
+    schedule_.finish_prefetches();
+    for (auto& u : units()) {
       for (auto i : u.slots) gather_slot<detail::model_element_t<Model>>(slots_[i]).wait();
       u.gathered = !keeps_master;
     }
@@ -169,7 +153,7 @@ class fully_sharded final : detail::module_hooks {
   /// Frees the gathered parameters again, and the storage kept for the next pass (collective-free).
   void reshard() {
     spare_->stop();
-    for (auto& u : units_) release(u);
+    for (auto& u : units()) schedule_.release(u);
   }
   /// Sets the gradient shards to zero (after an optimizer step).
   void zero_grad() {
@@ -190,13 +174,13 @@ class fully_sharded final : detail::module_hooks {
   /// The units' paths ("" is the root unit), in order.
   [[nodiscard]] std::vector<std::string> unit_paths() const {
     std::vector<std::string> paths;
-    for (auto const& u : units_) paths.push_back(u.path);
+    for (auto const& u : schedule_.units) paths.push_back(u.path);
     return paths;
   }
   /// The names of the parameters of unit `i` (of unit_paths()).
   [[nodiscard]] std::vector<std::string> unit_parameters(std::size_t i) const {
     std::vector<std::string> names;
-    for (auto s : units_.at(i).slots) names.push_back(slots_[s].name);
+    for (auto s : schedule_.units.at(i).slots) names.push_back(slots_[s].name);
     return names;
   }
   /// Elements this rank keeps between steps: parameter and gradient shards (no_shard: whole tensors).
@@ -207,7 +191,7 @@ class fully_sharded final : detail::module_hooks {
   }
   [[nodiscard]] Model& model() { return model_; }  ///< The model (its parameters freed between units' calls).
   /// How many units' all-gathers started ahead of their use (fsdp_options::forward_prefetch, backward_prefetch).
-  [[nodiscard]] std::size_t prefetched_gathers() const { return prefetched_; }
+  [[nodiscard]] std::size_t prefetched_gathers() const { return schedule_.prefetched(); }
 
   /// For optimizers: fn(name, value, grad, norm_weight) per parameter shard, in a fixed order; norm_weight is
   /// what its squares count in the global norm on this rank (0 where another rank counts them).
@@ -267,13 +251,8 @@ class fully_sharded final : detail::module_hooks {
   }
 
  private:
-  enum class phase { idle, forward, backward };
-
-  /// Idle again when a pass ends, also when it throws: the hooks act within this model's passes only.
-  struct idle_after {
-    phase& current;
-    ~idle_after() { current = phase::idle; }
-  };
+  std::vector<detail::fsdp_unit>& units() { return schedule_.units; }
+  std::vector<detail::fsdp_unit> const& units() const { return schedule_.units; }
 
   /// Every layer of the model carries these hooks (or none): sw::forward(module) finds them on its layers.
   void attach(detail::module_hooks* hooks) {
@@ -282,98 +261,29 @@ class fully_sharded final : detail::module_hooks {
     });
   }
 
-  // The hooks sw::forward and sw::backward call around a module (fsdp/fully_shard_hooks.hpp).
-  void before_forward(detail::module_id module) override;
-  void after_forward(detail::module_id module) override;
-  void before_backward(detail::module_id module) override;
-  void after_backward(detail::module_id module) override;
-
-  detail::fsdp_unit* unit_of(detail::module_id module) {
-    for (std::size_t i = 1; i < units_.size(); ++i)
-      if (units_[i].module == module) return &units_[i];
-    return nullptr;
-  }
-
-  /// The end of the model's backward: the root's gradients reduced, every unit that ran forward checked.
-  void finish_backward();
-  /// The root unit's gradients reduced (unless gradient sync is off: kept whole), its parameters released.
-  void finish_root();
+  // What the schedule's decisions do (detail::fsdp_unit_actions), in fsdp/fully_shard_hooks.hpp.
+  void start_gather(detail::fsdp_unit& u) override;
+  void finish_gather(detail::fsdp_unit& u) override;
+  void release(detail::fsdp_unit& u) override;
+  void finish_gradients(detail::fsdp_unit& u) override;
+  void reduce_finished_gradients(detail::fsdp_unit& u) override;
+  void reuse_gradients(detail::fsdp_unit& u) override;
+  void at(detail::fsdp_moment moment) override;
 
   /// A model declared with sw::Lazy and not loaded yet cannot run.
   void refuse_unfilled() const;
   /// The optimizer (or a checkpoint) would read gradient shards that miss the whole gradients still held.
   void refuse_unreduced_gradients() const;
 
-  void gather(detail::fsdp_unit& u) {
-    if (!u.in_flight.empty()) finish_prefetch(u);
-    if (u.gathered) return;
-    for (auto i : u.slots) gather_slot<param_type>(slots_[i]).wait();
-    u.gathered = true;
-  }
-
-  /// Starts gathering unit `i` (none: past the ends), to be finished where it is used.
-  void prefetch(std::optional<std::size_t> i) {
-    if (!i || units_[*i].gathered || !units_[*i].in_flight.empty() || units_[*i].reduced) return;
-    for (auto s : units_[*i].slots) units_[*i].in_flight.push_back(gather_slot<param_type>(slots_[s]));
-    ++prefetched_;
-  }
-  void finish_prefetch(detail::fsdp_unit& u) {
-    for (auto& pending : u.in_flight) pending.wait();
-    u.in_flight.clear();
-    u.gathered = true;
-  }
-  void finish_prefetches() {
-    for (auto& u : units_)
-      if (!u.in_flight.empty()) finish_prefetch(u);
-  }
-
-  [[nodiscard]] std::size_t index_of(detail::fsdp_unit const& u) const {
-    return static_cast<std::size_t>(&u - units_.data());
-  }
-  /// The unit that ran after unit `i` (0: the root, which runs first) in the last forward, or in model order.
-  [[nodiscard]] std::optional<std::size_t> next_in_forward(std::size_t i) const {
-    if (last_forward_order_.empty()) return i + 1 < units_.size() ? std::optional(i + 1) : std::nullopt;
-    if (i == 0) return last_forward_order_.front();
-    auto at = std::find(last_forward_order_.begin(), last_forward_order_.end(), i);
-    if (at == last_forward_order_.end() || ++at == last_forward_order_.end()) return std::nullopt;
-    return *at;
-  }
-  /// The unit whose backward follows unit `i`'s: the one that ran before it in this step's forward.
-  [[nodiscard]] std::optional<std::size_t> next_in_backward(std::size_t i) const {
-    auto const at = std::find(forward_order_.begin(), forward_order_.end(), i);
-    if (at == forward_order_.end() || at == forward_order_.begin()) return std::nullopt;
-    return *(at - 1);
-  }
-
   /// Starts the parameter's whole (this tp rank's) tensor from the dp ranks' shards, rounded to Param on the
   /// way; the returned collective finishes it (at once where there is nothing to wait for).
   template <class Param>
   pending_collective gather_slot(detail::fsdp_slot<scalar>& s);
 
-  /// Frees the unit's gathered parameters (no_shard in mixed precision keeps the memory, and rounds again at the
-  /// next gather, after the optimizer has stepped the masters).
-  void release(detail::fsdp_unit& u);
-
-  /// The unit's gradients finished over tp, averaged over dp into the gradient shards, and freed.
-  void reduce_gradients(detail::fsdp_unit& u) {
-    finish_gradients_of(u);
-    reduce_finished_gradients(u);
-  }
-  /// The tp step of reduce_gradients (partial sums, replicated heads' copies), while the unit is gathered.
-  void finish_gradients_of(detail::fsdp_unit& u);
-  /// The dp step of reduce_gradients: finished gradients averaged into the shards and freed.
-  void reduce_finished_gradients(detail::fsdp_unit& u);
-
   /// into += this rank's rows of the average of `whole` over dp (hybrid: and over the replicas), reduced in
   /// whole's element type.
   template <class Whole>
   void average_into(Whole& whole, Eigen::Map<nn::matrix<scalar>>& into);
-
-  void find_units();
-
-  /// The unit that holds a parameter: the one whose module lies above it (static policies make it unique); for
-  /// wrap_min_params, children first, a module whose unheld parameters reach the threshold.
-  void assign_to_units(std::vector<std::size_t> const& sizes);
 
   /// The slots of every parameter, in for_each_parameter's order. A layer declared with sw::Lazy is allocated
   /// (zeros) and freed again at once, so that a lazy model is never whole: one layer at most.
@@ -395,17 +305,13 @@ class fully_sharded final : detail::module_hooks {
   ShardMesh dp_;
   std::optional<ReplicateMesh> replicate_;
   fsdp_options options_;
-  std::vector<detail::fsdp_unit> units_, candidates_;
+  std::vector<detail::fsdp_unit> candidates_;  // wrap_min_params: every module, to pick units from by size
   // Shared with the slots' closures, which outlive no fully_sharded but may be moved with it.
   std::shared_ptr<detail::fsdp_spare_matrices<scalar>> spare_ = std::make_shared<detail::fsdp_spare_matrices<scalar>>();
   std::vector<detail::fsdp_slot<scalar>> slots_;
   nn::group<scalar> const* tp_group_ = nullptr;
-  phase phase_ = phase::idle;
-  std::vector<std::size_t> forward_order_, last_forward_order_;  // units in the order their forwards ran
-  std::size_t prefetched_ = 0;
-  bool sync_ = true;         // set_requires_gradient_sync
-  bool pipelining_ = false;  // within a pipeline step (shardwise_pipeline_begin .. end)
-  bool reduce_every_microbatch_ = true;
+  std::vector<std::vector<pending_collective>> in_flight_;  // per unit: the gathers started and not yet finished
+  detail::fsdp_schedule schedule_;                          // when each unit gathers, releases and reduces
   bool unfilled_ = false;  // declared with sw::Lazy: the shards are zeros until a load fills them
 };
 

@@ -1,10 +1,8 @@
 #pragma once
-// A fully sharded model's hooks, defined apart from the class (fsdp/fully_shard.hpp): what sw::forward and
-// sw::backward run around a unit's module (gather it; under full_shard release it after its forward; after its
-// backward reduce-scatter its gradients, or keep them whole without gradient sync), and the model driven by
-// sw::run_pipeline_step, whose step is the schedule's many forwards before their backwards, not one of each:
-// the root unit stays gathered all step (the last stage's head runs outside any chunk's forward) and is reduced
-// once at its end, and nothing is prefetched or handed along between units, whose passes interleave.
+// What a fully sharded model's schedule (fsdp/schedule.hpp) does to a unit, defined apart from the class
+// (fsdp/fully_shard.hpp): its gathers started and finished, its gathered parameters freed, its gradients finished
+// over tp and averaged over dp, and the whole matrices a full-shard step keeps for reuse managed at the step's
+// moments.
 #include <cstddef>
 #include <type_traits>
 
@@ -14,114 +12,52 @@
 namespace shardwise {
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::before_forward(detail::module_id module) {
-  if (phase_ == phase::idle) return;  // a module called outside this model's passes
-  if (auto* u = unit_of(module)) {
-    gather(*u);
-    u->called = true;
-    if (phase_ != phase::forward) return;  // a recomputation in backward (activation checkpointing)
-    if (pipelining_) {  // a schedule interleaves microbatches' passes: no prefetch, no storage handed along
-      ++u->forwards;
-      return;
-    }
-    forward_order_.push_back(index_of(*u));
-    if (options_.forward_prefetch) prefetch(next_in_forward(index_of(*u)));
-    spare_->spare.clear();  // what this unit (and its prefetch) did not take: other shapes, not kept waiting
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::start_gather(detail::fsdp_unit& u) {
+  auto& pending = in_flight_[schedule_.index_of(u)];
+  for (auto i : u.slots) pending.push_back(gather_slot<param_type>(slots_[i]));
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_gather(detail::fsdp_unit& u) {
+  auto& pending = in_flight_[schedule_.index_of(u)];
+  for (auto& gather : pending) gather.wait();
+  pending.clear();
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reuse_gradients(detail::fsdp_unit& u) {
+  for (auto i : u.slots) slots_[i].reuse_grad();
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::at(detail::fsdp_moment moment) {
+  using detail::fsdp_moment;
+  constexpr bool frees = std::is_same_v<strategy, full_shard>;  // the one strategy that frees within a step
+  switch (moment) {
+    case fsdp_moment::forward_starting:
+      spare_->active = false;  // what is released now (unshard's tensors) is freed, not handed along
+      break;
+    case fsdp_moment::forward_units_released:
+      spare_->end_pass();  // a pass that threw may have kept gradients
+      spare_->active = frees;
+      spare_->reused_bytes = 0;
+      break;
+    case fsdp_moment::unit_started:  // what this unit (and its prefetch) did not take: other shapes, not kept
+    case fsdp_moment::last_backward_unit_finished:  // not kept through the root's reduce-scatter
+      spare_->spare.clear();
+      break;
+    case fsdp_moment::last_forward_unit_released:  // no unit of this pass takes what it released
+    case fsdp_moment::pass_ended:
+      spare_->end_pass();
+      break;
+    case fsdp_moment::backward_starting:
+      spare_->end_pass();
+      spare_->active = frees;
+      break;
+    case fsdp_moment::pipeline_starting:
+      spare_->stop();  // nothing kept or reused: passes of several microbatches interleave
+      break;
   }
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::after_forward(detail::module_id module) {
-  if (phase_ == phase::idle) return;  // a module called outside this model's passes
-  if (auto* u = unit_of(module); u && phase_ == phase::forward && std::is_same_v<strategy, full_shard>) {
-    release(*u);
-    if (!next_in_forward(index_of(*u))) spare_->end_pass();  // no unit of this pass takes what it released
-  }
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::before_backward(detail::module_id module) {
-  if (phase_ == phase::idle) return;  // a module called outside this model's passes
-  if (auto* u = unit_of(module)) {
-    gather(*u);
-    for (auto i : u->slots) slots_[i].reuse_grad();
-    if (pipelining_) return;
-    if (options_.backward_prefetch) prefetch(next_in_backward(index_of(*u)));
-    spare_->spare.clear();  // what this unit (and its prefetch) did not take: other shapes, not kept waiting
-  }
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::after_backward(detail::module_id module) {
-  if (phase_ == phase::idle) return;  // a module called outside this model's passes
-  if (auto* u = unit_of(module)) {
-    if (sync_ && (!pipelining_ || reduce_every_microbatch_)) {
-      reduce_gradients(*u);
-    } else {
-      if (pipelining_) finish_gradients_of(*u);  // finished while gathered; the step's end reduces them
-      u->unreduced = true;
-    }
-    release(*u);
-    if (pipelining_) {
-      ++u->backwards;
-      return;
-    }
-    if (!next_in_backward(index_of(*u))) spare_->spare.clear();  // not kept through the root's reduce-scatter
-    u->reduced = true;
-  }
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_root() {
-  if (sync_)
-    reduce_gradients(units_[0]);
-  else
-    units_[0].unreduced = true;
-  release(units_[0]);
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_backward() {
-  finish_prefetches();
-  finish_root();  // its parameters' storage kept for the next forward's first gather
-  spare_->end_pass();
-  phase_ = phase::idle;
-  for (std::size_t i = 1; i < units_.size(); ++i)
-    if (units_[i].called && !units_[i].reduced)
-      detail::fail(
-          "shardwise::fully_shard: the unit \"", units_[i].path,
-          "\" ran forward but its gradients were not reduced: call it as sw::backward(module, dy) in the model's "
-          "backward");
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::shardwise_pipeline_begin(bool every_microbatch) {
-  refuse_unfilled();
-  spare_->stop();  // nothing kept or reused: passes of several microbatches interleave
-  finish_prefetches();
-  for (auto& u : units_) {
-    release(u);
-    u.called = u.reduced = false;
-    u.forwards = u.backwards = 0;
-  }
-  pipelining_ = true;
-  reduce_every_microbatch_ = every_microbatch;
-  phase_ = phase::forward;
-  gather(units_[0]);
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::shardwise_pipeline_end() {
-  shardwise_pipeline_abandon();
-  for (std::size_t i = 1; i < units_.size(); ++i)
-    if (units_[i].unreduced && sync_) reduce_finished_gradients(units_[i]);  // finished after each backward
-  finish_root();
-  for (std::size_t i = 1; i < units_.size(); ++i)
-    if (units_[i].forwards != units_[i].backwards || units_[i].forwards == 0)
-      detail::fail("shardwise::run_pipeline_step: the unit \"", units_[i].path, "\" of the fully sharded stage ran ",
-                   units_[i].forwards, " forwards and ", units_[i].backwards,
-                   " backwards in the step; call it as sw::forward(module, x) in the stage's forward and "
-                   "sw::backward(module, dy) in its backward, once each per microbatch");
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
@@ -134,7 +70,7 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::refuse_unfilled() c
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::refuse_unreduced_gradients() const {
-  for (auto const& u : units_)
+  for (auto const& u : units())
     if (u.unreduced)
       detail::fail("shardwise::fully_shard: the unit \"", u.path,
                    "\" holds gradients that were not reduced over data parallelism "

@@ -16,39 +16,6 @@
 namespace shardwise {
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::find_units() {
-  units_.push_back({{}, "", {}, false, false, false, {}});
-  auto on_module = [&](auto& m, std::string const& path) {
-    using M = std::remove_cvref_t<decltype(m)>;
-    if (path.empty()) return;  // the model itself: the root unit
-    if constexpr (std::is_same_v<typename Policy::wrap, wrap_min_params>)
-      candidates_.push_back({detail::id_of(m), path, {}, false, false, false, {}});
-    else if constexpr (detail::wraps<typename Policy::wrap, M>::value)
-      units_.push_back({detail::id_of(m), path, {}, false, false, false, {}});
-  };
-  auto on_layer = detail::skip_node;
-  detail::walk_tree(model_, std::string(), on_module, on_layer);
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::assign_to_units(std::vector<std::size_t> const& sizes) {
-  std::vector<std::size_t> owner(slots_.size(), 0);
-  for (std::size_t s = 0; s < slots_.size(); ++s)
-    for (std::size_t u = 1; u < units_.size(); ++u)
-      if (detail::path_within(units_[u].path, slots_[s].name)) owner[s] = u;
-  for (auto c = candidates_.rbegin(); c != candidates_.rend(); ++c) {  // pre-order reversed: children first
-    std::size_t count = 0;
-    for (std::size_t s = 0; s < slots_.size(); ++s)
-      if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) count += sizes[s];
-    if (count == 0 || count < options_.min_num_params) continue;
-    units_.push_back({c->module, c->path, {}, false, false, false, {}});
-    for (std::size_t s = 0; s < slots_.size(); ++s)
-      if (owner[s] == 0 && detail::path_within(c->path, slots_[s].name)) owner[s] = units_.size() - 1;
-  }
-  for (std::size_t s = 0; s < slots_.size(); ++s) units_[owner[s]].slots.push_back(s);
-}
-
-template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slots() {
   std::vector<std::size_t> sizes;
   detail::for_each_named_layer(model_, [&](auto& l, std::string const& path) {
@@ -61,14 +28,16 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slots() {
     if (lazy && keeps_master)  // no_shard in full precision: the layer's tensor is the only copy, kept
       for (std::size_t i = first; i < slots_.size(); ++i) (void)slots_[i].resize_value(false);
   });
-  assign_to_units(sizes);
-  for (std::size_t u = 1; u < units_.size(); ++u)  // the stages exchange a tied weight's whole gradient at the end
-    for (std::size_t i : units_[u].slots)
+  std::vector<std::string> names;
+  for (auto const& slot : slots_) names.push_back(slot.name);
+  detail::assign_fsdp_units(units(), candidates_, names, sizes, options_.min_num_params);
+  for (std::size_t u = 1; u < units().size(); ++u)  // the stages exchange a tied weight's whole gradient at the end
+    for (std::size_t i : units()[u].slots)
       if (slots_[i].mirror)
         detail::fail("shardwise::fully_shard: \"", slots_[i].name,
                      "\" is a pipeline stage's copy of a weight tied "
                      "across stages, but it lies in the unit \"",
-                     units_[u].path,
+                     units()[u].path,
                      "\", whose gradients are freed "
                      "before the stages exchange theirs; leave the tied layers in the root unit (wrap the blocks)");
 }
@@ -188,16 +157,12 @@ pending_collective fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::gathe
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::release(detail::fsdp_unit& u) {
-  if (!u.in_flight.empty()) finish_prefetch(u);  // MPI may still be writing into the memory
-  if constexpr (keeps_master) {
-    if constexpr (sharded)
-      for (auto i : u.slots) slots_[i].resize_value(false);
-    u.gathered = false;
-  }
+  if constexpr (keeps_master && sharded)  // no_shard in mixed precision keeps the memory, rounded again at a gather
+    for (auto i : u.slots) slots_[i].resize_value(false);
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
-void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_gradients_of(detail::fsdp_unit& u) {
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_gradients(detail::fsdp_unit& u) {
   for (auto i : u.slots) slots_[i].finish();
   for (auto i : u.slots) slots_[i].mark_finished();
 }
@@ -216,7 +181,6 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reduce_finished_gra
     }
     s.clear_grad(sharded);
   }
-  u.unreduced = false;
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>

@@ -13,6 +13,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fold_hash.hpp"
+#include "shardwise/fsdp/schedule.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
@@ -35,17 +36,6 @@ struct fsdp_slot {
   std::function<T*()> finished_grad;          // the finished gradient's data
   std::function<void(bool free)> clear_grad;  // the layer's gradients freed (or zeroed, for no_shard)
   std::function<void()> reuse_grad;           // a kept matrix, zeroed, as the layer's gradient to accumulate into
-};
-
-/// A unit: the parameters gathered together, and the module whose sw::forward gathers them (null: the root).
-struct fsdp_unit {
-  module_id module;  // none: the root
-  std::string path;
-  std::vector<std::size_t> slots;
-  bool gathered = false, called = false, reduced = false;  // the last two: in the current step
-  std::vector<pending_collective> in_flight;               // a prefetch's all-gathers, one per slot
-  int forwards = 0, backwards = 0;  // in the current pipeline step (sw::run_pipeline_step over a sharded model)
-  bool unreduced = false;           // gradients accumulated whole, not yet reduce-scattered (no gradient sync)
 };
 
 /// What the ranks of an FSDP mesh must agree on before any shard moves: the model they shard (its parameters'
