@@ -766,13 +766,10 @@ void run_cost_cases(World const& world) {
     // tp 4 over 2 key-value heads: each repeated, and fully_shard counts the copies (attention 4096 >= 4000).
     models::fsdp_cost_options const size_4000{.wrap = models::llama_fsdp_wrap::by_size, .min_num_params = 4000};
     check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, sw::wrap_min_params>(world, 1, 1, m, size_4000);
-    models::fsdp_cost_options refused = size_4000;
-    refused.forward_prefetch = true;
-    models::training_step_inputs const any{{m.sequence, 1, 0, "tp"}, 1, 2, 0, false, "dp"};
-    auto const predict = [&] {
-      return models::llama_fsdp_step_cost<float, sw::full_shard, models::llama_plan<true>>(m, any, refused);
-    };
-    CHECK_THROWS_WITH(predict(), doctest::Contains("predicted with one unit per block only"));
+    models::fsdp_cost_options prefetched_by_size = size_4000;  // prefetch among units of several kinds
+    prefetched_by_size.forward_prefetch = prefetched_by_size.backward_prefetch = true;
+    check_fsdp_tp_step<sw::full_shard, true, sw::full_precision, sw::wrap_min_params>(world, 1, 1, m,
+                                                                                      prefetched_by_size);
   }
   check_fsdp_tp_step<sw::full_shard, true>(world, 1, 1, m);
   // The wrap policies the FSDP tests train with: by type (a unit per block, as by path), none (the root holds

@@ -67,6 +67,7 @@ struct parameter_cost {
   bool partial_gradient = false;    ///< Summed over tp by finish_gradients (a norm under SequenceParallel).
   std::size_t copies_elements = 0;  ///< Repeated blocks: elements finish_gradients all-reduces to sum the copies.
   std::size_t rows = 0;             ///< This rank's rows (dimension 0, which FSDP cuts over dp); 0: not given.
+  bool cut_over_tp = false;         ///< Each tp rank holds a piece: wrap_min_params counts elements x tp.
 };
 
 /// The transfers of sw::finish_gradients on one rank, for the parameters `walk(fn)` visits in order: each Partial

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "shardwise/core/module_hooks.hpp"
 #include "shardwise/cost/cost.hpp"
 
 namespace shardwise {
@@ -46,6 +47,9 @@ class meta_trace {
   cost total{};          ///< The bytes recorded so far; finish() adds the transfers.
   std::size_t live = 0;  ///< Bytes the live meta matrices hold.
   std::size_t peak = 0;  ///< The most they held at once since the last reset_peak().
+  /// What sw::forward and sw::backward call around each module on shapes (FSDP's schedule, sw::fsdp_step_cost);
+  /// null: nothing.
+  detail::module_hooks* hooks = nullptr;
 
   /// Where a layer adds its transfers now (the list a style's mover writes): the entries since the last module
   /// call began or ended, which flush() moves to the pass's record.
@@ -77,6 +81,27 @@ class meta_trace {
     return total;
   }
 
+  /// Appends what it recorded so far, the forward's then the backward's, to `out`, and records a new forward.
+  template <std::size_t N>
+  constexpr void take_record(transfer_list<N>& out) {
+    flush();
+    out.append(forward_).append(backward_);
+    forward_.clear(), backward_.clear();
+    backward_pass_ = false;
+  }
+
+  /// A module call begins (detail::repeated_call).
+  constexpr void enter_call() { ++calls_open_; }
+  /// It ends: whether what it recorded may fold into a repetition of the call before it. With hooks (FSDP's
+  /// schedule) only the outermost calls fold: a unit's gathers open its call, so repeats inside a block (its
+  /// attention's and feed-forward's equal moves) would hold a group of their own and keep the blocks apart.
+  constexpr bool leave_call() {
+    --calls_open_;
+    return hooks == nullptr || calls_open_ == 0;
+  }
+  /// How many module calls are running (0: the code between them, as a pass's start and end).
+  [[nodiscard]] constexpr std::size_t calls_open() const { return calls_open_; }
+
   /// Starts a new peak from what is held now.
   constexpr void reset_peak() { peak = live; }
   /// A meta matrix of `bytes` comes to life.
@@ -95,6 +120,7 @@ class meta_trace {
   }
 
   bool backward_pass_ = false;
+  std::size_t calls_open_ = 0;
   transfer_list<> pending_;
   transfer_list<recorded_capacity> forward_, backward_;
 };
@@ -106,9 +132,11 @@ namespace detail {
 class repeated_call {
  public:
   /// Null: not a call on shapes, nothing to fold.
-  constexpr explicit repeated_call(meta_trace* trace) : trace_(trace), from_(trace ? trace->recorded().stored() : 0) {}
+  constexpr explicit repeated_call(meta_trace* trace) : trace_(trace), from_(trace ? trace->recorded().stored() : 0) {
+    if (trace_) trace_->enter_call();
+  }
   constexpr ~repeated_call() {
-    if (trace_) trace_->recorded().fold_repeat(from_);
+    if (trace_ && trace_->leave_call()) trace_->recorded().fold_repeat(from_);
   }
   repeated_call(repeated_call const&) = delete;
   repeated_call& operator=(repeated_call const&) = delete;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/module_hooks.hpp"
 #include "shardwise/fsdp/policy.hpp"
 #include "shardwise/fsdp/schedule.hpp"
 #include "shardwise/fsdp/units.hpp"
@@ -27,7 +28,6 @@
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/lazy.hpp"
-#include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
 
@@ -262,6 +262,7 @@ class fully_sharded final : detail::fsdp_unit_actions {
   }
 
   // What the schedule's decisions do (detail::fsdp_unit_actions), in fsdp/fully_shard_hooks.hpp.
+  void gather(detail::fsdp_unit& u) override;
   void start_gather(detail::fsdp_unit& u) override;
   void finish_gather(detail::fsdp_unit& u) override;
   void release(detail::fsdp_unit& u) override;

@@ -12,6 +12,11 @@
 namespace shardwise {
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::gather(detail::fsdp_unit& u) {
+  for (auto i : u.slots) gather_slot<param_type>(slots_[i]).wait();  // one at a time: one slot's staging at once
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::start_gather(detail::fsdp_unit& u) {
   auto& pending = in_flight_[schedule_.index_of(u)];
   for (auto i : u.slots) pending.push_back(gather_slot<param_type>(slots_[i]));

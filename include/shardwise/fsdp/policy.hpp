@@ -72,7 +72,8 @@ struct fsdp_options {
   /// before it is sharded, so ranks that built or loaded different values start from rank 0's.
   bool sync_module_states = false;
   /// Accelerate's forward_prefetch: when a unit's forward starts, the all-gather of the unit that ran after it
-  /// in the previous forward (in model order on the first step) starts too, so on MPI it moves while this unit
+  /// in the previous forward (on the first step, the unit made after it: model order, but wrap_min_params makes
+  /// children first, so its first step may prefetch a unit that has run) starts too, so on MPI it moves while this unit
   /// computes. Two units are gathered at once instead of one.
   bool forward_prefetch = false;
   /// Accelerate's backward_prefetch = BACKWARD_PRE: when a unit's backward starts, the all-gather of the unit

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/module_hooks.hpp"
 #include "shardwise/fsdp/policy.hpp"
-#include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/plan/tree.hpp"
 
 namespace shardwise::detail {
@@ -94,7 +94,9 @@ class fsdp_unit_actions {
   fsdp_unit_actions() = default;
   fsdp_unit_actions(fsdp_unit_actions const&) = delete;
   fsdp_unit_actions& operator=(fsdp_unit_actions const&) = delete;
-  /// Starts gathering the unit's parameters whole (this tp rank's tensors); finish_gather completes it.
+  /// Gathers the unit's parameters whole (this tp rank's tensors), now.
+  virtual void gather(fsdp_unit& u) = 0;
+  /// Starts gathering them (a prefetch); finish_gather completes it.
   virtual void start_gather(fsdp_unit& u) = 0;
   /// Completes the gathers start_gather began.
   virtual void finish_gather(fsdp_unit& u) = 0;
@@ -180,9 +182,7 @@ class fsdp_schedule final : public module_hooks {
   /// How many units' gathers started ahead of their use.
   [[nodiscard]] std::size_t prefetched() const { return prefetched_; }
   /// The index of a unit in `units`.
-  [[nodiscard]] std::size_t index_of(fsdp_unit const& u) const {
-    return static_cast<std::size_t>(&u - units.data());
-  }
+  [[nodiscard]] std::size_t index_of(fsdp_unit const& u) const { return static_cast<std::size_t>(&u - units.data()); }
 
   void before_forward(module_id module) override;
   void after_forward(module_id module) override;
@@ -224,8 +224,7 @@ class fsdp_schedule final : public module_hooks {
 inline void fsdp_schedule::gather(fsdp_unit& u) {
   if (u.prefetching) finish_prefetch(u);
   if (u.gathered) return;
-  act_.start_gather(u);
-  act_.finish_gather(u);
+  act_.gather(u);
   u.gathered = true;
 }
 

@@ -13,11 +13,11 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/fold_hash.hpp"
+#include "shardwise/core/module_hooks.hpp"
 #include "shardwise/fsdp/schedule.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
-#include "shardwise/nn/module_hooks.hpp"
 
 namespace shardwise::detail {
 

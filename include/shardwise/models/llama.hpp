@@ -131,15 +131,6 @@ struct LlamaBlock {
   }
 };
 
-/// The parts of the Llama's cost for a step cost that runs them in its own order: FSDP's, whose gathers and
-/// reductions go between the blocks (models::llama_fsdp_step_cost, still composed by hand).
-struct llama_cost_parts {
-  cost embedding;                 ///< The token embedding.
-  cost block;                     ///< One block, called through sw::forward (its redistributions included).
-  cost output;                    ///< The output projection.
-  transfer_list<> head_backward;  ///< The backward from the logits' gradient to the last block's output.
-};
-
 /// The decoder. forward(ids) gives logits [tokens, vocabulary] (this rank's part, in the plan's layout);
 /// backward(dlogits) accumulates every parameter's gradient. StaticHeads / StaticKvHeads (optional): the head
 /// counts at compile time, so that a static tp size that cannot serve them is a compile error.
@@ -186,21 +177,6 @@ struct Llama {
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s, bool checkpointed_blocks = false) {
     using shapes = Llama<meta<T>, Plan, StaticHeads, StaticKvHeads>;
     return derived_model_cost<shapes>(s, [&](shapes& model) { model.checkpoint_blocks(checkpointed_blocks); }, c);
-  }
-
-  /// Its cost's parts, for FSDP's step cost (llama_cost_parts): the embedding's, one block's (called through
-  /// sw::forward), the output projection's, and the transfers of the backward from the logits' gradient to the
-  /// last block's output.
-  static constexpr llama_cost_parts shardwise_cost_parts(LlamaConfig const& c, cost_inputs const& s) {
-    using Output = decltype(output);
-    llama_cost_parts parts{decltype(tok_embeddings)::shardwise_cost(c.vocabulary, c.dim, s),
-                           call_cost<block_type, T>(block_type::shardwise_cost(c, s), c.dim, c.dim, s),
-                           Output::shardwise_cost(c.dim, c.vocabulary, s),
-                           {}};
-    parts.head_backward.append(parts.output.backward);
-    shardwise::detail::add_redistribute<typename Output::input_grad_layout, typename decltype(norm)::input_layout>(
-        parts.head_backward, s.tokens, c.dim, sizeof(T), s);
-    return parts;
   }
 
   /// Its children's shapes at `tp` ranks, which the constructor builds them from: the embedding, c.layers

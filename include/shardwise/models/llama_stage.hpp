@@ -245,6 +245,13 @@ struct LlamaStage {
     parameter_costs<LlamaStage>(shardwise_shapes(c, blocks, s.tp), s, fn);
   }
 
+  /// The stage on shapes, which its costs run (build it from (config, blocks, stages_around(config, blocks))).
+  using shapes_type = LlamaStage<meta<T>, Plan, StaticHeads, StaticKvHeads>;
+  /// A stage count `blocks` can be one of (its cost does not depend on it).
+  static constexpr int stages_around(LlamaConfig const& c, stage_range const& blocks) {
+    return blocks.count == c.layers ? 1 : 2;
+  }
+
  private:
   /// Ties the output to the embedding: the same tensor on one stage; across stages, a copy of the embedding's
   /// initial table, marked as the first stage's "tok_embeddings.weight" (see Parameter::mirror_of).
@@ -273,12 +280,6 @@ struct LlamaStage {
     grad += other;
   }
 
-  using shapes_type = LlamaStage<meta<T>, Plan, StaticHeads, StaticKvHeads>;  // the stage on shapes, for its cost
-
-  /// A stage count `blocks` can be one of (its cost does not depend on it).
-  static constexpr int stages_around(LlamaConfig const& c, stage_range const& blocks) {
-    return blocks.count == c.layers ? 1 : 2;
-  }
   /// split.of(stage), once the split is known to cut c.layers blocks.
   static stage_range checked_range(LlamaConfig const& c, stage_split const& split, int stage) {
     if (split.layers() != c.layers)

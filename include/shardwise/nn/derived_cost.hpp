@@ -33,6 +33,26 @@ constexpr void set_up_shapes_for(Node& node, int tp) {
   }
 }
 
+/// Runs `backward()` as a backward on shapes: what it records is the backward's (a forward run again now, as
+/// checkpointing does, too), and the most it holds at once beyond what was live before is the working bytes.
+template <class Backward>
+constexpr void run_backward_on_shapes(meta_trace& trace, Backward&& backward) {
+  trace.reset_peak();
+  std::size_t const held = trace.live;
+  trace.start_backward();
+  backward();
+  trace.total.working_bytes = trace.peak - held;
+}
+
+/// The stream of [s.tokens, features] a pipeline stage receives from the stage before, in Stream's layout.
+template <class Stream>
+constexpr Stream received_stream(meta_trace& trace, std::size_t features) {
+  using T = typename Stream::element_type::element;
+  using In = typename Stream::placement;
+  cost_inputs const& s = trace.inputs;
+  return {meta_matrix<T>(meta_rows<In>(s), meta_cols<In>(features, s.tp, s.tp_rank), &trace)};
+}
+
 /// Runs `module`'s forward on `input` and its backward on a gradient of its output's shape, recording in `trace`
 /// what sw::derived_cost describes.
 template <class Module, class Input>
@@ -41,15 +61,13 @@ constexpr void run_on_shapes(Module& module, Input const& input, meta_trace& tra
   auto y = module.forward(input);
   trace.total.activation_bytes = trace.live - before - y.local.bytes();
   auto const dy = y;  // the output's gradient: its shape and layout
-  trace.reset_peak();
-  std::size_t const held = trace.live;
-  trace.start_backward();  // a forward run again now (checkpointing) is part of the backward
-  if constexpr (std::is_void_v<decltype(module.backward(dy))>) {
-    module.backward(dy);
-  } else {
-    auto dx = module.backward(dy);
-  }
-  trace.total.working_bytes = trace.peak - held;
+  run_backward_on_shapes(trace, [&] {
+    if constexpr (std::is_void_v<decltype(module.backward(dy))>) {
+      module.backward(dy);
+    } else {
+      auto dx = module.backward(dy);
+    }
+  });
 }
 }  // namespace detail
 
@@ -100,8 +118,6 @@ constexpr cost derived_model_cost(cost_inputs const& s, Prepare&& prepare, Args&
 template <class Stage, class Stream, class Prepare, class... Args>
 constexpr cost derived_stage_cost(cost_inputs const& s, std::size_t features, bool head, Prepare&& prepare,
                                   Args&&... args) {
-  using T = typename Stream::element_type::element;
-  using In = typename Stream::placement;
   meta_trace trace{s};
   {
     Stage stage(std::forward<Args>(args)...);
@@ -109,20 +125,11 @@ constexpr cost derived_stage_cost(cost_inputs const& s, std::size_t features, bo
     std::forward<Prepare>(prepare)(stage);
     meta_ids const ids{s.tokens, &trace};
     std::size_t const before = trace.live;
-    Stream received;  // what the stage before sends, which the stage keeps only where its code does
-    if (!stage.is_first())
-      received.local =
-          meta_matrix<T>(detail::meta_rows<In>(s), detail::meta_cols<In>(features, s.tp, s.tp_rank), &trace);
-    Stream h = stage.is_first() ? stage.forward(ids) : stage.forward(std::move(received));
+    // What the stage before sends, which the stage keeps only where its code does.
+    Stream h = stage.is_first() ? stage.forward(ids) : stage.forward(detail::received_stream<Stream>(trace, features));
     trace.total.activation_bytes = trace.live - before - h.local.bytes();
     Stream dh = head && stage.is_last() ? stage.head_loss(trace, h, ids).gradient : h;
-    trace.reset_peak();
-    std::size_t const held = trace.live;
-    trace.start_backward();
-    {
-      Stream dx = stage.backward(std::move(dh));
-    }
-    trace.total.working_bytes = trace.peak - held;
+    detail::run_backward_on_shapes(trace, [&] { Stream dx = stage.backward(std::move(dh)); });
   }
   return trace.finish();
 }

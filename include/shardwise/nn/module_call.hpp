@@ -8,7 +8,7 @@
 //
 // The module's path is not declared: it is read off its layers' plan paths ("feed_forward.w1" under the child
 // named "w1" puts the module at "feed_forward"). The same call is where FSDP units gather and free their
-// parameters (nn/module_hooks.hpp) and where activation checkpointing recomputes.
+// parameters (core/module_hooks.hpp) and where activation checkpointing recomputes.
 #include <cstddef>
 #include <string_view>
 #include <tuple>
@@ -16,12 +16,12 @@
 #include <utility>
 
 #include "shardwise/core/fixed_string.hpp"
+#include "shardwise/core/module_hooks.hpp"
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 #include "shardwise/nn/layers/styles.hpp"
 #include "shardwise/nn/meta.hpp"
-#include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/plan/module.hpp"
 
@@ -165,11 +165,11 @@ inline constexpr bool meta_activation_v = false;
 template <class T, class P>
 inline constexpr bool meta_activation_v<Activation<meta<T>, P>> = true;
 
-/// The hooks around a call of `module` on an X (none on shapes; X may be any input: token ids, a tensor).
+/// The hooks around a call of `module` on x (x may be any input: token ids, a tensor): on shapes its trace's.
 template <class X, class Module>
-constexpr module_hooks* call_hooks(Module& module) {
+constexpr module_hooks* call_hooks(Module& module, X const& x) {
   if constexpr (meta_activation_v<std::remove_cvref_t<X>>)
-    return nullptr;
+    return x.local.trace() ? x.local.trace()->hooks : nullptr;
   else
     return hooks_under(module);
 }
@@ -216,7 +216,7 @@ constexpr auto forward(Module& module, X const& x, Context&&... context) {
     }
   };
   detail::repeated_call const call(detail::meta_trace_of(x));  // on shapes: a repeated block stored once
-  auto* const hooks = detail::call_hooks<X>(module);
+  auto* const hooks = detail::call_hooks(module, x);
   if (hooks) hooks->before_forward(detail::id_of(module));
   auto&& y = module.forward(prepared_input(), std::forward<Context>(context)...);
   if (hooks) hooks->after_forward(detail::id_of(module));
@@ -256,7 +256,7 @@ constexpr auto backward(Module& module, DY const& dy) {
     }
   };
   detail::repeated_call const call(detail::meta_trace_of(dy));
-  auto* const hooks = detail::call_hooks<DY>(module);
+  auto* const hooks = detail::call_hooks(module, dy);
   if (hooks) hooks->before_backward(detail::id_of(module));
   auto&& dx = module.backward(output_gradient());
   if (hooks) hooks->after_backward(detail::id_of(module));
@@ -286,8 +286,7 @@ using backward_result_t =
 /// The transfers a module's plan entry adds around sw::forward(module, x) and sw::backward(module, dy) on one
 /// rank, in four places: the input moved before the forward (`forward_in`) and the output after it
 /// (`forward_out`); the output's gradient moved back before the backward (`backward_out`) and the input's
-/// gradient (reduced, when Partial) after it (`backward_in`). FSDP's hooks run between them: a unit gathers
-/// before forward_in and backward_out, and reduces its gradients before backward_in.
+/// gradient (reduced, when Partial) after it (`backward_in`).
 struct call_boundary {
   transfer_list<> forward_in;    ///< Before the module's forward.
   transfer_list<> forward_out;   ///< After it.

@@ -92,7 +92,7 @@ class embedding_core : public layer_plumbing<T> {
     std::size_t const n = serial ? 1 : s.tp;
     std::size_t const rows = shard_extent(shape.rows, cuts_vocabulary, n),
                       cols = shard_extent(shape.cols, cuts_columns, n);
-    fn(parameter_cost{rows * cols, sizeof(T), false, 0, rows});
+    fn(parameter_cost{rows * cols, sizeof(T), false, 0, rows, !serial && (cuts_vocabulary || cuts_columns)});
   }
 
   /// Called by sw::parallelize: keeps this rank's slice and the group.

@@ -56,6 +56,12 @@ class embedding_core<meta<T>, Rule> {
     return {meta_matrix<T>(meta_rows<output_layout>(s), meta_cols<output_layout>(dim_, s.tp, s.tp_rank), &trace)};
   }
 
+  /// Calls fn(sw::parameter_cost) for the table, as the real table's walk gives it.
+  template <class Fn>
+  constexpr void shardwise_parameter_costs(cost_inputs const& s, Fn&& fn) const {
+    real::shardwise_parameter_costs(embedding_shape{vocabulary_, dim_}, s, fn);
+  }
+
   /// Backward: records its transfers (a Partial<Sum> gradient reduced into the output's layout first).
   template <class P>
   constexpr void backward(Activation<meta<T>, P> const& dy) {

@@ -12,11 +12,11 @@
 #include <string_view>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/core/module_hooks.hpp"
 #include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/layers/styles.hpp"
-#include "shardwise/nn/module_hooks.hpp"
 #include "shardwise/nn/training/deferred_weight_gradients.hpp"
 #include "shardwise/plan/members.hpp"
 #include "shardwise/plan/plan.hpp"

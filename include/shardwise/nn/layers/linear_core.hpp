@@ -146,9 +146,10 @@ class linear_core : public layer_plumbing<T> {
     std::size_t const rows = cut_rows ? (out + n - 1) / n : out, cols = cut_cols ? shape.in / n : shape.in;
     bool const repeated = shape.copies > 1;  // the copies' gradients are summed by an all-reduce of the whole
     fn(parameter_cost{rows * cols, sizeof(T), is_partial_v<typename layouts::weight>,
-                      repeated ? shape.out * shape.in : 0, rows});
+                      repeated ? shape.out * shape.in : 0, rows, is_shard_v<typename layouts::weight>});
     if (shape.bias)
-      fn(parameter_cost{rows, sizeof(T), is_partial_v<typename layouts::bias>, repeated ? shape.out : 0, rows});
+      fn(parameter_cost{rows, sizeof(T), is_partial_v<typename layouts::bias>, repeated ? shape.out : 0, rows,
+                        is_shard_v<typename layouts::bias>});
   }
 
   /// How the weight (and its gradient) is cut over tp: Shard<0> (Colwise), Shard<1> (Rowwise) or Replicate.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "shardwise/nn/layers/linear_core.hpp"  // the real core, whose cost this one records
 #include "shardwise/nn/meta.hpp"
@@ -38,7 +39,7 @@ class linear_core<meta<T>, Rule> {
       : in_(in), out_(out), has_bias_(with_bias) {}
 
   /// As the real layer's before parallelize: `copies` of every output block (key-value heads repeated for tp).
-  constexpr void replicate_output_blocks(std::size_t, std::size_t copies) { out_ *= copies; }
+  constexpr void replicate_output_blocks(std::size_t, std::size_t copies) { out_ *= copies, copies_ = copies; }
   /// As the real layer's: its cost's shard already counts the padding.
   constexpr linear_core& pad_outputs_for_tp() { return *this; }
 
@@ -48,13 +49,23 @@ class linear_core<meta<T>, Rule> {
   [[nodiscard]] constexpr std::size_t in_features() const { return in_; }    ///< Input features (unsharded).
   [[nodiscard]] constexpr std::size_t out_features() const { return out_; }  ///< Output features (unsharded).
   /// Tied (sw::tie_weights): it computes with another layer's parameters, which that layer counts.
-  constexpr void shardwise_tie(meta_values&, meta_values&, std::string_view) { counted_ = true; }
+  constexpr void shardwise_tie(meta_values&, meta_values&, std::string_view) { counted_ = tied_ = true; }
   /// As the real layer's: a copy of another stage's weight, which this stage holds and counts.
   constexpr void mirror_weight_of(std::string_view) {}
 
   /// The real layer's cost (sw::cost), which a call records.
   static constexpr cost shardwise_cost(std::size_t in, std::size_t out, cost_inputs const& s, bool with_bias = false) {
     return real::shardwise_cost(in, out, s, with_bias);
+  }
+
+  /// Calls fn(sw::parameter_cost) for each parameter the real layer's walk gives (a tied weight is its owner's).
+  template <class Fn>
+  constexpr void shardwise_parameter_costs(cost_inputs const& s, Fn&& fn) const {
+    bool skip_weight = tied_;
+    real::shardwise_parameter_costs(linear_shape{in_, out_ / copies_, has_bias_, copies_}, s,
+                                    [&](parameter_cost const& p) {
+                                      if (!std::exchange(skip_weight, false)) fn(p);
+                                    });
   }
 
   /// Backward: records the layer's backward transfers (and, for a Partial<Sum> gradient, its reduction into the
@@ -111,9 +122,9 @@ class linear_core<meta<T>, Rule> {
     counted_ = true;
   }
 
-  std::size_t in_, out_;
+  std::size_t in_, out_, copies_ = 1;
   bool has_bias_;
-  bool counted_ = false;
+  bool counted_ = false, tied_ = false;
   matrix kept_;
 };
 

@@ -46,6 +46,12 @@ class norm_core<meta<T>, Layout, Kind> {
     return {x.like(x.rows(), x.cols())};
   }
 
+  /// Calls fn(sw::parameter_cost) for each parameter, as the real norm's walk gives them.
+  template <class Fn>
+  constexpr void shardwise_parameter_costs(cost_inputs const& s, Fn&& fn) const {
+    real::shardwise_parameter_costs(norm_shape{features_}, s, fn);
+  }
+
   /// Backward: the input gradient's shape (a Partial<Sum> gradient reduced into the norm's layout first).
   template <class P>
   constexpr Activation<meta<T>, layout> backward(Activation<meta<T>, P> const& dy) {

@@ -2,7 +2,8 @@
 // What runs around a module call besides its plan entry: sw::forward and sw::backward tell the hooks the module's
 // layers carry (an FSDP unit's gather before the module runs, its free and gradient reduce-scatter after) which
 // module they are about to call and have called. The hooks are state of the model's layers, set by the object
-// that owns them (fully_shard's sharded model), not of the thread: no layer carries any by default.
+// that owns them (fully_shard's sharded model), not of the thread: no layer carries any by default. On shapes the
+// run's trace carries them instead (FSDP's schedule, when its cost is derived: fsdp/step_cost.hpp).
 #include <utility>
 
 namespace shardwise::detail {
