@@ -63,9 +63,9 @@ class fsdp_on_shapes final : fsdp_unit_actions {
                   {std::is_same_v<strategy, full_shard>, sharded || !std::is_same_v<typename precision::param, T>,
                    t.options.forward_prefetch, t.options.backward_prefetch}),
         previous_hooks_(trace.hooks) {
-    static_assert(wrap_check<Model, typename Policy::wrap>::ok,
-                  "shardwise::fsdp_step_cost: the wrap policy does not fit the model on shapes (a wrap_type names "
-                  "its modules with the element type sw::meta<T>; the error above says where)");
+    // The wrap policy checked against the model on shapes as fully_shard checks it (its own messages): a
+    // wrap_type names the shape-only modules' types (element type sw::meta<T>).
+    [[maybe_unused]] constexpr bool wrap_fits = wrap_check<Model, typename Policy::wrap>::ok;
     if (!sharded && t.replicate > 1)
       fail("shardwise::fsdp_step_cost: hybrid sharding (replicate ", t.replicate,
            ") needs full_shard or shard_grad_op; no_shard replicates over one data-parallel mesh");
@@ -144,6 +144,16 @@ class fsdp_on_shapes final : fsdp_unit_actions {
   module_hooks* previous_hooks_;
 };
 
+/// A step's passes under FSDP: the schedule told where each begins and ends, as fully_sharded's forward and
+/// backward tell it.
+struct fsdp_passes {
+  fsdp_schedule& schedule;
+  void begin_forward() { schedule.begin_forward(); }
+  void end_forward() { schedule.end_forward(); }
+  void begin_backward() { schedule.begin_backward(); }
+  void end_backward() { schedule.end_backward(); }
+};
+
 }  // namespace detail
 
 /// The transfers of one training step of a model under sw::fully_shard<Policy>, on one rank, in the order they
@@ -168,23 +178,8 @@ transfer_list<Capacity> fsdp_step_cost(fsdp_step_inputs const& t, Prepare&& prep
     detail::set_up_shapes_for(model, static_cast<int>(t.tp.tp));
     prepare(model);
     detail::fsdp_on_shapes<Policy, T, Capacity> fsdp(model, trace, t, list);
-    auto& schedule = fsdp.schedule();
-    for (std::size_t m = 0; m < t.microbatches; ++m) {
-      meta_ids const ids{t.tp.tokens, &trace};
-      auto logits = [&] {
-        detail::fsdp_schedule::pass const pass(schedule);
-        schedule.begin_forward();  // the root gathered: into `list`, before the pass's record
-        auto y = model.forward(ids);
-        schedule.end_forward();
-        return y;
-      }();
-      auto const dlogits = loss(std::move(logits), ids);
-      detail::fsdp_schedule::pass const pass(schedule);
-      schedule.begin_backward();
-      model.backward(dlogits);
-      trace.take_record(list);
-      schedule.end_backward();  // the root's reductions, after the pass's record
-    }
+    detail::fsdp_passes around{fsdp.schedule()};  // the root gathered at each forward's start, reduced last
+    detail::run_passes_on_shapes(model, trace, t.microbatches, loss, around, list);
   }
   // AdamW::step(sharded)'s norm: fully_sharded::shardwise_sum_over_shards.
   if (t.parallelized) list.add(transfer_kind::all_reduce, t.tp.tp_axis, sizeof(T));

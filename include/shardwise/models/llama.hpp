@@ -302,6 +302,22 @@ struct Llama {
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };
 
+/// Cross-entropy matching the logits' layout: loss parallel on vocabulary-sharded logits, plain otherwise.
+/// `vocabulary`: the real vocabulary size, so the columns of vocabulary padding are left out.
+template <class Mesh, class T, class P>
+constexpr LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits, token_ids_t<T> targets,
+                                           std::size_t vocabulary) {
+  return cross_entropy(tp, logits, targets, -100, static_cast<std::int64_t>(vocabulary));
+}
+
+/// As above, on logits given as a temporary (`llama_loss(tp, model.forward(ids), ...)`): the gradient is written
+/// into their storage, so the loss allocates no logits-sized matrix.
+template <class Mesh, class T, class P>
+constexpr LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P>&& logits, token_ids_t<T> targets,
+                                           std::size_t vocabulary) {
+  return cross_entropy(tp, std::move(logits), targets, -100, static_cast<std::int64_t>(vocabulary));
+}
+
 /// The sizes of a training step, for its cost: the tensor-parallel side (the tokens of one microbatch on this dp
 /// rank, the tp size and this rank on it) and the data-parallel side.
 struct training_step_inputs {
@@ -314,18 +330,20 @@ struct training_step_inputs {
 };
 
 /// The transfers of one training step of Llama<T, Plan> on one rank, in order: per microbatch its forward,
-/// models::llama_loss and its backward (recomputing each block's forward first, with `checkpointed_blocks`);
-/// then sw::finish_gradients and AdamW::step(finished, dp).
+/// models::llama_loss and its backward (recomputing each block's forward first, with `checkpointed_blocks`), the
+/// model's own code run on shapes (sw::derived_passes); then sw::finish_gradients and AdamW::step(finished, dp).
 template <class T, class Plan, std::size_t Capacity = 128>
 constexpr transfer_list<Capacity> llama_step_cost(LlamaConfig const& c, training_step_inputs const& t,
                                                   bool checkpointed_blocks = false) {
   using Model = Llama<T, Plan>;
-  using Logits = typename decltype(std::declval<Model&>().output)::output_layout;
-  cost const pass = Model::shardwise_cost(c, t.tp, checkpointed_blocks);
-  cost const loss = cross_entropy_cost<T, Logits>(t.tp.tokens, t.tp);
+  using Shapes = Llama<meta<T>, Plan>;
+  transfer_list<Capacity> list = derived_passes<Shapes, Capacity>(
+      t.tp, t.microbatches, [&](Shapes& model) { model.checkpoint_blocks(checkpointed_blocks); },
+      [&](auto&& logits, meta_ids ids) {
+        return llama_loss(*logits.local.trace(), std::move(logits), ids, c.vocabulary).dlogits;
+      },
+      c);
   auto const walk = [&](auto&& fn) { Model::shardwise_parameter_costs(c, t.tp, fn); };
-  transfer_list<Capacity> list;
-  for (std::size_t m = 0; m < t.microbatches; ++m) list.append(pass.forward).append(loss.forward).append(pass.backward);
   list.append(finish_gradients_cost<Capacity>(walk, t.tp));
   list.append(AdamW<T>::template step_cost<Capacity>(walk, t.zero1, t.dp, t.dp_rank, t.tp, t.dp_axis));
   return list;

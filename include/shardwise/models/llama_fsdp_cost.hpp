@@ -10,7 +10,6 @@
 #include "shardwise/fsdp/policy.hpp"
 #include "shardwise/fsdp/step_cost.hpp"
 #include "shardwise/models/llama.hpp"
-#include "shardwise/models/llama_plan.hpp"
 
 namespace shardwise::models {
 

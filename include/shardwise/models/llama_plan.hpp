@@ -63,20 +63,4 @@ using llama_plan =
     typename detail::leave_alone<typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type,
                                  LeaveAlone>::type;
 
-/// Cross-entropy matching the logits' layout: loss parallel on vocabulary-sharded logits, plain otherwise.
-/// `vocabulary`: the real vocabulary size, so the columns of vocabulary padding are left out.
-template <class Mesh, class T, class P>
-constexpr LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits, token_ids_t<T> targets,
-                                           std::size_t vocabulary) {
-  return cross_entropy(tp, logits, targets, -100, static_cast<std::int64_t>(vocabulary));
-}
-
-/// As above, on logits given as a temporary (`llama_loss(tp, model.forward(ids), ...)`): the gradient is written
-/// into their storage, so the loss allocates no logits-sized matrix.
-template <class Mesh, class T, class P>
-constexpr LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P>&& logits, token_ids_t<T> targets,
-                                           std::size_t vocabulary) {
-  return cross_entropy(tp, std::move(logits), targets, -100, static_cast<std::int64_t>(vocabulary));
-}
-
 }  // namespace shardwise::models

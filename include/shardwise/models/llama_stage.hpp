@@ -216,6 +216,8 @@ struct LlamaStage {
       t.recompute = derived_stage_cost<shapes_type, typename shapes_type::stream>(
                         s, c.dim, false, [](auto&) {}, c, blocks, stages_around(c, blocks))
                         .forward;
+    // Stated, not run: shardwise_after_pipeline_step exchanges the table's gradient over the pp mesh, which a run on
+    // shapes has no stand-in for; one send and one receive of it, in the order the first and last stages make them.
     if (c.tie_word_embeddings && first != last) {
       std::size_t const table = embedding_type::shardwise_cost(c.vocabulary, c.dim, s).gradient_bytes;
       transfer_kind const one = first ? transfer_kind::send : transfer_kind::recv;

@@ -53,6 +53,34 @@ constexpr Stream received_stream(meta_trace& trace, std::size_t features) {
   return {meta_matrix<T>(meta_rows<In>(s), meta_cols<In>(features, s.tp, s.tp_rank), &trace)};
 }
 
+/// What runs around a step's passes on shapes besides the model: nothing, or FSDP's schedule.
+struct no_pass_hooks {
+  constexpr void begin_forward() {}
+  constexpr void end_forward() {}
+  constexpr void begin_backward() {}
+  constexpr void end_backward() {}
+};
+
+/// Runs `microbatches` training passes of `model` on shapes — its forward on trace.inputs.tokens token ids,
+/// loss(logits, ids) (which returns the logits' gradient), its backward — with `around`'s members at the passes'
+/// ends, and appends each microbatch's record to `list` in order (before what end_backward adds there).
+template <std::size_t Capacity, class Model, class Loss, class Around>
+constexpr void run_passes_on_shapes(Model& model, meta_trace& trace, std::size_t microbatches, Loss& loss,
+                                    Around& around, transfer_list<Capacity>& list) {
+  for (std::size_t m = 0; m < microbatches; ++m) {
+    meta_ids const ids{trace.inputs.tokens, &trace};
+    around.begin_forward();
+    auto logits = model.forward(ids);
+    around.end_forward();
+    auto const dlogits = loss(std::move(logits), ids);
+    trace.start_backward();
+    around.begin_backward();
+    model.backward(dlogits);
+    trace.take_record(list);
+    around.end_backward();
+  }
+}
+
 /// Runs `module`'s forward on `input` and its backward on a gradient of its output's shape, recording in `trace`
 /// what sw::derived_cost describes.
 template <class Module, class Input>
@@ -107,6 +135,27 @@ constexpr cost derived_model_cost(cost_inputs const& s, Prepare&& prepare, Args&
     detail::run_on_shapes(model, meta_ids{s.tokens, &trace}, trace);
   }
   return trace.finish();
+}
+
+/// The transfers of `microbatches` training passes of a whole model on one rank, in the order they run: per
+/// microbatch its forward on s.tokens token ids, `loss(logits, ids)` (which returns the logits' gradient:
+/// models::llama_loss, say) and its backward (a forward checkpointing runs again included). Model (built with the
+/// element type sw::meta<T> from `args`, set up as by sw::derived_cost, then handed to `prepare`) runs its own
+/// code on shapes, as in sw::derived_model_cost; the optimizer's step is the caller's to add
+/// (sw::finish_gradients_cost, AdamW::step_cost). Capacity: the entries the result holds (repeats stored once).
+template <class Model, std::size_t Capacity = 128, class Prepare, class Loss, class... Args>
+constexpr transfer_list<Capacity> derived_passes(cost_inputs const& s, std::size_t microbatches, Prepare&& prepare,
+                                                 Loss&& loss, Args&&... args) {
+  meta_trace trace{s};
+  transfer_list<Capacity> list;
+  {
+    Model model(std::forward<Args>(args)...);
+    detail::set_up_shapes_for(model, static_cast<int>(s.tp));
+    std::forward<Prepare>(prepare)(model);
+    detail::no_pass_hooks around;
+    detail::run_passes_on_shapes(model, trace, microbatches, loss, around, list);
+  }
+  return list;
 }
 
 /// The cost (sw::cost) on one rank of a pipeline stage for one microbatch of s.tokens tokens, its own code run on
