@@ -116,14 +116,15 @@ class fsdp_on_shapes final : fsdp_unit_actions {
   }
   void finish_gather(fsdp_unit&) override {}
   void release(fsdp_unit&) override {}
-  void finish_gradients(fsdp_unit& u) override {  // as sw::finish_gradients_cost, per parameter
-    for (auto i : u.slots) {
-      parameter_cost const& p = slots_[i];
-      if (p.partial_gradient)
-        add(transfer_kind::all_reduce, t_.tp.tp_axis, p.elements * p.element_size);
-      else if (p.copies_elements != 0)
-        add(transfer_kind::all_reduce, t_.tp.tp_axis, p.copies_elements * p.element_size);
-    }
+  void finish_gradients(fsdp_unit& u) override {
+    auto const walk = [&](auto&& fn) {
+      for (auto i : u.slots) fn(slots_[i]);
+    };
+    auto const finished = finish_gradients_cost<meta_trace::recorded_capacity>(walk, t_.tp);
+    if (trace_.calls_open() > 0)
+      trace_.recorded().append(finished);
+    else
+      outside_.append(finished);
   }
   void reduce_finished_gradients(fsdp_unit& u) override {
     constexpr std::size_t e = sizeof(typename precision::reduce);
