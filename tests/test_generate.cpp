@@ -92,21 +92,84 @@ TEST_CASE("generate: bad requests are refused on every rank with the same words 
   for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [&](auto& world) { bad_requests(world); });
 }
 
-TEST_CASE(
-    "llama_config_from_json: transformers 5's rope_parameters; a scaled rotary embedding is refused by the model") {
+TEST_CASE("llama_config_from_json: the rotary scaling in transformers 4's and 5's forms; others refused by name") {
   auto const base = std::string(R"({"model_type": "llama", "vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, )");
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 256, )");
   auto const v5 =
       models::llama_config_from_json(base + R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})");
   CHECK(v5.rope_theta == 500000.0);
-  CHECK_FALSE(v5.rope_scaled);
-  for (char const* scaled : {R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}})",
-                             R"("rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})"}) {
+  CHECK_FALSE(v5.rope_scaling.scaled());
+  auto const llama3 = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0)";
+  for (std::string const scaled : {std::string(R"("rope_parameters": {"rope_theta": 500000.0, )") + llama3 + "}}",
+                                   std::string(R"("rope_theta": 500000.0, "rope_scaling": {)") + llama3 + "}}"}) {
     auto const c = models::llama_config_from_json(base + scaled);
-    CHECK(c.rope_scaled);
+    CHECK(c.rope_scaling.type == models::rope_type::llama3);
     CHECK(c.rope_theta == 500000.0);
-    std::string const message = error_of([&] { models::Llama<float, models::llama_plan<false>> model(c); });
-    CHECK(message.find("the config asks for a scaled rotary embedding") != std::string::npos);
+    CHECK(c.rope_scaling.factor == 8.0);
+    CHECK(c.rope_scaling.high_freq_factor == 4.0);
+    CHECK(c.rope_scaling.original_max_positions == 256);       // transformers' default: max_position_embeddings
+    models::Llama<float, models::llama_plan<false>> model(c);  // built, not refused
+  }
+  auto const yarn = models::llama_config_from_json(
+      base + R"("rope_scaling": {"type": "yarn", "factor": null, "original_max_position_embeddings": 64}})");
+  CHECK(yarn.rope_scaling.type == models::rope_type::yarn);
+  CHECK(yarn.rope_scaling.factor == 4.0);  // transformers': max_position_embeddings / original
+  CHECK(yarn.rope_scaling.beta_fast == 32.0);
+  for (char const* other : {"dynamic", "longrope", "su"}) {
+    auto const text = base + R"("rope_scaling": {"rope_type": ")" + other + R"(", "factor": 2.0}})";
+    std::string const message = error_of([&] { (void)models::llama_config_from_json(text); });
+    INFO(message);
+    CHECK(message.find(std::string("the rotary scaling \"") + other + "\" in config.json is not computed") !=
+          std::string::npos);
+  }
+  models::LlamaConfig unsupported;
+  unsupported.rope_scaling.type = models::rope_type::unsupported;
+  CHECK(error_of([&] {
+          models::Llama<float, models::llama_plan<false>> model(unsupported);
+        }).find("a rotary scaling shardwise does not compute") != std::string::npos);
+  CHECK(error_of([&] {
+          (void)models::llama_config_from_json(base + R"("rope_scaling": {"rope_type": "llama3",
+    "factor": 8.0, "low_freq_factor": 1.0}})");
+        }).find("the llama3 rotary scaling in config.json has no \"high_freq_factor\"") != std::string::npos);
+}
+
+TEST_CASE("llama_config_from_json: every field that would change the numbers and is not computed is refused by name") {
+  auto const base = std::string(R"({"model_type": "llama", "vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 256)");
+  struct refusal {
+    char const* field;
+    char const* words;
+  };
+  for (auto const& [field, words] : std::initializer_list<refusal>{
+           {R"("hidden_act": "gelu")", R"("hidden_act" in config.json is "gelu": shardwise's Llama computes SiLU)"},
+           {R"("attention_bias": true)", R"("attention_bias" in config.json is true: shardwise's Llama has no biases)"},
+           {R"("mlp_bias": true)", R"("mlp_bias" in config.json is true: shardwise's Llama has no biases)"},
+           {R"("attention_dropout": 0.1)",
+            R"("attention_dropout" in config.json is 0.1: shardwise's attention has no)"},
+           {R"("partial_rotary_factor": 0.5)", R"("partial_rotary_factor" in config.json is 0.5: shardwise's Llama)"},
+           {R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})",
+            R"("partial_rotary_factor" in config.json is 0.5)"},
+           {R"("num_local_experts": 8)", R"("num_local_experts" in config.json is 8: a mixture of experts)"},
+           {R"("num_experts": 4)", R"("num_experts" in config.json is 4: a mixture of experts)"},
+           {R"("sliding_window": 64)", R"("sliding_window" in config.json is 64: shardwise's Llama attends to the)"},
+           {R"("use_sliding_window": true, "sliding_window": 128)", R"("sliding_window" in config.json is 128)"},
+           {R"("layer_types": ["full_attention", "sliding_attention"])",
+            R"("layer_types" in config.json is ["full_attention","sliding_attention"]: shardwise's Llama has full)"},
+           {R"("head_dim": 16)", R"("head_dim" in config.json is not hidden_size / num_attention_heads)"},
+           {R"("tie_word_embeddings": "yes")",
+            R"("tie_word_embeddings" in config.json is "yes"; it must be true or)"}}) {
+    std::string const message =
+        error_of([&, f = field] { (void)models::llama_config_from_json(base + ", " + f + "}"); });
+    INFO(field, " -> ", message);
+    CHECK(message.find(words) != std::string::npos);
+  }
+  // What cannot change the numbers is read as the model it describes.
+  for (char const* harmless : {R"("hidden_act": "silu", "attention_bias": false, "mlp_bias": false)",
+                               R"("attention_dropout": 0.0, "pretraining_tp": 1, "num_local_experts": 0)",
+                               R"("sliding_window": 4096, "layer_types": ["full_attention", "full_attention"])",
+                               R"("use_sliding_window": false, "sliding_window": 64, "head_dim": 8)"}) {
+    INFO(harmless);
+    CHECK_NOTHROW((void)models::llama_config_from_json(base + ", " + harmless + "}"));
   }
 }
 
@@ -121,8 +184,9 @@ TEST_CASE("config_to_json: what llama_config_to_json and gpt2_config_to_json wri
   CHECK(llama_again.fields() == llama.fields());
   CHECK(llama_again.sequence == llama.sequence);
   auto const scaled = models::read_llama_config(data + "/llama3_405b_config.json");
-  CHECK(error_of([&] { (void)models::llama_config_to_json(scaled); }).find("scaled rotary embedding") !=
-        std::string::npos);
+  auto const scaled_again = models::llama_config_from_json(models::llama_config_to_json(scaled).dump());
+  CHECK(scaled_again.fields() == scaled.fields());  // the llama3 scaling's parameters among them
+  CHECK(scaled.fields().at("rope_type") == "llama3");
 }
 
 TEST_CASE("gpt2_config_from_json: GPT-2's published config; what shardwise's GPT-2 does not compute is refused") {
@@ -136,8 +200,9 @@ TEST_CASE("gpt2_config_from_json: GPT-2's published config; what shardwise's GPT
   CHECK(c.layer_norm_eps == 1e-5);
   CHECK(models::transformers_model_type(data + "/gpt2_config.json") == "gpt2");
   CHECK(models::transformers_model_type(data + "/llama3_8b_config.json") == "llama");
-  CHECK(models::read_llama_config(data + "/llama3_405b_config.json").rope_scaled);  // Llama 3.1's "llama3" scaling
-  CHECK_FALSE(models::read_llama_config(data + "/llama3_8b_config.json").rope_scaled);
+  CHECK(models::read_llama_config(data + "/llama3_405b_config.json").rope_scaling.type ==
+        models::rope_type::llama3);  // Llama 3.1's scaling
+  CHECK_FALSE(models::read_llama_config(data + "/llama3_8b_config.json").rope_scaling.scaled());
   auto const base = std::string(R"({"vocab_size": 61, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 40)");
   auto refused = [&](std::string const& rest, std::string const& words) {
     std::string const message = error_of([&] { (void)models::gpt2_config_from_json(base + rest); });

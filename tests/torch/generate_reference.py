@@ -4,7 +4,9 @@ C++ half; nothing is shared).
 prepare DIR: builds three small random models with transformers — a LlamaForCausalLM with grouped-query attention
 (4 heads, 2 key-value heads), saved as shards with model.safetensors.index.json (DIR/llama); a tied
 LlamaForCausalLM with one key-value head, which tp 2 and 4 serve by kv_size_multiplier (DIR/llama_kv1); a
-GPT2LMHeadModel (DIR/gpt2) — with save_pretrained, and the prompts (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
+GPT2LMHeadModel (DIR/gpt2); one-block Llamas with a scaled rotary embedding, "llama3" (tied, as Llama 3.2),
+"yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope) — with save_pretrained, and the prompts
+(DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
 
 compare DIR [--example PATH] TAG...: for every model, in fp32 and in fp64 (model.double() on the same weights),
 transformers' generate(do_sample=False, max_new_tokens=64) on each prompt gives the tokens and every step's
@@ -12,7 +14,8 @@ logits; each shardwise run named (tp1, tp2, tp4 on threads; mpi2, mpi4) must giv
 within 1e-5 (fp32) and 1e-12 (fp64) of them, as max |difference| / max |transformers'| per step. The logits of
 step t are those of transformers' forward over the prompt and the tokens before t (by causality, what generate
 computed at step t): generate itself returns them cast to float32. And for fp64 three parts of transformers' Llama
-run in float64 here, as shardwise runs them: its rotary tables, its RMSNorm and its eager attention's softmax,
+run in float64 here, as shardwise runs them: its rotary tables (transformers' own rope init function for each
+scaling, evaluated in float64), its RMSNorm and its eager attention's softmax,
 which transformers computes in float32 even for a float64 model (together they moved fp64 logits by 6e-7); the
 fp64 Llama runs torch's scaled_dot_product_attention ("sdpa"), in float64 throughout. The sampled run's tokens must be the ones
 transformers' TemperatureLogitsWarper(0.9), TopKLogitsWarper(12) and TopPLogitsWarper(0.85) and an inverse-CDF
@@ -29,12 +32,25 @@ import types
 import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import modeling_rope_utils as rope_utils
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
 TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
-MODELS = ("llama", "llama_kv1", "gpt2")
+MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope")
+# The rotary scalings, each on a one-block Llama: Llama 3.2's "llama3" (tied; its 4 column pairs fall in all three
+# of its bands), Qwen2.5's "yarn" (heads of 16, a ramp over fractional bounds, cos and sin scaled) and "linear".
+ROPE_MODELS = {
+    "llama3_rope": dict(hidden_size=32, tie=True, theta=10000.0, positions=128,
+                        rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 16}),
+    "yarn_rope": dict(hidden_size=64, tie=False, theta=10000.0, positions=128,
+                      rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                            "truncate": False}),
+    "linear_rope": dict(hidden_size=32, tie=False, theta=500.0, positions=128,
+                        rope={"rope_type": "linear", "factor": 2.0}),
+}
 
 
 def llama_config(kv_heads, tied):
@@ -42,6 +58,14 @@ def llama_config(kv_heads, tied):
                        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
                        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied, attention_bias=False,
                        mlp_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def rope_config(spec):
+    rope = dict(spec["rope"], rope_theta=spec["theta"])
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=spec["hidden_size"], intermediate_size=48, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=spec["positions"],
+                       rms_norm_eps=1e-5, rope_parameters=rope, tie_word_embeddings=spec["tie"],
+                       attention_bias=False, mlp_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def gpt2_config():
@@ -66,6 +90,10 @@ def prepare(directory):
         randomize(model)
         kwargs = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(os.path.join(directory, name), **kwargs)
+    for name, spec in ROPE_MODELS.items():
+        model = LlamaForCausalLM(rope_config(spec))
+        randomize(model)
+        model.save_pretrained(os.path.join(directory, name))
     with open(os.path.join(directory, "prompts.txt"), "w") as f:
         for p in PROMPTS:
             f.write(" ".join(map(str, p)) + "\n")
@@ -73,15 +101,38 @@ def prepare(directory):
     return 0
 
 
-def rope_in_float64(rotary):
-    """transformers' rotary tables, computed in float64 (shardwise's): theta^(-2i/d) at each position."""
-    dim = 2 * rotary.inv_freq.shape[0]
-    inverse = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+class Float64Torch:
+    """torch, but for its float32 type, which is float64 here."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name in ("float", "float32") else getattr(torch, name)
+
+
+def inverse_in_float64(config):
+    """The inverse frequencies and the cos/sin factor of transformers' own rope init function for the config's
+    scaling, evaluated in float64 (transformers evaluates it in float32)."""
+    parameters = config.rope_parameters or {}
+    rope_type = parameters.get("rope_type", "default")
+    if rope_type == "default":
+        dim = config.hidden_size // config.num_attention_heads
+        return 1.0 / (parameters.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)), 1.0
+    saved, rope_utils.torch = rope_utils.torch, Float64Torch()
+    try:
+        inverse, factor = rope_utils.ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    finally:
+        rope_utils.torch = saved
+    assert inverse.dtype == torch.float64
+    return inverse, factor
+
+
+def rope_in_float64(rotary, config):
+    """transformers' rotary tables, computed in float64 (shardwise's): its frequencies at each position."""
+    inverse, factor = inverse_in_float64(config)
 
     def forward(self, x, position_ids):
         angles = position_ids[..., None].double() * inverse
         both = torch.cat((angles, angles), dim=-1)
-        return both.cos().to(x.dtype), both.sin().to(x.dtype)
+        return (both.cos() * factor).to(x.dtype), (both.sin() * factor).to(x.dtype)
 
     rotary.forward = types.MethodType(forward, rotary)
 
@@ -101,7 +152,7 @@ def load(directory, name, dtype):
     model = cls.from_pretrained(os.path.join(directory, name), attn_implementation=attention)
     model = model.double() if dtype == "fp64" else model.float()
     if name != "gpt2":
-        rope_in_float64(model.model.rotary_emb)
+        rope_in_float64(model.model.rotary_emb, model.config)
         if dtype == "fp64":
             for module in model.modules():
                 if type(module).__name__ == "LlamaRMSNorm":

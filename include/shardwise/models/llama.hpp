@@ -157,11 +157,11 @@ struct Llama {
         norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
         output(std::get<3>(shardwise_shapes(c)).each, c.seed + 1),
         config_(c) {
-    if (c.rope_scaled && !is_meta_v<T>)  // on shapes the rotation moves and keeps nothing, scaled or not
+    if (c.rope_scaling.type == rope_type::unsupported && !is_meta_v<T>)  // on shapes nothing rotates
       shardwise::raise(
-          "shardwise::models::Llama: the config asks for a scaled rotary embedding (rope_scaling, or a "
-          "rope_type other than \"default\"); this model has the default rotary embedding only and "
-          "would compute other numbers: use a model without the scaling");
+          "shardwise::models::Llama: the config asks for a rotary scaling shardwise does not compute (only "
+          "\"linear\", \"llama3\" and \"yarn\" are built); it would compute other numbers: use a model with one of "
+          "those or none");
     layers.reserve(c.layers);
     for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
     if (c.tie_word_embeddings) tie_output_to_embedding();

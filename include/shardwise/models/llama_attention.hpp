@@ -48,7 +48,7 @@ struct LlamaAttention {
         wv(std::get<2>(shardwise_shapes(c)), seed + 3),
         wo(std::get<3>(shardwise_shapes(c)), seed + 4),
         config_(c),
-        rope_(c.sequence, c.head_dim(), c.rope_theta) {
+        rope_(c.sequence, c.head_dim(), c.rope_theta, c.rope_scaling) {
     grouped_heads::of(c).require_declared<StaticHeads, StaticKvHeads>("shardwise::models::LlamaAttention",
                                                                       own_style<Plan>::path.view());
   }

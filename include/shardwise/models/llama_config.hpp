@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "shardwise/models/rope_scaling.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 
@@ -34,25 +35,27 @@ struct LlamaConfig {
   /// transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
   /// tensor, one gradient, one optimizer state, saved once as the embedding).
   bool tie_word_embeddings = false;
-  /// Whether the config asks for a scaled rotary embedding (transformers' rope_scaling, or a rope_type other than
-  /// "default"). models::Llama refuses such a config (it rotates with the plain frequencies only); the planner
-  /// does not need the rotation.
-  bool rope_scaled = false;
+  /// How the rotary embedding's frequencies are scaled (transformers' rope_scaling or rope_parameters: "linear",
+  /// "llama3", "yarn"; none by default).
+  RopeScaling rope_scaling{};
   /// Width of one attention head: dim / heads.
   [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
 
   /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
-  /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning).
+  /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning); a scaled rotary
+  /// embedding adds its parameters.
   [[nodiscard]] std::map<std::string, std::string> fields() const {
-    return {{"vocabulary", std::to_string(vocabulary)},
-            {"dim", std::to_string(dim)},
-            {"layers", std::to_string(layers)},
-            {"heads", std::to_string(heads)},
-            {"kv_heads", std::to_string(kv_heads)},
-            {"hidden", std::to_string(hidden)},
-            {"norm_eps", shardwise::config_number(norm_eps)},
-            {"rope_theta", shardwise::config_number(rope_theta)},
-            {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"}};
+    std::map<std::string, std::string> f{{"vocabulary", std::to_string(vocabulary)},
+                                         {"dim", std::to_string(dim)},
+                                         {"layers", std::to_string(layers)},
+                                         {"heads", std::to_string(heads)},
+                                         {"kv_heads", std::to_string(kv_heads)},
+                                         {"hidden", std::to_string(hidden)},
+                                         {"norm_eps", shardwise::config_number(norm_eps)},
+                                         {"rope_theta", shardwise::config_number(rope_theta)},
+                                         {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"}};
+    f.merge(rope_scaling.fields());
+    return f;
   }
 
   /// Throws, naming the field and the fix, for sizes no model can have: zeros, head counts that do not divide,
@@ -79,6 +82,7 @@ struct LlamaConfig {
     if (!(norm_eps > 0) || !(rope_theta > 0))
       shardwise::raise("shardwise::models::LlamaConfig: norm_eps ", norm_eps, " and rope_theta ", rope_theta,
                        " must be positive");
+    rope_scaling.check();
   }
 };
 

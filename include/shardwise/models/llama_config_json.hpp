@@ -2,8 +2,11 @@
 // A transformers config.json of a Llama model (LlamaForCausalLM's, as save_pretrained writes it) read into
 // models::LlamaConfig: the sizes the cost model and `shardwise plan` need. Parsed with nlohmann::json, as the
 // checkpoint headers are; every error names the file, the field and the fix.
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -63,19 +66,91 @@ inline nlohmann::json config_root(std::string_view text, std::string_view source
   return root;
 }
 
-/// The rotary embedding's base ("rope_theta", or transformers 5's "rope_parameters": {"rope_theta": ...}) into
-/// c.rope_theta, and a scaling of it (rope_type "llama3", "linear", "yarn", ..., or transformers 4's
-/// "rope_scaling") into c.rope_scaled: the planner needs no more, and the model refuses it.
+/// `field` of `parameters` (a rope scaling's object) as a number; `fallback` when absent or null, and an error
+/// naming the scaling and the field when there is no fallback (NaN).
+inline double rope_number(nlohmann::json const& parameters, char const* field, std::string_view type,
+                          std::string_view source, double fallback) {
+  auto const found = parameters.find(field);
+  if (found != parameters.end() && !found->is_null()) return config_real(parameters, field, source, fallback);
+  if (std::isnan(fallback))
+    shardwise::raise("shardwise::models::llama_config_from_json: the ", type, " rotary scaling in ", source,
+                     " has no \"", field, "\"; give the config.json that transformers' save_pretrained wrote");
+  return fallback;
+}
+
+/// The scaling object: transformers 5's "rope_parameters" when it has one, else transformers 4's "rope_scaling";
+/// null when neither (the plain rotary embedding).
+inline nlohmann::json const* rope_object(nlohmann::json const& root, std::string_view source) {
+  for (char const* key : {"rope_parameters", "rope_scaling"}) {
+    auto const found = root.find(key);
+    if (found == root.end() || found->is_null()) continue;
+    if (!found->is_object())
+      shardwise::raise("shardwise::models::llama_config_from_json: \"", key, "\" in ", source, " is ", found->dump(),
+                       "; it must be an object");
+    return &*found;
+  }
+  return nullptr;
+}
+
+/// The scaling's parameters, with transformers' defaults (original_max_position_embeddings: the config's
+/// max_position_embeddings; yarn's factor: their ratio; betas 32 and 1).
+inline RopeScaling rope_parameters_of(nlohmann::json const& p, rope_type type, std::string_view name,
+                                      nlohmann::json const& root, std::string_view source, std::size_t positions) {
+  RopeScaling r;
+  r.type = type;
+  double const none = std::numeric_limits<double>::quiet_NaN();
+  auto const outer = root.find("original_max_position_embeddings");  // Phi-3 keeps it outside: it then wins
+  r.original_max_positions = outer != root.end() && !outer->is_null()
+                                 ? config_count(root, "original_max_position_embeddings", source)
+                                 : config_count(p, "original_max_position_embeddings", source, positions);
+  r.factor = rope_number(p, "factor", name, source,
+                         type == rope_type::yarn ? double(positions) / double(r.original_max_positions) : none);
+  if (type == rope_type::llama3) {
+    r.low_freq_factor = rope_number(p, "low_freq_factor", name, source, none);
+    r.high_freq_factor = rope_number(p, "high_freq_factor", name, source, none);
+  }
+  if (type == rope_type::yarn) {
+    r.beta_fast = rope_number(p, "beta_fast", name, source, 32),
+    r.beta_slow = rope_number(p, "beta_slow", name, source, 1);
+    if (r.beta_fast == 0) r.beta_fast = 32;  // transformers: `get("beta_fast") or 32`
+    if (r.beta_slow == 0) r.beta_slow = 1;
+    r.attention_factor = rope_number(p, "attention_factor", name, source, 0);
+    r.mscale = rope_number(p, "mscale", name, source, 0);
+    r.mscale_all_dim = rope_number(p, "mscale_all_dim", name, source, 0);
+    if (auto t = p.find("truncate"); t != p.end() && t->is_boolean()) r.truncate = *t;
+  }
+  return r;
+}
+
+/// The name of the rotary scaling in the scaling object `p` ("rope_type", or transformers 4's "type";
+/// "default" when neither).
+inline std::string rope_name(nlohmann::json const* p, std::string_view source) {
+  if (p)
+    for (char const* key : {"rope_type", "type"})
+      if (auto t = p->find(key); t != p->end() && !t->is_null()) {
+        if (!t->is_string())
+          shardwise::raise("shardwise::models::llama_config_from_json: \"", key, "\" in ", source, " is ", t->dump(),
+                           "; it must be the name of a rotary scaling");
+        return t->get<std::string>();
+      }
+  return "default";
+}
+
+/// The rotary embedding: its base ("rope_theta", or transformers 5's "rope_parameters": {"rope_theta": ...}) into
+/// c.rope_theta, and its scaling into c.rope_scaling. A type shardwise does not compute is
+/// rope_type::unsupported: the planner needs no rotation, and the model and llama_config_from_json refuse it.
 inline void read_rope(nlohmann::json const& root, std::string_view source, LlamaConfig& c) {
   c.rope_theta = config_real(root, "rope_theta", source, 10000.0);
-  if (auto scaling = root.find("rope_scaling"); scaling != root.end() && !scaling->is_null()) c.rope_scaled = true;
-  auto const parameters = root.find("rope_parameters");
-  if (parameters == root.end() || parameters->is_null()) return;
-  if (!parameters->is_object())
-    shardwise::raise("shardwise::models::llama_config_from_json: \"rope_parameters\" in ", source, " is ",
-                     parameters->dump(), "; it must be an object");
-  c.rope_theta = config_real(*parameters, "rope_theta", source, c.rope_theta);
-  if (auto type = parameters->find("rope_type"); type != parameters->end() && *type != "default") c.rope_scaled = true;
+  nlohmann::json const* p = rope_object(root, source);
+  if (!p) return;
+  c.rope_theta = config_real(*p, "rope_theta", source, c.rope_theta);
+  std::string const name = rope_name(p, source);
+  for (auto type : {rope_type::plain, rope_type::linear, rope_type::llama3, rope_type::yarn})
+    if (name == rope_type_name(type)) {
+      if (type != rope_type::plain) c.rope_scaling = rope_parameters_of(*p, type, name, root, source, c.sequence);
+      return;
+    }
+  c.rope_scaling.type = rope_type::unsupported;
 }
 
 /// The Llama fields of a config.json's object (Llama's, or Qwen2's and Mistral's, which share them).
@@ -90,7 +165,12 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
   c.sequence = detail::config_count(root, "max_position_embeddings", source, 2048);
   c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
   detail::read_rope(root, source, c);
-  if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && tie->is_boolean()) c.tie_word_embeddings = *tie;
+  if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && !tie->is_null()) {
+    if (!tie->is_boolean())
+      shardwise::raise("shardwise::models::llama_config_from_json: \"tie_word_embeddings\" in ", source, " is ",
+                       tie->dump(), "; it must be true or false");
+    c.tie_word_embeddings = *tie;
+  }
   c.check();
   if (root.contains("head_dim") && !root["head_dim"].is_null() &&
       detail::config_count(root, "head_dim", source) * c.heads != c.dim)
@@ -98,30 +178,96 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
                      " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
   return c;
 }
+/// Refuses, naming the field and the fix, every field of a Llama config.json that would change the numbers and
+/// that shardwise's Llama does not compute (docs/models.md lists the fields read and those ignored). `rope` is
+/// the rotary scaling's name.
+inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_view source, LlamaConfig const& c) {
+  auto const refuse = [&](char const* field, nlohmann::json const& value, char const* what) {
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", value.dump(),
+                     ": ", what);
+  };
+  auto const set = [&](char const* field) {
+    auto const found = root.find(field);
+    return found != root.end() && !found->is_null() ? &*found : nullptr;
+  };
+  if (auto v = set("hidden_act"); v && *v != "silu")
+    refuse("hidden_act", *v, "shardwise's Llama computes SiLU (\"silu\") only; use a model with SiLU");
+  for (char const* bias : {"attention_bias", "mlp_bias"})
+    if (auto v = set(bias); v && *v != false)
+      refuse(bias, *v, "shardwise's Llama has no biases on its projections; use a model without them");
+  if (auto v = set("attention_dropout"); v && (!v->is_number() || v->get<double>() != 0))
+    refuse("attention_dropout", *v,
+           "shardwise's attention has no dropout; set it to 0.0 (dropout changes nothing outside training)");
+  if (auto v = set("partial_rotary_factor"); v && (!v->is_number() || v->get<double>() != 1))
+    refuse("partial_rotary_factor", *v, "shardwise's Llama rotates every column of a head; use 1.0");
+  if (auto p = rope_object(root, source); p && p->contains("partial_rotary_factor") &&
+                                          (*p)["partial_rotary_factor"] != 1 && (*p)["partial_rotary_factor"] != 1.0)
+    refuse("partial_rotary_factor", (*p)["partial_rotary_factor"],
+           "shardwise's Llama rotates every column of a head; use 1.0");
+  for (char const* experts : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok"})
+    if (auto v = set(experts); v && *v != 0)
+      refuse(experts, *v, "a mixture of experts, which shardwise's Llama is not; use a dense model");
+  auto const windowed = set("use_sliding_window");
+  if (auto v = set("sliding_window");
+      v && (!windowed || *windowed != false) && (!v->is_number_unsigned() || v->get<std::size_t>() < c.sequence))
+    refuse("sliding_window", *v, "shardwise's Llama attends to the whole sequence; use a model without a window");
+  if (auto v = set("layer_types");
+      v &&
+      (!v->is_array() || std::any_of(v->begin(), v->end(), [](auto const& kind) { return kind != "full_attention"; })))
+    refuse("layer_types", *v, "shardwise's Llama has full-attention layers only (\"full_attention\")");
+  if (c.rope_scaling.type == rope_type::unsupported)
+    shardwise::raise(
+        "shardwise::models::llama_config_from_json: the rotary scaling \"",
+        rope_name(rope_object(root, source), source), "\" in ", source,
+        " is not computed by shardwise (it computes \"default\", \"linear\", \"llama3\" and \"yarn\"); use a "
+        "model with one of those");
+}
 }  // namespace detail
 
 /// The LlamaConfig of a transformers Llama config.json given as text; `source` names it in errors. Reads
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
-/// intermediate_size, rms_norm_eps, rope_theta (or transformers 5's rope_parameters.rope_theta),
-/// tie_word_embeddings and max_position_embeddings (as the sequence); a scaled rotary embedding sets
-/// rope_scaled (models::Llama refuses it). Throws, naming the field, for text that is not JSON, another model_type, a
-/// missing or non-positive size, or a head_dim other than hidden_size / num_attention_heads.
+/// intermediate_size, rms_norm_eps, rope_theta, the rotary scaling (transformers 4's rope_scaling or 5's
+/// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings and max_position_embeddings (as
+/// the sequence). Throws, naming the field and the fix, for text that is not JSON, another model_type, a missing
+/// or non-positive size, a head_dim other than hidden_size / num_attention_heads, and every field that would
+/// change the numbers and is not computed (another hidden_act, biases, attention dropout, a partial rotation,
+/// experts, a sliding window, other layer types, another rotary scaling): docs/models.md lists them.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
   nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
   if (auto type = root.find("model_type"); type != root.end() && *type != "llama")
     shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
                      ", not \"llama\"; only Llama configs are read");
-  return detail::llama_fields(root, source);
+  LlamaConfig const c = detail::llama_fields(root, source);
+  detail::refuse_unbuilt_llama_fields(root, source, c);
+  return c;
 }
 
-/// The transformers config.json of a LlamaForCausalLM with configuration `c` (what save_pretrained writes for
-/// it, and what llama_config_from_json reads back): SiLU, no biases, max_position_embeddings = c.sequence.
-/// Throws for a scaled rotary embedding (rope_scaled), whose parameters it does not have.
-inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
-  if (c.rope_scaled)
+namespace detail {
+/// The rotary scaling as transformers' "rope_scaling" object (null when unscaled).
+inline nlohmann::json rope_scaling_json(RopeScaling const& r) {
+  if (!r.scaled()) return nullptr;
+  if (r.type == rope_type::unsupported)
     shardwise::raise(
-        "shardwise::models::llama_config_to_json: the configuration has a scaled rotary embedding, "
-        "whose parameters LlamaConfig does not keep; write that config.json from the original");
+        "shardwise::models::llama_config_to_json: the configuration has a rotary scaling shardwise "
+        "does not compute, whose parameters it does not keep; write that config.json from the original");
+  nlohmann::json j = {{"rope_type", rope_type_name(r.type)}, {"factor", r.factor}};
+  if (r.type == rope_type::llama3 || r.type == rope_type::yarn)
+    j["original_max_position_embeddings"] = r.original_max_positions;
+  if (r.type == rope_type::llama3) j["low_freq_factor"] = r.low_freq_factor, j["high_freq_factor"] = r.high_freq_factor;
+  if (r.type == rope_type::yarn) {
+    j["beta_fast"] = r.beta_fast, j["beta_slow"] = r.beta_slow, j["truncate"] = r.truncate;
+    if (r.attention_factor > 0) j["attention_factor"] = r.attention_factor;
+    if (r.mscale != 0) j["mscale"] = r.mscale;
+    if (r.mscale_all_dim != 0) j["mscale_all_dim"] = r.mscale_all_dim;
+  }
+  return j;
+}
+}  // namespace detail
+
+/// The transformers config.json of a LlamaForCausalLM with configuration `c` (what save_pretrained writes for
+/// it, and what llama_config_from_json reads back): SiLU, no biases, max_position_embeddings = c.sequence, the
+/// rotary scaling as "rope_scaling" (which transformers 4 and 5 read).
+inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"vocab_size", c.vocabulary},
@@ -136,7 +282,8 @@ inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
           {"hidden_act", "silu"},
           {"attention_bias", false},
           {"mlp_bias", false},
-          {"tie_word_embeddings", c.tie_word_embeddings}};
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"rope_scaling", detail::rope_scaling_json(c.rope_scaling)}};
 }
 
 /// The LlamaConfig of the config.json at `file` (llama_config_from_json); throws naming the file when it cannot

@@ -12,17 +12,22 @@
 #include "shardwise/context/context_parallel.hpp"
 #include "shardwise/cost/meta_trace.hpp"
 #include "shardwise/inference/kv_cache.hpp"
+#include "shardwise/models/rope_scaling.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
 
 namespace shardwise::models {
 
 /// RoPE tables for heads of `head_dim` columns: cos and sin [positions, head_dim], the frequencies
-/// theta^(-2i / head_dim) repeated over the two halves of a head.
+/// theta^(-2i / head_dim) (as `scaling` changes them) repeated over the two halves of a head, times the
+/// scaling's attention factor.
 template <class T>
 class rotary_embedding {
  public:
   /// Tables for positions 0 .. positions - 1.
-  rotary_embedding(std::size_t positions, std::size_t head_dim, double theta) : head_dim_(head_dim), theta_(theta) {
+  rotary_embedding(std::size_t positions, std::size_t head_dim, double theta, RopeScaling const& scaling = {})
+      : head_dim_(head_dim),
+        inverse_frequencies_(scaling.inverse_frequencies(head_dim, theta)),
+        attention_factor_(scaling.rope_attention_factor()) {
     build(positions);
   }
 
@@ -57,9 +62,9 @@ class rotary_embedding {
     cos_.resize(s, d), sin_.resize(s, d);
     for (Eigen::Index p = 0; p < s; ++p)
       for (Eigen::Index i = 0; i < d / 2; ++i) {
-        double const angle = double(p) / std::pow(theta_, double(2 * i) / double(head_dim_));
-        cos_(p, i) = cos_(p, i + d / 2) = static_cast<T>(std::cos(angle));
-        sin_(p, i) = sin_(p, i + d / 2) = static_cast<T>(std::sin(angle));
+        double const angle = double(p) * inverse_frequencies_[static_cast<std::size_t>(i)];
+        cos_(p, i) = cos_(p, i + d / 2) = static_cast<T>(std::cos(angle) * attention_factor_);
+        sin_(p, i) = sin_(p, i + d / 2) = static_cast<T>(std::sin(angle) * attention_factor_);
       }
   }
 
@@ -96,7 +101,8 @@ class rotary_embedding {
 
   nn::matrix<T> cos_, sin_;
   std::size_t head_dim_;
-  double theta_;
+  std::vector<double> inverse_frequencies_;  // of each column pair
+  double attention_factor_;                  // cos and sin are multiplied by it (yarn's; 1 for the others)
 };
 
 /// The shape-only rotary embedding: rotation keeps every shape and holds nothing.
@@ -104,7 +110,7 @@ template <class T>
 class rotary_embedding<meta<T>> {
  public:
   /// No tables.
-  constexpr rotary_embedding(std::size_t, std::size_t, double) {}
+  constexpr rotary_embedding(std::size_t, std::size_t, double, RopeScaling const& = {}) {}
   /// Nothing to rotate.
   constexpr void rotate(meta_matrix<T>&, std::size_t, context_parallel const*, bool = false) const {}
 };

@@ -1,0 +1,156 @@
+#pragma once
+// How a checkpoint's config scales the rotary embedding (transformers' "rope_scaling", or transformers 5's
+// "rope_parameters"): the frequencies theta^(-2i / head_dim) of each pair of a head's columns, changed as
+// transformers' rope init functions change them ("linear", "llama3", "yarn"), and the factor yarn multiplies
+// cos and sin by. Computed in double, as shardwise computes the tables; transformers computes them in float32.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "shardwise/core/error.hpp"
+#include "shardwise/nn/layers/layer_common.hpp"  // config_number
+
+namespace shardwise::models {
+
+/// The scalings of the rotary frequencies shardwise computes: none ("default"), "linear" (every frequency divided
+/// by the factor), "llama3" (Llama 3.1 and 3.2: low frequencies divided, high ones kept, a smooth blend between)
+/// and "yarn" (Qwen2.5's long context: interpolated and extrapolated frequencies blended over a ramp, cos and sin
+/// scaled). `unsupported` is a type transformers has and shardwise does not compute ("dynamic", "longrope", ...):
+/// the planner reads such configs; models::Llama refuses them.
+enum class rope_type { plain, linear, llama3, yarn, unsupported };
+
+/// The name transformers gives a rope_type ("default" for plain).
+constexpr char const* rope_type_name(rope_type t) {
+  switch (t) {
+    case rope_type::plain:
+      return "default";
+    case rope_type::linear:
+      return "linear";
+    case rope_type::llama3:
+      return "llama3";
+    case rope_type::yarn:
+      return "yarn";
+    default:
+      return "unsupported";
+  }
+}
+
+/// A rotary scaling and its parameters, with transformers' names and defaults.
+struct RopeScaling {
+  rope_type type = rope_type::plain;  ///< Which scaling.
+  double factor = 1;                  ///< linear, llama3, yarn: how many times longer the context is.
+  /// llama3, yarn: the context length the model was pretrained at ("original_max_position_embeddings").
+  std::size_t original_max_positions = 0;
+  double low_freq_factor = 1;   ///< llama3: wavelengths above original / low_freq_factor are divided by factor.
+  double high_freq_factor = 4;  ///< llama3: wavelengths below original / high_freq_factor are kept.
+  double beta_fast = 32;        ///< yarn: the ramp's start, in rotations over the original context.
+  double beta_slow = 1;         ///< yarn: the ramp's end.
+  double attention_factor = 0;  ///< yarn: what cos and sin are multiplied by; 0 derives it from factor and mscales.
+  double mscale = 0;            ///< yarn: with mscale_all_dim, the derived attention factor's numerator's weight.
+  double mscale_all_dim = 0;    ///< yarn: with mscale, its denominator's weight.
+  bool truncate = true;         ///< yarn: the ramp's bounds rounded outward to whole columns.
+
+  /// Whether the frequencies differ from the plain ones.
+  [[nodiscard]] constexpr bool scaled() const { return type != rope_type::plain; }
+
+  /// Throws, naming the parameter and the fix, for values transformers' formulas cannot use.
+  constexpr void check() const {
+    if (type == rope_type::plain || type == rope_type::unsupported) return;
+    if (!(factor > 0))
+      shardwise::raise("shardwise::models::RopeScaling: ", rope_type_name(type), " scaling with factor ", factor,
+                       "; give the config's positive \"factor\"");
+    if ((type == rope_type::llama3 || type == rope_type::yarn) && original_max_positions == 0)
+      shardwise::raise("shardwise::models::RopeScaling: ", rope_type_name(type),
+                       " scaling without original_max_position_embeddings; give the pretraining context length");
+    if (type == rope_type::llama3 && !(high_freq_factor > low_freq_factor && low_freq_factor > 0))
+      shardwise::raise("shardwise::models::RopeScaling: llama3 scaling with low_freq_factor ", low_freq_factor,
+                       " and high_freq_factor ", high_freq_factor, "; they must be positive, high above low");
+    if (type == rope_type::yarn && (!(beta_fast > 0) || !(beta_slow > 0) || attention_factor < 0))
+      shardwise::raise("shardwise::models::RopeScaling: yarn scaling with beta_fast ", beta_fast, ", beta_slow ",
+                       beta_slow, " and attention_factor ", attention_factor,
+                       "; the betas must be positive and the attention factor not negative");
+  }
+
+  /// The parameters that change the frequencies, as text (saved beside the weights and compared on load); none
+  /// when unscaled, so that checkpoints of unscaled models carry the fields they always did.
+  [[nodiscard]] std::map<std::string, std::string> fields() const {
+    if (!scaled()) return {};
+    std::map<std::string, std::string> f{{"rope_type", rope_type_name(type)}, {"rope_factor", config_number(factor)}};
+    if (type == rope_type::llama3 || type == rope_type::yarn)
+      f["rope_original_max_positions"] = std::to_string(original_max_positions);
+    if (type == rope_type::llama3) {
+      f["rope_low_freq_factor"] = config_number(low_freq_factor);
+      f["rope_high_freq_factor"] = config_number(high_freq_factor);
+    }
+    if (type == rope_type::yarn) {
+      f["rope_beta_fast"] = config_number(beta_fast), f["rope_beta_slow"] = config_number(beta_slow);
+      f["rope_attention_factor"] = config_number(rope_attention_factor());
+      f["rope_truncate"] = truncate ? "true" : "false";
+    }
+    return f;
+  }
+
+  /// What cos and sin are multiplied by: yarn's attention factor (given, or 0.1 ln(factor) + 1, or the ratio of
+  /// the two mscales' values), 1 for the other scalings.
+  [[nodiscard]] double rope_attention_factor() const {
+    if (type != rope_type::yarn) return 1;
+    if (attention_factor > 0) return attention_factor;
+    auto const yarn_mscale = [&](double weight) { return factor <= 1 ? 1.0 : 0.1 * weight * std::log(factor) + 1; };
+    if (mscale != 0 && mscale_all_dim != 0) return yarn_mscale(mscale) / yarn_mscale(mscale_all_dim);
+    return yarn_mscale(1);
+  }
+
+  /// The inverse frequency of each of a head's head_dim / 2 column pairs: theta^(-2i / head_dim), changed by the
+  /// scaling as transformers' rope init functions change it.
+  [[nodiscard]] std::vector<double> inverse_frequencies(std::size_t head_dim, double theta) const {
+    std::size_t const pairs = head_dim / 2;
+    std::vector<double> inverse(pairs);
+    for (std::size_t i = 0; i < pairs; ++i) inverse[i] = 1.0 / std::pow(theta, double(2 * i) / double(head_dim));
+    if (type == rope_type::linear)
+      for (double& f : inverse) f /= factor;
+    if (type == rope_type::llama3) llama3(inverse);
+    if (type == rope_type::yarn) yarn(inverse, head_dim, theta);
+    return inverse;
+  }
+
+ private:
+  /// Llama 3.1's rule: long wavelengths (low frequencies) divided by factor, short ones kept, a linear blend of
+  /// the two in between, by how many times the wavelength fits in the original context.
+  void llama3(std::vector<double>& inverse) const {
+    double const original = double(original_max_positions);
+    double const longest_kept = original / high_freq_factor, shortest_divided = original / low_freq_factor;
+    for (double& f : inverse) {
+      double const wavelength = 2 * std::numbers::pi / f;
+      if (wavelength > shortest_divided) {
+        f /= factor;
+      } else if (!(wavelength < longest_kept)) {
+        double const smooth = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor);
+        f = (1 - smooth) * f / factor + smooth * f;
+      }
+    }
+  }
+
+  /// YaRN: pairs that turn fewer than beta_slow times over the original context interpolated (divided by
+  /// factor), those that turn more than beta_fast times kept, a linear ramp over the pairs between.
+  void yarn(std::vector<double>& inverse, std::size_t head_dim, double theta) const {
+    double const dim = double(head_dim), original = double(original_max_positions);
+    auto const pair_turning = [&](double rotations) {
+      return dim * std::log(original / (rotations * 2 * std::numbers::pi)) / (2 * std::log(theta));
+    };
+    double low = pair_turning(beta_fast), high = pair_turning(beta_slow);
+    if (truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // as transformers does: no division by zero
+    for (std::size_t i = 0; i < inverse.size(); ++i) {
+      double const ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      double const kept = 1 - ramp;  // the extrapolated (unchanged) frequency's weight
+      inverse[i] = inverse[i] / factor * (1 - kept) + inverse[i] * kept;
+    }
+  }
+};
+
+}  // namespace shardwise::models
