@@ -187,6 +187,24 @@ TEST_CASE("config_to_json: what llama_config_to_json and gpt2_config_to_json wri
   auto const scaled_again = models::llama_config_from_json(models::llama_config_to_json(scaled).dump());
   CHECK(scaled_again.fields() == scaled.fields());  // the llama3 scaling's parameters among them
   CHECK(scaled.fields().at("rope_type") == "llama3");
+  // What `shardwise consolidate --names transformers-llama` writes back from a checkpoint's recorded fields.
+  auto const yarn = models::llama_config_from_json(R"({"model_type": "llama", "vocab_size": 61, "hidden_size": 32,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 256,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.7,
+    "mscale_all_dim": 0.5, "truncate": false}})");
+  for (auto const& c : {scaled, yarn}) {
+    auto const recorded = c.fields();
+    models::LlamaConfig back = c;
+    back.rope_scaling = models::RopeScaling::from_fields(recorded);
+    CHECK(back.fields() == recorded);
+    CHECK(models::llama_config_from_json(models::llama_config_to_json(back).dump()).fields() == recorded);
+  }
+  CHECK(error_of([] {
+          (void)models::RopeScaling::from_fields({{"rope_type", "dynamic"}});
+        }).find("the recorded rope_type \"dynamic\" is not one shardwise computes") != std::string::npos);
+  CHECK(error_of([] {
+          (void)models::RopeScaling::from_fields({{"rope_type", "linear"}, {"rope_factor", "2x"}});
+        }).find("the recorded rope_factor \"2x\" is not a number") != std::string::npos);
 }
 
 TEST_CASE("gpt2_config_from_json: GPT-2's published config; what shardwise's GPT-2 does not compute is refused") {

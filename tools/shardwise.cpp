@@ -86,6 +86,7 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   c.rope_theta = config_field(index, "rope_theta", names.c_str());
   auto const tie = index.config.find("tie_word_embeddings");
   c.tie_word_embeddings = tie != index.config.end() && tie->second == "true";
+  c.rope_scaling = sw::models::RopeScaling::from_fields(index.config);
   auto json = sw::models::llama_config_to_json(c);
   json.erase("max_position_embeddings");
   return json;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <map>
 #include <numbers>
 #include <string>
@@ -75,10 +76,10 @@ struct RopeScaling {
                        "; the betas must be positive and the attention factor not negative");
   }
 
-  /// The parameters that change the frequencies, as text (saved beside the weights and compared on load); none
-  /// when unscaled, so that checkpoints of unscaled models carry the fields they always did.
+  /// The scaling's type and the parameters that change its frequencies, as text (saved beside the weights and
+  /// compared on load: a checkpoint is not loaded into a model scaled otherwise).
   [[nodiscard]] std::map<std::string, std::string> fields() const {
-    if (!scaled()) return {};
+    if (!scaled()) return {{"rope_type", rope_type_name(type)}};
     std::map<std::string, std::string> f{{"rope_type", rope_type_name(type)}, {"rope_factor", config_number(factor)}};
     if (type == rope_type::llama3 || type == rope_type::yarn)
       f["rope_original_max_positions"] = std::to_string(original_max_positions);
@@ -92,6 +93,42 @@ struct RopeScaling {
       f["rope_truncate"] = truncate ? "true" : "false";
     }
     return f;
+  }
+
+  /// The scaling whose fields() are among `fields` (a checkpoint's recorded configuration): plain when they
+  /// name none. Throws, naming the field, for a type or a number it cannot read.
+  static RopeScaling from_fields(std::map<std::string, std::string> const& fields) {
+    RopeScaling r;
+    auto const type = fields.find("rope_type");
+    if (type == fields.end() || type->second == "default") return r;
+    for (auto t : {rope_type::linear, rope_type::llama3, rope_type::yarn})
+      if (type->second == rope_type_name(t)) r.type = t;
+    if (!r.scaled())
+      shardwise::raise("shardwise::models::RopeScaling: the recorded rope_type \"", type->second,
+                       "\" is not one shardwise computes (linear, llama3, yarn)");
+    auto const number = [&](char const* field, double fallback) {
+      auto const found = fields.find(field);
+      if (found == fields.end()) return fallback;
+      char* end = nullptr;
+      double const value = std::strtod(found->second.c_str(), &end);
+      if (found->second.empty() || end != found->second.c_str() + found->second.size() || !std::isfinite(value))
+        shardwise::raise("shardwise::models::RopeScaling: the recorded ", field, " \"", found->second,
+                         "\" is not a number");
+      return value;
+    };
+    r.factor = number("rope_factor", r.factor);
+    double const original = number("rope_original_max_positions", 0);
+    if (original < 0 || original > 1e15)
+      shardwise::raise("shardwise::models::RopeScaling: the recorded rope_original_max_positions ", original,
+                       " is not a context length");
+    r.original_max_positions = static_cast<std::size_t>(original);
+    r.low_freq_factor = number("rope_low_freq_factor", r.low_freq_factor);
+    r.high_freq_factor = number("rope_high_freq_factor", r.high_freq_factor);
+    r.beta_fast = number("rope_beta_fast", r.beta_fast), r.beta_slow = number("rope_beta_slow", r.beta_slow);
+    r.attention_factor = number("rope_attention_factor", 0);
+    if (auto t = fields.find("rope_truncate"); t != fields.end()) r.truncate = t->second == "true";
+    r.check();
+    return r;
   }
 
   /// What cos and sin are multiplied by: yarn's attention factor (given, or 0.1 ln(factor) + 1, or the ratio of
