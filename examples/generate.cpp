@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       return;
     }
     std::string const type = models::transformers_model_type(a.folder / "config.json");
-    if (type == "llama") {
+    if (models::reads_as_llama(type)) {  // llama, qwen2, mistral
       sw::Lazy<models::Llama<float, models::llama_plan<false>>> lazy(
           models::read_llama_config(a.folder / "config.json"));
       sw::parallelize(lazy, tp);
@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
       sw::parallelize(lazy, tp);
       run(sw::load_pretrained(lazy, tp, a.folder, sw::transformers_gpt2_mapping(config.dim)), tp, a, "GPT-2");
     } else {
-      sw::raise("generate: ", a.folder.string(), " holds a \"", type, "\" model; this example runs llama and gpt2");
+      sw::raise("generate: ", a.folder.string(), " holds a \"", type,
+                "\" model; this example runs llama, qwen2, mistral and gpt2");
     }
   });
   return 0;

@@ -142,8 +142,6 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   };
   for (auto const& [field, words] : std::initializer_list<refusal>{
            {R"("hidden_act": "gelu")", R"("hidden_act" in config.json is "gelu": shardwise's Llama computes SiLU)"},
-           {R"("attention_bias": true)", R"("attention_bias" in config.json is true: shardwise's Llama has no biases)"},
-           {R"("mlp_bias": true)", R"("mlp_bias" in config.json is true: shardwise's Llama has no biases)"},
            {R"("attention_dropout": 0.1)",
             R"("attention_dropout" in config.json is 0.1: shardwise's attention has no)"},
            {R"("partial_rotary_factor": 0.5)", R"("partial_rotary_factor" in config.json is 0.5: shardwise's Llama)"},
@@ -163,6 +161,32 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
     INFO(field, " -> ", message);
     CHECK(message.find(words) != std::string::npos);
   }
+  // Biases: Llama's attention_bias on all four attention projections and mlp_bias on the feed-forward's three;
+  // Qwen2's on q, k and v only; Mistral none.
+  auto const llama = models::llama_config_from_json(base + R"(, "attention_bias": true, "mlp_bias": true})");
+  CHECK((llama.attention_bias && llama.attention_output_bias && llama.mlp_bias));
+  auto const other = [&](char const* type) {
+    std::string text = base + "}";
+    text.replace(text.find("\"llama\""), 7, std::string("\"") + type + "\"");
+    return text;
+  };
+  auto const qwen2 = models::llama_config_from_json(other("qwen2"));
+  CHECK((qwen2.attention_bias && !qwen2.attention_output_bias && !qwen2.mlp_bias));
+  auto const mistral = models::llama_config_from_json(other("mistral"));
+  CHECK((!mistral.attention_bias && !mistral.attention_output_bias && !mistral.mlp_bias));
+  CHECK(error_of([&] {
+          (void)models::llama_config_from_json(other("gemma"));
+        }).find("describes model_type \"gemma\", not \"llama\", \"qwen2\" or \"mistral\"") != std::string::npos);
+  CHECK(error_of([&] {
+          (void)models::llama_config_from_json(base + R"(, "mlp_bias": "yes"})");
+        }).find("\"mlp_bias\" in config.json is \"yes\"; it must be true or false") != std::string::npos);
+  // The config.json written back is the family's: Qwen2's for biases on q, k and v only.
+  CHECK(models::llama_config_to_json(qwen2)["model_type"] == "qwen2");
+  CHECK(models::llama_config_from_json(models::llama_config_to_json(qwen2).dump()).fields() == qwen2.fields());
+  CHECK(models::llama_config_from_json(models::llama_config_to_json(llama).dump()).fields() == llama.fields());
+  models::LlamaConfig odd = llama;
+  odd.attention_output_bias = false, odd.mlp_bias = true;
+  CHECK(error_of([&] { (void)models::llama_config_to_json(odd); }).find("are neither a Llama's") != std::string::npos);
   // What cannot change the numbers is read as the model it describes.
   for (char const* harmless : {R"("hidden_act": "silu", "attention_bias": false, "mlp_bias": false)",
                                R"("attention_dropout": 0.0, "pretraining_tp": 1, "num_local_experts": 0)",

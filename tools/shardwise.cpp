@@ -84,8 +84,13 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   c.kv_heads = count("kv_heads"), c.hidden = count("hidden");
   c.norm_eps = config_field(index, "norm_eps", names.c_str());
   c.rope_theta = config_field(index, "rope_theta", names.c_str());
-  auto const tie = index.config.find("tie_word_embeddings");
-  c.tie_word_embeddings = tie != index.config.end() && tie->second == "true";
+  auto const flag = [&](char const* field) {
+    auto const found = index.config.find(field);
+    return found != index.config.end() && found->second == "true";
+  };
+  c.tie_word_embeddings = flag("tie_word_embeddings");
+  c.attention_bias = flag("attention_bias"), c.attention_output_bias = flag("attention_output_bias");
+  c.mlp_bias = flag("mlp_bias");
   c.rope_scaling = sw::models::RopeScaling::from_fields(index.config);
   auto json = sw::models::llama_config_to_json(c);
   json.erase("max_position_embeddings");

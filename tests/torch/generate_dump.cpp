@@ -2,7 +2,8 @@
 // half and shares no code with this file). For each save_pretrained folder generate_reference.py wrote (DIR/llama:
 // grouped-query, 4 heads and 2 key-value heads, as shards with model.safetensors.index.json; DIR/llama_kv1: one
 // key-value head, repeated at tp 2 and 4 by kv_size_multiplier; DIR/gpt2: tied head; DIR/llama3_rope, yarn_rope and
-// linear_rope: the rotary scalings), loaded lazily at tp 1, 2 and
+// linear_rope: the rotary scalings; DIR/qwen2: Qwen2, biases on q, k and v; DIR/llama_bias: Llama's attention and
+// feed-forward biases), loaded lazily at tp 1, 2 and
 // 4 on threads (generate_dump DIR) or at the MPI world's size (mpiexec -n N generate_dump --mpi DIR), it writes
 // DIR/<model>/<tag>_<fp32|fp64>.txt: greedy generation of 64 tokens after each prompt of DIR/prompts.txt, every
 // step's logits; and for fp32 a sampled generation (temperature 0.9, top-k 12, top-p 0.85, seed 11) with every
@@ -97,7 +98,8 @@ template <class World>
 void all_models(World const& world, fs::path const& dir, std::string const& tag) {
   auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
   prompt_list const prompts = read_prompts(dir / "prompts.txt");
-  for (char const* model : {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope"}) {
+  for (char const* model :
+       {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias"}) {
     runs<float>(dir / model, tp, tag, prompts);
     runs<double>(dir / model, tp, tag, prompts);
   }

@@ -5,7 +5,9 @@ prepare DIR: builds three small random models with transformers — a LlamaForCa
 (4 heads, 2 key-value heads), saved as shards with model.safetensors.index.json (DIR/llama); a tied
 LlamaForCausalLM with one key-value head, which tp 2 and 4 serve by kv_size_multiplier (DIR/llama_kv1); a
 GPT2LMHeadModel (DIR/gpt2); one-block Llamas with a scaled rotary embedding, "llama3" (tied, as Llama 3.2),
-"yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope) — with save_pretrained, and the prompts
+"yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope); a tied Qwen2ForCausalLM (biases on q, k and
+v: DIR/qwen2); a one-block Llama with attention_bias and mlp_bias (DIR/llama_bias) — with save_pretrained, and
+the prompts
 (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
 
 compare DIR [--example PATH] TAG...: for every model, in fp32 and in fp64 (model.double() on the same weights),
@@ -31,14 +33,14 @@ import types
 
 import numpy as np
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config
 from transformers import modeling_rope_utils as rope_utils
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
 TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
-MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope")
+MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias")
 # The rotary scalings, each on a one-block Llama: Llama 3.2's "llama3" (tied; its 4 column pairs fall in all three
 # of its bands), Qwen2.5's "yarn" (heads of 16, a ramp over fractional bounds, cos and sin scaled) and "linear".
 ROPE_MODELS = {
@@ -68,6 +70,19 @@ def rope_config(spec):
                        attention_bias=False, mlp_bias=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
+def qwen2_config():  # Qwen2.5-0.5B's shape, scaled down: biases on q, k and v, tied embeddings
+    return Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def llama_bias_config():  # Llama's attention_bias (q, k, v and o) and mlp_bias
+    config = llama_config(2, False)
+    config.num_hidden_layers, config.attention_bias, config.mlp_bias = 1, True, True
+    return config
+
+
 def gpt2_config():
     return GPT2Config(vocab_size=VOCAB, n_positions=80, n_embd=32, n_layer=2, n_head=4,
                       activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -90,6 +105,10 @@ def prepare(directory):
         randomize(model)
         kwargs = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(os.path.join(directory, name), **kwargs)
+    for name, config in (("qwen2", qwen2_config()), ("llama_bias", llama_bias_config())):
+        model = AutoModelForCausalLM.from_config(config)
+        randomize(model)  # the biases too: 0.2 * N(0, 1)
+        model.save_pretrained(os.path.join(directory, name))
     for name, spec in ROPE_MODELS.items():
         model = LlamaForCausalLM(rope_config(spec))
         randomize(model)
@@ -147,15 +166,14 @@ def rms_norm_in_input_type(norm):
 
 
 def load(directory, name, dtype):
-    cls = GPT2LMHeadModel if name == "gpt2" else LlamaForCausalLM
     attention = "sdpa" if name != "gpt2" and dtype == "fp64" else "eager"  # eager Llama: softmax in float32
-    model = cls.from_pretrained(os.path.join(directory, name), attn_implementation=attention)
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(directory, name), attn_implementation=attention)
     model = model.double() if dtype == "fp64" else model.float()
     if name != "gpt2":
         rope_in_float64(model.model.rotary_emb, model.config)
         if dtype == "fp64":
             for module in model.modules():
-                if type(module).__name__ == "LlamaRMSNorm":
+                if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm"):
                     rms_norm_in_input_type(module)
     return model.eval()
 

@@ -27,9 +27,9 @@ namespace shardwise::models {
 /// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
 template <class T, class Plan = serial_plan>
 struct LlamaFeedForward {
-  Linear<T, style_at<Plan, "w1">> w1;  ///< Gate projection, dim -> hidden, no bias.
-  Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden, no bias.
-  Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim, no bias.
+  Linear<T, style_at<Plan, "w1">> w1;  ///< Gate projection, dim -> hidden (bias: mlp_bias).
+  Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden (bias: mlp_bias).
+  Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim (bias: mlp_bias).
   SHARDWISE_CHILDREN(w1, w3, w2)
   SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED(h1_, h3_, a_)
@@ -43,8 +43,8 @@ struct LlamaFeedForward {
 
   /// The shapes of w1, w3 and w2, which the constructor builds them from and sw::parameter_costs walks.
   static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t = 0) {
-    return std::tuple{linear_shape{c.dim, c.hidden, false}, linear_shape{c.dim, c.hidden, false},
-                      linear_shape{c.hidden, c.dim, false}};
+    return std::tuple{linear_shape{c.dim, c.hidden, c.mlp_bias}, linear_shape{c.dim, c.hidden, c.mlp_bias},
+                      linear_shape{c.hidden, c.dim, c.mlp_bias}};
   }
 
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on

@@ -32,10 +32,10 @@ namespace shardwise::models {
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size>
 struct LlamaAttention {
-  Linear<T, style_at<Plan, "wq">> wq;  ///< Query projection, dim -> heads * head_dim, no bias.
-  Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim, no bias.
-  Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim, no bias.
-  Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim, no bias.
+  Linear<T, style_at<Plan, "wq">> wq;  ///< Query projection, dim -> heads * head_dim (bias: attention_bias).
+  Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim (bias: attention_bias).
+  Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim (bias: attention_bias).
+  Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim (attention_output_bias).
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
   SHARDWISE_HOOKS(static_check, on_parallelize, on_context_parallel)
   SHARDWISE_SAVED(q_, k_, v_, saved_)
@@ -64,8 +64,9 @@ struct LlamaAttention {
         sharded_heads ? grouped_heads::of(c).kv_copies(tp, "shardwise::models::Llama", own_style<Plan>::path.view())
                       : 1;
     std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
-    return std::tuple{linear_shape{c.dim, q, false}, linear_shape{c.dim, kv, false, copies},
-                      linear_shape{c.dim, kv, false, copies}, linear_shape{q, c.dim, false}};
+    bool const b = c.attention_bias;
+    return std::tuple{linear_shape{c.dim, q, b}, linear_shape{c.dim, kv, b, copies}, linear_shape{c.dim, kv, b, copies},
+                      linear_shape{q, c.dim, c.attention_output_bias}};
   }
 
   /// Called by sw::parallelize when the tp size is static: the head counts must be servable.

@@ -35,6 +35,14 @@ struct LlamaConfig {
   /// transformers' tie_word_embeddings: the output projection computes with the token embedding's table (one
   /// tensor, one gradient, one optimizer state, saved once as the embedding).
   bool tie_word_embeddings = false;
+  /// Biases on wq, wk and wv (transformers' Llama attention_bias; Qwen2 always has them), each cut as its weight
+  /// is: sharded with the heads under ColwiseParallel.
+  bool attention_bias = false;
+  /// A bias on wo (transformers' Llama attention_bias; Qwen2 has none), added once after the reduction under
+  /// RowwiseParallel.
+  bool attention_output_bias = false;
+  /// Biases on w1, w3 (cut with their rows) and w2 (added once): transformers' mlp_bias.
+  bool mlp_bias = false;
   /// How the rotary embedding's frequencies are scaled (transformers' rope_scaling or rope_parameters: "linear",
   /// "llama3", "yarn"; none by default).
   RopeScaling rope_scaling{};
@@ -53,7 +61,10 @@ struct LlamaConfig {
                                          {"hidden", std::to_string(hidden)},
                                          {"norm_eps", shardwise::config_number(norm_eps)},
                                          {"rope_theta", shardwise::config_number(rope_theta)},
-                                         {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"}};
+                                         {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"},
+                                         {"attention_bias", attention_bias ? "true" : "false"},
+                                         {"attention_output_bias", attention_output_bias ? "true" : "false"},
+                                         {"mlp_bias", mlp_bias ? "true" : "false"}};
     f.merge(rope_scaling.fields());
     return f;
   }

@@ -178,6 +178,16 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
                      " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
   return c;
 }
+/// `field` of `root` as true or false; false when absent or null.
+inline bool config_flag(nlohmann::json const& root, char const* field, std::string_view source) {
+  auto const found = root.find(field);
+  if (found == root.end() || found->is_null()) return false;
+  if (!found->is_boolean())
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
+                     "; it must be true or false");
+  return found->get<bool>();
+}
+
 /// Refuses, naming the field and the fix, every field of a Llama config.json that would change the numbers and
 /// that shardwise's Llama does not compute (docs/models.md lists the fields read and those ignored). `rope` is
 /// the rotary scaling's name.
@@ -192,9 +202,6 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
   };
   if (auto v = set("hidden_act"); v && *v != "silu")
     refuse("hidden_act", *v, "shardwise's Llama computes SiLU (\"silu\") only; use a model with SiLU");
-  for (char const* bias : {"attention_bias", "mlp_bias"})
-    if (auto v = set(bias); v && *v != false)
-      refuse(bias, *v, "shardwise's Llama has no biases on its projections; use a model without them");
   if (auto v = set("attention_dropout"); v && (!v->is_number() || v->get<double>() != 0))
     refuse("attention_dropout", *v,
            "shardwise's attention has no dropout; set it to 0.0 (dropout changes nothing outside training)");
@@ -224,20 +231,35 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
 }
 }  // namespace detail
 
-/// The LlamaConfig of a transformers Llama config.json given as text; `source` names it in errors. Reads
+/// Whether llama_config_from_json reads configs of transformers' `model_type`: "llama", "qwen2" (biases on q, k
+/// and v) and "mistral" (Llama's blocks; a sliding window is refused where it would act).
+inline bool reads_as_llama(std::string_view model_type) {
+  return model_type == "llama" || model_type == "qwen2" || model_type == "mistral";
+}
+
+/// The LlamaConfig of a transformers Llama, Qwen2 or Mistral config.json given as text; `source` names it in
+/// errors. Reads
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
 /// intermediate_size, rms_norm_eps, rope_theta, the rotary scaling (transformers 4's rope_scaling or 5's
-/// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings and max_position_embeddings (as
-/// the sequence). Throws, naming the field and the fix, for text that is not JSON, another model_type, a missing
-/// or non-positive size, a head_dim other than hidden_size / num_attention_heads, and every field that would
-/// change the numbers and is not computed (another hidden_act, biases, attention dropout, a partial rotation,
-/// experts, a sliding window, other layer types, another rotary scaling): docs/models.md lists them.
+/// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings, max_position_embeddings (as
+/// the sequence) and the biases (Llama's attention_bias and mlp_bias; Qwen2's on q, k and v). Throws, naming the field
+/// and the fix, for text that is not JSON, another model_type, a missing or non-positive size, a head_dim other than
+/// hidden_size / num_attention_heads, and every field that would change the numbers and is not computed (another
+/// hidden_act, attention dropout, a partial rotation, experts, a sliding window, other layer types, another rotary
+/// scaling): docs/models.md lists them.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
   nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
-  if (auto type = root.find("model_type"); type != root.end() && *type != "llama")
+  auto const type = root.find("model_type");
+  if (type != root.end() && !(type->is_string() && reads_as_llama(type->get<std::string>())))
     shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
-                     ", not \"llama\"; only Llama configs are read");
-  LlamaConfig const c = detail::llama_fields(root, source);
+                     ", not \"llama\", \"qwen2\" or \"mistral\"; only those configs are read as a Llama");
+  LlamaConfig c = detail::llama_fields(root, source);
+  if (type != root.end() && *type == "qwen2") {
+    c.attention_bias = true;  // Qwen2's q, k and v always have biases, its o none; it has no such field
+  } else if (type == root.end() || *type == "llama") {
+    c.attention_bias = c.attention_output_bias = detail::config_flag(root, "attention_bias", source);
+    c.mlp_bias = detail::config_flag(root, "mlp_bias", source);
+  }
   detail::refuse_unbuilt_llama_fields(root, source, c);
   return c;
 }
@@ -262,12 +284,9 @@ inline nlohmann::json rope_scaling_json(RopeScaling const& r) {
   }
   return j;
 }
-}  // namespace detail
 
-/// The transformers config.json of a LlamaForCausalLM with configuration `c` (what save_pretrained writes for
-/// it, and what llama_config_from_json reads back): SiLU, no biases, max_position_embeddings = c.sequence, the
-/// rotary scaling as "rope_scaling" (which transformers 4 and 5 read).
-inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
+/// The fields of a LlamaForCausalLM's config.json.
+inline nlohmann::json llama_config_json_fields(LlamaConfig const& c) {
   return {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"vocab_size", c.vocabulary},
@@ -280,10 +299,33 @@ inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
           {"rms_norm_eps", c.norm_eps},
           {"rope_theta", c.rope_theta},
           {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"mlp_bias", false},
+          {"attention_bias", c.attention_bias},
+          {"mlp_bias", c.mlp_bias},
           {"tie_word_embeddings", c.tie_word_embeddings},
-          {"rope_scaling", detail::rope_scaling_json(c.rope_scaling)}};
+          {"rope_scaling", rope_scaling_json(c.rope_scaling)}};
+}
+}  // namespace detail
+
+/// The transformers config.json of a model with configuration `c` (what save_pretrained writes for it, and what
+/// llama_config_from_json reads back): a Qwen2ForCausalLM when q, k and v have biases and o none, else a
+/// LlamaForCausalLM (attention_bias on all four projections, or none; mlp_bias); SiLU, max_position_embeddings =
+/// c.sequence, the rotary scaling as "rope_scaling" (which transformers 4 and 5 read). Throws for biases
+/// neither family has.
+inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
+  bool const qwen2 = c.attention_bias && !c.attention_output_bias && !c.mlp_bias;
+  if (!qwen2 && c.attention_bias != c.attention_output_bias) {
+    auto const text = [](bool b) { return b ? "true" : "false"; };
+    shardwise::raise("shardwise::models::llama_config_to_json: attention_bias ", text(c.attention_bias),
+                     ", attention_output_bias ", text(c.attention_output_bias), " and mlp_bias ", text(c.mlp_bias),
+                     " are neither a Llama's (biases on all four attention projections or none) nor a Qwen2's (on "
+                     "q, k and v only, none in the feed-forward); transformers has no config.json for them");
+  }
+  nlohmann::json j = detail::llama_config_json_fields(c);
+  if (qwen2) {
+    j["architectures"] = {"Qwen2ForCausalLM"}, j["model_type"] = "qwen2", j["use_sliding_window"] = false;
+    j.erase("attention_bias"), j.erase("mlp_bias");  // not Qwen2's fields
+  }
+  return j;
 }
 
 /// The LlamaConfig of the config.json at `file` (llama_config_from_json); throws naming the file when it cannot

@@ -9,8 +9,8 @@
 
 namespace shardwise {
 
-/// "layers.0.attention.wq.weight" -> "model.layers.0.self_attn.q_proj.weight"; throws for a name the Llama
-/// model does not have.
+/// "layers.0.attention.wq.weight" -> "model.layers.0.self_attn.q_proj.weight" (and a projection's bias, as
+/// Qwen2's q_proj.bias); throws for a name the Llama model does not have.
 [[nodiscard]] inline std::string transformers_llama_name(std::string const& name) {
   if (name == "tok_embeddings.weight") return "model.embed_tokens.weight";
   if (name == "norm.weight") return "model.norm.weight";
@@ -26,14 +26,21 @@ namespace shardwise {
       struct pair {
         std::string_view from, to;
       };
-      static constexpr pair names[] = {
-          {"attention_norm.weight", "input_layernorm.weight"}, {"attention.wq.weight", "self_attn.q_proj.weight"},
-          {"attention.wk.weight", "self_attn.k_proj.weight"},  {"attention.wv.weight", "self_attn.v_proj.weight"},
-          {"attention.wo.weight", "self_attn.o_proj.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
-          {"feed_forward.w1.weight", "mlp.gate_proj.weight"},  {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-          {"feed_forward.w2.weight", "mlp.down_proj.weight"}};
-      for (auto const& [from, to] : names)
+      static constexpr pair names[] = {{"attention_norm.weight", "input_layernorm.weight"},
+                                       {"ffn_norm.weight", "post_attention_layernorm.weight"},
+                                       {"attention.wq.", "self_attn.q_proj."},
+                                       {"attention.wk.", "self_attn.k_proj."},
+                                       {"attention.wv.", "self_attn.v_proj."},
+                                       {"attention.wo.", "self_attn.o_proj."},
+                                       {"feed_forward.w1.", "mlp.gate_proj."},
+                                       {"feed_forward.w3.", "mlp.up_proj."},
+                                       {"feed_forward.w2.", "mlp.down_proj."}};
+      for (auto const& [from, to] : names) {
         if (leaf == from) return prefix + std::string(to);
+        bool const projection = from.back() == '.' && leaf.substr(0, from.size()) == from;
+        std::string_view const kind = projection ? leaf.substr(from.size()) : std::string_view();
+        if (kind == "weight" || kind == "bias") return prefix + std::string(to) + std::string(kind);  // q_proj.bias
+      }
     }
   }
   detail::fail(
