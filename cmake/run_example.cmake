@@ -1,5 +1,6 @@
-# cmake -DEXPECT=<regex> -DCOUNT=<n> -P run_example.cmake -- <command...>: runs the command; fails unless it exits
-# with 0, exactly COUNT of its output lines match EXPECT, and no line contains WRONG.
+# cmake -DEXPECT=<regex> -DCOUNT=<n> [-DEXIT_CODE=<code>] -P run_example.cmake -- <command...>: runs the command;
+# fails unless it exits with EXIT_CODE (default 0: a refusal's test gives 1), exactly COUNT of its output lines
+# match EXPECT, and no line contains WRONG or says that the program ended by an uncaught exception.
 set(command)
 set(after OFF)
 math(EXPR last "${CMAKE_ARGC} - 1")
@@ -12,15 +13,18 @@ foreach(i RANGE ${last})
 endforeach()
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 message("${out}")
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the example exited with ${rc}, not 0")
+if(NOT DEFINED EXIT_CODE)
+  set(EXIT_CODE 0)
+endif()
+if(NOT "${rc}" STREQUAL "${EXIT_CODE}")
+  message(FATAL_ERROR "the example exited with ${rc}, not ${EXIT_CODE}")
 endif()
 string(REPLACE ";" "," lines "${out}")
 string(REPLACE "\n" ";" lines "${lines}")
 set(found 0)
 foreach(line IN LISTS lines)
-  if(line MATCHES "WRONG")
-    message(FATAL_ERROR "the example printed WRONG: ${line}")
+  if(line MATCHES "WRONG|terminate called")
+    message(FATAL_ERROR "the example printed WRONG or ended by an uncaught exception: ${line}")
   endif()
   if(line MATCHES "${EXPECT}")
     math(EXPR found "${found} + 1")

@@ -1,8 +1,9 @@
-// Generates tokens with a Llama or GPT-2 model, tensor-parallel over every rank, with a key-value cache: from a
-// transformers save_pretrained folder (config.json and model.safetensors, or shards with
-// model.safetensors.index.json), loaded lazily so that each rank reads and holds only its shard; or, given no
-// folder, from a random Llama. Token ids in, token ids out: the model's own tokenizer turns text into ids and
-// back (docs/inference.md shows it in two lines of Python).
+// Generates tokens with a Llama (Llama 2 and 3.x, Qwen2, Mistral) or GPT-2 model, tensor-parallel over every
+// rank, with a key-value cache: from a transformers save_pretrained folder (config.json and model.safetensors, or
+// shards with model.safetensors.index.json), loaded lazily so that each rank reads and holds only its shard; or,
+// given no folder, from a random Llama. Token ids in, token ids out: the model's own tokenizer turns text into ids
+// and back (docs/inference.md shows it in two lines of Python). A folder it cannot run, or a rank count the heads
+// do not divide over, ends it with the reason on every rank and exit code 1.
 //
 //   ./generate                                          # a random Llama, tp 2 on threads
 //   ./generate FOLDER --prompt 1,450,4996 --new 32     # a save_pretrained folder, greedy
@@ -91,6 +92,32 @@ void run(Model& model, Tp const& tp, arguments const& a, char const* what) {
               g.first_token_seconds, g.decoded_tokens, g.decode_tokens_per_second(), double(g.cache_bytes) / (1 << 20));
 }
 
+/// A random Llama, or the model of the folder given, generating on `world`'s ranks as one tp group.
+template <class World>
+void generate_on(World& world, arguments const& a) {
+  auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
+  if (a.folder.empty()) {  // a random Llama: grouped-query attention, tied embeddings
+    models::Llama<float, models::llama_plan<false>> model(
+        {.vocabulary = 512, .dim = 256, .layers = 4, .heads = 8, .kv_heads = 2, .hidden = 704, .sequence = 256});
+    sw::parallelize(model, tp);
+    run(model, tp, a, "a random Llama");
+    return;
+  }
+  std::string const type = models::transformers_model_type(a.folder / "config.json");
+  if (models::reads_as_llama(type)) {  // llama, qwen2, mistral
+    sw::Lazy<models::Llama<float, models::llama_plan<false>>> lazy(models::read_llama_config(a.folder / "config.json"));
+    sw::parallelize(lazy, tp);
+    run(sw::load_pretrained(lazy, tp, a.folder, sw::transformers_llama_mapping()), tp, a, "Llama");
+  } else if (type == "gpt2") {
+    auto const config = models::read_gpt2_config(a.folder / "config.json");
+    sw::Lazy<models::GPT2<float, models::gpt2_plan<false>>> lazy(config);
+    sw::parallelize(lazy, tp);
+    run(sw::load_pretrained(lazy, tp, a.folder, sw::transformers_gpt2_mapping(config.dim)), tp, a, "GPT-2");
+  } else {
+    sw::raise(a.folder.string(), " holds a \"", type, "\" model; this example runs llama, qwen2, mistral and gpt2");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,30 +131,11 @@ int main(int argc, char** argv) {
                  e.what());
     return 2;
   }
-  sw::launch(argc, argv, /*threads=*/2, [&](auto& world) {
-    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
-    if (a.folder.empty()) {  // a random Llama: grouped-query attention, tied embeddings
-      models::Llama<float, models::llama_plan<false>> model(
-          {.vocabulary = 512, .dim = 256, .layers = 4, .heads = 8, .kv_heads = 2, .hidden = 704, .sequence = 256});
-      sw::parallelize(model, tp);
-      run(model, tp, a, "a random Llama");
-      return;
-    }
-    std::string const type = models::transformers_model_type(a.folder / "config.json");
-    if (models::reads_as_llama(type)) {  // llama, qwen2, mistral
-      sw::Lazy<models::Llama<float, models::llama_plan<false>>> lazy(
-          models::read_llama_config(a.folder / "config.json"));
-      sw::parallelize(lazy, tp);
-      run(sw::load_pretrained(lazy, tp, a.folder, sw::transformers_llama_mapping()), tp, a, "Llama");
-    } else if (type == "gpt2") {
-      auto const config = models::read_gpt2_config(a.folder / "config.json");
-      sw::Lazy<models::GPT2<float, models::gpt2_plan<false>>> lazy(config);
-      sw::parallelize(lazy, tp);
-      run(sw::load_pretrained(lazy, tp, a.folder, sw::transformers_gpt2_mapping(config.dim)), tp, a, "GPT-2");
-    } else {
-      sw::raise("generate: ", a.folder.string(), " holds a \"", type,
-                "\" model; this example runs llama, qwen2, mistral and gpt2");
-    }
-  });
+  try {  // a refusal (a tp size the heads do not serve, a folder of another model) ends with its words and exit 1
+    sw::launch(argc, argv, /*threads=*/2, [&](auto& world) { generate_on(world, a); });
+  } catch (std::exception const& e) {  // every rank has the same words
+    std::fprintf(stderr, "generate: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }
