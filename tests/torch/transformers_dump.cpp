@@ -1,5 +1,6 @@
 // The C++ half of the outside check against Hugging Face transformers for tied word embeddings: shardwise's
-// Llama with tie_word_embeddings and its GPT-2 model (always tied), each unsharded and at TP 1, 2 and 4 on the
+// Llama with tie_word_embeddings, the same model as a Qwen2 (biases on q, k and v, a yarn rotary scaling) and its
+// GPT-2 model (always tied), each unsharded and at TP 1, 2 and 4 on the
 // thread mesh (transformers_dump DIR), or at TP n on MPI (mpiexec -n n transformers_dump --mpi DIR). Per model
 // it writes the initial weights under transformers' names (GPT-2: q, k, v fused into c_attn and every Linear
 // transposed, as GPT2LMHeadModel's Conv1D stores [in, out]), and per run the logits and loss of one batch, every
@@ -133,6 +134,23 @@ struct LlamaSpec {
                                      {"feed_forward.w3", "mlp.up_proj"},
                                      {"feed_forward.w2", "mlp.down_proj"}})] = t;
     return out;
+  }
+};
+
+/// Qwen2ForCausalLM (Qwen2.5's small models): Llama's blocks with biases on q, k and v, tied, and here a yarn
+/// rotary scaling whose ramp falls between column pairs and whose attention factor scales cos and sin. The same
+/// C++ type as LlamaSpec's model: only the configuration differs.
+struct Qwen2Spec : LlamaSpec {
+  static constexpr char const* name = "qwen2";
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = LlamaSpec::config();
+    c.norm_eps = 1e-6, c.attention_bias = true;
+    c.rope_scaling = {.type = models::rope_type::yarn, .factor = 4, .original_max_positions = 64, .truncate = false};
+    return c;
+  }
+  template <class Mesh, class Logits>
+  static auto loss(Mesh const& tp, Logits const& logits, std::vector<std::int64_t> const& targets) {
+    return models::llama_loss(tp, logits, targets, config().vocabulary);
   }
 };
 
@@ -272,9 +290,11 @@ int main(int argc, char** argv) {
   fs::path const dir = argv[argc - 1];
   if (mpi) {
     on_mpi<LlamaSpec>(dir);
+    on_mpi<Qwen2Spec>(dir);
     on_mpi<GPT2Spec>(dir);
   } else {
     on_threads<LlamaSpec>(dir);
+    on_threads<Qwen2Spec>(dir);
     on_threads<GPT2Spec>(dir);
   }
   std::puts("transformers_dump: written");

@@ -1,7 +1,9 @@
 # Tied word embeddings against Hugging Face transformers (included from tests/CMakeLists.txt): transformers_dump
-# (shardwise) writes the Llama with tie_word_embeddings and the GPT-2 model, their initial weights under
+# (shardwise) writes the Llama with tie_word_embeddings, the same model as a Qwen2 (biases on q, k and v, a yarn
+# rotary scaling) and the GPT-2 model, their initial weights under
 # transformers' names, the logits, loss and every gradient of one batch, and the losses and clipped global norms of
-# 5 AdamW steps; transformers_reference.py runs LlamaForCausalLM(tie_word_embeddings=True) and GPT2LMHeadModel on
+# 5 AdamW steps; transformers_reference.py runs LlamaForCausalLM(tie_word_embeddings=True), Qwen2ForCausalLM and
+# GPT2LMHeadModel on
 # the same weights with torch.optim.AdamW and compares. One test per backend: the thread mesh (unsharded, TP 1, 2,
 # 4) and MPI at 2 and 4 ranks; each its own dump directory, so they can run side by side.
 add_executable(transformers_dump ${CMAKE_CURRENT_LIST_DIR}/transformers_dump.cpp)

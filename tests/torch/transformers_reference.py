@@ -1,5 +1,6 @@
 """The Hugging Face half of the outside check of tied word embeddings: transformers' own LlamaForCausalLM
-(tie_word_embeddings=True) and GPT2LMHeadModel, built from the configs transformers_dump.cpp used and loaded with
+(tie_word_embeddings=True), Qwen2ForCausalLM (biases on q, k and v, yarn rotary scaling, tied) and
+GPT2LMHeadModel, built from the configs transformers_dump.cpp used and loaded with
 the weights it wrote, give the same logits, loss and gradients of one batch, and torch.nn.utils.clip_grad_norm_
 with torch.optim.AdamW (two parameter groups) the same losses and global norms over 5 steps, as every shardwise run
 named on the command line (unsharded, tp1, tp2, tp4 on threads; mpi2, mpi4). Nothing is shared with the C++ side.
@@ -13,7 +14,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 TOLERANCE = 1e-4
 VOCAB, DIM, LAYERS, HEADS, SEQUENCE = 64, 32, 2, 4, 8
@@ -30,6 +31,17 @@ def llama():
                          rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False,
                          mlp_bias=False, attn_implementation="eager")
     model = LlamaForCausalLM(config).float()
+    return model, model.model.embed_tokens
+
+
+def qwen2():  # transformers_dump.cpp's Qwen2Spec: biases on q, k and v, tied, a yarn rotary scaling
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 64, "truncate": False},
+                         attn_implementation="eager")
+    model = Qwen2ForCausalLM(config).float()
     return model, model.model.embed_tokens
 
 
@@ -119,7 +131,7 @@ def main():
         return 2
     directory, tags = sys.argv[1], sys.argv[2:]
     results = Results()
-    for model_name, build in (("llama", llama), ("gpt2", gpt2)):
+    for model_name, build in (("llama", llama), ("qwen2", qwen2), ("gpt2", gpt2)):
         expected = reference(build, os.path.join(directory, model_name))
         results.check(f"{model_name}: lm_head.weight is the embedding's tensor after loading", expected["tied"], "")
         results.check(f"{model_name}: loaded every weight but the tied lm_head",
