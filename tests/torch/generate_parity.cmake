@@ -26,7 +26,7 @@ if(SHARDWISE_PYTHON)
   endif()
   add_test(NAME torch.generate_parity.threads
            COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-                   sh -c "rm -rf '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' prepare '${dir}' && '$<TARGET_FILE:generate_dump>' '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' compare '${dir}' ${example_flag} tp1 tp2 tp4")
+                   sh -c "rm -rf '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' prepare '${dir}' && '$<TARGET_FILE:generate_dump>' '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' compare '${dir}' ${example_flag} tp1 tp2 tp3 tp4")
   set_tests_properties(torch.generate_parity.threads PROPERTIES LABELS torch TIMEOUT 900
                        PASS_REGULAR_EXPRESSION "[1-9][0-9]* passed, 0 failed")
   if(TARGET shardwise::mpi)

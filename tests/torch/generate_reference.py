@@ -6,8 +6,9 @@ prepare DIR: builds three small random models with transformers — a LlamaForCa
 LlamaForCausalLM with one key-value head, which tp 2 and 4 serve by kv_size_multiplier (DIR/llama_kv1); a
 GPT2LMHeadModel (DIR/gpt2); one-block Llamas with a scaled rotary embedding, "llama3" (tied, as Llama 3.2),
 "yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope); a tied Qwen2ForCausalLM (biases on q, k and
-v: DIR/qwen2); a one-block Llama with attention_bias and mlp_bias (DIR/llama_bias) — with save_pretrained, and
-the prompts
+v: DIR/qwen2); a one-block Llama with attention_bias and mlp_bias (DIR/llama_bias); SmolLM2's shape, 9 heads
+and 3 key-value heads, tied (DIR/smollm, which tp 3 serves and 2 and 4 do not) — with save_pretrained, and the
+prompts
 (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
 
 compare DIR [--example PATH] TAG...: for every model, in fp32 and in fp64 (model.double() on the same weights),
@@ -40,7 +41,16 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
 TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
-MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias")
+MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias", "smollm")
+# SmolLM2's shape (9 heads, 3 key-value heads, tied): tp 3 serves it, 2 and 4 do not. The others run at 1, 2, 4.
+THREAD_RANKS = {"smollm": 3}  # the example's thread count for a model (default 2)
+
+
+def runs_at(name, tag):
+    """Whether generate_dump ran `name` under `tag`: smollm on one thread and on three, the others at every
+    other tag (tp 3 does not divide their 4 heads)."""
+    return tag in ("tp1", "tp3") if name == "smollm" else tag != "tp3"
+
 # The rotary scalings, each on a one-block Llama: Llama 3.2's "llama3" (tied; its 4 column pairs fall in all three
 # of its bands), Qwen2.5's "yarn" (heads of 16, a ramp over fractional bounds, cos and sin scaled) and "linear".
 ROPE_MODELS = {
@@ -105,7 +115,11 @@ def prepare(directory):
         randomize(model)
         kwargs = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(os.path.join(directory, name), **kwargs)
-    for name, config in (("qwen2", qwen2_config()), ("llama_bias", llama_bias_config())):
+    smollm = LlamaConfig(vocab_size=VOCAB, hidden_size=36, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=128, rms_norm_eps=1e-5,
+                         rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None)
+    for name, config in (("qwen2", qwen2_config()), ("llama_bias", llama_bias_config()), ("smollm", smollm)):
         model = AutoModelForCausalLM.from_config(config)
         randomize(model)  # the biases too: 0.2 * N(0, 1)
         model.save_pretrained(os.path.join(directory, name))
@@ -258,7 +272,7 @@ def compare_example(results, directory, example, expected_by_model):
         args = [example, os.path.join(directory, name), "--new", "16"]
         for p in PROMPTS:
             args += ["--prompt", ",".join(map(str, p))]
-        env = dict(os.environ, SHARDWISE_THREADS="2", OPENBLAS_NUM_THREADS="1")
+        env = dict(os.environ, SHARDWISE_THREADS=str(THREAD_RANKS.get(name, 2)), OPENBLAS_NUM_THREADS="1")
         out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
         printed = {}
         for line in out.stdout.splitlines():
@@ -277,7 +291,7 @@ def compare(directory, tags, example):
             expected = reference(load(directory, name, dtype))
             if dtype == "fp32":
                 greedy_fp32[name] = expected
-            for tag in tags:
+            for tag in (t for t in tags if runs_at(name, t)):
                 runs = read_dump(os.path.join(directory, name, f"{tag}_{dtype}.txt"))
                 label = f"{name} {tag} {dtype}"
                 results.check(f"{label}: runs written", len(runs) == (2 if dtype == "fp32" else 1), f"{len(runs)}")
