@@ -68,6 +68,19 @@ TEST_CASE("generate: the cache holds 2 x layers x local key-value columns x capa
                 2 * 2 * 8 * 40 * sizeof(double));
 }
 
+TEST_CASE("generate: a model of 131,072 positions holds rotary tables for the positions it used") {
+  worlds::run_threads(2, [&](auto& world) {
+    auto c = llama_config();
+    c.sequence = 131072;  // Llama 3.2's max_position_embeddings: 64 MiB of tables per layer at head_dim 64
+    auto const tp = tp_mesh(world);
+    models::Llama<float, models::llama_plan<false>> model(c);
+    sw::parallelize(model, tp);
+    CHECK(model.layers[0].attention.rotary().positions() == 0);
+    (void)sw::generate(model, tp, prompts(61), {.max_new_tokens = 3, .capacity = 30});
+    for (auto const& block : model.layers) CHECK(block.attention.rotary().positions() == 30);  // the capacity
+  });
+}
+
 TEST_CASE("sample_token: greedy, temperature, top-k and top-p on hand-worked probabilities") {
   // Logits log 1..4: probabilities 0.1, 0.2, 0.3, 0.4.
   std::vector<float> const logits{0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};

@@ -19,23 +19,29 @@ namespace shardwise::models {
 
 /// RoPE tables for heads of `head_dim` columns: cos and sin [positions, head_dim], the frequencies
 /// theta^(-2i / head_dim) (as `scaling` changes them) repeated over the two halves of a head, times the
-/// scaling's attention factor.
+/// scaling's attention factor. The tables hold the positions rotated so far, not every position the model could
+/// take: a Llama 3.2 config's 131,072 positions would be 64 MiB per layer at head_dim 64.
 template <class T>
 class rotary_embedding {
  public:
-  /// Tables for positions 0 .. positions - 1.
+  /// The frequencies for positions up to `positions` (the longest the model takes); the tables are built as
+  /// rotations reach positions.
   rotary_embedding(std::size_t positions, std::size_t head_dim, double theta, RopeScaling const& scaling = {})
       : head_dim_(head_dim),
         inverse_frequencies_(scaling.inverse_frequencies(head_dim, theta)),
         attention_factor_(scaling.rope_attention_factor()) {
-    build(positions);
+    (void)positions;  // kept for the callers' sake: the tables grow to what is rotated
   }
+
+  /// The positions the tables hold now.
+  [[nodiscard]] std::size_t positions() const { return static_cast<std::size_t>(cos_.rows()); }
 
   /// Rotates every head of x [tokens, heads * head_dim] (inverse: by the transpose, for a backward): each row at
   /// its position in its sequence of `sequence` rows, or with a context, at this rank's global positions.
   void rotate(nn::matrix<T>& x, std::size_t sequence, context_parallel const* context, bool inverse = false) const {
     if (context) return rotate_at_positions(x, context->positions(), inverse);
     auto const s = static_cast<Eigen::Index>(sequence);
+    reach(static_cast<std::size_t>(std::min(s, x.rows())));
     scratch first_half;
     for (Eigen::Index start = 0; start < x.rows(); start += s)
       rotate_run(x.middleRows(start, std::min(s, x.rows() - start)), 0, inverse, first_half);
@@ -44,7 +50,7 @@ class rotary_embedding {
   /// Rotates every head of a key-value cache step's rows, each entry's at its own positions; the tables grow to
   /// the cache's capacity (once) when it holds more positions than they do.
   void rotate(nn::matrix<T>& x, cache_step const& step) {
-    if (static_cast<std::size_t>(cos_.rows()) < step.capacity) build(step.capacity);
+    reach(step.capacity);
     Eigen::Index row = 0;
     scratch first_half;
     for (auto const& e : step.entries) {
@@ -57,10 +63,13 @@ class rotary_embedding {
  private:
   using scratch = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-  void build(std::size_t positions) {
+  /// Grows the tables to `positions` rows when they hold fewer (the rows they hold are kept).
+  void reach(std::size_t positions) const {
     auto const s = static_cast<Eigen::Index>(positions), d = static_cast<Eigen::Index>(head_dim_);
-    cos_.resize(s, d), sin_.resize(s, d);
-    for (Eigen::Index p = 0; p < s; ++p)
+    Eigen::Index const held = cos_.rows();
+    if (s <= held) return;
+    cos_.conservativeResize(s, d), sin_.conservativeResize(s, d);
+    for (Eigen::Index p = held; p < s; ++p)
       for (Eigen::Index i = 0; i < d / 2; ++i) {
         double const angle = double(p) * inverse_frequencies_[static_cast<std::size_t>(i)];
         cos_(p, i) = cos_(p, i + d / 2) = static_cast<T>(std::cos(angle) * attention_factor_);
@@ -72,6 +81,7 @@ class rotary_embedding {
   void rotate_at_positions(nn::matrix<T>& x, std::vector<std::int64_t> const& positions, bool inverse) const {
     auto const n = static_cast<Eigen::Index>(positions.size());
     auto const at = [&](Eigen::Index i) { return positions[static_cast<std::size_t>(i)]; };
+    if (!positions.empty()) reach(static_cast<std::size_t>(*std::max_element(positions.begin(), positions.end())) + 1);
     scratch first_half;
     for (Eigen::Index first = 0; first < n;) {
       Eigen::Index run = 1;
@@ -99,7 +109,7 @@ class rotary_embedding {
     }
   }
 
-  nn::matrix<T> cos_, sin_;
+  mutable nn::matrix<T> cos_, sin_;  // grown by the rotations (one model per rank: no other thread reads them)
   std::size_t head_dim_;
   std::vector<double> inverse_frequencies_;  // of each column pair
   double attention_factor_;                  // cos and sin are multiplied by it (yarn's; 1 for the others)
