@@ -137,6 +137,35 @@ TEST_CASE("Hugging Face transformers' names for the Llama model") {
   CHECK(!file.contains("output.weight"));
 }
 
+TEST_CASE("transformers' bias names; a bias the model lacks is refused even by a load that is not strict") {
+  CHECK(sw::transformers_llama_name("layers.0.attention.wq.bias") == "model.layers.0.self_attn.q_proj.bias");
+  CHECK(sw::transformers_llama_name("layers.3.feed_forward.w2.bias") == "model.layers.3.mlp.down_proj.bias");
+  check_error([] { (void)sw::transformers_llama_name("layers.0.attention.wq.scale"); }, {"attention.wq.scale"});
+  auto biased = config();
+  biased.attention_bias = true;  // Qwen2's: q, k and v
+  scratch_dir dir("biases");
+  save_at<models::llama_plan<false>>(2, biased, dir.path / "ckpt");
+  sw::consolidate_options options;
+  options.mapping = sw::transformers_llama_mapping();
+  sw::consolidate(dir.path / "ckpt", dir.path / "model.safetensors", options);
+  CHECK(
+      sw::safetensors_file((dir.path / "model.safetensors").string()).contains("model.layers.1.self_attn.v_proj.bias"));
+  for (int ranks : {1, 2})
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      models::Llama<float, models::llama_plan<false>> plain(config());  // no biases
+      sw::parallelize(plain, tp);
+      check_error(
+          [&] { (void)sw::load_pretrained(plain, tp, dir.path, sw::transformers_llama_mapping(), {.strict = false}); },
+          {"the checkpoint's tensor \"model.layers.0.self_attn.k_proj.bias\" is the bias of a layer whose "
+           "weight the model reads",
+           "attention_bias or mlp_bias"});
+      models::Llama<float, models::llama_plan<false>> with_biases(biased);  // loads, strict
+      sw::parallelize(with_biases, tp);
+      CHECK_NOTHROW((void)sw::load_pretrained(with_biases, tp, dir.path, sw::transformers_llama_mapping()));
+    });
+}
+
 namespace {
 /// A mapping as GPT-2's: each layer's wq, wk and wv fused along their outputs into "layers.L.qkv", stored
 /// transposed ([in, out]); wk and wv start at `k_at` and `v_at` (32 and 48 tile it); every other tensor as it is.
