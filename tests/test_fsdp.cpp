@@ -206,6 +206,13 @@ TEST_CASE("FSDP: gradient accumulation, a forward without backward, tied embeddi
   check<sw::fsdp_policy<sw::full_shard, blocks>>("tied embeddings, dp 2", 2, {.dp = 2}, tied, tied_serial);
   check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("tied embeddings, dp 2 x TP 2", 4, {.dp = 2}, tied,
                                                                     tied_serial);
+  auto qwen2 = tied;  // Qwen2's biases on q, k and v, and a yarn rotary scaling: each bias a unit's slot like a weight
+  qwen2.attention_bias = true;
+  qwen2.rope_scaling = {.type = models::rope_type::yarn, .factor = 4, .original_max_positions = 64};
+  auto const qwen2_serial = serial_run(qwen2, steps);
+  check<sw::fsdp_policy<sw::full_shard, blocks>>("Qwen2 (biases, yarn), dp 2", 2, {.dp = 2}, qwen2, qwen2_serial);
+  check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("Qwen2 (biases, yarn), dp 2 x TP 2", 4, {.dp = 2},
+                                                                    qwen2, qwen2_serial);
   auto one_kv_head = c;
   one_kv_head.kv_heads = 1;  // repeated over the 2 tp ranks (kv_size_multiplier)
   check<sw::fsdp_policy<sw::full_shard, blocks>, sequence_parallel>("1 key-value head, dp 2 x TP 2", 4, {.dp = 2},

@@ -162,6 +162,9 @@ inline void check_same_run(Run const& got, Run const& expected, double tolerance
     auto const& a = got.parameters[t].values;
     auto const& b = expected.parameters[t].values;
     REQUIRE_MESSAGE(a.size() == b.size(), "parameter " << t << " (" << expected.parameters[t].path << ")");
+    // A key bias (Qwen2's) is left out, as GPT-2's are (gpt2_cases::without_key_biases says why): its gradient is
+    // zero in exact arithmetic, fp32 rounding that AdamW turns into steps in directions the rounding picks.
+    if (expected.parameters[t].path.ends_with("attention.wk.bias")) continue;
     double squares = 0;
     for (float x : b) squares += double(x) * double(x);
     double const rms = std::sqrt(squares / double(std::max<std::size_t>(1, b.size())));

@@ -33,11 +33,16 @@ inline int steps() { return llama_cases::steps(16); }
 
 /// Four blocks, so that four stages hold one each (or `layers`: 8 for ZBV at pp 4); sequences of 8 tokens (or
 /// `sequence`: 9 for a cut over cp 2 that is uneven).
-inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4, std::size_t sequence = 8) {
+inline models::LlamaConfig config(bool tied = false, std::size_t layers = 4, std::size_t sequence = 8,
+                                  bool qwen2 = false) {
   auto c = llama_cases::small_config();
   c.layers = layers;
   c.sequence = sequence;
   c.tie_word_embeddings = tied;
+  if (qwen2) {  // Qwen2's biases on q, k and v, and a yarn rotary scaling
+    c.attention_bias = true;
+    c.rope_scaling = {.type = models::rope_type::yarn, .factor = 4, .original_max_positions = 64};
+  }
   return c;
 }
 
@@ -52,6 +57,7 @@ struct Setup {
   sw::stage_activations activations = sw::stage_activations::keep;
   bool checkpoint_blocks = false;  ///< activation checkpointing per transformer block
   bool tied = false;               ///< tie_word_embeddings: the embedding on the first stage, the output on the last
+  bool qwen2 = false;              ///< Qwen2's biases on q, k and v and a yarn rotary scaling (config())
   bool zero1 = false;
   /// train_sharded: when the stages' gradients are reduce-scattered over dp
   sw::sharded_gradient_reduction reduction = sw::sharded_gradient_reduction::every_microbatch;
@@ -87,7 +93,7 @@ struct nothing_after {
 template <class Plan, class PipelineMesh>
 sw::stage_chunks<models::LlamaStage<float, Plan>> make_stages(
     Setup const& s, PipelineMesh const& pp, sw::stage_placement placement = sw::stage_placement::loop) {
-  auto const c = config(s.tied, s.layers, s.sequence);
+  auto const c = config(s.tied, s.layers, s.sequence, s.qwen2);
   sw::stage_chunks<models::LlamaStage<float, Plan>> stage;
   sw::stage_split const split(c.layers, pp.size() * s.chunks);
   sw::pipeline_shape const shape{pp.size(), s.chunks, s.microbatches, placement};
@@ -113,7 +119,7 @@ struct microbatch_feed {
   void load(int step) {
     int const per_rank = s.sequences() / s.dp, per_micro = per_rank / s.microbatches;
     for (std::size_t m = 0; m < ids.size(); ++m)
-      llama_cases::batch(config(s.tied, s.layers, s.sequence), step, s.sequences(),
+      llama_cases::batch(config(s.tied, s.layers, s.sequence, s.qwen2), step, s.sequences(),
                          dp_rank * per_rank + static_cast<int>(m) * per_micro, per_micro, ids[m], targets[m]);
     step_loss = 0;
   }
@@ -195,17 +201,17 @@ Run train_sharded(World const& world, Setup const& s, Schedule const& schedule, 
 /// The unsharded run with the same sequences in the same microbatches, once per setup's batch shape (a
 /// returned reference stays valid: the map only grows).
 inline Run const& unsharded(Setup const& s, int steps) {
-  // by (sequences, microbatches, tied, layers, sequence length)
-  static std::map<std::tuple<int, int, bool, std::size_t, std::size_t>, Run> runs;
+  // by (sequences, microbatches, tied, layers, sequence length, Qwen2)
+  static std::map<std::tuple<int, int, bool, std::size_t, std::size_t, bool>, Run> runs;
   static std::mutex guard;  // every thread-mesh rank asks: one computes it
   std::lock_guard lock(guard);
-  std::tuple<int, int, bool, std::size_t, std::size_t> const key{s.sequences(), s.microbatches, s.tied, s.layers,
-                                                                 s.sequence};
+  std::tuple<int, int, bool, std::size_t, std::size_t, bool> const key{s.sequences(), s.microbatches, s.tied,
+                                                                       s.layers,      s.sequence,     s.qwen2};
   auto found = runs.find(key);
   if (found == runs.end())
     found = runs.emplace(key, llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false,
-                                                                  config(s.tied, s.layers, s.sequence), s.microbatches,
-                                                                  1.0f, s.sequences()))
+                                                                  config(s.tied, s.layers, s.sequence, s.qwen2),
+                                                                  s.microbatches, 1.0f, s.sequences()))
                 .first;
   return found->second;
 }
@@ -328,6 +334,7 @@ void check_all(World const& world, int steps) {
   if (n == 2) {  // tied embeddings: the first stage's embedding and the last stage's output stay one value
     check<sw::serial_plan>(world, {.pp = 2, .microbatches = 2, .tied = true}, sw::OneFOneB{}, steps);
     check<sw::serial_plan>(world, {.pp = 2, .microbatches = 3, .tied = true}, sw::ZeroBubbleH1{}, steps);
+    check<sw::serial_plan>(world, {.pp = 2, .microbatches = 3, .tied = true, .qwen2 = true}, sw::OneFOneB{}, steps);
   }
   if (n == 2)  // interleaved: two chunks of one block each per rank, microbatches a multiple of the ranks
     for (int m : {2, 4})
