@@ -3,7 +3,7 @@
 // shards with model.safetensors.index.json), loaded lazily so that each rank reads and holds only its shard; or,
 // given no folder, from a random Llama. Token ids in, token ids out: the model's own tokenizer turns text into ids
 // and back (docs/inference.md shows it in two lines of Python). A folder it cannot run, or a rank count the heads
-// do not divide over, ends it with the reason on every rank and exit code 1.
+// do not divide over, ends it with the reason (printed once per process) and exit code 1.
 //
 //   ./generate                                          # a random Llama, tp 2 on threads
 //   ./generate FOLDER --prompt 1,450,4996 --new 32     # a save_pretrained folder, greedy
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   }
   try {  // a refusal (a tp size the heads do not serve, a folder of another model) ends with its words and exit 1
     sw::launch(argc, argv, /*threads=*/2, [&](auto& world) { generate_on(world, a); });
-  } catch (std::exception const& e) {  // every rank has the same words
+  } catch (std::exception const& e) {  // every rank has the same words: each process prints them once
     std::fprintf(stderr, "generate: %s\n", e.what());
     return 1;
   }

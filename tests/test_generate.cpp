@@ -68,16 +68,27 @@ TEST_CASE("generate: the cache holds 2 x layers x local key-value columns x capa
                 2 * 2 * 8 * 40 * sizeof(double));
 }
 
-TEST_CASE("generate: a model of 131,072 positions holds rotary tables for the positions it used") {
-  worlds::run_threads(2, [&](auto& world) {
+TEST_CASE("rotary_embedding: tables for the positions rotated, not for the 131,072 a config allows") {
+  // Llama 3.2's max_position_embeddings at head_dim 64 would be 64 MiB of tables per layer.
+  models::rotary_embedding<float> rope(131072, 64, 500000.0);
+  CHECK(rope.positions() == 0);
+  sw::nn::matrix<float> rows = sw::nn::matrix<float>::Ones(24, 2 * 64);  // 3 sequences of 8 tokens, 2 heads
+  rope.rotate(rows, 8, nullptr);
+  CHECK(rope.positions() == 8);
+  rope.rotate(rows, 8, nullptr, true);  // the transpose undoes it: the rotation is orthogonal
+  CHECK(rows.isApproxToConstant(1.0f, 1e-5f));
+  sw::nn::matrix<float> step_rows = sw::nn::matrix<float>::Ones(2, 64);
+  rope.rotate(step_rows, sw::cache_step{.entries = {{.start = 28, .count = 2}}, .capacity = 30});
+  CHECK(rope.positions() == 30);  // the cache's capacity
+  models::Llama<float, models::llama_plan<false>> model([] {
     auto c = llama_config();
-    c.sequence = 131072;  // Llama 3.2's max_position_embeddings: 64 MiB of tables per layer at head_dim 64
+    c.sequence = 131072;
+    return c;
+  }());  // builds no table
+  worlds::run_threads(1, [&](auto& world) {
     auto const tp = tp_mesh(world);
-    models::Llama<float, models::llama_plan<false>> model(c);
     sw::parallelize(model, tp);
-    CHECK(model.layers[0].attention.rotary().positions() == 0);
-    (void)sw::generate(model, tp, prompts(61), {.max_new_tokens = 3, .capacity = 30});
-    for (auto const& block : model.layers) CHECK(block.attention.rotary().positions() == 30);  // the capacity
+    CHECK(sw::generate(model, tp, prompts(61), {.max_new_tokens = 3, .capacity = 30}).tokens.size() == 3);
   });
 }
 
@@ -185,7 +196,9 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   };
   auto const qwen2 = models::llama_config_from_json(other("qwen2"));
   CHECK((qwen2.attention_bias && !qwen2.attention_output_bias && !qwen2.mlp_bias));
-  auto const mistral = models::llama_config_from_json(other("mistral"));
+  std::string mistral_text = other("mistral");
+  mistral_text.insert(mistral_text.size() - 1, R"(, "sliding_window": null)");  // Mistral v0.2 on: no window
+  auto const mistral = models::llama_config_from_json(mistral_text);
   CHECK((!mistral.attention_bias && !mistral.attention_output_bias && !mistral.mlp_bias));
   CHECK(error_of([&] {
           (void)models::llama_config_from_json(other("gemma"));
@@ -203,10 +216,60 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   // What cannot change the numbers is read as the model it describes.
   for (char const* harmless : {R"("hidden_act": "silu", "attention_bias": false, "mlp_bias": false)",
                                R"("attention_dropout": 0.0, "pretraining_tp": 1, "num_local_experts": 0)",
-                               R"("sliding_window": 4096, "layer_types": ["full_attention", "full_attention"])",
-                               R"("use_sliding_window": false, "sliding_window": 64, "head_dim": 8)"}) {
+                               R"("sliding_window": null, "layer_types": ["full_attention", "full_attention"])",
+                               R"("head_dim": 8, "rope_scaling": {}, "rope_parameters": {"rope_type": "default"})"}) {
     INFO(harmless);
     CHECK_NOTHROW((void)models::llama_config_from_json(base + ", " + harmless + "}"));
+  }
+  // A sliding window as transformers decides it: Mistral's always acts (4096 when the field is left out), Qwen2's
+  // only with use_sliding_window and on the layers from max_window_layers (28 by default) on.
+  auto const family = [&](char const* type, std::string const& rest) {
+    std::string text = base + ", " + rest + "}";
+    text.replace(text.find("\"llama\""), 7, std::string("\"") + type + "\"");
+    return text;
+  };
+  for (auto const& [type, rest] : std::initializer_list<std::pair<char const*, char const*>>{
+           {"mistral", R"("hidden_act": "silu")"},  // no sliding_window: 4096
+           {"mistral", R"("use_sliding_window": false, "sliding_window": 64)"},
+           {"qwen2", R"("use_sliding_window": true, "sliding_window": 64, "max_window_layers": 1)"},
+           {"qwen2", R"("use_sliding_window": true, "num_hidden_layers": 30)"}}) {
+    INFO(type, " ", rest);
+    CHECK(error_of([&, r = rest, t = type] {
+            (void)models::llama_config_from_json(family(t, r));
+          }).find("\"sliding_window\" in config.json is") != std::string::npos);
+  }
+  CHECK_NOTHROW((void)models::llama_config_from_json(family("mistral", R"("sliding_window": null)")));
+  CHECK_NOTHROW((void)models::llama_config_from_json(family("qwen2", R"("use_sliding_window": true)")));  // 2 < 28
+  CHECK_NOTHROW((void)models::llama_config_from_json(family("qwen2", R"("sliding_window": 64)")));        // not used
+  // A field left out takes the family's default: Qwen2's 32768 positions and 32 key-value heads, Mistral's 131072.
+  std::string no_sizes = family("qwen2", R"("num_attention_heads": 32, "hidden_size": 64)");
+  for (char const* field : {R"("num_key_value_heads": 2, )", R"("max_position_embeddings": 256, )"})
+    no_sizes.erase(no_sizes.find(field), std::string(field).size());
+  auto const qwen2_defaults = models::llama_config_from_json(no_sizes);
+  CHECK(qwen2_defaults.sequence == 32768);
+  CHECK(qwen2_defaults.kv_heads == 32);
+  // The scaling: a non-empty rope_scaling wins over rope_parameters, as in transformers; per-layer-type parameters,
+  // a truncate that is not a boolean, a zero attention factor and a number JSON cannot hold are refused.
+  auto const linear = models::llama_config_from_json(base + R"(, "rope_parameters": {"rope_type": "default"},
+    "rope_scaling": {"rope_type": "linear", "factor": 2.0}})");
+  CHECK(linear.rope_scaling.type == models::rope_type::linear);
+  auto const untruncated = models::llama_config_from_json(base + R"(, "rope_scaling": {"rope_type": "yarn",
+    "factor": 4.0, "truncate": null}})");
+  CHECK_FALSE(untruncated.rope_scaling.truncate);  // transformers: get("truncate", True) is None
+  for (auto const& [rest, words] : std::initializer_list<std::pair<char const*, char const*>>{
+           {R"("rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0}})",
+            "rotary parameters per layer type are not computed"},
+           {R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": "yes"})",
+            "\"truncate\" in the yarn rotary scaling of config.json is \"yes\""},
+           {R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 0})",
+            "has attention_factor 0; it must be positive"},
+           {R"("rms_norm_eps": 1e400)", "is not valid JSON ([json.exception.out_of_range.406] number overflow"},
+           {R"("rope_theta": 1.0, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})",
+            "yarn scaling with rope_theta 1"}}) {
+    std::string const message =
+        error_of([&, r = rest] { (void)models::llama_config_from_json(base + ", " + r + "}"); });
+    INFO(std::string(rest), " -> ", message);
+    CHECK(message.find(words) != std::string::npos);
   }
 }
 

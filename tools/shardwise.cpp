@@ -61,7 +61,9 @@ double config_field(sw::checkpoint_index const& index, char const* field, char c
 
 /// transformers' config.json for the model saved at `index` under `names` (transformers-llama or -gpt2), so that
 /// from_pretrained(OUTPUT_DIR) loads it. GPT-2's n_positions is wpe's rows; a Llama's max_position_embeddings is
-/// not recorded (transformers' default applies: the rotary embedding does not depend on it).
+/// not recorded (transformers' default applies: the plain rotary embedding does not depend on it), but for a
+/// llama3 or yarn scaling it is the scaled context, original_max_position_embeddings x factor, which transformers
+/// checks against the original.
 nlohmann::json transformers_config(sw::checkpoint_index const& index, std::string const& names) {
   auto const count = [&](char const* field) {
     return static_cast<std::size_t>(config_field(index, field, names.c_str()));
@@ -94,6 +96,8 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   c.rope_scaling = sw::models::RopeScaling::from_fields(index.config);
   auto json = sw::models::llama_config_to_json(c);
   json.erase("max_position_embeddings");
+  if (auto const& r = c.rope_scaling; r.type == sw::models::rope_type::llama3 || r.type == sw::models::rope_type::yarn)
+    json["max_position_embeddings"] = static_cast<std::size_t>(double(r.original_max_positions) * r.factor);
   return json;
 }
 

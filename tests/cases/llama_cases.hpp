@@ -162,15 +162,17 @@ inline void check_same_run(Run const& got, Run const& expected, double tolerance
     auto const& a = got.parameters[t].values;
     auto const& b = expected.parameters[t].values;
     REQUIRE_MESSAGE(a.size() == b.size(), "parameter " << t << " (" << expected.parameters[t].path << ")");
-    // A key bias (Qwen2's) is left out, as GPT-2's are (gpt2_cases::without_key_biases says why): its gradient is
-    // zero in exact arithmetic, fp32 rounding that AdamW turns into steps in directions the rounding picks.
-    if (expected.parameters[t].path.ends_with("attention.wk.bias")) continue;
+    // A key bias (Qwen2's) gets 5 times the tolerance. Under RoPE its gradient is not zero, as GPT-2's is, but the
+    // softmax ignores what is the same for every key, and a low-frequency column pair turns little over 8
+    // positions: those elements' gradients are near zero, and AdamW's normalised steps move them by their fp32
+    // rounding (measured: layers.1.attention.wk.bias[15], the last pair, 3e-4 of (|expected| + rms) after 5 steps).
+    double const allowed = expected.parameters[t].path.ends_with("attention.wk.bias") ? 5 * tolerance : tolerance;
     double squares = 0;
     for (float x : b) squares += double(x) * double(x);
     double const rms = std::sqrt(squares / double(std::max<std::size_t>(1, b.size())));
     for (std::size_t i = 0; i < a.size(); ++i) {
       double const error = std::abs(double(a[i]) - double(b[i])) / (std::abs(double(b[i])) + rms);
-      if (error > tolerance) ++failing;
+      if (error > allowed) ++failing;
       if (error > worst) {
         worst = error;
         worst_at = expected.parameters[t].path + "[" + std::to_string(i) + "]: " + std::to_string(a[i]) + " vs " +

@@ -52,14 +52,14 @@ def runs_at(name, tag):
     return tag in ("tp1", "tp3") if name == "smollm" else tag != "tp3"
 
 # The rotary scalings, each on a one-block Llama: Llama 3.2's "llama3" (tied; its 4 column pairs fall in all three
-# of its bands), Qwen2.5's "yarn" (heads of 16, a ramp over fractional bounds, cos and sin scaled) and "linear".
+# of its bands), Qwen2.5's "yarn" (heads of 16, its ramp's bounds rounded outward as by default, cos and sin
+# scaled; transformers_reference.py trains one with fractional bounds) and "linear".
 ROPE_MODELS = {
     "llama3_rope": dict(hidden_size=32, tie=True, theta=10000.0, positions=128,
                         rope={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 16}),
-    "yarn_rope": dict(hidden_size=64, tie=False, theta=10000.0, positions=128,
-                      rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
-                            "truncate": False}),
+    "yarn_rope": dict(hidden_size=64, tie=False, theta=10000.0, positions=128,  # truncate: the default, True
+                      rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     "linear_rope": dict(hidden_size=32, tie=False, theta=500.0, positions=128,
                         rope={"rope_type": "linear", "factor": 2.0}),
 }

@@ -251,9 +251,10 @@ inline void mapped_locator::operator()(std::filesystem::path& source, checkpoint
     // Even when not strict: the bias of a layer whose weight the model reads is what that layer computes with.
     if (name.ends_with(".bias") && used.count(name.substr(0, name.size() - 4) + "weight"))
       fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name,
-           "\" is the bias of a layer whose weight the model reads, and the model's layer has no bias: it would "
-           "compute other numbers; build the model with that bias (a Llama: attention_bias or mlp_bias in its "
-           "config, as the checkpoint's config.json says)");
+           "\" is the bias of a layer whose weight the model reads, and no tensor of the model reads it (the "
+           "layer has no bias, or the mapping gives its bias another source): it would compute other numbers; build "
+           "the model with that bias (a Llama: attention_bias or mlp_bias in its config, as the checkpoint's "
+           "config.json says) or map it");
     if (options.strict) {
       if (auto const tied_to = tied(name))
         fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name, "\" is the model's \"",

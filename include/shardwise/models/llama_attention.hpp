@@ -89,9 +89,6 @@ struct LlamaAttention {
     return derived_cost<LlamaAttention<meta<T>, Plan, StaticHeads, StaticKvHeads>, input>(s, c.dim, c, 0);
   }
 
-  /// Its rotary embedding, whose tables hold the positions rotated so far.
-  [[nodiscard]] rotary_embedding<T> const& rotary() const { return rope_; }
-
   /// Called by sw::context_parallelize: from then on its rows are this rank's tokens of each sequence, rotated at
   /// their global positions and attended across the cp ranks.
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) { context_ = context; }

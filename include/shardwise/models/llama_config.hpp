@@ -94,6 +94,9 @@ struct LlamaConfig {
       shardwise::raise("shardwise::models::LlamaConfig: norm_eps ", norm_eps, " and rope_theta ", rope_theta,
                        " must be positive");
     rope_scaling.check();
+    if (rope_scaling.type == rope_type::yarn && !(rope_theta > 1))
+      shardwise::raise("shardwise::models::LlamaConfig: yarn scaling with rope_theta ", rope_theta,
+                       "; its ramp divides by log(rope_theta): give a base above 1");
   }
 };
 

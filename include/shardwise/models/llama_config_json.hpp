@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -41,9 +42,9 @@ inline double config_real(nlohmann::json const& root, char const* field, std::st
                           char const* who = "llama_config_from_json") {
   auto const found = root.find(field);
   if (found == root.end() || found->is_null()) return fallback;
-  if (!found->is_number())
+  if (!found->is_number() || !std::isfinite(found->get<double>()))
     shardwise::raise("shardwise::models::", who, ": \"", field, "\" in ", source, " is ", found->dump(),
-                     "; it must be a number");
+                     "; it must be a finite number");
   return found->get<double>();
 }
 
@@ -81,12 +82,19 @@ inline double rope_number(nlohmann::json const& parameters, char const* field, s
 /// The scaling object: transformers 5's "rope_parameters" when it has one, else transformers 4's "rope_scaling";
 /// null when neither (the plain rotary embedding).
 inline nlohmann::json const* rope_object(nlohmann::json const& root, std::string_view source) {
-  for (char const* key : {"rope_parameters", "rope_scaling"}) {
+  for (char const* key : {"rope_scaling", "rope_parameters"}) {  // transformers: `rope_scaling or rope_parameters`
     auto const found = root.find(key);
     if (found == root.end() || found->is_null()) continue;
     if (!found->is_object())
       shardwise::raise("shardwise::models::llama_config_from_json: \"", key, "\" in ", source, " is ", found->dump(),
                        "; it must be an object");
+    if (found->empty()) continue;
+    for (auto const& [name, value] : found->items())
+      if (value.is_object() || value.is_array())
+        shardwise::raise("shardwise::models::llama_config_from_json: \"", key, "\" in ", source, " holds \"", name,
+                         "\": ", value.dump(),
+                         "; rotary parameters per layer type are not computed: use a model with "
+                         "one rotary embedding for every layer");
     return &*found;
   }
   return nullptr;
@@ -115,9 +123,17 @@ inline RopeScaling rope_parameters_of(nlohmann::json const& p, rope_type type, s
     if (r.beta_fast == 0) r.beta_fast = 32;  // transformers: `get("beta_fast") or 32`
     if (r.beta_slow == 0) r.beta_slow = 1;
     r.attention_factor = rope_number(p, "attention_factor", name, source, 0);
+    if (auto a = p.find("attention_factor"); a != p.end() && !a->is_null() && !(r.attention_factor > 0))
+      shardwise::raise("shardwise::models::llama_config_from_json: the yarn rotary scaling in ", source,
+                       " has attention_factor ", a->dump(), "; it must be positive (or absent, to derive it)");
     r.mscale = rope_number(p, "mscale", name, source, 0);
     r.mscale_all_dim = rope_number(p, "mscale_all_dim", name, source, 0);
-    if (auto t = p.find("truncate"); t != p.end() && t->is_boolean()) r.truncate = *t;
+    if (auto t = p.find("truncate"); t != p.end()) {  // transformers: `get("truncate", True)`, null is false
+      if (!t->is_boolean() && !t->is_null())
+        shardwise::raise("shardwise::models::llama_config_from_json: \"truncate\" in the yarn rotary scaling of ",
+                         source, " is ", t->dump(), "; it must be true or false");
+      r.truncate = t->is_boolean() && t->get<bool>();
+    }
   }
   return r;
 }
@@ -153,16 +169,31 @@ inline void read_rope(nlohmann::json const& root, std::string_view source, Llama
   c.rope_scaling.type = rope_type::unsupported;
 }
 
-/// The Llama fields of a config.json's object (Llama's, or Qwen2's and Mistral's, which share them).
-inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view source) {
+/// What transformers' config class of a family takes for a field the file leaves out.
+struct config_defaults {
+  std::size_t kv_heads = 0;      ///< num_key_value_heads (0: the query heads)
+  std::size_t positions = 2048;  ///< max_position_embeddings
+};
+
+/// LlamaConfig's, Qwen2Config's and MistralConfig's defaults.
+inline config_defaults family_defaults(std::string_view family) {
+  if (family == "qwen2") return {32, 32768};
+  if (family == "mistral") return {8, 131072};
+  return {};
+}
+
+/// The Llama fields of a config.json's object (Llama's, or Qwen2's and Mistral's, which share them), a field left
+/// out taking the family's default.
+inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view source, config_defaults defaults = {}) {
   LlamaConfig c;
   c.vocabulary = detail::config_count(root, "vocab_size", source);
   c.dim = detail::config_count(root, "hidden_size", source);
   c.layers = detail::config_count(root, "num_hidden_layers", source);
   c.heads = detail::config_count(root, "num_attention_heads", source);
-  c.kv_heads = detail::config_count(root, "num_key_value_heads", source, c.heads);
+  c.kv_heads =
+      detail::config_count(root, "num_key_value_heads", source, defaults.kv_heads ? defaults.kv_heads : c.heads);
   c.hidden = detail::config_count(root, "intermediate_size", source);
-  c.sequence = detail::config_count(root, "max_position_embeddings", source, 2048);
+  c.sequence = detail::config_count(root, "max_position_embeddings", source, defaults.positions);
   c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
   detail::read_rope(root, source, c);
   if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && !tie->is_null()) {
@@ -178,6 +209,28 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
                      " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
   return c;
 }
+/// The sliding window that acts on some layer of a `family` config (null when none), as transformers decides it:
+/// Mistral always has one (4096 when the field is absent), Qwen2 only with use_sliding_window and on layers from
+/// max_window_layers (default 28) on; Llama has no such field, so any window given is taken to act.
+inline std::optional<nlohmann::json> sliding_window_acts(nlohmann::json const& root, std::string_view family,
+                                                         LlamaConfig const& c) {
+  auto const field = root.find("sliding_window");
+  bool const given = field != root.end();
+  if (given && field->is_null()) return std::nullopt;
+  nlohmann::json const window = given ? *field : nlohmann::json(4096);
+  if (family == "mistral") return window;
+  if (family == "qwen2") {
+    auto const on = root.find("use_sliding_window");
+    if (on == root.end() || *on != true) return std::nullopt;
+    auto const from = root.find("max_window_layers");
+    bool const every_layer_full =
+        from != root.end() && from->is_number_unsigned() && from->get<std::size_t>() >= c.layers;
+    if (every_layer_full || (from == root.end() && c.layers <= 28)) return std::nullopt;
+    return window;
+  }
+  return given ? std::optional<nlohmann::json>(window) : std::nullopt;
+}
+
 /// `field` of `root` as true or false; false when absent or null.
 inline bool config_flag(nlohmann::json const& root, char const* field, std::string_view source) {
   auto const found = root.find(field);
@@ -191,7 +244,8 @@ inline bool config_flag(nlohmann::json const& root, char const* field, std::stri
 /// Refuses, naming the field and the fix, every field of a Llama config.json that would change the numbers and
 /// that shardwise's Llama does not compute (docs/models.md lists the fields read and those ignored). `rope` is
 /// the rotary scaling's name.
-inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_view source, LlamaConfig const& c) {
+inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_view source, std::string_view family,
+                                        LlamaConfig const& c) {
   auto const refuse = [&](char const* field, nlohmann::json const& value, char const* what) {
     shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", value.dump(),
                      ": ", what);
@@ -214,10 +268,10 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
   for (char const* experts : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok"})
     if (auto v = set(experts); v && *v != 0)
       refuse(experts, *v, "a mixture of experts, which shardwise's Llama is not; use a dense model");
-  auto const windowed = set("use_sliding_window");
-  if (auto v = set("sliding_window");
-      v && (!windowed || *windowed != false) && (!v->is_number_unsigned() || v->get<std::size_t>() < c.sequence))
-    refuse("sliding_window", *v, "shardwise's Llama attends to the whole sequence; use a model without a window");
+  if (auto const window = sliding_window_acts(root, family, c))
+    refuse("sliding_window", *window,
+           "shardwise's Llama attends to the whole sequence; use a model without a window (generation would pass "
+           "the window within its capacity)");
   if (auto v = set("layer_types");
       v &&
       (!v->is_array() || std::any_of(v->begin(), v->end(), [](auto const& kind) { return kind != "full_attention"; })))
@@ -253,14 +307,15 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
   if (type != root.end() && !(type->is_string() && reads_as_llama(type->get<std::string>())))
     shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
                      ", not \"llama\", \"qwen2\" or \"mistral\"; only those configs are read as a Llama");
-  LlamaConfig c = detail::llama_fields(root, source);
-  if (type != root.end() && *type == "qwen2") {
+  std::string const family = type == root.end() ? "llama" : type->get<std::string>();
+  LlamaConfig c = detail::llama_fields(root, source, detail::family_defaults(family));
+  if (family == "qwen2") {
     c.attention_bias = true;  // Qwen2's q, k and v always have biases, its o none; it has no such field
-  } else if (type == root.end() || *type == "llama") {
+  } else if (family == "llama") {
     c.attention_bias = c.attention_output_bias = detail::config_flag(root, "attention_bias", source);
     c.mlp_bias = detail::config_flag(root, "mlp_bias", source);
   }
-  detail::refuse_unbuilt_llama_fields(root, source, c);
+  detail::refuse_unbuilt_llama_fields(root, source, family, c);
   return c;
 }
 

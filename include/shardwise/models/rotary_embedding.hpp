@@ -38,7 +38,7 @@ class rotary_embedding {
 
   /// Rotates every head of x [tokens, heads * head_dim] (inverse: by the transpose, for a backward): each row at
   /// its position in its sequence of `sequence` rows, or with a context, at this rank's global positions.
-  void rotate(nn::matrix<T>& x, std::size_t sequence, context_parallel const* context, bool inverse = false) const {
+  void rotate(nn::matrix<T>& x, std::size_t sequence, context_parallel const* context, bool inverse = false) {
     if (context) return rotate_at_positions(x, context->positions(), inverse);
     auto const s = static_cast<Eigen::Index>(sequence);
     reach(static_cast<std::size_t>(std::min(s, x.rows())));
@@ -64,7 +64,7 @@ class rotary_embedding {
   using scratch = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
   /// Grows the tables to `positions` rows when they hold fewer (the rows they hold are kept).
-  void reach(std::size_t positions) const {
+  void reach(std::size_t positions) {
     auto const s = static_cast<Eigen::Index>(positions), d = static_cast<Eigen::Index>(head_dim_);
     Eigen::Index const held = cos_.rows();
     if (s <= held) return;
@@ -78,10 +78,15 @@ class rotary_embedding {
   }
 
   /// Each run of consecutive positions (a cp rank's chunks of each sequence), rotated at once.
-  void rotate_at_positions(nn::matrix<T>& x, std::vector<std::int64_t> const& positions, bool inverse) const {
+  void rotate_at_positions(nn::matrix<T>& x, std::vector<std::int64_t> const& positions, bool inverse) {
     auto const n = static_cast<Eigen::Index>(positions.size());
     auto const at = [&](Eigen::Index i) { return positions[static_cast<std::size_t>(i)]; };
-    if (!positions.empty()) reach(static_cast<std::size_t>(*std::max_element(positions.begin(), positions.end())) + 1);
+    if (!positions.empty()) {
+      auto const last = *std::max_element(positions.begin(), positions.end());
+      if (*std::min_element(positions.begin(), positions.end()) < 0)
+        shardwise::detail::fail("shardwise::models::rotary_embedding: a negative position; positions count from 0");
+      reach(static_cast<std::size_t>(last) + 1);
+    }
     scratch first_half;
     for (Eigen::Index first = 0; first < n;) {
       Eigen::Index run = 1;
@@ -109,7 +114,7 @@ class rotary_embedding {
     }
   }
 
-  mutable nn::matrix<T> cos_, sin_;  // grown by the rotations (one model per rank: no other thread reads them)
+  nn::matrix<T> cos_, sin_;  // grown by the rotations: a model's rotations run on its rank's thread alone
   std::size_t head_dim_;
   std::vector<double> inverse_frequencies_;  // of each column pair
   double attention_factor_;                  // cos and sin are multiplied by it (yarn's; 1 for the others)
