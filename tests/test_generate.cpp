@@ -189,19 +189,18 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   // Qwen2's on q, k and v only; Mistral none.
   auto const llama = models::llama_config_from_json(base + R"(, "attention_bias": true, "mlp_bias": true})");
   CHECK((llama.attention_bias && llama.attention_output_bias && llama.mlp_bias));
-  auto const other = [&](char const* type) {
-    std::string text = base + "}";
+  // The same config as another model_type, with `rest` added.
+  auto const family = [&](char const* type, std::string const& rest) {
+    std::string text = base + ", " + rest + "}";
     text.replace(text.find("\"llama\""), 7, std::string("\"") + type + "\"");
     return text;
   };
-  auto const qwen2 = models::llama_config_from_json(other("qwen2"));
+  auto const qwen2 = models::llama_config_from_json(family("qwen2", R"("hidden_act": "silu")"));
   CHECK((qwen2.attention_bias && !qwen2.attention_output_bias && !qwen2.mlp_bias));
-  std::string mistral_text = other("mistral");
-  mistral_text.insert(mistral_text.size() - 1, R"(, "sliding_window": null)");  // Mistral v0.2 on: no window
-  auto const mistral = models::llama_config_from_json(mistral_text);
+  auto const mistral = models::llama_config_from_json(family("mistral", R"("sliding_window": null)"));  // v0.2 on
   CHECK((!mistral.attention_bias && !mistral.attention_output_bias && !mistral.mlp_bias));
   CHECK(error_of([&] {
-          (void)models::llama_config_from_json(other("gemma"));
+          (void)models::llama_config_from_json(family("gemma", R"("hidden_act": "silu")"));
         }).find("describes model_type \"gemma\", not \"llama\", \"qwen2\" or \"mistral\"") != std::string::npos);
   CHECK(error_of([&] {
           (void)models::llama_config_from_json(base + R"(, "mlp_bias": "yes"})");
@@ -223,11 +222,6 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   }
   // A sliding window as transformers decides it: Mistral's always acts (4096 when the field is left out), Qwen2's
   // only with use_sliding_window and on the layers from max_window_layers (28 by default) on.
-  auto const family = [&](char const* type, std::string const& rest) {
-    std::string text = base + ", " + rest + "}";
-    text.replace(text.find("\"llama\""), 7, std::string("\"") + type + "\"");
-    return text;
-  };
   for (auto const& [type, rest] : std::initializer_list<std::pair<char const*, char const*>>{
            {"mistral", R"("hidden_act": "silu")"},  // no sliding_window: 4096
            {"mistral", R"("use_sliding_window": false, "sliding_window": 64)"},

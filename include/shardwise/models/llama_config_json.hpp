@@ -79,8 +79,9 @@ inline double rope_number(nlohmann::json const& parameters, char const* field, s
   return fallback;
 }
 
-/// The scaling object: transformers 5's "rope_parameters" when it has one, else transformers 4's "rope_scaling";
-/// null when neither (the plain rotary embedding).
+/// The scaling object: a non-empty "rope_scaling" (transformers 4's, which transformers 5 still prefers), else a
+/// non-empty "rope_parameters" (transformers 5's); null when neither (the plain rotary embedding). Refuses
+/// parameters per layer type (a nested object).
 inline nlohmann::json const* rope_object(nlohmann::json const& root, std::string_view source) {
   for (char const* key : {"rope_scaling", "rope_parameters"}) {  // transformers: `rope_scaling or rope_parameters`
     auto const found = root.find(key);
@@ -161,12 +162,21 @@ inline void read_rope(nlohmann::json const& root, std::string_view source, Llama
   if (!p) return;
   c.rope_theta = config_real(*p, "rope_theta", source, c.rope_theta);
   std::string const name = rope_name(p, source);
-  for (auto type : {rope_type::plain, rope_type::linear, rope_type::llama3, rope_type::yarn})
-    if (name == rope_type_name(type)) {
-      if (type != rope_type::plain) c.rope_scaling = rope_parameters_of(*p, type, name, root, source, c.sequence);
-      return;
-    }
-  c.rope_scaling.type = rope_type::unsupported;
+  rope_type const type = rope_type_named(name);
+  if (type == rope_type::plain || type == rope_type::unsupported)
+    c.rope_scaling.type = type;
+  else
+    c.rope_scaling = rope_parameters_of(*p, type, name, root, source, c.sequence);
+}
+
+/// `field` of `root` as true or false; false when absent or null.
+inline bool config_flag(nlohmann::json const& root, char const* field, std::string_view source) {
+  auto const found = root.find(field);
+  if (found == root.end() || found->is_null()) return false;
+  if (!found->is_boolean())
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
+                     "; it must be true or false");
+  return found->get<bool>();
 }
 
 /// What transformers' config class of a family takes for a field the file leaves out.
@@ -196,12 +206,7 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
   c.sequence = detail::config_count(root, "max_position_embeddings", source, defaults.positions);
   c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
   detail::read_rope(root, source, c);
-  if (auto tie = root.find("tie_word_embeddings"); tie != root.end() && !tie->is_null()) {
-    if (!tie->is_boolean())
-      shardwise::raise("shardwise::models::llama_config_from_json: \"tie_word_embeddings\" in ", source, " is ",
-                       tie->dump(), "; it must be true or false");
-    c.tie_word_embeddings = *tie;
-  }
+  c.tie_word_embeddings = config_flag(root, "tie_word_embeddings", source);
   c.check();
   if (root.contains("head_dim") && !root["head_dim"].is_null() &&
       detail::config_count(root, "head_dim", source) * c.heads != c.dim)
@@ -209,6 +214,7 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
                      " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
   return c;
 }
+
 /// The sliding window that acts on some layer of a `family` config (null when none), as transformers decides it:
 /// Mistral always has one (4096 when the field is absent), Qwen2 only with use_sliding_window and on layers from
 /// max_window_layers (default 28) on; Llama has no such field, so any window given is taken to act.
@@ -231,19 +237,8 @@ inline std::optional<nlohmann::json> sliding_window_acts(nlohmann::json const& r
   return given ? std::optional<nlohmann::json>(window) : std::nullopt;
 }
 
-/// `field` of `root` as true or false; false when absent or null.
-inline bool config_flag(nlohmann::json const& root, char const* field, std::string_view source) {
-  auto const found = root.find(field);
-  if (found == root.end() || found->is_null()) return false;
-  if (!found->is_boolean())
-    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", found->dump(),
-                     "; it must be true or false");
-  return found->get<bool>();
-}
-
 /// Refuses, naming the field and the fix, every field of a Llama config.json that would change the numbers and
-/// that shardwise's Llama does not compute (docs/models.md lists the fields read and those ignored). `rope` is
-/// the rotary scaling's name.
+/// that shardwise's Llama does not compute (docs/models.md lists the fields read and those ignored).
 inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_view source, std::string_view family,
                                         LlamaConfig const& c) {
   auto const refuse = [&](char const* field, nlohmann::json const& value, char const* what) {
@@ -259,12 +254,13 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
   if (auto v = set("attention_dropout"); v && (!v->is_number() || v->get<double>() != 0))
     refuse("attention_dropout", *v,
            "shardwise's attention has no dropout; set it to 0.0 (dropout changes nothing outside training)");
-  if (auto v = set("partial_rotary_factor"); v && (!v->is_number() || v->get<double>() != 1))
-    refuse("partial_rotary_factor", *v, "shardwise's Llama rotates every column of a head; use 1.0");
-  if (auto p = rope_object(root, source); p && p->contains("partial_rotary_factor") &&
-                                          (*p)["partial_rotary_factor"] != 1 && (*p)["partial_rotary_factor"] != 1.0)
-    refuse("partial_rotary_factor", (*p)["partial_rotary_factor"],
-           "shardwise's Llama rotates every column of a head; use 1.0");
+  nlohmann::json const* rope = rope_object(root, source);
+  for (nlohmann::json const* where : {&root, rope}) {  // at the top level, or in the scaling
+    if (!where) continue;
+    auto const v = where->find("partial_rotary_factor");
+    if (v != where->end() && !v->is_null() && (!v->is_number() || v->get<double>() != 1))
+      refuse("partial_rotary_factor", *v, "shardwise's Llama rotates every column of a head; use 1.0");
+  }
   for (char const* experts : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok"})
     if (auto v = set(experts); v && *v != 0)
       refuse(experts, *v, "a mixture of experts, which shardwise's Llama is not; use a dense model");
@@ -278,8 +274,7 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
     refuse("layer_types", *v, "shardwise's Llama has full-attention layers only (\"full_attention\")");
   if (c.rope_scaling.type == rope_type::unsupported)
     shardwise::raise(
-        "shardwise::models::llama_config_from_json: the rotary scaling \"",
-        rope_name(rope_object(root, source), source), "\" in ", source,
+        "shardwise::models::llama_config_from_json: the rotary scaling \"", rope_name(rope, source), "\" in ", source,
         " is not computed by shardwise (it computes \"default\", \"linear\", \"llama3\" and \"yarn\"); use a "
         "model with one of those");
 }
@@ -293,7 +288,7 @@ inline bool reads_as_llama(std::string_view model_type) {
 
 /// The LlamaConfig of a transformers Llama, Qwen2 or Mistral config.json given as text; `source` names it in
 /// errors. Reads
-/// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
+/// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the family's),
 /// intermediate_size, rms_norm_eps, rope_theta, the rotary scaling (transformers 4's rope_scaling or 5's
 /// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings, max_position_embeddings (as
 /// the sequence) and the biases (Llama's attention_bias and mlp_bias; Qwen2's on q, k and v). Throws, naming the field

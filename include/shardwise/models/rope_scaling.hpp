@@ -4,12 +4,14 @@
 // transformers' rope init functions change them ("linear", "llama3", "yarn"), and the factor yarn multiplies
 // cos and sin by. Computed in double, as shardwise computes the tables; transformers computes them in float32.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstddef>
-#include <cstdlib>
 #include <map>
 #include <numbers>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "shardwise/core/error.hpp"
@@ -38,6 +40,13 @@ constexpr char const* rope_type_name(rope_type t) {
     default:
       return "unsupported";
   }
+}
+
+/// The rope_type transformers names `name` ("default", "linear", "llama3", "yarn"); unsupported for any other.
+inline rope_type rope_type_named(std::string_view name) {
+  for (auto t : {rope_type::plain, rope_type::linear, rope_type::llama3, rope_type::yarn})
+    if (name == rope_type_name(t)) return t;
+  return rope_type::unsupported;
 }
 
 /// A rotary scaling and its parameters, with transformers' names and defaults.
@@ -100,20 +109,20 @@ struct RopeScaling {
   static RopeScaling from_fields(std::map<std::string, std::string> const& fields) {
     RopeScaling r;
     auto const type = fields.find("rope_type");
-    if (type == fields.end() || type->second == "default") return r;
-    for (auto t : {rope_type::linear, rope_type::llama3, rope_type::yarn})
-      if (type->second == rope_type_name(t)) r.type = t;
-    if (!r.scaled())
+    if (type == fields.end()) return r;
+    r.type = rope_type_named(type->second);
+    if (r.type == rope_type::unsupported)
       shardwise::raise("shardwise::models::RopeScaling: the recorded rope_type \"", type->second,
                        "\" is not one shardwise computes (linear, llama3, yarn)");
+    if (!r.scaled()) return r;
     auto const number = [&](char const* field, double fallback) {
       auto const found = fields.find(field);
       if (found == fields.end()) return fallback;
-      char* end = nullptr;
-      double const value = std::strtod(found->second.c_str(), &end);
-      if (found->second.empty() || end != found->second.c_str() + found->second.size() || !std::isfinite(value))
-        shardwise::raise("shardwise::models::RopeScaling: the recorded ", field, " \"", found->second,
-                         "\" is not a number");
+      std::string const& text = found->second;  // config_number's digits: read without the C locale's say
+      double value = 0;
+      auto const [end, failed] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (text.empty() || failed != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+        shardwise::raise("shardwise::models::RopeScaling: the recorded ", field, " \"", text, "\" is not a number");
       return value;
     };
     r.factor = number("rope_factor", r.factor);
