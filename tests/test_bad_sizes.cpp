@@ -69,10 +69,11 @@ TEST_CASE("a GPT-2 config with impossible sizes is refused, naming the field") {
 TEST_CASE("a batch that is not whole sequences is refused by the Llama model") {
   sw::models::Llama<float> model(small());
   std::vector<std::int64_t> const ids{1, 2, 3, 4, 5, 6};  // 1.5 sequences of 4
-  CHECK_THROWS_WITH_AS(model.forward(ids),
-                       "shardwise::models::Llama::forward: 6 token ids are not whole sequences of 4 "
-                       "(config().sequence); give it a batch of whole sequences",
-                       sw::error);
+  CHECK_THROWS_WITH_AS(
+      model.forward(ids),
+      "shardwise::models::Llama::forward: 6 token ids are not whole sequences of 4 "
+      "(config().sequence); give it a batch of whole sequences, or each sequence's length (sequence_lengths)",
+      sw::error);
 }
 
 TEST_CASE("targets outside the vocabulary are refused by the parallel loss on every rank") {

@@ -560,6 +560,47 @@ TEST_CASE("blocked causal_attention equals the materialized attention it replace
   check_blocked_attention<float>({100, 16, 16, 4, 2, 120.0}, 1e-4);
 }
 
+TEST_CASE("causal_attention over packed sequences equals each sequence attended alone, forward and backward") {
+  // Documents of 5, 1, 9 and 3 rows back to back; panels of 4 rows forward and 2 backward, so panels end inside
+  // documents and documents end inside panels. Each document alone (a batch of one sequence) is the reference.
+  std::vector<std::size_t> const lengths = {5, 1, 9, 3};
+  Index const d = 8, heads = 4, kv_heads = 2, tokens = 18;
+  for (std::size_t block : {std::size_t(4), std::size_t(128)}) {
+    INFO("forward block ", block);
+    mat const q = random_matrix(tokens, heads * d, 91), k = random_matrix(tokens, kv_heads * d, 92);
+    mat const v = random_matrix(tokens, kv_heads * d, 93), dout = random_matrix(tokens, heads * d, 94);
+    nn::attention_saved<double> saved;
+    mat out = mat::Constant(tokens, heads * d, std::nan("")), dq(tokens, heads * d), dk(tokens, kv_heads * d),
+        dv(tokens, kv_heads * d);
+    nn::causal_attention<double>(q, k, v, shardwise::sequence_lengths(lengths), std::size_t(d), out, saved, block);
+    nn::causal_attention_backward<double>(dout, q, k, v, saved, dq, dk, dv, 2);
+    Index first = 0;
+    for (std::size_t n : lengths) {
+      auto const rows = Index(n);
+      auto const part = [&](mat const& m) { return mat(m.middleRows(first, rows)); };
+      nn::attention_saved<double> alone;
+      mat o(rows, heads * d), gq(rows, heads * d), gk(rows, kv_heads * d), gv(rows, kv_heads * d);
+      nn::causal_attention<double>(part(q), part(k), part(v), n, std::size_t(d), o, alone);
+      nn::causal_attention_backward<double>(part(dout), part(q), part(k), part(v), alone, gq, gk, gv);
+      CHECK(rel_err(part(out), o) <= 1e-14);
+      CHECK(rel_err(part(dq), gq) <= 1e-14);
+      CHECK(rel_err(part(dk), gk) <= 1e-14);
+      CHECK(rel_err(part(dv), gv) <= 1e-14);
+      first += rows;
+    }
+  }
+  mat const q = random_matrix(6, 8, 1), k = random_matrix(6, 4, 2);
+  mat out(6, 8);
+  nn::attention_saved<double> saved;
+  CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q, k, k, shardwise::sequence_lengths{2, 3}, 2, out, saved),
+                       doctest::Contains("causal_attention: the sequence lengths add up to 5 rows but the batch has 6"),
+                       shardwise::error);
+  CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q, k, k, shardwise::sequence_lengths{2, 0, 4}, 2, out, saved),
+                       doctest::Contains("causal_attention: sequence 1 has 0 rows"), shardwise::error);
+  CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q, k, k, shardwise::sequence_lengths::every(4), 2, out, saved),
+                       doctest::Contains("6 tokens are not whole sequences of 4"), shardwise::error);
+}
+
 TEST_CASE("attention_keys_per_query: the causal half and half a block") {
   CHECK(nn::attention_keys_per_query(4, 2) == 3.0);        // panels: 2 rows x 2 keys, 2 rows x 4 keys
   CHECK(nn::attention_keys_per_query(100, 128) == 100.0);  // one panel: every query meets every key

@@ -73,9 +73,10 @@ TEST_CASE("rotary_embedding: tables for the positions rotated, not for the 131,0
   models::rotary_embedding<float> rope(131072, 64, 500000.0);
   CHECK(rope.positions() == 0);
   sw::nn::matrix<float> rows = sw::nn::matrix<float>::Ones(24, 2 * 64);  // 3 sequences of 8 tokens, 2 heads
-  rope.rotate(rows, 8, nullptr);
+  rope.rotate(rows, sw::sequence_lengths::every(8), nullptr);
   CHECK(rope.positions() == 8);
-  rope.rotate(rows, 8, nullptr, true);  // the transpose undoes it: the rotation is orthogonal
+  rope.rotate(rows, sw::sequence_lengths::every(8), nullptr,
+              true);  // the transpose undoes it: the rotation is orthogonal
   CHECK(rows.isApproxToConstant(1.0f, 1e-5f));
   sw::nn::matrix<float> step_rows = sw::nn::matrix<float>::Ones(2, 64);
   rope.rotate(step_rows, sw::cache_step{.entries = {{.start = 28, .count = 2}}, .capacity = 30});

@@ -7,6 +7,7 @@
 
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
+#include "cases/llama_packed_cases.hpp"
 #include "support/worlds.hpp"
 
 namespace {
@@ -335,4 +336,32 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
     INFO(ranks << " ranks");
     worlds::run_threads(ranks, [&](auto& world) { llama_context_cases::check_all(world); });
   }
+}
+
+TEST_CASE("Llama on packed documents of any length equals each document alone and the unsharded run, thread mesh") {
+  llama_packed_cases::Result serial;
+  worlds::run_threads(1, [&](auto& world) {
+    serial = llama_packed_cases::train_packed<shardwise::serial_plan>(world, 5);
+    llama_packed_cases::check_all(world, serial);
+  });
+  for (int ranks : {2, 4})
+    worlds::run_threads(ranks, [&](auto& world) { llama_packed_cases::check_all(world, serial); });
+}
+
+TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than its capacity") {
+  shardwise::models::Llama<double> model(llama_packed_cases::config());
+  auto const ids = llama_packed_cases::tokens(0, false);  // 15 tokens
+  CHECK_THROWS_WITH_AS(model.forward(ids, shardwise::sequence_lengths{10, 10}),
+                       "shardwise::models::Llama::forward: the sequence lengths add up to 20 rows but the batch has "
+                       "15; give one length per sequence, in row order, that add up to the rows",
+                       shardwise::error);
+  CHECK_THROWS_WITH_AS(model.forward(ids, shardwise::sequence_lengths::every(4)),
+                       doctest::Contains("15 rows are not whole sequences of 4"), shardwise::error);
+  CHECK_THROWS_WITH_AS(model.forward(ids), doctest::Contains("15 token ids are not whole sequences of 32"),
+                       shardwise::error);
+  auto const long_ids = std::vector<std::int64_t>(33, 1);
+  CHECK_THROWS_WITH_AS(model.forward(long_ids, shardwise::sequence_lengths{33}),
+                       "shardwise::models::Llama::forward: a sequence of 33 rows is longer than the model's capacity "
+                       "of 32 positions (config().sequence); cut it, or build the model with a longer one",
+                       shardwise::error);
 }

@@ -5,6 +5,7 @@
 
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
+#include "cases/llama_packed_cases.hpp"
 #include "support/worlds.hpp"
 
 TEST_CASE("Llama: sharded training equals the unsharded run, MPI mesh") {
@@ -53,4 +54,9 @@ TEST_CASE("Llama: fewer key-value heads than ranks, and a padded vocabulary, MPI
 
 TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, MPI mesh") {
   llama_context_cases::check_all(worlds::mpi());
+}
+
+TEST_CASE("Llama on packed documents of any length equals the unsharded run, MPI mesh") {
+  auto const serial = llama_packed_cases::train_packed<shardwise::serial_plan>(shardwise::serial_world(), 5);
+  llama_packed_cases::check_all(worlds::mpi(), serial);
 }

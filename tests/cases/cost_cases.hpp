@@ -93,6 +93,8 @@ std::size_t saved_bytes_of(X const& x) {
     return saved_bytes_of(x.logsumexp) + saved_bytes_of(x.output);
   } else if constexpr (requires { x.input; }) {  // a checkpointed block's input
     return saved_bytes_of(x.input);
+  } else if constexpr (requires { x.lengths(); }) {  // sequence lengths: none held for whole sequences
+    return saved_bytes_of(x.lengths());
   } else if constexpr (requires { typename X::Scalar; }) {  // an Eigen matrix or vector
     return static_cast<std::size_t>(x.size()) * sizeof(typename X::Scalar);
   } else {

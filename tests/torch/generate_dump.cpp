@@ -7,7 +7,8 @@
 // 4 on threads (generate_dump DIR) or at the MPI world's size (mpiexec -n N generate_dump --mpi DIR), it writes
 // DIR/<model>/<tag>_<fp32|fp64>.txt: greedy generation of 64 tokens after each prompt of DIR/prompts.txt, every
 // step's logits; and for fp32 a sampled generation (temperature 0.9, top-k 12, top-p 0.85, seed 11) with every
-// step's logits and the draw each token was picked with.
+// step's logits and the draw each token was picked with. For the Llama-type folders also
+// DIR/<model>/<tag>_<fp32|fp64>_packed.txt: the forward's logits of the prompts packed into one row.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -73,6 +74,28 @@ void dump(Model& model, Tp const& tp, prompt_list const& prompts, sw::generation
   }
 }
 
+/// The prompts packed into one row (sw::sequence_lengths, each attending within itself): one line of logits per
+/// token, written by rank 0. generate_reference.py compares them with transformers' forward of each prompt alone.
+template <class Model, class Tp>
+void dump_packed(Model& model, Tp const& tp, prompt_list const& prompts, fs::path const& file) {
+  std::vector<std::int64_t> ids;
+  std::vector<std::size_t> lengths;
+  for (auto const& p : prompts) ids.insert(ids.end(), p.begin(), p.end()), lengths.push_back(p.size());
+  auto const logits = model.forward(ids, sw::sequence_lengths(lengths));
+  sw::nn::matrix<double> whole = logits.local.template cast<double>();
+  if constexpr (!std::is_same_v<typename std::remove_cvref_t<decltype(logits)>::placement, sw::Replicate>)
+    sw::all_gather(tp, logits.local.template cast<double>().eval(), whole, -1);  // vocabulary-sharded, whole
+  sw::drop_saved_activations(model);
+  whole = whole.leftCols(Eigen::Index(model.config().vocabulary)).eval();  // vocabulary padding left out
+  if (tp.rank() != 0) return;
+  std::FILE* out = std::fopen(file.c_str(), "w");
+  for (Eigen::Index r = 0; r < whole.rows(); ++r) {
+    for (Eigen::Index j = 0; j < whole.cols(); ++j) std::fprintf(out, j ? " %.17g" : "%.17g", whole(r, j));
+    std::fprintf(out, "\n");
+  }
+  std::fclose(out);
+}
+
 /// The model of `folder`, loaded lazily at tp's size; each run of it written by rank 0 (the others to nowhere).
 template <class T, class Tp>
 void runs(fs::path const& folder, Tp const& tp, std::string const& tag, prompt_list const& prompts) {
@@ -90,7 +113,9 @@ void runs(fs::path const& folder, Tp const& tp, std::string const& tag, prompt_l
   } else {
     sw::Lazy<models::Llama<T, models::llama_plan<false>>> lazy(models::read_llama_config(folder / "config.json"));
     sw::parallelize(lazy, tp);
-    both(sw::load_pretrained(lazy, tp, folder, sw::transformers_llama_mapping()));
+    auto& model = sw::load_pretrained(lazy, tp, folder, sw::transformers_llama_mapping());
+    both(model);
+    dump_packed(model, tp, prompts, folder / (name + "_packed.txt"));
   }
   std::fclose(out);
 }

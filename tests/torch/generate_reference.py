@@ -206,6 +206,29 @@ def reference(model):
     return runs
 
 
+def packed_reference(model):
+    """transformers' logits of each prompt run alone, one after another: what a packed row of them must give."""
+    with torch.no_grad():
+        return np.concatenate([model(torch.tensor([p])).logits[0].double().numpy() for p in PROMPTS])
+
+
+def compare_packed(results, label, path, want, tolerance):
+    """The packed row's logits against each prompt's alone: the worst max |difference| / max |transformers'| of a
+    prompt's rows."""
+    got = np.loadtxt(path, ndmin=2) if os.path.exists(path) else np.zeros((0, 0))
+    if got.shape != want.shape:
+        results.check(f"{label}: packed row's logits", False, f"shape {got.shape} vs {want.shape}")
+        return float("inf")
+    worst, first = 0.0, 0
+    for p in PROMPTS:
+        rows = slice(first, first + len(p))
+        worst = max(worst, float(np.abs(got[rows] - want[rows]).max() / np.abs(want[rows]).max()))
+        first += len(p)
+    results.check(f"{label}: every step's logits of the packed row within {tolerance:g}", worst <= tolerance,
+                  f"worst {worst:.2e}")
+    return worst
+
+
 def read_dump(path):
     """greedy and sampled runs of a dump file: {"tokens": {i: [...]}, "logits": {(i, t): row}, "draws": {...}}."""
     runs, current = [], None
@@ -288,7 +311,9 @@ def compare(directory, tags, example):
     greedy_fp32 = {}
     for name in MODELS:
         for dtype in ("fp32", "fp64"):
-            expected = reference(load(directory, name, dtype))
+            model = load(directory, name, dtype)
+            expected = reference(model)
+            packed = packed_reference(model) if name != "gpt2" else None
             if dtype == "fp32":
                 greedy_fp32[name] = expected
             for tag in (t for t in tags if runs_at(name, t)):
@@ -299,6 +324,10 @@ def compare(directory, tags, example):
                     continue
                 error = compare_greedy(results, label, runs[0], expected, TOLERANCE[dtype])
                 worst[(name, dtype)] = max(worst.get((name, dtype), 0.0), error)
+                if packed is not None:
+                    error = compare_packed(results, label, os.path.join(directory, name, f"{tag}_{dtype}_packed.txt"),
+                                           packed, TOLERANCE[dtype])
+                    worst[(name + " packed", dtype)] = max(worst.get((name + " packed", dtype), 0.0), error)
                 if dtype == "fp32" and len(runs) > 1:
                     compare_sampled(results, label, runs[1])
     if example:

@@ -41,9 +41,10 @@ template <class M>
   requires is_meta_v<M>
 constexpr void attend_causal(context_parallel const*, meta_matrix<typename M::element> const& q,
                              meta_matrix<typename M::element> const& k, meta_matrix<typename M::element> const&,
-                             std::size_t sequence, std::size_t head_dim, meta_matrix<typename M::element>& out,
-                             nn::attention_saved<M>& saved) {
+                             sequence_lengths const& sequences, std::size_t head_dim,
+                             meta_matrix<typename M::element>& out, nn::attention_saved<M>& saved) {
   using T = typename M::element;
+  std::size_t const sequence = sequences.longest();
   meta_trace& trace = *q.trace();
   context_inputs const& cp = trace.inputs.cp;
   bool const across = cp.ranks > 1;

@@ -26,8 +26,9 @@ attention_shape checked_cached_attention(nn::const_matrix_ref<T> q, nn::const_ma
   if (q.rows() != rows)
     fail("shardwise::nn::", fn, ": ", q.rows(), " query rows for a step of ", rows,
          " new tokens; give one row per new token, the step's entries in order");
-  auto const a = checked_attention_shape<T>(fn, q, k, v, static_cast<std::size_t>(std::max<Eigen::Index>(rows, 1)),
-                                            head_dim, block_rows);
+  auto const a = checked_attention_shape<T>(
+      fn, q, k, v, sequence_lengths::every(static_cast<std::size_t>(std::max<Eigen::Index>(rows, 1))), head_dim,
+      block_rows);
   if (cache.keys.cols() != k.cols() || cache.values.cols() != k.cols() || cache.keys.rows() != cache.values.rows())
     fail("shardwise::nn::", fn, ": the layer's cache holds ", cache.keys.cols(), " key columns but k has ", k.cols(),
          "; build the cache from the model's shardwise_kv_shape() after parallelize");

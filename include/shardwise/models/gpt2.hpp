@@ -114,8 +114,8 @@ struct GPT2Attention {
   constexpr auto forward(X const& x) {
     q_ = q_proj(x), k_ = k_proj(x), v_ = v_proj(x);
     auto out = q_;
-    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local,
-                     saved_);
+    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, sequence_lengths::every(config_.sequence),
+                     config_.head_dim(), out.local, saved_);
     return c_proj(std::move(out));  // its storage becomes c_proj's kept input
   }
 

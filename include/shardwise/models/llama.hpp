@@ -112,11 +112,12 @@ struct LlamaBlock {
     return derived_cost<LlamaBlock<meta<T>, Plan, StaticHeads, StaticKvHeads>, input>(s, c.dim, c, 0);
   }
 
-  /// Forward on x [tokens, dim]: two pre-norm residual branches; sw::residual calls each child through
-  /// sw::forward, which applies its plan entry (PrepareModuleInput under sequence parallelism).
+  /// Forward on x [tokens, dim], whose rows are the sequences `rows` (empty: whole sequences of config().sequence):
+  /// two pre-norm residual branches; sw::residual calls each child through sw::forward, which applies its plan
+  /// entry (PrepareModuleInput under sequence parallelism).
   template <class X>
-  constexpr auto forward(X const& x) {
-    return residual(ffn_norm, feed_forward, residual(attention_norm, attention, x));
+  constexpr auto forward(X const& x, sequence_lengths const& rows = {}) {
+    return residual(ffn_norm, feed_forward, residual(attention_norm, attention, x, rows));
   }
   /// Forward with a key-value cache (inference): the same branches, the attention given the step and this
   /// block's cache.
@@ -143,7 +144,7 @@ struct Llama {
   Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
   SHARDWISE_HOOKS(config, on_context_parallel)
-  SHARDWISE_SAVED(block_inputs_)
+  SHARDWISE_SAVED(block_inputs_, rows_)
 
   /// The decoder block's type (what sw::wrap_type<...> names to make each block an FSDP unit).
   using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>;
@@ -211,18 +212,18 @@ struct Llama {
     rows_per_sequence_ = context->tokens();
   }
 
-  /// Logits [tokens, vocabulary] for the token ids (whole sequences, config().sequence each; under context
-  /// parallelism, this rank's tokens of each: sw::context_parallel::positions()).
-  constexpr auto forward(token_ids_t<T> ids) {
-    std::size_t const rows = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
-    if (!is_meta_v<T> && ids.size() % rows != 0)  // on shapes: s.tokens are the rank's, whatever the cut
-      shardwise::raise("shardwise::models::Llama::forward: ", ids.size(), " token ids are not whole sequences of ",
-                       rows, rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
-                       "; give it a batch of whole sequences");
+  /// Logits [tokens, vocabulary] for the token ids, whose rows are the sequences `rows`: each attends within
+  /// itself, its positions counted from 0 at its first token. sequence_lengths::every(n): a batch of rows of n
+  /// tokens; {5, 9, 2}: sequences (documents packed into a row, say) of 5, 9 and 2 tokens. None longer than
+  /// config().sequence (the capacity). Empty: whole sequences of config().sequence; under context parallelism,
+  /// this rank's tokens of each (sw::context_parallel::positions()), the only form cp takes.
+  constexpr auto forward(token_ids_t<T> ids, sequence_lengths const& rows = {}) {
+    rows_ = checked_rows(ids.size(), rows);
     stream h = tok_embeddings(ids);
     if (checkpoint_blocks_) block_inputs_.resize(layers.size());
     for (std::size_t i = 0; i < layers.size(); ++i)  // through sw::forward: FSDP units gather here
-      h = checkpoint_blocks_ ? checkpointed_forward(layers[i], h, block_inputs_[i]) : shardwise::forward(layers[i], h);
+      h = checkpoint_blocks_ ? checkpointed_forward(layers[i], h, block_inputs_[i], rows_)
+                             : shardwise::forward(layers[i], h, rows_);
     return output(norm(h));
   }
 
@@ -280,12 +281,32 @@ struct Llama {
   constexpr void backward(DY const& dlogits) {
     stream dh = norm.backward(output.backward(dlogits));
     for (std::size_t i = layers.size(); i-- > 0;)
-      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh)
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh, rows_)
                               : shardwise::backward(layers[i], dh);
     tok_embeddings.backward(dh);
   }
 
  private:
+  /// The sequences of a forward's `tokens` rows: `rows` checked against them and the capacity, or when empty,
+  /// whole sequences of config().sequence (under cp: of this rank's tokens of each, which the context cuts).
+  constexpr sequence_lengths checked_rows(std::size_t tokens, sequence_lengths const& rows) const {
+    if (rows_per_sequence_ && !rows.empty())
+      shardwise::raise(
+          "shardwise::models::Llama::forward: sequence lengths given to a model cut over cp "
+          "(sw::context_parallelize), which cuts whole sequences of config().sequence; give it none, or run the "
+          "sequences without context parallelism");
+    if (rows.empty()) {
+      std::size_t const whole = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
+      if (!is_meta_v<T> && tokens % whole != 0)  // on shapes: s.tokens are the rank's, whatever the cut
+        shardwise::raise("shardwise::models::Llama::forward: ", tokens, " token ids are not whole sequences of ", whole,
+                         rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
+                         "; give it a batch of whole sequences, or each sequence's length (sequence_lengths)");
+      return sequence_lengths::every(config_.sequence);
+    }
+    if constexpr (!is_meta_v<T>) rows.check(tokens, "shardwise::models::Llama::forward", config_.sequence);
+    return rows;
+  }
+
   constexpr void tie_output_to_embedding() {
     if constexpr (can_tie)
       tie_weights(output, tok_embeddings);
@@ -298,6 +319,7 @@ struct Llama {
 
   LlamaConfig config_;
   std::size_t rows_per_sequence_ = 0;  // this cp rank's tokens of each sequence; 0: not context-parallel
+  sequence_lengths rows_;              // the sequences of the last forward's rows
   bool checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
 };

@@ -38,7 +38,7 @@ struct LlamaAttention {
   Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim (attention_output_bias).
   SHARDWISE_CHILDREN(wq, wk, wv, wo)
   SHARDWISE_HOOKS(static_check, on_parallelize, on_context_parallel)
-  SHARDWISE_SAVED(q_, k_, v_, saved_)
+  SHARDWISE_SAVED(q_, k_, v_, saved_, rows_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
   /// from StaticHeads / StaticKvHeads.
@@ -93,15 +93,16 @@ struct LlamaAttention {
   /// their global positions and attended across the cp ranks.
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) { context_ = context; }
 
-  /// Forward on x [tokens, dim]; keeps what backward needs.
+  /// Forward on x [tokens, dim], whose rows are the sequences `rows` (each attends within itself, its positions
+  /// from 0; empty: whole sequences of config().sequence); keeps what backward needs.
   template <class X>
-  constexpr auto forward(X const& x) {
+  constexpr auto forward(X const& x, sequence_lengths const& rows = {}) {
     q_ = wq(x), k_ = wk(x), v_ = wv(x);
-    rope_.rotate(q_.local, config_.sequence, context_.get());
-    rope_.rotate(k_.local, config_.sequence, context_.get());
+    rows_ = rows.empty() ? sequence_lengths::every(config_.sequence) : rows;
+    rope_.rotate(q_.local, rows_, context_.get());
+    rope_.rotate(k_.local, rows_, context_.get());
     auto out = empty_like(q_);
-    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, config_.sequence, config_.head_dim(), out.local,
-                     saved_);
+    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, rows_, config_.head_dim(), out.local, saved_);
     return wo(std::move(out));  // its storage becomes wo's kept input
   }
   /// Forward with a key-value cache (inference): the step's new rows, RoPE at their positions, attention over
@@ -123,8 +124,8 @@ struct LlamaAttention {
     auto dq = empty_like(q_), dk = empty_like(k_), dv = empty_like(v_);  // all written by the backward
     attend_causal_backward<T>(context_.get(), dout.local, q_.local, k_.local, v_.local, saved_, dq.local, dk.local,
                               dv.local);
-    rope_.rotate(dq.local, config_.sequence, context_.get(), true);  // the transpose of the forward rotation
-    rope_.rotate(dk.local, config_.sequence, context_.get(), true);
+    rope_.rotate(dq.local, rows_, context_.get(), true);  // the transpose of the forward rotation
+    rope_.rotate(dk.local, rows_, context_.get(), true);
     return wq.backward(dq) + wk.backward(dk) + wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
   }
 
@@ -134,6 +135,7 @@ struct LlamaAttention {
   output_t<decltype(wq)> q_;
   output_t<decltype(wk)> k_, v_;
   nn::attention_saved<T> saved_;  // each query row's softmax logsumexp (and the output under the ring)
+  sequence_lengths rows_;         // the sequences of the last forward's rows
   context_slot<T> context_;       // set by sw::context_parallelize
 };
 

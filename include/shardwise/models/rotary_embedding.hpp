@@ -14,6 +14,7 @@
 #include "shardwise/inference/kv_cache.hpp"
 #include "shardwise/models/rope_scaling.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
+#include "shardwise/nn/kernels/sequence_lengths.hpp"
 
 namespace shardwise::models {
 
@@ -37,14 +38,16 @@ class rotary_embedding {
   [[nodiscard]] std::size_t positions() const { return static_cast<std::size_t>(cos_.rows()); }
 
   /// Rotates every head of x [tokens, heads * head_dim] (inverse: by the transpose, for a backward): each row at
-  /// its position in its sequence of `sequence` rows, or with a context, at this rank's global positions.
-  void rotate(nn::matrix<T>& x, std::size_t sequence, context_parallel const* context, bool inverse = false) {
+  /// its position in its sequence of `rows` (counted from 0 at the sequence's first row), or with a context, at
+  /// this rank's global positions.
+  void rotate(nn::matrix<T>& x, sequence_lengths const& rows, context_parallel const* context, bool inverse = false) {
     if (context) return rotate_at_positions(x, context->positions(), inverse);
-    auto const s = static_cast<Eigen::Index>(sequence);
-    reach(static_cast<std::size_t>(std::min(s, x.rows())));
+    reach(std::min(rows.longest(), static_cast<std::size_t>(x.rows())));
     scratch first_half;
-    for (Eigen::Index start = 0; start < x.rows(); start += s)
-      rotate_run(x.middleRows(start, std::min(s, x.rows() - start)), 0, inverse, first_half);
+    rows.for_each(static_cast<std::size_t>(x.rows()), [&](std::size_t first, std::size_t length) {
+      rotate_run(x.middleRows(static_cast<Eigen::Index>(first), static_cast<Eigen::Index>(length)), 0, inverse,
+                 first_half);
+    });
   }
 
   /// Rotates every head of a key-value cache step's rows, each entry's at its own positions; the tables grow to
@@ -127,7 +130,7 @@ class rotary_embedding<meta<T>> {
   /// No tables.
   constexpr rotary_embedding(std::size_t, std::size_t, double, RopeScaling const& = {}) {}
   /// Nothing to rotate.
-  constexpr void rotate(meta_matrix<T>&, std::size_t, context_parallel const*, bool = false) const {}
+  constexpr void rotate(meta_matrix<T>&, sequence_lengths const&, context_parallel const*, bool = false) const {}
 };
 
 }  // namespace shardwise::models

@@ -1,8 +1,8 @@
 #pragma once
-// Causal grouped-query attention over a batch of whole sequences, forward and backward, as plain kernels on
-// row-major [tokens, heads * head_dim] matrices: what a user's attention module (examples/blocks.hpp) and the
-// Llama and GPT-2 models share. Each sequence attends to itself only; query head h reads key-value head h / group
-// in place (no copies of k or v).
+// Causal grouped-query attention over a batch of sequences (of one length, or of any lengths packed back to
+// back: sw::sequence_lengths), forward and backward, as plain kernels on row-major [tokens, heads * head_dim]
+// matrices: what a user's attention module (examples/blocks.hpp) and the Llama and GPT-2 models share. Each
+// sequence attends to itself only; query head h reads key-value head h / group in place (no copies of k or v).
 //
 // Blocked: queries are taken a panel of `block_rows` rows at a time, each against only the keys it may see, so
 // nothing of size sequence x sequence ever exists. The forward keeps, per query row and head, the log of its
@@ -16,6 +16,7 @@
 #include <cstddef>
 
 #include "shardwise/nn/kernels/functional_types.hpp"
+#include "shardwise/nn/kernels/sequence_lengths.hpp"
 
 namespace shardwise::nn {
 
@@ -31,10 +32,11 @@ struct attention_saved {
   /// The attention's output, where its backward needs it: across cp ranks by the ring, whose softmax term spans
   /// every block (sw::attend_causal keeps it); empty otherwise.
   matrix<T> output;
-  /// The sizes causal_attention was called with.
+  /// The sizes causal_attention was called with (`sequence`: its longest sequence).
   /// @{
   Eigen::Index sequence = 0, head_dim = 0, heads = 0, kv_heads = 0;
   /// @}
+  sequence_lengths rows;  ///< The sequences it attended within.
 };
 
 /// Bytes of attention_saved<T> after a forward of `tokens` rows and `heads` query heads: what the attention
@@ -77,11 +79,13 @@ struct attention_shape {
 /// The sizes of q, k and v, or an error naming what does not fit.
 template <class T>
 attention_shape checked_attention_shape(char const* fn, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
-                                        nn::const_matrix_ref<T> v, std::size_t sequence, std::size_t head_dim,
+                                        nn::const_matrix_ref<T> v, sequence_lengths const& rows, std::size_t head_dim,
                                         std::size_t block_rows) {
-  auto const s = static_cast<Eigen::Index>(sequence), d = static_cast<Eigen::Index>(head_dim);
-  if (s == 0 || q.rows() % s != 0)
-    fail("shardwise::nn::", fn, ": ", q.rows(), " tokens are not whole sequences of ", sequence,
+  auto const s = static_cast<Eigen::Index>(rows.longest()), d = static_cast<Eigen::Index>(head_dim);
+  if (!rows.uniform() && !rows.empty())
+    rows.check(static_cast<std::size_t>(q.rows()), concat("shardwise::nn::", fn));
+  else if (s == 0 || q.rows() % s != 0)
+    fail("shardwise::nn::", fn, ": ", q.rows(), " tokens are not whole sequences of ", s,
          "; give it rows of whole sequences");
   if (d == 0 || q.cols() % d != 0 || k.cols() % d != 0 || k.cols() == 0 || (q.cols() / d) % (k.cols() / d) != 0)
     fail("shardwise::nn::", fn, ": ", q.cols(), " query and ", k.cols(), " key columns are not whole heads of ",
@@ -96,11 +100,13 @@ attention_shape checked_attention_shape(char const* fn, nn::const_matrix_ref<T> 
 
 /// Runs f(sequence_start, head, kv_head, first, rows) over every sequence, query head and panel of query rows.
 template <class F>
-void for_each_attention_panel(Eigen::Index tokens, attention_shape const& a, F&& f) {
-  for (Eigen::Index b = 0; b < tokens; b += a.sequence)
+void for_each_attention_panel(sequence_lengths const& sequences, Eigen::Index tokens, attention_shape const& a, F&& f) {
+  sequences.for_each(static_cast<std::size_t>(tokens), [&](std::size_t start, std::size_t length) {
+    auto const b = static_cast<Eigen::Index>(start), n = static_cast<Eigen::Index>(length);
     for (Eigen::Index h = 0; h < a.heads; ++h)
-      for (Eigen::Index first = 0; first < a.sequence; first += a.block_rows)
-        f(b, h, h / a.group(), first, std::min(a.block_rows, a.sequence - first));
+      for (Eigen::Index first = 0; first < n; first += a.block_rows)
+        f(b, h, h / a.group(), first, std::min(a.block_rows, n - first));
+  });
 }
 
 /// Row r of a panel whose first query is `first` sees keys 0 .. first + r; the keys after it get probability 0.
@@ -113,25 +119,26 @@ void mask_future(Panel&& p, Eigen::Index first) {
 
 namespace shardwise::nn {
 
-/// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `sequence` rows and each query head.
+/// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `rows` and each query head.
 /// q, out [tokens, heads * head_dim]; k, v [tokens, kv_heads * head_dim]; heads a multiple of kv_heads; tokens
 /// a multiple of sequence (rows of whole sequences). Fills `saved` for causal_attention_backward. Holds at most
 /// one [block_rows, sequence] panel besides its arguments.
 template <std::floating_point T>
-void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, std::size_t sequence,
+void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, sequence_lengths const& rows,
                       std::size_t head_dim, matrix_ref<T> out, attention_saved<T>& saved,
                       std::size_t block_rows = attention_block_rows) {
   constexpr char const* fn = "causal_attention";
-  auto const a = detail::checked_attention_shape<T>(fn, q, k, v, sequence, head_dim, block_rows);
+  auto const a = detail::checked_attention_shape<T>(fn, q, k, v, rows, head_dim, block_rows);
   detail::nn_check_shape(fn, "out [tokens, heads * head_dim]", out, q.rows(), q.cols());
   saved.sequence = a.sequence, saved.head_dim = a.head_dim, saved.heads = a.heads, saved.kv_heads = a.kv_heads;
+  saved.rows = rows;
   saved.logsumexp.resize(q.rows(), a.heads);
   T const scale = T(1) / std::sqrt(static_cast<T>(a.head_dim));
   Eigen::Index const d = a.head_dim;
   matrix<T> panel(a.block_rows, a.sequence);
   Eigen::Matrix<T, Eigen::Dynamic, 1> inverse_sum(a.block_rows);
   detail::for_each_attention_panel(
-      q.rows(), a, [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
+      rows, q.rows(), a, [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
         Eigen::Index const keys = first + rows;
         auto p = panel.topLeftCorner(rows, keys);
         p.noalias() = q.block(b + first, h * d, rows, d) * k.block(b, g * d, keys, d).transpose();
@@ -164,8 +171,10 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
   };
   if (saved.sequence == 0 || saved.logsumexp.rows() != q.rows() || saved.logsumexp.cols() * saved.head_dim != q.cols())
     not_saved();
-  auto const a = detail::checked_attention_shape<T>(fn, q, k, v, static_cast<std::size_t>(saved.sequence),
-                                                    static_cast<std::size_t>(saved.head_dim), block_rows);
+  sequence_lengths const sequences =
+      saved.rows.empty() ? sequence_lengths::every(static_cast<std::size_t>(saved.sequence)) : saved.rows;
+  auto const a =
+      detail::checked_attention_shape<T>(fn, q, k, v, sequences, static_cast<std::size_t>(saved.head_dim), block_rows);
   if (a.kv_heads != saved.kv_heads) not_saved();  // the logsumexp would belong to other key-value heads
   Eigen::Index const d = a.head_dim;
   detail::nn_check_shape(fn, "dout [tokens, heads * head_dim]", dout, q.rows(), q.cols());
@@ -176,7 +185,8 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
   dk.setZero(), dv.setZero();
   matrix<T> probabilities(a.block_rows, a.sequence), gradient(a.block_rows, a.sequence);
   detail::for_each_attention_panel(
-      q.rows(), a, [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
+      sequences, q.rows(), a,
+      [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
         Eigen::Index const keys = first + rows;
         auto const qi = q.block(b + first, h * d, rows, d);
         auto const dOi = dout.block(b + first, h * d, rows, d);
@@ -198,16 +208,25 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
       });
 }
 
+/// causal_attention over whole sequences of `sequence` rows each.
+template <std::floating_point T>
+void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, std::size_t sequence,
+                      std::size_t head_dim, matrix_ref<T> out, attention_saved<T>& saved,
+                      std::size_t block_rows = attention_block_rows) {
+  causal_attention<T>(q, k, v, sequence_lengths::every(sequence), head_dim, out, saved, block_rows);
+}
+
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the attention kernels for float and double are declared here and compiled
 // once, by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake: link
 // shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
-#define SHARDWISE_DETAIL_ATTENTION_KERNELS(prefix, T)                                                                  \
-  prefix template void causal_attention<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>, std::size_t, \
-                                           std::size_t, matrix_ref<T>, attention_saved<T>&, std::size_t);              \
-  prefix template void causal_attention_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,     \
-                                                    const_matrix_ref<T>, attention_saved<T> const&, matrix_ref<T>,     \
+#define SHARDWISE_DETAIL_ATTENTION_KERNELS(prefix, T)                                                                \
+  prefix template void causal_attention<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,            \
+                                           sequence_lengths const&, std::size_t, matrix_ref<T>, attention_saved<T>&, \
+                                           std::size_t);                                                             \
+  prefix template void causal_attention_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,   \
+                                                    const_matrix_ref<T>, attention_saved<T> const&, matrix_ref<T>,   \
                                                     matrix_ref<T>, matrix_ref<T>, std::size_t);
 #if defined(SHARDWISE_SEPARATE_KERNELS)
 namespace shardwise::nn {

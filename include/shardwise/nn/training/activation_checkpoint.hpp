@@ -16,22 +16,25 @@ struct checkpointed_input {
   X input{};  ///< The module's input, kept for the recomputation.
 };
 
-/// The module's output for x (through sw::forward, so its plan entry applies), keeping only x in `kept`:
-/// the activations the forward made are freed at once.
-template <module Module, class X>
-constexpr auto checkpointed_forward(Module& module, X const& x, checkpointed_input<X>& kept) {
+/// The module's output for x (through sw::forward, so its plan entry applies; `context` goes to its forward after
+/// x), keeping only x in `kept`: the activations the forward made are freed at once.
+template <module Module, class X, class... Context>
+constexpr auto checkpointed_forward(Module& module, X const& x, checkpointed_input<X>& kept,
+                                    Context const&... context) {
   kept.input = x;
-  auto y = forward(module, x);
+  auto y = forward(module, x, context...);
   drop_saved_activations(module);
   return y;
 }
 
-/// The module's input gradient for the output gradient dy: runs the forward again from `kept`, then the
-/// backward (through sw::backward); frees the kept input and the recomputed activations afterwards.
-template <module Module, class X, class DY>
-constexpr auto checkpointed_backward(Module& module, checkpointed_input<X>& kept, DY const& dy) {
+/// The module's input gradient for the output gradient dy: runs the forward again from `kept` (with the `context`
+/// its forward was given), then the backward (through sw::backward); frees the kept input and the recomputed
+/// activations afterwards.
+template <module Module, class X, class DY, class... Context>
+constexpr auto checkpointed_backward(Module& module, checkpointed_input<X>& kept, DY const& dy,
+                                     Context const&... context) {
   detail::repeated_call const call(detail::meta_trace_of(dy));  // on shapes: recomputation and backward
-  forward(module, kept.input);
+  forward(module, kept.input, context...);
   auto dx = backward(module, dy);
   kept.input = X{};
   drop_saved_activations(module);

@@ -1,0 +1,151 @@
+#pragma once
+// Sequences of any length, and documents packed into one row (sw::sequence_lengths), in fp64: a packed row's
+// logits and gradients equal each document's run alone (each attends within itself, its positions from 0), and
+// tensor parallelism with and without sequence parallelism (rows cut across tp whatever their lengths, 15 tokens
+// on 2 or 4 ranks) equals the unsharded run: logits, gradients, and 5 AdamW steps over packed rows whose documents
+// change every step. Tolerances: 1e-12 relative for one forward and backward, 1e-10 after 5 steps (fp64; what
+// differs is the order of fp64 sums).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace llama_packed_cases {
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using matrix = sw::nn::matrix<double>;
+
+/// A Qwen2-like config (biases on q, k and v, grouped-query heads, tied, llama3 rotary scaling) whose capacity
+/// (config.sequence) is longer than any document.
+inline models::LlamaConfig config() {
+  models::LlamaConfig c;
+  c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 32;
+  c.attention_bias = true, c.tie_word_embeddings = true;
+  c.rope_scaling = {.type = models::rope_type::llama3, .factor = 8, .original_max_positions = 16};
+  return c;
+}
+
+/// The documents of step `step`: 15 tokens in three documents whose lengths change with the step.
+inline std::vector<std::size_t> documents(int step) {
+  std::vector<std::vector<std::size_t>> const each = {{5, 7, 3}, {1, 13, 1}, {9, 2, 4}, {15}, {3, 3, 9}};
+  return each[static_cast<std::size_t>(step) % each.size()];
+}
+
+/// Token ids (or targets) of step `step`, `count` of them from token `first`.
+inline std::vector<std::int64_t> tokens(int step, bool targets, std::size_t first = 0, std::size_t count = 15) {
+  std::vector<std::int64_t> ids;
+  for (std::size_t i = first; i < first + count; ++i)
+    ids.push_back(static_cast<std::int64_t>((std::size_t(step) * 29 + i * 11 + (targets ? 5 : 0)) % 64));
+  return ids;
+}
+
+/// What a run gives: the first batch's logits (whole) and finished gradients (whole, in parameter order), the
+/// losses of its steps, and the parameters after them.
+struct Result {
+  matrix logits;
+  std::vector<matrix> gradients;
+  std::vector<double> losses;
+  std::vector<matrix> parameters;
+};
+
+template <class Mesh, class Logits>
+matrix whole_logits(Mesh const& tp, Logits const& logits) {
+  matrix whole = logits.local;
+  if constexpr (!std::is_same_v<typename std::remove_cvref_t<Logits>::placement, sw::Replicate>)
+    sw::all_gather(tp, logits.local, whole, -1);  // vocabulary-sharded logits, whole
+  return whole;
+}
+
+/// `steps` AdamW steps over packed rows at TP = world size with Plan (the loss: the mean over the row's tokens).
+template <class Plan, class World>
+Result train_packed(World const& world, int steps) {
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::Llama<double, Plan> model(config());
+  sw::parallelize(model, tp);
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    auto const logits = model.forward(tokens(step, false), sw::sequence_lengths(documents(step)));
+    auto const loss = models::llama_loss(tp, logits, tokens(step, true), config().vocabulary);
+    model.backward(loss.dlogits);
+    auto finished = sw::finish_gradients(model);
+    if (step == 0) {
+      r.logits = whole_logits(tp, logits);
+      sw::for_each_parameter(finished,
+                             [&](std::string const&, auto const& p) { r.gradients.push_back(sw::full_gradient(p)); });
+    }
+    optimizer.step(finished, dp);
+    sw::zero_grad(model);
+    r.losses.push_back(loss.loss);
+  }
+  sw::for_each_parameter(model, [&](std::string const&, auto const& p) { r.parameters.push_back(sw::full_tensor(p)); });
+  return r;
+}
+
+/// The first batch document by document on one rank: each document's logits from a forward of it alone, and the
+/// gradients of the packed row's mean loss accumulated over the documents' backwards (each scaled by its share).
+inline Result each_document_alone() {
+  auto const world = sw::serial_world();
+  auto const tp = sw::make_mesh<"tp">(world, {1});
+  models::Llama<double> model(config());
+  sw::parallelize(model, tp);
+  Result r;
+  r.logits.resize(15, config().vocabulary);
+  std::size_t first = 0;
+  for (std::size_t n : documents(0)) {
+    auto const logits = model.forward(tokens(0, false, first, n), sw::sequence_lengths{n});
+    r.logits.middleRows(Eigen::Index(first), Eigen::Index(n)) = logits.local;
+    auto loss = models::llama_loss(tp, logits, tokens(0, true, first, n), config().vocabulary);
+    loss.dlogits.local *= double(n) / 15.0;  // the packed loss is the mean over all 15 tokens
+    model.backward(loss.dlogits);
+    first += n;
+  }
+  auto finished = sw::finish_gradients(model);
+  sw::for_each_parameter(finished,
+                         [&](std::string const&, auto const& p) { r.gradients.push_back(sw::full_gradient(p)); });
+  return r;
+}
+
+inline double relative_error(matrix const& got, matrix const& expected) {
+  if (got.rows() != expected.rows() || got.cols() != expected.cols()) return INFINITY;
+  return (got - expected).cwiseAbs().maxCoeff() / std::max(expected.cwiseAbs().maxCoeff(), 1e-300);
+}
+
+inline void check_same(std::vector<matrix> const& got, std::vector<matrix> const& expected, double tolerance,
+                       char const* what) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(what << " " << i);
+    CHECK(relative_error(got[i], expected[i]) <= tolerance);
+  }
+}
+
+/// The serial packed run against each document alone, and the sharded runs at the world's size against it.
+template <class World>
+void check_all(World const& world, Result const& serial) {
+  if (world.size() == 1) {
+    Result const alone = each_document_alone();
+    CHECK(relative_error(serial.logits, alone.logits) <= 1e-12);
+    check_same(serial.gradients, alone.gradients, 1e-12, "gradient (packed vs each document alone)");
+    CHECK(serial.losses.back() < serial.losses.front());
+  }
+  auto const against_serial = [&](Result const& got, char const* plan) {
+    INFO(plan << " at tp " << world.size());
+    CHECK(relative_error(got.logits, serial.logits) <= 1e-12);
+    check_same(got.gradients, serial.gradients, 1e-12, "gradient");
+    for (std::size_t s = 0; s < got.losses.size(); ++s)
+      CHECK(std::abs(got.losses[s] - serial.losses[s]) <= 1e-10 * std::abs(serial.losses[s]));
+    check_same(got.parameters, serial.parameters, 1e-10, "parameter after the steps");
+  };
+  against_serial(train_packed<models::llama_plan<false>>(world, 5), "TP");
+  against_serial(train_packed<models::llama_plan<true>>(world, 5), "TP with sequence parallelism");
+}
+
+}  // namespace llama_packed_cases
