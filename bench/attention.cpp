@@ -6,8 +6,12 @@
 // keeps between forward and backward and allocates while it runs. Both results are compared, so a fast wrong
 // kernel fails the run.
 //
+// With --window W: the sliding-window attention (Mistral's) at each sequence, beside the full causal attention
+// up to 8192 tokens, as time per token: the window's stays flat as the sequence grows, the full one's grows with
+// it. The first W queries see every key either way, so their outputs must agree.
+//
 //   bench_attention [--sequence N]... [--heads 16] [--kv-heads 8] [--head-dim 64] [--block-rows 128] [--repeats 3]
-//                   [--smoke]
+//                   [--window W] [--smoke]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +108,36 @@ bool run(Index s, Index heads, Index kv_heads, Index d, int repeats, std::size_t
   return true;
 }
 
+/// The windowed attention's forward and backward at sequence s, and the full one's up to 8192 tokens, per token.
+bool run_window(Index s, Index heads, Index kv_heads, Index d, int repeats, std::size_t block, Index window) {
+  Inputs const in{random_matrix(s, heads * d, 1), random_matrix(s, kv_heads * d, 2), random_matrix(s, kv_heads * d, 3),
+                  random_matrix(s, heads * d, 4)};
+  Matrix out(s, heads * d), dq(s, heads * d), dk(s, kv_heads * d), dv(s, kv_heads * d);
+  nn::attention_saved<float> saved;
+  auto const rows = shardwise::sequence_lengths::every(std::size_t(s));
+  auto const timed = [&](Index w) {
+    return time_both(
+        repeats,
+        [&] { nn::causal_attention<float>(in.q, in.k, in.v, rows, std::size_t(d), out, saved, block, std::size_t(w)); },
+        [&] { nn::causal_attention_backward<float>(in.dout, in.q, in.k, in.v, saved, dq, dk, dv, block); });
+  };
+  Timing const windowed = timed(window);
+  Matrix const windowed_out = out;
+  std::string full = "—";
+  bool ok = true;
+  if (s <= 8192) {
+    Timing const whole = timed(0);
+    full = std::to_string(1e6 * (whole.forward + whole.backward) / double(s));
+    Index const seen = std::min(window, s);
+    ok = max_relative_difference(windowed_out.topRows(seen), out.topRows(seen)) <= 1e-5;
+  }
+  std::printf("| %ld | %ld | %.1f | %.1f | %.2f | %s |\n", long(s), long(window), 1e3 * windowed.forward,
+              1e3 * windowed.backward, 1e6 * (windowed.forward + windowed.backward) / double(s), full.c_str());
+  std::fflush(stdout);
+  if (!ok) std::fprintf(stderr, "bench_attention: WRONG: windowed and full attention differ in the first window\n");
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,6 +146,7 @@ int main(int argc, char** argv) {
   Index heads = 16, kv_heads = 8, d = 64;
   int repeats = 3;
   std::size_t block = nn::attention_block_rows;
+  Index window = 0;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
     auto number = [&] { return i + 1 < argc ? std::atol(argv[++i]) : 0L; };
@@ -127,14 +162,25 @@ int main(int argc, char** argv) {
       block = std::size_t(number());
     else if (a == "--repeats")
       repeats = int(number());
+    else if (a == "--window")
+      window = number();
     else if (a == "--smoke")
       sequences = {40}, heads = 4, kv_heads = 2, d = 8, repeats = 1;
     else {
       std::fprintf(stderr,
                    "usage: bench_attention [--sequence N]... [--heads 16] [--kv-heads 8] [--head-dim 64] "
-                   "[--block-rows 128] [--repeats 3] [--smoke]\n");
+                   "[--block-rows 128] [--repeats 3] [--window W] [--smoke]\n");
       return 2;
     }
+  }
+  if (window > 0) {
+    if (sequences.empty()) sequences = {2048, 8192, 32768};
+    std::printf(
+        "| sequence | window | forward ms | backward ms | µs per token, window | µs per token, full causal |\n"
+        "|---:|---:|---:|---:|---:|---:|\n");
+    bool ok = true;
+    for (Index s : sequences) ok = run_window(s, heads, kv_heads, d, repeats, block, window) && ok;
+    return ok ? 0 : 1;
   }
   if (sequences.empty()) sequences = {256, 512, 2048, 4096};
   std::printf(

@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <shardwise/inference/cached_attention.hpp>
 #include <shardwise/nn/kernels/functional.hpp>
 #include <shardwise/nn/kernels/functional_attention.hpp>
 #include <string>
@@ -599,6 +600,60 @@ TEST_CASE("causal_attention over packed sequences equals each sequence attended 
                        doctest::Contains("causal_attention: sequence 1 has 0 rows"), shardwise::error);
   CHECK_THROWS_WITH_AS(nn::causal_attention<double>(q, k, k, shardwise::sequence_lengths::every(4), 2, out, saved),
                        doctest::Contains("6 tokens are not whole sequences of 4"), shardwise::error);
+}
+
+TEST_CASE(
+    "causal_attention with a sliding window: against a loop over the window; backward against finite "
+    "differences; a cached prefill and decode equal it") {
+  // Sequences of 7 and 4 rows packed, a window of 3 (each query sees itself and the 2 rows before it), panels of
+  // 2 rows forward and 3 backward, so panels start inside and outside the window.
+  Index const d = 2, heads = 4, kv_heads = 2, tokens = 11, window = 3;
+  shardwise::sequence_lengths const rows{7, 4};
+  mat q = random_matrix(tokens, heads * d, 71), k = random_matrix(tokens, kv_heads * d, 72);
+  mat v = random_matrix(tokens, kv_heads * d, 73);
+  mat const r = random_matrix(tokens, heads * d, 74);
+  nn::attention_saved<double> saved;
+  mat out = mat::Constant(tokens, heads * d, std::nan(""));
+  nn::causal_attention<double>(q, k, v, rows, std::size_t(d), out, saved, 2, std::size_t(window));
+  mat expected = mat::Zero(tokens, heads * d);  // softmax over the keys i - window < j <= i of the same sequence
+  for (auto [begin, length] : {std::pair<Index, Index>{0, 7}, {7, 4}})
+    for (Index h = 0; h < heads; ++h)
+      for (Index i = begin; i < begin + length; ++i) {
+        Index const kv = h / (heads / kv_heads), from = std::max(begin, i - window + 1);
+        std::vector<double> w(std::size_t(i + 1 - from));
+        double total = 0;
+        for (Index j = from; j <= i; ++j) {
+          double dot = 0;
+          for (Index c = 0; c < d; ++c) dot += q(i, h * d + c) * k(j, kv * d + c);
+          total += w[std::size_t(j - from)] = std::exp(dot / std::sqrt(double(d)));
+        }
+        for (Index j = from; j <= i; ++j)
+          for (Index c = 0; c < d; ++c) expected(i, h * d + c) += w[std::size_t(j - from)] / total * v(j, kv * d + c);
+      }
+  CHECK(rel_err(out, expected) <= 1e-14);
+  mat dq(tokens, heads * d), dk(tokens, kv_heads * d), dv(tokens, kv_heads * d);
+  nn::causal_attention_backward<double>(r, q, k, v, saved, dq, dk, dv, 3);
+  auto loss = [&] {
+    nn::attention_saved<double> again;
+    mat y(tokens, heads * d);
+    nn::causal_attention<double>(q, k, v, rows, std::size_t(d), y, again, 128, std::size_t(window));
+    return weighted_sum(y, r);
+  };
+  CHECK(rel_err(dq, numeric_grad(q, loss)) <= 1e-8);
+  CHECK(rel_err(dk, numeric_grad(k, loss)) <= 1e-8);
+  CHECK(rel_err(dv, numeric_grad(v, loss)) <= 1e-8);
+  // The key-value cache: the first sequence's 7 rows as a prefill of 5 and two decode steps, in panels of 2.
+  nn::kv_layer<double> cache{mat::Zero(8, kv_heads * d), mat::Zero(8, kv_heads * d)};
+  mat cached(7, heads * d);
+  for (auto [start, count] : {std::pair<std::size_t, std::size_t>{0, 5}, {5, 1}, {6, 1}}) {
+    shardwise::cache_step const step{.entries = {{.sequence = 0, .start = start, .count = count}}, .capacity = 8};
+    auto const at = Index(start), n = Index(count);
+    mat o(n, heads * d);
+    nn::cached_attention<double>(q.middleRows(at, n), k.middleRows(at, n), v.middleRows(at, n), std::size_t(d), step,
+                                 cache, o, 2, std::size_t(window));
+    cached.middleRows(at, n) = o;
+  }
+  CHECK(rel_err(cached, expected.topRows(7)) <= 1e-14);
 }
 
 TEST_CASE("attention_keys_per_query: the causal half and half a block") {

@@ -174,10 +174,12 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
             R"("partial_rotary_factor" in config.json is 0.5)"},
            {R"("num_local_experts": 8)", R"("num_local_experts" in config.json is 8: a mixture of experts)"},
            {R"("num_experts": 4)", R"("num_experts" in config.json is 4: a mixture of experts)"},
-           {R"("sliding_window": 64)", R"("sliding_window" in config.json is 64: shardwise's Llama attends to the)"},
-           {R"("use_sliding_window": true, "sliding_window": 128)", R"("sliding_window" in config.json is 128)"},
+           {R"("sliding_window": 64)", R"("sliding_window" in config.json is 64: transformers' Llama has no sliding)"},
+           {R"("layer_types": ["full_attention", "chunked_attention"])",
+            R"("layer_types" in config.json is ["full_attention","chunked_attention"]: shardwise builds one)"},
+           {R"("layer_types": ["full_attention"])", R"("layer_types" in config.json is ["full_attention"]: shardwise)"},
            {R"("layer_types": ["full_attention", "sliding_attention"])",
-            R"("layer_types" in config.json is ["full_attention","sliding_attention"]: shardwise's Llama has full)"},
+            R"(is ["full_attention","sliding_attention"]: sliding layers with no window (sliding_window); give the)"},
            {R"("head_dim": 16)", R"("head_dim" in config.json is not hidden_size / num_attention_heads)"},
            {R"("tie_word_embeddings": "yes")",
             R"("tie_word_embeddings" in config.json is "yes"; it must be true or)"}}) {
@@ -222,20 +224,45 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
     CHECK_NOTHROW((void)models::llama_config_from_json(base + ", " + harmless + "}"));
   }
   // A sliding window as transformers decides it: Mistral's always acts (4096 when the field is left out), Qwen2's
-  // only with use_sliding_window and on the layers from max_window_layers (28 by default) on.
-  for (auto const& [type, rest] : std::initializer_list<std::pair<char const*, char const*>>{
-           {"mistral", R"("hidden_act": "silu")"},  // no sliding_window: 4096
-           {"mistral", R"("use_sliding_window": false, "sliding_window": 64)"},
-           {"qwen2", R"("use_sliding_window": true, "sliding_window": 64, "max_window_layers": 1)"},
-           {"qwen2", R"("use_sliding_window": true, "num_hidden_layers": 30)"}}) {
-    INFO(type, " ", rest);
-    CHECK(error_of([&, r = rest, t = type] {
-            (void)models::llama_config_from_json(family(t, r));
-          }).find("\"sliding_window\" in config.json is") != std::string::npos);
+  // only with use_sliding_window and on the layers from max_window_layers (28 by default) on; layer_types, when
+  // given, says which layers slide (the last ones).
+  struct window_case {
+    char const* type;
+    char const* rest;
+    std::size_t window, first;
+  };
+  for (auto const& [type, rest, window, first] : std::initializer_list<window_case>{
+           {"mistral", R"("hidden_act": "silu")", 4096, 0},
+           {"mistral", R"("use_sliding_window": false, "sliding_window": 64)", 64, 0},
+           {"mistral", R"("sliding_window": null)", 0, 0},
+           {"qwen2", R"("use_sliding_window": true, "sliding_window": 64, "max_window_layers": 1)", 64, 1},
+           {"qwen2", R"("use_sliding_window": true, "num_hidden_layers": 30)", 4096, 28},
+           {"qwen2", R"("use_sliding_window": true)", 0, 0},  // 2 layers, max_window_layers 28: none slides
+           {"qwen2", R"("sliding_window": 64)", 0, 0},        // without use_sliding_window
+           {"qwen2", R"("use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention",
+             "sliding_attention"])",
+            8, 1},
+           {"qwen2", R"("use_sliding_window": true, "layer_types": ["full_attention", "full_attention"])", 0, 0}}) {
+    INFO(std::string(type), " ", std::string(rest));
+    auto const c = models::llama_config_from_json(family(type, rest));
+    CHECK(c.sliding_window == window);
+    CHECK(c.first_window_layer == first);
+    CHECK(c.window_at(first) == window);
+    if (first > 0) CHECK(c.window_at(first - 1) == 0);
+    if (window != 0) {  // written back as the family that has it, and read back the same
+      CHECK(models::llama_config_to_json(c)["model_type"] == type);
+      CHECK(models::llama_config_from_json(models::llama_config_to_json(c).dump()).fields() == c.fields());
+    }
   }
-  CHECK_NOTHROW((void)models::llama_config_from_json(family("mistral", R"("sliding_window": null)")));
-  CHECK_NOTHROW((void)models::llama_config_from_json(family("qwen2", R"("use_sliding_window": true)")));  // 2 < 28
-  CHECK_NOTHROW((void)models::llama_config_from_json(family("qwen2", R"("sliding_window": 64)")));        // not used
+  CHECK(error_of([&] {
+          (void)models::llama_config_from_json(family("qwen2", R"("use_sliding_window": true, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"])"));
+        }).find("shardwise slides the window on the last layers only") != std::string::npos);
+  models::LlamaConfig windowed_llama = llama;
+  windowed_llama.sliding_window = 16;
+  CHECK(error_of([&] {
+          (void)models::llama_config_to_json(windowed_llama);
+        }).find("a sliding window of 16 from layer 0 with these biases is neither") != std::string::npos);
   // A field left out takes the family's default: Qwen2's 32768 positions and 32 key-value heads, Mistral's 131072.
   std::string no_sizes = family("qwen2", R"("num_attention_heads": 32, "hidden_size": 64)");
   for (char const* field : {R"("num_key_value_heads": 2, )", R"("max_position_embeddings": 256, )"})

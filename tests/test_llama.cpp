@@ -12,7 +12,13 @@
 
 namespace {
 int const steps = llama_cases::steps();
+
+/// Cuts the model's sequences of c.sequence tokens over `cp` (the ring, balanced).
+template <class Model, class Mesh>
+void sw_context_cut(Model& model, Mesh const& cp, shardwise::models::LlamaConfig const& c) {
+  (void)shardwise::context_parallelize(model, cp, {c.sequence, 2, true}, shardwise::context_method::ring);
 }
+}  // namespace
 
 TEST_CASE("Llama: sharded training equals the unsharded run, thread mesh") {
   auto const c = llama_cases::small_config();
@@ -364,4 +370,22 @@ TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than 
                        "shardwise::models::Llama::forward: a sequence of 33 rows is longer than the model's capacity "
                        "of 32 positions (config().sequence); cut it, or build the model with a longer one",
                        shardwise::error);
+}
+
+TEST_CASE("Llama refuses sequence lengths and a sliding window under context parallelism") {
+  worlds::run_threads(2, [&](auto& world) {
+    auto const cp = shardwise::submesh<"cp">(shardwise::make_mesh<"cp">(world, {2}));
+    auto c = llama_packed_cases::config();
+    c.sliding_window = 0;
+    shardwise::models::Llama<double> plain(c);
+    sw_context_cut(plain, cp, c);
+    auto const ids = std::vector<std::int64_t>(16, 1);  // this rank's 16 tokens of two sequences of 32
+    CHECK_THROWS_WITH_AS(plain.forward(ids, shardwise::sequence_lengths{8, 8}),
+                         doctest::Contains("sequence lengths given to a model cut over cp"), shardwise::error);
+    shardwise::models::Llama<double> windowed(llama_packed_cases::config());
+    CHECK_THROWS_WITH_AS(sw_context_cut(windowed, cp, c),
+                         "shardwise::models::Llama: a sliding window (config sliding_window 4) under context "
+                         "parallelism is not built; train a model with a window without cp",
+                         shardwise::error);
+  });
 }

@@ -340,6 +340,26 @@ TEST_CASE("planner: a tp group beyond a node talks over the dp link; fixed axis 
   }
 }
 
+TEST_CASE("planner and config reader: Llama 3.1 8B, Qwen2.5 7B and SmolLM2 1.7B as published, with their counts") {
+  struct published {
+    char const* file;
+    std::size_t parameters;  // the model card's count
+  };
+  for (auto const& [file, parameters] :
+       {published{"llama3_1_8b_config.json", 8030261248}, published{"qwen2_5_7b_config.json", 7615616512},
+        published{"smollm2_1_7b_config.json", 1711376384}}) {
+    INFO(file);
+    CHECK(planner::parameter_count(planner::read_model(data + "/" + file)) == parameters);
+    auto const c = shardwise::models::read_llama_config(data + "/" + file);  // read to run, not refused
+    CHECK(c.sliding_window == 0);
+  }
+  auto const llama31 = shardwise::models::read_llama_config(data + "/llama3_1_8b_config.json");
+  CHECK(llama31.rope_scaling.type == shardwise::models::rope_type::llama3);
+  CHECK(llama31.sequence == 131072);
+  CHECK(shardwise::models::read_llama_config(data + "/smollm2_1_7b_config.json").tie_word_embeddings);
+  CHECK(shardwise::models::read_llama_config(data + "/qwen2_5_7b_config.json").attention_bias);
+}
+
 TEST_CASE("planner: Qwen2 (q/k/v biases), Mistral (a sliding window) and GPT-2 configs, with their parameter counts") {
   auto const qwen2 = planner::read_model(data + "/qwen2_7b_config.json");
   CHECK(qwen2.family == "Qwen2");

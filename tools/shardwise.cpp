@@ -1,6 +1,7 @@
 // shardwise: the checkpoint command line.
 //   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names
-//   shardwise|transformers-llama|transformers-gpt2] shardwise inspect FILE_OR_DIR shardwise verify
+//   shardwise|transformers-llama|transformers-qwen2|transformers-mistral|transformers-gpt2] shardwise inspect
+//   FILE_OR_DIR shardwise verify
 //   CHECKPOINT_DIR_OR_FILE shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -68,6 +69,10 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   auto const count = [&](char const* field) {
     return static_cast<std::size_t>(config_field(index, field, names.c_str()));
   };
+  auto const count_or_zero = [&](char const* field) {
+    auto const found = index.config.find(field);
+    return found == index.config.end() || found->second == "0" ? std::size_t{0} : count(field);
+  };
   if (names == "transformers-gpt2") {
     sw::models::GPT2Config c;
     c.vocabulary = count("vocabulary"), c.dim = count("dim"), c.layers = count("layers"), c.heads = count("heads");
@@ -94,7 +99,16 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   c.attention_bias = flag("attention_bias"), c.attention_output_bias = flag("attention_output_bias");
   c.mlp_bias = flag("mlp_bias");
   c.rope_scaling = sw::models::RopeScaling::from_fields(index.config);
+  if (index.config.contains("sliding_window"))  // recorded only when set
+    c.sliding_window = count("sliding_window"), c.first_window_layer = count_or_zero("first_window_layer");
   auto json = sw::models::llama_config_to_json(c);
+  // transformers-qwen2 and -mistral name the family the checkpoint must be: the same tensor names as Llama's.
+  std::string const family = names.substr(std::string("transformers-").size());
+  if (family != "llama" && json["model_type"] != family)
+    throw std::runtime_error("shardwise consolidate --names " + names + ": the checkpoint's configuration is a " +
+                             json["model_type"].get<std::string>() + "'s (its biases and sliding window), not a " +
+                             family + "'s; consolidate it with --names transformers-" +
+                             json["model_type"].get<std::string>());
   json.erase("max_position_embeddings");
   if (auto const& r = c.rope_scaling; r.type == sw::models::rope_type::llama3 || r.type == sw::models::rope_type::yarn)
     json["max_position_embeddings"] = static_cast<std::size_t>(double(r.original_max_positions) * r.factor);
@@ -108,7 +122,7 @@ int consolidate(std::string const& checkpoint, std::string const& output_dir, bo
   if (names != "shardwise") {
     auto const saved = sw::read_checkpoint_index(source);
     config_text = transformers_config(saved, names).dump(2) + "\n";
-    if (names == "transformers-llama") options.mapping = sw::transformers_llama_mapping();
+    if (names != "transformers-gpt2") options.mapping = sw::transformers_llama_mapping();
     auto const dim = static_cast<std::uint64_t>(config_field(saved, "dim", names.c_str()));
     if (names == "transformers-gpt2") options.mapping = sw::transformers_gpt2_mapping(dim);
   }
@@ -219,9 +233,12 @@ int main(int argc, char** argv) {
   cons->add_flag("--remove-checkpoint-dir", remove,
                  "Remove the sharded checkpoint once the consolidated file is written");
   cons->add_option("--names", names,
-                   "Tensor names and layouts: shardwise's, transformers-llama (LlamaForCausalLM's) or "
-                   "transformers-gpt2 (GPT2LMHeadModel's: q, k and v fused into c_attn, Conv1D weights transposed)")
-      ->check(CLI::IsMember({"shardwise", "transformers-llama", "transformers-gpt2"}))
+                   "Tensor names and layouts: shardwise's, transformers-llama (LlamaForCausalLM's, or the Qwen2 or "
+                   "Mistral one its configuration is), transformers-qwen2 or transformers-mistral (the same names; "
+                   "the configuration must be that family's) or transformers-gpt2 (GPT2LMHeadModel's: q, k and v "
+                   "fused into c_attn, Conv1D weights transposed)")
+      ->check(CLI::IsMember(
+          {"shardwise", "transformers-llama", "transformers-qwen2", "transformers-mistral", "transformers-gpt2"}))
       ->capture_default_str();
 
   std::string target;

@@ -1,5 +1,6 @@
 #pragma once
-// Sequences of any length, and documents packed into one row (sw::sequence_lengths), in fp64: a packed row's
+// Sequences of any length, and documents packed into one row (sw::sequence_lengths), with a sliding window on
+// the second layer, in fp64: a packed row's
 // logits and gradients equal each document's run alone (each attends within itself, its positions from 0), and
 // tensor parallelism with and without sequence parallelism (rows cut across tp whatever their lengths, 15 tokens
 // on 2 or 4 ranks) equals the unsharded run: logits, gradients, and 5 AdamW steps over packed rows whose documents
@@ -22,11 +23,12 @@ namespace models = shardwise::models;
 using matrix = sw::nn::matrix<double>;
 
 /// A Qwen2-like config (biases on q, k and v, grouped-query heads, tied, llama3 rotary scaling) whose capacity
-/// (config.sequence) is longer than any document.
+/// (config.sequence) is longer than any document, with a sliding window of 4 on its second layer (Qwen2's
+/// max_window_layers 1), shorter than most documents.
 inline models::LlamaConfig config() {
   models::LlamaConfig c;
   c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 32;
-  c.attention_bias = true, c.tie_word_embeddings = true;
+  c.attention_bias = true, c.tie_word_embeddings = true, c.sliding_window = 4, c.first_window_layer = 1;
   c.rope_scaling = {.type = models::rope_type::llama3, .factor = 8, .original_max_positions = 16};
   return c;
 }

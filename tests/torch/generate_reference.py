@@ -7,9 +7,9 @@ LlamaForCausalLM with one key-value head, which tp 2 and 4 serve by kv_size_mult
 GPT2LMHeadModel (DIR/gpt2); one-block Llamas with a scaled rotary embedding, "llama3" (tied, as Llama 3.2),
 "yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope); a tied Qwen2ForCausalLM (biases on q, k and
 v: DIR/qwen2); a one-block Llama with attention_bias and mlp_bias (DIR/llama_bias); SmolLM2's shape, 9 heads
-and 3 key-value heads, tied (DIR/smollm, which tp 3 serves and 2 and 4 do not) — with save_pretrained, and the
-prompts
-(DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
+and 3 key-value heads, tied (DIR/smollm, which tp 3 serves and 2 and 4 do not); a MistralForCausalLM with a sliding
+window of 4 (DIR/mistral) and a Qwen2ForCausalLM whose second layer slides a window of 3 (DIR/qwen2_window) — with
+save_pretrained, and the prompts (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
 
 compare DIR [--example PATH] TAG...: for every model, in fp32 and in fp64 (model.double() on the same weights),
 transformers' generate(do_sample=False, max_new_tokens=64) on each prompt gives the tokens and every step's
@@ -34,14 +34,16 @@ import types
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, Qwen2Config)
 from transformers import modeling_rope_utils as rope_utils
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
 TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
-MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias", "smollm")
+MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias", "smollm",
+          "mistral", "qwen2_window")
 # SmolLM2's shape (9 heads, 3 key-value heads, tied): tp 3 serves it, 2 and 4 do not. The others run at 1, 2, 4.
 THREAD_RANKS = {"smollm": 3}  # the example's thread count for a model (default 2)
 
@@ -87,6 +89,20 @@ def qwen2_config():  # Qwen2.5-0.5B's shape, scaled down: biases on q, k and v, 
                        bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
+def mistral_config():  # Mistral's sliding window, 4 tokens: shorter than two prompts and than every generation
+    return MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                         rope_theta=10000.0, sliding_window=4, tie_word_embeddings=False, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None)
+
+
+def qwen2_window_config():  # Qwen2's window on the layers from max_window_layers on: layer 1 of 2, 3 tokens
+    config = qwen2_config()
+    config = Qwen2Config(**dict(config.to_dict(), use_sliding_window=True, sliding_window=3, max_window_layers=1,
+                                layer_types=None))
+    return config
+
+
 def llama_bias_config():  # Llama's attention_bias (q, k, v and o) and mlp_bias
     config = llama_config(2, False)
     config.num_hidden_layers, config.attention_bias, config.mlp_bias = 1, True, True
@@ -119,7 +135,8 @@ def prepare(directory):
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=128, rms_norm_eps=1e-5,
                          rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
                          pad_token_id=None)
-    for name, config in (("qwen2", qwen2_config()), ("llama_bias", llama_bias_config()), ("smollm", smollm)):
+    for name, config in (("qwen2", qwen2_config()), ("llama_bias", llama_bias_config()), ("smollm", smollm),
+                         ("mistral", mistral_config()), ("qwen2_window", qwen2_window_config())):
         model = AutoModelForCausalLM.from_config(config)
         randomize(model)  # the biases too: 0.2 * N(0, 1)
         model.save_pretrained(os.path.join(directory, name))
@@ -187,7 +204,7 @@ def load(directory, name, dtype):
         rope_in_float64(model.model.rotary_emb, model.config)
         if dtype == "fp64":
             for module in model.modules():
-                if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm"):
+                if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"):
                     rms_norm_in_input_type(module)
     return model.eval()
 

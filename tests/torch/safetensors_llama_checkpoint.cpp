@@ -3,7 +3,10 @@
 // ranks) into DIR/ckpt, and the unsharded model's logits for one batch in DIR/logits.npy. The Python side runs
 // `shardwise consolidate --names transformers-llama`, loads model.safetensors into LlamaForCausalLM and compares.
 // The same for shardwise's GPT-2 (vocabulary 61 padded to 62, saved at TP 2 into DIR/gpt2_ckpt, logits in
-// DIR/gpt2_logits.npy), consolidated with --names transformers-gpt2 and loaded by GPT2LMHeadModel.from_pretrained.
+// DIR/gpt2_logits.npy), consolidated with --names transformers-gpt2 and loaded by GPT2LMHeadModel.from_pretrained;
+// and for a Qwen2 (biases, a window on its second layer) and a Mistral (a window) saved at TP 2 (DIR/qwen2_ckpt,
+// DIR/mistral_ckpt, DIR/qwen2_logits.npy, DIR/mistral_logits.npy), consolidated with --names transformers-qwen2
+// and -mistral and loaded by AutoModelForCausalLM.from_pretrained.
 #include <cstdio>
 #include <filesystem>
 #include <shardwise/checkpoint/sharded.hpp>
@@ -51,6 +54,20 @@ int main(int argc, char** argv) {
     sw::parallelize(model, tp);
     sw::save_sharded(model, tp, out / "gpt2_ckpt", 5);
   });
+  // Qwen2 (biases on q, k and v, a window of 3 on its second layer) and Mistral (a window of 4), saved at TP 2.
+  models::LlamaConfig qwen2 = c, mistral = c;
+  qwen2.attention_bias = true, qwen2.sliding_window = 3, qwen2.first_window_layer = 1, qwen2.norm_eps = 1e-6;
+  mistral.sliding_window = 4;
+  for (auto const& [name, config] : {std::pair{"qwen2", qwen2}, std::pair{"mistral", mistral}}) {
+    models::Llama<float> whole(config);
+    npy::write(out / (std::string(name) + "_logits.npy"), whole.forward(ids).local);
+    sw::run_threads(2, [&, n = std::string(name), cfg = config](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+      models::Llama<float, models::llama_plan<false>> model(cfg);
+      sw::parallelize(model, tp);
+      sw::save_sharded(model, tp, out / (n + "_ckpt"), 3);
+    });
+  }
   std::printf("wrote %s/ckpt and %s/logits.npy\n", out.c_str(), out.c_str());
   return 0;
 }

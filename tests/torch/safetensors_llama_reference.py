@@ -4,7 +4,11 @@ writes one model.safetensors, which safetensors loads and transformers' LlamaFor
 strict=True, and from_pretrained reads the folder with the config.json consolidate wrote; their logits must equal
 those of shardwise's unsharded model. The same for shardwise's GPT-2 with --names transformers-gpt2 (q, k and v
 fused into c_attn, Conv1D weights transposed): GPT2LMHeadModel.from_pretrained reports no missing or unexpected
-keys and gives the same logits. Prints "N passed, M failed".
+keys and gives the same logits. And a Qwen2 (biases on q, k and v, a sliding window on its second layer) and a
+Mistral (a sliding window shorter than the batch's sequences) saved at TP 2 and consolidated with --names
+transformers-qwen2 and -mistral: AutoModelForCausalLM.from_pretrained builds Qwen2ForCausalLM and
+MistralForCausalLM with no missing or unexpected keys and the same logits; the other family's name is refused.
+Prints "N passed, M failed".
 
 usage: safetensors_llama_reference.py CHECKPOINT_PROGRAM SHARDWISE_COMMAND DIR
 """
@@ -16,7 +20,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 VOCAB, DIM, HIDDEN, LAYERS, HEADS, KV_HEADS, SEQUENCE = 62, 32, 64, 2, 4, 2, 8
 GPT2_VOCAB = 61  # shardwise pads it to 62 for TP 2; the consolidated file is unpadded
@@ -35,6 +39,7 @@ def check_from_pretrained(results, model_class, folder, ids, expected, vocabular
     name = model_class.__name__
     try:
         model, info = model_class.from_pretrained(folder, output_loading_info=True, attn_implementation="eager")
+        name = type(model).__name__
     except Exception as e:  # a missing config.json or file: a failed check, not a crash of the test
         results.append((f"{name}.from_pretrained", False, str(e)[:500]))
         return
@@ -49,6 +54,7 @@ def check_from_pretrained(results, model_class, folder, ids, expected, vocabular
 def main():
     program, command, directory = sys.argv[1:4]
     results = []
+    ids = torch.tensor([(i * 7 + 3) % VOCAB for i in range(16)]).view(2, SEQUENCE)
     run(results, "safetensors_llama_checkpoint", [program, directory])
     checkpoint = os.path.join(directory, "ckpt")
     listing = run(results, "shardwise inspect (sharded)", [command, "inspect", checkpoint]).stdout
@@ -82,7 +88,6 @@ def main():
             results.append(("load_state_dict(strict=True)", True, ""))
         except RuntimeError as e:
             results.append(("load_state_dict(strict=True)", False, str(e)[:500]))
-        ids = torch.tensor([(i * 7 + 3) % VOCAB for i in range(16)]).view(2, SEQUENCE)
         with torch.no_grad():
             logits = model(ids).logits.reshape(-1, VOCAB).numpy()
         expected = np.load(os.path.join(directory, "logits.npy"))
@@ -98,6 +103,23 @@ def main():
     gpt2_ids = torch.tensor([(i * 7 + 3) % GPT2_VOCAB for i in range(16)]).view(2, SEQUENCE)
     check_from_pretrained(results, GPT2LMHeadModel, gpt2_out, gpt2_ids,
                           np.load(os.path.join(directory, "gpt2_logits.npy")), GPT2_VOCAB)
+
+    for family, architecture in (("qwen2", "Qwen2ForCausalLM"), ("mistral", "MistralForCausalLM")):
+        family_out = os.path.join(directory, family + "_consolidated")
+        run(results, f"shardwise consolidate --names transformers-{family}",
+            [command, "consolidate", os.path.join(directory, family + "_ckpt"), family_out, "--names",
+             "transformers-" + family])
+        check_from_pretrained(results, AutoModelForCausalLM, family_out, ids,
+                              np.load(os.path.join(directory, family + "_logits.npy")), VOCAB)
+        other = "mistral" if family == "qwen2" else "qwen2"
+        refused = subprocess.run([command, "consolidate", os.path.join(directory, family + "_ckpt"),
+                                  os.path.join(directory, family + "_wrong"), "--names", "transformers-" + other],
+                                 capture_output=True, text=True)
+        results.append((f"--names transformers-{other} refuses the {family} checkpoint",
+                        refused.returncode != 0 and f"consolidate it with --names transformers-{family}" in refused.stderr,
+                        refused.stderr[-400:]))
+        results.append((f"{family}: from_pretrained builds {architecture}",
+                        any(name.startswith(architecture) for name, ok, _ in results if ok), ""))
 
     # --remove-checkpoint-dir: the same file again, then the sharded checkpoint is gone.
     again = os.path.join(directory, "again")

@@ -22,15 +22,19 @@ struct attention_saved<meta<T>> {
   meta_matrix<T> logsumexp;  ///< [rows, heads] of the softmax statistics.
   meta_matrix<T> output;     ///< The output, kept under the ring.
   std::size_t sequence = 0;  ///< Tokens per sequence.
+  std::size_t window = 0;    ///< The sliding window (0: none), which narrows the backward's panels.
 };
 }  // namespace nn
 
 namespace detail {
-/// `count` [block rows, sequence] panels, as the attention kernels allocate them, on q's trace while they live.
+/// `count` [block rows, sequence] panels ([block rows, block rows + window - 1] with a window), as the attention
+/// kernels allocate them, on q's trace while they live.
 template <class T>
-constexpr meta_matrix<T> attention_panels(meta_matrix<T> const& q, std::size_t count, std::size_t sequence) {
-  auto const rows = static_cast<std::ptrdiff_t>(std::min(nn::attention_block_rows, sequence));
-  return q.like(static_cast<std::ptrdiff_t>(count) * rows, static_cast<std::ptrdiff_t>(sequence));
+constexpr meta_matrix<T> attention_panels(meta_matrix<T> const& q, std::size_t count, std::size_t sequence,
+                                          std::size_t window = 0) {
+  std::size_t const rows = std::min(nn::attention_block_rows, sequence);
+  std::size_t const width = window ? std::min(sequence, rows + window - 1) : sequence;
+  return q.like(static_cast<std::ptrdiff_t>(count * rows), static_cast<std::ptrdiff_t>(width));
 }
 }  // namespace detail
 
@@ -42,7 +46,8 @@ template <class M>
 constexpr void attend_causal(context_parallel const*, meta_matrix<typename M::element> const& q,
                              meta_matrix<typename M::element> const& k, meta_matrix<typename M::element> const&,
                              sequence_lengths const& sequences, std::size_t head_dim,
-                             meta_matrix<typename M::element>& out, nn::attention_saved<M>& saved) {
+                             meta_matrix<typename M::element>& out, nn::attention_saved<M>& saved,
+                             std::size_t window = 0) {
   using T = typename M::element;
   std::size_t const sequence = sequences.longest();
   meta_trace& trace = *q.trace();
@@ -50,7 +55,7 @@ constexpr void attend_causal(context_parallel const*, meta_matrix<typename M::el
   bool const across = cp.ranks > 1;
   auto const q_cols = static_cast<std::size_t>(q.cols()), heads = q_cols / head_dim;
   if (across) trace.add(context_attention_cost<T>(trace.inputs, q_cols, static_cast<std::size_t>(k.cols())).forward);
-  (void)detail::attention_panels(q, 1, sequence);  // held while the kernel runs, then freed
+  (void)detail::attention_panels(q, 1, sequence, window);  // held while the kernel runs, then freed
   auto const rows = static_cast<std::size_t>(q.rows());
   if (across && cp.method == context_method::all_to_all)
     saved.logsumexp = q.like(static_cast<std::ptrdiff_t>(rows / cp.tokens(cp.rank) * cp.sequence),
@@ -58,7 +63,7 @@ constexpr void attend_causal(context_parallel const*, meta_matrix<typename M::el
   else
     saved.logsumexp = q.like(q.rows(), static_cast<std::ptrdiff_t>(heads));
   if (across && cp.method == context_method::ring) saved.output = out;
-  saved.sequence = sequence;
+  saved.sequence = sequence, saved.window = window;
 }
 
 /// attend_causal_backward on shapes: this rank's backward transfers across the cp axis and the two
@@ -76,7 +81,7 @@ constexpr void attend_causal_backward(context_parallel const*, meta_matrix<typen
   auto const q_cols = static_cast<std::size_t>(q.cols()), kv_cols = static_cast<std::size_t>(k.cols());
   if (trace.inputs.cp.ranks > 1)  // nothing moves across cp otherwise
     trace.add(context_attention_cost<T>(trace.inputs, q_cols, kv_cols).backward);
-  (void)detail::attention_panels(q, 2, saved.sequence);
+  (void)detail::attention_panels(q, 2, saved.sequence, saved.window);
 }
 
 }  // namespace shardwise

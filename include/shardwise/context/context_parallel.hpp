@@ -117,14 +117,19 @@ class context_parallel {
   typed<double> double_;
 };
 
-/// A model attention's causal attention on its rows: within each of the sequences `rows` (nn::causal_attention)
-/// when `context` is null, else of this rank's tokens across the cp ranks (the context's cut). Under the ring,
-/// `saved` also keeps the output, which the ring's backward needs (its softmax term spans every block).
+/// A model attention's causal attention on its rows: within each of the sequences `rows` (nn::causal_attention,
+/// with a sliding `window` if not 0) when `context` is null, else of this rank's tokens across the cp ranks (the
+/// context's cut; no window). Under the ring, `saved` also keeps the output, which the ring's backward needs (its
+/// softmax term spans every block).
 template <std::floating_point T>
 void attend_causal(context_parallel const* context, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                    nn::const_matrix_ref<T> v, sequence_lengths const& rows, std::size_t head_dim, nn::matrix<T>& out,
-                   nn::attention_saved<T>& saved) {
-  if (!context) return nn::causal_attention<T>(q, k, v, rows, head_dim, out, saved);
+                   nn::attention_saved<T>& saved, std::size_t window = 0) {
+  if (!context) return nn::causal_attention<T>(q, k, v, rows, head_dim, out, saved, nn::attention_block_rows, window);
+  if (window != 0)
+    detail::fail(
+        "shardwise::attend_causal: a sliding window across cp ranks is not built; attend without context "
+        "parallelism");
   context->attend<T>(q, k, v, head_dim, out, saved);
   if (context->method() == context_method::ring) saved.output = out;
 }

@@ -47,17 +47,20 @@ namespace shardwise::nn {
 /// out = softmax(q K^T / sqrt(head_dim), causal) V for the new rows of `step`, K and V the sequence's cached keys
 /// and values with k and v (the new tokens' own) written into `cache` first. q, out [rows, heads * head_dim];
 /// k, v [rows, kv_heads * head_dim], heads a multiple of kv_heads; RoPE, where the model has it, is applied to q
-/// and k before the call, at the rows' positions (cache_step::positions). Holds one [block_rows, keys] panel.
+/// and k before the call, at the rows' positions (cache_step::positions). With a `window` (Mistral's
+/// sliding_window), a query sees itself and the window - 1 positions before it. Holds one [block_rows, keys] panel.
 template <std::floating_point T>
 void cached_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, std::size_t head_dim,
                       cache_step const& step, kv_layer<T>& cache, matrix_ref<T> out,
-                      std::size_t block_rows = attention_block_rows) {
+                      std::size_t block_rows = attention_block_rows, std::size_t window = 0) {
   auto const a = detail::checked_cached_attention<T>(q, k, v, head_dim, step, cache, block_rows);
   detail::nn_check_shape("cached_attention", "out [rows, heads * head_dim]", out, q.rows(), q.cols());
   Eigen::Index const d = a.head_dim, panel_rows = static_cast<Eigen::Index>(block_rows);
+  auto const w = static_cast<Eigen::Index>(window);
   T const scale = T(1) / std::sqrt(static_cast<T>(d));
   Eigen::Index longest = 0;
   for (auto const& e : step.entries) longest = std::max(longest, static_cast<Eigen::Index>(e.start + e.count));
+  if (w > 0) longest = std::min(longest, panel_rows + w - 1);
   matrix<T> panel(std::min(panel_rows, std::max<Eigen::Index>(q.rows(), 1)), longest);
   Eigen::Matrix<T, Eigen::Dynamic, 1> inverse_sum(panel.rows());
   Eigen::Index row = 0;
@@ -69,18 +72,21 @@ void cached_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix
     for (Eigen::Index h = 0; h < a.heads; ++h) {
       Eigen::Index const g = h / a.group();
       for (Eigen::Index first = 0; first < n; first += panel_rows) {
-        Eigen::Index const rows = std::min(panel_rows, n - first), keys = start + first + rows;
-        auto p = panel.topLeftCorner(rows, keys);
-        p.noalias() = q.block(row + first, h * d, rows, d) * cache.keys.block(base, g * d, keys, d).transpose();
+        Eigen::Index const rows = std::min(panel_rows, n - first), at = start + first;  // the panel's first position
+        auto const keys = detail::keys_of_panel(at, rows, w);
+        auto p = panel.topLeftCorner(rows, keys.count);
+        p.noalias() =
+            q.block(row + first, h * d, rows, d) * cache.keys.block(base + keys.from, g * d, keys.count, d).transpose();
         for (Eigen::Index r = 0; r < rows; ++r) {
-          auto seen = p.row(r).head(start + first + r + 1);
+          auto const columns = detail::columns_seen(at, r, keys.from, w);
+          auto seen = p.row(r).segment(columns.begin, columns.count);
           T const top = seen.maxCoeff();
           seen = ((seen.array() - top) * scale).exp().matrix();
           inverse_sum(r) = T(1) / seen.sum();
         }
-        detail::mask_future(p, start + first);
+        detail::mask_unseen(p, at, keys.from, w);
         auto o = out.block(row + first, h * d, rows, d);
-        o.noalias() = p * cache.values.block(base, g * d, keys, d);
+        o.noalias() = p * cache.values.block(base + keys.from, g * d, keys.count, d);
         o.array().colwise() *= inverse_sum.head(rows).array();
       }
     }

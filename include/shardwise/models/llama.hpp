@@ -164,7 +164,7 @@ struct Llama {
           "\"linear\", \"llama3\" and \"yarn\" are built); it would compute other numbers: use a model with one of "
           "those or none");
     layers.reserve(c.layers);
-    for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c, c.seed + 100 * (i + 1));
+    for (std::size_t i = 0; i < c.layers; ++i) layers.emplace_back(c.for_layer(i), c.seed + 100 * (i + 1));
     if (c.tie_word_embeddings) tie_output_to_embedding();
     // A vocabulary the tp size does not divide is padded at parallelize (zero embedding rows no id reaches,
     // zero output rows the loss leaves out), as Megatron does.
@@ -206,6 +206,7 @@ struct Llama {
 
   /// Called by sw::context_parallelize: from then on forward takes this rank's tokens of each sequence.
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
+    config_.check_context_parallel("shardwise::models::Llama");
     if (context->split().sequence != config_.sequence)
       shardwise::raise("shardwise::models::Llama: the context_split cuts sequences of ", context->split().sequence,
                        " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");

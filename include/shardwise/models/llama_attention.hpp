@@ -102,7 +102,8 @@ struct LlamaAttention {
     rope_.rotate(q_.local, rows_, context_.get());
     rope_.rotate(k_.local, rows_, context_.get());
     auto out = empty_like(q_);
-    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, rows_, config_.head_dim(), out.local, saved_);
+    attend_causal<T>(context_.get(), q_.local, k_.local, v_.local, rows_, config_.head_dim(), out.local, saved_,
+                     config_.sliding_window);
     return wo(std::move(out));  // its storage becomes wo's kept input
   }
   /// Forward with a key-value cache (inference): the step's new rows, RoPE at their positions, attention over
@@ -113,7 +114,8 @@ struct LlamaAttention {
     auto q = wq(x), k = wk(x), v = wv(x);
     rope_.rotate(q.local, step), rope_.rotate(k.local, step);
     auto out = empty_like(q);
-    nn::cached_attention<T>(q.local, k.local, v.local, config_.head_dim(), step, cache, out.local);
+    nn::cached_attention<T>(q.local, k.local, v.local, config_.head_dim(), step, cache, out.local,
+                            nn::attention_block_rows, config_.sliding_window);
     return wo(std::move(out));
   }
 

@@ -46,6 +46,28 @@ struct LlamaConfig {
   /// How the rotary embedding's frequencies are scaled (transformers' rope_scaling or rope_parameters: "linear",
   /// "llama3", "yarn"; none by default).
   RopeScaling rope_scaling{};
+  /// Sliding-window attention (Mistral's sliding_window; Qwen2's with use_sliding_window): on the layers it acts
+  /// on, a token attends to itself and the sliding_window - 1 tokens before it. 0: the whole sequence.
+  std::size_t sliding_window = 0;
+  /// The first layer the window acts on; it acts on every layer from there (Qwen2's max_window_layers; 0: every
+  /// layer, as Mistral's).
+  std::size_t first_window_layer = 0;
+  /// The window of layer `layer`: sliding_window from first_window_layer on, 0 (none) before.
+  [[nodiscard]] constexpr std::size_t window_at(std::size_t layer) const {
+    return layer >= first_window_layer ? sliding_window : 0;
+  }
+  /// The config as layer `layer` sees it: its own window (window_at) on every layer.
+  [[nodiscard]] constexpr LlamaConfig for_layer(std::size_t layer) const {
+    LlamaConfig c = *this;
+    c.sliding_window = window_at(layer), c.first_window_layer = 0;
+    return c;
+  }
+  /// Throws, naming `who`, for what context parallelism does not build: a sliding window.
+  void check_context_parallel(char const* who) const {
+    if (sliding_window != 0)
+      shardwise::raise(who, ": a sliding window (config sliding_window ", sliding_window,
+                       ") under context parallelism is not built; train a model with a window without cp");
+  }
   /// Width of one attention head: dim / heads.
   [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
 
@@ -66,6 +88,9 @@ struct LlamaConfig {
                                          {"attention_output_bias", attention_output_bias ? "true" : "false"},
                                          {"mlp_bias", mlp_bias ? "true" : "false"}};
     f.merge(rope_scaling.fields());
+    if (sliding_window != 0)  // recorded only when set, so checkpoints from before windows load as they did
+      f["sliding_window"] = std::to_string(sliding_window),
+      f["first_window_layer"] = std::to_string(first_window_layer);
     return f;
   }
 

@@ -215,32 +215,58 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
   return c;
 }
 
-/// The sliding window that acts on some layer of a `family` config (null when none), as transformers decides it:
-/// Mistral always has one (4096 when the field is absent), Qwen2 only with use_sliding_window and on layers from
-/// max_window_layers (default 28) on; Llama has no such field, so any window given is taken to act.
-inline std::optional<nlohmann::json> sliding_window_acts(nlohmann::json const& root, std::string_view family,
-                                                         LlamaConfig const& c) {
+/// Reads the sliding window into `c` as transformers decides it: Mistral's acts on every layer (4096 when the
+/// field is left out, none when null); Qwen2's only with use_sliding_window, on the layers from max_window_layers
+/// (28 by default) on; `layer_types`, when given, says which layers slide ("sliding_attention"), which must be the
+/// last ones. Llama has no window: one given there is refused, as are layer kinds shardwise does not build.
+inline void read_sliding_window(nlohmann::json const& root, std::string_view source, std::string_view family,
+                                LlamaConfig& c) {
+  char const* const who = "llama_config_from_json";
+  auto const refuse = [&](char const* field, std::string const& value, char const* what) {
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", value, ": ",
+                     what);
+  };
   auto const field = root.find("sliding_window");
-  bool const given = field != root.end();
-  if (given && field->is_null()) return std::nullopt;
-  nlohmann::json const window = given ? *field : nlohmann::json(4096);
-  if (family == "mistral") return window;
-  if (family == "qwen2") {
-    auto const on = root.find("use_sliding_window");
-    if (on == root.end() || *on != true) return std::nullopt;
-    auto const from = root.find("max_window_layers");
-    bool const every_layer_full =
-        from != root.end() && from->is_number_unsigned() && from->get<std::size_t>() >= c.layers;
-    if (every_layer_full || (from == root.end() && c.layers <= 28)) return std::nullopt;
-    return window;
+  bool const null_window = field != root.end() && field->is_null();
+  if (family == "llama") {
+    if (field != root.end() && !null_window)
+      refuse("sliding_window", field->dump(),
+             "transformers' Llama has no sliding window; give the model_type that has one (\"mistral\", \"qwen2\")");
+  } else if (!null_window && (family == "mistral" || config_flag(root, "use_sliding_window", source))) {
+    c.sliding_window = config_count(root, "sliding_window", source, 4096, who);
+    c.first_window_layer = family == "qwen2" ? config_count(root, "max_window_layers", source, 28, who) : 0;
   }
-  return given ? std::optional<nlohmann::json>(window) : std::nullopt;
+  auto const kinds = root.find("layer_types");
+  if (kinds == root.end() || kinds->is_null()) {
+    if (c.first_window_layer >= c.layers) c.sliding_window = c.first_window_layer = 0;  // no layer slides
+    return;
+  }
+  std::size_t sliding = 0, first = c.layers;
+  bool known = kinds->is_array() && kinds->size() == c.layers;
+  for (std::size_t i = 0; known && i < kinds->size(); ++i) {
+    auto const& kind = (*kinds)[i];
+    if (kind == "sliding_attention")
+      first = std::min(first, i), ++sliding;
+    else
+      known = kind == "full_attention";
+  }
+  if (!known)
+    refuse("layer_types", kinds->dump(),
+           "shardwise builds one \"full_attention\" or \"sliding_attention\" entry per layer; use a model with "
+           "those");
+  if (sliding != c.layers - first)
+    refuse("layer_types", kinds->dump(),
+           "shardwise slides the window on the last layers only (from one layer on, as Qwen2's max_window_layers); "
+           "use a model whose sliding layers are the last ones");
+  if (sliding != 0 && c.sliding_window == 0)
+    refuse("layer_types", kinds->dump(), "sliding layers with no window (sliding_window); give the window");
+  c.first_window_layer = sliding == 0 ? 0 : first;
+  if (sliding == 0) c.sliding_window = 0;
 }
 
 /// Refuses, naming the field and the fix, every field of a Llama config.json that would change the numbers and
 /// that shardwise's Llama does not compute (docs/models.md lists the fields read and those ignored).
-inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_view source, std::string_view family,
-                                        LlamaConfig const& c) {
+inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_view source, LlamaConfig const& c) {
   auto const refuse = [&](char const* field, nlohmann::json const& value, char const* what) {
     shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", value.dump(),
                      ": ", what);
@@ -264,14 +290,6 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
   for (char const* experts : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok"})
     if (auto v = set(experts); v && *v != 0)
       refuse(experts, *v, "a mixture of experts, which shardwise's Llama is not; use a dense model");
-  if (auto const window = sliding_window_acts(root, family, c))
-    refuse("sliding_window", *window,
-           "shardwise's Llama attends to the whole sequence; use a model without a window (generation would pass "
-           "the window within its capacity)");
-  if (auto v = set("layer_types");
-      v &&
-      (!v->is_array() || std::any_of(v->begin(), v->end(), [](auto const& kind) { return kind != "full_attention"; })))
-    refuse("layer_types", *v, "shardwise's Llama has full-attention layers only (\"full_attention\")");
   if (c.rope_scaling.type == rope_type::unsupported)
     shardwise::raise(
         "shardwise::models::llama_config_from_json: the rotary scaling \"", rope_name(rope, source), "\" in ", source,
@@ -281,7 +299,7 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
 }  // namespace detail
 
 /// Whether llama_config_from_json reads configs of transformers' `model_type`: "llama", "qwen2" (biases on q, k
-/// and v) and "mistral" (Llama's blocks; a sliding window is refused where it would act).
+/// and v; a sliding window on the last layers) and "mistral" (Llama's blocks with a sliding window).
 inline bool reads_as_llama(std::string_view model_type) {
   return model_type == "llama" || model_type == "qwen2" || model_type == "mistral";
 }
@@ -291,10 +309,11 @@ inline bool reads_as_llama(std::string_view model_type) {
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the family's),
 /// intermediate_size, rms_norm_eps, rope_theta, the rotary scaling (transformers 4's rope_scaling or 5's
 /// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings, max_position_embeddings (as
-/// the sequence) and the biases (Llama's attention_bias and mlp_bias; Qwen2's on q, k and v). Throws, naming the field
+/// the sequence), the biases (Llama's attention_bias and mlp_bias; Qwen2's on q, k and v) and the sliding window
+/// (Mistral's; Qwen2's use_sliding_window, max_window_layers; layer_types). Throws, naming the field
 /// and the fix, for text that is not JSON, another model_type, a missing or non-positive size, a head_dim other than
 /// hidden_size / num_attention_heads, and every field that would change the numbers and is not computed (another
-/// hidden_act, attention dropout, a partial rotation, experts, a sliding window, other layer types, another rotary
+/// hidden_act, attention dropout, a partial rotation, experts, a window on a Llama, other layer types, another rotary
 /// scaling): docs/models.md lists them.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
   nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
@@ -310,7 +329,8 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
     c.attention_bias = c.attention_output_bias = detail::config_flag(root, "attention_bias", source);
     c.mlp_bias = detail::config_flag(root, "mlp_bias", source);
   }
-  detail::refuse_unbuilt_llama_fields(root, source, family, c);
+  detail::read_sliding_window(root, source, family, c);
+  detail::refuse_unbuilt_llama_fields(root, source, c);
   return c;
 }
 
@@ -357,12 +377,20 @@ inline nlohmann::json llama_config_json_fields(LlamaConfig const& c) {
 }  // namespace detail
 
 /// The transformers config.json of a model with configuration `c` (what save_pretrained writes for it, and what
-/// llama_config_from_json reads back): a Qwen2ForCausalLM when q, k and v have biases and o none, else a
-/// LlamaForCausalLM (attention_bias on all four projections, or none; mlp_bias); SiLU, max_position_embeddings =
-/// c.sequence, the rotary scaling as "rope_scaling" (which transformers 4 and 5 read). Throws for biases
-/// neither family has.
+/// llama_config_from_json reads back): a Qwen2ForCausalLM when q, k and v have biases and o none (its sliding
+/// window, if any, with use_sliding_window and max_window_layers), a MistralForCausalLM for no biases and a window
+/// on every layer, else a LlamaForCausalLM (attention_bias on all four projections, or none; mlp_bias); SiLU,
+/// max_position_embeddings = c.sequence, the rotary scaling as "rope_scaling" (which transformers 4 and 5 read).
+/// Throws for biases neither family has, and for a window no family with those biases has.
 inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
   bool const qwen2 = c.attention_bias && !c.attention_output_bias && !c.mlp_bias;
+  bool const mistral = !qwen2 && c.sliding_window != 0 && c.first_window_layer == 0 && !c.attention_bias &&
+                       !c.attention_output_bias && !c.mlp_bias;
+  if (c.sliding_window != 0 && !qwen2 && !mistral)
+    shardwise::raise("shardwise::models::llama_config_to_json: a sliding window of ", c.sliding_window, " from layer ",
+                     c.first_window_layer,
+                     " with these biases is neither a Qwen2's (biases on q, k and v) nor a Mistral's (no biases, "
+                     "every layer); transformers has no config.json for it");
   if (!qwen2 && c.attention_bias != c.attention_output_bias) {
     auto const text = [](bool b) { return b ? "true" : "false"; };
     shardwise::raise("shardwise::models::llama_config_to_json: attention_bias ", text(c.attention_bias),
@@ -372,8 +400,13 @@ inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
   }
   nlohmann::json j = detail::llama_config_json_fields(c);
   if (qwen2) {
-    j["architectures"] = {"Qwen2ForCausalLM"}, j["model_type"] = "qwen2", j["use_sliding_window"] = false;
+    j["architectures"] = {"Qwen2ForCausalLM"}, j["model_type"] = "qwen2";
+    j["use_sliding_window"] = c.sliding_window != 0;
+    if (c.sliding_window != 0) j["sliding_window"] = c.sliding_window, j["max_window_layers"] = c.first_window_layer;
     j.erase("attention_bias"), j.erase("mlp_bias");  // not Qwen2's fields
+  } else if (mistral) {
+    j["architectures"] = {"MistralForCausalLM"}, j["model_type"] = "mistral", j["sliding_window"] = c.sliding_window;
+    j.erase("attention_bias"), j.erase("mlp_bias");  // not Mistral's fields
   }
   return j;
 }

@@ -61,7 +61,7 @@ struct LlamaStage {
     layers.first = range.first;
     layers.reserve(range.count);
     for (std::size_t i = range.first; i < range.first + range.count; ++i)
-      layers.emplace_back(c, c.seed + 100 * (i + 1));
+      layers.emplace_back(c.for_layer(i), c.seed + 100 * (i + 1));
     if (last_) {
       norm.emplace(std::get<2>(shapes).each, static_cast<T>(c.norm_eps));
       output.emplace(std::get<3>(shapes).each, c.seed + 1);
@@ -125,6 +125,7 @@ struct LlamaStage {
   /// Called by sw::context_parallelize: from then on the first stage takes this rank's tokens of each sequence,
   /// and every stage's stream holds those tokens' rows (the blocks' attention sees across the cp ranks).
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
+    config_.check_context_parallel("shardwise::models::LlamaStage");
     if (context->split().sequence != config_.sequence)
       shardwise::raise("shardwise::models::LlamaStage: the context_split cuts sequences of ", context->split().sequence,
                        " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");

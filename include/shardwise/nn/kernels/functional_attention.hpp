@@ -32,9 +32,10 @@ struct attention_saved {
   /// The attention's output, where its backward needs it: across cp ranks by the ring, whose softmax term spans
   /// every block (sw::attend_causal keeps it); empty otherwise.
   matrix<T> output;
-  /// The sizes causal_attention was called with (`sequence`: its longest sequence).
+  /// The sizes causal_attention was called with (`sequence`: its longest sequence; `window`: its sliding window,
+  /// 0 for none).
   /// @{
-  Eigen::Index sequence = 0, head_dim = 0, heads = 0, kv_heads = 0;
+  Eigen::Index sequence = 0, head_dim = 0, heads = 0, kv_heads = 0, window = 0;
   /// @}
   sequence_lengths rows;  ///< The sequences it attended within.
 };
@@ -109,50 +110,86 @@ void for_each_attention_panel(sequence_lengths const& sequences, Eigen::Index to
   });
 }
 
-/// Row r of a panel whose first query is `first` sees keys 0 .. first + r; the keys after it get probability 0.
+/// The earliest key query row `row` of a sequence sees: itself and the window - 1 rows before it (window 0: all).
+inline Eigen::Index first_key_seen(Eigen::Index row, Eigen::Index window) {
+  return window > 0 ? std::max<Eigen::Index>(0, row - window + 1) : 0;
+}
+
+/// The keys a panel of query rows first .. first + rows - 1 scores: from the first row's earliest to the last row.
+struct panel_keys {
+  Eigen::Index from, count;
+};
+inline panel_keys keys_of_panel(Eigen::Index first, Eigen::Index rows, Eigen::Index window) {
+  Eigen::Index const from = first_key_seen(first, window);
+  return {from, first + rows - from};
+}
+
+/// The columns row r of a panel (query first + r, keys from `from`) sees: [begin, begin + count).
+struct seen_columns {
+  Eigen::Index begin, count;
+};
+inline seen_columns columns_seen(Eigen::Index first, Eigen::Index r, Eigen::Index from, Eigen::Index window) {
+  Eigen::Index const begin = first_key_seen(first + r, window) - from;
+  return {begin, first + r - from - begin + 1};
+}
+
+/// The widest panel a call makes: every key of the longest sequence, or with a window, the block's rows' keys.
+inline Eigen::Index panel_width(attention_shape const& a, Eigen::Index window) {
+  return window > 0 ? std::min(a.sequence, a.block_rows + window - 1) : a.sequence;
+}
+
+/// Each row of a panel (queries from `first`, keys from `from`) gets probability 0 on the keys it does not see:
+/// the future's, and those before its window.
 template <class Panel>
-void mask_future(Panel&& p, Eigen::Index first) {
-  for (Eigen::Index r = 0; r < p.rows(); ++r) p.row(r).tail(p.cols() - first - r - 1).setZero();
+void mask_unseen(Panel&& p, Eigen::Index first, Eigen::Index from = 0, Eigen::Index window = 0) {
+  for (Eigen::Index r = 0; r < p.rows(); ++r) {
+    auto const seen = columns_seen(first, r, from, window);
+    p.row(r).head(seen.begin).setZero();
+    p.row(r).tail(p.cols() - seen.begin - seen.count).setZero();
+  }
 }
 
 }  // namespace shardwise::detail
 
 namespace shardwise::nn {
 
-/// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `rows` and each query head.
-/// q, out [tokens, heads * head_dim]; k, v [tokens, kv_heads * head_dim]; heads a multiple of kv_heads; tokens
-/// a multiple of sequence (rows of whole sequences). Fills `saved` for causal_attention_backward. Holds at most
-/// one [block_rows, sequence] panel besides its arguments.
+/// out = softmax(q k^T / sqrt(head_dim), causal) v for each sequence of `rows` and each query head; with a
+/// `window` (Mistral's sliding_window), each query sees only itself and the window - 1 keys before it, and costs
+/// that many. q, out [tokens, heads * head_dim]; k, v [tokens, kv_heads * head_dim]; heads a multiple of
+/// kv_heads; `rows` the sequences, adding up to the tokens. Fills `saved` for causal_attention_backward. Holds at
+/// most one [block_rows, sequence] panel besides its arguments ([block_rows, block_rows + window - 1] with one).
 template <std::floating_point T>
 void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix_ref<T> v, sequence_lengths const& rows,
                       std::size_t head_dim, matrix_ref<T> out, attention_saved<T>& saved,
-                      std::size_t block_rows = attention_block_rows) {
+                      std::size_t block_rows = attention_block_rows, std::size_t window = 0) {
   constexpr char const* fn = "causal_attention";
   auto const a = detail::checked_attention_shape<T>(fn, q, k, v, rows, head_dim, block_rows);
   detail::nn_check_shape(fn, "out [tokens, heads * head_dim]", out, q.rows(), q.cols());
+  auto const w = static_cast<Eigen::Index>(window);
   saved.sequence = a.sequence, saved.head_dim = a.head_dim, saved.heads = a.heads, saved.kv_heads = a.kv_heads;
-  saved.rows = rows;
+  saved.window = w, saved.rows = rows;
   saved.logsumexp.resize(q.rows(), a.heads);
   T const scale = T(1) / std::sqrt(static_cast<T>(a.head_dim));
   Eigen::Index const d = a.head_dim;
-  matrix<T> panel(a.block_rows, a.sequence);
+  matrix<T> panel(a.block_rows, detail::panel_width(a, w));
   Eigen::Matrix<T, Eigen::Dynamic, 1> inverse_sum(a.block_rows);
   detail::for_each_attention_panel(
       rows, q.rows(), a, [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
-        Eigen::Index const keys = first + rows;
-        auto p = panel.topLeftCorner(rows, keys);
-        p.noalias() = q.block(b + first, h * d, rows, d) * k.block(b, g * d, keys, d).transpose();
+        auto const keys = detail::keys_of_panel(first, rows, w);
+        auto p = panel.topLeftCorner(rows, keys.count);
+        p.noalias() = q.block(b + first, h * d, rows, d) * k.block(b + keys.from, g * d, keys.count, d).transpose();
         for (Eigen::Index r = 0; r < rows; ++r) {
-          auto seen = p.row(r).head(first + r + 1);
+          auto const columns = detail::columns_seen(first, r, keys.from, w);
+          auto seen = p.row(r).segment(columns.begin, columns.count);
           T const top = seen.maxCoeff();
           seen = ((seen.array() - top) * scale).exp().matrix();
           T const sum = seen.sum();
           inverse_sum(r) = T(1) / sum;
           saved.logsumexp(b + first + r, h) = top * scale + std::log(sum);
         }
-        detail::mask_future(p, first);
+        detail::mask_unseen(p, first, keys.from, w);
         auto o = out.block(b + first, h * d, rows, d);
-        o.noalias() = p * v.block(b, g * d, keys, d);
+        o.noalias() = p * v.block(b + keys.from, g * d, keys.count, d);
         o.array().colwise() *= inverse_sum.head(rows).array();  // normalising here costs d, not keys, per row
       });
 }
@@ -182,29 +219,32 @@ void causal_attention_backward(const_matrix_ref<T> dout, const_matrix_ref<T> q, 
   detail::nn_check_shape(fn, "dk [tokens, kv_heads * head_dim]", dk, q.rows(), k.cols());
   detail::nn_check_shape(fn, "dv [tokens, kv_heads * head_dim]", dv, q.rows(), k.cols());
   T const scale = T(1) / std::sqrt(static_cast<T>(d));
+  Eigen::Index const w = saved.window;
   dk.setZero(), dv.setZero();
-  matrix<T> probabilities(a.block_rows, a.sequence), gradient(a.block_rows, a.sequence);
+  Eigen::Index const width = detail::panel_width(a, w);
+  matrix<T> probabilities(a.block_rows, width), gradient(a.block_rows, width);
   detail::for_each_attention_panel(
       sequences, q.rows(), a,
       [&](Eigen::Index b, Eigen::Index h, Eigen::Index g, Eigen::Index first, Eigen::Index rows) {
-        Eigen::Index const keys = first + rows;
+        auto const keys = detail::keys_of_panel(first, rows, w);
         auto const qi = q.block(b + first, h * d, rows, d);
         auto const dOi = dout.block(b + first, h * d, rows, d);
-        auto const kj = k.block(b, g * d, keys, d), vj = v.block(b, g * d, keys, d);
-        auto p = probabilities.topLeftCorner(rows, keys);
-        auto ds = gradient.topLeftCorner(rows, keys);
+        auto const kj = k.block(b + keys.from, g * d, keys.count, d), vj = v.block(b + keys.from, g * d, keys.count, d);
+        auto p = probabilities.topLeftCorner(rows, keys.count);
+        auto ds = gradient.topLeftCorner(rows, keys.count);
         p.noalias() = qi * kj.transpose();
         ds.noalias() = dOi * vj.transpose();  // d loss / d p
         for (Eigen::Index r = 0; r < rows; ++r) {
-          auto seen = p.row(r).head(first + r + 1);
+          auto const columns = detail::columns_seen(first, r, keys.from, w);
+          auto seen = p.row(r).segment(columns.begin, columns.count);
           seen = (seen.array() * scale - saved.logsumexp(b + first + r, h)).exp().matrix();
         }
-        detail::mask_future(p, first);
+        detail::mask_unseen(p, first, keys.from, w);
         for (Eigen::Index r = 0; r < rows; ++r)  // through the softmax: p * (dp - sum_j p_j dp_j)
           ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - p.row(r).dot(ds.row(r))).matrix());
-        dv.block(b, g * d, keys, d).noalias() += p.transpose() * dOi;
+        dv.block(b + keys.from, g * d, keys.count, d).noalias() += p.transpose() * dOi;
         dq.block(b + first, h * d, rows, d).noalias() = scale * ds * kj;
-        dk.block(b, g * d, keys, d).noalias() += scale * ds.transpose() * qi;
+        dk.block(b + keys.from, g * d, keys.count, d).noalias() += scale * ds.transpose() * qi;
       });
 }
 
@@ -224,7 +264,7 @@ void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix
 #define SHARDWISE_DETAIL_ATTENTION_KERNELS(prefix, T)                                                                \
   prefix template void causal_attention<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,            \
                                            sequence_lengths const&, std::size_t, matrix_ref<T>, attention_saved<T>&, \
-                                           std::size_t);                                                             \
+                                           std::size_t, std::size_t);                                                \
   prefix template void causal_attention_backward<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,   \
                                                     const_matrix_ref<T>, attention_saved<T> const&, matrix_ref<T>,   \
                                                     matrix_ref<T>, matrix_ref<T>, std::size_t);
