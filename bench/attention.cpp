@@ -127,7 +127,9 @@ bool run_window(Index s, Index heads, Index kv_heads, Index d, int repeats, std:
   bool ok = true;
   if (s <= 8192) {
     Timing const whole = timed(0);
-    full = std::to_string(1e6 * (whole.forward + whole.backward) / double(s));
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f", 1e6 * (whole.forward + whole.backward) / double(s));
+    full = text;
     Index const seen = std::min(window, s);
     ok = max_relative_difference(windowed_out.topRows(seen), out.topRows(seen)) <= 1e-5;
   }
