@@ -126,9 +126,8 @@ template <class World>
 void all_models(World const& world, fs::path const& dir, std::string const& tag) {
   auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
   prompt_list const prompts = read_prompts(dir / "prompts.txt");
-  for (char const* model :
-       {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias", "smollm",
-        "mistral", "qwen2_window"}) {
+  for (char const* model : {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2",
+                            "llama_bias", "smollm", "mistral", "qwen2_window"}) {
     bool const nine_heads = std::string_view(model) == "smollm";
     if (world.size() != 1 && (world.size() == 3) != nine_heads) continue;
     runs<float>(dir / model, tp, tag, prompts);
