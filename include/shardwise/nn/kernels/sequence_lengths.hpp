@@ -78,6 +78,7 @@ class sequence_lengths {
                        " positions (config().sequence); cut it, or build the model with a longer one");
   }
 
+  /// Equal when they describe the same sequences the same way (every(n), or the same lengths).
   friend constexpr bool operator==(sequence_lengths const&, sequence_lengths const&) = default;
 
  private:
