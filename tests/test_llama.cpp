@@ -344,7 +344,9 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
   }
 }
 
-TEST_CASE("Llama on packed documents of any length equals each document alone and the unsharded run, thread mesh") {
+TEST_CASE(
+    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP), thread "
+    "mesh") {
   llama_packed_cases::Result serial;
   worlds::run_threads(1, [&](auto& world) {
     serial = llama_packed_cases::train_packed<shardwise::serial_plan>(world, 5);
@@ -352,6 +354,8 @@ TEST_CASE("Llama on packed documents of any length equals each document alone an
   });
   for (int ranks : {2, 4})
     worlds::run_threads(ranks, [&](auto& world) { llama_packed_cases::check_all(world, serial); });
+  auto const two_rows = llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), 5, 2);
+  worlds::run_threads(2, [&](auto& world) { llama_packed_cases::check_fsdp(world, two_rows); });
 }
 
 TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than its capacity") {

@@ -59,4 +59,7 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
 TEST_CASE("Llama on packed documents of any length equals the unsharded run, MPI mesh") {
   auto const serial = llama_packed_cases::train_packed<shardwise::serial_plan>(shardwise::serial_world(), 5);
   llama_packed_cases::check_all(worlds::mpi(), serial);
+  if (worlds::mpi().size() == 2)  // FSDP at dp 2 against the unsharded run over both ranks' rows
+    llama_packed_cases::check_fsdp(worlds::mpi(),
+                                   llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), 5, 2));
 }

@@ -1,16 +1,20 @@
 #pragma once
 // Sequences of any length, and documents packed into one row (sw::sequence_lengths), with a sliding window on
-// the second layer, in fp64: a packed row's
-// logits and gradients equal each document's run alone (each attends within itself, its positions from 0), and
-// tensor parallelism with and without sequence parallelism (rows cut across tp whatever their lengths, 15 tokens
-// on 2 or 4 ranks) equals the unsharded run: logits, gradients, and 5 AdamW steps over packed rows whose documents
-// change every step. Tolerances: 1e-12 relative for one forward and backward, 1e-10 after 5 steps (fp64; what
-// differs is the order of fp64 sums).
+// the second layer, in fp64:
+// - a packed row's logits and gradients equal each document's run alone (each attends within itself, its
+//   positions from 0);
+// - tensor parallelism with and without sequence parallelism (rows cut across tp whatever their lengths, 15 tokens
+//   on 2 or 4 ranks) equals the unsharded run: logits, gradients, and 5 AdamW steps over packed rows whose
+//   documents change every step;
+// - FSDP at dp 2 (full shard) equals the unsharded run over both ranks' rows.
+// Tolerances: 1e-12 relative for one forward and backward, 1e-10 after 5 steps (fp64; what differs is the order
+// of fp64 sums).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -127,6 +131,55 @@ inline void check_same(std::vector<matrix> const& got, std::vector<matrix> const
     INFO(what << " " << i);
     CHECK(relative_error(got[i], expected[i]) <= tolerance);
   }
+}
+
+/// Row `row` of step `step`: the step's documents (rotated by the row) over token ids of their own.
+inline void packed_row(int step, int row, std::vector<std::int64_t>& ids, std::vector<std::int64_t>& targets,
+                       std::vector<std::size_t>& lengths) {
+  auto const here = documents(step + row);
+  lengths.insert(lengths.end(), here.begin(), here.end());
+  auto const more = tokens(step * 3 + row, false), more_targets = tokens(step * 3 + row, true);
+  ids.insert(ids.end(), more.begin(), more.end()),
+      targets.insert(targets.end(), more_targets.begin(), more_targets.end());
+}
+
+/// `steps` AdamW steps over packed rows under FSDP (full shard, a unit per block) at dp = the world's size, rank
+/// r training on row r of each step; with `rows` and a one-rank world, the unsharded run over every row at once
+/// (the mean over all their tokens: each row has 15, so it is the mean of the ranks' means).
+template <class World>
+Result train_packed_fsdp(World const& world, int steps, int rows = 1) {
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<double> model(config());
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int64_t> ids, targets;
+    std::vector<std::size_t> lengths;
+    for (int row = 0; row < rows; ++row) packed_row(step, world.rank() + row, ids, targets, lengths);
+    auto const logits = sharded.forward(ids, sw::sequence_lengths(lengths));
+    auto const loss = models::llama_loss(tp, logits, targets, config().vocabulary);
+    sharded.backward(loss.dlogits);
+    optimizer.step(sharded);
+    sw::zero_grad(sharded);
+    r.losses.push_back(sw::all_reduce(dp, loss.loss, sw::Avg{}));
+  }
+  sharded.unshard();
+  sw::for_each_parameter(sharded.model(),
+                         [&](std::string const&, auto const& p) { r.parameters.push_back(sw::full_tensor(p)); });
+  sharded.reshard();
+  return r;
+}
+
+/// FSDP at dp 2 over packed rows against the unsharded run over both rows at once: losses and parameters after 5
+/// steps within 1e-10.
+template <class World>
+void check_fsdp(World const& world, Result const& serial_two_rows) {
+  Result const got = train_packed_fsdp(world, 5);
+  for (std::size_t s = 0; s < got.losses.size(); ++s)
+    CHECK(std::abs(got.losses[s] - serial_two_rows.losses[s]) <= 1e-10 * std::abs(serial_two_rows.losses[s]));
+  check_same(got.parameters, serial_two_rows.parameters, 1e-10, "parameter after the steps under FSDP");
 }
 
 /// The serial packed run against each document alone, and the sharded runs at the world's size against it.
