@@ -112,26 +112,8 @@ int memory(models::LlamaConfig c, std::size_t capacity, std::size_t rows) {
   models::LlamaConfig planned_config = c;
   planned_config.sequence = rows;
   c.sequence = capacity;
-  double peak = 0;
-  sw::run_threads(1, [&](auto& world) {
-    auto const tp = sw::make_mesh<"tp">(world, {1});
-    auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
-    models::Llama<float, models::llama_plan<true>> model(c);
-    sw::parallelize(model, tp);
-    sw::AdamW<float> optimizer({.learning_rate = 1e-4f, .max_grad_norm = 1.0f});
-    std::vector<std::int64_t> ids, targets;
-    for (std::size_t i = 0; i < sequences * rows; ++i)
-      ids.push_back(token(i / rows, i % rows, c.vocabulary)),
-          targets.push_back(token(i / rows, i % rows + 1, c.vocabulary));
-    for (int step = 0; step < 2; ++step) {
-      auto const logits = model.forward(ids, sw::sequence_lengths::every(rows));
-      auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
-      model.backward(result.dlogits);
-      optimizer.step(sw::finish_gradients(model), dp);
-      sw::zero_grad(model);
-    }
-    peak = bench::status_mib("VmHWM");
-  });
+  (void)train(c, padded(std::vector<std::size_t>(sequences, rows), c.vocabulary, rows), 1);  // warm-up and 1 step
+  double const peak = bench::status_mib("VmHWM");
   namespace planner = sw::planner;
   double const planned =
       double(planner::estimate_layout(planned_config, {sequences, rows, planner::fp32}, {}, {}).bytes_per_rank()) /
