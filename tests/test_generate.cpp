@@ -180,7 +180,6 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
            {R"("layer_types": ["full_attention"])", R"("layer_types" in config.json is ["full_attention"]: shardwise)"},
            {R"("layer_types": ["full_attention", "sliding_attention"])",
             R"(is ["full_attention","sliding_attention"]: sliding layers with no window (sliding_window); give the)"},
-           {R"("head_dim": 16)", R"("head_dim" in config.json is not hidden_size / num_attention_heads)"},
            {R"("tie_word_embeddings": "yes")",
             R"("tie_word_embeddings" in config.json is "yes"; it must be true or)"}}) {
     std::string const message =
@@ -204,7 +203,15 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   CHECK((!mistral.attention_bias && !mistral.attention_output_bias && !mistral.mlp_bias));
   CHECK(error_of([&] {
           (void)models::llama_config_from_json(family("gemma", R"("hidden_act": "silu")"));
-        }).find("describes model_type \"gemma\", not \"llama\", \"qwen2\" or \"mistral\"") != std::string::npos);
+        }).find("describes model_type \"gemma\", not \"llama\", \"qwen2\", \"qwen3\" or \"mistral\"") !=
+        std::string::npos);
+  // Qwen3: q and k norms, attention_bias on all four projections, heads of head_dim (128 when left out).
+  auto const qwen3 = models::llama_config_from_json(family("qwen3", R"("head_dim": 16, "attention_bias": true)"));
+  CHECK((qwen3.qk_norm && qwen3.explicit_head_dim == 16 && qwen3.head_dim() == 16 && qwen3.attention_bias &&
+         qwen3.attention_output_bias && !qwen3.mlp_bias));
+  CHECK(models::llama_config_from_json(family("qwen3", R"("hidden_act": "silu")")).head_dim() == 128);
+  CHECK(models::llama_config_from_json(base + R"(, "head_dim": 16})").head_dim() == 16);  // Llama's head_dim
+  CHECK(models::llama_config_from_json(base + R"(, "head_dim": 8})").explicit_head_dim == 0);  // dim / heads
   CHECK(error_of([&] {
           (void)models::llama_config_from_json(base + R"(, "mlp_bias": "yes"})");
         }).find("\"mlp_bias\" in config.json is \"yes\"; it must be true or false") != std::string::npos);
@@ -212,6 +219,8 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   CHECK(models::llama_config_to_json(qwen2)["model_type"] == "qwen2");
   CHECK(models::llama_config_from_json(models::llama_config_to_json(qwen2).dump()).fields() == qwen2.fields());
   CHECK(models::llama_config_from_json(models::llama_config_to_json(llama).dump()).fields() == llama.fields());
+  CHECK(models::llama_config_to_json(qwen3)["model_type"] == "qwen3");
+  CHECK(models::llama_config_from_json(models::llama_config_to_json(qwen3).dump()).fields() == qwen3.fields());
   models::LlamaConfig odd = llama;
   odd.attention_output_bias = false, odd.mlp_bias = true;
   CHECK(error_of([&] { (void)models::llama_config_to_json(odd); }).find("are neither a Llama's") != std::string::npos);

@@ -4,7 +4,8 @@
 // key-value head, repeated at tp 2 and 4 by kv_size_multiplier; DIR/gpt2: tied head; DIR/llama3_rope, yarn_rope and
 // linear_rope: the rotary scalings; DIR/qwen2: Qwen2, biases on q, k and v; DIR/llama_bias: Llama's attention and
 // feed-forward biases; DIR/smollm: 9 heads and 3 key-value heads, tied, at tp 1 and 3; DIR/mistral: a sliding window
-// of 4 on every layer; DIR/qwen2_window: Qwen2's window of 3 on its second layer), loaded lazily at tp 1, 2 and
+// of 4 on every layer; DIR/qwen2_window: Qwen2's window of 3 on its second layer; DIR/qwen3: Qwen3's q and k norms,
+// heads of 16 on a width of 32), loaded lazily at tp 1, 2 and
 // 4 on threads (generate_dump DIR) or at the MPI world's size (mpiexec -n N generate_dump --mpi DIR), it writes
 // DIR/<model>/<tag>_<fp32|fp64>.txt: greedy generation of 64 tokens after each prompt of DIR/prompts.txt, every
 // step's logits; and for fp32 a sampled generation (temperature 0.9, top-k 12, top-p 0.85, seed 11) with every
@@ -127,7 +128,7 @@ void all_models(World const& world, fs::path const& dir, std::string const& tag)
   auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
   prompt_list const prompts = read_prompts(dir / "prompts.txt");
   for (char const* model : {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2",
-                            "llama_bias", "smollm", "mistral", "qwen2_window"}) {
+                            "llama_bias", "smollm", "mistral", "qwen2_window", "qwen3"}) {
     bool const nine_heads = std::string_view(model) == "smollm";
     if (world.size() != 1 && (world.size() == 3) != nine_heads) continue;
     runs<float>(dir / model, tp, tag, prompts);

@@ -8,8 +8,8 @@ GPT2LMHeadModel (DIR/gpt2); one-block Llamas with a scaled rotary embedding, "ll
 "yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope); a tied Qwen2ForCausalLM (biases on q, k and
 v: DIR/qwen2); a one-block Llama with attention_bias and mlp_bias (DIR/llama_bias); SmolLM2's shape, 9 heads
 and 3 key-value heads, tied (DIR/smollm, which tp 3 serves and 2 and 4 do not); a MistralForCausalLM with a sliding
-window of 4 (DIR/mistral) and a Qwen2ForCausalLM whose second layer slides a window of 3 (DIR/qwen2_window) — with
-save_pretrained, and the prompts (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
+window of 4 (DIR/mistral), a Qwen2ForCausalLM whose second layer slides a window of 3 (DIR/qwen2_window) and a
+tied Qwen3ForCausalLM, q and k norms and heads of 16 on a width of 32 (DIR/qwen3) — with save_pretrained, and the prompts (DIR/prompts.txt: 3 prompts of 5, 1 and 9 ids).
 
 compare DIR [--example PATH] TAG...: for every model, in fp32 and in fp64 (model.double() on the same weights),
 transformers' generate(do_sample=False, max_new_tokens=64) on each prompt gives the tokens and every step's
@@ -35,7 +35,7 @@ import types
 import numpy as np
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, Qwen2Config)
+                          MistralConfig, Qwen2Config, Qwen3Config)
 from transformers import modeling_rope_utils as rope_utils
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -43,7 +43,7 @@ VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
 TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
 MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias", "smollm",
-          "mistral", "qwen2_window")
+          "mistral", "qwen2_window", "qwen3")
 # SmolLM2's shape (9 heads, 3 key-value heads, tied): tp 3 serves it, 2 and 4 do not. The others run at 1, 2, 4.
 THREAD_RANKS = {"smollm": 3}  # the example's thread count for a model (default 2)
 
@@ -103,6 +103,13 @@ def qwen2_window_config():  # Qwen2's window on the layers from max_window_layer
     return config
 
 
+def qwen3_config():  # Qwen3-0.6B's shape, scaled down: q and k norms, 4 heads of 16 on a width of 32, tied
+    return Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, attention_bias=False,
+                       use_sliding_window=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
 def llama_bias_config():  # Llama's attention_bias (q, k, v and o) and mlp_bias
     config = llama_config(2, False)
     config.num_hidden_layers, config.attention_bias, config.mlp_bias = 1, True, True
@@ -136,7 +143,8 @@ def prepare(directory):
                          rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
                          pad_token_id=None)
     for name, config in (("qwen2", qwen2_config()), ("llama_bias", llama_bias_config()), ("smollm", smollm),
-                         ("mistral", mistral_config()), ("qwen2_window", qwen2_window_config())):
+                         ("mistral", mistral_config()), ("qwen2_window", qwen2_window_config()),
+                         ("qwen3", qwen3_config())):
         model = AutoModelForCausalLM.from_config(config)
         randomize(model)  # the biases too: 0.2 * N(0, 1)
         model.save_pretrained(os.path.join(directory, name))
@@ -164,7 +172,7 @@ def inverse_in_float64(config):
     parameters = config.rope_parameters or {}
     rope_type = parameters.get("rope_type", "default")
     if rope_type == "default":
-        dim = config.hidden_size // config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return 1.0 / (parameters.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)), 1.0
     saved, rope_utils.torch = rope_utils.torch, Float64Torch()
     try:
@@ -204,7 +212,7 @@ def load(directory, name, dtype):
         rope_in_float64(model.model.rotary_emb, model.config)
         if dtype == "fp64":
             for module in model.modules():
-                if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"):
+                if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"):
                     rms_norm_in_input_type(module)
     return model.eval()
 

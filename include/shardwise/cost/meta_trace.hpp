@@ -188,6 +188,8 @@ class meta_matrix {
   [[nodiscard]] constexpr std::size_t bytes() const { return static_cast<std::size_t>(rows_ * cols_) * sizeof(T); }
   /// The trace it reports to (null: none).
   [[nodiscard]] constexpr meta_trace* trace() const { return trace_; }
+  /// Gives it rows x cols (as Eigen's resize: the bytes are those of the new shape).
+  constexpr void resize(std::ptrdiff_t rows, std::ptrdiff_t cols) { *this = like(rows, cols); }
   /// A new matrix of this one's trace.
   [[nodiscard]] constexpr meta_matrix like(std::ptrdiff_t rows, std::ptrdiff_t cols) const {
     return {rows, cols, trace_};

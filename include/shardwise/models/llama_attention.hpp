@@ -21,6 +21,7 @@
 #include "shardwise/models/grouped_heads.hpp"
 #include "shardwise/models/llama_config.hpp"
 #include "shardwise/models/rotary_embedding.hpp"
+#include "shardwise/nn/layers/head_norm.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
@@ -36,7 +37,10 @@ struct LlamaAttention {
   Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim (bias: attention_bias).
   Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim (bias: attention_bias).
   Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim (attention_output_bias).
-  SHARDWISE_CHILDREN(wq, wk, wv, wo)
+  /// Per-head RMSNorms on the queries and keys before the rotation (config qk_norm, Qwen3's), cut with the heads.
+  std::optional<HeadRMSNorm<T, style_at<Plan, "q_norm">, typename output_t<decltype(wq)>::placement>> q_norm;
+  std::optional<HeadRMSNorm<T, style_at<Plan, "k_norm">, typename output_t<decltype(wk)>::placement>> k_norm;
+  SHARDWISE_CHILDREN(wq, wk, wv, wo, q_norm, k_norm)
   SHARDWISE_HOOKS(static_check, on_parallelize, on_context_parallel)
   SHARDWISE_SAVED(q_, k_, v_, saved_, rows_)
 
@@ -47,6 +51,8 @@ struct LlamaAttention {
         wk(std::get<1>(shardwise_shapes(c)), seed + 2),
         wv(std::get<2>(shardwise_shapes(c)), seed + 3),
         wo(std::get<3>(shardwise_shapes(c)), seed + 4),
+        q_norm(head_norm<decltype(q_norm)>(c)),
+        k_norm(head_norm<decltype(k_norm)>(c)),
         config_(c),
         rope_(c.sequence, c.head_dim(), c.rope_theta, c.rope_scaling) {
     grouped_heads::of(c).require_declared<StaticHeads, StaticKvHeads>("shardwise::models::LlamaAttention",
@@ -97,7 +103,7 @@ struct LlamaAttention {
   /// from 0; empty: whole sequences of config().sequence); keeps what backward needs.
   template <class X>
   constexpr auto forward(X const& x, sequence_lengths const& rows = {}) {
-    q_ = wq(x), k_ = wk(x), v_ = wv(x);
+    q_ = normed(q_norm, wq(x)), k_ = normed(k_norm, wk(x)), v_ = wv(x);
     rows_ = rows.empty() ? sequence_lengths::every(config_.sequence) : rows;
     rope_.rotate(q_.local, rows_, context_.get());
     rope_.rotate(k_.local, rows_, context_.get());
@@ -111,7 +117,7 @@ struct LlamaAttention {
   /// Keeps nothing of its own for backward.
   template <class X>
   auto forward(X const& x, cache_step const& step, nn::kv_layer<T>& cache) {
-    auto q = wq(x), k = wk(x), v = wv(x);
+    auto q = normed(q_norm, wq(x)), k = normed(k_norm, wk(x)), v = wv(x);
     rope_.rotate(q.local, step), rope_.rotate(k.local, step);
     auto out = empty_like(q);
     nn::cached_attention<T>(q.local, k.local, v.local, config_.head_dim(), step, cache, out.local,
@@ -128,10 +134,25 @@ struct LlamaAttention {
                               dv.local);
     rope_.rotate(dq.local, rows_, context_.get(), true);  // the transpose of the forward rotation
     rope_.rotate(dk.local, rows_, context_.get(), true);
-    return wq.backward(dq) + wk.backward(dk) + wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
+    return wq.backward(normed_backward(q_norm, std::move(dq))) + wk.backward(normed_backward(k_norm, std::move(dk))) +
+           wv.backward(dv);  // Partial<Sum> under ColwiseParallel: one reduction
   }
 
  private:
+  template <class Norm>
+  static constexpr Norm head_norm(LlamaConfig const& c) {
+    if (!c.qk_norm) return std::nullopt;
+    return Norm(std::in_place, c.head_dim(), T(c.norm_eps));
+  }
+  template <class Norm, class A>
+  static constexpr A normed(std::optional<Norm>& norm, A a) {
+    return norm ? (*norm)(std::move(a)) : a;
+  }
+  template <class Norm, class A>
+  static constexpr A normed_backward(std::optional<Norm>& norm, A da) {
+    return norm ? norm->backward(std::move(da)) : da;
+  }
+
   LlamaConfig config_;
   rotary_embedding<T> rope_;
   output_t<decltype(wq)> q_;

@@ -68,8 +68,16 @@ struct LlamaConfig {
       shardwise::raise(who, ": a sliding window (config sliding_window ", sliding_window,
                        ") under context parallelism is not built; train a model with a window without cp");
   }
-  /// Width of one attention head: dim / heads.
-  [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
+  /// transformers' head_dim where a head is not dim / heads wide (Qwen3-0.6B: 16 heads of 128 on a width of
+  /// 1024); 0: dim / heads. wq is then dim -> heads * head_dim and wo heads * head_dim -> dim.
+  std::size_t explicit_head_dim = 0;
+  /// Qwen3's q_norm and k_norm: an RMSNorm over each head's query and key (one weight of head_dim shared by the
+  /// heads), before the rotary embedding.
+  bool qk_norm = false;
+  /// Width of one attention head: explicit_head_dim, or dim / heads.
+  [[nodiscard]] constexpr std::size_t head_dim() const {
+    return explicit_head_dim != 0 ? explicit_head_dim : dim / heads;
+  }
 
   /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
   /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning); a scaled rotary
@@ -88,6 +96,8 @@ struct LlamaConfig {
                                          {"attention_output_bias", attention_output_bias ? "true" : "false"},
                                          {"mlp_bias", mlp_bias ? "true" : "false"}};
     f.merge(rope_scaling.fields());
+    if (explicit_head_dim != 0 && explicit_head_dim * heads != dim) f["head_dim"] = std::to_string(explicit_head_dim);
+    if (qk_norm) f["qk_norm"] = "true";  // new fields recorded only when set, as the window below
     if (sliding_window != 0)  // recorded only when set, so checkpoints from before windows load as they did
       f["sliding_window"] = std::to_string(sliding_window),
       f["first_window_layer"] = std::to_string(first_window_layer);
@@ -102,17 +112,18 @@ struct LlamaConfig {
     };
     positive("vocabulary", vocabulary), positive("dim", dim), positive("heads", heads);
     positive("kv_heads", kv_heads), positive("hidden", hidden), positive("sequence", sequence);
-    if (dim % heads != 0)
+    if (explicit_head_dim == 0 && dim % heads != 0)
       shardwise::raise("shardwise::models::LlamaConfig: dim ", dim, " is not a multiple of heads ", heads,
-                       "; choose dim = heads * head width");
+                       "; choose dim = heads * head width, or give explicit_head_dim");
     if (heads % kv_heads != 0)
       shardwise::raise("shardwise::models::LlamaConfig: heads ", heads, " is not a multiple of kv_heads ", kv_heads,
                        "; every key-value head must serve the same number of query heads");
     if (head_dim() % 2 != 0)
-      shardwise::raise("shardwise::models::LlamaConfig: the head width dim / heads = ", head_dim(),
+      shardwise::raise("shardwise::models::LlamaConfig: the head width ", head_dim(),
                        " is odd; the rotary embedding needs an even one");
     constexpr std::size_t limit = std::size_t{1} << 40;  // elements in one table; far beyond any model here
-    if (vocabulary > limit / dim || hidden > limit / dim || sequence > limit / head_dim())
+    if (vocabulary > limit / dim || hidden > limit / dim || sequence > limit / head_dim() ||
+        heads > limit / head_dim() / dim)
       shardwise::raise("shardwise::models::LlamaConfig: vocabulary ", vocabulary, ", hidden ", hidden, " or sequence ",
                        sequence, " times dim ", dim, " overflows a table; check the sizes");
     if (!(norm_eps > 0) || !(rope_theta > 0))

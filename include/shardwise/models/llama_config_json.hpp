@@ -183,17 +183,19 @@ inline bool config_flag(nlohmann::json const& root, char const* field, std::stri
 struct config_defaults {
   std::size_t kv_heads = 0;      ///< num_key_value_heads (0: the query heads)
   std::size_t positions = 2048;  ///< max_position_embeddings
+  std::size_t head_dim = 0;      ///< head_dim (0: hidden_size / num_attention_heads)
 };
 
-/// LlamaConfig's, Qwen2Config's and MistralConfig's defaults.
+/// LlamaConfig's, Qwen2Config's, Qwen3Config's and MistralConfig's defaults.
 inline config_defaults family_defaults(std::string_view family) {
   if (family == "qwen2") return {32, 32768};
+  if (family == "qwen3") return {32, 32768, 128};
   if (family == "mistral") return {8, 131072};
   return {};
 }
 
-/// The Llama fields of a config.json's object (Llama's, or Qwen2's and Mistral's, which share them), a field left
-/// out taking the family's default.
+/// The Llama fields of a config.json's object (Llama's, or Qwen2's, Qwen3's and Mistral's, which share them), a
+/// field left out taking the family's default; head_dim when it is given and not hidden_size / num_attention_heads.
 inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view source, config_defaults defaults = {}) {
   LlamaConfig c;
   c.vocabulary = detail::config_count(root, "vocab_size", source);
@@ -207,11 +209,13 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
   c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
   detail::read_rope(root, source, c);
   c.tie_word_embeddings = config_flag(root, "tie_word_embeddings", source);
+  if (root.contains("head_dim") && !root["head_dim"].is_null()) {
+    std::size_t const head_dim = detail::config_count(root, "head_dim", source);
+    if (head_dim * c.heads != c.dim) c.explicit_head_dim = head_dim;
+  } else if (defaults.head_dim != 0 && defaults.head_dim * c.heads != c.dim) {
+    c.explicit_head_dim = defaults.head_dim;
+  }
   c.check();
-  if (root.contains("head_dim") && !root["head_dim"].is_null() &&
-      detail::config_count(root, "head_dim", source) * c.heads != c.dim)
-    shardwise::raise("shardwise::models::llama_config_from_json: \"head_dim\" in ", source,
-                     " is not hidden_size / num_attention_heads; shardwise's Llama has heads of that width only");
   return c;
 }
 
@@ -234,7 +238,7 @@ inline void read_sliding_window(nlohmann::json const& root, std::string_view sou
              "transformers' Llama has no sliding window; give the model_type that has one (\"mistral\", \"qwen2\")");
   } else if (!null_window && (family == "mistral" || config_flag(root, "use_sliding_window", source))) {
     c.sliding_window = config_count(root, "sliding_window", source, 4096, who);
-    c.first_window_layer = family == "qwen2" ? config_count(root, "max_window_layers", source, 28, who) : 0;
+    c.first_window_layer = family != "mistral" ? config_count(root, "max_window_layers", source, 28, who) : 0;
   }
   auto const kinds = root.find("layer_types");
   if (kinds == root.end() || kinds->is_null()) {
@@ -299,20 +303,21 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
 }  // namespace detail
 
 /// Whether llama_config_from_json reads configs of transformers' `model_type`: "llama", "qwen2" (biases on q, k
-/// and v; a sliding window on the last layers) and "mistral" (Llama's blocks with a sliding window).
+/// and v; a sliding window on the last layers), "qwen3" (per-head norms on q and k, its own head_dim) and
+/// "mistral" (Llama's blocks with a sliding window).
 inline bool reads_as_llama(std::string_view model_type) {
-  return model_type == "llama" || model_type == "qwen2" || model_type == "mistral";
+  return model_type == "llama" || model_type == "qwen2" || model_type == "qwen3" || model_type == "mistral";
 }
 
-/// The LlamaConfig of a transformers Llama, Qwen2 or Mistral config.json given as text; `source` names it in
-/// errors. Reads
+/// The LlamaConfig of a transformers Llama, Qwen2, Qwen3 or Mistral config.json given as text; `source` names it
+/// in errors. Reads
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the family's),
 /// intermediate_size, rms_norm_eps, rope_theta, the rotary scaling (transformers 4's rope_scaling or 5's
 /// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings, max_position_embeddings (as
-/// the sequence), the biases (Llama's attention_bias and mlp_bias; Qwen2's on q, k and v) and the sliding window
-/// (Mistral's; Qwen2's use_sliding_window, max_window_layers; layer_types). Throws, naming the field
-/// and the fix, for text that is not JSON, another model_type, a missing or non-positive size, a head_dim other than
-/// hidden_size / num_attention_heads, and every field that would change the numbers and is not computed (another
+/// the sequence), head_dim, the biases (Llama's and Qwen3's attention_bias, Llama's mlp_bias; Qwen2's on q, k and
+/// v), Qwen3's q and k norms and the sliding window (Mistral's; Qwen2's and Qwen3's use_sliding_window,
+/// max_window_layers; layer_types). Throws, naming the field and the fix, for text that is not JSON, another
+/// model_type, a missing or non-positive size, and every field that would change the numbers and is not computed (another
 /// hidden_act, attention dropout, a partial rotation, experts, a window on a Llama, other layer types, another rotary
 /// scaling): docs/models.md lists them.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
@@ -320,14 +325,15 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
   auto const type = root.find("model_type");
   if (type != root.end() && !(type->is_string() && reads_as_llama(type->get<std::string>())))
     shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
-                     ", not \"llama\", \"qwen2\" or \"mistral\"; only those configs are read as a Llama");
+                     ", not \"llama\", \"qwen2\", \"qwen3\" or \"mistral\"; only those configs are read as a Llama");
   std::string const family = type == root.end() ? "llama" : type->get<std::string>();
   LlamaConfig c = detail::llama_fields(root, source, detail::family_defaults(family));
   if (family == "qwen2") {
     c.attention_bias = true;  // Qwen2's q, k and v always have biases, its o none; it has no such field
-  } else if (family == "llama") {
+  } else if (family == "llama" || family == "qwen3") {  // Qwen3's attention_bias is Llama's; it has no mlp_bias
     c.attention_bias = c.attention_output_bias = detail::config_flag(root, "attention_bias", source);
-    c.mlp_bias = detail::config_flag(root, "mlp_bias", source);
+    c.mlp_bias = family == "llama" && detail::config_flag(root, "mlp_bias", source);
+    c.qk_norm = family == "qwen3";
   }
   detail::read_sliding_window(root, source, family, c);
   detail::refuse_unbuilt_llama_fields(root, source, c);
@@ -372,17 +378,36 @@ inline nlohmann::json llama_config_json_fields(LlamaConfig const& c) {
           {"attention_bias", c.attention_bias},
           {"mlp_bias", c.mlp_bias},
           {"tie_word_embeddings", c.tie_word_embeddings},
-          {"rope_scaling", rope_scaling_json(c.rope_scaling)}};
+          {"rope_scaling", rope_scaling_json(c.rope_scaling)},
+          {"head_dim", c.head_dim()}};
+}
+
+/// The config.json of a Qwen3ForCausalLM (q and k norms): attention_bias on all four projections or none, no
+/// feed-forward biases, its window with use_sliding_window and max_window_layers.
+inline nlohmann::json qwen3_config_json(LlamaConfig const& c) {
+  if (c.attention_bias != c.attention_output_bias || c.mlp_bias)
+    shardwise::raise("shardwise::models::llama_config_to_json: q and k norms (Qwen3's) with attention_bias ",
+                     c.attention_bias, ", attention_output_bias ", c.attention_output_bias, " and mlp_bias ",
+                     c.mlp_bias,
+                     " are not a Qwen3's (biases on all four attention projections or none, none in the "
+                     "feed-forward); transformers has no config.json for them");
+  nlohmann::json j = llama_config_json_fields(c);
+  j["architectures"] = {"Qwen3ForCausalLM"}, j["model_type"] = "qwen3";
+  j["use_sliding_window"] = c.sliding_window != 0;
+  if (c.sliding_window != 0) j["sliding_window"] = c.sliding_window, j["max_window_layers"] = c.first_window_layer;
+  j.erase("mlp_bias");  // not Qwen3's field
+  return j;
 }
 }  // namespace detail
 
 /// The transformers config.json of a model with configuration `c` (what save_pretrained writes for it, and what
-/// llama_config_from_json reads back): a Qwen2ForCausalLM when q, k and v have biases and o none (its sliding
+/// llama_config_from_json reads back): a Qwen3ForCausalLM for q and k norms, a Qwen2ForCausalLM when q, k and v have biases and o none (its sliding
 /// window, if any, with use_sliding_window and max_window_layers), a MistralForCausalLM for no biases and a window
 /// on every layer, else a LlamaForCausalLM (attention_bias on all four projections, or none; mlp_bias); SiLU,
 /// max_position_embeddings = c.sequence, the rotary scaling as "rope_scaling" (which transformers 4 and 5 read).
 /// Throws for biases neither family has, and for a window no family with those biases has.
 inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
+  if (c.qk_norm) return detail::qwen3_config_json(c);
   bool const qwen2 = c.attention_bias && !c.attention_output_bias && !c.mlp_bias;
   bool const mistral = !qwen2 && c.sliding_window != 0 && c.first_window_layer == 0 && !c.attention_bias &&
                        !c.attention_output_bias && !c.mlp_bias;

@@ -10,7 +10,7 @@
 namespace shardwise {
 
 /// "layers.0.attention.wq.weight" -> "model.layers.0.self_attn.q_proj.weight" (and a projection's bias, as
-/// Qwen2's q_proj.bias); throws for a name the Llama model does not have.
+/// Qwen2's q_proj.bias; Qwen3's q_norm and k_norm); throws for a name the Llama model does not have.
 [[nodiscard]] inline std::string transformers_llama_name(std::string const& name) {
   if (name == "tok_embeddings.weight") return "model.embed_tokens.weight";
   if (name == "norm.weight") return "model.norm.weight";
@@ -32,6 +32,8 @@ namespace shardwise {
                                        {"attention.wk.", "self_attn.k_proj."},
                                        {"attention.wv.", "self_attn.v_proj."},
                                        {"attention.wo.", "self_attn.o_proj."},
+                                       {"attention.q_norm.weight", "self_attn.q_norm.weight"},  // Qwen3's
+                                       {"attention.k_norm.weight", "self_attn.k_norm.weight"},
                                        {"feed_forward.w1.", "mlp.gate_proj."},
                                        {"feed_forward.w3.", "mlp.up_proj."},
                                        {"feed_forward.w2.", "mlp.down_proj."}};

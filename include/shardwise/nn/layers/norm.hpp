@@ -72,13 +72,15 @@ class norm_core : public layer_plumbing<T> {
   using plumbing::lazy_;
   using plumbing::path_;
   static constexpr bool sequence_parallel = std::is_same_v<Layout, Shard<0>>;
+  // Cut over tp, by tokens (SequenceParallel) or by heads (HeadRMSNorm): each rank's weight gradient is partial.
+  static constexpr bool partial_gradients = !std::is_same_v<Layout, Replicate>;
 
  public:
   SHARDWISE_SAVED(saved_input_, mean_, rstd_)
   using layout = Layout;  ///< The layout its input and output have on the tp axis.
   using input_layout = layout;
   using output_layout = layout;
-  using grad_placement = std::conditional_t<sequence_parallel, Partial<Sum>, Replicate>;
+  using grad_placement = std::conditional_t<partial_gradients, Partial<Sum>, Replicate>;
   using matrix = nn::matrix<T>;
   using vector = nn::vector<T>;
 
@@ -90,7 +92,7 @@ class norm_core : public layer_plumbing<T> {
   static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& s = {}) {
     cost c;
     c.parameter_bytes = parameter_bytes(features);
-    c.gradient_bytes = sequence_parallel ? 2 * c.parameter_bytes : c.parameter_bytes;
+    c.gradient_bytes = partial_gradients ? 2 * c.parameter_bytes : c.parameter_bytes;
     c.activation_bytes = activation_bytes(features, s);
     return c;
   }
@@ -108,7 +110,7 @@ class norm_core : public layer_plumbing<T> {
   /// (sw::parameter_cost): whole on every rank, their gradients Partial under SequenceParallel.
   template <class Fn>
   static constexpr void shardwise_parameter_costs(norm_shape const& shape, cost_inputs const&, Fn&& fn) {
-    parameter_cost const p{shape.features, sizeof(T), sequence_parallel, 0, shape.features};
+    parameter_cost const p{shape.features, sizeof(T), partial_gradients, 0, shape.features};
     fn(p);
     if (Kind == norm_kind::layer) fn(p);
   }
@@ -151,7 +153,7 @@ class norm_core : public layer_plumbing<T> {
   std::size_t features_;
   Parameter<vector, grad_placement> parameter(vector& value, vector& grad, vector& pending, std::string_view leaf) {
     Parameter<vector, grad_placement> p{&value, &grad, group_.get(), path_};
-    if constexpr (sequence_parallel) p.grad = &pending, p.reduced_into = &grad;
+    if constexpr (partial_gradients) p.grad = &pending, p.reduced_into = &grad;
     p.leaf = leaf;
     return p;
   }
@@ -179,7 +181,7 @@ template <class T, class Layout, norm_kind Kind>
 void norm_core<T, Layout, Kind>::zero_grad() {
   weight_grad.setZero(weight.size());
   bias_grad.setZero(bias.size());
-  if constexpr (sequence_parallel) {
+  if constexpr (partial_gradients) {
     pending_weight_grad_.setZero(weight.size());
     pending_bias_grad_.setZero(bias.size());
   }
@@ -227,8 +229,8 @@ auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activa
     return dx;
   }
   // Under SequenceParallel each rank's tokens give a partial sum, kept apart until reduce() adds it in.
-  vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
-  [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
+  vector& dweight = partial_gradients ? pending_weight_grad_ : weight_grad;
+  [[maybe_unused]] vector& dbias = partial_gradients ? pending_bias_grad_ : bias_grad;
   if (dweight.size() != weight.size()) zero_grad();  // a materialized norm's first backward
   if constexpr (Kind == norm_kind::layer)
     nn::layer_norm_backward<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local, dweight, dbias);
@@ -240,8 +242,8 @@ auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activa
 template <class T, class Layout, norm_kind Kind>
 void norm_core<T, Layout, Kind>::weight_gradient(matrix const& x, matrix const& dy, vector const& mean,
                                                  vector const& rstd) {
-  vector& dweight = sequence_parallel ? pending_weight_grad_ : weight_grad;
-  [[maybe_unused]] vector& dbias = sequence_parallel ? pending_bias_grad_ : bias_grad;
+  vector& dweight = partial_gradients ? pending_weight_grad_ : weight_grad;
+  [[maybe_unused]] vector& dbias = partial_gradients ? pending_bias_grad_ : bias_grad;
   if (dweight.size() != weight.size()) zero_grad();
   if constexpr (Kind == norm_kind::layer)
     nn::layer_norm_backward_weight<T>(x, dy, mean, rstd, dweight, dbias);

@@ -37,7 +37,8 @@ class norm_core<meta<T>, Layout, Kind> {
   /// shape; the parameters' bytes are recorded the first time.
   constexpr Activation<meta<T>, layout> forward_local(matrix const& x) {
     meta_trace& trace = *x.trace();
-    kept_ = x.like(static_cast<std::ptrdiff_t>(real::activation_bytes(features_, trace.inputs) / sizeof(T)), 1);
+    // What the real norm keeps: its input and one statistic (LayerNorm: two) per row it was given.
+    kept_ = x.like(x.rows() * (x.cols() + (Kind == norm_kind::layer ? 2 : 1)), 1);
     if (!counted_) {
       cost const c = real::shardwise_cost(features_, trace.inputs);
       trace.total.parameter_bytes += c.parameter_bytes, trace.total.gradient_bytes += c.gradient_bytes;
@@ -59,6 +60,7 @@ class norm_core<meta<T>, Layout, Kind> {
     cost_inputs const& s = trace.inputs;
     if constexpr (std::is_same_v<P, Partial<Sum>> && !std::is_same_v<layout, Partial<Sum>>)
       layout_engine::add_cost<Partial<Sum>, layout>(trace.transfers(), s.tokens, features_, sizeof(T), s);
+    if constexpr (std::is_same_v<P, layout>) return {dy.local.like(dy.local.rows(), dy.local.cols())};
     return {dy.local.like(meta_rows<layout>(s), static_cast<std::ptrdiff_t>(features_))};
   }
 
