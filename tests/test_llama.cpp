@@ -345,17 +345,20 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
 }
 
 TEST_CASE(
-    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP), thread "
-    "mesh") {
-  llama_packed_cases::Result serial;
-  worlds::run_threads(1, [&](auto& world) {
-    serial = llama_packed_cases::train_packed<shardwise::serial_plan>(world, 5);
-    llama_packed_cases::check_all(world, serial);
-  });
-  for (int ranks : {2, 4})
-    worlds::run_threads(ranks, [&](auto& world) { llama_packed_cases::check_all(world, serial); });
-  auto const two_rows = llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), 5, 2);
-  worlds::run_threads(2, [&](auto& world) { llama_packed_cases::check_fsdp(world, two_rows); });
+    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP; Qwen2- "
+    "and Qwen3-like), thread mesh") {
+  for (auto const& c : llama_packed_cases::configs()) {
+    INFO((c.qk_norm ? "Qwen3-like" : "Qwen2-like"));
+    llama_packed_cases::Result serial;
+    worlds::run_threads(1, [&](auto& world) {
+      serial = llama_packed_cases::train_packed<shardwise::serial_plan>(world, c, 5);
+      llama_packed_cases::check_all(world, c, serial);
+    });
+    for (int ranks : {2, 4})
+      worlds::run_threads(ranks, [&](auto& world) { llama_packed_cases::check_all(world, c, serial); });
+    auto const two_rows = llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), c, 5, 2);
+    worlds::run_threads(2, [&](auto& world) { llama_packed_cases::check_fsdp(world, c, two_rows); });
+  }
 }
 
 TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than its capacity") {

@@ -56,10 +56,13 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
   llama_context_cases::check_all(worlds::mpi());
 }
 
-TEST_CASE("Llama on packed documents of any length equals the unsharded run, MPI mesh") {
-  auto const serial = llama_packed_cases::train_packed<shardwise::serial_plan>(shardwise::serial_world(), 5);
-  llama_packed_cases::check_all(worlds::mpi(), serial);
-  if (worlds::mpi().size() == 2)  // FSDP at dp 2 against the unsharded run over both ranks' rows
-    llama_packed_cases::check_fsdp(worlds::mpi(),
-                                   llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), 5, 2));
+TEST_CASE("Llama on packed documents of any length equals the unsharded run (Qwen2- and Qwen3-like), MPI mesh") {
+  for (auto const& c : llama_packed_cases::configs()) {
+    INFO((c.qk_norm ? "Qwen3-like" : "Qwen2-like"));
+    auto const serial = llama_packed_cases::train_packed<shardwise::serial_plan>(shardwise::serial_world(), c, 5);
+    llama_packed_cases::check_all(worlds::mpi(), c, serial);
+    if (worlds::mpi().size() == 2)  // FSDP at dp 2 against the unsharded run over both ranks' rows
+      llama_packed_cases::check_fsdp(worlds::mpi(), c,
+                                     llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), c, 5, 2));
+  }
 }

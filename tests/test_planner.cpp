@@ -347,7 +347,7 @@ TEST_CASE("planner and config reader: Llama 3.1 8B, Qwen2.5 7B and SmolLM2 1.7B 
   };
   for (auto const& [file, parameters] :
        {published{"llama3_1_8b_config.json", 8030261248}, published{"qwen2_5_7b_config.json", 7615616512},
-        published{"smollm2_1_7b_config.json", 1711376384}}) {
+        published{"smollm2_1_7b_config.json", 1711376384}, published{"qwen3_8b_config.json", 8190735360}}) {
     INFO(file);
     CHECK(planner::parameter_count(planner::read_model(data + "/" + file)) == parameters);
     auto const c = shardwise::models::read_llama_config(data + "/" + file);  // read to run, not refused
@@ -358,6 +358,9 @@ TEST_CASE("planner and config reader: Llama 3.1 8B, Qwen2.5 7B and SmolLM2 1.7B 
   CHECK(llama31.sequence == 131072);
   CHECK(shardwise::models::read_llama_config(data + "/smollm2_1_7b_config.json").tie_word_embeddings);
   CHECK(shardwise::models::read_llama_config(data + "/qwen2_5_7b_config.json").attention_bias);
+  auto const qwen3 = shardwise::models::read_llama_config(data + "/qwen3_8b_config.json");
+  CHECK((qwen3.qk_norm && qwen3.head_dim() == 128 && qwen3.explicit_head_dim == 0));  // 32 heads of 128 on 4096
+  CHECK(planner::read_model(data + "/qwen3_8b_config.json").family == "Qwen3");
 }
 
 TEST_CASE("planner: Qwen2 (q/k/v biases), Mistral (a sliding window) and GPT-2 configs, with their parameter counts") {

@@ -1,6 +1,6 @@
 // shardwise: the checkpoint command line.
 //   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names
-//   shardwise|transformers-llama|transformers-qwen2|transformers-mistral|transformers-gpt2] shardwise inspect
+//   shardwise|transformers-llama|transformers-qwen2|transformers-qwen3|transformers-mistral|transformers-gpt2] shardwise inspect
 //   FILE_OR_DIR shardwise verify
 //   CHECKPOINT_DIR_OR_FILE shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
 #include <CLI/CLI.hpp>
@@ -98,15 +98,18 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   c.tie_word_embeddings = flag("tie_word_embeddings");
   c.attention_bias = flag("attention_bias"), c.attention_output_bias = flag("attention_output_bias");
   c.mlp_bias = flag("mlp_bias");
+  c.qk_norm = flag("qk_norm");
+  if (index.config.contains("head_dim")) c.explicit_head_dim = count("head_dim");  // recorded only when set
   c.rope_scaling = sw::models::RopeScaling::from_fields(index.config);
   if (index.config.contains("sliding_window"))  // recorded only when set
     c.sliding_window = count("sliding_window"), c.first_window_layer = count_or_zero("first_window_layer");
   auto json = sw::models::llama_config_to_json(c);
-  // transformers-qwen2 and -mistral name the family the checkpoint must be: the same tensor names as Llama's.
+  // transformers-qwen2, -qwen3 and -mistral name the family the checkpoint must be: Llama's tensor names (and
+  // Qwen3's q_norm and k_norm).
   std::string const family = names.substr(std::string("transformers-").size());
   if (family != "llama" && json["model_type"] != family)
     throw std::runtime_error("shardwise consolidate --names " + names + ": the checkpoint's configuration is a " +
-                             json["model_type"].get<std::string>() + "'s (its biases and sliding window), not a " +
+                             json["model_type"].get<std::string>() + "'s (its biases, norms and sliding window), not a " +
                              family + "'s; consolidate it with --names transformers-" +
                              json["model_type"].get<std::string>());
   json.erase("max_position_embeddings");
@@ -233,12 +236,14 @@ int main(int argc, char** argv) {
   cons->add_flag("--remove-checkpoint-dir", remove,
                  "Remove the sharded checkpoint once the consolidated file is written");
   cons->add_option("--names", names,
-                   "Tensor names and layouts: shardwise's, transformers-llama (LlamaForCausalLM's, or the Qwen2 or "
-                   "Mistral one its configuration is), transformers-qwen2 or transformers-mistral (the same names; "
+                   "Tensor names and layouts: shardwise's, transformers-llama (LlamaForCausalLM's, or the Qwen2, Qwen3 "
+                   "or Mistral one its configuration is), transformers-qwen2, transformers-qwen3 or "
+                   "transformers-mistral (the same names; "
                    "the configuration must be that family's) or transformers-gpt2 (GPT2LMHeadModel's: q, k and v "
                    "fused into c_attn, Conv1D weights transposed)")
       ->check(CLI::IsMember(
-          {"shardwise", "transformers-llama", "transformers-qwen2", "transformers-mistral", "transformers-gpt2"}))
+          {"shardwise", "transformers-llama", "transformers-qwen2", "transformers-qwen3", "transformers-mistral",
+           "transformers-gpt2"}))
       ->capture_default_str();
 
   std::string target;
@@ -265,7 +270,7 @@ int main(int argc, char** argv) {
                          "The layouts (dp x pp x tp, microbatches, ZeRO-1 or FSDP, activation "
                          "checkpointing) of a Llama, Qwen2, Mistral or GPT-2 model that fit in the memory per rank, "
                          "fastest first");
-  plan->add_option("CONFIG", planned.config, "A transformers config.json (model_type llama, qwen2, mistral or gpt2)")
+  plan->add_option("CONFIG", planned.config, "A transformers config.json (model_type llama, qwen2, qwen3, mistral or gpt2)")
       ->required();
   // Counts are bounded so that the search stays short (every layout of the ranks, every microbatch count of the
   // batch) and no product of them wraps.

@@ -8,6 +8,7 @@
 #include "shardwise/nn/kernels/functional_attention.hpp"
 #include "shardwise/nn/layers/embedding.hpp"
 #include "shardwise/nn/layers/linear.hpp"
+#include "shardwise/nn/layers/head_norm.hpp"
 #include "shardwise/nn/layers/norm.hpp"
 #include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/layers/styles.hpp"

@@ -37,6 +37,19 @@ inline models::LlamaConfig config() {
   return c;
 }
 
+/// A Qwen3-like config: q and k norms over heads of 16 on a width of 32 (wq 32 -> 64), biases on the four
+/// attention projections, untied; at tp 4 each of the 2 key-value heads is repeated (with its norm's gradient
+/// summed over the copies).
+inline models::LlamaConfig qwen3_config() {
+  models::LlamaConfig c = config();
+  c.qk_norm = true, c.explicit_head_dim = 16, c.attention_output_bias = true, c.tie_word_embeddings = false;
+  c.sliding_window = 0, c.first_window_layer = 0, c.rope_scaling = {}, c.rope_theta = 1e6;
+  return c;
+}
+
+/// The configs every case runs on.
+inline std::vector<models::LlamaConfig> configs() { return {config(), qwen3_config()}; }
+
 /// The documents of step `step`: 15 tokens in three documents whose lengths change with the step.
 inline std::vector<std::size_t> documents(int step) {
   std::vector<std::vector<std::size_t>> const each = {{5, 7, 3}, {1, 13, 1}, {9, 2, 4}, {15}, {3, 3, 9}};
@@ -70,16 +83,16 @@ matrix whole_logits(Mesh const& tp, Logits const& logits) {
 
 /// `steps` AdamW steps over packed rows at TP = world size with Plan (the loss: the mean over the row's tokens).
 template <class Plan, class World>
-Result train_packed(World const& world, int steps) {
+Result train_packed(World const& world, models::LlamaConfig const& c, int steps) {
   auto const tp = sw::make_mesh<"tp">(world, {world.size()});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
-  models::Llama<double, Plan> model(config());
+  models::Llama<double, Plan> model(c);
   sw::parallelize(model, tp);
   sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
   Result r;
   for (int step = 0; step < steps; ++step) {
     auto const logits = model.forward(tokens(step, false), sw::sequence_lengths(documents(step)));
-    auto const loss = models::llama_loss(tp, logits, tokens(step, true), config().vocabulary);
+    auto const loss = models::llama_loss(tp, logits, tokens(step, true), c.vocabulary);
     model.backward(loss.dlogits);
     auto finished = sw::finish_gradients(model);
     if (step == 0) {
@@ -97,18 +110,18 @@ Result train_packed(World const& world, int steps) {
 
 /// The first batch document by document on one rank: each document's logits from a forward of it alone, and the
 /// gradients of the packed row's mean loss accumulated over the documents' backwards (each scaled by its share).
-inline Result each_document_alone() {
+inline Result each_document_alone(models::LlamaConfig const& c) {
   auto const world = sw::serial_world();
   auto const tp = sw::make_mesh<"tp">(world, {1});
-  models::Llama<double> model(config());
+  models::Llama<double> model(c);
   sw::parallelize(model, tp);
   Result r;
-  r.logits.resize(15, config().vocabulary);
+  r.logits.resize(15, c.vocabulary);
   std::size_t first = 0;
   for (std::size_t n : documents(0)) {
     auto const logits = model.forward(tokens(0, false, first, n), sw::sequence_lengths{n});
     r.logits.middleRows(Eigen::Index(first), Eigen::Index(n)) = logits.local;
-    auto loss = models::llama_loss(tp, logits, tokens(0, true, first, n), config().vocabulary);
+    auto loss = models::llama_loss(tp, logits, tokens(0, true, first, n), c.vocabulary);
     loss.dlogits.local *= double(n) / 15.0;  // the packed loss is the mean over all 15 tokens
     model.backward(loss.dlogits);
     first += n;
@@ -147,10 +160,10 @@ inline void packed_row(int step, int row, std::vector<std::int64_t>& ids, std::v
 /// r training on row r of each step; with `rows` and a one-rank world, the unsharded run over every row at once
 /// (the mean over all their tokens: each row has 15, so it is the mean of the ranks' means).
 template <class World>
-Result train_packed_fsdp(World const& world, int steps, int rows = 1) {
+Result train_packed_fsdp(World const& world, models::LlamaConfig const& c, int steps, int rows = 1) {
   auto const dp = sw::make_mesh<"dp">(world, {world.size()});
   auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
-  models::Llama<double> model(config());
+  models::Llama<double> model(c);
   auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
   sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
   Result r;
@@ -159,7 +172,7 @@ Result train_packed_fsdp(World const& world, int steps, int rows = 1) {
     std::vector<std::size_t> lengths;
     for (int row = 0; row < rows; ++row) packed_row(step, world.rank() + row, ids, targets, lengths);
     auto const logits = sharded.forward(ids, sw::sequence_lengths(lengths));
-    auto const loss = models::llama_loss(tp, logits, targets, config().vocabulary);
+    auto const loss = models::llama_loss(tp, logits, targets, c.vocabulary);
     sharded.backward(loss.dlogits);
     optimizer.step(sharded);
     sw::zero_grad(sharded);
@@ -175,8 +188,8 @@ Result train_packed_fsdp(World const& world, int steps, int rows = 1) {
 /// FSDP at dp 2 over packed rows against the unsharded run over both rows at once: losses and parameters after 5
 /// steps within 1e-10.
 template <class World>
-void check_fsdp(World const& world, Result const& serial_two_rows) {
-  Result const got = train_packed_fsdp(world, 5);
+void check_fsdp(World const& world, models::LlamaConfig const& c, Result const& serial_two_rows) {
+  Result const got = train_packed_fsdp(world, c, 5);
   for (std::size_t s = 0; s < got.losses.size(); ++s)
     CHECK(std::abs(got.losses[s] - serial_two_rows.losses[s]) <= 1e-10 * std::abs(serial_two_rows.losses[s]));
   check_same(got.parameters, serial_two_rows.parameters, 1e-10, "parameter after the steps under FSDP");
@@ -184,9 +197,9 @@ void check_fsdp(World const& world, Result const& serial_two_rows) {
 
 /// The serial packed run against each document alone, and the sharded runs at the world's size against it.
 template <class World>
-void check_all(World const& world, Result const& serial) {
+void check_all(World const& world, models::LlamaConfig const& c, Result const& serial) {
   if (world.size() == 1) {
-    Result const alone = each_document_alone();
+    Result const alone = each_document_alone(c);
     CHECK(relative_error(serial.logits, alone.logits) <= 1e-12);
     check_same(serial.gradients, alone.gradients, 1e-12, "gradient (packed vs each document alone)");
     CHECK(serial.losses.back() < serial.losses.front());
@@ -199,8 +212,8 @@ void check_all(World const& world, Result const& serial) {
       CHECK(std::abs(got.losses[s] - serial.losses[s]) <= 1e-10 * std::abs(serial.losses[s]));
     check_same(got.parameters, serial.parameters, 1e-10, "parameter after the steps");
   };
-  against_serial(train_packed<models::llama_plan<false>>(world, 5), "TP");
-  against_serial(train_packed<models::llama_plan<true>>(world, 5), "TP with sequence parallelism");
+  against_serial(train_packed<models::llama_plan<false>>(world, c, 5), "TP");
+  against_serial(train_packed<models::llama_plan<true>>(world, c, 5), "TP with sequence parallelism");
 }
 
 }  // namespace llama_packed_cases

@@ -30,14 +30,14 @@ usage: generate_reference.py prepare DIR | generate_reference.py compare DIR [--
 import os
 import subprocess
 import sys
-import types
 
 import numpy as np
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, Qwen2Config, Qwen3Config)
-from transformers import modeling_rope_utils as rope_utils
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from hf_float64 import RMS_NORMS, rms_norm_in_input_type, rope_in_float64
 
 VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
@@ -159,51 +159,6 @@ def prepare(directory):
     return 0
 
 
-class Float64Torch:
-    """torch, but for its float32 type, which is float64 here."""
-
-    def __getattr__(self, name):
-        return torch.float64 if name in ("float", "float32") else getattr(torch, name)
-
-
-def inverse_in_float64(config):
-    """The inverse frequencies and the cos/sin factor of transformers' own rope init function for the config's
-    scaling, evaluated in float64 (transformers evaluates it in float32)."""
-    parameters = config.rope_parameters or {}
-    rope_type = parameters.get("rope_type", "default")
-    if rope_type == "default":
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return 1.0 / (parameters.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)), 1.0
-    saved, rope_utils.torch = rope_utils.torch, Float64Torch()
-    try:
-        inverse, factor = rope_utils.ROPE_INIT_FUNCTIONS[rope_type](config, None)
-    finally:
-        rope_utils.torch = saved
-    assert inverse.dtype == torch.float64
-    return inverse, factor
-
-
-def rope_in_float64(rotary, config):
-    """transformers' rotary tables, computed in float64 (shardwise's): its frequencies at each position."""
-    inverse, factor = inverse_in_float64(config)
-
-    def forward(self, x, position_ids):
-        angles = position_ids[..., None].double() * inverse
-        both = torch.cat((angles, angles), dim=-1)
-        return (both.cos() * factor).to(x.dtype), (both.sin() * factor).to(x.dtype)
-
-    rotary.forward = types.MethodType(forward, rotary)
-
-
-def rms_norm_in_input_type(norm):
-    """LlamaRMSNorm in its input's type (transformers casts to float32 first)."""
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    norm.forward = types.MethodType(forward, norm)
-
-
 def load(directory, name, dtype):
     attention = "sdpa" if name != "gpt2" and dtype == "fp64" else "eager"  # eager Llama: softmax in float32
     model = AutoModelForCausalLM.from_pretrained(os.path.join(directory, name), attn_implementation=attention)
@@ -212,7 +167,7 @@ def load(directory, name, dtype):
         rope_in_float64(model.model.rotary_emb, model.config)
         if dtype == "fp64":
             for module in model.modules():
-                if type(module).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"):
+                if type(module).__name__ in RMS_NORMS:
                     rms_norm_in_input_type(module)
     return model.eval()
 

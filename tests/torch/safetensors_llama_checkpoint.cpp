@@ -6,7 +6,9 @@
 // DIR/gpt2_logits.npy), consolidated with --names transformers-gpt2 and loaded by GPT2LMHeadModel.from_pretrained;
 // and for a Qwen2 (biases, a window on its second layer) and a Mistral (a window) saved at TP 2 (DIR/qwen2_ckpt,
 // DIR/mistral_ckpt, DIR/qwen2_logits.npy, DIR/mistral_logits.npy), consolidated with --names transformers-qwen2
-// and -mistral and loaded by AutoModelForCausalLM.from_pretrained.
+// and -mistral and loaded by AutoModelForCausalLM.from_pretrained; and a Qwen3 (q and k norms with weights other
+// than one, heads of 16 on a width of 32, biases on the four attention projections) the same way (DIR/qwen3_ckpt,
+// DIR/qwen3_logits.npy, --names transformers-qwen3).
 #include <cstdio>
 #include <filesystem>
 #include <shardwise/checkpoint/sharded.hpp>
@@ -55,16 +57,27 @@ int main(int argc, char** argv) {
     sw::save_sharded(model, tp, out / "gpt2_ckpt", 5);
   });
   // Qwen2 (biases on q, k and v, a window of 3 on its second layer) and Mistral (a window of 4), saved at TP 2.
-  models::LlamaConfig qwen2 = c, mistral = c;
+  models::LlamaConfig qwen2 = c, mistral = c, qwen3 = c;
   qwen2.attention_bias = true, qwen2.sliding_window = 3, qwen2.first_window_layer = 1, qwen2.norm_eps = 1e-6;
   mistral.sliding_window = 4;
-  for (auto const& [name, config] : {std::pair{"qwen2", qwen2}, std::pair{"mistral", mistral}}) {
+  qwen3.qk_norm = true, qwen3.explicit_head_dim = 16, qwen3.attention_bias = qwen3.attention_output_bias = true;
+  qwen3.norm_eps = 1e-6;
+  auto const head_norms_not_one = [](auto& model) {  // so that q_norm and k_norm swapped or left out would show
+    for (auto& block : model.layers)
+      if (auto& a = block.attention; a.q_norm)
+        for (Eigen::Index i = 0; i < a.q_norm->weight.size(); ++i)
+          a.q_norm->weight(i) = 1.0f + 0.05f * float(i), a.k_norm->weight(i) = 1.0f - 0.03f * float(i);
+  };
+  for (auto const& [name, config] :
+       {std::pair{"qwen2", qwen2}, std::pair{"mistral", mistral}, std::pair{"qwen3", qwen3}}) {
     models::Llama<float> whole(config);
+    head_norms_not_one(whole);
     npy::write(out / (std::string(name) + "_logits.npy"), whole.forward(ids).local);
     sw::run_threads(2, [&, n = std::string(name), cfg = config](auto& world) {
       auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
       models::Llama<float, models::llama_plan<false>> model(cfg);
       sw::parallelize(model, tp);
+      head_norms_not_one(model);
       sw::save_sharded(model, tp, out / (n + "_ckpt"), 3);
     });
   }

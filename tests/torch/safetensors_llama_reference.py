@@ -6,8 +6,9 @@ those of shardwise's unsharded model. The same for shardwise's GPT-2 with --name
 fused into c_attn, Conv1D weights transposed): GPT2LMHeadModel.from_pretrained reports no missing or unexpected
 keys and gives the same logits. And a Qwen2 (biases on q, k and v, a sliding window on its second layer) and a
 Mistral (a sliding window shorter than the batch's sequences) saved at TP 2 and consolidated with --names
-transformers-qwen2 and -mistral: AutoModelForCausalLM.from_pretrained builds Qwen2ForCausalLM and
-MistralForCausalLM with no missing or unexpected keys and the same logits; the other family's name is refused.
+transformers-qwen2 and -mistral, and a Qwen3 (q and k norms, heads of 16 on a width of 32) with
+--names transformers-qwen3: AutoModelForCausalLM.from_pretrained builds Qwen2ForCausalLM, MistralForCausalLM and
+Qwen3ForCausalLM with no missing or unexpected keys and the same logits; another family's name is refused.
 Prints "N passed, M failed".
 
 usage: safetensors_llama_reference.py CHECKPOINT_PROGRAM SHARDWISE_COMMAND DIR
@@ -104,7 +105,8 @@ def main():
     check_from_pretrained(results, GPT2LMHeadModel, gpt2_out, gpt2_ids,
                           np.load(os.path.join(directory, "gpt2_logits.npy")), GPT2_VOCAB)
 
-    for family, architecture in (("qwen2", "Qwen2ForCausalLM"), ("mistral", "MistralForCausalLM")):
+    for family, architecture in (("qwen2", "Qwen2ForCausalLM"), ("mistral", "MistralForCausalLM"),
+                                 ("qwen3", "Qwen3ForCausalLM")):
         family_out = os.path.join(directory, family + "_consolidated")
         run(results, f"shardwise consolidate --names transformers-{family}",
             [command, "consolidate", os.path.join(directory, family + "_ckpt"), family_out, "--names",

@@ -1,17 +1,21 @@
-// The C++ half of the outside check against Hugging Face transformers for tied word embeddings: shardwise's
-// Llama with tie_word_embeddings, the same model as a Qwen2 (biases on q, k and v, a yarn rotary scaling) and its
-// GPT-2 model (always tied), each unsharded and at TP 1, 2 and 4 on the
-// thread mesh (transformers_dump DIR), or at TP n on MPI (mpiexec -n n transformers_dump --mpi DIR). Per model
-// it writes the initial weights under transformers' names (GPT-2: q, k, v fused into c_attn and every Linear
-// transposed, as GPT2LMHeadModel's Conv1D stores [in, out]), and per run the logits and loss of one batch, every
-// parameter's gradient after that backward (finished, gathered whole), and the losses and global gradient norms
-// of 5 AdamW steps that all clip. transformers_reference.py recomputes all of it with transformers and
-// torch.optim and compares; it shares no code with this file.
+// The C++ half of the training check against Hugging Face transformers, in fp64: shardwise's Llama as each family
+// users hold (Llama 3.2-like: llama3 rotary scaling, tied; Llama 3.1-like: untied, 4 query heads per key-value
+// head; Qwen2.5-like: biases on q, k and v, tied, yarn; Qwen3-like: q and k norms, heads of 16 on a width of 32;
+// Mistral-like: a sliding window of 3 on rows of 8; SmolLM2-like: 9 heads, 3 key-value heads, tied) and its GPT-2
+// model, each unsharded and at TP 1 and at 2 and 4 (SmolLM2: 3) with and without sequence parallelism on the thread
+// mesh (transformers_dump DIR), or at TP n on MPI (mpiexec -n n transformers_dump --mpi DIR; SmolLM2's heads
+// serve neither 2 nor 4). Per model it writes the initial weights under transformers' names (GPT-2: q, k, v fused
+// into c_attn and every Linear transposed, as GPT2LMHeadModel's Conv1D stores [in, out]), and per run the logits
+// and loss of one batch, every parameter's gradient after that backward (finished, gathered whole), and the losses
+// and global gradient norms of 5 AdamW steps that all clip. transformers_reference.py recomputes all of it with
+// transformers and torch.optim and compares; it shares no code with this file.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <shardwise/models/gpt2_plan.hpp>
+#include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -30,17 +34,18 @@ namespace {
 
 constexpr int steps = 5;
 
+using real = double;  // fp64 on both sides: what differs is the order of sums
+
 /// The optimizer both sides use: max_grad_norm below every step's norm (transformers_reference.py checks it),
 /// and no weight decay for biases and norm weights (torch.optim.AdamW with two parameter groups there).
-sw::AdamWOptions<float> adamw() {
-  return {
-      .learning_rate = 1e-2f,
-      .beta1 = 0.9f,
-      .beta2 = 0.95f,
-      .eps = 1e-8f,
-      .weight_decay = 0.1f,
-      .max_grad_norm = 0.05f,
-      .groups = {{.matches = sw::names_matching({"*.bias", "*norm.weight", "*ln_*.weight"}), .weight_decay = 0.0f}}};
+sw::AdamWOptions<real> adamw() {
+  return {.learning_rate = 1e-2,
+          .beta1 = 0.9,
+          .beta2 = 0.95,
+          .eps = 1e-8,
+          .weight_decay = 0.1,
+          .max_grad_norm = 0.05,
+          .groups = {{.matches = sw::names_matching({"*.bias", "*norm.weight", "*ln_*.weight"}), .weight_decay = 0.0}}};
 }
 
 /// Two sequences of 8 tokens (the same formula as llama_dump.cpp and the Python side).
@@ -103,36 +108,30 @@ std::string replaced(std::string name, std::vector<std::pair<std::string, std::s
   return name;
 }
 
-/// LlamaForCausalLM's names; the tied lm_head is not a tensor of its own.
+/// Llama 3.2-like (the llama3 rotary scaling, tied) under LlamaForCausalLM's names; the tied lm_head is not a
+/// tensor of its own. The other Llama-type families are the same C++ type with another configuration (and the
+/// same vocabulary of 64, which the loss reads).
 struct LlamaSpec {
   static constexpr char const* name = "llama";
   template <class Plan>
-  using model = models::Llama<float, Plan>;
+  using model = models::Llama<real, Plan>;
   using sp_plan = models::llama_plan<true>;
   using tp_plan = models::llama_plan<false>;
+  static std::vector<int> tp_sizes() { return {2, 4}; }  // on threads, beside 1
   static models::LlamaConfig config() {
     models::LlamaConfig c;
     c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
     c.norm_eps = 1e-5, c.rope_theta = 10000.0, c.tie_word_embeddings = true;
+    c.rope_scaling = {.type = models::rope_type::llama3, .factor = 8, .original_max_positions = 16};
     return c;
   }
   template <class Mesh, class Logits>
   static auto loss(Mesh const& tp, Logits const& logits, std::vector<std::int64_t> const& targets) {
     return models::llama_loss(tp, logits, targets, config().vocabulary);
   }
-  static Tensors hf(Tensors const& ours) {
+  static Tensors hf(Tensors const& ours) {  // the library's names, which the Python side loads strictly
     Tensors out;
-    for (auto const& [name, t] : ours)
-      out["model." + replaced(name, {{"tok_embeddings", "embed_tokens"},
-                                     {"attention_norm", "input_layernorm"},
-                                     {"ffn_norm", "post_attention_layernorm"},
-                                     {"attention.wq", "self_attn.q_proj"},
-                                     {"attention.wk", "self_attn.k_proj"},
-                                     {"attention.wv", "self_attn.v_proj"},
-                                     {"attention.wo", "self_attn.o_proj"},
-                                     {"feed_forward.w1", "mlp.gate_proj"},
-                                     {"feed_forward.w3", "mlp.up_proj"},
-                                     {"feed_forward.w2", "mlp.down_proj"}})] = t;
+    for (auto const& [name, t] : ours) out[sw::transformers_llama_name(name)] = t;
     return out;
   }
 };
@@ -148,9 +147,46 @@ struct Qwen2Spec : LlamaSpec {
     c.rope_scaling = {.type = models::rope_type::yarn, .factor = 4, .original_max_positions = 64, .truncate = false};
     return c;
   }
-  template <class Mesh, class Logits>
-  static auto loss(Mesh const& tp, Logits const& logits, std::vector<std::int64_t> const& targets) {
-    return models::llama_loss(tp, logits, targets, config().vocabulary);
+};
+
+/// Llama 3.1-like: untied, 8 query heads over 2 key-value heads (repeated at TP 4), the llama3 scaling.
+struct Llama31Spec : LlamaSpec {
+  static constexpr char const* name = "llama31";
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = LlamaSpec::config();
+    c.heads = 8, c.tie_word_embeddings = false, c.rope_theta = 500000.0;
+    return c;
+  }
+};
+
+/// Qwen3ForCausalLM (Qwen3-0.6B's shape, scaled down): q and k norms, 4 heads of 16 on a width of 32, tied.
+struct Qwen3Spec : LlamaSpec {
+  static constexpr char const* name = "qwen3";
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = LlamaSpec::config();
+    c.qk_norm = true, c.explicit_head_dim = 16, c.norm_eps = 1e-6, c.rope_theta = 1000000.0, c.rope_scaling = {};
+    return c;
+  }
+};
+
+/// MistralForCausalLM: a sliding window of 3 tokens on rows of 8, untied.
+struct MistralSpec : LlamaSpec {
+  static constexpr char const* name = "mistral";
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = LlamaSpec::config();
+    c.sliding_window = 3, c.tie_word_embeddings = false, c.rope_scaling = {};
+    return c;
+  }
+};
+
+/// SmolLM2-like (a LlamaForCausalLM): 9 heads of 4 and 3 key-value heads, tied; tp 3 serves them, 2 and 4 do not.
+struct SmolSpec : LlamaSpec {
+  static constexpr char const* name = "smollm";
+  static std::vector<int> tp_sizes() { return {3}; }
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = LlamaSpec::config();
+    c.dim = 36, c.heads = 9, c.kv_heads = 3, c.hidden = 48, c.rope_scaling = {};
+    return c;
   }
 };
 
@@ -159,9 +195,10 @@ struct Qwen2Spec : LlamaSpec {
 struct GPT2Spec {
   static constexpr char const* name = "gpt2";
   template <class Plan>
-  using model = models::GPT2<float, Plan>;
+  using model = models::GPT2<real, Plan>;
   using sp_plan = models::gpt2_plan<true>;
   using tp_plan = models::gpt2_plan<false>;
+  static std::vector<int> tp_sizes() { return {2, 4}; }
   static models::GPT2Config config() {
     models::GPT2Config c;
     c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.sequence = 8, c.layer_norm_eps = 1e-5;
@@ -219,7 +256,7 @@ void run(World const& world, fs::path const& dir, std::string const& tag, bool w
   auto const tp = sw::make_mesh<"tp">(world, {world.size()});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   typename Spec::template model<Plan> model(Spec::config());
-  sw::AdamW<float> optimizer(adamw());
+  sw::AdamW<real> optimizer(adamw());
   sw::parallelize(model, tp);
   fs::path const out = dir / Spec::name / tag;
   bool const writer = world.rank() == 0;
@@ -234,9 +271,10 @@ void run(World const& world, fs::path const& dir, std::string const& tag, bool w
     model.backward(result.dlogits);
     auto finished = sw::finish_gradients(model);
     if (step == 0) {
-      sw::nn::matrix<float> whole = logits.local;
+      sw::nn::matrix<real> whole = logits.local;
       if constexpr (!std::is_same_v<typename std::remove_cvref_t<decltype(logits)>::placement, sw::Replicate>)
         sw::all_gather(tp, logits.local, whole, -1);  // vocabulary-sharded logits, whole
+      whole = whole.leftCols(Eigen::Index(Spec::config().vocabulary)).eval();  // the padding for tp left out
       auto const gradients = Spec::hf(gradients_of(finished));
       if (writer) {
         write_all(gradients, out / "grad");
@@ -254,15 +292,19 @@ void run(World const& world, fs::path const& dir, std::string const& tag, bool w
   }
 }
 
+/// Unsharded, TP 1 (with sequence parallelism), and each of the spec's tp sizes without ("tp2") and with ("tp2sp").
 template <class Spec>
 void on_threads(fs::path const& dir) {
   sw::run_threads(1, [&](auto& world) { run<Spec, sw::serial_plan>(world, dir, "unsharded", true); });
   sw::run_threads(1, [&](auto& world) { run<Spec, typename Spec::sp_plan>(world, dir, "tp1", false); });
-  sw::run_threads(2, [&](auto& world) { run<Spec, typename Spec::tp_plan>(world, dir, "tp2", false); });
-  sw::run_threads(4, [&](auto& world) { run<Spec, typename Spec::sp_plan>(world, dir, "tp4", false); });
+  for (int n : Spec::tp_sizes()) {
+    std::string const tag = "tp" + std::to_string(n);
+    sw::run_threads(n, [&](auto& world) { run<Spec, typename Spec::tp_plan>(world, dir, tag, false); });
+    sw::run_threads(n, [&](auto& world) { run<Spec, typename Spec::sp_plan>(world, dir, tag + "sp", false); });
+  }
 }
 
-/// On MPI, TP 2 without sequence parallelism and TP 4 with it (the thread runs' plans at those sizes); the
+/// On MPI, TP 2 without sequence parallelism and TP 4 with it, for the specs whose heads the size serves; the
 /// initial weights are gathered from the sharded model (sw::full_tensor).
 template <class Spec>
 void on_mpi(fs::path const& dir) {
@@ -271,12 +313,19 @@ void on_mpi(fs::path const& dir) {
   throw sw::error("transformers_dump: built without MPI (Boost.MPI/OpenMPI not found)");
 #else
   auto const world = sw::mpi_world();
+  auto const sizes = Spec::tp_sizes();
+  if (std::find(sizes.begin(), sizes.end(), world.size()) == sizes.end()) return;
   std::string const tag = "mpi" + std::to_string(world.size());
   if (world.size() == 2)
     run<Spec, typename Spec::tp_plan>(world, dir, tag, true);
   else
     run<Spec, typename Spec::sp_plan>(world, dir, tag, true);
 #endif
+}
+
+template <class... Specs>
+void every(fs::path const& dir, bool mpi) {
+  ((mpi ? on_mpi<Specs>(dir) : on_threads<Specs>(dir)), ...);
 }
 
 }  // namespace
@@ -288,15 +337,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   fs::path const dir = argv[argc - 1];
-  if (mpi) {
-    on_mpi<LlamaSpec>(dir);
-    on_mpi<Qwen2Spec>(dir);
-    on_mpi<GPT2Spec>(dir);
-  } else {
-    on_threads<LlamaSpec>(dir);
-    on_threads<Qwen2Spec>(dir);
-    on_threads<GPT2Spec>(dir);
-  }
+  every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen3Spec, MistralSpec, SmolSpec, GPT2Spec>(dir, mpi);
   std::puts("transformers_dump: written");
   return 0;
 }

@@ -1,12 +1,18 @@
-"""The Hugging Face half of the outside check of tied word embeddings: transformers' own LlamaForCausalLM
-(tie_word_embeddings=True), Qwen2ForCausalLM (biases on q, k and v, yarn rotary scaling, tied) and
-GPT2LMHeadModel, built from the configs transformers_dump.cpp used and loaded with
-the weights it wrote, give the same logits, loss and gradients of one batch, and torch.nn.utils.clip_grad_norm_
-with torch.optim.AdamW (two parameter groups) the same losses and global norms over 5 steps, as every shardwise run
-named on the command line (unsharded, tp1, tp2, tp4 on threads; mpi2, mpi4). Nothing is shared with the C++ side.
-Relative errors: max |got - expected| / max |expected| per tensor (fp32), 1e-4; losses and norms per step, 1e-4.
+"""The Hugging Face half of the training check, in fp64: transformers' own classes for each family shardwise's Llama
+is configured as — LlamaForCausalLM as Llama 3.2 (llama3 rotary scaling, tied) and as Llama 3.1 (untied, 8 query
+heads over 2 key-value heads), Qwen2ForCausalLM (biases on q, k and v, yarn, tied), Qwen3ForCausalLM (q and k norms,
+heads of 16 on a width of 32, tied), MistralForCausalLM (a sliding window of 3 on rows of 8), LlamaForCausalLM as
+SmolLM2 (9 heads, 3 key-value heads, tied) — and GPT2LMHeadModel, built from the configs transformers_dump.cpp used
+and loaded with the weights it wrote, give the same logits, loss and gradients of one batch, and
+torch.nn.utils.clip_grad_norm_ with torch.optim.AdamW (two parameter groups) the same losses and global norms over
+5 steps, as every shardwise run of the backend named on the command line ("threads": unsharded, tp1, and tp2, tp2sp,
+tp4, tp4sp, or tp3, tp3sp for SmolLM2; "mpi2", "mpi4": one run, for the families whose heads that size serves).
+transformers runs in float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and torch's
+scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared with
+the C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per step,
+1e-10.
 
-usage: transformers_reference.py DUMP_DIR TAG...
+usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
 """
 import os
 import sys
@@ -14,35 +20,63 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-TOLERANCE = 1e-4
+from hf_float64 import in_float64
+
+TOLERANCE = 1e-10
 VOCAB, DIM, LAYERS, HEADS, SEQUENCE = 64, 32, 2, 4, 8
 STEPS, MAX_NORM = 5, 0.05
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
 
 
 def ids_of(step, targets):  # the batches transformers_dump.cpp uses (inputs, not results)
     return torch.tensor([(step * 31 + i * 7 + (3 if targets else 0)) % 64 for i in range(16)]).view(2, SEQUENCE)
 
 
-def llama():
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False,
-                         mlp_bias=False, attn_implementation="eager")
-    model = LlamaForCausalLM(config).float()
-    return model, model.model.embed_tokens
+def common(**changes):  # the Llama-type fields every family shares, and the family's own
+    fields = dict(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa")
+    fields.update(changes)
+    return fields
 
 
-def qwen2():  # transformers_dump.cpp's Qwen2Spec: biases on q, k and v, tied, a yarn rotary scaling
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=64, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
-                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-                         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                          "original_max_position_embeddings": 64, "truncate": False},
-                         attn_implementation="eager")
-    model = Qwen2ForCausalLM(config).float()
-    return model, model.model.embed_tokens
+# llama3's scaling reads original_max_position_embeddings, not max_position_embeddings (128 here, above it, as
+# transformers expects; the rows are 8 tokens).
+def llama():  # transformers_dump.cpp's LlamaSpec: Llama 3.2-like
+    return LlamaForCausalLM(LlamaConfig(**common(rope_parameters=dict(LLAMA3_ROPE, rope_theta=10000.0),
+                                                 max_position_embeddings=128, attention_bias=False, mlp_bias=False)))
+
+
+def llama31():  # Llama31Spec: untied, 8 query heads over 2 key-value heads
+    return LlamaForCausalLM(LlamaConfig(**common(num_attention_heads=8, tie_word_embeddings=False,
+                                                 max_position_embeddings=128,
+                                                 rope_parameters=dict(LLAMA3_ROPE, rope_theta=500000.0))))
+
+
+def qwen2():  # Qwen2Spec: biases on q, k and v, tied, a yarn rotary scaling
+    return Qwen2ForCausalLM(Qwen2Config(**common(rms_norm_eps=1e-6, use_sliding_window=False,
+                                                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                                  "factor": 4.0, "truncate": False,
+                                                                  "original_max_position_embeddings": 64})))
+
+
+def qwen3():  # Qwen3Spec: q and k norms, heads of 16 on a width of 32, tied
+    return Qwen3ForCausalLM(Qwen3Config(**common(head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                                 attention_bias=False, use_sliding_window=False)))
+
+
+def mistral():  # MistralSpec: a sliding window of 3, untied
+    return MistralForCausalLM(MistralConfig(**common(sliding_window=3, rope_theta=10000.0,
+                                                     tie_word_embeddings=False)))
+
+
+def smollm():  # SmolSpec: 9 heads of 4, 3 key-value heads, tied
+    return LlamaForCausalLM(LlamaConfig(**common(hidden_size=36, intermediate_size=48, num_attention_heads=9,
+                                                 num_key_value_heads=3, rope_theta=10000.0)))
 
 
 def gpt2():
@@ -50,8 +84,20 @@ def gpt2():
                         activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
                         attn_implementation="eager")
-    model = GPT2LMHeadModel(config).float()
-    return model, model.transformer.wte
+    return GPT2LMHeadModel(config)
+
+
+MODELS = (("llama", llama), ("llama31", llama31), ("qwen2", qwen2), ("qwen3", qwen3), ("mistral", mistral),
+          ("smollm", smollm), ("gpt2", gpt2))
+TIED = ("llama", "qwen2", "qwen3", "smollm", "gpt2")
+
+
+def tags_of(model_name, backend):
+    """The runs transformers_dump.cpp writes for a model on a backend."""
+    sizes = [3] if model_name == "smollm" else [2, 4]
+    if backend == "threads":
+        return ["unsharded", "tp1"] + [f"tp{n}{sp}" for n in sizes for sp in ("", "sp")]
+    return [backend] if int(backend[3:]) in sizes else []
 
 
 def no_decay(name):  # shardwise's group: "*.bias", "*norm.weight", "*ln_*.weight"
@@ -77,11 +123,12 @@ class Results:
 def reference(build, directory):
     """transformers' numbers for one model: logits, loss and gradients of batch 0; losses and norms of 5 steps."""
     torch.manual_seed(0)
-    model, embedding = build()
+    model = build()
+    model = model.double() if isinstance(model, GPT2LMHeadModel) else in_float64(model)
     weights = os.path.join(directory, "weights")
-    state = {name[:-4]: torch.from_numpy(np.load(os.path.join(weights, name))).float() for name in os.listdir(weights)}
+    state = {name[:-4]: torch.from_numpy(np.load(os.path.join(weights, name))) for name in os.listdir(weights)}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = model.lm_head.weight is embedding.weight
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
     out = {"missing": list(missing), "unexpected": list(unexpected), "tied": tied, "grads": {}}
     named = dict(model.named_parameters())  # the tied tensor once, under the embedding's name
     out["names"] = sorted(named)
@@ -126,16 +173,21 @@ def compare(results, model_name, expected, run, tag):
 
 
 def main():
-    if len(sys.argv) < 3:
+    if len(sys.argv) != 3 or sys.argv[2] not in ("threads", "mpi2", "mpi4"):
         print(__doc__)
         return 2
-    directory, tags = sys.argv[1], sys.argv[2:]
+    directory, backend = sys.argv[1], sys.argv[2]
     results = Results()
-    for model_name, build in (("llama", llama), ("qwen2", qwen2), ("gpt2", gpt2)):
+    for model_name, build in MODELS:
+        tags = tags_of(model_name, backend)
+        if not tags:
+            continue
         expected = reference(build, os.path.join(directory, model_name))
-        results.check(f"{model_name}: lm_head.weight is the embedding's tensor after loading", expected["tied"], "")
-        results.check(f"{model_name}: loaded every weight but the tied lm_head",
-                      expected["missing"] == ["lm_head.weight"] and not expected["unexpected"],
+        tied = model_name in TIED
+        results.check(f"{model_name}: lm_head.weight is the embedding's tensor after loading exactly when tied",
+                      expected["tied"] == tied, "")
+        results.check(f"{model_name}: loaded every weight (but the tied lm_head)",
+                      expected["missing"] == (["lm_head.weight"] if tied else []) and not expected["unexpected"],
                       f"missing {expected['missing']}, unexpected {expected['unexpected']}")
         for tag in tags:
             compare(results, model_name, expected, os.path.join(directory, model_name, tag), tag)

@@ -51,8 +51,8 @@ struct LlamaAttention {
         wk(std::get<1>(shardwise_shapes(c)), seed + 2),
         wv(std::get<2>(shardwise_shapes(c)), seed + 3),
         wo(std::get<3>(shardwise_shapes(c)), seed + 4),
-        q_norm(head_norm<decltype(q_norm)>(c)),
-        k_norm(head_norm<decltype(k_norm)>(c)),
+        q_norm(head_norm<decltype(q_norm)>(std::get<4>(shardwise_shapes(c)), c)),
+        k_norm(head_norm<decltype(k_norm)>(std::get<5>(shardwise_shapes(c)), c)),
         config_(c),
         rope_(c.sequence, c.head_dim(), c.rope_theta, c.rope_scaling) {
     grouped_heads::of(c).require_declared<StaticHeads, StaticKvHeads>("shardwise::models::LlamaAttention",
@@ -63,7 +63,7 @@ struct LlamaAttention {
   static constexpr bool sharded_heads =
       std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
 
-  /// The shapes of wq, wk, wv and wo, which the constructor builds them from and sw::parameter_costs walks; at
+  /// The shapes of wq, wk, wv, wo, q_norm and k_norm (when qk_norm), which the constructor builds them from and sw::parameter_costs walks; at
   /// `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
   static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
     std::size_t const copies =
@@ -71,8 +71,13 @@ struct LlamaAttention {
                       : 1;
     std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
     bool const b = c.attention_bias;
-    return std::tuple{linear_shape{c.dim, q, b}, linear_shape{c.dim, kv, b, copies}, linear_shape{c.dim, kv, b, copies},
-                      linear_shape{q, c.dim, c.attention_output_bias}};
+    auto const head_norm = only_if(c.qk_norm, norm_shape{c.head_dim()});
+    return std::tuple{linear_shape{c.dim, q, b},
+                      linear_shape{c.dim, kv, b, copies},
+                      linear_shape{c.dim, kv, b, copies},
+                      linear_shape{q, c.dim, c.attention_output_bias},
+                      head_norm,
+                      head_norm};
   }
 
   /// Called by sw::parallelize when the tp size is static: the head counts must be servable.
@@ -140,17 +145,19 @@ struct LlamaAttention {
 
  private:
   template <class Norm>
-  static constexpr Norm head_norm(LlamaConfig const& c) {
-    if (!c.qk_norm) return std::nullopt;
-    return Norm(std::in_place, c.head_dim(), T(c.norm_eps));
+  static constexpr Norm head_norm(repeated_shape<norm_shape> const& shape, LlamaConfig const& c) {
+    if (shape.count == 0) return std::nullopt;
+    return Norm(std::in_place, shape.each.features, T(c.norm_eps));
   }
   template <class Norm, class A>
   static constexpr A normed(std::optional<Norm>& norm, A a) {
-    return norm ? (*norm)(std::move(a)) : a;
+    if (norm) return (*norm)(std::move(a));
+    return a;
   }
   template <class Norm, class A>
   static constexpr A normed_backward(std::optional<Norm>& norm, A da) {
-    return norm ? norm->backward(std::move(da)) : da;
+    if (norm) return norm->backward(std::move(da));
+    return da;
   }
 
   LlamaConfig config_;

@@ -54,6 +54,7 @@ struct model_description {
   std::function<model_figures(std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const& cp)>
       figures;
   bool context_parallel = false;  ///< shardwise cuts its sequences over cp (sw::context_parallelize).
+  std::size_t attention_width = 0;  ///< heads * head width, where it is not dim (Qwen3's head_dim); 0: dim.
 };
 
 /// The most cp ranks the planner estimates: the ring's per-step transfers are listed in the block's declared cost,
@@ -83,13 +84,14 @@ inline model_description describe(models::LlamaConfig const& c, std::string fami
                       c.heads,           c.kv_heads,          c.hidden, sliding_window,
                       qkv_bias,          qkv_bias ? 12u : 9u, true,     {}};
   d.context_parallel = true;
+  d.attention_width = c.heads * c.head_dim();
   d.figures = [c, qkv_bias](std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const& cp) {
     models::LlamaConfig at = c;
     at.sequence = sequence;  // the attention's panels follow the sequence
     model_figures f = figures(at, tokens, tp, cp);
     if (qkv_bias) {  // cut as the projections' outputs: q's heads, k's and v's heads split or repeated
-      std::size_t const head = c.dim / c.heads, kv = tp <= c.kv_heads ? c.kv_heads / tp : 1;
-      f.block.parameter_bytes += (c.dim / tp + 2 * kv * head) * sizeof(float);
+      std::size_t const head = c.head_dim(), kv = tp <= c.kv_heads ? c.kv_heads / tp : 1;
+      f.block.parameter_bytes += (c.heads * head / tp + 2 * kv * head) * sizeof(float);
     }
     return f;
   };
@@ -153,7 +155,8 @@ inline double microbatch_seconds(model_figures const& f, model_description const
       static_cast<double>(blocks * f.block.parameter_bytes + f.output.parameter_bytes) / sizeof(float);
   // The blocked attention's two forward products per query and key it meets; its backward has five.
   double const attention = 4.0 * static_cast<double>(blocks) * static_cast<double>(tokens) *
-                           attention_keys_met(t.sequence, d.sliding_window) * static_cast<double>(d.dim / l.tp);
+                           attention_keys_met(t.sequence, d.sliding_window) *
+                           static_cast<double>((d.attention_width != 0 ? d.attention_width : d.dim) / l.tp);
   double const passes = l.checkpointing ? 4.0 : 3.0;
   double const flops = passes * 2.0 * static_cast<double>(tokens) * weights + (passes + 0.5) * attention;
   double const scale = static_cast<double>(t.bytes.activation) / sizeof(float);

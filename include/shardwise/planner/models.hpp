@@ -1,6 +1,6 @@
 #pragma once
 // Which model a transformers config.json describes, for the planner: Llama, Qwen2 (Llama's block with q, k and v
-// biases), Mistral (Llama's block with a sliding window of keys per query) and GPT-2, each as a
+// biases), Qwen3 (q and k norms, heads of head_dim), Mistral (Llama's block with a sliding window of keys per query) and GPT-2, each as a
 // planner::model_description; `shardwise plan` reads its CONFIG.json with planner::read_model.
 #include <filesystem>
 #include <string>
@@ -14,11 +14,12 @@
 namespace shardwise::planner {
 
 /// The model_types read_model plans.
-inline constexpr char const* planned_model_types = "llama, qwen2, mistral and gpt2";
+inline constexpr char const* planned_model_types = "llama, qwen2, qwen3, mistral and gpt2";
 
 /// The planner's description of the model whose transformers config.json is the text `text` (`source` names it
 /// in errors), by its model_type: "llama"; "qwen2" (q/k/v biases; the window of "sliding_window" when
-/// "use_sliding_window" is true and "max_window_layers" is 0, so that every layer has it); "mistral"
+/// "use_sliding_window" is true and "max_window_layers" is 0, so that every layer has it); "qwen3" (q and k norms,
+/// its head_dim, attention_bias; its config read as models::llama_config_from_json reads it to run); "mistral"
 /// ("sliding_window", or none when null); "gpt2".
 /// Throws naming the model_type for any other, and the field for a bad one.
 inline model_description model_from_json(std::string const& text, std::string const& source) {
@@ -27,6 +28,7 @@ inline model_description model_from_json(std::string const& text, std::string co
   auto const type = root.find("model_type");
   std::string const kind = type != root.end() && type->is_string() ? type->get<std::string>() : "";
   if (kind == "gpt2") return describe(models::gpt2_config_from_json(text, source));
+  if (kind == "qwen3") return describe(models::llama_config_from_json(text, source), "Qwen3");
   if (kind != "llama" && kind != "qwen2" && kind != "mistral")
     shardwise::raise(who, ": ", source, " describes model_type ",
                      type == root.end() ? std::string("(none)") : type->dump(), "; the planner plans ",
