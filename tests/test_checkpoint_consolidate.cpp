@@ -166,6 +166,35 @@ TEST_CASE("transformers' bias names; a bias the model lacks is refused even by a
     });
 }
 
+TEST_CASE("Qwen3's q_norm and k_norm under transformers' names; a norm the model lacks is refused even when not strict") {
+  CHECK(sw::transformers_llama_name("layers.1.attention.q_norm.weight") == "model.layers.1.self_attn.q_norm.weight");
+  CHECK(sw::transformers_llama_name("layers.0.attention.k_norm.weight") == "model.layers.0.self_attn.k_norm.weight");
+  auto normed = config();
+  normed.qk_norm = true, normed.explicit_head_dim = 16;  // heads of 16 on a width of 32, as Qwen3's
+  scratch_dir dir("head_norms");
+  save_at<models::llama_plan<false>>(2, normed, dir.path / "ckpt");
+  sw::consolidate_options options;
+  options.mapping = sw::transformers_llama_mapping();
+  sw::consolidate(dir.path / "ckpt", dir.path / "model.safetensors", options);
+  CHECK(sw::safetensors_file((dir.path / "model.safetensors").string())
+            .contains("model.layers.1.self_attn.k_norm.weight"));
+  sw::run_threads(2, [&](auto& world) {
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+    auto plain_config = normed;
+    plain_config.qk_norm = false;  // the same shapes, no norms
+    models::Llama<float, models::llama_plan<false>> plain(plain_config);
+    sw::parallelize(plain, tp);
+    check_error(
+        [&] { (void)sw::load_pretrained(plain, tp, dir.path, sw::transformers_llama_mapping(), {.strict = false}); },
+        {"the checkpoint's tensor \"model.layers.0.self_attn.k_norm.weight\" is a norm inside a module whose other "
+         "tensors the model reads",
+         "qk_norm"});
+    models::Llama<float, models::llama_plan<false>> with_norms(normed);  // loads, strict
+    sw::parallelize(with_norms, tp);
+    CHECK_NOTHROW((void)sw::load_pretrained(with_norms, tp, dir.path, sw::transformers_llama_mapping()));
+  });
+}
+
 namespace {
 /// A mapping as GPT-2's: each layer's wq, wk and wv fused along their outputs into "layers.L.qkv", stored
 /// transposed ([in, out]); wk and wv start at `k_at` and `v_at` (32 and 48 tile it); every other tensor as it is.

@@ -654,6 +654,33 @@ TEST_CASE(
     cached.middleRows(at, n) = o;
   }
   CHECK(rel_err(cached, expected.topRows(7)) <= 1e-14);
+  // A cache that keeps only the window's 3 positions (rolling, position p in row p % 3): a prefill of 5 (longer
+  // than the window: its own keys are read before they roll out), one of 1, then two of 1; and a cache of two
+  // sequences, this one in the second.
+  for (std::size_t sequence : {0u, 1u}) {
+    INFO("sequence " << sequence);
+    nn::kv_layer<double> rolling{mat::Zero(Index(3 * (sequence + 1)), kv_heads * d),
+                                 mat::Zero(Index(3 * (sequence + 1)), kv_heads * d), 3};
+    mat rolled(7, heads * d);
+    for (auto [start, count] : {std::pair<std::size_t, std::size_t>{0, 5}, {5, 1}, {6, 1}}) {
+      shardwise::cache_step const step{.entries = {{.sequence = sequence, .start = start, .count = count}},
+                                       .capacity = 8};
+      auto const at = Index(start), n = Index(count);
+      mat o(n, heads * d);
+      nn::cached_attention<double>(q.middleRows(at, n), k.middleRows(at, n), v.middleRows(at, n), std::size_t(d), step,
+                                   rolling, o, 2, std::size_t(window));
+      rolled.middleRows(at, n) = o;
+    }
+    CHECK(rel_err(rolled, expected.topRows(7)) <= 1e-14);
+  }
+  nn::kv_layer<double> rolling{mat::Zero(3, kv_heads * d), mat::Zero(3, kv_heads * d), 3};
+  mat o(1, heads * d);
+  shardwise::cache_step const step{.entries = {{.sequence = 0, .start = 0, .count = 1}}, .capacity = 8};
+  CHECK_THROWS_WITH_AS(nn::cached_attention<double>(q.topRows(1), k.topRows(1), v.topRows(1), std::size_t(d), step,
+                                                    rolling, o, 2, 0),
+                       doctest::Contains("the layer's cache keeps the last 3 positions of each sequence but the "
+                                         "attention's window is 0"),
+                       shardwise::error);
 }
 
 TEST_CASE("attention_keys_per_query: the causal half and half a block") {

@@ -66,6 +66,20 @@ TEST_CASE("generate: the cache holds 2 x layers x local key-value columns x capa
                     {.dim = 32, .heads = 4, .kv_heads = 1}, 4, 3, 30) == 2 * 2 * 8 * 30 * 3 * sizeof(float));
   static_assert(models::GPT2<double, models::gpt2_plan<false>>::kv_cache_bytes({.dim = 32, .heads = 4}, 4, 1, 40) ==
                 2 * 2 * 8 * 40 * sizeof(double));
+  // A layer with a sliding window keeps only the window's positions: Qwen2's window of 6 on the second of 2 layers.
+  static_assert(models::Llama<float, models::llama_plan<false>>::kv_cache_bytes(
+                    {.dim = 32, .heads = 4, .kv_heads = 1, .sliding_window = 6, .first_window_layer = 1}, 4, 3, 30) ==
+                2 * (30 + 6) * 8 * 3 * sizeof(float));
+  auto windowed = llama_config(2);
+  windowed.sliding_window = 4;  // Mistral's: every layer
+  sw::run_threads(2, [&](auto& world) {
+    auto const tp = tp_mesh(world);
+    models::Llama<float, models::llama_plan<false>> model(windowed);
+    sw::parallelize(model, tp);
+    auto const g = sw::generate(model, tp, prompts(61), {.max_new_tokens = 3, .capacity = 30});
+    CHECK(g.cache_bytes == decltype(model)::kv_cache_bytes(windowed, 2, 3, 30));
+    CHECK(g.cache_bytes * 30 == decltype(model)::kv_cache_bytes(llama_config(2), 2, 3, 30) * 4);  // 4 of 30 positions
+  });
 }
 
 TEST_CASE("rotary_embedding: tables for the positions rotated, not for the 131,072 a config allows") {

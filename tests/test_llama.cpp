@@ -345,7 +345,7 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
 }
 
 TEST_CASE(
-    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP; Qwen2- "
+    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP, pp; Qwen2- "
     "and Qwen3-like), thread mesh") {
   for (auto const& c : llama_packed_cases::configs()) {
     INFO((c.qk_norm ? "Qwen3-like" : "Qwen2-like"));
@@ -357,7 +357,10 @@ TEST_CASE(
     for (int ranks : {2, 4})
       worlds::run_threads(ranks, [&](auto& world) { llama_packed_cases::check_all(world, c, serial); });
     auto const two_rows = llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), c, 5, 2);
-    worlds::run_threads(2, [&](auto& world) { llama_packed_cases::check_fsdp(world, c, two_rows); });
+    worlds::run_threads(2, [&](auto& world) {
+      llama_packed_cases::check_fsdp(world, c, two_rows);
+      llama_packed_cases::check_pipeline(world, c, two_rows);
+    });
   }
 }
 

@@ -6,7 +6,9 @@
 // - tensor parallelism with and without sequence parallelism (rows cut across tp whatever their lengths, 15 tokens
 //   on 2 or 4 ranks) equals the unsharded run: logits, gradients, and 5 AdamW steps over packed rows whose
 //   documents change every step;
-// - FSDP at dp 2 (full shard) equals the unsharded run over both ranks' rows.
+// - FSDP at dp 2 (full shard) equals the unsharded run over both ranks' rows;
+// - pipeline stages (pp 2, two packed microbatches a step, 1F1B and zero-bubble H1, activations kept or recomputed)
+//   equal the unsharded run over both microbatches' rows.
 // Tolerances: 1e-12 relative for one forward and backward, 1e-10 after 5 steps (fp64; what differs is the order
 // of fp64 sums).
 #include <doctest/doctest.h>
@@ -16,6 +18,8 @@
 #include <cstdint>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
+#include <span>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>
@@ -71,6 +75,7 @@ struct Result {
   std::vector<matrix> gradients;
   std::vector<double> losses;
   std::vector<matrix> parameters;
+  std::vector<std::string> names;  // the parameters' (train_packed_fsdp, train_packed_pipeline)
 };
 
 template <class Mesh, class Logits>
@@ -179,10 +184,83 @@ Result train_packed_fsdp(World const& world, models::LlamaConfig const& c, int s
     r.losses.push_back(sw::all_reduce(dp, loss.loss, sw::Avg{}));
   }
   sharded.unshard();
-  sw::for_each_parameter(sharded.model(),
-                         [&](std::string const&, auto const& p) { r.parameters.push_back(sw::full_tensor(p)); });
+  sw::for_each_parameter(sharded.model(), [&](std::string const& name, auto const& p) {
+    r.parameters.push_back(sw::full_tensor(p)), r.names.push_back(name);
+  });
   sharded.reshard();
   return r;
+}
+
+/// How a pipeline run keeps each microbatch's activations: kept until its backward, or recomputed there from each
+/// block's input (stage_activations::recompute with checkpoint_blocks), under 1F1B or zero-bubble H1 (B and W apart).
+struct PipelineRun {
+  bool recompute = false;
+  bool zero_bubble = false;
+};
+
+/// `steps` AdamW steps in pipeline stages (pp = the world's size, one stage each), two microbatches a step,
+/// microbatch m the packed row packed_row(step, m), its documents given to every stage (microbatch_rows); the
+/// losses and this stage's parameters under their names (a tied output's copy of the embedding left out).
+template <class World>
+Result train_packed_pipeline(World const& world, models::LlamaConfig const& c, int steps, PipelineRun how) {
+  auto const pp = sw::make_mesh<"pp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::LlamaStage<double> stage(c, sw::stage_split(c.layers, world.size()), pp.rank());
+  stage.checkpoint_blocks(how.recompute);
+  sw::parallelize(stage, tp);
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<std::int64_t>> ids(2), targets(2);
+    std::vector<sw::sequence_lengths> rows;
+    for (int m = 0; m < 2; ++m) {
+      std::vector<std::size_t> lengths;
+      packed_row(step, m, ids[std::size_t(m)], targets[std::size_t(m)], lengths);
+      rows.emplace_back(lengths);
+    }
+    stage.microbatch_rows(rows);
+    double loss = 0;
+    auto const input = [&](int m) { return std::span<const std::int64_t>(ids[std::size_t(m)]); };
+    auto const loss_gradient = [&](int m, auto const& h) {
+      auto result = stage.head_loss(tp, h, targets[std::size_t(m)], 0.5);  // the mean over the two rows
+      loss += result.loss / 2;
+      return result.gradient;
+    };
+    sw::pipeline_options const options{how.recompute ? sw::stage_activations::recompute : sw::stage_activations::keep};
+    if (how.zero_bubble)
+      sw::run_pipeline_step(sw::ZeroBubbleH1{}, pp, std::span(&stage, 1), 2, input, loss_gradient, options);
+    else
+      sw::run_pipeline_step(sw::OneFOneB{}, pp, std::span(&stage, 1), 2, input, loss_gradient, options);
+    optimizer.step(sw::finish_gradients(stage), dp, pp);
+    sw::zero_grad(stage);
+    r.losses.push_back(sw::all_reduce(pp, stage.is_last() ? loss : 0.0, sw::Sum{}));
+  }
+  sw::for_each_parameter(stage, [&](std::string const& name, auto const& p) {
+    if (p.mirror_of.empty()) r.parameters.push_back(sw::full_tensor(p)), r.names.push_back(name);
+  });
+  return r;
+}
+
+/// Pipeline stages over packed rows (kept and recomputed activations, 1F1B and zero-bubble H1) against the
+/// unsharded run over both rows at once: losses and this stage's parameters after 5 steps within 1e-10.
+template <class World>
+void check_pipeline(World const& world, models::LlamaConfig const& c, Result const& serial_two_rows) {
+  for (PipelineRun how : {PipelineRun{false, false}, PipelineRun{true, false}, PipelineRun{false, true}}) {
+    INFO("pp " << world.size() << (how.recompute ? ", recomputed" : ", kept")
+               << (how.zero_bubble ? ", zero-bubble H1" : ", 1F1B"));
+    Result const got = train_packed_pipeline(world, c, 5, how);
+    for (std::size_t s = 0; s < got.losses.size(); ++s)
+      CHECK(std::abs(got.losses[s] - serial_two_rows.losses[s]) <= 1e-10 * std::abs(serial_two_rows.losses[s]));
+    REQUIRE(!got.names.empty());
+    for (std::size_t i = 0; i < got.names.size(); ++i) {
+      INFO(got.names[i]);
+      auto const at = std::find(serial_two_rows.names.begin(), serial_two_rows.names.end(), got.names[i]);
+      REQUIRE(at != serial_two_rows.names.end());
+      CHECK(relative_error(got.parameters[i], serial_two_rows.parameters[std::size_t(at - serial_two_rows.names.begin())]) <=
+            1e-10);
+    }
+  }
 }
 
 /// FSDP at dp 2 over packed rows against the unsharded run over both rows at once: losses and parameters after 5

@@ -179,6 +179,20 @@ std::optional<std::pair<std::string, std::string>> tied_source(Model& model, che
   return found;
 }
 
+/// The module a tensor belongs to, one level above its layer ("a.b.q_norm.weight" -> "a.b"; "" when none).
+inline std::string module_around(std::string_view tensor) {
+  std::size_t const leaf = tensor.rfind('.');
+  std::size_t const layer = leaf == std::string_view::npos ? leaf : tensor.rfind('.', leaf - 1);
+  return layer == std::string_view::npos ? std::string() : std::string(tensor.substr(0, layer));
+}
+
+/// Whether a tensor of `module` (a name beginning "module.") is among `used`.
+inline bool reads_inside(std::set<std::string> const& used, std::string const& module) {
+  if (module.empty()) return false;
+  auto const at = used.lower_bound(module + ".");
+  return at != used.end() && at->starts_with(module + ".");
+}
+
 /// What a mapped load needs to know of the model beyond its tensors: which tied weight, if any, a file tensor is
 /// the mapping's source of (tied_source).
 using tied_lookup = std::function<std::optional<std::pair<std::string, std::string>>(std::string const&)>;
@@ -255,6 +269,12 @@ inline void mapped_locator::operator()(std::filesystem::path& source, checkpoint
            "layer has no bias, or the mapping gives its bias another source): it would compute other numbers; build "
            "the model with that bias (a Llama: attention_bias or mlp_bias in its config, as the checkpoint's "
            "config.json says) or map it");
+    // Nor a norm inside a module the model reads (Qwen3's self_attn.q_norm): that module computes with it.
+    if (name.ends_with("norm.weight") && reads_inside(used, module_around(name)))
+      fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name,
+           "\" is a norm inside a module whose other tensors the model reads, and no tensor of the model reads it: "
+           "it would compute other numbers; build the model with that norm (a Llama: qk_norm in its config, as a "
+           "Qwen3 config.json says) or map it");
     if (options.strict) {
       if (auto const tied_to = tied(name))
         fail("shardwise::", who, ": \"", label, "\": the checkpoint's tensor \"", name, "\" is the model's \"",

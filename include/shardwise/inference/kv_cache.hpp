@@ -1,7 +1,9 @@
 #pragma once
 // The key-value cache of incremental decoding: per attention layer, the keys and values of every token a sequence
 // has seen, for this rank's key-value heads only (a tensor-parallel attention caches the heads it computes), in
-// storage allocated once for a fixed number of sequences and a capacity of positions each. A forward with the
+// storage allocated once for a fixed number of sequences and a capacity of positions each. A layer with a sliding
+// window shorter than the capacity keeps only the window's last positions (a rolling buffer: position p in row
+// p % window), as Mistral's reference implementation does: no query of that layer reads further back. A forward with the
 // cache takes rows for several sequences at once, packed one sequence after the other (a prompt's tokens at
 // prefill, one token per sequence at decode); kv_cache::append says where each sequence's rows go.
 //
@@ -25,6 +27,14 @@ struct kv_cache_shape {
   std::size_t layers = 0;    ///< Attention layers.
   std::size_t columns = 0;   ///< Key columns per layer on this rank: its key-value heads x head_dim.
   std::size_t head_dim = 0;  ///< Width of one head.
+  /// Each layer's sliding window (0: none), or empty: none anywhere. A window shorter than the cache's capacity
+  /// makes that layer keep only its window's positions.
+  std::vector<std::size_t> windows{};
+  /// The positions layer `layer` keeps per sequence in a cache of `capacity`: its window when shorter, else all.
+  [[nodiscard]] constexpr std::size_t kept_positions(std::size_t layer, std::size_t capacity) const {
+    std::size_t const window = layer < windows.size() ? windows[layer] : 0;
+    return window != 0 && window < capacity ? window : capacity;
+  }
 };
 
 /// One sequence's rows in a forward with the cache: `count` new tokens at positions start .. start + count - 1.
@@ -64,11 +74,14 @@ struct cache_step {
 
 namespace nn {
 /// One attention layer's cache: keys and values [sequences x capacity, columns], sequence s in rows
-/// [s x capacity, (s + 1) x capacity), row-major so that a token's keys of every local head are contiguous.
+/// [s x capacity, (s + 1) x capacity), row-major so that a token's keys of every local head are contiguous. With a
+/// `window`, [sequences x window, columns]: sequence s keeps its last `window` positions, position p in row
+/// s x window + p % window.
 template <class T>
 struct kv_layer {
-  matrix<T> keys;    ///< The keys of every cached token.
-  matrix<T> values;  ///< Their values.
+  matrix<T> keys;          ///< The keys of every cached token.
+  matrix<T> values;        ///< Their values.
+  std::size_t window = 0;  ///< 0: every position kept; else the positions kept per sequence (a rolling buffer).
 };
 }  // namespace nn
 
@@ -87,14 +100,25 @@ class kv_cache {
     if (sequences > limit / capacity || sequences * capacity > limit / shape.columns)
       detail::fail("shardwise::kv_cache: ", sequences, " sequences x ", capacity, " tokens x ", shape.columns,
                    " columns overflows a layer's storage; choose a smaller capacity or fewer sequences");
+    if (!shape.windows.empty() && shape.windows.size() != shape.layers)
+      detail::fail("shardwise::kv_cache: ", shape.windows.size(), " windows for ", shape.layers,
+                   " layers; give one per layer (0: none), or none");
     layers_.resize(shape.layers);
-    auto const rows = static_cast<Eigen::Index>(sequences * capacity), cols = static_cast<Eigen::Index>(shape.columns);
-    for (auto& l : layers_) l.keys.setZero(rows, cols), l.values.setZero(rows, cols);
+    auto const cols = static_cast<Eigen::Index>(shape.columns);
+    for (std::size_t i = 0; i < shape.layers; ++i) {
+      std::size_t const kept = shape.kept_positions(i, capacity);
+      auto const rows = static_cast<Eigen::Index>(sequences * kept);
+      layers_[i].keys.setZero(rows, cols), layers_[i].values.setZero(rows, cols);
+      layers_[i].window = kept < capacity ? kept : 0;
+    }
   }
 
-  /// Bytes a cache of these sizes holds on one rank: 2 x layers x columns x capacity x sequences x sizeof(T).
+  /// Bytes a cache of these sizes holds on one rank: 2 x columns x sequences x sizeof(T) x the positions each
+  /// layer keeps (the capacity, or its window when shorter).
   static constexpr std::size_t bytes_for(kv_cache_shape const& shape, std::size_t sequences, std::size_t capacity) {
-    return 2 * shape.layers * shape.columns * capacity * sequences * sizeof(T);
+    std::size_t positions = 0;
+    for (std::size_t i = 0; i < shape.layers; ++i) positions += shape.kept_positions(i, capacity);
+    return 2 * shape.columns * positions * sequences * sizeof(T);
   }
   /// The bytes this cache holds.
   [[nodiscard]] std::size_t bytes() const { return bytes_for(shape_, lengths_.size(), capacity_); }

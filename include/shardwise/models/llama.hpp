@@ -255,21 +255,23 @@ struct Llama {
     return logits;
   }
 
-  /// The shape of its key-value cache on this rank (after parallelize: this rank's key-value heads).
+  /// The shape of its key-value cache on this rank (after parallelize: this rank's key-value heads), with each
+  /// layer's sliding window (a layer with one keeps only its window's positions).
   [[nodiscard]] kv_cache_shape shardwise_kv_shape() const {
     return {layers.size(), layers.empty() ? 0 : static_cast<std::size_t>(layers.front().attention.wk.weight.rows()),
-            config_.head_dim()};
+            config_.head_dim(), layer_windows(config_)};
   }
 
   /// The bytes of its key-value cache on one of `tp` ranks for `sequences` sequences of `capacity` positions, at
-  /// compile time if need be (sw::kv_cache<T>::bytes() of the cache generate allocates): 2 x layers x this rank's
-  /// key-value heads (kv_size_multiplier copies included) x head_dim x capacity x sequences x sizeof(T).
+  /// compile time if need be (sw::kv_cache<T>::bytes() of the cache generate allocates): 2 x this rank's key-value
+  /// heads (kv_size_multiplier copies included) x head_dim x sequences x sizeof(T) x the positions each layer keeps
+  /// (capacity, or its sliding window when shorter).
   static constexpr std::size_t kv_cache_bytes(LlamaConfig const& c, std::size_t tp, std::size_t sequences,
                                               std::size_t capacity) {
     linear_shape const wk = std::get<1>(block_type::Attention::shardwise_shapes(c, tp));
     std::size_t const columns = wk.out * wk.copies;
     std::size_t const ranks = block_type::Attention::sharded_heads ? tp : 1;
-    return kv_cache<T>::bytes_for({c.layers, columns / ranks, c.head_dim()}, sequences, capacity);
+    return kv_cache<T>::bytes_for({c.layers, columns / ranks, c.head_dim(), layer_windows(c)}, sequences, capacity);
   }
 
   /// Activation checkpointing per transformer block (Accelerate's activation_checkpointing, torchtitan's "full"
@@ -288,6 +290,13 @@ struct Llama {
   }
 
  private:
+  /// Each layer's sliding window (0: none), for its key-value cache.
+  static constexpr std::vector<std::size_t> layer_windows(LlamaConfig const& c) {
+    std::vector<std::size_t> windows(c.layers);
+    for (std::size_t i = 0; i < c.layers; ++i) windows[i] = c.window_at(i);
+    return windows;
+  }
+
   /// The sequences of a forward's `tokens` rows: `rows` checked against them and the capacity, or when empty,
   /// whole sequences of config().sequence (under cp: of this rank's tokens of each, which the context cuts).
   constexpr sequence_lengths checked_rows(std::size_t tokens, sequence_lengths const& rows) const {

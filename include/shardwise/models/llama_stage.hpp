@@ -39,8 +39,8 @@ struct LlamaStage {
   std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
   std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step, on_context_parallel)
-  SHARDWISE_SAVED(block_inputs_)
+  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step, on_context_parallel, pipeline_microbatch)
+  SHARDWISE_SAVED(block_inputs_, rows_)
 
   /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
   LlamaStage(LlamaConfig const& c, stage_split const& split, int stage)
@@ -132,28 +132,56 @@ struct LlamaStage {
     rows_per_sequence_ = context->tokens();
   }
 
+  /// The sequences of each microbatch's rows, for sw::run_pipeline_step on every stage: microbatch m's rows are
+  /// `rows[m]` (documents packed back to back, each attending within itself, its positions from 0; as
+  /// Llama::forward's `rows`). Left empty (the default): whole sequences of config().sequence. Not under context
+  /// parallelism, which cuts whole sequences.
+  void microbatch_rows(std::vector<sequence_lengths> rows) {
+    if (rows_per_sequence_ && !rows.empty())
+      shardwise::raise(
+          "shardwise::models::LlamaStage::microbatch_rows: sequence lengths given to a stage cut over cp "
+          "(sw::context_parallelize), which cuts whole sequences of config().sequence; give none, or run the "
+          "sequences without context parallelism");
+    microbatch_rows_ = std::move(rows);
+  }
+  /// Called by sw::run_pipeline_step before each forward: the sequences of that microbatch's rows.
+  void shardwise_pipeline_microbatch(int microbatch) {
+    if (microbatch_rows_.empty()) return rows_ = {}, void();
+    if (microbatch < 0 || static_cast<std::size_t>(microbatch) >= microbatch_rows_.size())
+      shardwise::raise("shardwise::models::LlamaStage: the pipeline runs microbatch ", microbatch, " but ",
+                       microbatch_rows_.size(), " microbatches' rows were given (microbatch_rows); give one ",
+                       "sequence_lengths per microbatch of the step");
+    rows_ = microbatch_rows_[static_cast<std::size_t>(microbatch)];
+  }
+
   /// The first stage's forward: the embedding of the token ids (whole sequences; under context parallelism, this
-  /// rank's tokens of each: sw::context_parallel::positions()), then its blocks.
+  /// rank's tokens of each: sw::context_parallel::positions(); in a pipeline step with microbatch_rows, that
+  /// microbatch's sequences), then its blocks.
   constexpr stream forward(token_ids_t<T> ids) {
     if (!first_)
       shardwise::raise("shardwise::models::LlamaStage::forward: token ids given to stage holding layers ", layers.first,
                        "..", layers.first + layers.size(), ", which has no embedding; give them to the first stage");
     std::size_t const rows = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
-    if (!is_meta_v<T> && ids.size() % rows != 0)  // on shapes: s.tokens are the rank's, whatever the cut
-      shardwise::raise("shardwise::models::LlamaStage::forward: ", ids.size(), " token ids are not whole sequences of ",
-                       rows, rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
-                       "; give it a batch of whole sequences");
+    if constexpr (!is_meta_v<T>) {  // on shapes: s.tokens are the rank's, whatever the cut
+      if (!rows_.empty())
+        rows_.check(ids.size(), "shardwise::models::LlamaStage::forward", config_.sequence);
+      else if (ids.size() % rows != 0)
+        shardwise::raise("shardwise::models::LlamaStage::forward: ", ids.size(),
+                         " token ids are not whole sequences of ", rows,
+                         rows_per_sequence_ ? " (this cp rank's tokens of each sequence)" : " (config().sequence)",
+                         "; give it a batch of whole sequences, or each microbatch's lengths (microbatch_rows)");
+    }
     return forward((*tok_embeddings)(ids));
   }
 
   /// The stage's blocks on the residual stream received from the stage before.
   constexpr stream forward(stream h) {
     if (!checkpoint_blocks_) {
-      for (auto& block : layers) h = shardwise::forward(block, h);  // FSDP units gather here
+      for (auto& block : layers) h = shardwise::forward(block, h, rows_);  // FSDP units gather here
       return h;
     }
     block_inputs_.resize(layers.size());
-    for (std::size_t i = 0; i < layers.size(); ++i) h = checkpointed_forward(layers[i], h, block_inputs_[i]);
+    for (std::size_t i = 0; i < layers.size(); ++i) h = checkpointed_forward(layers[i], h, block_inputs_[i], rows_);
     return h;
   }
 
@@ -161,7 +189,7 @@ struct LlamaStage {
   /// gradients; returns the gradient of its input (empty on the first stage, whose input is token ids).
   constexpr stream backward(stream dh) {
     for (std::size_t i = layers.size(); i-- > 0;)
-      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh)
+      dh = checkpoint_blocks_ ? checkpointed_backward(layers[i], block_inputs_[i], dh, rows_)
                               : shardwise::backward(layers[i], dh);
     if (!first_) return dh;
     tok_embeddings->backward(dh);
@@ -296,6 +324,8 @@ struct LlamaStage {
   std::size_t rows_per_sequence_ = 0;  // this cp rank's tokens of each sequence; 0 without context parallelism
   bool first_ = false, last_ = false, checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
+  std::vector<sequence_lengths> microbatch_rows_;         // per microbatch of a pipeline step (empty: whole rows)
+  sequence_lengths rows_;  // the sequences of the forward's rows (empty: whole sequences of config().sequence)
 };
 
 }  // namespace shardwise::models

@@ -79,6 +79,13 @@ struct microbatch_slot {
   deferred_weight_gradients weight_work{};  ///< what B put off for W: each layer's input and output gradient
 };
 
+/// Tells a chunk which microbatch its next forward runs, when it asks (hooks::pipeline_microbatch).
+template <class Chunk>
+void announce_microbatch(Chunk& chunk, int microbatch) {
+  if constexpr (requires { chunk.shardwise_pipeline_microbatch(microbatch); })
+    chunk.shardwise_pipeline_microbatch(microbatch);
+}
+
 /// The activation type crossing the stage boundaries: what a chunk's forward makes of the model's input.
 template <class Chunk, class In>
 using stage_output_t = std::remove_cvref_t<decltype(forward(std::declval<Chunk&>(), std::declval<In const&>()))>;
@@ -153,6 +160,7 @@ class pipeline_step {
     driver_.shardwise_pipeline_forward();
     auto& here = slot(action);
     int const stage = stage_of(action);
+    announce_microbatch(chunk_of(action), action.microbatch);
     X y = shape_.is_first(stage) ? forward_first(action, here) : forward_rest(action, here);
     if (recompute_) {
       drop_saved_activations(chunk_of(action));
@@ -201,6 +209,7 @@ class pipeline_step {
     driver_.shardwise_pipeline_backward();
     auto& here = slot(action);
     if (recompute_) {  // the same code on the same numbers: bit for bit
+      announce_microbatch(chunk_of(action), action.microbatch);
       if (shape_.is_first(stage_of(action)))
         (void)forward(chunk_of(action), here.recompute_first);
       else

@@ -32,6 +32,10 @@ struct token_wise {};
 /// `std::size_t shardwise_position_limit() const`: sw::generate; the positions the model can embed (learned
 /// position embeddings), so that a longer cache is refused up front.
 struct position_limit {};
+/// `void shardwise_pipeline_microbatch(int microbatch)`: sw::run_pipeline_step, before each forward of a chunk
+/// (recomputations too), with the microbatch it runs; for what a chunk's forward needs to know of its
+/// microbatch beyond the activation (models::LlamaStage: its sequences' lengths).
+struct pipeline_microbatch {};
 }  // namespace hooks
 
 /// The hooks a module lists (SHARDWISE_HOOKS).
@@ -53,16 +57,17 @@ struct hook_list {
 #define SHARDWISE_DETAIL_HOOK_7(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_6(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_8(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_7(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_9(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_8(__VA_ARGS__)
-#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, name, ...) name
+#define SHARDWISE_DETAIL_HOOK_10(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_9(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, name, ...) name
 
 /// Inside a module: SHARDWISE_HOOKS(static_check, on_parallelize) names the optional members it defines for the
-/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 9, one
-/// more than there are hooks.
-#define SHARDWISE_HOOKS(...)                                                                                           \
-  using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                                           \
-      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_9, SHARDWISE_DETAIL_HOOK_8, SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, \
-      SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2,              \
-      SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
+/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 10,
+/// one more than there are hooks.
+#define SHARDWISE_HOOKS(...)                                                                                    \
+  using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                                    \
+      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_10, SHARDWISE_DETAIL_HOOK_9, SHARDWISE_DETAIL_HOOK_8,                  \
+      SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4,       \
+      SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2, SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
 
 namespace shardwise::detail {
 
@@ -94,6 +99,7 @@ SHARDWISE_DETAIL_HOOK_NAME(other_stage)
 SHARDWISE_DETAIL_HOOK_NAME(after_pipeline_step)
 SHARDWISE_DETAIL_HOOK_NAME(on_context_parallel)
 SHARDWISE_DETAIL_HOOK_NAME(token_wise)
+SHARDWISE_DETAIL_HOOK_NAME(pipeline_microbatch)
 #undef SHARDWISE_DETAIL_HOOK_NAME
 
 template <class M>
@@ -137,6 +143,7 @@ inline constexpr bool hooks_declared =
     hook_declared<M, hooks::static_check>() && hook_declared<M, hooks::on_parallelize>() &&
     hook_declared<M, hooks::config>() && hook_declared<M, hooks::other_stage>() &&
     hook_declared<M, hooks::after_pipeline_step>() && hook_declared<M, hooks::on_context_parallel>() &&
-    hook_declared<M, hooks::token_wise>() && hook_declared<M, hooks::position_limit>();
+    hook_declared<M, hooks::token_wise>() && hook_declared<M, hooks::position_limit>() &&
+    hook_declared<M, hooks::pipeline_microbatch>();
 
 }  // namespace shardwise::detail
