@@ -382,20 +382,14 @@ TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than 
                        shardwise::error);
 }
 
-TEST_CASE("Llama refuses sequence lengths and a sliding window under context parallelism") {
+TEST_CASE("Llama refuses sequence lengths under context parallelism") {
   worlds::run_threads(2, [&](auto& world) {
     auto const cp = shardwise::submesh<"cp">(shardwise::make_mesh<"cp">(world, {2}));
-    auto c = llama_packed_cases::config();
-    c.sliding_window = 0;
-    shardwise::models::Llama<double> plain(c);
-    sw_context_cut(plain, cp, c);
+    auto const c = llama_packed_cases::config();
+    shardwise::models::Llama<double> model(c);
+    sw_context_cut(model, cp, c);
     auto const ids = std::vector<std::int64_t>(16, 1);  // this rank's 16 tokens of two sequences of 32
-    CHECK_THROWS_WITH_AS(plain.forward(ids, shardwise::sequence_lengths{8, 8}),
+    CHECK_THROWS_WITH_AS(model.forward(ids, shardwise::sequence_lengths{8, 8}),
                          doctest::Contains("sequence lengths given to a model cut over cp"), shardwise::error);
-    shardwise::models::Llama<double> windowed(llama_packed_cases::config());
-    CHECK_THROWS_WITH_AS(sw_context_cut(windowed, cp, c),
-                         "shardwise::models::Llama: a sliding window (config sliding_window 4) under context "
-                         "parallelism is not built; train a model with a window without cp",
-                         shardwise::error);
   });
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Attention across context-parallel ranks against nn::causal_attention of the whole sequences (fp64, forward
 // and backward), on whatever world the test file hands over (threads or MPI): ring and all-to-all, head-tail
-// balanced and contiguous cuts, sequence lengths the cut does not divide, grouped-query heads.
+// balanced and contiguous cuts, sequence lengths the cut does not divide, grouped-query heads, and a sliding window
+// shorter than a rank's share (a block of keys a window leaves out entirely, and panels it cuts).
 #include <doctest/doctest.h>
 
 #include <random>
@@ -27,6 +28,7 @@ inline matrix random(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
 struct Sizes {
   Eigen::Index batch, sequence, heads, kv_heads, head_dim;
   std::size_t block_rows;
+  std::size_t window = 0;  // a sliding window of keys per query (0: none)
 };
 
 /// The whole sequences' inputs, and nn::causal_attention's output and gradients for them.
@@ -48,7 +50,7 @@ inline Whole reference(Sizes const& s) {
   w.dk.resize(rows, w.k.cols()), w.dv.resize(rows, w.k.cols());
   sw::nn::attention_saved<double> saved;
   auto const sequence = static_cast<std::size_t>(s.sequence), d = static_cast<std::size_t>(s.head_dim);
-  sw::nn::causal_attention<double>(w.q, w.k, w.v, sequence, d, w.out, saved, s.block_rows);
+  sw::nn::causal_attention<double>(w.q, w.k, w.v, sequence, d, w.out, saved, s.block_rows, s.window);
   sw::nn::causal_attention_backward<double>(w.dout, w.q, w.k, w.v, saved, w.dq, w.dk, w.dv, s.block_rows);
   return w;
 }
@@ -69,7 +71,7 @@ template <class Mesh>
 void check_method(Mesh const& cp, Sizes const& s, Whole const& w, method m, bool balanced) {
   std::string const what = std::string(m == method::ring ? "ring" : "all-to-all") +
                            (balanced ? ", balanced" : ", contiguous") + ", sequence " + std::to_string(s.sequence) +
-                           ", cp " + std::to_string(cp.size());
+                           ", window " + std::to_string(s.window) + ", cp " + std::to_string(cp.size());
   INFO(what);
   sw::context_split const split{static_cast<std::size_t>(s.sequence), cp.size(), balanced};
   int const rank = cp.rank();
@@ -79,10 +81,10 @@ void check_method(Mesh const& cp, Sizes const& s, Whole const& w, method m, bool
   sw::nn::attention_saved<double> saved;
   auto const d = static_cast<std::size_t>(s.head_dim);
   if (m == method::ring) {
-    sw::ring_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows);
+    sw::ring_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows, s.window);
     sw::ring_attention_backward<Mesh, double>(cp, split, dout, q, k, v, out, saved, dq, dk, dv, s.block_rows);
   } else {
-    sw::ulysses_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows);
+    sw::ulysses_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows, s.window);
     sw::ulysses_attention_backward<Mesh, double>(cp, split, dout, q, k, v, out, saved, dq, dk, dv, s.block_rows);
   }
   check_close(out, mine(w.out), "out");
@@ -107,6 +109,14 @@ void check_all(World const& world) {
       check_method(cp, divisible, w_divisible, method::all_to_all, balanced);
       if (n <= 2) check_method(cp, gqa, w_gqa, method::all_to_all, balanced);
     }
+  }
+  // A window of 4 keys on sequences of 37: each rank's share of a sequence (9 or more tokens) is longer, so some
+  // blocks lie wholly outside every window of a panel, and panels of 5 rows start inside and outside it.
+  Sizes const windowed{2, 37, 8, 2, 4, 5, 4}, windowed_divisible{2, 37, 8, 4, 4, 5, 4};
+  Whole const w_windowed = reference(windowed), w_windowed_divisible = reference(windowed_divisible);
+  for (bool balanced : {true, false}) {
+    check_method(cp, windowed, w_windowed, method::ring, balanced);
+    check_method(cp, windowed_divisible, w_windowed_divisible, method::all_to_all, balanced);
   }
 }
 

@@ -89,7 +89,8 @@ void check_against(World const& world, llama_cases::Run const& serial, models::L
 }
 
 /// cp 2 (and 4 at 4 ranks) alone, cp 2 x tp 2, cp 2 x dp 2 (also with ZeRO-1 over dp x cp), ring and all-to-all, a
-/// sequence cp divides and one it does not; and a Qwen-like config (biases, q and k norms, wider heads).
+/// sequence cp divides and one it does not; and a Qwen-like config (biases, q and k norms, wider heads, a sliding
+/// window).
 template <class World>
 void check_all(World const& world) {
   int const n = world.size(), steps = llama_cases::steps();
@@ -115,11 +116,14 @@ void check_all(World const& world) {
       check_against(world, serial, c, steps, {{1, 2, context_method::ring, true}}, true);  // cp 2 x tp 2, SP
     }
   }
-  // Qwen2's biases and Qwen3's q and k norms on heads twice dim / heads wide: cp 2 by ring (and cp 2 x tp 2, SP).
+  // Qwen2's biases and Qwen3's q and k norms on heads twice dim / heads wide, and a sliding window of 3 on the
+  // second layer (Qwen2's max_window_layers 1): cp 2 by ring and by all-to-all (at 4 ranks beside tp 2, SP).
   auto qwen = llama_cases::small_config();
   qwen.sequence = 8, qwen.attention_bias = true, qwen.qk_norm = true, qwen.explicit_head_dim = 2 * qwen.head_dim();
+  qwen.sliding_window = 3, qwen.first_window_layer = 1;
   auto const serial = llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, qwen);
-  check_against(world, serial, qwen, steps, {{1, 2, context_method::ring, true}}, n == 4);
+  check_against(world, serial, qwen, steps,
+                {{1, 2, context_method::ring, true}, {1, 2, context_method::all_to_all, true}}, n == 4);
 }
 
 }  // namespace llama_context_cases

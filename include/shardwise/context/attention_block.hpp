@@ -1,6 +1,7 @@
 #pragma once
 // The step of attention across context-parallel ranks: this rank's queries against one block of keys and values
-// (its own or another rank's), each token at its global position, the causal mask applied by position. The
+// (its own or another rank's), each token at its global position, the causal mask (and a sliding window, if any)
+// applied by position. The
 // forward merges the block into a running result by its logsumexp (the online softmax: the result is always the
 // attention over the blocks seen so far); the backward adds the block's share to dq and to the block's dk, dv,
 // given the whole row's logsumexp and D = rowsum(dout * out) (the softmax's backward term, which no one block
@@ -20,6 +21,7 @@ namespace shardwise::detail {
 /// query panel height.
 struct context_attention_shape {
   Eigen::Index batch, head_dim, heads, kv_heads, block_rows;
+  Eigen::Index window = 0;  ///< a sliding window of keys per query (0: none)
   [[nodiscard]] Eigen::Index group() const { return heads / kv_heads; }
 };
 
@@ -31,11 +33,17 @@ struct positioned_rows {
   [[nodiscard]] Eigen::Index visible_to(std::int64_t position) const {
     return std::upper_bound(positions.begin(), positions.end(), position) - positions.begin();
   }
+  /// The first of these rows a query at `position` sees with a sliding `window` (0: none): the first at or after
+  /// position - window + 1.
+  [[nodiscard]] Eigen::Index first_seen_by(std::int64_t position, Eigen::Index window) const {
+    if (window == 0) return 0;
+    return std::lower_bound(positions.begin(), positions.end(), position - window + 1) - positions.begin();
+  }
   [[nodiscard]] Eigen::Index count() const { return static_cast<Eigen::Index>(positions.size()); }
 };
 
-/// Calls f(b, h, g, first, rows, keys) for every sequence, query head and panel of query rows that sees at least
-/// one key of the block (keys: how many of the block's keys its last row sees, the most any of its rows does).
+/// Calls f(b, h, g, first, rows, keys) for every sequence, query head and panel of query rows that may see a key
+/// of the block (keys: how many of the block's keys its last row sees, the most any of its rows does).
 template <class F>
 void for_each_block_panel(context_attention_shape const& a, positioned_rows const& queries, positioned_rows const& keys,
                           F&& f) {
@@ -43,6 +51,8 @@ void for_each_block_panel(context_attention_shape const& a, positioned_rows cons
     Eigen::Index const rows = std::min(a.block_rows, queries.count() - first);
     Eigen::Index const seen = keys.visible_to(queries.positions[static_cast<std::size_t>(first + rows - 1)]);
     if (seen == 0) continue;  // the whole block is in these queries' future
+    if (keys.first_seen_by(queries.positions[static_cast<std::size_t>(first)], a.window) >= seen)
+      continue;  // and behind every window: each row's starts at or after the first row's
     for (Eigen::Index b = 0; b < a.batch; ++b)
       for (Eigen::Index h = 0; h < a.heads; ++h) f(b, h, h / a.group(), first, rows, seen);
   }
@@ -62,18 +72,19 @@ void attend_block(nn::const_matrix_ref<T> q, positioned_rows const& queries, nn:
     p.noalias() = q.block(b * nq + first, h * d, rows, d) * k.block(b * nk, g * d, seen, d).transpose();
     Eigen::Matrix<T, Eigen::Dynamic, 1> block_lse(rows), inverse_sum(rows);
     for (Eigen::Index r = 0; r < rows; ++r) {
-      Eigen::Index const c = keys.visible_to(queries.positions[static_cast<std::size_t>(first + r)]);
-      if (c == 0) {
+      auto const position = queries.positions[static_cast<std::size_t>(first + r)];
+      Eigen::Index const c = keys.visible_to(position), from = std::min(keys.first_seen_by(position, a.window), c);
+      if (c == from) {
         p.row(r).setZero();
         block_lse(r) = -std::numeric_limits<T>::infinity();
         continue;
       }
-      auto row = p.row(r).head(c);
+      auto row = p.row(r).segment(from, c - from);
       T const top = row.maxCoeff();
       row = ((row.array() - top) * scale).exp().matrix();
       T const sum = row.sum();
       inverse_sum(r) = T(1) / sum;  // applied to the output row: d values, not `seen`
-      p.row(r).tail(seen - c).setZero();
+      p.row(r).head(from).setZero(), p.row(r).tail(seen - c).setZero();
       block_lse(r) = top * scale + std::log(sum);
     }
     nn::matrix<T> const o = p * v.block(b * nk, g * d, seen, d);
@@ -109,9 +120,11 @@ void attend_block_backward(nn::const_matrix_ref<T> dout, nn::const_matrix_ref<T>
     ds.noalias() = dOi * vj.transpose();  // d loss / d p
     for (Eigen::Index r = 0; r < rows; ++r) {
       Eigen::Index const i = b * nq + first + r;
-      Eigen::Index const c = keys.visible_to(queries.positions[static_cast<std::size_t>(first + r)]);
-      p.row(r).head(c) = (p.row(r).head(c).array() * scale - logsumexp(i, h)).exp().matrix();
-      p.row(r).tail(seen - c).setZero();
+      auto const position = queries.positions[static_cast<std::size_t>(first + r)];
+      Eigen::Index const c = keys.visible_to(position), from = std::min(keys.first_seen_by(position, a.window), c);
+      p.row(r).segment(from, c - from) =
+          (p.row(r).segment(from, c - from).array() * scale - logsumexp(i, h)).exp().matrix();
+      p.row(r).head(from).setZero(), p.row(r).tail(seen - c).setZero();
       ds.row(r) = p.row(r).cwiseProduct((ds.row(r).array() - row_term(i, h)).matrix());
     }
     dv.block(b * nk, g * d, seen, d).noalias() += p.transpose() * dOi;

@@ -57,18 +57,21 @@ namespace shardwise {
 /// out = softmax(q k^T / sqrt(head_dim), causal) v over sequences cut across the cp mesh (a 1-D mesh, split's
 /// ranks) as `split` says: q, out [batch x split.tokens(rank), heads * head_dim] and k, v [same rows,
 /// kv_heads * head_dim] are this rank's rows of each sequence (context_split::rows_of), the mask applied by
-/// global position. Equal to nn::causal_attention of the whole sequences, row for row. Fills `saved` (each of
-/// this rank's rows' logsumexp over every key) for ring_attention_backward.
+/// global position, with a sliding `window` of keys per query if not 0 (Mistral's). Equal to nn::causal_attention
+/// of the whole sequences, row for row. Fills `saved` (each of this rank's rows' logsumexp over every key, and the
+/// window) for ring_attention_backward.
 template <class Mesh, std::floating_point T>
 void ring_attention(Mesh const& cp, context_split const& split, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                     nn::const_matrix_ref<T> v, std::size_t head_dim, nn::matrix_ref<T> out,
-                    nn::attention_saved<T>& saved, std::size_t block_rows = nn::attention_block_rows) {
+                    nn::attention_saved<T>& saved, std::size_t block_rows = nn::attention_block_rows,
+                    std::size_t window = 0) {
   constexpr char const* fn = "ring_attention";
   int const size = cp.size(), rank = cp.rank();
-  auto const a = detail::checked_context_shape<T>(fn, split, size, rank, q, k, v, head_dim, block_rows);
+  auto a = detail::checked_context_shape<T>(fn, split, size, rank, q, k, v, head_dim, block_rows);
+  a.window = static_cast<Eigen::Index>(window);
   detail::nn_check_shape(fn, "out [rows, heads * head_dim]", out, q.rows(), q.cols());
   saved.sequence = static_cast<Eigen::Index>(split.sequence), saved.head_dim = a.head_dim;
-  saved.heads = a.heads, saved.kv_heads = a.kv_heads;
+  saved.heads = a.heads, saved.kv_heads = a.kv_heads, saved.window = a.window;
   saved.logsumexp.setConstant(q.rows(), a.heads, -std::numeric_limits<T>::infinity());
   out.setZero();
   auto const mine = split.positions(rank);
@@ -99,8 +102,9 @@ void ring_attention_backward(Mesh const& cp, context_split const& split, nn::con
                              std::size_t block_rows = nn::attention_block_rows) {
   constexpr char const* fn = "ring_attention_backward";
   int const size = cp.size(), rank = cp.rank();
-  auto const a = detail::checked_context_shape<T>(fn, split, size, rank, q, k, v,
-                                                  static_cast<std::size_t>(saved.head_dim), block_rows);
+  auto a = detail::checked_context_shape<T>(fn, split, size, rank, q, k, v, static_cast<std::size_t>(saved.head_dim),
+                                            block_rows);
+  a.window = saved.window;  // the forward's
   if (saved.logsumexp.rows() != q.rows() || saved.logsumexp.cols() != a.heads ||
       saved.sequence != static_cast<Eigen::Index>(split.sequence) || saved.kv_heads != a.kv_heads)
     detail::fail("shardwise::", fn, ": `saved` is not from a ring_attention forward of these ", q.rows(), " rows, ",

@@ -76,7 +76,8 @@ namespace shardwise {
 template <class Mesh, std::floating_point T>
 void ulysses_attention(Mesh const& cp, context_split const& split, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                        nn::const_matrix_ref<T> v, std::size_t head_dim, nn::matrix_ref<T> out,
-                       nn::attention_saved<T>& saved, std::size_t block_rows = nn::attention_block_rows) {
+                       nn::attention_saved<T>& saved, std::size_t block_rows = nn::attention_block_rows,
+                       std::size_t window = 0) {
   constexpr char const* fn = "ulysses_attention";
   (void)detail::checked_ulysses_shape<T>(fn, split, cp.size(), cp.rank(), q, k, v, head_dim, block_rows);
   detail::nn_check_shape(fn, "out [rows, heads * head_dim]", out, q.rows(), q.cols());
@@ -84,7 +85,7 @@ void ulysses_attention(Mesh const& cp, context_split const& split, nn::const_mat
   nn::matrix<T> const wk = detail::rows_to_heads<Mesh, T>(cp, split, k);
   nn::matrix<T> const wv = detail::rows_to_heads<Mesh, T>(cp, split, v);
   nn::matrix<T> whole_out(wq.rows(), wq.cols());
-  nn::causal_attention<T>(wq, wk, wv, split.sequence, head_dim, whole_out, saved, block_rows);
+  nn::causal_attention<T>(wq, wk, wv, split.sequence, head_dim, whole_out, saved, block_rows, window);
   out = detail::heads_to_rows<Mesh, T>(cp, split, whole_out);
 }
 

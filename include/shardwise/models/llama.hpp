@@ -206,7 +206,6 @@ struct Llama {
 
   /// Called by sw::context_parallelize: from then on forward takes this rank's tokens of each sequence.
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
-    config_.check_context_parallel("shardwise::models::Llama");
     if (context->split().sequence != config_.sequence)
       shardwise::raise("shardwise::models::Llama: the context_split cuts sequences of ", context->split().sequence,
                        " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");

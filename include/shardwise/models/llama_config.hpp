@@ -62,12 +62,6 @@ struct LlamaConfig {
     c.sliding_window = window_at(layer), c.first_window_layer = 0;
     return c;
   }
-  /// Throws, naming `who`, for what context parallelism does not build: a sliding window.
-  void check_context_parallel(char const* who) const {
-    if (sliding_window != 0)
-      shardwise::raise(who, ": a sliding window (config sliding_window ", sliding_window,
-                       ") under context parallelism is not built; train a model with a window without cp");
-  }
   /// transformers' head_dim where a head is not dim / heads wide (Qwen3-0.6B: 16 heads of 128 on a width of
   /// 1024); 0: dim / heads. wq is then dim -> heads * head_dim and wo heads * head_dim -> dim.
   std::size_t explicit_head_dim = 0;

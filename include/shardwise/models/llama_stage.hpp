@@ -125,10 +125,13 @@ struct LlamaStage {
   /// Called by sw::context_parallelize: from then on the first stage takes this rank's tokens of each sequence,
   /// and every stage's stream holds those tokens' rows (the blocks' attention sees across the cp ranks).
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
-    config_.check_context_parallel("shardwise::models::LlamaStage");
     if (context->split().sequence != config_.sequence)
       shardwise::raise("shardwise::models::LlamaStage: the context_split cuts sequences of ", context->split().sequence,
                        " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");
+    if (!microbatch_rows_.empty())
+      shardwise::raise(
+          "shardwise::models::LlamaStage: context parallelism on a stage given sequence lengths "
+          "(microbatch_rows); it cuts whole sequences of config().sequence: give none");
     rows_per_sequence_ = context->tokens();
   }
 
