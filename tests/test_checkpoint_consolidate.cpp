@@ -166,7 +166,8 @@ TEST_CASE("transformers' bias names; a bias the model lacks is refused even by a
     });
 }
 
-TEST_CASE("Qwen3's q_norm and k_norm under transformers' names; a norm the model lacks is refused even when not strict") {
+TEST_CASE(
+    "Qwen3's q_norm and k_norm under transformers' names; a norm the model lacks is refused even when not strict") {
   CHECK(sw::transformers_llama_name("layers.1.attention.q_norm.weight") == "model.layers.1.self_attn.q_norm.weight");
   CHECK(sw::transformers_llama_name("layers.0.attention.k_norm.weight") == "model.layers.0.self_attn.k_norm.weight");
   auto normed = config();

@@ -676,11 +676,11 @@ TEST_CASE(
   nn::kv_layer<double> rolling{mat::Zero(3, kv_heads * d), mat::Zero(3, kv_heads * d), 3};
   mat o(1, heads * d);
   shardwise::cache_step const step{.entries = {{.sequence = 0, .start = 0, .count = 1}}, .capacity = 8};
-  CHECK_THROWS_WITH_AS(nn::cached_attention<double>(q.topRows(1), k.topRows(1), v.topRows(1), std::size_t(d), step,
-                                                    rolling, o, 2, 0),
-                       doctest::Contains("the layer's cache keeps the last 3 positions of each sequence but the "
-                                         "attention's window is 0"),
-                       shardwise::error);
+  CHECK_THROWS_WITH_AS(
+      nn::cached_attention<double>(q.topRows(1), k.topRows(1), v.topRows(1), std::size_t(d), step, rolling, o, 2, 0),
+      doctest::Contains("the layer's cache keeps the last 3 positions of each sequence but the "
+                        "attention's window is 0"),
+      shardwise::error);
 }
 
 TEST_CASE("attention_keys_per_query: the causal half and half a block") {

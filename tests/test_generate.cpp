@@ -224,7 +224,7 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   CHECK((qwen3.qk_norm && qwen3.explicit_head_dim == 16 && qwen3.head_dim() == 16 && qwen3.attention_bias &&
          qwen3.attention_output_bias && !qwen3.mlp_bias));
   CHECK(models::llama_config_from_json(family("qwen3", R"("hidden_act": "silu")")).head_dim() == 128);
-  CHECK(models::llama_config_from_json(base + R"(, "head_dim": 16})").head_dim() == 16);  // Llama's head_dim
+  CHECK(models::llama_config_from_json(base + R"(, "head_dim": 16})").head_dim() == 16);       // Llama's head_dim
   CHECK(models::llama_config_from_json(base + R"(, "head_dim": 8})").explicit_head_dim == 0);  // dim / heads
   CHECK(error_of([&] {
           (void)models::llama_config_from_json(base + R"(, "mlp_bias": "yes"})");

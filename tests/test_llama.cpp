@@ -345,7 +345,8 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
 }
 
 TEST_CASE(
-    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP, pp; Qwen2- "
+    "Llama on packed documents of any length equals each document alone and the unsharded run (TP ± SP, FSDP, pp; "
+    "Qwen2- "
     "and Qwen3-like), thread mesh") {
   for (auto const& c : llama_packed_cases::configs()) {
     INFO((c.qk_norm ? "Qwen3-like" : "Qwen2-like"));

@@ -1,8 +1,10 @@
 // shardwise: the checkpoint command line.
-//   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir] [--names
-//   shardwise|transformers-llama|transformers-qwen2|transformers-qwen3|transformers-mistral|transformers-gpt2] shardwise inspect
-//   FILE_OR_DIR shardwise verify
-//   CHECKPOINT_DIR_OR_FILE shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
+//   shardwise consolidate CHECKPOINT_DIR OUTPUT_DIR [--remove-checkpoint-dir]
+//       [--names shardwise|transformers-llama|transformers-qwen2|transformers-qwen3|transformers-mistral|
+//        transformers-gpt2]
+//   shardwise inspect FILE_OR_DIR
+//   shardwise verify CHECKPOINT_DIR_OR_FILE
+//   shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES [--machine FILE]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
@@ -109,9 +111,9 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   std::string const family = names.substr(std::string("transformers-").size());
   if (family != "llama" && json["model_type"] != family)
     throw std::runtime_error("shardwise consolidate --names " + names + ": the checkpoint's configuration is a " +
-                             json["model_type"].get<std::string>() + "'s (its biases, norms and sliding window), not a " +
-                             family + "'s; consolidate it with --names transformers-" +
-                             json["model_type"].get<std::string>());
+                             json["model_type"].get<std::string>() +
+                             "'s (its biases, norms and sliding window), not a " + family +
+                             "'s; consolidate it with --names transformers-" + json["model_type"].get<std::string>());
   json.erase("max_position_embeddings");
   if (auto const& r = c.rope_scaling; r.type == sw::models::rope_type::llama3 || r.type == sw::models::rope_type::yarn)
     json["max_position_embeddings"] = static_cast<std::size_t>(double(r.original_max_positions) * r.factor);
@@ -241,9 +243,8 @@ int main(int argc, char** argv) {
                    "transformers-mistral (the same names; "
                    "the configuration must be that family's) or transformers-gpt2 (GPT2LMHeadModel's: q, k and v "
                    "fused into c_attn, Conv1D weights transposed)")
-      ->check(CLI::IsMember(
-          {"shardwise", "transformers-llama", "transformers-qwen2", "transformers-qwen3", "transformers-mistral",
-           "transformers-gpt2"}))
+      ->check(CLI::IsMember({"shardwise", "transformers-llama", "transformers-qwen2", "transformers-qwen3",
+                             "transformers-mistral", "transformers-gpt2"}))
       ->capture_default_str();
 
   std::string target;
@@ -270,7 +271,8 @@ int main(int argc, char** argv) {
                          "The layouts (dp x pp x tp, microbatches, ZeRO-1 or FSDP, activation "
                          "checkpointing) of a Llama, Qwen2, Mistral or GPT-2 model that fit in the memory per rank, "
                          "fastest first");
-  plan->add_option("CONFIG", planned.config, "A transformers config.json (model_type llama, qwen2, qwen3, mistral or gpt2)")
+  plan->add_option("CONFIG", planned.config,
+                   "A transformers config.json (model_type llama, qwen2, qwen3, mistral or gpt2)")
       ->required();
   // Counts are bounded so that the search stays short (every layout of the ranks, every microbatch count of the
   // batch) and no product of them wraps.

@@ -19,8 +19,8 @@
 #include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/llama_stage.hpp>
-#include <span>
 #include <shardwise/shardwise.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -257,8 +257,8 @@ void check_pipeline(World const& world, models::LlamaConfig const& c, Result con
       INFO(got.names[i]);
       auto const at = std::find(serial_two_rows.names.begin(), serial_two_rows.names.end(), got.names[i]);
       REQUIRE(at != serial_two_rows.names.end());
-      CHECK(relative_error(got.parameters[i], serial_two_rows.parameters[std::size_t(at - serial_two_rows.names.begin())]) <=
-            1e-10);
+      CHECK(relative_error(got.parameters[i],
+                           serial_two_rows.parameters[std::size_t(at - serial_two_rows.names.begin())]) <= 1e-10);
     }
   }
 }

@@ -273,7 +273,7 @@ void run(World const& world, fs::path const& dir, std::string const& tag, bool w
     if (step == 0) {
       sw::nn::matrix<real> whole = logits.local;
       if constexpr (!std::is_same_v<typename std::remove_cvref_t<decltype(logits)>::placement, sw::Replicate>)
-        sw::all_gather(tp, logits.local, whole, -1);  // vocabulary-sharded logits, whole
+        sw::all_gather(tp, logits.local, whole, -1);                           // vocabulary-sharded logits, whole
       whole = whole.leftCols(Eigen::Index(Spec::config().vocabulary)).eval();  // the padding for tp left out
       auto const gradients = Spec::hf(gradients_of(finished));
       if (writer) {

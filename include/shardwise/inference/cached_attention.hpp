@@ -66,7 +66,7 @@ struct entry_keys {
     window_keys.resize(start + n - origin, k.cols()), window_values.resize(start + n - origin, v.cols());
     for (Eigen::Index p = origin; p < start; ++p)
       window_keys.row(p - origin) = cache.keys.row(base + p % w),
-                    window_values.row(p - origin) = cache.values.row(base + p % w);
+                          window_values.row(p - origin) = cache.values.row(base + p % w);
     window_keys.bottomRows(n) = k, window_values.bottomRows(n) = v;
     keys = &window_keys, values = &window_values;
   }
@@ -120,8 +120,8 @@ void cached_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix
         Eigen::Index const rows = std::min(panel_rows, n - first), at = start + first;  // the panel's first position
         auto const keys = detail::keys_of_panel(at, rows, w);
         auto p = panel.topLeftCorner(rows, keys.count);
-        p.noalias() =
-            q.block(row + first, h * d, rows, d) * kv.keys->block(keys.from - kv.origin, g * d, keys.count, d).transpose();
+        p.noalias() = q.block(row + first, h * d, rows, d) *
+                      kv.keys->block(keys.from - kv.origin, g * d, keys.count, d).transpose();
         for (Eigen::Index r = 0; r < rows; ++r) {
           auto const columns = detail::columns_seen(at, r, keys.from, w);
           auto seen = p.row(r).segment(columns.begin, columns.count);

@@ -3,8 +3,8 @@
 // has seen, for this rank's key-value heads only (a tensor-parallel attention caches the heads it computes), in
 // storage allocated once for a fixed number of sequences and a capacity of positions each. A layer with a sliding
 // window shorter than the capacity keeps only the window's last positions (a rolling buffer: position p in row
-// p % window), as Mistral's reference implementation does: no query of that layer reads further back. A forward with the
-// cache takes rows for several sequences at once, packed one sequence after the other (a prompt's tokens at
+// p % window), as Mistral's reference implementation does: no query of that layer reads further back. A forward with
+// the cache takes rows for several sequences at once, packed one sequence after the other (a prompt's tokens at
 // prefill, one token per sequence at decode); kv_cache::append says where each sequence's rows go.
 //
 //   sw::kv_cache<float> cache(model.shardwise_kv_shape(), prompts, capacity);

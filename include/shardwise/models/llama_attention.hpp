@@ -21,8 +21,8 @@
 #include "shardwise/models/grouped_heads.hpp"
 #include "shardwise/models/llama_config.hpp"
 #include "shardwise/models/rotary_embedding.hpp"
-#include "shardwise/nn/layers/head_norm.hpp"
 #include "shardwise/nn.hpp"
+#include "shardwise/nn/layers/head_norm.hpp"
 
 namespace shardwise::models {
 
@@ -37,8 +37,9 @@ struct LlamaAttention {
   Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim (bias: attention_bias).
   Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim (bias: attention_bias).
   Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim (attention_output_bias).
-  /// Per-head RMSNorms on the queries and keys before the rotation (config qk_norm, Qwen3's), cut with the heads.
+  /// Per-head RMSNorm on the queries before the rotation (config qk_norm, Qwen3's), cut with wq's heads.
   std::optional<HeadRMSNorm<T, style_at<Plan, "q_norm">, typename output_t<decltype(wq)>::placement>> q_norm;
+  /// The same on the keys, cut with wk's heads.
   std::optional<HeadRMSNorm<T, style_at<Plan, "k_norm">, typename output_t<decltype(wk)>::placement>> k_norm;
   SHARDWISE_CHILDREN(wq, wk, wv, wo, q_norm, k_norm)
   SHARDWISE_HOOKS(static_check, on_parallelize, on_context_parallel)
@@ -63,8 +64,9 @@ struct LlamaAttention {
   static constexpr bool sharded_heads =
       std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
 
-  /// The shapes of wq, wk, wv, wo, q_norm and k_norm (when qk_norm), which the constructor builds them from and sw::parameter_costs walks; at
-  /// `tp` ranks wk and wv hold the key-value copies parallelize makes (kv_size_multiplier); tp 0: as built.
+  /// The shapes of wq, wk, wv, wo, q_norm and k_norm (when qk_norm), which the constructor builds them from and
+  /// sw::parameter_costs walks; at `tp` ranks wk and wv hold the key-value copies parallelize makes
+  /// (kv_size_multiplier); tp 0: as built.
   static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
     std::size_t const copies =
         sharded_heads ? grouped_heads::of(c).kv_copies(tp, "shardwise::models::Llama", own_style<Plan>::path.view())

@@ -92,7 +92,7 @@ struct LlamaConfig {
     f.merge(rope_scaling.fields());
     if (explicit_head_dim != 0 && explicit_head_dim * heads != dim) f["head_dim"] = std::to_string(explicit_head_dim);
     if (qk_norm) f["qk_norm"] = "true";  // new fields recorded only when set, as the window below
-    if (sliding_window != 0)  // recorded only when set, so checkpoints from before windows load as they did
+    if (sliding_window != 0)             // recorded only when set, so checkpoints from before windows load as they did
       f["sliding_window"] = std::to_string(sliding_window),
       f["first_window_layer"] = std::to_string(first_window_layer);
     return f;

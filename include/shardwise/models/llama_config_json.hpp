@@ -317,9 +317,9 @@ inline bool reads_as_llama(std::string_view model_type) {
 /// the sequence), head_dim, the biases (Llama's and Qwen3's attention_bias, Llama's mlp_bias; Qwen2's on q, k and
 /// v), Qwen3's q and k norms and the sliding window (Mistral's; Qwen2's and Qwen3's use_sliding_window,
 /// max_window_layers; layer_types). Throws, naming the field and the fix, for text that is not JSON, another
-/// model_type, a missing or non-positive size, and every field that would change the numbers and is not computed (another
-/// hidden_act, attention dropout, a partial rotation, experts, a window on a Llama, other layer types, another rotary
-/// scaling): docs/models.md lists them.
+/// model_type, a missing or non-positive size, and every field that would change the numbers and is not computed
+/// (another hidden_act, attention dropout, a partial rotation, experts, a window on a Llama, other layer types, another
+/// rotary scaling): docs/models.md lists them.
 inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
   nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
   auto const type = root.find("model_type");
@@ -401,11 +401,11 @@ inline nlohmann::json qwen3_config_json(LlamaConfig const& c) {
 }  // namespace detail
 
 /// The transformers config.json of a model with configuration `c` (what save_pretrained writes for it, and what
-/// llama_config_from_json reads back): a Qwen3ForCausalLM for q and k norms, a Qwen2ForCausalLM when q, k and v have biases and o none (its sliding
-/// window, if any, with use_sliding_window and max_window_layers), a MistralForCausalLM for no biases and a window
-/// on every layer, else a LlamaForCausalLM (attention_bias on all four projections, or none; mlp_bias); SiLU,
-/// max_position_embeddings = c.sequence, the rotary scaling as "rope_scaling" (which transformers 4 and 5 read).
-/// Throws for biases neither family has, and for a window no family with those biases has.
+/// llama_config_from_json reads back): a Qwen3ForCausalLM for q and k norms, a Qwen2ForCausalLM when q, k and v have
+/// biases and o none (its sliding window, if any, with use_sliding_window and max_window_layers), a MistralForCausalLM
+/// for no biases and a window on every layer, else a LlamaForCausalLM (attention_bias on all four projections, or none;
+/// mlp_bias); SiLU, max_position_embeddings = c.sequence, the rotary scaling as "rope_scaling" (which transformers 4
+/// and 5 read). Throws for biases neither family has, and for a window no family with those biases has.
 inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
   if (c.qk_norm) return detail::qwen3_config_json(c);
   bool const qwen2 = c.attention_bias && !c.attention_output_bias && !c.mlp_bias;

@@ -63,10 +63,10 @@ struct hook_list {
 /// Inside a module: SHARDWISE_HOOKS(static_check, on_parallelize) names the optional members it defines for the
 /// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 10,
 /// one more than there are hooks.
-#define SHARDWISE_HOOKS(...)                                                                                    \
-  using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                                    \
-      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_10, SHARDWISE_DETAIL_HOOK_9, SHARDWISE_DETAIL_HOOK_8,                  \
-      SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4,       \
+#define SHARDWISE_HOOKS(...)                                                                              \
+  using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                              \
+      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_10, SHARDWISE_DETAIL_HOOK_9, SHARDWISE_DETAIL_HOOK_8,            \
+      SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4, \
       SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2, SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
 
 namespace shardwise::detail {

@@ -53,7 +53,7 @@ struct model_description {
   /// sequences over tp ranks (this rank: 0, the largest piece), the sequences cut over `cp`.
   std::function<model_figures(std::size_t sequence, std::size_t tokens, std::size_t tp, context_inputs const& cp)>
       figures;
-  bool context_parallel = false;  ///< shardwise cuts its sequences over cp (sw::context_parallelize).
+  bool context_parallel = false;    ///< shardwise cuts its sequences over cp (sw::context_parallelize).
   std::size_t attention_width = 0;  ///< heads * head width, where it is not dim (Qwen3's head_dim); 0: dim.
 };
 

@@ -1,7 +1,7 @@
 #pragma once
 // Which model a transformers config.json describes, for the planner: Llama, Qwen2 (Llama's block with q, k and v
-// biases), Qwen3 (q and k norms, heads of head_dim), Mistral (Llama's block with a sliding window of keys per query) and GPT-2, each as a
-// planner::model_description; `shardwise plan` reads its CONFIG.json with planner::read_model.
+// biases), Qwen3 (q and k norms, heads of head_dim), Mistral (Llama's block with a sliding window of keys per query)
+// and GPT-2, each as a planner::model_description; `shardwise plan` reads its CONFIG.json with planner::read_model.
 #include <filesystem>
 #include <string>
 

@@ -30,7 +30,8 @@ class HeadRMSNorm : public detail::norm_core<T, Layout, detail::norm_kind::rms> 
   using style = NoParallel;             ///< It has no style of its own.
 
   /// A weight of `head_dim` ones; eps as the model's RMSNorm.
-  constexpr HeadRMSNorm(std::size_t head_dim, T eps) : core(Location::path.view(), head_dim, eps), head_dim_(head_dim) {}
+  constexpr HeadRMSNorm(std::size_t head_dim, T eps)
+      : core(Location::path.view(), head_dim, eps), head_dim_(head_dim) {}
 
   /// Forward on x [tokens, heads * head_dim] (this rank's heads under Shard<1>).
   constexpr Activation<T, Layout> operator()(Activation<T, Layout> x) {
