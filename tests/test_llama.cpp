@@ -356,7 +356,10 @@ TEST_CASE(
       llama_packed_cases::check_all(world, c, serial);
     });
     for (int ranks : {2, 4})
-      worlds::run_threads(ranks, [&](auto& world) { llama_packed_cases::check_all(world, c, serial); });
+      worlds::run_threads(ranks, [&](auto& world) {
+        llama_packed_cases::check_all(world, c, serial);
+        llama_packed_cases::check_cp(world, c);
+      });
     auto const two_rows = llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), c, 5, 2);
     worlds::run_threads(2, [&](auto& world) {
       llama_packed_cases::check_fsdp(world, c, two_rows);
@@ -383,14 +386,19 @@ TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than 
                        shardwise::error);
 }
 
-TEST_CASE("Llama refuses sequence lengths under context parallelism") {
+TEST_CASE("Llama under context parallelism refuses documents that are not its sequences' or cross between them") {
   worlds::run_threads(2, [&](auto& world) {
     auto const cp = shardwise::submesh<"cp">(shardwise::make_mesh<"cp">(world, {2}));
     auto const c = llama_packed_cases::config();
     shardwise::models::Llama<double> model(c);
     sw_context_cut(model, cp, c);
-    auto const ids = std::vector<std::int64_t>(16, 1);  // this rank's 16 tokens of two sequences of 32
+    auto const ids = std::vector<std::int64_t>(32, 1);  // this rank's 16 tokens of each of two sequences of 32
     CHECK_THROWS_WITH_AS(model.forward(ids, shardwise::sequence_lengths{8, 8}),
-                         doctest::Contains("sequence lengths given to a model cut over cp"), shardwise::error);
+                         doctest::Contains("the sequence lengths add up to 16 rows but the batch has 64"),
+                         shardwise::error);
+    CHECK_THROWS_WITH_AS(model.forward(ids, shardwise::sequence_lengths{20, 30, 14}),
+                         doctest::Contains("a document of 30 tokens from token 20 crosses from one sequence of 32 "
+                                           "tokens into the next"),
+                         shardwise::error);
   });
 }

@@ -61,6 +61,7 @@ TEST_CASE("Llama on packed documents of any length equals the unsharded run (Qwe
     INFO((c.qk_norm ? "Qwen3-like" : "Qwen2-like"));
     auto const serial = llama_packed_cases::train_packed<shardwise::serial_plan>(shardwise::serial_world(), c, 5);
     llama_packed_cases::check_all(worlds::mpi(), c, serial);
+    llama_packed_cases::check_cp(worlds::mpi(), c);
     if (worlds::mpi().size() == 2) {  // FSDP at dp 2 and pp 2 against the unsharded run over both ranks' rows
       auto const two_rows = llama_packed_cases::train_packed_fsdp(shardwise::serial_world(), c, 5, 2);
       llama_packed_cases::check_fsdp(worlds::mpi(), c, two_rows);

@@ -2,7 +2,8 @@
 // Attention across context-parallel ranks against nn::causal_attention of the whole sequences (fp64, forward
 // and backward), on whatever world the test file hands over (threads or MPI): ring and all-to-all, head-tail
 // balanced and contiguous cuts, sequence lengths the cut does not divide, grouped-query heads, and a sliding window
-// shorter than a rank's share (a block of keys a window leaves out entirely, and panels it cuts).
+// shorter than a rank's share (a block of keys a window leaves out entirely, and panels it cuts); documents packed
+// into the sequences, each attending within itself across the ranks.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -10,6 +11,7 @@
 #include <shardwise/mesh/mesh.hpp>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace context_attention_cases {
 
@@ -28,7 +30,12 @@ inline matrix random(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
 struct Sizes {
   Eigen::Index batch, sequence, heads, kv_heads, head_dim;
   std::size_t block_rows;
-  std::size_t window = 0;  // a sliding window of keys per query (0: none)
+  std::size_t window = 0;                // a sliding window of keys per query (0: none)
+  std::vector<std::size_t> documents{};  // packed documents over the batch's sequences (empty: whole sequences)
+  [[nodiscard]] sw::sequence_lengths rows() const {
+    return documents.empty() ? sw::sequence_lengths::every(static_cast<std::size_t>(sequence))
+                             : sw::sequence_lengths(documents);
+  }
 };
 
 /// The whole sequences' inputs, and nn::causal_attention's output and gradients for them.
@@ -50,7 +57,7 @@ inline Whole reference(Sizes const& s) {
   w.dk.resize(rows, w.k.cols()), w.dv.resize(rows, w.k.cols());
   sw::nn::attention_saved<double> saved;
   auto const sequence = static_cast<std::size_t>(s.sequence), d = static_cast<std::size_t>(s.head_dim);
-  sw::nn::causal_attention<double>(w.q, w.k, w.v, sequence, d, w.out, saved, s.block_rows, s.window);
+  sw::nn::causal_attention<double>(w.q, w.k, w.v, s.rows(), d, w.out, saved, s.block_rows, s.window);
   sw::nn::causal_attention_backward<double>(w.dout, w.q, w.k, w.v, saved, w.dq, w.dk, w.dv, s.block_rows);
   return w;
 }
@@ -71,7 +78,8 @@ template <class Mesh>
 void check_method(Mesh const& cp, Sizes const& s, Whole const& w, method m, bool balanced) {
   std::string const what = std::string(m == method::ring ? "ring" : "all-to-all") +
                            (balanced ? ", balanced" : ", contiguous") + ", sequence " + std::to_string(s.sequence) +
-                           ", window " + std::to_string(s.window) + ", cp " + std::to_string(cp.size());
+                           ", window " + std::to_string(s.window) + (s.documents.empty() ? "" : ", packed documents") +
+                           ", cp " + std::to_string(cp.size());
   INFO(what);
   sw::context_split const split{static_cast<std::size_t>(s.sequence), cp.size(), balanced};
   int const rank = cp.rank();
@@ -81,10 +89,12 @@ void check_method(Mesh const& cp, Sizes const& s, Whole const& w, method m, bool
   sw::nn::attention_saved<double> saved;
   auto const d = static_cast<std::size_t>(s.head_dim);
   if (m == method::ring) {
-    sw::ring_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows, s.window);
+    sw::ring_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows, s.window,
+                                     sw::sequence_lengths(s.documents));
     sw::ring_attention_backward<Mesh, double>(cp, split, dout, q, k, v, out, saved, dq, dk, dv, s.block_rows);
   } else {
-    sw::ulysses_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows, s.window);
+    sw::ulysses_attention<Mesh, double>(cp, split, q, k, v, d, out, saved, s.block_rows, s.window,
+                                        sw::sequence_lengths(s.documents));
     sw::ulysses_attention_backward<Mesh, double>(cp, split, dout, q, k, v, out, saved, dq, dk, dv, s.block_rows);
   }
   check_close(out, mine(w.out), "out");
@@ -117,6 +127,17 @@ void check_all(World const& world) {
   for (bool balanced : {true, false}) {
     check_method(cp, windowed, w_windowed, method::ring, balanced);
     check_method(cp, windowed_divisible, w_windowed_divisible, method::all_to_all, balanced);
+  }
+  // Documents packed into the two sequences of 37 (a document of 1, one as long as a sequence, ones that end
+  // inside a rank's chunk), with and without a window: each attends within itself across the ranks.
+  for (std::size_t window : {0u, 4u}) {
+    Sizes const packed{2, 37, 8, 2, 4, 5, window, {5, 1, 20, 11, 37}};
+    Sizes const packed_divisible{2, 37, 8, 4, 4, 5, window, {5, 1, 20, 11, 37}};
+    Whole const w_packed = reference(packed), w_packed_divisible = reference(packed_divisible);
+    for (bool balanced : {true, false}) {
+      check_method(cp, packed, w_packed, method::ring, balanced);
+      check_method(cp, packed_divisible, w_packed_divisible, method::all_to_all, balanced);
+    }
   }
 }
 

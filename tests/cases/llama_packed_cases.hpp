@@ -8,7 +8,9 @@
 //   documents change every step;
 // - FSDP at dp 2 (full shard) equals the unsharded run over both ranks' rows;
 // - pipeline stages (pp 2, two packed microbatches a step, 1F1B and zero-bubble H1, activations kept or recomputed)
-//   equal the unsharded run over both microbatches' rows.
+//   equal the unsharded run over both microbatches' rows;
+// - a packed row cut over cp 2 and 4 (balanced; ring, and all-to-all where the heads divide) equals the unsharded
+//   run on it.
 // Tolerances: 1e-12 relative for one forward and backward, 1e-10 after 5 steps (fp64; what differs is the order
 // of fp64 sums).
 #include <doctest/doctest.h>
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <shardwise/context.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/llama_stage.hpp>
@@ -240,6 +243,51 @@ Result train_packed_pipeline(World const& world, models::LlamaConfig const& c, i
     if (p.mirror_of.empty()) r.parameters.push_back(sw::full_tensor(p)), r.names.push_back(name);
   });
   return r;
+}
+
+/// `steps` AdamW steps with each packed row (15 tokens, the step's documents) one whole sequence cut over cp =
+/// the world's size (balanced), by `method`: each rank trains on its tokens of the row, its documents attending
+/// within themselves across the ranks (the loss weighted by the rank's share of the tokens, the gradients averaged
+/// over cp). The config's capacity becomes the row's 15 tokens, the length the cut splits.
+template <class World>
+Result train_packed_cp(World const& world, models::LlamaConfig c, int steps, sw::context_method method) {
+  c.sequence = 15;
+  auto const cp = sw::submesh<"cp">(sw::make_mesh<"cp">(world, {world.size()}));
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(world, {world.size(), 1}));
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<double> model(c);
+  sw::parallelize(model, tp);
+  auto const context = sw::context_parallelize(model, cp, {c.sequence, world.size(), true}, method);
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
+  double const weight = context->mean_weight();
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    auto const logits = model.forward(context->my_tokens(tokens(step, false)), sw::sequence_lengths(documents(step)));
+    auto loss = models::llama_loss(tp, logits, context->my_tokens(tokens(step, true)), c.vocabulary);
+    loss.dlogits.local *= weight;
+    model.backward(loss.dlogits);
+    optimizer.step(sw::finish_gradients(model), data);
+    sw::zero_grad(model);
+    r.losses.push_back(sw::all_reduce(data, loss.loss * weight, sw::Avg{}));
+  }
+  sw::for_each_parameter(model, [&](std::string const&, auto const& p) { r.parameters.push_back(sw::full_tensor(p)); });
+  return r;
+}
+
+/// Packed rows cut over cp (ring and all-to-all) against the unsharded run on the same rows: losses and
+/// parameters after 5 steps within 1e-10.
+template <class World>
+void check_cp(World const& world, models::LlamaConfig c) {
+  c.sequence = 15;
+  Result const serial = train_packed<sw::serial_plan>(sw::serial_world(), c, 5);
+  for (auto method : {sw::context_method::ring, sw::context_method::all_to_all}) {
+    if (method == sw::context_method::all_to_all && c.kv_heads % std::size_t(world.size()) != 0) continue;
+    INFO("cp " << world.size() << (method == sw::context_method::ring ? ", ring" : ", all-to-all"));
+    Result const got = train_packed_cp(world, c, 5, method);
+    for (std::size_t s = 0; s < got.losses.size(); ++s)
+      CHECK(std::abs(got.losses[s] - serial.losses[s]) <= 1e-10 * std::abs(serial.losses[s]));
+    check_same(got.parameters, serial.parameters, 1e-10, "parameter after the steps under cp");
+  }
 }
 
 /// Pipeline stages over packed rows (kept and recomputed activations, 1F1B and zero-bubble H1) against the

@@ -22,6 +22,9 @@ namespace shardwise::detail {
 struct context_attention_shape {
   Eigen::Index batch, head_dim, heads, kv_heads, block_rows;
   Eigen::Index window = 0;  ///< a sliding window of keys per query (0: none)
+  /// Packed documents: the global position where the document of each query row (batch x rows) begins, so that
+  /// it sees only its own document's keys; empty: each row's document is its whole sequence.
+  std::span<std::int64_t const> document_starts{};
   [[nodiscard]] Eigen::Index group() const { return heads / kv_heads; }
 };
 
@@ -34,13 +37,19 @@ struct positioned_rows {
     return std::upper_bound(positions.begin(), positions.end(), position) - positions.begin();
   }
   /// The first of these rows a query at `position` sees with a sliding `window` (0: none): the first at or after
-  /// position - window + 1.
-  [[nodiscard]] Eigen::Index first_seen_by(std::int64_t position, Eigen::Index window) const {
-    if (window == 0) return 0;
-    return std::lower_bound(positions.begin(), positions.end(), position - window + 1) - positions.begin();
+  /// position - window + 1, and at or after `document_start`, where the query's document begins.
+  [[nodiscard]] Eigen::Index first_seen_by(std::int64_t position, Eigen::Index window,
+                                           std::int64_t document_start = 0) const {
+    std::int64_t const from = std::max(window == 0 ? 0 : position - window + 1, document_start);
+    return std::lower_bound(positions.begin(), positions.end(), from) - positions.begin();
   }
   [[nodiscard]] Eigen::Index count() const { return static_cast<Eigen::Index>(positions.size()); }
 };
+
+/// Where the document of query row `row` (of batch x rows) begins: 0 without packed documents.
+inline std::int64_t document_start(context_attention_shape const& a, Eigen::Index row) {
+  return a.document_starts.empty() ? 0 : a.document_starts[static_cast<std::size_t>(row)];
+}
 
 /// Calls f(b, h, g, first, rows, keys) for every sequence, query head and panel of query rows that may see a key
 /// of the block (keys: how many of the block's keys its last row sees, the most any of its rows does).
@@ -73,7 +82,9 @@ void attend_block(nn::const_matrix_ref<T> q, positioned_rows const& queries, nn:
     Eigen::Matrix<T, Eigen::Dynamic, 1> block_lse(rows), inverse_sum(rows);
     for (Eigen::Index r = 0; r < rows; ++r) {
       auto const position = queries.positions[static_cast<std::size_t>(first + r)];
-      Eigen::Index const c = keys.visible_to(position), from = std::min(keys.first_seen_by(position, a.window), c);
+      Eigen::Index const c = keys.visible_to(position),
+                         from =
+                             std::min(keys.first_seen_by(position, a.window, document_start(a, b * nq + first + r)), c);
       if (c == from) {
         p.row(r).setZero();
         block_lse(r) = -std::numeric_limits<T>::infinity();
@@ -121,7 +132,8 @@ void attend_block_backward(nn::const_matrix_ref<T> dout, nn::const_matrix_ref<T>
     for (Eigen::Index r = 0; r < rows; ++r) {
       Eigen::Index const i = b * nq + first + r;
       auto const position = queries.positions[static_cast<std::size_t>(first + r)];
-      Eigen::Index const c = keys.visible_to(position), from = std::min(keys.first_seen_by(position, a.window), c);
+      Eigen::Index const c = keys.visible_to(position),
+                         from = std::min(keys.first_seen_by(position, a.window, document_start(a, i)), c);
       p.row(r).segment(from, c - from) =
           (p.row(r).segment(from, c - from).array() * scale - logsumexp(i, h)).exp().matrix();
       p.row(r).head(from).setZero(), p.row(r).tail(seen - c).setZero();

@@ -45,6 +45,16 @@ class context_parallel {
   [[nodiscard]] std::vector<std::int64_t> const& positions() const { return positions_; }
   /// This rank's tokens of each sequence.
   [[nodiscard]] std::size_t tokens() const { return positions_.size(); }
+  /// `rows` as packed documents of the cut's sequences: empty when they are whole sequences (every(sequence)).
+  [[nodiscard]] sequence_lengths documents(sequence_lengths const& rows) const {
+    bool const whole = rows.empty() || (rows.uniform() && rows.longest() == split_.sequence);
+    return whole ? sequence_lengths{} : rows;
+  }
+  /// Where the document of each of this rank's rows begins (context_split::document_starts), for `batch`
+  /// sequences packed with the documents `rows`; empty for whole sequences.
+  [[nodiscard]] std::vector<std::int64_t> document_starts(sequence_lengths const& rows, std::size_t batch) const {
+    return split_.document_starts(documents(rows), batch, rank_);
+  }
   /// This rank's tokens of `whole`, whole sequences back to back (the token ids and targets every cp rank has):
   /// what its forward and loss take. context_split::tokens_of at this rank.
   template <class T>
@@ -58,11 +68,13 @@ class context_parallel {
     return static_cast<double>(tokens()) * split_.ranks / static_cast<double>(split_.sequence);
   }
 
-  /// ring_attention / ulysses_attention over this rank's rows, with a sliding `window` of keys if not 0.
+  /// ring_attention / ulysses_attention over this rank's rows, with a sliding `window` of keys if not 0, within
+  /// packed `documents` if given (their lengths over the whole sequences: context_split::document_starts).
   template <std::floating_point T>
   void attend(nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k, nn::const_matrix_ref<T> v, std::size_t head_dim,
-              nn::matrix_ref<T> out, nn::attention_saved<T>& saved, std::size_t window = 0) const {
-    kernels<T>().forward(q, k, v, head_dim, out, saved, window);
+              nn::matrix_ref<T> out, nn::attention_saved<T>& saved, std::size_t window = 0,
+              sequence_lengths const& documents = {}) const {
+    kernels<T>().forward(q, k, v, head_dim, out, saved, window, documents);
   }
   /// The backward of attend.
   template <std::floating_point T>
@@ -77,7 +89,7 @@ class context_parallel {
   struct typed {
     using M = nn::const_matrix_ref<T>;
     using W = nn::matrix_ref<T>;
-    std::function<void(M, M, M, std::size_t, W, nn::attention_saved<T>&, std::size_t)> forward;
+    std::function<void(M, M, M, std::size_t, W, nn::attention_saved<T>&, std::size_t, sequence_lengths const&)> forward;
     std::function<void(M, M, M, M, M, nn::attention_saved<T> const&, W, W, W)> backward;
   };
   template <class T, class Mesh>
@@ -86,15 +98,17 @@ class context_parallel {
     using W = nn::matrix_ref<T>;
     context_split const s = split_;
     if (method_ == context_method::ring) {
-      k.forward = [cp, s](M q, M kk, M v, std::size_t d, W out, nn::attention_saved<T>& saved, std::size_t window) {
-        ring_attention<Mesh, T>(cp, s, q, kk, v, d, out, saved, nn::attention_block_rows, window);
+      k.forward = [cp, s](M q, M kk, M v, std::size_t d, W out, nn::attention_saved<T>& saved, std::size_t window,
+                          sequence_lengths const& documents) {
+        ring_attention<Mesh, T>(cp, s, q, kk, v, d, out, saved, nn::attention_block_rows, window, documents);
       };
       k.backward = [cp, s](M dout, M q, M kk, M v, M out, nn::attention_saved<T> const& saved, W dq, W dk, W dv) {
         ring_attention_backward<Mesh, T>(cp, s, dout, q, kk, v, out, saved, dq, dk, dv);
       };
     } else {
-      k.forward = [cp, s](M q, M kk, M v, std::size_t d, W out, nn::attention_saved<T>& saved, std::size_t window) {
-        ulysses_attention<Mesh, T>(cp, s, q, kk, v, d, out, saved, nn::attention_block_rows, window);
+      k.forward = [cp, s](M q, M kk, M v, std::size_t d, W out, nn::attention_saved<T>& saved, std::size_t window,
+                          sequence_lengths const& documents) {
+        ulysses_attention<Mesh, T>(cp, s, q, kk, v, d, out, saved, nn::attention_block_rows, window, documents);
       };
       k.backward = [cp, s](M dout, M q, M kk, M v, M out, nn::attention_saved<T> const& saved, W dq, W dk, W dv) {
         ulysses_attention_backward<Mesh, T>(cp, s, dout, q, kk, v, out, saved, dq, dk, dv);
@@ -119,14 +133,15 @@ class context_parallel {
 
 /// A model attention's causal attention on its rows: within each of the sequences `rows` (nn::causal_attention,
 /// with a sliding `window` if not 0) when `context` is null, else of this rank's tokens across the cp ranks (the
-/// context's cut; the same window). Under the ring, `saved` also keeps the output, which the ring's backward needs (its
+/// context's cut; the same window; `rows` there are the documents packed into the whole sequences, or whole
+/// sequences of the cut's length). Under the ring, `saved` also keeps the output, which the ring's backward needs (its
 /// softmax term spans every block).
 template <std::floating_point T>
 void attend_causal(context_parallel const* context, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                    nn::const_matrix_ref<T> v, sequence_lengths const& rows, std::size_t head_dim, nn::matrix<T>& out,
                    nn::attention_saved<T>& saved, std::size_t window = 0) {
   if (!context) return nn::causal_attention<T>(q, k, v, rows, head_dim, out, saved, nn::attention_block_rows, window);
-  context->attend<T>(q, k, v, head_dim, out, saved, window);
+  context->attend<T>(q, k, v, head_dim, out, saved, window, context->documents(rows));
   if (context->method() == context_method::ring) saved.output = out;
 }
 

@@ -57,18 +57,23 @@ namespace shardwise {
 /// out = softmax(q k^T / sqrt(head_dim), causal) v over sequences cut across the cp mesh (a 1-D mesh, split's
 /// ranks) as `split` says: q, out [batch x split.tokens(rank), heads * head_dim] and k, v [same rows,
 /// kv_heads * head_dim] are this rank's rows of each sequence (context_split::rows_of), the mask applied by
-/// global position, with a sliding `window` of keys per query if not 0 (Mistral's). Equal to nn::causal_attention
-/// of the whole sequences, row for row. Fills `saved` (each of this rank's rows' logsumexp over every key, and the
-/// window) for ring_attention_backward.
+/// global position, with a sliding `window` of keys per query if not 0 (Mistral's), and within packed documents
+/// when `documents` gives their lengths (context_split::document_starts: back to back over the batch's
+/// sequences, none crossing into the next). Equal to nn::causal_attention of the whole sequences (of the
+/// documents), row for row. Fills `saved` (each of this rank's rows' logsumexp over every key, the window and the
+/// documents) for ring_attention_backward.
 template <class Mesh, std::floating_point T>
 void ring_attention(Mesh const& cp, context_split const& split, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                     nn::const_matrix_ref<T> v, std::size_t head_dim, nn::matrix_ref<T> out,
                     nn::attention_saved<T>& saved, std::size_t block_rows = nn::attention_block_rows,
-                    std::size_t window = 0) {
+                    std::size_t window = 0, sequence_lengths const& documents = {}) {
   constexpr char const* fn = "ring_attention";
   int const size = cp.size(), rank = cp.rank();
   auto a = detail::checked_context_shape<T>(fn, split, size, rank, q, k, v, head_dim, block_rows);
   a.window = static_cast<Eigen::Index>(window);
+  auto const starts = split.document_starts(documents, static_cast<std::size_t>(a.batch), rank);
+  a.document_starts = starts;
+  saved.rows = documents;
   detail::nn_check_shape(fn, "out [rows, heads * head_dim]", out, q.rows(), q.cols());
   saved.sequence = static_cast<Eigen::Index>(split.sequence), saved.head_dim = a.head_dim;
   saved.heads = a.heads, saved.kv_heads = a.kv_heads, saved.window = a.window;
@@ -105,6 +110,8 @@ void ring_attention_backward(Mesh const& cp, context_split const& split, nn::con
   auto a = detail::checked_context_shape<T>(fn, split, size, rank, q, k, v, static_cast<std::size_t>(saved.head_dim),
                                             block_rows);
   a.window = saved.window;  // the forward's
+  auto const starts = split.document_starts(saved.rows, static_cast<std::size_t>(a.batch), rank);
+  a.document_starts = starts;
   if (saved.logsumexp.rows() != q.rows() || saved.logsumexp.cols() != a.heads ||
       saved.sequence != static_cast<Eigen::Index>(split.sequence) || saved.kv_heads != a.kv_heads)
     detail::fail("shardwise::", fn, ": `saved` is not from a ring_attention forward of these ", q.rows(), " rows, ",

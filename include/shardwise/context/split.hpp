@@ -10,6 +10,7 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/cost/context_inputs.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
+#include "shardwise/nn/kernels/sequence_lengths.hpp"
 
 namespace shardwise {
 
@@ -78,6 +79,31 @@ struct context_split {
                    " but ", batch * n, "x", whole.cols(), " are its place in the whole");
     for (Eigen::Index b = 0; b < batch; ++b)
       for (Eigen::Index i = 0; i < n; ++i) whole.row(b * s + mine[static_cast<std::size_t>(i)]) = local.row(b * n + i);
+  }
+
+  /// For sequences of packed documents: where the document of each of rank r's rows begins, as a global position
+  /// in its sequence ([batch x tokens(r)], in the order of its rows). `documents` are the lengths of the documents
+  /// packed back to back into `batch` sequences of `sequence` tokens, none crossing into the next sequence. Empty
+  /// (no documents given, or whole sequences) when every row's document is its whole sequence.
+  [[nodiscard]] std::vector<std::int64_t> document_starts(sequence_lengths const& documents, std::size_t batch,
+                                                          int rank) const {
+    if (documents.empty() || (documents.uniform() && documents.longest() == sequence)) return {};
+    std::size_t const total = batch * sequence;
+    documents.check(total, "shardwise::context_split::document_starts", sequence);
+    std::vector<std::int64_t> start_of(total);
+    documents.for_each(total, [&](std::size_t first, std::size_t length) {
+      if (first / sequence != (first + length - 1) / sequence)
+        detail::fail("shardwise::context_split::document_starts: a document of ", length, " tokens from token ", first,
+                     " crosses from one sequence of ", sequence,
+                     " tokens into the next; pack each sequence with whole documents (pad the last)");
+      for (std::size_t i = first; i < first + length; ++i) start_of[i] = static_cast<std::int64_t>(first % sequence);
+    });
+    std::vector<std::int64_t> const mine = positions(rank);
+    std::vector<std::int64_t> starts;
+    starts.reserve(batch * mine.size());
+    for (std::size_t b = 0; b < batch; ++b)
+      for (std::int64_t p : mine) starts.push_back(start_of[b * sequence + static_cast<std::size_t>(p)]);
+    return starts;
   }
 
   /// Throws unless the cut is possible: at least one token per rank.

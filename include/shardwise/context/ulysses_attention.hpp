@@ -71,13 +71,13 @@ context_attention_shape checked_ulysses_shape(char const* fn, context_split cons
 namespace shardwise {
 
 /// ring_attention's contract, computed by all-to-all: the same arguments and result (equal up to the order of
-/// floating-point sums). `saved` holds the logsumexp of the whole sequences of this rank's heads. The query heads
-/// and the key-value heads must divide over the cp mesh.
+/// floating-point sums; packed documents attend within themselves in the whole sequences). `saved` holds the logsumexp
+/// of the whole sequences of this rank's heads. The query heads and the key-value heads must divide over the cp mesh.
 template <class Mesh, std::floating_point T>
 void ulysses_attention(Mesh const& cp, context_split const& split, nn::const_matrix_ref<T> q, nn::const_matrix_ref<T> k,
                        nn::const_matrix_ref<T> v, std::size_t head_dim, nn::matrix_ref<T> out,
                        nn::attention_saved<T>& saved, std::size_t block_rows = nn::attention_block_rows,
-                       std::size_t window = 0) {
+                       std::size_t window = 0, sequence_lengths const& documents = {}) {
   constexpr char const* fn = "ulysses_attention";
   (void)detail::checked_ulysses_shape<T>(fn, split, cp.size(), cp.rank(), q, k, v, head_dim, block_rows);
   detail::nn_check_shape(fn, "out [rows, heads * head_dim]", out, q.rows(), q.cols());
@@ -85,7 +85,9 @@ void ulysses_attention(Mesh const& cp, context_split const& split, nn::const_mat
   nn::matrix<T> const wk = detail::rows_to_heads<Mesh, T>(cp, split, k);
   nn::matrix<T> const wv = detail::rows_to_heads<Mesh, T>(cp, split, v);
   nn::matrix<T> whole_out(wq.rows(), wq.cols());
-  nn::causal_attention<T>(wq, wk, wv, split.sequence, head_dim, whole_out, saved, block_rows, window);
+  auto const whole = documents.empty() ? sequence_lengths::every(split.sequence) : documents;
+  (void)split.document_starts(documents, static_cast<std::size_t>(wq.rows()) / split.sequence, 0);  // checks them
+  nn::causal_attention<T>(wq, wk, wv, whole, head_dim, whole_out, saved, block_rows, window);
   out = detail::heads_to_rows<Mesh, T>(cp, split, whole_out);
 }
 

@@ -212,11 +212,13 @@ struct Llama {
     rows_per_sequence_ = context->tokens();
   }
 
-  /// Logits [tokens, vocabulary] for the token ids, whose rows are the sequences `rows`: each attends within
+  /// Logits [tokens, vocabulary] for the token ids, whose rows are the sequences `rows` (under context parallelism:
+  /// the documents packed into the whole sequences, of which this rank holds its tokens): each attends within
   /// itself, its positions counted from 0 at its first token. sequence_lengths::every(n): a batch of rows of n
   /// tokens; {5, 9, 2}: sequences (documents packed into a row, say) of 5, 9 and 2 tokens. None longer than
   /// config().sequence (the capacity). Empty: whole sequences of config().sequence; under context parallelism,
-  /// this rank's tokens of each (sw::context_parallel::positions()), the only form cp takes.
+  /// this rank's tokens of each (sw::context_parallel::positions()), and `rows` the documents packed into those
+  /// whole sequences (none crossing from one into the next).
   constexpr auto forward(token_ids_t<T> ids, sequence_lengths const& rows = {}) {
     rows_ = checked_rows(ids.size(), rows);
     stream h = tok_embeddings(ids);
@@ -299,11 +301,17 @@ struct Llama {
   /// The sequences of a forward's `tokens` rows: `rows` checked against them and the capacity, or when empty,
   /// whole sequences of config().sequence (under cp: of this rank's tokens of each, which the context cuts).
   constexpr sequence_lengths checked_rows(std::size_t tokens, sequence_lengths const& rows) const {
-    if (rows_per_sequence_ && !rows.empty())
-      shardwise::raise(
-          "shardwise::models::Llama::forward: sequence lengths given to a model cut over cp "
-          "(sw::context_parallelize), which cuts whole sequences of config().sequence; give it none, or run the "
-          "sequences without context parallelism");
+    if (rows_per_sequence_ && !rows.empty()) {  // documents packed into the whole sequences the cp ranks share
+      if constexpr (!is_meta_v<T>) {
+        if (tokens % rows_per_sequence_ != 0)
+          shardwise::raise("shardwise::models::Llama::forward: ", tokens, " token ids are not whole sequences of ",
+                           rows_per_sequence_, " (this cp rank's tokens of each sequence); give it its tokens of ",
+                           "every sequence (context_parallel::my_tokens)");
+        rows.check(tokens / rows_per_sequence_ * config_.sequence,
+                   "shardwise::models::Llama::forward (documents packed into sequences cut over cp)", config_.sequence);
+      }
+      return rows;
+    }
     if (rows.empty()) {
       std::size_t const whole = rows_per_sequence_ ? rows_per_sequence_ : config_.sequence;
       if (!is_meta_v<T> && tokens % whole != 0)  // on shapes: s.tokens are the rank's, whatever the cut

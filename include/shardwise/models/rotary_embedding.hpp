@@ -39,9 +39,9 @@ class rotary_embedding {
 
   /// Rotates every head of x [tokens, heads * head_dim] (inverse: by the transpose, for a backward): each row at
   /// its position in its sequence of `rows` (counted from 0 at the sequence's first row), or with a context, at
-  /// this rank's global positions.
+  /// this rank's global positions (from its document's start, when `rows` packs documents into the sequences).
   void rotate(nn::matrix<T>& x, sequence_lengths const& rows, context_parallel const* context, bool inverse = false) {
-    if (context) return rotate_at_positions(x, context->positions(), inverse);
+    if (context) return rotate_rows_at(x, positions_under(*context, x.rows(), rows), inverse);
     reach(std::min(rows.longest(), static_cast<std::size_t>(x.rows())));
     scratch first_half;
     rows.for_each(static_cast<std::size_t>(x.rows()), [&](std::size_t first, std::size_t length) {
@@ -80,22 +80,35 @@ class rotary_embedding {
       }
   }
 
-  /// Each run of consecutive positions (a cp rank's chunks of each sequence), rotated at once.
-  void rotate_at_positions(nn::matrix<T>& x, std::vector<std::int64_t> const& positions, bool inverse) {
-    auto const n = static_cast<Eigen::Index>(positions.size());
-    auto const at = [&](Eigen::Index i) { return positions[static_cast<std::size_t>(i)]; };
-    if (!positions.empty()) {
-      auto const last = *std::max_element(positions.begin(), positions.end());
-      if (*std::min_element(positions.begin(), positions.end()) < 0)
+  /// Under context parallelism: the position of each of x's rows (this rank's tokens of each sequence, sequence
+  /// after sequence), from its sequence's start, or from its document's when `rows` packs documents into them.
+  static std::vector<std::int64_t> positions_under(context_parallel const& context, Eigen::Index rows,
+                                                   sequence_lengths const& documents) {
+    auto const& mine = context.positions();
+    auto const n = static_cast<Eigen::Index>(mine.size());
+    if (n == 0 || rows % n != 0)
+      shardwise::detail::fail("shardwise::models::rotary_embedding: ", rows,
+                              " rows are not whole sequences of this cp rank's ", n, " tokens");
+    auto const starts = context.document_starts(documents, static_cast<std::size_t>(rows / n));
+    std::vector<std::int64_t> at(static_cast<std::size_t>(rows));
+    for (std::size_t r = 0; r < at.size(); ++r) at[r] = mine[r % mine.size()] - (starts.empty() ? 0 : starts[r]);
+    return at;
+  }
+
+  /// Rotates each row of x at its own position `at[row]`, runs of consecutive positions at a time.
+  void rotate_rows_at(nn::matrix<T>& x, std::vector<std::int64_t> const& at, bool inverse) {
+    auto const n = static_cast<Eigen::Index>(at.size());
+    if (!at.empty()) {
+      if (*std::min_element(at.begin(), at.end()) < 0)
         shardwise::detail::fail("shardwise::models::rotary_embedding: a negative position; positions count from 0");
-      reach(static_cast<std::size_t>(last) + 1);
+      reach(static_cast<std::size_t>(*std::max_element(at.begin(), at.end())) + 1);
     }
     scratch first_half;
+    auto const position = [&](Eigen::Index i) { return at[static_cast<std::size_t>(i)]; };
     for (Eigen::Index first = 0; first < n;) {
       Eigen::Index run = 1;
-      while (first + run < n && at(first + run) == at(first) + run) ++run;
-      for (Eigen::Index b = 0; b < x.rows(); b += n)
-        rotate_run(x.middleRows(b + first, run), at(first), inverse, first_half);
+      while (first + run < n && position(first + run) == position(first) + run) ++run;
+      rotate_run(x.middleRows(first, run), position(first), inverse, first_half);
       first += run;
     }
   }
