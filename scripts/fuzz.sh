@@ -4,7 +4,7 @@
 #   safetensors_header  tests/fuzz/corpus (bad cases and good files, tests/fuzz/make_corpus.py)
 #   checkpoint_index    tests/fuzz/seeds_index (a sharded checkpoint's shardwise_checkpoint.json)
 #   pretrained_index    tests/fuzz/seeds_pretrained (a save_pretrained model.safetensors.index.json)
-#   llama_config        tests/data (transformers' Llama 3, Qwen2, Mistral and GPT-2 config.json files, and a
+#   llama_config        tests/data (transformers' Llama 3, Qwen2, Qwen3, Mistral and GPT-2 config.json files, and a
 #                       broken one), read as a Llama and a GPT-2 config and by the planner
 #   machine_file        tools/machines (the planner's machine files)
 #   scripts/fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz] [TARGET...]

@@ -36,7 +36,7 @@ TEST_CASE("a Llama config with impossible sizes is refused, naming the field") {
       {"zero sequence", [](auto& c) { c.sequence = 0; }, "LlamaConfig: sequence is 0"},
       {"dim not heads * width", [](auto& c) { c.heads = 3, c.kv_heads = 3; }, "dim 16 is not a multiple of heads 3"},
       {"heads not kv multiple", [](auto& c) { c.kv_heads = 3; }, "heads 4 is not a multiple of kv_heads 3"},
-      {"odd head width", [](auto& c) { c.dim = 12; }, "the head width dim / heads = 3 is odd"},
+      {"odd head width", [](auto& c) { c.dim = 12; }, "the head width 3 is odd"},
       {"overflowing table", [](auto& c) { c.vocabulary = std::size_t{1} << 40; }, "overflows a table"},
       {"zero epsilon", [](auto& c) { c.norm_eps = 0; }, "norm_eps 0 and rope_theta 10000 must be positive"},
   };

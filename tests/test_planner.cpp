@@ -419,7 +419,7 @@ TEST_CASE("planner: a config of another model_type, or a bad sliding window, is 
     return thrown([&] { (void)planner::model_from_json(text, "c.json"); });
   };
   CHECK(refused(R"({"model_type": "t5"})")
-            .find("c.json describes model_type \"t5\"; the planner plans llama, qwen2, "
+            .find("c.json describes model_type \"t5\"; the planner plans llama, qwen2, qwen3, "
                   "mistral and gpt2") != std::string::npos);
   CHECK(refused("{}").find("describes model_type (none)") != std::string::npos);
   std::string const mistral = R"({"model_type": "mistral", "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 2,
