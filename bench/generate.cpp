@@ -6,9 +6,10 @@
 // against the formula (their weights + their key-value caches). One configuration per process (run_generate.sh
 // starts each), so each peak is its own.
 //
-//   bench_generate [--folder DIR] [--tp N] [--batch B] [--prompt-tokens P] [--new N] [--smoke]
+//   bench_generate [--folder DIR] [--tp N] [--batch B] [--prompt-tokens P] [--new N] [--window W] [--smoke]
 // DIR: a LlamaForCausalLM save_pretrained folder (torch_generate.py writes one); without it a random model of the
-// same default sizes is built.
+// same default sizes is built. W: a sliding window on every layer (Mistral's), whose cache keeps only the window's
+// positions, and whose decode step reads only them.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,7 +36,7 @@ using clock_type = std::chrono::steady_clock;
 
 struct settings {
   std::filesystem::path folder;
-  int tp = 1, batch = 1, prompt_tokens = 128, new_tokens = 32;
+  int tp = 1, batch = 1, prompt_tokens = 128, new_tokens = 32, window = 0;
   bool smoke = false;
 };
 
@@ -125,19 +126,22 @@ void measure(Model& model, Tp const& tp, settings const& s, double bandwidth) {
   double const all_weights = sw::all_reduce(tp, parameter_bytes(model), sw::Sum{});
   if (tp.rank() != 0) return;
   // A decode step reads every weight once (all ranks together) and, per running sequence, its cached keys and
-  // values: at the middle step, prompt + new / 2 positions.
+  // values: at the middle step, prompt + new / 2 positions (a window's at most).
   auto const shape = model.shardwise_kv_shape();
-  double const cached = 2.0 * double(shape.layers) * double(shape.columns) * double(tp.size()) * 4.0 *
-                        (s.prompt_tokens + s.new_tokens / 2.0) * s.batch;
+  double const positions = s.prompt_tokens + s.new_tokens / 2.0;
+  double const read = s.window > 0 ? std::min(positions, double(s.window)) : positions;
+  double const cached = 2.0 * double(shape.layers) * double(shape.columns) * double(tp.size()) * 4.0 * read * s.batch;
   double const steps = double(s.new_tokens - 1), step_seconds = g.decode_seconds / steps;
   double const floor_seconds = (weights + cached) / bandwidth;
   double const formula_mib = (all_weights + double(g.cache_bytes) * tp.size()) / (1 << 20);  // every rank's
   std::printf(
-      "tp %d batch %d: first token %.3f s, decode %.2f tokens/s (%.1f ms a step); roofline %.1f ms a step "
+      "tp %d batch %d window %d: cache %.1f MiB, first token %.3f s, decode %.2f tokens/s (%.1f ms a step); roofline "
+      "%.1f ms a step "
       "(%.2f GB read at %.2f GB/s): %.2f of it; peak resident %.0f MiB (all ranks), their weights + caches %.0f "
       "MiB\n",
-      tp.size(), s.batch, g.first_token_seconds, g.decode_tokens_per_second(), 1e3 * step_seconds, 1e3 * floor_seconds,
-      (weights + cached) / 1e9, bandwidth / 1e9, floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib);
+      tp.size(), s.batch, s.window, double(g.cache_bytes) * tp.size() / (1 << 20), g.first_token_seconds,
+      g.decode_tokens_per_second(), 1e3 * step_seconds, 1e3 * floor_seconds, (weights + cached) / 1e9, bandwidth / 1e9,
+      floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib);
   std::printf("RESULT shardwise_tp%d_batch%d %.4f %.3f %.4f %.0f %.0f %.0f %.0f\n", tp.size(), s.batch,
               g.first_token_seconds, g.decode_tokens_per_second(), floor_seconds / step_seconds,
               bench::status_mib("VmHWM"), formula_mib, weights + cached, bandwidth);
@@ -158,6 +162,8 @@ settings parse(int argc, char** argv) {
       s.prompt_tokens = std::stoi(next());
     else if (a == "--new")
       s.new_tokens = std::stoi(next());
+    else if (a == "--window")
+      s.window = std::stoi(next());
     else if (a == "--smoke")
       s.smoke = true;
     else
@@ -177,6 +183,7 @@ int main(int argc, char** argv) {
     config = {.vocabulary = 512, .dim = 128, .layers = 2, .heads = 4, .kv_heads = 2, .hidden = 352, .sequence = 256};
     s.prompt_tokens = 16, s.new_tokens = 4, s.folder.clear();
   }
+  if (s.window > 0) config.sliding_window = static_cast<std::size_t>(s.window);
   double const bandwidth = read_bandwidth(s.tp, s.smoke ? (8u << 20) : (512u << 20));
   sw::run_threads(s.tp, [&](sw::ThreadComm& world) {
     auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));

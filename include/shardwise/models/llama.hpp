@@ -293,8 +293,8 @@ struct Llama {
  private:
   /// Each layer's sliding window (0: none), for its key-value cache.
   static constexpr std::vector<std::size_t> layer_windows(LlamaConfig const& c) {
-    std::vector<std::size_t> windows(c.layers);
-    for (std::size_t i = 0; i < c.layers; ++i) windows[i] = c.window_at(i);
+    std::vector<std::size_t> windows;  // push_back: clang with libstdc++ 12 cannot evaluate vector(n) at compile time
+    for (std::size_t i = 0; i < c.layers; ++i) windows.push_back(c.window_at(i));
     return windows;
   }
 
