@@ -154,7 +154,14 @@ TEST_CASE("llama_config_from_json: the rotary scaling in transformers 4's and 5'
   CHECK(yarn.rope_scaling.type == models::rope_type::yarn);
   CHECK(yarn.rope_scaling.factor == 4.0);  // transformers': max_position_embeddings / original
   CHECK(yarn.rope_scaling.beta_fast == 32.0);
-  for (char const* other : {"dynamic", "longrope", "su"}) {
+  // dynamic (NTK): max_position_embeddings is where its lengths begin to raise the base, as transformers reads it.
+  auto const dynamic = models::llama_config_from_json(
+      base + R"("rope_scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}})");
+  CHECK(dynamic.rope_scaling.type == models::rope_type::dynamic);
+  CHECK(dynamic.rope_scaling.original_max_positions == 256);
+  CHECK(!dynamic.rope_scaling.rescales(256));
+  CHECK(dynamic.rope_scaling.rescales(257));
+  for (char const* other : {"longrope", "su"}) {
     auto const text = base + R"("rope_scaling": {"rope_type": ")" + other + R"(", "factor": 2.0}})";
     std::string const message = error_of([&] { (void)models::llama_config_from_json(text); });
     INFO(message);
@@ -337,7 +344,10 @@ TEST_CASE("config_to_json: what llama_config_to_json and gpt2_config_to_json wri
     "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 256,
     "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.7,
     "mscale_all_dim": 0.5, "truncate": false}})");
-  for (auto const& c : {scaled, yarn}) {
+  auto const dynamic = models::llama_config_from_json(R"({"model_type": "llama", "vocab_size": 61,
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+    "max_position_embeddings": 256, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})");
+  for (auto const& c : {scaled, yarn, dynamic}) {
     auto const recorded = c.fields();
     models::LlamaConfig back = c;
     back.rope_scaling = models::RopeScaling::from_fields(recorded);
@@ -345,8 +355,8 @@ TEST_CASE("config_to_json: what llama_config_to_json and gpt2_config_to_json wri
     CHECK(models::llama_config_from_json(models::llama_config_to_json(back).dump()).fields() == recorded);
   }
   CHECK(error_of([] {
-          (void)models::RopeScaling::from_fields({{"rope_type", "dynamic"}});
-        }).find("the recorded rope_type \"dynamic\" is not one shardwise computes") != std::string::npos);
+          (void)models::RopeScaling::from_fields({{"rope_type", "longrope"}});
+        }).find("the recorded rope_type \"longrope\" is not one shardwise computes") != std::string::npos);
   CHECK(error_of([] {
           (void)models::RopeScaling::from_fields({{"rope_type", "linear"}, {"rope_factor", "2x"}});
         }).find("the recorded rope_factor \"2x\" is not a number") != std::string::npos);

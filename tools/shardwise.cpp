@@ -117,6 +117,8 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
   json.erase("max_position_embeddings");
   if (auto const& r = c.rope_scaling; r.type == sw::models::rope_type::llama3 || r.type == sw::models::rope_type::yarn)
     json["max_position_embeddings"] = static_cast<std::size_t>(double(r.original_max_positions) * r.factor);
+  if (auto const& r = c.rope_scaling; r.type == sw::models::rope_type::dynamic)  // where its lengths raise the base
+    json["max_position_embeddings"] = r.original_max_positions;
   return json;
 }
 

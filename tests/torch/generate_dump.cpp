@@ -1,16 +1,17 @@
 // The C++ half of the comparison of sw::generate with transformers' generate (generate_reference.py is the other
 // half and shares no code with this file). For each save_pretrained folder generate_reference.py wrote (DIR/llama:
 // grouped-query, 4 heads and 2 key-value heads, as shards with model.safetensors.index.json; DIR/llama_kv1: one
-// key-value head, repeated at tp 2 and 4 by kv_size_multiplier; DIR/gpt2: tied head; DIR/llama3_rope, yarn_rope and
-// linear_rope: the rotary scalings; DIR/qwen2: Qwen2, biases on q, k and v; DIR/llama_bias: Llama's attention and
-// feed-forward biases; DIR/smollm: 9 heads and 3 key-value heads, tied, at tp 1 and 3; DIR/mistral: a sliding window
-// of 4 on every layer; DIR/qwen2_window: Qwen2's window of 3 on its second layer; DIR/qwen3: Qwen3's q and k norms,
-// heads of 16 on a width of 32), loaded lazily at tp 1, 2 and
-// 4 on threads (generate_dump DIR) or at the MPI world's size (mpiexec -n N generate_dump --mpi DIR), it writes
+// key-value head, repeated at tp 2 and 4 by kv_size_multiplier; DIR/gpt2: tied head; DIR/llama3_rope, yarn_rope,
+// linear_rope and dynamic_rope (NTK beyond 6 positions): the rotary scalings; DIR/qwen2: Qwen2, biases on q, k and v;
+// DIR/llama_bias: Llama's attention and feed-forward biases; DIR/smollm: 9 heads and 3 key-value heads, tied, at tp 1
+// and 3; DIR/mistral: a sliding window of 4 on every layer; DIR/qwen2_window: Qwen2's window of 3 on its second layer;
+// DIR/qwen3: Qwen3's q and k norms, heads of 16 on a width of 32), loaded lazily at tp 1, 2 and 4 on threads
+// (generate_dump DIR) or at the MPI world's size (mpiexec -n N generate_dump --mpi DIR), it writes
 // DIR/<model>/<tag>_<fp32|fp64>.txt: greedy generation of 64 tokens after each prompt of DIR/prompts.txt, every
 // step's logits; and for fp32 a sampled generation (temperature 0.9, top-k 12, top-p 0.85, seed 11) with every
 // step's logits and the draw each token was picked with. For the Llama-type folders also
 // DIR/<model>/<tag>_<fp32|fp64>_packed.txt: the forward's logits of the prompts packed into one row.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -113,7 +114,9 @@ void runs(fs::path const& folder, Tp const& tp, std::string const& tag, prompt_l
     sw::parallelize(lazy, tp);
     both(sw::load_pretrained(lazy, tp, folder, sw::transformers_gpt2_mapping(c.dim)));
   } else {
-    sw::Lazy<models::Llama<T, models::llama_plan<false>>> lazy(models::read_llama_config(folder / "config.json"));
+    auto c = models::read_llama_config(folder / "config.json");
+    c.sequence = std::max<std::size_t>(c.sequence, 128);  // the capacity: dynamic_rope's rows pass its 6 positions
+    sw::Lazy<models::Llama<T, models::llama_plan<false>>> lazy(c);
     sw::parallelize(lazy, tp);
     auto& model = sw::load_pretrained(lazy, tp, folder, sw::transformers_llama_mapping());
     both(model);
@@ -127,8 +130,8 @@ template <class World>
 void all_models(World const& world, fs::path const& dir, std::string const& tag) {
   auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
   prompt_list const prompts = read_prompts(dir / "prompts.txt");
-  for (char const* model : {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2",
-                            "llama_bias", "smollm", "mistral", "qwen2_window", "qwen3"}) {
+  for (char const* model : {"llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "dynamic_rope",
+                            "qwen2", "llama_bias", "smollm", "mistral", "qwen2_window", "qwen3"}) {
     bool const nine_heads = std::string_view(model) == "smollm";
     if (world.size() != 1 && (world.size() == 3) != nine_heads) continue;
     runs<float>(dir / model, tp, tag, prompts);

@@ -5,7 +5,7 @@ prepare DIR: builds three small random models with transformers — a LlamaForCa
 (4 heads, 2 key-value heads), saved as shards with model.safetensors.index.json (DIR/llama); a tied
 LlamaForCausalLM with one key-value head, which tp 2 and 4 serve by kv_size_multiplier (DIR/llama_kv1); a
 GPT2LMHeadModel (DIR/gpt2); one-block Llamas with a scaled rotary embedding, "llama3" (tied, as Llama 3.2),
-"yarn" and "linear" (DIR/llama3_rope, yarn_rope, linear_rope); a tied Qwen2ForCausalLM (biases on q, k and
+"yarn", "linear" and "dynamic" (DIR/llama3_rope, yarn_rope, linear_rope, dynamic_rope: NTK beyond 6 positions); a tied Qwen2ForCausalLM (biases on q, k and
 v: DIR/qwen2); a one-block Llama with attention_bias and mlp_bias (DIR/llama_bias); SmolLM2's shape, 9 heads
 and 3 key-value heads, tied (DIR/smollm, which tp 3 serves and 2 and 4 do not); a MistralForCausalLM with a sliding
 window of 4 (DIR/mistral), a Qwen2ForCausalLM whose second layer slides a window of 3 (DIR/qwen2_window) and a
@@ -42,8 +42,8 @@ from hf_float64 import RMS_NORMS, rms_norm_in_input_type, rope_in_float64
 VOCAB, NEW_TOKENS = 61, 64
 PROMPTS = [[5, 17, 3, 44, 9], [12], [7, 7, 30, 2, 58, 21, 40, 11, 3]]
 TOLERANCE = {"fp32": 1e-5, "fp64": 1e-12}
-MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "qwen2", "llama_bias", "smollm",
-          "mistral", "qwen2_window", "qwen3")
+MODELS = ("llama", "llama_kv1", "gpt2", "llama3_rope", "yarn_rope", "linear_rope", "dynamic_rope", "qwen2",
+          "llama_bias", "smollm", "mistral", "qwen2_window", "qwen3")
 # SmolLM2's shape (9 heads, 3 key-value heads, tied): tp 3 serves it, 2 and 4 do not. The others run at 1, 2, 4.
 THREAD_RANKS = {"smollm": 3}  # the example's thread count for a model (default 2)
 
@@ -64,6 +64,10 @@ ROPE_MODELS = {
                       rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     "linear_rope": dict(hidden_size=32, tie=False, theta=500.0, positions=128,
                         rope={"rope_type": "linear", "factor": 2.0}),
+    # dynamic (NTK) beyond 6 positions: the 5-token prompt rotates as is, the 9-token one and every generation
+    # with the frequencies of its own length so far (checked call by call: incremental_reference).
+    "dynamic_rope": dict(hidden_size=32, tie=False, theta=10000.0, positions=6,
+                         rope={"rope_type": "dynamic", "factor": 2.0}),
 }
 
 
@@ -186,6 +190,25 @@ def reference(model):
     return runs
 
 
+def incremental_reference(model):
+    """Greedy decoding one call per token with the key-value cache, each step's logits from its own call: what
+    generate computes, in the model's precision. For a dynamic scaling, whose frequencies follow each call's
+    longest position, a forward over the whole sequence would rotate the early tokens otherwise."""
+    runs = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            out = model(torch.tensor([p]), use_cache=True)
+            tokens, logits = [], []
+            for t in range(NEW_TOKENS):
+                step = out.logits[0, -1].double().numpy()
+                logits.append(step)
+                tokens.append(int(step.argmax()))
+                out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True,
+                            position_ids=torch.tensor([[len(p) + t]]))
+            runs.append((tokens, logits))
+    return runs
+
+
 def packed_reference(model):
     """transformers' logits of each prompt run alone, one after another: what a packed row of them must give."""
     with torch.no_grad():
@@ -292,7 +315,7 @@ def compare(directory, tags, example):
     for name in MODELS:
         for dtype in ("fp32", "fp64"):
             model = load(directory, name, dtype)
-            expected = reference(model)
+            expected = incremental_reference(model) if name == "dynamic_rope" else reference(model)
             packed = packed_reference(model) if name != "gpt2" else None
             if dtype == "fp32":
                 greedy_fp32[name] = expected

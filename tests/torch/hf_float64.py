@@ -36,11 +36,22 @@ def inverse_in_float64(config):
 
 
 def rope_in_float64(rotary, config):
-    """transformers' rotary tables, computed in float64 (shardwise's): its frequencies at each position."""
+    """transformers' rotary tables, computed in float64 (shardwise's): its frequencies at each position. A dynamic
+    scaling's frequencies are those of the call's longest position (transformers' rule for a fresh model: its
+    module also keeps the longest length seen across calls, which a fresh one has not)."""
     inverse, factor = inverse_in_float64(config)
+    dynamic = (config.rope_parameters or {}).get("rope_type") == "dynamic"
 
     def forward(self, x, position_ids):
-        angles = position_ids[..., None].double() * inverse
+        frequencies = inverse
+        if dynamic:
+            saved, rope_utils.torch = rope_utils.torch, Float64Torch()
+            try:
+                frequencies, _ = rope_utils.ROPE_INIT_FUNCTIONS["dynamic"](config, None,
+                                                                           seq_len=int(position_ids.max()) + 1)
+            finally:
+                rope_utils.torch = saved
+        angles = position_ids[..., None].double() * frequencies
         both = torch.cat((angles, angles), dim=-1)
         return (both.cos() * factor).to(x.dtype), (both.sin() * factor).to(x.dtype)
 

@@ -112,6 +112,7 @@ inline RopeScaling rope_parameters_of(nlohmann::json const& p, rope_type type, s
   r.original_max_positions = outer != root.end() && !outer->is_null()
                                  ? config_count(root, "original_max_position_embeddings", source)
                                  : config_count(p, "original_max_position_embeddings", source, positions);
+  if (type == rope_type::dynamic) r.original_max_positions = positions;  // transformers: max_position_embeddings
   r.factor = rope_number(p, "factor", name, source,
                          type == rope_type::yarn ? double(positions) / double(r.original_max_positions) : none);
   if (type == rope_type::llama3) {
@@ -295,10 +296,10 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
     if (auto v = set(experts); v && *v != 0)
       refuse(experts, *v, "a mixture of experts, which shardwise's Llama is not; use a dense model");
   if (c.rope_scaling.type == rope_type::unsupported)
-    shardwise::raise(
-        "shardwise::models::llama_config_from_json: the rotary scaling \"", rope_name(rope, source), "\" in ", source,
-        " is not computed by shardwise (it computes \"default\", \"linear\", \"llama3\" and \"yarn\"); use a "
-        "model with one of those");
+    shardwise::raise("shardwise::models::llama_config_from_json: the rotary scaling \"", rope_name(rope, source),
+                     "\" in ", source,
+                     " is not computed by shardwise (it computes \"default\", \"linear\", \"llama3\", \"yarn\" and "
+                     "\"dynamic\"); use a model with one of those");
 }
 }  // namespace detail
 
@@ -313,7 +314,7 @@ inline bool reads_as_llama(std::string_view model_type) {
 /// in errors. Reads
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the family's),
 /// intermediate_size, rms_norm_eps, rope_theta, the rotary scaling (transformers 4's rope_scaling or 5's
-/// rope_parameters: "default", "linear", "llama3", "yarn"), tie_word_embeddings, max_position_embeddings (as
+/// rope_parameters: "default", "linear", "llama3", "yarn", "dynamic"), tie_word_embeddings, max_position_embeddings (as
 /// the sequence), head_dim, the biases (Llama's and Qwen3's attention_bias, Llama's mlp_bias; Qwen2's on q, k and
 /// v), Qwen3's q and k norms and the sliding window (Mistral's; Qwen2's and Qwen3's use_sliding_window,
 /// max_window_layers; layer_types). Throws, naming the field and the fix, for text that is not JSON, another

@@ -1,7 +1,7 @@
 #pragma once
 // How a checkpoint's config scales the rotary embedding (transformers' "rope_scaling", or transformers 5's
 // "rope_parameters"): the frequencies theta^(-2i / head_dim) of each pair of a head's columns, changed as
-// transformers' rope init functions change them ("linear", "llama3", "yarn"), and the factor yarn multiplies
+// transformers' rope init functions change them ("linear", "llama3", "yarn", "dynamic"), and the factor yarn multiplies
 // cos and sin by. Computed in double, as shardwise computes the tables; transformers computes them in float32.
 #include <algorithm>
 #include <charconv>
@@ -22,9 +22,10 @@ namespace shardwise::models {
 /// The scalings of the rotary frequencies shardwise computes: none ("default"), "linear" (every frequency divided
 /// by the factor), "llama3" (Llama 3.1 and 3.2: low frequencies divided, high ones kept, a smooth blend between)
 /// and "yarn" (Qwen2.5's long context: interpolated and extrapolated frequencies blended over a ramp, cos and sin
-/// scaled). `unsupported` is a type transformers has and shardwise does not compute ("dynamic", "longrope", ...):
-/// the planner reads such configs; models::Llama refuses them.
-enum class rope_type { plain, linear, llama3, yarn, unsupported };
+/// scaled) and "dynamic" (NTK: a sequence longer than the model's max_position_embeddings rotates with a base raised
+/// for its length). `unsupported` is a type transformers has and shardwise does not compute ("longrope", ...): the
+/// planner reads such configs; models::Llama refuses them.
+enum class rope_type { plain, linear, llama3, yarn, dynamic, unsupported };
 
 /// The name transformers gives a rope_type ("default" for plain).
 constexpr char const* rope_type_name(rope_type t) {
@@ -37,14 +38,17 @@ constexpr char const* rope_type_name(rope_type t) {
       return "llama3";
     case rope_type::yarn:
       return "yarn";
+    case rope_type::dynamic:
+      return "dynamic";
     default:
       return "unsupported";
   }
 }
 
-/// The rope_type transformers names `name` ("default", "linear", "llama3", "yarn"); unsupported for any other.
+/// The rope_type transformers names `name` ("default", "linear", "llama3", "yarn", "dynamic"); unsupported for any
+/// other.
 inline rope_type rope_type_named(std::string_view name) {
-  for (auto t : {rope_type::plain, rope_type::linear, rope_type::llama3, rope_type::yarn})
+  for (auto t : {rope_type::plain, rope_type::linear, rope_type::llama3, rope_type::yarn, rope_type::dynamic})
     if (name == rope_type_name(t)) return t;
   return rope_type::unsupported;
 }
@@ -52,8 +56,9 @@ inline rope_type rope_type_named(std::string_view name) {
 /// A rotary scaling and its parameters, with transformers' names and defaults.
 struct RopeScaling {
   rope_type type = rope_type::plain;  ///< Which scaling.
-  double factor = 1;                  ///< linear, llama3, yarn: how many times longer the context is.
-  /// llama3, yarn: the context length the model was pretrained at ("original_max_position_embeddings").
+  double factor = 1;                  ///< linear, llama3, yarn, dynamic: how many times longer the context is.
+  /// llama3, yarn: the context length the model was pretrained at ("original_max_position_embeddings"); dynamic:
+  /// max_position_embeddings, beyond which a sequence's base is raised.
   std::size_t original_max_positions = 0;
   double low_freq_factor = 1;   ///< llama3: wavelengths above original / low_freq_factor are divided by factor.
   double high_freq_factor = 4;  ///< llama3: wavelengths below original / high_freq_factor are kept.
@@ -73,7 +78,8 @@ struct RopeScaling {
     if (!(factor > 0))
       shardwise::raise("shardwise::models::RopeScaling: ", rope_type_name(type), " scaling with factor ", factor,
                        "; give the config's positive \"factor\"");
-    if ((type == rope_type::llama3 || type == rope_type::yarn) && original_max_positions == 0)
+    if ((type == rope_type::llama3 || type == rope_type::yarn || type == rope_type::dynamic) &&
+        original_max_positions == 0)
       shardwise::raise("shardwise::models::RopeScaling: ", rope_type_name(type),
                        " scaling without original_max_position_embeddings; give the pretraining context length");
     if (type == rope_type::llama3 && !(high_freq_factor > low_freq_factor && low_freq_factor > 0))
@@ -90,7 +96,7 @@ struct RopeScaling {
   [[nodiscard]] std::map<std::string, std::string> fields() const {
     if (!scaled()) return {{"rope_type", rope_type_name(type)}};
     std::map<std::string, std::string> f{{"rope_type", rope_type_name(type)}, {"rope_factor", config_number(factor)}};
-    if (type == rope_type::llama3 || type == rope_type::yarn)
+    if (type == rope_type::llama3 || type == rope_type::yarn || type == rope_type::dynamic)
       f["rope_original_max_positions"] = std::to_string(original_max_positions);
     if (type == rope_type::llama3) {
       f["rope_low_freq_factor"] = config_number(low_freq_factor);
@@ -113,7 +119,7 @@ struct RopeScaling {
     r.type = rope_type_named(type->second);
     if (r.type == rope_type::unsupported)
       shardwise::raise("shardwise::models::RopeScaling: the recorded rope_type \"", type->second,
-                       "\" is not one shardwise computes (linear, llama3, yarn)");
+                       "\" is not one shardwise computes (linear, llama3, yarn, dynamic)");
     if (!r.scaled()) return r;
     auto const number = [&](char const* field, double fallback) {
       auto const found = fields.find(field);
@@ -161,6 +167,20 @@ struct RopeScaling {
     if (type == rope_type::llama3) llama3(inverse);
     if (type == rope_type::yarn) yarn(inverse, head_dim, theta);
     return inverse;
+  }
+
+  /// Whether a sequence of `length` tokens rotates with frequencies of its own (dynamic, beyond
+  /// original_max_positions).
+  [[nodiscard]] constexpr bool rescales(std::size_t length) const {
+    return type == rope_type::dynamic && length > original_max_positions;
+  }
+  /// The inverse frequencies a sequence of `length` tokens rotates with: inverse_frequencies, or for dynamic
+  /// (NTK) beyond original_max_positions, theta raised to theta * (factor * length / original - (factor - 1))^(d /
+  /// (d - 2)), as transformers' _compute_dynamic_ntk_parameters raises it for the length of the call.
+  [[nodiscard]] std::vector<double> inverse_frequencies(std::size_t head_dim, double theta, std::size_t length) const {
+    if (!rescales(length) || head_dim <= 2) return inverse_frequencies(head_dim, theta);
+    double const d = double(head_dim), ratio = factor * double(length) / double(original_max_positions);
+    return RopeScaling{}.inverse_frequencies(head_dim, theta * std::pow(ratio - (factor - 1), d / (d - 2)));
   }
 
  private:

@@ -29,6 +29,8 @@ class rotary_embedding {
   /// rotations reach positions.
   rotary_embedding(std::size_t positions, std::size_t head_dim, double theta, RopeScaling const& scaling = {})
       : head_dim_(head_dim),
+        theta_(theta),
+        scaling_(scaling),
         inverse_frequencies_(scaling.inverse_frequencies(head_dim, theta)),
         attention_factor_(scaling.rope_attention_factor()) {
     (void)positions;  // kept for the callers' sake: the tables grow to what is rotated
@@ -40,12 +42,14 @@ class rotary_embedding {
   /// Rotates every head of x [tokens, heads * head_dim] (inverse: by the transpose, for a backward): each row at
   /// its position in its sequence of `rows` (counted from 0 at the sequence's first row), or with a context, at
   /// this rank's global positions (from its document's start, when `rows` packs documents into the sequences).
+  /// A dynamic (NTK) scaling rotates a sequence longer than its original length with the frequencies of its own
+  /// length, as transformers rotates a call of that length.
   void rotate(nn::matrix<T>& x, sequence_lengths const& rows, context_parallel const* context, bool inverse = false) {
-    if (context) return rotate_rows_at(x, positions_under(*context, x.rows(), rows), inverse);
+    if (context) return rotate_under(x, *context, rows, inverse);
     reach(std::min(rows.longest(), static_cast<std::size_t>(x.rows())));
     scratch first_half;
     rows.for_each(static_cast<std::size_t>(x.rows()), [&](std::size_t first, std::size_t length) {
-      rotate_run(x.middleRows(static_cast<Eigen::Index>(first), static_cast<Eigen::Index>(length)), 0, inverse,
+      rotate_run(x.middleRows(static_cast<Eigen::Index>(first), static_cast<Eigen::Index>(length)), 0, length, inverse,
                  first_half);
     });
   }
@@ -53,12 +57,13 @@ class rotary_embedding {
   /// Rotates every head of a key-value cache step's rows, each entry's at its own positions; the tables grow to
   /// the cache's capacity (once) when it holds more positions than they do.
   void rotate(nn::matrix<T>& x, cache_step const& step) {
-    reach(step.capacity);
+    reach(scaling_.type == rope_type::dynamic ? std::min(step.capacity, scaling_.original_max_positions)
+                                              : step.capacity);
     Eigen::Index row = 0;
     scratch first_half;
-    for (auto const& e : step.entries) {
+    for (auto const& e : step.entries) {  // a dynamic scaling: each sequence at its own length so far
       auto const n = static_cast<Eigen::Index>(e.count);
-      rotate_run(x.middleRows(row, n), static_cast<Eigen::Index>(e.start), false, first_half);
+      rotate_run(x.middleRows(row, n), static_cast<Eigen::Index>(e.start), e.start + e.count, false, first_half);
       row += n;
     }
   }
@@ -95,32 +100,63 @@ class rotary_embedding {
     return at;
   }
 
-  /// Rotates each row of x at its own position `at[row]`, runs of consecutive positions at a time.
-  void rotate_rows_at(nn::matrix<T>& x, std::vector<std::int64_t> const& at, bool inverse) {
+  /// Under context parallelism: each row at its global position (in its document), a dynamic scaling at the
+  /// whole sequence's length (packed documents under it are refused).
+  void rotate_under(nn::matrix<T>& x, context_parallel const& context, sequence_lengths const& rows, bool inverse) {
+    std::size_t const length = context.split().sequence;
+    if (scaling_.rescales(length) && !context.documents(rows).empty())
+      shardwise::detail::fail(
+          "shardwise::models::rotary_embedding: a dynamic (NTK) rotary scaling on documents packed into sequences "
+          "cut over cp is not built; give whole sequences, or pack without context parallelism");
+    rotate_rows_at(x, positions_under(context, x.rows(), rows), length, inverse);
+  }
+
+  /// Rotates each row of x at its own position `at[row]`, runs of consecutive positions at a time, as rows of a
+  /// sequence of `length` tokens.
+  void rotate_rows_at(nn::matrix<T>& x, std::vector<std::int64_t> const& at, std::size_t length, bool inverse) {
     auto const n = static_cast<Eigen::Index>(at.size());
     if (!at.empty()) {
       if (*std::min_element(at.begin(), at.end()) < 0)
         shardwise::detail::fail("shardwise::models::rotary_embedding: a negative position; positions count from 0");
-      reach(static_cast<std::size_t>(*std::max_element(at.begin(), at.end())) + 1);
+      if (!scaling_.rescales(length)) reach(static_cast<std::size_t>(*std::max_element(at.begin(), at.end())) + 1);
     }
     scratch first_half;
     auto const position = [&](Eigen::Index i) { return at[static_cast<std::size_t>(i)]; };
     for (Eigen::Index first = 0; first < n;) {
       Eigen::Index run = 1;
       while (first + run < n && position(first + run) == position(first) + run) ++run;
-      rotate_run(x.middleRows(first, run), position(first), inverse, first_half);
+      rotate_run(x.middleRows(first, run), position(first), length, inverse, first_half);
       first += run;
     }
   }
 
-  /// x <- x * cos + rotate_half(x) * sin on every head of consecutive rows at positions first, first + 1, ...;
-  /// inverse applies the transpose (rotate_half's transpose is minus itself). Array expressions over each half
-  /// of a head (vectorised); `first_half` is scratch space.
+  /// x <- x * cos + rotate_half(x) * sin on every head of consecutive rows at positions first, first + 1, ... of
+  /// a sequence of `length` tokens; inverse applies the transpose (rotate_half's transpose is minus itself). From
+  /// the tables, or for a dynamic scaling beyond its original length, from cos and sin of that length's
+  /// frequencies at these positions.
   template <class Rows>
-  void rotate_run(Rows&& x, Eigen::Index first, bool inverse, scratch& first_half) const {
-    auto const d = static_cast<Eigen::Index>(head_dim_), half = d / 2, n = x.rows();
+  void rotate_run(Rows&& x, Eigen::Index first, std::size_t length, bool inverse, scratch& first_half) const {
+    if (!scaling_.rescales(length))
+      return rotate_with(x, cos_.middleRows(first, x.rows()), sin_.middleRows(first, x.rows()), inverse, first_half);
+    auto const d = static_cast<Eigen::Index>(head_dim_);
+    std::vector<double> const inverse_frequencies = scaling_.inverse_frequencies(head_dim_, theta_, length);
+    nn::matrix<T> cos(x.rows(), d), sin(x.rows(), d);
+    for (Eigen::Index r = 0; r < x.rows(); ++r)
+      for (Eigen::Index i = 0; i < d / 2; ++i) {
+        double const angle = double(first + r) * inverse_frequencies[static_cast<std::size_t>(i)];
+        cos(r, i) = cos(r, i + d / 2) = static_cast<T>(std::cos(angle) * attention_factor_);
+        sin(r, i) = sin(r, i + d / 2) = static_cast<T>(std::sin(angle) * attention_factor_);
+      }
+    rotate_with(x, cos, sin, inverse, first_half);
+  }
+
+  /// x <- x * cos + rotate_half(x) * sin on every head (cos, sin [rows, head_dim]). Array expressions over each
+  /// half of a head (vectorised); `first_half` is scratch space.
+  template <class Rows, class Cos, class Sin>
+  void rotate_with(Rows&& x, Cos const& cos_rows, Sin const& sin_rows, bool inverse, scratch& first_half) const {
+    auto const d = static_cast<Eigen::Index>(head_dim_), half = d / 2;
     T const sign = inverse ? T(-1) : T(1);
-    auto const cos = cos_.middleRows(first, n).array(), sin = sin_.middleRows(first, n).array();
+    auto const cos = cos_rows.array(), sin = sin_rows.array();
     for (Eigen::Index h = 0; h < x.cols() / d; ++h) {
       auto a = x.middleCols(h * d, half).array();
       auto b = x.middleCols(h * d + half, half).array();
@@ -132,6 +168,8 @@ class rotary_embedding {
 
   nn::matrix<T> cos_, sin_;  // grown by the rotations: a model's rotations run on its rank's thread alone
   std::size_t head_dim_;
+  double theta_;
+  RopeScaling scaling_;
   std::vector<double> inverse_frequencies_;  // of each column pair
   double attention_factor_;                  // cos and sin are multiplied by it (yarn's; 1 for the others)
 };
