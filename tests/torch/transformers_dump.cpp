@@ -14,10 +14,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <shardwise/context.hpp>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -118,6 +122,7 @@ struct LlamaSpec {
   using sp_plan = models::llama_plan<true>;
   using tp_plan = models::llama_plan<false>;
   static std::vector<int> tp_sizes() { return {2, 4}; }  // on threads, beside 1
+  static constexpr bool layouts = false;                 // FSDP, pp and cp against transformers too
   static models::LlamaConfig config() {
     models::LlamaConfig c;
     c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.hidden = 64, c.sequence = 8;
@@ -141,6 +146,7 @@ struct LlamaSpec {
 /// C++ type as LlamaSpec's model: only the configuration differs.
 struct Qwen2Spec : LlamaSpec {
   static constexpr char const* name = "qwen2";
+  static constexpr bool layouts = true;
   static models::LlamaConfig config() {
     models::LlamaConfig c = LlamaSpec::config();
     c.norm_eps = 1e-6, c.attention_bias = true;
@@ -162,6 +168,7 @@ struct Llama31Spec : LlamaSpec {
 /// Qwen3ForCausalLM (Qwen3-0.6B's shape, scaled down): q and k norms, 4 heads of 16 on a width of 32, tied.
 struct Qwen3Spec : LlamaSpec {
   static constexpr char const* name = "qwen3";
+  static constexpr bool layouts = true;
   static models::LlamaConfig config() {
     models::LlamaConfig c = LlamaSpec::config();
     c.qk_norm = true, c.explicit_head_dim = 16, c.norm_eps = 1e-6, c.rope_theta = 1000000.0, c.rope_scaling = {};
@@ -199,6 +206,7 @@ struct GPT2Spec {
   using sp_plan = models::gpt2_plan<true>;
   using tp_plan = models::gpt2_plan<false>;
   static std::vector<int> tp_sizes() { return {2, 4}; }
+  static constexpr bool layouts = false;
   static models::GPT2Config config() {
     models::GPT2Config c;
     c.vocabulary = 64, c.dim = 32, c.layers = 2, c.heads = 4, c.sequence = 8, c.layer_norm_eps = 1e-5;
@@ -292,9 +300,107 @@ void run(World const& world, fs::path const& dir, std::string const& tag, bool w
   }
 }
 
-/// Unsharded, TP 1 (with sequence parallelism), and each of the spec's tp sizes without ("tp2") and with ("tp2sp").
+/// A run's 5 steps' losses and clipped norms, written by rank 0 into dir/<model>/<tag>/ (what the layouts that
+/// cut the batch or the model into pieces are compared on).
+template <class Spec>
+void write_steps(bool writer, fs::path const& dir, std::string const& tag, std::vector<double> const& losses,
+                 std::vector<double> const& norms) {
+  if (!writer) return;
+  fs::create_directories(dir / Spec::name / tag);
+  npy::write(dir / Spec::name / tag / "losses.npy", Eigen::Map<Eigen::VectorXd const>(losses.data(), steps));
+  npy::write(dir / Spec::name / tag / "norms.npy", Eigen::Map<Eigen::VectorXd const>(norms.data(), steps));
+}
+
+/// Sequence `row` (0 or 1) of step `step`'s batch: its 8 ids or targets.
+std::vector<std::int64_t> row_of(int step, bool targets, int row) {
+  auto const all = ids_of(step, targets);
+  return {all.begin() + row * 8, all.begin() + row * 8 + 8};
+}
+
+/// FSDP at dp 2 (full shard, a unit per block): rank r trains on sequence r of each batch ("fsdp2").
+template <class Spec, class World>
+void run_fsdp(World const& world, fs::path const& dir) {
+  auto const dp = sw::make_mesh<"dp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  typename Spec::template model<sw::serial_plan> model(Spec::config());
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<real> optimizer(adamw());
+  std::vector<double> losses, norms;
+  for (int step = 0; step < steps; ++step) {
+    auto const result =
+        Spec::loss(tp, sharded.forward(row_of(step, false, world.rank())), row_of(step, true, world.rank()));
+    sharded.backward(result.dlogits);
+    norms.push_back(optimizer.step(sharded));
+    sw::zero_grad(sharded);
+    losses.push_back(sw::all_reduce(dp, result.loss, sw::Avg{}));
+  }
+  write_steps<Spec>(world.rank() == 0, dir, "fsdp2", losses, norms);
+}
+
+/// Two pipeline stages (1F1B), each sequence of a batch a microbatch ("pp2").
+template <class Spec, class World>
+void run_pipeline(World const& world, fs::path const& dir) {
+  auto const pp = sw::make_mesh<"pp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  auto const c = Spec::config();
+  models::LlamaStage<real> stage(c, sw::stage_split(c.layers, world.size()), pp.rank());
+  sw::parallelize(stage, tp);
+  sw::AdamW<real> optimizer(adamw());
+  std::vector<double> losses, norms;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<std::int64_t>> const ids{row_of(step, false, 0), row_of(step, false, 1)};
+    std::vector<std::vector<std::int64_t>> const targets{row_of(step, true, 0), row_of(step, true, 1)};
+    real loss = 0;
+    sw::run_pipeline_step(
+        sw::OneFOneB{}, pp, std::span(&stage, 1), 2,
+        [&](int m) { return std::span<const std::int64_t>(ids[std::size_t(m)]); },
+        [&](int m, auto const& h) {
+          auto result = stage.head_loss(tp, h, targets[std::size_t(m)], real(0.5));
+          loss += result.loss / 2;
+          return result.gradient;
+        });
+    norms.push_back(optimizer.step(sw::finish_gradients(stage), dp, pp));
+    sw::zero_grad(stage);
+    losses.push_back(sw::all_reduce(pp, stage.is_last() ? loss : real(0), sw::Sum{}));
+  }
+  write_steps<Spec>(world.rank() == 0, dir, "pp2", losses, norms);
+}
+
+/// Each sequence cut over cp 2 (balanced), attended by ring ("cp2").
+template <class Spec, class World>
+void run_context(World const& world, fs::path const& dir) {
+  auto const cp = sw::submesh<"cp">(sw::make_mesh<"cp">(world, {world.size()}));
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(world, {world.size(), 1}));
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const c = Spec::config();
+  typename Spec::template model<sw::serial_plan> model(c);
+  sw::parallelize(model, tp);
+  auto const context = sw::context_parallelize(model, cp, {c.sequence, world.size(), true}, sw::context_method::ring);
+  sw::AdamW<real> optimizer(adamw());
+  real const weight = static_cast<real>(context->mean_weight());
+  std::vector<double> losses, norms;
+  for (int step = 0; step < steps; ++step) {
+    auto result =
+        Spec::loss(tp, model.forward(context->my_tokens(ids_of(step, false))), context->my_tokens(ids_of(step, true)));
+    result.dlogits.local *= weight;
+    model.backward(result.dlogits);
+    norms.push_back(optimizer.step(sw::finish_gradients(model), data));
+    sw::zero_grad(model);
+    losses.push_back(sw::all_reduce(data, result.loss * weight, sw::Avg{}));
+  }
+  write_steps<Spec>(world.rank() == 0, dir, "cp2", losses, norms);
+}
+
+/// Unsharded, TP 1 (with sequence parallelism), and each of the spec's tp sizes without ("tp2") and with ("tp2sp");
+/// for the specs that ask (Spec::layouts), FSDP dp 2, pp 2 and cp 2 too.
 template <class Spec>
 void on_threads(fs::path const& dir) {
+  if constexpr (Spec::layouts) {
+    sw::run_threads(2, [&](auto& world) { run_fsdp<Spec>(world, dir); });
+    sw::run_threads(2, [&](auto& world) { run_pipeline<Spec>(world, dir); });
+    sw::run_threads(2, [&](auto& world) { run_context<Spec>(world, dir); });
+  }
   sw::run_threads(1, [&](auto& world) { run<Spec, sw::serial_plan>(world, dir, "unsharded", true); });
   sw::run_threads(1, [&](auto& world) { run<Spec, typename Spec::sp_plan>(world, dir, "tp1", false); });
   for (int n : Spec::tp_sizes()) {

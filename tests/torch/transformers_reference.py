@@ -6,7 +6,8 @@ SmolLM2 (9 heads, 3 key-value heads, tied) — and GPT2LMHeadModel, built from t
 and loaded with the weights it wrote, give the same logits, loss and gradients of one batch, and
 torch.nn.utils.clip_grad_norm_ with torch.optim.AdamW (two parameter groups) the same losses and global norms over
 5 steps, as every shardwise run of the backend named on the command line ("threads": unsharded, tp1, and tp2, tp2sp,
-tp4, tp4sp, or tp3, tp3sp for SmolLM2; "mpi2", "mpi4": one run, for the families whose heads that size serves).
+tp4, tp4sp, or tp3, tp3sp for SmolLM2, and for Qwen2.5 and Qwen3 fsdp2, pp2 and cp2, whose 5 steps' losses and
+norms are compared; "mpi2", "mpi4": one run, for the families whose heads that size serves).
 transformers runs in float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and torch's
 scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared with
 the C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per step,
@@ -92,6 +93,9 @@ MODELS = (("llama", llama), ("llama31", llama31), ("qwen2", qwen2), ("qwen3", qw
 TIED = ("llama", "qwen2", "qwen3", "smollm", "gpt2")
 
 
+LAYOUTS = ("qwen2", "qwen3")  # also trained under FSDP dp 2, pp 2 and cp 2 on threads (losses and norms compared)
+
+
 def tags_of(model_name, backend):
     """The runs transformers_dump.cpp writes for a model on a backend."""
     sizes = [3] if model_name == "smollm" else [2, 4]
@@ -152,6 +156,18 @@ def reference(build, directory):
     return out
 
 
+def compare_steps(results, model_name, expected, run, tag):
+    """A layout that cuts the batch or the model (FSDP, pp, cp): its 5 steps' losses and clipped norms."""
+    label = f"{model_name} {tag}"
+    if not os.path.exists(os.path.join(run, "losses.npy")):
+        results.check(f"{label}: written", False, run)
+        return
+    losses, norms = np.load(os.path.join(run, "losses.npy")), np.load(os.path.join(run, "norms.npy"))
+    for step in range(STEPS):
+        results.tensor(f"{label}: loss at step {step}", [losses[step]], [expected["losses"][step]])
+        results.tensor(f"{label}: global norm at step {step}", [norms[step]], [expected["norms"][step]])
+
+
 def compare(results, model_name, expected, run, tag):
     label = f"{model_name} {tag}"
     results.tensor(f"{label}: logits", np.load(os.path.join(run, "logits.npy")), expected["logits"])
@@ -191,6 +207,9 @@ def main():
                       f"missing {expected['missing']}, unexpected {expected['unexpected']}")
         for tag in tags:
             compare(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
+        if backend == "threads" and model_name in LAYOUTS:
+            for tag in ("fsdp2", "pp2", "cp2"):
+                compare_steps(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
     worst = {}
     for name, ok, detail in results.rows:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
