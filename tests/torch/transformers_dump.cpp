@@ -179,6 +179,7 @@ struct Qwen3Spec : LlamaSpec {
 /// MistralForCausalLM: a sliding window of 3 tokens on rows of 8, untied.
 struct MistralSpec : LlamaSpec {
   static constexpr char const* name = "mistral";
+  static constexpr bool layouts = true;
   static models::LlamaConfig config() {
     models::LlamaConfig c = LlamaSpec::config();
     c.sliding_window = 3, c.tie_word_embeddings = false, c.rope_scaling = {};
@@ -189,10 +190,23 @@ struct MistralSpec : LlamaSpec {
 /// SmolLM2-like (a LlamaForCausalLM): 9 heads of 4 and 3 key-value heads, tied; tp 3 serves them, 2 and 4 do not.
 struct SmolSpec : LlamaSpec {
   static constexpr char const* name = "smollm";
+  static constexpr bool layouts = true;
   static std::vector<int> tp_sizes() { return {3}; }
   static models::LlamaConfig config() {
     models::LlamaConfig c = LlamaSpec::config();
     c.dim = 36, c.heads = 9, c.kv_heads = 3, c.hidden = 48, c.rope_scaling = {};
+    return c;
+  }
+};
+
+/// A LlamaForCausalLM with attention_bias (q, k, v and o) and mlp_bias (gate, up and down), untied.
+struct LlamaBiasSpec : LlamaSpec {
+  static constexpr char const* name = "llama_bias";
+  static constexpr bool layouts = true;
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = LlamaSpec::config();
+    c.attention_bias = c.attention_output_bias = c.mlp_bias = true, c.tie_word_embeddings = false;
+    c.rope_scaling = {};
     return c;
   }
 };
@@ -443,7 +457,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   fs::path const dir = argv[argc - 1];
-  every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen3Spec, MistralSpec, SmolSpec, GPT2Spec>(dir, mpi);
+  every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen3Spec, MistralSpec, SmolSpec, LlamaBiasSpec, GPT2Spec>(dir, mpi);
   std::puts("transformers_dump: written");
   return 0;
 }

@@ -1,17 +1,17 @@
-"""The Hugging Face half of the training check, in fp64: transformers' own classes for each family shardwise's Llama
-is configured as — LlamaForCausalLM as Llama 3.2 (llama3 rotary scaling, tied) and as Llama 3.1 (untied, 8 query
-heads over 2 key-value heads), Qwen2ForCausalLM (biases on q, k and v, yarn, tied), Qwen3ForCausalLM (q and k norms,
-heads of 16 on a width of 32, tied), MistralForCausalLM (a sliding window of 3 on rows of 8), LlamaForCausalLM as
-SmolLM2 (9 heads, 3 key-value heads, tied) — and GPT2LMHeadModel, built from the configs transformers_dump.cpp used
-and loaded with the weights it wrote, give the same logits, loss and gradients of one batch, and
-torch.nn.utils.clip_grad_norm_ with torch.optim.AdamW (two parameter groups) the same losses and global norms over
-5 steps, as every shardwise run of the backend named on the command line ("threads": unsharded, tp1, and tp2, tp2sp,
-tp4, tp4sp, or tp3, tp3sp for SmolLM2, and for Qwen2.5 and Qwen3 fsdp2, pp2 and cp2, whose 5 steps' losses and
-norms are compared; "mpi2", "mpi4": one run, for the families whose heads that size serves).
-transformers runs in float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and torch's
-scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared with
-the C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per step,
-1e-10.
+"""The Hugging Face half of the training check, in fp64: transformers' own classes for each family shardwise's Llama is
+configured as — LlamaForCausalLM as Llama 3.2 (llama3 rotary scaling, tied) and as Llama 3.1 (untied, 8 query heads
+over 2 key-value heads), Qwen2ForCausalLM (biases on q, k and v, yarn, tied), Qwen3ForCausalLM (q and k norms, heads
+of 16 on a width of 32, tied), MistralForCausalLM (a sliding window of 3 on rows of 8), LlamaForCausalLM as SmolLM2 (9
+heads, 3 key-value heads, tied), LlamaForCausalLM with attention_bias and mlp_bias — and GPT2LMHeadModel, built from
+the configs transformers_dump.cpp used and loaded with the weights it wrote, give the same logits, loss and gradients
+of one batch, and torch.nn.utils.clip_grad_norm_ with torch.optim.AdamW (two parameter groups) the same losses and
+global norms over 5 steps, as every shardwise run of the backend named on the command line ("threads": unsharded, tp1,
+and tp2, tp2sp, tp4, tp4sp, or tp3, tp3sp for SmolLM2, and for all but the two Llama 3 ones and GPT-2 fsdp2, pp2 and
+cp2, whose 5 steps' losses and norms are compared; "mpi2", "mpi4": one run, for the families whose heads that size
+serves). transformers runs in float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and
+torch's scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared
+with the C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per
+step, 1e-10.
 
 usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
 """
@@ -80,6 +80,11 @@ def smollm():  # SmolSpec: 9 heads of 4, 3 key-value heads, tied
                                                  num_key_value_heads=3, rope_theta=10000.0)))
 
 
+def llama_bias():  # LlamaBiasSpec: attention_bias (q, k, v and o) and mlp_bias, untied
+    return LlamaForCausalLM(LlamaConfig(**common(attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+                                                 rope_theta=10000.0)))
+
+
 def gpt2():
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=DIM, n_layer=LAYERS, n_head=HEADS,
                         activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -89,11 +94,12 @@ def gpt2():
 
 
 MODELS = (("llama", llama), ("llama31", llama31), ("qwen2", qwen2), ("qwen3", qwen3), ("mistral", mistral),
-          ("smollm", smollm), ("gpt2", gpt2))
+          ("smollm", smollm), ("llama_bias", llama_bias), ("gpt2", gpt2))
 TIED = ("llama", "qwen2", "qwen3", "smollm", "gpt2")
 
 
-LAYOUTS = ("qwen2", "qwen3")  # also trained under FSDP dp 2, pp 2 and cp 2 on threads (losses and norms compared)
+# Also trained under FSDP dp 2, pp 2 and cp 2 on threads (losses and norms compared).
+LAYOUTS = ("qwen2", "qwen3", "mistral", "smollm", "llama_bias")
 
 
 def tags_of(model_name, backend):
