@@ -155,6 +155,17 @@ struct Qwen2Spec : LlamaSpec {
   }
 };
 
+/// Qwen2 with its window on the layers from max_window_layers on: a window of 3 on the second layer.
+struct Qwen2WindowSpec : Qwen2Spec {
+  static constexpr char const* name = "qwen2_window";
+  static constexpr bool layouts = false;
+  static models::LlamaConfig config() {
+    models::LlamaConfig c = Qwen2Spec::config();
+    c.sliding_window = 3, c.first_window_layer = 1;
+    return c;
+  }
+};
+
 /// Llama 3.1-like: untied, 8 query heads over 2 key-value heads (repeated at TP 4), the llama3 scaling.
 struct Llama31Spec : LlamaSpec {
   static constexpr char const* name = "llama31";
@@ -457,7 +468,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   fs::path const dir = argv[argc - 1];
-  every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen3Spec, MistralSpec, SmolSpec, LlamaBiasSpec, GPT2Spec>(dir, mpi);
+  every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen2WindowSpec, Qwen3Spec, MistralSpec, SmolSpec, LlamaBiasSpec, GPT2Spec>(
+      dir, mpi);
   std::puts("transformers_dump: written");
   return 0;
 }

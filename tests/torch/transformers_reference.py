@@ -1,17 +1,17 @@
 """The Hugging Face half of the training check, in fp64: transformers' own classes for each family shardwise's Llama is
 configured as — LlamaForCausalLM as Llama 3.2 (llama3 rotary scaling, tied) and as Llama 3.1 (untied, 8 query heads
-over 2 key-value heads), Qwen2ForCausalLM (biases on q, k and v, yarn, tied), Qwen3ForCausalLM (q and k norms, heads
-of 16 on a width of 32, tied), MistralForCausalLM (a sliding window of 3 on rows of 8), LlamaForCausalLM as SmolLM2 (9
-heads, 3 key-value heads, tied), LlamaForCausalLM with attention_bias and mlp_bias — and GPT2LMHeadModel, built from
-the configs transformers_dump.cpp used and loaded with the weights it wrote, give the same logits, loss and gradients
-of one batch, and torch.nn.utils.clip_grad_norm_ with torch.optim.AdamW (two parameter groups) the same losses and
-global norms over 5 steps, as every shardwise run of the backend named on the command line ("threads": unsharded, tp1,
-and tp2, tp2sp, tp4, tp4sp, or tp3, tp3sp for SmolLM2, and for all but the two Llama 3 ones and GPT-2 fsdp2, pp2 and
-cp2, whose 5 steps' losses and norms are compared; "mpi2", "mpi4": one run, for the families whose heads that size
-serves). transformers runs in float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and
-torch's scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared
-with the C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per
-step, 1e-10.
+over 2 key-value heads), Qwen2ForCausalLM (biases on q, k and v, yarn, tied; and with a window of 3 on its second
+layer), Qwen3ForCausalLM (q and k norms, heads of 16 on a width of 32, tied), MistralForCausalLM (a sliding window of
+3 on rows of 8), LlamaForCausalLM as SmolLM2 (9 heads, 3 key-value heads, tied), LlamaForCausalLM with attention_bias
+and mlp_bias — and GPT2LMHeadModel, built from the configs transformers_dump.cpp used and loaded with the weights it
+wrote, give the same logits, loss and gradients of one batch, and torch.nn.utils.clip_grad_norm_ with
+torch.optim.AdamW (two parameter groups) the same losses and global norms over 5 steps, as every shardwise run of the
+backend named on the command line ("threads": unsharded, tp1, and tp2, tp2sp, tp4, tp4sp, or tp3, tp3sp for SmolLM2,
+and for all but the two Llama 3 ones and GPT-2 fsdp2, pp2 and cp2, whose 5 steps' losses and norms are compared;
+"mpi2", "mpi4": one run, for the families whose heads that size serves). transformers runs in float64 with its rotary
+tables and RMSNorms computed in float64 (hf_float64.py) and torch's scaled_dot_product_attention, whose softmax stays
+in float64 (the eager one's is float32). Nothing is shared with the C++ side. Relative errors: max |got - expected| /
+max |expected| per tensor, 1e-10; losses and norms per step, 1e-10.
 
 usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
 """
@@ -65,6 +65,14 @@ def qwen2():  # Qwen2Spec: biases on q, k and v, tied, a yarn rotary scaling
                                                                   "original_max_position_embeddings": 64})))
 
 
+def qwen2_window():  # Qwen2WindowSpec: Qwen2Spec's, with a window of 3 on the second layer (max_window_layers 1)
+    return Qwen2ForCausalLM(Qwen2Config(**common(rms_norm_eps=1e-6, use_sliding_window=True, sliding_window=3,
+                                                 max_window_layers=1,
+                                                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                                  "factor": 4.0, "truncate": False,
+                                                                  "original_max_position_embeddings": 64})))
+
+
 def qwen3():  # Qwen3Spec: q and k norms, heads of 16 on a width of 32, tied
     return Qwen3ForCausalLM(Qwen3Config(**common(head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
                                                  attention_bias=False, use_sliding_window=False)))
@@ -93,9 +101,9 @@ def gpt2():
     return GPT2LMHeadModel(config)
 
 
-MODELS = (("llama", llama), ("llama31", llama31), ("qwen2", qwen2), ("qwen3", qwen3), ("mistral", mistral),
-          ("smollm", smollm), ("llama_bias", llama_bias), ("gpt2", gpt2))
-TIED = ("llama", "qwen2", "qwen3", "smollm", "gpt2")
+MODELS = (("llama", llama), ("llama31", llama31), ("qwen2", qwen2), ("qwen2_window", qwen2_window), ("qwen3", qwen3),
+          ("mistral", mistral), ("smollm", smollm), ("llama_bias", llama_bias), ("gpt2", gpt2))
+TIED = ("llama", "qwen2", "qwen2_window", "qwen3", "smollm", "gpt2")
 
 
 # Also trained under FSDP dp 2, pp 2 and cp 2 on threads (losses and norms compared).
