@@ -362,6 +362,30 @@ void run_fsdp(World const& world, fs::path const& dir) {
   write_steps<Spec>(world.rank() == 0, dir, "fsdp2", losses, norms);
 }
 
+/// FSDP at dp 2 beside tp (the spec's first tp size, with sequence parallelism): dp rank r trains on sequence r
+/// ("fsdp2tp").
+template <class Spec, class World>
+void run_fsdp_tp(World const& world, fs::path const& dir) {
+  int const tp_size = world.size() / 2;
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {2, tp_size});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const all = sw::make_mesh<"all">(world, {world.size()});
+  typename Spec::template model<typename Spec::sp_plan> model(Spec::config());
+  sw::parallelize(model, tp);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<real> optimizer(adamw());
+  std::vector<double> losses, norms;
+  for (int step = 0; step < steps; ++step) {
+    auto const result = Spec::loss(tp, sharded.forward(row_of(step, false, dp.rank())), row_of(step, true, dp.rank()));
+    sharded.backward(result.dlogits);
+    norms.push_back(optimizer.step(sharded));
+    sw::zero_grad(sharded);
+    losses.push_back(sw::all_reduce(all, result.loss, sw::Avg{}));  // tp ranks hold the same loss
+  }
+  write_steps<Spec>(world.rank() == 0, dir, "fsdp2tp", losses, norms);
+}
+
 /// Two pipeline stages (1F1B), each sequence of a batch a microbatch ("pp2").
 template <class Spec, class World>
 void run_pipeline(World const& world, fs::path const& dir) {
@@ -418,11 +442,12 @@ void run_context(World const& world, fs::path const& dir) {
 }
 
 /// Unsharded, TP 1 (with sequence parallelism), and each of the spec's tp sizes without ("tp2") and with ("tp2sp");
-/// for the specs that ask (Spec::layouts), FSDP dp 2, pp 2 and cp 2 too.
+/// for the specs that ask (Spec::layouts), FSDP dp 2 (alone and beside tp), pp 2 and cp 2 too.
 template <class Spec>
 void on_threads(fs::path const& dir) {
   if constexpr (Spec::layouts) {
     sw::run_threads(2, [&](auto& world) { run_fsdp<Spec>(world, dir); });
+    sw::run_threads(2 * Spec::tp_sizes().front(), [&](auto& world) { run_fsdp_tp<Spec>(world, dir); });
     sw::run_threads(2, [&](auto& world) { run_pipeline<Spec>(world, dir); });
     sw::run_threads(2, [&](auto& world) { run_context<Spec>(world, dir); });
   }

@@ -7,11 +7,11 @@ and mlp_bias — and GPT2LMHeadModel, built from the configs transformers_dump.c
 wrote, give the same logits, loss and gradients of one batch, and torch.nn.utils.clip_grad_norm_ with
 torch.optim.AdamW (two parameter groups) the same losses and global norms over 5 steps, as every shardwise run of the
 backend named on the command line ("threads": unsharded, tp1, and tp2, tp2sp, tp4, tp4sp, or tp3, tp3sp for SmolLM2,
-and for all but the two Llama 3 ones and GPT-2 fsdp2, pp2 and cp2, whose 5 steps' losses and norms are compared;
-"mpi2", "mpi4": one run, for the families whose heads that size serves). transformers runs in float64 with its rotary
-tables and RMSNorms computed in float64 (hf_float64.py) and torch's scaled_dot_product_attention, whose softmax stays
-in float64 (the eager one's is float32). Nothing is shared with the C++ side. Relative errors: max |got - expected| /
-max |expected| per tensor, 1e-10; losses and norms per step, 1e-10.
+and for all but the two Llama 3 ones and GPT-2 fsdp2, fsdp2tp (beside tp 2, or 3), pp2 and cp2, whose 5 steps' losses
+and norms are compared; "mpi2", "mpi4": one run, for the families whose heads that size serves). transformers runs in
+float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and torch's
+scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared with the
+C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per step, 1e-10.
 
 usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
 """
@@ -222,7 +222,7 @@ def main():
         for tag in tags:
             compare(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
         if backend == "threads" and model_name in LAYOUTS:
-            for tag in ("fsdp2", "pp2", "cp2"):
+            for tag in ("fsdp2", "fsdp2tp", "pp2", "cp2"):
                 compare_steps(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
     worst = {}
     for name, ok, detail in results.rows:
