@@ -642,36 +642,31 @@ TEST_CASE(
   CHECK(rel_err(dq, numeric_grad(q, loss)) <= 1e-8);
   CHECK(rel_err(dk, numeric_grad(k, loss)) <= 1e-8);
   CHECK(rel_err(dv, numeric_grad(v, loss)) <= 1e-8);
-  // The key-value cache: the first sequence's 7 rows as a prefill of 5 and two decode steps, in panels of 2.
-  nn::kv_layer<double> cache{mat::Zero(8, kv_heads * d), mat::Zero(8, kv_heads * d)};
-  mat cached(7, heads * d);
-  for (auto [start, count] : {std::pair<std::size_t, std::size_t>{0, 5}, {5, 1}, {6, 1}}) {
-    shardwise::cache_step const step{.entries = {{.sequence = 0, .start = start, .count = count}}, .capacity = 8};
-    auto const at = Index(start), n = Index(count);
-    mat o(n, heads * d);
-    nn::cached_attention<double>(q.middleRows(at, n), k.middleRows(at, n), v.middleRows(at, n), std::size_t(d), step,
-                                 cache, o, 2, std::size_t(window));
-    cached.middleRows(at, n) = o;
-  }
-  CHECK(rel_err(cached, expected.topRows(7)) <= 1e-14);
-  // A cache that keeps only the window's 3 positions (rolling, position p in row p % 3): a prefill of 5 (longer
-  // than the window: its own keys are read before they roll out), one of 1, then two of 1; and a cache of two
-  // sequences, this one in the second.
-  for (std::size_t sequence : {0u, 1u}) {
-    INFO("sequence " << sequence);
-    nn::kv_layer<double> rolling{mat::Zero(Index(3 * (sequence + 1)), kv_heads * d),
-                                 mat::Zero(Index(3 * (sequence + 1)), kv_heads * d), 3};
-    mat rolled(7, heads * d);
+  // The first sequence's 7 rows through `cache` as sequence `sequence`: a prefill of 5 and two decode steps, in
+  // panels of 2.
+  auto const decoded = [&](nn::kv_layer<double>& cache, std::size_t sequence) {
+    mat out(7, heads * d);
     for (auto [start, count] : {std::pair<std::size_t, std::size_t>{0, 5}, {5, 1}, {6, 1}}) {
       shardwise::cache_step const step{.entries = {{.sequence = sequence, .start = start, .count = count}},
                                        .capacity = 8};
       auto const at = Index(start), n = Index(count);
       mat o(n, heads * d);
       nn::cached_attention<double>(q.middleRows(at, n), k.middleRows(at, n), v.middleRows(at, n), std::size_t(d), step,
-                                   rolling, o, 2, std::size_t(window));
-      rolled.middleRows(at, n) = o;
+                                   cache, o, 2, std::size_t(window));
+      out.middleRows(at, n) = o;
     }
-    CHECK(rel_err(rolled, expected.topRows(7)) <= 1e-14);
+    return out;
+  };
+  nn::kv_layer<double> cache{mat::Zero(8, kv_heads * d), mat::Zero(8, kv_heads * d)};
+  CHECK(rel_err(decoded(cache, 0), expected.topRows(7)) <= 1e-14);
+  // A cache that keeps only the window's 3 positions (rolling, position p in row p % 3): the prefill of 5 is longer
+  // than the window (its own keys are read before they roll out); and a cache of two sequences, this one in the
+  // second.
+  for (std::size_t sequence : {0u, 1u}) {
+    INFO("sequence " << sequence);
+    nn::kv_layer<double> rolling{mat::Zero(Index(3 * (sequence + 1)), kv_heads * d),
+                                 mat::Zero(Index(3 * (sequence + 1)), kv_heads * d), 3};
+    CHECK(rel_err(decoded(rolling, sequence), expected.topRows(7)) <= 1e-14);
   }
   nn::kv_layer<double> rolling{mat::Zero(3, kv_heads * d), mat::Zero(3, kv_heads * d), 3};
   mat o(1, heads * d);
