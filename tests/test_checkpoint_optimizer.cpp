@@ -2,7 +2,8 @@
 // dp 1 x tp 2 (plain AdamW) and dp 2 x tp 2 with ZeRO-1, on the thread mesh. Resumed at another dp x tp, with
 // ZeRO-1 or without, it continues as the uninterrupted run within fp32's reduction order (the moments reshard as
 // the parameters do). Saved asynchronously (sw::async_save) while training goes on, the same; a failed
-// background write is raised on every rank. A checkpoint without the state is refused by name.
+// background write is raised on every rank. A checkpoint without the state is refused by name. A learning-rate
+// schedule resumes on its curve.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -113,6 +114,50 @@ TEST_CASE("Checkpoint with optimizer state: resuming equals the uninterrupted ru
       }
     fs::remove_all(dir);
   }
+}
+
+// A learning-rate schedule is saved with the optimizer's state and restored by the load (as torch's
+// LRScheduler.load_state_dict), so a run saved at step 40 of a warm-up + cosine over 60 and resumed by an optimizer
+// made with the default (constant) schedule continues the curve: bit for bit the run that never stopped.
+TEST_CASE("Checkpoint with optimizer state: a learning-rate schedule resumes on its curve, bit for bit") {
+  auto c = llama_cases::small_config();
+  c.kv_heads = 2;
+  fs::path const dir = fs::temp_directory_path() / "shardwise_optimizer_ckpt_schedule";
+  fs::remove_all(dir);
+  sw::LearningRateSchedule const schedule{
+      .kind = sw::schedule_kind::cosine, .warmup_steps = 10, .total_steps = 60, .min_lr_rate = 0.1};
+  sw::run_threads(2, [&](auto& world) {
+    auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, 2});
+    auto const tp = sw::submesh<"tp">(mesh);
+    auto const dp = sw::submesh<"dp">(mesh);
+    auto options = adamw_options(false);
+    options.schedule = schedule;
+    Model straight_model(c);
+    sw::AdamW<float> straight(options);
+    sw::parallelize(straight_model, tp);
+    train_steps(straight_model, straight, tp, dp, 0, 40, c);
+    sw::save_sharded(straight_model, straight, tp, dp, dir, 40);
+    auto const expected_losses = train_steps(straight_model, straight, tp, dp, 40, 20, c);
+
+    Model resumed_model(c);
+    sw::AdamW<float> resumed(adamw_options(false));  // the default schedule: the checkpoint's replaces it
+    sw::parallelize(resumed_model, tp);
+    sw::load_sharded(resumed_model, resumed, tp, dp, dir);
+    CHECK(resumed.options().schedule == schedule);
+    auto const losses = train_steps(resumed_model, resumed, tp, dp, 40, 20, c);
+    CHECK(losses == expected_losses);
+    CHECK(flat_parameters(resumed_model) == flat_parameters(straight_model));
+    CHECK(resumed.learning_rate() == straight.learning_rate());
+
+    // Resumed at a constant learning rate instead (the schedule set back after the load) the run differs.
+    Model constant_model(c);
+    sw::AdamW<float> constant(adamw_options(false));
+    sw::parallelize(constant_model, tp);
+    sw::load_sharded(constant_model, constant, tp, dp, dir);
+    constant.set_schedule({});
+    CHECK(train_steps(constant_model, constant, tp, dp, 40, 20, c) != expected_losses);
+  });
+  fs::remove_all(dir);
 }
 
 namespace {

@@ -280,6 +280,29 @@ TEST_CASE("AdamW parameter groups: biases and norms without weight decay") {
   CHECK(!sw::name_matches("*.bias", "layers.0.bias_scale"));
 }
 
+TEST_CASE("Learning-rate schedules that cannot describe a run are refused, naming the field and the fix") {
+  using kind = sw::schedule_kind;
+  auto options = [](sw::LearningRateSchedule s) { return sw::AdamWOptions<float>{.schedule = s}; };
+  CHECK_THROWS_WITH_AS(sw::AdamW<float>(options({.kind = kind::cosine, .warmup_steps = 120, .total_steps = 100})),
+                       "shardwise::LearningRateSchedule: warmup_steps (120) is longer than the run (total_steps 100); "
+                       "shorten the warm-up or lengthen the run",
+                       sw::error);
+  CHECK_THROWS_WITH_AS(sw::AdamW<float>(options({.kind = kind::linear, .warmup_steps = 10})),
+                       "shardwise::LearningRateSchedule: a linear schedule needs total_steps, the run's optimizer "
+                       "steps; set .total_steps",
+                       sw::error);
+  CHECK_THROWS_WITH_AS(sw::AdamW<float>(options({.kind = kind::cosine, .total_steps = 9, .min_lr_rate = 1.5})),
+                       "shardwise::LearningRateSchedule: min_lr_rate is 1.5; give a fraction of the learning rate in "
+                       "[0, 1]",
+                       sw::error);
+  CHECK_THROWS_WITH_AS(sw::AdamW<float>(options({.kind = kind::cosine, .total_steps = 9, .num_cycles = 0})),
+                       "shardwise::LearningRateSchedule: num_cycles is 0; give a positive number (0.5: half a cosine)",
+                       sw::error);
+  sw::AdamW<float> fine(options({.warmup_steps = 10}));  // a constant schedule's warm-up needs no run length
+  CHECK_THROWS_AS(fine.set_schedule({.kind = kind::linear, .warmup_steps = 5, .total_steps = 4}), sw::error);
+  CHECK(fine.options().schedule.warmup_steps == 10);  // a refused schedule leaves the optimizer's as it was
+}
+
 template <class T>
 struct OneLinear {
   sw::Linear<T> lin{37, 29, 5};  // 1073 weights, 29 biases: neither a multiple of the vector width nor the block

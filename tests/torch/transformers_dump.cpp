@@ -52,6 +52,15 @@ sw::AdamWOptions<real> adamw() {
           .groups = {{.matches = sw::names_matching({"*.bias", "*norm.weight", "*ln_*.weight"}), .weight_decay = 0.0}}};
 }
 
+/// adamw() under a schedule (warm-up 2, then a cosine to a tenth over 5 steps), with the no-decay group at half
+/// the learning rate: what the "schedule_*" runs train with (transformers' cosine_with_min_lr there).
+sw::AdamWOptions<real> scheduled_adamw() {
+  auto options = adamw();
+  options.schedule = {.kind = sw::schedule_kind::cosine, .warmup_steps = 2, .total_steps = 5, .min_lr_rate = 0.1};
+  options.groups.front().learning_rate = 5e-3;
+  return options;
+}
+
 /// Two sequences of 8 tokens (the same formula as llama_dump.cpp and the Python side).
 std::vector<std::int64_t> ids_of(int step, bool targets) {
   std::vector<std::int64_t> ids;
@@ -285,11 +294,12 @@ Tensors gradients_of(Finished finished) {
 /// One run: the logits, loss and gradients of batch 0, then the 5 steps' losses and norms, written by rank 0
 /// into dir/<model>/<tag>/. With weights set, the initial weights too (dir/<model>/weights/).
 template <class Spec, class Plan, class World>
-void run(World const& world, fs::path const& dir, std::string const& tag, bool weights) {
+void run(World const& world, fs::path const& dir, std::string const& tag, bool weights,
+         sw::AdamWOptions<real> const& options = adamw()) {
   auto const tp = sw::make_mesh<"tp">(world, {world.size()});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   typename Spec::template model<Plan> model(Spec::config());
-  sw::AdamW<real> optimizer(adamw());
+  sw::AdamW<real> optimizer(options);
   sw::parallelize(model, tp);
   fs::path const out = dir / Spec::name / tag;
   bool const writer = world.rank() == 0;
@@ -460,6 +470,34 @@ void on_threads(fs::path const& dir) {
   }
 }
 
+/// Each schedule's learning rate over 100 steps (AdamW::learning_rate after each step), into
+/// dir/schedules/<name>.npy, under the names and arguments transformers_reference.py gives get_scheduler.
+void run_schedules(fs::path const& dir) {
+  using kind = sw::schedule_kind;
+  std::vector<std::pair<std::string, sw::LearningRateSchedule>> const schedules{
+      {"constant", {}},
+      {"constant_with_warmup", {.warmup_steps = 10}},
+      {"linear", {.kind = kind::linear, .warmup_steps = 10, .total_steps = 100}},
+      {"linear_past_the_end", {.kind = kind::linear, .total_steps = 60}},
+      {"cosine", {.kind = kind::cosine, .warmup_steps = 10, .total_steps = 100}},
+      {"cosine_cycles", {.kind = kind::cosine, .warmup_steps = 5, .total_steps = 60, .num_cycles = 1.5}},
+      {"cosine_with_min_lr", {.kind = kind::cosine, .warmup_steps = 10, .total_steps = 100, .min_lr_rate = 0.1}}};
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  fs::create_directories(dir / "schedules");
+  for (auto const& [name, schedule] : schedules) {
+    models::Llama<real, sw::serial_plan> model(LlamaSpec::config());
+    auto options = adamw();
+    options.schedule = schedule;
+    sw::AdamW<real> optimizer(options);
+    Eigen::VectorXd rates(100);
+    for (Eigen::Index step = 0; step < rates.size(); ++step) {
+      optimizer.step(model, dp);
+      rates(step) = optimizer.learning_rate();
+    }
+    npy::write(dir / "schedules" / (name + ".npy"), rates);
+  }
+}
+
 /// On MPI, TP 2 without sequence parallelism and TP 4 with it, for the specs whose heads the size serves; the
 /// initial weights are gathered from the sharded model (sw::full_tensor).
 template <class Spec>
@@ -495,6 +533,15 @@ int main(int argc, char** argv) {
   fs::path const dir = argv[argc - 1];
   every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen2WindowSpec, Qwen3Spec, MistralSpec, SmolSpec, LlamaBiasSpec, GPT2Spec>(
       dir, mpi);
+  if (!mpi) {  // training under a schedule, and the schedules alone
+    sw::run_threads(1, [&](auto& world) {
+      run<LlamaSpec, sw::serial_plan>(world, dir, "schedule_unsharded", false, scheduled_adamw());
+    });
+    sw::run_threads(2, [&](auto& world) {
+      run<LlamaSpec, LlamaSpec::sp_plan>(world, dir, "schedule_tp2sp", false, scheduled_adamw());
+    });
+    run_schedules(dir);
+  }
   std::puts("transformers_dump: written");
   return 0;
 }

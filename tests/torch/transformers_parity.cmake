@@ -2,7 +2,8 @@
 # (shardwise) writes each family's model (Llama 3.2- and 3.1-like, Qwen2.5-, Qwen3-, Mistral- and SmolLM2-like, and
 # GPT-2), its initial weights under transformers' names, the logits, loss and every gradient of one batch, and the
 # losses and clipped global norms of 5 AdamW steps; transformers_reference.py runs transformers' classes on the same
-# weights with torch.optim.AdamW and compares within 1e-10. One test per backend: the thread mesh (unsharded, TP 1,
+# weights with torch.optim.AdamW and compares within 1e-10; on threads, training under a learning-rate schedule and
+# seven schedules' rates against get_scheduler too. One test per backend: the thread mesh (unsharded, TP 1,
 # and 2 and 4 (SmolLM2: 3) with and without sequence parallelism) and MPI at 2 and 4 ranks; each its own dump
 # directory, so they can run side by side.
 add_executable(transformers_dump ${CMAKE_CURRENT_LIST_DIR}/transformers_dump.cpp)

@@ -12,6 +12,9 @@ and norms are compared; "mpi2", "mpi4": one run, for the families whose heads th
 float64 with its rotary tables and RMSNorms computed in float64 (hf_float64.py) and torch's
 scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is float32). Nothing is shared with the
 C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per step, 1e-10.
+On threads, also the Llama 3.2-like model trained under get_scheduler("cosine_with_min_lr") (warm-up 2, a tenth at
+step 5) with the no-decay group at half the learning rate, unsharded and at tp 2 with sequence parallelism; and each
+of seven schedules' learning rates over 100 steps, as LambdaLR sets them (absolute 1e-14, on rates of 1e-2).
 
 usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
 """
@@ -22,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          get_scheduler)
 
 from hf_float64 import in_float64
 
@@ -138,8 +142,9 @@ class Results:
         self.rows.append((name, bool(ok), detail))
 
 
-def reference(build, directory):
-    """transformers' numbers for one model: logits, loss and gradients of batch 0; losses and norms of 5 steps."""
+def reference(build, directory, scheduled=False):
+    """transformers' numbers for one model: logits, loss and gradients of batch 0; losses and norms of 5 steps.
+    scheduled: the no-decay group at half the learning rate, and cosine_with_min_lr (warm-up 2, 5 steps, a tenth)."""
     torch.manual_seed(0)
     model = build()
     model = model.double() if isinstance(model, GPT2LMHeadModel) else in_float64(model)
@@ -152,8 +157,11 @@ def reference(build, directory):
     out["names"] = sorted(named)
     decay = [p for n, p in named.items() if not no_decay(n)]
     plain = [p for n, p in named.items() if no_decay(n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}],
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": plain, "weight_decay": 0.0, "lr": 5e-3 if scheduled else 1e-2}],
                                   lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    scheduler = get_scheduler("cosine_with_min_lr", optimizer, num_warmup_steps=2, num_training_steps=STEPS,
+                              scheduler_specific_kwargs={"min_lr_rate": 0.1}) if scheduled else None
     out["losses"], out["norms"] = [], []
     for step in range(STEPS):
         logits = model(ids_of(step, False)).logits.reshape(-1, VOCAB)
@@ -166,6 +174,8 @@ def reference(build, directory):
             out["grads"] = {n: p.grad.detach().numpy().copy() for n, p in named.items()}
         out["norms"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
         optimizer.step()
+        if scheduler:
+            scheduler.step()
         out["losses"].append(loss.item())
     return out
 
@@ -202,6 +212,38 @@ def compare(results, model_name, expected, run, tag):
                   f"smallest norm {min(expected['norms']):.3g}")
 
 
+SCHEDULES = {  # transformers_dump.cpp's run_schedules: get_scheduler's name and arguments, 100 steps each
+    "constant": ("constant", {}),
+    "constant_with_warmup": ("constant_with_warmup", {"num_warmup_steps": 10}),
+    "linear": ("linear", {"num_warmup_steps": 10, "num_training_steps": 100}),
+    "linear_past_the_end": ("linear", {"num_warmup_steps": 0, "num_training_steps": 60}),
+    "cosine": ("cosine", {"num_warmup_steps": 10, "num_training_steps": 100}),
+    "cosine_cycles": ("cosine", {"num_warmup_steps": 5, "num_training_steps": 60,
+                                 "scheduler_specific_kwargs": {"num_cycles": 1.5}}),
+    "cosine_with_min_lr": ("cosine_with_min_lr", {"num_warmup_steps": 10, "num_training_steps": 100,
+                                                  "scheduler_specific_kwargs": {"min_lr_rate": 0.1}}),
+}
+
+
+def compare_schedules(results, directory):
+    """Each schedule's learning rate at each of 100 optimizer steps, as LambdaLR sets it, within 1e-12."""
+    for label, (name, arguments) in SCHEDULES.items():
+        path = os.path.join(directory, "schedules", label + ".npy")
+        if not os.path.exists(path):
+            results.check(f"schedule {label}: written", False, path)
+            continue
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))], lr=1e-2)
+        scheduler = get_scheduler(name, optimizer, **arguments)
+        rates = []
+        for _ in range(100):
+            rates.append(optimizer.param_groups[0]["lr"])  # what this step runs with
+            optimizer.step()
+            scheduler.step()
+        got = np.load(path)
+        error = float(np.abs(got - np.array(rates)).max()) if got.shape == (100,) else float("inf")
+        results.check(f"schedule {label}: 100 learning rates", error <= 1e-14, f"absolute error {error:.1e}")
+
+
 def main():
     if len(sys.argv) != 3 or sys.argv[2] not in ("threads", "mpi2", "mpi4"):
         print(__doc__)
@@ -221,9 +263,15 @@ def main():
                       f"missing {expected['missing']}, unexpected {expected['unexpected']}")
         for tag in tags:
             compare(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
+        if backend == "threads" and model_name == "llama":
+            scheduled = reference(build, os.path.join(directory, model_name), scheduled=True)
+            for tag in ("schedule_unsharded", "schedule_tp2sp"):
+                compare(results, model_name, scheduled, os.path.join(directory, model_name, tag), tag)
         if backend == "threads" and model_name in LAYOUTS:
             for tag in ("fsdp2", "fsdp2tp", "pp2", "cp2"):
                 compare_steps(results, model_name, expected, os.path.join(directory, model_name, tag), tag)
+    if backend == "threads":
+        compare_schedules(results, directory)
     worst = {}
     for name, ok, detail in results.rows:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")

@@ -27,6 +27,8 @@ namespace detail {
 
 /// What optimizer steps a checkpoint saved with the state had taken (index metadata).
 inline constexpr char const* optimizer_steps_key = "shardwise.optimizer_steps";
+/// The optimizer's learning-rate schedule (index metadata, detail::schedule_text), restored with the steps.
+inline constexpr char const* optimizer_schedule_key = "shardwise.lr_schedule";
 
 /// Refuses, by name, a checkpoint saved without the optimizer's state (`file`: its index), or with it in the
 /// per-rank files of shardwise before the state resharded (0.1.0's optimizer.safetensors), which this one does not
@@ -43,7 +45,8 @@ inline void check_has_optimizer_state(checkpoint_index const& index, std::string
        "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
 }
 
-/// Sets the optimizer's step count from a checkpoint saved with its state.
+/// Sets the optimizer's step count, and its schedule where the checkpoint keeps one (as torch's
+/// LRScheduler.load_state_dict does), from a checkpoint saved with its state.
 template <class T>
 void resume_steps(AdamW<T>& optimizer, checkpoint_index const& index, std::filesystem::path const& dir) {
   check_has_optimizer_state(index, (dir / checkpoint_index_name).string());
@@ -54,12 +57,20 @@ void resume_steps(AdamW<T>& optimizer, checkpoint_index const& index, std::files
     fail("shardwise::load_sharded: \"", (dir / checkpoint_index_name).string(), "\": its ", optimizer_steps_key, " \"",
          text, "\" is not a number of steps; the checkpoint is damaged: save it again");
   optimizer.set_steps(steps);
+  auto const schedule = index.metadata.find(optimizer_schedule_key);
+  if (schedule == index.metadata.end()) return;  // saved before schedules: the optimizer keeps its own
+  LearningRateSchedule saved;
+  if (!read_schedule_text(schedule->second, saved))
+    fail("shardwise::load_sharded: \"", (dir / checkpoint_index_name).string(), "\": its ", optimizer_schedule_key,
+         " \"", schedule->second, "\" is not a learning-rate schedule; the checkpoint is damaged: save it again");
+  optimizer.set_schedule(saved);
 }
 
-/// The checkpoint's metadata with the optimizer's step count.
+/// The checkpoint's metadata with the optimizer's step count and schedule.
 template <class T>
 std::map<std::string, std::string> with_steps(std::map<std::string, std::string> metadata, AdamW<T> const& optimizer) {
   metadata[optimizer_steps_key] = std::to_string(optimizer.steps());
+  metadata[optimizer_schedule_key] = schedule_text(optimizer.options().schedule);
   return metadata;
 }
 

@@ -21,6 +21,8 @@
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/parameter_list.hpp"
+#include "shardwise/nn/training/name_patterns.hpp"
+#include "shardwise/nn/training/schedule.hpp"
 #include "shardwise/nn/walk.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/plan/module.hpp"
@@ -50,34 +52,6 @@ constexpr bool has_partial_gradients() {
 
 }  // namespace detail
 
-/// Whether a parameter name matches a pattern in which "*" stands for any run of characters (dots too):
-/// "*.bias", "*norm.weight", "layers.0.*".
-[[nodiscard]] constexpr bool name_matches(std::string_view pattern, std::string_view name) {
-  std::size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
-  while (n < name.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++, resume = n;
-    } else if (p < pattern.size() && pattern[p] == name[n]) {
-      ++p, ++n;
-    } else if (star != std::string_view::npos) {
-      p = star + 1, n = ++resume;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
-/// A predicate on parameter names: true when any of the patterns matches (see name_matches).
-[[nodiscard]] inline std::function<bool(std::string_view)> names_matching(std::vector<std::string> patterns) {
-  return [patterns = std::move(patterns)](std::string_view name) {
-    for (auto const& p : patterns)
-      if (name_matches(p, name)) return true;
-    return false;
-  };
-}
-
 /// A parameter group of AdamW, as torch.optim's param_groups: the parameters whose names `matches` accepts
 /// take this weight decay (and learning rate, if set) instead of the options'. Every GPT and Llama recipe
 /// exempts biases and norms: {.matches = sw::names_matching({"*.bias", "*norm.weight"}), .weight_decay = 0}.
@@ -98,6 +72,8 @@ struct AdamWOptions {
   /// @}
   T max_grad_norm = T(0);  ///< Clip the global gradient norm to this; 0: no clipping.
   bool zero1 = false;      ///< ZeRO-1: shard the moments over data parallelism.
+  /// Multiplies every group's learning rate, step by step (default: constant, no warm-up).
+  LearningRateSchedule schedule = {};
   /// Parameter groups; a parameter takes the first group that matches its name, else the options above.
   std::vector<AdamWGroup<T>> groups = {};
 };
@@ -139,7 +115,8 @@ T sum_of_squares(T const* x, std::size_t n) {
 template <class T>
 class AdamW {
  public:
-  explicit AdamW(AdamWOptions<T> options) : options_(std::move(options)) {}  ///< No state until the first step.
+  /// No state until the first step. Refuses a schedule that cannot describe a run (check_schedule).
+  explicit AdamW(AdamWOptions<T> options) : options_(std::move(options)) { check_schedule(options_.schedule); }
 
   /// One step. `dp` is the data-parallel 1-D mesh (a serial one for none); gradients are averaged over it.
   /// Returns the global gradient norm before clipping.
@@ -220,6 +197,14 @@ class AdamW {
   [[nodiscard]] std::size_t steps() const { return steps_; }
   void set_steps(std::size_t steps) { steps_ = steps; }                      ///< Sets the steps taken, when resuming.
   [[nodiscard]] AdamWOptions<T> const& options() const { return options_; }  ///< The options it was made with.
+  /// Replaces the schedule (checked as the constructor does); a checkpoint's load restores the saved one.
+  void set_schedule(LearningRateSchedule const& schedule) {
+    check_schedule(schedule);
+    options_.schedule = schedule;
+  }
+  /// The learning rate of the options (parameters in no group) at the step taken last, or at the next step before
+  /// any: the options' learning rate times the schedule's factor. For progress lines.
+  [[nodiscard]] T learning_rate() const { return scaled_rate(options_.learning_rate, steps_ == 0 ? 0 : steps_ - 1); }
 
   /// The transfers of step(ready, dp) on one rank (sw::cost), for the parameters `walk(fn)` visits in order
   /// (sw::parameter_cost; a model's shardwise_parameter_costs): each gradient averaged over dp (ZeRO-1:
@@ -277,6 +262,10 @@ class AdamW {
   };
 
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
+  /// `rate` times the schedule's factor at `step` steps taken before, in double as LambdaLR computes it.
+  T scaled_rate(T rate, std::size_t step) const {
+    return static_cast<T>(static_cast<double>(rate) * learning_rate_factor(options_.schedule, step));
+  }
   /// The state of a fully sharded model's parameter `index`: made on first use, then checked against its shard.
   slice& shard_slice(std::size_t index, std::string_view name, std::size_t count);
 
@@ -422,7 +411,8 @@ void AdamW<T>::adam_update(slice& s, T* w, T const* g, T clip) {
   using array = Eigen::Array<T, Eigen::Dynamic, 1>;
   T const correction1 = T(1) - std::pow(options_.beta1, T(steps_));
   T const correction2 = T(1) - std::pow(options_.beta2, T(steps_));
-  T const lr = s.learning_rate, decay = s.weight_decay, beta1 = options_.beta1, beta2 = options_.beta2;
+  T const lr = scaled_rate(s.learning_rate, steps_ - 1), decay = s.weight_decay;
+  T const beta1 = options_.beta1, beta2 = options_.beta2;
   constexpr std::size_t block = 512;
   alignas(64) T root[block];  // sqrt(v / correction2) of one block
   for (std::size_t start = 0; start < s.count; start += block) {
