@@ -5,6 +5,7 @@
 // ZeRO-1's optimizer state per rank against the ideal counted from the configuration.
 #include <doctest/doctest.h>
 
+#include "cases/llama_accumulation_cases.hpp"
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
@@ -365,6 +366,17 @@ TEST_CASE(
       llama_packed_cases::check_fsdp(world, c, two_rows);
       llama_packed_cases::check_pipeline(world, c, two_rows);
     });
+  }
+}
+
+TEST_CASE(
+    "Gradient accumulation with the loss over the step's valid tokens equals the full batch on every layout (dp ± tp, "
+    "ZeRO-1, FSDP, pp, cp), thread mesh") {
+  auto const c = llama_packed_cases::config();
+  auto const full = llama_accumulation_cases::full_batch(c);
+  for (int ranks : {2, 4}) {
+    INFO(ranks << " ranks");
+    worlds::run_threads(ranks, [&](auto& world) { llama_accumulation_cases::check_all(world, c, full); });
   }
 }
 

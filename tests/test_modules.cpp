@@ -303,6 +303,38 @@ TEST_CASE("Learning-rate schedules that cannot describe a run are refused, namin
   CHECK(fine.options().schedule.warmup_steps == 10);  // a refused schedule leaves the optimizer's as it was
 }
 
+TEST_CASE("The loss over a step's valid tokens: shares that add up to the mean, and its misuses refused") {
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  Eigen::MatrixXd logits(4, 5);
+  for (Eigen::Index i = 0; i < logits.size(); ++i) logits.data()[i] = std::sin(double(i));
+  std::vector<std::int64_t> const first{1, -100, 3, 4}, second{-100, -100, 0, 2};
+  auto const tokens = sw::count_valid_tokens(dp, std::vector{first, second});
+  CHECK(tokens.global == 5);
+  CHECK(tokens.data_ranks == 1);
+  // The two shares add up to the mean over all five targets, and so do their gradients.
+  Eigen::MatrixXd both(8, 5);
+  both << logits, logits;
+  std::vector<std::int64_t> all = first;
+  all.insert(all.end(), second.begin(), second.end());
+  auto const whole = sw::cross_entropy(sw::Activation<double, sw::Replicate>{both}, all);
+  auto const a = sw::cross_entropy(dp, sw::Activation<double, sw::Replicate>{logits}, first, tokens);
+  auto const b = sw::cross_entropy(dp, sw::Activation<double, sw::Replicate>{logits}, second, tokens);
+  CHECK(std::abs(a.loss + b.loss - whole.loss) <= 1e-15);
+  CHECK((a.dlogits.local - whole.dlogits.local.topRows(4)).cwiseAbs().maxCoeff() <= 1e-16);
+  CHECK((b.dlogits.local - whole.dlogits.local.bottomRows(4)).cwiseAbs().maxCoeff() <= 1e-16);
+  CHECK(std::abs(sw::cross_entropy(dp, sw::Activation<double, sw::Replicate>{logits}, first).loss - a.loss) > 0.1);
+
+  CHECK_THROWS_WITH_AS(sw::count_valid_tokens(dp, std::vector<std::vector<std::int64_t>>{}),
+                       "shardwise::count_valid_tokens: 1 data rank(s) gave no microbatch; a step needs at least one "
+                       "microbatch on every rank (gradient accumulation steps of 0 train nothing)",
+                       sw::error);
+  CHECK_THROWS_WITH_AS(
+      sw::cross_entropy(dp, sw::Activation<double, sw::Replicate>{logits}, first, sw::valid_tokens{.global = 2}),
+      "shardwise::nn::cross_entropy_forward_backward: 3 valid targets here but 2 in the whole step; "
+      "count every microbatch's targets with sw::count_valid_tokens",
+      sw::error);
+}
+
 template <class T>
 struct OneLinear {
   sw::Linear<T> lin{37, 29, 5};  // 1073 weights, 29 biases: neither a multiple of the vector width nor the block

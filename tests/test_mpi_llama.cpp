@@ -3,6 +3,7 @@
 // and dp 2 x tp 2 with ZeRO-1; each against the unsharded run computed on every rank.
 #include <doctest/doctest.h>
 
+#include "cases/llama_accumulation_cases.hpp"
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
@@ -54,6 +55,11 @@ TEST_CASE("Llama: fewer key-value heads than ranks, and a padded vocabulary, MPI
 
 TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, MPI mesh") {
   llama_context_cases::check_all(worlds::mpi());
+}
+
+TEST_CASE("Gradient accumulation with the loss over the step's valid tokens equals the full batch, MPI mesh") {
+  auto const c = llama_packed_cases::config();
+  llama_accumulation_cases::check_all(worlds::mpi(), c, llama_accumulation_cases::full_batch(c));
 }
 
 TEST_CASE("Llama on packed documents of any length equals the unsharded run (Qwen2- and Qwen3-like), MPI mesh") {

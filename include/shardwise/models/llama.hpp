@@ -357,6 +357,22 @@ constexpr LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P>&& lo
   return cross_entropy(tp, std::move(logits), targets, -100, static_cast<std::int64_t>(vocabulary));
 }
 
+/// llama_loss normalised over the step's valid tokens (sw::count_valid_tokens): this call's share of the mean over
+/// every data rank's and microbatch's valid targets, and its gradient for the optimizer's average over the data ranks
+/// (see sw::cross_entropy).
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P> const& logits, std::span<const std::int64_t> targets,
+                                 std::size_t vocabulary, valid_tokens const& tokens) {
+  return cross_entropy(tp, logits, targets, tokens, -100, static_cast<std::int64_t>(vocabulary));
+}
+
+/// As above, on logits given as a temporary: the gradient is written into their storage.
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> llama_loss(Mesh const& tp, Activation<T, P>&& logits, std::span<const std::int64_t> targets,
+                                 std::size_t vocabulary, valid_tokens const& tokens) {
+  return cross_entropy(tp, std::move(logits), targets, tokens, -100, static_cast<std::int64_t>(vocabulary));
+}
+
 /// The sizes of a training step, for its cost: the tensor-parallel side (the tokens of one microbatch on this dp
 /// rank, the tp size and this rank on it) and the data-parallel side.
 struct training_step_inputs {

@@ -201,7 +201,7 @@ struct LlamaStage {
 
   /// A microbatch's loss and the gradient of `scale` times it with respect to the last stage's output.
   struct head_result {
-    T loss;           ///< The mean cross-entropy over the microbatch's targets (unscaled).
+    T loss;           ///< The mean cross-entropy over the microbatch's targets (unscaled), or its share of the step's.
     stream gradient;  ///< The gradient with respect to the stream, for backward.
   };
 
@@ -216,6 +216,18 @@ struct LlamaStage {
                        layers.first + layers.size(), " is not the last; compute the loss on the last stage");
     auto result = llama_loss(tp, (*output)((*norm)(h)), targets, config_.vocabulary);
     result.dlogits.local *= scale;
+    return {result.loss, norm->backward(output->backward(result.dlogits))};
+  }
+
+  /// As above, with the loss normalised over the step's valid tokens (sw::count_valid_tokens over every
+  /// microbatch): `loss` is the microbatch's share of the step's mean, and the shares add up to it.
+  template <class Mesh>
+  head_result head_loss(Mesh const& tp, stream const& h, std::span<const std::int64_t> targets,
+                        valid_tokens const& tokens) {
+    if (!last_)
+      shardwise::raise("shardwise::models::LlamaStage::head_loss: the stage holding layers ", layers.first, "..",
+                       layers.first + layers.size(), " is not the last; compute the loss on the last stage");
+    auto result = llama_loss(tp, (*output)((*norm)(h)), targets, config_.vocabulary, tokens);
     return {result.loss, norm->backward(output->backward(result.dlogits))};
   }
 

@@ -298,9 +298,12 @@ void rms_norm_backward(const_matrix_ref<T> x, const_vector_ref<T> weight, const_
 /// of padding adds nothing instead of poisoning the step. A target outside [0, V) that is not ignore_index throws.
 /// Not covered: class weights, label smoothing, a vocabulary split across ranks (that needs the max and the sum of
 /// exponentials reduced across the slices between the steps here).
+/// `denominator` > 0 replaces the count of targets here (the sum of the losses divided by it: a share of a mean over
+/// more tokens), and the gradient is then that share's times `gradient_factor` (sw::valid_tokens).
 template <std::floating_point T>
 T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std::int64_t> targets,
-                                 matrix_ref<T> dlogits, std::int64_t ignore_index = -100) {
+                                 matrix_ref<T> dlogits, std::int64_t ignore_index = -100, double denominator = 0,
+                                 double gradient_factor = 1) {
   constexpr char const* fn = "cross_entropy_forward_backward";
   Eigen::Index const n = logits.rows(), v = logits.cols();
   if (targets.size() != static_cast<std::size_t>(n))
@@ -315,12 +318,15 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
                    ignore_index, ")");
     ++counted;
   }
+  if (denominator > 0 && static_cast<double>(counted) > denominator)
+    detail::fail("shardwise::nn::", fn, ": ", counted, " valid targets here but ", denominator,
+                 " in the whole step; count every microbatch's targets with sw::count_valid_tokens");
   if (counted == 0) {
     dlogits.setZero();
     return T(0);
   }
 
-  T const inv_count = T(1) / static_cast<T>(counted);
+  T const inv_count = denominator > 0 ? static_cast<T>(gradient_factor / denominator) : T(1) / static_cast<T>(counted);
   // The sum of N losses in at least double: float would lose digits over a long sequence.
   using acc_t = std::common_type_t<T, double>;
   acc_t total = 0;
@@ -339,7 +345,7 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
     dlogits.row(i) *= inv_count / sum;
     dlogits(i, t) -= inv_count;
   }
-  return static_cast<T>(total / static_cast<acc_t>(counted));
+  return static_cast<T>(total / static_cast<acc_t>(denominator > 0 ? denominator : static_cast<double>(counted)));
 }
 
 }  // namespace shardwise::nn
@@ -376,7 +382,7 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
   prefix template void rms_norm_backward_weight<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_vector_ref<T>,      \
                                                    vector_ref<T>);                                                     \
   prefix template T cross_entropy_forward_backward<T>(const_matrix_ref<T>, std::span<const std::int64_t>,              \
-                                                      matrix_ref<T>, std::int64_t);
+                                                      matrix_ref<T>, std::int64_t, double, double);
 #if defined(SHARDWISE_SEPARATE_KERNELS)
 namespace shardwise::nn {
 SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(extern, float)

@@ -2,17 +2,20 @@
 // Cross-entropy on logits [tokens, vocabulary]: on replicated logits (every rank computes the same), or
 // loss parallel on logits cut along the vocabulary (Shard<-1>, a ColwiseParallel output) without ever
 // gathering them: two small all-reduces of per-token values (the max, then the sum of exponentials and the
-// target logit).
+// target logit). Either returns the mean over the call's valid targets, or, given the step's count
+// (sw::count_valid_tokens), the call's share of the mean over every data rank's and microbatch's valid targets.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ranges>
 #include <span>
 #include <type_traits>
 #include <utility>
 
 #include "shardwise/core/show.hpp"
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
@@ -27,10 +30,51 @@ struct LossAndGradient {
   Activation<T, P> dlogits;  ///< Gradient of that mean, in the logits' layout.
 };
 
+/// What a loss is normalised by when one optimizer step's tokens are spread over data-parallel (and cp) ranks and
+/// microbatches: their number of valid targets, all of them (sw::count_valid_tokens). Each call's loss is then its
+/// tokens' sum over `global` — the shares add up to the mean over every valid token of the step — and its gradient
+/// that share's times `data_ranks`, so that the optimizer's average over the data ranks makes the gradients' sum the
+/// gradient of that mean: the full batch's step on one rank, whatever the masks.
+struct valid_tokens {
+  double global = 0;      ///< Valid targets over every data rank and microbatch of the step.
+  double data_ranks = 1;  ///< Ranks the optimizer averages the gradients over.
+};
+
+/// Counts the valid targets (not `ignore_index`) of every microbatch this rank trains on in one optimizer step and
+/// sums them over `data`, the 1-D mesh the optimizer averages gradients over (dp; under context parallelism the
+/// data axis holding cp; under FSDP its dp mesh): one all-reduce of one number a step. `microbatches`: a range of
+/// this rank's target lists (each a range of std::int64_t); under cp, this rank's tokens of them.
+template <class Mesh, std::ranges::input_range Microbatches>
+  requires std::ranges::input_range<std::ranges::range_value_t<Microbatches>>
+[[nodiscard]] valid_tokens count_valid_tokens(Mesh const& data, Microbatches const& microbatches,
+                                              std::int64_t ignore_index = -100) {
+  // [valid targets, ranks given no microbatch], summed in one call so that every rank refuses alike.
+  Eigen::VectorXd counts = Eigen::VectorXd::Zero(2);
+  bool any = false;
+  for (auto const& targets : microbatches) {
+    any = true;
+    for (std::int64_t t : targets) counts(0) += t == ignore_index ? 0 : 1;
+  }
+  counts(1) = any ? 0 : 1;
+  all_reduce(data, counts, Sum{});
+  if (counts(1) > 0)
+    detail::fail("shardwise::count_valid_tokens: ", counts(1),
+                 " data rank(s) gave no microbatch; a step needs at "
+                 "least one microbatch on every rank (gradient accumulation steps of 0 train nothing)");
+  return {counts(0), static_cast<double>(data.size(0))};
+}
+
+/// As above, for one microbatch a step.
+template <class Mesh>
+[[nodiscard]] valid_tokens count_valid_tokens(Mesh const& data, std::span<const std::int64_t> targets,
+                                              std::int64_t ignore_index = -100) {
+  return count_valid_tokens(data, std::span(&targets, 1), ignore_index);
+}
+
 namespace detail {
 template <class P>
 struct loss_parallel_needs_shard_last_got;  // incomplete on purpose: shows the logits' layout
-}
+}  // namespace detail
 
 /// Cross-entropy of replicated logits (PyTorch's F.cross_entropy, reduction "mean", ignore_index -100).
 /// `classes` (optional): only the first columns are classes; the rest is vocabulary padding, left out of the
@@ -38,13 +82,14 @@ struct loss_parallel_needs_shard_last_got;  // incomplete on purpose: shows the 
 template <class T>
 LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate> const& logits,
                                             std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
-                                            std::int64_t classes = -1) {
+                                            std::int64_t classes = -1, valid_tokens const& tokens = {}) {
   Eigen::Index const valid = classes < 0 ? logits.local.cols() : std::min<Eigen::Index>(classes, logits.local.cols());
   // The gradient is written in place: no zeroed matrix first, no copy of the classes' columns after.
   LossAndGradient<T, Replicate> result{T(0), {nn::matrix<T>(logits.local.rows(), logits.local.cols())}};
   result.dlogits.local.rightCols(logits.local.cols() - valid).setZero();
-  result.loss = nn::cross_entropy_forward_backward<T>(logits.local.leftCols(valid), targets,
-                                                      result.dlogits.local.leftCols(valid), ignore_index);
+  result.loss =
+      nn::cross_entropy_forward_backward<T>(logits.local.leftCols(valid), targets, result.dlogits.local.leftCols(valid),
+                                            ignore_index, tokens.global, tokens.data_ranks);
   return result;
 }
 
@@ -52,13 +97,14 @@ LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate> const& logi
 /// is overwritten), so the loss allocates no logits-sized matrix.
 template <class T>
 LossAndGradient<T, Replicate> cross_entropy(Activation<T, Replicate>&& logits, std::span<const std::int64_t> targets,
-                                            std::int64_t ignore_index = -100, std::int64_t classes = -1) {
+                                            std::int64_t ignore_index = -100, std::int64_t classes = -1,
+                                            valid_tokens const& tokens = {}) {
   Eigen::Index const valid = classes < 0 ? logits.local.cols() : std::min<Eigen::Index>(classes, logits.local.cols());
   LossAndGradient<T, Replicate> result{T(0), {std::move(logits.local)}};
   auto& gradient = result.dlogits.local;
   try {
     result.loss = nn::cross_entropy_forward_backward<T>(gradient.leftCols(valid), targets, gradient.leftCols(valid),
-                                                        ignore_index);
+                                                        ignore_index, tokens.global, tokens.data_ranks);
   } catch (...) {  // the kernel checks every target before it writes: the caller's logits go back untouched
     logits.local = std::move(gradient);
     throw;
@@ -104,7 +150,7 @@ constexpr void check_loss_parallel_arguments() {
 template <class T, class P, class Comm>
 LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<T> local, nn::matrix<T> gradient,
                                          std::span<const std::int64_t> targets, std::int64_t ignore_index,
-                                         std::int64_t classes) {
+                                         std::int64_t classes, valid_tokens const& tokens) {
   Eigen::Index const rows = local.rows(), cols = local.cols();
   std::int64_t const vocab_start = static_cast<std::int64_t>(comm.rank()) * cols;
   // Columns at or past `classes` are vocabulary padding: out of the softmax, zero gradient.
@@ -132,12 +178,17 @@ LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<
 
   std::size_t counted = 0;
   for (auto t : targets) counted += t == ignore_index ? 0 : 1;
+  if (tokens.global > 0 && static_cast<double>(counted) > tokens.global)
+    detail::fail("shardwise::loss_parallel: ", counted, " valid targets here but ", tokens.global,
+                 " in the whole step; count every microbatch's targets with sw::count_valid_tokens");
   LossAndGradient<T, P> result{T(0), {std::move(gradient)}};
   if (counted == 0) {  // as nn::cross_entropy_forward_backward: zero loss and gradient
     result.dlogits.local.setZero();
     return result;
   }
-  T const scale = T(1) / static_cast<T>(counted);
+  // The mean over this call's targets, or (tokens) a share of the step's mean with its gradient times data_ranks.
+  T const share = tokens.global > 0 ? static_cast<T>(1.0 / tokens.global) : T(1) / static_cast<T>(counted);
+  T const scale = tokens.global > 0 ? static_cast<T>(tokens.data_ranks / tokens.global) : share;
   for (Eigen::Index i = 0; i < rows; ++i) {
     std::int64_t const target = targets[static_cast<std::size_t>(i)];
     if (target == ignore_index) {
@@ -149,7 +200,7 @@ LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<
     std::int64_t const t = target - vocab_start;
     if (t >= 0 && t < cols) result.dlogits.local(i, t) -= scale;
   }
-  result.loss *= scale;
+  result.loss *= share;
   return result;
 }
 }  // namespace detail
@@ -158,26 +209,28 @@ LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<
 template <class Mesh, class T, class P>
 LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P> const& logits,
                                     std::span<const std::int64_t> targets, std::int64_t ignore_index = -100,
-                                    std::int64_t classes = -1) {
+                                    std::int64_t classes = -1, valid_tokens const& tokens = {}) {
   detail::check_loss_parallel_arguments<Mesh, P>();
   detail::check_loss_parallel_targets(tp.comm(0), logits.local.rows(), logits.local.cols(), targets, ignore_index,
                                       classes);
   return detail::loss_parallel_into<T, P>(tp.comm(0), logits.local,
                                           nn::matrix<T>(logits.local.rows(), logits.local.cols()), targets,
-                                          ignore_index, classes);
+                                          ignore_index, classes, tokens);
 }
 
 /// As above, on logits given as a temporary: the gradient is written into their storage, so the loss allocates
 /// no logits-sized matrix (pass `model.forward(ids)` straight in).
 template <class Mesh, class T, class P>
 LossAndGradient<T, P> loss_parallel(Mesh const& tp, Activation<T, P>&& logits, std::span<const std::int64_t> targets,
-                                    std::int64_t ignore_index = -100, std::int64_t classes = -1) {
+                                    std::int64_t ignore_index = -100, std::int64_t classes = -1,
+                                    valid_tokens const& tokens = {}) {
   detail::check_loss_parallel_arguments<Mesh, P>();
   detail::check_loss_parallel_targets(tp.comm(0), logits.local.rows(), logits.local.cols(), targets, ignore_index,
                                       classes);
   nn::matrix<T> storage = std::move(logits.local);
   nn::const_matrix_ref<T> const local(storage);  // stays valid: moving a matrix moves its buffer, not the data
-  return detail::loss_parallel_into<T, P>(tp.comm(0), local, std::move(storage), targets, ignore_index, classes);
+  return detail::loss_parallel_into<T, P>(tp.comm(0), local, std::move(storage), targets, ignore_index, classes,
+                                          tokens);
 }
 
 /// The cost (sw::cost) of sw::cross_entropy on `rows` rows of logits in layout P: loss parallel (Shard<-1>)
@@ -231,6 +284,31 @@ LossAndGradient<T, P> cross_entropy(Mesh const& tp, Activation<T, P>&& logits, s
     return cross_entropy(std::move(logits), targets, ignore_index, classes);
   else
     return loss_parallel(tp, std::move(logits), targets, ignore_index, classes);
+}
+
+/// Cross-entropy normalised over the step's valid tokens (sw::count_valid_tokens): `loss` is this call's share of
+/// the mean over every valid target of the step, on every data rank and microbatch, and `dlogits` its gradient times
+/// tokens.data_ranks, ready for a backward whose gradients accumulate over the microbatches and are averaged over
+/// the data ranks by the optimizer. Otherwise as above (loss parallel or plain, by the logits' layout).
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> cross_entropy(Mesh const& tp, Activation<T, P> const& logits,
+                                    std::span<const std::int64_t> targets, valid_tokens const& tokens,
+                                    std::int64_t ignore_index = -100, std::int64_t classes = -1) {
+  if constexpr (std::is_same_v<P, Replicate>)
+    return cross_entropy(logits, targets, ignore_index, classes, tokens);
+  else
+    return loss_parallel(tp, logits, targets, ignore_index, classes, tokens);
+}
+
+/// As above, on logits given as a temporary: the gradient is written into their storage.
+template <class Mesh, class T, class P>
+LossAndGradient<T, P> cross_entropy(Mesh const& tp, Activation<T, P>&& logits, std::span<const std::int64_t> targets,
+                                    valid_tokens const& tokens, std::int64_t ignore_index = -100,
+                                    std::int64_t classes = -1) {
+  if constexpr (std::is_same_v<P, Replicate>)
+    return cross_entropy(std::move(logits), targets, ignore_index, classes, tokens);
+  else
+    return loss_parallel(tp, std::move(logits), targets, ignore_index, classes, tokens);
 }
 
 }  // namespace shardwise
