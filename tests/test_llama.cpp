@@ -8,6 +8,7 @@
 #include "cases/llama_accumulation_cases.hpp"
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
+#include "cases/llama_freeze_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -378,6 +379,16 @@ TEST_CASE(
     INFO(ranks << " ranks");
     worlds::run_threads(ranks, [&](auto& world) { llama_accumulation_cases::check_all(world, c, full); });
   }
+}
+
+TEST_CASE(
+    "Frozen parameters are not trained, and a frozen run equals the unsharded one at TP 2 and 4 (± SP, ZeRO-1), "
+    "thread mesh") {
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks << " ranks");
+    worlds::run_threads(ranks, [&](auto& world) { llama_freeze_cases::check_all(world); });
+  }
+  llama_freeze_cases::check_refusals();
 }
 
 TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than its capacity") {

@@ -6,6 +6,7 @@
 #include "cases/llama_accumulation_cases.hpp"
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
+#include "cases/llama_freeze_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -60,6 +61,10 @@ TEST_CASE("Llama with its sequences cut over cp ranks equals the unsharded run, 
 TEST_CASE("Gradient accumulation with the loss over the step's valid tokens equals the full batch, MPI mesh") {
   auto const c = llama_packed_cases::config();
   llama_accumulation_cases::check_all(worlds::mpi(), c, llama_accumulation_cases::full_batch(c));
+}
+
+TEST_CASE("Frozen parameters: a frozen run at TP 2 and 4 (± SP, ZeRO-1) equals the unsharded one, MPI mesh") {
+  llama_freeze_cases::check_all(worlds::mpi());
 }
 
 TEST_CASE("Llama on packed documents of any length equals the unsharded run (Qwen2- and Qwen3-like), MPI mesh") {

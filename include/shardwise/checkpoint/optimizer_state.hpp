@@ -91,6 +91,7 @@ template <class T, class Model>
 std::vector<whole_moments<T>> blank_moments(Model& model) {
   std::vector<whole_moments<T>> moments;
   for_each_parameter(model, [&](std::string const&, auto const& p) {
+    if (is_frozen(p)) return;  // no state (sw::freeze)
     auto const rows = p.value->rows(), cols = p.value->cols();
     moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
   });
@@ -176,6 +177,7 @@ struct model_with_state {
     });
     std::size_t i = 0;
     for_each_parameter(model, [&](std::string const& name, auto const& p) {
+      if (is_frozen(p)) return;  // no state (sw::freeze)
       auto const rows = p.value->rows(), cols = p.value->cols();
       if (loading && i == moments.size())
         moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});

@@ -69,6 +69,7 @@ class fully_sharded final : detail::fsdp_unit_actions {
         options_(options),
         schedule_(*this, {std::is_same_v<strategy, full_shard>, keeps_master, options.forward_prefetch,
                           options.backward_prefetch}) {
+    sw_refuse_frozen(model_);
     detail::find_fsdp_units<typename Policy::wrap>(model_, units(), candidates_);
     make_slots();
     detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units(), detail::fsdp_strategy_name<strategy>);
@@ -313,7 +314,16 @@ class fully_sharded final : detail::fsdp_unit_actions {
   nn::group<scalar> const* tp_group_ = nullptr;
   std::vector<std::vector<pending_collective>> in_flight_;  // per unit: the gathers started and not yet finished
   detail::fsdp_schedule schedule_;                          // when each unit gathers, releases and reduces
-  bool unfilled_ = false;  // declared with sw::Lazy: the shards are zeros until a load fills them
+  bool unfilled_ = false;
+  /// Frozen parameters (sw::freeze) are not built under FSDP yet: refused by name, on every rank alike.
+  static void sw_refuse_frozen(Model& model) {
+    for_each_parameter(model, [](std::string const& name, auto const& p) {
+      if (detail::is_frozen(p))
+        detail::fail("shardwise::fully_shard: parameter \"", name,
+                     "\" is frozen (sw::freeze), which fully_shard does not support yet; train it without FSDP (dp, "
+                     "ZeRO-1, tp, pipeline stages), or do not freeze it");
+    });
+  }  // declared with sw::Lazy: the shards are zeros until a load fills them
 };
 
 }  // namespace shardwise

@@ -57,12 +57,14 @@ struct listed_parameter {
   std::size_t copies = 1, copy_block = 0;
   bool* copies_summed = nullptr;
   std::string_view mirror_of;
-  std::string name;  // "layers.0.attention.wq.weight" when the list was built with names, else empty
+  bool frozen = false;  // sw::freeze: not trained (no gradient, no optimizer state, nothing to finish)
+  std::string name;     // "layers.0.attention.wq.weight" when the list was built with names, else empty
 
   /// The finished gradient: a Partial one's is where reduce() added the sum.
   [[nodiscard]] tensor_slot<T> finished_grad() const { return partial && reduced_into ? reduced_into : grad; }
   /// A gradient not allocated yet (a layer filled from a checkpoint, before backward) becomes zeros.
   void ensure_gradient() const {
+    if (frozen) return;
     if (grad.size() != value.size()) grad.set_zero_as(value);
     if (reduced_into && reduced_into.size() != value.size()) reduced_into.set_zero_as(value);
   }
@@ -138,6 +140,7 @@ listed_parameter<T> list_entry(Parameter<Tensor, G> const& p, list_path const& p
   entry.copies = p.copies, entry.copy_block = p.copy_block;
   entry.copies_summed = p.copies_summed;
   entry.mirror_of = p.mirror_of;
+  entry.frozen = is_frozen(p);
   if (path.named) entry.name = path.text.empty() ? std::string(p.leaf) : path.text + "." + std::string(p.leaf);
   return entry;
 }

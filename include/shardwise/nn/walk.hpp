@@ -31,7 +31,8 @@ void for_each_present_parameter(Layer& l, Name const& path, Fn& fn) {
         (
             [&](auto const& q) {
               if (!q.present) return;
-              if constexpr (std::is_same_v<Name, unnamed>) ensure_gradient(q);
+              if constexpr (std::is_same_v<Name, unnamed>)
+                if (!is_frozen(q)) ensure_gradient(q);
               if constexpr (std::is_same_v<Name, unnamed>)
                 fn(q);
               else
@@ -64,11 +65,13 @@ void for_each_parameter(Model& model, Fn&& fn) {
 }
 
 /// The same walk over a model whose gradients are finished: every gradient as the optimizer sees it, with its
-/// true placement (a norm's gradient under sequence parallelism is Replicate here, summed over the group).
+/// true placement (a norm's gradient under sequence parallelism is Replicate here, summed over the group). A frozen
+/// parameter (sw::freeze) has no gradient and is left out.
 template <class Model, class Fn>
 void for_each_parameter(FinishedGradients<Model> finished, Fn&& fn) {
-  for_each_parameter(finished.model,
-                     [&](std::string const& name, auto const& p) { fn(name, detail::finished_view(p)); });
+  for_each_parameter(finished.model, [&](std::string const& name, auto const& p) {
+    if (!detail::is_frozen(p)) fn(name, detail::finished_view(p));
+  });
 }
 
 namespace detail {
@@ -159,6 +162,7 @@ namespace detail {
 /// replicated block summed. Call mark_copies_summed on every parameter of the layers after it.
 template <class T>
 void finish_gradient(listed_parameter<T> const& p) {
+  if (p.frozen) return;  // no gradient
   if (p.partial) {
     p.ensure_gradient();
     if (p.group) p.group->all_reduce(p.grad.data(), p.grad.size(), op_kind::sum);

@@ -32,6 +32,7 @@ namespace detail {
 template <class T, class Rule>
 class embedding_core : public layer_plumbing<T> {
   using plumbing = layer_plumbing<T>;
+  using plumbing::frozen_;
   using plumbing::group_;
   using plumbing::lazy_;
   using plumbing::path_;
@@ -64,7 +65,9 @@ class embedding_core : public layer_plumbing<T> {
   [[nodiscard]] std::int64_t vocab_start() const { return vocab_start_; }
 
   /// Sets the gradient to zero.
-  void zero_grad() { weight_grad.setZero(weight.rows(), weight.cols()); }
+  void zero_grad() {  ///< A frozen table (sw::freeze) keeps no gradient.
+    weight_grad.setZero(frozen_[0] ? 0 : weight.rows(), frozen_[0] ? 0 : weight.cols());
+  }
 
   /// Pads the table with zero rows up to `rows` entries (before parallelize), as Megatron pads a vocabulary
   /// the tp size does not divide; ids never reach the padding.
@@ -119,6 +122,7 @@ class embedding_core : public layer_plumbing<T> {
   auto parameters() {
     Parameter<matrix, grad_placement> w{&weight, &weight_grad, group_.get(), path_};
     w.real_rows = vocabulary_;  // rows past it are vocabulary padding
+    w.frozen = &frozen_[0];
     return std::make_tuple(w);
   }
 
@@ -215,6 +219,10 @@ auto embedding_core<T, Rule>::operator()(std::span<const std::int64_t> ids) -> A
 
 template <class T, class Rule>
 void embedding_core<T, Rule>::backward_from(matrix const& dy_whole) {
+  if (frozen_[0]) {  // sw::freeze: no scatter-add (and the layouts' conjugate moves carry nothing back)
+    ids_.clear();
+    return;
+  }
   matrix const* dy = &dy_whole;
   matrix part;
   if constexpr (!same_layout_v<output_layout, typename layouts::product_out_grad>) {

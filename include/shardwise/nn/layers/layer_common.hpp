@@ -131,6 +131,7 @@ class layer_plumbing {
   char const* kind_;
   std::string_view path_;
   bool lazy_ = constructing_lazily();  // declared under sw::Lazy and not materialized yet
+  bool frozen_[2] = {false, false};    // sw::freeze: the weight [0] and the bias [1] are not trained
   std::shared_ptr<nn::group<T> const> group_;
 
  private:

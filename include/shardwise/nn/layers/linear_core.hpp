@@ -25,6 +25,7 @@ namespace shardwise::detail {
 template <class T, class Rule>
 class linear_core : public layer_plumbing<T> {
   using plumbing = layer_plumbing<T>;
+  using plumbing::frozen_;
   using plumbing::group_;
   using plumbing::lazy_;
   using plumbing::path_;
@@ -162,9 +163,9 @@ class linear_core : public layer_plumbing<T> {
   auto parameters() {
     Parameter<matrix, weight_grad_placement> w{&weight, &weight_grad, group_.get(), path_, copies_, copy_block_};
     w.real_rows = unpadded_out_, w.present = !tied(), w.copies_summed = copies_ > 1 ? &copies_summed_ : nullptr;
-    w.mirror_of = mirror_of_;
+    w.mirror_of = mirror_of_, w.frozen = &frozen_[0];
     Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), path_, copies_, copy_block_};
-    b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_;
+    b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_, b.frozen = &frozen_[1];
     b.copies_summed = w.copies_summed;
     return std::make_tuple(w, b);
   }
@@ -282,7 +283,8 @@ void linear_core<T, Rule>::replicate_output_blocks(std::size_t block, std::size_
 
 template <class T, class Rule>
 void linear_core<T, Rule>::zero_grad() {
-  weight_grad.setZero(weight.rows(), weight.cols());  // a tied layer's own weight is empty: its owner's is zeroed
+  // A tied layer's own weight is empty (its owner's is zeroed); a frozen one keeps no gradient.
+  weight_grad.setZero(frozen_[0] ? 0 : weight.rows(), frozen_[0] ? 0 : weight.cols());
   bias_grad.setZero(bias.size());
   copies_summed_ = false;
 }
@@ -333,7 +335,9 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
          "; pass the gradient of this layer's last output");
   matrix dx(dy->rows(), w.cols());
   nn::linear_backward_input<T>(w, *dy, dx);
-  if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: W runs this later, on what it keeps
+  if (frozen_[0] && (!has_bias_ || frozen_[1])) {  // frozen (sw::freeze): no weight-gradient work at all
+    saved_input_ = matrix();
+  } else if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: W runs this later, on what it keeps
     matrix kept_dy = dy == &dy_part ? std::move(dy_part) : matrix(dy_whole);  // the caller's dy: a copy
     later->defer([this, x = std::move(saved_input_), kept_dy = std::move(kept_dy)] { weight_gradient(x, kept_dy); });
     saved_input_ = matrix();
@@ -349,10 +353,15 @@ template <class T, class Rule>
 void linear_core<T, Rule>::weight_gradient(matrix const& x, matrix const& dy) {
   matrix const& w = current_weight();
   matrix& wg = current_weight_grad();
-  if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
+  bool const bias_trained = has_bias_ && !frozen_[1];
   if (bias_grad.size() != bias.size()) bias_grad.setZero(bias.size());
+  if (frozen_[0]) {  // sw::freeze: the bias alone (the product with the input is skipped)
+    if (bias_trained) bias_grad.noalias() += dy.colwise().sum().transpose();
+    return;
+  }
+  if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
   if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
-  nn::linear_backward_weight<T>(x, dy, wg, has_bias_ ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
+  nn::linear_backward_weight<T>(x, dy, wg, bias_trained ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
 }
 
 template <class T, class Rule>

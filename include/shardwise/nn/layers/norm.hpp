@@ -68,6 +68,7 @@ struct norm_layout_of<Style> {
 template <class T, class Layout, norm_kind Kind>
 class norm_core : public layer_plumbing<T> {
   using plumbing = layer_plumbing<T>;
+  using plumbing::frozen_;
   using plumbing::group_;
   using plumbing::lazy_;
   using plumbing::path_;
@@ -155,6 +156,7 @@ class norm_core : public layer_plumbing<T> {
     Parameter<vector, grad_placement> p{&value, &grad, group_.get(), path_};
     if constexpr (partial_gradients) p.grad = &pending, p.reduced_into = &grad;
     p.leaf = leaf;
+    p.frozen = &frozen_[leaf == "bias" ? 1 : 0];
     return p;
   }
 
@@ -218,13 +220,15 @@ auto norm_core<T, Layout, Kind>::backward_from(matrix const& dy_local) -> Activa
          dy_local.cols(), " after a forward of ", saved_input_.rows(), "x", saved_input_.cols(),
          "; pass the gradient of this norm's last output");
   Activation<T, layout> dx{matrix(dy_local.rows(), dy_local.cols())};
-  if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: W runs the weight's part later
+  bool const frozen = frozen_[0] && (Kind != norm_kind::layer || frozen_[1]);  // sw::freeze: no weight work
+  if (auto* later = this->shardwise_weight_work(); later || frozen) {          // a pipeline's B: W runs it later
     if constexpr (Kind == norm_kind::layer)
       nn::layer_norm_backward_input<T>(saved_input_, weight, dy_local, mean_, rstd_, dx.local);
     else
       nn::rms_norm_backward_input<T>(saved_input_, weight, dy_local, rstd_, dx.local);
-    later->defer([this, x = std::move(saved_input_), dy = matrix(dy_local), mean = std::move(mean_),
-                  rstd = std::move(rstd_)] { weight_gradient(x, dy, mean, rstd); });
+    if (later)
+      later->defer([this, x = std::move(saved_input_), dy = matrix(dy_local), mean = std::move(mean_),
+                    rstd = std::move(rstd_)] { weight_gradient(x, dy, mean, rstd); });
     saved_input_ = matrix(), mean_ = vector(), rstd_ = vector();
     return dx;
   }

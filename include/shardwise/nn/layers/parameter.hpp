@@ -47,7 +47,18 @@ struct Parameter {
   /// owner's each step, so both stay one value; it counts once in the global norm (at the owner) and
   /// checkpoints hold it once, under the owner's name.
   std::string_view mirror_of = {};
+  /// The layer's flag that sw::freeze sets: a frozen parameter is not trained (its layer computes no gradient for
+  /// it, optimizers keep no state for it, nothing reduces it). Null: the layer cannot freeze it.
+  bool* frozen = nullptr;
 };
+
+namespace detail {
+/// Whether sw::freeze froze the parameter.
+template <class P>
+bool is_frozen(P const& p) {
+  return p.frozen && *p.frozen;
+}
+}  // namespace detail
 
 namespace detail {
 /// A layer filled from a checkpoint (sw::Lazy, then a load) allocates its gradients on first use, not when it
@@ -67,6 +78,7 @@ auto finished_view(Parameter<Tensor, P> const& p) {
     Parameter<Tensor, Replicate> q{p.value,     p.reduced_into ? p.reduced_into : p.grad, p.group, p.path, p.copies,
                                    p.copy_block};
     q.real_rows = p.real_rows, q.leaf = p.leaf, q.present = p.present, q.mirror_of = p.mirror_of;
+    q.frozen = p.frozen;
     return q;
   } else {
     return p;

@@ -187,7 +187,7 @@ class AdamW {
       detail::fail(
           "shardwise::AdamW: this optimizer steps a fully sharded model (sw::fully_shard), whose state "
           "covers this rank's shards only; saving or loading it is not supported yet");
-    auto const list = detail::list_model<T>(model, {.names = true});
+    auto const list = trainable(detail::list_model<T>(model, {.names = true}));
     for (std::size_t index = 0; index < list.parameters.size(); ++index) {
       slice& s = state_of(index, list.parameters[index], dp.size(0), dp.coordinate(0));
       fn(index, s.start, std::span<T>(s.m), std::span<T>(s.v));
@@ -262,6 +262,11 @@ class AdamW {
   };
 
   bool sliced(int dp_size) const { return options_.zero1 && dp_size > 1; }
+  /// The list without its frozen parameters (sw::freeze), which hold no state: the state's order is the rest's.
+  static detail::model_list<T> trainable(detail::model_list<T> list) {
+    std::erase_if(list.parameters, [](detail::listed_parameter<T> const& p) { return p.frozen; });
+    return list;
+  }
   /// `rate` times the schedule's factor at `step` steps taken before, in double as LambdaLR computes it.
   T scaled_rate(T rate, std::size_t step) const {
     return static_cast<T>(static_cast<double>(rate) * learning_rate_factor(options_.schedule, step));
@@ -293,7 +298,8 @@ class AdamW {
   template <class Model, class DataMesh, class SumOverStages>
   T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages&& sum_over_stages) {
     ++steps_;
-    auto const list = detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true});
+    auto const list =
+        trainable(detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true}));
     if (slices_.empty())  // the state, once, by name: parameter groups
       for (std::size_t index = 0; index < list.parameters.size(); ++index)
         (void)state_of(index, list.parameters[index], dp.size(0), dp.coordinate(0));
