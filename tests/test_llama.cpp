@@ -9,6 +9,7 @@
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
 #include "cases/llama_freeze_cases.hpp"
+#include "cases/llama_lora_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -389,6 +390,16 @@ TEST_CASE(
     worlds::run_threads(ranks, [&](auto& world) { llama_freeze_cases::check_all(world); });
   }
   llama_freeze_cases::check_refusals();
+}
+
+TEST_CASE(
+    "LoRA adapters on the attention projections: the chain rule, merging, and TP 2 and 4 (± SP, ZeRO-1) equal "
+    "to the unsharded run, thread mesh") {
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks << " ranks");
+    worlds::run_threads(ranks, [&](auto& world) { llama_lora_cases::check_all(world); });
+  }
+  llama_lora_cases::check_refusals();
 }
 
 TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than its capacity") {

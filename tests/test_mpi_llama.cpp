@@ -7,6 +7,7 @@
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
 #include "cases/llama_freeze_cases.hpp"
+#include "cases/llama_lora_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -65,6 +66,10 @@ TEST_CASE("Gradient accumulation with the loss over the step's valid tokens equa
 
 TEST_CASE("Frozen parameters: a frozen run at TP 2 and 4 (± SP, ZeRO-1) equals the unsharded one, MPI mesh") {
   llama_freeze_cases::check_all(worlds::mpi());
+}
+
+TEST_CASE("LoRA adapters: TP 2 and 4 (± SP, ZeRO-1) equal the unsharded run, MPI mesh") {
+  llama_lora_cases::check_all(worlds::mpi());
 }
 
 TEST_CASE("Llama on packed documents of any length equals the unsharded run (Qwen2- and Qwen3-like), MPI mesh") {

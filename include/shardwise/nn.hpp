@@ -21,6 +21,7 @@
 #include "shardwise/nn/tie.hpp"
 #include "shardwise/nn/training/activation_checkpoint.hpp"
 #include "shardwise/nn/training/freeze.hpp"
+#include "shardwise/nn/training/lora.hpp"
 #include "shardwise/nn/training/loss.hpp"
 #include "shardwise/nn/training/optim.hpp"
 #include "shardwise/nn/walk.hpp"

@@ -3,6 +3,8 @@
 // with that style shares. Its members that do the work are defined after the class, out of it, so that a
 // program built with SHARDWISE_SEPARATE_KERNELS takes them for the library's own styles from
 // shardwise::separate_kernels instead of compiling them in every file (nn/layers/linear.hpp declares which).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -13,6 +15,7 @@
 #include "shardwise/nn/kernels/functional.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 #include "shardwise/nn/layers/linear_style.hpp"
+#include "shardwise/nn/layers/lora.hpp"
 #include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/redistribute.hpp"
 #include "shardwise/nn/shapes.hpp"
@@ -167,8 +170,24 @@ class linear_core : public layer_plumbing<T> {
     Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), path_, copies_, copy_block_};
     b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_, b.frozen = &frozen_[1];
     b.copies_summed = w.copies_summed;
-    return std::make_tuple(w, b);
+    return std::make_tuple(w, b, adapter_parameter<lora_a_placement>(true), adapter_parameter<lora_b_placement>(false));
   }
+
+  /// How a LoRA adapter's A [rank, in] is cut over tp: as the weight's columns, so its gradient is Partial<Sum>
+  /// where the weight is cut by rows (each rank's sum over its output rows) and Shard<1> where by columns.
+  using lora_a_placement =
+      std::conditional_t<cut_rows, Partial<Sum>, std::conditional_t<cut_cols, Shard<1>, Replicate>>;
+  /// How B [out, rank] is cut: as the weight's rows; Partial<Sum> where the weight is cut by columns.
+  using lora_b_placement =
+      std::conditional_t<cut_cols, Partial<Sum>, std::conditional_t<cut_rows, Shard<0>, Replicate>>;
+
+  /// Adds a LoRA adapter (sw::add_lora): A drawn as peft draws it (uniform, bound 1/sqrt(in)) from `seed` over the
+  /// whole [rank, in] and cut as the weight's columns are; B zeros. Before or after parallelize.
+  void shardwise_add_lora(std::size_t rank, T scale, std::uint64_t seed);
+  /// Whether the layer has a LoRA adapter.
+  [[nodiscard]] bool has_lora() const { return lora_.has_value(); }
+  /// Adds scale * B A into this rank's piece of the weight and removes the adapter (no communication).
+  void shardwise_merge_lora();
 
   /// Makes the weight a pipeline stage's copy of the weight named `owner` on another stage (see
   /// Parameter::mirror_of); `owner` must outlive the layer (a string literal).
@@ -211,6 +230,24 @@ class linear_core : public layer_plumbing<T> {
   Activation<T, output_layout> forward_kept_input();
   void require_group() const { this->require_ready(!serial); }
   void unsum_copies();
+  void keep_adapter_shard();
+  template <class G>
+  Parameter<matrix, G> adapter_parameter(bool is_a) {
+    static constexpr std::string_view leaves[2] = {"lora_B.weight", "lora_A.weight"};
+    if (!lora_) {
+      Parameter<matrix, G> none{&weight, &weight_grad, group_.get(), path_};
+      none.leaf = leaves[is_a], none.present = false;
+      return none;
+    }
+    matrix& value = is_a ? lora_->a : lora_->b;
+    matrix& grad = is_a ? lora_->a_grad : lora_->b_grad;
+    Parameter<matrix, G> p{&value, &grad, group_.get(), path_, is_a ? 1 : copies_, is_a ? 0 : copy_block_};
+    if constexpr (is_partial_v<G>) p.grad = is_a ? &lora_->a_pending : &lora_->b_pending, p.reduced_into = &grad;
+    p.leaf = leaves[is_a];
+    p.real_rows = is_a ? 0 : unpadded_out_;
+    p.copies_summed = !is_a && copies_ > 1 ? &copies_summed_ : nullptr;
+    return p;
+  }
 
   std::size_t in_, out_;
   bool has_bias_;
@@ -222,6 +259,7 @@ class linear_core : public layer_plumbing<T> {
   std::size_t unpadded_out_ = 0;             // out_ before pad_outputs (0: never padded)
   std::size_t local_in_, local_out_;         // this rank's shard of the weight
   matrix saved_input_;
+  std::optional<lora_adapter<T>> lora_;  // sw::add_lora
 };
 
 template <class T, class Rule>
@@ -286,6 +324,7 @@ void linear_core<T, Rule>::zero_grad() {
   // A tied layer's own weight is empty (its owner's is zeroed); a frozen one keeps no gradient.
   weight_grad.setZero(frozen_[0] ? 0 : weight.rows(), frozen_[0] ? 0 : weight.cols());
   bias_grad.setZero(bias.size());
+  if (lora_) lora_->zero_grad();
   copies_summed_ = false;
 }
 
@@ -299,6 +338,7 @@ void linear_core<T, Rule>::keep_shard() {
                       ", or pad them with pad_outputs_for_tp()");
     auto const rows = static_cast<Eigen::Index>(shard_extent(out_, true, static_cast<std::size_t>(n)));
     local_out_ = static_cast<std::size_t>(rows);
+    keep_adapter_shard();
     if (lazy_) return;
     if (!tied()) weight = matrix(weight.middleRows(r * rows, rows));  // a tied weight is cut by its owner
     if (has_bias_) bias = vector(bias.segment(r * rows, rows));
@@ -306,10 +346,49 @@ void linear_core<T, Rule>::keep_shard() {
     require_divisible(style_name<Rule>, path_, "input features", in_, n, group_->axis());
     auto const cols = static_cast<Eigen::Index>(shard_extent(in_, true, static_cast<std::size_t>(n)));
     local_in_ = static_cast<std::size_t>(cols);
+    keep_adapter_shard();
     if (lazy_) return;
     if (!tied()) weight = matrix(weight.middleCols(r * cols, cols));
   }
   zero_grad();
+}
+
+template <class T, class Rule>
+void linear_core<T, Rule>::keep_adapter_shard() {
+  if (lora_)
+    fail("shardwise::add_lora: the Linear at \"", path_,
+         "\" got its adapter before parallelize cut its weight; call sw::add_lora after sw::parallelize");
+}
+
+template <class T, class Rule>
+void linear_core<T, Rule>::shardwise_add_lora(std::size_t rank, T scale, std::uint64_t seed) {
+  std::size_t const limit = std::min(in_, unpadded_out_features());
+  if (rank == 0 || rank > limit)
+    fail("shardwise::add_lora: rank ", rank, " for the Linear at \"", path_, "\" (", in_, " -> ",
+         unpadded_out_features(), "); give a rank from 1 to ", limit, ", the smaller of its features");
+  if (tied() || lazy_ || lora_)
+    fail("shardwise::add_lora: the Linear at \"", path_, "\" ",
+         tied()  ? "computes with another layer's weight (sw::tie_weights); adapt the owner"
+         : lazy_ ? "has no parameters yet (sw::Lazy); load or materialize the model first"
+                 : "has an adapter already",
+         "");
+  lora_adapter<T> adapter;
+  matrix whole_a(static_cast<Eigen::Index>(rank), static_cast<Eigen::Index>(in_));
+  fill_uniform(whole_a, T(1) / std::sqrt(static_cast<T>(in_)), seed);
+  auto const cols = static_cast<Eigen::Index>(local_in_);
+  adapter.a = cut_cols && group_ ? matrix(whole_a.middleCols(group_->rank() * cols, cols)) : std::move(whole_a);
+  adapter.b = matrix::Zero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(rank));
+  adapter.scale = scale;
+  adapter.a_partial = is_partial_v<lora_a_placement>, adapter.b_partial = is_partial_v<lora_b_placement>;
+  adapter.zero_grad();
+  lora_ = std::move(adapter);
+}
+
+template <class T, class Rule>
+void linear_core<T, Rule>::shardwise_merge_lora() {
+  if (!lora_) return;
+  lora_->merge_into(weight);
+  lora_.reset();
 }
 
 template <class T, class Rule>
@@ -335,6 +414,10 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
          "; pass the gradient of this layer's last output");
   matrix dx(dy->rows(), w.cols());
   nn::linear_backward_input<T>(w, *dy, dx);
+  if (lora_) {
+    if (copies_summed_) unsum_copies();  // B's gradient too accumulates onto summed copies
+    lora_->backward(saved_input_, *dy, dx);
+  }
   if (frozen_[0] && (!has_bias_ || frozen_[1])) {  // frozen (sw::freeze): no weight-gradient work at all
     saved_input_ = matrix();
   } else if (auto* later = this->shardwise_weight_work()) {  // a pipeline's B: W runs this later, on what it keeps
@@ -426,6 +509,7 @@ auto linear_core<T, Rule>::forward_kept_input() -> Activation<T, output_layout> 
   // The bias goes in with the product, except where the product is a partial sum: there after it, once.
   bool const bias_now = has_bias_ && !layouts::bias_after_output;
   nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
+  if (lora_) lora_->add_to(saved_input_, y);  // a part of the product: moved with it
   if constexpr (!same_layout_v<typename layouts::product_out, output_layout>)
     y = moved<typename layouts::product_out, output_layout>(std::move(y));
   if (has_bias_ && layouts::bias_after_output) y.rowwise() += bias.transpose();
@@ -437,12 +521,13 @@ auto linear_core<T, Rule>::forward_kept_input() -> Activation<T, output_layout> 
 template <class T, class Rule>
 void linear_core<T, Rule>::unsum_copies() {
   copies_summed_ = false;
-  auto const rows = static_cast<std::size_t>(weight_grad.rows());
-  std::size_t const first = group_ ? static_cast<std::size_t>(group_->rank()) * rows : 0;
-  for (std::size_t i = 0; i < rows; ++i)
+  std::size_t const first = group_ ? static_cast<std::size_t>(group_->rank()) * local_out_ : 0;
+  for (std::size_t i = 0; i < local_out_; ++i)
     if (((first + i) / copy_block_) % copies_ != 0) {
-      weight_grad.row(static_cast<Eigen::Index>(i)).setZero();
-      if (has_bias_) bias_grad(static_cast<Eigen::Index>(i)) = T(0);
+      auto const row = static_cast<Eigen::Index>(i);
+      if (weight_grad.rows() > row) weight_grad.row(row).setZero();  // a frozen weight has none
+      if (has_bias_) bias_grad(row) = T(0);
+      if (lora_) lora_->b_grad.row(row).setZero();
     }
 }
 

@@ -1,0 +1,175 @@
+#pragma once
+// LoRA adapters (sw::add_lora) on the attention projections of the Qwen2-like config of llama_packed_cases, fp64.
+// The adapters' gradients equal those the chain rule gives from the merged weight's (dB = s dW' A^T, dA = s B^T dW',
+// where W' = W + s B A is the weight of the same model merged, trained in full): within 1e-12. Merging leaves the
+// logits as they were (1e-12). 5 AdamW steps on the adapters alone leave every base weight bit for bit and keep
+// two moments per adapter element; at TP 2 and 4 (± SP; at 4 the key-value heads repeated, so B's copies too) and
+// dp 2 x tp 2 with ZeRO-1 the losses and adapters equal the unsharded run's within 1e-10.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+#include "llama_packed_cases.hpp"
+
+namespace llama_lora_cases {
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using matrix = sw::nn::matrix<double>;
+using llama_packed_cases::Result;
+
+inline sw::LoraConfig lora() { return {.rank = 4, .alpha = 8, .target_modules = {"layers.*.attention.w[qkvo]"}}; }
+
+/// Fills every adapter's B with small values of its own (they start at zero, which would leave A's gradient zero).
+template <class Model>
+void fill_b(Model& model) {
+  sw::for_each_parameter(model, [](std::string const& name, auto const& p) {
+    if (!name.ends_with("lora_B.weight")) return;
+    for (Eigen::Index i = 0; i < p.value->size(); ++i)
+      p.value->data()[i] = 0.01 * std::cos(double(i) + double(name.size()));
+  });
+}
+
+/// The adapters' gradients against the chain rule through the merged weight (unsharded).
+inline void check_gradients_by_chain_rule() {
+  auto const c = llama_packed_cases::config();
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<double> adapted(c);
+  sw::parallelize(adapted, tp);
+  REQUIRE(sw::add_lora(adapted, lora()) == 2 * 4);
+  fill_b(adapted);
+  models::Llama<double> merged = adapted;
+  sw::merge_lora(merged);
+  sw::for_each_parameter(merged, [](std::string const&, auto const& p) { *p.frozen = false; });  // trained in full
+  sw::zero_grad(merged);
+  std::vector<std::int64_t> ids, targets;
+  std::vector<std::size_t> lengths;
+  llama_packed_cases::packed_row(0, 0, ids, targets, lengths);
+  auto const a = models::llama_loss(tp, adapted.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
+  auto const m = models::llama_loss(tp, merged.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
+  CHECK(llama_packed_cases::relative_error(a.dlogits.local, m.dlogits.local) <= 1e-12);  // the same logits' loss
+  adapted.backward(a.dlogits);
+  merged.backward(m.dlogits);
+  double const s = sw::lora_scale(lora());
+  for (std::size_t layer = 0; layer < c.layers; ++layer) {
+    auto check = [&](auto& lin, auto const& merged_lin, char const* which) {
+      INFO("layer " << layer << " " << which);
+      auto const params = lin.parameters();
+      matrix const& A = *std::get<2>(params).value;
+      matrix const& B = *std::get<3>(params).value;
+      matrix const& dw = merged_lin.weight_grad;
+      CHECK(llama_packed_cases::relative_error(*std::get<3>(params).grad, s * dw * A.transpose()) <= 1e-12);
+      CHECK(llama_packed_cases::relative_error(*std::get<2>(params).grad, s * B.transpose() * dw) <= 1e-12);
+      CHECK(lin.weight_grad.size() == 0);  // the frozen base weight's product never ran
+    };
+    auto& with = adapted.layers[layer].attention;
+    auto const& plain = merged.layers[layer].attention;
+    check(with.wq, plain.wq, "wq");
+    check(with.wk, plain.wk, "wk");
+    check(with.wv, plain.wv, "wv");
+    check(with.wo, plain.wo, "wo");
+  }
+}
+
+/// 5 AdamW steps of the adapters on dp x tp = {dp_size, world / dp_size} with Plan, dp rank r on packed rows
+/// [r * rows, r * rows + rows); checks that the base stays bit for bit and the state is the adapters' alone, that
+/// merging keeps the logits; returns the losses and every adapter whole (by name).
+template <class Plan, class World>
+Result train(World const& world, int dp_size, bool zero1, int rows = 1) {
+  auto const c = llama_packed_cases::config();
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {dp_size, world.size() / dp_size});
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const tp = sw::submesh<"tp">(mesh);
+  models::Llama<double, Plan> model(c);
+  sw::parallelize(model, tp);
+  sw::add_lora(model, lora());
+  std::vector<matrix> base;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    if (!name.ends_with("lora_A.weight") && !name.ends_with("lora_B.weight")) base.push_back(*p.value);
+  });
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0, .zero1 = zero1});
+  Result r;
+  std::vector<std::int64_t> ids, targets;
+  std::vector<std::size_t> lengths;
+  for (int step = 0; step < 5; ++step) {
+    ids.clear(), targets.clear(), lengths.clear();
+    for (int row = 0; row < rows; ++row)
+      llama_packed_cases::packed_row(step, dp.rank() * rows + row, ids, targets, lengths);
+    auto const loss = models::llama_loss(tp, model.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
+    model.backward(loss.dlogits);
+    optimizer.step(sw::finish_gradients(model), dp);
+    sw::zero_grad(model);
+    r.losses.push_back(sw::all_reduce(dp, loss.loss, sw::Avg{}));
+  }
+  std::size_t i = 0;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    if (name.ends_with("lora_A.weight") || name.ends_with("lora_B.weight")) {
+      r.parameters.push_back(sw::full_tensor(p)), r.names.push_back(name);
+    } else {
+      INFO(name);
+      CHECK(*p.value == base[i++]);  // bit for bit
+    }
+  });
+  double const state = static_cast<double>(optimizer.state_elements());
+  double const expected = 2.0 * static_cast<double>(sw::trainable_elements(model));
+  CHECK(sw::all_reduce(dp, state, sw::Sum{}) == (zero1 ? expected : expected * dp_size));
+  // Merged, the model gives the logits it gave with its adapters (on this rank's last batch).
+  matrix const before = llama_packed_cases::whole_logits(tp, model.forward(ids, sw::sequence_lengths(lengths)));
+  sw::merge_lora(model);
+  matrix const after = llama_packed_cases::whole_logits(tp, model.forward(ids, sw::sequence_lengths(lengths)));
+  CHECK(llama_packed_cases::relative_error(after, before) <= 1e-12);
+  return r;
+}
+
+/// A run against the unsharded one: losses within 1e-10 and every adapter (by name) within 1e-10.
+inline void check_same(Result const& got, Result const& expected) {
+  REQUIRE(got.losses.size() == expected.losses.size());
+  for (std::size_t s = 0; s < got.losses.size(); ++s)
+    CHECK(std::abs(got.losses[s] - expected.losses[s]) <= 1e-10 * std::abs(expected.losses[s]));
+  REQUIRE(got.names == expected.names);
+  llama_packed_cases::check_same(got.parameters, expected.parameters, 1e-10, "adapter after the steps");
+}
+
+/// One rank: the chain rule, and the unsharded run learns. 2 and 4 ranks: TP ± SP; 4: dp 2 x tp 2 with ZeRO-1.
+template <class World>
+void check_all(World const& world) {
+  if (world.size() == 1) {
+    check_gradients_by_chain_rule();
+    Result const serial = train<sw::serial_plan>(world, 1, false);
+    CHECK(serial.losses.back() < serial.losses.front());
+    return;
+  }
+  Result const serial = train<sw::serial_plan>(sw::serial_world(), 1, false);
+  INFO("TP " << world.size());
+  check_same(train<models::llama_plan<false>>(world, 1, false), serial);
+  check_same(train<models::llama_plan<true>>(world, 1, false), serial);
+  if (world.size() == 4) {
+    INFO("dp 2 x tp 2, ZeRO-1");
+    check_same(train<models::llama_plan<true>>(world, 2, true),
+               train<sw::serial_plan>(sw::serial_world(), 1, false, 2));
+  }
+}
+
+/// Ranks out of range and targets that match nothing are refused by name.
+inline void check_refusals() {
+  models::Llama<double> model(llama_packed_cases::config());
+  auto config = lora();
+  config.rank = 0;
+  CHECK_THROWS_WITH_AS(sw::add_lora(model, config),
+                       doctest::Contains("shardwise::add_lora: rank 0 for the Linear at \"layers.*.attention.wq\""),
+                       sw::error);
+  config.rank = 33;
+  CHECK_THROWS_WITH_AS(sw::add_lora(model, config), doctest::Contains("give a rank from 1 to 32"), sw::error);
+  config = lora();
+  config.target_modules.push_back("layers.*.atention.wq");
+  CHECK_THROWS_WITH_AS(sw::add_lora(model, config),
+                       "shardwise::add_lora: the target \"layers.*.atention.wq\" matches no Linear of the model; "
+                       "targets match layer names such as \"layers.0.attention.wq\"",
+                       sw::error);
+}
+
+}  // namespace llama_lora_cases
