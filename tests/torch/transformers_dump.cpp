@@ -470,6 +470,72 @@ void on_threads(fs::path const& dir) {
   }
 }
 
+/// The peft name of an adapter factor of ours ("layers.0.attention.wq.lora_A.weight" ->
+/// "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), as adapter_model.safetensors names it.
+std::string peft_name(std::string const& ours) {
+  auto const at = ours.find(".lora_");
+  std::string const weight = sw::transformers_llama_name(ours.substr(0, at) + ".weight");
+  return "base_model.model." + weight.substr(0, weight.size() - std::string(".weight").size()) + ours.substr(at);
+}
+
+/// LoRA as peft's LoraConfig(r=8, lora_alpha=16, target_modules=[q, k, v, o], lora_dropout=0) with torch's AdamW
+/// over the adapters: the Llama 3.2-like model at tp 1, 2 ± SP and 4 with SP, 5 steps on targets whose prompts are
+/// masked (3 and 6 tokens of the two rows). B is set to small values of its own (peft starts it at zero, which
+/// would leave A's first gradient zero); both sides start from the adapters written to dir/llama/lora_weights/.
+/// Writes the losses, clipped norms and the adapters after the steps into dir/llama/<tag>/.
+template <class Plan, class World>
+void run_lora(World const& world, fs::path const& dir, std::string const& tag, bool write_initial) {
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::Llama<real, Plan> model(LlamaSpec::config());
+  sw::parallelize(model, tp);
+  sw::add_lora(model, {.rank = 8, .alpha = 16, .target_modules = {"layers.*.attention.w[qkvo]"}});
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    if (!name.ends_with("lora_B.weight")) return;
+    auto whole = sw::full_tensor(p);  // B's values as the unsharded model's, then this rank's rows of them
+    for (Eigen::Index i = 0; i < whole.rows(); ++i)
+      for (Eigen::Index j = 0; j < whole.cols(); ++j)
+        whole(i, j) = 0.01 * std::sin(double(i * 7 + j) + double(name.size()));
+    using Param = std::remove_cvref_t<decltype(p)>;
+    bool const cut = sw::is_shard_v<typename Param::grad_placement>;  // B's rows cut as the weight's (Colwise)
+    Eigen::Index const offset = cut && p.group ? p.group->rank() * p.value->rows() : 0;
+    auto const block = Eigen::Index(p.copy_block), copies = Eigen::Index(p.copies);
+    for (Eigen::Index i = 0; i < p.value->rows(); ++i) {
+      Eigen::Index const global = i + offset;  // in the layout with repeated key-value heads
+      p.value->row(i) = whole.row(copies > 1 ? (global / (block * copies)) * block + global % block : global);
+    }
+  });
+  auto const adapters = [&] {
+    Tensors out;
+    sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+      if (name.find(".lora_") != std::string::npos) out[peft_name(name)] = tensor_of(sw::full_tensor(p));
+    });
+    return out;
+  };
+  bool const writer = world.rank() == 0;
+  if (write_initial) {
+    auto const initial = adapters();
+    if (writer) write_all(initial, dir / "llama" / "lora_weights");
+  }
+  sw::AdamW<real> optimizer(
+      {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .max_grad_norm = 0.05});
+  std::vector<double> losses, norms;
+  for (int step = 0; step < steps; ++step) {
+    auto targets = ids_of(step, true);
+    for (int i = 0; i < 3; ++i) targets[std::size_t(i)] = -100;   // row 0's prompt
+    for (int i = 8; i < 14; ++i) targets[std::size_t(i)] = -100;  // row 1's
+    auto const result = LlamaSpec::loss(tp, model.forward(ids_of(step, false)), targets);
+    model.backward(result.dlogits);
+    norms.push_back(optimizer.step(sw::finish_gradients(model), dp));
+    sw::zero_grad(model);
+    losses.push_back(result.loss);
+  }
+  auto const trained = adapters();
+  if (!writer) return;
+  write_all(trained, dir / "llama" / tag / "adapters");
+  write_steps<LlamaSpec>(true, dir, tag, losses, norms);
+}
+
 /// Each schedule's learning rate over 100 steps (AdamW::learning_rate after each step), into
 /// dir/schedules/<name>.npy, under the names and arguments transformers_reference.py gives get_scheduler.
 void run_schedules(fs::path const& dir) {
@@ -541,6 +607,10 @@ int main(int argc, char** argv) {
       run<LlamaSpec, LlamaSpec::sp_plan>(world, dir, "schedule_tp2sp", false, scheduled_adamw());
     });
     run_schedules(dir);
+    sw::run_threads(1, [&](auto& world) { run_lora<sw::serial_plan>(world, dir, "lora_unsharded", true); });
+    sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::tp_plan>(world, dir, "lora_tp2", false); });
+    sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp2sp", false); });
+    sw::run_threads(4, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp4sp", false); });
   }
   std::puts("transformers_dump: written");
   return 0;

@@ -14,7 +14,9 @@ scaled_dot_product_attention, whose softmax stays in float64 (the eager one's is
 C++ side. Relative errors: max |got - expected| / max |expected| per tensor, 1e-10; losses and norms per step, 1e-10.
 On threads, also the Llama 3.2-like model trained under get_scheduler("cosine_with_min_lr") (warm-up 2, a tenth at
 step 5) with the no-decay group at half the learning rate, unsharded and at tp 2 with sequence parallelism; and each
-of seven schedules' learning rates over 100 steps, as LambdaLR sets them (absolute 1e-14, on rates of 1e-2).
+of seven schedules' learning rates over 100 steps, as LambdaLR sets them (absolute 1e-14, on rates of 1e-2); and
+LoRA against peft (get_peft_model, r 8, alpha 16, q/k/v/o) trained by torch's AdamW over the adapters on
+prompt-masked targets, unsharded and at tp 2 ± SP and tp 4 with SP: losses, clipped norms and adapters (1e-10).
 
 usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
 """
@@ -212,6 +214,60 @@ def compare(results, model_name, expected, run, tag):
                   f"smallest norm {min(expected['norms']):.3g}")
 
 
+def masked(targets):  # transformers_dump.cpp's run_lora: the prompts' targets ignored (3 and 6 tokens)
+    targets = targets.clone()
+    targets[0, :3] = -100
+    targets[1, :6] = -100
+    return targets
+
+
+def lora_reference(build, directory):
+    """peft's LoRA (r 8, alpha 16, q/k/v/o, no dropout) from the adapters the C++ side wrote, trained 5 steps by
+    torch's AdamW over the adapters alone on prompt-masked targets: losses, clipped norms, the adapters after."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(0)
+    model = in_float64(build())
+    weights = os.path.join(directory, "weights")
+    state = {name[:-4]: torch.from_numpy(np.load(os.path.join(weights, name))) for name in os.listdir(weights)}
+    model.load_state_dict(state, strict=False)
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                             lora_dropout=0.0))
+    initial = os.path.join(directory, "lora_weights")
+    trainable = {n.replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
+    out = {"names": sorted(trainable), "written": sorted(name[:-4] for name in os.listdir(initial))}
+    with torch.no_grad():
+        for name, p in trainable.items():
+            p.data = torch.from_numpy(np.load(os.path.join(initial, name + ".npy"))).clone()
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    params = list(trainable.values())
+    optimizer = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    out["losses"], out["norms"] = [], []
+    for step in range(STEPS):
+        logits = model(ids_of(step, False)).logits.reshape(-1, VOCAB)
+        loss = F.cross_entropy(logits, masked(ids_of(step, True)).reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        out["norms"].append(float(torch.nn.utils.clip_grad_norm_(params, MAX_NORM)))
+        optimizer.step()
+        out["losses"].append(loss.item())
+    out["adapters"] = {n: p.detach().numpy().copy() for n, p in trainable.items()}
+    out["base_unchanged"] = all(torch.equal(p, base[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    return out
+
+
+def compare_lora(results, expected, directory, tag):
+    run = os.path.join(directory, "llama", tag)
+    label = f"llama {tag}"
+    compare_steps(results, "llama", expected, run, tag)
+    written = sorted(name[:-4] for name in os.listdir(os.path.join(run, "adapters")))
+    results.check(f"{label}: an adapter for every one of peft's, none more", written == expected["names"],
+                  f"{len(written)} written, {len(expected['names'])} in peft's model")
+    for name in expected["names"]:
+        if name in written:
+            results.tensor(f"{label}: adapter {name}", np.load(os.path.join(run, "adapters", name + ".npy")),
+                           expected["adapters"][name])
+
+
 SCHEDULES = {  # transformers_dump.cpp's run_schedules: get_scheduler's name and arguments, 100 steps each
     "constant": ("constant", {}),
     "constant_with_warmup": ("constant_with_warmup", {"num_warmup_steps": 10}),
@@ -267,6 +323,12 @@ def main():
             scheduled = reference(build, os.path.join(directory, model_name), scheduled=True)
             for tag in ("schedule_unsharded", "schedule_tp2sp"):
                 compare(results, model_name, scheduled, os.path.join(directory, model_name, tag), tag)
+            adapted = lora_reference(build, os.path.join(directory, model_name))
+            results.check("llama lora: the initial adapters written are peft's", adapted["written"] == adapted["names"],
+                          f"{len(adapted['written'])} written, {len(adapted['names'])} in peft's model")
+            results.check("llama lora: peft leaves the base weights as they were", adapted["base_unchanged"], "")
+            for tag in ("lora_unsharded", "lora_tp2", "lora_tp2sp", "lora_tp4sp"):
+                compare_lora(results, adapted, directory, tag)
         if backend == "threads" and model_name in LAYOUTS:
             for tag in ("fsdp2", "fsdp2tp", "pp2", "cp2"):
                 compare_steps(results, model_name, expected, os.path.join(directory, model_name, tag), tag)

@@ -231,23 +231,9 @@ class linear_core : public layer_plumbing<T> {
   void require_group() const { this->require_ready(!serial); }
   void unsum_copies();
   void keep_adapter_shard();
+  /// A's (is_a) or B's parameter: not present without an adapter.
   template <class G>
-  Parameter<matrix, G> adapter_parameter(bool is_a) {
-    static constexpr std::string_view leaves[2] = {"lora_B.weight", "lora_A.weight"};
-    if (!lora_) {
-      Parameter<matrix, G> none{&weight, &weight_grad, group_.get(), path_};
-      none.leaf = leaves[is_a], none.present = false;
-      return none;
-    }
-    matrix& value = is_a ? lora_->a : lora_->b;
-    matrix& grad = is_a ? lora_->a_grad : lora_->b_grad;
-    Parameter<matrix, G> p{&value, &grad, group_.get(), path_, is_a ? 1 : copies_, is_a ? 0 : copy_block_};
-    if constexpr (is_partial_v<G>) p.grad = is_a ? &lora_->a_pending : &lora_->b_pending, p.reduced_into = &grad;
-    p.leaf = leaves[is_a];
-    p.real_rows = is_a ? 0 : unpadded_out_;
-    p.copies_summed = !is_a && copies_ > 1 ? &copies_summed_ : nullptr;
-    return p;
-  }
+  Parameter<matrix, G> adapter_parameter(bool is_a);
 
   std::size_t in_, out_;
   bool has_bias_;
@@ -351,44 +337,6 @@ void linear_core<T, Rule>::keep_shard() {
     if (!tied()) weight = matrix(weight.middleCols(r * cols, cols));
   }
   zero_grad();
-}
-
-template <class T, class Rule>
-void linear_core<T, Rule>::keep_adapter_shard() {
-  if (lora_)
-    fail("shardwise::add_lora: the Linear at \"", path_,
-         "\" got its adapter before parallelize cut its weight; call sw::add_lora after sw::parallelize");
-}
-
-template <class T, class Rule>
-void linear_core<T, Rule>::shardwise_add_lora(std::size_t rank, T scale, std::uint64_t seed) {
-  std::size_t const limit = std::min(in_, unpadded_out_features());
-  if (rank == 0 || rank > limit)
-    fail("shardwise::add_lora: rank ", rank, " for the Linear at \"", path_, "\" (", in_, " -> ",
-         unpadded_out_features(), "); give a rank from 1 to ", limit, ", the smaller of its features");
-  if (tied() || lazy_ || lora_)
-    fail("shardwise::add_lora: the Linear at \"", path_, "\" ",
-         tied()  ? "computes with another layer's weight (sw::tie_weights); adapt the owner"
-         : lazy_ ? "has no parameters yet (sw::Lazy); load or materialize the model first"
-                 : "has an adapter already",
-         "");
-  lora_adapter<T> adapter;
-  matrix whole_a(static_cast<Eigen::Index>(rank), static_cast<Eigen::Index>(in_));
-  fill_uniform(whole_a, T(1) / std::sqrt(static_cast<T>(in_)), seed);
-  auto const cols = static_cast<Eigen::Index>(local_in_);
-  adapter.a = cut_cols && group_ ? matrix(whole_a.middleCols(group_->rank() * cols, cols)) : std::move(whole_a);
-  adapter.b = matrix::Zero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(rank));
-  adapter.scale = scale;
-  adapter.a_partial = is_partial_v<lora_a_placement>, adapter.b_partial = is_partial_v<lora_b_placement>;
-  adapter.zero_grad();
-  lora_ = std::move(adapter);
-}
-
-template <class T, class Rule>
-void linear_core<T, Rule>::shardwise_merge_lora() {
-  if (!lora_) return;
-  lora_->merge_into(weight);
-  lora_.reset();
 }
 
 template <class T, class Rule>
@@ -533,4 +481,5 @@ void linear_core<T, Rule>::unsum_copies() {
 
 }  // namespace shardwise::detail
 
-#include "shardwise/nn/layers/linear_meta.hpp"  // the shape-only Linear (element type sw::meta<T>)
+#include "shardwise/nn/layers/linear_adapter.hpp"  // a Linear's LoRA adapter members
+#include "shardwise/nn/layers/linear_meta.hpp"     // the shape-only Linear (element type sw::meta<T>)
