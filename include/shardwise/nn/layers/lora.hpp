@@ -32,6 +32,7 @@ struct lora_adapter {
   /// Accumulates the factors' gradients from the product's input x and output gradient dy, and adds the adapter's
   /// part of the input gradient into dx (the product's, before the style's conjugate move).
   void backward(matrix const& x, matrix const& dy, matrix& dx) {
+    // x A^T again rather than kept from forward: keeping it would be per-microbatch saved state on every Linear.
     matrix const xa = x * a.transpose();  // [tokens, rank]
     matrix const dxa = scale * (dy * b);  // [tokens, rank]
     matrix& db = b_partial ? b_pending : b_grad;
