@@ -7,6 +7,7 @@
 #   llama_config        tests/data (transformers' Llama 3, Qwen2, Qwen3, Mistral and GPT-2 config.json files, and a
 #                       broken one), read as a Llama and a GPT-2 config and by the planner
 #   machine_file        tools/machines (the planner's machine files)
+#   peft_config         tests/fuzz/seeds_peft (adapter_config.json as peft and sw::save_lora write it)
 #   scripts/fuzz.sh [SECONDS=60] [BUILD_DIR=build-fuzz] [TARGET...]
 # New inputs go to BUILD_DIR/corpus_<target>; a finding is written to BUILD_DIR/crash-* and the script fails.
 set -euo pipefail
@@ -15,7 +16,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-$root/build-fuzz}
 shift $(($# < 2 ? $# : 2))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header checkpoint_index pretrained_index llama_config machine_file)
+[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header checkpoint_index pretrained_index llama_config machine_file peft_config)
 cxx=${SHARDWISE_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++ || true)}
 if [[ -z "$cxx" ]]; then
   echo "fuzz.sh: no clang++ found; run scripts/install-deps.sh (clang-14, libclang-rt-14-dev)" >&2
@@ -26,7 +27,7 @@ cmake --build "$build" -j2 --target readers_fuzz
 cd "$build"
 declare -A seeds=([safetensors_header]="$root/tests/fuzz/corpus" [checkpoint_index]="$root/tests/fuzz/seeds_index"
                   [pretrained_index]="$root/tests/fuzz/seeds_pretrained" [llama_config]="$root/tests/data"
-                  [machine_file]="$root/tools/machines")
+                  [machine_file]="$root/tools/machines" [peft_config]="$root/tests/fuzz/seeds_peft")
 for target in "${targets[@]}"; do
   mkdir -p "corpus_$target"
   dict=()

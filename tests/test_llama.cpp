@@ -11,6 +11,7 @@
 #include "cases/llama_freeze_cases.hpp"
 #include "cases/llama_lora_cases.hpp"
 #include "cases/llama_packed_cases.hpp"
+#include "cases/llama_peft_cases.hpp"
 #include "support/worlds.hpp"
 
 namespace {
@@ -400,6 +401,13 @@ TEST_CASE(
     worlds::run_threads(ranks, [&](auto& world) { llama_lora_cases::check_all(world); });
   }
   llama_lora_cases::check_refusals();
+}
+
+TEST_CASE(
+    "LoRA adapters in peft's files: saved at TP 2 (SP), loaded at TP 1, 2 and 4 with the same adapters and logits; "
+    "merged and exported under transformers' names; bad input refused by name, thread mesh") {
+  llama_peft_cases::check_any_layout_to_any();
+  llama_peft_cases::check_refusals();
 }
 
 TEST_CASE("Llama refuses sequence lengths that are not its rows' or longer than its capacity") {

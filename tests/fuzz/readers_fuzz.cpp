@@ -9,6 +9,7 @@
 #include "checkpoint_index.hpp"
 #include "llama_config.hpp"
 #include "machine_file.hpp"
+#include "peft_config.hpp"
 #include "pretrained_index.hpp"
 #include "safetensors_header.hpp"
 
@@ -26,6 +27,7 @@ constexpr named_reader readers[] = {
     {"pretrained_index", fuzz_readers::pretrained_index},
     {"llama_config", fuzz_readers::llama_config},
     {"machine_file", fuzz_readers::machine_file},
+    {"peft_config", fuzz_readers::peft_config},
 };
 }  // namespace
 

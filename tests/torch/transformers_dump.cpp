@@ -13,10 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <shardwise/checkpoint/peft.hpp>
 #include <shardwise/context.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/models/gpt2_plan.hpp>
+#include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/llama_stage.hpp>
@@ -478,13 +481,39 @@ std::string peft_name(std::string const& ours) {
   return "base_model.model." + weight.substr(0, weight.size() - std::string(".weight").size()) + ours.substr(at);
 }
 
+/// The logits of batch 0 (gathered whole) into `file` (by tp rank 0).
+template <class Model, class Tp>
+void write_logits(Model& model, Tp const& tp, fs::path const& file) {
+  auto const logits = model.forward(ids_of(0, false));
+  sw::nn::matrix<real> whole = logits.local;
+  if constexpr (!std::is_same_v<typename std::remove_cvref_t<decltype(logits)>::placement, sw::Replicate>)
+    sw::all_gather(tp, logits.local, whole, -1);
+  if (tp.rank() == 0) npy::write(file, whole);
+}
+
+/// The trained adapters in peft's files (out/peft, for PeftModel.from_pretrained) with the logits of batch 0
+/// (out/peft_logits.npy); then merged and exported as a transformers folder (out/merged: model.safetensors of
+/// save_sharded + consolidate under transformers' names, and config.json), for from_pretrained.
+template <class Model, class Tp>
+void save_peft_and_merged(Model& model, Tp const& tp, fs::path const& out) {
+  sw::LoraConfig const config{.rank = 8, .alpha = 16, .target_modules = {"layers.*.attention.w[qkvo]"}};
+  sw::save_lora(model, tp, out / "peft", config, sw::transformers_llama_name);
+  write_logits(model, tp, out / "peft_logits.npy");
+  sw::merge_lora(model);
+  sw::save_sharded(model, tp, out / "merged_sharded", steps);
+  if (tp.rank() != 0) return;
+  sw::consolidate(out / "merged_sharded", out / "merged" / "model.safetensors",
+                  {.mapping = sw::transformers_llama_mapping(), .progress = {}});
+  std::ofstream(out / "merged" / "config.json") << models::llama_config_to_json(LlamaSpec::config()).dump(2);
+}
+
 /// LoRA as peft's LoraConfig(r=8, lora_alpha=16, target_modules=[q, k, v, o], lora_dropout=0) with torch's AdamW
 /// over the adapters: the Llama 3.2-like model at tp 1, 2 ± SP and 4 with SP, 5 steps on targets whose prompts are
 /// masked (3 and 6 tokens of the two rows). B is set to small values of its own (peft starts it at zero, which
 /// would leave A's first gradient zero); both sides start from the adapters written to dir/llama/lora_weights/.
 /// Writes the losses, clipped norms and the adapters after the steps into dir/llama/<tag>/.
 template <class Plan, class World>
-void run_lora(World const& world, fs::path const& dir, std::string const& tag, bool write_initial) {
+void run_lora(World const& world, fs::path const& dir, std::string const& tag, bool write_initial, bool save) {
   auto const tp = sw::make_mesh<"tp">(world, {world.size()});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   models::Llama<real, Plan> model(LlamaSpec::config());
@@ -531,9 +560,22 @@ void run_lora(World const& world, fs::path const& dir, std::string const& tag, b
     losses.push_back(result.loss);
   }
   auto const trained = adapters();
+  if (save) save_peft_and_merged(model, tp, dir / "llama" / tag);
   if (!writer) return;
   write_all(trained, dir / "llama" / tag / "adapters");
   write_steps<LlamaSpec>(true, dir, tag, losses, norms);
+}
+
+/// An adapter peft saved (dir/peft_saved: transformers_reference.py's "prepare") loaded at tp 4 with SP onto the
+/// initial weights: the logits of batch 0 into dir/llama/peft_saved_tp4.npy.
+template <class World>
+void run_peft_load(World const& world, fs::path const& dir) {
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  models::Llama<real, LlamaSpec::sp_plan> model(LlamaSpec::config());
+  sw::parallelize(model, tp);
+  sw::LoraConfig const read = sw::load_lora(model, tp, dir / "peft_saved", sw::transformers_llama_name);
+  if (read.rank != 8 || read.alpha != 16) throw sw::error("transformers_dump: peft_saved is not r 8, lora_alpha 16");
+  write_logits(model, tp, dir / "llama" / "peft_saved_tp4.npy");
 }
 
 /// Each schedule's learning rate over 100 steps (AdamW::learning_rate after each step), into
@@ -607,10 +649,11 @@ int main(int argc, char** argv) {
       run<LlamaSpec, LlamaSpec::sp_plan>(world, dir, "schedule_tp2sp", false, scheduled_adamw());
     });
     run_schedules(dir);
-    sw::run_threads(1, [&](auto& world) { run_lora<sw::serial_plan>(world, dir, "lora_unsharded", true); });
-    sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::tp_plan>(world, dir, "lora_tp2", false); });
-    sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp2sp", false); });
-    sw::run_threads(4, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp4sp", false); });
+    sw::run_threads(1, [&](auto& world) { run_lora<sw::serial_plan>(world, dir, "lora_unsharded", true, false); });
+    sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::tp_plan>(world, dir, "lora_tp2", false, true); });
+    sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp2sp", false, false); });
+    sw::run_threads(4, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp4sp", false, false); });
+    sw::run_threads(4, [&](auto& world) { run_peft_load(world, dir); });
   }
   std::puts("transformers_dump: written");
   return 0;

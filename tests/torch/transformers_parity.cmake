@@ -3,8 +3,9 @@
 # GPT-2), its initial weights under transformers' names, the logits, loss and every gradient of one batch, and the
 # losses and clipped global norms of 5 AdamW steps; transformers_reference.py runs transformers' classes on the same
 # weights with torch.optim.AdamW and compares within 1e-10; on threads, training under a learning-rate schedule and
-# seven schedules' rates against get_scheduler too. One test per backend: the thread mesh (unsharded, TP 1,
-# and 2 and 4 (SmolLM2: 3) with and without sequence parallelism) and MPI at 2 and 4 ranks; each its own dump
+# seven schedules' rates against get_scheduler too, and LoRA adapters against peft (trained, and in peft's files
+# both ways: "prepare" writes an adapter as peft saves it before transformers_dump loads it). One test per
+# backend: the thread mesh (unsharded, TP 1, and 2 and 4 (SmolLM2: 3) with and without sequence parallelism) and MPI at 2 and 4 ranks; each its own dump
 # directory, so they can run side by side.
 add_executable(transformers_dump ${CMAKE_CURRENT_LIST_DIR}/transformers_dump.cpp)
 target_include_directories(transformers_dump PRIVATE ${CMAKE_CURRENT_LIST_DIR})
@@ -25,7 +26,7 @@ if(SHARDWISE_PYTHON)
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/transformers_training_threads)
   add_test(NAME torch.transformers_training_parity.threads
            COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-                   sh -c "rm -rf '${dir}' && '$<TARGET_FILE:transformers_dump>' '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' '${dir}' threads")
+                   sh -c "rm -rf '${dir}' && mkdir -p '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' '${dir}' prepare && '$<TARGET_FILE:transformers_dump>' '${dir}' && '${SHARDWISE_PYTHON}' '${reference}' '${dir}' threads")
   set_tests_properties(torch.transformers_training_parity.threads PROPERTIES LABELS torch TIMEOUT 900
                        PASS_REGULAR_EXPRESSION "[1-9][0-9]* passed, 0 failed")
   if(TARGET shardwise::mpi)

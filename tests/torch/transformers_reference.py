@@ -16,9 +16,11 @@ On threads, also the Llama 3.2-like model trained under get_scheduler("cosine_wi
 step 5) with the no-decay group at half the learning rate, unsharded and at tp 2 with sequence parallelism; and each
 of seven schedules' learning rates over 100 steps, as LambdaLR sets them (absolute 1e-14, on rates of 1e-2); and
 LoRA against peft (get_peft_model, r 8, alpha 16, q/k/v/o) trained by torch's AdamW over the adapters on
-prompt-masked targets, unsharded and at tp 2 ± SP and tp 4 with SP: losses, clipped norms and adapters (1e-10).
+prompt-masked targets, unsharded and at tp 2 ± SP and tp 4 with SP: losses, clipped norms and adapters (1e-10); and
+peft's files both ways (compare_peft): shardwise's saved adapter and merged export in PeftModel.from_pretrained and
+from_pretrained, and an adapter peft saved ("prepare", before transformers_dump) loaded by shardwise at tp 4.
 
-usage: transformers_reference.py DUMP_DIR threads|mpi2|mpi4
+usage: transformers_reference.py DUMP_DIR prepare|threads|mpi2|mpi4
 """
 import os
 import sys
@@ -268,6 +270,60 @@ def compare_lora(results, expected, directory, tag):
                            expected["adapters"][name])
 
 
+def base_with_weights(build, directory):
+    """The model transformers_dump.cpp wrote the initial weights of, in float64."""
+    model = in_float64(build())
+    weights = os.path.join(directory, "weights")
+    model.load_state_dict({name[:-4]: torch.from_numpy(np.load(os.path.join(weights, name)))
+                           for name in os.listdir(weights)}, strict=False)
+    return model
+
+
+def prepare(directory):
+    """Before transformers_dump runs: an adapter as peft saves it (r 8, alpha 16, q/k/v/o; A and B drawn here, B
+    not zero) in DIR/peft_saved, which transformers_dump loads at tp 4."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(1)
+    model = get_peft_model(in_float64(llama()), LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(os.path.join(directory, "peft_saved"))
+
+
+def logits_of(model):
+    with torch.no_grad():
+        return model(ids_of(0, False)).logits.reshape(-1, VOCAB).numpy()
+
+
+def compare_peft(results, build, directory):
+    """peft's files both ways: the adapter transformers_dump saved at tp 2 loads in PeftModel.from_pretrained with
+    no missing or unexpected key and gives its logits; the merged export loads in from_pretrained with them; the
+    adapter peft saved (prepare) gives shardwise's logits at tp 4."""
+    from peft import PeftModel
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+    run = os.path.join(directory, "llama", "lora_tp2")
+    folder = os.path.join(run, "peft")
+    if not os.path.exists(os.path.join(folder, "adapter_config.json")):
+        results.check("llama peft: shardwise's adapter written", False, folder)
+        return
+    model = PeftModel.from_pretrained(base_with_weights(build, os.path.join(directory, "llama")), folder)
+    loaded = set_peft_model_state_dict(model, load_peft_weights(folder))
+    missing = [k for k in loaded.missing_keys if "lora_" in k]
+    results.check("llama peft: shardwise's adapter (saved at tp 2) loads with no missing or unexpected key",
+                  not missing and not loaded.unexpected_keys, f"missing {missing}, unexpected {loaded.unexpected_keys}")
+    expected = np.load(os.path.join(run, "peft_logits.npy"))
+    results.tensor("llama peft: PeftModel.from_pretrained(shardwise's adapter) logits", expected, logits_of(model))
+    merged = in_float64(LlamaForCausalLM.from_pretrained(os.path.join(run, "merged"), dtype=torch.float64))
+    results.tensor("llama peft: from_pretrained(shardwise's merged export) logits", expected, logits_of(merged))
+    peft_saved = PeftModel.from_pretrained(base_with_weights(build, os.path.join(directory, "llama")),
+                                           os.path.join(directory, "peft_saved"))
+    results.tensor("llama peft: peft's saved adapter loaded by shardwise at tp 4 SP, logits",
+                   np.load(os.path.join(directory, "llama", "peft_saved_tp4.npy")), logits_of(peft_saved))
+
+
 SCHEDULES = {  # transformers_dump.cpp's run_schedules: get_scheduler's name and arguments, 100 steps each
     "constant": ("constant", {}),
     "constant_with_warmup": ("constant_with_warmup", {"num_warmup_steps": 10}),
@@ -301,10 +357,13 @@ def compare_schedules(results, directory):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[2] not in ("threads", "mpi2", "mpi4"):
+    if len(sys.argv) != 3 or sys.argv[2] not in ("prepare", "threads", "mpi2", "mpi4"):
         print(__doc__)
         return 2
     directory, backend = sys.argv[1], sys.argv[2]
+    if backend == "prepare":
+        prepare(directory)
+        return 0
     results = Results()
     for model_name, build in MODELS:
         tags = tags_of(model_name, backend)
@@ -329,6 +388,7 @@ def main():
             results.check("llama lora: peft leaves the base weights as they were", adapted["base_unchanged"], "")
             for tag in ("lora_unsharded", "lora_tp2", "lora_tp2sp", "lora_tp4sp"):
                 compare_lora(results, adapted, directory, tag)
+            compare_peft(results, build, directory)
         if backend == "threads" and model_name in LAYOUTS:
             for tag in ("fsdp2", "fsdp2tp", "pp2", "cp2"):
                 compare_steps(results, model_name, expected, os.path.join(directory, model_name, tag), tag)

@@ -10,6 +10,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
@@ -184,8 +185,10 @@ class linear_core : public layer_plumbing<T> {
   /// Adds a LoRA adapter (sw::add_lora): A drawn as peft draws it (uniform, bound 1/sqrt(in)) from `seed` over the
   /// whole [rank, in] and cut as the weight's columns are; B zeros. Before or after parallelize.
   void shardwise_add_lora(std::size_t rank, T scale, std::uint64_t seed);
-  /// Whether the layer has a LoRA adapter.
-  [[nodiscard]] bool has_lora() const { return lora_.has_value(); }
+  /// The adapter's rank and scale; {0, 0} without one.
+  [[nodiscard]] std::pair<std::size_t, T> lora_shape() const {
+    return lora_ ? std::pair{static_cast<std::size_t>(lora_->a.rows()), lora_->scale} : std::pair{std::size_t{0}, T(0)};
+  }
   /// Adds scale * B A into this rank's piece of the weight and removes the adapter (no communication).
   void shardwise_merge_lora();
 

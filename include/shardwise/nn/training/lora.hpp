@@ -32,6 +32,17 @@ struct LoraConfig {
   return config.alpha / (config.use_rslora ? std::sqrt(rank) : rank);
 }
 
+namespace detail {
+/// Freezes every parameter of `model` but its adapters (sw::freeze), as get_peft_model does.
+template <module Model>
+void freeze_all_but_adapters(Model& model) {
+  for_each_parameter(model, [](std::string const&, auto const& p) {
+    if (p.frozen && !p.leaf.starts_with("lora_")) *p.frozen = true;
+  });
+  zero_grad(model);  // the frozen gradients released
+}
+}  // namespace detail
+
 /// Adds a LoRA adapter to every Linear of `model` whose name (its place in the model: "layers.0.attention.wq")
 /// matches one of config.target_modules, and freezes every other parameter (sw::freeze), as get_peft_model does.
 /// Call it after sw::parallelize (the adapters are cut as each weight is), on every rank alike, before the
@@ -56,10 +67,7 @@ std::size_t add_lora(Model& model, LoraConfig const& config) {
     if (!used[i])
       detail::fail("shardwise::add_lora: the target \"", config.target_modules[i],
                    "\" matches no Linear of the model; targets match layer names such as \"layers.0.attention.wq\"");
-  for_each_parameter(model, [](std::string const&, auto const& p) {
-    if (p.frozen && !p.leaf.starts_with("lora_")) *p.frozen = true;
-  });
-  zero_grad(model);  // the frozen gradients released
+  detail::freeze_all_but_adapters(model);
   return added;
 }
 
