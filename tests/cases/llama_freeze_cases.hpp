@@ -126,7 +126,7 @@ void check_all(World const& world) {
   }
 }
 
-/// A pattern that matches nothing, and a frozen model given to fully_shard, are refused by name.
+/// A pattern that matches nothing, and a freeze after fully_shard, are refused by name.
 inline void check_refusals() {
   models::Llama<double> model(llama_packed_cases::config());
   CHECK_THROWS_WITH_AS(
@@ -135,12 +135,12 @@ inline void check_refusals() {
       "model; patterns match the names sw::for_each_parameter gives (\"layers.0.attention.wq.weight\", "
       "\"*norm.weight\")",
       sw::error);
-  sw::freeze(model, {"layers.0.*"});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>;
-  CHECK_THROWS_WITH_AS((void)sw::fully_shard<policy>(model, dp),
-                       doctest::Contains("shardwise::fully_shard: parameter \"layers.0.attention_norm.weight\" is "
-                                         "frozen (sw::freeze), which fully_shard does not support yet"),
+  auto sharded = sw::fully_shard<policy>(model, dp);
+  CHECK_THROWS_WITH_AS(sw::freeze(model, {"layers.0.*"}),
+                       "shardwise::freeze: the layer at \"tok_embeddings\" is under sw::fully_shard, which sharded its "
+                       "parameters and their gradients as they were; freeze before fully_shard",
                        sw::error);
 }
 

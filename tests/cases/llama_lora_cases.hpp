@@ -3,12 +3,16 @@
 // The adapters' gradients equal those the chain rule gives from the merged weight's (dB = s dW' A^T, dA = s B^T dW',
 // where W' = W + s B A is the weight of the same model merged, trained in full): within 1e-12. Merging leaves the
 // logits as they were (1e-12). 5 AdamW steps on the adapters alone leave every base weight bit for bit and keep
-// two moments per adapter element; at TP 2 and 4 (± SP; at 4 the key-value heads repeated, so B's copies too) and
-// dp 2 x tp 2 with ZeRO-1 the losses and adapters equal the unsharded run's within 1e-10.
+// two moments per adapter element; at TP 2 and 4 (± SP; at 4 the key-value heads repeated, so B's copies too),
+// dp 2 x tp 2 with ZeRO-1, FSDP dp 2 and dp 2 x tp 2 (the frozen base gathered, never reduced nor stepped) and
+// pp 2 (two microbatches) the losses and adapters equal the unsharded run's within 1e-10.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <vector>
@@ -23,6 +27,13 @@ using matrix = sw::nn::matrix<double>;
 using llama_packed_cases::Result;
 
 inline sw::LoraConfig lora() { return {.rank = 4, .alpha = 8, .target_modules = {"layers.*.attention.w[qkvo]"}}; }
+
+/// The adapters' elements by the formula, r (in + out) per adapted projection: q and o between dim and the query
+/// heads, k and v from dim to the key-value heads.
+inline std::size_t adapter_elements(models::LlamaConfig const& c, std::size_t r) {
+  std::size_t const q = c.heads * c.head_dim(), kv = c.kv_heads * c.head_dim();
+  return c.layers * r * (2 * (c.dim + q) + 2 * (c.dim + kv));
+}
 
 /// Fills every adapter's B with small values of its own (they start at zero, which would leave A's gradient zero).
 template <class Model>
@@ -117,12 +128,132 @@ Result train(World const& world, int dp_size, bool zero1, int rows = 1) {
   double const state = static_cast<double>(optimizer.state_elements());
   double const expected = 2.0 * static_cast<double>(sw::trainable_elements(model));
   CHECK(sw::all_reduce(dp, state, sw::Sum{}) == (zero1 ? expected : expected * dp_size));
+  if (world.size() == 1)  // the bytes of the state: two moments of every adapter element, by the formula
+    CHECK(optimizer.state_elements() * sizeof(double) == 2 * adapter_elements(c, lora().rank) * sizeof(double));
   // Merged, the model gives the logits it gave with its adapters (on this rank's last batch).
   matrix const before = llama_packed_cases::whole_logits(tp, model.forward(ids, sw::sequence_lengths(lengths)));
   sw::merge_lora(model);
   matrix const after = llama_packed_cases::whole_logits(tp, model.forward(ids, sw::sequence_lengths(lengths)));
   CHECK(llama_packed_cases::relative_error(after, before) <= 1e-12);
   return r;
+}
+
+/// 5 AdamW steps of the adapters under FSDP (full shard, a unit per block) on dp x tp = {world / tp_size, tp_size},
+/// dp rank r on packed row r: the frozen base gathered for compute and never reduced, its values bit for bit after;
+/// the optimizer's state two moments per adapter element, over the dp ranks' shards. Returns the losses and every
+/// adapter whole.
+template <class Plan, class World>
+Result train_fsdp(World const& world, int tp_size) {
+  auto const c = llama_packed_cases::config();
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {world.size() / tp_size, tp_size});
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const tp = sw::submesh<"tp">(mesh);
+  models::Llama<double, Plan> model(c);
+  sw::parallelize(model, tp);
+  sw::add_lora(model, lora());  // B zero, as train()'s
+  std::vector<matrix> base;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") == std::string::npos) base.push_back(*p.value);
+  });
+  double const adapters = static_cast<double>(sw::trainable_elements(model));
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
+  Result r;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::int64_t> ids, targets;
+    std::vector<std::size_t> lengths;
+    llama_packed_cases::packed_row(step, dp.rank(), ids, targets, lengths);
+    auto const loss =
+        models::llama_loss(tp, sharded.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
+    sharded.backward(loss.dlogits);
+    optimizer.step(sharded);
+    sw::zero_grad(sharded);
+    r.losses.push_back(sw::all_reduce(dp, loss.loss, sw::Avg{}));
+  }
+  double const state = sw::all_reduce(dp, static_cast<double>(optimizer.state_elements()), sw::Sum{});
+  CHECK(state == 2 * adapters);  // the adapters' moments, cut over dp; none for the frozen base
+  sharded.unshard();
+  std::size_t i = 0;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") != std::string::npos) {
+      r.parameters.push_back(sw::full_tensor(p)), r.names.push_back(name);
+    } else {
+      INFO(name);
+      CHECK(*p.value == base[i++]);  // bit for bit
+    }
+  });
+  sharded.reshard();
+  return r;
+}
+
+/// 5 AdamW steps of the adapters in pipeline stages (pp = the world's size, 1F1B), packed rows 0 and 1 as two
+/// microbatches, each microbatch's loss its share of the step's mean over both (sw::count_valid_tokens); the
+/// frozen base (the tied embedding's copy on the last stage too) bit for bit after. Returns the losses and this
+/// stage's adapters whole.
+template <class World>
+Result train_pipeline(World const& world) {
+  auto const c = llama_packed_cases::config();
+  auto const pp = sw::make_mesh<"pp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::LlamaStage<double> stage(c, sw::stage_split(c.layers, world.size()), pp.rank());
+  sw::parallelize(stage, tp);
+  sw::add_lora(stage, lora());  // B zero, as train()'s
+  std::vector<matrix> base;
+  sw::for_each_parameter(stage, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") == std::string::npos) base.push_back(*p.value);
+  });
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
+  Result r;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::vector<std::int64_t>> ids(2), targets(2);
+    std::vector<sw::sequence_lengths> lengths;
+    for (int m = 0; m < 2; ++m) {
+      std::vector<std::size_t> documents;
+      llama_packed_cases::packed_row(step, m, ids[std::size_t(m)], targets[std::size_t(m)], documents);
+      lengths.emplace_back(documents);
+    }
+    stage.microbatch_rows(lengths);
+    auto const tokens = sw::count_valid_tokens(dp, targets);
+    double loss = 0;
+    sw::run_pipeline_step(
+        sw::OneFOneB{}, pp, std::span(&stage, 1), 2,
+        [&](int m) { return std::span<const std::int64_t>(ids[std::size_t(m)]); },
+        [&](int m, auto const& h) {
+          auto result = stage.head_loss(tp, h, targets[std::size_t(m)], tokens);
+          loss += result.loss;
+          return result.gradient;
+        });
+    optimizer.step(sw::finish_gradients(stage), dp, pp);
+    sw::zero_grad(stage);
+    r.losses.push_back(sw::all_reduce(pp, stage.is_last() ? loss : 0.0, sw::Sum{}));
+  }
+  std::size_t i = 0;
+  sw::for_each_parameter(stage, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") != std::string::npos) {
+      r.parameters.push_back(sw::full_tensor(p)), r.names.push_back(name);
+    } else {
+      INFO(name);
+      CHECK(*p.value == base[i++]);  // bit for bit
+    }
+  });
+  return r;
+}
+
+/// A stage's run against the unsharded one: losses within 1e-10, and each of its adapters within 1e-10 of the
+/// unsharded run's of that name.
+inline void check_stage(Result const& got, Result const& expected) {
+  REQUIRE(got.losses.size() == expected.losses.size());
+  for (std::size_t s = 0; s < got.losses.size(); ++s)
+    CHECK(std::abs(got.losses[s] - expected.losses[s]) <= 1e-10 * std::abs(expected.losses[s]));
+  CHECK(!got.names.empty());
+  for (std::size_t i = 0; i < got.names.size(); ++i) {
+    INFO(got.names[i]);
+    auto const at = std::find(expected.names.begin(), expected.names.end(), got.names[i]);
+    REQUIRE(at != expected.names.end());
+    llama_packed_cases::check_same({got.parameters[i]}, {expected.parameters[std::size_t(at - expected.names.begin())]},
+                                   1e-10, "adapter after the steps");
+  }
 }
 
 /// A run against the unsharded one: losses within 1e-10 and every adapter (by name) within 1e-10.
@@ -134,7 +265,8 @@ inline void check_same(Result const& got, Result const& expected) {
   llama_packed_cases::check_same(got.parameters, expected.parameters, 1e-10, "adapter after the steps");
 }
 
-/// One rank: the chain rule, and the unsharded run learns. 2 and 4 ranks: TP ± SP; 4: dp 2 x tp 2 with ZeRO-1.
+/// One rank: the chain rule, and the unsharded run learns. 2 and 4 ranks: TP ± SP; 2: FSDP dp 2 and pp 2; 4: dp 2 x
+/// tp 2 with ZeRO-1, and FSDP dp 2 x tp 2.
 template <class World>
 void check_all(World const& world) {
   if (world.size() == 1) {
@@ -147,10 +279,17 @@ void check_all(World const& world) {
   INFO("TP " << world.size());
   check_same(train<models::llama_plan<false>>(world, 1, false), serial);
   check_same(train<models::llama_plan<true>>(world, 1, false), serial);
+  Result const serial_rows = train<sw::serial_plan>(sw::serial_world(), 1, false, 2);  // each dp rank one row
   if (world.size() == 4) {
     INFO("dp 2 x tp 2, ZeRO-1");
-    check_same(train<models::llama_plan<true>>(world, 2, true),
-               train<sw::serial_plan>(sw::serial_world(), 1, false, 2));
+    check_same(train<models::llama_plan<true>>(world, 2, true), serial_rows);
+    INFO("FSDP dp 2 x tp 2 (SP)");
+    check_same(train_fsdp<models::llama_plan<true>>(world, 2), serial_rows);
+  } else {
+    INFO("FSDP dp 2");
+    check_same(train_fsdp<sw::serial_plan>(world, 1), serial_rows);
+    INFO("pp 2, 2 microbatches");
+    check_stage(train_pipeline(world), serial_rows);
   }
 }
 
@@ -162,6 +301,15 @@ inline void check_refusals() {
   CHECK_THROWS_WITH_AS(sw::add_lora(model, config),
                        doctest::Contains("shardwise::add_lora: rank 0 for the Linear at \"layers.*.attention.wq\""),
                        sw::error);
+  {
+    models::Llama<double> sharded_model(llama_packed_cases::config());
+    auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+    auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(sharded_model, dp);
+    CHECK_THROWS_WITH_AS(sw::add_lora(sharded_model, lora()),
+                         doctest::Contains("is under sw::fully_shard, which sharded its parameters as they were; add "
+                                           "adapters before fully_shard"),
+                         sw::error);
+  }
   config.rank = 33;
   CHECK_THROWS_WITH_AS(sw::add_lora(model, config), doctest::Contains("give a rank from 1 to 32"), sw::error);
   config = lora();

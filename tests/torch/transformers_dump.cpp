@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <shardwise/checkpoint/peft.hpp>
 #include <shardwise/context.hpp>
 #include <shardwise/fsdp.hpp>
@@ -507,17 +508,10 @@ void save_peft_and_merged(Model& model, Tp const& tp, fs::path const& out) {
   std::ofstream(out / "merged" / "config.json") << models::llama_config_to_json(LlamaSpec::config()).dump(2);
 }
 
-/// LoRA as peft's LoraConfig(r=8, lora_alpha=16, target_modules=[q, k, v, o], lora_dropout=0) with torch's AdamW
-/// over the adapters: the Llama 3.2-like model at tp 1, 2 ± SP and 4 with SP, 5 steps on targets whose prompts are
-/// masked (3 and 6 tokens of the two rows). B is set to small values of its own (peft starts it at zero, which
-/// would leave A's first gradient zero); both sides start from the adapters written to dir/llama/lora_weights/.
-/// Writes the losses, clipped norms and the adapters after the steps into dir/llama/<tag>/.
-template <class Plan, class World>
-void run_lora(World const& world, fs::path const& dir, std::string const& tag, bool write_initial, bool save) {
-  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
-  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
-  models::Llama<real, Plan> model(LlamaSpec::config());
-  sw::parallelize(model, tp);
+/// peft's LoraConfig(r=8, lora_alpha=16, q/k/v/o) on a parallelized model (or stage), with B set to small values
+/// of its own by name (peft starts it at zero, which would leave A's first gradient zero), cut as the layout cuts it.
+template <class Model>
+void add_peft_lora(Model& model) {
   sw::add_lora(model, {.rank = 8, .alpha = 16, .target_modules = {"layers.*.attention.w[qkvo]"}});
   sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
     if (!name.ends_with("lora_B.weight")) return;
@@ -534,13 +528,108 @@ void run_lora(World const& world, fs::path const& dir, std::string const& tag, b
       p.value->row(i) = whole.row(copies > 1 ? (global / (block * copies)) * block + global % block : global);
     }
   });
-  auto const adapters = [&] {
-    Tensors out;
-    sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
-      if (name.find(".lora_") != std::string::npos) out[peft_name(name)] = tensor_of(sw::full_tensor(p));
-    });
-    return out;
-  };
+}
+
+/// Every adapter of the model (or stage), whole, under peft's names.
+template <class Model>
+Tensors adapters_of(Model& model) {
+  Tensors out;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") != std::string::npos) out[peft_name(name)] = tensor_of(sw::full_tensor(p));
+  });
+  return out;
+}
+
+/// Row `row` (0 or 1) of step `step`'s targets with its prompt masked, as run_lora masks the batch (3 and 6 tokens).
+std::vector<std::int64_t> masked_row(int step, int row) {
+  auto targets = row_of(step, true, row);
+  std::fill_n(targets.begin(), row == 0 ? 3 : 6, -100);
+  return targets;
+}
+
+/// LoRA as run_lora, under a layout that cuts the batch: "lora_dp2tp2" (dp 2 x tp 2 with SP and ZeRO-1, 4 ranks),
+/// "lora_fsdp2" (FSDP full shard at dp 2) or "lora_pp2" (two stages, 1F1B, a row a microbatch); dp rank r (or
+/// microbatch r) takes row r, whose masks leave 5 and 2 valid targets: the loss is over the step's valid tokens
+/// (sw::count_valid_tokens), as peft's full-batch mean is.
+template <class World>
+void run_lora_layout(World const& world, fs::path const& dir, std::string const& tag) {
+  bool const pipeline = tag == "lora_pp2", fsdp = tag == "lora_fsdp2";
+  int const tp_size = tag == "lora_dp2tp2" ? 2 : 1;
+  int const pp_size = pipeline ? world.size() : 1;
+  auto const mesh = sw::make_mesh<"pp", "dp", "tp">(world, {pp_size, world.size() / pp_size / tp_size, tp_size});
+  auto const pp = sw::submesh<"pp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const c = LlamaSpec::config();
+  using Model = models::Llama<real, LlamaSpec::sp_plan>;
+  Model model(c);
+  models::LlamaStage<real> stage(c, sw::stage_split(c.layers, pp_size), pp.rank());
+  sw::parallelize(model, tp), sw::parallelize(stage, tp);
+  if (pipeline)
+    add_peft_lora(stage);
+  else
+    add_peft_lora(model);
+  using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>;
+  std::optional<sw::fully_sharded<Model, policy, std::remove_cvref_t<decltype(dp)>>> sharded;  // in place: hooked
+  if (fsdp) sharded.emplace(model, dp, std::nullopt, sw::fsdp_options{});
+  auto options = adamw();
+  options.groups.clear(), options.zero1 = tp_size == 2;
+  sw::AdamW<real> optimizer(options);
+  std::vector<double> losses, norms;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<std::int64_t>> const ids{row_of(step, false, 0), row_of(step, false, 1)};
+    std::vector<std::vector<std::int64_t>> targets{masked_row(step, 0), masked_row(step, 1)};
+    if (!pipeline) targets = {targets[std::size_t(dp.rank())]};
+    auto const tokens = sw::count_valid_tokens(dp, targets);
+    real loss = 0;
+    if (pipeline) {
+      sw::run_pipeline_step(
+          sw::OneFOneB{}, pp, std::span(&stage, 1), 2,
+          [&](int m) { return std::span<const std::int64_t>(ids[std::size_t(m)]); },
+          [&](int m, auto const& h) {
+            auto result = stage.head_loss(tp, h, targets[std::size_t(m)], tokens);
+            loss += result.loss;
+            return result.gradient;
+          });
+      norms.push_back(optimizer.step(sw::finish_gradients(stage), dp, pp));
+      sw::zero_grad(stage);
+      loss = sw::all_reduce(pp, stage.is_last() ? loss : 0.0, sw::Sum{});
+    } else if (fsdp) {
+      auto const result =
+          models::llama_loss(tp, sharded->forward(row_of(step, false, dp.rank())), targets[0], c.vocabulary, tokens);
+      sharded->backward(result.dlogits);
+      norms.push_back(optimizer.step(*sharded));
+      sw::zero_grad(*sharded);
+      loss = sw::all_reduce(dp, result.loss, sw::Sum{});
+    } else {
+      auto const result =
+          models::llama_loss(tp, model.forward(row_of(step, false, dp.rank())), targets[0], c.vocabulary, tokens);
+      model.backward(result.dlogits);
+      norms.push_back(optimizer.step(sw::finish_gradients(model), dp));
+      sw::zero_grad(model);
+      loss = sw::all_reduce(dp, result.loss, sw::Sum{});
+    }
+    losses.push_back(loss);
+  }
+  if (sharded) sharded->unshard();
+  Tensors const trained = pipeline ? adapters_of(stage) : adapters_of(model);
+  if (tp.rank() == 0 && (pipeline || dp.rank() == 0)) write_all(trained, dir / "llama" / tag / "adapters");
+  write_steps<LlamaSpec>(world.rank() == 0, dir, tag, losses, norms);
+}
+
+/// LoRA as peft's LoraConfig(r=8, lora_alpha=16, target_modules=[q, k, v, o], lora_dropout=0) with torch's AdamW
+/// over the adapters: the Llama 3.2-like model unsharded and at tp 1, 2 ± SP and 4 ± SP, 5 steps on targets whose
+/// prompts are masked (3 and 6 tokens of the two rows). B is set to small values of its own (peft starts it at zero,
+/// which would leave A's first gradient zero); both sides start from the adapters written to dir/llama/lora_weights/.
+/// Writes the losses, clipped norms and the adapters after the steps into dir/llama/<tag>/.
+template <class Plan, class World>
+void run_lora(World const& world, fs::path const& dir, std::string const& tag, bool write_initial, bool save) {
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::Llama<real, Plan> model(LlamaSpec::config());
+  sw::parallelize(model, tp);
+  add_peft_lora(model);
+  auto const adapters = [&] { return adapters_of(model); };
   bool const writer = world.rank() == 0;
   if (write_initial) {
     auto const initial = adapters();
@@ -625,6 +714,24 @@ void on_mpi(fs::path const& dir) {
 #endif
 }
 
+/// LoRA against peft on MPI: TP 2 (2 ranks: and FSDP dp 2, pp 2) or TP 4 with SP (4 ranks: and dp 2 x tp 2).
+void lora_on_mpi(fs::path const& dir) {
+#ifdef SHARDWISE_DUMP_WITHOUT_MPI
+  (void)dir;
+#else
+  auto const world = sw::mpi_world();
+  std::string const tag = "lora_mpi" + std::to_string(world.size());
+  if (world.size() == 2) {
+    run_lora<LlamaSpec::tp_plan>(world, dir, tag, true, false);
+    run_lora_layout(world, dir, "lora_fsdp2");
+    run_lora_layout(world, dir, "lora_pp2");
+  } else if (world.size() == 4) {
+    run_lora<LlamaSpec::sp_plan>(world, dir, tag, true, false);
+    run_lora_layout(world, dir, "lora_dp2tp2");
+  }
+#endif
+}
+
 template <class... Specs>
 void every(fs::path const& dir, bool mpi) {
   ((mpi ? on_mpi<Specs>(dir) : on_threads<Specs>(dir)), ...);
@@ -641,6 +748,7 @@ int main(int argc, char** argv) {
   fs::path const dir = argv[argc - 1];
   every<LlamaSpec, Llama31Spec, Qwen2Spec, Qwen2WindowSpec, Qwen3Spec, MistralSpec, SmolSpec, LlamaBiasSpec, GPT2Spec>(
       dir, mpi);
+  if (mpi) lora_on_mpi(dir);
   if (!mpi) {  // training under a schedule, and the schedules alone
     sw::run_threads(1, [&](auto& world) {
       run<LlamaSpec, sw::serial_plan>(world, dir, "schedule_unsharded", false, scheduled_adamw());
@@ -650,10 +758,15 @@ int main(int argc, char** argv) {
     });
     run_schedules(dir);
     sw::run_threads(1, [&](auto& world) { run_lora<sw::serial_plan>(world, dir, "lora_unsharded", true, false); });
+    sw::run_threads(1, [&](auto& world) { run_lora<LlamaSpec::tp_plan>(world, dir, "lora_tp1", false, false); });
     sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::tp_plan>(world, dir, "lora_tp2", false, true); });
     sw::run_threads(2, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp2sp", false, false); });
+    sw::run_threads(4, [&](auto& world) { run_lora<LlamaSpec::tp_plan>(world, dir, "lora_tp4", false, false); });
     sw::run_threads(4, [&](auto& world) { run_lora<LlamaSpec::sp_plan>(world, dir, "lora_tp4sp", false, false); });
     sw::run_threads(4, [&](auto& world) { run_peft_load(world, dir); });
+    sw::run_threads(4, [&](auto& world) { run_lora_layout(world, dir, "lora_dp2tp2"); });
+    sw::run_threads(2, [&](auto& world) { run_lora_layout(world, dir, "lora_fsdp2"); });
+    sw::run_threads(2, [&](auto& world) { run_lora_layout(world, dir, "lora_pp2"); });
   }
   std::puts("transformers_dump: written");
   return 0;

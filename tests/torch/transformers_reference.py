@@ -16,7 +16,9 @@ On threads, also the Llama 3.2-like model trained under get_scheduler("cosine_wi
 step 5) with the no-decay group at half the learning rate, unsharded and at tp 2 with sequence parallelism; and each
 of seven schedules' learning rates over 100 steps, as LambdaLR sets them (absolute 1e-14, on rates of 1e-2); and
 LoRA against peft (get_peft_model, r 8, alpha 16, q/k/v/o) trained by torch's AdamW over the adapters on
-prompt-masked targets, unsharded and at tp 2 ± SP and tp 4 with SP: losses, clipped norms and adapters (1e-10); and
+prompt-masked targets, unsharded, at tp 1 and tp 2 and 4 ± SP, dp 2 x tp 2 (ZeRO-1), FSDP dp 2 and pp 2 (those
+three with the batch's rows on different ranks, 5 and 2 valid targets, the loss over the step's valid tokens), and on
+MPI at tp 2 (with FSDP dp 2 and pp 2) and tp 4 (with dp 2 x tp 2): losses, clipped norms and adapters (1e-10); and
 peft's files both ways (compare_peft): shardwise's saved adapter and merged export in PeftModel.from_pretrained and
 from_pretrained, and an adapter peft saved ("prepare", before transformers_dump) loaded by shardwise at tp 4.
 
@@ -315,12 +317,13 @@ def compare_peft(results, build, directory):
     results.check("llama peft: shardwise's adapter (saved at tp 2) loads with no missing or unexpected key",
                   not missing and not loaded.unexpected_keys, f"missing {missing}, unexpected {loaded.unexpected_keys}")
     expected = np.load(os.path.join(run, "peft_logits.npy"))
-    results.tensor("llama peft: PeftModel.from_pretrained(shardwise's adapter) logits", expected, logits_of(model))
+    results.tensor("llama peft: logits of PeftModel.from_pretrained(shardwise's adapter, saved at tp 2)", expected,
+                   logits_of(model))
     merged = in_float64(LlamaForCausalLM.from_pretrained(os.path.join(run, "merged"), dtype=torch.float64))
-    results.tensor("llama peft: from_pretrained(shardwise's merged export) logits", expected, logits_of(merged))
+    results.tensor("llama peft: logits of from_pretrained(shardwise's merged export)", expected, logits_of(merged))
     peft_saved = PeftModel.from_pretrained(base_with_weights(build, os.path.join(directory, "llama")),
                                            os.path.join(directory, "peft_saved"))
-    results.tensor("llama peft: peft's saved adapter loaded by shardwise at tp 4 SP, logits",
+    results.tensor("llama peft: logits of peft's saved adapter loaded by shardwise at tp 4 with SP",
                    np.load(os.path.join(directory, "llama", "peft_saved_tp4.npy")), logits_of(peft_saved))
 
 
@@ -386,9 +389,14 @@ def main():
             results.check("llama lora: the initial adapters written are peft's", adapted["written"] == adapted["names"],
                           f"{len(adapted['written'])} written, {len(adapted['names'])} in peft's model")
             results.check("llama lora: peft leaves the base weights as they were", adapted["base_unchanged"], "")
-            for tag in ("lora_unsharded", "lora_tp2", "lora_tp2sp", "lora_tp4sp"):
+            for tag in ("lora_unsharded", "lora_tp1", "lora_tp2", "lora_tp2sp", "lora_tp4", "lora_tp4sp", "lora_dp2tp2",
+                        "lora_fsdp2", "lora_pp2"):
                 compare_lora(results, adapted, directory, tag)
             compare_peft(results, build, directory)
+        if backend != "threads" and model_name == "llama":
+            adapted = lora_reference(build, os.path.join(directory, model_name))
+            for tag in [f"lora_{backend}"] + (["lora_fsdp2", "lora_pp2"] if backend == "mpi2" else ["lora_dp2tp2"]):
+                compare_lora(results, adapted, directory, tag)
         if backend == "threads" and model_name in LAYOUTS:
             for tag in ("fsdp2", "fsdp2tp", "pp2", "cp2"):
                 compare_steps(results, model_name, expected, os.path.join(directory, model_name, tag), tag)

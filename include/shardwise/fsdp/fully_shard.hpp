@@ -69,7 +69,6 @@ class fully_sharded final : detail::fsdp_unit_actions {
         options_(options),
         schedule_(*this, {std::is_same_v<strategy, full_shard>, keeps_master, options.forward_prefetch,
                           options.backward_prefetch}) {
-    sw_refuse_frozen(model_);
     detail::find_fsdp_units<typename Policy::wrap>(model_, units(), candidates_);
     make_slots();
     detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units(), detail::fsdp_strategy_name<strategy>);
@@ -184,22 +183,25 @@ class fully_sharded final : detail::fsdp_unit_actions {
     for (auto s : schedule_.units.at(i).slots) names.push_back(slots_[s].name);
     return names;
   }
-  /// Elements this rank keeps between steps: parameter and gradient shards (no_shard: whole tensors).
+  /// Elements this rank keeps between steps: parameter and gradient shards (no_shard: whole tensors); a frozen
+  /// parameter (sw::freeze) has no gradient shard.
   [[nodiscard]] std::size_t held_elements() const {
     std::size_t n = 0;
-    for (auto const& s : slots_) n += 2 * static_cast<std::size_t>(s.row_count * s.cols);
+    for (auto const& s : slots_) n += (s.frozen ? 1 : 2) * static_cast<std::size_t>(s.row_count * s.cols);
     return n;
   }
   [[nodiscard]] Model& model() { return model_; }  ///< The model (its parameters freed between units' calls).
   /// How many units' all-gathers started ahead of their use (fsdp_options::forward_prefetch, backward_prefetch).
   [[nodiscard]] std::size_t prefetched_gathers() const { return schedule_.prefetched(); }
 
-  /// For optimizers: fn(name, value, grad, norm_weight) per parameter shard, in a fixed order; norm_weight is
-  /// what its squares count in the global norm on this rank (0 where another rank counts them).
+  /// For optimizers: fn(name, value, grad, norm_weight) per trained parameter shard (frozen ones, sw::freeze, are
+  /// left out), in a fixed order; norm_weight is what its squares count in the global norm on this rank (0 where
+  /// another rank counts them).
   template <class Fn>
   void shardwise_for_each_shard(Fn&& fn) {
     refuse_unreduced_gradients();
     for (auto& s : slots_) {
+      if (s.frozen) continue;
       auto const n = static_cast<std::size_t>(s.row_count * s.cols);
       scalar* value = keeps_master ? s.shard.data() : s.resize_value(true);
       fn(std::string_view(s.name), std::span<scalar>(value, n), std::span<scalar const>(s.shard_grad.data(), n),
@@ -314,16 +316,7 @@ class fully_sharded final : detail::fsdp_unit_actions {
   nn::group<scalar> const* tp_group_ = nullptr;
   std::vector<std::vector<pending_collective>> in_flight_;  // per unit: the gathers started and not yet finished
   detail::fsdp_schedule schedule_;                          // when each unit gathers, releases and reduces
-  bool unfilled_ = false;
-  /// Frozen parameters (sw::freeze) are not built under FSDP yet: refused by name, on every rank alike.
-  static void sw_refuse_frozen(Model& model) {
-    for_each_parameter(model, [](std::string const& name, auto const& p) {
-      if (detail::is_frozen(p))
-        detail::fail("shardwise::fully_shard: parameter \"", name,
-                     "\" is frozen (sw::freeze), which fully_shard does not support yet; train it without FSDP (dp, "
-                     "ZeRO-1, tp, pipeline stages), or do not freeze it");
-    });
-  }  // declared with sw::Lazy: the shards are zeros until a load fills them
+  bool unfilled_ = false;  // declared with sw::Lazy: the shards are zeros until a load fills them
 };
 
 }  // namespace shardwise

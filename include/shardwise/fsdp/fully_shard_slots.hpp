@@ -77,7 +77,8 @@ auto fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot(std::stri
   s.row_count = static_cast<Eigen::Index>(chunk_size(static_cast<std::size_t>(s.rows), ranks, rank));
   scalar const* mine = p.value->data() + s.first_row * s.cols;
   if (keeps_master) s.shard.assign(mine, mine + s.row_count * s.cols);
-  s.shard_grad.assign(static_cast<std::size_t>(s.row_count * s.cols), scalar(0));
+  s.frozen = detail::is_frozen(p);  // its layer computes no gradient for it: nothing to reduce or step
+  if (!s.frozen) s.shard_grad.assign(static_cast<std::size_t>(s.row_count * s.cols), scalar(0));
   if (p.group) tp_group_ = p.group;
   s.mirror = !p.mirror_of.empty();  // a pipeline stage's copy of another stage's weight: counted there
   bool const counted = !s.mirror && (is_shard_v<Finished> || (p.group ? p.group->rank() : 0) == 0);
@@ -118,6 +119,7 @@ auto fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot(std::stri
     }
   };
   s.reuse_grad = [] {};
+  if (s.frozen) return s;
   if constexpr (kept)
     s.reuse_grad = [p, rows, cols, spare = spare_] {
       if (p.grad->size() == 0 && spare->take(*p.grad, rows, cols)) p.grad->setZero();
@@ -163,14 +165,17 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::release(detail::fsd
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::finish_gradients(detail::fsdp_unit& u) {
-  for (auto i : u.slots) slots_[i].finish();
-  for (auto i : u.slots) slots_[i].mark_finished();
+  for (auto i : u.slots)
+    if (!slots_[i].frozen) slots_[i].finish();
+  for (auto i : u.slots)
+    if (!slots_[i].frozen) slots_[i].mark_finished();
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reduce_finished_gradients(detail::fsdp_unit& u) {
   for (auto i : u.slots) {
     auto& s = slots_[i];
+    if (s.frozen) continue;
     Eigen::Map<nn::matrix<scalar>> whole(s.finished_grad(), s.rows, s.cols);
     Eigen::Map<nn::matrix<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
     if constexpr (std::is_same_v<reduce_type, scalar>) {

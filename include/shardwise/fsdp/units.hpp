@@ -30,6 +30,7 @@ struct fsdp_slot {
   std::vector<T> shard, shard_grad;            // no_shard: shard unused (the layer's tensor is the shard)
   T norm_weight = 1;                           // 0: another tp rank or copy counts it in the global norm
   bool mirror = false;                         // a pipeline stage's copy of a weight another stage owns
+  bool frozen = false;                         // sw::freeze: gathered for compute; no gradient, never stepped
   std::function<T*(bool whole)> resize_value;  // whole: rows x cols (its data); else freed (null)
   std::function<void()> finish;                // the tp step of sw::finish_gradients, for this parameter
   std::function<void()> mark_finished;

@@ -43,6 +43,13 @@ inline void nn_check_embedding(char const* fn, std::size_t ids, std::int64_t voc
 inline void nn_check_norm(char const* fn, Eigen::Index features) {
   if (features == 0) fail("shardwise::nn::", fn, ": x has no features (0 columns); normalize at least one");
 }
+/// A loss call's valid targets are a part of the step's (sw::count_valid_tokens); more is a count of other batches.
+template <class... Who>
+void check_within_step(std::size_t counted, double step_valid, Who const&... who) {
+  if (step_valid > 0 && static_cast<double>(counted) > step_valid)
+    fail(who..., ": ", counted, " valid targets here but ", step_valid,
+         " in the whole step; count every microbatch's targets with sw::count_valid_tokens");
+}
 }  // namespace shardwise::detail
 
 namespace shardwise::nn {
@@ -318,9 +325,7 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
                    ignore_index, ")");
     ++counted;
   }
-  if (denominator > 0 && static_cast<double>(counted) > denominator)
-    detail::fail("shardwise::nn::", fn, ": ", counted, " valid targets here but ", denominator,
-                 " in the whole step; count every microbatch's targets with sw::count_valid_tokens");
+  detail::check_within_step(counted, denominator, "shardwise::nn::", fn);
   if (counted == 0) {
     dlogits.setZero();
     return T(0);

@@ -18,17 +18,21 @@ void linear_core<T, Rule>::keep_adapter_shard() {
 }
 
 template <class T, class Rule>
+char const* linear_core<T, Rule>::adapter_refusal() const {
+  if (tied()) return "computes with another layer's weight (sw::tie_weights); adapt the owner";
+  if (lazy_) return "has no parameters yet (sw::Lazy); load or materialize the model first";
+  if (lora_) return "has an adapter already";
+  return "is under sw::fully_shard, which sharded its parameters as they were; add adapters before fully_shard";
+}
+
+template <class T, class Rule>
 void linear_core<T, Rule>::shardwise_add_lora(std::size_t rank, T scale, std::uint64_t seed) {
   std::size_t const limit = std::min(in_, unpadded_out_features());
   if (rank == 0 || rank > limit)
     fail("shardwise::add_lora: rank ", rank, " for the Linear at \"", path_, "\" (", in_, " -> ",
          unpadded_out_features(), "); give a rank from 1 to ", limit, ", the smaller of its features");
-  if (tied() || lazy_ || lora_)
-    fail("shardwise::add_lora: the Linear at \"", path_, "\" ",
-         tied()  ? "computes with another layer's weight (sw::tie_weights); adapt the owner"
-         : lazy_ ? "has no parameters yet (sw::Lazy); load or materialize the model first"
-                 : "has an adapter already",
-         "");
+  if (tied() || lazy_ || lora_ || this->shardwise_module_hooks())
+    fail("shardwise::add_lora: the Linear at \"", path_, "\" ", adapter_refusal());
   lora_adapter<T> adapter;
   matrix whole_a(static_cast<Eigen::Index>(rank), static_cast<Eigen::Index>(in_));
   fill_uniform(whole_a, T(1) / std::sqrt(static_cast<T>(in_)), seed);

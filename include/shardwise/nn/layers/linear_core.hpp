@@ -185,6 +185,8 @@ class linear_core : public layer_plumbing<T> {
   /// Adds a LoRA adapter (sw::add_lora): A drawn as peft draws it (uniform, bound 1/sqrt(in)) from `seed` over the
   /// whole [rank, in] and cut as the weight's columns are; B zeros. Before or after parallelize.
   void shardwise_add_lora(std::size_t rank, T scale, std::uint64_t seed);
+  /// Why the layer cannot take an adapter now (tied, lazy, adapted already, or under fully_shard).
+  [[nodiscard]] char const* adapter_refusal() const;
   /// The adapter's rank and scale; {0, 0} without one.
   [[nodiscard]] std::pair<std::size_t, T> lora_shape() const {
     return lora_ ? std::pair{static_cast<std::size_t>(lora_->a.rows()), lora_->scale} : std::pair{std::size_t{0}, T(0)};

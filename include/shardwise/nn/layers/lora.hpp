@@ -37,6 +37,8 @@ struct lora_adapter {
     matrix const dxa = scale * (dy * b);  // [tokens, rank]
     matrix& db = b_partial ? b_pending : b_grad;
     matrix& da = a_partial ? a_pending : a_grad;
+    if (db.rows() != b.rows() || db.cols() != b.cols()) db.setZero(b.rows(), b.cols());  // freed (FSDP) until now
+    if (da.rows() != a.rows() || da.cols() != a.cols()) da.setZero(a.rows(), a.cols());
     db.noalias() += (scale * dy.transpose()) * xa;  // [out, rank]
     da.noalias() += dxa.transpose() * x;            // [rank, in]
     dx.noalias() += dxa * a;

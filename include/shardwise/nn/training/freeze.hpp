@@ -17,7 +17,8 @@ namespace shardwise {
 /// Freezes every parameter of `model` whose name (sw::for_each_parameter's, "layers.0.attention.wq.weight")
 /// matches one of `patterns` (sw::name_matches: "*" is any run of characters); a weight tied to a frozen one
 /// (sw::tie_weights, or a pipeline stage's copy) is frozen with it. Call it on every rank alike, before the
-/// optimizer's first step. A pattern that matches no parameter is refused, naming it. Returns the number of
+/// optimizer's first step, and before sw::fully_shard (which then gathers frozen parameters for compute and never
+/// reduces or steps them). A pattern that matches no parameter is refused, naming it. Returns the number of
 /// parameters frozen.
 template <module Model>
 std::size_t freeze(Model& model, std::vector<std::string> const& patterns) {
@@ -30,6 +31,11 @@ std::size_t freeze(Model& model, std::vector<std::string> const& patterns) {
   };
   std::size_t frozen = 0;
   detail::for_each_named_layer(model, [&](auto& l, std::string const& path) {
+    if constexpr (requires { l.shardwise_module_hooks(); })
+      if (l.shardwise_module_hooks())
+        detail::fail("shardwise::freeze: the layer at \"", path,
+                     "\" is under sw::fully_shard, which sharded its parameters and their gradients as they were; "
+                     "freeze before fully_shard");
     std::apply(
         [&](auto const&... p) {
           auto const one = [&](auto const& q) {

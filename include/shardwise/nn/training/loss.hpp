@@ -178,9 +178,7 @@ LossAndGradient<T, P> loss_parallel_into(Comm const& comm, nn::const_matrix_ref<
 
   std::size_t counted = 0;
   for (auto t : targets) counted += t == ignore_index ? 0 : 1;
-  if (tokens.global > 0 && static_cast<double>(counted) > tokens.global)
-    detail::fail("shardwise::loss_parallel: ", counted, " valid targets here but ", tokens.global,
-                 " in the whole step; count every microbatch's targets with sw::count_valid_tokens");
+  detail::check_within_step(counted, tokens.global, "shardwise::loss_parallel");
   LossAndGradient<T, P> result{T(0), {std::move(gradient)}};
   if (counted == 0) {  // as nn::cross_entropy_forward_backward: zero loss and gradient
     result.dlogits.local.setZero();
