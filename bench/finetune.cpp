@@ -2,7 +2,8 @@
 // save_pretrained folder (sw::Lazy + load_pretrained: each rank reads its shard), train steps of packed rows whose
 // prompts' targets are masked, save (LoRA: the adapter in peft's files; full: the sharded model), and load that back
 // into a fresh model. Prints the median step's tokens/s, the seconds of the load, the save and the reload, the
-// optimizer's state and the process's peak resident set (VmHWM, per rank: over the ranks). One mode per process
+// optimizer's state and the process's peak resident set (VmHWM, per rank: over the ranks), and the step's floor: the
+// tokens/s its weights' products alone reach on the same threads (gemm_floor_seconds). One mode per process
 // (run_finetune.sh starts each), so each peak is its own; torch_finetune.py does the same with peft and torch.
 //
 //   bench_finetune --folder DIR --mode lora|full [--tp N] [--steps N] [--sequences N] [--out DIR] [--smoke]
@@ -55,6 +56,40 @@ void batch(models::LlamaConfig const& c, int sequences, std::vector<std::int64_t
       bool const prompt = t + 1 < c.sequence / 4;
       targets.push_back(prompt ? -100 : std::int64_t((std::size_t(b) * 131 + (t + 1) * 17) % c.vocabulary));
     }
+}
+
+/// The floor of a step on this machine: its products alone — each weight's forward and input gradient (and, in full
+/// fine-tuning, weight gradient) with this rank's shapes at tp, every layer and the output head — timed on this
+/// thread: the median of 3. The adapters' own small products, attention, norms and the loss are left out.
+double gemm_floor_seconds(models::LlamaConfig const& c, int sequences, int tp, bool weight_grads) {
+  using matrix = sw::nn::matrix<float>;
+  auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
+  auto const d = Eigen::Index(c.dim), h = Eigen::Index(c.hidden) / t, v = Eigen::Index(c.vocabulary) / t;
+  auto const q = Eigen::Index(c.heads * c.head_dim()) / t, kv = Eigen::Index(c.kv_heads * c.head_dim()) / t;
+  struct shape {
+    Eigen::Index in, out, times;
+  };
+  auto const layers = Eigen::Index(c.layers);
+  std::vector<shape> const shapes{{d, q, layers},     {d, kv, 2 * layers}, {q, d, layers},
+                                  {d, h, 2 * layers}, {h, d, layers},      {d, v, 1}};
+  std::vector<double> runs;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    double seconds = 0;
+    for (shape const& s : shapes) {
+      matrix const x = matrix::Random(tokens, s.in), w = matrix::Random(s.out, s.in),
+                   dy = matrix::Random(tokens, s.out);
+      matrix y(tokens, s.out), dx(tokens, s.in), dw(s.out, s.in);
+      auto const began = std::chrono::steady_clock::now();
+      for (Eigen::Index k = 0; k < s.times; ++k) {
+        y.noalias() = x * w.transpose();
+        dx.noalias() = dy * w;
+        if (weight_grads) dw.noalias() = dy.transpose() * x;
+      }
+      seconds += seconds_since(began);
+    }
+    runs.push_back(seconds);
+  }
+  return bench::median(runs);
 }
 
 /// The folder a --smoke run trains: a random toy Llama, saved as transformers saves one.
@@ -112,14 +147,17 @@ void run(options const& o) {
       sw::load_sharded(again, tp, o.out / "model");
     double const reload_seconds = seconds_since(began);
     std::size_t const state = optimizer.state_elements();
+    sw::barrier(tp);  // every rank's products at once, as in a step
+    double const floor = gemm_floor_seconds(model.config(), o.sequences, o.tp, !o.lora);
+    sw::barrier(tp);
     if (world.rank() != 0) return;
     double const tokens = double(o.sequences) * double(model.config().sequence);
     char const* mode = o.lora ? "lora" : "full";
-    std::printf("| shardwise %s tp %d | %.0f | %.2f | %.2f | %.2f | %.1f | %.0f |\n", mode, o.tp,
+    std::printf("| shardwise %s tp %d | %.0f | %.2f | %.2f | %.2f | %.1f | %.0f | %.0f |\n", mode, o.tp,
                 tokens / bench::median(times), load_seconds, save_seconds, reload_seconds,
-                double(state) * 4 / (1 << 20), (peak - rss_before) / o.tp);
-    std::printf("RESULT shardwise_%s_tp%d %.1f %.1f\n", mode, o.tp, tokens / bench::median(times),
-                (peak - rss_before) / o.tp);
+                double(state) * 4 / (1 << 20), (peak - rss_before) / o.tp, tokens / floor);
+    std::printf("RESULT shardwise_%s_tp%d %.1f %.1f %.1f\n", mode, o.tp, tokens / bench::median(times),
+                (peak - rss_before) / o.tp, tokens / floor);
   });
 }
 

@@ -86,7 +86,7 @@ def run(args):
     tokens = args.sequences * model.config.max_position_embeddings
     rate = tokens / statistics.median(times)
     print(f"| {'peft' if args.mode == 'lora' else 'torch'} {args.mode}, {args.threads} thread(s) | {rate:.0f} | "
-          f"{load_seconds:.2f} | {save_seconds:.2f} | {reload_seconds:.2f} | {state / MIB:.1f} | {peak - rss_before:.0f} |")
+          f"{load_seconds:.2f} | {save_seconds:.2f} | {reload_seconds:.2f} | {state / MIB:.1f} | {peak - rss_before:.0f} | |")
     print(f"RESULT torch_{args.mode}_threads{args.threads} {rate:.1f} {peak - rss_before:.1f}")
 
 
