@@ -185,6 +185,10 @@ shardwise_add_compile_fail_test(checkpoint_optimizer_fsdp SOURCE compile_fail/ch
 shardwise_add_compile_fail_test(checkpoint_fsdp_stage SOURCE compile_fail/checkpoint_fsdp_stage.cpp
   LINK shardwise::checkpoint shardwise::eigen
   EXPECT "shardwise::save_sharded: the model under FSDP is a pipeline stage, and the saves of a model under FSDP do not take the pipeline axis")
+# The adapters of a model under hybrid sharding, which save_lora does not offer yet.
+shardwise_add_compile_fail_test(save_lora_hybrid SOURCE compile_fail/save_lora_hybrid.cpp
+  LINK shardwise::checkpoint shardwise::eigen
+  EXPECT "shardwise::save_lora: a model under hybrid sharding \\(fully_shard\\(model, dp, replicate\\)\\) is not offered yet")
 # And a pipeline stage's save with the optimizer, and the dp x tp load with it.
 shardwise_add_compile_fail_test(checkpoint_optimizer_stage_fsdp SOURCE compile_fail/checkpoint_optimizer_stage_fsdp.cpp
   LINK shardwise::checkpoint shardwise::eigen

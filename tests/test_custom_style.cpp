@@ -17,6 +17,13 @@ TEST_CASE("a style written outside the library trains like the unsharded block, 
   }
 }
 
+TEST_CASE("LoRA adapters on a style written outside the library train like the unsharded block's, threads") {
+  for (int n : {1, 2, 4}) {
+    INFO("ranks: ", n);
+    worlds::run_threads(n, [](auto& world) { custom_style_cases::adapters_train_like_the_unsharded_block(world); });
+  }
+}
+
 TEST_CASE("a module style written outside the library moves the module's input at its boundary, threads") {
   for (int n : {1, 2, 4}) {
     INFO("ranks: ", n);

@@ -12,6 +12,10 @@ TEST_CASE("a style written outside the library trains like the unsharded block, 
   custom_style_cases::trains_like_the_unsharded_block(worlds::mpi());
 }
 
+TEST_CASE("LoRA adapters on a style written outside the library train like the unsharded block's, MPI mesh") {
+  custom_style_cases::adapters_train_like_the_unsharded_block(worlds::mpi());
+}
+
 TEST_CASE("a module style written outside the library moves the module's input at its boundary, MPI mesh") {
   custom_style_cases::module_style_at_a_boundary(worlds::mpi());
 }

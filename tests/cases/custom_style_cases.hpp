@@ -6,7 +6,8 @@
 // - forward, backward and five AdamW steps equal the unsharded run (fp64, 1e-12 relative): the block's input is
 //   data already in bfloat16's precision, so the low-precision gather moves it exactly;
 // - what the counting mesh records equals the layers' costs, and the gathers move 2 bytes a value;
-// - a sharded checkpoint round trip restores every parameter bit for bit.
+// - a sharded checkpoint round trip restores every parameter bit for bit;
+// - LoRA adapters on the block's Linears, this style's included, train like the unsharded block's.
 // And a module style written here (sw::module_style): the same block's input gathered in bfloat16 at its
 // boundary by sw::forward, checked against the unsharded block and the counting mesh against sw::call_cost.
 #include <doctest/doctest.h>
@@ -116,6 +117,48 @@ void trains_like_the_unsharded_block(World const& world) {
     sw::zero_grad(serial);
   }
   check_parameters(sharded, serial, rank, n, "after five AdamW steps");
+}
+
+/// LoRA adapters (sw::add_lora) on the block's three Linears, the style's included, with nothing added to the style:
+/// five AdamW steps of the adapters (the base frozen) give the unsharded block's outputs, input gradients and
+/// adapters (fp64, 1e-12 relative).
+template <class World>
+void adapters_train_like_the_unsharded_block(World const& world) {
+  int const n = world.size(), rank = world.rank();
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, n});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const serial_dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  Block sharded(dim, hidden, 5);
+  SerialBlock serial(dim, hidden, 5);
+  sw::parallelize(sharded, tp);
+  sw::LoraConfig const lora{.rank = 4, .alpha = 8, .target_modules = {"w[123]"}};
+  CHECK(sw::add_lora(sharded, lora) == 3);
+  CHECK(sw::add_lora(serial, lora) == 3);
+  sw::AdamW<double> sharded_adam({.learning_rate = 1e-2}), serial_adam({.learning_rate = 1e-2});
+  for (int step = 0; step < 5; ++step) {
+    matrix const x = bf16_data(tokens, dim, 300 + step), dy = bf16_data(tokens, dim, 400 + step);
+    auto const y = sharded.forward(sw::Activation<double, sw::Shard<0>>{rows_of(x, rank, n)});
+    CHECK(relative_error(y.local, rows_of(serial.forward(sw::Activation<double>{x}).local, rank, n)) <= 1e-12);
+    auto const dx = sharded.backward(sw::Activation<double, sw::Shard<0>>{rows_of(dy, rank, n)});
+    CHECK(relative_error(dx.local, rows_of(serial.backward(sw::Activation<double>{dy}).local, rank, n)) <= 1e-12);
+    sharded_adam.step(sw::finish_gradients(sharded), dp);
+    serial_adam.step(sw::finish_gradients(serial), serial_dp);
+    sw::zero_grad(sharded);
+    sw::zero_grad(serial);
+  }
+  std::vector<matrix> expected;
+  sw::for_each_parameter(serial, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") != std::string::npos) expected.push_back(*p.value);
+  });
+  std::size_t i = 0;
+  sw::for_each_parameter(sharded, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") == std::string::npos) return;
+    INFO(name);
+    REQUIRE(i < expected.size());
+    CHECK(relative_error(sw::full_tensor(p), expected[i++]) <= 1e-12);
+  });
+  CHECK(i == 6);
 }
 
 /// A module style written here, not in the library (sw::module_style): the module's sequence-cut input is

@@ -7,10 +7,13 @@
 // dp 2 x tp 2 with ZeRO-1, FSDP dp 2 and dp 2 x tp 2 (the frozen base gathered, never reduced nor stepped) and
 // pp 2 (two microbatches) the losses and adapters equal the unsharded run's within 1e-10.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/fsdp/peft.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
@@ -138,9 +141,20 @@ Result train(World const& world, int dp_size, bool zero1, int rows = 1) {
   return r;
 }
 
+/// A folder every rank of `world` names alike (world rank 0's process id): the same for threads and processes.
+template <class World>
+std::filesystem::path shared_folder(World const& world, std::string const& name) {
+  auto const all = sw::make_mesh<"all">(world, {world.size()});
+  double const id = sw::all_reduce(all, world.rank() == 0 ? double(::getpid()) : 0.0, sw::Max{});
+  return std::filesystem::temp_directory_path() /
+         ("shardwise_lora_" + name + "_" + std::to_string(std::int64_t(id)) + "_" + std::to_string(world.size()));
+}
+
 /// 5 AdamW steps of the adapters under FSDP (full shard, a unit per block) on dp x tp = {world / tp_size, tp_size},
 /// dp rank r on packed row r: the frozen base gathered for compute and never reduced, its values bit for bit after;
-/// the optimizer's state two moments per adapter element, over the dp ranks' shards. Returns the losses and every
+/// the optimizer's state two moments per adapter element, over the dp ranks' shards. Saved with the optimizer after
+/// 3 steps and loaded into a second sharded model, which then takes steps 4 and 5 bit for bit as the first; the
+/// adapters saved in peft's files at the end load into an unsharded model bit for bit. Returns the losses and every
 /// adapter whole.
 template <class Plan, class World>
 Result train_fsdp(World const& world, int tp_size) {
@@ -148,30 +162,38 @@ Result train_fsdp(World const& world, int tp_size) {
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {world.size() / tp_size, tp_size});
   auto const dp = sw::submesh<"dp">(mesh);
   auto const tp = sw::submesh<"tp">(mesh);
-  models::Llama<double, Plan> model(c);
-  sw::parallelize(model, tp);
-  sw::add_lora(model, lora());  // B zero, as train()'s
+  using policy = sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>;
+  models::Llama<double, Plan> model(c), resumed_model(c);
+  for (auto* m : {&model, &resumed_model}) sw::parallelize(*m, tp), sw::add_lora(*m, lora());  // B zero, as train()'s
   std::vector<matrix> base;
   sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
     if (name.find(".lora_") == std::string::npos) base.push_back(*p.value);
   });
   double const adapters = static_cast<double>(sw::trainable_elements(model));
-  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
-  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0});
-  Result r;
-  for (int step = 0; step < 5; ++step) {
+  auto sharded = sw::fully_shard<policy>(model, dp), resumed = sw::fully_shard<policy>(resumed_model, dp);
+  sw::AdamW<double> optimizer({.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 1.0}),
+      resumed_optimizer(optimizer.options());
+  auto const step = [&](auto& on, sw::AdamW<double>& with, int s) {
     std::vector<std::int64_t> ids, targets;
     std::vector<std::size_t> lengths;
-    llama_packed_cases::packed_row(step, dp.rank(), ids, targets, lengths);
-    auto const loss =
-        models::llama_loss(tp, sharded.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
-    sharded.backward(loss.dlogits);
-    optimizer.step(sharded);
-    sw::zero_grad(sharded);
-    r.losses.push_back(sw::all_reduce(dp, loss.loss, sw::Avg{}));
+    llama_packed_cases::packed_row(s, dp.rank(), ids, targets, lengths);
+    auto const loss = models::llama_loss(tp, on.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
+    on.backward(loss.dlogits);
+    with.step(on);
+    sw::zero_grad(on);
+    return sw::all_reduce(dp, loss.loss, sw::Sum{}) / dp.size();
+  };
+  auto const checkpoint = shared_folder(world, "fsdp_checkpoint"), adapter = shared_folder(world, "fsdp_adapter");
+  Result r;
+  for (int s = 0; s < 5; ++s) {
+    r.losses.push_back(step(sharded, optimizer, s));
+    if (s == 2) sw::save_sharded(sharded, optimizer, tp, checkpoint, 3);
   }
+  sw::load_sharded(resumed, resumed_optimizer, tp, checkpoint);
+  for (int s = 3; s < 5; ++s) CHECK(step(resumed, resumed_optimizer, s) == r.losses[std::size_t(s)]);  // bit for bit
   double const state = sw::all_reduce(dp, static_cast<double>(optimizer.state_elements()), sw::Sum{});
   CHECK(state == 2 * adapters);  // the adapters' moments, cut over dp; none for the frozen base
+  sw::save_lora(sharded, tp, adapter, lora());
   sharded.unshard();
   std::size_t i = 0;
   sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
@@ -183,6 +205,16 @@ Result train_fsdp(World const& world, int tp_size) {
     }
   });
   sharded.reshard();
+  models::Llama<double> unsharded(c);  // the adapters saved under FSDP, read back whole
+  sw::load_lora(unsharded, sw::make_mesh<"tp">(sw::serial_world(), {1}), adapter);
+  std::size_t k = 0;
+  sw::for_each_parameter(unsharded, [&](std::string const& name, auto const& p) {
+    if (name.find(".lora_") == std::string::npos) return;
+    INFO(name);
+    CHECK(*p.value == r.parameters[k++]);
+  });
+  sw::barrier(mesh);
+  if (world.rank() == 0) std::filesystem::remove_all(checkpoint), std::filesystem::remove_all(adapter);
   return r;
 }
 

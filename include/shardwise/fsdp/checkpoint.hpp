@@ -63,6 +63,7 @@ struct sharded_with_state {
     std::size_t i = 0;
     sharded.shardwise_for_each_parameter_shard(
         [&](std::string const& name, auto const& p, auto rows, auto cols, auto first_row, auto const& shard) {
+          if (is_frozen(p)) return;  // no state (sw::freeze): the optimizer never saw it
           auto const [m, v] = moments[i++];
           for (auto const& [moment, suffix] : {std::pair{m, ".exp_avg"}, std::pair{v, ".exp_avg_sq"}}) {
             nn::matrix<T> values = Eigen::Map<nn::matrix<T> const>(moment.data(), shard.rows(), shard.cols());

@@ -39,7 +39,7 @@ void linear_core<T, Rule>::shardwise_add_lora(std::size_t rank, T scale, std::ui
   auto const cols = static_cast<Eigen::Index>(local_in_);
   adapter.a = cut_cols && group_ ? matrix(whole_a.middleCols(group_->rank() * cols, cols)) : std::move(whole_a);
   adapter.b = matrix::Zero(static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(rank));
-  adapter.scale = scale;
+  adapter.scale = scale, adapter.rank = rank;
   adapter.a_partial = is_partial_v<lora_a_placement>, adapter.b_partial = is_partial_v<lora_b_placement>;
   adapter.zero_grad();
   lora_ = std::move(adapter);
@@ -48,6 +48,10 @@ void linear_core<T, Rule>::shardwise_add_lora(std::size_t rank, T scale, std::ui
 template <class T, class Rule>
 void linear_core<T, Rule>::shardwise_merge_lora() {
   if (!lora_) return;
+  if (this->shardwise_module_hooks())
+    fail("shardwise::merge_lora: the Linear at \"", path_,
+         "\" is under sw::fully_shard, which keeps its weight's and adapter's shards apart from the layer; save the "
+         "adapters (sw::save_lora), load them into a model not under fully_shard (sw::load_lora) and merge there");
   lora_->merge_into(weight);
   lora_.reset();
 }

@@ -189,7 +189,7 @@ class linear_core : public layer_plumbing<T> {
   [[nodiscard]] char const* adapter_refusal() const;
   /// The adapter's rank and scale; {0, 0} without one.
   [[nodiscard]] std::pair<std::size_t, T> lora_shape() const {
-    return lora_ ? std::pair{static_cast<std::size_t>(lora_->a.rows()), lora_->scale} : std::pair{std::size_t{0}, T(0)};
+    return lora_ ? std::pair{lora_->rank, lora_->scale} : std::pair{std::size_t{0}, T(0)};
   }
   /// Adds scale * B A into this rank's piece of the weight and removes the adapter (no communication).
   void shardwise_merge_lora();

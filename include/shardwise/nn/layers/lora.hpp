@@ -21,6 +21,7 @@ struct lora_adapter {
   matrix a_grad, b_grad;        ///< Their gradients (finished).
   matrix a_pending, b_pending;  ///< Partial gradients (the factor the style leaves whole), before the sum.
   T scale = T(1);               ///< alpha / rank (rsLoRA: alpha / sqrt(rank)).
+  std::size_t rank = 0;         ///< r, kept apart: under FSDP a and b are freed between their unit's calls.
   bool a_partial = false, b_partial = false;  ///< Which factor's gradient is a partial sum over tp.
 
   /// y += scale * (x A^T) B^T, on the layer's product (before its style moves it).
