@@ -90,11 +90,11 @@ struct whole_moments {
 template <class T, class Model>
 std::vector<whole_moments<T>> blank_moments(Model& model) {
   std::vector<whole_moments<T>> moments;
-  for_each_parameter(model, [&](std::string const&, auto const& p) {
-    if (is_frozen(p)) return;  // no state (sw::freeze)
-    auto const rows = p.value->rows(), cols = p.value->cols();
+  for (listed_parameter<T> const& p : list_model<T>(model, {}).parameters) {
+    if (p.frozen) continue;  // no state (sw::freeze)
+    auto const rows = p.value.rows(), cols = p.value.cols();
     moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
-  });
+  }
   return moments;
 }
 
@@ -155,6 +155,35 @@ void on_dp_rank0(DpMesh const& dp, std::filesystem::path const& dir, std::string
   agree_on_errors(dp, error, stage, dir);
 }
 
+/// model_with_state's walk over the model's list: every parameter, then the moments of the trained ones (sized
+/// first when `loading`), as fn(name, parameter, rows, cols, first row, value).
+template <class T, class Fn>
+void for_each_tensor_with_moments(model_list<T> const& list, std::vector<whole_moments<T>>& moments, bool loading,
+                                  Fn& fn) {
+  for (listed_layer const& l : list.layers) materialized_for_checkpoint(l, loading);
+  for (listed_parameter<T> const& p : list.parameters) {
+    auto const rows = p.value.rows(), cols = p.value.cols();
+    if (p.value.matrix)
+      fn(checkpoint_name(p.name, p), p, rows, cols, 0, *p.value.matrix);
+    else
+      fn(checkpoint_name(p.name, p), p, rows, cols, 0, *p.value.vector);
+  }
+  std::size_t i = 0;
+  for (listed_parameter<T> const& p : list.parameters) {
+    if (p.frozen) continue;  // no state (sw::freeze)
+    auto const rows = p.value.rows(), cols = p.value.cols();
+    if (loading && i == moments.size())
+      moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
+    if (i == moments.size() || moments[i].m.rows() != rows || moments[i].m.cols() != cols)
+      fail("shardwise::save_sharded: the optimizer's state does not fit parameter \"", p.name,
+           "\"; save the optimizer with the model it trains");
+    auto& [m, v] = moments[i++];
+    std::string const stored = concat(optimizer_state_prefix, checkpoint_name(p.name, p));
+    fn(stored + ".exp_avg", p, rows, cols, 0, m);
+    fn(stored + ".exp_avg_sq", p, rows, cols, 0, v);
+  }
+}
+
 /// A model (or pipeline stage) not under FSDP with its AdamW moments, walked as one checkpoint: the parameters,
 /// then their moments as tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" cut as the parameter is. A load
 /// (`loading`) materializes lazily declared layers and sizes the moments as it walks them.
@@ -169,26 +198,7 @@ struct model_with_state {
 
   template <class Fn>
   void shardwise_for_each_parameter_shard(Fn&& fn) {
-    for_each_named_layer(model,
-                         [&](auto& l, std::string const& path) { materialized_for_checkpoint(l, path, loading); });
-    for_each_parameter(model, [&](std::string const& name, auto const& p) {
-      auto& value = *p.value;
-      fn(checkpoint_name(name, p), p, value.rows(), value.cols(), 0, value);
-    });
-    std::size_t i = 0;
-    for_each_parameter(model, [&](std::string const& name, auto const& p) {
-      if (is_frozen(p)) return;  // no state (sw::freeze)
-      auto const rows = p.value->rows(), cols = p.value->cols();
-      if (loading && i == moments.size())
-        moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
-      if (i == moments.size() || moments[i].m.rows() != rows || moments[i].m.cols() != cols)
-        fail("shardwise::save_sharded: the optimizer's state does not fit parameter \"", name,
-             "\"; save the optimizer with the model it trains");
-      auto& [m, v] = moments[i++];
-      std::string const stored = concat(optimizer_state_prefix, checkpoint_name(name, p));
-      fn(stored + ".exp_avg", p, rows, cols, 0, m);
-      fn(stored + ".exp_avg_sq", p, rows, cols, 0, v);
-    });
+    for_each_tensor_with_moments(list_model<T>(model, {.names = true}), moments, loading, fn);
   }
   /// For loaders: a checkpoint saved without the optimizer is refused by name, not as a missing tensor.
   void shardwise_check_index(checkpoint_index const& index, std::string const& file) const {

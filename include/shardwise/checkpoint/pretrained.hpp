@@ -153,29 +153,39 @@ inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const
   return p;
 }
 
+/// Whether file tensor `file_name` is the source the mapping gives `name`, a weight tied to `owner`'s: then the
+/// pair of them. A mapping that has no source for the tied weight, or throws for it, answers nullopt.
+inline std::optional<std::pair<std::string, std::string>> tied_pair(checkpoint_mapping const& mapping,
+                                                                    std::string const& file_name, std::string name,
+                                                                    std::string_view owner) {
+  std::optional<tensor_source> s;
+  try {
+    s = mapping ? mapping(name) : tensor_source{name};
+  } catch (std::exception const&) {  // only asked to explain an error: the error stays as it was
+    return std::nullopt;
+  }
+  if (!s || s->name != file_name) return std::nullopt;
+  return std::pair{std::move(name), std::string(owner) + ".weight"};
+}
+
 /// When file tensor `file_name` is the source the mapping gives a weight the model ties to another layer's
 /// (a tied output projection: transformers' lm_head.weight), that weight's name and its owner's; else nullopt.
-/// A mapping that has no source for the tied weight, or throws for it, answers nullopt.
 template <class Model>
 std::optional<std::pair<std::string, std::string>> tied_source(Model& model, checkpoint_mapping const& mapping,
                                                                std::string const& file_name) {
   std::optional<std::pair<std::string, std::string>> found;
-  for_each_named_layer(model, [&](auto& l, std::string const& path) {
-    if constexpr (requires {
-                    { l.tied() } -> std::convertible_to<bool>;
-                    l.tied_to();
-                  }) {
-      if (found || !l.tied()) return;
-      std::string const name = path + ".weight";
-      std::optional<tensor_source> s;
-      try {
-        s = mapping ? mapping(name) : tensor_source{name};
-      } catch (std::exception const&) {  // only asked to explain an error: the error stays as it was
-        return;
-      }
-      if (s && s->name == file_name) found.emplace(name, std::string(l.tied_to()) + ".weight");
-    }
-  });
+  if constexpr (requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); }) {
+    for_each_named_layer(model, [&](auto& l, std::string const& path) {
+      if constexpr (requires {
+                      { l.tied() } -> std::convertible_to<bool>;
+                      l.tied_to();
+                    })
+        if (!found && l.tied()) found = tied_pair(mapping, file_name, path + ".weight", l.tied_to());
+    });
+  } else {  // the model's list, which its optimizer builds too
+    for (listed_layer const& l : list_model<model_element_t<Model>>(model, {.names = true}).layers)
+      if (!found && !l.tied_to.empty()) found = tied_pair(mapping, file_name, l.path + ".weight", l.tied_to);
+  }
   return found;
 }
 

@@ -32,6 +32,7 @@
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/lazy.hpp"
+#include "shardwise/nn/parameter_list.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"
 
@@ -103,22 +104,20 @@ inline std::vector<row_run> row_runs(tensor_layout const& t, bool saving) {
   return runs;
 }
 
-/// The layout of parameter p (of the layer at `path`) on tp rank `rank` of `size`, whose local tensor there is
-/// local_rows x local_cols.
-template <class P>
-tensor_layout layout_of(P const& p, std::string const& path, int size, int rank, std::size_t local_rows,
+/// The layout of listed parameter p, named `name` ("layers.0.attention.wq.weight"), on tp rank `rank` of `size`,
+/// whose local tensor there is local_rows x local_cols.
+template <class T>
+tensor_layout layout_of(listed_parameter<T> const& p, std::string name, int size, int rank, std::size_t local_rows,
                         std::size_t local_cols) {
-  using Tensor = typename P::tensor_type;
-  using G = typename P::grad_placement;
   auto const tp = static_cast<std::size_t>(size);
   tensor_layout t;
   t.mirror = !p.mirror_of.empty();
-  t.name = t.mirror ? std::string(p.mirror_of) : path + "." + std::string(p.leaf);
-  t.type = dtype_of<typename Tensor::Scalar>;
-  t.is_vector = Tensor::ColsAtCompileTime == 1;
+  t.name = t.mirror ? std::string(p.mirror_of) : std::move(name);
+  t.type = dtype_of<T>;
+  t.is_vector = p.is_vector;
   t.local_rows = local_rows;
   t.local_cols = local_cols;
-  if constexpr (is_shard_v<G>) t.shard_dim = G::dim < 0 ? G::dim + (t.is_vector ? 1 : 2) : G::dim;
+  t.shard_dim = p.shard_dim;
   t.physical_rows = t.local_rows * (t.shard_dim == 0 ? tp : 1);
   t.cols = t.local_cols * (t.shard_dim == 1 ? tp : 1);
   t.row_offset = t.shard_dim == 0 ? t.local_rows * static_cast<std::size_t>(rank) : 0;
@@ -136,24 +135,45 @@ tensor_layout layout_of(P const& p, std::string const& path, int size, int rank,
   return t;
 }
 
-/// A lazily declared layer (at `path`) allocated for a load (`materialize`), or refused for a save: a layer
-/// that no load has filled has nothing to write.
-template <class Layer>
-void materialized_for_checkpoint(Layer& l, std::string const& path, bool materialize) {
-  if constexpr (requires { l.materialized(); }) {
-    if (l.materialized()) return;
-    if constexpr (requires { l.shardwise_materialize(); })
-      if (materialize) l.shardwise_materialize();
-    if (!l.materialized())
-      fail("shardwise::save_sharded: the layer at \"", path,
-           "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
+/// The same for a typed parameter (sw::Parameter) of the layer at `path`.
+template <class Tensor, class G>
+tensor_layout layout_of(Parameter<Tensor, G> const& p, std::string const& path, int size, int rank,
+                        std::size_t local_rows, std::size_t local_cols) {
+  return layout_of(list_entry<typename Tensor::Scalar>(p, {}), path + "." + std::string(p.leaf), size, rank, local_rows,
+                   local_cols);
+}
+
+/// A lazily declared layer allocated for a load (`materialize`), or refused for a save: a layer that no load has
+/// filled has nothing to write.
+inline void materialized_for_checkpoint(listed_layer const& l, bool materialize) {
+  if (!l.materialized || l.materialized(l.layer)) return;
+  if (materialize && l.materialize) l.materialize(l.layer);
+  if (!l.materialized(l.layer))
+    fail("shardwise::save_sharded: the layer at \"", l.path,
+         "\" is not materialized (declared lazily); fill it from a checkpoint or call sw::materialize first");
+}
+
+/// Calls fn(layout, value) for every parameter of a model's list (built with names) as it lies on tp rank `rank`
+/// of `size`, `value` this rank's matrix or vector. With `materialize`, a lazily declared layer is allocated (this
+/// rank's shard) first; without, it is refused.
+template <class T, class Fn>
+void for_each_listed_tensor(model_list<T> const& list, int size, int rank, bool materialize, Fn&& fn) {
+  for (listed_layer const& l : list.layers) {
+    materialized_for_checkpoint(l, materialize);
+    for (std::size_t i = l.first_parameter; i < l.end_parameter; ++i) {
+      listed_parameter<T> const& p = list.parameters[i];
+      auto const rows = static_cast<std::size_t>(p.value.rows()), cols = static_cast<std::size_t>(p.value.cols());
+      if (p.value.matrix)
+        fn(layout_of(p, p.name, size, rank, rows, cols), *p.value.matrix);
+      else
+        fn(layout_of(p, p.name, size, rank, rows, cols), *p.value.vector);
+    }
   }
 }
 
-/// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size`. With
-/// `materialize`, a lazily declared layer is allocated (this rank's shard) first; without, it is refused. A
-/// model whose ranks hold rows of the tp-local tensors (FSDP's shards) hands them out itself: the layout is then
-/// of those rows, and `value` a matrix of them that fn may read or overwrite.
+/// Calls fn(layout, value) for every parameter of the model as it lies on tp rank `rank` of `size` (see
+/// for_each_listed_tensor). A model whose ranks hold rows of the tp-local tensors (FSDP's shards) hands them out
+/// itself: the layout is then of those rows, and `value` a matrix of them that fn may read or overwrite.
 template <class Model, class Fn>
 void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materialize, Fn&& fn) {
   if constexpr (requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); }) {
@@ -166,21 +186,7 @@ void for_each_checkpoint_tensor(Model& model, int size, int rank, bool materiali
       fn(t, shard);
     });
   } else {
-    auto visit_layer = [&](auto& l, std::string const& path) {
-      materialized_for_checkpoint(l, path, materialize);
-      auto parameters = l.parameters();
-      [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (
-            [&](auto const& p) {
-              if (!p.present) return;  // a layer without bias, a weight tied to another layer's (saved there)
-              auto const rows = static_cast<std::size_t>(p.value->rows());
-              auto const cols = static_cast<std::size_t>(p.value->cols());
-              fn(layout_of(p, path, size, rank, rows, cols), *p.value);
-            }(std::get<I>(parameters)),
-            ...);
-      }(std::make_index_sequence<std::tuple_size_v<decltype(parameters)>>{});
-    };
-    for_each_named_layer(model, visit_layer);
+    for_each_listed_tensor(list_model<model_element_t<Model>>(model, {.names = true}), size, rank, materialize, fn);
   }
 }
 

@@ -3,6 +3,7 @@
 // zero_grad and the optimizers run over the list, so their code is compiled once per element type, not once
 // per model type: a program that trains a model under several plans walks each model's tree once
 // (docs/history/design-issue-34.md, step 3).
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -57,8 +58,12 @@ struct listed_parameter {
   std::size_t copies = 1, copy_block = 0;
   bool* copies_summed = nullptr;
   std::string_view mirror_of;
-  bool frozen = false;  // sw::freeze: not trained (no gradient, no optimizer state, nothing to finish)
-  std::string name;     // "layers.0.attention.wq.weight" when the list was built with names, else empty
+  bool frozen = false;               // sw::freeze: not trained (no gradient, no optimizer state, nothing to finish)
+  std::string name;                  // "layers.0.attention.wq.weight" when the list was built with names, else empty
+  std::string_view leaf = "weight";  // its name within its layer
+  bool is_vector = false;            // held as a vector (a bias, a norm's weight)
+  int shard_dim = -1;                // the dimension tp cuts its value on (-1: replicated)
+  std::size_t real_rows = 0;         // rows of the unsharded tensor that are the model's (0: all; see Parameter)
 
   /// The finished gradient: a Partial one's is where reduce() added the sum.
   [[nodiscard]] tensor_slot<T> finished_grad() const { return partial && reduced_into ? reduced_into : grad; }
@@ -70,10 +75,16 @@ struct listed_parameter {
   }
 };
 
-/// One layer of the list: the object and how to zero its gradients (null for a layer that has no zero_grad).
+/// One layer of the list: the object, what the walks that need no layer type ask of it (each null where the layer
+/// cannot do it), and its parameters, list.parameters[first_parameter, end_parameter) of the list as built.
 struct listed_layer {
   void* layer = nullptr;
   void (*zero_grad)(void*) = nullptr;
+  bool (*materialized)(void const*) = nullptr;  // null: always (a layer that cannot be declared lazily)
+  void (*materialize)(void*) = nullptr;
+  std::string_view tied_to;  // a weight tied to another layer's: the owner's path (else empty)
+  std::string path;          // "layers.0.attention.wq" when the list was built with names, else empty
+  std::size_t first_parameter = 0, end_parameter = 0;
 };
 
 /// A model's layers and their present parameters, in the order of sw::for_each_parameter.
@@ -141,6 +152,11 @@ listed_parameter<T> list_entry(Parameter<Tensor, G> const& p, list_path const& p
   entry.copies_summed = p.copies_summed;
   entry.mirror_of = p.mirror_of;
   entry.frozen = is_frozen(p);
+  entry.leaf = p.leaf;
+  entry.is_vector = Tensor::ColsAtCompileTime == 1;
+  if constexpr (is_shard_v<G>)
+    entry.shard_dim = G::dim < 0 ? G::dim + (Tensor::ColsAtCompileTime == 1 ? 1 : 2) : G::dim;
+  entry.real_rows = p.real_rows;
   if (path.named) entry.name = path.text.empty() ? std::string(p.leaf) : path.text + "." + std::string(p.leaf);
   return entry;
 }
@@ -149,6 +165,14 @@ template <class L>
 void zero_grad_of(void* layer) {
   static_cast<L*>(layer)->zero_grad();
 }
+template <class L>
+bool materialized_of(void const* layer) {
+  return static_cast<L const*>(layer)->materialized();
+}
+template <class L>
+void materialize_of(void* layer) {
+  static_cast<L*>(layer)->shardwise_materialize();
+}
 
 /// The model's list: one walk of its tree, the only one finish_gradients, zero_grad and the optimizers compile.
 template <class T, class Model>
@@ -156,12 +180,23 @@ model_list<T> list_model(Model& model, list_options options) {
   model_list<T> list;
   auto on_layer = [&](auto& l, list_path const& path) {
     using L = std::remove_cvref_t<decltype(l)>;
-    listed_layer entry{&l};
+    listed_layer entry;
+    entry.layer = &l;
     if constexpr (requires { l.zero_grad(); }) entry.zero_grad = &zero_grad_of<L>;
-    list.layers.push_back(entry);
+    if constexpr (requires { l.materialized(); }) entry.materialized = &materialized_of<L>;
+    if constexpr (requires { l.shardwise_materialize(); }) entry.materialize = &materialize_of<L>;
+    if constexpr (requires {
+                    { l.tied() } -> std::convertible_to<bool>;
+                    { l.tied_to() } -> std::convertible_to<std::string_view>;
+                  })
+      if (l.tied()) entry.tied_to = l.tied_to();
+    if (path.named) entry.path = path.text;
+    entry.first_parameter = list.parameters.size();
     std::apply(
         [&](auto const&... p) { ((p.present ? list.parameters.push_back(list_entry<T>(p, path)) : void()), ...); },
         l.parameters());
+    entry.end_parameter = list.parameters.size();
+    list.layers.push_back(std::move(entry));
   };
   auto on_module = skip_node;
   walk_tree(model, list_path{{}, options.names}, on_module, on_layer);
