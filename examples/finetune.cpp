@@ -8,8 +8,8 @@
 //   ./finetune FOLDER --data train.tsv --steps 200 --out run/   # 4 threads: dp 2 x tp 2
 //   mpiexec -n 4 ./finetune FOLDER --data train.tsv
 //
-// train.tsv: one document a line, the prompt's token ids, a tab, the response's (docs/fine-tuning.md makes it with
-// the model's tokenizer in two lines of Python). The loss is taken on the responses' tokens only.
+// train.tsv: one document a line, the prompt's token ids, a tab, the response's (docs/fine-tuning-recipe.md makes
+// it with the model's tokenizer in two lines of Python). The loss is taken on the responses' tokens only.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
