@@ -71,6 +71,29 @@ inline void check_parameters(Block& sharded, SerialBlock& serial, int rank, int 
   CHECK(relative_error(sharded.w2.weight, cols(serial.w2.weight)) <= 1e-12);
 }
 
+/// The block parallelized over `tp` and the unsharded one, from the same seed, each with its AdamW (lr 1e-2).
+struct block_pair {
+  Block sharded{dim, hidden, 5};
+  SerialBlock serial{dim, hidden, 5};
+
+  template <class Tp>
+  explicit block_pair(Tp const& tp) : sharded_adam_(options()), serial_adam_(options()) {
+    sw::parallelize(sharded, tp);
+  }
+  /// One AdamW step of each over its finished gradients (the sharded one's over `dp`), then the gradients zeroed.
+  template <class Dp>
+  void step(Dp const& dp) {
+    sharded_adam_.step(sw::finish_gradients(sharded), dp);
+    serial_adam_.step(sw::finish_gradients(serial), sw::make_mesh<"dp">(sw::serial_world(), {1}));
+    sw::zero_grad(sharded);
+    sw::zero_grad(serial);
+  }
+
+ private:
+  static sw::AdamWOptions<double> options() { return {.learning_rate = 1e-2}; }
+  sw::AdamW<double> sharded_adam_, serial_adam_;
+};
+
 /// Forward, backward and five AdamW steps against the unsharded block; the counting mesh's record of the first
 /// forward and backward against the layers' costs.
 template <class World>
@@ -80,11 +103,9 @@ void trains_like_the_unsharded_block(World const& world) {
   auto const mesh = sw::make_mesh<"dp", "tp">(counted, {1, n});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
-  auto const serial_dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
-  Block sharded(dim, hidden, 5);
-  SerialBlock serial(dim, hidden, 5);
-  sw::parallelize(sharded, tp);
-  sw::AdamW<double> sharded_adam({.learning_rate = 1e-2}), serial_adam({.learning_rate = 1e-2});
+  block_pair blocks(tp);
+  Block& sharded = blocks.sharded;
+  SerialBlock& serial = blocks.serial;
   sw::cost_inputs const s{tokens, static_cast<std::size_t>(n), static_cast<std::size_t>(rank), "tp"};
   for (int step = 0; step < 5; ++step) {
     matrix const x = bf16_data(tokens, dim, 100 + step), dy = bf16_data(tokens, dim, 200 + step);
@@ -111,10 +132,7 @@ void trains_like_the_unsharded_block(World const& world) {
       CHECK(forward_record.front().kind == sw::transfer_kind::all_gather);
       CHECK(forward_record.front().bytes == tokens / static_cast<std::size_t>(n) * dim * 2);
     }
-    sharded_adam.step(sw::finish_gradients(sharded), dp);
-    serial_adam.step(sw::finish_gradients(serial), serial_dp);
-    sw::zero_grad(sharded);
-    sw::zero_grad(serial);
+    blocks.step(dp);
   }
   check_parameters(sharded, serial, rank, n, "after five AdamW steps");
 }
@@ -128,24 +146,19 @@ void adapters_train_like_the_unsharded_block(World const& world) {
   auto const mesh = sw::make_mesh<"dp", "tp">(world, {1, n});
   auto const tp = sw::submesh<"tp">(mesh);
   auto const dp = sw::submesh<"dp">(mesh);
-  auto const serial_dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
-  Block sharded(dim, hidden, 5);
-  SerialBlock serial(dim, hidden, 5);
-  sw::parallelize(sharded, tp);
+  block_pair blocks(tp);
+  Block& sharded = blocks.sharded;
+  SerialBlock& serial = blocks.serial;
   sw::LoraConfig const lora{.rank = 4, .alpha = 8, .target_modules = {"w[123]"}};
   CHECK(sw::add_lora(sharded, lora) == 3);
   CHECK(sw::add_lora(serial, lora) == 3);
-  sw::AdamW<double> sharded_adam({.learning_rate = 1e-2}), serial_adam({.learning_rate = 1e-2});
   for (int step = 0; step < 5; ++step) {
     matrix const x = bf16_data(tokens, dim, 300 + step), dy = bf16_data(tokens, dim, 400 + step);
     auto const y = sharded.forward(sw::Activation<double, sw::Shard<0>>{rows_of(x, rank, n)});
     CHECK(relative_error(y.local, rows_of(serial.forward(sw::Activation<double>{x}).local, rank, n)) <= 1e-12);
     auto const dx = sharded.backward(sw::Activation<double, sw::Shard<0>>{rows_of(dy, rank, n)});
     CHECK(relative_error(dx.local, rows_of(serial.backward(sw::Activation<double>{dy}).local, rank, n)) <= 1e-12);
-    sharded_adam.step(sw::finish_gradients(sharded), dp);
-    serial_adam.step(sw::finish_gradients(serial), serial_dp);
-    sw::zero_grad(sharded);
-    sw::zero_grad(serial);
+    blocks.step(dp);
   }
   std::vector<matrix> expected;
   sw::for_each_parameter(serial, [&](std::string const& name, auto const& p) {

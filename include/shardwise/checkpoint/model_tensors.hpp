@@ -92,13 +92,15 @@ struct model_tensors {
   void for_each(int size, int rank, bool materialize, visitor const& fn) const { walk(size, rank, materialize, fn); }
 };
 
-/// Calls fn(layout, values) for every tensor of a model's list (built with names): see for_each_listed_tensor.
-template <class T>
-void walk_listed_tensors(model_list<T> const& list, int size, int rank, bool materialize,
-                         model_tensors::visitor const& fn) {
-  for_each_listed_tensor(list, size, rank, materialize,
-                         [&](tensor_layout const& t, auto& value) { fn(t, tensor_values_of(value)); });
-}
+/// Hands each tensor's values to a table's visitor. A type of its own, not a lambda, so that the walk over a model's
+/// list (for_each_listed_tensor) is compiled once per element type, not once per model type.
+struct values_to_visitor {
+  model_tensors::visitor const& fn;
+  template <class Value>
+  void operator()(tensor_layout const& t, Value& value) const {
+    fn(t, tensor_values_of(value));
+  }
+};
 
 /// The table of `model` (a module, a pipeline stage, FSDP's sharded model, or a wrapper with optimizer state),
 /// which must outlive it.
@@ -106,11 +108,7 @@ template <class Model>
 model_tensors tensors_of(Model& model) {
   model_tensors m;
   m.walk = [&model](int size, int rank, bool materialize, model_tensors::visitor const& fn) {
-    if constexpr (requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); })
-      for_each_checkpoint_tensor(model, size, rank, materialize,
-                                 [&](tensor_layout const& t, auto& value) { fn(t, tensor_values_of(value)); });
-    else  // the model's list, which its optimizer builds too: nothing here is compiled per model type
-      walk_listed_tensors(list_model<model_element_t<Model>>(model, {.names = true}), size, rank, materialize, fn);
+    for_each_checkpoint_tensor(model, size, rank, materialize, values_to_visitor{fn});
   };
   m.values_outlive_walk = !requires { model.shardwise_for_each_parameter_shard([](auto&&...) {}); } ||
                           requires { requires Model::shardwise_values_outlive_walk; };
