@@ -3,12 +3,13 @@
 # bench/eight_variants.cpp (the Llama model in float and double under four layouts), compiled alone with g++ at -O2 and -O3, as a user's
 # build compiles them: with the nn kernels compiled in the file, with them from shardwise::separate_kernels
 # (-DSHARDWISE_SEPARATE_KERNELS), and with sw::launch's runtime from shardwise::separate_runtime as well
-# (-DSHARDWISE_SEPARATE_RUNTIME; the two libraries' own files, compiled once per build, are timed too). With
+# (-DSHARDWISE_SEPARATE_RUNTIME), and with checkpoint IO from shardwise::separate_checkpoint as well
+# (-DSHARDWISE_SEPARATE_CHECKPOINT; the libraries' own files, compiled once per build, are timed too). With
 # --before REV the same files are also compiled against REV's headers. Each time is the fastest of --repeat runs
 # (default 2), in seconds; run it on a quiet machine. With --per-plan it times instead what each plan adds to a
-# program: bench/eight_variants.cpp with 1 to 4 plans in float (-DSHARDWISE_BENCH_PLANS=n), -O2, both libraries.
+# program: bench/eight_variants.cpp with 1 to 4 plans in float (-DSHARDWISE_BENCH_PLANS=n), -O2, the three libraries.
 # With --alternate (and --before) it compiles each file against REV's headers and this tree's in turn, --repeat
-# times, -O2 with both libraries, and prints every time: on a machine whose speed drifts from hour to hour, pairs
+# times, -O2 with the three libraries, and prints every time: on a machine whose speed drifts from hour to hour, pairs
 # taken minutes apart compare what one-off timings cannot.
 #
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
@@ -52,14 +53,15 @@ if [ -n "$before" ]; then
 fi
 printf '#include <shardwise/nn/kernels/compile_kernels.hpp>\n' > "$work/kernels.cpp"
 printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
+printf '#include <shardwise/compile_checkpoint.hpp>\n' > "$work/checkpoint.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
 if [ -n "$alternate" ]; then
   [ -n "$before" ] || { echo "compile_time.sh: --alternate needs --before REV" >&2; exit 2; }
-  echo "| file (-O2, both libraries) | before ($before), each run | after (this tree), each run |"
+  echo "| file (-O2, the three libraries) | before ($before), each run | after (this tree), each run |"
   echo "|---|---|---|"
-  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME"
+  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
   for source in $files; do
     old="" new=""
     for _ in $(seq "$repeat"); do
@@ -71,9 +73,9 @@ if [ -n "$alternate" ]; then
   exit 0
 fi
 if [ -n "$per_plan" ]; then
-  echo "| plans in bench/eight_variants.cpp (float, -O2, both libraries) | before | added | after | added |"
+  echo "| plans in bench/eight_variants.cpp (float, -O2, the three libraries) | before | added | after | added |"
   echo "|---|---:|---:|---:|---:|"
-  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME"
+  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
   last_old="" last_new=""
   for n in 1 2 3 4; do
     old="—" added_old=""
@@ -91,8 +93,8 @@ if [ -n "$per_plan" ]; then
   exit 0
 fi
 echo "| file | flags | before | all in the file | kernels from separate_kernels | and runtime from" \
-  "separate_runtime |"
-echo "|---|---|---:|---:|---:|---:|"
+  "separate_runtime | and checkpoint IO from separate_checkpoint |"
+echo "|---|---|---:|---:|---:|---:|---:|"
 for source in $files; do
   for opt in -O2 -O3; do
     old="—"
@@ -100,12 +102,16 @@ for source in $files; do
     inline=$(fastest "$here/include" "$here/$source" "$opt")
     separate=$(fastest "$here/include" "$here/$source" "$opt" -DSHARDWISE_SEPARATE_KERNELS)
     runtime=$(fastest "$here/include" "$here/$source" "$opt" -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME)
-    echo "| \`$source\` | $opt | $old | $inline | $separate | $runtime |"
+    checkpoint=$(fastest "$here/include" "$here/$source" "$opt" -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME \
+      -DSHARDWISE_SEPARATE_CHECKPOINT)
+    echo "| \`$source\` | $opt | $old | $inline | $separate | $runtime | $checkpoint |"
   done
 done
 for opt in -O2 -O3; do
   kernels=$(fastest "$here/include" "$work/kernels.cpp" "$opt")
   runtime=$(fastest "$here/include" "$work/runtime.cpp" "$opt")
-  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $kernels | |"
-  echo "| shardwise::separate_runtime's file (once per build) | $opt | | | | $runtime |"
+  checkpoint=$(fastest "$here/include" "$work/checkpoint.cpp" "$opt")
+  echo "| shardwise::separate_kernels' file (once per build) | $opt | | | $kernels | | |"
+  echo "| shardwise::separate_runtime's file (once per build) | $opt | | | | $runtime | |"
+  echo "| shardwise::separate_checkpoint's file (once per build) | $opt | | | | | $checkpoint |"
 done

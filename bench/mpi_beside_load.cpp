@@ -1,7 +1,7 @@
 // Plain MPI, no shardwise: how long a one-integer MPI_Allreduce takes when the ranks outnumber the cores, quiet and
 // beside processes that never wait (busy loops). It is the floor under every MPI test that scripts/stress.sh runs
 // beside a load: OpenMPI's waiting ranks poll and call sched_yield (mpi_yield_when_idle, on when oversubscribed),
-// and the scheduler then gives the busy loops nearly every cycle (bench/run_mpi_beside_load.sh, docs/build-time.md).
+// and the scheduler then gives the busy loops nearly every cycle (bench/run_mpi_beside_load.sh, docs/test-suite.md).
 //   mpiexec -n 4 --oversubscribe --bind-to none bench_mpi_beside_load [SECONDS=5] [--smoke]
 // Prints the all-reduces done and the µs each took; it stops after SECONDS (rank 0's clock, agreed in the
 // all-reduce itself), so a starved run ends on time instead of hanging.

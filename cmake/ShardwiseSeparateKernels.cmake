@@ -40,3 +40,11 @@ function(shardwise_add_separate_runtime mpi_target)
     target_link_libraries(shardwise_separate_runtime PRIVATE Eigen3::Eigen)
   endif()
 endfunction()
+
+# shardwise::separate_checkpoint: checkpoint IO's entry points (checkpoint/compiled_once.hpp), so that a file which
+# saves or loads compiles only the calls, not the sharded save and load, safetensors, JSON and the Hugging Face
+# mappings behind them. checkpoint_target: shardwise's checkpoint target; eigen_target: its Eigen target.
+function(shardwise_add_separate_checkpoint checkpoint_target eigen_target)
+  shardwise_add_separate_part(checkpoint ${checkpoint_target})
+  target_link_libraries(shardwise_separate_checkpoint PUBLIC ${eigen_target})
+endfunction()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a build folder's minutes went: its compile steps (Ninja's .ninja_log) and its tests (CTest's
 # CTestCostData.txt), the slowest of each first. scripts/test.sh prints it after every stage's tests, so a CI log
-# shows which target or test grew; docs/build-time.md ("The test suite's time") is made from these tables.
+# shows which target or test grew; docs/test-suite.md is made from these tables.
 #   scripts/ci-times.sh BUILD_DIR [HOW_MANY]
 set -euo pipefail
 dir=${1:?usage: scripts/ci-times.sh BUILD_DIR [HOW_MANY]}

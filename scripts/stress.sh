@@ -8,7 +8,7 @@
 # given; a second copy of the tests would share their files in the build folder and fail for that alone) at nice
 # SHARDWISE_STRESS_NICE (19 unless given). Not at nice 0: MPI's waiting ranks poll and yield, and beside loops of
 # equal priority the scheduler gives the loops nearly every cycle, so that a plain MPI_Allreduce of 4 ranks takes
-# 2 ms instead of 4 us and a 5 s test takes minutes (bench/run_mpi_beside_load.sh measures it; docs/build-time.md).
+# 2 ms instead of 4 us and a 5 s test takes minutes (bench/run_mpi_beside_load.sh measures it; docs/test-suite.md).
 # At nice 19 the loops still take every cycle the tests leave and hold a core for a time slice when they get it.
 # The tests run at two slots over the cores, as CI's ASan + UBSan stage runs them.
 # SHARDWISE_STRESS_TESTS: a CTest regular expression to hunt in fewer tests (all of the two labels unless given).

@@ -15,11 +15,16 @@
 #if defined(CONSUMER_WITH_SEPARATE_RUNTIME) && !defined(SHARDWISE_SEPARATE_RUNTIME)
 #error "shardwise::separate_runtime must define SHARDWISE_SEPARATE_RUNTIME"
 #endif
+#if defined(CONSUMER_WITH_SEPARATE_CHECKPOINT) && !defined(SHARDWISE_SEPARATE_CHECKPOINT)
+#error "shardwise::separate_checkpoint must define SHARDWISE_SEPARATE_CHECKPOINT"
+#endif
 #ifdef CONSUMER_WITH_CHECKPOINT
 #include <unistd.h>
 
 #include <filesystem>
 #include <shardwise/checkpoint/safetensors.hpp>
+#include <shardwise/checkpoint/sharded_index.hpp>
+#include <stdexcept>
 #include <string>
 #endif
 
@@ -103,6 +108,14 @@ int main(int argc, char** argv) {
     Eigen::MatrixXf const back = sw::safetensors_file(path.string()).load<Eigen::MatrixXf>("w");
     std::filesystem::remove(path);
     check(back == w, "checkpoint: the matrix read back is the one written");
+    // An entry point of checkpoint IO (from shardwise::separate_checkpoint where that is linked): its own error.
+    std::string error;
+    try {
+      (void)sw::read_checkpoint_index(path.parent_path() / "shardwise_consumer_no_such_checkpoint");
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+    check(error.rfind("shardwise::", 0) == 0, "checkpoint: a missing checkpoint is refused with shardwise's words");
   }
 #endif
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
@@ -78,13 +79,7 @@ class checkpoint_reader {
   }
 
   /// read() into values of any floating type.
-  void read(tensor_layout const& t, tensor_values const& out) {
-    with_floating_type(out.type, [&](auto zero) {
-      using E = decltype(zero);
-      std::vector<E> box;
-      read(t, reinterpret_cast<E*>(out.data), box);
-    });
-  }
+  void read(tensor_layout const& t, tensor_values const& out);
 
   /// Unmaps the files opened so far (before the next ranks' turn).
   void close() { files_.clear(); }
@@ -110,10 +105,22 @@ class checkpoint_reader {
   std::set<std::string> verified_;                                  // "file\ntensor" checked against its checksum
 };
 
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void checkpoint_reader::read(tensor_layout const& t, tensor_values const& out) {
+  with_floating_type(out.type, [&](auto zero) {
+    using E = decltype(zero);
+    std::vector<E> box;
+    read(t, reinterpret_cast<E*>(out.data), box);
+  });
+}
+#endif
+
 /// The piece's file, opened on first use (and refused if another save wrote it), its copy of the tensor checked
 /// against the save's checksum once, and its shape against the index's.
-inline safetensors_file& checkpoint_reader::file_of(checkpoint_piece const& p, std::string const& stored_name,
-                                                    tensor_layout const& t) {
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY safetensors_file& checkpoint_reader::file_of(checkpoint_piece const& p,
+                                                                               std::string const& stored_name,
+                                                                               tensor_layout const& t) {
   auto& file = files_[p.file];
   if (!file) {
     auto const path = source_ / p.file;
@@ -137,6 +144,7 @@ inline safetensors_file& checkpoint_reader::file_of(checkpoint_piece const& p, s
          "; the checkpoint is corrupt: save it again");
   return *file;
 }
+#endif
 
 /// The piece's part of rows [run.stored, + count) x columns [col_offset, + local_cols), read into its place.
 template <class T>

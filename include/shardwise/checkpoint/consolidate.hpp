@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/export_layout.hpp"
 #include "shardwise/checkpoint/file_checks.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
@@ -135,8 +136,13 @@ inline void assemble_tensor(checkpoint_tensor const& t,
 /// metadata: the checkpoint's, "format": "pt", "shardwise.step", the model's configuration (config_metadata_key)
 /// and each tensor's checksum (checksums_metadata_key), which load_consolidated and `shardwise verify` check.
 /// An output inside the checkpoint folder is refused. Returns the checkpoint's index.
-inline checkpoint_index consolidate(std::filesystem::path const& checkpoint, std::filesystem::path const& output,
-                                    consolidate_options const& options = {}) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index consolidate(std::filesystem::path const& checkpoint,
+                                                               std::filesystem::path const& output,
+                                                               consolidate_options const& options = {});
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index consolidate(std::filesystem::path const& checkpoint,
+                                                               std::filesystem::path const& output,
+                                                               consolidate_options const& options) {
   namespace fs = std::filesystem;
   fs::path const dir = find_checkpoint_folder(checkpoint);
   detail::check_output_outside(dir, output);
@@ -173,5 +179,6 @@ inline checkpoint_index consolidate(std::filesystem::path const& checkpoint, std
   writer.write(output, metadata, checksums_metadata_key);
   return index;
 }
+#endif
 
 }  // namespace shardwise

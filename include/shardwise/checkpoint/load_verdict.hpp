@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -39,10 +40,13 @@ load_verdict agreed_verdict(load_attempt const& a, bool last, Agreeing const&...
 }
 
 /// The words of a load whose every attempt found the folder replaced by a save.
-inline std::string replaced_every_time(std::filesystem::path const& dir, int attempts) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string replaced_every_time(std::filesystem::path const& dir, int attempts);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string replaced_every_time(std::filesystem::path const& dir, int attempts) {
   return concat("shardwise::load_sharded: \"", dir.string(), "\" was replaced by other saves during ", attempts,
                 " reads in a row; load it when no save runs, or from a copy");
 }
+#endif
 
 /// Raises on every rank of `agreeing` the words of a failed load: the first failing rank's error, or (every rank
 /// having read, but not the same save) that saves kept replacing the folder.
@@ -65,8 +69,13 @@ inline void put_generation(Eigen::VectorXd& v, Eigen::Index at, std::uint64_t g,
 /// The verdict over the whole world of `turns` (sw::node_turns), taken by every rank: a node's ranks share turns
 /// or a reader across mesh groups, so a group may retry only if every group does. Done needs every rank to have
 /// read one save; failed raises the first failing rank's words (by world rank) on every rank.
-inline load_verdict world_verdict(read_turns const& turns, load_verdict group, load_attempt const& a, bool last,
-                                  std::string const& failure, std::string const& replaced) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY load_verdict world_verdict(read_turns const& turns, load_verdict group,
+                                                             load_attempt const& a, bool last,
+                                                             std::string const& failure, std::string const& replaced);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY load_verdict world_verdict(read_turns const& turns, load_verdict group,
+                                                             load_attempt const& a, bool last,
+                                                             std::string const& failure, std::string const& replaced) {
   Eigen::VectorXd v(6);
   v(0) = static_cast<double>(group);
   bool const read = a.status == 0;  // a rank without a generation leaves the comparison to the others
@@ -90,5 +99,6 @@ inline load_verdict world_verdict(read_turns const& turns, load_verdict group, l
     message.push_back(static_cast<char>(static_cast<unsigned char>(text(i))));
   throw shardwise::error(message);
 }
+#endif
 
 }  // namespace shardwise::detail

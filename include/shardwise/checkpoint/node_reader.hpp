@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checkpoint_reader.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/read_turns.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
@@ -133,7 +134,9 @@ void read_block(checkpoint_reader& reader, checkpoint_index const& index, block_
 }
 
 /// The first error among the node's ranks (empty if none), known to every one of them.
-inline std::string node_agreed_error(read_turns const& node, std::string error) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string node_agreed_error(read_turns const& node, std::string error);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string node_agreed_error(read_turns const& node, std::string error) {
   auto const receive_text = [&](int from) {
     std::string text;
     node.receive(from, [&](std::size_t bytes) -> void* {
@@ -153,11 +156,17 @@ inline std::string node_agreed_error(read_turns const& node, std::string error) 
   for (int r = 1; r < node.size; ++r) node.send(error.data(), error.size(), r);
   return error;
 }
+#endif
 
 /// The node's first rank reads every block the node's ranks ask for, rank by rank, then its own. Returns the
 /// first read error (empty if none), which every rank of the node then knows.
-inline std::string read_for_the_node(model_tensors const& model, int size, int rank, checkpoint_reader& reader,
-                                     checkpoint_index const& index, read_turns const& node) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string read_for_the_node(model_tensors const& model, int size, int rank,
+                                                                checkpoint_reader& reader,
+                                                                checkpoint_index const& index, read_turns const& node);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string read_for_the_node(model_tensors const& model, int size, int rank,
+                                                                checkpoint_reader& reader,
+                                                                checkpoint_index const& index, read_turns const& node) {
   std::string error;
   if (node.rank != 0) {
     std::vector<block_request> mine;
@@ -203,5 +212,6 @@ inline std::string read_for_the_node(model_tensors const& model, int size, int r
   if (checkpoint_load_hook) checkpoint_load_hook("read_end", 0);
   return node_agreed_error(node, error);
 }
+#endif
 
 }  // namespace shardwise::detail

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/async_save.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/sharded.hpp"
 #include "shardwise/nn/training/optim.hpp"
 #include "shardwise/nn/walk.hpp"
@@ -33,7 +34,11 @@ inline constexpr char const* optimizer_schedule_key = "shardwise.lr_schedule";
 /// Refuses, by name, a checkpoint saved without the optimizer's state (`file`: its index), or with it in the
 /// per-rank files of shardwise before the state resharded (0.1.0's optimizer.safetensors), which this one does not
 /// read.
-inline void check_has_optimizer_state(checkpoint_index const& index, std::string const& file) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void check_has_optimizer_state(checkpoint_index const& index,
+                                                                 std::string const& file);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void check_has_optimizer_state(checkpoint_index const& index,
+                                                                 std::string const& file) {
   if (index.metadata.contains(optimizer_steps_key)) return;
   auto const old_file = std::filesystem::path(file).parent_path() /
                         "tensor_parallel_shards/dp_rank_00_tp_rank_00_pp_rank_00/optimizer.safetensors";
@@ -44,6 +49,7 @@ inline void check_has_optimizer_state(checkpoint_index const& index, std::string
   fail("shardwise::load_sharded: \"", file,
        "\" holds no optimizer state (it was saved without the optimizer); load the model alone");
 }
+#endif
 
 /// Sets the optimizer's step count, and its schedule where the checkpoint keeps one (as torch's
 /// LRScheduler.load_state_dict does), from a checkpoint saved with its state.

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/file_checks.hpp"
 #include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
@@ -93,7 +94,11 @@ inline pretrained_files read_pretrained_index(std::filesystem::path const& folde
 
 /// A safetensors file, or a folder holding model.safetensors.index.json (preferred: a sharded save) or
 /// model.safetensors.
-inline pretrained_files find_pretrained_files(std::filesystem::path const& path, std::string_view who) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY pretrained_files find_pretrained_files(std::filesystem::path const& path,
+                                                                         std::string_view who);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY pretrained_files find_pretrained_files(std::filesystem::path const& path,
+                                                                         std::string_view who) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {  // a file: its own tensors (opening it raises if it is not there)
     pretrained_files found{path.parent_path().empty() ? fs::path(".") : path.parent_path(), path.string(), {}, {}};
@@ -106,6 +111,7 @@ inline pretrained_files find_pretrained_files(std::filesystem::path const& path,
   fail("shardwise::", who, ": \"", path.string(), "\" holds neither ", pretrained_file_name, " nor ",
        pretrained_index_name, "; give a safetensors file or a folder that save_pretrained wrote");
 }
+#endif
 
 inline std::string source_text(tensor_source const& s, std::vector<std::uint64_t> const& file_shape) {
   std::string text = "file tensor \"" + s.name + "\" of shape " + shape_text(file_shape);
@@ -223,8 +229,10 @@ struct mapped_locator {
                   std::vector<std::string>& unexpected) const;
 };
 
-inline void mapped_locator::operator()(std::filesystem::path& source, checkpoint_index& index, std::string& label,
-                                       std::vector<std::string>& unexpected) const {
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void mapped_locator::operator()(std::filesystem::path& source,
+                                                                  checkpoint_index& index, std::string& label,
+                                                                  std::vector<std::string>& unexpected) const {
   namespace fs = std::filesystem;
   pretrained_files found = find_pretrained_files(path, who);
   source = found.folder;
@@ -299,6 +307,7 @@ inline void mapped_locator::operator()(std::filesystem::path& source, checkpoint
   }
   report.metadata = index.metadata;
 }
+#endif
 
 /// load_pretrained and load_consolidated: loads through load_into, the index built by a mapped_locator.
 template <class Model, class TpMesh>

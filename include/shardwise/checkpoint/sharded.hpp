@@ -59,6 +59,7 @@
 
 #include "shardwise/adapters/eigen.hpp"
 #include "shardwise/checkpoint/atomic_file.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/pretrained.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
@@ -339,9 +340,15 @@ inline void commit_save(save_group const& group, staged_save& staged, checkpoint
 }
 
 /// Every rank of the group writes its file; the leader checks the pieces, writes the index and commits.
-inline void save_sharded_stage(model_tensors const& model, save_group const& group, std::filesystem::path const& dir,
-                               std::int64_t step, std::map<std::string, std::string> const& metadata,
-                               std::function<void(std::filesystem::path const&, int)> const& also_write) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void save_sharded_stage(
+    model_tensors const& model, save_group const& group, std::filesystem::path const& dir, std::int64_t step,
+    std::map<std::string, std::string> const& metadata,
+    std::function<void(std::filesystem::path const&, int)> const& also_write);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void save_sharded_stage(
+    model_tensors const& model, save_group const& group, std::filesystem::path const& dir, std::int64_t step,
+    std::map<std::string, std::string> const& metadata,
+    std::function<void(std::filesystem::path const&, int)> const& also_write) {
   staged_save staged = stage_save(group, dir);
   std::string error;
   try {
@@ -352,6 +359,7 @@ inline void save_sharded_stage(model_tensors const& model, save_group const& gro
   group.agree(error, "writing the rank's shard", staged.target);
   commit_save(group, staged, index_head(model, group, step, staged.generation, metadata));
 }
+#endif
 
 }  // namespace detail
 

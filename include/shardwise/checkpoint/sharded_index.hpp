@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
 #include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
@@ -238,7 +239,11 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
 }
 
 /// Checks and reads the text of a checkpoint's index; `file` names it in errors.
-[[nodiscard]] inline checkpoint_index checkpoint_index_from_json(std::string_view text, std::string const& file) {
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index checkpoint_index_from_json(std::string_view text,
+                                                                                            std::string const& file);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index checkpoint_index_from_json(std::string_view text,
+                                                                                            std::string const& file) {
   using nlohmann::json;
   auto const bad = [&](auto const&... parts) { detail::fail_index(file, parts...); };
   json const root = detail::parse_bounded_json(
@@ -300,14 +305,20 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   }
   return index;
 }
+#endif
 
 /// Reads and checks dir/shardwise_checkpoint.json.
-[[nodiscard]] inline checkpoint_index read_checkpoint_index(std::filesystem::path const& dir) {
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index
+read_checkpoint_index(std::filesystem::path const& dir);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index
+read_checkpoint_index(std::filesystem::path const& dir) {
   std::string const file = (dir / checkpoint_index_name).string();
   std::string const fix =
       detail::concat("give the folder save_sharded wrote (\"", dir.string(),
                      "\" is not a complete shardwise checkpoint without a readable ", checkpoint_index_name, ")");
   return checkpoint_index_from_json(detail::read_regular_file(file, "shardwise::load_sharded", fix), file);
 }
+#endif
 
 }  // namespace shardwise

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checkpoint_reader.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/load_verdict.hpp"
 #include "shardwise/checkpoint/model_tensors.hpp"
 #include "shardwise/checkpoint/node_reader.hpp"
@@ -182,8 +183,11 @@ using checkpoint_locator =
     std::function<void(std::filesystem::path&, checkpoint_index&, std::string&, std::vector<std::string>&)>;
 
 /// Locates the checkpoint and compares it with the model.
-inline void check_against_model(model_tensors const& model, int size, int rank, load_state& s,
-                                checkpoint_locator const& locate) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void check_against_model(model_tensors const& model, int size, int rank,
+                                                           load_state& s, checkpoint_locator const& locate);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void check_against_model(model_tensors const& model, int size, int rank,
+                                                           load_state& s, checkpoint_locator const& locate) {
   s.outcome.missing.clear();
   s.outcome.unexpected.clear();
   locate(s.source, s.outcome.index, s.index_file, s.outcome.unexpected);
@@ -195,6 +199,7 @@ inline void check_against_model(model_tensors const& model, int size, int rank, 
   check_configuration(model, s);
   check_piece_files(s);
 }
+#endif
 
 /// Raises `error` (if any, from any rank) on every rank of the axes a load's ranks share: FSDP's dp x tp, or tp.
 template <class Model, class TpMesh>
@@ -228,8 +233,11 @@ void check_agreed(Model& model, TpMesh const& tp, load_mode mode, load_options c
 }
 
 /// Each of the model's tensors that the checkpoint holds: zeroed, then its shard read.
-inline void read_shard(model_tensors const& model, int size, int rank, checkpoint_reader& reader,
-                       checkpoint_index const& index) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void read_shard(model_tensors const& model, int size, int rank,
+                                                  checkpoint_reader& reader, checkpoint_index const& index);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void read_shard(model_tensors const& model, int size, int rank,
+                                                  checkpoint_reader& reader, checkpoint_index const& index) {
   if (checkpoint_load_hook) checkpoint_load_hook("read_begin", rank);
   model.for_each(size, rank, true, [&](tensor_layout const& t, tensor_values const& value) {
     if (!index.find(t.name)) return;  // missing (non-strict): keeps its value
@@ -239,6 +247,7 @@ inline void read_shard(model_tensors const& model, int size, int rank, checkpoin
   reader.close();  // unmap before the next ranks' turn
   if (checkpoint_load_hook) checkpoint_load_hook("read_end", rank);
 }
+#endif
 
 /// tp rank 0 reads one rank's shard of one tensor at a time, straight from the files, and sends it: it never
 /// holds a whole tensor, only its own shard and the one block in flight. A block it cannot read goes out as

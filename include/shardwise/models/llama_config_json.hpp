@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
@@ -321,7 +322,10 @@ inline bool reads_as_llama(std::string_view model_type) {
 /// model_type, a missing or non-positive size, and every field that would change the numbers and is not computed
 /// (another hidden_act, attention dropout, a partial rotation, experts, a window on a Llama, other layer types, another
 /// rotary scaling): docs/models.md lists them.
-inline LlamaConfig llama_config_from_json(std::string_view text, std::string_view source = "config.json") {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY LlamaConfig llama_config_from_json(std::string_view text,
+                                                                     std::string_view source = "config.json");
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY LlamaConfig llama_config_from_json(std::string_view text, std::string_view source) {
   nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
   auto const type = root.find("model_type");
   if (type != root.end() && !(type->is_string() && reads_as_llama(type->get<std::string>())))
@@ -340,6 +344,7 @@ inline LlamaConfig llama_config_from_json(std::string_view text, std::string_vie
   detail::refuse_unbuilt_llama_fields(root, source, c);
   return c;
 }
+#endif
 
 namespace detail {
 /// The rotary scaling as transformers' "rope_scaling" object (null when unscaled).
@@ -407,7 +412,9 @@ inline nlohmann::json qwen3_config_json(LlamaConfig const& c) {
 /// for no biases and a window on every layer, else a LlamaForCausalLM (attention_bias on all four projections, or none;
 /// mlp_bias); SiLU, max_position_embeddings = c.sequence, the rotary scaling as "rope_scaling" (which transformers 4
 /// and 5 read). Throws for biases neither family has, and for a window no family with those biases has.
-inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY nlohmann::json llama_config_to_json(LlamaConfig const& c);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY nlohmann::json llama_config_to_json(LlamaConfig const& c) {
   if (c.qk_norm) return detail::qwen3_config_json(c);
   bool const qwen2 = c.attention_bias && !c.attention_output_bias && !c.mlp_bias;
   bool const mistral = !qwen2 && c.sliding_window != 0 && c.first_window_layer == 0 && !c.attention_bias &&
@@ -436,13 +443,17 @@ inline nlohmann::json llama_config_to_json(LlamaConfig const& c) {
   }
   return j;
 }
+#endif
 
 /// The LlamaConfig of the config.json at `file` (llama_config_from_json); throws naming the file when it cannot
 /// be read.
-inline LlamaConfig read_llama_config(std::filesystem::path const& file) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY LlamaConfig read_llama_config(std::filesystem::path const& file);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY LlamaConfig read_llama_config(std::filesystem::path const& file) {
   std::string const text = shardwise::detail::read_regular_file(file.string(), "shardwise::models::read_llama_config",
                                                                 "give the path of a transformers config.json");
   return llama_config_from_json(text, file.string());
 }
+#endif
 
 }  // namespace shardwise::models
