@@ -4,6 +4,7 @@
 #include <shardwise/adapters/eigen.hpp>
 #include <shardwise/adapters/xtensor.hpp>
 #include <shardwise/shardwise.hpp>
+#include <unsupported/Eigen/CXX11/Tensor>
 
 namespace sw = shardwise;
 using RowMajorXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

@@ -1,13 +1,19 @@
 #pragma once
 // Eigen types as shardwise tensors: Matrix (dynamic or fixed size, row- or column-major; compile-time
-// vectors are rank 1), Map of a Matrix with contiguous storage, and Tensor<T, N>.
+// vectors are rank 1), Map of a Matrix with contiguous storage, and Tensor<T, N> (declared here, not included:
+// Eigen's Tensor module costs every file that includes shardwise about a second of parsing; a program that uses
+// Eigen::Tensor includes <unsupported/Eigen/CXX11/Tensor> itself, as it must to use the type).
 #include <Eigen/Core>
 #include <array>
 #include <cstddef>
-#include <unsupported/Eigen/CXX11/Tensor>
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/tensor/concept.hpp"
+
+namespace Eigen {
+template <typename Scalar, int NumIndices, int Options, typename IndexType>
+class Tensor;
+}  // namespace Eigen
 
 namespace shardwise {
 

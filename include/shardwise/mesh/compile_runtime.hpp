@@ -1,9 +1,11 @@
 #pragma once
-// Compiles sw::launch's RuntimeComm's MPI side (for every element type MPI transfers) and both backends'
-// collectives for float and double once. Include it in exactly one .cpp file of a program whose other files
-// define SHARDWISE_SEPARATE_RUNTIME: they then call these instead of compiling their own copies of the thread and
-// MPI algorithms (docs/build-time.md). CMake's shardwise::separate_runtime target does both.
-#if defined(SHARDWISE_DETAIL_RUNTIME_COLLECTIVES)
+// Compiles sw::launch's RuntimeComm's MPI side (for every element type MPI transfers), both backends'
+// collectives for float and double, and the thread mesh's own code (mesh/compiled_once.hpp) once. Include it in exactly
+// one .cpp file of a program whose other files define SHARDWISE_SEPARATE_RUNTIME: they then call these instead of
+// compiling their own copies of the thread and MPI algorithms (docs/build-time.md). CMake's shardwise::separate_runtime
+// target does both.
+#if defined(SHARDWISE_DETAIL_RUNTIME_COLLECTIVES) || \
+    (defined(SHARDWISE_DETAIL_RUNTIME_BODIES) && !defined(SHARDWISE_DETAIL_COMPILING_RUNTIME))
 #error "shardwise: include <shardwise/mesh/compile_runtime.hpp> before runtime.hpp and launch.hpp"
 #endif
 #define SHARDWISE_DETAIL_COMPILING_RUNTIME

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "shardwise/mesh/call.hpp"
+#include "shardwise/mesh/compiled_once.hpp"
 #include "shardwise/mesh/timeout.hpp"
 
 namespace shardwise::detail {
@@ -64,8 +65,13 @@ struct rank_activity {
 
 /// The report of a rank waiting on mesh axis `axis` (whose world ranks are `members`) in `call` (null: in
 /// `what`, with no record) for the world ranks `waits_for`.
-inline rank_activity waiting_activity(std::string_view axis, call_record const* call, char const* what,
-                                      std::vector<int> const& waits_for, std::vector<int> const& members) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY rank_activity waiting_activity(std::string_view axis, call_record const* call,
+                                                              char const* what, std::vector<int> const& waits_for,
+                                                              std::vector<int> const& members);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY rank_activity waiting_activity(std::string_view axis, call_record const* call,
+                                                              char const* what, std::vector<int> const& waits_for,
+                                                              std::vector<int> const& members) {
   rank_activity a;
   a.what = rank_activity::state::waiting;
   for (int r : waits_for)
@@ -83,10 +89,13 @@ inline rank_activity waiting_activity(std::string_view axis, call_record const* 
   std::copy_n(described.begin(), kept, a.call.begin());
   return a;
 }
+#endif
 
 /// The world ranks whose waits can never complete, given each rank's report (a rank without one may arrive):
 /// every rank but those that may still arrive, found as the least fixed point from the ranks that may.
-inline std::vector<int> stuck_ranks(std::map<int, rank_activity> const& reports) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::vector<int> stuck_ranks(std::map<int, rank_activity> const& reports);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::vector<int> stuck_ranks(std::map<int, rank_activity> const& reports) {
   std::map<int, bool> may_arrive;
   for (auto const& [r, a] : reports) may_arrive[r] = a.what == rank_activity::state::unknown;
   auto const may = [&](int r) {
@@ -107,9 +116,14 @@ inline std::vector<int> stuck_ranks(std::map<int, rank_activity> const& reports)
     if (!may(r)) stuck.push_back(r);
   return stuck;
 }
+#endif
 
 /// The error every rank of a deadlock raises: each stuck rank's call, in world rank order.
-inline std::string desync_message(std::map<int, rank_activity> const& reports, std::vector<int> const& stuck) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string desync_message(std::map<int, rank_activity> const& reports,
+                                                          std::vector<int> const& stuck);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string desync_message(std::map<int, rank_activity> const& reports,
+                                                          std::vector<int> const& stuck) {
   std::ostringstream out;
   out << "shardwise: the ranks wait for each other in calls that can never complete (found in seconds, before "
          "the timeout): ";
@@ -128,10 +142,15 @@ inline std::string desync_message(std::map<int, rank_activity> const& reports, s
          "calls on another axis first, or calls once more than its peers, waits for them forever)";
   return out.str();
 }
+#endif
 
 /// The world ranks a verdict on `stuck` goes to: the stuck ranks and every rank of the axes they wait on (those
 /// they wait for, and those that arrived with them), whatever the reports said of them; not ranks that finished.
-inline std::vector<int> desync_recipients(std::map<int, rank_activity> const& reports, std::vector<int> const& stuck) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::vector<int> desync_recipients(std::map<int, rank_activity> const& reports,
+                                                                  std::vector<int> const& stuck);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::vector<int> desync_recipients(std::map<int, rank_activity> const& reports,
+                                                                  std::vector<int> const& stuck) {
   std::vector<int> to(stuck);
   for (int r : stuck) {
     rank_activity const& a = reports.at(r);
@@ -146,6 +165,7 @@ inline std::vector<int> desync_recipients(std::map<int, rank_activity> const& re
   });
   return to;
 }
+#endif
 
 /// Tests only: holds that make a rank behave as one the scheduler holds back would. Each rank has its own, in
 /// its mesh's state (desync_test_holds_of(world)).

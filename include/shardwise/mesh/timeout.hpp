@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/mesh/compiled_once.hpp"
 
 namespace shardwise {
 
@@ -17,7 +18,9 @@ using timeout_duration = std::chrono::milliseconds;
 namespace detail {
 
 /// SHARDWISE_TIMEOUT in seconds (fractions allowed) if set, else 30 minutes.
-inline timeout_duration default_timeout() {
+SHARDWISE_DETAIL_RUNTIME_ENTRY timeout_duration default_timeout();
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY timeout_duration default_timeout() {
   char const* text = std::getenv("SHARDWISE_TIMEOUT");
   if (text == nullptr || *text == '\0') return std::chrono::minutes(30);
   char* end = nullptr;
@@ -28,6 +31,7 @@ inline timeout_duration default_timeout() {
          "default of 1800");
   return timeout_duration(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
+#endif
 
 /// "2.5 s".
 inline std::string seconds_text(timeout_duration d) {
@@ -37,21 +41,32 @@ inline std::string seconds_text(timeout_duration d) {
 }
 
 /// The error of a rank that waited `limit` in `what` on mesh axis `axis`; `missing` says who did not come.
-[[noreturn]] inline void collective_timed_out(int rank, std::string_view axis, timeout_duration limit,
-                                              std::string_view what, std::string const& missing) {
+[[noreturn]] SHARDWISE_DETAIL_RUNTIME_ENTRY void collective_timed_out(int rank, std::string_view axis,
+                                                                      timeout_duration limit, std::string_view what,
+                                                                      std::string const& missing);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+[[noreturn]] SHARDWISE_DETAIL_RUNTIME_ENTRY void collective_timed_out(int rank, std::string_view axis,
+                                                                      timeout_duration limit, std::string_view what,
+                                                                      std::string const& missing) {
   fail("shardwise: rank ", rank, " of mesh axis \"", axis, "\" waited ", seconds_text(limit), " in ", what,
        " for its peers: ", missing,
        ". Every rank must make the same collective calls in the same order; raise the limit with "
        "SHARDWISE_TIMEOUT (seconds) or set_timeout if a rank is just slow");
 }
+#endif
 
 /// The error of a recv that waited `limit` for a message from `source`.
-[[noreturn]] inline void recv_timed_out(int rank, std::string_view axis, timeout_duration limit, int source, int tag) {
+[[noreturn]] SHARDWISE_DETAIL_RUNTIME_ENTRY void recv_timed_out(int rank, std::string_view axis, timeout_duration limit,
+                                                                int source, int tag);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+[[noreturn]] SHARDWISE_DETAIL_RUNTIME_ENTRY void recv_timed_out(int rank, std::string_view axis, timeout_duration limit,
+                                                                int source, int tag) {
   fail("shardwise::recv on mesh axis \"", axis, "\": rank ", rank, " waited ", seconds_text(limit),
        " for a message from rank ", source, " (tag ", tag,
        "); every recv needs a matching send. Raise the limit with SHARDWISE_TIMEOUT (seconds) or set_timeout if "
        "the sender is just slow");
 }
+#endif
 
 }  // namespace detail
 }  // namespace shardwise

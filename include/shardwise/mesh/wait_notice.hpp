@@ -13,6 +13,7 @@
 
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/call.hpp"
+#include "shardwise/mesh/compiled_once.hpp"
 #include "shardwise/mesh/timeout.hpp"
 
 namespace shardwise::detail {
@@ -27,7 +28,9 @@ struct wait_notice_times {
 /// SHARDWISE_WAIT_NOTICE in seconds (fractions allowed; 0 turns the notices off) if set, else 60 s; the
 /// repeats come every five times that. Read where a run or communicator starts, so a bad value raises there and
 /// never inside a collective's wait.
-inline wait_notice_times default_wait_notice() {
+SHARDWISE_DETAIL_RUNTIME_ENTRY wait_notice_times default_wait_notice();
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY wait_notice_times default_wait_notice() {
   char const* text = std::getenv("SHARDWISE_WAIT_NOTICE");
   double seconds = 60;
   if (text != nullptr && *text != '\0') {
@@ -41,6 +44,7 @@ inline wait_notice_times default_wait_notice() {
   auto const first = timeout_duration(static_cast<long long>(seconds * 1000.0 + 0.5));
   return {first, 5 * first};
 }
+#endif
 
 /// The k-th notice of a wait that began at `start` is due at start + first + k * every.
 inline std::chrono::steady_clock::time_point wait_notice_due(std::chrono::steady_clock::time_point start,
@@ -50,25 +54,37 @@ inline std::chrono::steady_clock::time_point wait_notice_due(std::chrono::steady
 }
 
 /// "all_reduce<float>([4], sum) at train.cpp:42 as call #3".
-inline std::string call_text(call_record const& call) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string call_text(call_record const& call);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string call_text(call_record const& call) {
   std::ostringstream out;
   out << call << " as call #" << call.sequence;
   return out.str();
 }
+#endif
 
 /// "rank 0", "ranks 0, 2, 3".
-inline std::string ranks_text(std::vector<int> const& ranks) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string ranks_text(std::vector<int> const& ranks);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string ranks_text(std::vector<int> const& ranks) {
   std::ostringstream out;
   out << (ranks.size() == 1 ? "rank " : "ranks ");
   for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
   return out.str();
 }
+#endif
 
 /// The k-th notice of ranks `waiting` of mesh axis `axis`, which wait in `call` ("all_reduce<float>([4], sum)
 /// at train.cpp:42 as call #3") for their peers; `missing` says who has not come and where it is.
-inline std::string wait_notice_text(std::string_view axis, std::vector<int> const& waiting, std::string_view call,
-                                    std::string_view missing, wait_notice_times const& times, int k,
-                                    timeout_duration limit) {
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string wait_notice_text(std::string_view axis, std::vector<int> const& waiting,
+                                                            std::string_view call, std::string_view missing,
+                                                            wait_notice_times const& times, int k,
+                                                            timeout_duration limit);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string wait_notice_text(std::string_view axis, std::vector<int> const& waiting,
+                                                            std::string_view call, std::string_view missing,
+                                                            wait_notice_times const& times, int k,
+                                                            timeout_duration limit) {
   std::ostringstream out;
   out << "shardwise: still waiting: " << ranks_text(waiting) << " of mesh axis \"" << axis
       << (waiting.size() == 1 ? "\" has" : "\" have") << " waited " << seconds_text(times.first + k * times.every)
@@ -78,5 +94,6 @@ inline std::string wait_notice_text(std::string_view axis, std::vector<int> cons
       << " (SHARDWISE_WAIT_NOTICE=seconds sets the first, 0 turns them off)";
   return out.str();
 }
+#endif
 
 }  // namespace shardwise::detail

@@ -21,10 +21,12 @@
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/mesh/compiled_once.hpp"
 #include "shardwise/mesh/thread/group.hpp"
 #include "shardwise/mesh/thread/shared_memory_collectives.hpp"
 #include "shardwise/mesh/timeout.hpp"
@@ -34,7 +36,7 @@ namespace shardwise {
 
 class ThreadComm;
 namespace detail {
-desync_test_holds& desync_test_holds_of(ThreadComm const& comm);
+SHARDWISE_DETAIL_RUNTIME_ENTRY desync_test_holds& desync_test_holds_of(ThreadComm const& comm);
 }
 
 /// One rank's handle on a group of threads: the world of run_threads, or a mesh axis split from it.
@@ -88,51 +90,10 @@ class ThreadComm {
   }
 
   /// Ranks with the same color form a new communicator, ordered by key then rank. Collective.
-  [[nodiscard]] ThreadComm split(int color, int key, std::string_view label) const {
-    // A call like any collective (as on MPI): a rank that meets another call here is told so, by name.
-    detail::call_record const call = detail::make_call<char>(*this, detail::collective_kind::split, {},
-                                                             storage_order::row_major, call_site{nullptr, 0});
-    detail::thread_slot mine;
-    mine.key = detail::call_key::of(call), mine.call = &call, mine.a = color, mine.b = key;
-    std::vector<std::pair<std::int64_t, int>> order;  // (key, old rank) of the ranks with my color
-    exchange(std::move(mine), "split", [&](std::vector<detail::thread_slot> const& slots) {
-      if (!std::all_of(slots.begin(), slots.end(), [&](auto const& s) { return s.key == slots.front().key; }))
-        detail::shared_memory_collectives::report_disagreement(slots, group_->label);
-      for (int q = 0; q < size(); ++q) {
-        auto const& slot = slots[static_cast<std::size_t>(q)];
-        if (slot.a == color) order.emplace_back(slot.b, q);
-      }
-    });  // and everyone has read color and key
-    std::sort(order.begin(), order.end());
-    int new_rank = 0;
-    while (order[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
-    int const leader = order.front().second;
-    if (leader == rank_) {
-      std::vector<int> world_ranks;
-      for (auto const& [k, q] : order) world_ranks.push_back(group_->members[static_cast<std::size_t>(q)]);
-      auto group = std::make_shared<detail::thread_group>(group_->run, std::move(world_ranks), std::string(label),
-                                                          group_->wait_limit());
-      group_->run->register_group(group);
-      group_->slots[static_cast<std::size_t>(rank_)].group = std::move(group);
-    }
-    group_->barrier(rank_, "split");
-    auto group = group_->slots[static_cast<std::size_t>(leader)].group;
-    group_->barrier(rank_, "split");  // everyone holds its group; the slots may be reused
-    if (leader == rank_) group_->slots[static_cast<std::size_t>(rank_)].group.reset();
-    return ThreadComm(std::move(group), new_rank);
-  }
+  [[nodiscard]] ThreadComm split(int color, int key, std::string_view label) const;
 
   /// Buffered send of raw bytes with the tensor shape they came from.
-  void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const {
-    check_peer(destination, "send");
-    detail::thread_group::message message{shape, std::vector<unsigned char>(bytes)};
-    if (bytes) std::memcpy(message.bytes.data(), data, bytes);
-    {
-      std::lock_guard lock(group_->mail_mutex);
-      group_->mailbox[{rank_, destination, tag}].push_back(std::move(message));
-    }
-    group_->mail_ready.notify_all();
-  }
+  void send_bytes(void const* data, std::size_t bytes, extents const& shape, int destination, int tag) const;
 
   /// recv_bytes, copying the message to where(shape, byte_count) points (the MPI backend receives it there).
   template <class Where>
@@ -171,11 +132,7 @@ class ThreadComm {
   }
 
  private:
-  void check_peer(int peer, char const* what) const {
-    if (peer < 0 || peer >= size() || peer == rank_)
-      detail::fail("shardwise::", what, " on mesh axis \"", label(), "\": peer rank ", peer,
-                   " is not another rank of this axis (size ", size(), ", this rank ", rank_, ")");
-  }
+  void check_peer(int peer, char const* what) const;
 
   friend detail::desync_test_holds& detail::desync_test_holds_of(ThreadComm const& comm);
 
@@ -183,11 +140,67 @@ class ThreadComm {
   int rank_;
 };
 
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY ThreadComm ThreadComm::split(int color, int key, std::string_view label) const {
+  // A call like any collective (as on MPI): a rank that meets another call here is told so, by name.
+  detail::call_record const call = detail::make_call<char>(*this, detail::collective_kind::split, {},
+                                                           storage_order::row_major, call_site{nullptr, 0});
+  detail::thread_slot mine;
+  mine.key = detail::call_key::of(call), mine.call = &call, mine.a = color, mine.b = key;
+  std::vector<std::pair<std::int64_t, int>> order;  // (key, old rank) of the ranks with my color
+  exchange(std::move(mine), "split", [&](std::vector<detail::thread_slot> const& slots) {
+    if (!std::all_of(slots.begin(), slots.end(), [&](auto const& s) { return s.key == slots.front().key; }))
+      detail::shared_memory_collectives::report_disagreement(slots, group_->label);
+    for (int q = 0; q < size(); ++q) {
+      auto const& slot = slots[static_cast<std::size_t>(q)];
+      if (slot.a == color) order.emplace_back(slot.b, q);
+    }
+  });  // and everyone has read color and key
+  std::sort(order.begin(), order.end());
+  int new_rank = 0;
+  while (order[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
+  int const leader = order.front().second;
+  if (leader == rank_) {
+    std::vector<int> world_ranks;
+    for (auto const& [k, q] : order) world_ranks.push_back(group_->members[static_cast<std::size_t>(q)]);
+    auto group = std::make_shared<detail::thread_group>(group_->run, std::move(world_ranks), std::string(label),
+                                                        group_->wait_limit());
+    group_->run->register_group(group);
+    group_->slots[static_cast<std::size_t>(rank_)].group = std::move(group);
+  }
+  group_->barrier(rank_, "split");
+  auto group = group_->slots[static_cast<std::size_t>(leader)].group;
+  group_->barrier(rank_, "split");  // everyone holds its group; the slots may be reused
+  if (leader == rank_) group_->slots[static_cast<std::size_t>(rank_)].group.reset();
+  return ThreadComm(std::move(group), new_rank);
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void ThreadComm::send_bytes(void const* data, std::size_t bytes, extents const& shape,
+                                                           int destination, int tag) const {
+  check_peer(destination, "send");
+  detail::thread_group::message message{shape, std::vector<unsigned char>(bytes)};
+  if (bytes) std::memcpy(message.bytes.data(), data, bytes);
+  {
+    std::lock_guard lock(group_->mail_mutex);
+    group_->mailbox[{rank_, destination, tag}].push_back(std::move(message));
+  }
+  group_->mail_ready.notify_all();
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void ThreadComm::check_peer(int peer, char const* what) const {
+  if (peer < 0 || peer >= size() || peer == rank_)
+    detail::fail("shardwise::", what, " on mesh axis \"", label(), "\": peer rank ", peer,
+                 " is not another rank of this axis (size ", size(), ", this rank ", rank_, ")");
+}
+#endif
+
 /// Tests only: the desync test holds (mesh/desync.hpp) of the rank `comm` is on, kept in its run's state.
-inline detail::desync_test_holds& detail::desync_test_holds_of(ThreadComm const& comm) {
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY detail::desync_test_holds& detail::desync_test_holds_of(ThreadComm const& comm) {
   auto const world_rank = static_cast<std::size_t>(comm.group_->members[static_cast<std::size_t>(comm.rank_)]);
   return comm.group_->run->test_holds[world_rank];
 }
+#endif
 
 namespace detail {
 
@@ -319,7 +332,11 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
 
 /// Throws the error of a run whose `stuck` ranks did not return within the grace after `outcome`'s failure:
 /// a shardwise::error naming them, with the original exception nested (std::rethrow_if_nested finds it).
-[[noreturn]] inline void throw_stuck_ranks(std::vector<int> const& stuck, thread_run_outcome const& outcome) {
+[[noreturn]] SHARDWISE_DETAIL_RUNTIME_ENTRY void throw_stuck_ranks(std::vector<int> const& stuck,
+                                                                   thread_run_outcome const& outcome);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+[[noreturn]] SHARDWISE_DETAIL_RUNTIME_ENTRY void throw_stuck_ranks(std::vector<int> const& stuck,
+                                                                   thread_run_outcome const& outcome) {
   bool const one = stuck.size() == 1;
   std::string const text =
       concat("shardwise::run_threads: ", stuck.size(), " rank(s) did not return within ", stuck_rank_grace.count(),
@@ -335,17 +352,22 @@ class thread_run_outcome : public std::enable_shared_from_this<thread_run_outcom
     std::throw_with_nested(error(text));
   }
 }
+#endif
 
 }  // namespace detail
 
-/// Runs fn(ThreadComm& world) on `ranks` threads (rank 0 on the calling thread) and returns when all are
-/// done. If any rank throws, every rank blocked in a collective is released and the first exception is
-/// rethrown here. A rank that does not return within 10 s of a failure (stuck in its own code, where no error
-/// reaches it) is left running, detached, and a shardwise::error naming it is thrown here instead, with the
-/// failure's message (and the failure nested), so that main can catch it, report and return; if that rank is
-/// rank 0 (the calling thread), nothing can return here, and the process ends with the message and exit code 1.
-template <class Fn>
-void run_threads(int ranks, Fn&& fn) {
+namespace detail {
+/// The function each rank runs, without its type, so that run_threads' work is compiled once
+/// (mesh/compiled_once.hpp).
+struct rank_function {
+  void* function;
+  void (*call)(void* function, ThreadComm& world);
+};
+
+/// run_threads' work, for a rank_function.
+SHARDWISE_DETAIL_RUNTIME_ENTRY void run_rank_threads(int ranks, rank_function fn);
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY void run_rank_threads(int ranks, rank_function fn) {
   if (ranks < 1) detail::fail("shardwise::run_threads: needs at least 1 rank, got ", ranks);
   auto run = std::make_shared<detail::thread_run_state>(ranks);
   std::vector<int> everyone(static_cast<std::size_t>(ranks));
@@ -358,7 +380,7 @@ void run_threads(int ranks, Fn&& fn) {
   auto rank_main = [world, run, outcome, &fn](int rank) {
     try {
       ThreadComm comm(world, rank);
-      fn(comm);
+      fn.call(fn.function, comm);
       run->finished[static_cast<std::size_t>(rank)].store(true, std::memory_order_release);
     } catch (...) {
       outcome->failed();
@@ -385,6 +407,22 @@ void run_threads(int ranks, Fn&& fn) {
   }
   if (!stuck.empty()) detail::throw_stuck_ranks(stuck, *outcome);
   if (outcome->error()) std::rethrow_exception(outcome->error());
+}
+#endif
+}  // namespace detail
+
+/// Runs fn(ThreadComm& world) on `ranks` threads (rank 0 on the calling thread) and returns when all are
+/// done. If any rank throws, every rank blocked in a collective is released and the first exception is
+/// rethrown here. A rank that does not return within 10 s of a failure (stuck in its own code, where no error
+/// reaches it) is left running, detached, and a shardwise::error naming it is thrown here instead, with the
+/// failure's message (and the failure nested), so that main can catch it, report and return; if that rank is
+/// rank 0 (the calling thread), nothing can return here, and the process ends with the message and exit code 1.
+template <class Fn>
+void run_threads(int ranks, Fn&& fn) {
+  using function_type = std::remove_reference_t<Fn>;
+  auto* const function = const_cast<void*>(static_cast<void const*>(std::addressof(fn)));
+  detail::run_rank_threads(ranks,
+                           {function, [](void* f, ThreadComm& world) { (*static_cast<function_type*>(f))(world); }});
 }
 
 }  // namespace shardwise

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shardwise/core/error.hpp"
+#include "shardwise/mesh/compiled_once.hpp"
 #include "shardwise/mesh/desync.hpp"
 #include "shardwise/mesh/thread/shared_memory_collectives.hpp"
 #include "shardwise/mesh/timeout.hpp"
@@ -163,174 +164,201 @@ struct thread_group {
   }
 
   /// Throws if this wait can never finish: a rank failed, or a member returned from its function.
-  void check_peers(int rank, char const* what) const {
-    if (run->aborted.load(std::memory_order_acquire)) throw peer_failure();
-    for (std::size_t q = 0; q < members.size(); ++q) {
-      if (run->finished[static_cast<std::size_t>(members[q])].load(std::memory_order_acquire)) {
-        fail("shardwise::ThreadMesh: rank ", q, " of mesh axis \"", label, "\" returned from its function while rank ",
-             rank, " waits for it in ", what, "; every rank must call the same collectives in the same order");
-      }
-    }
-  }
+  void check_peers(int rank, char const* what) const;
 
   /// What rank q of this group is doing, for a timeout message: where it waits, or what it last called.
-  [[nodiscard]] std::string whereabouts(std::size_t q) const {
-    auto const world_rank = static_cast<std::size_t>(members[q]);
-    thread_group const* elsewhere = run->waiting_in[world_rank].load();
-    char const* what = run->waiting_for[world_rank].load();
-    if (elsewhere != nullptr && elsewhere != this)
-      return concat("rank ", q, " is waiting in ", what, " on mesh axis \"", elsewhere->label,
-                    "\" (the ranks make calls on different axes in different orders: a crossing)");
-    std::uint64_t const made = own[q].calls.load();
-    if (made == 0) return concat("rank ", q, " has made no collective call on this axis yet");
-    return concat("rank ", q, " is not in a collective of this axis; it has made ", made, " calls on it");
-  }
+  [[nodiscard]] std::string whereabouts(std::size_t q) const;
 
-  [[noreturn]] void time_out(int rank, char const* what, std::uint32_t generation) const {
-    std::string missing;
-    for (std::size_t q = 0; q < members.size(); ++q)
-      if (own[q].arrival.load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
-    collective_timed_out(rank, label, wait_limit(), what, missing);
-  }
+  [[noreturn]] void time_out(int rank, char const* what, std::uint32_t generation) const;
 
   /// Waits for every member. A rank may give up waiting (timeout, failed peer) only where `may_leave`: at the
   /// start of a collective, before any peer reads its buffers; it then withdraws its arrival, so no barrier
   /// ever completes with a rank that left.
-  void barrier(int rank, char const* what, bool may_leave = true, call_record const* call = nullptr) {
-    if (members.size() == 1) return;
-    if (call != nullptr && run->verdict_to_take(static_cast<std::size_t>(members[static_cast<std::size_t>(rank)])))
-      fail(run->take_verdict(static_cast<std::size_t>(members[static_cast<std::size_t>(rank)])));
-    std::uint64_t const before = word.fetch_add(one_arrival);
-    auto const generation = static_cast<std::uint32_t>(before);
-    own[static_cast<std::size_t>(rank)].arrival.store(generation + 1, std::memory_order_relaxed);
-    if (((before / one_arrival) & 0xffff) == static_cast<std::uint64_t>(size() - 1)) {
-      // The last one: the next generation (wrapping within its 32 bits), no ranks arrived. seq_cst: see
-      // wake_sleepers.
-      std::uint64_t const next = generation == 0xffffffffu ? std::uint64_t(0) - 0xffffffffu : 1;
-      word.fetch_add(next - static_cast<std::uint64_t>(size()) * one_arrival);
-      wake_sleepers();
-      return;
-    }
-    auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
-    for (int spin = 0; spin < 320; ++spin) {  // the common case: peers arrive within a microsecond
-      if (passed()) return;
-      if (spin >= 256) std::this_thread::yield();
-    }
-    sleep_until_passed(rank, what, generation, may_leave, call);
-  }
+  void barrier(int rank, char const* what, bool may_leave = true, call_record const* call = nullptr);
 
   /// Whether world rank r sleeps in a barrier that has not passed, and if so for which world ranks. Under the
   /// run's desync_mutex. The generation is read before and after the arrivals: a barrier that passed (and
   /// perhaps filled again) meanwhile is not taken for a wait.
-  static bool sleeps_unpassed(thread_run_state::sleeping_wait const& w, std::vector<int>& waits_for) {
-    thread_group const& g = *w.group;
-    auto const generation_now = [&] { return static_cast<std::uint32_t>(g.word.load(std::memory_order_acquire)); };
-    if (generation_now() != w.generation) return false;
-    waits_for.clear();
-    for (std::size_t q = 0; q < g.members.size(); ++q)
-      if (g.own[q].arrival.load(std::memory_order_acquire) != w.generation + 1) waits_for.push_back(g.members[q]);
-    return generation_now() == w.generation;
-  }
+  static bool sleeps_unpassed(thread_run_state::sleeping_wait const& w, std::vector<int>& waits_for);
 
  private:
   /// Takes back this rank's arrival at `generation`; false if the barrier completed first (the rank stays).
-  bool withdraw(std::uint32_t generation) {
-    std::uint64_t w = word.load();
-    while (static_cast<std::uint32_t>(w) == generation)
-      if (word.compare_exchange_weak(w, w - one_arrival)) return true;
-    return false;
-  }
+  bool withdraw(std::uint32_t generation);
 
   /// More ranks than cores, or a slow peer: sleep until the barrier passes, a peer fails, a desync is found
   /// (desync_check), or the time is up.
   void sleep_until_passed(int rank, char const* what, std::uint32_t generation, bool may_leave,
-                          call_record const* call) {
-    auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
-    auto const world_rank = static_cast<std::size_t>(members[static_cast<std::size_t>(rank)]);
-    run->waiting_for[world_rank].store(what);
-    run->waiting_in[world_rank].store(this);
-    auto const now = [] { return std::chrono::steady_clock::now(); };
-    auto const deadline = now() + wait_limit();
-    auto next_check = now() + desync_first_check(wait_limit());
-    auto const started = now();
-    int notices = 0;
-    auto next_notice = wait_notice_due(started, run->notice, 0);
-    if (may_leave) announce_sleep(world_rank, what, generation, call);
-    sleepers.fetch_add(1);
-    struct leave {
-      thread_group& group;
-      std::size_t world_rank;
-      bool announced;
-      ~leave() {
-        group.sleepers.fetch_sub(1);
-        group.run->waiting_in[world_rank].store(nullptr);
-        if (!announced) return;
-        std::lock_guard const hold(group.run->desync_mutex);
-        group.run->sleeping[world_rank] = {};
-      }
-    } const on_exit{*this, world_rank, may_leave};
-    std::unique_lock lock(sleep_mutex);
-    while (!passed()) {
-      if (may_leave && (peers_cannot_arrive() || now() >= deadline || run->verdict_to_take(world_rank))) {
-        lock.unlock();
-        // A member may have passed this very barrier and then returned; a verdict then stays for the next call.
-        if (!withdraw(generation)) return;
-        if (run->verdict_to_take(world_rank)) fail(run->take_verdict(world_rank));
-        check_peers(rank, what);  // throws: a peer failed or returned
-        if (now() >= deadline) time_out(rank, what, generation);
-        fail("shardwise::ThreadMesh: a peer of rank ", rank, " in ", what, " cannot arrive");
-      }
-      if (may_leave && now() >= next_check) {
-        lock.unlock();
-        run->check_desync(static_cast<int>(world_rank));
-        next_check = now() + desync_recheck(wait_limit());
-        lock.lock();
-        continue;
-      }
-      if (may_leave && now() >= next_notice) {
-        print_notice(rank, what, call, generation, notices);
-        next_notice = wait_notice_due(started, run->notice, ++notices);
-        continue;
-      }
-      if (may_leave)
-        sleep_ready.wait_until(lock, std::min({deadline, next_check, next_notice}));
-      else
-        sleep_ready.wait(lock);
-    }
-  }
+                          call_record const* call);
 
   /// The k-th notice of a long wait in `call` (or `what`) at `generation` (mesh/wait_notice.hpp), printed by the
   /// lowest rank that waits, so that the axis gives one line.
-  void print_notice(int rank, char const* what, call_record const* call, std::uint32_t generation, int k) const {
-    std::vector<int> waiting;
-    std::string missing;
-    for (std::size_t q = 0; q < members.size(); ++q) {
-      if (own[q].arrival.load() == generation + 1)
-        waiting.push_back(static_cast<int>(q));
-      else
-        missing += (missing.empty() ? "" : "; ") + whereabouts(q);
-    }
-    if (waiting.empty() || waiting.front() != rank || missing.empty()) return;
-    std::string const text =
-        wait_notice_text(label, waiting, call ? call_text(*call) : what, missing, run->notice, k, wait_limit());
-    std::fprintf(stderr, "%s\n", text.c_str());
-    std::fflush(stderr);
-  }
+  void print_notice(int rank, char const* what, call_record const* call, std::uint32_t generation, int k) const;
 
   /// Tells the desync check that this rank sleeps in this barrier's `generation`, in `call` (or `what`).
-  void announce_sleep(std::size_t world_rank, char const* what, std::uint32_t generation, call_record const* call) {
-    thread_run_state::sleeping_wait w;
-    w.group = this, w.generation = generation, w.what = what;
-    if (call != nullptr) w.call = *call, w.has_call = true;
-    std::lock_guard const hold(run->desync_mutex);
-    run->sleeping[world_rank] = w;
-  }
+  void announce_sleep(std::size_t world_rank, char const* what, std::uint32_t generation, call_record const* call);
 };
+
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_group::check_peers(int rank, char const* what) const {
+  if (run->aborted.load(std::memory_order_acquire)) throw peer_failure();
+  for (std::size_t q = 0; q < members.size(); ++q) {
+    if (run->finished[static_cast<std::size_t>(members[q])].load(std::memory_order_acquire)) {
+      fail("shardwise::ThreadMesh: rank ", q, " of mesh axis \"", label, "\" returned from its function while rank ",
+           rank, " waits for it in ", what, "; every rank must call the same collectives in the same order");
+    }
+  }
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY std::string thread_group::whereabouts(std::size_t q) const {
+  auto const world_rank = static_cast<std::size_t>(members[q]);
+  thread_group const* elsewhere = run->waiting_in[world_rank].load();
+  char const* what = run->waiting_for[world_rank].load();
+  if (elsewhere != nullptr && elsewhere != this)
+    return concat("rank ", q, " is waiting in ", what, " on mesh axis \"", elsewhere->label,
+                  "\" (the ranks make calls on different axes in different orders: a crossing)");
+  std::uint64_t const made = own[q].calls.load();
+  if (made == 0) return concat("rank ", q, " has made no collective call on this axis yet");
+  return concat("rank ", q, " is not in a collective of this axis; it has made ", made, " calls on it");
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_group::time_out(int rank, char const* what, std::uint32_t generation) const {
+  std::string missing;
+  for (std::size_t q = 0; q < members.size(); ++q)
+    if (own[q].arrival.load() != generation + 1) missing += (missing.empty() ? "" : "; ") + whereabouts(q);
+  collective_timed_out(rank, label, wait_limit(), what, missing);
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_group::barrier(int rank, char const* what, bool may_leave,
+                                                          call_record const* call) {
+  if (members.size() == 1) return;
+  if (call != nullptr && run->verdict_to_take(static_cast<std::size_t>(members[static_cast<std::size_t>(rank)])))
+    fail(run->take_verdict(static_cast<std::size_t>(members[static_cast<std::size_t>(rank)])));
+  std::uint64_t const before = word.fetch_add(one_arrival);
+  auto const generation = static_cast<std::uint32_t>(before);
+  own[static_cast<std::size_t>(rank)].arrival.store(generation + 1, std::memory_order_relaxed);
+  if (((before / one_arrival) & 0xffff) == static_cast<std::uint64_t>(size() - 1)) {
+    // The last one: the next generation (wrapping within its 32 bits), no ranks arrived. seq_cst: see
+    // wake_sleepers.
+    std::uint64_t const next = generation == 0xffffffffu ? std::uint64_t(0) - 0xffffffffu : 1;
+    word.fetch_add(next - static_cast<std::uint64_t>(size()) * one_arrival);
+    wake_sleepers();
+    return;
+  }
+  auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
+  for (int spin = 0; spin < 320; ++spin) {  // the common case: peers arrive within a microsecond
+    if (passed()) return;
+    if (spin >= 256) std::this_thread::yield();
+  }
+  sleep_until_passed(rank, what, generation, may_leave, call);
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY bool thread_group::sleeps_unpassed(thread_run_state::sleeping_wait const& w,
+                                                                  std::vector<int>& waits_for) {
+  thread_group const& g = *w.group;
+  auto const generation_now = [&] { return static_cast<std::uint32_t>(g.word.load(std::memory_order_acquire)); };
+  if (generation_now() != w.generation) return false;
+  waits_for.clear();
+  for (std::size_t q = 0; q < g.members.size(); ++q)
+    if (g.own[q].arrival.load(std::memory_order_acquire) != w.generation + 1) waits_for.push_back(g.members[q]);
+  return generation_now() == w.generation;
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY bool thread_group::withdraw(std::uint32_t generation) {
+  std::uint64_t w = word.load();
+  while (static_cast<std::uint32_t>(w) == generation)
+    if (word.compare_exchange_weak(w, w - one_arrival)) return true;
+  return false;
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_group::sleep_until_passed(int rank, char const* what,
+                                                                     std::uint32_t generation, bool may_leave,
+                                                                     call_record const* call) {
+  auto passed = [&] { return static_cast<std::uint32_t>(word.load(std::memory_order_acquire)) != generation; };
+  auto const world_rank = static_cast<std::size_t>(members[static_cast<std::size_t>(rank)]);
+  run->waiting_for[world_rank].store(what);
+  run->waiting_in[world_rank].store(this);
+  auto const now = [] { return std::chrono::steady_clock::now(); };
+  auto const deadline = now() + wait_limit();
+  auto next_check = now() + desync_first_check(wait_limit());
+  auto const started = now();
+  int notices = 0;
+  auto next_notice = wait_notice_due(started, run->notice, 0);
+  if (may_leave) announce_sleep(world_rank, what, generation, call);
+  sleepers.fetch_add(1);
+  struct leave {
+    thread_group& group;
+    std::size_t world_rank;
+    bool announced;
+    ~leave() {
+      group.sleepers.fetch_sub(1);
+      group.run->waiting_in[world_rank].store(nullptr);
+      if (!announced) return;
+      std::lock_guard const hold(group.run->desync_mutex);
+      group.run->sleeping[world_rank] = {};
+    }
+  } const on_exit{*this, world_rank, may_leave};
+  std::unique_lock lock(sleep_mutex);
+  while (!passed()) {
+    if (may_leave && (peers_cannot_arrive() || now() >= deadline || run->verdict_to_take(world_rank))) {
+      lock.unlock();
+      // A member may have passed this very barrier and then returned; a verdict then stays for the next call.
+      if (!withdraw(generation)) return;
+      if (run->verdict_to_take(world_rank)) fail(run->take_verdict(world_rank));
+      check_peers(rank, what);  // throws: a peer failed or returned
+      if (now() >= deadline) time_out(rank, what, generation);
+      fail("shardwise::ThreadMesh: a peer of rank ", rank, " in ", what, " cannot arrive");
+    }
+    if (may_leave && now() >= next_check) {
+      lock.unlock();
+      run->check_desync(static_cast<int>(world_rank));
+      next_check = now() + desync_recheck(wait_limit());
+      lock.lock();
+      continue;
+    }
+    if (may_leave && now() >= next_notice) {
+      print_notice(rank, what, call, generation, notices);
+      next_notice = wait_notice_due(started, run->notice, ++notices);
+      continue;
+    }
+    if (may_leave)
+      sleep_ready.wait_until(lock, std::min({deadline, next_check, next_notice}));
+    else
+      sleep_ready.wait(lock);
+  }
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_group::print_notice(int rank, char const* what, call_record const* call,
+                                                               std::uint32_t generation, int k) const {
+  std::vector<int> waiting;
+  std::string missing;
+  for (std::size_t q = 0; q < members.size(); ++q) {
+    if (own[q].arrival.load() == generation + 1)
+      waiting.push_back(static_cast<int>(q));
+    else
+      missing += (missing.empty() ? "" : "; ") + whereabouts(q);
+  }
+  if (waiting.empty() || waiting.front() != rank || missing.empty()) return;
+  std::string const text =
+      wait_notice_text(label, waiting, call ? call_text(*call) : what, missing, run->notice, k, wait_limit());
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_group::announce_sleep(std::size_t world_rank, char const* what,
+                                                                 std::uint32_t generation, call_record const* call) {
+  thread_run_state::sleeping_wait w;
+  w.group = this, w.generation = generation, w.what = what;
+  if (call != nullptr) w.call = *call, w.has_call = true;
+  std::lock_guard const hold(run->desync_mutex);
+  run->sleeping[world_rank] = w;
+}
+#endif
 
 /// Looks at what every rank is doing; if world rank `me` sleeps in a wait that can never complete, every rank of
 /// the axes of such waits gets the same error (desync_recipients), and is woken to raise it. A rank told before
 /// counts as one that may arrive: it is leaving its wait.
-inline void thread_run_state::check_desync(int me) {
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_run_state::check_desync(int me) {
   std::vector<int> stuck;
   {
     std::lock_guard const hold(desync_mutex);
@@ -358,7 +386,7 @@ inline void thread_run_state::check_desync(int me) {
   wake_all();
 }
 
-inline void thread_run_state::wake_all() {
+SHARDWISE_DETAIL_RUNTIME_ENTRY void thread_run_state::wake_all() {
   std::vector<std::shared_ptr<thread_group>> live;
   {
     std::lock_guard lock(registry_mutex);
@@ -367,6 +395,7 @@ inline void thread_run_state::wake_all() {
   }
   for (auto const& group : live) group->signal();
 }
+#endif
 
 }  // namespace detail
 

@@ -13,6 +13,7 @@
 #include "shardwise/core/reduce.hpp"
 #include "shardwise/mesh/call.hpp"
 #include "shardwise/mesh/call_checks.hpp"
+#include "shardwise/mesh/compiled_once.hpp"
 #include "shardwise/placement/chunk.hpp"
 #include "shardwise/tensor/box.hpp"
 #include "shardwise/tensor/extents.hpp"
@@ -184,11 +185,7 @@ struct shared_memory_collectives {
   }
 
   /// Raises, on every rank alike, naming each rank's call, when the published calls differ.
-  [[gnu::noinline, gnu::cold]] static void report_disagreement(std::vector<thread_slot> const& slots,
-                                                               std::string_view axis) {
-    check_calls_agree(
-        static_cast<int>(slots.size()), [&](int q) -> call_record const& { return *slot(slots, q).call; }, axis);
-  }
+  [[gnu::cold]] static void report_disagreement(std::vector<thread_slot> const& slots, std::string_view axis);
 
  private:
   /// The keys differ: compares the whole records, and raises if the calls differ. Out of line and cold, so
@@ -217,5 +214,13 @@ struct shared_memory_collectives {
     }
   }
 };
+
+#if SHARDWISE_DETAIL_RUNTIME_BODIES
+[[gnu::noinline, gnu::cold]] SHARDWISE_DETAIL_RUNTIME_ENTRY void shared_memory_collectives::report_disagreement(
+    std::vector<thread_slot> const& slots, std::string_view axis) {
+  check_calls_agree(
+      static_cast<int>(slots.size()), [&](int q) -> call_record const& { return *slot(slots, q).call; }, axis);
+}
+#endif
 
 }  // namespace shardwise::detail
