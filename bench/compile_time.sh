@@ -10,14 +10,17 @@
 # program: bench/eight_variants.cpp with 1 to 4 plans in float (-DSHARDWISE_BENCH_PLANS=n), -O2, the three libraries.
 # With --alternate (and --before) it compiles each file against REV's headers and this tree's in turn, --repeat
 # times, -O2 with the three libraries, and prints every time: on a machine whose speed drifts from hour to hour, pairs
-# taken minutes apart compare what one-off timings cannot.
+# taken minutes apart compare what one-off timings cannot. With --pch it times each file with and without a
+# precompiled header of the shardwise headers it includes (-O2, the three libraries), as CMake's
+# target_precompile_headers builds one, and the precompiled header's own build (once per target).
 #
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
 #   bench/compile_time.sh --per-plan [--before REV] [--repeat N]
 #   bench/compile_time.sh --alternate --before REV [--repeat N] [--files "..."]
+#   bench/compile_time.sh --pch [--repeat N] [--files "..."]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan="" alternate=""
+before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan="" alternate="" pch=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --files) files=$2; shift 2 ;;
     --per-plan) per_plan=1; shift ;;
     --alternate) alternate=1; shift ;;
+    --pch) pch=1; shift ;;
     *) echo "compile_time.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -57,6 +61,22 @@ printf '#include <shardwise/compile_checkpoint.hpp>\n' > "$work/checkpoint.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
+if [ -n "$pch" ]; then
+  echo "| file (-O2, the three libraries) | without | with a precompiled header | the header's own build |"
+  echo "|---|---:|---:|---:|"
+  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
+  for source in $files; do
+    grep '^#include <shardwise/' "$here/$source" > "$work/pch.hpp"
+    start=$(date +%s.%N)
+    "$cxx" $common -I"$here/include" $libraries -x c++-header "$work/pch.hpp" -o "$work/pch.hpp.gch"
+    built=$(echo "$start $(date +%s.%N)" | awk '{printf "%.1f", $2 - $1}')
+    without=$(fastest "$here/include" "$here/$source" $libraries)
+    with=$(fastest "$here/include" "$here/$source" $libraries -include "$work/pch.hpp" -Winvalid-pch)
+    echo "| \`$source\` | $without | $with | $built |"
+    rm -f "$work/pch.hpp.gch"
+  done
+  exit 0
+fi
 if [ -n "$alternate" ]; then
   [ -n "$before" ] || { echo "compile_time.sh: --alternate needs --before REV" >&2; exit 2; }
   echo "| file (-O2, the three libraries) | before ($before), each run | after (this tree), each run |"
