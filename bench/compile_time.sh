@@ -12,15 +12,19 @@
 # times, -O2 with the three libraries, and prints every time: on a machine whose speed drifts from hour to hour, pairs
 # taken minutes apart compare what one-off timings cannot. With --pch it times each file with and without a
 # precompiled header of the shardwise headers it includes (-O2, the three libraries), as CMake's
-# target_precompile_headers builds one, and the precompiled header's own build (once per target).
+# target_precompile_headers builds one, and the precompiled header's own build (once per target). With --parts it
+# times bench/compile_parts.cpp with its parts switched on one after another (-DSHARDWISE_PARTS=0..9, -O2, the three
+# libraries): what parsing, launching, the mesh, the model, parallelize, forward, backward, the optimizer and
+# checkpoints each add to a one-plan program.
 #
 #   bench/compile_time.sh [--before REV] [--repeat N] [--compiler g++] [--files "examples/train_llama.cpp ..."]
 #   bench/compile_time.sh --per-plan [--before REV] [--repeat N]
 #   bench/compile_time.sh --alternate --before REV [--repeat N] [--files "..."]
 #   bench/compile_time.sh --pch [--repeat N] [--files "..."]
+#   bench/compile_time.sh --parts [--repeat N]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan="" alternate="" pch=""
+before="" repeat=2 cxx=g++ files="examples/train_llama.cpp bench/eight_variants.cpp" per_plan="" alternate="" pch="" parts=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;
@@ -30,6 +34,7 @@ while [ $# -gt 0 ]; do
     --per-plan) per_plan=1; shift ;;
     --alternate) alternate=1; shift ;;
     --pch) pch=1; shift ;;
+    --parts) parts=1; shift ;;
     *) echo "compile_time.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +66,23 @@ printf '#include <shardwise/compile_checkpoint.hpp>\n' > "$work/checkpoint.cpp"
 
 echo "$cxx $("$cxx" -dumpfullversion), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), fastest of $repeat"
 echo
+if [ -n "$parts" ]; then
+  echo "| bench/compile_parts.cpp (-O2, the three libraries), up to | seconds | added |"
+  echo "|---|---:|---:|"
+  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
+  names=("parsing the headers" "sw::launch" "make_mesh and submesh" "the model's constructor" "sw::parallelize"
+    "forward" "the loss and backward" "AdamW's step, finish_gradients, zero_grad" "sw::load_pretrained"
+    "save_sharded and load_sharded")
+  last=""
+  for n in 0 1 2 3 4 5 6 7 8 9; do
+    t=$(fastest "$here/include" "$here/bench/compile_parts.cpp" $libraries -DSHARDWISE_PARTS=$n)
+    added=""
+    [ -n "$last" ] && added=$(echo "$t $last" | awk '{printf "%+.1f", $1 - $2}')
+    last=$t
+    echo "| $n: ${names[$n]} | $t | $added |"
+  done
+  exit 0
+fi
 if [ -n "$pch" ]; then
   echo "| file (-O2, the three libraries) | without | with a precompiled header | the header's own build |"
   echo "|---|---:|---:|---:|"

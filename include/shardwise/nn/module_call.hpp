@@ -93,26 +93,42 @@ template <class M>
 using module_style_t = std::conditional_t<own_path_key<M>::where.found,
                                           typename style_in_plan<own_path_key<M>, plan_of_tree_t<M>>::type, NoParallel>;
 
+/// group_under's visitor: the first tensor-parallel group a layer has. A type of its own, so that a module's walk
+/// and its sub-modules' share their code (for_each_layer).
+template <class T>
+struct first_group {
+  nn::group<T> const* found = nullptr;
+  template <class Layer>
+  void operator()(Layer& l) {
+    if constexpr (requires { l.shardwise_group(); })
+      if (!found) found = l.shardwise_group();
+  }
+};
+
 /// The tensor-parallel group of the first layer under `node` that has one (null before parallelize).
 template <class T, class Node>
 nn::group<T> const* group_under(Node& node) {
-  nn::group<T> const* found = nullptr;
-  for_each_layer(node, [&](auto& l) {
-    if constexpr (requires { l.shardwise_group(); })
-      if (!found) found = l.shardwise_group();
-  });
-  return found;
+  first_group<T> find;
+  for_each_layer(node, find);
+  return find.found;
 }
+
+/// hooks_under's visitor: the first hooks a layer carries, a type of its own as first_group is.
+struct first_module_hooks {
+  module_hooks* found = nullptr;
+  template <class Layer>
+  void operator()(Layer& l) {
+    if constexpr (requires { l.shardwise_module_hooks(); })
+      if (!found) found = l.shardwise_module_hooks();
+  }
+};
 
 /// The hooks the layers under `node` carry (the first layer that has any), null when none do.
 template <class Node>
 module_hooks* hooks_under(Node& node) {
-  module_hooks* found = nullptr;
-  for_each_layer(node, [&](auto& l) {
-    if constexpr (requires { l.shardwise_module_hooks(); })
-      if (!found) found = l.shardwise_module_hooks();
-  });
-  return found;
+  first_module_hooks find;
+  for_each_layer(node, find);
+  return find.found;
 }
 
 template <class T, class X>

@@ -218,11 +218,26 @@ void walk_tree(Node& node, Path const& path, OnModule& on_module, OnLayer& on_la
 
 inline constexpr auto skip_node = [](auto&, auto const&) {};
 
+/// for_each_layer's and for_each_module's callers of fn: types of their own, not lambdas local to the walk's
+/// start, so that walks of a model and of its modules with the same fn share the walk of every sub-module.
+template <class Fn>
+struct call_on_node {
+  Fn& fn;
+  template <class Node>
+  void operator()(Node& node, unnamed) const {
+    fn(node);
+  }
+};
+struct skip_any_node {
+  template <class Node, class Path>
+  void operator()(Node&, Path const&) const {}
+};
+
 /// Calls fn(layer) for every layer under `node` (a layer, a module, or a vector/array of them).
 template <class Node, class Fn>
 void for_each_layer(Node& node, Fn&& fn) {
-  auto on_layer = [&](auto& l, unnamed) { fn(l); };
-  auto on_module = skip_node;
+  call_on_node<std::remove_reference_t<Fn>> on_layer{fn};
+  skip_any_node on_module;
   walk_tree(node, unnamed{}, on_module, on_layer);
 }
 
@@ -236,8 +251,8 @@ void for_each_named_layer(Node& node, Fn&& fn) {
 /// Calls fn(module) for every module under `node`, outermost first.
 template <class Node, class Fn>
 void for_each_module(Node& node, Fn&& fn) {
-  auto on_module = [&](auto& m, unnamed) { fn(m); };
-  auto on_layer = skip_node;
+  call_on_node<std::remove_reference_t<Fn>> on_module{fn};
+  skip_any_node on_layer;
   walk_tree(node, unnamed{}, on_module, on_layer);
 }
 
