@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
@@ -115,7 +114,7 @@ void write_pretrained(World& world, models::LlamaConfig const& config, fs::path 
     sw::parallelize(model, tp);
     sw::save_sharded(model, tp, folder / "sharded", 0);
     sw::consolidate(folder / "sharded", folder / "model.safetensors", {.mapping = sw::transformers_llama_mapping()});
-    std::ofstream(folder / "config.json") << models::llama_config_to_json(config).dump(2);
+    models::write_llama_config(config, folder / "config.json");
   }
   sw::barrier(mesh);
 }

@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <shardwise/checkpoint/peft.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_names.hpp>
@@ -100,7 +99,7 @@ void write_toy_folder(fs::path const& folder) {
   auto const serial = sw::make_mesh<"tp">(sw::serial_world(), {1});
   sw::save_sharded(model, serial, folder / "sharded", 0);
   sw::consolidate(folder / "sharded", folder / "model.safetensors", {.mapping = sw::transformers_llama_mapping()});
-  std::ofstream(folder / "config.json") << models::llama_config_to_json(c).dump(2);
+  models::write_llama_config(c, folder / "config.json");
 }
 
 /// Load, steps, save, reload on `o.tp` thread ranks; rank 0 prints the results.

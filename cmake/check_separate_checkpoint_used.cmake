@@ -6,7 +6,8 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm failed on ${OBJECT}")
 endif()
 foreach(name IN ITEMS "detail::save_sharded_stage\\(" "shardwise::consolidate\\(" "detail::read_shard\\("
-                      "detail::mapped_locator::operator\\(\\)\\(" "models::read_llama_config\\(")
+                      "detail::mapped_locator::operator\\(\\)\\(" "models::read_llama_config\\("
+                      "models::write_llama_config\\(")
   string(REPLACE "\\" "" shown "${name}")
   if(NOT symbols MATCHES "\n *U [^\n]*${name}")
     message(FATAL_ERROR "WRONG: ${OBJECT} does not call ${shown}) from shardwise::separate_checkpoint")
@@ -20,4 +21,8 @@ foreach(name IN ITEMS "checkpoint_index_from_json\\(" "safetensors_writer::write
     message(FATAL_ERROR "WRONG: ${OBJECT} compiles ${shown}) of its own")
   endif()
 endforeach()
-message("the object file calls the separately compiled checkpoint IO and compiles none of it")
+# Nor any JSON: the program writes its config.json through models::write_llama_config.
+if(symbols MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*nlohmann::")
+  message(FATAL_ERROR "WRONG: ${OBJECT} compiles JSON code of its own: ${CMAKE_MATCH_0}")
+endif()
+message("the object file calls the separately compiled checkpoint IO and compiles none of it, nor any JSON")

@@ -116,7 +116,7 @@ void write_demo(fs::path const& out) {
   sw::save_sharded(model, serial, out / "demo-sharded", 0);
   sw::consolidate(out / "demo-sharded", out / "demo-model" / "model.safetensors",
                   {.mapping = sw::transformers_llama_mapping(), .progress = {}});
-  std::ofstream(out / "demo-model" / "config.json") << models::llama_config_to_json(config).dump(2);
+  models::write_llama_config(config, out / "demo-model" / "config.json");
   std::ifstream gpl("/usr/share/common-licenses/GPL-3");
   std::string const text((std::istreambuf_iterator<char>(gpl)), std::istreambuf_iterator<char>());
   std::ofstream tsv(out / "demo.tsv");

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <shardwise/checkpoint/async_save.hpp>
 #include <string>

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/safetensors_write.hpp>

@@ -4,6 +4,8 @@
 // sampling rule on hand-worked cases; every bad request refused on every rank.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <nlohmann/json.hpp>  // the configs as JSON values
 #include <shardwise/models/gpt2_config_json.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 
@@ -339,6 +341,14 @@ TEST_CASE("config_to_json: what llama_config_to_json and gpt2_config_to_json wri
   auto const scaled_again = models::llama_config_from_json(models::llama_config_to_json(scaled).dump());
   CHECK(scaled_again.fields() == scaled.fields());  // the llama3 scaling's parameters among them
   CHECK(scaled.fields().at("rope_type") == "llama3");
+  // write_llama_config writes the same config.json, whole, replacing what was there.
+  auto const written = std::filesystem::temp_directory_path() / "shardwise_write_llama_config.json";
+  std::filesystem::remove(written);
+  models::write_llama_config(scaled, written);
+  CHECK(models::read_llama_config(written).fields() == scaled.fields());
+  models::write_llama_config(llama, written);
+  CHECK(models::read_llama_config(written).fields() == llama.fields());
+  std::filesystem::remove(written);
   // What `shardwise consolidate --names transformers-llama` writes back from a checkpoint's recorded fields.
   auto const yarn = models::llama_config_from_json(R"({"model_type": "llama", "vocab_size": 61, "hidden_size": 32,
     "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 256,

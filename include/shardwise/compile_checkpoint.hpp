@@ -14,4 +14,5 @@
 #include "shardwise/checkpoint/sharded.hpp"
 #include "shardwise/checkpoint/sharded_load.hpp"
 #include "shardwise/checkpoint/verify.hpp"
+#include "shardwise/models/gpt2_config_json.hpp"
 #include "shardwise/models/llama_config_json.hpp"

@@ -10,7 +10,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +25,9 @@
 #include "shardwise/checkpoint/verify.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/tensor/box.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include <nlohmann/json.hpp>
+#endif
 
 namespace shardwise {
 

@@ -9,9 +9,12 @@
 #include <vector>
 
 #include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
-#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include "shardwise/core/bounded_json.hpp"
+#endif
 
 namespace shardwise {
 
@@ -24,8 +27,13 @@ namespace detail {
 
 /// The JSON object of strings under `key` in the file's metadata (empty when the key is absent); `who` names
 /// the reader in the error for a value that is not one.
-inline std::map<std::string, std::string> metadata_strings(safetensors_file const& file, std::string const& key,
-                                                           std::string_view who) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::map<std::string, std::string> metadata_strings(safetensors_file const& file,
+                                                                                      std::string const& key,
+                                                                                      std::string_view who);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::map<std::string, std::string> metadata_strings(safetensors_file const& file,
+                                                                                      std::string const& key,
+                                                                                      std::string_view who) {
   auto const found = file.metadata().find(key);
   if (found == file.metadata().end()) return {};
   auto const damaged = [&](std::string const& why) {
@@ -41,6 +49,7 @@ inline std::map<std::string, std::string> metadata_strings(safetensors_file cons
   }
   return strings;
 }
+#endif
 
 }  // namespace detail
 

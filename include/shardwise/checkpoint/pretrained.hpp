@@ -16,7 +16,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,10 +31,14 @@
 #include "shardwise/checkpoint/sharded_layout.hpp"
 #include "shardwise/checkpoint/sharded_load.hpp"
 #include "shardwise/checkpoint/tensor_mapping.hpp"
-#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
 #include "shardwise/nn/lazy.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include <nlohmann/json.hpp>
+
+#include "shardwise/core/bounded_json.hpp"
+#endif
 
 namespace shardwise {
 
@@ -60,6 +63,7 @@ struct pretrained_files {
   std::map<std::string, std::string> metadata;  // the index's "metadata", as text
 };
 
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 /// Checks and reads the text of model.safetensors.index.json into `found` (whose label names it in errors).
 inline void pretrained_index_from_json(std::string_view text, pretrained_files& found, std::string_view who) {
   using nlohmann::json;
@@ -91,6 +95,7 @@ inline pretrained_files read_pretrained_index(std::filesystem::path const& folde
       read_regular_file(found.label, concat("shardwise::", who), "give the folder save_pretrained wrote"), found, who);
   return found;
 }
+#endif
 
 /// A safetensors file, or a folder holding model.safetensors.index.json (preferred: a sharded save) or
 /// model.safetensors.

@@ -9,16 +9,20 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
-#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include <nlohmann/json.hpp>
+
+#include "shardwise/core/bounded_json.hpp"
+#endif
 
 namespace shardwise {
 
@@ -43,8 +47,8 @@ struct tensor_info {
 };
 
 struct safetensors_header;
-[[nodiscard]] inline safetensors_header parse_safetensors_header(std::span<std::byte const> file,
-                                                                 std::string_view file_name);
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY safetensors_header
+parse_safetensors_header(std::span<std::byte const> file, std::string_view file_name);
 
 /// A parsed and checked header.
 struct safetensors_header {
@@ -72,8 +76,10 @@ inline std::uint64_t read_le64(std::byte const* p) {
   return v;
 }
 
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 /// How a JSON value looks, for messages about what was expected instead.
 inline std::string_view json_kind(nlohmann::json const& v) { return v.type_name(); }
+#endif
 
 }  // namespace detail
 
@@ -108,6 +114,7 @@ inline std::uint64_t safetensors_header_length(std::span<std::byte const> file, 
   return header_bytes;
 }
 
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 /// The header's JSON object. The header has three levels (file, tensor, shape): deeper text is refused before it
 /// is parsed, so a hostile header of nested brackets costs neither memory nor stack, and the parse is linear.
 inline nlohmann::json parse_header_json(char const* text, std::uint64_t bytes, header_error const& where) {
@@ -229,13 +236,18 @@ inline void check_data_covered(std::vector<tensor_info>& tensors, std::uint64_t 
           ": the data ends at byte ", covered, " but the file has ", data_size,
           " data bytes; the file has bytes no tensor uses and was not written whole: save it again");
 }
+#endif
 
 }  // namespace detail
 
 /// Parses and checks the header of a safetensors file whose bytes are `file` (the whole file, or at least
 /// its first 8 + N bytes when only the header is wanted — then the data checks use the size it has).
 /// Throws shardwise::error naming `file_name`, the tensor, and what to do.
-inline safetensors_header parse_safetensors_header(std::span<std::byte const> file, std::string_view file_name) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY safetensors_header parse_safetensors_header(std::span<std::byte const> file,
+                                                                              std::string_view file_name);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY safetensors_header parse_safetensors_header(std::span<std::byte const> file,
+                                                                              std::string_view file_name) {
   detail::header_error const where{file_name};
   std::uint64_t const header_bytes = detail::safetensors_header_length(file, where);
   safetensors_header header;
@@ -253,5 +265,6 @@ inline safetensors_header parse_safetensors_header(std::span<std::byte const> fi
   for (std::size_t i = 0; i < header.tensors.size(); ++i) header.index_.emplace(header.tensors[i].name, i);
   return header;
 }
+#endif
 
 }  // namespace shardwise

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <span>
 #include <string>
@@ -18,10 +17,14 @@
 
 #include "shardwise/checkpoint/atomic_file.hpp"
 #include "shardwise/checkpoint/checksum.hpp"
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/tensor/concept.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include <nlohmann/json.hpp>
+#endif
 
 namespace shardwise {
 
@@ -113,83 +116,7 @@ class safetensors_writer {
   /// while its bytes are written and the metadata gets, under that key, a JSON object of tensor name -> 16 hex
   /// digits (the header is written with placeholders of the same length, then completed).
   void write(std::filesystem::path const& path, std::map<std::string, std::string> const& metadata = {},
-             std::string const& checksums_key = {}) const {
-    std::vector<entry const*> order;
-    order.reserve(entries_.size());
-    for (auto const& e : entries_) order.push_back(&e);
-    std::sort(order.begin(), order.end(), [](entry const* a, entry const* b) {
-      std::size_t const sa = dtype_size(a->type), sb = dtype_size(b->type);
-      return sa != sb ? sa > sb : a->name < b->name;
-    });
-    std::vector<std::uint64_t> sums(order.size(), 0);
-    auto const header_text = [&] {
-      nlohmann::json header = nlohmann::json::object();
-      if (!metadata.empty() || !checksums_key.empty()) {
-        nlohmann::json m = nlohmann::json::object();
-        for (auto const& [k, v] : metadata) m[k] = v;
-        if (!checksums_key.empty()) {
-          nlohmann::json c = nlohmann::json::object();
-          for (std::size_t i = 0; i < order.size(); ++i) c[order[i]->name] = detail::hex64(sums[i]);
-          m[checksums_key] = c.dump();
-        }
-        header["__metadata__"] = std::move(m);
-      }
-      std::uint64_t offset = 0;
-      for (entry const* e : order) {
-        header[e->name] = {
-            {"dtype", dtype_name(e->type)}, {"shape", e->shape}, {"data_offsets", {offset, offset + e->size}}};
-        offset += e->size;
-      }
-      std::string text;
-      try {
-        text = header.dump();
-      } catch (nlohmann::json::exception const& e) {
-        detail::fail("shardwise::safetensors_writer: \"", path.string(),
-                     "\": a tensor name or metadata is not valid UTF-8 (", e.what(),
-                     "); name tensors and metadata in UTF-8");
-      }
-      text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts at a multiple of 8
-      return text;
-    };
-    std::string text = header_text();  // with checksums: placeholders of the final length
-    std::uint64_t const length = text.size();
-    std::byte length_bytes[8];
-    std::memcpy(length_bytes, &length, 8);  // little-endian host (dtype.hpp)
-    detail::atomic_file_writer out(path);
-    out.write(std::span<std::byte const>(length_bytes, 8));
-    out.write(std::as_bytes(std::span(text.data(), text.size())));
-    bool const summing = !checksums_key.empty();
-    // Written in slices when summing, so that each slice is summed and then copied out while in the cache.
-    constexpr std::size_t slice = std::size_t{1} << 20;
-    auto const emit = [&](std::span<std::byte const> bytes, detail::checksum_stream& sum) {
-      if (!summing) return out.write(bytes);
-      for (std::size_t at = 0; at < bytes.size(); at += slice) {
-        auto const part = bytes.subspan(at, std::min(slice, bytes.size() - at));
-        sum.update(part);
-        out.write(part);
-      }
-    };
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      entry const* e = order[i];
-      detail::checksum_stream sum;
-      if (e->fill) {
-        std::vector<std::byte> bytes(e->size);
-        e->fill(bytes);
-        emit(bytes, sum);
-      } else {
-        for (auto const& run : e->runs) emit(run, sum);
-      }
-      sums[i] = sum.finish();
-    }
-    if (summing) {
-      std::string const done = header_text();
-      if (done.size() != text.size())
-        detail::fail("shardwise::safetensors_writer: \"", path.string(),
-                     "\": the header changed length when its checksums were filled in; this is a bug in shardwise");
-      out.write_at(8, std::as_bytes(std::span(done.data(), done.size())));
-    }
-    out.commit();
-  }
+             std::string const& checksums_key = {}) const;
 
  private:
   struct entry {
@@ -204,5 +131,87 @@ class safetensors_writer {
   std::vector<entry> entries_;
   std::set<std::string, std::less<>> names_;
 };
+
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void safetensors_writer::write(std::filesystem::path const& path,
+                                                                 std::map<std::string, std::string> const& metadata,
+                                                                 std::string const& checksums_key) const {
+  std::vector<entry const*> order;
+  order.reserve(entries_.size());
+  for (auto const& e : entries_) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](entry const* a, entry const* b) {
+    std::size_t const sa = dtype_size(a->type), sb = dtype_size(b->type);
+    return sa != sb ? sa > sb : a->name < b->name;
+  });
+  std::vector<std::uint64_t> sums(order.size(), 0);
+  auto const header_text = [&] {
+    nlohmann::json header = nlohmann::json::object();
+    if (!metadata.empty() || !checksums_key.empty()) {
+      nlohmann::json m = nlohmann::json::object();
+      for (auto const& [k, v] : metadata) m[k] = v;
+      if (!checksums_key.empty()) {
+        nlohmann::json c = nlohmann::json::object();
+        for (std::size_t i = 0; i < order.size(); ++i) c[order[i]->name] = detail::hex64(sums[i]);
+        m[checksums_key] = c.dump();
+      }
+      header["__metadata__"] = std::move(m);
+    }
+    std::uint64_t offset = 0;
+    for (entry const* e : order) {
+      header[e->name] = {
+          {"dtype", dtype_name(e->type)}, {"shape", e->shape}, {"data_offsets", {offset, offset + e->size}}};
+      offset += e->size;
+    }
+    std::string text;
+    try {
+      text = header.dump();
+    } catch (nlohmann::json::exception const& e) {
+      detail::fail("shardwise::safetensors_writer: \"", path.string(),
+                   "\": a tensor name or metadata is not valid UTF-8 (", e.what(),
+                   "); name tensors and metadata in UTF-8");
+    }
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data then starts at a multiple of 8
+    return text;
+  };
+  std::string text = header_text();  // with checksums: placeholders of the final length
+  std::uint64_t const length = text.size();
+  std::byte length_bytes[8];
+  std::memcpy(length_bytes, &length, 8);  // little-endian host (dtype.hpp)
+  detail::atomic_file_writer out(path);
+  out.write(std::span<std::byte const>(length_bytes, 8));
+  out.write(std::as_bytes(std::span(text.data(), text.size())));
+  bool const summing = !checksums_key.empty();
+  // Written in slices when summing, so that each slice is summed and then copied out while in the cache.
+  constexpr std::size_t slice = std::size_t{1} << 20;
+  auto const emit = [&](std::span<std::byte const> bytes, detail::checksum_stream& sum) {
+    if (!summing) return out.write(bytes);
+    for (std::size_t at = 0; at < bytes.size(); at += slice) {
+      auto const part = bytes.subspan(at, std::min(slice, bytes.size() - at));
+      sum.update(part);
+      out.write(part);
+    }
+  };
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    entry const* e = order[i];
+    detail::checksum_stream sum;
+    if (e->fill) {
+      std::vector<std::byte> bytes(e->size);
+      e->fill(bytes);
+      emit(bytes, sum);
+    } else {
+      for (auto const& run : e->runs) emit(run, sum);
+    }
+    sums[i] = sum.finish();
+  }
+  if (summing) {
+    std::string const done = header_text();
+    if (done.size() != text.size())
+      detail::fail("shardwise::safetensors_writer: \"", path.string(),
+                   "\": the header changed length when its checksums were filled in; this is a bug in shardwise");
+    out.write_at(8, std::as_bytes(std::span(done.data(), done.size())));
+  }
+  out.commit();
+}
+#endif
 
 }  // namespace shardwise

@@ -45,7 +45,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <span>
@@ -72,11 +71,15 @@
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include <nlohmann/json.hpp>
+#endif
 
 namespace shardwise {
 
 namespace detail {
 
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 /// The stage's tensors (name, dtype, global shape, placement), in model order, as its rank files record them
 /// for the index.
 inline nlohmann::json stage_tensors(model_tensors const& model, int tp_size) {
@@ -103,6 +106,7 @@ inline void add_stage_tensors(checkpoint_index& index, safetensors_file const& f
                              {}});
   }
 }
+#endif
 
 /// The folders of asynchronous saves still in flight in this process, with the thread that staged each (their
 /// leader's): a save of such a folder from that thread would wait for its own lock for ever, so it is refused.
@@ -217,8 +221,11 @@ struct rank_file_plan {
 /// This rank's pieces of the model, pointing into the parameters (no copy): each run of local rows is contiguous
 /// in the row-major storage, and a piece is its runs in stored order. Rows a model hands out itself (FSDP's
 /// shards, its optimizer state) are copied, as they may not outlive the walk.
-inline rank_file_plan plan_rank_file(model_tensors const& model, save_group const& group, std::uint64_t generation,
-                                     std::int64_t step) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY rank_file_plan plan_rank_file(model_tensors const& model, save_group const& group,
+                                                                std::uint64_t generation, std::int64_t step);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY rank_file_plan plan_rank_file(model_tensors const& model, save_group const& group,
+                                                                std::uint64_t generation, std::int64_t step) {
   int const size = group.tp_size, rank = group.tp_rank;
   rank_file_plan plan;
   plan.file = group.folder(rank, group.pp_rank, group.dp_rank) + "/model.safetensors";
@@ -265,6 +272,7 @@ inline rank_file_plan plan_rank_file(model_tensors const& model, save_group cons
   if (rank == 0 && group.dp_rank == 0) plan.metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
   return plan;
 }
+#endif
 
 /// Writes the rank's file into the staging folder `temp` (one sequential write per run, each piece's checksum
 /// computed as it is written; fsync), then `also_write`. Touches neither the model nor the mesh: an
@@ -296,8 +304,11 @@ inline checkpoint_index index_head(model_tensors const& model, save_group const&
 /// file (as the files hold them, not as the ranks believe they were written), checks that they cover every
 /// tensor exactly once, writes the index and swaps the folder in; the group agrees on the outcome. The previous
 /// checkpoint is removed, or with `previous_out` (the leader's) left for the caller, as commit_directory does.
-inline void commit_save(save_group const& group, staged_save& staged, checkpoint_index index,
-                        std::filesystem::path* previous_out = nullptr) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void commit_save(save_group const& group, staged_save& staged, checkpoint_index index,
+                                                   std::filesystem::path* previous_out = nullptr);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY void commit_save(save_group const& group, staged_save& staged, checkpoint_index index,
+                                                   std::filesystem::path* previous_out) {
   namespace fs = std::filesystem;
   std::string error;
   fs::path const& temp = staged.temp;
@@ -338,6 +349,7 @@ inline void commit_save(save_group const& group, staged_save& staged, checkpoint
   }
   group.agree(error, "checking and committing the checkpoint", staged.target);
 }
+#endif
 
 /// Every rank of the group writes its file; the leader checks the pieces, writes the index and commits.
 SHARDWISE_DETAIL_CHECKPOINT_ENTRY void save_sharded_stage(

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -23,9 +22,13 @@
 #include "shardwise/checkpoint/checksum.hpp"
 #include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/dtype.hpp"
-#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
+#include <nlohmann/json.hpp>
+
+#include "shardwise/core/bounded_json.hpp"
+#endif
 
 namespace shardwise {
 
@@ -183,6 +186,7 @@ inline std::optional<std::pair<int, int>> piece_ranks(std::string const& file) {
   return std::pair{tp, pp};
 }
 
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 /// An integer field of an index, checked before it is converted: JSON may hold 2.2e23, 1.5 or -1 where a count
 /// belongs, and converting those is undefined behaviour, not an error. `bad` raises, naming `what`.
 template <class Int, class Bad>
@@ -204,6 +208,7 @@ std::vector<std::uint64_t> index_sizes(nlohmann::json const& value, char const* 
   for (auto const& size : value) sizes.push_back(index_integer<std::uint64_t>(size, what, bad));
   return sizes;
 }
+#endif
 
 inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   std::ostringstream out;
@@ -214,7 +219,10 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
 
 }  // namespace detail
 
-[[nodiscard]] inline std::string to_json(checkpoint_index const& index) {
+/// The index as the text of its JSON file.
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string to_json(checkpoint_index const& index);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+[[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string to_json(checkpoint_index const& index) {
   nlohmann::json tensors = nlohmann::json::array();
   for (auto const& t : index.tensors) {
     nlohmann::json pieces = nlohmann::json::array();
@@ -237,6 +245,7 @@ inline std::string shape_text(std::vector<std::uint64_t> const& shape) {
   if (!index.config.empty()) root["config"] = index.config;
   return root.dump(1) + "\n";
 }
+#endif
 
 /// Checks and reads the text of a checkpoint's index; `file` names it in errors.
 [[nodiscard]] SHARDWISE_DETAIL_CHECKPOINT_ENTRY checkpoint_index checkpoint_index_from_json(std::string_view text,

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/core/read_file.hpp"
 #include "shardwise/models/gpt2.hpp"
 #include "shardwise/models/llama_config_json.hpp"
@@ -15,7 +16,10 @@ namespace shardwise::models {
 /// vocab_size, n_embd, n_layer, n_head, n_positions (as the sequence: wpe's rows) and layer_norm_epsilon. Throws,
 /// naming the field, for text that is not JSON, another model_type, a missing or non-positive size, or what
 /// shardwise's GPT-2 does not compute: an activation other than "gelu_new", an n_inner other than 4 n_embd.
-inline GPT2Config gpt2_config_from_json(std::string_view text, std::string_view source = "config.json") {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY GPT2Config gpt2_config_from_json(std::string_view text,
+                                                                   std::string_view source = "config.json");
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY GPT2Config gpt2_config_from_json(std::string_view text, std::string_view source) {
   constexpr char const* who = "gpt2_config_from_json";
   nlohmann::json const root = detail::config_root(text, source, who);
   if (auto type = root.find("model_type"); type != root.end() && *type != "gpt2")
@@ -37,10 +41,13 @@ inline GPT2Config gpt2_config_from_json(std::string_view text, std::string_view 
   c.check();
   return c;
 }
+#endif
 
 /// The transformers config.json of a GPT2LMHeadModel with configuration `c` (what save_pretrained writes for it,
 /// and what gpt2_config_from_json reads back): no dropout, "gelu_new", the LM head tied to wte.
-inline nlohmann::json gpt2_config_to_json(GPT2Config const& c) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY nlohmann::json gpt2_config_to_json(GPT2Config const& c);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY nlohmann::json gpt2_config_to_json(GPT2Config const& c) {
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
           {"vocab_size", c.vocabulary},
@@ -56,18 +63,24 @@ inline nlohmann::json gpt2_config_to_json(GPT2Config const& c) {
           {"attn_pdrop", 0.0},
           {"tie_word_embeddings", true}};
 }
+#endif
 
 /// The GPT2Config of the config.json at `file` (gpt2_config_from_json); throws naming the file when it cannot be
 /// read.
-inline GPT2Config read_gpt2_config(std::filesystem::path const& file) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY GPT2Config read_gpt2_config(std::filesystem::path const& file);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY GPT2Config read_gpt2_config(std::filesystem::path const& file) {
   std::string const text = shardwise::detail::read_regular_file(file.string(), "shardwise::models::read_gpt2_config",
                                                                 "give the path of a transformers config.json");
   return gpt2_config_from_json(text, file.string());
 }
+#endif
 
 /// The model_type of the transformers config.json at `file` ("llama", "gpt2", ...); throws naming the file when
 /// it cannot be read, is not a JSON object, or has no model_type.
-inline std::string transformers_model_type(std::filesystem::path const& file) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string transformers_model_type(std::filesystem::path const& file);
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string transformers_model_type(std::filesystem::path const& file) {
   constexpr char const* who = "transformers_model_type";
   std::string const text = shardwise::detail::read_regular_file(
       file.string(), "shardwise::models::transformers_model_type", "give the path of a transformers config.json");
@@ -78,5 +91,6 @@ inline std::string transformers_model_type(std::filesystem::path const& file) {
                      " has no \"model_type\" text; give the config.json that transformers' save_pretrained wrote");
   return type->get<std::string>();
 }
+#endif
 
 }  // namespace shardwise::models

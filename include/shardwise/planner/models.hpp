@@ -3,10 +3,12 @@
 // biases), Qwen3 (q and k norms, heads of head_dim), Mistral (Llama's block with a sliding window of keys per query)
 // and GPT-2, each as a planner::model_description; `shardwise plan` reads its CONFIG.json with planner::read_model.
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "shardwise/core/read_file.hpp"
 #include "shardwise/models/gpt2_config_json.hpp"
+#include "shardwise/models/llama_config_fields.hpp"
 #include "shardwise/models/llama_config_json.hpp"
 #include "shardwise/planner/gpt2.hpp"
 #include "shardwise/planner/llama.hpp"
