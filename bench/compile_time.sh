@@ -56,6 +56,12 @@ fastest() {  # fastest() include_dir source flags...: the fastest of $repeat com
   printf '%.1f' "$best"
 }
 
+# The flags of the modes that time a file with the three libraries linked.
+libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
+added() {  # added NOW LAST: "+1.2", the seconds NOW adds to LAST; empty without LAST
+  if [ -n "$2" ]; then echo "$1 $2" | awk '{printf "%+.1f", $1 - $2}'; fi
+}
+
 if [ -n "$before" ]; then
   mkdir -p "$work/before"
   git -C "$here" archive "$before" include | tar -x -C "$work/before"
@@ -69,24 +75,20 @@ echo
 if [ -n "$parts" ]; then
   echo "| bench/compile_parts.cpp (-O2, the three libraries), up to | seconds | added |"
   echo "|---|---:|---:|"
-  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
   names=("parsing the headers" "sw::launch" "make_mesh and submesh" "the model's constructor" "sw::parallelize"
     "forward" "the loss and backward" "AdamW's step, finish_gradients, zero_grad" "sw::load_pretrained"
     "save_sharded and load_sharded")
   last=""
   for n in 0 1 2 3 4 5 6 7 8 9; do
     t=$(fastest "$here/include" "$here/bench/compile_parts.cpp" $libraries -DSHARDWISE_PARTS=$n)
-    added=""
-    [ -n "$last" ] && added=$(echo "$t $last" | awk '{printf "%+.1f", $1 - $2}')
+    echo "| $n: ${names[$n]} | $t | $(added "$t" "$last") |"
     last=$t
-    echo "| $n: ${names[$n]} | $t | $added |"
   done
   exit 0
 fi
 if [ -n "$pch" ]; then
   echo "| file (-O2, the three libraries) | without | with a precompiled header | the header's own build |"
   echo "|---|---:|---:|---:|"
-  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
   for source in $files; do
     grep '^#include <shardwise/' "$here/$source" > "$work/pch.hpp"
     start=$(date +%s.%N)
@@ -103,7 +105,6 @@ if [ -n "$alternate" ]; then
   [ -n "$before" ] || { echo "compile_time.sh: --alternate needs --before REV" >&2; exit 2; }
   echo "| file (-O2, the three libraries) | before ($before), each run | after (this tree), each run |"
   echo "|---|---|---|"
-  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
   for source in $files; do
     old="" new=""
     for _ in $(seq "$repeat"); do
@@ -117,18 +118,16 @@ fi
 if [ -n "$per_plan" ]; then
   echo "| plans in bench/eight_variants.cpp (float, -O2, the three libraries) | before | added | after | added |"
   echo "|---|---:|---:|---:|---:|"
-  libraries="-O2 -DSHARDWISE_SEPARATE_KERNELS -DSHARDWISE_SEPARATE_RUNTIME -DSHARDWISE_SEPARATE_CHECKPOINT"
   last_old="" last_new=""
   for n in 1 2 3 4; do
     old="—" added_old=""
     if [ -n "$before" ]; then
       old=$(fastest "$work/before/include" "$here/bench/eight_variants.cpp" $libraries -DSHARDWISE_BENCH_PLANS=$n)
-      [ -n "$last_old" ] && added_old=$(echo "$old $last_old" | awk '{printf "%+.1f", $1 - $2}')
+      added_old=$(added "$old" "$last_old")
       last_old=$old
     fi
     new=$(fastest "$here/include" "$here/bench/eight_variants.cpp" $libraries -DSHARDWISE_BENCH_PLANS=$n)
-    added_new=""
-    [ -n "$last_new" ] && added_new=$(echo "$new $last_new" | awk '{printf "%+.1f", $1 - $2}')
+    added_new=$(added "$new" "$last_new")
     last_new=$new
     echo "| $n | $old | $added_old | $new | $added_new |"
   done

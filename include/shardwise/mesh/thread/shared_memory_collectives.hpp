@@ -184,12 +184,12 @@ struct shared_memory_collectives {
     return all;
   }
 
-  /// Raises, on every rank alike, naming each rank's call, when the published calls differ.
+  /// The keys differ: compares the whole records and raises, on every rank alike, naming each rank's call, if the
+  /// calls differ. Out of line and cold, so the error's formatting does not weigh on the inlined common path (it
+  /// cost ~0.2 us per call inline).
   [[gnu::cold]] static void report_disagreement(std::vector<thread_slot> const& slots, std::string_view axis);
 
  private:
-  /// The keys differ: compares the whole records, and raises if the calls differ. Out of line and cold, so
-  /// the error's formatting does not weigh on the inlined common path (it cost ~0.2 us per call inline).
   static thread_slot const& slot(std::vector<thread_slot> const& slots, int q) {
     return slots[static_cast<std::size_t>(q)];
   }
