@@ -21,7 +21,7 @@ struct FeedForward {
   SHARDWISE_CHILDREN(w1, w3, w2)
   SHARDWISE_SAVED(h1_, h3_, a_)  // what forward keeps for backward: lets several microbatches be in flight
 
-  FeedForward(std::size_t dim, std::size_t hidden, std::uint64_t seed)
+  FeedForward(std::size_t dim, std::size_t hidden, sw::init seed)
       : w1(dim, hidden, seed + 1, false), w3(dim, hidden, seed + 2, false), w2(hidden, dim, seed + 3, false) {}
 
   template <class X>
@@ -58,7 +58,7 @@ struct Attention {
   SHARDWISE_CHILDREN(wq, wk, wv, wo, heads)
   SHARDWISE_SAVED(q_, k_, v_, saved_)
 
-  Attention(std::size_t dim, std::size_t heads, std::size_t sequence, std::uint64_t seed)
+  Attention(std::size_t dim, std::size_t heads, std::size_t sequence, sw::init seed)
       : wq(dim, dim, seed + 1),
         wk(dim, dim, seed + 2),
         wv(dim, dim, seed + 3),

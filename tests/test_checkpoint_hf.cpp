@@ -41,15 +41,25 @@ constexpr std::size_t vocab = 16, dim = 8, hidden = 12, positions = 8;
 /// projection along its inputs (its bias replicated), an MLP input cut along its outputs.
 template <class Plan = sw::serial_plan>
 struct Mini {
-  sw::Embedding<float, sw::style_at<Plan, "wte">> wte{vocab, dim, 1};
-  sw::Embedding<float, sw::style_at<Plan, "wpe">> wpe{positions, dim, 2};
-  sw::LayerNorm<float, sw::style_at<Plan, "ln">> ln{dim};
-  sw::Linear<float, sw::style_at<Plan, "wq">> wq{dim, dim, 3};
-  sw::Linear<float, sw::style_at<Plan, "wk">> wk{dim, dim, 4};
-  sw::Linear<float, sw::style_at<Plan, "wv">> wv{dim, dim, 5};
-  sw::Linear<float, sw::style_at<Plan, "proj">> proj{dim, dim, 6};
-  sw::Linear<float, sw::style_at<Plan, "fc">> fc{dim, hidden, 7};
+  sw::Embedding<float, sw::style_at<Plan, "wte">> wte;
+  sw::Embedding<float, sw::style_at<Plan, "wpe">> wpe;
+  sw::LayerNorm<float, sw::style_at<Plan, "ln">> ln;
+  sw::Linear<float, sw::style_at<Plan, "wq">> wq;
+  sw::Linear<float, sw::style_at<Plan, "wk">> wk;
+  sw::Linear<float, sw::style_at<Plan, "wv">> wv;
+  sw::Linear<float, sw::style_at<Plan, "proj">> proj;
+  sw::Linear<float, sw::style_at<Plan, "fc">> fc;
   SHARDWISE_CHILDREN(wte, wpe, ln, wq, wk, wv, proj, fc)
+
+  explicit Mini(sw::init seed = 0)  // an sw::init, so that sw::Lazy can declare it
+      : wte(vocab, dim, seed + 1),
+        wpe(positions, dim, seed + 2),
+        ln(dim, 1e-5f, seed),
+        wq(dim, dim, seed + 3),
+        wk(dim, dim, seed + 4),
+        wv(dim, dim, seed + 5),
+        proj(dim, dim, seed + 6),
+        fc(dim, hidden, seed + 7) {}
 };
 using mini_plan =
     sw::plan<sw::at<"wte", sw::ColwiseParallel<sw::Replicate, sw::Shard<-1>>>,
@@ -275,7 +285,7 @@ TEST_CASE("GPT-2's layout: renamed, Conv1D weights transposed, q, k and v split 
     // A lazily declared model: each rank allocates its shard only, filled through the same mapping.
     sw::run_threads(ranks, [&](auto& world) {
       auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
-      sw::Lazy<Model> lazy;
+      sw::Lazy<Model> lazy(sw::init(0));
       sw::parallelize(lazy, tp);
       sw::load_report report;
       Model& model = sw::load_pretrained(lazy, tp, dir.path, gpt2_mapping, {}, &report);
@@ -409,7 +419,7 @@ TEST_CASE("non-strict: missing and unexpected tensors reported, missing ones kee
   // A lazily declared model: the missing tensors stay zero.
   sw::run_threads(2, [&](auto& world) {
     auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
-    sw::Lazy<Model> lazy;
+    sw::Lazy<Model> lazy(sw::init(0));
     sw::parallelize(lazy, tp);
     sw::load_report report;
     Model& model = sw::load_pretrained(lazy, tp, dir.path, mapping, {.strict = false}, &report);

@@ -33,7 +33,11 @@ TEST_CASE("Lazy: nothing is allocated until materialize, then each rank holds ex
         held += static_cast<std::size_t>(p.value->size() + p.grad->size());
       });
       CHECK(held == 0);
-      CHECK_FALSE(sw::detail::constructing_lazily());  // the flag does not leak into later constructions
+      Model later(config());  // built after the lazy one, with the same config: allocated as usual
+      std::size_t later_held = 0;
+      sw::detail::for_each_parameter(later,
+                                     [&](auto const& p) { later_held += static_cast<std::size_t>(p.value->size()); });
+      CHECK(later_held > 0);
 
       Model& model = sw::materialize(lazy);
       std::vector<float const*> sources;
@@ -155,13 +159,49 @@ TEST_CASE("Lazy: a layer used before it is materialized is refused with its path
 
 namespace {
 struct Throws {
-  sw::Linear<float> w{4, 4, 1};
+  sw::Linear<float> w;
   SHARDWISE_CHILDREN(w)
-  explicit Throws(int) { throw std::runtime_error("built badly"); }
+  explicit Throws(sw::init seed) : w(4, 4, seed) { throw std::runtime_error("built badly"); }
+};
+
+/// A block that hands one child a plain seed instead of the init it was given: that child would be allocated.
+struct DropsTheMode {
+  sw::Linear<float, sw::style_at<sw::serial_plan, "kept">> kept;
+  sw::Linear<float, sw::style_at<sw::serial_plan, "dropped">> dropped;
+  SHARDWISE_CHILDREN(kept, dropped)
+  explicit DropsTheMode(sw::init seed) : kept(4, 4, seed + 1), dropped(4, 4, seed.seed() + 2) {}
 };
 }  // namespace
 
-TEST_CASE("Lazy: a model that throws while being built does not leave the lazy flag set") {
-  CHECK_THROWS_AS(sw::Lazy<Throws>(1), std::runtime_error);
-  CHECK_FALSE(sw::detail::constructing_lazily());
+TEST_CASE("Lazy: a model that throws while being built throws out of sw::Lazy, and nothing lingers") {
+  CHECK_THROWS_AS(sw::Lazy<Throws>(sw::init(1)), std::runtime_error);
+  sw::Linear<float> after(4, 4, 1);  // the mode travels in the seed: nothing is left behind to leak
+  CHECK(after.materialized());
+  CHECK(after.weight.size() == 16);
+}
+
+TEST_CASE("Lazy: a layer its module built with a plain seed is refused, naming the layer and the fix") {
+  CHECK_THROWS_WITH_AS(sw::Lazy<DropsTheMode>(sw::init(3)),
+                       "shardwise::Lazy: the Linear at \"dropped\" was built with its parameters: the module that "
+                       "holds it gave it a plain seed. Take the seed as sw::init in the module's constructor and "
+                       "hand each child `seed + k` (a norm: pass it as its last argument), so that the children are "
+                       "only declared",
+                       sw::error);
+  DropsTheMode eager(sw::init(3));  // built eagerly, it is an ordinary model
+  CHECK(eager.kept.materialized());
+  CHECK(eager.dropped.materialized());
+}
+
+TEST_CASE("sw::init: the mode travels with the seed's arithmetic") {
+  sw::init const plain = 5;
+  CHECK(plain.seed() == 5);
+  CHECK_FALSE(plain.declares_only());
+  auto const declared = sw::init::declared(5) + 7;
+  CHECK(declared.seed() == 12);
+  CHECK(declared.declares_only());
+  sw::init moved = declared;
+  moved += 1;
+  CHECK(moved.seed() == 13);
+  CHECK(moved.declares_only());
+  CHECK(moved != sw::init(13));
 }

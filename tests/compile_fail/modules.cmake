@@ -57,3 +57,5 @@ shardwise_add_compile_fail_test(parallelize_not_a_module SOURCE compile_fail/par
   LINK shardwise::eigen
   EXPECT "shardwise::parallelize: the model's type lists no children; declare its layers and sub-modules with "
          "SHARDWISE_CHILDREN")
+shardwise_add_compile_fail_test(lazy_without_init SOURCE compile_fail/lazy_without_init.cpp LINK shardwise::eigen
+  EXPECT "shardwise::Lazy: no constructor argument carries an sw::init")

@@ -31,7 +31,7 @@ struct GPT2Config {
   /// Tokens per sequence, and the positions wpe holds (transformers' n_positions).
   std::size_t sequence = 32;
   double layer_norm_eps = 1e-5;  ///< The LayerNorms' epsilon.
-  std::uint64_t seed = 1234;     ///< Seed of the initial parameters.
+  init seed = 1234;              ///< Seed of the initial parameters (sw::Lazy marks it "declared only").
   /// Width of one attention head: dim / heads.
   [[nodiscard]] constexpr std::size_t head_dim() const { return dim / heads; }
   /// The MLP's inner width, 4 * dim (GPT-2's n_inner default).
@@ -75,7 +75,7 @@ struct GPT2Attention {
   SHARDWISE_SAVED(q_, k_, v_, saved_)
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4.
-  constexpr GPT2Attention(GPT2Config const& c, std::uint64_t seed)
+  constexpr GPT2Attention(GPT2Config const& c, init seed)
       : q_proj(std::get<0>(shardwise_shapes(c)), seed + 1),
         k_proj(std::get<1>(shardwise_shapes(c)), seed + 2),
         v_proj(std::get<2>(shardwise_shapes(c)), seed + 3),
@@ -157,7 +157,7 @@ struct GPT2MLP {
   static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
 
   /// The parameters are drawn from seed + 1 and seed + 2.
-  constexpr GPT2MLP(GPT2Config const& c, std::uint64_t seed)
+  constexpr GPT2MLP(GPT2Config const& c, init seed)
       : c_fc(std::get<0>(shardwise_shapes(c)), seed + 1), c_proj(std::get<1>(shardwise_shapes(c)), seed + 2) {}
 
   /// The shapes of c_fc and c_proj (with biases), which the constructor builds them from.
@@ -201,10 +201,10 @@ struct GPT2Block {
   static constexpr bool shardwise_token_wise = true;  ///< Residuals, token by token: the attention sees across.
 
   /// The attention's parameters are drawn from `seed`, the MLP's from seed + 10.
-  constexpr GPT2Block(GPT2Config const& c, std::uint64_t seed)
-      : ln_1(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
+  constexpr GPT2Block(GPT2Config const& c, init seed)
+      : ln_1(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps), seed),
         attn(c, seed),
-        ln_2(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
+        ln_2(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps), seed),
         mlp(c, seed + 10) {}
 
   /// Its children's shapes: the norms', the attention's and the MLP's.
@@ -259,7 +259,7 @@ struct GPT2 {
   constexpr explicit GPT2(GPT2Config const& c)
       : wte(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
         wpe(std::get<1>(shardwise_shapes(c)), c.seed + 1),
-        ln_f(std::get<3>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps)),
+        ln_f(std::get<3>(shardwise_shapes(c)), static_cast<T>(c.layer_norm_eps), c.seed),
         lm_head(std::get<4>(shardwise_shapes(c)).each, c.seed + 2),
         config_(c) {
     if (c.heads == 0 || c.dim % c.heads != 0)

@@ -36,7 +36,7 @@ struct LlamaFeedForward {
   static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
 
   /// The parameters are drawn from seed + 1 .. seed + 3.
-  constexpr LlamaFeedForward(LlamaConfig const& c, std::uint64_t seed)
+  constexpr LlamaFeedForward(LlamaConfig const& c, init seed)
       : w1(std::get<0>(shardwise_shapes(c)), seed + 1),
         w3(std::get<1>(shardwise_shapes(c)), seed + 2),
         w2(std::get<2>(shardwise_shapes(c)), seed + 3) {}
@@ -90,10 +90,10 @@ struct LlamaBlock {
   using Attention = LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads>;
 
   /// The attention's parameters are drawn from `seed`, the feed-forward's from seed + 10.
-  constexpr LlamaBlock(LlamaConfig const& c, std::uint64_t seed)
-      : attention_norm(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
+  constexpr LlamaBlock(LlamaConfig const& c, init seed)
+      : attention_norm(std::get<0>(shardwise_shapes(c)), static_cast<T>(c.norm_eps), seed),
         attention(c, seed),
-        ffn_norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
+        ffn_norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps), seed),
         feed_forward(c, seed + 10) {}
 
   /// Its children's shapes (the norms', the attention's and the feed-forward's) at `tp` ranks, for
@@ -155,7 +155,7 @@ struct Llama {
   /// c.tie_word_embeddings is set.
   constexpr explicit Llama(LlamaConfig const& c)
       : tok_embeddings(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
-        norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps)),
+        norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps), c.seed),
         output(std::get<3>(shardwise_shapes(c)).each, c.seed + 1),
         config_(c) {
     if (c.rope_scaling.type == rope_type::unsupported && !is_meta_v<T>)  // on shapes nothing rotates

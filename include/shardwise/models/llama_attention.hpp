@@ -47,13 +47,13 @@ struct LlamaAttention {
 
   /// The projections' parameters are drawn from seed + 1 .. seed + 4; throws if the config's head counts differ
   /// from StaticHeads / StaticKvHeads.
-  constexpr LlamaAttention(LlamaConfig const& c, std::uint64_t seed)
+  constexpr LlamaAttention(LlamaConfig const& c, init seed)
       : wq(std::get<0>(shardwise_shapes(c)), seed + 1),
         wk(std::get<1>(shardwise_shapes(c)), seed + 2),
         wv(std::get<2>(shardwise_shapes(c)), seed + 3),
         wo(std::get<3>(shardwise_shapes(c)), seed + 4),
-        q_norm(head_norm<decltype(q_norm)>(std::get<4>(shardwise_shapes(c)), c)),
-        k_norm(head_norm<decltype(k_norm)>(std::get<5>(shardwise_shapes(c)), c)),
+        q_norm(head_norm<decltype(q_norm)>(std::get<4>(shardwise_shapes(c)), c, seed)),
+        k_norm(head_norm<decltype(k_norm)>(std::get<5>(shardwise_shapes(c)), c, seed)),
         config_(c),
         rope_(c.sequence, c.head_dim(), c.rope_theta, c.rope_scaling) {
     grouped_heads::of(c).require_declared<StaticHeads, StaticKvHeads>("shardwise::models::LlamaAttention",
@@ -147,9 +147,9 @@ struct LlamaAttention {
 
  private:
   template <class Norm>
-  static constexpr Norm head_norm(repeated_shape<norm_shape> const& shape, LlamaConfig const& c) {
+  static constexpr Norm head_norm(repeated_shape<norm_shape> const& shape, LlamaConfig const& c, init seed) {
     if (shape.count == 0) return std::nullopt;
-    return Norm(std::in_place, shape.each.features, T(c.norm_eps));
+    return Norm(std::in_place, shape.each.features, T(c.norm_eps), seed);
   }
   template <class Norm, class A>
   static constexpr A normed(std::optional<Norm>& norm, A a) {

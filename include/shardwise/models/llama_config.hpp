@@ -12,6 +12,7 @@
 
 #include "shardwise/models/rope_scaling.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
+#include "shardwise/nn/layers/init.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 
 namespace shardwise::models {
@@ -27,7 +28,7 @@ struct LlamaConfig {
   double norm_eps = 1e-5;        ///< RMSNorm's epsilon.
   double rope_theta = 10000.0;   ///< The rotary embedding's base.
   std::size_t sequence = 32;     ///< Tokens per sequence; a batch is rows of whole sequences.
-  std::uint64_t seed = 1234;     ///< Seed of the initial parameters.
+  init seed = 1234;              ///< Seed of the initial parameters (sw::Lazy marks it "declared only").
   /// optimum-neuron's kv_size_multiplier: how many times each key-value head is repeated before wk and wv are
   /// cut, so that more tp ranks than key-value heads each hold the head their query heads use. 0: derived
   /// (tp / kv_heads when tp exceeds kv_heads, else 1).

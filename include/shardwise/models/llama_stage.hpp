@@ -63,7 +63,7 @@ struct LlamaStage {
     for (std::size_t i = range.first; i < range.first + range.count; ++i)
       layers.emplace_back(c.for_layer(i), c.seed + 100 * (i + 1));
     if (last_) {
-      norm.emplace(std::get<2>(shapes).each, static_cast<T>(c.norm_eps));
+      norm.emplace(std::get<2>(shapes).each, static_cast<T>(c.norm_eps), c.seed);
       output.emplace(std::get<3>(shapes).each, c.seed + 1);
       if (c.tie_word_embeddings) tie_output();
       output->pad_outputs_for_tp();

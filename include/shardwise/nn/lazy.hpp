@@ -4,9 +4,11 @@
 // A model too large for one process's memory is never whole anywhere. Until it is materialized the model is
 // reachable only through sw::Lazy, which has no forward: using it is a compile error; a layer reached another
 // way refuses at run time with the same words.
+#include <concepts>
 #include <type_traits>
 #include <utility>
 
+#include "shardwise/nn/layers/init.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 #include "shardwise/plan/module.hpp"
 
@@ -23,22 +25,40 @@ Model& materialize(Model& model) {
 }
 
 namespace detail {
-/// Sets the lazy flag for the layers a model's constructor builds, and clears it even if that throws.
-class lazy_scope {
- public:
-  lazy_scope() : previous_(constructing_lazily()) { constructing_lazily() = true; }
-  ~lazy_scope() { end(); }
-  lazy_scope(lazy_scope const&) = delete;
-  lazy_scope& operator=(lazy_scope const&) = delete;
-  void end() {
-    if (active_) constructing_lazily() = previous_;
-    active_ = false;
-  }
+/// A config-like argument whose `seed` member is a shardwise::init (models::LlamaConfig, GPT2Config).
+template <class A>
+concept has_init_seed = requires(A& a) { requires std::same_as<decltype(a.seed), init>; };
+template <class A>
+concept carries_init = std::same_as<A, init> || has_init_seed<A>;
 
- private:
-  bool previous_;
-  bool active_ = true;
-};
+/// The argument as sw::Lazy hands it to the model's constructor: an init, or a config's init seed, switched to
+/// "declared only"; any other argument unchanged.
+template <class A>
+decltype(auto) declared_only(A&& a) {
+  using plain = std::remove_cvref_t<A>;
+  if constexpr (std::same_as<plain, init>) {
+    return init::declared(a.seed());
+  } else if constexpr (has_init_seed<plain>) {
+    plain copy(a);
+    copy.seed = init::declared(copy.seed.seed());
+    return copy;
+  } else {
+    return std::forward<A>(a);
+  }
+}
+
+/// After sw::Lazy built the model: every layer only declared, or the module that built it eagerly named.
+template <module Model>
+void require_declared_only(Model& model) {
+  for_each_layer(model, [](auto const& l) {
+    if constexpr (requires { l.layer_path(); })
+      if (l.materialized())
+        fail("shardwise::Lazy: the ", l.layer_kind(), " at \"", l.layer_path(),
+             "\" was built with its parameters: the module that holds it gave it a plain seed. Take the seed as "
+             "sw::init in the module's constructor and hand each child `seed + k` (a norm: pass it as its last "
+             "argument), so that the children are only declared");
+  });
+}
 
 template <class...>
 inline constexpr bool lazy_use_refused = false;
@@ -47,12 +67,19 @@ inline constexpr bool lazy_use_refused = false;
 /// A model declared without its parameters: `sw::Lazy<Model> lazy(config)`, then `sw::parallelize(lazy, tp)`,
 /// then fill it (a checkpoint loader, or sw::materialize) to get the Model& to train or run.
 template <module Model>
-class Lazy : private detail::lazy_scope {  // the base is built first: the flag is up while Model is built
+class Lazy {
  public:
-  /// Builds Model(args...) with no parameter allocated.
+  /// Builds Model(args...) with no parameter allocated: the argument that is an sw::init, or a config whose
+  /// `seed` is one, is handed on as "declared only", and the model's constructor passes it to its layers.
+  /// Refused at compile time when no argument carries an sw::init, and at run time, naming the layer, when the
+  /// model built a layer with its parameters all the same.
   template <class... Args>
-  explicit Lazy(Args&&... args) : model_(std::forward<Args>(args)...) {
-    end();
+  explicit Lazy(Args&&... args) : model_(detail::declared_only(std::forward<Args>(args))...) {
+    static_assert((detail::carries_init<std::remove_cvref_t<Args>> || ...),
+                  "shardwise::Lazy: no constructor argument carries an sw::init, so the model's layers cannot know "
+                  "they are only declared; pass the seed as sw::init(seed) (or a config whose `seed` is an "
+                  "sw::init, as models::LlamaConfig's) and let the model's constructor hand it to its layers");
+    detail::require_declared_only(model_);
   }
 
   /// Not before the parameters exist: fill the model from a checkpoint or call sw::materialize(lazy) first.

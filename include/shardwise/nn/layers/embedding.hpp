@@ -51,7 +51,7 @@ class embedding_core : public layer_plumbing<T> {
   using matrix = nn::matrix<T>;                  ///< Row-major matrix of T.
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's; `path`: the layer's plan path (static storage).
-  embedding_core(std::string_view path, std::size_t vocabulary, std::size_t dim, std::uint64_t seed);
+  embedding_core(std::string_view path, std::size_t vocabulary, std::size_t dim, init seed);
 
   /// @{ This rank's table (the whole of it before parallelize) and its gradient.
   matrix weight, weight_grad;
@@ -148,12 +148,15 @@ using embedding_core_for =
 // The members that do the work, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take the library's
 // styles' cores from shardwise::separate_kernels (see the end of this file).
 template <class T, class Rule>
-embedding_core<T, Rule>::embedding_core(std::string_view path, std::size_t vocabulary, std::size_t dim,
-                                        std::uint64_t seed)
-    : plumbing("Embedding", path), vocabulary_(vocabulary), dim_(dim), local_rows_(vocabulary), local_cols_(dim) {
+embedding_core<T, Rule>::embedding_core(std::string_view path, std::size_t vocabulary, std::size_t dim, init seed)
+    : plumbing("Embedding", path, seed.declares_only()),
+      vocabulary_(vocabulary),
+      dim_(dim),
+      local_rows_(vocabulary),
+      local_cols_(dim) {
   if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
   weight.resize(static_cast<Eigen::Index>(vocabulary), static_cast<Eigen::Index>(dim));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(seed.seed());
   std::normal_distribution<double> normal(0.0, 1.0);
   for (Eigen::Index i = 0; i < weight.size(); ++i) weight.data()[i] = static_cast<T>(normal(rng));
   zero_grad();
@@ -263,10 +266,10 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
   using style = Style;                  ///< The parallel style the plan gives it.
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
-  constexpr Embedding(std::size_t vocabulary, std::size_t dim, std::uint64_t seed)
+  constexpr Embedding(std::size_t vocabulary, std::size_t dim, init seed)
       : core(Location::path.view(), vocabulary, dim, seed) {}
   /// The same, from its shape.
-  constexpr Embedding(embedding_shape const& shape, std::uint64_t seed) : Embedding(shape.rows, shape.cols, seed) {}
+  constexpr Embedding(embedding_shape const& shape, init seed) : Embedding(shape.rows, shape.cols, seed) {}
 
   /// Pads the table at parallelize, with zero rows no id reaches, up to a multiple of the tp size (under
   /// RowwiseParallel, a vocabulary the tp size does not divide), as Megatron does. Checkpoints store the real

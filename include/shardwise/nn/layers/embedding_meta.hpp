@@ -27,7 +27,7 @@ class embedding_core<meta<T>, Rule> {
   using weight_grad_placement = typename real::weight_grad_placement;  ///< As the real table's.
 
   /// The sizes only (`path` and `seed` as the real table takes them).
-  constexpr embedding_core(std::string_view, std::size_t vocabulary, std::size_t dim, std::uint64_t)
+  constexpr embedding_core(std::string_view, std::size_t vocabulary, std::size_t dim, init)
       : vocabulary_(vocabulary), dim_(dim) {}
 
   /// @{ No values: what sw::tie_weights hands a tied shape-only Linear.

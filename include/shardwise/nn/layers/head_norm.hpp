@@ -29,9 +29,9 @@ class HeadRMSNorm : public detail::norm_core<T, Layout, detail::norm_kind::rms> 
   using shardwise_location = Location;  ///< Its place in the plan.
   using style = NoParallel;             ///< It has no style of its own.
 
-  /// A weight of `head_dim` ones; eps as the model's RMSNorm.
-  constexpr HeadRMSNorm(std::size_t head_dim, T eps)
-      : core(Location::path.view(), head_dim, eps), head_dim_(head_dim) {}
+  /// A weight of `head_dim` ones; eps as the model's RMSNorm; `declared`: the module's sw::init (its mode only).
+  constexpr HeadRMSNorm(std::size_t head_dim, T eps, init declared = {})
+      : core(Location::path.view(), head_dim, eps, declared), head_dim_(head_dim) {}
 
   /// Forward on x [tokens, heads * head_dim] (this rank's heads under Shard<1>).
   constexpr Activation<T, Layout> operator()(Activation<T, Layout> x) {

@@ -16,6 +16,7 @@
 #include "shardwise/core/show.hpp"
 #include "shardwise/nn/activation.hpp"
 #include "shardwise/nn/group.hpp"
+#include "shardwise/nn/layers/init.hpp"
 #include "shardwise/nn/layers/styles.hpp"
 #include "shardwise/nn/training/deferred_weight_gradients.hpp"
 #include "shardwise/plan/members.hpp"
@@ -68,14 +69,6 @@ void fill_uniform(Dense& m, T bound, std::uint64_t seed) {
   for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<T>(bound * uniform(rng));
 }
 
-/// Sizes a style cuts must divide over the group: checked when parallelize gives the layer its group.
-/// Set while sw::Lazy constructs a model: layers then record their sizes and allocate nothing until
-/// sw::materialize (one flag per thread, so thread-mesh ranks construct independently).
-inline bool& constructing_lazily() {
-  thread_local bool lazily = false;
-  return lazily;
-}
-
 /// A lazily constructed layer used before its parameters exist: refused, naming the layer and the fix.
 inline void require_materialized(bool pending, char const* layer, std::string_view path) {
   if (pending)
@@ -84,6 +77,7 @@ inline void require_materialized(bool pending, char const* layer, std::string_vi
          "checkpoint or call sw::materialize(model) first");
 }
 
+/// Sizes a style cuts must divide over the group: checked when parallelize gives the layer its group.
 inline void require_divisible(std::string_view style, std::string_view path, char const* what, std::size_t size,
                               int ranks, std::string_view axis, char const* or_else = "") {
   if (size % static_cast<std::size_t>(ranks) != 0)
@@ -107,6 +101,9 @@ class layer_plumbing {
   [[nodiscard]] nn::group<T> const* shardwise_group() const { return group_.get(); }
   /// Whether the parameters exist (a layer declared under sw::Lazy has none until it is materialized).
   [[nodiscard]] bool materialized() const { return !lazy_; }
+  /// What the layer is ("Linear") and its plan path, for messages about it.
+  [[nodiscard]] std::string_view layer_kind() const { return kind_; }
+  [[nodiscard]] std::string_view layer_path() const { return path_; }
   /// The hooks sw::forward and sw::backward run around the modules above this layer (null: none).
   [[nodiscard]] detail::module_hooks* shardwise_module_hooks() const { return hooks_.get(); }
   /// Set by the object that owns the hooks (fully_shard's sharded model), on every layer of its model.
@@ -117,8 +114,9 @@ class layer_plumbing {
   void shardwise_defer_weight_work(deferred_weight_gradients* into) { weight_work_.set(into); }
 
  protected:
-  /// `path` must outlive the layer (a plan path: static storage).
-  layer_plumbing(char const* kind, std::string_view path) : kind_(kind), path_(path), registration_(kind, path) {}
+  /// `path` must outlive the layer (a plan path: static storage); `declared_only`: built inside sw::Lazy.
+  layer_plumbing(char const* kind, std::string_view path, bool declared_only)
+      : kind_(kind), path_(path), lazy_(declared_only), registration_(kind, path) {}
 
   /// Refuses a layer used before it is materialized and, when its style communicates, before parallelize.
   void require_ready(bool needs_group) const {
@@ -130,8 +128,8 @@ class layer_plumbing {
 
   char const* kind_;
   std::string_view path_;
-  bool lazy_ = constructing_lazily();  // declared under sw::Lazy and not materialized yet
-  bool frozen_[2] = {false, false};    // sw::freeze: the weight [0] and the bias [1] are not trained
+  bool lazy_;                        // declared under sw::Lazy and not materialized yet
+  bool frozen_[2] = {false, false};  // sw::freeze: the weight [0] and the bias [1] are not trained
   std::shared_ptr<nn::group<T> const> group_;
 
  private:

@@ -49,15 +49,16 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   using typename core::matrix;
   using typename core::output_layout;
 
-  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`.
-  constexpr Linear(std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias = true)
+  /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed` (an integer, or the
+  /// module's sw::init: inside sw::Lazy the layer records its sizes and allocates nothing).
+  constexpr Linear(std::size_t in, std::size_t out, init seed, bool with_bias = true)
       : core(Location::path.view(), in, out, seed, with_bias) {
     detail::require_static_size(Location::path.view(), "input features", StaticIn, in);
     detail::require_static_size(Location::path.view(), "output features", StaticOut, out);
   }
 
   /// The same, from its shape (shape.copies is parallelize's to make: a Linear is built with one copy).
-  constexpr Linear(linear_shape const& shape, std::uint64_t seed) : Linear(shape.in, shape.out, seed, shape.bias) {}
+  constexpr Linear(linear_shape const& shape, init seed) : Linear(shape.in, shape.out, seed, shape.bias) {}
 
   /// Called by parallelize when the tp size is static: the sizes this style cuts must divide.
   template <std::size_t Ranks>

@@ -52,7 +52,7 @@ class linear_core : public layer_plumbing<T> {
 
   /// Parameters drawn like torch.nn.Linear's (uniform, bound 1/sqrt(in)) from `seed`; `path`: the layer's plan
   /// path, kept for messages (a string of static storage).
-  linear_core(std::string_view path, std::size_t in, std::size_t out, std::uint64_t seed, bool with_bias);
+  linear_core(std::string_view path, std::size_t in, std::size_t out, init seed, bool with_bias);
 
   /// @{ This rank's parameters (the whole of them before parallelize) and their gradients.
   matrix weight, weight_grad;
@@ -254,16 +254,20 @@ class linear_core : public layer_plumbing<T> {
 };
 
 template <class T, class Rule>
-linear_core<T, Rule>::linear_core(std::string_view path, std::size_t in, std::size_t out, std::uint64_t seed,
-                                  bool with_bias)
-    : plumbing("Linear", path), in_(in), out_(out), has_bias_(with_bias), local_in_(in), local_out_(out) {
+linear_core<T, Rule>::linear_core(std::string_view path, std::size_t in, std::size_t out, init seed, bool with_bias)
+    : plumbing("Linear", path, seed.declares_only()),
+      in_(in),
+      out_(out),
+      has_bias_(with_bias),
+      local_in_(in),
+      local_out_(out) {
   if (lazy_) return;  // sizes only: sw::materialize allocates this rank's shard
   T const bound = T(1) / std::sqrt(static_cast<T>(in));
   weight.resize(static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in));
-  fill_uniform(weight, bound, seed);
+  fill_uniform(weight, bound, seed.seed());
   if (has_bias_) {
     bias.resize(static_cast<Eigen::Index>(out));
-    fill_uniform(bias, bound, seed ^ 0x9e3779b97f4a7c15ull);
+    fill_uniform(bias, bound, seed.seed() ^ 0x9e3779b97f4a7c15ull);
   }
   zero_grad();
 }

@@ -35,7 +35,7 @@ class linear_core<meta<T>, Rule> {
   using matrix = meta_matrix<T>;                           ///< A shape.
 
   /// The sizes only (`path` and `seed` as the real layer takes them).
-  constexpr linear_core(std::string_view, std::size_t in, std::size_t out, std::uint64_t, bool with_bias)
+  constexpr linear_core(std::string_view, std::size_t in, std::size_t out, init, bool with_bias)
       : in_(in), out_(out), has_bias_(with_bias) {}
 
   /// As the real layer's before parallelize: `copies` of every output block (key-value heads repeated for tp).

@@ -116,7 +116,7 @@ class norm_core : public layer_plumbing<T> {
     if (Kind == norm_kind::layer) fn(p);
   }
 
-  norm_core(std::string_view path, std::size_t features, T eps);
+  norm_core(std::string_view path, std::size_t features, T eps, init declared);
 
   vector weight, weight_grad, bias, bias_grad;  // bias: LayerNorm only; gradients: finished (reduced) ones
 
@@ -171,8 +171,10 @@ class norm_core : public layer_plumbing<T> {
 // The members that do the work, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take the library's
 // layouts' cores from shardwise::separate_kernels (see the end of this file).
 template <class T, class Layout, norm_kind Kind>
-norm_core<T, Layout, Kind>::norm_core(std::string_view path, std::size_t features, T eps)
-    : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", path), eps_(eps), features_(features) {
+norm_core<T, Layout, Kind>::norm_core(std::string_view path, std::size_t features, T eps, init declared)
+    : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", path, declared.declares_only()),
+      eps_(eps),
+      features_(features) {
   if (lazy_) return;  // sizes only: sw::materialize allocates
   weight = vector::Ones(static_cast<Eigen::Index>(features));
   if constexpr (Kind == norm_kind::layer) bias = vector::Zero(static_cast<Eigen::Index>(features));
@@ -271,9 +273,13 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
   using style = Style;                  ///< The parallel style the plan gives it.
   using typename core::layout;
 
-  constexpr explicit norm_layer(std::size_t features, T eps = T(1e-5)) : core(Location::path.view(), features, eps) {}
+  /// `features` weights set to one (LayerNorm: and biases to zero). `declared`: the module's sw::init, of which
+  /// only the mode counts (built inside sw::Lazy: nothing allocated until materialized or loaded).
+  constexpr explicit norm_layer(std::size_t features, T eps = T(1e-5), init declared = {})
+      : core(Location::path.view(), features, eps, declared) {}
   /// The same, from its shape.
-  constexpr explicit norm_layer(norm_shape const& shape, T eps = T(1e-5)) : norm_layer(shape.features, eps) {}
+  constexpr explicit norm_layer(norm_shape const& shape, T eps = T(1e-5), init declared = {})
+      : norm_layer(shape.features, eps, declared) {}
 
   /// Forward. x is a typed Activation (its layout is checked against the style at compile time) or a plain
   /// matrix (taken to be in the style's layout).
@@ -310,10 +316,12 @@ template <class T, class Location = unplanned>
 class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
  public:
   /// `features` weights set to one; eps 1e-6 unless given (Llama's configs give 1e-5 or 1e-6).
-  constexpr explicit RMSNorm(std::size_t features, T eps = T(1e-6))
-      : detail::norm_layer<T, Location, detail::norm_kind::rms>(features, eps) {}
+  /// `declared`: the module's sw::init, of which only the mode counts (sw::Lazy: nothing allocated yet).
+  constexpr explicit RMSNorm(std::size_t features, T eps = T(1e-6), init declared = {})
+      : detail::norm_layer<T, Location, detail::norm_kind::rms>(features, eps, declared) {}
   /// The same, from its shape.
-  constexpr explicit RMSNorm(norm_shape const& shape, T eps = T(1e-6)) : RMSNorm(shape.features, eps) {}
+  constexpr explicit RMSNorm(norm_shape const& shape, T eps = T(1e-6), init declared = {})
+      : RMSNorm(shape.features, eps, declared) {}
 };
 
 }  // namespace shardwise

@@ -26,7 +26,7 @@ class norm_core<meta<T>, Layout, Kind> {
   using matrix = meta_matrix<T>;                         ///< A shape.
 
   /// The size only (`path` and `eps` as the real norm takes them).
-  constexpr norm_core(std::string_view, std::size_t features, meta<T>) : features_(features) {}
+  constexpr norm_core(std::string_view, std::size_t features, meta<T>, init = {}) : features_(features) {}
 
   /// The real norm's cost (sw::cost), which a call records.
   static constexpr cost shardwise_cost(std::size_t features, cost_inputs const& s = {}) {
