@@ -5,19 +5,23 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/checkpoint/pretrained.hpp"
 #include "shardwise/checkpoint/safetensors_read.hpp"
 #include "shardwise/checkpoint/tensor_mapping.hpp"
-#include "shardwise/core/bounded_json.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
 #include "shardwise/nn/training/lora.hpp"
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+#include <nlohmann/json.hpp>
+
+#include "shardwise/core/bounded_json.hpp"
+#endif
 
 namespace shardwise {
 
@@ -60,8 +64,18 @@ inline checkpoint_mapping peft_mapping(parameter_names const& names) {
 }
 
 /// adapter_config.json as peft's LoraConfig.save_pretrained writes it, for `config` on modules `targets`.
-inline std::string peft_config_text(LoraConfig const& config, std::vector<std::string> const& targets,
-                                    std::string const& base_model) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string peft_config_text(LoraConfig const& config,
+                                                               std::vector<std::string> const& targets,
+                                                               std::string const& base_model);
+/// Reads the text of adapter_config.json (`label` names it in errors): a LoRA shardwise computes, or refused
+/// naming the field.
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY peft_file_config peft_config_from_json(std::string_view text,
+                                                                         std::string const& label);
+
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::string peft_config_text(LoraConfig const& config,
+                                                               std::vector<std::string> const& targets,
+                                                               std::string const& base_model) {
   nlohmann::json j = {{"peft_type", "LORA"},
                       {"task_type", "CAUSAL_LM"},
                       {"r", config.rank},
@@ -83,9 +97,8 @@ inline std::string peft_config_text(LoraConfig const& config, std::vector<std::s
   return j.dump(2) + "\n";
 }
 
-/// Reads the text of adapter_config.json (`label` names it in errors): a LoRA shardwise computes, or refused
-/// naming the field.
-inline peft_file_config peft_config_from_json(std::string_view text, std::string const& label) {
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY peft_file_config peft_config_from_json(std::string_view text,
+                                                                         std::string const& label) {
   using nlohmann::json;
   auto const bad = [&](auto const&... parts) { fail("shardwise::load_lora: \"", label, "\" ", parts...); };
   json const root = parse_bounded_json(
@@ -149,6 +162,8 @@ inline peft_file_config peft_config_from_json(std::string_view text, std::string
           "; shardwise's LoRA does not compute it: save the adapter without it");
   return out;
 }
+
+#endif
 
 /// Reads folder/adapter_config.json.
 inline peft_file_config read_peft_config(std::filesystem::path const& folder) {
