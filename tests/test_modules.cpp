@@ -2,7 +2,7 @@
 // gradients left Partial and reduced once, the collectives one Llama block sends (counted, per rank, against
 // counts worked out from the sizes), the structure checks at parallelize, tied weights' run-time checks,
 // finishing gradients more than once, AdamW parameter groups and its vectorised update, and the scalar
-// all-reduce. Thread mesh.
+// all-reduce; the mixture-of-experts feed-forward against its dense definition (cases/moe_cases.hpp). Thread mesh.
 #include <doctest/doctest.h>
 
 #include <shardwise/mesh/counting.hpp>
@@ -437,3 +437,5 @@ TEST_CASE("activation arithmetic on temporaries reuses their storage and gives t
   CHECK(message([&] { (void)(a * A{narrow}); }).find("shardwise::operator*: " + expected) != std::string::npos);
   CHECK(message([&] { (void)(A{x} + narrow); }).find("shardwise::operator+: " + expected) != std::string::npos);
 }
+
+#include "cases/moe_cases.hpp"

@@ -1,0 +1,164 @@
+// models::MoeFeedForward against a dense reference written here from the definition (every expert on every
+// token, softmax, top-k, renormalisation, transformers' load-balancing loss), and its gradients against central
+// differences of that reference. fp64.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <shardwise/models/moe.hpp>
+#include <vector>
+
+namespace moe_cases {
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using M = sw::nn::matrix<double>;
+using Moe = models::MoeFeedForward<double>;
+
+inline models::MoeConfig config(bool normalize, double aux) {
+  models::MoeConfig c;
+  c.dim = 6, c.expert_hidden = 5, c.experts = 4, c.top_k = 2, c.normalize_top_k = normalize;
+  c.router_aux_loss_coef = aux;
+  return c;
+}
+
+inline M random(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  M m(rows, cols);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = u(rng);
+  return m;
+}
+
+/// The block's output for x and the training loss sum(y * r) + coef * aux, computed densely from its weights.
+struct dense_result {
+  M y;
+  double loss = 0, aux = 0;
+  std::vector<std::size_t> loads;
+};
+inline dense_result dense(Moe& m, M const& x, M const& r) {
+  auto const& c = m.config();
+  auto const n = x.rows();
+  auto const experts = static_cast<Eigen::Index>(c.experts);
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0)};
+  std::vector<double> mean_probability(c.experts, 0.0);
+  for (Eigen::Index t = 0; t < n; ++t) {
+    Eigen::VectorXd z = m.gate.weight * x.row(t).transpose();
+    Eigen::VectorXd p = (z.array() - z.maxCoeff()).exp();
+    p /= p.sum();
+    std::vector<Eigen::Index> order(static_cast<std::size_t>(experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return p(a) > p(b); });
+    double total = 0;
+    for (std::size_t j = 0; j < c.top_k; ++j) total += p(order[j]);
+    for (std::size_t j = 0; j < c.top_k; ++j) {
+      auto& e = m.experts[static_cast<std::size_t>(order[j])];
+      Eigen::VectorXd const h1 = e.w1.weight * x.row(t).transpose(), h3 = e.w3.weight * x.row(t).transpose();
+      Eigen::VectorXd const a = h1.unaryExpr(silu).cwiseProduct(h3);
+      double const w = c.normalize_top_k ? p(order[j]) / total : p(order[j]);
+      out.y.row(t) += w * (e.w2.weight * a).transpose();
+      ++out.loads[static_cast<std::size_t>(order[j])];
+    }
+    for (Eigen::Index e = 0; e < experts; ++e) mean_probability[static_cast<std::size_t>(e)] += p(e) / double(n);
+  }
+  for (std::size_t e = 0; e < c.experts; ++e)
+    out.aux += double(out.loads[e]) / double(n) * mean_probability[e] * double(c.experts);
+  out.loss = out.y.cwiseProduct(r).sum() + c.router_aux_loss_coef * out.aux;
+  return out;
+}
+
+/// Checks every gradient of one entry of `value` (a parameter, or the input) against central differences.
+template <class Grad>
+void check_entries(Moe& m, M& x, M const& r, M& value, Grad const& grad, char const* what) {
+  double const h = 1e-6;
+  for (Eigen::Index i = 0; i < value.size(); i += 3) {
+    double const kept = value.data()[i];
+    value.data()[i] = kept + h;
+    double const up = dense(m, x, r).loss;
+    value.data()[i] = kept - h;
+    double const down = dense(m, x, r).loss;
+    value.data()[i] = kept;
+    INFO(what << " entry " << i);
+    CHECK(grad.data()[i] == doctest::Approx((up - down) / (2 * h)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("MoeFeedForward: output, routing and aux loss equal a dense reference; gradients equal differences") {
+  for (bool normalize : {true, false}) {
+    for (double aux : {0.0, 0.25}) {
+      INFO("normalize_top_k " << normalize << ", router_aux_loss_coef " << aux);
+      Moe m(config(normalize, aux), 11);
+      M x = random(9, 6, 3);
+      M const r = random(9, 6, 4);
+      dense_result const expected = dense(m, x, r);
+      auto const y = m.forward(x);
+      CHECK((y.local - expected.y).cwiseAbs().maxCoeff() < 1e-13);
+      CHECK(m.aux_loss() == doctest::Approx(expected.aux).epsilon(1e-13));
+      for (std::size_t e = 0; e < 4; ++e) CHECK(m.routing().load(e) == expected.loads[e]);
+      std::size_t slots = 0;
+      for (std::size_t e = 0; e < 4; ++e) slots += m.routing().load(e);
+      CHECK(slots == 9 * 2);  // dropless: every token reaches its top_k experts
+
+      sw::zero_grad(m);
+      auto const dx = m.backward(r);
+      check_entries(m, x, r, x, dx.local, "input");
+      check_entries(m, x, r, m.gate.weight, m.gate.weight_grad, "gate.weight");
+      for (std::size_t e : {0u, 3u}) {
+        check_entries(m, x, r, m.experts[e].w1.weight, m.experts[e].w1.weight_grad, "w1");
+        check_entries(m, x, r, m.experts[e].w2.weight, m.experts[e].w2.weight_grad, "w2");
+      }
+    }
+  }
+}
+
+TEST_CASE("MoeFeedForward: an expert no token reaches computes on no rows and gets a zero gradient") {
+  Moe m(config(true, 0.1), 5);
+  m.gate.weight.row(2).setConstant(-50.0);  // with positive inputs, expert 2's logit is far below the others'
+  M const x = (random(7, 6, 8).array().abs() + 0.1).matrix(), r = random(7, 6, 9);
+  (void)m.forward(x);
+  CHECK(m.routing().load(2) == 0);
+  sw::zero_grad(m);
+  auto const dx = m.backward(r);
+  CHECK(m.experts[2].w1.weight_grad.cwiseAbs().maxCoeff() == 0.0);
+  CHECK(m.experts[2].w2.weight_grad.cwiseAbs().maxCoeff() == 0.0);
+  CHECK(m.gate.weight_grad.row(2).cwiseAbs().maxCoeff() > 0.0);  // the aux loss still pulls its probability
+  CHECK(dx.local.allFinite());
+}
+
+TEST_CASE("MoeFeedForward: bad routing settings and a router producing NaN are named errors") {
+  auto c = config(true, 0.0);
+  c.top_k = 5;
+  CHECK_THROWS_WITH_AS(Moe(c, 1),
+                       "shardwise::models::MoeConfig: top_k 5 is not in [1, experts = 4]; route each token to "
+                       "between 1 and 4 experts",
+                       sw::error);
+  c.top_k = 0;
+  CHECK_THROWS_AS(Moe(c, 1), sw::error);
+  Moe m(config(true, 0.0), 2);
+  M x = random(3, 6, 1);
+  x(1, 2) = std::nan("");
+  CHECK_THROWS_WITH_AS((void)m.forward(x),
+                       "shardwise::models::MoeFeedForward at \"\": the router's probabilities for token 1 are not "
+                       "finite (its input or the router's weights hold NaN or infinity); check the model's inputs "
+                       "and learning rate",
+                       sw::error);
+}
+
+TEST_CASE("MoeFeedForward: declared lazily, nothing is allocated; its parameters are named as Mixtral's") {
+  sw::Lazy<Moe> lazy(config(true, 0.0), sw::init(4));
+  std::size_t held = 0;
+  std::vector<std::string> names;
+  sw::detail::for_each_parameter(lazy.unmaterialized(),
+                                 [&](auto const& p) { held += static_cast<std::size_t>(p.value->size()); });
+  CHECK(held == 0);
+  Moe eager(config(true, 0.0), 4);
+  for (auto const& p : sw::detail::list_model<double>(eager, {.names = true}).parameters) names.push_back(p.name);
+  REQUIRE(names.size() == 1 + 4 * 3);
+  CHECK(names[0] == "gate.weight");
+  CHECK(names[1] == "experts.0.w1.weight");
+  CHECK(names.back() == "experts.3.w2.weight");
+}
+
+}  // namespace moe_cases
