@@ -2,13 +2,16 @@
 // code with this): the MLP, the attention block and a sequence-parallel norm + MLP, sharded at TP 2 on the
 // thread mesh, each rank's local outputs and local parameter gradients written to .npy files; and the
 // unsharded forward and backward of Linear, Embedding, LayerNorm, RMSNorm and cross-entropy. Inputs and
-// weights are written too, so PyTorch starts from exactly the same numbers.
+// weights are written too, so PyTorch starts from exactly the same numbers. With "moe", the mixture-of-experts
+// feed-forward only, for moe_reference.py (transformers' Mixtral and Qwen3-MoE sparse blocks).
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <shardwise/models/moe.hpp>
 #include <shardwise/nn.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <string_view>
 
 #include "../../examples/blocks.hpp"
 #include "npy.hpp"
@@ -46,9 +49,56 @@ using sp_plan =
              sw::at<"feed_forward.w1", sw::ColwiseParallel<>>, sw::at<"feed_forward.w3", sw::ColwiseParallel<>>,
              sw::at<"feed_forward.w2", sw::RowwiseParallel<sw::Shard<-1>, sw::Shard<0>>>>;
 
+/// The mixture-of-experts feed-forward (moe_reference.py compares it with transformers' sparse blocks): inputs,
+/// the router and the experts stacked as transformers keeps them (gate_up [experts * 2 hidden, dim], w1's rows
+/// first; down [experts * dim, hidden]), the output, the load-balancing loss and every gradient of
+/// sum(y * dy) + router_aux_loss_coef * aux.
+void dump_moe(fs::path const& out, std::string const& name, bool normalize, double aux_coef) {
+  namespace models = shardwise::models;
+  models::MoeConfig c;
+  c.dim = 16, c.expert_hidden = 12, c.experts = 8, c.top_k = 2, c.normalize_top_k = normalize;
+  c.router_aux_loss_coef = aux_coef;
+  models::MoeFeedForward<T> moe(c, 40);
+  Matrix const x = random_matrix(24, 16, 41), dy = random_matrix(24, 16, 42);
+  auto stacked = [&](auto const& weight_of) {  // the experts' matrices one under the other
+    Matrix const first = weight_of(moe.experts[0]);
+    Matrix m(first.rows() * long(moe.experts.size()), first.cols());
+    for (std::size_t e = 0; e < moe.experts.size(); ++e)
+      m.middleRows(long(e) * first.rows(), first.rows()) = weight_of(moe.experts[e]);
+    return m;
+  };
+  fs::create_directories(out / name);
+  auto write = [&](char const* file, auto const& m) { npy::write(out / name / file, m); };
+  write("x.npy", x), write("dy.npy", dy), write("gate.npy", moe.gate.weight);
+  write("gate_up.npy", stacked([](auto& e) -> Matrix {
+          Matrix both(e.w1.weight.rows() * 2, e.w1.weight.cols());
+          both << e.w1.weight, e.w3.weight;
+          return both;
+        }));
+  write("down.npy", stacked([](auto& e) -> Matrix { return e.w2.weight; }));
+  write("y.npy", moe.forward(x).local);
+  write("aux.npy", Eigen::VectorXd::Constant(1, moe.aux_loss()));
+  sw::zero_grad(moe);
+  write("dx.npy", moe.backward(dy).local);
+  write("gate_grad.npy", moe.gate.weight_grad);
+  write("gate_up_grad.npy", stacked([](auto& e) -> Matrix {
+          Matrix both(e.w1.weight_grad.rows() * 2, e.w1.weight_grad.cols());
+          both << e.w1.weight_grad, e.w3.weight_grad;
+          return both;
+        }));
+  write("down_grad.npy", stacked([](auto& e) -> Matrix { return e.w2.weight_grad; }));
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string_view(argv[2]) == "moe") {  // moe_reference.py's half only
+    dump_moe(argv[1], "mixtral", true, 0.0);              // every gradient comparable at fp64's precision
+    dump_moe(argv[1], "mixtral_aux", true, 0.02);
+    dump_moe(argv[1], "qwen3_moe", false, 0.0);
+    dump_moe(argv[1], "qwen3_moe_aux", false, 0.001);
+    return 0;
+  }
   if (argc != 2) {
-    std::fprintf(stderr, "usage: tp_dump OUTPUT_DIR\n");
+    std::fprintf(stderr, "usage: tp_dump OUTPUT_DIR [moe]\n");
     return 2;
   }
   fs::path const out = argv[1];

@@ -1,0 +1,98 @@
+"""transformers' sparse MoE blocks against shardwise's models::MoeFeedForward: MixtralSparseMoeBlock (top-2 of 8,
+renormalised) and Qwen3MoeSparseMoeBlock (norm_topk_prob off), fp64, fed the weights and inputs tp_dump wrote
+("tp_dump DIR moe"). Compared: the output, transformers' load_balancing_loss_func on the block's router logits, and
+every gradient of sum(y * dy) + router_aux_loss_coef * aux.
+
+The routers' softmax runs in fp64 here: transformers upcasts it to fp32 (router_logits.float(), softmax(...,
+dtype=torch.float)), which would cap the agreement of an fp64 model at about 1e-7; the replacement below is that
+forward with the upcast left out, and the experts are transformers' own code. load_balancing_loss_func sums in
+fp32, so the loss and the router's share of the gradients agree to fp32's precision only.
+
+usage: moe_reference.py DUMP_DIR
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+TIGHT = 1e-12  # fp64 on both sides: summation order only
+LOOSE = 1e-6   # what passes through load_balancing_loss_func's fp32 sums
+DIM, HIDDEN, EXPERTS, TOP_K = 16, 12, 8, 2
+
+
+def router_in_fp64(self, hidden_states):
+    """transformers' top-k router forward with its fp32 upcast left out."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_logits = F.linear(hidden_states, self.weight)
+    router_probs = torch.softmax(router_logits, dim=-1)
+    top_value, top_index = torch.topk(router_probs, self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):  # Mixtral's router always renormalises
+        top_value = top_value / top_value.sum(dim=-1, keepdim=True)
+    return router_logits, top_value, top_index
+
+
+def load(directory, name):
+    return torch.from_numpy(np.load(os.path.join(directory, name + ".npy")))
+
+
+def check(results, label, name, got, expected, tolerance):
+    scale = max(expected.abs().max().item(), 1.0)
+    error = (got.detach().reshape(expected.shape) - expected).abs().max().item() / scale
+    results.append((f"{label}: {name}", error <= tolerance, error))
+
+
+def compare(results, directory, label, block, aux_coef):
+    type(block.gate).forward = router_in_fp64
+    block = block.to(torch.float64)
+    with torch.no_grad():
+        block.gate.weight.copy_(load(directory, "gate"))
+        block.experts.gate_up_proj.copy_(load(directory, "gate_up").reshape(EXPERTS, 2 * HIDDEN, DIM))
+        block.experts.down_proj.copy_(load(directory, "down").reshape(EXPERTS, DIM, HIDDEN))
+    x = load(directory, "x").reshape(1, -1, DIM).requires_grad_(True)
+    dy = load(directory, "dy").reshape(1, -1, DIM)
+    logits = []
+    hook = block.gate.register_forward_hook(lambda module, args, out: logits.append(out[0]))
+    y = block(x)
+    hook.remove()
+    aux = load_balancing_loss_func(tuple(logits), EXPERTS, TOP_K)
+    ((y * dy).sum() + aux_coef * aux).backward()
+    tight_router = TIGHT if aux_coef == 0 else LOOSE
+    check(results, label, "output", y, load(directory, "y"), TIGHT)
+    check(results, label, "aux loss", aux.double().reshape(1), load(directory, "aux"), LOOSE)
+    check(results, label, "input gradient", x.grad, load(directory, "dx"), tight_router)
+    check(results, label, "router gradient", block.gate.weight.grad, load(directory, "gate_grad"), tight_router)
+    check(results, label, "gate_up_proj gradient", block.experts.gate_up_proj.grad, load(directory, "gate_up_grad"),
+          TIGHT)
+    check(results, label, "down_proj gradient", block.experts.down_proj.grad, load(directory, "down_grad"), TIGHT)
+
+
+def main():
+    torch.manual_seed(0)
+    directory = sys.argv[1]
+    results = []
+    for aux_coef, suffix in ((0.0, ""), (0.02, "_aux")):
+        mixtral = MixtralConfig(hidden_size=DIM, intermediate_size=HIDDEN, num_local_experts=EXPERTS,
+                                num_experts_per_tok=TOP_K, router_jitter_noise=0.0, router_aux_loss_coef=aux_coef,
+                                experts_implementation="eager")
+        compare(results, os.path.join(directory, "mixtral" + suffix), "Mixtral" + suffix,
+                MixtralSparseMoeBlock(mixtral), aux_coef)
+    for aux_coef, suffix in ((0.0, ""), (0.001, "_aux")):
+        qwen = Qwen3MoeConfig(hidden_size=DIM, moe_intermediate_size=HIDDEN, num_experts=EXPERTS,
+                              num_experts_per_tok=TOP_K, norm_topk_prob=False, router_aux_loss_coef=aux_coef,
+                              experts_implementation="eager")
+        compare(results, os.path.join(directory, "qwen3_moe" + suffix), "Qwen3-MoE" + suffix,
+                Qwen3MoeSparseMoeBlock(qwen), aux_coef)
+    for name, ok, error in results:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {error:.2e}")
+    failed = sum(1 for _, ok, _ in results if not ok)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
