@@ -16,10 +16,10 @@ namespace models = shardwise::models;
 using M = sw::nn::matrix<double>;
 using Moe = models::MoeFeedForward<double>;
 
-inline models::MoeConfig config(bool normalize, double aux) {
+inline models::MoeConfig config(bool normalize, double aux, std::size_t shared = 0) {
   models::MoeConfig c;
   c.dim = 6, c.expert_hidden = 5, c.experts = 4, c.top_k = 2, c.normalize_top_k = normalize;
-  c.router_aux_loss_coef = aux;
+  c.router_aux_loss_coef = aux, c.shared_expert_hidden = shared;
   return c;
 }
 
@@ -42,6 +42,10 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
   auto const n = x.rows();
   auto const experts = static_cast<Eigen::Index>(c.experts);
   auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  auto swiglu = [&](auto& f, Eigen::VectorXd const& v) -> Eigen::VectorXd {
+    Eigen::VectorXd const h1 = f.w1.weight * v, h3 = f.w3.weight * v;
+    return f.w2.weight * h1.unaryExpr(silu).cwiseProduct(h3);
+  };
   dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0)};
   std::vector<double> mean_probability(c.experts, 0.0);
   for (Eigen::Index t = 0; t < n; ++t) {
@@ -54,14 +58,15 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
     double total = 0;
     for (std::size_t j = 0; j < c.top_k; ++j) total += p(order[j]);
     for (std::size_t j = 0; j < c.top_k; ++j) {
-      auto& e = m.experts[static_cast<std::size_t>(order[j])];
-      Eigen::VectorXd const h1 = e.w1.weight * x.row(t).transpose(), h3 = e.w3.weight * x.row(t).transpose();
-      Eigen::VectorXd const a = h1.unaryExpr(silu).cwiseProduct(h3);
       double const w = c.normalize_top_k ? p(order[j]) / total : p(order[j]);
-      out.y.row(t) += w * (e.w2.weight * a).transpose();
+      out.y.row(t) += w * swiglu(m.experts[static_cast<std::size_t>(order[j])], x.row(t).transpose()).transpose();
       ++out.loads[static_cast<std::size_t>(order[j])];
     }
     for (Eigen::Index e = 0; e < experts; ++e) mean_probability[static_cast<std::size_t>(e)] += p(e) / double(n);
+    if (m.shared_expert) {  // Qwen2-MoE: + sigmoid(g . x) * shared(x)
+      double const g = m.shared_expert_gate->weight.row(0).dot(x.row(t));
+      out.y.row(t) += 1.0 / (1.0 + std::exp(-g)) * swiglu(*m.shared_expert, x.row(t).transpose()).transpose();
+    }
   }
   for (std::size_t e = 0; e < c.experts; ++e)
     out.aux += double(out.loads[e]) / double(n) * mean_probability[e] * double(c.experts);
@@ -111,6 +116,23 @@ TEST_CASE("MoeFeedForward: output, routing and aux loss equal a dense reference;
       }
     }
   }
+}
+
+TEST_CASE("MoeFeedForward with Qwen2-MoE's shared expert: output and gradients equal the dense reference's") {
+  Moe m(config(false, 0.1, 7), 13);
+  REQUIRE(m.shared_expert);
+  M x = random(8, 6, 5);
+  M const r = random(8, 6, 6);
+  dense_result const expected = dense(m, x, r);
+  CHECK((m.forward(x).local - expected.y).cwiseAbs().maxCoeff() < 1e-13);
+  sw::zero_grad(m);
+  auto const dx = m.backward(r);
+  check_entries(m, x, r, x, dx.local, "input");
+  check_entries(m, x, r, m.shared_expert_gate->weight, m.shared_expert_gate->weight_grad, "shared_expert_gate");
+  check_entries(m, x, r, m.shared_expert->w1.weight, m.shared_expert->w1.weight_grad, "shared_expert.w1");
+  check_entries(m, x, r, m.shared_expert->w3.weight, m.shared_expert->w3.weight_grad, "shared_expert.w3");
+  check_entries(m, x, r, m.shared_expert->w2.weight, m.shared_expert->w2.weight_grad, "shared_expert.w2");
+  check_entries(m, x, r, m.gate.weight, m.gate.weight_grad, "gate");
 }
 
 TEST_CASE("MoeFeedForward: an expert no token reaches computes on no rows and gets a zero gradient") {

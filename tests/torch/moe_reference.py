@@ -1,5 +1,6 @@
 """transformers' sparse MoE blocks against shardwise's models::MoeFeedForward: MixtralSparseMoeBlock (top-2 of 8,
-renormalised) and Qwen3MoeSparseMoeBlock (norm_topk_prob off), fp64, fed the weights and inputs tp_dump wrote
+renormalised), Qwen3MoeSparseMoeBlock (norm_topk_prob off) and Qwen2MoeSparseMoeBlock (with its gated shared
+expert), fp64, fed the weights and inputs tp_dump wrote
 ("tp_dump DIR moe"). Compared: the output, transformers' load_balancing_loss_func on the block's router logits, and
 every gradient of sum(y * dy) + router_aux_loss_coef * aux.
 
@@ -16,13 +17,15 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
+from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 TIGHT = 1e-12  # fp64 on both sides: summation order only
 LOOSE = 1e-6   # what passes through load_balancing_loss_func's fp32 sums
-DIM, HIDDEN, EXPERTS, TOP_K = 16, 12, 8, 2
+DIM, HIDDEN, EXPERTS, TOP_K, SHARED_HIDDEN = 16, 12, 8, 2, 20
+SHARED = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
 
 
 def router_in_fp64(self, hidden_states):
@@ -53,6 +56,10 @@ def compare(results, directory, label, block, aux_coef):
         block.gate.weight.copy_(load(directory, "gate"))
         block.experts.gate_up_proj.copy_(load(directory, "gate_up").reshape(EXPERTS, 2 * HIDDEN, DIM))
         block.experts.down_proj.copy_(load(directory, "down").reshape(EXPERTS, DIM, HIDDEN))
+        if hasattr(block, "shared_expert"):  # Qwen2-MoE
+            for name in SHARED:
+                getattr(block.shared_expert, name[len("shared_"):]).weight.copy_(load(directory, name))
+            block.shared_expert_gate.weight.copy_(load(directory, "shared_expert_gate"))
     x = load(directory, "x").reshape(1, -1, DIM).requires_grad_(True)
     dy = load(directory, "dy").reshape(1, -1, DIM)
     logits = []
@@ -69,6 +76,12 @@ def compare(results, directory, label, block, aux_coef):
     check(results, label, "gate_up_proj gradient", block.experts.gate_up_proj.grad, load(directory, "gate_up_grad"),
           TIGHT)
     check(results, label, "down_proj gradient", block.experts.down_proj.grad, load(directory, "down_grad"), TIGHT)
+    if hasattr(block, "shared_expert"):
+        for name in SHARED:
+            check(results, label, name + " gradient", getattr(block.shared_expert, name[len("shared_"):]).weight.grad,
+                  load(directory, name + "_grad"), TIGHT)
+        check(results, label, "shared_expert_gate gradient", block.shared_expert_gate.weight.grad,
+              load(directory, "shared_expert_gate_grad"), TIGHT)
 
 
 def main():
@@ -87,6 +100,10 @@ def main():
                               experts_implementation="eager")
         compare(results, os.path.join(directory, "qwen3_moe" + suffix), "Qwen3-MoE" + suffix,
                 Qwen3MoeSparseMoeBlock(qwen), aux_coef)
+    qwen2 = Qwen2MoeConfig(hidden_size=DIM, moe_intermediate_size=HIDDEN, shared_expert_intermediate_size=SHARED_HIDDEN,
+                           num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=False,
+                           experts_implementation="eager")
+    compare(results, os.path.join(directory, "qwen2_moe"), "Qwen2-MoE", Qwen2MoeSparseMoeBlock(qwen2), 0.0)
     for name, ok, error in results:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {error:.2e}")
     failed = sum(1 for _, ok, _ in results if not ok)

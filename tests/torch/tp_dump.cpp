@@ -53,11 +53,11 @@ using sp_plan =
 /// the router and the experts stacked as transformers keeps them (gate_up [experts * 2 hidden, dim], w1's rows
 /// first; down [experts * dim, hidden]), the output, the load-balancing loss and every gradient of
 /// sum(y * dy) + router_aux_loss_coef * aux.
-void dump_moe(fs::path const& out, std::string const& name, bool normalize, double aux_coef) {
+void dump_moe(fs::path const& out, std::string const& name, bool normalize, double aux_coef, std::size_t shared = 0) {
   namespace models = shardwise::models;
   models::MoeConfig c;
   c.dim = 16, c.expert_hidden = 12, c.experts = 8, c.top_k = 2, c.normalize_top_k = normalize;
-  c.router_aux_loss_coef = aux_coef;
+  c.router_aux_loss_coef = aux_coef, c.shared_expert_hidden = shared;
   models::MoeFeedForward<T> moe(c, 40);
   Matrix const x = random_matrix(24, 16, 41), dy = random_matrix(24, 16, 42);
   auto stacked = [&](auto const& weight_of) {  // the experts' matrices one under the other
@@ -87,6 +87,16 @@ void dump_moe(fs::path const& out, std::string const& name, bool normalize, doub
           return both;
         }));
   write("down_grad.npy", stacked([](auto& e) -> Matrix { return e.w2.weight_grad; }));
+  if (!moe.shared_expert) return;
+  auto write_layer = [&](std::string const& file, auto const& layer) {
+    write((file + ".npy").c_str(), layer.weight);
+    write((file + "_grad.npy").c_str(), layer.weight_grad);
+  };
+  write_layer("shared_gate_proj", moe.shared_expert->w1);
+  write_layer("shared_up_proj", moe.shared_expert->w3);
+  write_layer("shared_down_proj", moe.shared_expert->w2);
+  write("shared_expert_gate.npy", moe.shared_expert_gate->weight);
+  write("shared_expert_gate_grad.npy", moe.shared_expert_gate->weight_grad);
 }
 
 int main(int argc, char** argv) {
@@ -95,6 +105,7 @@ int main(int argc, char** argv) {
     dump_moe(argv[1], "mixtral_aux", true, 0.02);
     dump_moe(argv[1], "qwen3_moe", false, 0.0);
     dump_moe(argv[1], "qwen3_moe_aux", false, 0.001);
+    dump_moe(argv[1], "qwen2_moe", false, 0.0, 20);  // with a shared expert
     return 0;
   }
   if (argc != 2) {

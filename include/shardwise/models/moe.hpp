@@ -5,11 +5,13 @@
 // top_k, or not, as the config says). Dropless: every token reaches its experts. The load-balancing loss is
 // transformers': experts * sum_e (share of routed slots to e) * (mean probability of e), its gradient added by
 // backward with the weight router_aux_loss_coef. Each expert computes once per forward, on the rows routed to it.
+// Qwen2-MoE's shared expert, optional, sees every token and is added through a sigmoid gate.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,9 @@ struct MoeConfig {
   bool normalize_top_k = true;        ///< Top-k probabilities renormalised to sum to one (Mixtral; norm_topk_prob).
   double router_aux_loss_coef = 0.0;  ///< Weight of the load-balancing loss in the training loss (0: none).
   bool mlp_bias = false;              ///< Biases on the experts' projections.
+  /// Qwen2-MoE's shared expert: a SwiGLU of this inner width that every token passes through, its output scaled
+  /// by sigmoid(shared_expert_gate x) and added (shared_expert_intermediate_size; 0: none).
+  std::size_t shared_expert_hidden = 0;
 
   /// Raises sw::error naming the setting and the fix when the routing cannot work.
   void check() const {
@@ -42,9 +47,14 @@ struct MoeConfig {
                        " is not a finite weight >= 0");
   }
   /// The config each expert (a LlamaFeedForward) is built from.
-  [[nodiscard]] LlamaConfig expert_config() const {
+  [[nodiscard]] LlamaConfig expert_config() const { return feed_forward_config(expert_hidden); }
+  /// The config the shared expert is built from.
+  [[nodiscard]] LlamaConfig shared_expert_config() const { return feed_forward_config(shared_expert_hidden); }
+
+ private:
+  [[nodiscard]] LlamaConfig feed_forward_config(std::size_t hidden) const {
     LlamaConfig c;
-    c.dim = dim, c.hidden = expert_hidden, c.mlp_bias = mlp_bias;
+    c.dim = dim, c.hidden = hidden, c.mlp_bias = mlp_bias;
     return c;
   }
 };
@@ -62,22 +72,29 @@ struct moe_routing {
 };
 
 /// A mixture-of-experts feed-forward in place of a dense one: forward on x [tokens, dim] gives [tokens, dim].
-/// Its router is `gate` and its experts `experts.N` (transformers' Mixtral names: gate, experts.N.w1 / w3 / w2).
+/// Its router is `gate` and its experts `experts.N` (transformers' Mixtral names: gate, experts.N.w1 / w3 / w2);
+/// with a shared expert, `shared_expert` and `shared_expert_gate` (Qwen2-MoE's names).
 template <class T, class Plan = serial_plan>
 struct MoeFeedForward {
   Linear<T, style_at<Plan, "gate">> gate;                                ///< The router, dim -> experts, no bias.
   std::vector<LlamaFeedForward<T, subplan<Plan, "experts.*">>> experts;  ///< The experts (SwiGLU).
-  SHARDWISE_CHILDREN(gate, experts)
-  SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_)
+  std::optional<LlamaFeedForward<T, subplan<Plan, "shared_expert">>> shared_expert;   ///< Qwen2-MoE's, if any.
+  std::optional<Linear<T, style_at<Plan, "shared_expert_gate">>> shared_expert_gate;  ///< Its gate, dim -> 1.
+  SHARDWISE_CHILDREN(gate, experts, shared_expert, shared_expert_gate)
+  SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_, shared_output_, shared_scale_)
   static_assert(std::is_same_v<typename decltype(gate)::output_layout, Replicate>,
                 "shardwise::models::MoeFeedForward: the router (\"gate\") must be replicated over tp; leave it out "
                 "of the plan");
 
-  /// The router is drawn from seed + 1, expert e from seed + 10 * (e + 1).
+  /// The router is drawn from seed + 1, expert e from seed + 10 * (e + 1), the shared expert's gate from seed + 2
+  /// and the shared expert from seed + 5.
   MoeFeedForward(MoeConfig const& c, init seed)
       : gate(linear_shape{(c.check(), c.dim), c.experts, false}, seed + 1), config_(c) {
     experts.reserve(c.experts);
     for (std::size_t e = 0; e < c.experts; ++e) experts.emplace_back(c.expert_config(), seed + 10 * (e + 1));
+    if (c.shared_expert_hidden == 0) return;
+    shared_expert.emplace(c.shared_expert_config(), seed + 5);
+    shared_expert_gate.emplace(linear_shape{c.dim, 1, false}, seed + 2);
   }
 
   /// Forward: each token's top_k experts, their outputs weighted by its probabilities for them.
@@ -95,6 +112,11 @@ struct MoeFeedForward {
       outputs_[e] = shardwise::forward(experts[e], in).local;
       for (std::size_t i = 0; i < mine.size(); ++i)
         y.local.row(mine[i].first) += weight(mine[i]) * outputs_[e].row(static_cast<Eigen::Index>(i));
+    }
+    if (shared_expert) {  // + sigmoid(shared_expert_gate x) * shared_expert(x), token by token
+      shared_output_ = shardwise::forward(*shared_expert, x).local;
+      shared_scale_ = (*shared_expert_gate)(x).local.unaryExpr([](T v) { return T(1) / (T(1) + std::exp(-v)); });
+      y.local += shared_scale_.asDiagonal() * shared_output_;
     }
     return y;
   }
@@ -121,6 +143,13 @@ struct MoeFeedForward {
     }
     Activation<T, Replicate> dx = gate.backward(Activation<T, Replicate>{logits_gradient(dweights)});
     dx.local += dx_experts;
+    if (shared_expert) {
+      nn::vector<T> const dscale = grads.cwiseProduct(shared_output_).rowwise().sum();  // d loss / d scale, per token
+      nn::matrix<T> dlogit = dscale.cwiseProduct(shared_scale_.cwiseProduct((T(1) - shared_scale_.array()).matrix()));
+      dx.local +=
+          shardwise::backward(*shared_expert, Activation<T, Replicate>{shared_scale_.asDiagonal() * grads}).local;
+      dx.local += shared_expert_gate->backward(Activation<T, Replicate>{std::move(dlogit)}).local;
+    }
     return dx;
   }
 
@@ -211,6 +240,8 @@ struct MoeFeedForward {
   nn::matrix<T> probabilities_, weights_;  // tokens x experts; tokens x top_k
   moe_routing routing_;
   std::vector<nn::matrix<T>> outputs_;  // per expert: its outputs for its rows, for the weights' gradient
+  nn::matrix<T> shared_output_;         // the shared expert's output, tokens x dim
+  nn::vector<T> shared_scale_;          // sigmoid of its gate, per token
 };
 
 }  // namespace shardwise::models
