@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <shardwise/models/moe.hpp>
@@ -48,24 +49,41 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
   };
   dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0)};
   std::vector<double> mean_probability(c.experts, 0.0);
+  bool const sigmoid = c.router == models::moe_router::sigmoid;
   for (Eigen::Index t = 0; t < n; ++t) {
     Eigen::VectorXd z = m.gate.weight * x.row(t).transpose();
     Eigen::VectorXd p = (z.array() - z.maxCoeff()).exp();
     p /= p.sum();
+    Eigen::VectorXd choice = p;
+    if (sigmoid) {  // DeepSeek-V3: sigmoid scores; the bias only in the choice; groups scored by their best two
+      p = z.unaryExpr([](double v) { return 1.0 / (1.0 + std::exp(-v)); });
+      choice = p + m.score_correction_bias;
+      Eigen::Index const per = experts / Eigen::Index(c.groups);
+      std::vector<std::pair<double, Eigen::Index>> group_scores;
+      for (Eigen::Index g = 0; g < Eigen::Index(c.groups); ++g) {
+        std::vector<double> in(choice.data() + g * per, choice.data() + (g + 1) * per);
+        std::sort(in.begin(), in.end(), std::greater<>());
+        group_scores.emplace_back(-(in[0] + in[1]), g);  // ascending order = best first, ties to the lower group
+      }
+      std::sort(group_scores.begin(), group_scores.end());
+      for (std::size_t rank = c.top_groups; rank < c.groups; ++rank)
+        choice.segment(group_scores[rank].second * per, per).setConstant(-1e300);
+    }
     std::vector<Eigen::Index> order(static_cast<std::size_t>(experts));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return p(a) > p(b); });
-    double total = 0;
+    std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return choice(a) > choice(b); });
+    double total = sigmoid ? 1e-20 : 0.0;
     for (std::size_t j = 0; j < c.top_k; ++j) total += p(order[j]);
     for (std::size_t j = 0; j < c.top_k; ++j) {
-      double const w = c.normalize_top_k ? p(order[j]) / total : p(order[j]);
+      double const w = c.routed_scaling_factor * (c.normalize_top_k ? p(order[j]) / total : p(order[j]));
       out.y.row(t) += w * swiglu(m.experts[static_cast<std::size_t>(order[j])], x.row(t).transpose()).transpose();
       ++out.loads[static_cast<std::size_t>(order[j])];
     }
     for (Eigen::Index e = 0; e < experts; ++e) mean_probability[static_cast<std::size_t>(e)] += p(e) / double(n);
-    if (m.shared_expert) {  // Qwen2-MoE: + sigmoid(g . x) * shared(x)
-      double const g = m.shared_expert_gate->weight.row(0).dot(x.row(t));
-      out.y.row(t) += 1.0 / (1.0 + std::exp(-g)) * swiglu(*m.shared_expert, x.row(t).transpose()).transpose();
+    if (m.shared_expert) {  // Qwen2-MoE: + sigmoid(g . x) * shared(x); DeepSeek-V3: + shared(x)
+      double const g = m.shared_expert_gate ? m.shared_expert_gate->weight.row(0).dot(x.row(t)) : 0.0;
+      double const scale = m.shared_expert_gate ? 1.0 / (1.0 + std::exp(-g)) : 1.0;
+      out.y.row(t) += scale * swiglu(*m.shared_expert, x.row(t).transpose()).transpose();
     }
   }
   for (std::size_t e = 0; e < c.experts; ++e)
@@ -133,6 +151,74 @@ TEST_CASE("MoeFeedForward with Qwen2-MoE's shared expert: output and gradients e
   check_entries(m, x, r, m.shared_expert->w3.weight, m.shared_expert->w3.weight_grad, "shared_expert.w3");
   check_entries(m, x, r, m.shared_expert->w2.weight, m.shared_expert->w2.weight_grad, "shared_expert.w2");
   check_entries(m, x, r, m.gate.weight, m.gate.weight_grad, "gate");
+}
+
+inline models::MoeConfig deepseek_config(bool normalize) {
+  models::MoeConfig c;
+  c.dim = 6, c.expert_hidden = 5, c.experts = 8, c.top_k = 3, c.normalize_top_k = normalize;
+  c.router = models::moe_router::sigmoid, c.groups = 4, c.top_groups = 2, c.routed_scaling_factor = 2.5;
+  c.shared_expert_hidden = 4, c.shared_expert_gated = false;
+  return c;
+}
+
+TEST_CASE(
+    "MoeFeedForward with DeepSeek-V3's routing: sigmoid scores, a correction bias in the choice only, "
+    "groups, a scaling factor and an ungated shared expert equal the dense reference") {
+  for (bool normalize : {true, false}) {
+    INFO("normalize_top_k " << normalize);
+    Moe m(deepseek_config(normalize), 17);
+    REQUIRE_FALSE(m.shared_expert_gate);
+    m.score_correction_bias = random(8, 1, 21).col(0) * 0.3;  // steers the choice away from the best scores
+    M x = random(10, 6, 22);
+    M const r = random(10, 6, 23);
+    dense_result const expected = dense(m, x, r);
+    CHECK((m.forward(x).local - expected.y).cwiseAbs().maxCoeff() < 1e-13);
+    for (std::size_t e = 0; e < 8; ++e) CHECK(m.routing().load(e) == expected.loads[e]);
+    sw::zero_grad(m);
+    auto const dx = m.backward(r);
+    check_entries(m, x, r, x, dx.local, "input");
+    check_entries(m, x, r, m.gate.weight, m.gate.weight_grad, "gate");
+    check_entries(m, x, r, m.shared_expert->w2.weight, m.shared_expert->w2.weight_grad, "shared_expert.w2");
+  }
+}
+
+TEST_CASE("MoeFeedForward::update_routing_bias: DeepSeek-V3's auxiliary-loss-free balancing") {
+  // "At the end of each step, we will decrease the bias term by gamma if its corresponding expert is overloaded
+  // and increase it by gamma if its corresponding expert is underloaded" (DeepSeek-V3, section 2.1.2): the loads
+  // of the step's tokens against their mean, counted here from two microbatches' routing.
+  Moe m(deepseek_config(true), 3);
+  Eigen::VectorXd const before = m.score_correction_bias;
+  std::vector<double> loads(8, 0.0);
+  for (unsigned microbatch : {31u, 32u}) {
+    M const x = random(12, 6, microbatch);
+    (void)m.forward(x);
+    for (std::size_t e = 0; e < 8; ++e) loads[e] += double(m.routing().load(e));
+    (void)m.backward(random(12, 6, microbatch + 10));
+  }
+  (void)m.forward(random(12, 6, 40));  // a forward without backward (evaluation): not counted
+  double const mean = (12.0 * 3 * 2) / 8;
+  m.update_routing_bias(0.001);
+  for (Eigen::Index e = 0; e < 8; ++e) {
+    double const load = loads[std::size_t(e)];
+    double const step = load > mean ? -0.001 : load < mean ? 0.001 : 0.0;
+    CHECK(m.score_correction_bias(e) == doctest::Approx(before(e) + step).epsilon(1e-15));
+  }
+  for (std::size_t e = 0; e < 8; ++e) CHECK(m.pending_loads()[e] == 0);
+  Moe softmax(config(true, 0.0), 1);
+  CHECK_THROWS_WITH_AS(softmax.update_routing_bias(0.001),
+                       "shardwise::models::MoeFeedForward at \"\": update_routing_bias needs the sigmoid router "
+                       "(MoeConfig::router), whose choice the bias steers; the softmax router balances with "
+                       "router_aux_loss_coef",
+                       sw::error);
+  auto bad = deepseek_config(true);
+  bad.router_aux_loss_coef = 0.01;
+  CHECK_THROWS_AS(Moe(bad, 1), sw::error);
+  bad = deepseek_config(true);
+  bad.groups = 3;
+  CHECK_THROWS_WITH_AS(Moe(bad, 1),
+                       "shardwise::models::MoeConfig: 8 experts in 3 groups, choosing among 2: the groups must divide "
+                       "the experts and top_groups be in [1, groups]",
+                       sw::error);
 }
 
 TEST_CASE("MoeFeedForward: an expert no token reaches computes on no rows and gets a zero gradient") {

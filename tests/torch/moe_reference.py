@@ -1,6 +1,7 @@
 """transformers' sparse MoE blocks against shardwise's models::MoeFeedForward: MixtralSparseMoeBlock (top-2 of 8,
-renormalised), Qwen3MoeSparseMoeBlock (norm_topk_prob off) and Qwen2MoeSparseMoeBlock (with its gated shared
-expert), fp64, fed the weights and inputs tp_dump wrote
+renormalised), Qwen3MoeSparseMoeBlock (norm_topk_prob off), Qwen2MoeSparseMoeBlock (with its gated shared
+expert) and DeepseekV3MoE (sigmoid scores, a correction bias in the choice, 2 of 4 groups, routed_scaling_factor,
+an ungated shared expert), fp64, fed the weights and inputs tp_dump wrote
 ("tp_dump DIR moe"). Compared: the output, transformers' load_balancing_loss_func on the block's router logits, and
 every gradient of sum(y * dy) + router_aux_loss_coef * aux.
 
@@ -17,7 +18,8 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
@@ -39,6 +41,27 @@ def router_in_fp64(self, hidden_states):
     return router_logits, top_value, top_index
 
 
+def deepseek_router_in_fp64(self, hidden_states):
+    """transformers' DeepSeek-V3 router forward with its fp32 casts left out."""
+    hidden_states = hidden_states.view(-1, self.hidden_dim)
+    router_logits = F.linear(hidden_states, self.weight)
+    scores = router_logits.sigmoid()
+    scores_for_choice = scores + self.e_score_correction_bias
+    group_scores = (scores_for_choice.view(-1, self.num_group, self.num_experts // self.num_group)
+                    .topk(2, dim=-1)[0].sum(dim=-1))
+    group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = (group_mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group)
+                  .reshape(-1, self.num_experts))
+    scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), float("-inf"))
+    topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]
+    topk_weights = scores.gather(1, topk_indices)
+    if self.norm_topk_prob:
+        topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
+    return router_logits, topk_weights * self.routed_scaling_factor, topk_indices
+
+
 def load(directory, name):
     return torch.from_numpy(np.load(os.path.join(directory, name + ".npy")))
 
@@ -50,7 +73,8 @@ def check(results, label, name, got, expected, tolerance):
 
 
 def compare(results, directory, label, block, aux_coef):
-    type(block.gate).forward = router_in_fp64
+    deepseek = isinstance(block, DeepseekV3MoE)
+    type(block.gate).forward = deepseek_router_in_fp64 if deepseek else router_in_fp64
     block = block.to(torch.float64)
     with torch.no_grad():
         block.gate.weight.copy_(load(directory, "gate"))
@@ -60,17 +84,22 @@ def compare(results, directory, label, block, aux_coef):
             for name in SHARED:
                 getattr(block.shared_expert, name[len("shared_"):]).weight.copy_(load(directory, name))
             block.shared_expert_gate.weight.copy_(load(directory, "shared_expert_gate"))
+        if deepseek:
+            block.gate.e_score_correction_bias.copy_(load(directory, "bias"))
+            for name in SHARED:
+                getattr(block.shared_experts, name[len("shared_"):]).weight.copy_(load(directory, name))
     x = load(directory, "x").reshape(1, -1, DIM).requires_grad_(True)
     dy = load(directory, "dy").reshape(1, -1, DIM)
     logits = []
     hook = block.gate.register_forward_hook(lambda module, args, out: logits.append(out[0]))
     y = block(x)
     hook.remove()
-    aux = load_balancing_loss_func(tuple(logits), EXPERTS, TOP_K)
+    aux = load_balancing_loss_func(tuple(logits), EXPERTS, block.gate.top_k)
     ((y * dy).sum() + aux_coef * aux).backward()
     tight_router = TIGHT if aux_coef == 0 else LOOSE
     check(results, label, "output", y, load(directory, "y"), TIGHT)
-    check(results, label, "aux loss", aux.double().reshape(1), load(directory, "aux"), LOOSE)
+    if not deepseek:  # the sigmoid router has no load-balancing loss
+        check(results, label, "aux loss", aux.double().reshape(1), load(directory, "aux"), LOOSE)
     check(results, label, "input gradient", x.grad, load(directory, "dx"), tight_router)
     check(results, label, "router gradient", block.gate.weight.grad, load(directory, "gate_grad"), tight_router)
     check(results, label, "gate_up_proj gradient", block.experts.gate_up_proj.grad, load(directory, "gate_up_grad"),
@@ -82,6 +111,10 @@ def compare(results, directory, label, block, aux_coef):
                   load(directory, name + "_grad"), TIGHT)
         check(results, label, "shared_expert_gate gradient", block.shared_expert_gate.weight.grad,
               load(directory, "shared_expert_gate_grad"), TIGHT)
+    if deepseek:
+        for name in SHARED:
+            check(results, label, name + " gradient", getattr(block.shared_experts, name[len("shared_"):]).weight.grad,
+                  load(directory, name + "_grad"), TIGHT)
 
 
 def main():
@@ -104,6 +137,10 @@ def main():
                            num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=False,
                            experts_implementation="eager")
     compare(results, os.path.join(directory, "qwen2_moe"), "Qwen2-MoE", Qwen2MoeSparseMoeBlock(qwen2), 0.0)
+    deepseek = DeepseekV3Config(hidden_size=DIM, moe_intermediate_size=HIDDEN, n_shared_experts=2,
+                                n_routed_experts=EXPERTS, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                norm_topk_prob=True, experts_implementation="eager")
+    compare(results, os.path.join(directory, "deepseek_v3"), "DeepSeek-V3", DeepseekV3MoE(deepseek), 0.0)
     for name, ok, error in results:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {error:.2e}")
     failed = sum(1 for _, ok, _ in results if not ok)

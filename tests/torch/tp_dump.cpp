@@ -53,12 +53,19 @@ using sp_plan =
 /// the router and the experts stacked as transformers keeps them (gate_up [experts * 2 hidden, dim], w1's rows
 /// first; down [experts * dim, hidden]), the output, the load-balancing loss and every gradient of
 /// sum(y * dy) + router_aux_loss_coef * aux.
-void dump_moe(fs::path const& out, std::string const& name, bool normalize, double aux_coef, std::size_t shared = 0) {
-  namespace models = shardwise::models;
+namespace models = shardwise::models;
+
+/// The blocks' config: 8 experts of width 12 on dim 16, top-2, and what each family changes.
+models::MoeConfig moe_config(bool normalize, double aux_coef, std::size_t shared = 0) {
   models::MoeConfig c;
   c.dim = 16, c.expert_hidden = 12, c.experts = 8, c.top_k = 2, c.normalize_top_k = normalize;
   c.router_aux_loss_coef = aux_coef, c.shared_expert_hidden = shared;
+  return c;
+}
+
+void dump_moe(fs::path const& out, std::string const& name, models::MoeConfig const& c) {
   models::MoeFeedForward<T> moe(c, 40);
+  if (c.router == models::moe_router::sigmoid) moe.score_correction_bias = random_matrix(8, 1, 43).col(0) * 0.2;
   Matrix const x = random_matrix(24, 16, 41), dy = random_matrix(24, 16, 42);
   auto stacked = [&](auto const& weight_of) {  // the experts' matrices one under the other
     Matrix const first = weight_of(moe.experts[0]);
@@ -87,6 +94,7 @@ void dump_moe(fs::path const& out, std::string const& name, bool normalize, doub
           return both;
         }));
   write("down_grad.npy", stacked([](auto& e) -> Matrix { return e.w2.weight_grad; }));
+  if (c.router == models::moe_router::sigmoid) write("bias.npy", moe.score_correction_bias);
   if (!moe.shared_expert) return;
   auto write_layer = [&](std::string const& file, auto const& layer) {
     write((file + ".npy").c_str(), layer.weight);
@@ -95,17 +103,22 @@ void dump_moe(fs::path const& out, std::string const& name, bool normalize, doub
   write_layer("shared_gate_proj", moe.shared_expert->w1);
   write_layer("shared_up_proj", moe.shared_expert->w3);
   write_layer("shared_down_proj", moe.shared_expert->w2);
+  if (!moe.shared_expert_gate) return;
   write("shared_expert_gate.npy", moe.shared_expert_gate->weight);
   write("shared_expert_gate_grad.npy", moe.shared_expert_gate->weight_grad);
 }
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string_view(argv[2]) == "moe") {  // moe_reference.py's half only
-    dump_moe(argv[1], "mixtral", true, 0.0);              // every gradient comparable at fp64's precision
-    dump_moe(argv[1], "mixtral_aux", true, 0.02);
-    dump_moe(argv[1], "qwen3_moe", false, 0.0);
-    dump_moe(argv[1], "qwen3_moe_aux", false, 0.001);
-    dump_moe(argv[1], "qwen2_moe", false, 0.0, 20);  // with a shared expert
+    dump_moe(argv[1], "mixtral", moe_config(true, 0.0));  // every gradient comparable at fp64's precision
+    dump_moe(argv[1], "mixtral_aux", moe_config(true, 0.02));
+    dump_moe(argv[1], "qwen3_moe", moe_config(false, 0.0));
+    dump_moe(argv[1], "qwen3_moe_aux", moe_config(false, 0.001));
+    dump_moe(argv[1], "qwen2_moe", moe_config(false, 0.0, 20));  // with a gated shared expert
+    auto deepseek = moe_config(true, 0.0, 24);  // sigmoid scores, biased choice in 2 of 4 groups, ungated shared
+    deepseek.top_k = 3, deepseek.router = models::moe_router::sigmoid, deepseek.groups = 4, deepseek.top_groups = 2;
+    deepseek.routed_scaling_factor = 2.5, deepseek.shared_expert_gated = false;
+    dump_moe(argv[1], "deepseek_v3", deepseek);
     return 0;
   }
   if (argc != 2) {

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <utility>
@@ -20,8 +22,12 @@
 
 namespace shardwise::models {
 
-/// The sizes and routing rule of a mixture-of-experts feed-forward (transformers' Mixtral / Qwen3-MoE names in
-/// parentheses).
+/// How a router scores the experts for a token: a softmax over them (Mixtral, Qwen), or each expert's sigmoid,
+/// chosen among with a balancing bias (DeepSeek-V3).
+enum class moe_router { softmax, sigmoid };
+
+/// The sizes and routing rule of a mixture-of-experts feed-forward (transformers' Mixtral / Qwen3-MoE /
+/// DeepSeek-V3 names in parentheses).
 struct MoeConfig {
   std::size_t dim = 64;               ///< The model width (hidden_size).
   std::size_t expert_hidden = 32;     ///< Each expert's inner width (intermediate_size / moe_intermediate_size).
@@ -33,6 +39,16 @@ struct MoeConfig {
   /// Qwen2-MoE's shared expert: a SwiGLU of this inner width that every token passes through, its output scaled
   /// by sigmoid(shared_expert_gate x) and added (shared_expert_intermediate_size; 0: none).
   std::size_t shared_expert_hidden = 0;
+  /// Whether the shared expert's output is scaled by its sigmoid gate (Qwen2-MoE) or added as it is (DeepSeek-V3).
+  bool shared_expert_gated = true;
+  /// The router's scores (DeepSeek-V3: sigmoid, with MoeFeedForward::score_correction_bias in the choice only).
+  moe_router router = moe_router::softmax;
+  /// DeepSeek-V3's group-limited routing: the experts in `groups` equal groups (n_group), a token choosing among
+  /// those of its `top_groups` best groups (topk_group), a group scored by its two best biased scores.
+  std::size_t groups = 1;
+  std::size_t top_groups = 1;  ///< How many of the groups a token chooses among (topk_group).
+  /// The chosen experts' weights are multiplied by it (DeepSeek-V3's routed_scaling_factor).
+  double routed_scaling_factor = 1.0;
 
   /// Raises sw::error naming the setting and the fix when the routing cannot work.
   void check() const {
@@ -45,6 +61,12 @@ struct MoeConfig {
     if (!std::isfinite(router_aux_loss_coef) || router_aux_loss_coef < 0)
       shardwise::raise("shardwise::models::MoeConfig: router_aux_loss_coef ", router_aux_loss_coef,
                        " is not a finite weight >= 0");
+    if (router == moe_router::sigmoid && router_aux_loss_coef != 0)
+      shardwise::raise(
+          "shardwise::models::MoeConfig: router_aux_loss_coef applies to the softmax router; the "
+          "sigmoid router balances with its correction bias (MoeFeedForward::update_routing_bias): set "
+          "router_aux_loss_coef to 0");
+    check_groups();
   }
   /// The config each expert (a LlamaFeedForward) is built from.
   [[nodiscard]] LlamaConfig expert_config() const { return feed_forward_config(expert_hidden); }
@@ -52,6 +74,16 @@ struct MoeConfig {
   [[nodiscard]] LlamaConfig shared_expert_config() const { return feed_forward_config(shared_expert_hidden); }
 
  private:
+  void check_groups() const {
+    if (groups == 0 || experts % groups != 0 || top_groups == 0 || top_groups > groups)
+      shardwise::raise("shardwise::models::MoeConfig: ", experts, " experts in ", groups, " groups, choosing among ",
+                       top_groups, ": the groups must divide the experts and top_groups be in [1, groups]");
+    if (groups > 1 &&
+        (router != moe_router::sigmoid || experts / groups < 2 || top_k > top_groups * (experts / groups)))
+      shardwise::raise("shardwise::models::MoeConfig: group-limited routing (groups ", groups,
+                       ") needs the sigmoid router, at least two experts per group and top_k (", top_k,
+                       ") at most the experts of the top_groups groups");
+  }
   [[nodiscard]] LlamaConfig feed_forward_config(std::size_t hidden) const {
     LlamaConfig c;
     c.dim = dim, c.hidden = hidden, c.mlp_bias = mlp_bias;
@@ -80,6 +112,10 @@ struct MoeFeedForward {
   std::vector<LlamaFeedForward<T, subplan<Plan, "experts.*">>> experts;  ///< The experts (SwiGLU).
   std::optional<LlamaFeedForward<T, subplan<Plan, "shared_expert">>> shared_expert;   ///< Qwen2-MoE's, if any.
   std::optional<Linear<T, style_at<Plan, "shared_expert_gate">>> shared_expert_gate;  ///< Its gate, dim -> 1.
+  /// The sigmoid router's balancing bias (DeepSeek-V3's e_score_correction_bias), added to the scores when experts
+  /// are chosen and nowhere else; not trained by gradients but by update_routing_bias, and not a parameter (not
+  /// in checkpoints). Empty under the softmax router.
+  nn::vector<T> score_correction_bias;
   SHARDWISE_CHILDREN(gate, experts, shared_expert, shared_expert_gate)
   SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_, shared_output_, shared_scale_)
   static_assert(std::is_same_v<typename decltype(gate)::output_layout, Replicate>,
@@ -92,9 +128,11 @@ struct MoeFeedForward {
       : gate(linear_shape{(c.check(), c.dim), c.experts, false}, seed + 1), config_(c) {
     experts.reserve(c.experts);
     for (std::size_t e = 0; e < c.experts; ++e) experts.emplace_back(c.expert_config(), seed + 10 * (e + 1));
+    if (c.router == moe_router::sigmoid) score_correction_bias.setZero(static_cast<Eigen::Index>(c.experts));
+    pending_loads_.assign(c.experts, 0);
     if (c.shared_expert_hidden == 0) return;
     shared_expert.emplace(c.shared_expert_config(), seed + 5);
-    shared_expert_gate.emplace(linear_shape{c.dim, 1, false}, seed + 2);
+    if (c.shared_expert_gated) shared_expert_gate.emplace(linear_shape{c.dim, 1, false}, seed + 2);
   }
 
   /// Forward: each token's top_k experts, their outputs weighted by its probabilities for them.
@@ -115,7 +153,10 @@ struct MoeFeedForward {
     }
     if (shared_expert) {  // + sigmoid(shared_expert_gate x) * shared_expert(x), token by token
       shared_output_ = shardwise::forward(*shared_expert, x).local;
-      shared_scale_ = (*shared_expert_gate)(x).local.unaryExpr([](T v) { return T(1) / (T(1) + std::exp(-v)); });
+      if (shared_expert_gate)
+        shared_scale_ = (*shared_expert_gate)(x).local.unaryExpr([](T v) { return sigmoid(v); });
+      else
+        shared_scale_.setOnes(shared_output_.rows());
       y.local += shared_scale_.asDiagonal() * shared_output_;
     }
     return y;
@@ -148,8 +189,10 @@ struct MoeFeedForward {
       nn::matrix<T> dlogit = dscale.cwiseProduct(shared_scale_.cwiseProduct((T(1) - shared_scale_.array()).matrix()));
       dx.local +=
           shardwise::backward(*shared_expert, Activation<T, Replicate>{shared_scale_.asDiagonal() * grads}).local;
-      dx.local += shared_expert_gate->backward(Activation<T, Replicate>{std::move(dlogit)}).local;
+      if (shared_expert_gate)
+        dx.local += shared_expert_gate->backward(Activation<T, Replicate>{std::move(dlogit)}).local;
     }
+    for (std::size_t e = 0; e < experts.size(); ++e) pending_loads_[e] += routing_.load(e);
     return dx;
   }
 
@@ -168,6 +211,25 @@ struct MoeFeedForward {
   /// The config it was built from.
   [[nodiscard]] MoeConfig const& config() const { return config_; }
 
+  /// DeepSeek-V3's auxiliary-loss-free balancing, once per step: each expert's bias moves by `rate` towards
+  /// balance (down if it took more than the mean load, up if less), from the loads of the tokens trained since the
+  /// last update (counted at backward, so a recomputed forward counts once); then those counts start again.
+  void update_routing_bias(T rate) {
+    if (config_.router != moe_router::sigmoid)
+      shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(),
+                       "\": update_routing_bias needs the sigmoid router (MoeConfig::router), whose choice the bias "
+                       "steers; the softmax router balances with router_aux_loss_coef");
+    double const mean =
+        std::accumulate(pending_loads_.begin(), pending_loads_.end(), 0.0) / static_cast<double>(pending_loads_.size());
+    for (std::size_t e = 0; e < pending_loads_.size(); ++e) {
+      double const load = static_cast<double>(pending_loads_[e]);
+      score_correction_bias(static_cast<Eigen::Index>(e)) += rate * T((mean > load) - (mean < load));
+    }
+    std::fill(pending_loads_.begin(), pending_loads_.end(), std::size_t{0});
+  }
+  /// The loads update_routing_bias will read: slots routed to each expert by the tokens trained since the last.
+  [[nodiscard]] std::vector<std::size_t> const& pending_loads() const { return pending_loads_; }
+
  private:
   template <class X>
   static nn::matrix<T> const& local_rows(X const& x) {
@@ -178,7 +240,12 @@ struct MoeFeedForward {
   }
   [[nodiscard]] T weight(std::pair<std::uint32_t, std::uint32_t> at) const { return weights_(at.first, at.second); }
 
-  /// The router's softmax, each token's top_k (best first; ties to the lower index) and their weights.
+  static T sigmoid(T v) { return T(1) / (T(1) + std::exp(-v)); }
+  [[nodiscard]] bool sigmoid_router() const { return config_.router == moe_router::sigmoid; }
+  /// What the chosen scores' sum gets before it divides them (transformers' DeepSeek-V3 adds 1e-20).
+  [[nodiscard]] T sum_guard() const { return sigmoid_router() ? T(1e-20) : T(0); }
+
+  /// The router's scores, each token's top_k (best first; ties to the lower index) and their weights.
   void route(nn::matrix<T> const& logits) {
     auto const tokens = static_cast<std::size_t>(logits.rows()), k = config_.top_k;
     probabilities_.resize(logits.rows(), logits.cols());
@@ -187,61 +254,119 @@ struct MoeFeedForward {
     routing_.routed.assign(experts.size(), {});
     std::vector<std::uint32_t> order(experts.size());
     for (Eigen::Index t = 0; t < logits.rows(); ++t) {
-      auto p = probabilities_.row(t);
-      p = (logits.row(t).array() - logits.row(t).maxCoeff()).exp().matrix();
-      p /= p.sum();
-      if (!p.allFinite())
-        shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(),
-                         "\": the router's probabilities for token ", t,
-                         " are not finite (its input or the router's weights hold NaN or infinity); check the "
-                         "model's inputs and learning rate");
-      std::iota(order.begin(), order.end(), 0u);
-      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                        [&](std::uint32_t a, std::uint32_t b) { return p(a) > p(b) || (p(a) == p(b) && a < b); });
-      T total = 0;
+      score(t, logits);
+      choose(t, order);
+      auto const p = probabilities_.row(t);
+      T total = sum_guard();
       for (std::size_t j = 0; j < k; ++j) total += p(order[j]);
+      T const scale = static_cast<T>(config_.routed_scaling_factor) / (config_.normalize_top_k ? total : T(1));
       for (std::size_t j = 0; j < k; ++j) {
-        auto const slot = static_cast<Eigen::Index>(j);
         routing_.chosen[static_cast<std::size_t>(t) * k + j] = order[j];
-        weights_(t, slot) = config_.normalize_top_k ? p(order[j]) / total : p(order[j]);
+        weights_(t, static_cast<Eigen::Index>(j)) = p(order[j]) * scale;
         routing_.routed[order[j]].emplace_back(static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(j));
       }
     }
   }
 
-  /// The router logits' gradient from the weights' (through the top-k renormalisation and the softmax), plus the
-  /// load-balancing loss's times router_aux_loss_coef.
-  nn::matrix<T> logits_gradient(nn::matrix<T> const& dweights) const {
-    auto const k = config_.top_k;
-    auto const n = static_cast<T>(routing_.tokens), count = static_cast<T>(experts.size());
-    nn::matrix<T> dp = nn::matrix<T>::Zero(probabilities_.rows(), probabilities_.cols());
-    for (Eigen::Index t = 0; t < dp.rows(); ++t) {
-      T total = 0, spread = 0;  // the chosen probabilities' sum; sum_j dweight_j * weight_j
-      for (std::size_t j = 0; j < k; ++j) {
-        total += probabilities_(t, routing_.chosen[static_cast<std::size_t>(t) * k + j]);
-        spread += dweights(t, static_cast<Eigen::Index>(j)) * weights_(t, static_cast<Eigen::Index>(j));
-      }
-      for (std::size_t j = 0; j < k; ++j) {
-        auto const e = static_cast<Eigen::Index>(routing_.chosen[static_cast<std::size_t>(t) * k + j]);
-        T const dw = dweights(t, static_cast<Eigen::Index>(j));
-        dp(t, e) = config_.normalize_top_k ? (dw - spread) / total : dw;
-      }
+  /// Token t's scores: the softmax of its logits, or each expert's sigmoid; refused unless finite.
+  void score(Eigen::Index t, nn::matrix<T> const& logits) {
+    auto p = probabilities_.row(t);
+    if (sigmoid_router()) {
+      p = logits.row(t).unaryExpr([](T v) { return sigmoid(v); });
+    } else {
+      p = (logits.row(t).array() - logits.row(t).maxCoeff()).exp().matrix();
+      p /= p.sum();
     }
-    if (config_.router_aux_loss_coef != 0)
+    if (!p.allFinite())
+      shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(),
+                       "\": the router's probabilities for token ", t,
+                       " are not finite (its input or the router's weights hold NaN or infinity); check the "
+                       "model's inputs and learning rate");
+  }
+
+  /// Token t's top_k experts in `order`'s first places, best first: by score (plus the correction bias under the
+  /// sigmoid router), among the experts of its top_groups best groups when the experts are grouped.
+  void choose(Eigen::Index t, std::vector<std::uint32_t>& order) const {
+    std::vector<T> choice(experts.size());
+    for (std::size_t e = 0; e < choice.size(); ++e)
+      choice[e] = probabilities_(t, static_cast<Eigen::Index>(e)) +
+                  (sigmoid_router() ? score_correction_bias(static_cast<Eigen::Index>(e)) : T(0));
+    if (config_.groups > 1) keep_best_groups(choice);
+    auto const best = [&](std::uint32_t a, std::uint32_t b) {
+      return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+    };
+    std::iota(order.begin(), order.end(), 0u);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(config_.top_k), order.end(), best);
+  }
+
+  /// DeepSeek-V3's group limit: a group's score is the sum of its two best choice scores; the experts outside the
+  /// top_groups best groups (ties to the lower group) cannot be chosen.
+  void keep_best_groups(std::vector<T>& choice) const {
+    std::size_t const per = experts.size() / config_.groups;
+    std::vector<T> group_score(config_.groups);
+    for (std::size_t g = 0; g < config_.groups; ++g) {
+      std::vector<T> members(choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                             choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+      std::partial_sort(members.begin(), members.begin() + 2, members.end(), std::greater<T>());
+      group_score[g] = members[0] + members[1];
+    }
+    std::vector<std::uint32_t> groups(config_.groups);
+    std::iota(groups.begin(), groups.end(), 0u);
+    std::partial_sort(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(config_.top_groups), groups.end(),
+                      [&](std::uint32_t a, std::uint32_t b) {
+                        return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+                      });
+    std::vector<bool> kept(config_.groups, false);
+    for (std::size_t g = 0; g < config_.top_groups; ++g) kept[groups[g]] = true;
+    for (std::size_t e = 0; e < choice.size(); ++e)
+      if (!kept[e / per]) choice[e] = -std::numeric_limits<T>::infinity();
+  }
+
+  /// The router logits' gradient from the weights' (through the top-k renormalisation and the softmax or the
+  /// sigmoids), plus the load-balancing loss's times router_aux_loss_coef.
+  nn::matrix<T> logits_gradient(nn::matrix<T> const& dweights) const {
+    nn::matrix<T> dp = scores_gradient(dweights);
+    if (config_.router_aux_loss_coef != 0) {
+      auto const n = static_cast<T>(routing_.tokens), count = static_cast<T>(experts.size());
       for (std::size_t e = 0; e < experts.size(); ++e)  // d aux / d p(t, e) = experts * share_e / tokens
         dp.col(static_cast<Eigen::Index>(e)).array() +=
             static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(routing_.load(e)) / (n * n);
+    }
+    if (sigmoid_router())  // each score its own sigmoid
+      return dp.cwiseProduct(probabilities_.cwiseProduct((T(1) - probabilities_.array()).matrix()));
     nn::matrix<T> dz = probabilities_.cwiseProduct(dp);  // softmax: p * (dp - sum(p * dp))
     dz -= probabilities_.cwiseProduct((dz.rowwise().sum()).replicate(1, dz.cols()));
     return dz;
   }
 
+  /// The scores' gradient from the weights': w_j = r p_j / S with S the chosen scores' sum (renormalised), else
+  /// w_j = r p_j; so dp_k = (r / S) (dw_k - sum_j dw_j w_j / r), else r dw_k.
+  nn::matrix<T> scores_gradient(nn::matrix<T> const& dweights) const {
+    auto const k = config_.top_k;
+    T const r = static_cast<T>(config_.routed_scaling_factor);
+    nn::matrix<T> dp = nn::matrix<T>::Zero(probabilities_.rows(), probabilities_.cols());
+    for (Eigen::Index t = 0; t < dp.rows(); ++t) {
+      T total = sum_guard(), spread = 0;
+      for (std::size_t j = 0; j < k; ++j) {
+        total += probabilities_(t, routing_.chosen[static_cast<std::size_t>(t) * k + j]);
+        spread += dweights(t, static_cast<Eigen::Index>(j)) * weights_(t, static_cast<Eigen::Index>(j)) / r;
+      }
+      for (std::size_t j = 0; j < k; ++j) {
+        auto const e = static_cast<Eigen::Index>(routing_.chosen[static_cast<std::size_t>(t) * k + j]);
+        T const dw = dweights(t, static_cast<Eigen::Index>(j));
+        dp(t, e) = config_.normalize_top_k ? r / total * (dw - spread) : r * dw;
+      }
+    }
+    return dp;
+  }
+
   MoeConfig config_;
   nn::matrix<T> probabilities_, weights_;  // tokens x experts; tokens x top_k
   moe_routing routing_;
-  std::vector<nn::matrix<T>> outputs_;  // per expert: its outputs for its rows, for the weights' gradient
-  nn::matrix<T> shared_output_;         // the shared expert's output, tokens x dim
-  nn::vector<T> shared_scale_;          // sigmoid of its gate, per token
+  std::vector<nn::matrix<T>> outputs_;      // per expert: its outputs for its rows, for the weights' gradient
+  nn::matrix<T> shared_output_;             // the shared expert's output, tokens x dim
+  nn::vector<T> shared_scale_;              // sigmoid of its gate, per token (ones without a gate)
+  std::vector<std::size_t> pending_loads_;  // slots per expert trained since update_routing_bias
 };
 
 }  // namespace shardwise::models
