@@ -37,6 +37,7 @@ struct dense_result {
   M y;
   double loss = 0, aux = 0;
   std::vector<std::size_t> loads;
+  std::size_t dropped = 0;
 };
 inline dense_result dense(Moe& m, M const& x, M const& r) {
   auto const& c = m.config();
@@ -47,9 +48,14 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
     Eigen::VectorXd const h1 = f.w1.weight * v, h3 = f.w3.weight * v;
     return f.w2.weight * h1.unaryExpr(silu).cwiseProduct(h3);
   };
-  dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0)};
+  dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0), 0};
   std::vector<double> mean_probability(c.experts, 0.0);
   bool const sigmoid = c.router == models::moe_router::sigmoid;
+  struct slot {
+    Eigen::Index token;
+    double weight;
+  };
+  std::vector<std::vector<slot>> slots(c.experts);  // per expert, in token order
   for (Eigen::Index t = 0; t < n; ++t) {
     Eigen::VectorXd z = m.gate.weight * x.row(t).transpose();
     Eigen::VectorXd p = (z.array() - z.maxCoeff()).exp();
@@ -76,7 +82,7 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
     for (std::size_t j = 0; j < c.top_k; ++j) total += p(order[j]);
     for (std::size_t j = 0; j < c.top_k; ++j) {
       double const w = c.routed_scaling_factor * (c.normalize_top_k ? p(order[j]) / total : p(order[j]));
-      out.y.row(t) += w * swiglu(m.experts[static_cast<std::size_t>(order[j])], x.row(t).transpose()).transpose();
+      slots[static_cast<std::size_t>(order[j])].push_back({t, w});
       ++out.loads[static_cast<std::size_t>(order[j])];
     }
     for (Eigen::Index e = 0; e < experts; ++e) mean_probability[static_cast<std::size_t>(e)] += p(e) / double(n);
@@ -85,6 +91,20 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
       double const scale = m.shared_expert_gate ? 1.0 / (1.0 + std::exp(-g)) : 1.0;
       out.y.row(t) += scale * swiglu(*m.shared_expert, x.row(t).transpose()).transpose();
     }
+  }
+  // Megatron-Core's capacity: an expert computes at most ceil(factor * tokens * top_k / experts) tokens; "probs"
+  // keeps those of the highest weights (the earlier token on a tie), "position" the first.
+  auto const capacity = std::size_t(std::ceil(c.capacity_factor * double(n) * double(c.top_k) / double(c.experts)));
+  for (std::size_t e = 0; e < c.experts; ++e) {
+    auto kept = slots[e];
+    if (c.capacity_factor > 0 && kept.size() > capacity) {
+      if (c.drop_policy == models::moe_drop_policy::probs)
+        std::stable_sort(kept.begin(), kept.end(), [](slot a, slot b) { return a.weight > b.weight; });
+      out.dropped += kept.size() - capacity;
+      kept.resize(capacity);
+    }
+    for (slot const& k : kept)
+      out.y.row(k.token) += k.weight * swiglu(m.experts[e], x.row(k.token).transpose()).transpose();
   }
   for (std::size_t e = 0; e < c.experts; ++e)
     out.aux += double(out.loads[e]) / double(n) * mean_probability[e] * double(c.experts);
@@ -219,6 +239,33 @@ TEST_CASE("MoeFeedForward::update_routing_bias: DeepSeek-V3's auxiliary-loss-fre
                        "shardwise::models::MoeConfig: 8 experts in 3 groups, choosing among 2: the groups must divide "
                        "the experts and top_groups be in [1, groups]",
                        sw::error);
+}
+
+TEST_CASE("MoeFeedForward with a capacity factor: each expert drops beyond its capacity as the reference does") {
+  for (auto policy : {models::moe_drop_policy::probs, models::moe_drop_policy::position}) {
+    INFO("drop policy " << int(policy));
+    auto c = config(true, 0.1);
+    c.capacity_factor = 0.75, c.drop_policy = policy;  // 12 tokens x 2 / 4 experts x 0.75: 5 slots each
+    Moe m(c, 19);
+    m.gate.weight.row(1) *= 4.0;  // expert 1 is asked for more than its capacity
+    M x = random(12, 6, 24);
+    M const r = random(12, 6, 25);
+    dense_result const expected = dense(m, x, r);
+    REQUIRE(expected.dropped > 0);
+    CHECK((m.forward(x).local - expected.y).cwiseAbs().maxCoeff() < 1e-13);
+    std::size_t dropped = 0;
+    for (std::size_t e = 0; e < 4; ++e) {
+      CHECK(m.routing().load(e) == expected.loads[e]);
+      CHECK(m.routing().computed(e) == std::min<std::size_t>(expected.loads[e], 5));
+      dropped += m.routing().load(e) - m.routing().computed(e);
+    }
+    CHECK(dropped == expected.dropped);
+    sw::zero_grad(m);
+    auto const dx = m.backward(r);
+    check_entries(m, x, r, x, dx.local, "input");
+    check_entries(m, x, r, m.gate.weight, m.gate.weight_grad, "gate");
+    check_entries(m, x, r, m.experts[1].w2.weight, m.experts[1].w2.weight_grad, "experts.1.w2");
+  }
 }
 
 TEST_CASE("MoeFeedForward: an expert no token reaches computes on no rows and gets a zero gradient") {

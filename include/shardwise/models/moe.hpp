@@ -22,6 +22,10 @@
 
 namespace shardwise::models {
 
+/// Which of an expert's tokens beyond its capacity are dropped (MoeConfig::capacity_factor): those of the lowest
+/// routing weights (Megatron-Core's "probs") or the last in token order ("position").
+enum class moe_drop_policy { probs, position };
+
 /// How a router scores the experts for a token: a softmax over them (Mixtral, Qwen), or each expert's sigmoid,
 /// chosen among with a balancing bias (DeepSeek-V3).
 enum class moe_router { softmax, sigmoid };
@@ -49,6 +53,11 @@ struct MoeConfig {
   std::size_t top_groups = 1;  ///< How many of the groups a token chooses among (topk_group).
   /// The chosen experts' weights are multiplied by it (DeepSeek-V3's routed_scaling_factor).
   double routed_scaling_factor = 1.0;
+  /// 0: dropless (every token reaches its experts). Else each expert computes at most
+  /// ceil(capacity_factor * tokens * top_k / experts) of a forward's tokens, and drops the others by drop_policy:
+  /// a dropped token gets nothing from that expert, and its other weights stay as they were.
+  double capacity_factor = 0.0;
+  moe_drop_policy drop_policy = moe_drop_policy::probs;  ///< Which tokens an expert over its capacity drops.
 
   /// Raises sw::error naming the setting and the fix when the routing cannot work.
   void check() const {
@@ -61,6 +70,9 @@ struct MoeConfig {
     if (!std::isfinite(router_aux_loss_coef) || router_aux_loss_coef < 0)
       shardwise::raise("shardwise::models::MoeConfig: router_aux_loss_coef ", router_aux_loss_coef,
                        " is not a finite weight >= 0");
+    if (!std::isfinite(capacity_factor) || capacity_factor < 0)
+      shardwise::raise("shardwise::models::MoeConfig: capacity_factor ", capacity_factor,
+                       " is not a finite factor >= 0 (0: dropless)");
     if (router == moe_router::sigmoid && router_aux_loss_coef != 0)
       shardwise::raise(
           "shardwise::models::MoeConfig: router_aux_loss_coef applies to the softmax router; the "
@@ -97,10 +109,14 @@ struct moe_routing {
   std::size_t tokens = 0;             ///< Tokens of the forward.
   std::size_t top_k = 0;              ///< Experts per token.
   std::vector<std::uint32_t> chosen;  ///< tokens x top_k expert indices, best first.
-  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> routed;  ///< Per expert: (token, slot).
+  /// Per expert: the (token, slot) pairs it computed, in token order (without those its capacity dropped).
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> routed;
+  std::vector<std::size_t> demand;  ///< Per expert: how many slots chose it, before any capacity.
 
-  /// How many of the routed slots went to `expert`.
-  [[nodiscard]] std::size_t load(std::size_t expert) const { return routed[expert].size(); }
+  /// How many slots chose `expert` (what the load-balancing loss and the bias update count).
+  [[nodiscard]] std::size_t load(std::size_t expert) const { return demand[expert]; }
+  /// How many of them it computed (fewer than load() where its capacity dropped some).
+  [[nodiscard]] std::size_t computed(std::size_t expert) const { return routed[expert].size(); }
 };
 
 /// A mixture-of-experts feed-forward in place of a dense one: forward on x [tokens, dim] gives [tokens, dim].
@@ -250,7 +266,7 @@ struct MoeFeedForward {
     auto const tokens = static_cast<std::size_t>(logits.rows()), k = config_.top_k;
     probabilities_.resize(logits.rows(), logits.cols());
     weights_.resize(logits.rows(), static_cast<Eigen::Index>(k));
-    routing_ = {tokens, k, std::vector<std::uint32_t>(tokens * k), {}};
+    routing_ = {tokens, k, std::vector<std::uint32_t>(tokens * k), {}, std::vector<std::size_t>(experts.size(), 0)};
     routing_.routed.assign(experts.size(), {});
     std::vector<std::uint32_t> order(experts.size());
     for (Eigen::Index t = 0; t < logits.rows(); ++t) {
@@ -264,7 +280,22 @@ struct MoeFeedForward {
         routing_.chosen[static_cast<std::size_t>(t) * k + j] = order[j];
         weights_(t, static_cast<Eigen::Index>(j)) = p(order[j]) * scale;
         routing_.routed[order[j]].emplace_back(static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(j));
+        ++routing_.demand[order[j]];
       }
+    }
+    if (config_.capacity_factor > 0) drop_beyond_capacity();
+  }
+
+  /// Each expert keeps at most its capacity of its (token, slot) pairs, by the drop policy, in token order.
+  void drop_beyond_capacity() {
+    auto const capacity = static_cast<std::size_t>(std::ceil(
+        config_.capacity_factor * static_cast<double>(routing_.tokens * routing_.top_k) / double(experts.size())));
+    for (auto& mine : routing_.routed) {
+      if (mine.size() <= capacity) continue;
+      if (config_.drop_policy == moe_drop_policy::probs)  // the highest weights first; ties to the earlier token
+        std::stable_sort(mine.begin(), mine.end(), [&](auto const& a, auto const& b) { return weight(a) > weight(b); });
+      mine.resize(capacity);
+      std::sort(mine.begin(), mine.end());
     }
   }
 
