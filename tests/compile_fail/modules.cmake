@@ -59,3 +59,9 @@ shardwise_add_compile_fail_test(parallelize_not_a_module SOURCE compile_fail/par
          "SHARDWISE_CHILDREN")
 shardwise_add_compile_fail_test(lazy_without_init SOURCE compile_fail/lazy_without_init.cpp LINK shardwise::eigen
   EXPECT "shardwise::Lazy: no constructor argument carries an sw::init")
+shardwise_add_compile_fail_test(moe_router_in_plan SOURCE compile_fail/moe_router_in_plan.cpp LINK shardwise::eigen
+  EXPECT "shardwise::models::MoeFeedForward: its router \\(\"gate\"\\) computes whole on every rank; leave it out of "
+         "the plan")
+shardwise_add_compile_fail_test(moe_experts_in_plan SOURCE compile_fail/moe_experts_in_plan.cpp LINK shardwise::eigen
+  EXPECT "shardwise::models::MoeFeedForward: its experts compute whole on every rank \\(their outputs are combined "
+         "as replicated rows\\); leave \"experts.[*]\", \"shared_expert\" and \"shared_expert_gate\" out of the plan")

@@ -134,14 +134,20 @@ struct MoeFeedForward {
   nn::vector<T> score_correction_bias;
   SHARDWISE_CHILDREN(gate, experts, shared_expert, shared_expert_gate)
   SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_, shared_output_, shared_scale_)
-  static_assert(std::is_same_v<typename decltype(gate)::output_layout, Replicate>,
-                "shardwise::models::MoeFeedForward: the router (\"gate\") must be replicated over tp; leave it out "
-                "of the plan");
 
   /// The router is drawn from seed + 1, expert e from seed + 10 * (e + 1), the shared expert's gate from seed + 2
   /// and the shared expert from seed + 5.
   MoeFeedForward(MoeConfig const& c, init seed)
       : gate(linear_shape{(c.check(), c.dim), c.experts, false}, seed + 1), config_(c) {
+    static_assert(unplanned<decltype(gate)>(),
+                  "shardwise::models::MoeFeedForward: its router (\"gate\") computes whole on every rank; leave it out "
+                  "of the plan");
+    static_assert(unplanned_feed_forward<typename decltype(experts)::value_type>() &&
+                      unplanned_feed_forward<typename decltype(shared_expert)::value_type>() &&
+                      unplanned<typename decltype(shared_expert_gate)::value_type>(),
+                  "shardwise::models::MoeFeedForward: its experts compute whole on every rank (their outputs are "
+                  "combined as replicated rows); leave \"experts.*\", \"shared_expert\" and \"shared_expert_gate\" "
+                  "out of the plan");
     experts.reserve(c.experts);
     for (std::size_t e = 0; e < c.experts; ++e) experts.emplace_back(c.expert_config(), seed + 10 * (e + 1));
     if (c.router == moe_router::sigmoid) score_correction_bias.setZero(static_cast<Eigen::Index>(c.experts));
@@ -255,6 +261,17 @@ struct MoeFeedForward {
       return x;
   }
   [[nodiscard]] T weight(std::pair<std::uint32_t, std::uint32_t> at) const { return weights_(at.first, at.second); }
+
+  /// Whether a Linear of the block has no style (NoParallel).
+  template <class Layer>
+  static constexpr bool unplanned() {
+    return std::is_same_v<typename Layer::style, NoParallel>;
+  }
+  template <class FeedForward>
+  static constexpr bool unplanned_feed_forward() {
+    return unplanned<decltype(FeedForward::w1)>() && unplanned<decltype(FeedForward::w3)>() &&
+           unplanned<decltype(FeedForward::w2)>();
+  }
 
   static T sigmoid(T v) { return T(1) / (T(1) + std::exp(-v)); }
   [[nodiscard]] bool sigmoid_router() const { return config_.router == moe_router::sigmoid; }
