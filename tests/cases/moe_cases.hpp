@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -38,6 +39,7 @@ struct dense_result {
   double loss = 0, aux = 0;
   std::vector<std::size_t> loads;
   std::size_t dropped = 0;
+  std::vector<double> mean_probability;
 };
 inline dense_result dense(Moe& m, M const& x, M const& r) {
   auto const& c = m.config();
@@ -48,7 +50,7 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
     Eigen::VectorXd const h1 = f.w1.weight * v, h3 = f.w3.weight * v;
     return f.w2.weight * h1.unaryExpr(silu).cwiseProduct(h3);
   };
-  dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0), 0};
+  dense_result out{M::Zero(n, x.cols()), 0, 0, std::vector<std::size_t>(c.experts, 0), 0, {}};
   std::vector<double> mean_probability(c.experts, 0.0);
   bool const sigmoid = c.router == models::moe_router::sigmoid;
   struct slot {
@@ -109,6 +111,7 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
   for (std::size_t e = 0; e < c.experts; ++e)
     out.aux += double(out.loads[e]) / double(n) * mean_probability[e] * double(c.experts);
   out.loss = out.y.cwiseProduct(r).sum() + c.router_aux_loss_coef * out.aux;
+  out.mean_probability = mean_probability;
   return out;
 }
 
@@ -266,6 +269,61 @@ TEST_CASE("MoeFeedForward with a capacity factor: each expert drops beyond its c
     check_entries(m, x, r, m.gate.weight, m.gate.weight_grad, "gate");
     check_entries(m, x, r, m.experts[1].w2.weight, m.experts[1].w2.weight_grad, "experts.1.w2");
   }
+}
+
+/// Two blocks in a row and transformers' load_balancing_loss_func over both (their router logits concatenated):
+/// sum(y2 * r) + coef * experts * sum_e (all slots to e / all rows) * (mean probability of e over all rows).
+inline double chained_loss(Moe& a, Moe& b, M const& x, M const& r, double coef, double* aux = nullptr) {
+  dense_result const first = dense(a, x, M::Zero(x.rows(), x.cols()));
+  dense_result const second = dense(b, first.y, r);
+  double pooled = 0;
+  for (std::size_t e = 0; e < first.loads.size(); ++e)
+    pooled += double(first.loads[e] + second.loads[e]) / double(2 * x.rows()) *
+              (first.mean_probability[e] + second.mean_probability[e]) / 2.0;
+  pooled *= double(first.loads.size());
+  if (aux) *aux = pooled;
+  return second.y.cwiseProduct(r).sum() + coef * pooled;
+}
+
+TEST_CASE("models::load_balancing_loss pools several blocks as transformers does, and their backward follows it") {
+  Moe a(config(true, 0.3), 41), b(config(true, 0.3), 42);
+  M x = random(9, 6, 43);
+  M const r = random(9, 6, 44);
+  double expected_aux = 0;
+  double const loss = chained_loss(a, b, x, r, 0.3, &expected_aux);
+  (void)loss;
+  auto const y1 = a.forward(x);
+  (void)b.forward(y1);
+  double const aux = models::load_balancing_loss(std::array{&a, &b});
+  CHECK(aux == doctest::Approx(expected_aux).epsilon(1e-13));
+  CHECK(aux != doctest::Approx((a.aux_loss() + b.aux_loss()) / 2).epsilon(1e-6));  // pooled, not averaged
+  sw::zero_grad(a), sw::zero_grad(b);
+  auto const dx = a.backward(b.backward(r));
+  double const h = 1e-6;
+  auto differences = [&](M& value, M const& grad, char const* what) {
+    for (Eigen::Index i = 0; i < value.size(); i += 5) {
+      double const kept = value.data()[i];
+      value.data()[i] = kept + h;
+      double const up = chained_loss(a, b, x, r, 0.3);
+      value.data()[i] = kept - h;
+      double const down = chained_loss(a, b, x, r, 0.3);
+      value.data()[i] = kept;
+      INFO(what << " entry " << i);
+      CHECK(grad.data()[i] == doctest::Approx((up - down) / (2 * h)).epsilon(1e-6));
+    }
+  };
+  differences(x, dx.local, "input");
+  differences(a.gate.weight, a.gate.weight_grad, "first gate");
+  differences(b.gate.weight, b.gate.weight_grad, "second gate");
+  Moe other(config(true, 0.3), 45);
+  auto wider = config(true, 0.3);
+  wider.experts = 5;
+  Moe five(wider, 46);
+  (void)other.forward(x), (void)five.forward(x);
+  CHECK_THROWS_WITH_AS(models::load_balancing_loss(std::array{&other, &five}),
+                       "shardwise::models::load_balancing_loss: blocks of 4 and 5 experts; the loss pools blocks of "
+                       "one expert count",
+                       sw::error);
 }
 
 TEST_CASE("MoeFeedForward: an expert no token reaches computes on no rows and gets a zero gradient") {

@@ -72,7 +72,13 @@ def check(results, label, name, got, expected, tolerance):
     results.append((f"{label}: {name}", error <= tolerance, error))
 
 
-def compare(results, directory, label, block, aux_coef):
+def shared_of(block):
+    """The block's shared expert (Qwen2-MoE's shared_expert, DeepSeek-V3's shared_experts), or None."""
+    return getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+
+
+def prepared(block, directory):
+    """The block in fp64 with its router in fp64, holding the weights tp_dump wrote into `directory`."""
     deepseek = isinstance(block, DeepseekV3MoE)
     type(block.gate).forward = deepseek_router_in_fp64 if deepseek else router_in_fp64
     block = block.to(torch.float64)
@@ -80,41 +86,69 @@ def compare(results, directory, label, block, aux_coef):
         block.gate.weight.copy_(load(directory, "gate"))
         block.experts.gate_up_proj.copy_(load(directory, "gate_up").reshape(EXPERTS, 2 * HIDDEN, DIM))
         block.experts.down_proj.copy_(load(directory, "down").reshape(EXPERTS, DIM, HIDDEN))
-        if hasattr(block, "shared_expert"):  # Qwen2-MoE
-            for name in SHARED:
-                getattr(block.shared_expert, name[len("shared_"):]).weight.copy_(load(directory, name))
-            block.shared_expert_gate.weight.copy_(load(directory, "shared_expert_gate"))
         if deepseek:
             block.gate.e_score_correction_bias.copy_(load(directory, "bias"))
-            for name in SHARED:
-                getattr(block.shared_experts, name[len("shared_"):]).weight.copy_(load(directory, name))
+        for name in SHARED if shared_of(block) is not None else ():
+            getattr(shared_of(block), name[len("shared_"):]).weight.copy_(load(directory, name))
+        if hasattr(block, "shared_expert_gate"):
+            block.shared_expert_gate.weight.copy_(load(directory, "shared_expert_gate"))
+    return block
+
+
+def check_gradients(results, label, block, directory, router_tolerance, expert_tolerance):
+    check(results, label, "router gradient", block.gate.weight.grad, load(directory, "gate_grad"), router_tolerance)
+    check(results, label, "gate_up_proj gradient", block.experts.gate_up_proj.grad, load(directory, "gate_up_grad"),
+          expert_tolerance)
+    check(results, label, "down_proj gradient", block.experts.down_proj.grad, load(directory, "down_grad"),
+          expert_tolerance)
+    for name in SHARED if shared_of(block) is not None else ():
+        check(results, label, name + " gradient", getattr(shared_of(block), name[len("shared_"):]).weight.grad,
+              load(directory, name + "_grad"), expert_tolerance)
+    if hasattr(block, "shared_expert_gate"):
+        check(results, label, "shared_expert_gate gradient", block.shared_expert_gate.weight.grad,
+              load(directory, "shared_expert_gate_grad"), expert_tolerance)
+
+
+def run(blocks, directory, aux_coef):
+    """x through the blocks in turn; the loss sum(y * dy) + aux_coef * load_balancing_loss_func over all of them."""
     x = load(directory, "x").reshape(1, -1, DIM).requires_grad_(True)
     dy = load(directory, "dy").reshape(1, -1, DIM)
     logits = []
-    hook = block.gate.register_forward_hook(lambda module, args, out: logits.append(out[0]))
-    y = block(x)
-    hook.remove()
-    aux = load_balancing_loss_func(tuple(logits), EXPERTS, block.gate.top_k)
+    hooks = [b.gate.register_forward_hook(lambda module, args, out: logits.append(out[0])) for b in blocks]
+    y = x
+    for block in blocks:
+        y = block(y)
+    for hook in hooks:
+        hook.remove()
+    aux = load_balancing_loss_func(tuple(logits), EXPERTS, blocks[0].gate.top_k)
     ((y * dy).sum() + aux_coef * aux).backward()
+    return x, y, aux
+
+
+def compare(results, directory, label, block, aux_coef):
+    block = prepared(block, directory)
+    x, y, aux = run([block], directory, aux_coef)
     tight_router = TIGHT if aux_coef == 0 else LOOSE
     check(results, label, "output", y, load(directory, "y"), TIGHT)
-    if not deepseek:  # the sigmoid router has no load-balancing loss
+    if not isinstance(block, DeepseekV3MoE):  # the sigmoid router has no load-balancing loss
         check(results, label, "aux loss", aux.double().reshape(1), load(directory, "aux"), LOOSE)
     check(results, label, "input gradient", x.grad, load(directory, "dx"), tight_router)
-    check(results, label, "router gradient", block.gate.weight.grad, load(directory, "gate_grad"), tight_router)
-    check(results, label, "gate_up_proj gradient", block.experts.gate_up_proj.grad, load(directory, "gate_up_grad"),
-          TIGHT)
-    check(results, label, "down_proj gradient", block.experts.down_proj.grad, load(directory, "down_grad"), TIGHT)
-    if hasattr(block, "shared_expert"):
-        for name in SHARED:
-            check(results, label, name + " gradient", getattr(block.shared_expert, name[len("shared_"):]).weight.grad,
-                  load(directory, name + "_grad"), TIGHT)
-        check(results, label, "shared_expert_gate gradient", block.shared_expert_gate.weight.grad,
-              load(directory, "shared_expert_gate_grad"), TIGHT)
-    if deepseek:
-        for name in SHARED:
-            check(results, label, name + " gradient", getattr(block.shared_experts, name[len("shared_"):]).weight.grad,
-                  load(directory, name + "_grad"), TIGHT)
+    check_gradients(results, label, block, directory, tight_router, TIGHT)
+
+
+def compare_pooled(results, directory):
+    """Two Mixtral blocks in a row, the loss pooled over both as MixtralForCausalLM pools its layers'."""
+    config = MixtralConfig(hidden_size=DIM, intermediate_size=HIDDEN, num_local_experts=EXPERTS,
+                           num_experts_per_tok=TOP_K, router_jitter_noise=0.0, router_aux_loss_coef=0.02,
+                           experts_implementation="eager")
+    blocks = [prepared(MixtralSparseMoeBlock(config), os.path.join(directory, part)) for part in ("first", "second")]
+    x, y, aux = run(blocks, directory, 0.02)
+    check(results, "Mixtral, 2 blocks pooled", "output", y, load(directory, "y"), TIGHT)
+    check(results, "Mixtral, 2 blocks pooled", "aux loss", aux.double().reshape(1), load(directory, "aux"), LOOSE)
+    check(results, "Mixtral, 2 blocks pooled", "input gradient", x.grad, load(directory, "dx"), LOOSE)
+    for block, part in zip(blocks, ("first", "second")):
+        check_gradients(results, "Mixtral, 2 blocks pooled, " + part, block, os.path.join(directory, part), LOOSE,
+                        LOOSE)
 
 
 def main():
@@ -141,6 +175,7 @@ def main():
                                 n_routed_experts=EXPERTS, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5,
                                 norm_topk_prob=True, experts_implementation="eager")
     compare(results, os.path.join(directory, "deepseek_v3"), "DeepSeek-V3", DeepseekV3MoE(deepseek), 0.0)
+    compare_pooled(results, os.path.join(directory, "mixtral_pooled"))
     for name, ok, error in results:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {error:.2e}")
     failed = sum(1 for _, ok, _ in results if not ok)

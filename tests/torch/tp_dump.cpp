@@ -4,6 +4,7 @@
 // unsharded forward and backward of Linear, Embedding, LayerNorm, RMSNorm and cross-entropy. Inputs and
 // weights are written too, so PyTorch starts from exactly the same numbers. With "moe", the mixture-of-experts
 // feed-forward only, for moe_reference.py (transformers' Mixtral and Qwen3-MoE sparse blocks).
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -63,10 +64,8 @@ models::MoeConfig moe_config(bool normalize, double aux_coef, std::size_t shared
   return c;
 }
 
-void dump_moe(fs::path const& out, std::string const& name, models::MoeConfig const& c) {
-  models::MoeFeedForward<T> moe(c, 40);
-  if (c.router == models::moe_router::sigmoid) moe.score_correction_bias = random_matrix(8, 1, 43).col(0) * 0.2;
-  Matrix const x = random_matrix(24, 16, 41), dy = random_matrix(24, 16, 42);
+/// A block's weights and their gradients, in transformers' layout, into `dir`.
+void write_block(fs::path const& dir, models::MoeFeedForward<T> const& moe) {
   auto stacked = [&](auto const& weight_of) {  // the experts' matrices one under the other
     Matrix const first = weight_of(moe.experts[0]);
     Matrix m(first.rows() * long(moe.experts.size()), first.cols());
@@ -74,38 +73,59 @@ void dump_moe(fs::path const& out, std::string const& name, models::MoeConfig co
       m.middleRows(long(e) * first.rows(), first.rows()) = weight_of(moe.experts[e]);
     return m;
   };
-  fs::create_directories(out / name);
-  auto write = [&](char const* file, auto const& m) { npy::write(out / name / file, m); };
-  write("x.npy", x), write("dy.npy", dy), write("gate.npy", moe.gate.weight);
-  write("gate_up.npy", stacked([](auto& e) -> Matrix {
-          Matrix both(e.w1.weight.rows() * 2, e.w1.weight.cols());
-          both << e.w1.weight, e.w3.weight;
-          return both;
-        }));
-  write("down.npy", stacked([](auto& e) -> Matrix { return e.w2.weight; }));
-  write("y.npy", moe.forward(x).local);
-  write("aux.npy", Eigen::VectorXd::Constant(1, moe.aux_loss()));
-  sw::zero_grad(moe);
-  write("dx.npy", moe.backward(dy).local);
-  write("gate_grad.npy", moe.gate.weight_grad);
-  write("gate_up_grad.npy", stacked([](auto& e) -> Matrix {
-          Matrix both(e.w1.weight_grad.rows() * 2, e.w1.weight_grad.cols());
-          both << e.w1.weight_grad, e.w3.weight_grad;
-          return both;
-        }));
-  write("down_grad.npy", stacked([](auto& e) -> Matrix { return e.w2.weight_grad; }));
-  if (c.router == models::moe_router::sigmoid) write("bias.npy", moe.score_correction_bias);
-  if (!moe.shared_expert) return;
-  auto write_layer = [&](std::string const& file, auto const& layer) {
-    write((file + ".npy").c_str(), layer.weight);
-    write((file + "_grad.npy").c_str(), layer.weight_grad);
+  auto pair = [](Matrix const& gate, Matrix const& up) {  // gate_up_proj: the gate's rows, then the up's
+    Matrix both(gate.rows() * 2, gate.cols());
+    both << gate, up;
+    return both;
   };
-  write_layer("shared_gate_proj", moe.shared_expert->w1);
-  write_layer("shared_up_proj", moe.shared_expert->w3);
-  write_layer("shared_down_proj", moe.shared_expert->w2);
-  if (!moe.shared_expert_gate) return;
-  write("shared_expert_gate.npy", moe.shared_expert_gate->weight);
-  write("shared_expert_gate_grad.npy", moe.shared_expert_gate->weight_grad);
+  fs::create_directories(dir);
+  auto write = [&](std::string const& file, auto const& m) { npy::write(dir / (file + ".npy"), m); };
+  write("gate", moe.gate.weight), write("gate_grad", moe.gate.weight_grad);
+  write("gate_up", stacked([&](auto const& e) { return pair(e.w1.weight, e.w3.weight); }));
+  write("gate_up_grad", stacked([&](auto const& e) { return pair(e.w1.weight_grad, e.w3.weight_grad); }));
+  write("down", stacked([](auto const& e) -> Matrix { return e.w2.weight; }));
+  write("down_grad", stacked([](auto const& e) -> Matrix { return e.w2.weight_grad; }));
+  if (moe.config().router == models::moe_router::sigmoid) write("bias", moe.score_correction_bias);
+  auto write_layer = [&](std::string const& file, auto const& layer) {
+    write(file, layer.weight);
+    write(file + "_grad", layer.weight_grad);
+  };
+  if (moe.shared_expert) {
+    write_layer("shared_gate_proj", moe.shared_expert->w1);
+    write_layer("shared_up_proj", moe.shared_expert->w3);
+    write_layer("shared_down_proj", moe.shared_expert->w2);
+  }
+  if (moe.shared_expert_gate) write_layer("shared_expert_gate", *moe.shared_expert_gate);
+}
+
+/// One block: its inputs, output, load-balancing loss and input gradient, then its weights and gradients.
+void dump_moe(fs::path const& out, std::string const& name, models::MoeConfig const& c) {
+  models::MoeFeedForward<T> moe(c, 40);
+  if (c.router == models::moe_router::sigmoid) moe.score_correction_bias = random_matrix(8, 1, 43).col(0) * 0.2;
+  Matrix const x = random_matrix(24, 16, 41), dy = random_matrix(24, 16, 42);
+  fs::create_directories(out / name);
+  npy::write(out / name / "x.npy", x), npy::write(out / name / "dy.npy", dy);
+  npy::write(out / name / "y.npy", moe.forward(x).local);
+  npy::write(out / name / "aux.npy", Eigen::VectorXd::Constant(1, moe.aux_loss()));
+  sw::zero_grad(moe);
+  npy::write(out / name / "dx.npy", moe.backward(dy).local);
+  write_block(out / name, moe);
+}
+
+/// Two Mixtral blocks in a row, their load-balancing loss pooled (models::load_balancing_loss) as a model's is.
+void dump_moe_pooled(fs::path const& out) {
+  auto c = moe_config(true, 0.02);
+  models::MoeFeedForward<T> first(c, 40), second(c, 50);
+  Matrix const x = random_matrix(24, 16, 41), dy = random_matrix(24, 16, 42);
+  fs::path const dir = out / "mixtral_pooled";
+  fs::create_directories(dir);
+  npy::write(dir / "x.npy", x), npy::write(dir / "dy.npy", dy);
+  npy::write(dir / "y.npy", second.forward(first.forward(x)).local);
+  npy::write(dir / "aux.npy", Eigen::VectorXd::Constant(1, models::load_balancing_loss(std::array{&first, &second})));
+  sw::zero_grad(first), sw::zero_grad(second);
+  npy::write(dir / "dx.npy", first.backward(second.backward(dy)).local);
+  write_block(dir / "first", first);
+  write_block(dir / "second", second);
 }
 
 int main(int argc, char** argv) {
@@ -119,6 +139,7 @@ int main(int argc, char** argv) {
     deepseek.top_k = 3, deepseek.router = models::moe_router::sigmoid, deepseek.groups = 4, deepseek.top_groups = 2;
     deepseek.routed_scaling_factor = 2.5, deepseek.shared_expert_gated = false;
     dump_moe(argv[1], "deepseek_v3", deepseek);
+    dump_moe_pooled(argv[1]);
     return 0;
   }
   if (argc != 2) {

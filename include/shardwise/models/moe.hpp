@@ -14,6 +14,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <ranges>
 #include <utility>
 #include <vector>
 
@@ -230,6 +231,20 @@ struct MoeFeedForward {
   }
   /// Where the last forward sent its tokens.
   [[nodiscard]] moe_routing const& routing() const { return routing_; }
+  /// The mean of each expert's scores over the last forward's tokens (the load-balancing loss's probabilities).
+  [[nodiscard]] std::vector<double> mean_scores() const {
+    std::vector<double> mean(experts.size());
+    for (std::size_t e = 0; e < mean.size(); ++e)
+      mean[e] = static_cast<double>(probabilities_.col(static_cast<Eigen::Index>(e)).sum()) / double(routing_.tokens);
+    return mean;
+  }
+  /// Set by models::load_balancing_loss for a model of several blocks: each expert's share of all their slots
+  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own.
+  /// The next forward forgets them.
+  void use_pooled_loads(std::vector<double> share, double rows) {
+    pooled_share_ = std::move(share);
+    pooled_rows_ = rows;
+  }
   /// The config it was built from.
   [[nodiscard]] MoeConfig const& config() const { return config_; }
 
@@ -280,6 +295,7 @@ struct MoeFeedForward {
 
   /// The router's scores, each token's top_k (best first; ties to the lower index) and their weights.
   void route(nn::matrix<T> const& logits) {
+    pooled_rows_ = 0;  // a new forward: its own loads, until a model pools them again
     auto const tokens = static_cast<std::size_t>(logits.rows()), k = config_.top_k;
     probabilities_.resize(logits.rows(), logits.cols());
     weights_.resize(logits.rows(), static_cast<Eigen::Index>(k));
@@ -374,11 +390,16 @@ struct MoeFeedForward {
   /// sigmoids), plus the load-balancing loss's times router_aux_loss_coef.
   nn::matrix<T> logits_gradient(nn::matrix<T> const& dweights) const {
     nn::matrix<T> dp = scores_gradient(dweights);
-    if (config_.router_aux_loss_coef != 0) {
-      auto const n = static_cast<T>(routing_.tokens), count = static_cast<T>(experts.size());
-      for (std::size_t e = 0; e < experts.size(); ++e)  // d aux / d p(t, e) = experts * share_e / tokens
+    if (config_.router_aux_loss_coef != 0) {  // d aux / d p(t, e) = experts * share_e / rows, pooled or its own
+      auto const count = static_cast<T>(experts.size());
+      for (std::size_t e = 0; e < experts.size(); ++e) {
+        auto const [share, rows] =
+            pooled_rows_ > 0
+                ? std::pair{pooled_share_[e], pooled_rows_}
+                : std::pair{static_cast<double>(routing_.load(e)) / double(routing_.tokens), double(routing_.tokens)};
         dp.col(static_cast<Eigen::Index>(e)).array() +=
-            static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(routing_.load(e)) / (n * n);
+            static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(share / rows);
+      }
     }
     if (sigmoid_router())  // each score its own sigmoid
       return dp.cwiseProduct(probabilities_.cwiseProduct((T(1) - probabilities_.array()).matrix()));
@@ -415,6 +436,45 @@ struct MoeFeedForward {
   nn::matrix<T> shared_output_;             // the shared expert's output, tokens x dim
   nn::vector<T> shared_scale_;              // sigmoid of its gate, per token (ones without a gate)
   std::vector<std::size_t> pending_loads_;  // slots per expert trained since update_routing_bias
+  std::vector<double> pooled_share_;        // models::load_balancing_loss's shares, used while pooled_rows_ > 0
+  double pooled_rows_ = 0;
 };
+
+/// transformers' load_balancing_loss_func over several blocks' last forwards, as a model of MoE layers computes
+/// it from all its layers' router logits: experts * sum_e (share of all the blocks' slots per row that went to e) *
+/// (mean score of e over all their rows). Each block's backward then adds this loss's gradient, times its
+/// router_aux_loss_coef, instead of its own loss's. `blocks`: a range of MoeFeedForward, or of pointers to them,
+/// all with the same number of experts.
+template <std::ranges::range Blocks>
+double load_balancing_loss(Blocks&& blocks) {
+  auto block = [](auto& b) -> auto& {
+    if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(b)>>)
+      return *b;
+    else
+      return b;
+  };
+  std::vector<double> slots, score_sums;
+  double rows = 0;
+  for (auto&& b : blocks) {
+    auto& m = block(b);
+    if (slots.empty()) slots.assign(m.experts.size(), 0.0), score_sums.assign(m.experts.size(), 0.0);
+    if (m.experts.size() != slots.size())
+      shardwise::raise("shardwise::models::load_balancing_loss: blocks of ", slots.size(), " and ", m.experts.size(),
+                       " experts; the loss pools blocks of one expert count");
+    auto const tokens = static_cast<double>(m.routing().tokens);
+    std::vector<double> const mean = m.mean_scores();
+    for (std::size_t e = 0; e < slots.size(); ++e)
+      slots[e] += static_cast<double>(m.routing().load(e)), score_sums[e] += mean[e] * tokens;
+    rows += tokens;
+  }
+  double loss = 0;
+  for (std::size_t e = 0; e < slots.size(); ++e) loss += slots[e] / rows * score_sums[e] / rows;
+  for (auto&& b : blocks) {
+    std::vector<double> share(slots.size());
+    for (std::size_t e = 0; e < share.size(); ++e) share[e] = slots[e] / rows;
+    block(b).use_pooled_loads(std::move(share), rows);
+  }
+  return loss * static_cast<double>(slots.size());
+}
 
 }  // namespace shardwise::models
