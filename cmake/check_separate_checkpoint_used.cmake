@@ -5,14 +5,6 @@ execute_process(COMMAND nm -C ${OBJECT} OUTPUT_VARIABLE symbols RESULT_VARIABLE 
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm failed on ${OBJECT}")
 endif()
-foreach(name IN ITEMS "detail::save_sharded_stage\\(" "shardwise::consolidate\\(" "detail::read_shard\\("
-                      "detail::mapped_locator::operator\\(\\)\\(" "models::read_llama_config\\("
-                      "models::write_llama_config\\(")
-  string(REPLACE "\\" "" shown "${name}")
-  if(NOT symbols MATCHES "\n *U [^\n]*${name}")
-    message(FATAL_ERROR "WRONG: ${OBJECT} does not call ${shown}) from shardwise::separate_checkpoint")
-  endif()
-endforeach()
 # What lies behind them: the index's JSON, the safetensors writer and header parser, the commit of a save.
 foreach(name IN ITEMS "checkpoint_index_from_json\\(" "safetensors_writer::write\\(" "parse_safetensors_header\\("
                       "detail::commit_save\\(" "detail::plan_export\\(")
@@ -21,8 +13,8 @@ foreach(name IN ITEMS "checkpoint_index_from_json\\(" "safetensors_writer::write
     message(FATAL_ERROR "WRONG: ${OBJECT} compiles ${shown}) of its own")
   endif()
 endforeach()
-# Nor any JSON: the program writes its config.json through models::write_llama_config.
-if(symbols MATCHES "\n[0-9a-f]+ [TtWw] [^\n]*nlohmann::")
-  message(FATAL_ERROR "WRONG: ${OBJECT} compiles JSON code of its own: ${CMAKE_MATCH_0}")
-endif()
-message("the object file calls the separately compiled checkpoint IO and compiles none of it, nor any JSON")
+# The entry points it calls, and no JSON of its own: the program writes its config.json through
+# models::write_llama_config.
+set(CALLS "detail::save_sharded_stage,shardwise::consolidate,detail::read_shard,detail::mapped_locator::operator\\(\\),\
+models::read_llama_config,models::write_llama_config")
+include(${CMAKE_CURRENT_LIST_DIR}/check_no_json_code.cmake)

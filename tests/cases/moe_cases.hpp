@@ -115,20 +115,27 @@ inline dense_result dense(Moe& m, M const& x, M const& r) {
   return out;
 }
 
-/// Checks every gradient of one entry of `value` (a parameter, or the input) against central differences.
-template <class Grad>
-void check_entries(Moe& m, M& x, M const& r, M& value, Grad const& grad, char const* what) {
+/// Checks the gradient of every `stride`-th entry of `value` (a parameter, or the input) against central
+/// differences of `loss()`.
+template <class Loss, class Grad>
+void check_differences(Loss const& loss, M& value, Grad const& grad, char const* what, Eigen::Index stride) {
   double const h = 1e-6;
-  for (Eigen::Index i = 0; i < value.size(); i += 3) {
+  for (Eigen::Index i = 0; i < value.size(); i += stride) {
     double const kept = value.data()[i];
     value.data()[i] = kept + h;
-    double const up = dense(m, x, r).loss;
+    double const up = loss();
     value.data()[i] = kept - h;
-    double const down = dense(m, x, r).loss;
+    double const down = loss();
     value.data()[i] = kept;
     INFO(what << " entry " << i);
     CHECK(grad.data()[i] == doctest::Approx((up - down) / (2 * h)).epsilon(1e-6));
   }
+}
+
+/// The same for one block's dense loss.
+template <class Grad>
+void check_entries(Moe& m, M& x, M const& r, M& value, Grad const& grad, char const* what) {
+  check_differences([&] { return dense(m, x, r).loss; }, value, grad, what, 3);
 }
 
 TEST_CASE("MoeFeedForward: output, routing and aux loss equal a dense reference; gradients equal differences") {
@@ -290,8 +297,7 @@ TEST_CASE("models::load_balancing_loss pools several blocks as transformers does
   M x = random(9, 6, 43);
   M const r = random(9, 6, 44);
   double expected_aux = 0;
-  double const loss = chained_loss(a, b, x, r, 0.3, &expected_aux);
-  (void)loss;
+  (void)chained_loss(a, b, x, r, 0.3, &expected_aux);
   auto const y1 = a.forward(x);
   (void)b.forward(y1);
   double const aux = models::load_balancing_loss(std::array{&a, &b});
@@ -299,22 +305,10 @@ TEST_CASE("models::load_balancing_loss pools several blocks as transformers does
   CHECK(aux != doctest::Approx((a.aux_loss() + b.aux_loss()) / 2).epsilon(1e-6));  // pooled, not averaged
   sw::zero_grad(a), sw::zero_grad(b);
   auto const dx = a.backward(b.backward(r));
-  double const h = 1e-6;
-  auto differences = [&](M& value, M const& grad, char const* what) {
-    for (Eigen::Index i = 0; i < value.size(); i += 5) {
-      double const kept = value.data()[i];
-      value.data()[i] = kept + h;
-      double const up = chained_loss(a, b, x, r, 0.3);
-      value.data()[i] = kept - h;
-      double const down = chained_loss(a, b, x, r, 0.3);
-      value.data()[i] = kept;
-      INFO(what << " entry " << i);
-      CHECK(grad.data()[i] == doctest::Approx((up - down) / (2 * h)).epsilon(1e-6));
-    }
-  };
-  differences(x, dx.local, "input");
-  differences(a.gate.weight, a.gate.weight_grad, "first gate");
-  differences(b.gate.weight, b.gate.weight_grad, "second gate");
+  auto const chain = [&] { return chained_loss(a, b, x, r, 0.3); };
+  check_differences(chain, x, dx.local, "input", 5);
+  check_differences(chain, a.gate.weight, a.gate.weight_grad, "first gate", 5);
+  check_differences(chain, b.gate.weight, b.gate.weight_grad, "second gate", 5);
   Moe other(config(true, 0.3), 45);
   auto wider = config(true, 0.3);
   wider.experts = 5;

@@ -27,7 +27,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 TIGHT = 1e-12  # fp64 on both sides: summation order only
 LOOSE = 1e-6   # what passes through load_balancing_loss_func's fp32 sums
 DIM, HIDDEN, EXPERTS, TOP_K, SHARED_HIDDEN = 16, 12, 8, 2, 20
-SHARED = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
 
 
 def router_in_fp64(self, hidden_states):
@@ -72,9 +71,13 @@ def check(results, label, name, got, expected, tolerance):
     results.append((f"{label}: {name}", error <= tolerance, error))
 
 
-def shared_of(block):
-    """The block's shared expert (Qwen2-MoE's shared_expert, DeepSeek-V3's shared_experts), or None."""
-    return getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+def shared_layers(block):
+    """The shared expert's projections (Qwen2-MoE's shared_expert, DeepSeek-V3's shared_experts), each with the name
+    tp_dump gives its file; none without a shared expert."""
+    shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+    if shared is None:
+        return []
+    return [("shared_" + name, getattr(shared, name)) for name in ("gate_proj", "up_proj", "down_proj")]
 
 
 def prepared(block, directory):
@@ -88,8 +91,8 @@ def prepared(block, directory):
         block.experts.down_proj.copy_(load(directory, "down").reshape(EXPERTS, DIM, HIDDEN))
         if deepseek:
             block.gate.e_score_correction_bias.copy_(load(directory, "bias"))
-        for name in SHARED if shared_of(block) is not None else ():
-            getattr(shared_of(block), name[len("shared_"):]).weight.copy_(load(directory, name))
+        for file, layer in shared_layers(block):
+            layer.weight.copy_(load(directory, file))
         if hasattr(block, "shared_expert_gate"):
             block.shared_expert_gate.weight.copy_(load(directory, "shared_expert_gate"))
     return block
@@ -101,9 +104,8 @@ def check_gradients(results, label, block, directory, router_tolerance, expert_t
           expert_tolerance)
     check(results, label, "down_proj gradient", block.experts.down_proj.grad, load(directory, "down_grad"),
           expert_tolerance)
-    for name in SHARED if shared_of(block) is not None else ():
-        check(results, label, name + " gradient", getattr(shared_of(block), name[len("shared_"):]).weight.grad,
-              load(directory, name + "_grad"), expert_tolerance)
+    for file, layer in shared_layers(block):
+        check(results, label, file + " gradient", layer.weight.grad, load(directory, file + "_grad"), expert_tolerance)
     if hasattr(block, "shared_expert_gate"):
         check(results, label, "shared_expert_gate gradient", block.shared_expert_gate.weight.grad,
               load(directory, "shared_expert_gate_grad"), expert_tolerance)
@@ -167,13 +169,13 @@ def main():
                               experts_implementation="eager")
         compare(results, os.path.join(directory, "qwen3_moe" + suffix), "Qwen3-MoE" + suffix,
                 Qwen3MoeSparseMoeBlock(qwen), aux_coef)
-    qwen2 = Qwen2MoeConfig(hidden_size=DIM, moe_intermediate_size=HIDDEN, shared_expert_intermediate_size=SHARED_HIDDEN,
-                           num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=False,
-                           experts_implementation="eager")
+    qwen2 = Qwen2MoeConfig(hidden_size=DIM, moe_intermediate_size=HIDDEN,
+                           shared_expert_intermediate_size=SHARED_HIDDEN, num_experts=EXPERTS,
+                           num_experts_per_tok=TOP_K, norm_topk_prob=False, experts_implementation="eager")
     compare(results, os.path.join(directory, "qwen2_moe"), "Qwen2-MoE", Qwen2MoeSparseMoeBlock(qwen2), 0.0)
     deepseek = DeepseekV3Config(hidden_size=DIM, moe_intermediate_size=HIDDEN, n_shared_experts=2,
-                                n_routed_experts=EXPERTS, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                                norm_topk_prob=True, experts_implementation="eager")
+                                n_routed_experts=EXPERTS, num_experts_per_tok=3, n_group=4, topk_group=2,
+                                routed_scaling_factor=2.5, norm_topk_prob=True, experts_implementation="eager")
     compare(results, os.path.join(directory, "deepseek_v3"), "DeepSeek-V3", DeepseekV3MoE(deepseek), 0.0)
     compare_pooled(results, os.path.join(directory, "mixtral_pooled"))
     for name, ok, error in results:

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -223,10 +222,10 @@ struct MoeFeedForward {
   /// experts * sum_e (share of the routed slots that went to e) * (mean probability of e). The training loss adds
   /// it times router_aux_loss_coef; backward adds that term's gradient.
   [[nodiscard]] double aux_loss() const {
+    std::vector<double> const mean = mean_scores();
     double loss = 0;
-    auto const n = static_cast<double>(routing_.tokens);
-    for (std::size_t e = 0; e < experts.size(); ++e)
-      loss += static_cast<double>(routing_.load(e)) / n * static_cast<double>(probabilities_.col(e).sum()) / n;
+    for (std::size_t e = 0; e < mean.size(); ++e)
+      loss += static_cast<double>(routing_.load(e)) / static_cast<double>(routing_.tokens) * mean[e];
     return loss * static_cast<double>(experts.size());
   }
   /// Where the last forward sent its tokens.
@@ -239,11 +238,11 @@ struct MoeFeedForward {
     return mean;
   }
   /// Set by models::load_balancing_loss for a model of several blocks: each expert's share of all their slots
-  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own.
-  /// The next forward forgets them.
+  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own
+  /// (each forward sets its own).
   void use_pooled_loads(std::vector<double> share, double rows) {
-    pooled_share_ = std::move(share);
-    pooled_rows_ = rows;
+    balance_share_ = std::move(share);
+    balance_rows_ = rows;
   }
   /// The config it was built from.
   [[nodiscard]] MoeConfig const& config() const { return config_; }
@@ -295,16 +294,16 @@ struct MoeFeedForward {
 
   /// The router's scores, each token's top_k (best first; ties to the lower index) and their weights.
   void route(nn::matrix<T> const& logits) {
-    pooled_rows_ = 0;  // a new forward: its own loads, until a model pools them again
     auto const tokens = static_cast<std::size_t>(logits.rows()), k = config_.top_k;
     probabilities_.resize(logits.rows(), logits.cols());
     weights_.resize(logits.rows(), static_cast<Eigen::Index>(k));
-    routing_ = {tokens, k, std::vector<std::uint32_t>(tokens * k), {}, std::vector<std::size_t>(experts.size(), 0)};
-    routing_.routed.assign(experts.size(), {});
+    routing_ = {tokens, k, std::vector<std::uint32_t>(tokens * k), decltype(routing_.routed)(experts.size()),
+                std::vector<std::size_t>(experts.size(), 0)};
     std::vector<std::uint32_t> order(experts.size());
+    std::vector<T> choice(experts.size());
     for (Eigen::Index t = 0; t < logits.rows(); ++t) {
       score(t, logits);
-      choose(t, order);
+      choose(t, choice, order);
       auto const p = probabilities_.row(t);
       T total = sum_guard();
       for (std::size_t j = 0; j < k; ++j) total += p(order[j]);
@@ -317,6 +316,10 @@ struct MoeFeedForward {
       }
     }
     if (config_.capacity_factor > 0) drop_beyond_capacity();
+    balance_share_.resize(experts.size());  // its own loads, until a model pools them (use_pooled_loads)
+    for (std::size_t e = 0; e < experts.size(); ++e)
+      balance_share_[e] = static_cast<double>(routing_.load(e)) / static_cast<double>(tokens);
+    balance_rows_ = static_cast<double>(tokens);
   }
 
   /// Each expert keeps at most its capacity of its (token, slot) pairs, by the drop policy, in token order.
@@ -349,9 +352,9 @@ struct MoeFeedForward {
   }
 
   /// Token t's top_k experts in `order`'s first places, best first: by score (plus the correction bias under the
-  /// sigmoid router), among the experts of its top_groups best groups when the experts are grouped.
-  void choose(Eigen::Index t, std::vector<std::uint32_t>& order) const {
-    std::vector<T> choice(experts.size());
+  /// sigmoid router), among the experts of its top_groups best groups when the experts are grouped. `choice`:
+  /// room for the experts' choice scores.
+  void choose(Eigen::Index t, std::vector<T>& choice, std::vector<std::uint32_t>& order) const {
     for (std::size_t e = 0; e < choice.size(); ++e)
       choice[e] = probabilities_(t, static_cast<Eigen::Index>(e)) +
                   (sigmoid_router() ? score_correction_bias(static_cast<Eigen::Index>(e)) : T(0));
@@ -369,10 +372,13 @@ struct MoeFeedForward {
     std::size_t const per = experts.size() / config_.groups;
     std::vector<T> group_score(config_.groups);
     for (std::size_t g = 0; g < config_.groups; ++g) {
-      std::vector<T> members(choice.begin() + static_cast<std::ptrdiff_t>(g * per),
-                             choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
-      std::partial_sort(members.begin(), members.begin() + 2, members.end(), std::greater<T>());
-      group_score[g] = members[0] + members[1];
+      T first = -std::numeric_limits<T>::infinity(), second = first;  // the group's two best
+      for (std::size_t e = g * per; e < (g + 1) * per; ++e)
+        if (choice[e] > first)
+          second = std::exchange(first, choice[e]);
+        else if (choice[e] > second)
+          second = choice[e];
+      group_score[g] = first + second;
     }
     std::vector<std::uint32_t> groups(config_.groups);
     std::iota(groups.begin(), groups.end(), 0u);
@@ -392,14 +398,9 @@ struct MoeFeedForward {
     nn::matrix<T> dp = scores_gradient(dweights);
     if (config_.router_aux_loss_coef != 0) {  // d aux / d p(t, e) = experts * share_e / rows, pooled or its own
       auto const count = static_cast<T>(experts.size());
-      for (std::size_t e = 0; e < experts.size(); ++e) {
-        auto const [share, rows] =
-            pooled_rows_ > 0
-                ? std::pair{pooled_share_[e], pooled_rows_}
-                : std::pair{static_cast<double>(routing_.load(e)) / double(routing_.tokens), double(routing_.tokens)};
+      for (std::size_t e = 0; e < experts.size(); ++e)
         dp.col(static_cast<Eigen::Index>(e)).array() +=
-            static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(share / rows);
-      }
+            static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(balance_share_[e] / balance_rows_);
     }
     if (sigmoid_router())  // each score its own sigmoid
       return dp.cwiseProduct(probabilities_.cwiseProduct((T(1) - probabilities_.array()).matrix()));
@@ -436,8 +437,8 @@ struct MoeFeedForward {
   nn::matrix<T> shared_output_;             // the shared expert's output, tokens x dim
   nn::vector<T> shared_scale_;              // sigmoid of its gate, per token (ones without a gate)
   std::vector<std::size_t> pending_loads_;  // slots per expert trained since update_routing_bias
-  std::vector<double> pooled_share_;        // models::load_balancing_loss's shares, used while pooled_rows_ > 0
-  double pooled_rows_ = 0;
+  std::vector<double> balance_share_;       // per expert, slots per row the loss's gradient counts: own or pooled
+  double balance_rows_ = 0;                 // the rows they were counted over
 };
 
 /// transformers' load_balancing_loss_func over several blocks' last forwards, as a model of MoE layers computes
@@ -467,13 +468,10 @@ double load_balancing_loss(Blocks&& blocks) {
       slots[e] += static_cast<double>(m.routing().load(e)), score_sums[e] += mean[e] * tokens;
     rows += tokens;
   }
+  std::vector<double> share(slots.size());
   double loss = 0;
-  for (std::size_t e = 0; e < slots.size(); ++e) loss += slots[e] / rows * score_sums[e] / rows;
-  for (auto&& b : blocks) {
-    std::vector<double> share(slots.size());
-    for (std::size_t e = 0; e < share.size(); ++e) share[e] = slots[e] / rows;
-    block(b).use_pooled_loads(std::move(share), rows);
-  }
+  for (std::size_t e = 0; e < slots.size(); ++e) share[e] = slots[e] / rows, loss += share[e] * score_sums[e] / rows;
+  for (auto&& b : blocks) block(b).use_pooled_loads(share, rows);
   return loss * static_cast<double>(slots.size());
 }
 

@@ -13,7 +13,7 @@ namespace shardwise {
 class init {
  public:
   /// Parameters drawn from `seed`, allocated when the layer is built.
-  constexpr init(std::uint64_t seed = 0) noexcept : seed_(seed) {}  // NOLINT(google-explicit-constructor)
+  constexpr init(std::uint64_t seed = 0) noexcept : seed_(seed) {}  // NOLINT: implicit, a seed is an init
 
   /// The same seed, for a layer that is only declared (what sw::Lazy hands the model's constructor).
   [[nodiscard]] static constexpr init declared(std::uint64_t seed) noexcept { return init(seed, true); }
