@@ -226,7 +226,7 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
   CHECK((!mistral.attention_bias && !mistral.attention_output_bias && !mistral.mlp_bias));
   CHECK(error_of([&] {
           (void)models::llama_config_from_json(family("gemma", R"("hidden_act": "silu")"));
-        }).find("describes model_type \"gemma\", not \"llama\", \"qwen2\", \"qwen3\" or \"mistral\"") !=
+        }).find("describes model_type \"gemma\", not \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"mixtral\"") !=
         std::string::npos);
   // Qwen3: q and k norms, attention_bias on all four projections, heads of head_dim (128 when left out).
   auto const qwen3 = models::llama_config_from_json(family("qwen3", R"("head_dim": 16, "attention_bias": true)"));
@@ -323,6 +323,66 @@ TEST_CASE("llama_config_from_json: every field that would change the numbers and
     std::string const message =
         error_of([&, r = rest] { (void)models::llama_config_from_json(base + ", " + r + "}"); });
     INFO(std::string(rest), " -> ", message);
+    CHECK(message.find(words) != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "llama_config_from_json: Mixtral, Qwen2-MoE and Qwen3-MoE read with their experts; what is not built refused") {
+  auto const of = [](char const* type, std::string const& rest) {
+    return std::string(R"({"model_type": ")") + type + R"(", "vocab_size": 61, "hidden_size": 32,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+      "max_position_embeddings": 256)" +
+           rest + "}";
+  };
+  // Mixtral: the experts' width is intermediate_size, always renormalised; the loss weight only with
+  // output_router_logits (transformers adds the loss only then).
+  auto const mixtral = models::llama_config_from_json(of("mixtral", R"(, "num_local_experts": 6,
+      "num_experts_per_tok": 3, "router_aux_loss_coef": 0.02, "output_router_logits": true, "sliding_window": null)"));
+  REQUIRE(mixtral.moe);
+  CHECK((mixtral.moe->experts == 6 && mixtral.moe->top_k == 3 && mixtral.moe->expert_hidden == 48 &&
+         mixtral.moe->normalize_top_k && mixtral.moe->router_aux_loss_coef == 0.02 &&
+         mixtral.moe->shared_expert_hidden == 0 && mixtral.sliding_window == 0 && !mixtral.attention_bias));
+  CHECK(models::llama_config_from_json(of("mixtral", R"(, "router_aux_loss_coef": 0.02)")).moe->router_aux_loss_coef ==
+        0);
+  CHECK(models::llama_config_from_json(of("mixtral", R"(, "sliding_window": 16)")).sliding_window == 16);
+  // Qwen2-MoE: its defaults (60 experts, top-4, width 1408, a gated shared expert of 5632), q, k and v biases.
+  auto const qwen2 = models::llama_config_from_json(of("qwen2_moe", R"(, "qkv_bias": true)"));
+  CHECK((qwen2.moe->experts == 60 && qwen2.moe->top_k == 4 && qwen2.moe->expert_hidden == 1408 &&
+         !qwen2.moe->normalize_top_k && qwen2.moe->shared_expert_hidden == 5632 && qwen2.moe->shared_expert_gated &&
+         qwen2.attention_bias && !qwen2.attention_output_bias));
+  // Qwen3-MoE: the expert count under either name (its config saves num_local_experts), q and k norms.
+  auto const qwen3 = models::llama_config_from_json(of("qwen3_moe", R"(, "num_local_experts": 8,
+      "moe_intermediate_size": 24, "norm_topk_prob": true, "head_dim": 8, "mlp_only_layers": [],
+      "decoder_sparse_step": 1)"));
+  CHECK((qwen3.moe->experts == 8 && qwen3.moe->top_k == 8 && qwen3.moe->expert_hidden == 24 &&
+         qwen3.moe->normalize_top_k && qwen3.qk_norm && qwen3.moe->shared_expert_hidden == 0));
+  // Written back as the family it is, and read back the same.
+  for (auto const& [c, type] : {std::pair{mixtral, "mixtral"}, {qwen2, "qwen2_moe"}, {qwen3, "qwen3_moe"}}) {
+    auto const json = models::llama_config_to_json(c);
+    CHECK(json["model_type"] == type);
+    auto const back = models::llama_config_from_json(json.dump());
+    CHECK(back.fields() == c.fields());
+    CHECK((back.moe->top_k == c.moe->top_k && back.moe->normalize_top_k == c.moe->normalize_top_k &&
+           back.moe->router_aux_loss_coef == c.moe->router_aux_loss_coef));
+  }
+  struct refusal {
+    char const* type;
+    char const* fields;
+    char const* words;
+  };
+  for (auto const& [type, fields, words] : std::initializer_list<refusal>{
+           {"qwen2_moe", R"(, "decoder_sparse_step": 2)",
+            R"("decoder_sparse_step" in config.json is 2: shardwise builds every block with experts)"},
+           {"qwen3_moe", R"(, "mlp_only_layers": [1])",
+            R"("mlp_only_layers" in config.json is [1]: shardwise builds every block with experts)"},
+           {"mixtral", R"(, "router_jitter_noise": 0.1)",
+            R"("router_jitter_noise" in config.json is 0.1: shardwise's router adds no noise)"},
+           {"qwen3_moe", R"(, "use_sliding_window": true)", R"("use_sliding_window" in config.json is true)"},
+           {"mixtral", R"(, "num_local_experts": 4, "num_experts_per_tok": 5)",
+            "shardwise::models::MoeConfig: top_k 5 is not in [1, experts = 4]"}}) {
+    std::string const message = error_of([&, t = type, f = fields] { (void)models::llama_config_from_json(of(t, f)); });
+    INFO(std::string(fields), " -> ", message);
     CHECK(message.find(words) != std::string::npos);
   }
 }

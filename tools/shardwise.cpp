@@ -88,6 +88,11 @@ nlohmann::json transformers_config(sw::checkpoint_index const& index, std::strin
     c.sequence = static_cast<std::size_t>(wpe->shape[0]);
     return sw::models::gpt2_config_to_json(c);
   }
+  if (index.config.contains("experts"))  // its routing (top-k, renormalisation) is not among the recorded fields
+    throw std::runtime_error("shardwise consolidate --names " + names +
+                             ": the checkpoint holds a mixture of experts, whose routing its fields do not record; "
+                             "export it from the program (sw::consolidate with sw::transformers_llama_mapping and "
+                             "models::write_llama_config), or consolidate with --names shardwise");
   sw::models::LlamaConfig c;
   c.vocabulary = count("vocabulary"), c.dim = count("dim"), c.layers = count("layers"), c.heads = count("heads");
   c.kv_heads = count("kv_heads"), c.hidden = count("hidden");

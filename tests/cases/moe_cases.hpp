@@ -9,6 +9,8 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <shardwise/mesh/serial.hpp>
+#include <shardwise/models/llama.hpp>
 #include <shardwise/models/moe.hpp>
 #include <vector>
 
@@ -366,6 +368,55 @@ TEST_CASE("MoeFeedForward: declared lazily, nothing is allocated; its parameters
   CHECK(names[0] == "gate.weight");
   CHECK(names[1] == "experts.0.w1.weight");
   CHECK(names.back() == "experts.3.w2.weight");
+}
+
+/// A MoeLlama of 3 blocks of 4 experts, top-2, with the load-balancing loss in the training loss.
+inline models::LlamaConfig moe_llama_config() {
+  models::LlamaConfig c;
+  c.vocabulary = 24, c.dim = 8, c.layers = 3, c.heads = 2, c.kv_heads = 1, c.sequence = 6, c.seed = 7;
+  models::MoeConfig m;
+  m.experts = 4, m.top_k = 2, m.expert_hidden = 6, m.router_aux_loss_coef = 0.05;
+  c.moe = m;
+  return c;
+}
+
+/// Every parameter's gradient after one forward and backward of `model` on a batch of two rows of 6.
+template <class Model>
+std::vector<double> moe_llama_gradients(Model& model) {
+  std::vector<std::int64_t> ids, targets;
+  for (int i = 0; i < 12; ++i) ids.push_back((i * 5 + 1) % 24), targets.push_back((i * 7 + 2) % 24);
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto result = models::llama_loss(tp, model.forward(ids), targets, 24);
+  model.backward(result.dlogits);
+  std::vector<double> grads;
+  sw::detail::for_each_parameter(
+      model, [&](auto const& p) { grads.insert(grads.end(), p.grad->data(), p.grad->data() + p.grad->size()); });
+  return grads;
+}
+
+TEST_CASE("MoeLlama: its blocks' load-balancing loss is pooled; with activation checkpointing, the same gradients") {
+  models::MoeLlama<double> plain(moe_llama_config()), checkpointed(moe_llama_config());
+  checkpointed.checkpoint_blocks(true);
+  std::vector<double> const expected = moe_llama_gradients(plain);
+  // The recomputed forward keeps the loads pooled over the 3 blocks (each block's own would give other gradients).
+  CHECK(moe_llama_gradients(checkpointed) == expected);
+  std::vector<decltype(plain.layers[0].feed_forward)*> blocks;
+  for (auto& b : plain.layers) blocks.push_back(&b.feed_forward);
+  CHECK(plain.router_aux_loss() == doctest::Approx(models::load_balancing_loss(blocks)).epsilon(1e-15));
+  CHECK(plain.router_aux_loss() > 0);
+  // A dense config into the MoE type, and the other way, are refused by name.
+  CHECK_THROWS_WITH_AS((models::MoeLlama<double>(models::LlamaConfig{})),
+                       "shardwise::models::Llama: the config has no experts but the model type is a MoeLlama; "
+                       "build models::Llama, or give the config a MoeConfig",
+                       sw::error);
+  CHECK_THROWS_WITH_AS((models::Llama<double>(moe_llama_config())),
+                       "shardwise::models::Llama: the config has experts (moe) but the model type is dense; build "
+                       "models::MoeLlama for a mixture of experts",
+                       sw::error);
+  CHECK_THROWS_WITH_AS((models::MoeLlama<double, sw::serial_plan, 6>(moe_llama_config())),
+                       "shardwise::models::MoeFeedForward at \"layers.*.feed_forward\": the config has 4 experts but "
+                       "the type 6; build the type its config describes",
+                       sw::error);
 }
 
 }  // namespace moe_cases

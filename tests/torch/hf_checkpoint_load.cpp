@@ -20,9 +20,12 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <shardwise/checkpoint/consolidate.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
+#include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/models/gpt2_names.hpp>
 #include <shardwise/models/gpt2_plan.hpp>
+#include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
@@ -140,11 +143,151 @@ std::string joined(std::vector<std::string> const& v) {
   return "[" + s + "]";
 }
 
+/// The largest difference from `expected`, relative to its largest magnitude (at least 1e-30).
+double relative_error(std::vector<double> const& got, npy::array const& expected) {
+  if (got.size() != expected.data.size()) return 1e30;
+  double worst = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(got[i] - expected.data[i])), scale = std::max(scale, std::abs(expected.data[i]));
+  return worst / scale;
+}
+
+/// ", relative error 1.2e-15".
+std::string shown(double error) {
+  char text[48];
+  std::snprintf(text, sizeof text, ", relative error %.2g", error);
+  return text;
+}
+
+/// Two sequences of 8 tokens (moe_checkpoints.py's batches).
+std::vector<std::int64_t> moe_ids(int step, bool targets) {
+  std::vector<std::int64_t> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back((step * 31 + i * 7 + (targets ? 3 : 0)) % 64);
+  return ids;
+}
+
+/// A mixture of experts whose attention the plan cuts over tp (its experts stay whole on every rank).
+using MoeModel = models::MoeLlama<double, models::moe_llama_plan<>>;
+
+/// The rows of a rank's vocabulary-sharded logits, gathered, as one list (npy's row-by-row order).
+template <class Tp, class Logits>
+std::vector<double> gathered_rows(Tp const& tp, Logits const& logits) {
+  sw::nn::matrix<double> whole;
+  sw::all_gather(tp, logits.local, whole, -1);
+  std::vector<double> rows;
+  for (Eigen::Index i = 0; i < whole.rows(); ++i)
+    for (Eigen::Index j = 0; j < whole.cols(); ++j) rows.push_back(whole(i, j));
+  return rows;
+}
+
+/// Loads the folder moe_checkpoints.py saved for `family` (`folder`: its files, whose expert names are found) at tp
+/// `ranks` on threads, and compares with transformers in fp64: the logits and the aux loss of batch 0 (1e-12), and
+/// the losses of 5 AdamW steps on cross-entropy + router_aux_loss_coef x aux (1e-10). At tp 1, saves the trained
+/// model as `family`_export (per-expert names, Mixtral's for Mixtral) with its logits of batch 0, for
+/// moe_checkpoints.py's from_pretrained.
+void check_moe_family(checks& results, fs::path const& dir, std::string const& family, std::string const& folder,
+                      int ranks) {
+  std::string const label = folder + " at tp " + std::to_string(ranks);
+  results.run(label + ": load_pretrained", [&] {
+    models::LlamaConfig const c = models::read_llama_config(dir / folder / "config.json");
+    if (!c.moe) return results.add(label + ": config.json read with experts", false);
+    sw::run_threads(ranks, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {ranks}));
+      auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+      bool const writer = world.rank() == 0;
+      sw::Lazy<MoeModel> lazy(c);
+      sw::parallelize(lazy, tp);
+      auto const names = sw::transformers_experts_in(dir / folder);
+      MoeModel& model =
+          sw::load_pretrained(lazy, tp, dir / folder, sw::transformers_llama_mapping(names, c.moe->expert_hidden));
+      double const logits_error = relative_error(gathered_rows(tp, model.forward(moe_ids(0, false))),
+                                                 npy::read(dir / (family + "_logits.npy")));
+      double const aux_error = relative_error({model.router_aux_loss()}, npy::read(dir / (family + "_aux.npy")));
+      sw::AdamW<double> optimizer(
+          {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+      std::vector<double> losses;
+      for (int step = 0; step < 5; ++step) {
+        auto const result =
+            models::llama_loss(tp, model.forward(moe_ids(step, false)), moe_ids(step, true), c.vocabulary);
+        losses.push_back(result.loss + c.moe->router_aux_loss_coef * model.router_aux_loss());
+        model.backward(result.dlogits);
+        optimizer.step(sw::finish_gradients(model), dp);
+        sw::zero_grad(model);
+      }
+      double const losses_error = relative_error(losses, npy::read(dir / (family + "_losses.npy")));
+      if (writer) {
+        results.add(label + ": logits equal transformers' (fp64" + shown(logits_error) + ")", logits_error <= 1e-12);
+        results.add(label + ": aux_loss equals transformers' (fp64" + shown(aux_error) + ")", aux_error <= 1e-12);
+        results.add(
+            label + ": 5 AdamW steps' losses equal transformers + torch.optim.AdamW (fp64" + shown(losses_error) + ")",
+            losses_error <= 1e-10);
+      }
+      if (folder != family || ranks != 1) return;  // exported once per family, trained, with its logits of batch 0
+      fs::path const out = dir / (family + "_export");
+      fs::create_directories(out);
+      npy::write(out / "logits.npy", sw::nn::matrix<double>(model.forward(moe_ids(0, false)).local));
+      sw::save_sharded(model, tp, out / "sharded", 5);
+      auto const mapping = sw::transformers_llama_mapping(family == "mixtral" ? sw::transformers_experts::mixtral
+                                                                              : sw::transformers_experts::per_expert);
+      sw::consolidate(out / "sharded", out / "model.safetensors", {.mapping = mapping});
+      models::write_llama_config(model.config(), out / "config.json");
+      fs::remove_all(out / "sharded");
+    });
+  });
+}
+
+/// A copy of the folder of `family` whose config.json says `experts` experts: its load must be refused on every
+/// rank, naming the router, whose shape does not fit.
+void check_expert_count_disagrees(checks& results, fs::path const& dir, std::string const& family, int experts,
+                                  std::string const& named) {
+  std::string const label = family + " with a config.json of " + std::to_string(experts) + " experts";
+  results.run(label, [&] {
+    fs::path const copy = dir / (family + "_" + std::to_string(experts) + "_experts");
+    fs::remove_all(copy);
+    fs::copy(dir / family, copy);
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(copy / "config.json"));
+    config[config.contains("num_local_experts") ? "num_local_experts" : "num_experts"] = experts;
+    std::ofstream(copy / "config.json") << config.dump();
+    models::LlamaConfig const c = models::read_llama_config(copy / "config.json");
+    std::string message;
+    try {
+      sw::run_threads(2, [&](auto& world) {
+        auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {2}));
+        sw::Lazy<MoeModel> lazy(c);
+        sw::parallelize(lazy, tp);
+        (void)sw::load_pretrained(lazy, tp, copy, sw::transformers_llama_mapping());
+      });
+    } catch (sw::error const& e) {
+      message = e.what();
+    }
+    results.add(label + ": refused, naming " + named, message.find(named) != std::string::npos, message);
+  });
+}
+
+/// The mixture-of-experts folders of moe_checkpoints.py (DIR given with --moe).
+void check_moe(checks& results, fs::path const& dir) {
+  for (int ranks : {1, 2}) {
+    for (std::string const family : {"mixtral", "qwen3_moe", "qwen2_moe"})
+      check_moe_family(results, dir, family, family, ranks);
+    check_moe_family(results, dir, "mixtral", "mixtral_fused", ranks);
+  }
+  check_expert_count_disagrees(results, dir, "qwen3_moe", 6,
+                               "\"layers.0.feed_forward.gate.weight\" has shape [6, 32] in the model but [8, 32]");
+  check_expert_count_disagrees(results, dir, "qwen3_moe", 10,
+                               "\"layers.0.feed_forward.gate.weight\" has shape [10, 32] in the model but [8, 32]");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string_view(argv[1]) == "--moe") {
+    checks results;
+    check_moe(results, argv[2]);
+    std::printf("%d passed, %d failed\n", results.passed, results.failed);
+    return results.failed == 0 && results.passed > 0 ? 0 : 1;
+  }
   if (argc != 2) {
-    std::fprintf(stderr, "usage: hf_checkpoint_load DIR\n");
+    std::fprintf(stderr, "usage: hf_checkpoint_load DIR | hf_checkpoint_load --moe DIR\n");
     return 2;
   }
   fs::path const dir = argv[1];

@@ -8,7 +8,8 @@ import torch
 from transformers import modeling_rope_utils as rope_utils
 
 # The RMSNorm classes of the Llama-type families, each cast to float32 inside transformers.
-RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
+RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm",
+             "Qwen3MoeRMSNorm")
 
 
 class Float64Torch:

@@ -137,7 +137,7 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY safetensors_file& checkpoint_reader::file_of(c
            "\" does not match the checksum its save recorded (", p.checksum, ", now ", computed,
            "): the file is damaged; restore it or load another checkpoint, and run `shardwise verify` on the folder");
   }
-  bool const plain = !p.transposed && p.offset_in_file.empty();  // else checked against the mapping
+  bool const plain = !p.transposed && p.offset_in_file.empty() && p.stacked_index == -1;  // else by the mapping
   if (plain && file->info(stored_name).shape != p.shape)
     fail("shardwise::", who_, ": \"", file->path(), "\": tensor \"", t.name, "\" has shape ",
          shape_text(file->info(stored_name).shape), " but the index says ", shape_text(p.shape),
@@ -182,6 +182,10 @@ void checkpoint_reader::read_columns(safetensors_file const& file, std::string c
     if (!t.is_vector) {
       offset = {at(0, first), at(1, part.c0)};
       count = {static_cast<std::size_t>(end - first), width};
+    }
+    if (p.stacked_index != -1) {  // the model tensor is the file tensor's [stacked_index]: one more dimension first
+      for (std::size_t d = offset.rank; d-- > 0;) offset[d + 1] = offset[d], count[d + 1] = count[d];
+      offset[0] = static_cast<std::size_t>(p.stacked_index), count[0] = 1, ++offset.rank, ++count.rank;
     }
     file.read_box(stored_name, offset, count, into);
   };

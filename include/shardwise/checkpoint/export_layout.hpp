@@ -49,6 +49,11 @@ struct export_tensor {
 /// dimension from 0 without a gap or an overlap, all of one type and orientation) and sets its shape.
 inline void fit_export_members(export_tensor& out) {
   auto const who = [&](export_member const& m) { return concat("tensor \"", m.tensor->name, "\""); };
+  for (auto const& m : out.members)
+    if (m.source.stacked_index != -1)
+      fail("shardwise::consolidate: ", who(m), " maps to one of the tensors stacked in \"", out.name,
+           "\" (fused experts), which consolidate does not write; export one tensor per expert "
+           "(sw::transformers_llama_mapping() or its transformers_experts::mixtral), which transformers loads");
   for (auto const& m : out.members)  // a whole tensor shares its output with nothing
     if (out.members.size() > 1 && m.source.slice_dim == -1)
       fail("shardwise::consolidate: ", who(m), " maps to the whole of \"", out.name, "\", which ",

@@ -121,6 +121,7 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY pretrained_files find_pretrained_files(std::fi
 inline std::string source_text(tensor_source const& s, std::vector<std::uint64_t> const& file_shape) {
   std::string text = "file tensor \"" + s.name + "\" of shape " + shape_text(file_shape);
   if (s.transpose && file_shape.size() == 2) text += ", transposed";
+  if (s.stacked_index != -1) text += concat(", its [", s.stacked_index, "]");
   if (s.slice_dim != -1)
     text +=
         concat(", sliced to [", s.slice_start, ", ", s.slice_start + s.slice_size, ") along dimension ", s.slice_dim);
@@ -132,6 +133,15 @@ inline std::string source_text(tensor_source const& s, std::vector<std::uint64_t
 inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const& s, tensor_info const& info,
                                      std::string const& file, std::string const& label, std::string_view who) {
   std::vector<std::uint64_t> shape = info.shape;
+  if (s.stacked_index != -1) {  // one of the model tensors stacked along the file tensor's first dimension
+    if (s.stacked_index < 0 || shape.size() < 2 || static_cast<std::uint64_t>(s.stacked_index) >= shape[0] ||
+        s.transpose)
+      fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
+           source_text(s, info.shape), " at stacked index ", s.stacked_index,
+           ", which it does not stack (a stacked tensor has a first dimension beyond the index, and is not "
+           "transposed): fix the mapping");
+    shape.erase(shape.begin());
+  }
   bool const transposed = s.transpose && shape.size() == 2;
   if (s.transpose && shape.size() > 2)
     fail("shardwise::", who, ": \"", label, "\": the model's tensor \"", t.name, "\" maps to ",
@@ -160,6 +170,7 @@ inline checkpoint_piece mapped_piece(tensor_layout const& t, tensor_source const
          "); fix the mapping's transpose or slice, or load a checkpoint of the same model configuration");
   checkpoint_piece p{file, std::vector<std::uint64_t>(shape.size(), 0), shape, s.name};
   p.transposed = transposed;
+  p.stacked_index = s.stacked_index;
   if (s.slice_dim != -1) p.offset_in_file = std::move(offset);
   return p;
 }

@@ -55,6 +55,9 @@ struct checkpoint_piece {
   /// Where the box starts in the file's tensor when that tensor is bigger (q of a fused q|k|v), counted after
   /// transposing it (in the model's orientation). Empty: at the origin. Not saved.
   std::vector<std::uint64_t> offset_in_file = {};
+  /// The index along the file tensor's first dimension when that tensor stacks the model's (an expert of
+  /// transformers' fused experts), its remaining dimensions being the model tensor's; -1: not stacked. Not saved.
+  std::int64_t stacked_index = -1;
   /// The checksum64 of the piece's bytes in the file, 16 hex digits (empty: not recorded).
   std::string checksum = {};
 };

@@ -24,6 +24,10 @@ struct tensor_source {
   /// The fused tensor's size along slice_dim (GPT-2's c_attn: 3 x dim), or 0 when not given: written back by
   /// sw::consolidate, the slices must cover exactly that, so that a missing last slice is an error.
   std::uint64_t slice_of = 0;
+  /// -1: the file's tensor is the model's (or holds it, sliced). Else the file's tensor stacks tensors of the model's
+  /// along its first dimension (transformers' fused experts, gate_up_proj [experts, 2 x hidden, dim]) and the model
+  /// tensor is its [stacked_index] (then sliced, if slice_dim says so, along the remaining dimensions).
+  std::int64_t stacked_index = -1;
 };
 
 /// Model tensor name ("h.0.attn.wq.weight") -> its source, or std::nullopt when the checkpoint has none (the

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,68 +21,29 @@
 #include "shardwise/inference/cached_attention.hpp"
 #include "shardwise/models/llama_attention.hpp"
 #include "shardwise/models/llama_config.hpp"
+#include "shardwise/models/llama_feed_forward.hpp"
+#include "shardwise/models/moe.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
 
-/// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
-template <class T, class Plan = serial_plan>
-struct LlamaFeedForward {
-  Linear<T, style_at<Plan, "w1">> w1;  ///< Gate projection, dim -> hidden (bias: mlp_bias).
-  Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden (bias: mlp_bias).
-  Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim (bias: mlp_bias).
-  SHARDWISE_CHILDREN(w1, w3, w2)
-  SHARDWISE_HOOKS(token_wise)
-  SHARDWISE_SAVED(h1_, h3_, a_)
-  static constexpr bool shardwise_token_wise = true;  ///< Each token alone: its sequences may be cut over cp.
-
-  /// The parameters are drawn from seed + 1 .. seed + 3.
-  constexpr LlamaFeedForward(LlamaConfig const& c, init seed)
-      : w1(std::get<0>(shardwise_shapes(c)), seed + 1),
-        w3(std::get<1>(shardwise_shapes(c)), seed + 2),
-        w2(std::get<2>(shardwise_shapes(c)), seed + 3) {}
-
-  /// The shapes of w1, w3 and w2, which the constructor builds them from and sw::parameter_costs walks.
-  static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t = 0) {
-    return std::tuple{linear_shape{c.dim, c.hidden, c.mlp_bias}, linear_shape{c.dim, c.hidden, c.mlp_bias},
-                      linear_shape{c.hidden, c.dim, c.mlp_bias}};
-  }
-
-  /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on
-  /// shapes (sw::derived_cost).
-  static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
-    using input = Activation<meta<T>, typename decltype(w1)::input_layout>;
-    return derived_cost<LlamaFeedForward<meta<T>, Plan>, input>(s, c.dim, c, 0);
-  }
-
-  /// Forward on x [tokens, dim]; keeps what backward needs.
-  template <class X>
-  constexpr auto forward(X const& x) {
-    h1_ = w1(x), h3_ = w3(x);
-    a_ = silu(h1_);
-    return w2(a_ * h3_);
-  }
-  /// Backward of the last forward: accumulates the parameter gradients and returns the input gradient.
-  template <class DY>
-  constexpr auto backward(DY const& dy) {
-    auto dp = w2.backward(dy);
-    // Two statements, so that the first branch's temporaries are freed before the second's are made.
-    auto dx = w1.backward(silu_backward(h1_, dp * h3_));  // the product's storage becomes the SiLU's gradient
-    return dx + w3.backward(std::move(dp) * a_);          // and dp's becomes w3's output gradient
-  }
-
- private:
-  output_t<decltype(w1)> h1_, h3_, a_;
-};
+/// The StaticExperts of a dense model: its blocks hold a dense feed-forward (LlamaFeedForward), not experts.
+inline constexpr std::size_t no_experts = static_cast<std::size_t>(-1);
 
 /// One decoder block, pre-norm with residuals: h = x + attention(attention_norm(x)), h + feed_forward(ffn_norm(h)).
+/// StaticExperts: no_experts for a dense feed-forward; else a mixture of experts (MoeFeedForward) of that many
+/// experts (dynamic_size: the config's count).
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
-          std::size_t StaticKvHeads = dynamic_size>
+          std::size_t StaticKvHeads = dynamic_size, std::size_t StaticExperts = no_experts>
 struct LlamaBlock {
+  /// The feed-forward's type: dense, or a mixture of experts.
+  using FeedForward =
+      std::conditional_t<StaticExperts == no_experts, LlamaFeedForward<T, subplan<Plan, "feed_forward">>,
+                         MoeFeedForward<T, subplan<Plan, "feed_forward">, StaticExperts>>;
   RMSNorm<T, style_at<Plan, "attention_norm">> attention_norm;                          ///< Norm before attention.
   LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads> attention;  ///< The attention.
-  RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;                  ///< Norm before the feed-forward.
-  LlamaFeedForward<T, subplan<Plan, "feed_forward">> feed_forward;  ///< The feed-forward.
+  RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;  ///< Norm before the feed-forward.
+  FeedForward feed_forward;                         ///< The feed-forward.
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
   SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED()
@@ -100,7 +62,6 @@ struct LlamaBlock {
   /// sw::parameter_costs.
   static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t tp = 0) {
     using Attention = decltype(attention);
-    using FeedForward = decltype(feed_forward);
     return std::tuple{norm_shape{c.dim}, Attention::shardwise_shapes(c, tp), norm_shape{c.dim},
                       FeedForward::shardwise_shapes(c, tp)};
   }
@@ -108,6 +69,9 @@ struct LlamaBlock {
   /// Its cost on one rank (sw::cost) for a config and s.tokens tokens: its own forward and backward, run on
   /// shapes (sw::derived_cost), its input in the residual stream's layout.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s) {
+    static_assert(StaticExperts == no_experts,
+                  "shardwise::models::LlamaBlock::shardwise_cost: the cost of a block of experts is not derived; "
+                  "cost the dense model");
     using input = Activation<meta<T>, typename decltype(attention_norm)::input_layout>;
     return derived_cost<LlamaBlock<meta<T>, Plan, StaticHeads, StaticKvHeads>, input>(s, c.dim, c, 0);
   }
@@ -134,27 +98,30 @@ struct LlamaBlock {
 
 /// The decoder. forward(ids) gives logits [tokens, vocabulary] (this rank's part, in the plan's layout);
 /// backward(dlogits) accumulates every parameter's gradient. StaticHeads / StaticKvHeads (optional): the head
-/// counts at compile time, so that a static tp size that cannot serve them is a compile error.
+/// counts at compile time, so that a static tp size that cannot serve them is a compile error. StaticExperts:
+/// no_experts (dense) or the blocks' experts (models::MoeLlama).
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
-          std::size_t StaticKvHeads = dynamic_size>
+          std::size_t StaticKvHeads = dynamic_size, std::size_t StaticExperts = no_experts>
 struct Llama {
-  Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;                             ///< Token embedding.
-  std::vector<LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>> layers;  ///< The blocks.
-  RMSNorm<T, style_at<Plan, "norm">> norm;                                                   ///< The final norm.
-  Linear<T, style_at<Plan, "output">> output;  ///< Output projection, dim -> vocabulary, no bias.
+  /// The decoder block's type (what sw::wrap_type<...> names to make each block an FSDP unit).
+  using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads, StaticExperts>;
+  /// Whether its blocks hold experts (a MoeLlama).
+  static constexpr bool sparse = StaticExperts != no_experts;
+  Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;  ///< Token embedding.
+  std::vector<block_type> layers;                                 ///< The blocks.
+  RMSNorm<T, style_at<Plan, "norm">> norm;                        ///< The final norm.
+  Linear<T, style_at<Plan, "output">> output;                     ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
   SHARDWISE_HOOKS(config, on_context_parallel)
   SHARDWISE_SAVED(block_inputs_, rows_)
 
-  /// The decoder block's type (what sw::wrap_type<...> names to make each block an FSDP unit).
-  using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>;
   /// The residual stream between blocks, in the plan's layout (Shard<0> under sequence parallelism).
   using stream = Activation<T, typename decltype(tok_embeddings)::output_layout>;
 
   /// Builds the model from `c` (parameters drawn from c.seed), tying the output to the embedding when
   /// c.tie_word_embeddings is set.
   constexpr explicit Llama(LlamaConfig const& c)
-      : tok_embeddings(std::get<0>(shardwise_shapes((c.check(), c))), c.seed),
+      : tok_embeddings(std::get<0>(shardwise_shapes(checked(c))), c.seed),
         norm(std::get<2>(shardwise_shapes(c)), static_cast<T>(c.norm_eps), c.seed),
         output(std::get<3>(shardwise_shapes(c)).each, c.seed + 1),
         config_(c) {
@@ -176,6 +143,9 @@ struct Llama {
   /// run on shapes (sw::derived_model_cost). With `checkpointed_blocks` (checkpoint_blocks(true)) each block keeps
   /// only its input between forward and backward, and its forward's transfers run again in the backward.
   static constexpr cost shardwise_cost(LlamaConfig const& c, cost_inputs const& s, bool checkpointed_blocks = false) {
+    static_assert(!sparse,
+                  "shardwise::models::Llama::shardwise_cost: the cost of a model of experts (MoeLlama) is not "
+                  "derived; cost the dense model");
     using shapes = Llama<meta<T>, Plan, StaticHeads, StaticKvHeads>;
     return derived_model_cost<shapes>(s, [&](shapes& model) { model.checkpoint_blocks(checkpointed_blocks); }, c);
   }
@@ -226,7 +196,19 @@ struct Llama {
     for (std::size_t i = 0; i < layers.size(); ++i)  // through sw::forward: FSDP units gather here
       h = checkpoint_blocks_ ? checkpointed_forward(layers[i], h, block_inputs_[i], rows_)
                              : shardwise::forward(layers[i], h, rows_);
+    if constexpr (sparse)  // transformers' loss pools every layer's router scores
+      router_aux_loss_ =
+          load_balancing_loss(layers | std::views::transform([](block_type& b) { return &b.feed_forward; }));
     return output(norm(h));
+  }
+
+  /// The load-balancing loss of the last forward of a MoeLlama: transformers' aux_loss (with
+  /// output_router_logits), over all its blocks' router scores together (models::load_balancing_loss). The
+  /// training loss is the cross-entropy plus router_aux_loss_coef times it; backward adds that term's gradient.
+  [[nodiscard]] double router_aux_loss() const
+    requires sparse
+  {
+    return router_aux_loss_;
   }
 
   /// Forward with a key-value cache (inference, sw::generate): `ids` are the step's new tokens, packed as its
@@ -291,6 +273,17 @@ struct Llama {
   }
 
  private:
+  /// `c`, checked (LlamaConfig::check), and refused when it has experts and the type none, or the other way.
+  static constexpr LlamaConfig const& checked(LlamaConfig const& c) {
+    c.check();
+    if (c.moe.has_value() != sparse)
+      shardwise::raise("shardwise::models::Llama: the config ", sparse ? "has no experts" : "has experts (moe)",
+                       " but the model type ", sparse ? "is a MoeLlama" : "is dense",
+                       sparse ? "; build models::Llama, or give the config a MoeConfig"
+                              : "; build models::MoeLlama for a mixture of experts");
+    return c;
+  }
+
   /// Each layer's sliding window (0: none), for its key-value cache.
   static constexpr std::vector<std::size_t> layer_windows(LlamaConfig const& c) {
     std::vector<std::size_t> windows;  // push_back: clang with libstdc++ 12 cannot evaluate vector(n) at compile time
@@ -339,7 +332,13 @@ struct Llama {
   sequence_lengths rows_;              // the sequences of the last forward's rows
   bool checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
+  double router_aux_loss_ = 0;                            // of the last forward, with experts
 };
+
+/// A Llama whose blocks hold a mixture of experts in place of the dense feed-forward (Mixtral, Qwen2-MoE,
+/// Qwen3-MoE): built from a LlamaConfig with `moe`. StaticExperts (optional): the expert count at compile time.
+template <class T, class Plan = serial_plan, std::size_t StaticExperts = dynamic_size>
+using MoeLlama = Llama<T, Plan, dynamic_size, dynamic_size, StaticExperts>;
 
 /// Cross-entropy matching the logits' layout: loss parallel on vocabulary-sharded logits, plain otherwise.
 /// `vocabulary`: the real vocabulary size, so the columns of vocabulary padding are left out.

@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
+#include "shardwise/models/moe_config.hpp"
 #include "shardwise/models/rope_scaling.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/layers/init.hpp"
@@ -69,6 +71,20 @@ struct LlamaConfig {
   /// Qwen3's q_norm and k_norm: an RMSNorm over each head's query and key (one weight of head_dim shared by the
   /// heads), before the rotary embedding.
   bool qk_norm = false;
+  /// A mixture of experts in place of every block's dense feed-forward (Mixtral's, Qwen2-MoE's and Qwen3-MoE's
+  /// sparse blocks; `hidden` is then unused), which the model type must hold (models::MoeLlama); none: dense. Its
+  /// dim and mlp_bias are the model's (experts()).
+  std::optional<MoeConfig> moe = std::nullopt;
+  /// The mixture of experts as each block builds it: `moe` with the model's dim and mlp_bias.
+  [[nodiscard]] constexpr MoeConfig experts() const {
+    if (!moe)
+      shardwise::raise(
+          "shardwise::models::LlamaConfig: the config has no experts (moe is empty); give it a "
+          "MoeConfig, or build the dense models::Llama");
+    MoeConfig m = *moe;
+    m.dim = dim, m.mlp_bias = mlp_bias;
+    return m;
+  }
   /// Width of one attention head: explicit_head_dim, or dim / heads.
   [[nodiscard]] constexpr std::size_t head_dim() const {
     return explicit_head_dim != 0 ? explicit_head_dim : dim / heads;
@@ -92,6 +108,7 @@ struct LlamaConfig {
                                          {"mlp_bias", mlp_bias ? "true" : "false"}};
     f.merge(rope_scaling.fields());
     if (explicit_head_dim != 0 && explicit_head_dim * heads != dim) f["head_dim"] = std::to_string(explicit_head_dim);
+    if (moe) f.merge(moe->fields());
     if (qk_norm) f["qk_norm"] = "true";  // new fields recorded only when set, as the window below
     if (sliding_window != 0)             // recorded only when set, so checkpoints from before windows load as they did
       f["sliding_window"] = std::to_string(sliding_window),
@@ -125,6 +142,7 @@ struct LlamaConfig {
       shardwise::raise("shardwise::models::LlamaConfig: norm_eps ", norm_eps, " and rope_theta ", rope_theta,
                        " must be positive");
     rope_scaling.check();
+    if (moe) experts().check();
     if (rope_scaling.type == rope_type::yarn && !(rope_theta > 1))
       shardwise::raise("shardwise::models::LlamaConfig: yarn scaling with rope_theta ", rope_theta,
                        "; its ramp divides by log(rope_theta): give a base above 1");

@@ -186,12 +186,50 @@ struct config_defaults {
   std::size_t head_dim = 0;      ///< head_dim (0: hidden_size / num_attention_heads)
 };
 
-/// LlamaConfig's, Qwen2Config's, Qwen3Config's and MistralConfig's defaults.
+/// LlamaConfig's, Qwen2Config's, Qwen3Config's, MistralConfig's, MixtralConfig's, Qwen2MoeConfig's and
+/// Qwen3MoeConfig's defaults.
 inline config_defaults family_defaults(std::string_view family) {
   if (family == "qwen2") return {32, 32768};
   if (family == "qwen3") return {32, 32768, 128};
-  if (family == "mistral") return {8, 131072};
+  if (family == "mistral" || family == "mixtral") return {8, 131072};
+  if (family == "qwen2_moe") return {16, 32768};
+  if (family == "qwen3_moe") return {4, 32768};
   return {};
+}
+
+/// The mixture of experts of a Mixtral, Qwen2-MoE or Qwen3-MoE config.json into c.moe, with the family's defaults:
+/// the expert count (num_local_experts or num_experts), num_experts_per_tok, the experts' width (Mixtral's
+/// intermediate_size, Qwen's moe_intermediate_size), norm_topk_prob (Mixtral always renormalises), Qwen2-MoE's
+/// gated shared expert, and router_aux_loss_coef when output_router_logits is true (transformers adds the loss to
+/// the training loss only then). Refuses, naming the field, dense layers among the sparse ones
+/// (decoder_sparse_step, mlp_only_layers) and Mixtral's router jitter.
+inline void read_experts(nlohmann::json const& root, std::string_view source, std::string_view family, LlamaConfig& c) {
+  char const* const who = "llama_config_from_json";
+  bool const mixtral = family == "mixtral", qwen2 = family == "qwen2_moe";
+  MoeConfig m;
+  char const* const count = root.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  m.experts = config_count(root, count, source, mixtral ? 8 : qwen2 ? 60 : 128, who);
+  m.top_k = config_count(root, "num_experts_per_tok", source, mixtral ? 2 : qwen2 ? 4 : 8, who);
+  m.expert_hidden = mixtral ? c.hidden : config_count(root, "moe_intermediate_size", source, qwen2 ? 1408 : 768, who);
+  m.normalize_top_k = mixtral || config_flag(root, "norm_topk_prob", source);
+  if (qwen2) m.shared_expert_hidden = config_count(root, "shared_expert_intermediate_size", source, 5632, who);
+  if (config_flag(root, "output_router_logits", source))
+    m.router_aux_loss_coef = config_real(root, "router_aux_loss_coef", source, 0.001, who);
+  auto const refuse = [&](char const* field, nlohmann::json const& value, char const* what) {
+    shardwise::raise("shardwise::models::llama_config_from_json: \"", field, "\" in ", source, " is ", value.dump(),
+                     ": ", what);
+  };
+  if (auto v = root.find("decoder_sparse_step"); v != root.end() && !v->is_null() && *v != 1)
+    refuse("decoder_sparse_step", *v, "shardwise builds every block with experts; use a model whose step is 1");
+  if (auto v = root.find("mlp_only_layers"); v != root.end() && !v->is_null() && !(v->is_array() && v->empty()))
+    refuse("mlp_only_layers", *v, "shardwise builds every block with experts; use a model with no dense layers");
+  if (auto v = root.find("router_jitter_noise"); v != root.end() && !v->is_null() && *v != 0)
+    refuse("router_jitter_noise", *v, "shardwise's router adds no noise; set it to 0.0");
+  if (!mixtral && config_flag(root, "use_sliding_window", source))
+    refuse("use_sliding_window", root["use_sliding_window"],
+           "shardwise reads Qwen's mixtures of experts without a window; use a model with none");
+  c.moe = m;
+  c.experts().check();
 }
 
 /// The Llama fields of a config.json's object (Llama's, or Qwen2's, Qwen3's and Mistral's, which share them), a
@@ -220,9 +258,10 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
 }
 
 /// Reads the sliding window into `c` as transformers decides it: Mistral's acts on every layer (4096 when the
-/// field is left out, none when null); Qwen2's only with use_sliding_window, on the layers from max_window_layers
-/// (28 by default) on; `layer_types`, when given, says which layers slide ("sliding_attention"), which must be the
-/// last ones. Llama has no window: one given there is refused, as are layer kinds shardwise does not build.
+/// field is left out, none when null), as Mixtral's (none when left out); Qwen2's only with use_sliding_window, on the
+/// layers from max_window_layers (28 by default) on; `layer_types`, when given, says which layers slide
+/// ("sliding_attention"), which must be the last ones. Llama has no window: one given there is refused, as are layer
+/// kinds shardwise does not build.
 inline void read_sliding_window(nlohmann::json const& root, std::string_view source, std::string_view family,
                                 LlamaConfig& c) {
   char const* const who = "llama_config_from_json";
@@ -236,6 +275,8 @@ inline void read_sliding_window(nlohmann::json const& root, std::string_view sou
     if (field != root.end() && !null_window)
       refuse("sliding_window", field->dump(),
              "transformers' Llama has no sliding window; give the model_type that has one (\"mistral\", \"qwen2\")");
+  } else if (family == "mixtral") {  // Mistral's rule, with no window by default
+    if (field != root.end() && !null_window) c.sliding_window = config_count(root, "sliding_window", source, 0, who);
   } else if (!null_window && (family == "mistral" || config_flag(root, "use_sliding_window", source))) {
     c.sliding_window = config_count(root, "sliding_window", source, 4096, who);
     c.first_window_layer = family != "mistral" ? config_count(root, "max_window_layers", source, 28, who) : 0;
@@ -292,7 +333,7 @@ inline void refuse_unbuilt_llama_fields(nlohmann::json const& root, std::string_
       refuse("partial_rotary_factor", *v, "shardwise's Llama rotates every column of a head; use 1.0");
   }
   for (char const* experts : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok"})
-    if (auto v = set(experts); v && *v != 0)
+    if (auto v = set(experts); v && *v != 0 && !c.moe)
       refuse(experts, *v, "a mixture of experts, which shardwise's Llama is not; use a dense model");
   if (c.rope_scaling.type == rope_type::unsupported)
     shardwise::raise("shardwise::models::llama_config_from_json: the rotary scaling \"", rope_name(rope, source),

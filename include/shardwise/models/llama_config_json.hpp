@@ -34,6 +34,13 @@ inline bool reads_as_llama(std::string_view model_type) {
   return model_type == "llama" || model_type == "qwen2" || model_type == "qwen3" || model_type == "mistral";
 }
 
+/// Whether llama_config_from_json reads configs of transformers' `model_type` as a mixture of experts (a LlamaConfig
+/// with `moe`, for models::MoeLlama): "mixtral" (Mistral's attention), "qwen2_moe" (Qwen2's, and a shared expert)
+/// and "qwen3_moe" (Qwen3's).
+inline bool reads_as_moe_llama(std::string_view model_type) {
+  return model_type == "mixtral" || model_type == "qwen2_moe" || model_type == "qwen3_moe";
+}
+
 /// The LlamaConfig of a transformers Llama, Qwen2, Qwen3 or Mistral config.json given as text; `source` names it
 /// in errors. Reads
 /// vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the family's),
@@ -51,18 +58,23 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY LlamaConfig llama_config_from_json(std::string
 SHARDWISE_DETAIL_CHECKPOINT_ENTRY LlamaConfig llama_config_from_json(std::string_view text, std::string_view source) {
   nlohmann::json const root = detail::config_root(text, source, "llama_config_from_json");
   auto const type = root.find("model_type");
-  if (type != root.end() && !(type->is_string() && reads_as_llama(type->get<std::string>())))
+  if (type != root.end() && !(type->is_string() && (reads_as_llama(type->get<std::string>()) ||
+                                                    reads_as_moe_llama(type->get<std::string>()))))
     shardwise::raise("shardwise::models::llama_config_from_json: ", source, " describes model_type ", type->dump(),
-                     ", not \"llama\", \"qwen2\", \"qwen3\" or \"mistral\"; only those configs are read as a Llama");
+                     ", not \"llama\", \"qwen2\", \"qwen3\", \"mistral\", \"mixtral\", \"qwen2_moe\" or "
+                     "\"qwen3_moe\"; only those configs are read as a Llama");
   std::string const family = type == root.end() ? "llama" : type->get<std::string>();
   LlamaConfig c = detail::llama_fields(root, source, detail::family_defaults(family));
   if (family == "qwen2") {
-    c.attention_bias = true;  // Qwen2's q, k and v always have biases, its o none; it has no such field
-  } else if (family == "llama" || family == "qwen3") {  // Qwen3's attention_bias is Llama's; it has no mlp_bias
+    c.attention_bias = true;           // Qwen2's q, k and v always have biases, its o none; it has no such field
+  } else if (family == "qwen2_moe") {  // the same, unless qkv_bias says otherwise
+    c.attention_bias = !root.contains("qkv_bias") || detail::config_flag(root, "qkv_bias", source);
+  } else if (family == "llama" || family == "qwen3" || family == "qwen3_moe") {  // Qwen3's has no mlp_bias
     c.attention_bias = c.attention_output_bias = detail::config_flag(root, "attention_bias", source);
     c.mlp_bias = family == "llama" && detail::config_flag(root, "mlp_bias", source);
-    c.qk_norm = family == "qwen3";
+    c.qk_norm = family == "qwen3" || family == "qwen3_moe";
   }
+  if (reads_as_moe_llama(family)) detail::read_experts(root, source, family, c);
   detail::read_sliding_window(root, source, family, c);
   detail::refuse_unbuilt_llama_fields(root, source, c);
   return c;
@@ -128,18 +140,64 @@ inline nlohmann::json qwen3_config_json(LlamaConfig const& c) {
   j.erase("mlp_bias");  // not Qwen3's field
   return j;
 }
+/// The config.json of a mixture of experts: a Qwen3MoeForCausalLM for q and k norms, a Qwen2MoeForCausalLM for a
+/// gated shared expert (biases on q, k and v or none), else a MixtralForCausalLM (renormalised top-k, no biases);
+/// transformers' routing only (softmax, dropless, unscaled).
+inline nlohmann::json moe_config_json(LlamaConfig const& c) {
+  MoeConfig const m = c.experts();
+  if (m.router != moe_router::softmax || m.groups != 1 || m.routed_scaling_factor != 1 || m.capacity_factor != 0 ||
+      c.mlp_bias || (m.shared_expert_hidden != 0 && !m.shared_expert_gated))
+    shardwise::raise(
+        "shardwise::models::llama_config_to_json: these experts route as no transformers mixture of experts does "
+        "(a sigmoid router, groups, a scaling factor, a capacity, biases or an ungated shared expert); "
+        "transformers has no config.json for them");
+  bool const qwen3 = c.qk_norm, qwen2 = !qwen3 && m.shared_expert_hidden != 0;
+  bool const fits = qwen3   ? m.shared_expert_hidden == 0 && c.attention_bias == c.attention_output_bias
+                    : qwen2 ? !c.attention_output_bias
+                            : m.normalize_top_k && !c.attention_bias && !c.attention_output_bias;
+  if (!fits)
+    shardwise::raise(
+        "shardwise::models::llama_config_to_json: experts with these biases, norms and shared expert "
+        "are neither a Mixtral's, a Qwen2-MoE's nor a Qwen3-MoE's; transformers has no config.json for "
+        "them");
+  if (c.sliding_window != 0 && (qwen2 || qwen3 || c.first_window_layer != 0))
+    shardwise::raise(
+        "shardwise::models::llama_config_to_json: a sliding window on experts is written for a "
+        "Mixtral's (every layer) only");
+  nlohmann::json j = llama_config_json_fields(c);
+  j.erase("mlp_bias");
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef, j["output_router_logits"] = m.router_aux_loss_coef != 0;
+  j["num_experts_per_tok"] = m.top_k;
+  if (!qwen2 && !qwen3) {
+    j["architectures"] = {"MixtralForCausalLM"}, j["model_type"] = "mixtral", j.erase("attention_bias");
+    j["num_local_experts"] = m.experts, j["intermediate_size"] = m.expert_hidden, j["router_jitter_noise"] = 0.0;
+    j["sliding_window"] = c.sliding_window != 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    return j;
+  }
+  j["architectures"] = {qwen3 ? "Qwen3MoeForCausalLM" : "Qwen2MoeForCausalLM"};
+  j["model_type"] = qwen3 ? "qwen3_moe" : "qwen2_moe";
+  j["num_experts"] = m.experts, j["moe_intermediate_size"] = m.expert_hidden, j["norm_topk_prob"] = m.normalize_top_k;
+  j["decoder_sparse_step"] = 1, j["mlp_only_layers"] = nlohmann::json::array(), j["use_sliding_window"] = false;
+  if (qwen2) {
+    j["shared_expert_intermediate_size"] = m.shared_expert_hidden, j["qkv_bias"] = c.attention_bias;
+    j.erase("attention_bias");
+  }
+  return j;
+}
 }  // namespace detail
 #endif
 
 /// The transformers config.json of a model with configuration `c` (what save_pretrained writes for it, and what
-/// llama_config_from_json reads back): a Qwen3ForCausalLM for q and k norms, a Qwen2ForCausalLM when q, k and v have
-/// biases and o none (its sliding window, if any, with use_sliding_window and max_window_layers), a MistralForCausalLM
-/// for no biases and a window on every layer, else a LlamaForCausalLM (attention_bias on all four projections, or none;
-/// mlp_bias); SiLU, max_position_embeddings = c.sequence, the rotary scaling as "rope_scaling" (which transformers 4
-/// and 5 read). Throws for biases neither family has, and for a window no family with those biases has.
+/// llama_config_from_json reads back): with experts, a Mixtral, Qwen2-MoE or Qwen3-MoE one; a Qwen3ForCausalLM for q
+/// and k norms, a Qwen2ForCausalLM when q, k and v have biases and o none (its sliding window, if any, with
+/// use_sliding_window and max_window_layers), a MistralForCausalLM for no biases and a window on every layer, else a
+/// LlamaForCausalLM (attention_bias on all four projections, or none; mlp_bias); SiLU, max_position_embeddings =
+/// c.sequence, the rotary scaling as "rope_scaling" (which transformers 4 and 5 read). Throws for biases neither family
+/// has, and for a window no family with those biases has.
 SHARDWISE_DETAIL_CHECKPOINT_ENTRY nlohmann::json llama_config_to_json(LlamaConfig const& c);
 #if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 SHARDWISE_DETAIL_CHECKPOINT_ENTRY nlohmann::json llama_config_to_json(LlamaConfig const& c) {
+  if (c.moe) return detail::moe_config_json(c);
   if (c.qk_norm) return detail::qwen3_config_json(c);
   bool const qwen2 = c.attention_bias && !c.attention_output_bias && !c.mlp_bias;
   bool const mistral = !qwen2 && c.sliding_window != 0 && c.first_window_layer == 0 && !c.attention_bias &&

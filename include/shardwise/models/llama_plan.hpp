@@ -20,6 +20,22 @@ struct leave_none {
 };
 
 namespace detail {
+/// Plan with the entries under "layers.*.feed_forward." left out (and the gather before it without sequence
+/// parallelism, a no-op, kept).
+template <class Plan, class Kept = plan<>>
+struct without_dense_feed_forward;
+template <class... Kept>
+struct without_dense_feed_forward<plan<>, plan<Kept...>> {
+  using type = plan<Kept...>;
+};
+template <class First, class... Rest, class... Kept>
+struct without_dense_feed_forward<plan<First, Rest...>, plan<Kept...>> {
+  static constexpr bool dense = First::path.view().starts_with("layers.*.feed_forward.");
+  using type =
+      typename without_dense_feed_forward<plan<Rest...>,
+                                          std::conditional_t<dense, plan<Kept...>, plan<Kept..., First>>>::type;
+};
+
 template <class Plan, class LeaveAlone>
 struct leave_alone;
 template <class... Entries, class LeaveAlone>
@@ -62,5 +78,15 @@ template <bool SequenceParallel = true, bool ParallelizeEmbeddings = true, class
 using llama_plan =
     typename detail::leave_alone<typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type,
                                  LeaveAlone>::type;
+
+}  // namespace shardwise::models
+
+namespace shardwise::models {
+
+/// The plan of a models::MoeLlama: llama_plan's without sequence parallelism, the attention's projections cut over
+/// tp (and the embedding and output by the vocabulary, with ParallelizeEmbeddings), the experts whole on every rank.
+template <bool ParallelizeEmbeddings = true>
+using moe_llama_plan =
+    typename detail::without_dense_feed_forward<typename llama_plan_options<false, ParallelizeEmbeddings>::type>::type;
 
 }  // namespace shardwise::models

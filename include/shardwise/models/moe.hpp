@@ -17,91 +17,11 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/models/llama.hpp"
+#include "shardwise/models/llama_feed_forward.hpp"
+#include "shardwise/models/moe_config.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
-
-/// Which of an expert's tokens beyond its capacity are dropped (MoeConfig::capacity_factor): those of the lowest
-/// routing weights (Megatron-Core's "probs") or the last in token order ("position").
-enum class moe_drop_policy { probs, position };
-
-/// How a router scores the experts for a token: a softmax over them (Mixtral, Qwen), or each expert's sigmoid,
-/// chosen among with a balancing bias (DeepSeek-V3).
-enum class moe_router { softmax, sigmoid };
-
-/// The sizes and routing rule of a mixture-of-experts feed-forward (transformers' Mixtral / Qwen3-MoE /
-/// DeepSeek-V3 names in parentheses).
-struct MoeConfig {
-  std::size_t dim = 64;               ///< The model width (hidden_size).
-  std::size_t expert_hidden = 32;     ///< Each expert's inner width (intermediate_size / moe_intermediate_size).
-  std::size_t experts = 8;            ///< How many experts (num_local_experts / num_experts).
-  std::size_t top_k = 2;              ///< Experts per token (num_experts_per_tok).
-  bool normalize_top_k = true;        ///< Top-k probabilities renormalised to sum to one (Mixtral; norm_topk_prob).
-  double router_aux_loss_coef = 0.0;  ///< Weight of the load-balancing loss in the training loss (0: none).
-  bool mlp_bias = false;              ///< Biases on the experts' projections.
-  /// Qwen2-MoE's shared expert: a SwiGLU of this inner width that every token passes through, its output scaled
-  /// by sigmoid(shared_expert_gate x) and added (shared_expert_intermediate_size; 0: none).
-  std::size_t shared_expert_hidden = 0;
-  /// Whether the shared expert's output is scaled by its sigmoid gate (Qwen2-MoE) or added as it is (DeepSeek-V3).
-  bool shared_expert_gated = true;
-  /// The router's scores (DeepSeek-V3: sigmoid, with MoeFeedForward::score_correction_bias in the choice only).
-  moe_router router = moe_router::softmax;
-  /// DeepSeek-V3's group-limited routing: the experts in `groups` equal groups (n_group), a token choosing among
-  /// those of its `top_groups` best groups (topk_group), a group scored by its two best biased scores.
-  std::size_t groups = 1;
-  std::size_t top_groups = 1;  ///< How many of the groups a token chooses among (topk_group).
-  /// The chosen experts' weights are multiplied by it (DeepSeek-V3's routed_scaling_factor).
-  double routed_scaling_factor = 1.0;
-  /// 0: dropless (every token reaches its experts). Else each expert computes at most
-  /// ceil(capacity_factor * tokens * top_k / experts) of a forward's tokens, and drops the others by drop_policy:
-  /// a dropped token gets nothing from that expert, and its other weights stay as they were.
-  double capacity_factor = 0.0;
-  moe_drop_policy drop_policy = moe_drop_policy::probs;  ///< Which tokens an expert over its capacity drops.
-
-  /// Raises sw::error naming the setting and the fix when the routing cannot work.
-  void check() const {
-    if (dim == 0 || expert_hidden == 0 || experts == 0)
-      shardwise::raise("shardwise::models::MoeConfig: dim, expert_hidden and experts must be positive (got ", dim, ", ",
-                       expert_hidden, ", ", experts, ")");
-    if (top_k == 0 || top_k > experts)
-      shardwise::raise("shardwise::models::MoeConfig: top_k ", top_k, " is not in [1, experts = ", experts,
-                       "]; route each token to between 1 and ", experts, " experts");
-    if (!std::isfinite(router_aux_loss_coef) || router_aux_loss_coef < 0)
-      shardwise::raise("shardwise::models::MoeConfig: router_aux_loss_coef ", router_aux_loss_coef,
-                       " is not a finite weight >= 0");
-    if (!std::isfinite(capacity_factor) || capacity_factor < 0)
-      shardwise::raise("shardwise::models::MoeConfig: capacity_factor ", capacity_factor,
-                       " is not a finite factor >= 0 (0: dropless)");
-    if (router == moe_router::sigmoid && router_aux_loss_coef != 0)
-      shardwise::raise(
-          "shardwise::models::MoeConfig: router_aux_loss_coef applies to the softmax router; the "
-          "sigmoid router balances with its correction bias (MoeFeedForward::update_routing_bias): set "
-          "router_aux_loss_coef to 0");
-    check_groups();
-  }
-  /// The config each expert (a LlamaFeedForward) is built from.
-  [[nodiscard]] LlamaConfig expert_config() const { return feed_forward_config(expert_hidden); }
-  /// The config the shared expert is built from.
-  [[nodiscard]] LlamaConfig shared_expert_config() const { return feed_forward_config(shared_expert_hidden); }
-
- private:
-  void check_groups() const {
-    if (groups == 0 || experts % groups != 0 || top_groups == 0 || top_groups > groups)
-      shardwise::raise("shardwise::models::MoeConfig: ", experts, " experts in ", groups, " groups, choosing among ",
-                       top_groups, ": the groups must divide the experts and top_groups be in [1, groups]");
-    if (groups > 1 &&
-        (router != moe_router::sigmoid || experts / groups < 2 || top_k > top_groups * (experts / groups)))
-      shardwise::raise("shardwise::models::MoeConfig: group-limited routing (groups ", groups,
-                       ") needs the sigmoid router, at least two experts per group and top_k (", top_k,
-                       ") at most the experts of the top_groups groups");
-  }
-  [[nodiscard]] LlamaConfig feed_forward_config(std::size_t hidden) const {
-    LlamaConfig c;
-    c.dim = dim, c.hidden = hidden, c.mlp_bias = mlp_bias;
-    return c;
-  }
-};
 
 /// Where one forward sent its tokens: for each token, its top_k experts and their weights, and for each expert, the
 /// (token, slot) pairs it computed, in token order.
@@ -119,10 +39,19 @@ struct moe_routing {
   [[nodiscard]] std::size_t computed(std::size_t expert) const { return routed[expert].size(); }
 };
 
+/// What the load-balancing loss counts of one forward of a MoeFeedForward: its tokens, and per expert the slots
+/// that chose it and the sum of its scores over the tokens.
+struct moe_balance {
+  std::size_t tokens = 0;          ///< Tokens of the forward.
+  std::vector<std::size_t> loads;  ///< Per expert: the slots that chose it (moe_routing::load).
+  std::vector<double> score_sums;  ///< Per expert: its scores summed over the tokens.
+};
+
 /// A mixture-of-experts feed-forward in place of a dense one: forward on x [tokens, dim] gives [tokens, dim].
 /// Its router is `gate` and its experts `experts.N` (transformers' Mixtral names: gate, experts.N.w1 / w3 / w2);
-/// with a shared expert, `shared_expert` and `shared_expert_gate` (Qwen2-MoE's names).
-template <class T, class Plan = serial_plan>
+/// with a shared expert, `shared_expert` and `shared_expert_gate` (Qwen2-MoE's names). StaticExperts (optional):
+/// the expert count at compile time.
+template <class T, class Plan = serial_plan, std::size_t StaticExperts = dynamic_size>
 struct MoeFeedForward {
   Linear<T, style_at<Plan, "gate">> gate;                                ///< The router, dim -> experts, no bias.
   std::vector<LlamaFeedForward<T, subplan<Plan, "experts.*">>> experts;  ///< The experts (SwiGLU).
@@ -137,8 +66,7 @@ struct MoeFeedForward {
 
   /// The router is drawn from seed + 1, expert e from seed + 10 * (e + 1), the shared expert's gate from seed + 2
   /// and the shared expert from seed + 5.
-  MoeFeedForward(MoeConfig const& c, init seed)
-      : gate(linear_shape{(c.check(), c.dim), c.experts, false}, seed + 1), config_(c) {
+  MoeFeedForward(MoeConfig const& c, init seed) : gate(std::get<0>(shapes((c.check(), c))), seed + 1), config_(c) {
     static_assert(unplanned<decltype(gate)>(),
                   "shardwise::models::MoeFeedForward: its router (\"gate\") computes whole on every rank; leave it out "
                   "of the plan");
@@ -148,14 +76,32 @@ struct MoeFeedForward {
                   "shardwise::models::MoeFeedForward: its experts compute whole on every rank (their outputs are "
                   "combined as replicated rows); leave \"experts.*\", \"shared_expert\" and \"shared_expert_gate\" "
                   "out of the plan");
+    if (StaticExperts != dynamic_size && c.experts != StaticExperts)
+      shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(), "\": the config has ",
+                       c.experts, " experts but the type ", StaticExperts, "; build the type its config describes");
     experts.reserve(c.experts);
-    for (std::size_t e = 0; e < c.experts; ++e) experts.emplace_back(c.expert_config(), seed + 10 * (e + 1));
+    for (std::size_t e = 0; e < c.experts; ++e)
+      experts.emplace_back(expert_config(c, c.expert_hidden), seed + 10 * (e + 1));
     if (c.router == moe_router::sigmoid) score_correction_bias.setZero(static_cast<Eigen::Index>(c.experts));
     pending_loads_.assign(c.experts, 0);
     if (c.shared_expert_hidden == 0) return;
-    shared_expert.emplace(c.shared_expert_config(), seed + 5);
-    if (c.shared_expert_gated) shared_expert_gate.emplace(linear_shape{c.dim, 1, false}, seed + 2);
+    shared_expert.emplace(expert_config(c, c.shared_expert_hidden), seed + 5);
+    if (c.shared_expert_gated) shared_expert_gate.emplace(std::get<3>(shapes(c)).each, seed + 2);
   }
+  /// A decoder block's: the experts of c.experts() (LlamaConfig::moe, with the model's dim and mlp_bias).
+  MoeFeedForward(LlamaConfig const& c, init seed) : MoeFeedForward(c.experts(), seed) {}
+
+  /// The shapes of its children (the router, the experts, the shared expert and its gate), which the constructor
+  /// builds them from and sw::parameter_costs walks.
+  static constexpr auto shapes(MoeConfig const& c) {
+    bool const shared = c.shared_expert_hidden != 0;
+    return std::tuple{linear_shape{c.dim, c.experts, false},
+                      repeated_shape{c.experts, Expert::shardwise_shapes(expert_config(c, c.expert_hidden))},
+                      only_if(shared, Expert::shardwise_shapes(expert_config(c, c.shared_expert_hidden))),
+                      only_if(shared && c.shared_expert_gated, linear_shape{c.dim, 1, false})};
+  }
+  /// shapes() of a decoder block's experts (LlamaConfig::experts()).
+  static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t = 0) { return shapes(c.experts()); }
 
   /// Forward: each token's top_k experts, their outputs weighted by its probabilities for them.
   template <class X>
@@ -222,27 +168,30 @@ struct MoeFeedForward {
   /// experts * sum_e (share of the routed slots that went to e) * (mean probability of e). The training loss adds
   /// it times router_aux_loss_coef; backward adds that term's gradient.
   [[nodiscard]] double aux_loss() const {
-    std::vector<double> const mean = mean_scores();
     double loss = 0;
-    for (std::size_t e = 0; e < mean.size(); ++e)
-      loss += static_cast<double>(routing_.load(e)) / static_cast<double>(routing_.tokens) * mean[e];
-    return loss * static_cast<double>(experts.size());
+    for (std::size_t e = 0; e < balance_.loads.size(); ++e)
+      loss += static_cast<double>(balance_.loads[e]) * balance_.score_sums[e];
+    auto const tokens = static_cast<double>(balance_.tokens);
+    return loss / (tokens * tokens) * static_cast<double>(experts.size());
   }
-  /// Where the last forward sent its tokens.
+  /// Where the last forward sent its tokens (dropped with its activations: sw::drop_saved_activations).
   [[nodiscard]] moe_routing const& routing() const { return routing_; }
+  /// What the load-balancing loss counts of the last forward, kept when its activations are dropped.
+  [[nodiscard]] moe_balance const& balance() const { return balance_; }
   /// The mean of each expert's scores over the last forward's tokens (the load-balancing loss's probabilities).
   [[nodiscard]] std::vector<double> mean_scores() const {
-    std::vector<double> mean(experts.size());
-    for (std::size_t e = 0; e < mean.size(); ++e)
-      mean[e] = static_cast<double>(probabilities_.col(static_cast<Eigen::Index>(e)).sum()) / double(routing_.tokens);
+    std::vector<double> mean(balance_.score_sums);
+    for (double& m : mean) m /= static_cast<double>(balance_.tokens);
     return mean;
   }
   /// Set by models::load_balancing_loss for a model of several blocks: each expert's share of all their slots
-  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own
-  /// (each forward sets its own).
+  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own.
+  /// From then on its forward no longer sets its own (a forward run again for activation checkpointing keeps the
+  /// pooled loads); each load_balancing_loss sets them anew.
   void use_pooled_loads(std::vector<double> share, double rows) {
     balance_share_ = std::move(share);
     balance_rows_ = rows;
+    pooled_ = true;
   }
   /// The config it was built from.
   [[nodiscard]] MoeConfig const& config() const { return config_; }
@@ -275,6 +224,14 @@ struct MoeFeedForward {
       return x;
   }
   [[nodiscard]] T weight(std::pair<std::uint32_t, std::uint32_t> at) const { return weights_(at.first, at.second); }
+
+  using Expert = LlamaFeedForward<T, subplan<Plan, "experts.*">>;
+  /// The config an expert (or the shared expert) of inner width `hidden` is built from.
+  static constexpr LlamaConfig expert_config(MoeConfig const& c, std::size_t hidden) {
+    LlamaConfig e;
+    e.dim = c.dim, e.hidden = hidden, e.mlp_bias = c.mlp_bias;
+    return e;
+  }
 
   /// Whether a Linear of the block has no style (NoParallel).
   template <class Layer>
@@ -316,7 +273,11 @@ struct MoeFeedForward {
       }
     }
     if (config_.capacity_factor > 0) drop_beyond_capacity();
-    balance_share_.resize(experts.size());  // its own loads, until a model pools them (use_pooled_loads)
+    balance_ = {tokens, routing_.demand, std::vector<double>(experts.size())};
+    for (std::size_t e = 0; e < experts.size(); ++e)
+      balance_.score_sums[e] = static_cast<double>(probabilities_.col(static_cast<Eigen::Index>(e)).sum());
+    if (pooled_) return;  // the loads of the model's blocks together (use_pooled_loads)
+    balance_share_.resize(experts.size());
     for (std::size_t e = 0; e < experts.size(); ++e)
       balance_share_[e] = static_cast<double>(routing_.load(e)) / static_cast<double>(tokens);
     balance_rows_ = static_cast<double>(tokens);
@@ -433,12 +394,14 @@ struct MoeFeedForward {
   MoeConfig config_;
   nn::matrix<T> probabilities_, weights_;  // tokens x experts; tokens x top_k
   moe_routing routing_;
-  std::vector<nn::matrix<T>> outputs_;      // per expert: its outputs for its rows, for the weights' gradient
-  nn::matrix<T> shared_output_;             // the shared expert's output, tokens x dim
-  nn::vector<T> shared_scale_;              // sigmoid of its gate, per token (ones without a gate)
+  moe_balance balance_;                 // what the load-balancing loss counts: kept when the activations are dropped
+  std::vector<nn::matrix<T>> outputs_;  // per expert: its outputs for its rows, for the weights' gradient
+  nn::matrix<T> shared_output_;         // the shared expert's output, tokens x dim
+  nn::vector<T> shared_scale_;          // sigmoid of its gate, per token (ones without a gate)
   std::vector<std::size_t> pending_loads_;  // slots per expert trained since update_routing_bias
   std::vector<double> balance_share_;       // per expert, slots per row the loss's gradient counts: own or pooled
   double balance_rows_ = 0;                 // the rows they were counted over
+  bool pooled_ = false;                     // whether they are pooled over a model's blocks (use_pooled_loads)
 };
 
 /// transformers' load_balancing_loss_func over several blocks' last forwards, as a model of MoE layers computes
@@ -462,11 +425,10 @@ double load_balancing_loss(Blocks&& blocks) {
     if (m.experts.size() != slots.size())
       shardwise::raise("shardwise::models::load_balancing_loss: blocks of ", slots.size(), " and ", m.experts.size(),
                        " experts; the loss pools blocks of one expert count");
-    auto const tokens = static_cast<double>(m.routing().tokens);
-    std::vector<double> const mean = m.mean_scores();
+    moe_balance const& counted = m.balance();
     for (std::size_t e = 0; e < slots.size(); ++e)
-      slots[e] += static_cast<double>(m.routing().load(e)), score_sums[e] += mean[e] * tokens;
-    rows += tokens;
+      slots[e] += static_cast<double>(counted.loads[e]), score_sums[e] += counted.score_sums[e];
+    rows += static_cast<double>(counted.tokens);
   }
   std::vector<double> share(slots.size());
   double loss = 0;

@@ -1,0 +1,162 @@
+"""The Hugging Face half of the mixture-of-experts model check, in fp64 (hf_checkpoint_load.cpp's --moe mode is the
+shardwise half). "prepare": builds small random MixtralForCausalLM, Qwen3MoeForCausalLM and Qwen2MoeForCausalLM (8
+experts, top-2, 2 layers; Qwen2-MoE with its gated shared expert and q, k, v biases; output_router_logits on, so
+that the training loss holds router_aux_loss_coef x the load-balancing loss), saves each with save_pretrained in
+fp64 into DIR/<family> (one tensor per expert), and Mixtral's state_dict, whose experts transformers 5 holds fused
+(mlp.experts.gate_up_proj, down_proj), into DIR/mixtral_fused; then writes, for a fixed batch, the logits, the
+aux_loss transformers returns, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux.
+"check": loads the folders shardwise exported after its 5 steps (DIR/<family>_export) with from_pretrained, nothing
+missing or unexpected, and compares their logits with those shardwise wrote beside them.
+
+transformers computes in fp64 here as shardwise does: its rotary tables and RMSNorms (hf_float64.py), its routers'
+softmax (moe_reference.py's router_in_fp64) and its load_balancing_loss_func, whose float32 sums are made float64
+below; the experts and the rest are transformers' own code.
+
+usage: moe_checkpoints.py DIR prepare|check
+"""
+import json
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
+from transformers.models.mixtral import modeling_mixtral
+from transformers.models.qwen2_moe import modeling_qwen2_moe
+from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+from hf_float64 import Float64Torch, in_float64
+from moe_reference import router_in_fp64
+
+VOCAB, DIM, LAYERS, HEADS, KV_HEADS, SEQUENCE, EXPERTS, TOP_K, EXPERT_HIDDEN = 64, 32, 2, 4, 2, 8, 8, 2, 24
+AUX_COEF, STEPS = 0.02, 5
+TOLERANCE = 1e-12
+
+
+def common():
+    return dict(vocab_size=VOCAB, hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                num_key_value_heads=KV_HEADS, max_position_embeddings=SEQUENCE, num_experts_per_tok=TOP_K,
+                router_aux_loss_coef=AUX_COEF, output_router_logits=True, tie_word_embeddings=False,
+                attn_implementation="sdpa", experts_implementation="eager")
+
+
+FAMILIES = {
+    "mixtral": (MixtralForCausalLM, lambda: MixtralConfig(**common(), intermediate_size=EXPERT_HIDDEN,
+                                                          num_local_experts=EXPERTS, router_jitter_noise=0.0,
+                                                          rms_norm_eps=1e-5)),
+    "qwen3_moe": (Qwen3MoeForCausalLM, lambda: Qwen3MoeConfig(**common(), intermediate_size=48, num_experts=EXPERTS,
+                                                              moe_intermediate_size=EXPERT_HIDDEN, head_dim=8,
+                                                              norm_topk_prob=False)),
+    "qwen2_moe": (Qwen2MoeForCausalLM, lambda: Qwen2MoeConfig(**common(), intermediate_size=48, num_experts=EXPERTS,
+                                                              moe_intermediate_size=EXPERT_HIDDEN,
+                                                              shared_expert_intermediate_size=40,
+                                                              norm_topk_prob=False)),
+}
+MODULES = (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe)
+
+
+def ids_of(step, targets):  # the batches hf_checkpoint_load.cpp uses (inputs, not results)
+    return torch.tensor([(step * 31 + i * 7 + (3 if targets else 0)) % VOCAB for i in range(2 * SEQUENCE)]).view(
+        2, SEQUENCE)
+
+
+@contextmanager
+def aux_loss_in_float64():
+    """load_balancing_loss_func as transformers writes it, its float32 tensors and casts made float64."""
+    saved_float = torch.Tensor.float
+    saved = [m.torch for m in MODULES]
+    torch.Tensor.float = lambda self, *args, **kwargs: self.double()
+    for m in MODULES:
+        m.torch = Float64Torch()
+    try:
+        yield
+    finally:
+        torch.Tensor.float = saved_float
+        for m, t in zip(MODULES, saved):
+            m.torch = t
+
+
+def randomize(model):
+    """Values of order 0.2 (norm weights around 1), as hf_checkpoints.py: transformers' own initialization is too
+    small for a wrong weight to show."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            norm_weight = "norm" in name and name.endswith("weight")
+            p.copy_(1 + 0.1 * torch.randn_like(p) if norm_weight else 0.2 * torch.randn_like(p))
+
+
+def in_fp64(model):
+    model = in_float64(model)
+    for module in model.modules():
+        if type(module).__name__.endswith("TopKRouter"):
+            type(module).forward = router_in_fp64
+    return model
+
+
+def loss_of(model, step):
+    with aux_loss_in_float64():
+        out = model(ids_of(step, False))
+    logits = out.logits.reshape(-1, VOCAB)
+    return F.cross_entropy(logits, ids_of(step, True).reshape(-1)) + AUX_COEF * out.aux_loss, logits, out.aux_loss
+
+
+def prepare(directory):
+    for family, (Model, config) in FAMILIES.items():
+        torch.manual_seed(sorted(FAMILIES).index(family))
+        model = Model(config()).double()
+        randomize(model)
+        model.save_pretrained(os.path.join(directory, family))
+        if family == "mixtral":  # the experts fused, as transformers 5 holds them
+            fused = os.path.join(directory, "mixtral_fused")
+            os.makedirs(fused, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                      os.path.join(fused, "model.safetensors"), metadata={"format": "pt"})
+            shutil.copy(os.path.join(directory, family, "config.json"), fused)
+        model = in_fp64(model)
+        loss, logits, aux = loss_of(model, 0)
+        np.save(os.path.join(directory, family + "_logits.npy"), logits.detach().numpy())
+        np.save(os.path.join(directory, family + "_aux.npy"), aux.detach().reshape(1).numpy())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        losses = []
+        for step in range(STEPS):
+            loss, _, _ = loss_of(model, step)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        np.save(os.path.join(directory, family + "_losses.npy"), np.array(losses))
+    print(f"wrote {', '.join(FAMILIES)} and mixtral_fused into {directory}, with their logits, aux losses and losses")
+    return 0
+
+
+def check(directory):
+    results = []
+    for family, (Model, _) in FAMILIES.items():
+        folder = os.path.join(directory, family + "_export")
+        try:
+            model, info = Model.from_pretrained(folder, attn_implementation="sdpa", experts_implementation="eager",
+                                                dtype=torch.float64, output_loading_info=True)
+            left = {k: v for k, v in info.items() if v}
+            results.append((f"{family}: shardwise's export loads with nothing missing or unexpected {left}", not left,
+                            0.0))
+            _, logits, _ = loss_of(in_fp64(model), 0)
+            expected = torch.from_numpy(np.load(os.path.join(folder, "logits.npy")))
+            error = (logits.detach() - expected).abs().max().item() / expected.abs().max().item()
+            results.append((f"{family}: shardwise's export (after 5 steps) in from_pretrained gives shardwise's logits",
+                            error <= TOLERANCE, error))
+        except Exception as e:  # a folder transformers cannot load is a failure, with its reason
+            results.append((f"{family}: shardwise's export in from_pretrained ({e})", False, float("nan")))
+    for name, ok, error in results:
+        print(f"{'ok  ' if ok else 'FAIL'} {name} (relative error {error:.2g})")
+    failed = sum(not ok for _, ok, _ in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(prepare(sys.argv[1]) if sys.argv[2] == "prepare" else check(sys.argv[1]))
