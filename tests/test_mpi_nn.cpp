@@ -1,8 +1,9 @@
-// The tensor-parallel cases of test_nn.cpp and the cost cases of test_cost.cpp (the Llama block's predicted
-// transfers against a counting MPI mesh) on the MPI mesh; CTest runs this under mpiexec -n 1, 2, 4.
+// The tensor-parallel and expert-parallel cases of test_nn.cpp and the cost cases of test_cost.cpp (the Llama block's
+// predicted transfers against a counting MPI mesh) on the MPI mesh; CTest runs this under mpiexec -n 1, 2, 4.
 #include <doctest/doctest.h>
 
 #include "cases/cost_cases.hpp"
+#include "cases/expert_parallel_cases.hpp"
 #include "cases/nn_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -14,4 +15,8 @@ TEST_CASE("tensor-parallel styles and blocks equal the unsharded run, MPI mesh")
 
 TEST_CASE("the Llama block's predicted cost equals what a counting MPI mesh records") {
   cost_cases::run_cost_cases(worlds::mpi());
+}
+
+TEST_CASE("experts placed over the ep ranks equal the unsharded block on every rank's tokens, MPI mesh") {
+  expert_parallel_cases::check_expert_parallel(worlds::mpi());
 }

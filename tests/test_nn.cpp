@@ -2,6 +2,7 @@
 // cases under mpiexec.
 #include <doctest/doctest.h>
 
+#include "cases/expert_parallel_cases.hpp"
 #include "cases/nn_cases.hpp"
 #include "support/worlds.hpp"
 
@@ -155,4 +156,11 @@ TEST_CASE("an attention's heads built with another count than declared, or not s
                        shardwise::error);
   blocks::Attention<float, plan, 4> declared(8, 4, 4, 40);  // as declared: 4 heads of 2 features
   CHECK(declared.heads.head_dim == 2);
+}
+
+TEST_CASE("experts placed over 1, 2 and 4 ep ranks equal the unsharded block on every rank's tokens, thread mesh") {
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    shardwise::run_threads(n, [](auto& world) { expert_parallel_cases::check_expert_parallel(world); });
+  }
 }

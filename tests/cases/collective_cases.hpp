@@ -365,6 +365,52 @@ void check_recv_mismatch(AxisMesh const& axis) {
   }
 }
 
+/// all_to_all_rows: rank q sends (q + 2 j) % 3 rows to rank j (some none), each row telling where it came from and
+/// went; every rank receives exactly its rows, in rank order, and the counts. Counts that do not add up to a rank's
+/// rows are refused on every rank with the same words.
+template <class AxisMesh>
+void check_all_to_all_rows(AxisMesh const& axis, std::string const& axis_name) {
+  using Rows = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  int const n = axis.size(), me = axis.rank();
+  auto const count = [](int q, int j) { return static_cast<std::size_t>((q + 2 * j) % 3); };
+  auto const value = [](int q, int j, std::size_t i, int c) { return q * 1000.0 + j * 100.0 + double(i) * 10 + c; };
+  std::vector<std::size_t> rows_to;
+  Rows in(0, 3);
+  for (int j = 0; j < n; ++j) {
+    rows_to.push_back(count(me, j));
+    for (std::size_t i = 0; i < count(me, j); ++i) {
+      in.conservativeResize(in.rows() + 1, 3);
+      for (int c = 0; c < 3; ++c) in(in.rows() - 1, c) = value(me, j, i, c);
+    }
+  }
+  Rows out;
+  std::vector<std::size_t> const received = sw::all_to_all_rows(axis, in, rows_to, out);
+  Rows expected(0, 3);
+  std::vector<std::size_t> expected_counts;
+  for (int q = 0; q < n; ++q) {
+    expected_counts.push_back(count(q, me));
+    for (std::size_t i = 0; i < count(q, me); ++i) {
+      expected.conservativeResize(expected.rows() + 1, 3);
+      for (int c = 0; c < 3; ++c) expected(expected.rows() - 1, c) = value(q, me, i, c);
+    }
+  }
+  CHECK(received == expected_counts);
+  CHECK(out.rows() == expected.rows());
+  CHECK(out == expected);
+  std::vector<std::size_t> wrong = rows_to;
+  if (me == 0) wrong[0] += 1;  // rank 0's counts add up to one row more than it holds
+  std::string message;
+  try {
+    (void)sw::all_to_all_rows(axis, in, wrong, out);
+  } catch (sw::error const& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("shardwise::all_to_all_rows on mesh axis \"" + axis_name + "\": rank 0 sends ") !=
+        std::string::npos);
+  CHECK(message.find("rows to the ranks but holds [") != std::string::npos);
+}
+
 /// All collectives, on a 1-D mesh over the world and on both axes of a 2-D mesh.
 template <class Types, class World>
 void check_all_collectives(World const& world) {
@@ -372,6 +418,7 @@ void check_all_collectives(World const& world) {
   auto line = sw::make_mesh<"tp">(world, {n});
   check_recv_mismatch(line.template axis<"tp">());
   sw::barrier(line);
+  check_all_to_all_rows(line.template axis<"tp">(), "tp");
   int const rows = n % 2 == 0 ? 2 : 1;
   auto grid = sw::make_mesh<"dp", "tp">(world, {rows, n / rows});
   Types::each([&]<class T>(char const* name) {

@@ -65,3 +65,7 @@ shardwise_add_compile_fail_test(moe_router_in_plan SOURCE compile_fail/moe_route
 shardwise_add_compile_fail_test(moe_experts_in_plan SOURCE compile_fail/moe_experts_in_plan.cpp LINK shardwise::eigen
   EXPECT "shardwise::models::MoeFeedForward: its experts compute whole on every rank \\(their outputs are combined "
          "as replicated rows\\); leave \"experts.[*]\", \"shared_expert\" and \"shared_expert_gate\" out of the plan")
+shardwise_add_compile_fail_test(experts_ep_static_size SOURCE compile_fail/experts_ep_static_size.cpp
+  LINK shardwise::eigen
+  EXPECT "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static expert count"
+         "static_experts_do_not_divide_over_ep_ranks<6, 4, shardwise::fixed_string<22>.\"layers.[*].feed_forward\"")

@@ -30,13 +30,14 @@ enum class collective_kind : std::uint8_t {
   gather_values,
   barrier,
   split,
-  all_gather_start  ///< sw::all_gather_start: a rank must not meet a blocking all_gather with it.
+  all_gather_start,  ///< sw::all_gather_start: a rank must not meet a blocking all_gather with it.
+  all_to_all_rows    ///< sw::all_to_all_rows: rows sent to each rank in the counts the sender gives.
 };
 
 constexpr std::string_view kind_name(collective_kind kind) {
-  constexpr std::array<std::string_view, 9> names{"all_reduce", "all_gather", "reduce_scatter",
-                                                  "broadcast",  "all_to_all", "gather_values",
-                                                  "barrier",    "split",      "all_gather_start"};
+  constexpr std::array<std::string_view, 10> names{"all_reduce",       "all_gather",     "reduce_scatter", "broadcast",
+                                                   "all_to_all",       "gather_values",  "barrier",        "split",
+                                                   "all_gather_start", "all_to_all_rows"};
   return names[static_cast<std::size_t>(kind)];
 }
 
@@ -142,6 +143,9 @@ struct call_record {
         break;
       case collective_kind::all_to_all:
         out << ", split dim " << dim << ", concat dim " << dim2;
+        break;
+      case collective_kind::all_to_all_rows:
+        out << ", rows to each rank";
         break;
       default:
         break;
@@ -253,6 +257,32 @@ extents all_to_all_shape(int ranks, int me, ShapeOf&& shape_of_rank, std::size_t
   for (int q = 0; q < ranks; ++q) total += piece_of(shape_of_rank(q), split, ranks, me)[concat];
   result[concat] = total;
   return result;
+}
+
+/// The elements in one row (along dimension 0) of a tensor of `shape`.
+inline std::size_t row_elements(extents const& shape) {
+  std::size_t n = 1;
+  for (std::size_t d = 1; d < shape.rank; ++d) n *= shape[d];
+  return n;
+}
+
+/// The rows that `ranks` ranks exchange in an all_to_all_rows, checked alike on every rank: every rank passes rows
+/// of one width, and its counts of rows for the ranks (rows_of(q)[j]: rank q's to rank j) add up to its rows.
+/// Returns the shape of rank `me`'s result: the rows every rank sends it.
+template <class ShapeOf, class RowsOf>
+extents rows_to_ranks_shape(int ranks, int me, ShapeOf&& shape_of_rank, RowsOf&& rows_of, collective_site const& site) {
+  check_shapes_agree(ranks, shape_of_rank, 0, site);
+  std::size_t received = 0;
+  for (int q = 0; q < ranks; ++q) {
+    std::size_t const* rows = rows_of(q);
+    std::size_t sent = 0;
+    for (int j = 0; j < ranks; ++j) sent += rows[j];
+    if (shape_of_rank(q).rank == 0 || sent != shape_of_rank(q)[0])
+      fail(site, ": rank ", q, " sends ", sent, " rows to the ranks but holds ", shape_of_rank(q),
+           "; give each rank's count of rows for every rank, adding up to the rows it holds, in rank order");
+    received += rows[me];
+  }
+  return with_dim(shape_of_rank(me), 0, received);
 }
 
 }  // namespace shardwise::detail

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -94,6 +95,23 @@ void all_to_all_on(Comm const& comm, In const& in, Out& out, int split_dim, int 
   call.dim2 = static_cast<std::int16_t>(normalize_dim(concat_dim, call.shape.rank, site));
   Comm::collectives::all_to_all(comm, traits_of<In>::data(in), call, traits_of<In>::order, output_into(out, site),
                                 site);
+}
+
+template <class Comm, tensor In, tensor Out>
+std::vector<std::size_t> all_to_all_rows_on(Comm const& comm, In const& in, std::span<std::size_t const> rows_to,
+                                            Out& out, call_site where = {}) {
+  check_same_element<In, Out>();
+  auto const site = site_of(comm, "all_to_all_rows");
+  check_not_aliased(in, out, site);
+  if (traits_of<In>::order != storage_order::row_major || rows_to.size() != static_cast<std::size_t>(comm.size()))
+    fail(site, ": ", rows_to.size(), " counts of rows for ", comm.size(),
+         " ranks, or a tensor not stored by rows; give a row-major tensor and one count per rank");
+  auto call =
+      make_call<element_t<In>>(comm, collective_kind::all_to_all_rows, shape_of(in), storage_order::row_major, where);
+  std::vector<std::size_t> received(static_cast<std::size_t>(comm.size()));
+  Comm::collectives::all_to_all_rows(comm, traits_of<In>::data(in), call, rows_to.data(), received.data(),
+                                     output_into(out, site), site);
+  return received;
 }
 
 /// Every rank's value of a small trivially copyable record, on any backend.
@@ -221,6 +239,20 @@ template <class Mesh, class In, class Out>
 void all_to_all(Mesh const& mesh, In const& in, Out& out, int split_dim, int concat_dim, call_site where = {}) {
   if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
     detail::all_to_all_on(mesh.comm(0), in, out, split_dim, concat_dim, where);
+}
+
+/// Sends rows_to[j] of `in`'s rows (a row-major tensor; its rows in order: the first rows_to[0] to rank 0, the next
+/// to rank 1, ...) to each rank j, and receives into `out` the rows every rank sends this one, in rank order (MPI's
+/// Alltoallv, by rows). Returns how many rows came from each rank. The counts differ from rank to rank and are
+/// exchanged first: every rank checks them all alike (each rank's add up to its rows, the rows are equally wide),
+/// and a rank that sends or receives no rows still takes part.
+template <class Mesh, class In, class Out>
+std::vector<std::size_t> all_to_all_rows(Mesh const& mesh, In const& in, std::span<std::size_t const> rows_to, Out& out,
+                                         call_site where = {}) {
+  if constexpr (detail::require_1d_mesh<Mesh>() && detail::check_tensor<In>() && detail::check_tensor<Out>())
+    return detail::all_to_all_rows_on(mesh.comm(0), in, rows_to, out, where);
+  else
+    return {};
 }
 
 /// Sends t to rank `destination` of the axis; returns once the data is buffered or delivered.

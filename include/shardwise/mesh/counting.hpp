@@ -102,6 +102,7 @@ constexpr transfer_kind transfer_kind_of(collective_kind kind) {
     case collective_kind::broadcast:
       return transfer_kind::broadcast;
     case collective_kind::all_to_all:
+    case collective_kind::all_to_all_rows:
       return transfer_kind::all_to_all;
     case collective_kind::barrier:
       return transfer_kind::barrier;
@@ -163,6 +164,12 @@ struct counting_collectives : background_transfers<typename Inner::collectives> 
                          collective_site const& site) {
     note<E>(c, call);
     inner::all_to_all(c.inner(), data, call, order, std::forward<Output>(output), site);
+  }
+  template <class E, class Output>
+  static void all_to_all_rows(comm const& c, E const* data, call_record const& call, std::size_t const* rows_to,
+                              std::size_t* received, Output&& output, collective_site const& site) {
+    note<E>(c, call);  // the rows it sends, as all_to_all counts its input
+    inner::all_to_all_rows(c.inner(), data, call, rows_to, received, std::forward<Output>(output), site);
   }
   template <class V>
   static auto gather_values(comm const& c, V const& mine, call_record const& call) {

@@ -47,6 +47,9 @@ struct runtime_collectives {
   template <class E, class Output>
   static void all_to_all(comm const& c, E const* data, call_record const& call, storage_order order, Output&& output,
                          collective_site const& site);
+  template <class E, class Output>
+  static void all_to_all_rows(comm const& c, E const* data, call_record const& call, std::size_t const* rows_to,
+                              std::size_t* received, Output&& output, collective_site const& site);
   template <class V>
   static auto gather_values(comm const& c, V const& mine, call_record const& call);
 };
@@ -96,6 +99,9 @@ struct runtime_mpi {
   template <class E>
   static void all_to_all(Mpi const& c, E const* data, call_record const& call, storage_order order,
                          output_ref<E> output, collective_site const& site);
+  template <class E>
+  static void all_to_all_rows(Mpi const& c, E const* data, call_record const& call, std::size_t const* rows_to,
+                              std::size_t* received, output_ref<E> output, collective_site const& site);
 };
 using mpi_side = runtime_mpi<MpiComm>;
 
@@ -256,6 +262,15 @@ void runtime_collectives::all_to_all(comm const& c, E const* data, call_record c
     return ThreadComm::collectives::all_to_all(*t, data, call, order, output, site);
   mpi_side::all_to_all<E>(c.mpi(), data, call, order, output, site);
 }
+template <class E, class Output>
+void runtime_collectives::all_to_all_rows(comm const& c, E const* data, call_record const& call,
+                                          std::size_t const* rows_to, std::size_t* received, Output&& output,
+                                          collective_site const& site) {
+  check_mpi_transfers<E>();
+  if (ThreadComm const* t = c.threads())
+    return ThreadComm::collectives::all_to_all_rows(*t, data, call, rows_to, received, output, site);
+  mpi_side::all_to_all_rows<E>(c.mpi(), data, call, rows_to, received, output, site);
+}
 template <class V>
 auto runtime_collectives::gather_values(comm const& c, V const& mine, call_record const& call) {
   static_assert(std::is_trivially_copyable_v<V>,
@@ -291,7 +306,10 @@ static_assert(communicator<RuntimeComm>);
   prefix template void runtime_collectives::broadcast<E, output_ref<E>>(comm const&, E*, call_record const&,      \
                                                                         output_ref<E>&&, collective_site const&); \
   prefix template void runtime_collectives::all_to_all<E, output_ref<E>>(                                         \
-      comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);
+      comm const&, E const*, call_record const&, storage_order, output_ref<E>&&, collective_site const&);         \
+  prefix template void runtime_collectives::all_to_all_rows<E, output_ref<E>>(                                    \
+      comm const&, E const*, call_record const&, std::size_t const*, std::size_t*, output_ref<E>&&,               \
+      collective_site const&);
 // 16-bit values gathered as bits (nn::group::all_gather_bf16: every tensor-parallel group offers it).
 #define SHARDWISE_DETAIL_RUNTIME_BITS_GATHER(prefix)                                                     \
   prefix template void runtime_collectives::all_gather<std::uint16_t, output_ref<std::uint16_t>>(        \

@@ -14,38 +14,18 @@
 #include <numeric>
 #include <optional>
 #include <ranges>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "shardwise/experts/expert_dispatch.hpp"
+#include "shardwise/experts/expert_parallel.hpp"
 #include "shardwise/models/llama_feed_forward.hpp"
 #include "shardwise/models/moe_config.hpp"
+#include "shardwise/models/moe_routing.hpp"
 #include "shardwise/nn.hpp"
 
 namespace shardwise::models {
-
-/// Where one forward sent its tokens: for each token, its top_k experts and their weights, and for each expert, the
-/// (token, slot) pairs it computed, in token order.
-struct moe_routing {
-  std::size_t tokens = 0;             ///< Tokens of the forward.
-  std::size_t top_k = 0;              ///< Experts per token.
-  std::vector<std::uint32_t> chosen;  ///< tokens x top_k expert indices, best first.
-  /// Per expert: the (token, slot) pairs it computed, in token order (without those its capacity dropped).
-  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> routed;
-  std::vector<std::size_t> demand;  ///< Per expert: how many slots chose it, before any capacity.
-
-  /// How many slots chose `expert` (what the load-balancing loss and the bias update count).
-  [[nodiscard]] std::size_t load(std::size_t expert) const { return demand[expert]; }
-  /// How many of them it computed (fewer than load() where its capacity dropped some).
-  [[nodiscard]] std::size_t computed(std::size_t expert) const { return routed[expert].size(); }
-};
-
-/// What the load-balancing loss counts of one forward of a MoeFeedForward: its tokens, and per expert the slots
-/// that chose it and the sum of its scores over the tokens.
-struct moe_balance {
-  std::size_t tokens = 0;          ///< Tokens of the forward.
-  std::vector<std::size_t> loads;  ///< Per expert: the slots that chose it (moe_routing::load).
-  std::vector<double> score_sums;  ///< Per expert: its scores summed over the tokens.
-};
 
 /// A mixture-of-experts feed-forward in place of a dense one: forward on x [tokens, dim] gives [tokens, dim].
 /// Its router is `gate` and its experts `experts.N` (transformers' Mixtral names: gate, experts.N.w1 / w3 / w2);
@@ -53,8 +33,10 @@ struct moe_balance {
 /// the expert count at compile time.
 template <class T, class Plan = serial_plan, std::size_t StaticExperts = dynamic_size>
 struct MoeFeedForward {
-  Linear<T, style_at<Plan, "gate">> gate;                                ///< The router, dim -> experts, no bias.
-  std::vector<LlamaFeedForward<T, subplan<Plan, "experts.*">>> experts;  ///< The experts (SwiGLU).
+  Linear<T, style_at<Plan, "gate">> gate;  ///< The router, dim -> experts, no bias.
+  /// The experts (SwiGLU) this rank holds, named by their index among all of them: all, or under
+  /// sw::expert_parallelize its rank's contiguous share (experts.first the first one's index).
+  layer_slice<LlamaFeedForward<T, subplan<Plan, "experts.*">>> experts;
   std::optional<LlamaFeedForward<T, subplan<Plan, "shared_expert">>> shared_expert;   ///< Qwen2-MoE's, if any.
   std::optional<Linear<T, style_at<Plan, "shared_expert_gate">>> shared_expert_gate;  ///< Its gate, dim -> 1.
   /// The sigmoid router's balancing bias (DeepSeek-V3's e_score_correction_bias), added to the scores when experts
@@ -62,7 +44,8 @@ struct MoeFeedForward {
   /// in checkpoints). Empty under the softmax router.
   nn::vector<T> score_correction_bias;
   SHARDWISE_CHILDREN(gate, experts, shared_expert, shared_expert_gate)
-  SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_, shared_output_, shared_scale_)
+  SHARDWISE_HOOKS(on_expert_parallel)
+  SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_, shared_output_, shared_scale_, dispatch_)
 
   /// The router is drawn from seed + 1, expert e from seed + 10 * (e + 1), the shared expert's gate from seed + 2
   /// and the shared expert from seed + 5.
@@ -103,22 +86,43 @@ struct MoeFeedForward {
   /// shapes() of a decoder block's experts (LlamaConfig::experts()).
   static constexpr auto shardwise_shapes(LlamaConfig const& c, std::size_t = 0) { return shapes(c.experts()); }
 
+  /// Whether StaticExperts (when given) divide over Ranks ep ranks: sw::expert_parallelize over a mesh of static
+  /// size asks, and a compile error names the block's path when they do not.
+  template <std::size_t Ranks>
+  static constexpr bool shardwise_experts_divide() {
+    constexpr bool divides = StaticExperts == dynamic_size || StaticExperts % Ranks == 0;
+    if constexpr (!divides) {
+      using shown [[maybe_unused]] =
+          decltype(shardwise::detail::show_incomplete<shardwise::detail::static_experts_do_not_divide_over_ep_ranks<
+                       StaticExperts, Ranks, own_style<Plan>::path>>());
+    }
+    return divides;
+  }
+
+  /// Called by sw::expert_parallelize: from then on this rank holds only its share of the experts, and each forward
+  /// and backward sends the rows routed to the others' experts to their ranks and back.
+  void shardwise_on_expert_parallel(std::shared_ptr<expert_parallel const> const& placed) {
+    std::size_t const per = placed->experts_per_rank(config_.experts, own_style<Plan>::path.view());
+    std::size_t const first = per * static_cast<std::size_t>(placed->rank());
+    if (experts.first != 0 || experts.size() != config_.experts)
+      shardwise::raise("shardwise::expert_parallelize: the experts at \"", own_style<Plan>::path.view(),
+                       "\" are placed already; place a model's experts once");
+    experts.erase(experts.begin() + static_cast<std::ptrdiff_t>(first + per), experts.end());
+    experts.erase(experts.begin(), experts.begin() + static_cast<std::ptrdiff_t>(first));
+    experts.first = first;
+    placed_ = placed;
+  }
+
   /// Forward: each token's top_k experts, their outputs weighted by its probabilities for them.
   template <class X>
   Activation<T, Replicate> forward(X const& x) {
     nn::matrix<T> const& rows = local_rows(x);
     route(gate(x).local);
+    nn::matrix<T> routed(static_cast<Eigen::Index>(routed_rows()), rows.cols());  // each expert's rows in turn
+    for_each_routed([&](auto at, Eigen::Index r) { routed.row(r) = rows.row(at.first); });
+    outputs_ = compute_experts(routed, true);
     Activation<T, Replicate> y{nn::matrix<T>::Zero(rows.rows(), rows.cols())};
-    outputs_.assign(experts.size(), {});
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      auto const& mine = routing_.routed[e];
-      Activation<T, Replicate> in{nn::matrix<T>(static_cast<Eigen::Index>(mine.size()), rows.cols())};
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        in.local.row(static_cast<Eigen::Index>(i)) = rows.row(mine[i].first);
-      outputs_[e] = shardwise::forward(experts[e], in).local;
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        y.local.row(mine[i].first) += weight(mine[i]) * outputs_[e].row(static_cast<Eigen::Index>(i));
-    }
+    for_each_routed([&](auto at, Eigen::Index r) { y.local.row(at.first) += weight(at) * outputs_.row(r); });
     if (shared_expert) {  // + sigmoid(shared_expert_gate x) * shared_expert(x), token by token
       shared_output_ = shardwise::forward(*shared_expert, x).local;
       if (shared_expert_gate)
@@ -131,27 +135,20 @@ struct MoeFeedForward {
   }
 
   /// Backward of the last forward: the experts' and the router's parameter gradients (with the load-balancing
-  /// loss's, weighted by router_aux_loss_coef), and the input gradient.
+  /// loss's, weighted by router_aux_loss_coef), and the input gradient. Under expert parallelism an expert's
+  /// gradients sum over the tokens every ep rank sent it.
   template <class DY>
   Activation<T, Replicate> backward(DY const& dy) {
     nn::matrix<T> const& grads = local_rows(dy);
     nn::matrix<T> dweights = nn::matrix<T>::Zero(weights_.rows(), weights_.cols());
-    nn::matrix<T> dx_experts = nn::matrix<T>::Zero(grads.rows(), grads.cols());
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      auto const& mine = routing_.routed[e];
-      Activation<T, Replicate> g{nn::matrix<T>(static_cast<Eigen::Index>(mine.size()), grads.cols())};
-      for (std::size_t i = 0; i < mine.size(); ++i) {
-        auto const [token, slot] = mine[i];
-        auto const r = static_cast<Eigen::Index>(i);
-        g.local.row(r) = weight(mine[i]) * grads.row(token);
-        dweights(token, slot) = grads.row(token).dot(outputs_[e].row(r));
-      }
-      nn::matrix<T> const dx = shardwise::backward(experts[e], g).local;
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        dx_experts.row(mine[i].first) += dx.row(static_cast<Eigen::Index>(i));
-    }
+    nn::matrix<T> g(outputs_.rows(), grads.cols());
+    for_each_routed([&](auto at, Eigen::Index r) {
+      g.row(r) = weight(at) * grads.row(at.first);
+      dweights(at.first, at.second) = grads.row(at.first).dot(outputs_.row(r));
+    });
+    nn::matrix<T> const dx_routed = compute_experts(g, false);
     Activation<T, Replicate> dx = gate.backward(Activation<T, Replicate>{logits_gradient(dweights)});
-    dx.local += dx_experts;
+    for_each_routed([&](auto at, Eigen::Index r) { dx.local.row(at.first) += dx_routed.row(r); });
     if (shared_expert) {
       nn::vector<T> const dscale = grads.cwiseProduct(shared_output_).rowwise().sum();  // d loss / d scale, per token
       nn::matrix<T> dlogit = dscale.cwiseProduct(shared_scale_.cwiseProduct((T(1) - shared_scale_.array()).matrix()));
@@ -160,7 +157,7 @@ struct MoeFeedForward {
       if (shared_expert_gate)
         dx.local += shared_expert_gate->backward(Activation<T, Replicate>{std::move(dlogit)}).local;
     }
-    for (std::size_t e = 0; e < experts.size(); ++e) pending_loads_[e] += routing_.load(e);
+    for (std::size_t e = 0; e < config_.experts; ++e) pending_loads_[e] += routing_.load(e);
     return dx;
   }
 
@@ -172,7 +169,7 @@ struct MoeFeedForward {
     for (std::size_t e = 0; e < balance_.loads.size(); ++e)
       loss += static_cast<double>(balance_.loads[e]) * balance_.score_sums[e];
     auto const tokens = static_cast<double>(balance_.tokens);
-    return loss / (tokens * tokens) * static_cast<double>(experts.size());
+    return loss / (tokens * tokens) * static_cast<double>(config_.experts);
   }
   /// Where the last forward sent its tokens (dropped with its activations: sw::drop_saved_activations).
   [[nodiscard]] moe_routing const& routing() const { return routing_; }
@@ -226,6 +223,49 @@ struct MoeFeedForward {
   [[nodiscard]] T weight(std::pair<std::uint32_t, std::uint32_t> at) const { return weights_(at.first, at.second); }
 
   using Expert = LlamaFeedForward<T, subplan<Plan, "experts.*">>;
+
+  /// The (token, slot) pairs every expert computes, expert after expert: fn(pair, its row among them).
+  template <class Fn>
+  void for_each_routed(Fn&& fn) const {
+    Eigen::Index r = 0;
+    for (auto const& mine : routing_.routed)
+      for (auto const& at : mine) fn(at, r++);
+  }
+  [[nodiscard]] std::size_t routed_rows() const {
+    std::size_t n = 0;
+    for (auto const& mine : routing_.routed) n += mine.size();
+    return n;
+  }
+
+  /// The experts' outputs (forward) or input gradients (backward) for `routed`, each expert's rows in turn (as
+  /// for_each_routed orders them): here, or under expert parallelism on the experts' ranks (sw::expert_dispatch).
+  nn::matrix<T> compute_experts(nn::matrix<T> const& routed, bool forward) {
+    std::vector<std::size_t> rows_of(config_.experts);
+    for (std::size_t e = 0; e < rows_of.size(); ++e) rows_of[e] = routing_.routed[e].size();
+    if (!placed_) return run_local(routed, [&](std::size_t e) { return rows_of[e]; }, forward);
+    auto const compute = [&](std::size_t l, nn::matrix<T> rows) {
+      Activation<T, Replicate> in{std::move(rows)};
+      return forward ? shardwise::forward(experts[l], in).local : shardwise::backward(experts[l], in).local;
+    };
+    return dispatch_.run(*placed_, routed, rows_of, experts.size(), forward, unroutable_, compute,
+                         [&](Eigen::Index t, int rank) { refuse_unroutable(t, rank); });
+  }
+
+  /// Each local expert's forward (or backward) on its block of `rows`: rows_of(l) rows for local expert l, in turn.
+  template <class RowsOf>
+  nn::matrix<T> run_local(nn::matrix<T> const& rows, RowsOf&& rows_of, bool forward) {
+    nn::matrix<T> out(rows.rows(), rows.cols());
+    Eigen::Index at = 0;
+    for (std::size_t l = 0; l < experts.size(); ++l) {
+      auto const count = static_cast<Eigen::Index>(rows_of(l));
+      Activation<T, Replicate> in{rows.middleRows(at, count)};
+      out.middleRows(at, count) =
+          forward ? shardwise::forward(experts[l], in).local : shardwise::backward(experts[l], in).local;
+      at += count;
+    }
+    return out;
+  }
+
   /// The config an expert (or the shared expert) of inner width `hidden` is built from.
   static constexpr LlamaConfig expert_config(MoeConfig const& c, std::size_t hidden) {
     LlamaConfig e;
@@ -254,12 +294,19 @@ struct MoeFeedForward {
     auto const tokens = static_cast<std::size_t>(logits.rows()), k = config_.top_k;
     probabilities_.resize(logits.rows(), logits.cols());
     weights_.resize(logits.rows(), static_cast<Eigen::Index>(k));
-    routing_ = {tokens, k, std::vector<std::uint32_t>(tokens * k), decltype(routing_.routed)(experts.size()),
-                std::vector<std::size_t>(experts.size(), 0)};
-    std::vector<std::uint32_t> order(experts.size());
-    std::vector<T> choice(experts.size());
+    std::size_t const count = config_.experts;
+    routing_ = {tokens, k, std::vector<std::uint32_t>(tokens * k), decltype(routing_.routed)(count),
+                std::vector<std::size_t>(count, 0)};
+    std::vector<std::uint32_t> order(count);
+    std::vector<T> choice(count);
+    unroutable_ = -1;
     for (Eigen::Index t = 0; t < logits.rows(); ++t) {
-      score(t, logits);
+      if (!score(t, logits)) {  // alone: refused here; placed: by every ep rank at the counts' exchange
+        if (!placed_) refuse_unroutable(t, -1);
+        unroutable_ = t;
+        for (auto& mine : routing_.routed) mine.clear();
+        break;
+      }
       choose(t, choice, order);
       auto const p = probabilities_.row(t);
       T total = sum_guard();
@@ -273,12 +320,12 @@ struct MoeFeedForward {
       }
     }
     if (config_.capacity_factor > 0) drop_beyond_capacity();
-    balance_ = {tokens, routing_.demand, std::vector<double>(experts.size())};
-    for (std::size_t e = 0; e < experts.size(); ++e)
+    balance_ = {tokens, routing_.demand, std::vector<double>(count)};
+    for (std::size_t e = 0; e < count; ++e)
       balance_.score_sums[e] = static_cast<double>(probabilities_.col(static_cast<Eigen::Index>(e)).sum());
     if (pooled_) return;  // the loads of the model's blocks together (use_pooled_loads)
-    balance_share_.resize(experts.size());
-    for (std::size_t e = 0; e < experts.size(); ++e)
+    balance_share_.resize(count);
+    for (std::size_t e = 0; e < count; ++e)
       balance_share_[e] = static_cast<double>(routing_.load(e)) / static_cast<double>(tokens);
     balance_rows_ = static_cast<double>(tokens);
   }
@@ -286,7 +333,7 @@ struct MoeFeedForward {
   /// Each expert keeps at most its capacity of its (token, slot) pairs, by the drop policy, in token order.
   void drop_beyond_capacity() {
     auto const capacity = static_cast<std::size_t>(std::ceil(
-        config_.capacity_factor * static_cast<double>(routing_.tokens * routing_.top_k) / double(experts.size())));
+        config_.capacity_factor * static_cast<double>(routing_.tokens * routing_.top_k) / double(config_.experts)));
     for (auto& mine : routing_.routed) {
       if (mine.size() <= capacity) continue;
       if (config_.drop_policy == moe_drop_policy::probs)  // the highest weights first; ties to the earlier token
@@ -296,8 +343,8 @@ struct MoeFeedForward {
     }
   }
 
-  /// Token t's scores: the softmax of its logits, or each expert's sigmoid; refused unless finite.
-  void score(Eigen::Index t, nn::matrix<T> const& logits) {
+  /// Token t's scores: the softmax of its logits, or each expert's sigmoid; whether they are finite.
+  [[nodiscard]] bool score(Eigen::Index t, nn::matrix<T> const& logits) {
     auto p = probabilities_.row(t);
     if (sigmoid_router()) {
       p = logits.row(t).unaryExpr([](T v) { return sigmoid(v); });
@@ -305,11 +352,15 @@ struct MoeFeedForward {
       p = (logits.row(t).array() - logits.row(t).maxCoeff()).exp().matrix();
       p /= p.sum();
     }
-    if (!p.allFinite())
-      shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(),
-                       "\": the router's probabilities for token ", t,
-                       " are not finite (its input or the router's weights hold NaN or infinity); check the "
-                       "model's inputs and learning rate");
+    return p.allFinite();
+  }
+  /// Raises for token t (of ep rank `rank`, if placed) whose router's probabilities are not finite.
+  [[noreturn]] void refuse_unroutable(Eigen::Index t, int rank) const {
+    shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(),
+                     "\": the router's probabilities for token ", t, rank < 0 ? "" : " of ep rank ",
+                     rank < 0 ? std::string() : std::to_string(rank),
+                     " are not finite (its input or the router's weights hold NaN or infinity); check the "
+                     "model's inputs and learning rate");
   }
 
   /// Token t's top_k experts in `order`'s first places, best first: by score (plus the correction bias under the
@@ -330,7 +381,7 @@ struct MoeFeedForward {
   /// DeepSeek-V3's group limit: a group's score is the sum of its two best choice scores; the experts outside the
   /// top_groups best groups (ties to the lower group) cannot be chosen.
   void keep_best_groups(std::vector<T>& choice) const {
-    std::size_t const per = experts.size() / config_.groups;
+    std::size_t const per = config_.experts / config_.groups;
     std::vector<T> group_score(config_.groups);
     for (std::size_t g = 0; g < config_.groups; ++g) {
       T first = -std::numeric_limits<T>::infinity(), second = first;  // the group's two best
@@ -358,8 +409,8 @@ struct MoeFeedForward {
   nn::matrix<T> logits_gradient(nn::matrix<T> const& dweights) const {
     nn::matrix<T> dp = scores_gradient(dweights);
     if (config_.router_aux_loss_coef != 0) {  // d aux / d p(t, e) = experts * share_e / rows, pooled or its own
-      auto const count = static_cast<T>(experts.size());
-      for (std::size_t e = 0; e < experts.size(); ++e)
+      auto const count = static_cast<T>(config_.experts);
+      for (std::size_t e = 0; e < config_.experts; ++e)
         dp.col(static_cast<Eigen::Index>(e)).array() +=
             static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(balance_share_[e] / balance_rows_);
     }
@@ -394,47 +445,17 @@ struct MoeFeedForward {
   MoeConfig config_;
   nn::matrix<T> probabilities_, weights_;  // tokens x experts; tokens x top_k
   moe_routing routing_;
-  moe_balance balance_;                 // what the load-balancing loss counts: kept when the activations are dropped
-  std::vector<nn::matrix<T>> outputs_;  // per expert: its outputs for its rows, for the weights' gradient
-  nn::matrix<T> shared_output_;         // the shared expert's output, tokens x dim
-  nn::vector<T> shared_scale_;          // sigmoid of its gate, per token (ones without a gate)
-  std::vector<std::size_t> pending_loads_;  // slots per expert trained since update_routing_bias
-  std::vector<double> balance_share_;       // per expert, slots per row the loss's gradient counts: own or pooled
-  double balance_rows_ = 0;                 // the rows they were counted over
-  bool pooled_ = false;                     // whether they are pooled over a model's blocks (use_pooled_loads)
+  moe_balance balance_;    // what the load-balancing loss counts: kept when the activations are dropped
+  nn::matrix<T> outputs_;  // the experts' outputs, their rows in turn (for_each_routed), for the weights' gradient
+  expert_dispatch<T> dispatch_;  // under ep: the exchange of the last forward (its counts), for its backward
+  std::shared_ptr<expert_parallel const> placed_;  // set by sw::expert_parallelize
+  Eigen::Index unroutable_ = -1;                   // the first token of the last forward with no finite scores
+  nn::matrix<T> shared_output_;                    // the shared expert's output, tokens x dim
+  nn::vector<T> shared_scale_;                     // sigmoid of its gate, per token (ones without a gate)
+  std::vector<std::size_t> pending_loads_;         // slots per expert trained since update_routing_bias
+  std::vector<double> balance_share_;  // per expert, slots per row the loss's gradient counts: own or pooled
+  double balance_rows_ = 0;            // the rows they were counted over
+  bool pooled_ = false;                // whether they are pooled over a model's blocks (use_pooled_loads)
 };
-
-/// transformers' load_balancing_loss_func over several blocks' last forwards, as a model of MoE layers computes
-/// it from all its layers' router logits: experts * sum_e (share of all the blocks' slots per row that went to e) *
-/// (mean score of e over all their rows). Each block's backward then adds this loss's gradient, times its
-/// router_aux_loss_coef, instead of its own loss's. `blocks`: a range of MoeFeedForward, or of pointers to them,
-/// all with the same number of experts.
-template <std::ranges::range Blocks>
-double load_balancing_loss(Blocks&& blocks) {
-  auto block = [](auto& b) -> auto& {
-    if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(b)>>)
-      return *b;
-    else
-      return b;
-  };
-  std::vector<double> slots, score_sums;
-  double rows = 0;
-  for (auto&& b : blocks) {
-    auto& m = block(b);
-    if (slots.empty()) slots.assign(m.experts.size(), 0.0), score_sums.assign(m.experts.size(), 0.0);
-    if (m.experts.size() != slots.size())
-      shardwise::raise("shardwise::models::load_balancing_loss: blocks of ", slots.size(), " and ", m.experts.size(),
-                       " experts; the loss pools blocks of one expert count");
-    moe_balance const& counted = m.balance();
-    for (std::size_t e = 0; e < slots.size(); ++e)
-      slots[e] += static_cast<double>(counted.loads[e]), score_sums[e] += counted.score_sums[e];
-    rows += static_cast<double>(counted.tokens);
-  }
-  std::vector<double> share(slots.size());
-  double loss = 0;
-  for (std::size_t e = 0; e < slots.size(); ++e) share[e] = slots[e] / rows, loss += share[e] * score_sums[e] / rows;
-  for (auto&& b : blocks) block(b).use_pooled_loads(share, rows);
-  return loss * static_cast<double>(slots.size());
-}
 
 }  // namespace shardwise::models

@@ -26,6 +26,9 @@ struct after_pipeline_step {};
 /// `void shardwise_on_context_parallel(std::shared_ptr<sw::context_parallel const> const&)`:
 /// sw::context_parallelize; the module treats sequences cut over a cp axis itself (attention across the ranks).
 struct on_context_parallel {};
+/// `void shardwise_on_expert_parallel(std::shared_ptr<sw::expert_parallel const> const&)`: sw::expert_parallelize;
+/// the module places its experts over an ep axis (keeps its rank's share, and sends tokens to their ranks).
+struct on_expert_parallel {};
 /// `static constexpr bool shardwise_token_wise = true`: the module's own code treats every row (token) alone, so
 /// sw::context_parallelize may cut its sequences (its children declare for themselves).
 struct token_wise {};
@@ -98,6 +101,7 @@ SHARDWISE_DETAIL_HOOK_NAME(config)
 SHARDWISE_DETAIL_HOOK_NAME(other_stage)
 SHARDWISE_DETAIL_HOOK_NAME(after_pipeline_step)
 SHARDWISE_DETAIL_HOOK_NAME(on_context_parallel)
+SHARDWISE_DETAIL_HOOK_NAME(on_expert_parallel)
 SHARDWISE_DETAIL_HOOK_NAME(token_wise)
 SHARDWISE_DETAIL_HOOK_NAME(pipeline_microbatch)
 #undef SHARDWISE_DETAIL_HOOK_NAME
@@ -144,6 +148,6 @@ inline constexpr bool hooks_declared =
     hook_declared<M, hooks::config>() && hook_declared<M, hooks::other_stage>() &&
     hook_declared<M, hooks::after_pipeline_step>() && hook_declared<M, hooks::on_context_parallel>() &&
     hook_declared<M, hooks::token_wise>() && hook_declared<M, hooks::position_limit>() &&
-    hook_declared<M, hooks::pipeline_microbatch>();
+    hook_declared<M, hooks::pipeline_microbatch>() && hook_declared<M, hooks::on_expert_parallel>();
 
 }  // namespace shardwise::detail

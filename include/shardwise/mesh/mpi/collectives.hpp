@@ -2,6 +2,7 @@
 // The collective algorithms of MpiComm. The ranks' call records are exchanged first (with the data itself
 // where only two ranks gather), every rank checks them alike, and only then does data move: contiguous cases
 // go straight to MPI, strided ones are packed once.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -141,6 +142,31 @@ struct mpi_collectives {
       offset[concat] += block[concat];
       position += recv_counts[static_cast<std::size_t>(q)];
     }
+  }
+
+  /// Sends rows_to[j] of its rows (in order) to each rank j; what arrives, in rank order, goes to `output`, and
+  /// the rows from each rank to received[q]. The counts travel first, so every rank checks them all alike.
+  template <class Comm, class E, class Output>
+  static void all_to_all_rows(Comm const& comm, E const* data, call_record const& call, std::size_t const* rows_to,
+                              std::size_t* received, Output&& output, collective_site const& site) {
+    auto const calls = agree(comm, call);
+    int const ranks = comm.size(), me = comm.rank();
+    auto const count = static_cast<std::size_t>(ranks);
+    std::vector<unsigned char> const bytes = comm.all_gather_bytes(rows_to, count * sizeof(std::size_t));
+    std::vector<std::size_t> all(count * count);  // all[q * ranks + j]: rank q's rows for rank j
+    std::memcpy(all.data(), bytes.data(), bytes.size());
+    auto const shape_at = [&](int q) { return at(calls, q).shape; };
+    auto const rows_of = [&](int q) { return all.data() + static_cast<std::size_t>(q) * count; };
+    extents const result = rows_to_ranks_shape(ranks, me, shape_at, rows_of, site);
+    E* const out = output(result);
+    std::size_t const width = row_elements(call.shape);
+    std::vector<std::size_t> send_counts(count), recv_counts(count);
+    for (std::size_t q = 0; q < count; ++q) {
+      send_counts[q] = rows_to[q] * width;
+      received[q] = rows_of(static_cast<int>(q))[me];
+      recv_counts[q] = received[q] * width;
+    }
+    comm.all_to_allv(data, send_counts, out, recv_counts);
   }
 
   /// Every rank's value of a small trivially copyable record.

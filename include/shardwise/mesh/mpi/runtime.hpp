@@ -115,6 +115,12 @@ void runtime_mpi<Mpi>::all_to_all(Mpi const& c, E const* data, call_record const
                                   output_ref<E> output, collective_site const& site) {
   Mpi::collectives::all_to_all(c, data, call, order, output, site);
 }
+template <class Mpi>
+template <class E>
+void runtime_mpi<Mpi>::all_to_all_rows(Mpi const& c, E const* data, call_record const& call, std::size_t const* rows_to,
+                                       std::size_t* received, output_ref<E> output, collective_site const& site) {
+  Mpi::collectives::all_to_all_rows(c, data, call, rows_to, received, output, site);
+}
 
 }  // namespace shardwise::detail
 
@@ -131,4 +137,7 @@ void runtime_mpi<Mpi>::all_to_all(Mpi const& c, E const* data, call_record const
   template void runtime_mpi<MpiComm>::broadcast<E>(MpiComm const&, E*, call_record const&, output_ref<E>,            \
                                                    collective_site const&);                                          \
   template void runtime_mpi<MpiComm>::all_to_all<E>(MpiComm const&, E const*, call_record const&, storage_order,     \
-                                                    output_ref<E>, collective_site const&);
+                                                    output_ref<E>, collective_site const&);                          \
+  template void runtime_mpi<MpiComm>::all_to_all_rows<E>(MpiComm const&, E const*, call_record const&,               \
+                                                         std::size_t const*, std::size_t*, output_ref<E>,            \
+                                                         collective_site const&);

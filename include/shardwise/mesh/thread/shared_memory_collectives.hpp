@@ -33,6 +33,7 @@ struct alignas(64) thread_slot {
   call_record const* call = nullptr;
   extents shape;
   std::int64_t a = 0, b = 0;
+  std::size_t const* rows = nullptr;    // all_to_all_rows: this rank's rows for each rank
   std::shared_ptr<thread_group> group;  // used by split
 };
 
@@ -71,9 +72,11 @@ void reduce_rank_order(E* dst, int ranks, Source&& source, std::size_t count) {
 struct shared_memory_collectives {
   /// Publishes `call` and the buffers, checks that every rank made the same call, then hands the slots to fn.
   template <class Comm, class Fn>
-  static void exchange(Comm const& comm, call_record const& call, void const* in, void* out, Fn&& fn) {
+  static void exchange(Comm const& comm, call_record const& call, void const* in, void* out, Fn&& fn,
+                       std::size_t const* rows = nullptr) {
     thread_slot mine;
     mine.key = call_key::of(call), mine.shape = call.shape, mine.call = &call, mine.in = in, mine.out = out;
+    mine.rows = rows;
     comm.exchange(std::move(mine), kind_name(call.kind).data(), [&](std::vector<thread_slot> const& slots) {
       int const ranks = static_cast<int>(slots.size());
       auto const same_key = [&](thread_slot const& peer) { return peer.key == slots.front().key; };
@@ -172,6 +175,32 @@ struct shared_memory_collectives {
         offset[concat] += block[concat];
       }
     });
+  }
+
+  /// Sends rows_to[j] of its rows (in order) to each rank j; what arrives, in rank order, goes to `output`, and
+  /// the rows from each rank to received[q].
+  template <class Comm, class E, class Output>
+  static void all_to_all_rows(Comm const& comm, E const* data, call_record const& call, std::size_t const* rows_to,
+                              std::size_t* received, Output&& output, collective_site const& site) {
+    int const me = comm.rank();
+    exchange(
+        comm, call, data, nullptr,
+        [&](std::vector<thread_slot> const& slots, int ranks) {
+          auto const shape_at = [&](int q) { return shape(slots, q); };
+          auto const rows_of = [&](int q) { return slots[static_cast<std::size_t>(q)].rows; };
+          extents const result = rows_to_ranks_shape(ranks, me, shape_at, rows_of, site);
+          E* out = output(result);
+          std::size_t const width = row_elements(result);
+          for (int q = 0; q < ranks; ++q) {
+            std::size_t first = 0;  // rank q's first row for this rank
+            for (int j = 0; j < me; ++j) first += rows_of(q)[j];
+            std::size_t const count = rows_of(q)[me];
+            received[q] = count;
+            copy_elements(out, input<E>(slots, q) + first * width, count * width);
+            out += count * width;
+          }
+        },
+        rows_to);
   }
 
   /// Every rank's value of a small trivially copyable record.

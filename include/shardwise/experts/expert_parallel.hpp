@@ -1,0 +1,120 @@
+#pragma once
+// Expert parallelism: a mixture of experts' experts placed over an ep mesh, each rank holding an equal, contiguous
+// share of them, and tokens sent to their experts' ranks and back (sw::all_to_all_rows). sw::expert_parallelize
+// hands every module with a shardwise_on_expert_parallel hook this rank's sw::expert_parallel.
+#include <Eigen/Core>
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardwise/adapters/eigen.hpp"
+#include "shardwise/core/error.hpp"
+#include "shardwise/mesh/collectives.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
+#include "shardwise/plan/hooks.hpp"
+#include "shardwise/plan/module.hpp"
+#include "shardwise/plan/tree.hpp"
+
+namespace shardwise {
+
+namespace detail {
+template <std::size_t Experts, std::size_t Ranks, fixed_string Path, class Spelled = spelled_t<Path>>
+struct static_experts_do_not_divide_over_ep_ranks;  // incomplete on purpose: the diagnostic names all three
+}  // namespace detail
+
+/// This rank's place on an ep mesh and the exchange of rows over it, for float and double. Built by
+/// sw::expert_parallelize; modules of experts read it through their shardwise_on_expert_parallel hook.
+class expert_parallel {
+ public:
+  /// Over `ep`, a 1-D mesh.
+  template <class Mesh>
+  explicit expert_parallel(Mesh const& ep) : size_(ep.size()), rank_(ep.rank()), axis_(Mesh::names[0]) {
+    static_assert(Mesh::ndim == 1,
+                  "shardwise::expert_parallelize: experts are placed over one mesh axis; pass mesh.axis<\"ep\">() "
+                  "(or sw::submesh<\"ep\">(mesh))");
+    bind<float>(ep, float_);
+    bind<double>(ep, double_);
+  }
+
+  [[nodiscard]] int size() const { return size_; }               ///< Ranks on the ep axis.
+  [[nodiscard]] int rank() const { return rank_; }               ///< This rank's place on it.
+  [[nodiscard]] std::string_view axis() const { return axis_; }  ///< The axis' name, for messages.
+  /// The experts each rank holds of `experts`; raises, naming `where` (the module's path), unless the ep size
+  /// divides them.
+  [[nodiscard]] std::size_t experts_per_rank(std::size_t experts, std::string_view where) const {
+    if (experts % static_cast<std::size_t>(size_) != 0)
+      shardwise::raise("shardwise::expert_parallelize: the ", experts, " experts at \"", where,
+                       "\" do not divide over the ", size_, " ranks of mesh axis \"", axis_,
+                       "\"; each rank holds an equal share: choose an ep size that divides the experts");
+    return experts / static_cast<std::size_t>(size_);
+  }
+  /// sw::all_to_all_rows over the ep axis: rows_to[j] of `in`'s rows, in order, to rank j; into `out` what every
+  /// rank sends this one, in rank order. Returns the rows that came from each rank.
+  template <std::floating_point T>
+  std::vector<std::size_t> exchange(nn::matrix<T> const& in, std::span<std::size_t const> rows_to,
+                                    nn::matrix<T>& out) const {
+    if constexpr (std::is_same_v<T, float>)
+      return float_(in, rows_to, out);
+    else
+      return double_(in, rows_to, out);
+  }
+
+ private:
+  template <class T>
+  using exchange_fn =
+      std::function<std::vector<std::size_t>(nn::matrix<T> const&, std::span<std::size_t const>, nn::matrix<T>&)>;
+  template <class T, class Mesh>
+  static void bind(Mesh const& ep, exchange_fn<T>& fn) {
+    fn = [ep](nn::matrix<T> const& in, std::span<std::size_t const> rows_to, nn::matrix<T>& out) {
+      return detail::all_to_all_rows_on(ep.comm(0), in, rows_to, out);
+    };
+  }
+
+  int size_ = 1, rank_ = 0;
+  std::string axis_;
+  exchange_fn<float> float_;
+  exchange_fn<double> double_;
+};
+
+/// Places the experts of every module with a shardwise_on_expert_parallel hook (models::MoeFeedForward) over the
+/// ep mesh (a 1-D mesh): each keeps its rank's equal, contiguous share of its experts, named by their index in the
+/// whole model, and sends each token to its experts' ranks and back. Every rank of the ep axis takes part in every
+/// forward and backward, whatever its tokens. Raises on every rank, with the same words, for a model with no
+/// experts or an ep size that does not divide a module's experts.
+template <module Model, class Mesh>
+std::shared_ptr<expert_parallel const> expert_parallelize(Model& model, Mesh const& ep) {
+  if constexpr (Mesh::ndim == 1 && Mesh::static_sizes[0] != dynamic_size) {  // known now: checked now
+    constexpr std::size_t ranks = Mesh::static_sizes[0];
+    constexpr bool divide = detail::every_node<Model>([]<class N>() {
+      if constexpr (requires { N::template shardwise_experts_divide<ranks>(); })
+        return N::template shardwise_experts_divide<ranks>();
+      else
+        return true;
+    });
+    static_assert(divide,
+                  "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static "
+                  "expert count (its path and both numbers below); each rank holds an equal share: choose an ep "
+                  "size that divides the experts");
+  }
+  auto placed = std::make_shared<expert_parallel const>(ep);
+  std::size_t modules = 0;
+  auto on_module = [&](auto& m, auto const&) {
+    if constexpr (requires { m.shardwise_on_expert_parallel(placed); })
+      m.shardwise_on_expert_parallel(placed), ++modules;
+  };
+  auto on_layer = [](auto&, auto const&) {};
+  detail::walk_tree(model, std::string(), on_module, on_layer);
+  if (modules == 0)
+    shardwise::raise(
+        "shardwise::expert_parallelize: no module of the model holds experts (none has a "
+        "shardwise_on_expert_parallel hook); place experts of a model of experts, such as "
+        "models::MoeLlama");
+  return placed;
+}
+
+}  // namespace shardwise

@@ -1,0 +1,165 @@
+// Expert parallelism (sw::expert_parallelize) against the unsharded block: models::MoeFeedForward with its 8 experts
+// placed over 1, 2 or 4 ep ranks, each rank routing its own tokens (a different number on each), equals on every
+// rank the unsharded block run on that rank's tokens (output, input gradient, router and shared-expert gradients,
+// the load-balancing loss), and each placed expert's gradients equal the unsharded expert's summed over every
+// rank's tokens. Written once for threads and MPI; fp64.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <shardwise/models/llama.hpp>
+#include <shardwise/models/moe.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+namespace expert_parallel_cases {
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using M = sw::nn::matrix<double>;
+using Moe = models::MoeFeedForward<double>;
+
+inline models::MoeConfig config(double capacity = 0) {
+  models::MoeConfig c;
+  c.dim = 6, c.expert_hidden = 5, c.experts = 8, c.top_k = 2, c.normalize_top_k = false;
+  c.router_aux_loss_coef = 0.02, c.shared_expert_hidden = 4, c.capacity_factor = capacity;
+  return c;
+}
+
+inline M random(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
+  M m(rows, cols);
+  unsigned state = seed * 2654435761u + 1;
+  for (Eigen::Index i = 0; i < m.size(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    m.data()[i] = static_cast<double>(state >> 8) / double(1u << 24) * 2 - 1;
+  }
+  return m;
+}
+/// Rank q's tokens (5 + 3q of them: uneven) and its output gradient.
+inline M tokens_of(int q) { return random(5 + 3 * q, 6, 10 + static_cast<unsigned>(q)); }
+inline M gradient_of(int q) { return random(5 + 3 * q, 6, 50 + static_cast<unsigned>(q)); }
+
+inline double gap(M const& got, M const& expected) {
+  if (got.rows() != expected.rows() || got.cols() != expected.cols()) return 1e30;
+  return (got - expected).cwiseAbs().maxCoeff() / std::max(1.0, expected.cwiseAbs().maxCoeff());
+}
+
+template <class World>
+void check_placed_block(World const& world, double capacity) {
+  int const ranks = world.size(), me = world.rank();
+  auto const ep = sw::make_mesh<"ep">(world, {ranks});
+  Moe placed(config(capacity), 3), mine(config(capacity), 3), every(config(capacity), 3);
+  auto const where = sw::expert_parallelize(placed, sw::submesh<"ep">(ep));
+  CHECK(where->size() == ranks);
+  REQUIRE(placed.experts.size() == 8 / static_cast<std::size_t>(ranks));
+  CHECK(placed.experts.first == 8 / static_cast<std::size_t>(ranks) * static_cast<std::size_t>(me));
+  M const y = placed.forward(tokens_of(me)).local;
+  double const aux = placed.aux_loss();
+  M const dx = placed.backward(gradient_of(me)).local;
+  M const y_mine = mine.forward(tokens_of(me)).local;
+  M const dx_mine = mine.backward(gradient_of(me)).local;
+  for (int q = 0; q < ranks; ++q) {  // every rank's tokens through the unsharded experts: their gradients summed
+    (void)every.forward(tokens_of(q));
+    (void)every.backward(gradient_of(q));
+  }
+  CHECK(gap(y, y_mine) < 1e-14);
+  CHECK(gap(dx, dx_mine) < 1e-14);
+  CHECK(aux == doctest::Approx(mine.aux_loss()).epsilon(1e-15));
+  CHECK(gap(placed.gate.weight_grad, mine.gate.weight_grad) < 1e-14);
+  CHECK(gap(placed.shared_expert->w2.weight_grad, mine.shared_expert->w2.weight_grad) < 1e-14);
+  CHECK(gap(placed.shared_expert_gate->weight_grad, mine.shared_expert_gate->weight_grad) < 1e-14);
+  for (std::size_t l = 0; l < placed.experts.size(); ++l) {
+    auto const& whole = every.experts[placed.experts.first + l];
+    INFO("expert " << placed.experts.first + l);
+    CHECK(gap(placed.experts[l].w1.weight_grad, whole.w1.weight_grad) < 1e-14);
+    CHECK(gap(placed.experts[l].w3.weight_grad, whole.w3.weight_grad) < 1e-14);
+    CHECK(gap(placed.experts[l].w2.weight_grad, whole.w2.weight_grad) < 1e-14);
+  }
+  // Its parameters keep the names of the whole model's experts.
+  std::vector<std::string> names;
+  for (auto const& p : sw::detail::list_model<double>(placed, {.names = true}).parameters) names.push_back(p.name);
+  CHECK(names.at(1) == "experts." + std::to_string(placed.experts.first) + ".w1.weight");
+}
+
+/// A MoeLlama of 2 blocks of 8 experts placed over the ep ranks: each rank's logits and loss (cross-entropy and the
+/// load-balancing loss pooled over the blocks) equal the unsharded model's on that rank's rows, and a placed expert's
+/// gradient the unsharded one's summed over every rank's rows.
+template <class World>
+void check_placed_model(World const& world) {
+  int const ranks = world.size(), me = world.rank();
+  models::LlamaConfig c;
+  c.vocabulary = 20, c.dim = 8, c.layers = 2, c.heads = 2, c.kv_heads = 1, c.sequence = 4, c.seed = 5;
+  models::MoeConfig m = config();
+  m.shared_expert_hidden = 0, m.normalize_top_k = true;
+  c.moe = m;
+  auto const ids = [](int q, bool targets) {
+    std::vector<std::int64_t> v;
+    for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
+    return v;
+  };
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const train = [&](auto& model, int q) {
+    auto result = models::llama_loss(tp, model.forward(ids(q, false)), ids(q, true), c.vocabulary);
+    double const loss = result.loss + m.router_aux_loss_coef * model.router_aux_loss();
+    model.backward(result.dlogits);
+    return loss;
+  };
+  auto const ep = sw::make_mesh<"ep">(world, {ranks});
+  models::MoeLlama<double> placed(c), mine(c), every(c);
+  (void)sw::expert_parallelize(placed, sw::submesh<"ep">(ep));
+  double const loss = train(placed, me);
+  CHECK(loss == doctest::Approx(train(mine, me)).epsilon(1e-14));
+  for (int q = 0; q < ranks; ++q) (void)train(every, q);
+  for (std::size_t layer = 0; layer < 2; ++layer) {
+    auto const& experts = placed.layers[layer].feed_forward.experts;
+    for (std::size_t l = 0; l < experts.size(); ++l)
+      CHECK(gap(experts[l].w2.weight_grad, every.layers[layer].feed_forward.experts[experts.first + l].w2.weight_grad) <
+            1e-13);
+  }
+  CHECK(gap(placed.layers[1].attention.wq.weight_grad, mine.layers[1].attention.wq.weight_grad) < 1e-13);
+}
+
+/// Every check above at this world's size, dropless and with a capacity, and the refusals.
+template <class World>
+void check_expert_parallel(World const& world) {
+  check_placed_block(world, 0.0);
+  check_placed_block(world, 1.0);  // each rank drops by its own tokens' capacity, as unsharded
+  check_placed_model(world);
+  auto const ep = sw::make_mesh<"ep">(world, {world.size()});
+  if (world.size() > 1) {  // placed twice
+    Moe twice(config(), 3);
+    (void)sw::expert_parallelize(twice, sw::submesh<"ep">(ep));
+    CHECK_THROWS_WITH_AS((void)sw::expert_parallelize(twice, sw::submesh<"ep">(ep)),
+                         "shardwise::expert_parallelize: the experts at \"\" are placed already; place a model's "
+                         "experts once",
+                         sw::error);
+  }
+  {  // the last rank's router meets a NaN: every rank refuses with its words, none waits for it
+    Moe placed(config(), 3);
+    (void)sw::expert_parallelize(placed, sw::submesh<"ep">(ep));
+    M x = tokens_of(world.rank());
+    if (world.rank() == world.size() - 1) x(2, 1) = std::nan("");
+    CHECK_THROWS_WITH_AS(
+        (void)placed.forward(x),
+        ("shardwise::models::MoeFeedForward at \"\": the router's probabilities for token 2 of ep rank " +
+         std::to_string(world.size() - 1) +
+         " are not finite (its input or the router's weights hold NaN or infinity); check the "
+         "model's inputs and learning rate")
+            .c_str(),
+        sw::error);
+  }
+  models::MoeConfig six = config();
+  six.experts = 6;
+  Moe uneven(six, 3);
+  if (6 % world.size() != 0)
+    CHECK_THROWS_WITH_AS(
+        (void)sw::expert_parallelize(uneven, sw::submesh<"ep">(ep)),
+        ("shardwise::expert_parallelize: the 6 experts at \"\" do not divide over the " + std::to_string(world.size()) +
+         " ranks of mesh axis \"ep\"; each rank holds an equal share: choose an ep size that divides "
+         "the experts")
+            .c_str(),
+        sw::error);
+}
+
+}  // namespace expert_parallel_cases
