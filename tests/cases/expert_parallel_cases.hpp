@@ -120,12 +120,71 @@ void check_placed_model(World const& world) {
   CHECK(gap(placed.layers[1].attention.wq.weight_grad, mine.layers[1].attention.wq.weight_grad) < 1e-13);
 }
 
+/// The same MoeLlama trained 3 AdamW steps with its experts over the ep ranks, which are the data-parallel ranks,
+/// each its own rows: equal to the unsharded model trained on every rank's rows with their gradients averaged (as
+/// data parallelism averages them), its losses and its weights after the steps.
+template <class World>
+void check_placed_training(World const& world) {
+  int const ranks = world.size(), me = world.rank();
+  models::LlamaConfig c;
+  c.vocabulary = 20, c.dim = 8, c.layers = 2, c.heads = 2, c.kv_heads = 1, c.sequence = 4, c.seed = 9;
+  models::MoeConfig m = config();
+  c.moe = m;
+  auto const ids = [](int step, int q, bool targets) {
+    std::vector<std::int64_t> v;
+    for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((step * 5 + q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
+    return v;
+  };
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const serial = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(world, {ranks});
+  auto const train = [&](auto& model, int step, int q) {
+    auto result = models::llama_loss(tp, model.forward(ids(step, q, false)), ids(step, q, true), c.vocabulary);
+    model.backward(result.dlogits);
+    return result.loss + m.router_aux_loss_coef * model.router_aux_loss();
+  };
+  sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
+  models::MoeLlama<double> placed(c), whole(c);
+  (void)sw::expert_parallelize(placed, dp);  // the experts over the data-parallel ranks
+  sw::AdamW<double> placed_step(options), whole_step(options);
+  for (int step = 0; step < 3; ++step) {
+    double const loss = train(placed, step, me);
+    double const placed_norm = placed_step.step(sw::finish_gradients(placed), dp);
+    sw::zero_grad(placed);
+    double mine = 0;
+    for (int q = 0; q < ranks; ++q) {
+      double const l = train(whole, step, q);
+      if (q == me) mine = l;
+    }
+    sw::for_each_parameter(whole, [&](std::string const&, auto const& p) { *p.grad /= double(ranks); });
+    double const whole_norm = whole_step.step(sw::finish_gradients(whole), serial);
+    sw::zero_grad(whole);
+    INFO("step " << step);
+    CHECK(loss == doctest::Approx(mine).epsilon(1e-12));
+    CHECK(placed_norm == doctest::Approx(whole_norm).epsilon(1e-12));
+  }
+  auto const& experts = placed.layers[1].feed_forward.experts;
+  for (std::size_t l = 0; l < experts.size(); ++l)
+    CHECK(gap(experts[l].w1.weight, whole.layers[1].feed_forward.experts[experts.first + l].w1.weight) < 1e-12);
+  CHECK(gap(placed.layers[0].attention.wq.weight, whole.layers[0].attention.wq.weight) < 1e-12);
+  CHECK(gap(placed.layers[0].feed_forward.gate.weight, whole.layers[0].feed_forward.gate.weight) < 1e-12);
+  if (ranks > 1) {  // a data-parallel mesh that is not the ep ranks is refused
+    auto const wrong = sw::make_mesh<"dp">(sw::serial_world(), {1});
+    (void)train(placed, 0, me);
+    CHECK_THROWS_WITH_AS((void)placed_step.step(sw::finish_gradients(placed), wrong),
+                         doctest::Contains("ranks of mesh axis \"dp\" with a data-parallel mesh of 1; an expert's "
+                                           "gradient sums every ep rank's tokens"),
+                         sw::error);
+  }
+}
+
 /// Every check above at this world's size, dropless and with a capacity, and the refusals.
 template <class World>
 void check_expert_parallel(World const& world) {
   check_placed_block(world, 0.0);
   check_placed_block(world, 1.0);  // each rank drops by its own tokens' capacity, as unsharded
   check_placed_model(world);
+  check_placed_training(world);
   auto const ep = sw::make_mesh<"ep">(world, {world.size()});
   if (world.size() > 1) {  // placed twice
     Moe twice(config(), 3);

@@ -4,7 +4,9 @@ experts, top-2, 2 layers; Qwen2-MoE with its gated shared expert and q, k, v bia
 that the training loss holds router_aux_loss_coef x the load-balancing loss), saves each with save_pretrained in
 fp64 into DIR/<family> (one tensor per expert), and Mixtral's state_dict, whose experts transformers 5 holds fused
 (mlp.experts.gate_up_proj, down_proj), into DIR/mixtral_fused; then writes, for a fixed batch, the logits, the
-aux_loss transformers returns, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux.
+aux_loss transformers returns, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux; and of 5
+steps as two data-parallel ranks take them (a row each, its own aux loss, the gradients averaged: DDP), which
+shardwise runs with the experts over 2 ep ranks.
 "check": loads the folders shardwise exported after its 5 steps (DIR/<family>_export) with from_pretrained, nothing
 missing or unexpected, and compares their logits with those shardwise wrote beside them.
 
@@ -98,11 +100,30 @@ def in_fp64(model):
     return model
 
 
-def loss_of(model, step):
+def loss_of(model, step, row=None):
+    """The training loss of batch `step` (of its row `row` alone, as a data-parallel rank holding it computes it),
+    its logits and its aux loss."""
+    pick = slice(None) if row is None else slice(row, row + 1)
     with aux_loss_in_float64():
-        out = model(ids_of(step, False))
+        out = model(ids_of(step, False)[pick])
     logits = out.logits.reshape(-1, VOCAB)
-    return F.cross_entropy(logits, ids_of(step, True).reshape(-1)) + AUX_COEF * out.aux_loss, logits, out.aux_loss
+    targets = ids_of(step, True)[pick].reshape(-1)
+    return F.cross_entropy(logits, targets) + AUX_COEF * out.aux_loss, logits, out.aux_loss
+
+
+def train_data_parallel(model, directory, family):
+    """5 steps as 2 data-parallel ranks take them, each one row of the batch: each row's loss (its cross-entropy and
+    its own aux loss) alone, the gradients averaged (torch's DistributedDataParallel), one AdamW step; writes each
+    step's loss per row."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    losses = []
+    for step in range(STEPS):
+        rows = [loss_of(model, step, row)[0] for row in range(2)]
+        (sum(rows) / 2).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append([r.item() for r in rows])
+    np.save(os.path.join(directory, family + "_dp_losses.npy"), np.array(losses))
 
 
 def prepare(directory):
@@ -130,6 +151,9 @@ def prepare(directory):
             optimizer.zero_grad()
             losses.append(loss.item())
         np.save(os.path.join(directory, family + "_losses.npy"), np.array(losses))
+        fresh = Model.from_pretrained(os.path.join(directory, family), attn_implementation="sdpa",
+                                      experts_implementation="eager", dtype=torch.float64)
+        train_data_parallel(in_fp64(fresh), directory, family)
     print(f"wrote {', '.join(FAMILIES)} and mixtral_fused into {directory}, with their logits, aux losses and losses")
     return 0
 

@@ -18,12 +18,12 @@
 #include <utility>
 #include <vector>
 
-#include "shardwise/experts/expert_dispatch.hpp"
-#include "shardwise/experts/expert_parallel.hpp"
 #include "shardwise/models/llama_feed_forward.hpp"
 #include "shardwise/models/moe_config.hpp"
 #include "shardwise/models/moe_routing.hpp"
 #include "shardwise/nn.hpp"
+#include "shardwise/nn/experts/expert_dispatch.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 
 namespace shardwise::models {
 
@@ -110,6 +110,7 @@ struct MoeFeedForward {
     experts.erase(experts.begin() + static_cast<std::ptrdiff_t>(first + per), experts.end());
     experts.erase(experts.begin(), experts.begin() + static_cast<std::ptrdiff_t>(first));
     experts.first = first;
+    for (auto& expert : experts) placed->place(expert);
     placed_ = placed;
   }
 

@@ -58,7 +58,8 @@ struct listed_parameter {
   std::size_t copies = 1, copy_block = 0;
   bool* copies_summed = nullptr;
   std::string_view mirror_of;
-  bool frozen = false;               // sw::freeze: not trained (no gradient, no optimizer state, nothing to finish)
+  bool frozen = false;  // sw::freeze: not trained (no gradient, no optimizer state, nothing to finish)
+  expert_parallel const* placed_over = nullptr;  // an expert's placed over ep ranks (Parameter::placed_over)
   std::string name;                  // "layers.0.attention.wq.weight" when the list was built with names, else empty
   std::string_view leaf = "weight";  // its name within its layer
   bool is_vector = false;            // held as a vector (a bias, a norm's weight)
@@ -152,6 +153,7 @@ listed_parameter<T> list_entry(Parameter<Tensor, G> const& p, list_path const& p
   entry.copies_summed = p.copies_summed;
   entry.mirror_of = p.mirror_of;
   entry.frozen = is_frozen(p);
+  entry.placed_over = p.placed_over;
   entry.leaf = p.leaf;
   entry.is_vector = Tensor::ColsAtCompileTime == 1;
   if constexpr (is_shard_v<G>)

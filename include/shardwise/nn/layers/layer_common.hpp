@@ -25,6 +25,8 @@
 
 namespace shardwise {
 
+class expert_parallel;  // nn/experts/expert_parallel.hpp: where an expert's layers are placed
+
 /// The location of a layer used outside any plan.
 using unplanned = located<NoParallel, "", serial_plan>;
 
@@ -112,6 +114,11 @@ class layer_plumbing {
   [[nodiscard]] deferred_weight_gradients* shardwise_weight_work() const { return weight_work_.get(); }
   /// Set by sw::defer_weight_gradients on every layer of the module it arms (null: disarmed).
   void shardwise_defer_weight_work(deferred_weight_gradients* into) { weight_work_.set(into); }
+  /// The ep placement of the expert this layer belongs to (null: none): its gradient sums every ep rank's tokens,
+  /// so optimizers divide it by the ep ranks instead of averaging it over them.
+  [[nodiscard]] expert_parallel const* shardwise_placed_over() const { return placed_over_; }
+  /// Set by sw::expert_parallel::place on every layer of an expert it places.
+  void shardwise_place_over(expert_parallel const* placed) { placed_over_ = placed; }
 
  protected:
   /// `path` must outlive the layer (a plan path: static storage); `declared_only`: built inside sw::Lazy.
@@ -136,6 +143,7 @@ class layer_plumbing {
   registered_layer registration_;
   attached_hooks hooks_;
   attached<deferred_weight_gradients> weight_work_;
+  expert_parallel const* placed_over_ = nullptr;
 };
 
 /// A weight that belongs to another layer of the same model, kept as its distance from the layer that uses it

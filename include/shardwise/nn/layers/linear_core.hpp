@@ -171,6 +171,7 @@ class linear_core : public layer_plumbing<T> {
     Parameter<vector, bias_grad_placement> b{&bias, &bias_grad, group_.get(), path_, copies_, copy_block_};
     b.real_rows = unpadded_out_, b.leaf = "bias", b.present = has_bias_, b.frozen = &frozen_[1];
     b.copies_summed = w.copies_summed;
+    w.placed_over = b.placed_over = this->shardwise_placed_over();
     return std::make_tuple(w, b, adapter_parameter<lora_a_placement>(true), adapter_parameter<lora_b_placement>(false));
   }
 

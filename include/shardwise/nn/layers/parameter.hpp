@@ -15,6 +15,8 @@
 
 namespace shardwise {
 
+class expert_parallel;
+
 /// One parameter of a layer: its value (this rank's shard), its gradient, and the gradient's placement on the
 /// tensor-parallel axis in the type. Layers hand them out through parameters(); sw::for_each_parameter walks
 /// them with their names.
@@ -50,6 +52,9 @@ struct Parameter {
   /// The layer's flag that sw::freeze sets: a frozen parameter is not trained (its layer computes no gradient for
   /// it, optimizers keep no state for it, nothing reduces it). Null: the layer cannot freeze it.
   bool* frozen = nullptr;
+  /// An expert's parameter placed over ep ranks (sw::expert_parallelize): its gradient sums every ep rank's
+  /// tokens, so optimizers divide it by the ep size instead of averaging it over data parallelism. Null: none.
+  expert_parallel const* placed_over = nullptr;
 };
 
 namespace detail {

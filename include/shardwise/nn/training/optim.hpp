@@ -19,8 +19,10 @@
 #endif
 
 #include "shardwise/cost/cost.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 #include "shardwise/nn/layers/parameter.hpp"
 #include "shardwise/nn/parameter_list.hpp"
+#include "shardwise/nn/training/adamw_options.hpp"
 #include "shardwise/nn/training/name_patterns.hpp"
 #include "shardwise/nn/training/schedule.hpp"
 #include "shardwise/nn/walk.hpp"
@@ -51,32 +53,6 @@ constexpr bool has_partial_gradients() {
 }
 
 }  // namespace detail
-
-/// A parameter group of AdamW, as torch.optim's param_groups: the parameters whose names `matches` accepts
-/// take this weight decay (and learning rate, if set) instead of the options'. Every GPT and Llama recipe
-/// exempts biases and norms: {.matches = sw::names_matching({"*.bias", "*norm.weight"}), .weight_decay = 0}.
-template <class T>
-struct AdamWGroup {
-  std::function<bool(std::string_view name)> matches;  ///< Whether a parameter (by name) is in the group.
-  T weight_decay = T(0);                               ///< The group's weight decay.
-  std::optional<T> learning_rate = {};                 ///< The group's learning rate; unset: the options'.
-};
-
-/// The settings of AdamW, with torch.optim.AdamW's defaults.
-template <class T>
-struct AdamWOptions {
-  T learning_rate = T(1e-3);  ///< The learning rate.
-  /// The moments' decay rates, the denominator's epsilon and the decoupled weight decay, as torch.optim.AdamW's.
-  /// @{
-  T beta1 = T(0.9), beta2 = T(0.999), eps = T(1e-8), weight_decay = T(0.01);
-  /// @}
-  T max_grad_norm = T(0);  ///< Clip the global gradient norm to this; 0: no clipping.
-  bool zero1 = false;      ///< ZeRO-1: shard the moments over data parallelism.
-  /// Multiplies every group's learning rate, step by step (default: constant, no warm-up).
-  LearningRateSchedule schedule = {};
-  /// Parameter groups; a parameter takes the first group that matches its name, else the options above.
-  std::vector<AdamWGroup<T>> groups = {};
-};
 
 namespace detail {
 /// x[i] = sqrt(x[i]), correctly rounded as std::sqrt is, four or two at a time where SSE2 has the instruction.
@@ -331,6 +307,7 @@ class AdamW {
     bool counted = false;  // this rank adds its squares to the global norm
     T copies = 1;          // ranks holding the same block (a replicated block counts once)
     nn::group<T> const* group = nullptr;
+    expert_parallel const* placed_over = nullptr;  // an expert's placed over ep: summed, not averaged, over dp
   };
 
   /// Lists every parameter with its finished gradient (allocated if a lazy load left none), in the order of the
@@ -344,10 +321,19 @@ class AdamW {
   T average_and_norm(DataMesh const& dp, SumOverStages& sum_over_stages) {
     int const dp_size = dp.size(0);
     T square_sum = 0;
+    nn::vector<T> placed_squares = nn::vector<T>::Zero(1);  // placed experts' gradients: each ep rank's own
+    expert_parallel const* placed = nullptr;
     nn::group<T> const* tp_group = nullptr;
     for (std::size_t index = 0; index < parameters_.size(); ++index) {
       step_parameter const& p = parameters_[index];
       slice& s = slices_[index];
+      if (p.placed_over) {  // the sum over the ep ranks' tokens, which are the dp ranks': divided, not averaged
+        placed = p.placed_over;
+        check_expert_placement(*placed, dp_size);
+        Eigen::Map<nn::vector<T>>(p.grad, static_cast<Eigen::Index>(p.grad_elements)) /= static_cast<T>(dp_size);
+        if (p.counted) placed_squares(0) += detail::sum_of_squares(p.grad + s.start, s.count) / p.copies;
+        continue;
+      }
       if (dp_size > 1) {
         Eigen::Map<nn::vector<T>> whole(p.grad, static_cast<Eigen::Index>(p.grad_elements));
         if (sliced(dp_size))
@@ -362,12 +348,22 @@ class AdamW {
       }
     }
     // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
+    if (placed) placed->sum(placed_squares);
     nn::vector<T> total(1);
-    total(0) = square_sum;
+    total(0) = square_sum + placed_squares(0);
     if (tp_group) tp_group->all_reduce(total);
     if (sliced(dp_size)) detail::all_reduce_on(dp.comm(0), total, detail::op_kind::sum);
     sum_over_stages(total);
     return std::sqrt(total(0));
+  }
+
+  /// Refuses experts placed over ep ranks that are not the data-parallel ranks, or under ZeRO-1.
+  void check_expert_placement(expert_parallel const& placed, int dp_size) const {
+    if (placed.size() != dp_size || options_.zero1)
+      detail::fail("shardwise::AdamW::step: experts placed over ", placed.size(), " ranks of mesh axis \"",
+                   placed.axis(), "\" with a data-parallel mesh of ", dp_size, options_.zero1 ? " under ZeRO-1" : "",
+                   "; an expert's gradient sums every ep rank's tokens, so the ep ranks must be the data-parallel "
+                   "ones (the same ranks, in the same order) and ZeRO-1 off");
   }
 
   /// AdamW on this rank's slice of every listed parameter, then (ZeRO-1) the updated slices gathered.
@@ -439,8 +435,8 @@ void AdamW<T>::list_parameters(std::vector<detail::listed_parameter<T>> const& l
   for (auto const& p : listed) {
     bool const counted = p.mirror_of.empty() && (p.sharded || (p.group ? p.group->rank() : 0) == 0);
     auto const grad = p.finished_grad();
-    parameters_.push_back(
-        {p.value.data(), grad.data(), p.value.size(), grad.size(), counted, static_cast<T>(p.copies), p.group});
+    parameters_.push_back({p.value.data(), grad.data(), p.value.size(), grad.size(), counted, static_cast<T>(p.copies),
+                           p.group, p.placed_over});
   }
 }
 template <class T>

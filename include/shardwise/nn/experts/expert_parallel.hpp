@@ -58,27 +58,48 @@ class expert_parallel {
   template <std::floating_point T>
   std::vector<std::size_t> exchange(nn::matrix<T> const& in, std::span<std::size_t const> rows_to,
                                     nn::matrix<T>& out) const {
-    if constexpr (std::is_same_v<T, float>)
-      return float_(in, rows_to, out);
-    else
-      return double_(in, rows_to, out);
+    return typed<T>().exchange(in, rows_to, out);
+  }
+  /// Sums `values` over the ep axis, in place (an optimizer's squares of the placed experts' gradients).
+  template <std::floating_point T>
+  void sum(nn::vector<T>& values) const {
+    typed<T>().sum(values);
+  }
+  /// Marks every layer of `expert` as placed here (Parameter::placed_over), so that optimizers treat its gradients
+  /// as sums over the ep ranks; a module of experts calls it on each expert it keeps.
+  template <class Module>
+  void place(Module& expert) const {
+    detail::for_each_layer(expert, [&](auto& layer) {
+      if constexpr (requires { layer.shardwise_place_over(this); }) layer.shardwise_place_over(this);
+    });
   }
 
  private:
   template <class T>
-  using exchange_fn =
-      std::function<std::vector<std::size_t>(nn::matrix<T> const&, std::span<std::size_t const>, nn::matrix<T>&)>;
+  struct collectives {
+    std::function<std::vector<std::size_t>(nn::matrix<T> const&, std::span<std::size_t const>, nn::matrix<T>&)>
+        exchange;
+    std::function<void(nn::vector<T>&)> sum;
+  };
   template <class T, class Mesh>
-  static void bind(Mesh const& ep, exchange_fn<T>& fn) {
-    fn = [ep](nn::matrix<T> const& in, std::span<std::size_t const> rows_to, nn::matrix<T>& out) {
+  static void bind(Mesh const& ep, collectives<T>& fn) {
+    fn.exchange = [ep](nn::matrix<T> const& in, std::span<std::size_t const> rows_to, nn::matrix<T>& out) {
       return detail::all_to_all_rows_on(ep.comm(0), in, rows_to, out);
     };
+    fn.sum = [ep](nn::vector<T>& values) { detail::all_reduce_on(ep.comm(0), values, detail::op_kind::sum); };
+  }
+  template <class T>
+  [[nodiscard]] collectives<T> const& typed() const {
+    if constexpr (std::is_same_v<T, float>)
+      return float_;
+    else
+      return double_;
   }
 
   int size_ = 1, rank_ = 0;
   std::string axis_;
-  exchange_fn<float> float_;
-  exchange_fn<double> double_;
+  collectives<float> float_;
+  collectives<double> double_;
 };
 
 /// Places the experts of every module with a shardwise_on_expert_parallel hook (models::MoeFeedForward) over the

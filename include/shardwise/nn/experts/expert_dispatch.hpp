@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "shardwise/experts/expert_parallel.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise {
