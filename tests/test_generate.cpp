@@ -346,6 +346,7 @@ TEST_CASE(
   CHECK(models::llama_config_from_json(of("mixtral", R"(, "router_aux_loss_coef": 0.02)")).moe->router_aux_loss_coef ==
         0);
   CHECK(models::llama_config_from_json(of("mixtral", R"(, "sliding_window": 16)")).sliding_window == 16);
+  CHECK((mixtral.norm_eps == 1e-5 && mixtral.rope_theta == 1e6));  // MixtralConfig's defaults, not Llama's
   // Qwen2-MoE: its defaults (60 experts, top-4, width 1408, a gated shared expert of 5632), q, k and v biases.
   auto const qwen2 = models::llama_config_from_json(of("qwen2_moe", R"(, "qkv_bias": true)"));
   CHECK((qwen2.moe->experts == 60 && qwen2.moe->top_k == 4 && qwen2.moe->expert_hidden == 1408 &&

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <shardwise/checkpoint/consolidate.hpp>
+#include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
 #include <shardwise/models/gpt2_names.hpp>
@@ -278,7 +279,16 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
       bool const save_refused = refused.find(
                                     "the model's experts are placed over ep ranks (sw::expert_parallelize), "
                                     "whose checkpoints are not built yet") != std::string::npos;
-      if (row == 0) results.add(label + ": save_sharded refused, by name", save_refused, refused);
+      refused.clear();
+      try {  // with the optimizer's state: the same refusal
+        sw::save_sharded(model, optimizer, tp, dp, dir / (family + "_ep_state"), 5);
+      } catch (sw::error const& e) {
+        refused = e.what();
+      }
+      bool const state_refused = refused.find("whose checkpoints are not built yet") != std::string::npos;
+      if (row == 0)
+        results.add(label + ": save_sharded refused, by name, with and without the optimizer's state",
+                    save_refused && state_refused, refused);
       Eigen::VectorXd worst = Eigen::VectorXd::Zero(1);  // over both ranks' rows
       for (std::size_t i = 0; i < got.size(); ++i)
         worst(0) = std::max(worst(0), std::abs(got[i] - want[i]) / std::abs(want[i]));

@@ -18,6 +18,7 @@
 #include "shardwise/checkpoint/dtype.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 
 namespace shardwise::detail {
 
@@ -106,14 +107,7 @@ struct values_to_visitor {
 /// which must outlive it.
 template <class Model>
 model_tensors tensors_of(Model& model) {
-  bool placed = false;  // each ep rank holds other experts: a save or load of its share alone would lose the rest
-  for_each_layer(model, [&](auto& layer) {
-    if constexpr (requires { layer.shardwise_placed_over(); }) placed = placed || layer.shardwise_placed_over();
-  });
-  if (placed)
-    fail(
-        "shardwise: the model's experts are placed over ep ranks (sw::expert_parallelize), whose checkpoints are "
-        "not built yet; save or load the model before placing its experts");
+  refuse_placed_experts(model, "checkpoints are");  // a save or load of its share alone would lose the rest
   model_tensors m;
   m.walk = [&model](int size, int rank, bool materialize, model_tensors::visitor const& fn) {
     for_each_checkpoint_tensor(model, size, rank, materialize, values_to_visitor{fn});

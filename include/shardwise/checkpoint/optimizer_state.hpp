@@ -110,6 +110,7 @@ std::vector<whole_moments<T>> blank_moments(Model& model) {
 template <class Model, class T, class DpMesh>
 std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, bool keep,
                                              std::filesystem::path const& dir) {
+  refuse_placed_experts(model, "checkpoints are");
   auto moments = keep ? blank_moments<T>(model) : std::vector<whole_moments<T>>{};
   bool const sliced = optimizer.options().zero1 && dp.size() > 1;
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;

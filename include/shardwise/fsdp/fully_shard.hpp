@@ -26,6 +26,7 @@
 #include "shardwise/fsdp/units.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/mesh/mesh.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/nn/walk.hpp"
@@ -69,6 +70,7 @@ class fully_sharded final : detail::fsdp_unit_actions {
         options_(options),
         schedule_(*this, {std::is_same_v<strategy, full_shard>, keeps_master, options.forward_prefetch,
                           options.backward_prefetch}) {
+    detail::refuse_placed_experts(model_, "full sharding is");
     detail::find_fsdp_units<typename Policy::wrap>(model_, units(), candidates_);
     make_slots();
     detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units(), detail::fsdp_strategy_name<strategy>);

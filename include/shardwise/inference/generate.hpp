@@ -25,6 +25,7 @@
 #include "shardwise/inference/kv_cache.hpp"
 #include "shardwise/inference/sampling.hpp"
 #include "shardwise/mesh/collectives.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/nn/redistribute.hpp"
 
@@ -183,6 +184,7 @@ generation generate(Model& model, Mesh const& tp, std::vector<std::vector<std::i
   static_assert(cached_decoder<Model, T>,
                 "shardwise::generate: the model needs forward(ids, cache_step const&, kv_cache<T>&), "
                 "shardwise_kv_shape() and config().vocabulary; see docs/inference.md for a module of your own");
+  detail::refuse_placed_experts(model, "generation is");  // each ep rank would step its own prompts apart
   detail::agree_on_request(tp, prompts, options);
   std::size_t const vocabulary = model.config().vocabulary;
   kv_cache<T> cache(model.shardwise_kv_shape(), prompts.size(),

@@ -153,11 +153,12 @@ inline std::string rope_name(nlohmann::json const* p, std::string_view source) {
   return "default";
 }
 
-/// The rotary embedding: its base ("rope_theta", or transformers 5's "rope_parameters": {"rope_theta": ...}) into
-/// c.rope_theta, and its scaling into c.rope_scaling. A type shardwise does not compute is
-/// rope_type::unsupported: the planner needs no rotation, and the model and llama_config_from_json refuse it.
-inline void read_rope(nlohmann::json const& root, std::string_view source, LlamaConfig& c) {
-  c.rope_theta = config_real(root, "rope_theta", source, 10000.0);
+/// The rotary embedding: its base ("rope_theta", `theta` (the family's default) when absent, or transformers 5's
+/// "rope_parameters": {"rope_theta": ...}) into c.rope_theta, and its scaling into c.rope_scaling. A type shardwise
+/// does not compute is rope_type::unsupported: the planner needs no rotation, and the model and llama_config_from_json
+/// refuse it.
+inline void read_rope(nlohmann::json const& root, std::string_view source, LlamaConfig& c, double theta = 10000.0) {
+  c.rope_theta = config_real(root, "rope_theta", source, theta);
   nlohmann::json const* p = rope_object(root, source);
   if (!p) return;
   c.rope_theta = config_real(*p, "rope_theta", source, c.rope_theta);
@@ -184,6 +185,8 @@ struct config_defaults {
   std::size_t kv_heads = 0;      ///< num_key_value_heads (0: the query heads)
   std::size_t positions = 2048;  ///< max_position_embeddings
   std::size_t head_dim = 0;      ///< head_dim (0: hidden_size / num_attention_heads)
+  double norm_eps = 1e-6;        ///< rms_norm_eps
+  double rope_theta = 10000.0;   ///< rope_theta
 };
 
 /// LlamaConfig's, Qwen2Config's, Qwen3Config's, MistralConfig's, MixtralConfig's, Qwen2MoeConfig's and
@@ -191,7 +194,8 @@ struct config_defaults {
 inline config_defaults family_defaults(std::string_view family) {
   if (family == "qwen2") return {32, 32768};
   if (family == "qwen3") return {32, 32768, 128};
-  if (family == "mistral" || family == "mixtral") return {8, 131072};
+  if (family == "mistral") return {8, 131072};
+  if (family == "mixtral") return {8, 131072, 0, 1e-5, 1e6};
   if (family == "qwen2_moe") return {16, 32768};
   if (family == "qwen3_moe") return {4, 32768};
   return {};
@@ -244,8 +248,8 @@ inline LlamaConfig llama_fields(nlohmann::json const& root, std::string_view sou
       detail::config_count(root, "num_key_value_heads", source, defaults.kv_heads ? defaults.kv_heads : c.heads);
   c.hidden = detail::config_count(root, "intermediate_size", source);
   c.sequence = detail::config_count(root, "max_position_embeddings", source, defaults.positions);
-  c.norm_eps = detail::config_real(root, "rms_norm_eps", source, 1e-6);
-  detail::read_rope(root, source, c);
+  c.norm_eps = detail::config_real(root, "rms_norm_eps", source, defaults.norm_eps);
+  detail::read_rope(root, source, c, defaults.rope_theta);
   c.tie_word_embeddings = config_flag(root, "tie_word_embeddings", source);
   if (root.contains("head_dim") && !root["head_dim"].is_null()) {
     std::size_t const head_dim = detail::config_count(root, "head_dim", source);

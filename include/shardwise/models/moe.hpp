@@ -170,7 +170,7 @@ struct MoeFeedForward {
     for (std::size_t e = 0; e < balance_.loads.size(); ++e)
       loss += static_cast<double>(balance_.loads[e]) * balance_.score_sums[e];
     auto const tokens = static_cast<double>(balance_.tokens);
-    return loss / (tokens * tokens) * static_cast<double>(config_.experts);
+    return tokens == 0 ? 0.0 : loss / (tokens * tokens) * static_cast<double>(config_.experts);
   }
   /// Where the last forward sent its tokens (dropped with its activations: sw::drop_saved_activations).
   [[nodiscard]] moe_routing const& routing() const { return routing_; }
@@ -196,17 +196,21 @@ struct MoeFeedForward {
 
   /// DeepSeek-V3's auxiliary-loss-free balancing, once per step: each expert's bias moves by `rate` towards
   /// balance (down if it took more than the mean load, up if less), from the loads of the tokens trained since the
-  /// last update (counted at backward, so a recomputed forward counts once); then those counts start again.
+  /// last update (counted at backward, so a recomputed forward counts once; under sw::expert_parallelize, over every
+  /// ep rank's tokens); then those counts start again.
   void update_routing_bias(T rate) {
     if (config_.router != moe_router::sigmoid)
       shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(),
                        "\": update_routing_bias needs the sigmoid router (MoeConfig::router), whose choice the bias "
                        "steers; the softmax router balances with router_aux_loss_coef");
-    double const mean =
-        std::accumulate(pending_loads_.begin(), pending_loads_.end(), 0.0) / static_cast<double>(pending_loads_.size());
-    for (std::size_t e = 0; e < pending_loads_.size(); ++e) {
-      double const load = static_cast<double>(pending_loads_[e]);
-      score_correction_bias(static_cast<Eigen::Index>(e)) += rate * T((mean > load) - (mean < load));
+    nn::vector<double> loads(static_cast<Eigen::Index>(pending_loads_.size()));
+    for (std::size_t e = 0; e < pending_loads_.size(); ++e)
+      loads(static_cast<Eigen::Index>(e)) = static_cast<double>(pending_loads_[e]);
+    if (placed_) placed_->sum(loads);  // every ep (data-parallel) rank's tokens: the bias stays one value
+    double const mean = loads.mean();
+    for (Eigen::Index e = 0; e < loads.size(); ++e) {
+      double const load = loads(e);
+      score_correction_bias(e) += rate * T((mean > load) - (mean < load));
     }
     std::fill(pending_loads_.begin(), pending_loads_.end(), std::size_t{0});
   }
@@ -327,7 +331,7 @@ struct MoeFeedForward {
     if (pooled_) return;  // the loads of the model's blocks together (use_pooled_loads)
     balance_share_.resize(count);
     for (std::size_t e = 0; e < count; ++e)
-      balance_share_[e] = static_cast<double>(routing_.load(e)) / static_cast<double>(tokens);
+      balance_share_[e] = tokens == 0 ? 0.0 : static_cast<double>(routing_.load(e)) / static_cast<double>(tokens);
     balance_rows_ = static_cast<double>(tokens);
   }
 

@@ -65,7 +65,8 @@ double load_balancing_loss(Blocks&& blocks) {
   }
   std::vector<double> share(slots.size());
   double loss = 0;
-  for (std::size_t e = 0; e < slots.size(); ++e) share[e] = slots[e] / rows, loss += share[e] * score_sums[e] / rows;
+  for (std::size_t e = 0; rows > 0 && e < slots.size(); ++e)  // no rows (an ep rank with no tokens): no loss
+    share[e] = slots[e] / rows, loss += share[e] * score_sums[e] / rows;
   for (auto&& b : blocks) block(b).use_pooled_loads(share, rows);
   return loss * static_cast<double>(slots.size());
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -158,8 +159,16 @@ struct mpi_collectives {
     auto const shape_at = [&](int q) { return at(calls, q).shape; };
     auto const rows_of = [&](int q) { return all.data() + static_cast<std::size_t>(q) * count; };
     extents const result = rows_to_ranks_shape(ranks, me, shape_at, rows_of, site);
-    E* const out = output(result);
     std::size_t const width = row_elements(call.shape);
+    for (int q = 0; q < ranks; ++q) {  // MPI counts are ints: every rank checks every rank's totals alike
+      std::size_t sent = 0, received_by_q = 0;
+      for (int j = 0; j < ranks; ++j) sent += rows_of(q)[j], received_by_q += rows_of(j)[q];
+      if (std::max(sent, received_by_q) * width > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        fail(site, ": rank ", q, " sends ", sent, " and receives ", received_by_q, " rows of ", width,
+             " elements, beyond the ", std::numeric_limits<int>::max(),
+             " elements MPI moves in one exchange; exchange fewer rows at a time");
+    }
+    E* const out = output(result);
     std::vector<std::size_t> send_counts(count), recv_counts(count);
     for (std::size_t q = 0; q < count; ++q) {
       send_counts[q] = rows_to[q] * width;

@@ -50,13 +50,14 @@ class expert_dispatch {
   /// Every rank's rows for each of this rank's local experts: counts(q, l) from rank q for local expert l. A rank
   /// whose router met an unroutable token sends that instead (as -1 - token), and every rank refuses alike.
   template <class Refuse>
-  static nn::matrix<T> exchange_counts(expert_parallel const& placed, std::vector<std::size_t> const& rows_of,
-                                       std::size_t local, Eigen::Index unroutable, Refuse& refuse) {
+  static nn::matrix<double> exchange_counts(expert_parallel const& placed, std::vector<std::size_t> const& rows_of,
+                                            std::size_t local, Eigen::Index unroutable, Refuse& refuse) {
     auto const ranks = static_cast<Eigen::Index>(placed.size());
-    nn::matrix<T> mine(ranks, static_cast<Eigen::Index>(local)), counts;
+    nn::matrix<double> mine(ranks, static_cast<Eigen::Index>(local)), counts;  // double: exact counts up to 2^53
     for (std::size_t e = 0; e < rows_of.size(); ++e)
-      mine(static_cast<Eigen::Index>(e / local), static_cast<Eigen::Index>(e % local)) = static_cast<T>(rows_of[e]);
-    if (unroutable >= 0) mine.setConstant(-1 - static_cast<T>(unroutable));
+      mine(static_cast<Eigen::Index>(e / local), static_cast<Eigen::Index>(e % local)) =
+          static_cast<double>(rows_of[e]);
+    if (unroutable >= 0) mine.setConstant(-1 - static_cast<double>(unroutable));
     std::vector<std::size_t> const one_row(static_cast<std::size_t>(ranks), 1);
     (void)placed.exchange(mine, one_row, counts);
     for (Eigen::Index q = 0; q < counts.rows(); ++q)
@@ -81,11 +82,11 @@ class expert_dispatch {
   }
   /// Where rank q's rows for local expert l start among the rows that arrived.
   [[nodiscard]] Eigen::Index arrived_at(Eigen::Index q, Eigen::Index l) const {
-    T before = counts_.topRows(q).sum() + counts_.row(q).head(l).sum();
+    double const before = counts_.topRows(q).sum() + counts_.row(q).head(l).sum();
     return static_cast<Eigen::Index>(before);
   }
 
-  nn::matrix<T> counts_;  // of the last forward: rows from each ep rank (row) for each local expert (column)
+  nn::matrix<double> counts_;  // of the last forward: rows from each ep rank (row) for each local expert (column)
 };
 
 }  // namespace shardwise

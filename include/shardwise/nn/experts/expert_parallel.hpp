@@ -102,6 +102,21 @@ class expert_parallel {
   collectives<double> double_;
 };
 
+namespace detail {
+/// Refuses, naming `what` ("checkpoints are"), a model whose experts are placed over ep ranks: each rank holds
+/// other experts, so what works on its share alone would lose, or mix up, the others.
+template <class Model>
+void refuse_placed_experts(Model& model, std::string_view what) {
+  bool placed = false;
+  for_each_layer(model, [&](auto& layer) {
+    if constexpr (requires { layer.shardwise_placed_over(); }) placed = placed || layer.shardwise_placed_over();
+  });
+  if (placed)
+    shardwise::raise("shardwise: the model's experts are placed over ep ranks (sw::expert_parallelize), whose ", what,
+                     " not built yet; do it before placing its experts");
+}
+}  // namespace detail
+
 /// Places the experts of every module with a shardwise_on_expert_parallel hook (models::MoeFeedForward) over the
 /// ep mesh (a 1-D mesh): each keeps its rank's equal, contiguous share of its experts, named by their index in the
 /// whole model, and sends each token to its experts' ranks and back. Every rank of the ep axis takes part in every

@@ -72,6 +72,7 @@ auto linear_core<T, Rule>::adapter_parameter(bool is_a) -> Parameter<matrix, G> 
   p.leaf = leaves[is_a];
   p.real_rows = is_a ? 0 : unpadded_out_;
   p.copies_summed = !is_a && copies_ > 1 ? &copies_summed_ : nullptr;
+  p.placed_over = this->shardwise_placed_over();  // an expert's adapter sums the ep ranks' tokens as its weight does
   return p;
 }
 

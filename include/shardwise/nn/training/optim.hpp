@@ -274,8 +274,11 @@ class AdamW {
   template <class Model, class DataMesh, class SumOverStages>
   T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages&& sum_over_stages) {
     ++steps_;
-    auto const list =
-        trainable(detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true}));
+    auto listed = detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true});
+    placed_ = nullptr;  // from every parameter, frozen ones too: every ep rank then sums the experts' squares
+    for (auto const& p : listed.parameters) placed_ = p.placed_over ? p.placed_over : placed_;
+    if (placed_) check_expert_placement(*placed_, dp);
+    auto const list = trainable(std::move(listed));
     if (slices_.empty())  // the state, once, by name: parameter groups
       for (std::size_t index = 0; index < list.parameters.size(); ++index)
         (void)state_of(index, list.parameters[index], dp.size(0), dp.coordinate(0));
@@ -322,14 +325,11 @@ class AdamW {
     int const dp_size = dp.size(0);
     T square_sum = 0;
     nn::vector<T> placed_squares = nn::vector<T>::Zero(1);  // placed experts' gradients: each ep rank's own
-    expert_parallel const* placed = nullptr;
     nn::group<T> const* tp_group = nullptr;
     for (std::size_t index = 0; index < parameters_.size(); ++index) {
       step_parameter const& p = parameters_[index];
       slice& s = slices_[index];
       if (p.placed_over) {  // the sum over the ep ranks' tokens, which are the dp ranks': divided, not averaged
-        placed = p.placed_over;
-        check_expert_placement(*placed, dp_size);
         Eigen::Map<nn::vector<T>>(p.grad, static_cast<Eigen::Index>(p.grad_elements)) /= static_cast<T>(dp_size);
         if (p.counted) placed_squares(0) += detail::sum_of_squares(p.grad + s.start, s.count) / p.copies;
         continue;
@@ -348,7 +348,7 @@ class AdamW {
       }
     }
     // Sum the squares over the tp group (sharded gradients) and, under ZeRO-1, over dp (disjoint slices).
-    if (placed) placed->sum(placed_squares);
+    if (placed_) placed_->sum(placed_squares);
     nn::vector<T> total(1);
     total(0) = square_sum + placed_squares(0);
     if (tp_group) tp_group->all_reduce(total);
@@ -357,11 +357,16 @@ class AdamW {
     return std::sqrt(total(0));
   }
 
-  /// Refuses experts placed over ep ranks that are not the data-parallel ranks, or under ZeRO-1.
-  void check_expert_placement(expert_parallel const& placed, int dp_size) const {
-    if (placed.size() != dp_size || options_.zero1)
+  /// Refuses, on every dp rank alike, experts placed over ep ranks that are not the data-parallel ranks (the same
+  /// ranks in the same order), or under ZeRO-1.
+  template <class DataMesh>
+  void check_expert_placement(expert_parallel const& placed, DataMesh const& dp) const {
+    std::vector<int> const ep_ranks = detail::gather_values(dp.comm(0), placed.rank());
+    bool same = placed.size() == dp.size(0);
+    for (std::size_t q = 0; q < ep_ranks.size(); ++q) same = same && ep_ranks[q] == static_cast<int>(q);
+    if (!same || options_.zero1)
       detail::fail("shardwise::AdamW::step: experts placed over ", placed.size(), " ranks of mesh axis \"",
-                   placed.axis(), "\" with a data-parallel mesh of ", dp_size, options_.zero1 ? " under ZeRO-1" : "",
+                   placed.axis(), "\" with a data-parallel mesh of ", dp.size(0), options_.zero1 ? " under ZeRO-1" : "",
                    "; an expert's gradient sums every ep rank's tokens, so the ep ranks must be the data-parallel "
                    "ones (the same ranks, in the same order) and ZeRO-1 off");
   }
@@ -394,7 +399,8 @@ class AdamW {
   std::size_t steps_ = 0;
   bool stepped_shards_ = false;  // by step(sharded): the slices are FSDP shards, not slices of the model's tensors
   std::vector<slice> slices_;
-  std::vector<step_parameter> parameters_;  // this step's, kept so that a step does not allocate the list
+  std::vector<step_parameter> parameters_;   // this step's, kept so that a step does not allocate the list
+  expert_parallel const* placed_ = nullptr;  // where the model's experts are placed (sw::expert_parallelize), or null
 };
 
 // The working members, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take AdamW<float> and
