@@ -327,7 +327,8 @@ struct MoeFeedForward {
     if (config_.capacity_factor > 0) drop_beyond_capacity();
     balance_ = {tokens, routing_.demand, std::vector<double>(count)};
     for (std::size_t e = 0; e < count; ++e)
-      balance_.score_sums[e] = static_cast<double>(probabilities_.col(static_cast<Eigen::Index>(e)).sum());
+      balance_.score_sums[e] =  // no tokens: no column to take (an empty matrix's column is a null pointer's)
+          tokens == 0 ? 0.0 : static_cast<double>(probabilities_.col(static_cast<Eigen::Index>(e)).sum());
     if (pooled_) return;  // the loads of the model's blocks together (use_pooled_loads)
     balance_share_.resize(count);
     for (std::size_t e = 0; e < count; ++e)
@@ -413,7 +414,7 @@ struct MoeFeedForward {
   /// sigmoids), plus the load-balancing loss's times router_aux_loss_coef.
   nn::matrix<T> logits_gradient(nn::matrix<T> const& dweights) const {
     nn::matrix<T> dp = scores_gradient(dweights);
-    if (config_.router_aux_loss_coef != 0) {  // d aux / d p(t, e) = experts * share_e / rows, pooled or its own
+    if (config_.router_aux_loss_coef != 0 && dp.rows() > 0) {  // d aux / d p(t, e) = experts * share_e / rows
       auto const count = static_cast<T>(config_.experts);
       for (std::size_t e = 0; e < config_.experts; ++e)
         dp.col(static_cast<Eigen::Index>(e)).array() +=
