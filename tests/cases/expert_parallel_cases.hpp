@@ -83,17 +83,23 @@ void check_placed_block(World const& world, double capacity) {
   CHECK(names.at(1) == "experts." + std::to_string(placed.experts.first) + ".w1.weight");
 }
 
+/// A MoeLlama of 2 blocks of `experts`, vocabulary 20, width 8, rows of 4.
+inline models::LlamaConfig model_config(models::MoeConfig const& experts, unsigned seed) {
+  models::LlamaConfig c;
+  c.vocabulary = 20, c.dim = 8, c.layers = 2, c.heads = 2, c.kv_heads = 1, c.sequence = 4, c.seed = seed;
+  c.moe = experts;
+  return c;
+}
+
 /// A MoeLlama of 2 blocks of 8 experts placed over the ep ranks: each rank's logits and loss (cross-entropy and the
 /// load-balancing loss pooled over the blocks) equal the unsharded model's on that rank's rows, and a placed expert's
 /// gradient the unsharded one's summed over every rank's rows.
 template <class World>
 void check_placed_model(World const& world) {
   int const ranks = world.size(), me = world.rank();
-  models::LlamaConfig c;
-  c.vocabulary = 20, c.dim = 8, c.layers = 2, c.heads = 2, c.kv_heads = 1, c.sequence = 4, c.seed = 5;
   models::MoeConfig m = config();
   m.shared_expert_hidden = 0, m.normalize_top_k = true;
-  c.moe = m;
+  models::LlamaConfig const c = model_config(m, 5);
   auto const ids = [](int q, bool targets) {
     std::vector<std::int64_t> v;
     for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
@@ -127,10 +133,8 @@ void check_placed_model(World const& world) {
 template <class World>
 void check_placed_training(World const& world) {
   int const ranks = world.size(), me = world.rank();
-  models::LlamaConfig c;
-  c.vocabulary = 20, c.dim = 8, c.layers = 2, c.heads = 2, c.kv_heads = 1, c.sequence = 4, c.seed = 9;
-  models::MoeConfig m = config();
-  c.moe = m;
+  models::MoeConfig const m = config();
+  models::LlamaConfig const c = model_config(m, 9);
   auto const ids = [](int step, int q, bool targets) {
     std::vector<std::int64_t> v;
     for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((step * 5 + q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
