@@ -1,7 +1,8 @@
 // Sharded checkpoints on the MPI mesh (run by CTest under mpiexec at 2 and 4 processes): saved at TP = world
 // size, loaded at every TP size that divides it (dp x tp meshes), the logits equal to the unsharded model's; a
 // round trip at TP 1 (dp = world size) giving back the parameters bit for bit; a save from one data-parallel
-// replica; an error on rank 0 raised with its words on every process.
+// replica; an error on rank 0 raised with its words on every process; experts placed over ep = every process saved
+// and loaded at ep 1 and back.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "cases/expert_checkpoint_cases.hpp"
 
 namespace sw = shardwise;
 namespace models = shardwise::models;
@@ -223,4 +226,14 @@ TEST_CASE("MPI: a save between two tp groups' reads on one node: every process r
   CHECK(step == 22);
   world.barrier();
   if (world.rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("MPI: experts placed over ep = every process save with their optimizer and load at ep 1 and back") {
+  auto const world = sw::mpi_world();
+  fs::path const dir = shared_dir(world.size()) / "experts";
+  if (world.rank() == 0) fs::create_directories(dir);
+  world.barrier();
+  expert_checkpoint_cases::check_expert_checkpoints(world, dir);
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(shared_dir(world.size()));
 }

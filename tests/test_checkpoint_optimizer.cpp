@@ -3,7 +3,7 @@
 // ZeRO-1 or without, it continues as the uninterrupted run within fp32's reduction order (the moments reshard as
 // the parameters do). Saved asynchronously (sw::async_save) while training goes on, the same; a failed
 // background write is raised on every rank. A checkpoint without the state is refused by name. A learning-rate
-// schedule resumes on its curve.
+// schedule resumes on its curve. A MoeLlama's experts placed over ep ranks save and load at any other ep size.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cases/async_save_cases.hpp"
+#include "cases/expert_checkpoint_cases.hpp"
 #include "cases/llama_cases.hpp"
 
 namespace sw = shardwise;
@@ -410,4 +411,14 @@ TEST_CASE("Checkpoint with optimizer state: one of the model alone is refused wi
         sw::error);
   });
   fs::remove_all(dir);
+}
+
+TEST_CASE("Checkpoint of experts placed over ep ranks: saved at ep 1, 2 and 4, loaded at ep 1 and back, equal") {
+  for (int ranks : {1, 2, 4}) {
+    INFO("ranks " << ranks);
+    fs::path const dir = fs::temp_directory_path() / ("shardwise_expert_ckpt_" + std::to_string(ranks));
+    fs::remove_all(dir);
+    sw::run_threads(ranks, [&](auto& world) { expert_checkpoint_cases::check_expert_checkpoints(world, dir); });
+    fs::remove_all(dir);
+  }
 }

@@ -129,6 +129,10 @@ TEST_CASE("sample_token: greedy, temperature, top-k and top-p on hand-worked pro
   CHECK(pick({.temperature = 1, .top_p = 0.3}, 0.99) == 3);  // only the most likely left
 }
 
+TEST_CASE("generate: a MoeLlama with its experts over 1, 2 and 4 ranks equals its full forward (threads)") {
+  for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [&](auto& world) { generate_cases::placed_experts(world); });
+}
+
 TEST_CASE("generate: bad requests are refused on every rank with the same words (threads)") {
   for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [&](auto& world) { bad_requests(world); });
 }

@@ -1,5 +1,6 @@
 // Generation with the key-value cache under mpiexec at 2 and 4 ranks: the cases of test_generate.cpp
-// (generate_cases::all_cases), sampling against tp 1 computed on every rank, and the bad requests.
+// (generate_cases::all_cases), sampling against tp 1 computed on every rank, the bad requests, and a MoeLlama whose
+// experts are placed over the ranks.
 #include <doctest/doctest.h>
 
 #include "cases/generate_cases.hpp"
@@ -14,4 +15,8 @@ TEST_CASE("generate: every step equals the full forward, and sampling is the sam
 
 TEST_CASE("generate: bad requests are refused on every rank with the same words (MPI)") {
   generate_cases::bad_requests(worlds::mpi());
+}
+
+TEST_CASE("generate: a MoeLlama with its experts over every rank equals its full forward (MPI)") {
+  generate_cases::placed_experts(worlds::mpi());
 }

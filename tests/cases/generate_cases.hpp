@@ -3,7 +3,7 @@
 // (test_mpi_generate.cpp): every step's logits of sw::generate (prefill, then decode over the cache) against the
 // same model's training forward over the whole sequence so far, which recomputes everything (the reference's
 // rows are the positions generate predicted from); the tokens, greedy, against that forward's argmax; the
-// bad-input errors, the same on every rank.
+// bad-input errors, the same on every rank; a MoeLlama whose experts are placed over the ranks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -297,6 +297,34 @@ void all_cases(World const& world, Generated const& sampled_alone) {
   }
   INFO("sampling, tp " << world.size());
   check_same_tokens(llama<float>(world, llama_config(), sampled()), sampled_alone);
+}
+
+/// A MoeLlama (2 blocks of 8 experts, top-2) with its experts placed over every rank, each rank generating the same
+/// prompts: every step's logits equal the unsharded model's full forward (fp64, 1e-12) and the greedy tokens its
+/// argmax, as unplaced; prompts that differ on one ep rank are refused on every rank with the same words.
+template <class World>
+void placed_experts(World const& world) {
+  models::LlamaConfig c;
+  c.vocabulary = 40, c.dim = 16, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.sequence = 8, c.seed = 3;
+  models::MoeConfig experts;
+  experts.experts = 8, experts.top_k = 2, experts.expert_hidden = 12, experts.normalize_top_k = true;
+  c.moe = experts;
+  auto const ep = sw::make_mesh<"ep">(world, {world.size()});
+  auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(sw::serial_world(), {1}));
+  models::MoeLlama<double> model(c);
+  (void)sw::expert_parallelize(model, ep);
+  auto const p = prompts(c.vocabulary);
+  sw::generation_options const o{.max_new_tokens = 6};
+  INFO("MoeLlama, experts over ep " << world.size());
+  check_against_full(generate_logged(model, tp, p, o), p, o.max_new_tokens, 1e-12,
+                     reference_of<models::MoeLlama<double>>(c));
+  if (world.size() == 1) return;
+  prompt_list other = p;
+  if (world.rank() == world.size() - 1) other[0][0] = (other[0][0] + 1) % 40;
+  CHECK(error_of([&] { (void)sw::generate(model, tp, other, o); }) ==
+        "shardwise::generate: the ranks of mesh axis \"ep\", over which the model's experts are placed, were given "
+        "different prompts or options; every ep rank computes its experts for the tokens of all, so they generate "
+        "together: give every ep rank the same prompts and options");
 }
 
 }  // namespace generate_cases

@@ -24,6 +24,7 @@
 #include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/inference.hpp>
 #include <shardwise/models/gpt2_names.hpp>
 #include <shardwise/models/gpt2_plan.hpp>
 #include <shardwise/models/llama_config_json.hpp>
@@ -270,25 +271,28 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
         optimizer.step(sw::finish_gradients(model), dp);
         sw::zero_grad(model);
       }
-      std::string refused;  // a save of each rank's share alone would lose the other experts
+      std::string refused;  // without the ep ranks, a save of each rank's share alone would lose the others'
       try {
         sw::save_sharded(model, tp, dir / (family + "_ep_checkpoint"), 5);
       } catch (sw::error const& e) {
         refused = e.what();
       }
-      bool const save_refused = refused.find(
-                                    "the model's experts are placed over ep ranks (sw::expert_parallelize), "
-                                    "whose checkpoints are not built yet") != std::string::npos;
-      refused.clear();
-      try {  // with the optimizer's state: the same refusal
-        sw::save_sharded(model, optimizer, tp, dp, dir / (family + "_ep_state"), 5);
-      } catch (sw::error const& e) {
-        refused = e.what();
-      }
-      bool const state_refused = refused.find("whose checkpoints are not built yet") != std::string::npos;
+      bool const save_refused =
+          refused.find("save it with its optimizer on every data-parallel (ep) rank") != std::string::npos;
+      // With the optimizer's state, every ep rank writes its experts; loaded at ep 1, each rank holds them all.
+      sw::save_sharded(model, optimizer, tp, dp, dir / (family + "_ep_state"), 5);
+      MoeModel whole(c);
+      sw::parallelize(whole, tp);
+      sw::AdamW<double> whole_optimizer(optimizer.options());
+      (void)sw::load_sharded(whole, whole_optimizer, tp, dp, dir / (family + "_ep_state"));
+      auto const ids = row_of(moe_ids(5, false));
+      auto const expected_logits = whole.forward(ids).local;
+      double const logits_gap =
+          (model.forward(ids).local - expected_logits).cwiseAbs().maxCoeff() / expected_logits.cwiseAbs().maxCoeff();
       if (row == 0)
-        results.add(label + ": save_sharded refused, by name, with and without the optimizer's state",
-                    save_refused && state_refused, refused);
+        results.add(label + ": saved with its optimizer at ep 2 and loaded at ep 1, the same logits (fp64" +
+                        shown(logits_gap) + ", within 1e-13) and step count; without the optimizer, refused by name",
+                    save_refused && logits_gap <= 1e-13 && whole_optimizer.steps() == 5, refused);
       Eigen::VectorXd worst = Eigen::VectorXd::Zero(1);  // over both ranks' rows
       for (std::size_t i = 0; i < got.size(); ++i)
         worst(0) = std::max(worst(0), std::abs(got[i] - want[i]) / std::abs(want[i]));
@@ -297,6 +301,35 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
         results.add(label + ": each rank's 5 AdamW steps' losses equal transformers + DDP's for its row (fp64" +
                         shown(worst(0)) + ")",
                     worst(0) <= 1e-10);
+    });
+  });
+}
+
+/// The folder of `family` generating greedily with its experts placed over ep 2, both ranks the same prompts: the
+/// tokens equal transformers' generate after each prompt (moe_checkpoints.py's greedy), token for token.
+void check_moe_generation(checks& results, fs::path const& dir, std::string const& family) {
+  std::string const label = family + " generating greedily with its experts over ep 2";
+  results.run(label, [&] {
+    models::LlamaConfig const c = models::read_llama_config(dir / family / "config.json");
+    npy::array const expected = npy::read(dir / (family + "_greedy.npy"));  // [prompt][new token]
+    std::vector<std::vector<std::int64_t>> const prompts{{3, 17, 42}, {9, 1, 60}};
+    sw::run_threads(2, [&](auto& world) {
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(sw::serial_world(), {1}));
+      sw::Lazy<MoeModel> lazy(c);
+      sw::parallelize(lazy, tp);
+      MoeModel& model = sw::load_pretrained(lazy, tp, dir / family,
+                                            sw::transformers_llama_mapping(sw::transformers_experts_in(dir / family)));
+      (void)sw::expert_parallelize(model, sw::make_mesh<"ep">(world, {2}));
+      auto const got = sw::generate(model, tp, prompts, {.max_new_tokens = 5}).tokens;
+      bool same = expected.shape == std::vector<long>{2, 5};
+      std::string shown_tokens;
+      for (std::size_t p = 0; p < got.size(); ++p)
+        for (std::size_t t = 0; t < got[p].size(); ++t) {
+          shown_tokens += (t ? " " : p ? "; " : "") + std::to_string(got[p][t]);
+          same = same && t < 5 && got[p][t] == static_cast<std::int64_t>(expected.data.at(p * 5 + t));
+        }
+      if (world.rank() == 0)
+        results.add(label + ": its tokens equal transformers' generate, token for token", same, shown_tokens);
     });
   });
 }
@@ -336,8 +369,10 @@ void check_moe(checks& results, fs::path const& dir) {
       check_moe_family(results, dir, family, family, ranks);
     check_moe_family(results, dir, "mixtral", "mixtral_fused", ranks);
   }
-  for (std::string const family : {"mixtral", "qwen3_moe", "qwen2_moe"})
+  for (std::string const family : {"mixtral", "qwen3_moe", "qwen2_moe"}) {
     check_moe_expert_parallel(results, dir, family);
+    check_moe_generation(results, dir, family);
+  }
   check_expert_count_disagrees(results, dir, "qwen3_moe", 6,
                                "\"layers.0.feed_forward.gate.weight\" has shape [6, 32] in the model but [8, 32]");
   check_expert_count_disagrees(results, dir, "qwen3_moe", 10,

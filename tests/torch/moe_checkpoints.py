@@ -4,7 +4,7 @@ experts, top-2, 2 layers; Qwen2-MoE with its gated shared expert and q, k, v bia
 that the training loss holds router_aux_loss_coef x the load-balancing loss), saves each with save_pretrained in
 fp64 into DIR/<family> (one tensor per expert), and Mixtral's state_dict, whose experts transformers 5 holds fused
 (mlp.experts.gate_up_proj, down_proj), into DIR/mixtral_fused; then writes, for a fixed batch, the logits, the
-aux_loss transformers returns, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux; and of 5
+aux_loss transformers returns, greedy generate's tokens after two prompts, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux; and of 5
 steps as two data-parallel ranks take them (a row each, its own aux loss, the gradients averaged: DDP), which
 shardwise runs with the experts over 2 ep ranks.
 "check": loads the folders shardwise exported after its 5 steps (DIR/<family>_export) with from_pretrained, nothing
@@ -83,6 +83,21 @@ def aux_loss_in_float64():
             m.torch = t
 
 
+GREEDY_PROMPTS, GREEDY_NEW = [[3, 17, 42], [9, 1, 60]], 5  # hf_checkpoint_load.cpp generates after the same
+
+
+def greedy(model):
+    """transformers' greedy generate (its cache, no stop token) after each prompt alone: [prompt][new token]."""
+    model.generation_config.eos_token_id = None
+    rows = []
+    with torch.no_grad():
+        for prompt in GREEDY_PROMPTS:
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 max_new_tokens=GREEDY_NEW, do_sample=False, pad_token_id=0)
+            rows.append(out[0, len(prompt):].tolist())
+    return np.array(rows, dtype=np.float64)
+
+
 def randomize(model):
     """Values of order 0.2 (norm weights around 1), as hf_checkpoints.py: transformers' own initialization is too
     small for a wrong weight to show."""
@@ -139,6 +154,7 @@ def prepare(directory):
                       os.path.join(fused, "model.safetensors"), metadata={"format": "pt"})
             shutil.copy(os.path.join(directory, family, "config.json"), fused)
         model = in_fp64(model)
+        np.save(os.path.join(directory, family + "_greedy.npy"), greedy(model))
         loss, logits, aux = loss_of(model, 0)
         np.save(os.path.join(directory, family + "_logits.npy"), logits.detach().numpy())
         np.save(os.path.join(directory, family + "_aux.npy"), aux.detach().reshape(1).numpy())

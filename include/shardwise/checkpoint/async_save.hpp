@@ -376,6 +376,7 @@ void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& d
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::save_sharded(..., async_save): a model under FSDP saves through its own overload: call "
                 "save_sharded(sharded, [optimizer,] [tp,] dir, step, saver)");
+  detail::refuse_placed_save(model);
   auto group = detail::owning_save_group(tp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank();
   detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, {});
@@ -390,6 +391,7 @@ void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesys
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::save_sharded(..., async_save): FSDP is not offered within pipeline stages; save a model "
                 "under FSDP with save_sharded(sharded, [optimizer,] [tp,] dir, step, saver)");
+  detail::refuse_placed_save(model);
   auto group = detail::owning_save_group(tp, pp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.pp_size = pp.size(), group.pp_rank = pp.rank();
   detail::async_save_access::start(saver, model, std::move(group), dir, step, metadata, {});

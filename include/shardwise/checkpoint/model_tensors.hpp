@@ -18,7 +18,6 @@
 #include "shardwise/checkpoint/dtype.hpp"
 #include "shardwise/checkpoint/sharded_index.hpp"
 #include "shardwise/checkpoint/sharded_layout.hpp"
-#include "shardwise/nn/experts/expert_parallel.hpp"
 
 namespace shardwise::detail {
 
@@ -107,7 +106,6 @@ struct values_to_visitor {
 /// which must outlive it.
 template <class Model>
 model_tensors tensors_of(Model& model) {
-  refuse_placed_experts(model, "checkpoints are");  // a save or load of its share alone would lose the rest
   model_tensors m;
   m.walk = [&model](int size, int rank, bool materialize, model_tensors::visitor const& fn) {
     for_each_checkpoint_tensor(model, size, rank, materialize, values_to_visitor{fn});

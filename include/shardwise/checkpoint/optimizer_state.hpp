@@ -110,7 +110,6 @@ std::vector<whole_moments<T>> blank_moments(Model& model) {
 template <class Model, class T, class DpMesh>
 std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, bool keep,
                                              std::filesystem::path const& dir) {
-  refuse_placed_experts(model, "checkpoints are");
   auto moments = keep ? blank_moments<T>(model) : std::vector<whole_moments<T>>{};
   bool const sliced = optimizer.options().zero1 && dp.size() > 1;
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
@@ -146,6 +145,18 @@ void take_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, std::vect
     std::copy_n(whole[index].m.data() + start, m.size(), m.data());
     std::copy_n(whole[index].v.data() + start, v.size(), v.data());
   });
+}
+
+/// Saves a model whose experts are placed over the dp ranks (its ep ranks), with its state, collectively over dp x tp:
+/// dp rank 0 writes what it holds, every other dp rank only its own experts, each in its own rank files; the
+/// index lists every expert by its index in the whole model, so the checkpoint loads at any ep size.
+template <class Walked, class TpMesh, class DpMesh>
+void save_placed_experts(Walked& walked, TpMesh const& tp, DpMesh const& dp, std::filesystem::path const& dir,
+                         std::int64_t step, std::map<std::string, std::string> const& metadata) {
+  auto group = save_group_over(tp, dp);
+  group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.dp_size = dp.size(), group.dp_rank = dp.rank();
+  group.placed_only = dp.rank() != 0;
+  save_sharded_stage(tensors_of(walked), group, dir, step, metadata, {});
 }
 
 /// Runs `write` on dp rank 0 (the replica that writes) and raises its failure, if any, on every dp rank.
@@ -237,7 +248,10 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::save_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
-  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
+  bool const placed = detail::placed_experts_in(model);  // then every ep rank writes its own experts
+  detail::model_with_state<Model, T> walked{
+      model, detail::gather_moments(model, optimizer, dp, placed || dp.rank() == 0, dir)};
+  if (placed) return detail::save_placed_experts(walked, tp, dp, dir, step, detail::with_steps(metadata, optimizer));
   detail::on_dp_rank0(dp, dir, "saving the model and optimizer state",
                       [&] { save_sharded(walked, tp, dir, step, detail::with_steps(metadata, optimizer)); });
 }
@@ -271,6 +285,10 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
                 "shardwise::save_sharded(..., async_save): a model under FSDP shards its optimizer state itself; "
                 "call save_sharded(sharded, optimizer, [tp,] dir, step, saver)");
   detail::async_save_access::finish(saver);  // on every rank: its failure is raised here, and this one does not start
+  if (detail::placed_experts_in(model))
+    detail::fail(
+        "shardwise::save_sharded(..., async_save): asynchronous saves of experts placed over ep ranks are "
+        "not built yet; save them with save_sharded(model, optimizer, tp, dp, dir, step)");
   detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
   detail::on_dp_rank0(dp, dir, "saving the model and optimizer state", [&] {
     auto group = detail::owning_save_group(tp);

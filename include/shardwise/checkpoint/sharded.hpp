@@ -68,6 +68,7 @@
 #include "shardwise/checkpoint/sharded_load.hpp"
 #include "shardwise/checkpoint/verify.hpp"
 #include "shardwise/mesh/collectives.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 #include "shardwise/nn/lazy.hpp"
 #include "shardwise/placement/placement.hpp"
 #include "shardwise/plan/module.hpp"
@@ -81,24 +82,28 @@ namespace detail {
 
 #if SHARDWISE_DETAIL_CHECKPOINT_BODIES
 /// The stage's tensors (name, dtype, global shape, placement), in model order, as its rank files record them
-/// for the index.
-inline nlohmann::json stage_tensors(model_tensors const& model, int tp_size) {
+/// for the index; with `placed_only`, only the experts placed on this ep rank.
+inline nlohmann::json stage_tensors(model_tensors const& model, int tp_size, bool placed_only) {
   nlohmann::json list = nlohmann::json::array();
   model.for_each(tp_size, 0, false, [&](tensor_layout const& t, tensor_values const&) {
-    if (t.mirror) return;  // saved by the stage that owns it
+    if (t.mirror) return;                  // saved by the stage that owns it
+    if (placed_only && !t.placed) return;  // saved by the first ep rank
     list.push_back(
         {{"name", t.name}, {"dtype", dtype_name(t.type)}, {"shape", t.stored_shape()}, {"placement", t.placement()}});
   });
   return list;
 }
 
-/// The index's tensors, read from the first tp rank's file of every stage, in stage order (the model's).
+/// The index's tensors, read from the first tp rank's file of every stage (and of every ep rank that lists its
+/// placed experts), in stage order (the model's).
 inline void add_stage_tensors(checkpoint_index& index, safetensors_file const& first_of_stage) {
-  for (auto const& t : nlohmann::json::parse(first_of_stage.metadata().at("shardwise.tensors"))) {
+  auto const listed = first_of_stage.metadata().find("shardwise.tensors");
+  if (listed == first_of_stage.metadata().end()) return;  // a dp rank's rows of tensors dp rank 0 lists (FSDP)
+  for (auto const& t : nlohmann::json::parse(listed->second)) {
     std::string const name = t.at("name").get<std::string>();
     if (index.find(name))
-      fail("shardwise::save_sharded: tensor \"", name, "\" is saved by two pipeline stages (again in \"",
-           first_of_stage.path(), "\"); give each stage its own layers");
+      fail("shardwise::save_sharded: tensor \"", name, "\" is saved by two pipeline stages or ep ranks (again in \"",
+           first_of_stage.path(), "\"); give each stage its own layers, and place each expert on one ep rank");
     index.tensors.push_back({name,
                              *parse_dtype(t.at("dtype").get<std::string>()),
                              t.at("shape").get<std::vector<std::uint64_t>>(),
@@ -231,7 +236,7 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY rank_file_plan plan_rank_file(model_tensors co
   plan.file = group.folder(rank, group.pp_rank, group.dp_rank) + "/model.safetensors";
   nlohmann::json offsets = nlohmann::json::object();
   model.for_each(size, rank, false, [&](tensor_layout const& t, tensor_values const& value) {
-    if (!group.writes) return;
+    if (!group.writes || (group.placed_only && !t.placed)) return;
     if (t.shard_dim < 0 && rank != 0) return;  // replicated: tp rank 0 saves it
     if (t.mirror) return;                      // another stage's weight: saved there
     auto const runs = row_runs(t, true);
@@ -269,7 +274,8 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY rank_file_plan plan_rank_file(model_tensors co
                    {"shardwise.offsets", offsets.dump()},
                    {"shardwise.generation", hex64(generation)},
                    {"shardwise.step", std::to_string(step)}};
-  if (rank == 0 && group.dp_rank == 0) plan.metadata["shardwise.tensors"] = stage_tensors(model, size).dump();
+  if (rank == 0 && (group.dp_rank == 0 || group.placed_only))
+    plan.metadata["shardwise.tensors"] = stage_tensors(model, size, group.placed_only).dump();
   return plan;
 }
 #endif
@@ -316,7 +322,8 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY void commit_save(save_group const& group, stag
     try {
       int const stages = group.pp_size, size = group.tp_size;
       for (int s = 0; s < stages; ++s)
-        add_stage_tensors(index, safetensors_file((temp / group.folder(0, s, 0) / "model.safetensors").string()));
+        for (int d = 0; d < group.dp_size; ++d)
+          add_stage_tensors(index, safetensors_file((temp / group.folder(0, s, d) / "model.safetensors").string()));
       for (int s = 0; s < stages; ++s)
         for (int d = 0; d < group.dp_size; ++d)
           for (int r = 0; r < size; ++r) {
@@ -373,6 +380,17 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY void save_sharded_stage(
 }
 #endif
 
+/// Refuses a save without the ep ranks of a model whose experts are placed over them: each rank holds its own
+/// experts, which the files of the others would lack.
+template <class Model>
+void refuse_placed_save(Model& model) {
+  if (placed_experts_in(model))
+    fail(
+        "shardwise::save_sharded: the model's experts are placed over ep ranks (sw::expert_parallelize), each rank "
+        "holding its own; save it with its optimizer on every data-parallel (ep) rank: save_sharded(model, "
+        "optimizer, tp, dp, dir, step)");
+}
+
 }  // namespace detail
 
 /// Saves the model's parameters as a sharded checkpoint in `dir`, collectively over the tp mesh (every tp rank
@@ -383,6 +401,7 @@ template <class Model, class TpMesh>
 void save_sharded(Model& model, TpMesh const& tp, std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {},
                   std::function<void(std::filesystem::path const&, int)> const& also_write = {}) {
+  detail::refuse_placed_save(model);
   auto group = detail::save_group_over(tp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank();
   detail::save_sharded_stage(detail::tensors_of(model), group, dir, step, metadata, also_write);
@@ -396,6 +415,7 @@ template <class Model, class TpMesh, class PpMesh>
   requires requires(PpMesh const& pp) { pp.comm(0); }
 void save_sharded(Model& model, TpMesh const& tp, PpMesh const& pp, std::filesystem::path const& dir, std::int64_t step,
                   std::map<std::string, std::string> const& metadata = {}) {
+  detail::refuse_placed_save(model);
   auto group = detail::save_group_over(tp, pp);
   group.tp_size = tp.size(), group.tp_rank = tp.rank(), group.pp_size = pp.size(), group.pp_rank = pp.rank();
   detail::save_sharded_stage(detail::tensors_of(model), group, dir, step, metadata, {});

@@ -109,7 +109,8 @@ struct checkpoint_index {
   return name;
 }
 
-/// "tensor_parallel_shards/tp_rank_03_pp_rank_00_dp_rank_01": a rank's folder in an FSDP checkpoint.
+/// "tensor_parallel_shards/tp_rank_03_pp_rank_00_dp_rank_01": a rank's folder in an FSDP checkpoint, or in one of
+/// experts placed over the dp ranks.
 [[nodiscard]] inline std::string rank_folder(int tp_rank, int pp_rank, int dp_rank) {
   char suffix[32];
   std::snprintf(suffix, sizeof suffix, "_dp_rank_%02d", dp_rank);

@@ -66,6 +66,7 @@ struct tensor_layout {
   std::size_t stored_rows = 0;
   std::size_t copies = 1, block = 0;  // repeated blocks: each `block` rows appear `copies` times in a row
   bool mirror = false;                // another stage's copy, named as its owner: loaded from it, never saved
+  bool placed = false;                // an expert placed over ep ranks: only this ep rank holds it
 
   [[nodiscard]] std::vector<std::uint64_t> stored_shape() const {
     if (is_vector) return {stored_rows};
@@ -111,6 +112,7 @@ tensor_layout layout_of(listed_parameter<T> const& p, std::string name, int size
   auto const tp = static_cast<std::size_t>(size);
   tensor_layout t;
   t.mirror = !p.mirror_of.empty();
+  t.placed = p.placed_over != nullptr;
   t.name = t.mirror ? std::string(p.mirror_of) : std::move(name);
   t.type = dtype_of<T>;
   t.is_vector = p.is_vector;
@@ -251,6 +253,8 @@ struct single_stage {
 struct save_group {
   int tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0, dp_size = 1, dp_rank = 0;
   bool writes = true;  ///< false: this rank's file holds no tensors (another rank saves the same values)
+  /// true: this rank's file holds only its placed experts (an ep rank but the first: that one saves the rest)
+  bool placed_only = false;
   /// agree_on_errors_across over every axis of the group.
   std::function<void(std::string const& error, std::string_view stage, std::filesystem::path const& dir)> agree;
   std::function<std::uint64_t(std::uint64_t)> max;  ///< The maximum over every rank of the group.

@@ -31,6 +31,8 @@
 #include "shardwise/fsdp/fully_shard.hpp"
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/nn/training/optim.hpp"
+#include "shardwise/plan/hooks.hpp"
+#include "shardwise/plan/tree.hpp"
 
 namespace shardwise {
 
@@ -90,16 +92,22 @@ struct sharded_with_state {
   [[nodiscard]] int replica() const { return sharded.replica(); }
 };
 
+/// Whether M is a pipeline stage (a module with the pipeline's hooks) or a rank's chunks of stages.
+template <class M>
+inline constexpr bool pipeline_stage_model =
+    hook_name<hooks::pipeline_microbatch>::in<M>() || hook_name<hooks::after_pipeline_step>::in<M>();
+template <class Chunk>
+inline constexpr bool pipeline_stage_model<stage_chunks<Chunk>> = true;
+
 /// Refuses a save of a model under FSDP over the wrong tp mesh, or whose lazy shards no load has filled.
 template <class Sharded, class... Tp>
 void check_fsdp_save(Sharded& sharded, Tp const&... tp) {
   using Model = std::remove_cvref_t<decltype(sharded.model())>;
-  static_assert(
-      !requires(Model const& m, std::string_view name) { m.shardwise_other_stage(name); },
-      "shardwise::save_sharded: the model under FSDP is a pipeline stage, and the saves of a model under "
-      "FSDP do not take the pipeline axis (every stage would write the same rank files); checkpoints of "
-      "FSDP within pipeline stages are not offered yet: save the stages without FSDP "
-      "(save_sharded(stage, tp, pp, dir, step)), or the whole model under FSDP");
+  static_assert(!pipeline_stage_model<Model>,
+                "shardwise::save_sharded: the model under FSDP is a pipeline stage, and the saves of a model under "
+                "FSDP do not take the pipeline axis (every stage would write the same rank files); checkpoints of "
+                "FSDP within pipeline stages are not offered yet: save the stages without FSDP "
+                "(save_sharded(stage, tp, pp, dir, step)), or the whole model under FSDP");
   check_fsdp_tp(sharded, "save_sharded", tp...);
   if (sharded.shardwise_unfilled())
     fail(

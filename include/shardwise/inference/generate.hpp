@@ -111,6 +111,32 @@ void agree_on_request(Mesh const& tp, std::vector<std::vector<std::int64_t>> con
        "\" were given different prompts or options: ", ranks, ". Give every rank the same prompts and options");
 }
 
+/// With the model's experts placed over ep ranks, each rank computes its experts for every rank's tokens, so the
+/// ep ranks step together: refuses, on every ep rank with the same words, prompts or options that differ across
+/// them. Three 16-bit parts of each request's hash, their squares and a count are summed over ep: n * sum(h^2) equals
+/// sum(h)^2 only if every rank's h is the same (exact in double up to 1,024 ranks).
+template <class Model>
+void agree_over_placed_experts(Model& model, std::vector<std::vector<std::int64_t>> const& prompts,
+                               generation_options const& o) {
+  expert_parallel const* placed = experts_placement(model);
+  if (!placed) return;
+  std::uint64_t const hash = describe_request(prompts, o).hash;
+  nn::vector<double> sums(7);
+  for (int part = 0; part < 3; ++part) {
+    auto const h = static_cast<double>((hash >> (16 * part)) & 0xffff);
+    sums(2 * part) = h, sums(2 * part + 1) = h * h;
+  }
+  sums(6) = 1.0;
+  placed->sum(sums);
+  bool same = true;
+  for (int part = 0; part < 3; ++part) same = same && sums(6) * sums(2 * part + 1) == sums(2 * part) * sums(2 * part);
+  if (!same)
+    fail("shardwise::generate: the ranks of mesh axis \"", placed->axis(),
+         "\", over which the model's experts are placed, were given different prompts or options; every ep rank "
+         "computes its experts for the tokens of all, so they generate together: give every ep rank the same prompts "
+         "and options");
+}
+
 /// Checks the prompts and options against the model; returns the cache's capacity per sequence.
 inline std::size_t checked_request(std::vector<std::vector<std::int64_t>> const& prompts, generation_options const& o,
                                    std::size_t vocabulary, std::size_t position_limit) {
@@ -184,8 +210,8 @@ generation generate(Model& model, Mesh const& tp, std::vector<std::vector<std::i
   static_assert(cached_decoder<Model, T>,
                 "shardwise::generate: the model needs forward(ids, cache_step const&, kv_cache<T>&), "
                 "shardwise_kv_shape() and config().vocabulary; see docs/inference.md for a module of your own");
-  detail::refuse_placed_experts(model, "generation is");  // each ep rank would step its own prompts apart
   detail::agree_on_request(tp, prompts, options);
+  detail::agree_over_placed_experts(model, prompts, options);
   std::size_t const vocabulary = model.config().vocabulary;
   kv_cache<T> cache(model.shardwise_kv_shape(), prompts.size(),
                     detail::checked_request(prompts, options, vocabulary, detail::position_limit(model)));

@@ -5,6 +5,7 @@
 // embedding); forward and backward. The plan decides how it is sharded (models/llama_plan.hpp); with
 // sw::serial_plan it is the unsharded reference.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -112,7 +114,7 @@ struct Llama {
   RMSNorm<T, style_at<Plan, "norm">> norm;                        ///< The final norm.
   Linear<T, style_at<Plan, "output">> output;                     ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_HOOKS(config, on_context_parallel)
+  SHARDWISE_HOOKS(config, on_context_parallel, other_stage)
   SHARDWISE_SAVED(block_inputs_, rows_)
 
   /// The residual stream between blocks, in the plan's layout (Shard<0> under sequence parallelism).
@@ -211,6 +213,17 @@ struct Llama {
     return router_aux_loss_;
   }
 
+  /// Whether `name` is the tensor of an expert that another ep rank holds (the experts placed by
+  /// sw::expert_parallelize): load_sharded then reads only this rank's experts of a checkpoint that holds them all.
+  [[nodiscard]] bool shardwise_other_stage(std::string_view name) const
+    requires sparse
+  {
+    std::size_t block = 0, expert = 0;
+    return number_after(name, "layers.", block) && block < layers.size() &&
+           number_after(name, ".feed_forward.experts.", expert) && name.starts_with('.') &&
+           !layers[block].feed_forward.holds_expert(expert);
+  }
+
   /// Forward with a key-value cache (inference, sw::generate): `ids` are the step's new tokens, packed as its
   /// entries are (kv_cache::append); gives the logits of each entry's last token, [entries, vocabulary] (this
   /// rank's part, in the plan's layout). Each block's activations are dropped after it: nothing is kept for
@@ -282,6 +295,16 @@ struct Llama {
                        sparse ? "; build models::Llama, or give the config a MoeConfig"
                               : "; build models::MoeLlama for a mixture of experts");
     return c;
+  }
+
+  /// Reads `prefix` and the number after it from the front of `name`, which moves past them; false if absent.
+  static bool number_after(std::string_view& name, std::string_view prefix, std::size_t& number) {
+    if (!name.starts_with(prefix)) return false;
+    name.remove_prefix(prefix.size());
+    auto const [end, failed] = std::from_chars(name.data(), name.data() + name.size(), number);
+    if (failed != std::errc{} || end == name.data()) return false;
+    name.remove_prefix(static_cast<std::size_t>(end - name.data()));
+    return true;
   }
 
   /// Each layer's sliding window (0: none), for its key-value cache.

@@ -114,6 +114,12 @@ struct MoeFeedForward {
     placed_ = placed;
   }
 
+  /// Whether expert `e` (its index among all the module's experts) is held here: every one until
+  /// sw::expert_parallelize places them, then this ep rank's share.
+  [[nodiscard]] bool holds_expert(std::size_t e) const {
+    return e >= experts.first && e < experts.first + experts.size();
+  }
+
   /// Forward: each token's top_k experts, their outputs weighted by its probabilities for them.
   template <class X>
   Activation<T, Replicate> forward(X const& x) {

@@ -18,7 +18,8 @@ struct static_check {};
 struct on_parallelize {};
 /// `std::map<std::string, std::string> shardwise_config() const`: what checkpoints keep beside the weights.
 struct config {};
-/// `bool shardwise_other_stage(std::string_view tensor) const`: whether a tensor is another pipeline stage's.
+/// `bool shardwise_other_stage(std::string_view tensor) const`: whether a checkpoint's tensor is another rank's to
+/// read (another pipeline stage's, or an expert placed on another ep rank).
 struct other_stage {};
 /// `template <class Mesh> void shardwise_after_pipeline_step(Mesh const& pp, sw::pipeline_shape const& shape)`, or
 /// without `shape`: at the end of each pipeline step.

@@ -103,15 +103,28 @@ class expert_parallel {
 };
 
 namespace detail {
-/// Refuses, naming `what` ("checkpoints are"), a model whose experts are placed over ep ranks: each rank holds
+/// Where the model's experts are placed (sw::expert_parallelize), or null if nowhere.
+template <class Model>
+expert_parallel const* experts_placement(Model& model) {
+  expert_parallel const* placed = nullptr;
+  for_each_layer(model, [&](auto& layer) {
+    if constexpr (requires { layer.shardwise_placed_over(); })
+      if (!placed) placed = layer.shardwise_placed_over();
+  });
+  return placed;
+}
+
+/// Whether some of the model's experts are placed over ep ranks.
+template <class Model>
+bool placed_experts_in(Model& model) {
+  return experts_placement(model) != nullptr;
+}
+
+/// Refuses, naming `what` ("generation is"), a model whose experts are placed over ep ranks: each rank holds
 /// other experts, so what works on its share alone would lose, or mix up, the others.
 template <class Model>
 void refuse_placed_experts(Model& model, std::string_view what) {
-  bool placed = false;
-  for_each_layer(model, [&](auto& layer) {
-    if constexpr (requires { layer.shardwise_placed_over(); }) placed = placed || layer.shardwise_placed_over();
-  });
-  if (placed)
+  if (placed_experts_in(model))
     shardwise::raise("shardwise: the model's experts are placed over ep ranks (sw::expert_parallelize), whose ", what,
                      " not built yet; do it before placing its experts");
 }

@@ -1,0 +1,105 @@
+// Checkpoints of experts placed over ep ranks: a MoeLlama trained with its 8 experts over ep = every rank (the
+// data-parallel ranks), saved with its AdamW state by every ep rank, loads into the unplaced model (ep 1) with
+// equal logits and the same optimizer state, bit for bit, and both then take the same next step; saved from that
+// unplaced model, it loads back at ep = every rank the same way. The experts are named by their index in the whole
+// model, so any ep size reads any other's save. Written once for threads and MPI; fp64.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+#include <shardwise/checkpoint/optimizer_state.hpp>
+#include <shardwise/models/llama.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "expert_parallel_cases.hpp"
+
+namespace expert_checkpoint_cases {
+namespace sw = shardwise;
+namespace models = shardwise::models;
+namespace fs = std::filesystem;
+using M = sw::nn::matrix<double>;
+using Model = models::MoeLlama<double>;
+
+/// Each trained parameter's first and second moments on this rank, by the parameter's name.
+template <class Dp>
+std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> moments_by_name(Model& model,
+                                                                                           sw::AdamW<double>& optimizer,
+                                                                                           Dp const& dp) {
+  std::vector<std::string> names;
+  sw::for_each_parameter(model, [&](std::string const& name, auto const&) { names.push_back(name); });
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> moments;
+  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t, std::span<double> m, std::span<double> v) {
+    moments[names.at(index)] = {{m.begin(), m.end()}, {v.begin(), v.end()}};
+  });
+  return moments;
+}
+
+/// Whether every moment `part` holds (a placed model's: its own experts and the rest) equals `whole`'s, exactly.
+inline bool same_moments(std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> const& part,
+                         std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> const& whole) {
+  for (auto const& [name, mv] : part) {
+    auto const found = whole.find(name);
+    if (found == whole.end() || found->second != mv) {
+      MESSAGE("moments differ or are missing: " << name);
+      return false;
+    }
+  }
+  return !part.empty();
+}
+
+template <class World>
+void check_expert_checkpoints(World const& world, fs::path const& dir) {
+  int const ranks = world.size(), me = world.rank();
+  models::MoeConfig m = expert_parallel_cases::config();
+  m.shared_expert_hidden = 0;
+  models::LlamaConfig const c = expert_parallel_cases::model_config(m, 11),
+                            other = expert_parallel_cases::model_config(m, 12);
+  auto const ids = [](int step, int q, bool targets) {
+    std::vector<std::int64_t> v;
+    for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((step * 5 + q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
+    return v;
+  };
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(world, {ranks});
+  auto const train = [&](Model& model, sw::AdamW<double>& optimizer, int step) {
+    auto result = models::llama_loss(tp, model.forward(ids(step, me, false)), ids(step, me, true), c.vocabulary);
+    model.backward(result.dlogits);
+    (void)optimizer.step(sw::finish_gradients(model), dp);
+    sw::zero_grad(model);
+    return result.loss + m.router_aux_loss_coef * model.router_aux_loss();
+  };
+  sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
+  Model placed(c), whole(other), back(other);
+  (void)sw::expert_parallelize(placed, dp);
+  sw::AdamW<double> placed_step(options), whole_step(options), back_step(options);
+  for (int step = 0; step < 2; ++step) (void)train(placed, placed_step, step);
+
+  sw::save_sharded(placed, placed_step, tp, dp, dir / "ep", 2);   // every ep rank writes its experts
+  (void)sw::load_sharded(whole, whole_step, tp, dp, dir / "ep");  // each rank reads them all
+  CHECK(whole_step.steps() == 2);
+  CHECK((placed.forward(ids(5, me, false)).local - whole.forward(ids(5, me, false)).local).cwiseAbs().maxCoeff() <
+        1e-13);
+  CHECK(same_moments(moments_by_name(placed, placed_step, dp), moments_by_name(whole, whole_step, dp)));
+  double const next = train(placed, placed_step, 2);
+  CHECK(next == doctest::Approx(train(whole, whole_step, 2)).epsilon(1e-12));
+
+  sw::save_sharded(whole, whole_step, tp, dp, dir / "ep1", 3);  // unplaced: dp rank 0 writes it all
+  (void)sw::expert_parallelize(back, dp);
+  (void)sw::load_sharded(back, back_step, tp, dp, dir / "ep1");  // each rank reads its own experts
+  CHECK((back.forward(ids(6, me, false)).local - whole.forward(ids(6, me, false)).local).cwiseAbs().maxCoeff() < 1e-13);
+  CHECK(same_moments(moments_by_name(back, back_step, dp), moments_by_name(whole, whole_step, dp)));
+  CHECK(train(back, back_step, 3) == doctest::Approx(train(whole, whole_step, 3)).epsilon(1e-12));
+
+  CHECK_THROWS_WITH_AS(sw::save_sharded(back, tp, dir / "alone", 0),
+                       "shardwise::save_sharded: the model's experts are placed over ep ranks "
+                       "(sw::expert_parallelize), each rank holding its own; save it with its optimizer on every "
+                       "data-parallel (ep) rank: save_sharded(model, optimizer, tp, dp, dir, step)",
+                       sw::error);
+}
+
+}  // namespace expert_checkpoint_cases
