@@ -228,12 +228,14 @@ TEST_CASE("MPI: a save between two tp groups' reads on one node: every process r
   if (world.rank() == 0) fs::remove_all(dir);
 }
 
-TEST_CASE("MPI: experts placed over ep = every process save with their optimizer and load at ep 1 and back") {
+TEST_CASE(
+    "MPI: experts placed over ep = every process (and dp 2 x tp 2) save with their optimizer and load elsewhere") {
   auto const world = sw::mpi_world();
   fs::path const dir = shared_dir(world.size()) / "experts";
   if (world.rank() == 0) fs::create_directories(dir);
   world.barrier();
   expert_checkpoint_cases::check_expert_checkpoints(world, dir);
+  if (world.size() == 4) expert_checkpoint_cases::check_expert_tp_checkpoint(world, dir);
   world.barrier();
   if (world.rank() == 0) fs::remove_all(shared_dir(world.size()));
 }

@@ -413,7 +413,7 @@ TEST_CASE("Checkpoint with optimizer state: one of the model alone is refused wi
   fs::remove_all(dir);
 }
 
-TEST_CASE("Checkpoint of experts placed over ep ranks: saved at ep 1, 2 and 4, loaded at ep 1 and back, equal") {
+TEST_CASE("Checkpoint of experts placed over ep ranks: saved at ep 1, 2, 4 and 2 x tp 2, loaded at ep 1, 4 and back") {
   for (int ranks : {1, 2, 4}) {
     INFO("ranks " << ranks);
     fs::path const dir = fs::temp_directory_path() / ("shardwise_expert_ckpt_" + std::to_string(ranks));
@@ -421,4 +421,8 @@ TEST_CASE("Checkpoint of experts placed over ep ranks: saved at ep 1, 2 and 4, l
     sw::run_threads(ranks, [&](auto& world) { expert_checkpoint_cases::check_expert_checkpoints(world, dir); });
     fs::remove_all(dir);
   }
+  fs::path const dir = fs::temp_directory_path() / "shardwise_expert_tp_ckpt";
+  fs::remove_all(dir);
+  sw::run_threads(4, [&](auto& world) { expert_checkpoint_cases::check_expert_tp_checkpoint(world, dir); });
+  fs::remove_all(dir);
 }

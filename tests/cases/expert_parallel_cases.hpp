@@ -2,13 +2,15 @@
 // placed over 1, 2 or 4 ep ranks, each rank routing its own tokens (a different number on each), equals on every
 // rank the unsharded block run on that rank's tokens (output, input gradient, router and shared-expert gradients,
 // the load-balancing loss), and each placed expert's gradients equal the unsharded expert's summed over every
-// rank's tokens. Written once for threads and MPI; fp64.
+// rank's tokens; a MoeLlama trained so, its experts also cut over tp 2 (expert tensor parallelism) where the world
+// has 2 or 4 ranks, equals the unsharded run. Written once for threads and MPI; fp64.
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <shardwise/models/llama.hpp>
+#include <shardwise/models/llama_plan.hpp>
 #include <shardwise/models/moe.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -128,55 +130,67 @@ void check_placed_model(World const& world) {
 }
 
 /// The same MoeLlama trained 3 AdamW steps with its experts over the ep ranks, which are the data-parallel ranks,
-/// each its own rows: equal to the unsharded model trained on every rank's rows with their gradients averaged (as
-/// data parallelism averages them), its losses and its weights after the steps.
-template <class World>
-void check_placed_training(World const& world) {
-  int const ranks = world.size(), me = world.rank();
-  models::MoeConfig const m = config();
-  models::LlamaConfig const c = model_config(m, 9);
+/// each its own rows, and (Plan, tp_size) cut over tp: the attention as moe_llama_plan cuts it, and with
+/// moe_llama_plan<true, true> each expert's SwiGLU too (expert tensor parallelism). Equal to the unsharded model
+/// trained on every dp rank's rows with their gradients averaged (as data parallelism averages them): its losses,
+/// its clipped norms and its weights after the steps.
+template <class Plan, class World>
+void check_placed_training(World const& world, int tp_size) {
+  int const ranks = world.size() / tp_size;
+  models::MoeConfig m = config();
+  m.expert_hidden = 6;  // tp 2 divides it, and the shared expert's 4, and the heads
+  models::LlamaConfig c = model_config(m, 9);
+  c.kv_heads = 2;
   auto const ids = [](int step, int q, bool targets) {
     std::vector<std::int64_t> v;
     for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((step * 5 + q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
     return v;
   };
-  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const alone = sw::make_mesh<"tp">(sw::serial_world(), {1});
   auto const serial = sw::make_mesh<"dp">(sw::serial_world(), {1});
-  auto const dp = sw::make_mesh<"dp">(world, {ranks});
-  auto const train = [&](auto& model, int step, int q) {
-    auto result = models::llama_loss(tp, model.forward(ids(step, q, false)), ids(step, q, true), c.vocabulary);
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {ranks, tp_size});
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const tp = sw::submesh<"tp">(mesh);
+  int const me = dp.rank();
+  auto const train = [&](auto& model, auto const& over, int step, int q) {
+    auto result = models::llama_loss(over, model.forward(ids(step, q, false)), ids(step, q, true), c.vocabulary);
     model.backward(result.dlogits);
     return result.loss + m.router_aux_loss_coef * model.router_aux_loss();
   };
   sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
-  models::MoeLlama<double> placed(c), whole(c);
+  models::MoeLlama<double, Plan> placed(c);
+  models::MoeLlama<double> whole(c);
+  sw::parallelize(placed, tp);
   (void)sw::expert_parallelize(placed, dp);  // the experts over the data-parallel ranks
   sw::AdamW<double> placed_step(options), whole_step(options);
   for (int step = 0; step < 3; ++step) {
-    double const loss = train(placed, step, me);
+    double const loss = train(placed, tp, step, me);
     double const placed_norm = placed_step.step(sw::finish_gradients(placed), dp);
     sw::zero_grad(placed);
     double mine = 0;
     for (int q = 0; q < ranks; ++q) {
-      double const l = train(whole, step, q);
+      double const l = train(whole, alone, step, q);
       if (q == me) mine = l;
     }
     sw::for_each_parameter(whole, [&](std::string const&, auto const& p) { *p.grad /= double(ranks); });
     double const whole_norm = whole_step.step(sw::finish_gradients(whole), serial);
     sw::zero_grad(whole);
-    INFO("step " << step);
+    INFO("step " << step << ", tp " << tp_size);
     CHECK(loss == doctest::Approx(mine).epsilon(1e-12));
     CHECK(placed_norm == doctest::Approx(whole_norm).epsilon(1e-12));
   }
   auto const& experts = placed.layers[1].feed_forward.experts;
-  for (std::size_t l = 0; l < experts.size(); ++l)
-    CHECK(gap(experts[l].w1.weight, whole.layers[1].feed_forward.experts[experts.first + l].w1.weight) < 1e-12);
-  CHECK(gap(placed.layers[0].attention.wq.weight, whole.layers[0].attention.wq.weight) < 1e-12);
+  for (std::size_t l = 0; l < experts.size(); ++l) {  // w1's rows and w2's columns are this tp rank's share
+    auto const& w1 = experts[l].w1.weight;
+    auto const& w2 = experts[l].w2.weight;
+    auto const& reference = whole.layers[1].feed_forward.experts[experts.first + l];
+    CHECK(gap(w1, reference.w1.weight.middleRows(tp.rank() * w1.rows(), w1.rows())) < 1e-12);
+    CHECK(gap(w2, reference.w2.weight.middleCols(tp.rank() * w2.cols(), w2.cols())) < 1e-12);
+  }
   CHECK(gap(placed.layers[0].feed_forward.gate.weight, whole.layers[0].feed_forward.gate.weight) < 1e-12);
   if (ranks > 1) {  // a data-parallel mesh that is not the ep ranks is refused
-    auto const wrong = sw::make_mesh<"dp">(sw::serial_world(), {1});
-    (void)train(placed, 0, me);
-    CHECK_THROWS_WITH_AS((void)placed_step.step(sw::finish_gradients(placed), wrong),
+    (void)train(placed, tp, 0, me);
+    CHECK_THROWS_WITH_AS((void)placed_step.step(sw::finish_gradients(placed), serial),
                          doctest::Contains("ranks of mesh axis \"dp\" with a data-parallel mesh of 1; an expert's "
                                            "gradient sums every ep rank's tokens"),
                          sw::error);
@@ -189,7 +203,8 @@ void check_expert_parallel(World const& world) {
   check_placed_block(world, 0.0);
   check_placed_block(world, 1.0);  // each rank drops by its own tokens' capacity, as unsharded
   check_placed_model(world);
-  check_placed_training(world);
+  check_placed_training<sw::serial_plan>(world, 1);
+  if (world.size() % 2 == 0) check_placed_training<models::moe_llama_plan<true, true>>(world, 2);
   auto const ep = sw::make_mesh<"ep">(world, {world.size()});
   if (world.size() > 1) {  // placed twice
     Moe twice(config(), 3);

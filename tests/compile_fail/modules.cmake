@@ -63,8 +63,10 @@ shardwise_add_compile_fail_test(moe_router_in_plan SOURCE compile_fail/moe_route
   EXPECT "shardwise::models::MoeFeedForward: its router \\(\"gate\"\\) computes whole on every rank; leave it out of "
          "the plan")
 shardwise_add_compile_fail_test(moe_experts_in_plan SOURCE compile_fail/moe_experts_in_plan.cpp LINK shardwise::eigen
-  EXPECT "shardwise::models::MoeFeedForward: its experts compute whole on every rank \\(their outputs are combined "
-         "as replicated rows\\); leave \"experts.[*]\", \"shared_expert\" and \"shared_expert_gate\" out of the plan")
+  EXPECT "shardwise::models::MoeFeedForward: its experts take and give replicated rows \\(the dispatch and the "
+         "combine need them\\); leave \"experts.[*]\" and \"shared_expert\" out of the plan, or cut each one's w1 and w3 "
+         "ColwiseParallel<> and its w2 RowwiseParallel<Shard<-1>, Replicate>, with PrepareModuleInput<Replicate, Replicate> "
+         "at the expert itself")
 shardwise_add_compile_fail_test(experts_ep_static_size SOURCE compile_fail/experts_ep_static_size.cpp
   LINK shardwise::eigen
   EXPECT "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static expert count"

@@ -33,6 +33,7 @@
 #include "shardwise/checkpoint/tensor_mapping.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/core/read_file.hpp"
+#include "shardwise/nn/experts/expert_parallel.hpp"
 #include "shardwise/nn/lazy.hpp"
 #if SHARDWISE_DETAIL_CHECKPOINT_BODIES  // JSON is parsed only where the entry points are compiled
 #include <nlohmann/json.hpp>
@@ -329,6 +330,11 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY void mapped_locator::operator()(std::filesyste
 template <class Model, class TpMesh>
 load_report load_mapped(Model& model, TpMesh const& tp, std::filesystem::path const& path,
                         checkpoint_mapping const& mapping, load_options const& options, std::string_view who) {
+  if (placed_experts_in(model))  // its files name every expert, and nothing tells which model tensor each one is
+    fail("shardwise::", who,
+         ": the model's experts are placed over ep ranks (sw::expert_parallelize), and a load "
+         "of full tensors into placed experts is not built yet; load \"",
+         path.string(), "\" first, then place the experts (or load a checkpoint that save_sharded wrote)");
   load_report report;
   model_tensors const tensors = tensors_of(model);
   tied_lookup const tied = [&](std::string const& name) { return tied_source(model, mapping, name); };

@@ -83,10 +83,36 @@ using llama_plan =
 
 namespace shardwise::models {
 
+namespace detail {
+template <class Plan, class... More>
+struct with_entries;
+template <class... Entries, class... More>
+struct with_entries<plan<Entries...>, More...> {
+  using type = plan<Entries..., More...>;
+};
+/// The entries that cut every expert's SwiGLU (and the shared expert's) over tp as a dense feed-forward's, each
+/// expert's input gradient summed over tp by its PrepareModuleInput entry.
+template <class Plan>
+using with_experts_cut =
+    typename with_entries<Plan, at<"layers.*.feed_forward.experts.*", PrepareModuleInput<Replicate, Replicate>>,
+                          at<"layers.*.feed_forward.experts.*.w1", ColwiseParallel<>>,
+                          at<"layers.*.feed_forward.experts.*.w3", ColwiseParallel<>>,
+                          at<"layers.*.feed_forward.experts.*.w2", RowwiseParallel<Shard<-1>, Replicate>>,
+                          at<"layers.*.feed_forward.shared_expert", PrepareModuleInput<Replicate, Replicate>>,
+                          at<"layers.*.feed_forward.shared_expert.w1", ColwiseParallel<>>,
+                          at<"layers.*.feed_forward.shared_expert.w3", ColwiseParallel<>>,
+                          at<"layers.*.feed_forward.shared_expert.w2", RowwiseParallel<Shard<-1>, Replicate>>>::type;
+}  // namespace detail
+
 /// The plan of a models::MoeLlama: llama_plan's without sequence parallelism, the attention's projections cut over
-/// tp (and the embedding and output by the vocabulary, with ParallelizeEmbeddings), the experts whole on every rank.
-template <bool ParallelizeEmbeddings = true>
-using moe_llama_plan =
-    typename detail::without_dense_feed_forward<typename llama_plan_options<false, ParallelizeEmbeddings>::type>::type;
+/// tp (and the embedding and output by the vocabulary, with ParallelizeEmbeddings); the experts whole on every rank,
+/// or with CutExperts each expert's SwiGLU cut over tp as a dense feed-forward's (expert tensor parallelism:
+/// Megatron-Core's expert_tensor_parallel_size equal to tp), the shared expert's too.
+template <bool ParallelizeEmbeddings = true, bool CutExperts = false>
+using moe_llama_plan = std::conditional_t<
+    CutExperts,
+    detail::with_experts_cut<typename detail::without_dense_feed_forward<
+        typename llama_plan_options<false, ParallelizeEmbeddings>::type>::type>,
+    typename detail::without_dense_feed_forward<typename llama_plan_options<false, ParallelizeEmbeddings>::type>::type>;
 
 }  // namespace shardwise::models

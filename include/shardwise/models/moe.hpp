@@ -53,12 +53,14 @@ struct MoeFeedForward {
     static_assert(unplanned<decltype(gate)>(),
                   "shardwise::models::MoeFeedForward: its router (\"gate\") computes whole on every rank; leave it out "
                   "of the plan");
-    static_assert(unplanned_feed_forward<typename decltype(experts)::value_type>() &&
-                      unplanned_feed_forward<typename decltype(shared_expert)::value_type>() &&
+    static_assert(servable_feed_forward<typename decltype(experts)::value_type, "experts.*">() &&
+                      servable_feed_forward<typename decltype(shared_expert)::value_type, "shared_expert">() &&
                       unplanned<typename decltype(shared_expert_gate)::value_type>(),
-                  "shardwise::models::MoeFeedForward: its experts compute whole on every rank (their outputs are "
-                  "combined as replicated rows); leave \"experts.*\", \"shared_expert\" and \"shared_expert_gate\" "
-                  "out of the plan");
+                  "shardwise::models::MoeFeedForward: its experts take and give replicated rows (the dispatch and "
+                  "the combine need them); leave \"experts.*\" and \"shared_expert\" out of the plan, or cut each "
+                  "one's w1 and w3 ColwiseParallel<> and its w2 RowwiseParallel<Shard<-1>, Replicate>, with "
+                  "PrepareModuleInput<Replicate, Replicate> at the expert itself (expert tensor parallelism, as "
+                  "moe_llama_plan<true, true> does); and leave \"shared_expert_gate\" out");
     if (StaticExperts != dynamic_size && c.experts != StaticExperts)
       shardwise::raise("shardwise::models::MoeFeedForward at \"", own_style<Plan>::path.view(), "\": the config has ",
                        c.experts, " experts but the type ", StaticExperts, "; build the type its config describes");
@@ -289,10 +291,21 @@ struct MoeFeedForward {
   static constexpr bool unplanned() {
     return std::is_same_v<typename Layer::style, NoParallel>;
   }
-  template <class FeedForward>
-  static constexpr bool unplanned_feed_forward() {
-    return unplanned<decltype(FeedForward::w1)>() && unplanned<decltype(FeedForward::w3)>() &&
-           unplanned<decltype(FeedForward::w2)>();
+  /// Whether an expert's SwiGLU (child `Name`) is whole, or cut over tp as a dense feed-forward's with replicated
+  /// rows in and out: its entry then sums its input gradient over tp.
+  template <class FeedForward, fixed_string Name>
+  static constexpr bool servable_feed_forward() {
+    using W1 = typename decltype(FeedForward::w1)::style;
+    using W3 = typename decltype(FeedForward::w3)::style;
+    using W2 = typename decltype(FeedForward::w2)::style;
+    constexpr bool whole =
+        std::is_same_v<W1, NoParallel> && std::is_same_v<W3, NoParallel> && std::is_same_v<W2, NoParallel>;
+    constexpr bool cut =
+        std::is_same_v<typename style_at<Plan, Name>::style, PrepareModuleInput<Replicate, Replicate>> &&
+        std::is_same_v<W1, ColwiseParallel<Replicate, Shard<-1>>> &&
+        std::is_same_v<W3, ColwiseParallel<Replicate, Shard<-1>>> &&
+        std::is_same_v<W2, RowwiseParallel<Shard<-1>, Replicate>>;
+    return whole || cut;
   }
 
   static T sigmoid(T v) { return T(1) / (T(1) + std::exp(-v)); }

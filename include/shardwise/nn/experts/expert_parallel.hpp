@@ -166,4 +166,14 @@ std::shared_ptr<expert_parallel const> expert_parallelize(Model& model, Mesh con
   return placed;
 }
 
+template <module Model>
+class Lazy;
+
+/// Places the experts of a model declared with sw::Lazy before any parameter exists: each rank then allocates, and
+/// loads from a checkpoint or a save_pretrained folder, only its own share of them.
+template <module Model, class Mesh>
+std::shared_ptr<expert_parallel const> expert_parallelize(Lazy<Model>& lazy, Mesh const& ep) {
+  return expert_parallelize(lazy.unmaterialized(), ep);
+}
+
 }  // namespace shardwise

@@ -329,6 +329,7 @@ class AdamW {
     for (std::size_t index = 0; index < parameters_.size(); ++index) {
       step_parameter const& p = parameters_[index];
       slice& s = slices_[index];
+      if (p.group) tp_group = p.group;  // a placed expert's too: cut over tp (expert tensor parallelism)
       if (p.placed_over) {  // the sum over the ep ranks' tokens, which are the dp ranks': divided, not averaged
         Eigen::Map<nn::vector<T>>(p.grad, static_cast<Eigen::Index>(p.grad_elements)) /= static_cast<T>(dp_size);
         if (p.counted) placed_squares(0) += detail::sum_of_squares(p.grad + s.start, s.count) / p.copies;
@@ -342,7 +343,6 @@ class AdamW {
           detail::all_reduce_on(dp.comm(0), whole, detail::op_kind::avg);
       }
       T const* g = sliced(dp_size) ? s.grad.data() : p.grad + s.start;
-      if (p.group) tp_group = p.group;
       if (p.counted) {
         square_sum += detail::sum_of_squares(g, s.count) / p.copies;
       }
