@@ -1,9 +1,10 @@
 // Checkpoints of experts placed over ep ranks: a MoeLlama trained with its 8 experts over ep = every rank (the
 // data-parallel ranks), saved with its AdamW state by every ep rank, loads into the unplaced model (ep 1) with
 // equal logits and the same optimizer state, bit for bit, and both then take the same next step; saved from that
-// unplaced model, it loads back at ep = every rank the same way. The experts are named by their index in the whole
-// model, so any ep size reads any other's save; on 4 ranks, experts placed over dp 2 and cut over tp 2 load at
-// ep 4. Written once for threads and MPI; fp64.
+// unplaced model, it loads back at ep = every rank the same way, into a model declared with sw::Lazy and placed
+// before any parameter exists. The experts are named by their index in the whole model, so any ep size reads any
+// other's save; on 4 ranks, experts placed over dp 2 and cut over tp 2 load at ep 4. Written once for threads and
+// MPI; fp64.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -14,6 +15,7 @@
 #include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/models/llama.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/nn/lazy.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
 #include <utility>
@@ -77,7 +79,8 @@ void check_expert_checkpoints(World const& world, fs::path const& dir) {
     return result.loss + m.router_aux_loss_coef * model.router_aux_loss();
   };
   sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
-  Model placed(c), whole(other), back(other);
+  Model placed(c), whole(other);
+  sw::Lazy<Model> lazy(other);  // placed before any parameter exists: each rank allocates its own experts only
   (void)sw::expert_parallelize(placed, dp);
   sw::AdamW<double> placed_step(options), whole_step(options), back_step(options);
   for (int step = 0; step < 2; ++step) (void)train(placed, placed_step, step);
@@ -92,7 +95,9 @@ void check_expert_checkpoints(World const& world, fs::path const& dir) {
   CHECK(next == doctest::Approx(train(whole, whole_step, 2)).epsilon(1e-12));
 
   sw::save_sharded(whole, whole_step, tp, dp, dir / "ep1", 3);  // unplaced: dp rank 0 writes it all
-  (void)sw::expert_parallelize(back, dp);
+  (void)sw::expert_parallelize(lazy, dp);
+  Model& back = sw::materialize(lazy);
+  CHECK(back.layers[0].feed_forward.experts.size() == 8 / std::size_t(ranks));
   (void)sw::load_sharded(back, back_step, tp, dp, dir / "ep1");  // each rank reads its own experts
   CHECK((back.forward(ids(6, me, false)).local - whole.forward(ids(6, me, false)).local).cwiseAbs().maxCoeff() < 1e-13);
   CHECK(same_moments(moments_by_name(back, back_step, dp), moments_by_name(whole, whole_step, dp)));
