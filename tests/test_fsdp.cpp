@@ -3,7 +3,7 @@
 // parameters as llama_cases::check_same_run states), for full shard at dp 2 and 4, shard-grad-op, no-shard,
 // hybrid 2 x 2, FSDP dp 2 x TP 2 with sequence parallelism, wrap by path, by type, by size and none,
 // activation checkpointing, uneven shards (dp 3, dp 4 and dp 2 x tp 2 on sizes they do not divide), and
-// forward and backward prefetch.
+// forward and backward prefetch; a MoeLlama at dp 1, 2 and 4, its experts sharded with the rest.
 #include <doctest/doctest.h>
 
 #include "cases/fsdp_cases.hpp"
@@ -340,4 +340,8 @@ TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same wa
   auto const reduces_bf16 = bf16_reference(c, steps, 2, true);
   check<sw::fsdp_policy<sw::full_shard, blocks, sw::mixed_precision<bf16, bf16>>>(
       "bf16 gathers and reduce, dp 2", 2, {.dp = 2}, c, reduces_bf16, bf16_rounding);
+}
+
+TEST_CASE("FSDP of a MoeLlama, its experts sharded with the rest, equals the unsharded run at dp 1, 2 and 4") {
+  for (int ranks : {1, 2, 4}) sw::run_threads(ranks, [](auto& world) { check_moe_llama(world); });
 }

@@ -4,8 +4,8 @@
 // parallelism, and uneven shards at dp 4 and dp 2 x tp 2. Mixed precision (bfloat16 gathers, fp32 or bfloat16
 // reduce) against the unsharded run that rounds the same way: at 1, at 2, and at dp 2 x tp 2. Forward and
 // backward prefetch (MPI_Iallgatherv started before a unit computes): at 2 (uneven shards, activation
-// checkpointing, bf16 gathers) and at 4 (hybrid, dp 2 x TP 2). Processes given different strategies are refused at
-// fully_shard, naming each one's.
+// checkpointing, bf16 gathers) and at 4 (hybrid, dp 2 x TP 2). A MoeLlama, its experts sharded with the rest.
+// Processes given different strategies are refused at fully_shard, naming each one's.
 #include <doctest/doctest.h>
 
 #include "cases/fsdp_cases.hpp"
@@ -136,4 +136,8 @@ TEST_CASE("FSDP processes that shard by different strategies are refused at full
   for (int r = 2; r < n; ++r) expected += "; rank " + std::to_string(r) + " has full_shard";
   expected += ". Give every rank the same fsdp_policy strategy (full_shard, shard_grad_op or no_shard)";
   CHECK(message == expected);
+}
+
+TEST_CASE("FSDP of a MoeLlama, its experts sharded with the rest, equals the unsharded run, MPI mesh") {
+  fsdp_cases::check_moe_llama(worlds::mpi());
 }

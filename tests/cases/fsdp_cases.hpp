@@ -1,7 +1,8 @@
 #pragma once
 // Training the Llama model under FSDP (sw::fully_shard): the loss curve, the global gradient norm of every step
 // and the parameters after the run must equal the unsharded run's, for every strategy, wrap policy, hybrid
-// sharding, FSDP over dp x TP over tp, activation checkpointing and uneven shards.
+// sharding, FSDP over dp x TP over tp, activation checkpointing and uneven shards; a MoeLlama's experts sharded
+// with the rest.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cases/expert_parallel_cases.hpp"
 #include "cases/llama_cases.hpp"
 
 namespace fsdp_cases {
@@ -233,5 +235,49 @@ inline models::LlamaConfig uneven_config() {
 using blocks = sw::wrap_paths<"layers.*">;
 using tp_only = models::llama_plan<false>;
 using sequence_parallel = models::llama_plan<true>;
+
+/// A MoeLlama (2 blocks of 8 experts, top-2, a gated shared expert) under full shard over every rank, each block a
+/// unit (its experts sharded with the rest): 3 AdamW steps, each rank its own rows, equal to the unsharded model
+/// trained on every rank's rows with their gradients averaged: each rank's loss (its cross-entropy and its own
+/// load-balancing loss, as DDP computes them) and the clipped norm (fp64, 1e-12).
+template <class World>
+void check_moe_llama(World const& world) {
+  int const ranks = world.size();
+  models::MoeConfig const m = expert_parallel_cases::config();
+  models::LlamaConfig const c = expert_parallel_cases::model_config(m, 9);
+  auto const ids = [](int step, int q, bool targets) {
+    std::vector<std::int64_t> v;
+    for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((step * 5 + q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
+    return v;
+  };
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {ranks, 1});
+  auto const tp = sw::submesh<"tp">(mesh);
+  auto const alone = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const serial = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
+  models::MoeLlama<double> model(c), whole(c);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, mesh);
+  sw::AdamW<double> step_sharded(options), step_whole(options);
+  int const me = sw::submesh<"dp">(mesh).rank();
+  for (int step = 0; step < 3; ++step) {
+    auto const result = models::llama_loss(tp, sharded.forward(ids(step, me, false)), ids(step, me, true), 20);
+    sharded.backward(result.dlogits);
+    double const loss = result.loss + m.router_aux_loss_coef * sharded.model().router_aux_loss();
+    double const norm = step_sharded.step(sharded);
+    sw::zero_grad(sharded);
+    double mine = 0;
+    for (int q = 0; q < ranks; ++q) {
+      auto const r = models::llama_loss(alone, whole.forward(ids(step, q, false)), ids(step, q, true), 20);
+      whole.backward(r.dlogits);
+      if (q == me) mine = r.loss + m.router_aux_loss_coef * whole.router_aux_loss();
+    }
+    sw::for_each_parameter(whole, [&](std::string const&, auto const& p) { *p.grad /= double(ranks); });
+    double const whole_norm = step_whole.step(sw::finish_gradients(whole), serial);
+    sw::zero_grad(whole);
+    INFO("MoeLlama under FSDP, dp " << ranks << ", step " << step);
+    CHECK(loss == doctest::Approx(mine).epsilon(1e-12));
+    CHECK(norm == doctest::Approx(whole_norm).epsilon(1e-12));
+  }
+}
 
 }  // namespace fsdp_cases
