@@ -48,23 +48,51 @@ inline double gap(M const& got, M const& expected) {
   return (got - expected).cwiseAbs().maxCoeff() / std::max(1.0, expected.cwiseAbs().maxCoeff());
 }
 
+/// Rank q's tokens, their first feature 1 where `forced`: with force_first_two's router, every token then goes to
+/// experts 0 and 1.
+inline M block_tokens(int q, bool forced) {
+  M x = tokens_of(q);
+  if (forced) x.col(0).setOnes();
+  return x;
+}
+/// A router that sends every token of block_tokens(q, true) to experts 0 and 1 (logits about 10 and 9 against about
+/// 0), whatever its other features.
+inline void force_first_two(Moe& m) {
+  m.gate.weight *= 0.01;
+  m.gate.weight.col(0).setZero();
+  m.gate.weight(0, 0) = 10.0, m.gate.weight(1, 0) = 9.0;
+}
+
+/// The block placed over the ep ranks against the unsharded one; `forced`: every token of every rank routed to
+/// experts 0 and 1, both on ep rank 0 (the worst imbalance: its experts compute every rank's rows, the others'
+/// none), where its expert rows are then ep size x every rank's tokens x top_k and the others' 0.
 template <class World>
-void check_placed_block(World const& world, double capacity) {
+void check_placed_block(World const& world, double capacity, bool forced = false) {
   int const ranks = world.size(), me = world.rank();
   auto const ep = sw::make_mesh<"ep">(world, {ranks});
   Moe placed(config(capacity), 3), mine(config(capacity), 3), every(config(capacity), 3);
+  if (forced) force_first_two(placed), force_first_two(mine), force_first_two(every);
   auto const where = sw::expert_parallelize(placed, sw::submesh<"ep">(ep));
   CHECK(where->size() == ranks);
   REQUIRE(placed.experts.size() == 8 / static_cast<std::size_t>(ranks));
   CHECK(placed.experts.first == 8 / static_cast<std::size_t>(ranks) * static_cast<std::size_t>(me));
-  M const y = placed.forward(tokens_of(me)).local;
+  M const y = placed.forward(block_tokens(me, forced)).local;
   double const aux = placed.aux_loss();
+  std::size_t const expert_rows = placed.expert_rows();
   M const dx = placed.backward(gradient_of(me)).local;
-  M const y_mine = mine.forward(tokens_of(me)).local;
+  M const y_mine = mine.forward(block_tokens(me, forced)).local;
   M const dx_mine = mine.backward(gradient_of(me)).local;
+  std::size_t every_row = 0;
   for (int q = 0; q < ranks; ++q) {  // every rank's tokens through the unsharded experts: their gradients summed
-    (void)every.forward(tokens_of(q));
+    (void)every.forward(block_tokens(q, forced));
     (void)every.backward(gradient_of(q));
+    every_row += static_cast<std::size_t>(block_tokens(q, forced).rows()) * 2;
+  }
+  if (forced) {
+    INFO("every token to experts 0 and 1");
+    CHECK(mine.routing().load(0) == static_cast<std::size_t>(y.rows()));
+    CHECK(mine.routing().load(1) == static_cast<std::size_t>(y.rows()));
+    CHECK(expert_rows == (me == 0 ? every_row : 0));
   }
   CHECK(gap(y, y_mine) < 1e-14);
   CHECK(gap(dx, dx_mine) < 1e-14);
@@ -202,6 +230,7 @@ template <class World>
 void check_expert_parallel(World const& world) {
   check_placed_block(world, 0.0);
   check_placed_block(world, 1.0);  // each rank drops by its own tokens' capacity, as unsharded
+  check_placed_block(world, 0.0, true);
   check_placed_model(world);
   check_placed_training<sw::serial_plan>(world, 1);
   if (world.size() % 2 == 0) check_placed_training<models::moe_llama_plan<true, true>>(world, 2);

@@ -116,6 +116,17 @@ struct MoeFeedForward {
     placed_ = placed;
   }
 
+  /// The rows this rank's experts computed in the last forward, which their saved activations hold until its
+  /// backward (each row's input, and its expert's three hidden products): this rank's routed rows, or with the
+  /// experts placed every ep rank's rows for this rank's experts — at worst (every token of every rank routed
+  /// here) ep size x tokens x top_k.
+  [[nodiscard]] std::size_t expert_rows() const {
+    if (placed_) return dispatch_.arrived_rows();
+    std::size_t rows = 0;
+    for (std::size_t e = 0; e < config_.experts; ++e) rows += routing_.computed(e);
+    return rows;
+  }
+
   /// Whether expert `e` (its index among all the module's experts) is held here: every one until
   /// sw::expert_parallelize places them, then this ep rank's share.
   [[nodiscard]] bool holds_expert(std::size_t e) const {

@@ -46,6 +46,9 @@ class expert_dispatch {
     return result;
   }
 
+  /// The rows this rank's experts computed in the last forward: every ep rank's rows routed to them.
+  [[nodiscard]] std::size_t arrived_rows() const { return static_cast<std::size_t>(counts_.sum()); }
+
  private:
   /// Every rank's rows for each of this rank's local experts: counts(q, l) from rank q for local expert l. A rank
   /// whose router met an unroutable token sends that instead (as -1 - token), and every rank refuses alike.
