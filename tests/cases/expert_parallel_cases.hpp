@@ -233,7 +233,10 @@ void check_expert_parallel(World const& world) {
   check_placed_block(world, 0.0, true);
   check_placed_model(world);
   check_placed_training<sw::serial_plan>(world, 1);
-  if (world.size() % 2 == 0) check_placed_training<models::moe_llama_plan<true, true>>(world, 2);
+  if (world.size() % 2 == 0) {
+    check_placed_training<models::moe_llama_plan<true, true>>(world, 2);
+    check_placed_training<models::moe_llama_plan<true, true, true>>(world, 2);  // and sequence parallel
+  }
   auto const ep = sw::make_mesh<"ep">(world, {world.size()});
   if (world.size() > 1) {  // placed twice
     Moe twice(config(), 3);

@@ -104,15 +104,34 @@ using with_experts_cut =
                           at<"layers.*.feed_forward.shared_expert.w2", RowwiseParallel<Shard<-1>, Replicate>>>::type;
 }  // namespace detail
 
-/// The plan of a models::MoeLlama: llama_plan's without sequence parallelism, the attention's projections cut over
-/// tp (and the embedding and output by the vocabulary, with ParallelizeEmbeddings); the experts whole on every rank,
-/// or with CutExperts each expert's SwiGLU cut over tp as a dense feed-forward's (expert tensor parallelism:
-/// Megatron-Core's expert_tensor_parallel_size equal to tp), the shared expert's too.
-template <bool ParallelizeEmbeddings = true, bool CutExperts = false>
-using moe_llama_plan = std::conditional_t<
-    CutExperts,
-    detail::with_experts_cut<typename detail::without_dense_feed_forward<
-        typename llama_plan_options<false, ParallelizeEmbeddings>::type>::type>,
-    typename detail::without_dense_feed_forward<typename llama_plan_options<false, ParallelizeEmbeddings>::type>::type>;
+namespace detail {
+/// Plan with the entry at "layers.*.feed_forward" given Style (the block of experts' own entry).
+template <class Plan, class Style>
+struct with_feed_forward_entry;
+template <class... Entries, class Style>
+struct with_feed_forward_entry<plan<Entries...>, Style> {
+  using type =
+      plan<std::conditional_t<Entries::path.view() == "layers.*.feed_forward", at<Entries::path, Style>, Entries>...>;
+};
+/// The MoeLlama plan before its experts are cut: under sequence parallelism, the block of experts gathers the
+/// stream's tokens and keeps its own rows of the output (it computes every token, as its router must).
+template <bool SequenceParallel, bool ParallelizeEmbeddings>
+using moe_base_plan = typename with_feed_forward_entry<
+    typename without_dense_feed_forward<
+        typename llama_plan_options<SequenceParallel, ParallelizeEmbeddings>::type>::type,
+    std::conditional_t<SequenceParallel, PrepareModuleInputOutput<Shard<0>, Replicate, Replicate, Shard<0>>,
+                       PrepareModuleInput<Replicate, Replicate>>>::type;
+}  // namespace detail
+
+/// The plan of a models::MoeLlama: llama_plan's with the attention's projections cut over tp (and the embedding and
+/// output by the vocabulary, with ParallelizeEmbeddings); the experts whole on every rank, or with CutExperts each
+/// expert's SwiGLU cut over tp as a dense feed-forward's (expert tensor parallelism: Megatron-Core's
+/// expert_tensor_parallel_size equal to tp), the shared expert's too. With SequenceParallel the stream between
+/// blocks is cut along the tokens, and each block of experts gathers them and hands back its rank's rows.
+template <bool ParallelizeEmbeddings = true, bool CutExperts = false, bool SequenceParallel = false>
+using moe_llama_plan =
+    std::conditional_t<CutExperts,
+                       detail::with_experts_cut<detail::moe_base_plan<SequenceParallel, ParallelizeEmbeddings>>,
+                       detail::moe_base_plan<SequenceParallel, ParallelizeEmbeddings>>;
 
 }  // namespace shardwise::models
