@@ -47,7 +47,9 @@ std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> momen
 /// Whether every moment `part` holds (a placed model's: its own experts and the rest) equals `whole`'s, exactly.
 inline bool same_moments(std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> const& part,
                          std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> const& whole) {
-  for (auto const& [name, mv] : part) {
+  for (auto const& entry : part) {
+    std::string const& name = entry.first;
+    auto const& mv = entry.second;
     auto const found = whole.find(name);
     if (found == whole.end() || found->second != mv) {
       MESSAGE("moments differ or are missing: " << name);
@@ -156,7 +158,9 @@ void check_expert_tp_checkpoint(World const& world, fs::path const& dir) {
 
   auto const mine = moments_by_name(cut, cut_step, dp), theirs = moments_by_name(wide, wide_step, ep);
   std::size_t compared = 0;
-  for (auto const& [name, mv] : theirs) {
+  for (auto const& entry : theirs) {  // not a structured binding: clang 14 cannot capture one in INFO
+    std::string const& name = entry.first;
+    auto const& mv = entry.second;
     auto const found = mine.find(name);
     if (found == mine.end()) continue;  // an expert the other layout holds elsewhere
     bool const cut_rows = name.find(".experts.") != std::string::npos && name.ends_with(".w1.weight");

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
@@ -198,9 +197,11 @@ struct Llama {
     for (std::size_t i = 0; i < layers.size(); ++i)  // through sw::forward: FSDP units gather here
       h = checkpoint_blocks_ ? checkpointed_forward(layers[i], h, block_inputs_[i], rows_)
                              : shardwise::forward(layers[i], h, rows_);
-    if constexpr (sparse)  // transformers' loss pools every layer's router scores
-      router_aux_loss_ =
-          load_balancing_loss(layers | std::views::transform([](block_type& b) { return &b.feed_forward; }));
+    if constexpr (sparse) {                                   // transformers' loss pools every layer's router scores
+      std::vector<typename block_type::FeedForward*> blocks;  // not a view: clang 14 cannot take libstdc++ 12's
+      for (block_type& b : layers) blocks.push_back(&b.feed_forward);
+      router_aux_loss_ = load_balancing_loss(blocks);
+    }
     return output(norm(h));
   }
 

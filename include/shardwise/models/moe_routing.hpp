@@ -3,7 +3,6 @@
 // of it (models::moe_balance), and that loss pooled over a model's blocks (models::load_balancing_loss).
 #include <cstddef>
 #include <cstdint>
-#include <ranges>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -41,7 +40,8 @@ struct moe_balance {
 /// (mean score of e over all their rows). Each block's backward then adds this loss's gradient, times its
 /// router_aux_loss_coef, instead of its own loss's. `blocks`: a range of MoeFeedForward, or of pointers to them,
 /// all with the same number of experts.
-template <std::ranges::range Blocks>
+template <class Blocks>
+  requires requires(Blocks& b) { b.begin() != b.end(); }
 double load_balancing_loss(Blocks&& blocks) {
   auto block = [](auto& b) -> auto& {
     if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(b)>>)
