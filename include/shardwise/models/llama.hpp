@@ -28,6 +28,19 @@
 
 namespace shardwise::models {
 
+namespace detail {
+/// Reads `prefix` and the number after it from the front of `name` ("layers." and 6 of "layers.6.attention"), which
+/// moves past them; false if absent. How a checkpoint's tensor name tells its block, and its expert.
+inline bool number_after(std::string_view& name, std::string_view prefix, std::size_t& number) {
+  if (!name.starts_with(prefix)) return false;
+  name.remove_prefix(prefix.size());
+  auto const [end, failed] = std::from_chars(name.data(), name.data() + name.size(), number);
+  if (failed != std::errc{} || end == name.data()) return false;
+  name.remove_prefix(static_cast<std::size_t>(end - name.data()));
+  return true;
+}
+}  // namespace detail
+
 /// The StaticExperts of a dense model: its blocks hold a dense feed-forward (LlamaFeedForward), not experts.
 inline constexpr std::size_t no_experts = static_cast<std::size_t>(-1);
 
@@ -220,8 +233,8 @@ struct Llama {
     requires sparse
   {
     std::size_t block = 0, expert = 0;
-    return number_after(name, "layers.", block) && block < layers.size() &&
-           number_after(name, ".feed_forward.experts.", expert) && name.starts_with('.') &&
+    return detail::number_after(name, "layers.", block) && block < layers.size() &&
+           detail::number_after(name, ".feed_forward.experts.", expert) && name.starts_with('.') &&
            !layers[block].feed_forward.holds_expert(expert);
   }
 
@@ -296,16 +309,6 @@ struct Llama {
                        sparse ? "; build models::Llama, or give the config a MoeConfig"
                               : "; build models::MoeLlama for a mixture of experts");
     return c;
-  }
-
-  /// Reads `prefix` and the number after it from the front of `name`, which moves past them; false if absent.
-  static bool number_after(std::string_view& name, std::string_view prefix, std::size_t& number) {
-    if (!name.starts_with(prefix)) return false;
-    name.remove_prefix(prefix.size());
-    auto const [end, failed] = std::from_chars(name.data(), name.data() + name.size(), number);
-    if (failed != std::errc{} || end == name.data()) return false;
-    name.remove_prefix(static_cast<std::size_t>(end - name.data()));
-    return true;
   }
 
   /// Each layer's sliding window (0: none), for its key-value cache.

@@ -102,9 +102,7 @@ using with_experts_cut =
                           at<"layers.*.feed_forward.shared_expert.w1", ColwiseParallel<>>,
                           at<"layers.*.feed_forward.shared_expert.w3", ColwiseParallel<>>,
                           at<"layers.*.feed_forward.shared_expert.w2", RowwiseParallel<Shard<-1>, Replicate>>>::type;
-}  // namespace detail
 
-namespace detail {
 /// Plan with the entry at "layers.*.feed_forward" given Style (the block of experts' own entry).
 template <class Plan, class Style>
 struct with_feed_forward_entry;

@@ -4,7 +4,6 @@
 // are the unsharded model's (the same seeds) under the same names ("layers.6.attention.wq.weight" on the
 // stage that holds block 6), so stages' checkpoints name the model's tensors alike. Run by
 // sw::run_pipeline_step over a "pp" axis; the plan (llama_plan) cuts each stage over "tp" as it cuts Llama.
-#include <charconv>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -113,12 +112,8 @@ struct LlamaStage {
   [[nodiscard]] bool shardwise_other_stage(std::string_view name) const {
     if (name.starts_with("tok_embeddings.")) return !first_;
     if (name.starts_with("norm.") || name.starts_with("output.")) return !last_;
-    if (!name.starts_with("layers.")) return false;
     std::size_t block = 0;
-    auto const digits = name.substr(7);
-    auto const [end, failed] = std::from_chars(digits.data(), digits.data() + digits.size(), block);
-    bool const numbered =
-        failed == std::errc{} && end != digits.data() && end != digits.data() + digits.size() && *end == '.';
+    bool const numbered = detail::number_after(name, "layers.", block) && name.starts_with('.');
     return numbered && block < config_.layers && (block < layers.first || block >= layers.first + layers.size());
   }
 
