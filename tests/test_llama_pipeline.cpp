@@ -1,6 +1,7 @@
 // The Llama model trained in pipeline stages on the thread mesh at 1, 2 and 4 ranks, with tp and dp beside the
 // pipeline at 4, with FSDP within the stages at pp 2 x dp 2, and with the sequences cut over cp under FSDP and
-// within stages, against the unsharded run (cases/llama_pipeline_cases.hpp, cases/llama_context_composed_cases.hpp).
+// within stages; a MoeLlama's stages with their experts over the dp ranks; against the unsharded run
+// (cases/llama_pipeline_cases.hpp, cases/llama_context_composed_cases.hpp, cases/moe_pipeline_cases.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 
 #include "cases/llama_context_composed_cases.hpp"
 #include "cases/llama_pipeline_cases.hpp"
+#include "cases/moe_pipeline_cases.hpp"
 #include "support/worlds.hpp"
 
 TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unsharded run, thread mesh") {
@@ -15,6 +17,13 @@ TEST_CASE("Llama in pipeline stages: loss curves and parameters equal the unshar
     INFO(ranks << " ranks");
     worlds::run_threads(ranks,
                         [&](auto& world) { llama_pipeline_cases::check_all(world, llama_pipeline_cases::steps()); });
+  }
+}
+
+TEST_CASE("MoeLlama in pipeline stages with experts over the dp ranks: equal to the unsharded run, thread mesh") {
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks << " ranks");
+    worlds::run_threads(ranks, [&](auto& world) { moe_pipeline_cases::check_all(world); });
   }
 }
 

@@ -3,8 +3,8 @@
 // equal logits and the same optimizer state, bit for bit, and both then take the same next step; saved from that
 // unplaced model, it loads back at ep = every rank the same way, into a model declared with sw::Lazy and placed
 // before any parameter exists. The experts are named by their index in the whole model, so any ep size reads any
-// other's save; on 4 ranks, experts placed over dp 2 and cut over tp 2 load at ep 4. Written once for threads and
-// MPI; fp64.
+// other's save; on 4 ranks, experts placed over dp 2 and cut over tp 2 load at ep 4 and at ep 1 x pp 2. Written
+// once for threads and MPI; fp64.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -15,6 +15,7 @@
 #include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/models/llama.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
 #include <shardwise/nn/lazy.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -115,7 +116,7 @@ void check_expert_checkpoints(World const& world, fs::path const& dir) {
 /// On 4 ranks: a MoeLlama with its experts placed over dp 2 and each cut over tp 2 (moe_llama_plan<true, true>),
 /// trained 2 steps and saved with its state, loads with its experts over ep 4 at tp 1: the same logits (the tp ranks'
 /// vocabulary shards gathered), and each moment of a parameter both hold the same, bit for bit (a tp shard of an
-/// expert's w1 is a run of its rows).
+/// expert's w1 is a run of its rows); and into a pipeline of two MoeLlamaStage at ep 1 the same way.
 template <class World>
 void check_expert_tp_checkpoint(World const& world, fs::path const& dir) {
   REQUIRE(world.size() == 4);
@@ -156,22 +157,45 @@ void check_expert_tp_checkpoint(World const& world, fs::path const& dir) {
   sw::all_gather(tp, cut.forward(ids(5, 1, false)).local, gathered, -1);
   CHECK((gathered - wide.forward(ids(5, 1, false)).local).cwiseAbs().maxCoeff() < 1e-13);
 
-  auto const mine = moments_by_name(cut, cut_step, dp), theirs = moments_by_name(wide, wide_step, ep);
-  std::size_t compared = 0;
-  for (auto const& entry : theirs) {  // not a structured binding: clang 14 cannot capture one in INFO
-    std::string const& name = entry.first;
-    auto const& mv = entry.second;
-    auto const found = mine.find(name);
-    if (found == mine.end()) continue;  // an expert the other layout holds elsewhere
-    bool const cut_rows = name.find(".experts.") != std::string::npos && name.ends_with(".w1.weight");
-    if (!cut_rows && found->second.first.size() != mv.first.size()) continue;  // cut another way: w2, attention
-    std::size_t const shard = found->second.first.size(), from = cut_rows ? shard * std::size_t(tp.rank()) : 0;
-    INFO(name);
-    CHECK(std::equal(found->second.first.begin(), found->second.first.end(), mv.first.begin() + long(from)));
-    CHECK(std::equal(found->second.second.begin(), found->second.second.end(), mv.second.begin() + long(from)));
-    ++compared;
+  auto const mine = moments_by_name(cut, cut_step, dp);
+  auto const compare_moments = [&](auto const& theirs) {  // the moments both layouts hold, bit for bit
+    std::size_t compared = 0;
+    for (auto const& entry : theirs) {  // not a structured binding: clang 14 cannot capture one in INFO
+      std::string const& name = entry.first;
+      auto const& mv = entry.second;
+      auto const found = mine.find(name);
+      if (found == mine.end()) continue;  // an expert the other layout holds elsewhere
+      bool const cut_rows = name.find(".experts.") != std::string::npos && name.ends_with(".w1.weight");
+      if (!cut_rows && found->second.first.size() != mv.first.size()) continue;  // cut another way: w2, attention
+      std::size_t const shard = found->second.first.size(), from = cut_rows ? shard * std::size_t(tp.rank()) : 0;
+      INFO(name);
+      CHECK(std::equal(found->second.first.begin(), found->second.first.end(), mv.first.begin() + long(from)));
+      CHECK(std::equal(found->second.second.begin(), found->second.second.end(), mv.second.begin() + long(from)));
+      ++compared;
+    }
+    return compared;
+  };
+  CHECK(compare_moments(moments_by_name(wide, wide_step, ep)) > 4);
+
+  // At ep 1 x pp 2 (two replicas of a pipeline of two stages): each stage reads its blocks with all their experts.
+  auto const staged = sw::make_mesh<"dp", "pp">(world, {2, 2});
+  auto const pp = sw::submesh<"pp">(staged);
+  auto const replicas = sw::submesh<"dp">(staged);
+  using Stage = models::MoeLlamaStage<double>;
+  Stage stage(other, sw::stage_split(other.layers, 2), pp.rank());
+  sw::AdamW<double> stage_step(options);
+  (void)sw::load_sharded(stage, stage_step, alone, replicas, dir / "ep2_tp2");
+  CHECK(stage_step.steps() == 2);
+  CHECK(stage.layers[0].feed_forward.experts.size() == 8);
+  if (stage.is_first()) {
+    sw::send(pp, stage.forward(ids(5, 1, false)).local, 1);
+  } else {
+    M h;
+    sw::recv(pp, h, 0);
+    M const logits = (*stage.output)((*stage.norm)(stage.forward(typename Stage::stream{std::move(h)}))).local;
+    CHECK((gathered - logits).cwiseAbs().maxCoeff() < 1e-13);
   }
-  CHECK(compared > 4);
+  CHECK(compare_moments(moments_by_name(stage, stage_step, replicas)) > 4);
 }
 
 }  // namespace expert_checkpoint_cases

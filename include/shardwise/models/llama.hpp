@@ -39,6 +39,13 @@ inline bool number_after(std::string_view& name, std::string_view prefix, std::s
   name.remove_prefix(static_cast<std::size_t>(end - name.data()));
   return true;
 }
+/// Whether `rest`, a checkpoint's tensor name past its block's number, names an expert of the block's feed-forward
+/// `experts` that this rank does not hold (placed on another ep rank).
+template <class Experts>
+bool names_expert_elsewhere(std::string_view rest, Experts const& experts) {
+  std::size_t expert = 0;
+  return number_after(rest, ".feed_forward.experts.", expert) && rest.starts_with('.') && !experts.holds_expert(expert);
+}
 }  // namespace detail
 
 /// The StaticExperts of a dense model: its blocks hold a dense feed-forward (LlamaFeedForward), not experts.
@@ -213,7 +220,7 @@ struct Llama {
     if constexpr (sparse) {                                   // transformers' loss pools every layer's router scores
       std::vector<typename block_type::FeedForward*> blocks;  // not a view: clang 14 cannot take libstdc++ 12's
       for (block_type& b : layers) blocks.push_back(&b.feed_forward);
-      router_aux_loss_ = load_balancing_loss(blocks);
+      router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_);
     }
     return output(norm(h));
   }
@@ -227,15 +234,23 @@ struct Llama {
     return router_aux_loss_;
   }
 
+  /// The scale of the load-balancing loss's gradient, which backward adds times router_aux_loss_coef: 1 by default;
+  /// under gradient accumulation the cross-entropy's gradient's (1/microbatches), so that a step's gradient is that
+  /// of the mean of its microbatches' losses (as a pipeline of MoeLlamaStage computes it).
+  void router_aux_loss_scale(double scale)
+    requires sparse
+  {
+    router_aux_scale_ = scale;
+  }
+
   /// Whether `name` is the tensor of an expert that another ep rank holds (the experts placed by
   /// sw::expert_parallelize): load_sharded then reads only this rank's experts of a checkpoint that holds them all.
   [[nodiscard]] bool shardwise_other_stage(std::string_view name) const
     requires sparse
   {
-    std::size_t block = 0, expert = 0;
+    std::size_t block = 0;
     return detail::number_after(name, "layers.", block) && block < layers.size() &&
-           detail::number_after(name, ".feed_forward.experts.", expert) && name.starts_with('.') &&
-           !layers[block].feed_forward.holds_expert(expert);
+           detail::names_expert_elsewhere(name, layers[block].feed_forward);
   }
 
   /// Forward with a key-value cache (inference, sw::generate): `ids` are the step's new tokens, packed as its
@@ -360,6 +375,7 @@ struct Llama {
   bool checkpoint_blocks_ = false;
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
   double router_aux_loss_ = 0;                            // of the last forward, with experts
+  double router_aux_scale_ = 1;                           // its gradient's scale (router_aux_loss_scale)
 };
 
 /// A Llama whose blocks hold a mixture of experts in place of the dense feed-forward (Mixtral, Qwen2-MoE,

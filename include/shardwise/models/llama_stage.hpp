@@ -24,12 +24,15 @@ namespace shardwise::models {
 /// on the others give the residual stream (in the plan's layout: Shard<0> under sequence parallelism) that
 /// crosses to the next stage; head_loss on the last stage runs the final norm, the output projection and the
 /// loss, and gives the stream's gradient; backward(dh) runs the stage's blocks backward (and the embedding's
-/// on the first stage).
+/// on the first stage). StaticExperts: as Llama's (models::MoeLlamaStage: blocks of experts).
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
-          std::size_t StaticKvHeads = dynamic_size>
+          std::size_t StaticKvHeads = dynamic_size, std::size_t StaticExperts = no_experts>
 struct LlamaStage {
-  using embedding_type = Embedding<T, style_at<Plan, "tok_embeddings">>;                    ///< The token embedding.
-  using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads>;  ///< One decoder block.
+  using embedding_type = Embedding<T, style_at<Plan, "tok_embeddings">>;  ///< The token embedding.
+  /// One decoder block.
+  using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads, StaticExperts>;
+  /// Whether its blocks hold experts (a MoeLlamaStage).
+  static constexpr bool sparse = StaticExperts != no_experts;
   /// The residual stream between blocks and between stages.
   using stream = Activation<T, typename embedding_type::output_layout>;
 
@@ -38,7 +41,7 @@ struct LlamaStage {
   std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
   std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
-  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step, on_context_parallel, pipeline_microbatch)
+  SHARDWISE_HOOKS(config, other_stage, after_pipeline_step, on_context_parallel, pipeline_microbatch, pipeline_carry)
   SHARDWISE_SAVED(block_inputs_, rows_)
 
   /// Builds stage `stage` of `split` (which must cut c.layers blocks) with the unsharded model's parameters.
@@ -54,6 +57,11 @@ struct LlamaStage {
       shardwise::raise("shardwise::models::LlamaStage: blocks [", range.first, ", ", range.first + range.count,
                        ") as one of ", stages, " stages of a model of ", c.layers,
                        " layers; give a non-empty range within the layers, and one stage only for all of them");
+    if (c.moe.has_value() != sparse)
+      shardwise::raise("shardwise::models::LlamaStage: the config ", sparse ? "has no experts" : "has experts (moe)",
+                       " but the stage type ", sparse ? "is a MoeLlamaStage" : "is dense",
+                       sparse ? "; build models::LlamaStage, or give the config a MoeConfig"
+                              : "; build models::MoeLlamaStage for a mixture of experts");
     first_ = range.first == 0, last_ = range.first + range.count == c.layers;
     auto const shapes = shardwise_shapes(c, range);
     if (first_) tok_embeddings.emplace(std::get<0>(shapes).each, c.seed);
@@ -113,8 +121,12 @@ struct LlamaStage {
     if (name.starts_with("tok_embeddings.")) return !first_;
     if (name.starts_with("norm.") || name.starts_with("output.")) return !last_;
     std::size_t block = 0;
-    bool const numbered = detail::number_after(name, "layers.", block) && name.starts_with('.');
-    return numbered && block < config_.layers && (block < layers.first || block >= layers.first + layers.size());
+    if (!detail::number_after(name, "layers.", block) || !name.starts_with('.') || block >= config_.layers)
+      return false;
+    if (block < layers.first || block >= layers.first + layers.size()) return true;
+    if constexpr (sparse)  // and experts placed on another ep rank
+      return detail::names_expert_elsewhere(name, layers[block - layers.first].feed_forward);
+    return false;
   }
 
   /// Called by sw::context_parallelize: from then on the first stage takes this rank's tokens of each sequence,
@@ -144,6 +156,7 @@ struct LlamaStage {
   }
   /// Called by sw::run_pipeline_step before each forward: the sequences of that microbatch's rows.
   void shardwise_pipeline_microbatch(int microbatch) {
+    microbatch_ = microbatch;
     if (microbatch_rows_.empty()) return rows_ = {}, void();
     if (microbatch < 0 || static_cast<std::size_t>(microbatch) >= microbatch_rows_.size())
       shardwise::raise("shardwise::models::LlamaStage: the pipeline runs microbatch ", microbatch, " but ",
@@ -211,7 +224,48 @@ struct LlamaStage {
                        layers.first + layers.size(), " is not the last; compute the loss on the last stage");
     auto result = llama_loss(tp, (*output)((*norm)(h)), targets, config_.vocabulary);
     result.dlogits.local *= scale;
+    if constexpr (sparse) {  // the load-balancing loss's gradient takes the same scale, on every stage
+      if (head_scales_.size() <= static_cast<std::size_t>(microbatch_)) head_scales_.resize(microbatch_ + 1, 1.0);
+      head_scales_[static_cast<std::size_t>(microbatch_)] = static_cast<double>(scale);
+    }
     return {result.loss, norm->backward(output->backward(result.dlogits))};
+  }
+
+  /// The load-balancing loss of the last forward on the last stage of a MoeLlamaStage pipeline: transformers'
+  /// aux_loss over every stage's blocks (their router loads came with the stream: shardwise_pipeline_carry). The
+  /// microbatch's training loss is head_loss's plus router_aux_loss_coef times it; each stage's backward adds that
+  /// term's gradient times head_loss's `scale`.
+  [[nodiscard]] double router_aux_loss() const
+    requires sparse
+  {
+    if (!last_)
+      shardwise::raise("shardwise::models::LlamaStage::router_aux_loss: the stage holding layers ", layers.first, "..",
+                       layers.first + layers.size(), " is not the last; the loss pools every stage's blocks there");
+    return router_aux_loss_;
+  }
+
+  /// Called by sw::run_pipeline_step (hooks::pipeline_carry): after a forward, the router totals of the stages
+  /// before (router_totals, packed) plus this stage's blocks', which go on with the stream (on the last stage they
+  /// give router_aux_loss); before a backward, the totals of every stage and head_loss's scale, which its blocks'
+  /// backward differentiates the load-balancing loss with, and which go back with the gradient.
+  nn::vector<double> shardwise_pipeline_carry(nn::vector<double> const& received, pipeline_pass pass, int microbatch)
+    requires sparse
+  {
+    std::vector<double> all(received.data(), received.data() + received.size());
+    if (pass == pipeline_pass::forward) {
+      router_totals totals = router_totals::unpacked(all);
+      for (auto& block : layers) totals.add(block.feed_forward.balance());
+      if (last_) router_aux_loss_ = totals.loss();
+      all = totals.packed();
+    } else {
+      auto const m = static_cast<std::size_t>(microbatch);
+      if (last_) all.push_back(m < head_scales_.size() ? head_scales_[m] : 1.0);  // the turn: head_loss's scale
+      double const scale = all.back();
+      router_totals const totals = router_totals::unpacked(std::span(all).first(all.size() - 1));
+      std::vector<double> const share = totals.shares();
+      for (auto& block : layers) block.feed_forward.use_pooled_loads(share, totals.rows, scale);
+    }
+    return Eigen::Map<nn::vector<double> const>(all.data(), static_cast<Eigen::Index>(all.size()));
   }
 
   /// As above, with the loss normalised over the step's valid tokens (sw::count_valid_tokens over every
@@ -219,6 +273,10 @@ struct LlamaStage {
   template <class Mesh>
   head_result head_loss(Mesh const& tp, stream const& h, std::span<const std::int64_t> targets,
                         valid_tokens const& tokens) {
+    static_assert(!sparse,
+                  "shardwise::models::LlamaStage::head_loss: a stage of experts scales its load-balancing loss's "
+                  "gradient as the cross-entropy's; normalising over the step's valid tokens is not built for it: "
+                  "give head_loss(tp, h, targets, scale)");
     if (!last_)
       shardwise::raise("shardwise::models::LlamaStage::head_loss: the stage holding layers ", layers.first, "..",
                        layers.first + layers.size(), " is not the last; compute the loss on the last stage");
@@ -233,6 +291,9 @@ struct LlamaStage {
   /// `checkpointed_blocks`), then the embedding's. For sw::pipeline_step_cost's stage_transfers.
   static constexpr cost shardwise_cost(LlamaConfig const& c, stage_range const& blocks, cost_inputs const& s,
                                        bool checkpointed_blocks = false) {
+    static_assert(!sparse,
+                  "shardwise::models::LlamaStage::shardwise_cost: the cost of a stage of experts (MoeLlamaStage) is "
+                  "not derived; cost the dense model's stage");
     return derived_stage_cost<shapes_type, typename shapes_type::stream>(
         s, c.dim, true, [&](shapes_type& stage) { stage.checkpoint_blocks(checkpointed_blocks); }, c, blocks,
         stages_around(c, blocks));
@@ -271,7 +332,7 @@ struct LlamaStage {
   /// embedding's when tied on one stage; a later stage holds a copy of the table).
   static constexpr auto shardwise_shapes(LlamaConfig const& c, stage_range const& blocks, std::size_t tp = 0) {
     bool const first = blocks.first == 0, last = blocks.first + blocks.count == c.layers;
-    auto const whole = Llama<T, Plan, StaticHeads, StaticKvHeads>::shardwise_shapes(c, tp);
+    auto const whole = Llama<T, Plan, StaticHeads, StaticKvHeads, StaticExperts>::shardwise_shapes(c, tp);
     auto const output = std::get<3>(whole).each;
     return std::tuple{only_if(first, std::get<0>(whole)), repeated_shape{blocks.count, std::get<1>(whole).each},
                       only_if(last, std::get<2>(whole)), only_if(last && !(c.tie_word_embeddings && first), output)};
@@ -336,6 +397,15 @@ struct LlamaStage {
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
   std::vector<sequence_lengths> microbatch_rows_;         // per microbatch of a pipeline step (empty: whole rows)
   sequence_lengths rows_;  // the sequences of the forward's rows (empty: whole sequences of config().sequence)
+  int microbatch_ = 0;     // the microbatch of the last forward (shardwise_pipeline_microbatch)
+  std::vector<double> head_scales_;  // with experts: head_loss's scale per microbatch
+  double router_aux_loss_ = 0;       // with experts, on the last stage: of the last forward
 };
+
+/// One pipeline stage of a models::MoeLlama: blocks of experts, whose router loads cross the stages beside the
+/// stream, so that the load-balancing loss pools every block as transformers' does. StaticExperts (optional): the
+/// expert count at compile time.
+template <class T, class Plan = serial_plan, std::size_t StaticExperts = dynamic_size>
+using MoeLlamaStage = LlamaStage<T, Plan, dynamic_size, dynamic_size, StaticExperts>;
 
 }  // namespace shardwise::models

@@ -202,12 +202,13 @@ struct MoeFeedForward {
     return mean;
   }
   /// Set by models::load_balancing_loss for a model of several blocks: each expert's share of all their slots
-  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own.
-  /// From then on its forward no longer sets its own (a forward run again for activation checkpointing keeps the
-  /// pooled loads); each load_balancing_loss sets them anew.
-  void use_pooled_loads(std::vector<double> share, double rows) {
+  /// per row, and their rows, which this block's backward then differentiates the loss with instead of its own,
+  /// its gradient times `scale` (besides router_aux_loss_coef). From then on its forward no longer sets its own (a
+  /// forward run again for activation checkpointing keeps the pooled loads); each load_balancing_loss sets them anew.
+  void use_pooled_loads(std::vector<double> share, double rows, double scale = 1) {
     balance_share_ = std::move(share);
     balance_rows_ = rows;
+    balance_scale_ = scale;
     pooled_ = true;
   }
   /// The config it was built from.
@@ -447,8 +448,8 @@ struct MoeFeedForward {
     if (config_.router_aux_loss_coef != 0 && dp.rows() > 0) {  // d aux / d p(t, e) = experts * share_e / rows
       auto const count = static_cast<T>(config_.experts);
       for (std::size_t e = 0; e < config_.experts; ++e)
-        dp.col(static_cast<Eigen::Index>(e)).array() +=
-            static_cast<T>(config_.router_aux_loss_coef) * count * static_cast<T>(balance_share_[e] / balance_rows_);
+        dp.col(static_cast<Eigen::Index>(e)).array() += static_cast<T>(config_.router_aux_loss_coef * balance_scale_) *
+                                                        count * static_cast<T>(balance_share_[e] / balance_rows_);
     }
     if (sigmoid_router())  // each score its own sigmoid
       return dp.cwiseProduct(probabilities_.cwiseProduct((T(1) - probabilities_.array()).matrix()));
@@ -491,6 +492,7 @@ struct MoeFeedForward {
   std::vector<std::size_t> pending_loads_;         // slots per expert trained since update_routing_bias
   std::vector<double> balance_share_;  // per expert, slots per row the loss's gradient counts: own or pooled
   double balance_rows_ = 0;            // the rows they were counted over
+  double balance_scale_ = 1;           // the pooled loss's gradient's scale (1/microbatches, accumulating)
   bool pooled_ = false;                // whether they are pooled over a model's blocks (use_pooled_loads)
 };
 

@@ -3,6 +3,7 @@
 // of it (models::moe_balance), and that loss pooled over a model's blocks (models::load_balancing_loss).
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -35,40 +36,74 @@ struct moe_balance {
   std::vector<double> score_sums;  ///< Per expert: its scores summed over the tokens.
 };
 
+/// What transformers' load-balancing loss pools over a model's blocks (load_balancing_loss_func over all their
+/// router logits): per expert the slots that chose it and the sum of its scores, and the rows counted (each block's
+/// tokens, once per block).
+struct router_totals {
+  std::vector<double> slots;       ///< Per expert: the slots that chose it.
+  std::vector<double> score_sums;  ///< Per expert: its scores summed over the rows.
+  double rows = 0;                 ///< The rows counted: tokens times blocks.
+
+  /// Adds one block's last forward; blocks of another expert count are refused.
+  void add(moe_balance const& block) {
+    if (slots.empty()) slots.assign(block.loads.size(), 0.0), score_sums.assign(block.loads.size(), 0.0);
+    if (block.loads.size() != slots.size())
+      shardwise::raise("shardwise::models::load_balancing_loss: blocks of ", slots.size(), " and ", block.loads.size(),
+                       " experts; the loss pools blocks of one expert count");
+    for (std::size_t e = 0; e < slots.size(); ++e)
+      slots[e] += static_cast<double>(block.loads[e]), score_sums[e] += block.score_sums[e];
+    rows += static_cast<double>(block.tokens);
+  }
+  /// Each expert's slots per row: what the loss's gradient with respect to a score counts (0 without rows).
+  [[nodiscard]] std::vector<double> shares() const {
+    std::vector<double> share(slots.size(), 0.0);
+    for (std::size_t e = 0; rows > 0 && e < slots.size(); ++e) share[e] = slots[e] / rows;
+    return share;
+  }
+  /// experts * sum_e (slots per row of e) * (mean score of e); 0 without rows (an ep rank with no tokens).
+  [[nodiscard]] double loss() const {
+    double loss = 0;
+    for (std::size_t e = 0; rows > 0 && e < slots.size(); ++e) loss += slots[e] / rows * score_sums[e] / rows;
+    return loss * static_cast<double>(slots.size());
+  }
+  /// As 2 x experts + 1 numbers (the slots, the score sums, the rows), for a message between pipeline stages.
+  [[nodiscard]] std::vector<double> packed() const {
+    std::vector<double> all(slots);
+    all.insert(all.end(), score_sums.begin(), score_sums.end());
+    all.push_back(rows);
+    return all;
+  }
+  /// The totals `packed` holds (2 x experts + 1 numbers; empty: none yet).
+  static router_totals unpacked(std::span<double const> packed) {
+    if (packed.empty()) return {};
+    if (packed.size() % 2 != 1)
+      shardwise::raise("shardwise::models::router_totals: ", packed.size(),
+                       " numbers are not the slots, score sums and rows of an expert count");
+    std::size_t const experts = packed.size() / 2;
+    return {{packed.begin(), packed.begin() + static_cast<std::ptrdiff_t>(experts)},
+            {packed.begin() + static_cast<std::ptrdiff_t>(experts), packed.end() - 1},
+            packed.back()};
+  }
+};
+
 /// transformers' load_balancing_loss_func over several blocks' last forwards, as a model of MoE layers computes
-/// it from all its layers' router logits: experts * sum_e (share of all the blocks' slots per row that went to e) *
-/// (mean score of e over all their rows). Each block's backward then adds this loss's gradient, times its
-/// router_aux_loss_coef, instead of its own loss's. `blocks`: a range of MoeFeedForward, or of pointers to them,
-/// all with the same number of experts.
+/// it from all its layers' router logits (router_totals::loss). Each block's backward then adds this loss's
+/// gradient, times its router_aux_loss_coef and `gradient_scale` (1/microbatches under gradient accumulation), instead
+/// of its own loss's. `blocks`: a range of MoeFeedForward, or of pointers to them, all with the same number of experts.
 template <class Blocks>
   requires requires(Blocks& b) { b.begin() != b.end(); }
-double load_balancing_loss(Blocks&& blocks) {
+double load_balancing_loss(Blocks&& blocks, double gradient_scale = 1) {
   auto block = [](auto& b) -> auto& {
     if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(b)>>)
       return *b;
     else
       return b;
   };
-  std::vector<double> slots, score_sums;
-  double rows = 0;
-  for (auto&& b : blocks) {
-    auto& m = block(b);
-    std::size_t const count = m.config().experts;
-    if (slots.empty()) slots.assign(count, 0.0), score_sums.assign(count, 0.0);
-    if (count != slots.size())
-      shardwise::raise("shardwise::models::load_balancing_loss: blocks of ", slots.size(), " and ", count,
-                       " experts; the loss pools blocks of one expert count");
-    moe_balance const& counted = m.balance();
-    for (std::size_t e = 0; e < slots.size(); ++e)
-      slots[e] += static_cast<double>(counted.loads[e]), score_sums[e] += counted.score_sums[e];
-    rows += static_cast<double>(counted.tokens);
-  }
-  std::vector<double> share(slots.size());
-  double loss = 0;
-  for (std::size_t e = 0; rows > 0 && e < slots.size(); ++e)  // no rows (an ep rank with no tokens): no loss
-    share[e] = slots[e] / rows, loss += share[e] * score_sums[e] / rows;
-  for (auto&& b : blocks) block(b).use_pooled_loads(share, rows);
-  return loss * static_cast<double>(slots.size());
+  router_totals totals;
+  for (auto&& b : blocks) totals.add(block(b).balance());
+  std::vector<double> const share = totals.shares();
+  for (auto&& b : blocks) block(b).use_pooled_loads(share, totals.rows, gradient_scale);
+  return totals.loss();
 }
 
 }  // namespace shardwise::models

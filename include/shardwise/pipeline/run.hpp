@@ -5,6 +5,7 @@
 // this one's backward; activations and gradients cross to the neighbouring stages over the pipeline axis.
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -18,9 +19,11 @@
 #include "shardwise/mesh/call.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/activation.hpp"
+#include "shardwise/nn/kernels/functional_types.hpp"
 #include "shardwise/nn/module_call.hpp"
 #include "shardwise/nn/training/deferred_weight_gradients.hpp"
 #include "shardwise/pipeline/schedule.hpp"
+#include "shardwise/pipeline/stages.hpp"
 #include "shardwise/pipeline/step_terms.hpp"
 #include "shardwise/plan/saved.hpp"
 
@@ -66,13 +69,27 @@ struct no_pipeline_driver {
   void shardwise_pipeline_backward() {}
 };
 
+/// What crosses a stage boundary: the activation (or its gradient) and what the chunks' hooks::pipeline_carry
+/// passes beside it (nothing, for chunks without the hook).
+template <class X>
+struct stage_message {
+  X stream{};
+  nn::vector<double> carried{};
+};
+
+/// Whether a chunk passes sums beside its activations and gradients (hooks::pipeline_carry).
+template <class Chunk>
+constexpr bool carries = requires(Chunk& c, nn::vector<double> const& v) {
+  { c.shardwise_pipeline_carry(v, pipeline_pass::forward, 0) } -> std::same_as<nn::vector<double>>;
+};
+
 /// What one rank holds for one (chunk, microbatch) between the steps of its table.
 template <class Chunk, class In, class X>
 struct microbatch_slot {
-  X input{};                                ///< received activation
-  X output{};                               ///< forward output waiting to be sent
-  X gradient{};                             ///< received output gradient (or the loss's)
-  X input_gradient{};                       ///< backward's result waiting to be sent
+  stage_message<X> input{};                 ///< received activation
+  stage_message<X> output{};                ///< forward output waiting to be sent
+  stage_message<X> gradient{};              ///< received output gradient (or the loss's)
+  stage_message<X> input_gradient{};        ///< backward's result waiting to be sent
   saved_activations<Chunk> kept{};          ///< the forward's activations, until the backward
   X recompute_from{};                       ///< stage_activations::recompute: the forward's input, kept instead
   In recompute_first{};                     ///< the same on the first stage: the model's input
@@ -162,18 +179,23 @@ class pipeline_step {
     int const stage = stage_of(action);
     announce_microbatch(chunk_of(action), action.microbatch);
     X y = shape_.is_first(stage) ? forward_first(action, here) : forward_rest(action, here);
+    nn::vector<double> carried;
+    if constexpr (carries<Chunk>)
+      carried =
+          chunk_of(action).shardwise_pipeline_carry(here.input.carried, pipeline_pass::forward, action.microbatch);
+    here.input.carried = {};
     if (recompute_) {
       drop_saved_activations(chunk_of(action));
     } else {
       here.kept.take_from(chunk_of(action));  // the chunk is free for the next microbatch's forward
     }
     if (shape_.is_last(stage)) {
-      here.gradient = loss_gradient_(action.microbatch, y);
+      here.gradient = {loss_gradient_(action.microbatch, y), std::move(carried)};  // the carry turns back here
       // The loss ran the head forward and backward on the chunk: its saved state is spent, and a later take_from
       // would carry it into another microbatch's slot, held until that one's backward.
       drop_saved_activations(chunk_of(action));
     } else {
-      here.output = std::move(y);
+      here.output = {std::move(y), std::move(carried)};
     }
   }
 
@@ -187,8 +209,8 @@ class pipeline_step {
 
   /// Any other stage's forward, on the activation received from the stage before.
   X forward_rest(pipeline_action const& action, slot_type& here) {
-    X x = std::move(here.input);
-    here.input = X{};
+    X x = std::move(here.input.stream);
+    here.input.stream = X{};
     X y = forward(chunk_of(action), x);
     if (recompute_) here.recompute_from = std::move(x);
     return y;
@@ -218,26 +240,38 @@ class pipeline_step {
     } else {
       here.kept.give_back(chunk_of(action));
     }
-    X dx = backward(chunk_of(action), here.gradient);
-    here.gradient = X{};
+    nn::vector<double> carried;
+    if constexpr (carries<Chunk>)
+      carried =
+          chunk_of(action).shardwise_pipeline_carry(here.gradient.carried, pipeline_pass::backward, action.microbatch);
+    X dx = backward(chunk_of(action), here.gradient.stream);
+    here.gradient = {};
     drop_saved_activations(chunk_of(action));  // this microbatch's activations are done
-    if (!shape_.is_first(stage_of(action))) here.input_gradient = std::move(dx);
+    if (!shape_.is_first(stage_of(action))) here.input_gradient = {std::move(dx), std::move(carried)};
   }
 
   /// Sends `data` to the stage `step` away (+1: next, -1: previous); handed over in place when this rank holds
   /// that stage too (one rank with interleaved chunks).
-  void send(pipeline_action const& action, X& data, int step, X slot_type::* destination) {
+  /// What the chunks carry goes as a second message under the same tag, which arrives after the first.
+  void send(pipeline_action const& action, stage_message<X>& data, int step,
+            stage_message<X> slot_type::* destination) {
     int const stage = stage_of(action) + step;
-    if (action.peer == rank_)
+    if (action.peer == rank_) {
       slot_at(shape_.chunk_of(stage), action.microbatch).*destination = std::move(data);
-    else
-      post_send(pp_, data.local, action.peer, tag(action.microbatch, stage, step < 0));  // proven with buffered sends
-    data = X{};
+    } else {
+      int const t = tag(action.microbatch, stage, step < 0);
+      post_send(pp_, data.stream.local, action.peer, t);  // proven with buffered sends
+      if constexpr (carries<Chunk>) post_send(pp_, data.carried, action.peer, t);
+    }
+    data = {};
   }
 
-  void receive(pipeline_action const& action, X& into) {
+  void receive(pipeline_action const& action, stage_message<X>& into) {
     bool const gradient = action.kind == action_kind::recv_gradient;
-    if (action.peer != rank_) recv(pp_, into.local, action.peer, tag(action.microbatch, stage_of(action), gradient));
+    if (action.peer == rank_) return;
+    int const t = tag(action.microbatch, stage_of(action), gradient);
+    recv(pp_, into.stream.local, action.peer, t);
+    if constexpr (carries<Chunk>) recv(pp_, into.carried, action.peer, t);
   }
 
   /// The message tag of (microbatch, receiving stage, direction): distinct per message between two ranks, so a

@@ -14,6 +14,12 @@
 
 namespace shardwise {
 
+/// Which pass of a microbatch a pipeline hook runs around (hooks::pipeline_carry).
+enum class pipeline_pass {
+  forward,   ///< after the chunk's forward
+  backward,  ///< before the chunk's backward
+};
+
 /// The blocks [first, first + count) of the stack that one stage holds.
 struct stage_range {
   std::size_t first = 0;  ///< The model's index of the stage's first block.

@@ -40,6 +40,13 @@ struct position_limit {};
 /// (recomputations too), with the microbatch it runs; for what a chunk's forward needs to know of its
 /// microbatch beyond the activation (models::LlamaStage: its sequences' lengths).
 struct pipeline_microbatch {};
+/// `sw::nn::vector<double> shardwise_pipeline_carry(sw::nn::vector<double> const& received, sw::pipeline_pass pass,
+/// int microbatch)`: sw::run_pipeline_step, after each forward of a chunk (with what the stage before sent beside
+/// its activation; empty on the first stage) and before each backward (with what the stage after sent beside its
+/// gradient; on the last stage, what this hook gave after the forward); returns what goes beside the output or the
+/// input gradient. For sums a stage's math needs of every stage (models::LlamaStage of experts: the router loads
+/// that transformers' load-balancing loss pools over all the blocks).
+struct pipeline_carry {};
 }  // namespace hooks
 
 /// The hooks a module lists (SHARDWISE_HOOKS).
@@ -62,16 +69,18 @@ struct hook_list {
 #define SHARDWISE_DETAIL_HOOK_8(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_7(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_9(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_8(__VA_ARGS__)
 #define SHARDWISE_DETAIL_HOOK_10(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_9(__VA_ARGS__)
-#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, name, ...) name
+#define SHARDWISE_DETAIL_HOOK_11(a, ...) ::shardwise::hooks::a, SHARDWISE_DETAIL_HOOK_10(__VA_ARGS__)
+#define SHARDWISE_DETAIL_HOOK_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, name, ...) name
 
 /// Inside a module: SHARDWISE_HOOKS(static_check, on_parallelize) names the optional members it defines for the
-/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 10,
-/// one more than there are hooks.
+/// library to call (shardwise_static_check, shardwise_on_parallelize; see shardwise::hooks). It takes up to 11,
+/// as many as there are hooks.
 #define SHARDWISE_HOOKS(...)                                                                              \
   using shardwise_hooks = ::shardwise::hook_list<SHARDWISE_DETAIL_HOOK_PICK(                              \
-      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_10, SHARDWISE_DETAIL_HOOK_9, SHARDWISE_DETAIL_HOOK_8,            \
-      SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, SHARDWISE_DETAIL_HOOK_4, \
-      SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2, SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
+      __VA_ARGS__, SHARDWISE_DETAIL_HOOK_11, SHARDWISE_DETAIL_HOOK_10, SHARDWISE_DETAIL_HOOK_9,           \
+      SHARDWISE_DETAIL_HOOK_8, SHARDWISE_DETAIL_HOOK_7, SHARDWISE_DETAIL_HOOK_6, SHARDWISE_DETAIL_HOOK_5, \
+      SHARDWISE_DETAIL_HOOK_4, SHARDWISE_DETAIL_HOOK_3, SHARDWISE_DETAIL_HOOK_2,                          \
+      SHARDWISE_DETAIL_HOOK_1, )(__VA_ARGS__)>;
 
 namespace shardwise::detail {
 
@@ -105,6 +114,7 @@ SHARDWISE_DETAIL_HOOK_NAME(on_context_parallel)
 SHARDWISE_DETAIL_HOOK_NAME(on_expert_parallel)
 SHARDWISE_DETAIL_HOOK_NAME(token_wise)
 SHARDWISE_DETAIL_HOOK_NAME(pipeline_microbatch)
+SHARDWISE_DETAIL_HOOK_NAME(pipeline_carry)
 #undef SHARDWISE_DETAIL_HOOK_NAME
 
 template <class M>
@@ -149,6 +159,7 @@ inline constexpr bool hooks_declared =
     hook_declared<M, hooks::config>() && hook_declared<M, hooks::other_stage>() &&
     hook_declared<M, hooks::after_pipeline_step>() && hook_declared<M, hooks::on_context_parallel>() &&
     hook_declared<M, hooks::token_wise>() && hook_declared<M, hooks::position_limit>() &&
-    hook_declared<M, hooks::pipeline_microbatch>() && hook_declared<M, hooks::on_expert_parallel>();
+    hook_declared<M, hooks::pipeline_microbatch>() && hook_declared<M, hooks::on_expert_parallel>() &&
+    hook_declared<M, hooks::pipeline_carry>();
 
 }  // namespace shardwise::detail
