@@ -30,6 +30,7 @@
 #include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_names.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
 #include <shardwise/nn/experts/expert_parallel.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -305,6 +306,65 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
   });
 }
 
+/// The folder of `family` trained as moe_checkpoints.py's data-parallel reference in two pipeline stages
+/// (models::MoeLlamaStage) with its experts over ep 2 (the data-parallel ranks, a row each; pp 2 x ep 2 on 4 threads):
+/// each rank's loss at each of 5 AdamW steps, the load-balancing loss pooled over both stages' blocks, equals
+/// transformers' for its row (fp64, 1e-10).
+void check_moe_pipeline(checks& results, fs::path const& dir, std::string const& family) {
+  std::string const label = family + " in 2 pipeline stages with its experts over ep 2 (pp 2 x ep 2, a row each)";
+  results.run(label, [&] {
+    models::LlamaConfig const c = models::read_llama_config(dir / family / "config.json");
+    npy::array const expected = npy::read(dir / (family + "_dp_losses.npy"));  // [step][row]
+    // A stage reads the folder through a sharded checkpoint of the whole model (load_pretrained reads into whole
+    // models only: a stage's strict load would find the other stage's tensors unexpected).
+    fs::path const source = dir / (family + "_pp_source");
+    {
+      auto const alone = sw::make_mesh<"tp">(sw::serial_world(), {1});
+      MoeModel whole(c);
+      (void)sw::load_pretrained(whole, alone, dir / family,
+                                sw::transformers_llama_mapping(sw::transformers_experts_in(dir / family)));
+      sw::save_sharded(whole, alone, source, 0);
+    }
+    sw::run_threads(4, [&](auto& world) {
+      auto const mesh = sw::make_mesh<"dp", "pp">(world, {2, 2});
+      auto const dp = sw::submesh<"dp">(mesh);
+      auto const pp = sw::submesh<"pp">(mesh);
+      auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(sw::serial_world(), {1}));
+      models::MoeLlamaStage<double> stage(c, sw::stage_split(c.layers, 2), pp.rank());
+      (void)sw::load_sharded(stage, tp, source);  // each stage its own blocks, strictly
+      (void)sw::expert_parallelize(stage, dp);
+      sw::AdamW<double> optimizer(
+          {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+      int const row = dp.rank();
+      auto const row_of = [&](std::vector<std::int64_t> const& ids) {
+        return std::vector<std::int64_t>(ids.begin() + 8 * row, ids.begin() + 8 * (row + 1));
+      };
+      Eigen::VectorXd worst = Eigen::VectorXd::Zero(1);  // over both rows
+      for (int step = 0; step < 5; ++step) {
+        double loss = 0;
+        sw::run_pipeline_step(
+            sw::OneFOneB{}, pp, std::span(&stage, 1), 1, [&](int) { return row_of(moe_ids(step, false)); },
+            [&](int, auto const& h) {
+              auto result = stage.head_loss(tp, h, row_of(moe_ids(step, true)));
+              loss = result.loss + c.moe->router_aux_loss_coef * stage.router_aux_loss();
+              return result.gradient;
+            });
+        optimizer.step(sw::finish_gradients(stage), dp, pp);
+        sw::zero_grad(stage);
+        loss = sw::all_reduce(pp, stage.is_last() ? loss : 0.0, sw::Sum{});
+        double const want = expected.data.at(static_cast<std::size_t>(step * 2 + row));
+        worst(0) = std::max(worst(0), std::abs(loss - want) / std::abs(want));
+      }
+      sw::all_reduce(dp, worst, sw::Max{});
+      sw::all_reduce(pp, worst, sw::Max{});
+      if (world.rank() == 0)
+        results.add(label + ": each rank's 5 AdamW steps' losses equal transformers + DDP's for its row (fp64" +
+                        shown(worst(0)) + ")",
+                    worst(0) <= 1e-10);
+    });
+  });
+}
+
 /// The folder of `family` generating greedily with its experts placed over ep 2, both ranks the same prompts: the
 /// tokens equal transformers' generate after each prompt (moe_checkpoints.py's greedy), token for token.
 void check_moe_generation(checks& results, fs::path const& dir, std::string const& family) {
@@ -382,6 +442,7 @@ void check_moe(checks& results, fs::path const& dir) {
   }
   for (std::string const family : {"mixtral", "qwen3_moe", "qwen2_moe"}) {
     check_moe_expert_parallel(results, dir, family);
+    check_moe_pipeline(results, dir, family);
     check_moe_generation(results, dir, family);
   }
   check_expert_count_disagrees(results, dir, "qwen3_moe", 6,
