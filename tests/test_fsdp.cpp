@@ -345,3 +345,9 @@ TEST_CASE("FSDP mixed precision equals the unsharded run that rounds the same wa
 TEST_CASE("FSDP of a MoeLlama, its experts sharded with the rest, equals the unsharded run at dp 1, 2 and 4") {
   for (int ranks : {1, 2, 4}) sw::run_threads(ranks, [](auto& world) { check_moe_llama(world); });
 }
+
+TEST_CASE("FSDP of a MoeLlama with its experts over ep drawn from dp, each expert sharded over its replicas") {
+  for (int ranks : {1, 2, 4})
+    for (int ep : {1, 2, 4})
+      if (ep <= ranks) sw::run_threads(ranks, [&](auto& world) { check_moe_llama_placed(world, ep); });
+}

@@ -141,3 +141,9 @@ TEST_CASE("FSDP processes that shard by different strategies are refused at full
 TEST_CASE("FSDP of a MoeLlama, its experts sharded with the rest, equals the unsharded run, MPI mesh") {
   fsdp_cases::check_moe_llama(worlds::mpi());
 }
+
+TEST_CASE("FSDP of a MoeLlama with its experts over ep drawn from dp, each expert sharded over its replicas, MPI") {
+  auto const world = worlds::mpi();
+  for (int ep : {1, 2, 4})
+    if (ep <= world.size() && world.size() % ep == 0) fsdp_cases::check_moe_llama_placed(world, ep);
+}

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <mutex>
 #include <shardwise/fsdp.hpp>
+#include <shardwise/fsdp/checkpoint.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
@@ -236,48 +237,98 @@ using blocks = sw::wrap_paths<"layers.*">;
 using tp_only = models::llama_plan<false>;
 using sequence_parallel = models::llama_plan<true>;
 
-/// A MoeLlama (2 blocks of 8 experts, top-2, a gated shared expert) under full shard over every rank, each block a
-/// unit (its experts sharded with the rest): 3 AdamW steps, each rank its own rows, equal to the unsharded model
+/// The MoeLlama of the cases below: 2 blocks of 8 experts, top-2, a gated shared expert.
+inline models::LlamaConfig moe_config() {
+  return expert_parallel_cases::model_config(expert_parallel_cases::config(), 9);
+}
+
+/// 3 AdamW steps of `sharded` over `ranks` dp ranks, each rank (`me`) its own rows, against the unsharded `whole`
 /// trained on every rank's rows with their gradients averaged: each rank's loss (its cross-entropy and its own
 /// load-balancing loss, as DDP computes them) and the clipped norm (fp64, 1e-12).
-template <class World>
-void check_moe_llama(World const& world) {
-  int const ranks = world.size();
-  models::MoeConfig const m = expert_parallel_cases::config();
-  models::LlamaConfig const c = expert_parallel_cases::model_config(m, 9);
+template <class Sharded>
+void check_moe_steps(Sharded& sharded, models::MoeLlama<double>& whole, int ranks, int me, std::string const& what) {
+  double const coef = moe_config().moe->router_aux_loss_coef;
   auto const ids = [](int step, int q, bool targets) {
     std::vector<std::int64_t> v;
     for (int i = 0; i < 4 * (q + 1); ++i) v.push_back((step * 5 + q * 7 + i * 3 + (targets ? 1 : 0)) % 20);
     return v;
   };
-  auto const mesh = sw::make_mesh<"dp", "tp">(world, {ranks, 1});
-  auto const tp = sw::submesh<"tp">(mesh);
   auto const alone = sw::make_mesh<"tp">(sw::serial_world(), {1});
   auto const serial = sw::make_mesh<"dp">(sw::serial_world(), {1});
   sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
-  models::MoeLlama<double> model(c), whole(c);
-  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, mesh);
   sw::AdamW<double> step_sharded(options), step_whole(options);
-  int const me = sw::submesh<"dp">(mesh).rank();
   for (int step = 0; step < 3; ++step) {
-    auto const result = models::llama_loss(tp, sharded.forward(ids(step, me, false)), ids(step, me, true), 20);
+    auto const result = models::llama_loss(alone, sharded.forward(ids(step, me, false)), ids(step, me, true), 20);
     sharded.backward(result.dlogits);
-    double const loss = result.loss + m.router_aux_loss_coef * sharded.model().router_aux_loss();
+    double const loss = result.loss + coef * sharded.model().router_aux_loss();
     double const norm = step_sharded.step(sharded);
     sw::zero_grad(sharded);
     double mine = 0;
     for (int q = 0; q < ranks; ++q) {
       auto const r = models::llama_loss(alone, whole.forward(ids(step, q, false)), ids(step, q, true), 20);
       whole.backward(r.dlogits);
-      if (q == me) mine = r.loss + m.router_aux_loss_coef * whole.router_aux_loss();
+      if (q == me) mine = r.loss + coef * whole.router_aux_loss();
     }
     sw::for_each_parameter(whole, [&](std::string const&, auto const& p) { *p.grad /= double(ranks); });
     double const whole_norm = step_whole.step(sw::finish_gradients(whole), serial);
     sw::zero_grad(whole);
-    INFO("MoeLlama under FSDP, dp " << ranks << ", step " << step);
+    INFO(what << ", step " << step);
     CHECK(loss == doctest::Approx(mine).epsilon(1e-12));
     CHECK(norm == doctest::Approx(whole_norm).epsilon(1e-12));
   }
+}
+
+/// The MoeLlama under full shard over every rank, each block a unit (its experts sharded with the rest), against
+/// the unsharded run (check_moe_steps).
+template <class World>
+void check_moe_llama(World const& world) {
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {world.size(), 1});
+  models::MoeLlama<double> model(moe_config()), whole(moe_config());
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, mesh);
+  check_moe_steps(sharded, whole, world.size(), sw::submesh<"dp">(mesh).rank(),
+                  "MoeLlama under FSDP, dp " + std::to_string(world.size()));
+}
+
+/// The MoeLlama with its experts placed over ep ranks drawn from dp (EP within dp, as torchtitan draws it): dp = edp
+/// x ep, the experts over "ep" and each expert fully sharded over its replicas ("edp"), every other parameter over
+/// all of dp, against the unsharded run (check_moe_steps); the trained experts (gathered by unshard) equal the
+/// unsharded ones. A placement without the replicas, and a checkpoint, are refused by name.
+template <class World>
+void check_moe_llama_placed(World const& world, int ep_size) {
+  int const ranks = world.size();
+  models::LlamaConfig const c = moe_config();
+  auto const layout = sw::make_mesh<"edp", "ep">(world, {ranks / ep_size, ep_size});
+  auto const ep = sw::submesh<"ep">(layout);
+  auto const dp = sw::make_mesh<"dp">(world, {ranks});
+  models::MoeLlama<double> model(c), whole(c);
+  (void)sw::expert_parallelize(model, ep, sw::submesh<"edp">(layout));
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(model, dp);
+  check_moe_steps(
+      sharded, whole, ranks, dp.rank(),
+      "MoeLlama with its experts over ep " + std::to_string(ep_size) + " under FSDP over dp " + std::to_string(ranks));
+  sharded.unshard();
+  auto const& experts = model.layers[1].feed_forward.experts;
+  CHECK(experts.size() == 8 / std::size_t(ep_size));
+  for (std::size_t l = 0; l < experts.size(); ++l) {
+    auto const& reference = whole.layers[1].feed_forward.experts[experts.first + l];
+    CHECK((experts[l].w1.weight - reference.w1.weight).cwiseAbs().maxCoeff() < 1e-12);
+    CHECK((experts[l].w2.weight - reference.w2.weight).cwiseAbs().maxCoeff() < 1e-12);
+  }
+  CHECK((model.layers[0].feed_forward.gate.weight - whole.layers[0].feed_forward.gate.weight).cwiseAbs().maxCoeff() <
+        1e-12);
+  sharded.reshard();
+  CHECK_THROWS_WITH_AS(sw::save_sharded(sharded, "unused", 0),
+                       "shardwise: the model's experts are placed over ep ranks (sw::expert_parallelize), whose "
+                       "checkpoints under sw::fully_shard are not built yet; do it before placing its experts",
+                       sw::error);
+  if (ep_size == ranks) return;
+  models::MoeLlama<double> alone_placed(c);  // placed over ep without the replicas: the ep ranks are not dp's
+  (void)sw::expert_parallelize(alone_placed, ep);
+  auto const shard = [&] { return sw::fully_shard<sw::fsdp_policy<sw::full_shard, blocks>>(alone_placed, dp); };
+  CHECK_THROWS_WITH_AS((void)shard(),
+                       doctest::Contains("each expert is cut over the ranks that hold it: place the experts over an "
+                                         "\"ep\" axis with their replicas over \"edp\""),
+                       sw::error);
 }
 
 }  // namespace fsdp_cases

@@ -24,6 +24,7 @@
 #include <shardwise/checkpoint/optimizer_state.hpp>
 #include <shardwise/checkpoint/pretrained.hpp>
 #include <shardwise/checkpoint/sharded.hpp>
+#include <shardwise/fsdp.hpp>
 #include <shardwise/inference.hpp>
 #include <shardwise/models/gpt2_names.hpp>
 #include <shardwise/models/gpt2_plan.hpp>
@@ -170,6 +171,16 @@ std::vector<std::int64_t> moe_ids(int step, bool targets) {
   return ids;
 }
 
+/// Row `row` of moe_ids(step, targets): the 8 tokens a data-parallel rank of moe_checkpoints.py's reference holds.
+std::vector<std::int64_t> moe_row(int step, int row, bool targets) {
+  auto const ids = moe_ids(step, targets);
+  return {ids.begin() + 8 * row, ids.begin() + 8 * (row + 1)};
+}
+
+/// moe_checkpoints.py's torch.optim.AdamW.
+constexpr sw::AdamWOptions<double> moe_adamw{
+    .learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
 /// A mixture of experts whose attention the plan cuts over tp (its experts stay whole on every rank).
 using MoeModel = models::MoeLlama<double, models::moe_llama_plan<>>;
 
@@ -256,16 +267,12 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
       MoeModel& model = sw::load_pretrained(lazy, tp, dir / family,
                                             sw::transformers_llama_mapping(sw::transformers_experts_in(dir / family)));
       (void)sw::expert_parallelize(model, dp);
-      sw::AdamW<double> optimizer(
-          {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+      sw::AdamW<double> optimizer(moe_adamw);
       int const row = world.rank();
-      auto const row_of = [&](std::vector<std::int64_t> const& ids) {
-        return std::vector<std::int64_t>(ids.begin() + 8 * row, ids.begin() + 8 * (row + 1));
-      };
       std::vector<double> got, want;
       for (int step = 0; step < 5; ++step) {
-        auto const result = models::llama_loss(tp, model.forward(row_of(moe_ids(step, false))),
-                                               row_of(moe_ids(step, true)), c.vocabulary);
+        auto const result =
+            models::llama_loss(tp, model.forward(moe_row(step, row, false)), moe_row(step, row, true), c.vocabulary);
         got.push_back(result.loss + c.moe->router_aux_loss_coef * model.router_aux_loss());
         want.push_back(expected.data.at(static_cast<std::size_t>(step * 2 + row)));
         model.backward(result.dlogits);
@@ -286,7 +293,7 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
       sw::parallelize(whole, tp);
       sw::AdamW<double> whole_optimizer(optimizer.options());
       (void)sw::load_sharded(whole, whole_optimizer, tp, dp, dir / (family + "_ep_state"));
-      auto const ids = row_of(moe_ids(5, false));
+      auto const ids = moe_row(5, row, false);
       auto const expected_logits = whole.forward(ids).local;
       double const logits_gap =
           (model.forward(ids).local - expected_logits).cwiseAbs().maxCoeff() / expected_logits.cwiseAbs().maxCoeff();
@@ -333,19 +340,15 @@ void check_moe_pipeline(checks& results, fs::path const& dir, std::string const&
       models::MoeLlamaStage<double> stage(c, sw::stage_split(c.layers, 2), pp.rank());
       (void)sw::load_sharded(stage, tp, source);  // each stage its own blocks, strictly
       (void)sw::expert_parallelize(stage, dp);
-      sw::AdamW<double> optimizer(
-          {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1});
+      sw::AdamW<double> optimizer(moe_adamw);
       int const row = dp.rank();
-      auto const row_of = [&](std::vector<std::int64_t> const& ids) {
-        return std::vector<std::int64_t>(ids.begin() + 8 * row, ids.begin() + 8 * (row + 1));
-      };
       Eigen::VectorXd worst = Eigen::VectorXd::Zero(1);  // over both rows
       for (int step = 0; step < 5; ++step) {
         double loss = 0;
         sw::run_pipeline_step(
-            sw::OneFOneB{}, pp, std::span(&stage, 1), 1, [&](int) { return row_of(moe_ids(step, false)); },
+            sw::OneFOneB{}, pp, std::span(&stage, 1), 1, [&](int) { return moe_row(step, row, false); },
             [&](int, auto const& h) {
-              auto result = stage.head_loss(tp, h, row_of(moe_ids(step, true)));
+              auto result = stage.head_loss(tp, h, moe_row(step, row, true));
               loss = result.loss + c.moe->router_aux_loss_coef * stage.router_aux_loss();
               return result.gradient;
             });
@@ -358,6 +361,45 @@ void check_moe_pipeline(checks& results, fs::path const& dir, std::string const&
       sw::all_reduce(dp, worst, sw::Max{});
       sw::all_reduce(pp, worst, sw::Max{});
       if (world.rank() == 0)
+        results.add(label + ": each rank's 5 AdamW steps' losses equal transformers + DDP's for its row (fp64" +
+                        shown(worst(0)) + ")",
+                    worst(0) <= 1e-10);
+    });
+  });
+}
+
+/// The folder of `family` trained as moe_checkpoints.py's data-parallel reference with its experts over ep 2 drawn
+/// from dp 2 and every other parameter fully sharded over dp (sw::fully_shard, a unit per block): each rank's loss at
+/// each of 5 AdamW steps equals transformers' for its row (fp64, 1e-10), on threads.
+void check_moe_fully_sharded(checks& results, fs::path const& dir, std::string const& family) {
+  std::string const label = family + " with its experts over ep 2 drawn from dp 2, the rest under FSDP (a row each)";
+  results.run(label, [&] {
+    models::LlamaConfig const c = models::read_llama_config(dir / family / "config.json");
+    npy::array const expected = npy::read(dir / (family + "_dp_losses.npy"));  // [step][row]
+    sw::run_threads(2, [&](auto& world) {
+      auto const alone = sw::make_mesh<"tp">(sw::serial_world(), {1});
+      auto const layout = sw::make_mesh<"edp", "ep">(world, {1, 2});
+      auto const dp = sw::make_mesh<"dp">(world, {2});
+      models::MoeLlama<double> model(c);
+      (void)sw::load_pretrained(model, alone, dir / family,
+                                sw::transformers_llama_mapping(sw::transformers_experts_in(dir / family)));
+      (void)sw::expert_parallelize(model, sw::submesh<"ep">(layout), sw::submesh<"edp">(layout));
+      auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+      sw::AdamW<double> optimizer(moe_adamw);
+      int const row = dp.rank();
+      Eigen::VectorXd worst = Eigen::VectorXd::Zero(1);  // over both rows
+      for (int step = 0; step < 5; ++step) {
+        auto const result = models::llama_loss(alone, sharded.forward(moe_row(step, row, false)),
+                                               moe_row(step, row, true), c.vocabulary);
+        double const loss = result.loss + c.moe->router_aux_loss_coef * sharded.model().router_aux_loss();
+        sharded.backward(result.dlogits);
+        optimizer.step(sharded);
+        sw::zero_grad(sharded);
+        double const want = expected.data.at(static_cast<std::size_t>(step * 2 + row));
+        worst(0) = std::max(worst(0), std::abs(loss - want) / std::abs(want));
+      }
+      sw::all_reduce(dp, worst, sw::Max{});
+      if (row == 0)
         results.add(label + ": each rank's 5 AdamW steps' losses equal transformers + DDP's for its row (fp64" +
                         shown(worst(0)) + ")",
                     worst(0) <= 1e-10);
@@ -443,6 +485,7 @@ void check_moe(checks& results, fs::path const& dir) {
   for (std::string const family : {"mixtral", "qwen3_moe", "qwen2_moe"}) {
     check_moe_expert_parallel(results, dir, family);
     check_moe_pipeline(results, dir, family);
+    check_moe_fully_sharded(results, dir, family);
     check_moe_generation(results, dir, family);
   }
   check_expert_count_disagrees(results, dir, "qwen3_moe", 6,

@@ -109,6 +109,7 @@ void check_fsdp_save(Sharded& sharded, Tp const&... tp) {
                 "FSDP within pipeline stages are not offered yet: save the stages without FSDP "
                 "(save_sharded(stage, tp, pp, dir, step)), or the whole model under FSDP");
   check_fsdp_tp(sharded, "save_sharded", tp...);
+  refuse_placed_experts(sharded.model(), "checkpoints under sw::fully_shard are");
   if (sharded.shardwise_unfilled())
     fail(
         "shardwise::save_sharded: the model was declared with sw::Lazy and no load has filled its shards, so "
@@ -183,6 +184,7 @@ void save_fsdp_async(Sharded& sharded, Walked& walked, std::filesystem::path con
 template <class Sharded, class Walked, class... Tp>
 checkpoint_index load_fsdp(Sharded& sharded, Walked& walked, std::filesystem::path const& dir,
                            load_options const& options, Tp const&... tp) {
+  refuse_placed_experts(sharded.model(), "checkpoints under sw::fully_shard are");
   auto const& dp = sharded.data_mesh();
   single_stage const one_tp;
   auto const& layout_tp = [&]() -> auto const& {
@@ -205,6 +207,7 @@ template <class Sharded, class Tp>
 std::map<std::string, std::string> load_fsdp_file(Sharded& sharded, Tp const& tp, std::filesystem::path const& file,
                                                   std::function<std::string(std::string const&)> const& names,
                                                   load_options const& options) {
+  refuse_placed_experts(sharded.model(), "checkpoints under sw::fully_shard are");
   auto metadata = load_mapped(sharded, tp, file, renaming(names), options, "load_consolidated").metadata;
   sharded.shardwise_mark_loaded();
   return metadata;

@@ -70,7 +70,7 @@ class fully_sharded final : detail::fsdp_unit_actions {
         options_(options),
         schedule_(*this, {std::is_same_v<strategy, full_shard>, keeps_master, options.forward_prefetch,
                           options.backward_prefetch}) {
-    detail::refuse_placed_experts(model_, "full sharding is");
+    check_placed_experts();
     detail::find_fsdp_units<typename Policy::wrap>(model_, units(), candidates_);
     make_slots();
     detail::agree_on_fsdp_structure(dp_.comm(0), slots_, units(), detail::fsdp_strategy_name<strategy>);
@@ -278,6 +278,9 @@ class fully_sharded final : detail::fsdp_unit_actions {
 
   /// A model declared with sw::Lazy and not loaded yet cannot run.
   void refuse_unfilled() const;
+  /// Experts placed over ep (sw::expert_parallelize) are cut over their replicas: the ep ranks times the replicas
+  /// must be the dp ranks, in full precision and without hybrid sharding or no_shard (refused by name otherwise).
+  void check_placed_experts() const;
   /// The optimizer (or a checkpoint) would read gradient shards that miss the whole gradients still held.
   void refuse_unreduced_gradients() const;
 

@@ -74,6 +74,33 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::refuse_unfilled() c
 }
 
 template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
+void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::check_placed_experts() const {
+  expert_parallel const* placed = detail::experts_placement(model_);
+  auto const places = detail::gather_values(
+      dp_.comm(0), std::array<int, 3>{placed != nullptr, placed ? placed->rank() : 0, placed ? placed->replica() : 0});
+  if (std::none_of(places.begin(), places.end(), [](auto const& q) { return q[0] != 0; })) return;
+  bool same = std::all_of(places.begin(), places.end(), [](auto const& q) { return q[0] != 0; }) && placed &&
+              placed->size() * placed->replicas() == dp_.size(0);
+  for (std::size_t a = 0; same && a < places.size(); ++a)  // each (ep rank, replica) once
+    for (std::size_t b = a + 1; b < places.size(); ++b)
+      same = same && (places[a][1] != places[b][1] || places[a][2] != places[b][2]);
+  if (!same)
+    detail::fail(
+        "shardwise::fully_shard: the model's experts are placed (sw::expert_parallelize) over ep ranks that "
+        "are not the ranks of data-parallel mesh axis \"",
+        dp_.comm(0).label(), "\" (", dp_.size(0),
+        " ranks) with their replicas; each expert is cut over the ranks that hold it: place the experts over "
+        "an \"ep\" axis with their replicas over \"edp\", sw::expert_parallelize(model, ep, edp), of one mesh "
+        "of \"edp\" x \"ep\" ranks that are the dp ranks");
+  if (!sharded || !std::is_same_v<param_type, scalar> || !std::is_same_v<reduce_type, scalar> ||
+      !std::is_same_v<ReplicateMesh, no_replication>)
+    detail::fail(
+        "shardwise::fully_shard: the model's experts are placed over ep ranks (sw::expert_parallelize); "
+        "they are sharded under full_shard or shard_grad_op, in full precision, without hybrid sharding: "
+        "use that policy, or shard a model whose experts are not placed");
+}
+
+template <module Model, class Policy, device_mesh ShardMesh, class ReplicateMesh>
 void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::refuse_unreduced_gradients() const {
   for (auto const& u : units())
     if (u.unreduced)

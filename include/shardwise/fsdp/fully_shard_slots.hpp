@@ -67,12 +67,14 @@ auto fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::make_slot(std::stri
     -> detail::fsdp_slot<scalar> {
   using Tensor = typename P::tensor_type;
   using Finished = typename decltype(detail::finished_view(p))::grad_placement;
-  if (options_.sync_module_states && !unfilled_) broadcast_from_first(*p.value);  // lazy: zeros everywhere
   detail::fsdp_slot<scalar> s;
+  s.placed = p.placed_over;  // another expert on each ep rank: cut over the ranks holding the same ones
+  // lazy: zeros everywhere; placed: the replicas of an expert are built alike (dp rank 0 holds other experts)
+  if (options_.sync_module_states && !unfilled_ && !s.placed) broadcast_from_first(*p.value);
   s.name = name;
   s.rows = p.value->rows(), s.cols = p.value->cols();
-  auto const ranks = static_cast<std::size_t>(sharded ? dp_.size(0) : 1);
-  auto const rank = static_cast<std::size_t>(sharded ? dp_.coordinate(0) : 0);
+  auto const ranks = static_cast<std::size_t>(!sharded ? 1 : s.placed ? s.placed->replicas() : dp_.size(0));
+  auto const rank = static_cast<std::size_t>(!sharded ? 0 : s.placed ? s.placed->replica() : dp_.coordinate(0));
   s.first_row = static_cast<Eigen::Index>(chunk_offset(static_cast<std::size_t>(s.rows), ranks, rank));
   s.row_count = static_cast<Eigen::Index>(chunk_size(static_cast<std::size_t>(s.rows), ranks, rank));
   scalar const* mine = p.value->data() + s.first_row * s.cols;
@@ -135,6 +137,7 @@ pending_collective fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::gathe
   Eigen::Map<nn::matrix<scalar>> out(whole, s.rows, s.cols);
   Eigen::Map<nn::matrix<scalar>> mine(s.shard.data(), s.row_count, s.cols);
   if constexpr (std::is_same_v<Param, scalar>) {
+    if (sharded && s.placed) return s.placed->gather_over_replicas(mine, out);
     if constexpr (sharded) return detail::all_gather_start_on(dp_.comm(0), mine, out, 0);
     out = mine;
     return {};
@@ -178,7 +181,11 @@ void fully_sharded<Model, Policy, ShardMesh, ReplicateMesh>::reduce_finished_gra
     if (s.frozen) continue;
     Eigen::Map<nn::matrix<scalar>> whole(s.finished_grad(), s.rows, s.cols);
     Eigen::Map<nn::matrix<scalar>> into(s.shard_grad.data(), s.row_count, s.cols);
-    if constexpr (std::is_same_v<reduce_type, scalar>) {
+    if (s.placed) {  // summed over its ep group's tokens already: summed over its replicas, over every dp rank
+      nn::matrix<scalar> part;
+      s.placed->sum_scatter_over_replicas(nn::matrix<scalar>(whole), part);
+      into += part / static_cast<scalar>(dp_.size(0));
+    } else if constexpr (std::is_same_v<reduce_type, scalar>) {
       average_into(whole, into);
     } else {
       nn::matrix<reduce_type> rounded = whole.template cast<reduce_type>();

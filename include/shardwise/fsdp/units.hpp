@@ -19,6 +19,10 @@
 #include "shardwise/mesh/pending.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 
+namespace shardwise {
+class expert_parallel;
+}  // namespace shardwise
+
 namespace shardwise::detail {
 
 /// One parameter under FSDP: its tensor on this tp rank (rows x cols), this dp rank's rows of it, and what the
@@ -31,6 +35,7 @@ struct fsdp_slot {
   T norm_weight = 1;                           // 0: another tp rank or copy counts it in the global norm
   bool mirror = false;                         // a pipeline stage's copy of a weight another stage owns
   bool frozen = false;                         // sw::freeze: gathered for compute; no gradient, never stepped
+  expert_parallel const* placed = nullptr;     // an expert placed over ep: cut over its replicas, not over dp
   std::function<T*(bool whole)> resize_value;  // whole: rows x cols (its data); else freed (null)
   std::function<void()> finish;                // the tp step of sw::finish_gradients, for this parameter
   std::function<void()> mark_finished;
@@ -64,7 +69,8 @@ void agree_on_fsdp_structure(Comm const& comm, std::vector<Slot> const& slots, s
   fsdp_structure mine;
   strategy.copy(mine.strategy, sizeof mine.strategy - 1);
   for (auto const& s : slots) {
-    mine.mix(s.name), mine.mix(static_cast<std::uint64_t>(s.rows)), mine.mix(static_cast<std::uint64_t>(s.cols));
+    mine.mix(s.placed ? std::string_view("placed expert") : std::string_view(s.name));  // ep ranks: other experts
+    mine.mix(static_cast<std::uint64_t>(s.rows)), mine.mix(static_cast<std::uint64_t>(s.cols));
     ++mine.parameters, mine.elements += static_cast<std::uint64_t>(s.rows * s.cols);
   }
   for (auto const& u : units) {

@@ -40,10 +40,38 @@ class expert_parallel {
     bind<float>(ep, float_);
     bind<double>(ep, double_);
   }
+  /// Over `ep`, with `replicas` (a 1-D mesh) the data-parallel ranks that hold the same experts as this one:
+  /// sw::fully_shard cuts each expert over them, as torchtitan shards experts over the dp ranks ep leaves.
+  template <class Mesh, class Replicas>
+  expert_parallel(Mesh const& ep, Replicas const& replicas) : expert_parallel(ep) {
+    static_assert(Replicas::ndim == 1,
+                  "shardwise::expert_parallelize: the experts' replicas are one mesh axis; pass "
+                  "sw::submesh<\"edp\">(mesh) of a mesh of \"edp\" and \"ep\"");
+    replicas_ = replicas.size(), replica_ = replicas.rank(), replicas_axis_ = Replicas::names[0];
+    bind_replicas<float>(replicas, float_);
+    bind_replicas<double>(replicas, double_);
+  }
 
   [[nodiscard]] int size() const { return size_; }               ///< Ranks on the ep axis.
   [[nodiscard]] int rank() const { return rank_; }               ///< This rank's place on it.
   [[nodiscard]] std::string_view axis() const { return axis_; }  ///< The axis' name, for messages.
+  /// Ranks holding the same experts as this one (1 unless placed with replicas).
+  [[nodiscard]] int replicas() const { return replicas_; }
+  /// This rank's place among them.
+  [[nodiscard]] int replica() const { return replica_; }
+  /// The replicas' axis name, for messages (empty without).
+  [[nodiscard]] std::string_view replicas_axis() const { return replicas_axis_; }
+  /// all_gather_start over the replicas along rows: `out` (whole) from every replica's `mine`, in replica order.
+  template <std::floating_point T>
+  [[nodiscard]] pending_collective gather_over_replicas(Eigen::Map<nn::matrix<T>> const& mine,
+                                                        Eigen::Map<nn::matrix<T>>& out) const {
+    return typed<T>().gather(mine, out);
+  }
+  /// reduce_scatter over the replicas along rows, summing: this replica's rows of the sum of every one's `whole`.
+  template <std::floating_point T>
+  void sum_scatter_over_replicas(nn::matrix<T> const& whole, nn::matrix<T>& part) const {
+    typed<T>().sum_scatter(whole, part);
+  }
   /// The experts each rank holds of `experts`; raises, naming `where` (the module's path), unless the ep size
   /// divides them.
   [[nodiscard]] std::size_t experts_per_rank(std::size_t experts, std::string_view where) const {
@@ -80,6 +108,13 @@ class expert_parallel {
     std::function<std::vector<std::size_t>(nn::matrix<T> const&, std::span<std::size_t const>, nn::matrix<T>&)>
         exchange;
     std::function<void(nn::vector<T>&)> sum;
+    std::function<pending_collective(Eigen::Map<nn::matrix<T>> const&, Eigen::Map<nn::matrix<T>>&)> gather =
+        [](Eigen::Map<nn::matrix<T>> const& mine, Eigen::Map<nn::matrix<T>>& out) {
+          out = mine;  // one replica: its shard is the whole
+          return pending_collective{};
+        };
+    std::function<void(nn::matrix<T> const&, nn::matrix<T>&)> sum_scatter = [](nn::matrix<T> const& whole,
+                                                                               nn::matrix<T>& part) { part = whole; };
   };
   template <class T, class Mesh>
   static void bind(Mesh const& ep, collectives<T>& fn) {
@@ -87,6 +122,15 @@ class expert_parallel {
       return detail::all_to_all_rows_on(ep.comm(0), in, rows_to, out);
     };
     fn.sum = [ep](nn::vector<T>& values) { detail::all_reduce_on(ep.comm(0), values, detail::op_kind::sum); };
+  }
+  template <class T, class Mesh>
+  static void bind_replicas(Mesh const& replicas, collectives<T>& fn) {
+    fn.gather = [replicas](Eigen::Map<nn::matrix<T>> const& mine, Eigen::Map<nn::matrix<T>>& out) {
+      return detail::all_gather_start_on(replicas.comm(0), mine, out, 0);
+    };
+    fn.sum_scatter = [replicas](nn::matrix<T> const& whole, nn::matrix<T>& part) {
+      detail::reduce_scatter_on(replicas.comm(0), whole, part, 0, detail::op_kind::sum);
+    };
   }
   template <class T>
   [[nodiscard]] collectives<T> const& typed() const {
@@ -96,8 +140,8 @@ class expert_parallel {
       return double_;
   }
 
-  int size_ = 1, rank_ = 0;
-  std::string axis_;
+  int size_ = 1, rank_ = 0, replicas_ = 1, replica_ = 0;
+  std::string axis_, replicas_axis_;
   collectives<float> float_;
   collectives<double> double_;
 };
@@ -130,6 +174,43 @@ void refuse_placed_experts(Model& model, std::string_view what) {
 }
 }  // namespace detail
 
+namespace detail {
+/// Whether the ep mesh's static size (when it has one) divides every module's static expert count: a compile error
+/// names the module's path and both numbers where it does not.
+template <class Model, class Mesh>
+constexpr bool static_experts_divide() {
+  if constexpr (Mesh::ndim == 1 && Mesh::static_sizes[0] != dynamic_size) {
+    constexpr std::size_t ranks = Mesh::static_sizes[0];
+    return every_node<Model>([]<class N>() {
+      if constexpr (requires { N::template shardwise_experts_divide<ranks>(); })
+        return N::template shardwise_experts_divide<ranks>();
+      else
+        return true;
+    });
+  } else {
+    return true;
+  }
+}
+
+/// Hands every module of experts this rank's placement; raises for a model with none.
+template <class Model>
+std::shared_ptr<expert_parallel const> place_experts(Model& model, std::shared_ptr<expert_parallel const> placed) {
+  std::size_t modules = 0;
+  auto on_module = [&](auto& m, auto const&) {
+    if constexpr (requires { m.shardwise_on_expert_parallel(placed); })
+      m.shardwise_on_expert_parallel(placed), ++modules;
+  };
+  auto on_layer = [](auto&, auto const&) {};
+  walk_tree(model, std::string(), on_module, on_layer);
+  if (modules == 0)
+    shardwise::raise(
+        "shardwise::expert_parallelize: no module of the model holds experts (none has a "
+        "shardwise_on_expert_parallel hook); place experts of a model of experts, such as "
+        "models::MoeLlama");
+  return placed;
+}
+}  // namespace detail
+
 /// Places the experts of every module with a shardwise_on_expert_parallel hook (models::MoeFeedForward) over the
 /// ep mesh (a 1-D mesh): each keeps its rank's equal, contiguous share of its experts, named by their index in the
 /// whole model, and sends each token to its experts' ranks and back. Every rank of the ep axis takes part in every
@@ -137,33 +218,24 @@ void refuse_placed_experts(Model& model, std::string_view what) {
 /// experts or an ep size that does not divide a module's experts.
 template <module Model, class Mesh>
 std::shared_ptr<expert_parallel const> expert_parallelize(Model& model, Mesh const& ep) {
-  if constexpr (Mesh::ndim == 1 && Mesh::static_sizes[0] != dynamic_size) {  // known now: checked now
-    constexpr std::size_t ranks = Mesh::static_sizes[0];
-    constexpr bool divide = detail::every_node<Model>([]<class N>() {
-      if constexpr (requires { N::template shardwise_experts_divide<ranks>(); })
-        return N::template shardwise_experts_divide<ranks>();
-      else
-        return true;
-    });
-    static_assert(divide,
-                  "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static "
-                  "expert count (its path and both numbers below); each rank holds an equal share: choose an ep "
-                  "size that divides the experts");
-  }
-  auto placed = std::make_shared<expert_parallel const>(ep);
-  std::size_t modules = 0;
-  auto on_module = [&](auto& m, auto const&) {
-    if constexpr (requires { m.shardwise_on_expert_parallel(placed); })
-      m.shardwise_on_expert_parallel(placed), ++modules;
-  };
-  auto on_layer = [](auto&, auto const&) {};
-  detail::walk_tree(model, std::string(), on_module, on_layer);
-  if (modules == 0)
-    shardwise::raise(
-        "shardwise::expert_parallelize: no module of the model holds experts (none has a "
-        "shardwise_on_expert_parallel hook); place experts of a model of experts, such as "
-        "models::MoeLlama");
-  return placed;
+  static_assert(detail::static_experts_divide<Model, Mesh>(),
+                "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static "
+                "expert count (its path and both numbers below); each rank holds an equal share: choose an ep "
+                "size that divides the experts");
+  return detail::place_experts(model, std::make_shared<expert_parallel const>(ep));
+}
+
+/// As above, with `replicas` (a 1-D mesh) the data-parallel ranks that hold the same experts as this one: EP drawn
+/// from data parallelism as torchtitan draws it (dp = ep x replicas: a mesh of "edp" and "ep", the experts over
+/// "ep", each expert's replicas over "edp"). sw::fully_shard over the whole data-parallel axis then cuts each expert
+/// over its replicas and every other parameter over all of dp.
+template <module Model, class Mesh, class Replicas>
+std::shared_ptr<expert_parallel const> expert_parallelize(Model& model, Mesh const& ep, Replicas const& replicas) {
+  static_assert(detail::static_experts_divide<Model, Mesh>(),
+                "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static "
+                "expert count (its path and both numbers below); each rank holds an equal share: choose an ep "
+                "size that divides the experts");
+  return detail::place_experts(model, std::make_shared<expert_parallel const>(ep, replicas));
 }
 
 template <module Model>
