@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -252,6 +253,72 @@ TEST_CASE("consolidate under a mapping that fuses and transposes: each tensor in
     REQUIRE(got.rows() == want.rows());
     CHECK((got - want).cwiseAbs().maxCoeff() <= 1e-6f * want.cwiseAbs().maxCoeff());
   });
+}
+
+namespace {
+/// A mapping as transformers 5's fused experts: each layer's wk and wv side by side (as gate_up_proj's gate and up)
+/// at index `index(layer)` of one tensor "kv" [layers, 32, 32] stacked along its first dimension; every other tensor
+/// as it is.
+sw::checkpoint_mapping stacked_kv(std::function<std::int64_t(std::int64_t)> index = [](std::int64_t l) { return l; }) {
+  return [=](std::string const& name) -> std::optional<sw::tensor_source> {
+    bool const k = name.ends_with(".attention.wk.weight"), v = name.ends_with(".attention.wv.weight");
+    if (!k && !v) return sw::tensor_source{name};
+    std::int64_t const layer = std::stoll(name.substr(7, name.find('.', 7) - 7));  // "layers.L."
+    return sw::tensor_source{.name = "kv",
+                             .slice_dim = 0,
+                             .slice_start = k ? 0u : 16u,
+                             .slice_size = 16,
+                             .slice_of = 32,
+                             .stacked_index = index(layer)};
+  };
+}
+}  // namespace
+
+TEST_CASE("consolidate stacks tensors into one (fused experts): each in its index and slice, and loaded back") {
+  auto const c = config();
+  scratch_dir dir("stacked");
+  save_at<models::llama_plan<false>>(2, c, dir.path / "ckpt");
+  auto const parameters = unsharded_parameters(c);
+  auto const index = sw::read_checkpoint_index(dir.path / "ckpt");
+  std::map<std::string, std::vector<float>> expected;
+  for (std::size_t i = 0; i < parameters.size(); ++i) expected[index.tensors[i].name] = parameters[i];
+  fs::path const out = dir.path / "stacked.safetensors";
+  sw::consolidate(dir.path / "ckpt", out, {.mapping = stacked_kv()});
+  sw::safetensors_file file(out.string());
+  REQUIRE(file.info("kv").shape == std::vector<std::uint64_t>{2, 32, 32});  // [layers, k's rows then v's, in]
+  CHECK(!file.contains("layers.0.attention.wk.weight"));
+  auto const kv = file.read<float>("kv");
+  auto const& wk1 = expected["layers.1.attention.wk.weight"];  // [16, 32]
+  auto const& wv0 = expected["layers.0.attention.wv.weight"];
+  for (std::size_t row = 0; row < 16; ++row)
+    for (std::size_t in = 0; in < 32; ++in) {
+      REQUIRE(kv[(1 * 32 + row) * 32 + in] == wk1[row * 32 + in]);
+      REQUIRE(kv[(0 * 32 + 16 + row) * 32 + in] == wv0[row * 32 + in]);
+    }
+  auto other = config();
+  other.seed = 999;
+  sw::run_threads(1, [&](auto& world) {  // the same mapping reads it back
+    auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {1}));
+    models::Llama<float> model(other);
+    (void)sw::load_pretrained(model, tp, out, stacked_kv());
+    CHECK(model.layers[1].attention.wk.weight == models::Llama<float>(c).layers[1].attention.wk.weight);
+  });
+  check_error(
+      [&] {
+        sw::consolidate(dir.path / "ckpt", dir.path / "gap.safetensors",
+                        {.mapping = stacked_kv([](std::int64_t l) { return 2 * l; })});
+      },
+      {"the tensors stacked in \"kv\" do not fill it: index 2 after 1 indices"});
+  auto const stacked = stacked_kv();
+  check_error(
+      [&] {
+        sw::consolidate(dir.path / "ckpt", dir.path / "whole.safetensors",
+                        {.mapping = [&](std::string const& n) -> std::optional<sw::tensor_source> {
+                          if (n == "layers.0.attention.wq.weight") return sw::tensor_source{"kv"};
+                          return stacked(n);
+                        }});
+      },
+      {"tensor \"layers.0.attention.wq.weight\" maps to \"kv\", whose other tensors are stacked", "as a whole"});
 }
 
 TEST_CASE("consolidate refuses a mapping that drops a tensor, leaves a gap, or maps two tensors to one") {

@@ -198,8 +198,8 @@ std::vector<double> gathered_rows(Tp const& tp, Logits const& logits) {
 /// Loads the folder moe_checkpoints.py saved for `family` (`folder`: its files, whose expert names are found) at tp
 /// `ranks` on threads, and compares with transformers in fp64: the logits and the aux loss of batch 0 (1e-12), and
 /// the losses of 5 AdamW steps on cross-entropy + router_aux_loss_coef x aux (1e-10). At tp 1, saves the trained
-/// model as `family`_export (per-expert names, Mixtral's for Mixtral) with its logits of batch 0, for
-/// moe_checkpoints.py's from_pretrained.
+/// model as `folder`_export in the folder's layout (per-expert names, Mixtral's for Mixtral, transformers 5's fused
+/// experts for mixtral_fused) with its logits of batch 0, for moe_checkpoints.py's from_pretrained.
 void check_moe_family(checks& results, fs::path const& dir, std::string const& family, std::string const& folder,
                       int ranks) {
   std::string const label = folder + " at tp " + std::to_string(ranks);
@@ -237,14 +237,13 @@ void check_moe_family(checks& results, fs::path const& dir, std::string const& f
             label + ": 5 AdamW steps' losses equal transformers + torch.optim.AdamW (fp64" + shown(losses_error) + ")",
             losses_error <= 1e-10);
       }
-      if (folder != family || ranks != 1) return;  // exported once per family, trained, with its logits of batch 0
-      fs::path const out = dir / (family + "_export");
+      if (ranks != 1) return;  // exported once per folder, trained, with its logits of batch 0, in the folder's layout
+      fs::path const out = dir / (folder + "_export");  // the fused experts too: gate_up_proj and down_proj stacked
       fs::create_directories(out);
       npy::write(out / "logits.npy", sw::nn::matrix<double>(model.forward(moe_ids(0, false)).local));
       sw::save_sharded(model, tp, out / "sharded", 5);
-      auto const mapping = sw::transformers_llama_mapping(family == "mixtral" ? sw::transformers_experts::mixtral
-                                                                              : sw::transformers_experts::per_expert);
-      sw::consolidate(out / "sharded", out / "model.safetensors", {.mapping = mapping});
+      sw::consolidate(out / "sharded", out / "model.safetensors",
+                      {.mapping = sw::transformers_llama_mapping(names, c.moe->expert_hidden)});
       models::write_llama_config(model.config(), out / "config.json");
       fs::remove_all(out / "sharded");
     });

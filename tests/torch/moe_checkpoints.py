@@ -7,8 +7,9 @@ fp64 into DIR/<family> (one tensor per expert), and Mixtral's state_dict, whose 
 aux_loss transformers returns, greedy generate's tokens after two prompts, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux; and of 5
 steps as two data-parallel ranks take them (a row each, its own aux loss, the gradients averaged: DDP), which
 shardwise runs with the experts over 2 ep ranks.
-"check": loads the folders shardwise exported after its 5 steps (DIR/<family>_export) with from_pretrained, nothing
-missing or unexpected, and compares their logits with those shardwise wrote beside them.
+"check": loads the folders shardwise exported after its 5 steps (DIR/<family>_export, and DIR/mixtral_fused_export
+with its experts fused) with from_pretrained, nothing missing or unexpected, and compares their logits with those
+shardwise wrote beside them; the fused export must hold the names and shapes of transformers 5's state_dict.
 
 transformers computes in fp64 here as shardwise does: its rotary tables and RMSNorms (hf_float64.py), its routers'
 softmax (moe_reference.py's router_in_fp64) and its load_balancing_loss_func, whose float32 sums are made float64
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
@@ -174,23 +176,36 @@ def prepare(directory):
     return 0
 
 
+def same_layout(exported, reference):
+    """Whether two safetensors files hold the same tensor names with the same shapes."""
+    def layout(path):
+        with safe_open(path, framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    return layout(exported) == layout(reference)
+
+
 def check(directory):
     results = []
-    for family, (Model, _) in FAMILIES.items():
-        folder = os.path.join(directory, family + "_export")
+    fused_export = os.path.join(directory, "mixtral_fused_export", "model.safetensors")
+    results.append(("mixtral_fused: shardwise's export of fused experts has the names and shapes of transformers 5's "
+                    "state_dict", same_layout(fused_export, os.path.join(directory, "mixtral_fused",
+                                                                         "model.safetensors")), 0.0))
+    for family, exported in [(f, f) for f in FAMILIES] + [("mixtral", "mixtral_fused")]:
+        Model = FAMILIES[family][0]
+        folder = os.path.join(directory, exported + "_export")
         try:
             model, info = Model.from_pretrained(folder, attn_implementation="sdpa", experts_implementation="eager",
                                                 dtype=torch.float64, output_loading_info=True)
             left = {k: v for k, v in info.items() if v}
-            results.append((f"{family}: shardwise's export loads with nothing missing or unexpected {left}", not left,
+            results.append((f"{exported}: shardwise's export loads with nothing missing or unexpected {left}", not left,
                             0.0))
             _, logits, _ = loss_of(in_fp64(model), 0)
             expected = torch.from_numpy(np.load(os.path.join(folder, "logits.npy")))
             error = (logits.detach() - expected).abs().max().item() / expected.abs().max().item()
-            results.append((f"{family}: shardwise's export (after 5 steps) in from_pretrained gives shardwise's logits",
-                            error <= TOLERANCE, error))
+            results.append((f"{exported}: shardwise's export (after 5 steps) in from_pretrained gives shardwise's "
+                            "logits", error <= TOLERANCE, error))
         except Exception as e:  # a folder transformers cannot load is a failure, with its reason
-            results.append((f"{family}: shardwise's export in from_pretrained ({e})", False, float("nan")))
+            results.append((f"{exported}: shardwise's export in from_pretrained ({e})", False, float("nan")))
     for name, ok, error in results:
         print(f"{'ok  ' if ok else 'FAIL'} {name} (relative error {error:.2g})")
     failed = sum(not ok for _, ok, _ in results)

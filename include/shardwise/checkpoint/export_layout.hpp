@@ -1,8 +1,9 @@
 #pragma once
 // consolidate's output under another program's names: which checkpoint tensors make up each output tensor, and
 // where each one's elements go. The mapping is the one loading reads (sw::tensor_source), inverted: a tensor
-// stored transposed is written transposed, and tensors that are slices of one fused tensor (GPT-2's q, k and v of
-// c_attn) are written side by side into it.
+// stored transposed is written transposed, tensors that are slices of one fused tensor (GPT-2's q, k and v of
+// c_attn) are written side by side into it, and tensors stacked in one (transformers' fused experts, gate_up_proj
+// [experts, 2 x hidden, dim]) each into its index of the first dimension.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +33,7 @@ struct export_tensor {
   std::vector<export_member> members;
   std::vector<std::uint64_t> model_shape;  ///< its shape as the model sees it: before transposing
   bool transposed = false;                 ///< written as model_shape's transpose (a matrix only)
+  bool stacked = false;                    ///< its members stacked along a first dimension (model_shape[0] of them)
 
   /// The shape written to the file.
   [[nodiscard]] std::vector<std::uint64_t> file_shape() const {
@@ -41,19 +43,48 @@ struct export_tensor {
   }
   /// Whether the output is one checkpoint tensor as it is (no transpose, no fusion): copied in place.
   [[nodiscard]] bool as_stored() const {
-    return members.size() == 1 && !transposed && members[0].source.slice_dim == -1;
+    return members.size() == 1 && !transposed && !stacked && members[0].source.slice_dim == -1;
   }
 };
+
+inline void fit_export_members(export_tensor& out);
+
+/// The members of a stacked output, grouped by their index: each group fits as one tensor (fit_export_members),
+/// every index from 0 is there, all of one shape; the output's shape is theirs with the count first.
+inline void fit_stacked_members(export_tensor& out) {
+  auto const who = [&](export_member const& m) { return concat("tensor \"", m.tensor->name, "\""); };
+  std::map<std::int64_t, export_tensor> groups;
+  for (auto const& m : out.members) {
+    if (m.source.stacked_index < 0 || m.source.transpose)
+      fail("shardwise::consolidate: ", who(m), " maps to \"", out.name, "\", whose other tensors are stacked (fused ",
+           "experts), ", m.source.stacked_index < 0 ? "as a whole" : "transposed",
+           "; map every tensor of it to one stacked index, untransposed");
+    auto& group = groups[m.source.stacked_index];
+    group.name = concat(out.name, "[", m.source.stacked_index, "]");
+    group.members.push_back(m);
+    group.members.back().source.stacked_index = -1;
+  }
+  std::int64_t next = 0;
+  for (auto& [index, group] : groups) {
+    fit_export_members(group);
+    if (index != next || group.model_shape != groups.begin()->second.model_shape ||
+        group.type != groups.begin()->second.type)
+      fail("shardwise::consolidate: the tensors stacked in \"", out.name, "\" do not fill it: index ", index, " after ",
+           next, " indices, or of another shape or type than index 0's; map every expert, each once");
+    ++next;
+  }
+  out.stacked = true;
+  out.type = groups.begin()->second.type;
+  out.model_shape = groups.begin()->second.model_shape;
+  out.model_shape.insert(out.model_shape.begin(), static_cast<std::uint64_t>(next));
+}
 
 /// Checks that the members of one output tensor fit together (one whole tensor, or slices that tile the fused
 /// dimension from 0 without a gap or an overlap, all of one type and orientation) and sets its shape.
 inline void fit_export_members(export_tensor& out) {
   auto const who = [&](export_member const& m) { return concat("tensor \"", m.tensor->name, "\""); };
-  for (auto const& m : out.members)
-    if (m.source.stacked_index != -1)
-      fail("shardwise::consolidate: ", who(m), " maps to one of the tensors stacked in \"", out.name,
-           "\" (fused experts), which consolidate does not write; export one tensor per expert "
-           "(sw::transformers_llama_mapping() or its transformers_experts::mixtral), which transformers loads");
+  if (std::any_of(out.members.begin(), out.members.end(), [](auto const& m) { return m.source.stacked_index != -1; }))
+    return fit_stacked_members(out);
   for (auto const& m : out.members)  // a whole tensor shares its output with nothing
     if (out.members.size() > 1 && m.source.slice_dim == -1)
       fail("shardwise::consolidate: ", who(m), " maps to the whole of \"", out.name, "\", which ",
@@ -122,13 +153,15 @@ inline std::vector<export_tensor> plan_export(std::vector<checkpoint_tensor cons
 inline void place_export_member(export_tensor const& out, export_member const& m, std::span<std::byte const> bytes,
                                 std::span<std::byte> file) {
   std::size_t const element = dtype_size(out.type), rank = out.model_shape.size();
+  std::size_t const first = out.stacked ? 1 : 0;  // stacked: the member is one index of the first dimension
   extents full, offset, size;
   full.rank = offset.rank = size.rank = rank;
   for (std::size_t d = 0; d < rank; ++d) {
     full[d] = static_cast<std::size_t>(out.model_shape[d]);
-    size[d] = static_cast<std::size_t>(m.tensor->shape[d]);
+    size[d] = d < first ? 1 : static_cast<std::size_t>(m.tensor->shape[d - first]);
   }
-  if (m.source.slice_dim != -1) offset[static_cast<std::size_t>(m.source.slice_dim)] = m.source.slice_start;
+  if (out.stacked) offset[0] = static_cast<std::size_t>(m.source.stacked_index);
+  if (m.source.slice_dim != -1) offset[static_cast<std::size_t>(m.source.slice_dim) + first] = m.source.slice_start;
   if (!out.transposed) {
     for_each_run(full, offset, size, zero_offset(rank), size, storage_order::row_major,
                  [&](std::size_t to, std::size_t from, std::size_t n) {

@@ -26,7 +26,8 @@ struct tensor_source {
   std::uint64_t slice_of = 0;
   /// -1: the file's tensor is the model's (or holds it, sliced). Else the file's tensor stacks tensors of the model's
   /// along its first dimension (transformers' fused experts, gate_up_proj [experts, 2 x hidden, dim]) and the model
-  /// tensor is its [stacked_index] (then sliced, if slice_dim says so, along the remaining dimensions).
+  /// tensor is its [stacked_index] (then sliced, if slice_dim says so, along the remaining dimensions); written by
+  /// sw::consolidate when the model's tensors fill every index from 0.
   std::int64_t stacked_index = -1;
 };
 
