@@ -196,6 +196,20 @@ void check_expert_tp_checkpoint(World const& world, fs::path const& dir) {
     CHECK((gathered - logits).cwiseAbs().maxCoeff() < 1e-13);
   }
   CHECK(compare_moments(moments_by_name(stage, stage_step, replicas)) > 4);
+
+  // Not built, refused by name on every rank: saves of placed stages, and of experts placed with replicas.
+  (void)sw::expert_parallelize(stage, replicas);
+  CHECK_THROWS_WITH_AS(sw::save_sharded(stage, stage_step, alone, pp, replicas, dir / "unused", 0),
+                       doctest::Contains("the stage's experts are placed over ep ranks (sw::expert_parallelize), "
+                                         "whose saves of pipeline stages are not built yet"),
+                       sw::error);
+  auto const layout = sw::make_mesh<"edp", "ep">(world, {2, 2});
+  Model drawn(other);
+  (void)sw::expert_parallelize(drawn, sw::submesh<"ep">(layout), sw::submesh<"edp">(layout));
+  CHECK_THROWS_WITH_AS(sw::save_sharded(drawn, wide_step, alone, ep, dir / "unused", 0),
+                       doctest::Contains("placed over ep ranks with replicas (sw::expert_parallelize(model, ep, "
+                                         "replicas)), whose saves are not built yet"),
+                       sw::error);
 }
 
 }  // namespace expert_checkpoint_cases

@@ -157,14 +157,15 @@ void check_placed_model(World const& world) {
   CHECK(gap(placed.layers[1].attention.wq.weight_grad, mine.layers[1].attention.wq.weight_grad) < 1e-13);
 }
 
-/// The same MoeLlama trained 3 AdamW steps with its experts over the ep ranks, which are the data-parallel ranks,
-/// each its own rows, and (Plan, tp_size) cut over tp: the attention as moe_llama_plan cuts it, and with
-/// moe_llama_plan<true, true> each expert's SwiGLU too (expert tensor parallelism). Equal to the unsharded model
-/// trained on every dp rank's rows with their gradients averaged (as data parallelism averages them): its losses,
-/// its clipped norms and its weights after the steps.
+/// The same MoeLlama trained 3 AdamW steps with its experts over the ep ranks, drawn from the data-parallel ranks
+/// (ep_size of them, each expert's replicas the rest; 0: every dp rank), each its own rows, and (Plan, tp_size) cut
+/// over tp: the attention as moe_llama_plan cuts it, and with moe_llama_plan<true, true> each expert's SwiGLU too
+/// (expert tensor parallelism). Equal to the unsharded model trained on every dp rank's rows with their gradients
+/// averaged (as data parallelism averages them): its losses, its clipped norms and its weights after the steps.
 template <class Plan, class World>
-void check_placed_training(World const& world, int tp_size) {
+void check_placed_training(World const& world, int tp_size, int ep_size = 0) {
   int const ranks = world.size() / tp_size;
+  if (ep_size == 0) ep_size = ranks;
   models::MoeConfig m = config();
   m.expert_hidden = 6;  // tp 2 divides it, and the shared expert's 4, and the heads
   models::LlamaConfig c = model_config(m, 9);
@@ -189,7 +190,8 @@ void check_placed_training(World const& world, int tp_size) {
   models::MoeLlama<double, Plan> placed(c);
   models::MoeLlama<double> whole(c);
   sw::parallelize(placed, tp);
-  (void)sw::expert_parallelize(placed, dp);  // the experts over the data-parallel ranks
+  auto const layout = sw::make_mesh<"edp", "ep", "tp">(world, {ranks / ep_size, ep_size, tp_size});
+  (void)sw::expert_parallelize(placed, sw::submesh<"ep">(layout), sw::submesh<"edp">(layout));  // drawn from dp
   sw::AdamW<double> placed_step(options), whole_step(options);
   for (int step = 0; step < 3; ++step) {
     double const loss = train(placed, tp, step, me);
@@ -203,7 +205,7 @@ void check_placed_training(World const& world, int tp_size) {
     sw::for_each_parameter(whole, [&](std::string const&, auto const& p) { *p.grad /= double(ranks); });
     double const whole_norm = whole_step.step(sw::finish_gradients(whole), serial);
     sw::zero_grad(whole);
-    INFO("step " << step << ", tp " << tp_size);
+    INFO("step " << step << ", tp " << tp_size << ", ep " << ep_size);
     CHECK(loss == doctest::Approx(mine).epsilon(1e-12));
     CHECK(placed_norm == doctest::Approx(whole_norm).epsilon(1e-12));
   }
@@ -219,7 +221,7 @@ void check_placed_training(World const& world, int tp_size) {
   if (ranks > 1) {  // a data-parallel mesh that is not the ep ranks is refused
     (void)train(placed, tp, 0, me);
     CHECK_THROWS_WITH_AS((void)placed_step.step(sw::finish_gradients(placed), serial),
-                         doctest::Contains("ranks of mesh axis \"dp\" with a data-parallel mesh of 1; an expert's "
+                         doctest::Contains("ranks of mesh axis \"ep\" with a data-parallel mesh of 1; an expert's "
                                            "gradient sums every ep rank's tokens"),
                          sw::error);
   }
@@ -236,7 +238,9 @@ void check_expert_parallel(World const& world) {
   if (world.size() % 2 == 0) {
     check_placed_training<models::moe_llama_plan<true, true>>(world, 2);
     check_placed_training<models::moe_llama_plan<true, true, true>>(world, 2);  // and sequence parallel
+    check_placed_training<sw::serial_plan>(world, 1, world.size() / 2);         // ep: half the dp ranks
   }
+  if (world.size() == 4) check_placed_training<models::moe_llama_plan<true, true>>(world, 2, 1);  // ep 1 of dp 2
   auto const ep = sw::make_mesh<"ep">(world, {world.size()});
   if (world.size() > 1) {  // placed twice
     Moe twice(config(), 3);

@@ -248,7 +248,13 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::save_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
-  bool const placed = detail::placed_experts_in(model);  // then every ep rank writes its own experts
+  expert_parallel const* const placement = detail::experts_placement(model);
+  bool const placed = placement != nullptr;  // then every ep rank writes its own experts
+  if (placed && placement->replicas() > 1)
+    detail::fail(
+        "shardwise::save_sharded: the model's experts are placed over ep ranks with replicas (sw::"
+        "expert_parallelize(model, ep, replicas)), whose saves are not built yet; save a model placed over "
+        "all its dp ranks, or unplaced");
   detail::model_with_state<Model, T> walked{
       model, detail::gather_moments(model, optimizer, dp, placed || dp.rank() == 0, dir)};
   if (placed) return detail::save_placed_experts(walked, tp, dp, dir, step, detail::with_steps(metadata, optimizer));
@@ -267,6 +273,11 @@ void save_sharded(Model& stage, AdamW<T>& optimizer, TpMesh const& tp, PpMesh co
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::save_sharded(stage, optimizer, tp, pp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call save_sharded(sharded, optimizer, [tp,] dir, step)");
+  if (detail::placed_experts_in(stage))  // dp rank 0 writes each stage: the other ep ranks' experts would be lost
+    detail::fail(
+        "shardwise::save_sharded(stage, optimizer, tp, pp, dp, ...): the stage's experts are placed over ep "
+        "ranks (sw::expert_parallelize), whose saves of pipeline stages are not built yet; save the stages "
+        "unplaced");
   detail::model_with_state<Model, T> walked{stage, detail::gather_moments(stage, optimizer, dp, dp.rank() == 0, dir)};
   detail::on_dp_rank0(dp, dir, "saving the stage and optimizer state",
                       [&] { save_sharded(walked, tp, pp, dir, step, detail::with_steps(metadata, optimizer)); });

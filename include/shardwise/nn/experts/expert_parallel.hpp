@@ -3,6 +3,7 @@
 // share of them, and tokens sent to their experts' ranks and back (sw::all_to_all_rows). sw::expert_parallelize
 // hands every module with a shardwise_on_expert_parallel hook this rank's sw::expert_parallel.
 #include <Eigen/Core>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <functional>
@@ -67,6 +68,11 @@ class expert_parallel {
                                                         Eigen::Map<nn::matrix<T>>& out) const {
     return typed<T>().gather(mine, out);
   }
+  /// Sums `values` over the replicas, in place (an optimizer's expert gradients, each from its ep group's tokens).
+  template <std::floating_point T>
+  void sum_over_replicas(Eigen::Map<nn::vector<T>>& values) const {
+    typed<T>().sum_replicas(values);
+  }
   /// reduce_scatter over the replicas along rows, summing: this replica's rows of the sum of every one's `whole`.
   template <std::floating_point T>
   void sum_scatter_over_replicas(nn::matrix<T> const& whole, nn::matrix<T>& part) const {
@@ -113,6 +119,7 @@ class expert_parallel {
           out = mine;  // one replica: its shard is the whole
           return pending_collective{};
         };
+    std::function<void(Eigen::Map<nn::vector<T>>&)> sum_replicas = [](Eigen::Map<nn::vector<T>>&) {};
     std::function<void(nn::matrix<T> const&, nn::matrix<T>&)> sum_scatter = [](nn::matrix<T> const& whole,
                                                                                nn::matrix<T>& part) { part = whole; };
   };
@@ -127,6 +134,9 @@ class expert_parallel {
   static void bind_replicas(Mesh const& replicas, collectives<T>& fn) {
     fn.gather = [replicas](Eigen::Map<nn::matrix<T>> const& mine, Eigen::Map<nn::matrix<T>>& out) {
       return detail::all_gather_start_on(replicas.comm(0), mine, out, 0);
+    };
+    fn.sum_replicas = [replicas](Eigen::Map<nn::vector<T>>& values) {
+      detail::all_reduce_on(replicas.comm(0), values, detail::op_kind::sum);
     };
     fn.sum_scatter = [replicas](nn::matrix<T> const& whole, nn::matrix<T>& part) {
       detail::reduce_scatter_on(replicas.comm(0), whole, part, 0, detail::op_kind::sum);
@@ -162,6 +172,22 @@ expert_parallel const* experts_placement(Model& model) {
 template <class Model>
 bool placed_experts_in(Model& model) {
   return experts_placement(model) != nullptr;
+}
+
+/// Refuses, for an optimizer's step over the data-parallel axis `dp` (its comm and size), on every dp rank alike,
+/// experts placed over ep ranks that with their replicas are not the data-parallel ranks (each (ep rank, replica)
+/// once), or under ZeRO-1.
+template <class Comm>
+void check_expert_placement(expert_parallel const& placed, Comm const& dp, int dp_size, bool zero1) {
+  auto const places = gather_values(dp, std::array<int, 2>{placed.rank(), placed.replica()});
+  bool same = placed.size() * placed.replicas() == dp_size;
+  for (std::size_t a = 0; a < places.size(); ++a)
+    for (std::size_t b = a + 1; b < places.size(); ++b) same = same && places[a] != places[b];
+  if (!same || zero1)
+    fail("shardwise::AdamW::step: experts placed over ", placed.size(), " ranks of mesh axis \"", placed.axis(),
+         "\" with a data-parallel mesh of ", dp_size, zero1 ? " under ZeRO-1" : "",
+         "; an expert's gradient sums every ep rank's tokens, so the ep ranks, with the replicas of their experts "
+         "(sw::expert_parallelize(model, ep, replicas)), must be the data-parallel ones, and ZeRO-1 off");
 }
 
 /// Refuses, naming `what` ("generation is"), a model whose experts are placed over ep ranks: each rank holds

@@ -277,7 +277,7 @@ class AdamW {
     auto listed = detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true});
     placed_ = nullptr;  // from every parameter, frozen ones too: every ep rank then sums the experts' squares
     for (auto const& p : listed.parameters) placed_ = p.placed_over ? p.placed_over : placed_;
-    if (placed_) check_expert_placement(*placed_, dp);
+    if (placed_) detail::check_expert_placement(*placed_, dp.comm(0), dp.size(0), options_.zero1);
     auto const list = trainable(std::move(listed));
     if (slices_.empty())  // the state, once, by name: parameter groups
       for (std::size_t index = 0; index < list.parameters.size(); ++index)
@@ -330,8 +330,10 @@ class AdamW {
       step_parameter const& p = parameters_[index];
       slice& s = slices_[index];
       if (p.group) tp_group = p.group;  // a placed expert's too: cut over tp (expert tensor parallelism)
-      if (p.placed_over) {  // the sum over the ep ranks' tokens, which are the dp ranks': divided, not averaged
-        Eigen::Map<nn::vector<T>>(p.grad, static_cast<Eigen::Index>(p.grad_elements)) /= static_cast<T>(dp_size);
+      if (p.placed_over) {  // the sum over its ep group's tokens: summed over its replicas, divided by the dp ranks
+        Eigen::Map<nn::vector<T>> whole(p.grad, static_cast<Eigen::Index>(p.grad_elements));
+        if (p.placed_over->replicas() > 1) p.placed_over->sum_over_replicas(whole);
+        whole /= static_cast<T>(dp_size);
         if (p.counted) placed_squares(0) += detail::sum_of_squares(p.grad + s.start, s.count) / p.copies;
         continue;
       }
@@ -355,20 +357,6 @@ class AdamW {
     if (sliced(dp_size)) detail::all_reduce_on(dp.comm(0), total, detail::op_kind::sum);
     sum_over_stages(total);
     return std::sqrt(total(0));
-  }
-
-  /// Refuses, on every dp rank alike, experts placed over ep ranks that are not the data-parallel ranks (the same
-  /// ranks in the same order), or under ZeRO-1.
-  template <class DataMesh>
-  void check_expert_placement(expert_parallel const& placed, DataMesh const& dp) const {
-    std::vector<int> const ep_ranks = detail::gather_values(dp.comm(0), placed.rank());
-    bool same = placed.size() == dp.size(0);
-    for (std::size_t q = 0; q < ep_ranks.size(); ++q) same = same && ep_ranks[q] == static_cast<int>(q);
-    if (!same || options_.zero1)
-      detail::fail("shardwise::AdamW::step: experts placed over ", placed.size(), " ranks of mesh axis \"",
-                   placed.axis(), "\" with a data-parallel mesh of ", dp.size(0), options_.zero1 ? " under ZeRO-1" : "",
-                   "; an expert's gradient sums every ep rank's tokens, so the ep ranks must be the data-parallel "
-                   "ones (the same ranks, in the same order) and ZeRO-1 off");
   }
 
   /// AdamW on this rank's slice of every listed parameter, then (ZeRO-1) the updated slices gathered.
