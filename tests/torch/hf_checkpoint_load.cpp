@@ -312,6 +312,47 @@ void check_moe_expert_parallel(checks& results, fs::path const& dir, std::string
   });
 }
 
+/// The folder of `family` trained as moe_checkpoints.py's data-parallel reference with its experts over ep 2 (the
+/// data-parallel ranks, a row each) and each expert's SwiGLU cut over tp 2 with the attention (expert tensor
+/// parallelism, moe_llama_plan<true, true>; 4 threads): each rank's loss at each of 5 AdamW steps equals
+/// transformers' for its row (fp64, 1e-10).
+void check_moe_expert_tp(checks& results, fs::path const& dir, std::string const& family) {
+  std::string const label = family + " with its experts over ep 2 and cut over tp 2 (ep 2 x tp 2, a row each)";
+  results.run(label, [&] {
+    models::LlamaConfig const c = models::read_llama_config(dir / family / "config.json");
+    npy::array const expected = npy::read(dir / (family + "_dp_losses.npy"));  // [step][row]
+    sw::run_threads(4, [&](auto& world) {
+      auto const mesh = sw::make_mesh<"dp", "tp">(world, {2, 2});
+      auto const dp = sw::submesh<"dp">(mesh);
+      auto const tp = sw::submesh<"tp">(mesh);
+      using Model = models::MoeLlama<double, models::moe_llama_plan<true, true>>;
+      sw::Lazy<Model> lazy(c);
+      sw::parallelize(lazy, tp);
+      Model& model = sw::load_pretrained(lazy, tp, dir / family,
+                                         sw::transformers_llama_mapping(sw::transformers_experts_in(dir / family)));
+      (void)sw::expert_parallelize(model, dp);
+      sw::AdamW<double> optimizer(moe_adamw);
+      int const row = dp.rank();
+      Eigen::VectorXd worst = Eigen::VectorXd::Zero(1);  // over both rows
+      for (int step = 0; step < 5; ++step) {
+        auto const result =
+            models::llama_loss(tp, model.forward(moe_row(step, row, false)), moe_row(step, row, true), c.vocabulary);
+        double const loss = result.loss + c.moe->router_aux_loss_coef * model.router_aux_loss();
+        model.backward(result.dlogits);
+        optimizer.step(sw::finish_gradients(model), dp);
+        sw::zero_grad(model);
+        double const want = expected.data.at(static_cast<std::size_t>(step * 2 + row));
+        worst(0) = std::max(worst(0), std::abs(loss - want) / std::abs(want));
+      }
+      sw::all_reduce(dp, worst, sw::Max{});
+      if (world.rank() == 0)
+        results.add(label + ": each rank's 5 AdamW steps' losses equal transformers + DDP's for its row (fp64" +
+                        shown(worst(0)) + ")",
+                    worst(0) <= 1e-10);
+    });
+  });
+}
+
 /// The folder of `family` trained as moe_checkpoints.py's data-parallel reference in two pipeline stages
 /// (models::MoeLlamaStage) with its experts over ep 2 (the data-parallel ranks, a row each; pp 2 x ep 2 on 4 threads):
 /// each rank's loss at each of 5 AdamW steps, the load-balancing loss pooled over both stages' blocks, equals
@@ -483,6 +524,7 @@ void check_moe(checks& results, fs::path const& dir) {
   }
   for (std::string const family : {"mixtral", "qwen3_moe", "qwen2_moe"}) {
     check_moe_expert_parallel(results, dir, family);
+    check_moe_expert_tp(results, dir, family);
     check_moe_pipeline(results, dir, family);
     check_moe_fully_sharded(results, dir, family);
     check_moe_generation(results, dir, family);
