@@ -6,7 +6,7 @@ fp64 into DIR/<family> (one tensor per expert), and Mixtral's state_dict, whose 
 (mlp.experts.gate_up_proj, down_proj), into DIR/mixtral_fused; then writes, for a fixed batch, the logits, the
 aux_loss transformers returns, greedy generate's tokens after two prompts, and the losses of 5 torch.optim.AdamW steps on cross-entropy + coef x aux; and of 5
 steps as two data-parallel ranks take them (a row each, its own aux loss, the gradients averaged: DDP), which
-shardwise runs with the experts over 2 ep ranks.
+shardwise runs with the experts over 2 ep ranks (and as 4 ranks take them, a row each of a batch of 4, for ep 4).
 "check": loads the folders shardwise exported after its 5 steps (DIR/<family>_export, and DIR/mixtral_fused_export
 with its experts fused) with from_pretrained, nothing missing or unexpected, and compares their logits with those
 shardwise wrote beside them; the fused export must hold the names and shapes of transformers 5's state_dict.
@@ -64,9 +64,9 @@ FAMILIES = {
 MODULES = (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe)
 
 
-def ids_of(step, targets):  # the batches hf_checkpoint_load.cpp uses (inputs, not results)
-    return torch.tensor([(step * 31 + i * 7 + (3 if targets else 0)) % VOCAB for i in range(2 * SEQUENCE)]).view(
-        2, SEQUENCE)
+def ids_of(step, targets, rows=2):  # the batches hf_checkpoint_load.cpp uses (inputs, not results)
+    return torch.tensor([(step * 31 + i * 7 + (3 if targets else 0)) % VOCAB for i in range(rows * SEQUENCE)]).view(
+        rows, SEQUENCE)
 
 
 @contextmanager
@@ -117,30 +117,31 @@ def in_fp64(model):
     return model
 
 
-def loss_of(model, step, row=None):
-    """The training loss of batch `step` (of its row `row` alone, as a data-parallel rank holding it computes it),
-    its logits and its aux loss."""
+def loss_of(model, step, row=None, rows=2):
+    """The training loss of batch `step` of `rows` rows (of its row `row` alone, as a data-parallel rank holding it
+    computes it), its logits and its aux loss."""
     pick = slice(None) if row is None else slice(row, row + 1)
     with aux_loss_in_float64():
-        out = model(ids_of(step, False)[pick])
+        out = model(ids_of(step, False, rows)[pick])
     logits = out.logits.reshape(-1, VOCAB)
-    targets = ids_of(step, True)[pick].reshape(-1)
+    targets = ids_of(step, True, rows)[pick].reshape(-1)
     return F.cross_entropy(logits, targets) + AUX_COEF * out.aux_loss, logits, out.aux_loss
 
 
-def train_data_parallel(model, directory, family):
-    """5 steps as 2 data-parallel ranks take them, each one row of the batch: each row's loss (its cross-entropy and
-    its own aux loss) alone, the gradients averaged (torch's DistributedDataParallel), one AdamW step; writes each
-    step's loss per row."""
+def train_data_parallel(model, directory, family, ranks=2):
+    """5 steps as `ranks` data-parallel ranks take them, each one row of a batch of that many rows: each row's loss
+    (its cross-entropy and its own aux loss) alone, the gradients averaged (torch's DistributedDataParallel), one
+    AdamW step; writes each step's loss per row (<family>_dp_losses.npy for 2 ranks, _dp4_losses.npy for 4)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     losses = []
     for step in range(STEPS):
-        rows = [loss_of(model, step, row)[0] for row in range(2)]
-        (sum(rows) / 2).backward()
+        rows = [loss_of(model, step, row, ranks)[0] for row in range(ranks)]
+        (sum(rows) / ranks).backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append([r.item() for r in rows])
-    np.save(os.path.join(directory, family + "_dp_losses.npy"), np.array(losses))
+    suffix = "_dp_losses.npy" if ranks == 2 else f"_dp{ranks}_losses.npy"
+    np.save(os.path.join(directory, family + suffix), np.array(losses))
 
 
 def prepare(directory):
@@ -169,9 +170,10 @@ def prepare(directory):
             optimizer.zero_grad()
             losses.append(loss.item())
         np.save(os.path.join(directory, family + "_losses.npy"), np.array(losses))
-        fresh = Model.from_pretrained(os.path.join(directory, family), attn_implementation="sdpa",
-                                      experts_implementation="eager", dtype=torch.float64)
-        train_data_parallel(in_fp64(fresh), directory, family)
+        for ranks in (2, 4):
+            fresh = Model.from_pretrained(os.path.join(directory, family), attn_implementation="sdpa",
+                                          experts_implementation="eager", dtype=torch.float64)
+            train_data_parallel(in_fp64(fresh), directory, family, ranks)
     print(f"wrote {', '.join(FAMILIES)} and mixtral_fused into {directory}, with their logits, aux losses and losses")
     return 0
 
