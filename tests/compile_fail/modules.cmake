@@ -67,6 +67,9 @@ shardwise_add_compile_fail_test(moe_experts_in_plan SOURCE compile_fail/moe_expe
          "combine need them\\); leave \"experts.[*]\" and \"shared_expert\" out of the plan, or cut each one's w1 and w3 "
          "ColwiseParallel<> and its w2 RowwiseParallel<Shard<-1>, Replicate>, with PrepareModuleInput<Replicate, Replicate> "
          "at the expert itself")
+shardwise_add_compile_fail_test(experts_ep_mesh_2d SOURCE compile_fail/experts_ep_mesh_2d.cpp LINK shardwise::eigen
+  EXPECT "shardwise::expert_parallelize: experts are placed over one mesh axis; pass mesh.axis<\"ep\">\(\) "
+         "\(or sw::submesh<\"ep\">\(mesh\)\)")
 shardwise_add_compile_fail_test(experts_ep_static_size SOURCE compile_fail/experts_ep_static_size.cpp
   LINK shardwise::eigen
   EXPECT "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static expert count"
