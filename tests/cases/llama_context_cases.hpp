@@ -1,11 +1,13 @@
 #pragma once
 // Training the Llama model with its sequences cut over a context-parallel axis (sw::context_parallelize): the
 // loss curve, the clipped norms and the parameters after the run must equal the unsharded run's, for cp alone
-// and cp with tp (with and without sequence parallelism) or with dp, by ring and by all-to-all.
+// and cp with tp (with and without sequence parallelism) or with dp, by ring and by all-to-all; and a MoeLlama's loss
+// and norms, its load-balancing loss pooled over the cp ranks.
 #include <doctest/doctest.h>
 
 #include <shardwise/context.hpp>
 #include <string>
+#include <vector>
 
 #include "cases/llama_cases.hpp"
 
@@ -91,6 +93,56 @@ void check_against(World const& world, llama_cases::Run const& serial, models::L
 /// cp 2 (and 4 at 4 ranks) alone, cp 2 x tp 2, cp 2 x dp 2 (also with ZeRO-1 over dp x cp), ring and all-to-all, a
 /// sequence cp divides and one it does not; and a Qwen-like config (biases, q and k norms, wider heads, a sliding
 /// window).
+/// A MoeLlama (2 blocks of 8 experts, top-2, a gated shared expert; fp64) with its sequences cut over cp (dp x cp
+/// of `world`, `method`): each rank's loss (its cross-entropy weighted by mean_weight, plus the load-balancing loss
+/// pooled over every cp rank's tokens, as transformers pools a sequence's) averaged over dp x cp, and the clipped
+/// norm, equal the unsharded model trained on each dp rank's sequences with their gradients averaged (3 AdamW steps,
+/// 1e-12).
+template <class World>
+void check_moe(World const& world, int cp_size, sw::context_method method) {
+  int const dp_size = world.size() / cp_size;
+  models::MoeConfig m;
+  m.experts = 8, m.top_k = 2, m.expert_hidden = 5, m.shared_expert_hidden = 4, m.router_aux_loss_coef = 0.05;
+  models::LlamaConfig c;
+  c.vocabulary = 20, c.dim = 8, c.layers = 2, c.heads = 2, c.kv_heads = 2, c.sequence = 8, c.seed = 23, c.moe = m;
+  auto const ids = [](int step, int q, bool targets) {  // dp rank q's two sequences
+    std::vector<std::int64_t> v;
+    for (int i = 0; i < 16; ++i) v.push_back((step * 5 + q * 7 + i * 3 + i * i / 4 + (targets ? 1 : 0)) % 20);
+    return v;
+  };
+  auto const mesh = sw::make_mesh<"dp", "cp">(world, {dp_size, cp_size});
+  auto const data = sw::make_mesh<"data">(world, {world.size()});  // dp x cp as one axis, the same rank order
+  auto const alone = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const serial = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::MoeLlama<double> model(c), whole(c);
+  auto const context = sw::context_parallelize(model, sw::submesh<"cp">(mesh), {c.sequence, cp_size, true}, method);
+  sw::AdamWOptions<double> const options{.learning_rate = 1e-2, .weight_decay = 0.1, .max_grad_norm = 0.5};
+  sw::AdamW<double> step_cut(options), step_whole(options);
+  int const me = sw::submesh<"dp">(mesh).rank();
+  for (int step = 0; step < 3; ++step) {
+    auto result = models::llama_loss(alone, model.forward(context->my_tokens(ids(step, me, false))),
+                                     context->my_tokens(ids(step, me, true)), c.vocabulary);
+    result.dlogits.local *= context->mean_weight();
+    model.backward(result.dlogits);
+    double const mine = result.loss * context->mean_weight() + m.router_aux_loss_coef * model.router_aux_loss();
+    double const loss = sw::all_reduce(data, mine, sw::Avg{});
+    double const norm = step_cut.step(sw::finish_gradients(model), data);
+    sw::zero_grad(model);
+    double expected = 0;
+    for (int q = 0; q < dp_size; ++q) {
+      auto const r = models::llama_loss(alone, whole.forward(ids(step, q, false)), ids(step, q, true), c.vocabulary);
+      whole.backward(r.dlogits);
+      expected += (r.loss + m.router_aux_loss_coef * whole.router_aux_loss()) / dp_size;
+    }
+    sw::for_each_parameter(whole, [&](std::string const&, auto const& p) { *p.grad /= double(dp_size); });
+    double const whole_norm = step_whole.step(sw::finish_gradients(whole), serial);
+    sw::zero_grad(whole);
+    INFO("MoeLlama over cp " << cp_size << " x dp " << dp_size << ", step " << step);
+    CHECK(loss == doctest::Approx(expected).epsilon(1e-12));
+    CHECK(norm == doctest::Approx(whole_norm).epsilon(1e-12));
+  }
+}
+
 template <class World>
 void check_all(World const& world) {
   int const n = world.size(), steps = llama_cases::steps();
@@ -124,6 +176,11 @@ void check_all(World const& world) {
   auto const serial = llama_cases::train<sw::serial_plan>(sw::serial_world(), 1, steps, false, qwen);
   check_against(world, serial, qwen, steps,
                 {{1, 2, context_method::ring, true}, {1, 2, context_method::all_to_all, true}}, n == 4);
+  if (n % 2 == 0) {  // a mixture of experts: the load-balancing loss pooled over the cp ranks
+    check_moe(world, 2, context_method::ring);
+    check_moe(world, 2, context_method::all_to_all);
+  }
+  if (n == 4) check_moe(world, 4, context_method::ring);
 }
 
 }  // namespace llama_context_cases

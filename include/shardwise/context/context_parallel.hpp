@@ -36,6 +36,7 @@ class context_parallel {
     split_.check();
     bind<float>(cp, float_);
     bind<double>(cp, double_);
+    sum_ = [cp](nn::vector<double>& values) { detail::all_reduce_on(cp.comm(0), values, detail::op_kind::sum); };
   }
 
   [[nodiscard]] context_split const& split() const { return split_; }  ///< The cut.
@@ -66,6 +67,15 @@ class context_parallel {
   /// sequence (1 when the cut is even).
   [[nodiscard]] double mean_weight() const {
     return static_cast<double>(tokens()) * split_.ranks / static_cast<double>(split_.sequence);
+  }
+
+  /// Sums `values` over the cp ranks, in place (what a loss pools over every token of the sequences: a mixture of
+  /// experts' router totals).
+  void sum(std::vector<double>& values) const {
+    Eigen::Map<nn::vector<double>> all(values.data(), static_cast<Eigen::Index>(values.size()));
+    nn::vector<double> summed = all;
+    sum_(summed);
+    all = summed;
   }
 
   /// ring_attention / ulysses_attention over this rank's rows, with a sliding `window` of keys if not 0, within
@@ -129,6 +139,7 @@ class context_parallel {
   context_method method_ = context_method::ring;
   typed<float> float_;
   typed<double> double_;
+  std::function<void(nn::vector<double>&)> sum_;
 };
 
 /// A model attention's causal attention on its rows: within each of the sequences `rows` (nn::causal_attention,

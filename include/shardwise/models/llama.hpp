@@ -201,6 +201,7 @@ struct Llama {
       shardwise::raise("shardwise::models::Llama: the context_split cuts sequences of ", context->split().sequence,
                        " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");
     rows_per_sequence_ = context->tokens();
+    context_ = context;
   }
 
   /// Logits [tokens, vocabulary] for the token ids, whose rows are the sequences `rows` (under context parallelism:
@@ -220,7 +221,12 @@ struct Llama {
     if constexpr (sparse) {                                   // transformers' loss pools every layer's router scores
       std::vector<typename block_type::FeedForward*> blocks;  // not a view: clang 14 cannot take libstdc++ 12's
       for (block_type& b : layers) blocks.push_back(&b.feed_forward);
-      router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_);
+      if (!context_) {
+        router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_);
+      } else {  // over every cp rank's tokens; each rank's gradient times the ranks, which the data average divides
+        router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_ * context_->split().ranks,
+                                               [&](std::vector<double>& totals) { context_->sum(totals); });
+      }
     }
     return output(norm(h));
   }
@@ -376,6 +382,7 @@ struct Llama {
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
   double router_aux_loss_ = 0;                            // of the last forward, with experts
   double router_aux_scale_ = 1;                           // its gradient's scale (router_aux_loss_scale)
+  std::shared_ptr<context_parallel const> context_;       // set by sw::context_parallelize
 };
 
 /// A Llama whose blocks hold a mixture of experts in place of the dense feed-forward (Mixtral, Qwen2-MoE,

@@ -44,8 +44,9 @@ struct MoeFeedForward {
   /// in checkpoints). Empty under the softmax router.
   nn::vector<T> score_correction_bias;
   SHARDWISE_CHILDREN(gate, experts, shared_expert, shared_expert_gate)
-  SHARDWISE_HOOKS(on_expert_parallel)
+  SHARDWISE_HOOKS(on_expert_parallel, token_wise)
   SHARDWISE_SAVED(probabilities_, weights_, routing_, outputs_, shared_output_, shared_scale_, dispatch_)
+  static constexpr bool shardwise_token_wise = true;  ///< Each token alone (Llama pools the aux loss over cp).
 
   /// The router is drawn from seed + 1, expert e from seed + 10 * (e + 1), the shared expert's gate from seed + 2
   /// and the shared expert from seed + 5.

@@ -3,6 +3,7 @@
 // of it (models::moe_balance), and that loss pooled over a model's blocks (models::load_balancing_loss).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -90,9 +91,12 @@ struct router_totals {
 /// it from all its layers' router logits (router_totals::loss). Each block's backward then adds this loss's
 /// gradient, times its router_aux_loss_coef and `gradient_scale` (1/microbatches under gradient accumulation), instead
 /// of its own loss's. `blocks`: a range of MoeFeedForward, or of pointers to them, all with the same number of experts.
+/// `sum_over_ranks`, if given, sums the totals (router_totals::packed) over the ranks that hold the other tokens of
+/// the same sequences (context parallelism), so the loss is the one over all of them.
 template <class Blocks>
   requires requires(Blocks& b) { b.begin() != b.end(); }
-double load_balancing_loss(Blocks&& blocks, double gradient_scale = 1) {
+double load_balancing_loss(Blocks&& blocks, double gradient_scale = 1,
+                           std::function<void(std::vector<double>&)> const& sum_over_ranks = {}) {
   auto block = [](auto& b) -> auto& {
     if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(b)>>)
       return *b;
@@ -101,6 +105,11 @@ double load_balancing_loss(Blocks&& blocks, double gradient_scale = 1) {
   };
   router_totals totals;
   for (auto&& b : blocks) totals.add(block(b).balance());
+  if (sum_over_ranks) {
+    std::vector<double> packed = totals.packed();
+    sum_over_ranks(packed);
+    totals = router_totals::unpacked(packed);
+  }
   std::vector<double> const share = totals.shares();
   for (auto&& b : blocks) block(b).use_pooled_loads(share, totals.rows, gradient_scale);
   return totals.loss();
