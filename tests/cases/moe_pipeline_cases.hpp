@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <shardwise/context.hpp>
 #include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
 #include <span>
@@ -129,6 +130,13 @@ void check_stages(World const& world, int pp_size, Schedule const& schedule,
 template <class World>
 void check_all(World const& world) {
   int const n = world.size();
+  {  // not built: a stage of experts under cp would pool each cp rank's router totals alone
+    models::MoeLlamaStage<double> stage(config(), sw::stage_split(config().layers, 1), 0);
+    auto const cp = sw::make_mesh<"cp">(sw::serial_world(), {1});
+    CHECK_THROWS_WITH_AS((void)sw::context_parallelize(stage, cp, {config().sequence, 1, false}),
+                         doctest::Contains("context parallelism of a stage of experts (MoeLlamaStage) is not built"),
+                         sw::error);
+  }
   check_stages(world, std::min(n, 4), sw::OneFOneB{});  // 8 ranks: pp 4 x ep 2
   if (n >= 2) {
     check_stages(world, 2, sw::GPipe{}, sw::stage_activations::recompute);

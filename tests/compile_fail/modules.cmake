@@ -68,8 +68,8 @@ shardwise_add_compile_fail_test(moe_experts_in_plan SOURCE compile_fail/moe_expe
          "ColwiseParallel<> and its w2 RowwiseParallel<Shard<-1>, Replicate>, with PrepareModuleInput<Replicate, Replicate> "
          "at the expert itself")
 shardwise_add_compile_fail_test(experts_ep_mesh_2d SOURCE compile_fail/experts_ep_mesh_2d.cpp LINK shardwise::eigen
-  EXPECT "shardwise::expert_parallelize: experts are placed over one mesh axis; pass mesh.axis<\"ep\">\(\) "
-         "\(or sw::submesh<\"ep\">\(mesh\)\)")
+  EXPECT "shardwise::expert_parallelize: experts are placed over one mesh axis|||pass mesh.axis<.ep.>[(][)] "
+         "[(]or sw::submesh<.ep.>[(]mesh[)][)]")
 shardwise_add_compile_fail_test(experts_ep_static_size SOURCE compile_fail/experts_ep_static_size.cpp
   LINK shardwise::eigen
   EXPECT "shardwise::expert_parallelize: the ep mesh's static size does not divide a module's static expert count"

@@ -73,6 +73,9 @@ inline void fit_stacked_members(export_tensor& out) {
            next, " indices, or of another shape or type than index 0's; map every expert, each once");
     ++next;
   }
+  if (groups.begin()->second.model_shape.size() >= max_rank)
+    fail("shardwise::consolidate: the tensors stacked in \"", out.name, "\" have ",
+         groups.begin()->second.model_shape.size(), " dimensions; stacked, they would have more than ", max_rank);
   out.stacked = true;
   out.type = groups.begin()->second.type;
   out.model_shape = groups.begin()->second.model_shape;

@@ -132,6 +132,11 @@ struct LlamaStage {
   /// Called by sw::context_parallelize: from then on the first stage takes this rank's tokens of each sequence,
   /// and every stage's stream holds those tokens' rows (the blocks' attention sees across the cp ranks).
   void shardwise_on_context_parallel(std::shared_ptr<context_parallel const> const& context) {
+    if (sparse)  // its carry would pool each cp rank's router totals alone: another loss, silently
+      shardwise::raise(
+          "shardwise::models::LlamaStage: context parallelism of a stage of experts (MoeLlamaStage) is not built "
+          "yet: its load-balancing loss would pool each cp rank's tokens alone; cut a MoeLlama over cp without "
+          "pipeline stages, or a MoeLlamaStage without cp");
     if (context->split().sequence != config_.sequence)
       shardwise::raise("shardwise::models::LlamaStage: the context_split cuts sequences of ", context->split().sequence,
                        " tokens but the model's are ", config_.sequence, " (config().sequence); split the same length");
