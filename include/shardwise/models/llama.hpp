@@ -221,11 +221,11 @@ struct Llama {
     if constexpr (sparse) {                                   // transformers' loss pools every layer's router scores
       std::vector<typename block_type::FeedForward*> blocks;  // not a view: clang 14 cannot take libstdc++ 12's
       for (block_type& b : layers) blocks.push_back(&b.feed_forward);
-      if (!context_) {
+      if (context_parallel const* context = context_.get(); !context) {
         router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_);
       } else {  // over every cp rank's tokens; each rank's gradient times the ranks, which the data average divides
-        router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_ * context_->split().ranks,
-                                               [&](std::vector<double>& totals) { context_->sum(totals); });
+        router_aux_loss_ = load_balancing_loss(blocks, router_aux_scale_ * context->split().ranks,
+                                               [&](std::vector<double>& totals) { context->sum(totals); });
       }
     }
     return output(norm(h));
@@ -382,7 +382,7 @@ struct Llama {
   std::vector<checkpointed_input<stream>> block_inputs_;  // per block, when checkpointing blocks
   double router_aux_loss_ = 0;                            // of the last forward, with experts
   double router_aux_scale_ = 1;                           // its gradient's scale (router_aux_loss_scale)
-  std::shared_ptr<context_parallel const> context_;       // set by sw::context_parallelize
+  context_slot<T> context_;                               // set by sw::context_parallelize (none on shapes)
 };
 
 /// A Llama whose blocks hold a mixture of experts in place of the dense feed-forward (Mixtral, Qwen2-MoE,
