@@ -1,0 +1,176 @@
+#pragma once
+// y = x W^T for a few rows of x (2 to 16: decoding a batch of sequences) against a large weight. Such a product is
+// bound by reading the weight from memory, not by arithmetic (16 rows make 8 FLOP per weight byte in fp32), so
+// this kernel reads each weight row once, straight from memory, against every row of x, where a GEMM would first
+// pack the weight (docs/benchmarks-io.md, "Generation"):
+//  - up to 4 rows: dot products of a few weight rows with each row of x, all in registers;
+//  - 5 to 16 rows: x transposed once, so that each weight element, broadcast, multiplies a vector of all the rows
+//    (no horizontal sums, and x read as one stream rather than one per row).
+// It is compiled where the target has 256-bit or 512-bit vectors (AVX, AVX-512); elsewhere few_rows_supported is
+// false and linear_forward keeps its GEMM.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+namespace shardwise::detail {
+
+#if defined(__AVX512F__)
+inline constexpr std::size_t few_rows_vector_bytes = 64;
+inline constexpr std::size_t few_rows_registers = 16;  // accumulators: half of the 32 vector registers
+#elif defined(__AVX__)
+inline constexpr std::size_t few_rows_vector_bytes = 32;
+inline constexpr std::size_t few_rows_registers = 8;  // accumulators: half of the 16 vector registers
+#else
+inline constexpr std::size_t few_rows_vector_bytes = 0;
+inline constexpr std::size_t few_rows_registers = 0;
+#endif
+
+/// Whether this build has the kernel, and the most rows of x it takes.
+inline constexpr bool few_rows_supported = few_rows_vector_bytes > 0;
+inline constexpr int few_rows_most = 16;
+
+#if defined(__AVX__)
+/// A vector of T, Bytes long (GCC's and Clang's vector extension: FMAs where the target has them).
+template <class T, std::size_t Bytes>
+struct few_rows_vector;
+template <std::size_t Bytes>
+struct few_rows_vector<float, Bytes> {
+  typedef float type __attribute__((vector_size(Bytes)));
+};
+template <std::size_t Bytes>
+struct few_rows_vector<double, Bytes> {
+  typedef double type __attribute__((vector_size(Bytes)));
+};
+
+/// How far ahead in a weight row the kernels ask for the cache line they will read (a software prefetch per
+/// line: with several rows streaming at once, the hardware's prefetcher alone left a third of the bandwidth unused).
+template <class T>
+inline constexpr std::ptrdiff_t few_rows_ahead = 512 / sizeof(T);
+
+/// sums[r * Outs + o] = x[r] . w[o] for Rows rows of x and Outs rows of w (each `in` long, w's rows `stride` apart).
+template <class T, int Rows, int Outs>
+void few_rows_dots(T const* const* x, T const* w, std::ptrdiff_t stride, std::ptrdiff_t in, T* sums) {
+  using vec = typename few_rows_vector<T, few_rows_vector_bytes>::type;
+  constexpr std::ptrdiff_t lanes = few_rows_vector_bytes / sizeof(T);
+  vec acc[Rows][Outs] = {};
+  std::ptrdiff_t k = 0;
+  for (; k + lanes <= in; k += lanes) {
+    vec weight[Outs];
+#pragma GCC unroll 16
+    for (int o = 0; o < Outs; ++o) {
+      __builtin_prefetch(w + o * stride + k + few_rows_ahead<T>, 0, 3);
+      std::memcpy(&weight[o], w + o * stride + k, sizeof(vec));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      vec row;
+      std::memcpy(&row, x[r] + k, sizeof(vec));
+#pragma GCC unroll 16
+      for (int o = 0; o < Outs; ++o) acc[r][o] += row * weight[o];
+    }
+  }
+  for (int r = 0; r < Rows; ++r)
+    for (int o = 0; o < Outs; ++o) {
+      T sum = 0;
+      for (std::ptrdiff_t lane = 0; lane < lanes; ++lane) sum += acc[r][o][lane];
+      for (std::ptrdiff_t j = k; j < in; ++j) sum += x[r][j] * w[o * stride + j];
+      sums[r * Outs + o] = sum;
+    }
+}
+
+/// sums[o * Rows + r] = x[r] . w[o] for Outs rows of w, from x transposed (xt[k * Rows + r] = x[r][k]).
+template <class T, int Rows, int Outs>
+void few_rows_broadcasts(T const* xt, T const* w, std::ptrdiff_t stride, std::ptrdiff_t in, T* sums) {
+  using vec = typename few_rows_vector<T, Rows * sizeof(T)>::type;
+  constexpr std::ptrdiff_t line = 64 / sizeof(T);
+  vec acc[Outs] = {};
+  std::ptrdiff_t k = 0;
+  for (; k + line <= in; k += line) {
+#pragma GCC unroll 16
+    for (int o = 0; o < Outs; ++o) __builtin_prefetch(w + o * stride + k + few_rows_ahead<T>, 0, 3);
+#pragma GCC unroll 16
+    for (std::ptrdiff_t j = k; j < k + line; ++j) {
+      vec column;
+      std::memcpy(&column, xt + j * Rows, sizeof(vec));
+#pragma GCC unroll 16
+      for (int o = 0; o < Outs; ++o) acc[o] += column * w[o * stride + j];
+    }
+  }
+  for (; k < in; ++k) {
+    vec column;
+    std::memcpy(&column, xt + k * Rows, sizeof(vec));
+    for (int o = 0; o < Outs; ++o) acc[o] += column * w[o * stride + k];
+  }
+  std::memcpy(sums, acc, sizeof(acc));
+}
+
+/// y (+)= x W^T by dot products, Rows rows of x (the rows past `rows` repeat the last one; their sums are dropped).
+template <class T, int Rows>
+void few_rows_by_dots(T const* const* x, int rows, T const* w, std::ptrdiff_t w_stride, std::ptrdiff_t outs,
+                      std::ptrdiff_t in, T* y, std::ptrdiff_t y_stride, bool add) {
+  constexpr int outs_at_once = static_cast<int>(few_rows_registers) / Rows;
+  T sums[Rows * outs_at_once];
+  for (std::ptrdiff_t first = 0; first < outs; first += outs_at_once) {
+    std::ptrdiff_t const n = std::min<std::ptrdiff_t>(outs_at_once, outs - first);
+    if (n == outs_at_once)
+      few_rows_dots<T, Rows, outs_at_once>(x, w + first * w_stride, w_stride, in, sums);
+    else
+      for (std::ptrdiff_t o = 0; o < n; ++o) {  // the last few weight rows, one at a time
+        T one[Rows];
+        few_rows_dots<T, Rows, 1>(x, w + (first + o) * w_stride, w_stride, in, one);
+        for (int r = 0; r < Rows; ++r) sums[r * outs_at_once + o] = one[r];
+      }
+    for (int r = 0; r < rows; ++r)
+      for (std::ptrdiff_t o = 0; o < n; ++o) {
+        T& out = y[r * y_stride + first + o];
+        out = add ? out + sums[r * outs_at_once + o] : sums[r * outs_at_once + o];
+      }
+  }
+}
+
+/// y (+)= x W^T by broadcasts, x transposed into Rows columns (the columns past `rows` are zero).
+template <class T, int Rows>
+void few_rows_by_broadcasts(T const* const* x, int rows, T const* w, std::ptrdiff_t w_stride, std::ptrdiff_t outs,
+                            std::ptrdiff_t in, T* y, std::ptrdiff_t y_stride, bool add) {
+  constexpr std::size_t registers_each = std::max<std::size_t>(1, Rows * sizeof(T) / few_rows_vector_bytes);
+  constexpr int outs_at_once = static_cast<int>(8 / registers_each);
+  std::vector<T> xt(static_cast<std::size_t>(in) * Rows, T(0));
+  for (int r = 0; r < rows; ++r)
+    for (std::ptrdiff_t k = 0; k < in; ++k) xt[static_cast<std::size_t>(k * Rows + r)] = x[r][k];
+  T sums[Rows * outs_at_once];
+  for (std::ptrdiff_t first = 0; first < outs; first += outs_at_once) {
+    std::ptrdiff_t const n = std::min<std::ptrdiff_t>(outs_at_once, outs - first);
+    if (n == outs_at_once)
+      few_rows_broadcasts<T, Rows, outs_at_once>(xt.data(), w + first * w_stride, w_stride, in, sums);
+    else
+      for (std::ptrdiff_t o = 0; o < n; ++o)  // the last few weight rows, one at a time
+        few_rows_broadcasts<T, Rows, 1>(xt.data(), w + (first + o) * w_stride, w_stride, in, sums + o * Rows);
+    for (int r = 0; r < rows; ++r)
+      for (std::ptrdiff_t o = 0; o < n; ++o) {
+        T& out = y[r * y_stride + first + o];
+        out = add ? out + sums[o * Rows + r] : sums[o * Rows + r];
+      }
+  }
+}
+#endif
+
+/// y (+)= x W^T, x [rows, in] with 2 <= rows <= few_rows_most, W [outs, in], y [rows, outs], all with contiguous
+/// rows (each `*_stride` apart); add: add to what y holds (a bias). Only where few_rows_supported.
+template <class T>
+void few_rows_product(T const* x, std::ptrdiff_t x_stride, int rows, T const* w, std::ptrdiff_t w_stride,
+                      std::ptrdiff_t outs, std::ptrdiff_t in, T* y, std::ptrdiff_t y_stride, bool add) {
+#if defined(__AVX__)
+  T const* row[16];
+  for (int r = 0; r < 16; ++r) row[r] = x + std::min(r, rows - 1) * x_stride;
+  if (rows <= 2) return few_rows_by_dots<T, 2>(row, rows, w, w_stride, outs, in, y, y_stride, add);
+  if (rows <= 4) return few_rows_by_dots<T, 4>(row, rows, w, w_stride, outs, in, y, y_stride, add);
+  if (rows <= 8) return few_rows_by_broadcasts<T, 8>(row, rows, w, w_stride, outs, in, y, y_stride, add);
+  return few_rows_by_broadcasts<T, 16>(row, rows, w, w_stride, outs, in, y, y_stride, add);
+#else
+  (void)x, (void)x_stride, (void)rows, (void)w, (void)w_stride, (void)outs, (void)in, (void)y, (void)y_stride,
+      (void)add;
+#endif
+}
+
+}  // namespace shardwise::detail

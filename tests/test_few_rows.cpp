@@ -1,0 +1,77 @@
+// The few-row product (nn/kernels/few_rows.hpp) through nn::linear_forward: 2 to 16 rows of x against weights of
+// 1024 rows and more, in float and double, with and without a bias, on slices of wider matrices, against sums in
+// long double written here. Built twice (tests/CMakeLists.txt): for AVX2 and for the build machine, so that each
+// vector width the kernel has runs.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+#include <shardwise/nn/kernels/functional.hpp>
+
+namespace nn = shardwise::nn;
+using Eigen::Index;
+
+namespace {
+
+template <class T>
+nn::matrix<T> random_matrix(Index rows, Index cols, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  nn::matrix<T> m(rows, cols);
+  for (Index k = 0; k < m.size(); ++k) m.data()[k] = static_cast<T>(dist(gen));
+  return m;
+}
+
+/// The worst error of y (+ bias) against long-double sums, over the scale of each sum (sum of |x| |w|).
+template <class T>
+double worst_error(nn::matrix<T> const& x, nn::matrix<T> const& w, nn::vector<T> const* bias, nn::matrix<T> const& y) {
+  double worst = 0;
+  for (Index r = 0; r < x.rows(); ++r)
+    for (Index o = 0; o < w.rows(); ++o) {
+      long double sum = bias ? (*bias)(o) : 0, scale = bias ? std::abs((*bias)(o)) : 0;
+      for (Index k = 0; k < x.cols(); ++k) {
+        sum += static_cast<long double>(x(r, k)) * w(o, k);
+        scale += std::abs(static_cast<long double>(x(r, k)) * w(o, k));
+      }
+      worst = std::max(worst, static_cast<double>(std::abs(y(r, o) - sum) / scale));
+    }
+  return worst;
+}
+
+/// Each sum within the bound of a sum of `in` products in T (in x epsilon of the sum's scale).
+template <class T>
+void check_few_rows() {
+  int cases = 0;
+  for (Index rows = 2; rows <= 16; ++rows)
+    for (Index outs : {1024, 1031})
+      for (Index in : {1, 7, 16, 67}) {
+        double const tolerance = static_cast<double>(in + 1) * std::numeric_limits<T>::epsilon();
+        nn::matrix<T> const w = random_matrix<T>(outs, in, static_cast<unsigned>(rows * 7 + in));
+        nn::matrix<T> const wide_x = random_matrix<T>(rows, in + 3, static_cast<unsigned>(rows + outs));
+        nn::matrix<T> const x = wide_x.middleCols(2, in);
+        nn::vector<T> const bias = random_matrix<T>(outs, 1, 5).col(0);
+        nn::matrix<T> y(rows, outs);
+        nn::linear_forward<T>(wide_x.middleCols(2, in), w, std::nullopt, y);  // x read through a slice
+        CHECK_MESSAGE(worst_error<T>(x, w, nullptr, y) < tolerance, rows, " rows, ", outs, " x ", in);
+        // Into a slice of a wider output, with a bias: the columns around it untouched.
+        nn::matrix<T> wide_y = nn::matrix<T>::Constant(rows, outs + 2, T(7));
+        nn::linear_forward<T>(x, w, bias, wide_y.middleCols(1, outs));
+        nn::matrix<T> const with_bias = wide_y.middleCols(1, outs);
+        CHECK_MESSAGE(worst_error<T>(x, w, &bias, with_bias) < tolerance, rows, " rows, ", outs, " x ", in);
+        CHECK(((wide_y.col(0).array() == T(7)).all() && (wide_y.col(outs + 1).array() == T(7)).all()));
+        ++cases;
+      }
+  CHECK(cases == 15 * 2 * 4);
+}
+
+}  // namespace
+
+TEST_CASE("few-row product: built for this target, equal to long-double sums in float and double") {
+  // Built without the vectors, linear_forward would take its GEMM and these cases would prove nothing here.
+  REQUIRE(shardwise::detail::few_rows_supported);
+  MESSAGE("vector bytes ", shardwise::detail::few_rows_vector_bytes);
+  check_few_rows<float>();
+  check_few_rows<double>();
+}
