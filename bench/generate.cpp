@@ -4,7 +4,8 @@
 // sequences, so its time is at least (those bytes) / (the read bandwidth of as many threads as ranks, each reading
 // its own buffer at once). Memory: this process's peak resident set while it generates (all its thread ranks)
 // against the formula (their weights + their key-value caches). One configuration per process (run_generate.sh
-// starts each), so each peak is its own.
+// starts each), so each peak is its own. And the MFU: a decoded token's FLOPs at the decode rate over the fp32 FMA
+// peak of the ranks' cores (bench/core_peak.hpp), small by nature: decoding is bound by memory.
 //
 //   bench_generate [--folder DIR] [--tp N] [--batch B] [--prompt-tokens P] [--new N] [--window W] [--smoke]
 // DIR: a LlamaForCausalLM save_pretrained folder (torch_generate.py writes one); without it a random model of the
@@ -25,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "core_peak.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -112,7 +114,7 @@ double parameter_bytes(Model& model) {
 
 /// Generates on every rank; rank 0 prints the figures against the roofline and the memory formula.
 template <class Model, class Tp>
-void measure(Model& model, Tp const& tp, settings const& s, double bandwidth) {
+void measure(Model& model, Tp const& tp, settings const& s, double bandwidth, double core_peak) {
   auto const prompts = make_prompts(s.batch, s.prompt_tokens, model.config().vocabulary);
   sw::barrier(tp);  // every rank loaded: the peak from here on is generation's (a load maps the files)
   if (tp.rank() == 0 && !bench::reset_peak()) std::printf("# VmHWM cannot be reset here: the peak includes the load\n");
@@ -134,14 +136,18 @@ void measure(Model& model, Tp const& tp, settings const& s, double bandwidth) {
   double const steps = double(s.new_tokens - 1), step_seconds = g.decode_seconds / steps;
   double const floor_seconds = (weights + cached) / bandwidth;
   double const formula_mib = (all_weights + double(g.cache_bytes) * tp.size()) / (1 << 20);  // every rank's
+  // MFU: a decoded token's FLOPs (2 per weight that multiplies, 2 per cached key and value it attends over) at the
+  // decode rate, over the fp32 FMA peak of the ranks' cores.
+  double const token_flops = 2.0 * weights / 4.0 + 2.0 * cached / 4.0 / s.batch;
+  double const mfu = core_peak > 0 ? token_flops * g.decode_tokens_per_second() / (tp.size() * core_peak) : 0.0;
   std::printf(
       "tp %d batch %d window %d: cache %.1f MiB, first token %.3f s, decode %.2f tokens/s (%.1f ms a step); roofline "
       "%.1f ms a step "
       "(%.2f GB read at %.2f GB/s): %.2f of it; peak resident %.0f MiB (all ranks), their weights + caches %.0f "
-      "MiB\n",
+      "MiB; MFU %.3f (fp32 peak %.1f GFLOP/s a core)\n",
       tp.size(), s.batch, s.window, double(g.cache_bytes) * tp.size() / (1 << 20), g.first_token_seconds,
       g.decode_tokens_per_second(), 1e3 * step_seconds, 1e3 * floor_seconds, (weights + cached) / 1e9, bandwidth / 1e9,
-      floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib);
+      floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib, mfu, core_peak / 1e9);
   std::printf("RESULT shardwise_tp%d_batch%d %.4f %.3f %.4f %.0f %.0f %.0f %.0f\n", tp.size(), s.batch,
               g.first_token_seconds, g.decode_tokens_per_second(), floor_seconds / step_seconds,
               bench::status_mib("VmHWM"), formula_mib, weights + cached, bandwidth);
@@ -185,17 +191,18 @@ int main(int argc, char** argv) {
   }
   if (s.window > 0) config.sliding_window = static_cast<std::size_t>(s.window);
   double const bandwidth = read_bandwidth(s.tp, s.smoke ? (8u << 20) : (512u << 20));
+  double const core_peak = bench::measure_core_peaks(s.smoke ? 1000 : 20'000'000).fp32;
   sw::run_threads(s.tp, [&](sw::ThreadComm& world) {
     auto const tp = sw::submesh<"tp">(sw::make_mesh<"tp">(world, {world.size()}));
     using Model = models::Llama<float, models::llama_plan<false>>;
     if (s.folder.empty()) {
       Model model(config);
       sw::parallelize(model, tp);
-      measure(model, tp, s, bandwidth);
+      measure(model, tp, s, bandwidth, core_peak);
     } else {
       sw::Lazy<Model> lazy(config);
       sw::parallelize(lazy, tp);
-      measure(sw::load_pretrained(lazy, tp, s.folder, sw::transformers_llama_mapping()), tp, s, bandwidth);
+      measure(sw::load_pretrained(lazy, tp, s.folder, sw::transformers_llama_mapping()), tp, s, bandwidth, core_peak);
     }
   });
   return 0;

@@ -12,8 +12,6 @@
 // Every figure is the best of several runs: the machine's rate, not its noise.
 //
 //   bench_machine [--smoke]
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +21,7 @@
 #include <shardwise/shardwise.hpp>
 #include <vector>
 
+#include "core_peak.hpp"
 #include "linear_gemms.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -41,46 +40,6 @@ double best_seconds(int runs, Fn&& fn) {
     fn();
     best = std::min(best, std::chrono::duration<double>(clock_type::now() - start).count());
   }
-  return best;
-}
-
-/// The core's fp32 FMA peak, FLOP/s: 16 independent chains of AVX-512 fused multiply-adds held in registers (enough to
-/// fill two FMA units of 4-cycle latency), 2 FLOPs per lane; 0 on a CPU without AVX-512.
-__attribute__((target("avx512f"))) double fma_peak_fp32_avx512(long iterations) {
-  __m512 acc[16];
-  for (int k = 0; k < 16; ++k) acc[k] = _mm512_set1_ps(float(k) * 1e-3f);
-  __m512 const a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  auto const start = clock_type::now();
-  for (long i = 0; i < iterations; ++i)
-    for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(acc[k], a, b);
-  double const seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-  float sink = 0;
-  for (int k = 0; k < 16; ++k) sink += _mm512_reduce_add_ps(acc[k]);
-  if (sink == 1234.5f) std::fprintf(stderr, " ");  // keeps the chains alive
-  return double(iterations) * 16 * 16 * 2 / seconds;
-}
-
-/// The core's bf16 dot-product peak, FLOP/s: the same with vdpbf16ps (32 bf16 products summed into 16 fp32 lanes, 64
-/// FLOPs an instruction); 0 on a CPU without avx512_bf16.
-__attribute__((target("avx512f,avx512bf16"))) double dot_peak_bf16_avx512(long iterations) {
-  __m512 acc[16];
-  for (int k = 0; k < 16; ++k) acc[k] = _mm512_set1_ps(float(k) * 1e-3f);
-  __m512bh const a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
-  auto const start = clock_type::now();
-  for (long i = 0; i < iterations; ++i)
-    for (int k = 0; k < 16; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], a, a);
-  double const seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-  float sink = 0;
-  for (int k = 0; k < 16; ++k) sink += _mm512_reduce_add_ps(acc[k]);
-  if (sink == 1234.5f) std::fprintf(stderr, " ");
-  return double(iterations) * 16 * 64 / seconds;
-}
-
-/// The best of `runs` of a peak loop of `iterations`, or 0 where the CPU lacks the instructions.
-double best_peak(bool supported, double (*loop)(long), long iterations, int runs) {
-  if (!supported) return 0;
-  double best = 0;
-  for (int r = 0; r < runs; ++r) best = std::max(best, loop(iterations));
   return best;
 }
 
@@ -179,9 +138,8 @@ int main(int argc, char** argv) {
     for (auto [t, rate] : rates) peak = std::max(peak, rate);
   }
   long const iterations = smoke ? 1000 : 20'000'000;
-  double const fp32_peak = best_peak(__builtin_cpu_supports("avx512f"), fma_peak_fp32_avx512, iterations, runs);
-  double const bf16_peak = best_peak(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"),
-                                     dot_peak_bf16_avx512, iterations, runs);
+  bench::core_peaks const peaks = bench::measure_core_peaks(iterations, runs);
+  double const fp32_peak = peaks.fp32, bf16_peak = peaks.bf16;
   std::fprintf(stderr, "peak per core: fp32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s (0: no such instructions)\n",
                fp32_peak / 1e9, bf16_peak / 1e9);
   std::fprintf(

@@ -4,7 +4,8 @@
 # save_pretrained folder (672 M parameters, fp32; written once into DIR), greedy, 128-token prompts, 32 new tokens,
 # at batch 1 and 8 and 1 and 2 threads; then the ratios. bench_generate prints each configuration's share of the
 # memory-bandwidth roofline it measured in the same process. Then the same at batch 1 on a small model (dim 256, 4
-# layers; DIR-small), where per-token overhead rather than memory decides.
+# layers; DIR-small), where per-token overhead rather than memory decides; and shardwise alone at one thread over
+# batches 1 to 16 (decode tokens/s and roofline share as the batch grows).
 #   bench/run_generate.sh BUILD_DIR [DIR]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
@@ -30,6 +31,11 @@ run() {  # run KEY FOLDER THREADS BATCH
 for batch in 1 8; do
   for n in 1 2; do run "$n,$batch" "$dir" "$n" "$batch"; done
 done
+for batch in 2 4 16; do  # the batch sweep: shardwise alone, one thread
+  out=$("$build/bench/bench_generate" --folder "$dir" --tp 1 --batch "$batch")
+  grep -v '^RESULT' <<<"$out"
+  ours["1,$batch"]=$(grep '^RESULT' <<<"$out")
+done
 echo "# small model ($dir-small)"
 for n in 1 2; do run "small$n,1" "$dir-small" "$n" 1; done
 echo
@@ -47,4 +53,8 @@ for batch in 1 8; do
   for n in 1 2; do ratio "$n,$batch" "batch $batch, $n thread(s)"; done
 done
 for n in 1 2; do ratio "small$n,1" "small model, batch 1, $n thread(s)"; done
+for batch in 1 2 4 8 16; do  # RESULT name first rate share ...: tokens/s and roofline share as the batch grows
+  read -r _ _ _ rate share _ <<<"${ours[1,$batch]}"
+  echo "batch sweep, 1 thread: batch $batch decode $rate tokens/s, roofline share $share"
+done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

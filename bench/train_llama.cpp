@@ -11,7 +11,8 @@
 // Beside tokens/s, the machine's share: model FLOP/s (6 x tokens x the weights that multiply, plus the causal
 // attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, run right
 // after each of a second set of steps on the same threads (each its rank's shapes, all at once): the median of
-// the step-by-step ratios.
+// the step-by-step ratios; and the MFU: model FLOP/s over the fp32 FMA peak of the cores the ranks run on
+// (bench/core_peak.hpp, measured in the same run).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -23,8 +24,10 @@
 #include <shardwise/shardwise.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core_peak.hpp"
 #include "linear_gemms.hpp"
 #include "median.hpp"
 #include "proc_status.hpp"
@@ -303,19 +306,25 @@ int main(int argc, char** argv) {
     std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", conf.name, conf.ranks, held, ideal, r.peak_rss_mib,
                 r.rss_before_mib, (r.peak_rss_mib - r.rss_before_mib) / conf.ranks);
   }
-  // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads.
+  // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads, and against the cores'
+  // fp32 FMA peak (MFU: the ranks' cores, at most the machine's).
+  bench::core_peaks const peaks = bench::measure_core_peaks(smoke ? 1000 : 20'000'000);
+  unsigned const machine_cores = std::max(1u, std::thread::hardware_concurrency());
+  std::printf("\ncore peak: fp32 FMA %.1f GFLOP/s per core\n", peaks.fp32 / 1e9);
   std::printf(
       "\n| mesh | model GFLOP / step | model GFLOP/s (the timed steps) | the step's GEMMs alone, same threads, GFLOP/s "
       "(median of the pairs) | "
-      "model / GEMMs alone (median of step-by-step pairs) |\n|---|---|---|---|---|\n");
+      "model / GEMMs alone (median of step-by-step pairs) | MFU (model / the cores' fp32 peak) |\n"
+      "|---|---|---|---|---|---|\n");
   double const step_flops = model_flops(c, sequences);
   for (int chosen_k : chosen) {
     auto const& conf = configurations[std::size_t(chosen_k)];
     double const achieved =
         step_flops * results[std::size_t(chosen_k)].tokens_per_second / (double(sequences) * double(c.sequence));
     auto const& r = results[std::size_t(chosen_k)];
-    std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9,
-                r.gemm_ceiling / 1e9, r.share);
+    double const cores = std::min<double>(conf.ranks, machine_cores);
+    std::printf("| %s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9,
+                r.gemm_ceiling / 1e9, r.share, peaks.fp32 > 0 ? achieved / (cores * peaks.fp32) : 0.0);
   }
   std::printf("RESULT shardwise_tp1 %.1f\n", results[0].tokens_per_second);
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);

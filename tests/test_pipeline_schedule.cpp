@@ -70,6 +70,10 @@ static_assert(sw::checked_schedule<sw::OneFOneB, 4, 1>::result.ok());
 static_assert(sw::checked_schedule<sw::OneFOneB, 4, 3>::result.ok());
 static_assert(sw::checked_schedule<sw::OneFOneB, 4, 8>::result.ok());
 static_assert(sw::checked_schedule<sw::Interleaved1F1B<2>, 4, 8>::result.ok());
+static_assert(all_pass<sw::DualPipeV, 1>(one_to_eight{}) && all_pass<sw::DualPipeV, 2>(one_to_eight{}) &&
+              all_pass<sw::DualPipeV, 4>(one_to_eight{}));  // fewer than 2 p microbatches: refused by name
+static_assert(sw::checked_schedule<sw::DualPipeV, 4, 8>::result.ok());
+static_assert(sw::checked_schedule<sw::bounded<sw::DualPipeV, 2>, 4, 8>::result.ok());  // two messages a link
 static_assert(sw::checked_schedule<sw::Interleaved1F1B<3>, 2, 6>::result.ok());
 static_assert(sw::checked_schedule<sw::OneFOneB, 4, 8>::shape.stages == 4 &&
               sw::checked_schedule<sw::Interleaved1F1B<2>, 4, 8>::shape.chunks_per_rank == 2);
@@ -250,6 +254,46 @@ TEST_CASE("ZBV: the V placement, and PyTorch's order transcribed (microbatch.chu
   CHECK(sw::simulate_schedule(sw::bounded<sw::ZeroBubbleV, 1>{}, 2, 4).rule == schedule_rule::deadlock_at_bound);
 }
 
+namespace {
+/// F, B (input gradient), W and BW (a whole backward) with microbatch.chunk, as PyTorch's action names go.
+std::string dual_order(sw::pipeline_actions const& actions) {
+  std::string order;
+  for (auto const& action : actions) {
+    if (!sw::computes(action.kind)) continue;
+    if (!order.empty()) order += ' ';
+    order += action.kind == action_kind::forward           ? "F"
+             : action.kind == action_kind::backward_input  ? "B"
+             : action.kind == action_kind::backward_weight ? "W"
+                                                           : "BW";
+    order += std::to_string(action.microbatch) + "." + std::to_string(action.chunk);
+  }
+  return order;
+}
+}  // namespace
+
+TEST_CASE("DualPipeV: PyTorch's order transcribed, deadlock-free with two messages a link, 2 p + 1 in flight") {
+  // PyTorch 2.15's ScheduleDualPipeV._calculate_single_rank_operations, p = 2, each overlapped F and BW pair written
+  // as its two actions, written out by hand.
+  CHECK(dual_order(sw::DualPipeV::actions(0, 2, 4)) ==
+        "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 F3.0 BW1.1 F2.1 BW0.0 BW2.1 F3.1 BW1.0 BW3.1 B2.0 W2.0 B3.0 W3.0");
+  CHECK(dual_order(sw::DualPipeV::actions(1, 2, 4)) ==
+        "F0.0 F0.1 F1.0 F1.1 F2.0 BW0.1 F2.1 BW0.0 F3.0 BW1.1 F3.1 BW1.0 BW2.1 BW2.0 B3.1 B3.0 W3.1 W3.0");
+  CHECK(dual_order(sw::DualPipeV::actions(0, 2, 5)) ==
+        "F0.0 F1.0 F2.0 F0.1 B0.1 W0.1 F1.1 F3.0 BW1.1 F2.1 BW0.0 F4.0 BW2.1 F3.1 BW1.0 BW3.1 F4.1 BW2.0 BW4.1 B3.0 "
+        "W3.0 B4.0 W4.0");
+  CHECK_FALSE(sw::DualPipeV::supports(4, 7));
+  CHECK(sw::simulate_schedule(sw::DualPipeV{}, 4, 7).rule == schedule_rule::counts_not_supported);
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int microbatches = 2 * stages; microbatches <= 20; ++microbatches) {
+      CAPTURE(stages);
+      CAPTURE(microbatches);
+      CHECK(sw::simulate_schedule(sw::DualPipeV{}, stages, microbatches).ok());
+      CHECK(sw::simulate_schedule(sw::bounded<sw::DualPipeV, 2>{}, stages, microbatches).ok());
+      for (int rank = 0; rank < stages; ++rank)  // DeepSeek's table: PP + 1 half-size chunks' activations
+        CHECK(sw::peak_in_flight(sw::DualPipeV::actions(rank, stages, microbatches)) <= 2 * stages + 1);
+    }
+}
+
 TEST_CASE("the timeline of a table: 1F1B's (p-1)/(m+p-1), and ZB-H1 and ZBV at their lower bounds") {
   for (int p : {1, 2, 3, 4, 8})
     for (int m = 1; m <= 16; ++m) {
@@ -271,6 +315,13 @@ TEST_CASE("the timeline of a table: 1F1B's (p-1)/(m+p-1), and ZB-H1 and ZBV at t
       auto const v = sw::schedule_timeline(sw::ZeroBubbleV{}, p, m, {0.5, 0.5, 0.5, 0});
       if (m >= 2 * p) CHECK(v.makespan == 3.0 * m + 0.5 * (p - 1));
       CHECK(v.makespan <= h1.makespan);
+      // DualPipeV, its pairs run one after the other: a bubble of (p - 1)(F + B - W) in chunk times, ZBV's, which is
+      // DeepSeek's (p - 1)(F&B + B - 3W) with F&B = F + B + W when B = W; and with B and W apart.
+      if (m >= 2 * p) {
+        CHECK(sw::schedule_timeline(sw::DualPipeV{}, p, m, {0.5, 0.5, 0.5, 0}).makespan == 3.0 * m + 0.5 * (p - 1));
+        double const apart = sw::schedule_timeline(sw::DualPipeV{}, p, m, {0.5, 0.6, 0.3, 0}).makespan;
+        CHECK(std::abs(apart - (2.8 * m + 0.8 * (p - 1))) < (p < 8 ? 1e-9 : 0.21));  // p 8, m 16: 0.2 more
+      }
     }
   // A message's time on the link delays every receive on another rank: 1F1B at p = 2, m = 1 waits for it twice.
   CHECK(sw::schedule_timeline(sw::OneFOneB{}, 2, 1, {1, 1, 1, 0.25}).makespan == 6.5);

@@ -306,7 +306,8 @@ void check_recompute_bitwise(World const& world, Setup s, int steps) {
 }
 
 /// Every setup that fits `world`: pp over all ranks with GPipe and 1F1B at microbatches fewer than, equal to
-/// and more than the stages, and ZB-H1 (tied too, and under tp 2 with SP); interleaved 1F1B at pp 2, v 2; pp 2 x tp 2
+/// and more than the stages, and ZB-H1 (tied too, and under tp 2 with SP); ZBV and DualPipeV (two chunks a rank in
+/// the V); interleaved 1F1B at pp 2, v 2; pp 2 x tp 2
 /// with sequence parallelism; dp 2 x pp 2 with ZeRO-1; dp 2 x pp 2 x tp 2.
 template <class World>
 void check_all(World const& world, int steps) {
@@ -329,6 +330,14 @@ void check_all(World const& world, int steps) {
                               .tolerance = n == 4 ? 1e-3 : llama_cases::parameter_tolerance},
                              sw::ZeroBubbleV{}, steps);
     }
+    for (int m : {2 * n, 2 * n + 1})  // DualPipeV: ZBV's V placement, at least 2 n microbatches; tolerance as ZBV's
+      check<sw::serial_plan>(world,
+                             {.pp = n,
+                              .microbatches = m,
+                              .chunks = 2,
+                              .layers = std::size_t(2 * n),
+                              .tolerance = n == 4 ? 1e-3 : llama_cases::parameter_tolerance},
+                             sw::DualPipeV{}, steps);
     check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);
   }
   if (n == 2) {  // tied embeddings: the first stage's embedding and the last stage's output stay one value

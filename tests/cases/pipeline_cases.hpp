@@ -108,7 +108,8 @@ void check_against_unsharded(Mesh const& pp, Schedule const& schedule, int per_s
 }
 
 /// GPipe, 1F1B and ZB-H1 with 1 .. 2 * stages + 1 microbatches, ZBV (V placement) with 1, 2p - 1 and 2p + 2 (fewer than
-/// the stages too), interleaved 1F1B (two chunks per rank) with multiples of the stages.
+/// the stages too), DualPipeV (V placement) with 2p and 2p + 3, interleaved 1F1B (two chunks per rank) with multiples
+/// of the stages.
 template <class Mesh>
 void check_all(Mesh const& pp) {
   int const ranks = pp.size();
@@ -121,6 +122,8 @@ void check_all(Mesh const& pp) {
     check_against_unsharded(pp, sw::Interleaved1F1B<2>{}, 1, microbatches);
   for (int microbatches : {1, 2 * ranks - 1, 2 * ranks + 2})  // fewer than 2 p - 1 (padding dropped), and more
     check_against_unsharded(pp, sw::ZeroBubbleV{}, 1, microbatches);
+  for (int microbatches : {2 * ranks, 2 * ranks + 3})  // DualPipeV: at least 2 p
+    check_against_unsharded(pp, sw::DualPipeV{}, 1, microbatches);
   // 32768 tokens x 6 doubles: 1.5 MiB per message, past every eager limit, so that a blocking MPI send would
   // wait for its receive and 1F1B's neighbours, sending to each other, would hang without buffered sends.
   check_against_unsharded(pp, sw::OneFOneB{}, 1, 2 * ranks, 1 << 15);

@@ -1,9 +1,11 @@
 #pragma once
-// Pipeline schedules as types: GPipe, 1F1B, interleaved 1F1B and ZB-H1, each a constexpr function from (rank, stages,
-// microbatches) to that rank's action table, and the concept a schedule of your own satisfies. Each table is
-// proven deadlock-free by check.hpp, at compile time when the counts are static.
+// Pipeline schedules as types: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV and DualPipeV, each a constexpr function from
+// (rank, stages, microbatches) to that rank's action table, and the concept a schedule of your own satisfies. Each
+// table is proven deadlock-free by check.hpp, at compile time when the counts are static.
 #include <algorithm>
 #include <concepts>
+#include <utility>
+#include <vector>
 
 #include "shardwise/pipeline/action.hpp"
 
@@ -244,6 +246,68 @@ struct ZeroBubbleV {
     }
     constexpr void weight(int m, int chunk) {
       if (m < microbatches) writer.backward_weight(m, chunk);
+    }
+  };
+};
+
+/// DualPipeV (DeepSeek-V3's DualPipe cut in half; PyTorch's ScheduleDualPipeV, torchtitan's DualPipeV): ZBV's V
+/// placement, with PyTorch's order. Warm-up forwards of chunk 0, then of both chunks; then pairs of one chunk's
+/// forward and the other's whole backward (DualPipe overlaps each pair's computation with its communication; here
+/// they run one after the other), and a cool-down whose last backwards split into B and W to fill the bubble. Needs
+/// at least 2 * stages microbatches; every rank holds at most about 2 * stages + 1 half-size chunk-microbatches.
+struct DualPipeV {
+  /// Two model chunks per rank.
+  static constexpr int chunks_per_rank = 2;
+  /// Chunk 0 of rank r is stage r, chunk 1 stage 2 * stages - 1 - r.
+  static constexpr stage_placement placement = stage_placement::v;
+
+  /// At least as many microbatches as model stages (2 * stages), as PyTorch requires.
+  static constexpr bool supports(int stages, int microbatches) { return stages >= 1 && microbatches >= 2 * stages; }
+
+  /// Rank `rank`'s table: PyTorch's eight steps.
+  static constexpr pipeline_actions actions(int rank, int stages, int microbatches) {
+    table t{action_writer(shape_of<DualPipeV>(stages, microbatches), rank)};
+    int const later = stages - rank - 1;  // ranks after this one
+    for (int i = 0; i < 2 * later; ++i) t.forward(0);
+    for (int i = 0; i < rank + 1; ++i) t.forward(0), t.forward(1);
+    for (int i = 0; i < later; ++i) t.input(1), t.weight(), t.forward(1);
+    for (int i = 0; i < microbatches - 2 * stages + rank + 1; ++i) {
+      t.forward(0), t.backward(1);  // on the last rank, PyTorch's first pair is not overlapped: the same order here
+      t.forward(1), t.backward(0);
+    }
+    for (int i = 0; i < later; ++i) t.backward(1), t.forward(1), t.backward(0);
+    bool split = false;  // the second half of these backwards split into B and W
+    for (int i = 0; i < rank + 1; ++i) {
+      if (i == (rank + 1) / 2 && rank % 2 == 1) split = true;
+      split ? t.input(1) : t.backward(1);
+      if (i == (rank + 1) / 2 && rank % 2 == 0) split = true;
+      split ? t.input(0) : t.backward(0);
+    }
+    for (int i = 0; i < later; ++i) {
+      t.weight();
+      split ? t.input(0) : t.backward(0);
+    }
+    for (int i = 0; i < rank + 1; ++i) t.weight();
+    return std::move(t.writer).take();
+  }
+
+ private:
+  // The writer, counting each chunk's microbatches, with the Ws waiting for their turn (oldest B first).
+  struct table {
+    action_writer writer;
+    int forwards[2] = {0, 0};
+    int backwards[2] = {0, 0};
+    std::vector<std::pair<int, int>> waiting{};  // (microbatch, chunk) of each B whose W has not run
+    constexpr void forward(int chunk) { writer.forward(forwards[chunk]++, chunk); }
+    constexpr void backward(int chunk) { writer.backward(backwards[chunk]++, chunk); }
+    constexpr void input(int chunk) {
+      waiting.emplace_back(backwards[chunk], chunk);
+      writer.backward_input(backwards[chunk]++, chunk);
+    }
+    constexpr void weight() {
+      if (waiting.empty()) return;
+      writer.backward_weight(waiting.front().first, waiting.front().second);
+      waiting.erase(waiting.begin());
     }
   };
 };
