@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "mfu.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -97,9 +98,14 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       sw::barrier(cp);
     }
-    if (world.rank() == 0)
-      std::printf("RESULT cp %d step (forward and backward, slowest rank): %.2f s, %.0f tokens/s\n", world.size(),
-                  slowest, double(sequence) / slowest);
+    if (world.rank() == 0) {
+      auto whole = c;
+      whole.sequence = sequence;  // the step's one sequence: 6 per token and weight, its causal attention
+      double const mfu = bench::mfu(bench::llama_training_flops(whole, 1), slowest, world.size(),
+                                    smoke ? 0.0 : bench::measure_core_peaks().fp32);
+      std::printf("RESULT cp %d step (forward and backward, slowest rank): %.2f s, %.0f tokens/s; MFU %.2f\n",
+                  world.size(), slowest, double(sequence) / slowest, mfu);
+    }
   });
   (void)smoke;
   return 0;

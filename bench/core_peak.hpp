@@ -49,12 +49,13 @@ inline double best_peak(bool supported, double (*loop)(long), long iterations, i
   return best;
 }
 
-/// The core's peaks, FLOP/s (0 where the CPU lacks the instructions); about 0.2 s each at the default iterations.
+/// The core's peaks, FLOP/s (0 where the CPU lacks the instructions): the best of `runs` loops of about 0.05 s
+/// each, so that a neighbour busy on a shared host for a moment does not set the figure (it did with 3).
 struct core_peaks {
   double fp32 = 0;
   double bf16 = 0;
 };
-inline core_peaks measure_core_peaks(long iterations = 20'000'000, int runs = 3) {
+inline core_peaks measure_core_peaks(long iterations = 20'000'000, int runs = 10) {
   core_peaks p;
   p.fp32 = best_peak(__builtin_cpu_supports("avx512f"), fma_peak_fp32_avx512, iterations, runs);
   p.bf16 = best_peak(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"), dot_peak_bf16_avx512,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "median.hpp"
+#include "mfu.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -152,9 +153,11 @@ void run(options const& o) {
     if (world.rank() != 0) return;
     double const tokens = double(o.sequences) * double(model.config().sequence);
     char const* mode = o.lora ? "lora" : "full";
-    std::printf("| shardwise %s tp %d | %.0f | %.2f | %.2f | %.2f | %.1f | %.0f | %.0f |\n", mode, o.tp,
+    double const mfu = bench::mfu(bench::llama_training_flops(model.config(), o.sequences), bench::median(times), o.tp,
+                                  bench::measure_core_peaks().fp32);  // 6 per weight, frozen ones too
+    std::printf("| shardwise %s tp %d | %.0f | %.2f | %.2f | %.2f | %.1f | %.0f | %.0f | %.2f |\n", mode, o.tp,
                 tokens / bench::median(times), load_seconds, save_seconds, reload_seconds,
-                double(state) * 4 / (1 << 20), (peak - rss_before) / o.tp, tokens / floor);
+                double(state) * 4 / (1 << 20), (peak - rss_before) / o.tp, tokens / floor, mfu);
     std::printf("RESULT shardwise_%s_tp%d %.1f %.1f %.1f\n", mode, o.tp, tokens / bench::median(times),
                 (peak - rss_before) / o.tp, tokens / floor);
   });

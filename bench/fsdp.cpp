@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "median.hpp"
+#include "mfu.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -209,8 +210,8 @@ void speed(models::LlamaConfig const& c, int steps, int rounds, bool small, std:
       "%d rounds\n",
       c.dim, c.layers, c.vocabulary, batch_sequences, c.sequence, rounds);
   std::printf(
-      "| setup | step (ms) | tokens/s | vs dp 2 without FSDP | planned (ms) | measured / planned |\n"
-      "|---|---|---|---|---|---|\n");
+      "| setup | step (ms) | tokens/s | vs dp 2 without FSDP | planned (ms) | measured / planned | MFU |\n"
+      "|---|---|---|---|---|---|---|\n");
   constexpr mode modes[] = {mode::one_rank,   mode::data_parallel,   mode::no_shard,           mode::shard_grad_op,
                             mode::full_shard, mode::full_shard_bf16, mode::full_shard_prefetch};
   std::vector<std::vector<double>> times(std::size(modes));
@@ -221,6 +222,7 @@ void speed(models::LlamaConfig const& c, int steps, int rounds, bool small, std:
     for (std::size_t i = 0; i < std::size(modes); ++i)
       if (chosen(modes[i])) times[i].push_back(time_mode(c, modes[i], steps));
   double const tokens = double(batch_sequences) * double(c.sequence);
+  double const core_peak = bench::measure_core_peaks().fp32, flops = bench::llama_training_flops(c, batch_sequences);
   double plain = 0, full_step = 0;
   for (std::size_t i = 0; i < std::size(modes); ++i) {
     mode const m = modes[i];
@@ -229,10 +231,11 @@ void speed(models::LlamaConfig const& c, int steps, int rounds, bool small, std:
     if (m == mode::data_parallel) plain = seconds;
     if (m == mode::full_shard) full_step = seconds;
     double const predicted = planned_seconds(c, m);
-    std::printf("| %s | %.1f | %.0f | %s | %s | %s |\n", name_of(m), seconds * 1e3, tokens / seconds,
+    std::printf("| %s | %.1f | %.0f | %s | %s | %s | %.2f |\n", name_of(m), seconds * 1e3, tokens / seconds,
                 m == mode::one_rank || plain == 0 ? "" : std::to_string(plain / seconds).substr(0, 4).c_str(),
                 predicted > 0 ? std::to_string(predicted * 1e3).substr(0, 6).c_str() : "",
-                predicted > 0 ? std::to_string(seconds / predicted).substr(0, 5).c_str() : "");
+                predicted > 0 ? std::to_string(seconds / predicted).substr(0, 5).c_str() : "",
+                bench::mfu(flops, seconds, m == mode::one_rank ? 1 : 2, core_peak));
     std::printf("RESULT %s %d %.1f\n", small ? "small" : "large", static_cast<int>(m), tokens / seconds);
   }
   if (full_step == 0) return;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "median.hpp"
+#include "mfu.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -109,9 +110,11 @@ void train(options const& o) {
     std::string const run = std::string(o.dense ? "dense" : "experts ") + (o.dense ? ""
                                                                            : o.ep  ? "placed"
                                                                                    : "on every rank");
-    std::printf("| shardwise %s, %d ranks | %.0f | %.2f | %.2f | %.2f | %.0f |\n", run.c_str(), o.ranks,
+    double const mfu = bench::mfu(bench::llama_training_flops(c, o.sequences), bench::median(times), o.ranks,
+                                  bench::measure_core_peaks().fp32);
+    std::printf("| shardwise %s, %d ranks | %.0f | %.2f | %.2f | %.2f | %.0f | %.2f |\n", run.c_str(), o.ranks,
                 tokens / bench::median(times), load_seconds, save_seconds, reload_seconds,
-                (peak - rss_before) / o.ranks);
+                (peak - rss_before) / o.ranks, mfu);
     std::printf("RESULT shardwise_%s_%d %.1f %.1f\n",
                 o.dense ? "dense"
                 : o.ep  ? "ep"

@@ -4,8 +4,9 @@
 //    without the optimizer) a rank spends outside its stage's forward, backward (B), weight gradients (W) and
 //    loss, averaged over the ranks — beside the theoretical: the bubble of the schedule's own tables timed at
 //    the measured F, B and W (sw::schedule_timeline: (p - 1) / (m + p - 1) for 1F1B with equal stages); ZBV
-//    (two chunks per rank, the V) where the layers divide into 2p stages;
-//  - tokens/s of pp 2 (1F1B and ZB-H1, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one rank, on
+//    (two chunks per rank, the V) where the layers divide into 2p stages, and DualPipeV (the same V) where m >= 2p;
+//  - tokens/s of pp 2 (1F1B, ZB-H1, ZBV and DualPipeV, m = 8), tp 2 (sequence parallel) and dp 2 (ZeRO-1) against one
+//  rank, on
 //    the same model and batch (the thread mesh);
 //  - with `memory`, under mpiexec (one process per stage): each stage's peak resident set during one step,
 //    above what it held before the step, for GPipe, 1F1B, and 1F1B with activation checkpointing per stage
@@ -14,8 +15,8 @@
 //    against the planner's figure beyond the shards (the root unit, one block and their gradients gathered whole,
 //    the activations and a backward's transients).
 //
-//    Beside each, the step time `shardwise plan` predicts for that layout (shardwise::planner, fp32, this
-//    machine's measured values, or --machine FILE) and measured / predicted;
+//    Beside each, its MFU (bench/mfu.hpp), and the step time `shardwise plan` predicts for that layout
+//    (shardwise::planner, fp32, this machine's measured values, or --machine FILE) and measured / predicted;
 //
 //   bench_pipeline [--steps 3] [--rounds 3] [--small] [--smoke] [--compare-only] [--machine FILE]
 //   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute|1f1b-blocks [--small]
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "median.hpp"
+#include "mfu.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -244,6 +246,10 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
       if (c.layers % (2 * static_cast<std::size_t>(stages)) != 0) continue;  // ZBV: 2 x stages chunks
       auto const v = pipeline_timing<sw::ZeroBubbleV>(c, stages, m, steps);
       row(stages, "zbv", m, v, theory<sw::ZeroBubbleV>(v, stages, m));
+      if (!sw::DualPipeV::supports(stages, m)) continue;  // DualPipeV: at least 2 x stages microbatches
+      auto const dual = pipeline_timing<sw::DualPipeV>(c, stages, m, steps);
+      // Its whole backwards count as B in its own timing: its table timed at ZBV's F, B and W (the same chunks).
+      row(stages, "dualv", m, dual, theory<sw::DualPipeV>(v, stages, m));
     }
   }
 }
@@ -252,28 +258,31 @@ void time_schedules(models::LlamaConfig const& c, int steps, bool smoke) {
 /// not on one); each layout's median over the rounds.
 void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   double const tokens = double(batch_sequences) * double(c.sequence);
-  std::vector<double> ones, pp2s, zbs, zbvs, tp2s, dp2s;
+  std::vector<double> ones, pp2s, zbs, zbvs, duals, tp2s, dp2s;
   for (int r = 0; r < rounds; ++r) {
     ones.push_back(model_step_seconds<sw::serial_plan>(c, 1, 1, steps));
     pp2s.push_back(pipeline_timing<sw::OneFOneB>(c, 2, batch_sequences, steps).step_seconds);
     zbs.push_back(pipeline_timing<sw::ZeroBubbleH1>(c, 2, batch_sequences, steps).step_seconds);
     zbvs.push_back(pipeline_timing<sw::ZeroBubbleV>(c, 2, batch_sequences, steps).step_seconds);
+    duals.push_back(pipeline_timing<sw::DualPipeV>(c, 2, batch_sequences, steps).step_seconds);
     tp2s.push_back(model_step_seconds<models::llama_plan<true>>(c, 1, 2, steps));
     dp2s.push_back(model_step_seconds<sw::serial_plan>(c, 2, 1, steps));
   }
   double const one = bench::median(ones), pp2 = bench::median(pp2s), zb = bench::median(zbs), zbv = bench::median(zbvs),
-               tp2 = bench::median(tp2s), dp2 = bench::median(dp2s);
+               dual = bench::median(duals), tp2 = bench::median(tp2s), dp2 = bench::median(dp2s);
   std::printf("\n# each layout's median step over %d rounds\n", rounds);
   namespace planner = sw::planner;
   planner::training_shape const shape{batch_sequences, c.sequence, planner::fp32};
   auto const planned = [&](planner::layout l) {
     return planner::estimate_layout(c, shape, l, predicted_machine).step_seconds;
   };
-  std::printf("\n%-28s %12s %12s %14s %14s %12s\n", "same model and batch", "tokens/s", "vs 1 rank", "step (s)",
-              "planned (s)", "measured/planned");
+  double const core_peak = bench::measure_core_peaks().fp32, flops = bench::llama_training_flops(c, batch_sequences);
+  std::printf("\n%-28s %12s %12s %14s %14s %12s %8s\n", "same model and batch", "tokens/s", "vs 1 rank", "step (s)",
+              "planned (s)", "measured/planned", "MFU");
   auto const row = [&](char const* name, double seconds, double predicted) {
-    std::printf("%-28s %12.0f %12.2f %14.4f %14.4f %12.3f\n", name, tokens / seconds, one / seconds, seconds, predicted,
-                seconds / predicted);
+    int const ranks = std::strcmp(name, "one_rank") == 0 ? 1 : 2;
+    std::printf("%-28s %12.0f %12.2f %14.4f %14.4f %12.3f %8.2f\n", name, tokens / seconds, one / seconds, seconds,
+                predicted, seconds / predicted, bench::mfu(flops, seconds, ranks, core_peak));
     std::printf("RESULT %s %.1f\n", name, tokens / seconds);
   };
   auto const zero1 = planner::state_sharding::zero1;
@@ -281,6 +290,7 @@ void compare_parallelisms(models::LlamaConfig const& c, int steps, int rounds) {
   row("pp2_1f1b_m8", pp2, planned({1, 2, 1, batch_sequences}));
   row("pp2_zbh1_m8", zb, planned({1, 2, 1, batch_sequences}));  // the planner knows 1F1B's bubble only
   row("pp2_zbv_m8", zbv, planned({1, 2, 1, batch_sequences}));
+  row("pp2_dualpipev_m8", dual, planned({1, 2, 1, batch_sequences}));
   row("tp2_sequence_parallel", tp2, planned({1, 1, 2, batch_sequences}));
   row("dp2_zero1", dp2, planned({2, 1, 1, batch_sequences / 2, zero1}));
 }

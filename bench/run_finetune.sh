@@ -25,8 +25,8 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 [ -f "$folder/config.json" ] || "$python" "$here/torch_finetune.py" --write-folder "$folder"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $steps steps after one of warm-up"
-echo "| run | tokens/s | load s | save s | reload s | optimizer state MiB | peak RSS MiB per rank | its products alone, tokens/s |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| run | tokens/s | load s | save s | reload s | optimizer state MiB | peak RSS MiB per rank | its products alone, tokens/s | MFU |"
+echo "|---|---|---|---|---|---|---|---|---|"
 results=""
 for run in "lora 1" "full 1" "lora 2"; do
   set -- $run

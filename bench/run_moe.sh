@@ -29,8 +29,8 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 bench="$build/bench/bench_moe"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $steps steps after one of warm-up"
-echo "| run | tokens/s | load s | save s | reload s | peak RSS MiB per rank |"
-echo "|---|---|---|---|---|---|"
+echo "| run | tokens/s | load s | save s | reload s | peak RSS MiB per rank | MFU |"
+echo "|---|---|---|---|---|---|---|"
 results=""
 keep() { echo "$1" | grep -v '^RESULT'; results+="$1"$'\n'; }
 keep "$("$bench" --folder "$folders/moe" --ep --ranks 2 --steps "$steps" --out /tmp/shardwise-moe-bench-ep)"

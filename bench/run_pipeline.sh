@@ -2,7 +2,7 @@
 # One run, side by side: bench_pipeline's step times, bubbles and tokens/s (thread mesh), each stage's peak
 # activation memory for GPipe, 1F1B and 1F1B with activation checkpointing per stage and per block (mpiexec -n 2
 # and -n 4: one process per stage), then PyTorch's torch.distributed.pipelining Schedule1F1B and
-# ScheduleInterleavedZeroBubble (ZB-H1) and ScheduleZBVZeroBubble at pp 2 on the same model and batch
+# ScheduleInterleavedZeroBubble (ZB-H1), ScheduleZBVZeroBubble and ScheduleDualPipeV at pp 2 on the same model and batch
 # (torch_pipeline.py: transformers' LlamaForCausalLM split into two stages, gloo), and the ratio.
 #   bench/run_pipeline.sh BUILD_DIR [--small]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
@@ -28,7 +28,7 @@ for n in 2 4; do
   done
 done
 echo
-for schedule in 1f1b zbh1 zbv; do
+for schedule in 1f1b zbh1 zbv dualpipev; do
   theirs=$("$python" "$here/torch_pipeline.py" --schedule "$schedule" "${size[@]}")
   echo "$theirs" | grep -v '^RESULT'
   a=$(echo "$ours" | awk -v s="$schedule" '$2 == "pp2_" s "_m8" {print $3}')

@@ -7,7 +7,7 @@ rank r holding stages r and 3 - r) with 8 microbatches of one 128-token sequence
 torch.optim.AdamW with global-norm clipping over both stages. Prints the median step time after warm-up and a
 RESULT line (tokens/s) for run_pipeline.sh. Attention is transformers' "eager" one, as in torch_train_llama.py.
 
-usage: torch_pipeline.py [--steps 3] [--warmup 1] [--small] [--schedule 1f1b|zbh1|zbv]
+usage: torch_pipeline.py [--steps 3] [--warmup 1] [--small] [--schedule 1f1b|zbh1|zbv|dualpipev]
 """
 import argparse
 import os
@@ -27,6 +27,7 @@ from torch.distributed.pipelining import (  # noqa: E402
     PipelineStage,
     Schedule1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleDualPipeV,
     ScheduleZBVZeroBubble,
 )
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -76,7 +77,7 @@ def run(rank, world, port, args, queue):
                          rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
                          attn_implementation="eager", use_cache=False)
     model = LlamaForCausalLM(config).float()
-    if args.schedule == "zbv":  # two stages per rank in the V: rank r holds stages r and 2 world - 1 - r
+    if args.schedule in ("zbv", "dualpipev"):  # two stages per rank in the V: rank r holds stages r and 2 world - 1 - r
         indices = (rank, 2 * world - 1 - rank)
         per_stage = s["layers"] // (2 * world)
         modules = [Stage(model, i * per_stage, (i + 1) * per_stage, s["sequence"]) for i in indices]
@@ -95,6 +96,8 @@ def run(rank, world, port, args, queue):
 
     if args.schedule == "zbv":
         schedule = ScheduleZBVZeroBubble(stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    elif args.schedule == "dualpipev":
+        schedule = ScheduleDualPipeV(stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     elif args.schedule == "zbh1":
         schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     else:
@@ -108,7 +111,7 @@ def run(rank, world, port, args, queue):
         dist.barrier()
         start = time.perf_counter()
         step_losses = []
-        inputs = (ids,) if holds_first else ()  # under ZBV rank 0 holds the first stage and the last
+        inputs = (ids,) if holds_first else ()  # under ZBV and DualPipeV rank 0 holds the first stage and the last
         schedule.step(*inputs, **(dict(target=targets, losses=step_losses) if holds_last else {}))
         # Global-norm clipping over both stages (torchtitan's way): the squares summed across the pipeline.
         grads = [p.grad for p in stage_module.parameters() if p.grad is not None]
@@ -143,7 +146,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--schedule", choices=("1f1b", "zbh1", "zbv"), default="1f1b")
+    parser.add_argument("--schedule", choices=("1f1b", "zbh1", "zbv", "dualpipev"), default="1f1b")
     args = parser.parse_args()
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(run, args=(2, free_port(), args, queue), nprocs=2, join=True)
@@ -152,7 +155,8 @@ def main():
     median = max(r["median"] for r in reports)
     tokens_per_second = s["sequences"] * s["sequence"] / median
     losses = next(r["losses"] for r in reports if r["losses"])
-    name = {"1f1b": "Schedule1F1B", "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}[args.schedule]
+    name = {"1f1b": "Schedule1F1B", "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+            "dualpipev": "ScheduleDualPipeV"}[args.schedule]
     print(f"# PyTorch {torch.__version__.split('+')[0]} pipelining: {name}, pp 2, {MICROBATCHES} microbatches, "
           f"gloo, 2 processes x 1 thread; median of {args.steps} steps after {args.warmup} warm-up: "
           f"{median * 1e3:.0f} ms, {tokens_per_second:.0f} tokens/s; loss {losses[0]:.4f} -> {losses[-1]:.4f}")

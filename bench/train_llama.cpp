@@ -27,27 +27,15 @@
 #include <thread>
 #include <vector>
 
-#include "core_peak.hpp"
 #include "linear_gemms.hpp"
 #include "median.hpp"
+#include "mfu.hpp"
 #include "proc_status.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
 namespace sw = shardwise;
 namespace models = shardwise::models;
-
-/// The FLOPs a training step needs: forward and backward of every weight that multiplies (the embedding is a
-/// lookup) and of causal attention's two products per head (s(s+1)/2 visible pairs; the backward's four).
-double model_flops(models::LlamaConfig const& c, int sequences) {
-  double const tokens = double(sequences) * double(c.sequence), hd = double(c.head_dim());
-  double const q = double(c.heads) * hd, kv = double(c.kv_heads) * hd;
-  double const attention = double(c.dim) * (2 * q + 2 * kv);  // wq, wk, wv, wo
-  double const weights =
-      double(c.layers) * (attention + 3 * double(c.dim) * double(c.hidden)) + double(c.dim) * double(c.vocabulary);
-  double const pairs = double(c.sequence) * double(c.sequence + 1) / 2;
-  return 6 * tokens * weights + 12 * hd * pairs * double(c.heads) * double(c.layers) * double(sequences);
-}
 
 /// One step's GEMMs alone, forward and backward, with one rank's shapes at TP `tp` and its dp group's tokens (all
 /// of them: sequence parallelism gathers them before each column-parallel GEMM). One layer's matrices serve every
@@ -149,7 +137,7 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
       double const step_seconds = timed(step), gemm_seconds = timed([&] { gemms.run(); });
       double const ceiling = gemms.flops() * ranks / gemm_seconds;
       ceilings.push_back(ceiling);
-      shares.push_back(model_flops(c, sequences) / step_seconds / ceiling);
+      shares.push_back(bench::llama_training_flops(c, sequences) / step_seconds / ceiling);
     }
     if (world.rank() == 0) {
       result.tokens_per_second = double(sequences) * double(c.sequence) / bench::median(times);
@@ -309,22 +297,20 @@ int main(int argc, char** argv) {
   // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads, and against the cores'
   // fp32 FMA peak (MFU: the ranks' cores, at most the machine's).
   bench::core_peaks const peaks = bench::measure_core_peaks(smoke ? 1000 : 20'000'000);
-  unsigned const machine_cores = std::max(1u, std::thread::hardware_concurrency());
   std::printf("\ncore peak: fp32 FMA %.1f GFLOP/s per core\n", peaks.fp32 / 1e9);
   std::printf(
       "\n| mesh | model GFLOP / step | model GFLOP/s (the timed steps) | the step's GEMMs alone, same threads, GFLOP/s "
       "(median of the pairs) | "
       "model / GEMMs alone (median of step-by-step pairs) | MFU (model / the cores' fp32 peak) |\n"
       "|---|---|---|---|---|---|\n");
-  double const step_flops = model_flops(c, sequences);
+  double const step_flops = bench::llama_training_flops(c, sequences);
   for (int chosen_k : chosen) {
     auto const& conf = configurations[std::size_t(chosen_k)];
     double const achieved =
         step_flops * results[std::size_t(chosen_k)].tokens_per_second / (double(sequences) * double(c.sequence));
     auto const& r = results[std::size_t(chosen_k)];
-    double const cores = std::min<double>(conf.ranks, machine_cores);
     std::printf("| %s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9,
-                r.gemm_ceiling / 1e9, r.share, peaks.fp32 > 0 ? achieved / (cores * peaks.fp32) : 0.0);
+                r.gemm_ceiling / 1e9, r.share, bench::mfu(achieved, 1.0, conf.ranks, peaks.fp32));
   }
   std::printf("RESULT shardwise_tp1 %.1f\n", results[0].tokens_per_second);
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);

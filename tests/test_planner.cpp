@@ -3,15 +3,19 @@
 // figures, the search over layouts, and the errors for bad input.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <shardwise/models/llama_config_json.hpp>
+#include <shardwise/planner/calibrate.hpp>
 #include <shardwise/planner/llama.hpp>
 #include <shardwise/planner/machine_file.hpp>
 #include <shardwise/planner/models.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace sw = shardwise;
 namespace planner = shardwise::planner;
@@ -533,4 +537,49 @@ TEST_CASE("planner: ZB-H1 and ZBV take 1F1B's step times their tables' timeline,
   auto const found = planner::search(c, shape, 32, std::size_t(80) << 30, m, only);
   REQUIRE_FALSE(found.fitting.empty());
   for (auto const& e : found.fitting) CHECK(e.plan.schedule == planner::pipeline_choice::zero_bubble_h1);
+}
+
+TEST_CASE("planner calibration: a curve fitted exactly, a machine measured, written whole and read back") {
+  // rate = 100 t / (t + 20) at three token counts: the fit gives back the peak and the half-rate tokens.
+  std::vector<std::pair<double, double>> curve;
+  for (double t : {10.0, 40.0, 160.0}) curve.emplace_back(t, 100 * t / (t + 20));
+  auto const [peak, half] = planner::fit_gemm_curve(curve);
+  CHECK(peak == doctest::Approx(100).epsilon(1e-12));
+  CHECK(half == doctest::Approx(20).epsilon(1e-12));
+  // A rate that does not fall with fewer tokens: the best rate, flat.
+  auto const flat = planner::fit_gemm_curve({{10.0, 90.0}, {40.0, 80.0}});
+  CHECK(flat.first == 90.0);
+  CHECK(flat.second == 0.0);
+
+  // Measured briefly here: every rate within the machine file's ranges, and the JSON read back as it was.
+  auto const folder = std::filesystem::temp_directory_path() / ("shardwise_calibration_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(folder);
+  planner::calibration const quick{1, {16, 64}};
+  planner::machine const measured = planner::calibrated_machine(folder, quick);
+  CHECK(measured.gemm_flops > 1e6);
+  CHECK(measured.memory_bandwidth > 1e6);
+  for (auto const& l : {measured.tp, measured.dp, measured.pp}) {
+    CHECK(l.bandwidth > 1e3);
+    CHECK(l.latency > 0);
+  }
+  CHECK(measured.name.find("calibrated by shardwise") != std::string::npos);
+  auto const file = planner::calibration_file(folder);
+  REQUIRE(std::filesystem::is_regular_file(file));
+  CHECK(std::distance(std::filesystem::directory_iterator(folder), std::filesystem::directory_iterator()) == 1);
+  auto const again = planner::read_machine(file);
+  CHECK(again.gemm_flops == doctest::Approx(measured.gemm_flops).epsilon(1e-3));
+  CHECK(again.tp.latency == doctest::Approx(measured.tp.latency).epsilon(1e-3));
+  CHECK(again.measured == measured.measured);
+  // The next call reads the file rather than measuring: an edited rate comes back.
+  {
+    std::ofstream edit(file, std::ios::trunc);
+    edit << planner::machine_json([&] {
+      auto m = measured;
+      m.gemm_flops = 12345e6;
+      return m;
+    }());
+  }
+  CHECK(planner::calibrated_machine(folder, quick).gemm_flops == doctest::Approx(12345e6));
+  CHECK(planner::calibrated_machine(folder, quick, true).gemm_flops != doctest::Approx(12345e6));  // measured afresh
+  std::filesystem::remove_all(folder);
 }

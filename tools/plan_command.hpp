@@ -1,10 +1,14 @@
 #pragma once
-// `shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES --sequence TOKENS [--machine FILE]`: the layouts of a
-// Llama, Qwen2, Mistral or GPT-2 model over N ranks that fit in the memory, fastest first (shardwise::planner).
+// `shardwise plan CONFIG.json --ranks N --memory-per-rank BYTES --sequence TOKENS [--machine FILE|calibrate]`: the
+// layouts of a Llama, Qwen2, Mistral or GPT-2 model over N ranks that fit in the memory, fastest first
+// (shardwise::planner).
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <shardwise/planner/calibrate.hpp>
 #include <shardwise/planner/machine_file.hpp>
 #include <shardwise/planner/models.hpp>
 #include <string>
@@ -18,14 +22,14 @@ struct options {
   std::string config;               ///< The config.json.
   std::size_t ranks = 0;            ///< --ranks.
   std::size_t memory_per_rank = 0;  ///< --memory-per-rank, bytes.
-  std::string machine;              ///< --machine FILE, or empty for this machine's measured values.
-  std::size_t batch = 1024;         ///< --batch: sequences per step.
-  std::size_t sequence = 0;         ///< --sequence: tokens per sequence (required).
-  std::string precision = "bf16";   ///< --precision bf16|fp32.
-  std::size_t top = 10;             ///< --top: layouts printed.
-  planner::axis_choice only;        ///< --dp, --pp, --tp, --cp, --state: sizes and the sharding kept fixed.
-  std::string state;                ///< --state replicated|zero1|fsdp, or empty for all.
-  std::string schedule;             ///< --schedule 1f1b|zbh1|zbv for the layouts with stages, or empty (1f1b).
+  std::string machine;       ///< --machine FILE, "calibrate" (measured here, kept in the cache), or empty (built in).
+  std::size_t batch = 1024;  ///< --batch: sequences per step.
+  std::size_t sequence = 0;  ///< --sequence: tokens per sequence (required).
+  std::string precision = "bf16";  ///< --precision bf16|fp32.
+  std::size_t top = 10;            ///< --top: layouts printed.
+  planner::axis_choice only;       ///< --dp, --pp, --tp, --cp, --state: sizes and the sharding kept fixed.
+  std::string state;               ///< --state replicated|zero1|fsdp, or empty for all.
+  std::string schedule;            ///< --schedule 1f1b|zbh1|zbv for the layouts with stages, or empty (1f1b).
 };
 
 /// A check for a count given on the command line: a whole number from `least` to `most`, or a sentence that
@@ -76,11 +80,35 @@ inline void print_layout(planner::estimate const& e) {
               e.tokens_per_second);
 }
 
+/// Where `--machine calibrate` keeps this CPU's calibration: $XDG_CACHE_HOME/shardwise, else ~/.cache/shardwise.
+inline std::filesystem::path calibration_folder() {
+  if (char const* cache = std::getenv("XDG_CACHE_HOME"); cache && *cache)
+    return std::filesystem::path(cache) / "shardwise";
+  if (char const* home = std::getenv("HOME"); home && *home)
+    return std::filesystem::path(home) / ".cache" / "shardwise";
+  return std::filesystem::current_path() / ".shardwise-cache";
+}
+
+}  // namespace plan_command
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));  // there when OpenBLAS is linked
+namespace plan_command {
+
+/// This machine's calibration: the cached one, else measured now, a few seconds, as a rank runs (one BLAS thread).
+inline planner::machine calibrated() {
+  if (openblas_set_num_threads) openblas_set_num_threads(1);
+  auto const folder = calibration_folder();
+  if (!std::filesystem::exists(planner::calibration_file(folder)))
+    std::fprintf(stderr, "shardwise plan: calibrating this machine (a few seconds)\n");
+  return planner::calibrated_machine(folder);
+}
+
 /// Runs the search and prints it; 1 (and why, on stderr) when no layout fits.
 inline int run(options const& o) {
   auto const c = planner::read_model(o.config);
   planner::training_shape shape{o.batch, o.sequence, o.precision == "fp32" ? planner::fp32 : planner::bf16_mixed};
-  planner::machine const m = o.machine.empty() ? planner::machine{} : planner::read_machine(o.machine);
+  planner::machine const m = o.machine.empty()          ? planner::machine{}
+                             : o.machine == "calibrate" ? calibrated()
+                                                        : planner::read_machine(o.machine);
   planner::axis_choice only = o.only;
   for (auto s : {planner::state_sharding::replicated, planner::state_sharding::zero1, planner::state_sharding::fsdp})
     if (o.state == planner::sharding_name(s)) only.sharding = s;
@@ -101,12 +129,14 @@ inline int run(options const& o) {
   std::printf("%zu ranks, %.1f GiB per rank; %zu sequences x %zu tokens a step, %s\n", o.ranks, gib(o.memory_per_rank),
               shape.batch, shape.sequence, std::string(shape.bytes.name).c_str());
   std::string const dated = m.measured.empty() ? "not dated" : "measured " + m.measured;
-  std::printf("machine: %s (%s; %s)\n", m.name.c_str(),
-              o.machine.empty() ? "built in, as tools/machines/this_machine.json" : o.machine.c_str(), dated.c_str());
+  std::string const source = o.machine.empty()          ? "built in, as tools/machines/this_machine.json"
+                             : o.machine == "calibrate" ? "calibrated here, kept in " + calibration_folder().string()
+                                                        : o.machine;
+  std::printf("machine: %s (%s; %s)\n", m.name.c_str(), source.c_str(), dated.c_str());
   if (o.machine.empty())
     std::printf(
         "  rates drift from day to day; measure yours: cmake --build build --target bench_machine && "
-        "build/bench/bench_machine > my_machine.json, then --machine my_machine.json\n");
+        "build/bench/bench_machine > my_machine.json, then --machine my_machine.json; or --machine calibrate\n");
   if (only.schedule) std::printf("pipeline schedule: %s\n", o.schedule.c_str());
   std::printf("searched %zu layouts in %.1f ms; %zu fit\n", found.searched, ms, found.fitting.size());
   if (found.searched == 0) {

@@ -294,7 +294,8 @@ int main(int argc, char** argv) {
       });
   plan->add_option("--machine", planned.machine,
                    "A machine file (JSON: gemm_flops, gemm_half_rate_tokens, memory_bandwidth, ranks_per_node, "
-                   "tp/dp/pp bandwidth and latency; bench_machine writes one); default: this machine's values");
+                   "tp/dp/pp bandwidth and latency; bench_machine writes one), or \"calibrate\": this machine measured "
+                   "once (a few seconds) and kept in $XDG_CACHE_HOME/shardwise; default: the built-in values");
   plan->add_option("--batch", planned.batch, "Sequences per optimizer step")
       ->check(count_from(1, 1 << 24, "the sequences per optimizer step"))
       ->capture_default_str();

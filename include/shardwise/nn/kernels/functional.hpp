@@ -70,20 +70,19 @@ void linear_forward(const_matrix_ref<T> x, const_matrix_ref<T> weight, std::opti
     // Start y at b so the GEMM adds into it (beta = 1) instead of a second pass over y.
     y.rowwise() = bias->transpose();
   }
-  bool const few_rows = x.rows() > 1 && x.rows() <= 16 && weight.rows() >= 1024;
-  // A few rows (decoding a batch of sequences) against a large weight: each weight row read once from memory
-  // (nn/kernels/few_rows.hpp) where the target has the vectors for it; else a block of weight rows at a time, which
-  // the GEMM packs in cache, rather than the whole weight packed through memory. One row is a matrix-vector
-  // product either way.
+  // A few rows (decoding a batch of sequences) against a weight of 256 rows or more: each weight row read once from
+  // memory (nn/kernels/few_rows.hpp) where the target has the vectors for it. Else, against a large weight, a block
+  // of weight rows at a time, which the GEMM packs in cache, rather than the whole weight packed through memory. One
+  // row is a matrix-vector product either way.
   if constexpr (detail::few_rows_supported) {
-    if (few_rows && x.rows() <= detail::few_rows_most) {
+    if (x.rows() > 1 && x.rows() <= detail::few_rows_most && weight.rows() >= 256) {
       detail::few_rows_product<T>(x.data(), x.outerStride(), static_cast<int>(x.rows()), weight.data(),
                                   weight.outerStride(), weight.rows(), weight.cols(), y.data(), y.outerStride(),
                                   bias.has_value());
       return;
     }
   }
-  Eigen::Index const block = few_rows ? 128 : weight.rows();
+  Eigen::Index const block = x.rows() > 1 && x.rows() <= 16 && weight.rows() >= 1024 ? 128 : weight.rows();
   for (Eigen::Index first = 0; first < weight.rows(); first += block) {
     Eigen::Index const n = std::min(block, weight.rows() - first);
     if (bias)
