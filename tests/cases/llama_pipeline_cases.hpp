@@ -317,27 +317,24 @@ void check_all(World const& world, int steps) {
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::GPipe{}, steps);
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::OneFOneB{}, steps);
     }
+    // ZBV and DualPipeV: two chunks per rank in the V, 2 n blocks of one. At 8 blocks (pp 4, m 5) one parameter
+    // drifts from the unsharded run's further than 4 blocks do: 4.31e-4 after 50 steps (g++; 1F1B on the same 8
+    // blocks gave that very element and value), 5.05e-4 after 5 (clang 19 with ASan), measured 2026-11-30. 8
+    // blocks: 1e-3.
+    auto const v_shaped = [&](auto schedule, int m) {
+      check<sw::serial_plan>(world,
+                             {.pp = n,
+                              .microbatches = m,
+                              .chunks = 2,
+                              .layers = std::size_t(2 * n),
+                              .tolerance = n == 4 ? 1e-3 : llama_cases::parameter_tolerance},
+                             schedule, steps);
+    };
     for (int m : {2, 5}) {  // Linear's weight gradients put off from B to W, fewer and more microbatches than stages
       check<sw::serial_plan>(world, {.pp = n, .microbatches = m}, sw::ZeroBubbleH1{}, steps);
-      // ZBV: two chunks per rank in the V, 2 n blocks of one. At 8 blocks (pp 4, m 5) one parameter drifts from the
-      // unsharded run's further than 4 blocks do: 4.31e-4 after 50 steps (g++; 1F1B on the same 8 blocks gave that
-      // very element and value), 5.05e-4 after 5 (clang 19 with ASan), measured 2026-11-30. 8 blocks: 1e-3.
-      check<sw::serial_plan>(world,
-                             {.pp = n,
-                              .microbatches = m,
-                              .chunks = 2,
-                              .layers = std::size_t(2 * n),
-                              .tolerance = n == 4 ? 1e-3 : llama_cases::parameter_tolerance},
-                             sw::ZeroBubbleV{}, steps);
+      v_shaped(sw::ZeroBubbleV{}, m);
     }
-    for (int m : {2 * n, 2 * n + 1})  // DualPipeV: ZBV's V placement, at least 2 n microbatches; tolerance as ZBV's
-      check<sw::serial_plan>(world,
-                             {.pp = n,
-                              .microbatches = m,
-                              .chunks = 2,
-                              .layers = std::size_t(2 * n),
-                              .tolerance = n == 4 ? 1e-3 : llama_cases::parameter_tolerance},
-                             sw::DualPipeV{}, steps);
+    for (int m : {2 * n, 2 * n + 1}) v_shaped(sw::DualPipeV{}, m);  // DualPipeV: at least 2 n microbatches
     check_recompute_bitwise<sw::serial_plan>(world, {.pp = n, .microbatches = 3}, steps);
   }
   if (n == 2) {  // tied embeddings: the first stage's embedding and the last stage's output stay one value
