@@ -44,7 +44,7 @@ inline double fastest_seconds(int runs, std::function<void()> const& fn) {
 
 /// A parameter of 16 M floats (64 MiB), for AdamW's pass over memory.
 struct calibration_weight {
-  Linear<float> weight{4096, 4096, 1, false};
+  Linear<float> weight{4096, 4096, 1, false};  ///< The parameter and its gradient that AdamW updates.
   SHARDWISE_CHILDREN(weight)
 };
 }  // namespace detail
