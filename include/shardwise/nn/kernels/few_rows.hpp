@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace shardwise::detail {
@@ -48,7 +49,7 @@ struct few_rows_vector<double, Bytes> {
 template <class T>
 inline constexpr std::ptrdiff_t few_rows_ahead = 512 / sizeof(T);
 
-/// sums[r * Outs + o] = x[r] . w[o] for Rows rows of x and Outs rows of w (each `in` long, w's rows `stride` apart).
+/// sums[o * Rows + r] = x[r] . w[o] for Rows rows of x and Outs rows of w (each `in` long, w's rows `stride` apart).
 template <class T, int Rows, int Outs>
 void few_rows_dots(T const* const* x, T const* w, std::ptrdiff_t stride, std::ptrdiff_t in, T* sums) {
   using vec = typename few_rows_vector<T, few_rows_vector_bytes>::type;
@@ -75,7 +76,7 @@ void few_rows_dots(T const* const* x, T const* w, std::ptrdiff_t stride, std::pt
       T sum = 0;
       for (std::ptrdiff_t lane = 0; lane < lanes; ++lane) sum += acc[r][o][lane];
       for (std::ptrdiff_t j = k; j < in; ++j) sum += x[r][j] * w[o * stride + j];
-      sums[r * Outs + o] = sum;
+      sums[o * Rows + r] = sum;
     }
 }
 
@@ -105,28 +106,38 @@ void few_rows_broadcasts(T const* xt, T const* w, std::ptrdiff_t stride, std::pt
   std::memcpy(sums, acc, sizeof(acc));
 }
 
-/// y (+)= x W^T by dot products, Rows rows of x (the rows past `rows` repeat the last one; their sums are dropped).
-template <class T, int Rows>
-void few_rows_by_dots(T const* const* x, int rows, T const* w, std::ptrdiff_t w_stride, std::ptrdiff_t outs,
-                      std::ptrdiff_t in, T* y, std::ptrdiff_t y_stride, bool add) {
-  constexpr int outs_at_once = static_cast<int>(few_rows_registers) / Rows;
-  T sums[Rows * outs_at_once];
-  for (std::ptrdiff_t first = 0; first < outs; first += outs_at_once) {
-    std::ptrdiff_t const n = std::min<std::ptrdiff_t>(outs_at_once, outs - first);
-    if (n == outs_at_once)
-      few_rows_dots<T, Rows, outs_at_once>(x, w + first * w_stride, w_stride, in, sums);
-    else
-      for (std::ptrdiff_t o = 0; o < n; ++o) {  // the last few weight rows, one at a time
-        T one[Rows];
-        few_rows_dots<T, Rows, 1>(x, w + (first + o) * w_stride, w_stride, in, one);
-        for (int r = 0; r < Rows; ++r) sums[r * outs_at_once + o] = one[r];
-      }
+/// y (+)= x W^T, OutsAtOnce weight rows at a time through tile(first weight row, count, sums), which writes
+/// sums[o * Rows + r] for its `count` (OutsAtOnce, or 1 for the last few rows); the rows past `rows` are dropped.
+template <class T, int Rows, int OutsAtOnce, class Tile>
+void few_rows_pass(Tile const& tile, int rows, T const* w, std::ptrdiff_t w_stride, std::ptrdiff_t outs, T* y,
+                   std::ptrdiff_t y_stride, bool add) {
+  T sums[Rows * OutsAtOnce];
+  for (std::ptrdiff_t first = 0; first < outs; first += OutsAtOnce) {
+    std::ptrdiff_t const n = std::min<std::ptrdiff_t>(OutsAtOnce, outs - first);
+    if (n == OutsAtOnce)
+      tile(w + first * w_stride, std::integral_constant<int, OutsAtOnce>{}, sums);
+    else  // the last few weight rows, one at a time
+      for (std::ptrdiff_t o = 0; o < n; ++o)
+        tile(w + (first + o) * w_stride, std::integral_constant<int, 1>{}, sums + o * Rows);
     for (int r = 0; r < rows; ++r)
       for (std::ptrdiff_t o = 0; o < n; ++o) {
         T& out = y[r * y_stride + first + o];
-        out = add ? out + sums[r * outs_at_once + o] : sums[r * outs_at_once + o];
+        out = add ? out + sums[o * Rows + r] : sums[o * Rows + r];
       }
   }
+}
+
+/// The weight rows the broadcast kernel takes at once (measured best here at 8 registers of accumulators).
+inline constexpr std::size_t few_rows_broadcast_registers = 8;
+
+/// y (+)= x W^T by dot products, Rows rows of x (the rows past `rows` repeat the last one).
+template <class T, int Rows>
+void few_rows_by_dots(T const* const* x, int rows, T const* w, std::ptrdiff_t w_stride, std::ptrdiff_t outs,
+                      std::ptrdiff_t in, T* y, std::ptrdiff_t y_stride, bool add) {
+  auto const tile = [&](T const* first, auto count, T* sums) {
+    few_rows_dots<T, Rows, decltype(count)::value>(x, first, w_stride, in, sums);
+  };
+  few_rows_pass<T, Rows, static_cast<int>(few_rows_registers) / Rows>(tile, rows, w, w_stride, outs, y, y_stride, add);
 }
 
 /// y (+)= x W^T by broadcasts, x transposed into Rows columns (the columns past `rows` are zero).
@@ -134,24 +145,14 @@ template <class T, int Rows>
 void few_rows_by_broadcasts(T const* const* x, int rows, T const* w, std::ptrdiff_t w_stride, std::ptrdiff_t outs,
                             std::ptrdiff_t in, T* y, std::ptrdiff_t y_stride, bool add) {
   constexpr std::size_t registers_each = std::max<std::size_t>(1, Rows * sizeof(T) / few_rows_vector_bytes);
-  constexpr int outs_at_once = static_cast<int>(8 / registers_each);
   std::vector<T> xt(static_cast<std::size_t>(in) * Rows, T(0));
   for (int r = 0; r < rows; ++r)
     for (std::ptrdiff_t k = 0; k < in; ++k) xt[static_cast<std::size_t>(k * Rows + r)] = x[r][k];
-  T sums[Rows * outs_at_once];
-  for (std::ptrdiff_t first = 0; first < outs; first += outs_at_once) {
-    std::ptrdiff_t const n = std::min<std::ptrdiff_t>(outs_at_once, outs - first);
-    if (n == outs_at_once)
-      few_rows_broadcasts<T, Rows, outs_at_once>(xt.data(), w + first * w_stride, w_stride, in, sums);
-    else
-      for (std::ptrdiff_t o = 0; o < n; ++o)  // the last few weight rows, one at a time
-        few_rows_broadcasts<T, Rows, 1>(xt.data(), w + (first + o) * w_stride, w_stride, in, sums + o * Rows);
-    for (int r = 0; r < rows; ++r)
-      for (std::ptrdiff_t o = 0; o < n; ++o) {
-        T& out = y[r * y_stride + first + o];
-        out = add ? out + sums[o * Rows + r] : sums[o * Rows + r];
-      }
-  }
+  auto const tile = [&](T const* first, auto count, T* sums) {
+    few_rows_broadcasts<T, Rows, decltype(count)::value>(xt.data(), first, w_stride, in, sums);
+  };
+  few_rows_pass<T, Rows, static_cast<int>(few_rows_broadcast_registers / registers_each)>(tile, rows, w, w_stride, outs,
+                                                                                          y, y_stride, add);
 }
 #endif
 
