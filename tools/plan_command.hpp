@@ -13,6 +13,8 @@
 #include <shardwise/planner/models.hpp>
 #include <string>
 
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));  // there when OpenBLAS is linked
+
 namespace plan_command {
 
 namespace planner = shardwise::planner;
@@ -88,10 +90,6 @@ inline std::filesystem::path calibration_folder() {
     return std::filesystem::path(home) / ".cache" / "shardwise";
   return std::filesystem::current_path() / ".shardwise-cache";
 }
-
-}  // namespace plan_command
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));  // there when OpenBLAS is linked
-namespace plan_command {
 
 /// This machine's calibration: the cached one, else measured now, a few seconds, as a rank runs (one BLAS thread).
 inline planner::machine calibrated() {
