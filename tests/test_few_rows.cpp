@@ -1,14 +1,20 @@
 // The few-row product (nn/kernels/few_rows.hpp) through nn::linear_forward: 2 to 16 rows of x against weights of
 // 256 and 263 rows (every remainder of the weight rows a pass takes at once), in float and double, with and without a
-// bias, on slices of wider matrices, against sums in long double written here. Built twice (tests/CMakeLists.txt): for
-// AVX2 and for the build machine, so that each vector width the kernel has runs.
+// bias, on slices of wider matrices, against sums in long double written here. The product with a bf16 weight
+// (nn/kernels/bf16_weights.hpp) the same way at 1 to 20 rows, against the weight rounded by Eigen::bfloat16, and its
+// rounding against Eigen's. Built twice (tests/CMakeLists.txt): for AVX2 and for the build machine, so that each
+// vector width the kernel has runs.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <random>
+#include <shardwise/nn/kernels/bf16_weights.hpp>
 #include <shardwise/nn/kernels/functional.hpp>
+#include <vector>
 
 namespace nn = shardwise::nn;
 using Eigen::Index;
@@ -74,4 +80,54 @@ TEST_CASE("few-row product: built for this target, equal to long-double sums in 
   MESSAGE("vector bytes ", shardwise::detail::few_rows_vector_bytes);
   check_few_rows<float>();
   check_few_rows<double>();
+}
+
+TEST_CASE(
+    "bf16 weights: rounded as Eigen::bfloat16 rounds; the product equals long-double sums of x and the rounded "
+    "weight at 1 to 20 rows") {
+  namespace detail = shardwise::detail;
+  // Rounding: ties to even, both signs, subnormals, the largest finite values (to infinity), infinities and NaN.
+  std::vector<float> values{0.0f,
+                            -0.0f,
+                            1.0f,
+                            1.00390625f,
+                            1.005859375f,
+                            1.0078125f,
+                            -3.14159f,
+                            1e-40f,
+                            -1e-42f,
+                            3.4e38f,
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  nn::matrix<float> const many = random_matrix<float>(1, 4096, 3) * 1e3f;
+  values.insert(values.end(), many.data(), many.data() + many.size());
+  for (float v : values) {
+    INFO("value " << v);
+    CHECK(detail::to_bf16(v) == std::bit_cast<std::uint16_t>(Eigen::bfloat16(v)));
+    CHECK(detail::from_bf16(detail::to_bf16(v)) == static_cast<float>(Eigen::bfloat16(v)));
+  }
+  CHECK(std::isnan(detail::from_bf16(detail::to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  int cases = 0;
+  for (Index rows = 1; rows <= 20; ++rows)
+    for (Index outs : {256, 263})
+      for (Index in : {7, 37}) {
+        double const tolerance = static_cast<double>(in + 1) * std::numeric_limits<float>::epsilon();
+        nn::matrix<float> const w = random_matrix<float>(outs, in, static_cast<unsigned>(rows * 5 + in));
+        nn::matrix<float> const rounded = w.cast<Eigen::bfloat16>().cast<float>();
+        nn::matrix<float> const x = random_matrix<float>(rows, in, static_cast<unsigned>(rows + outs));
+        nn::vector<float> const bias = random_matrix<float>(outs, 1, 9).col(0);
+        auto const w16 = detail::to_bf16(w);
+        nn::matrix<float> wide_y = nn::matrix<float>::Constant(rows, outs + 2, 7.0f);
+        detail::bf16_weight_product(x, w16, bias, wide_y.middleCols(1, outs));
+        nn::matrix<float> const y = wide_y.middleCols(1, outs);
+        CHECK_MESSAGE(worst_error<float>(x, rounded, &bias, y) < tolerance, rows, " rows, ", outs, " x ", in);
+        CHECK(((wide_y.col(0).array() == 7.0f).all() && (wide_y.col(outs + 1).array() == 7.0f).all()));
+        nn::matrix<float> plain(rows, outs);
+        detail::bf16_weight_product(x, w16, std::nullopt, plain);
+        CHECK_MESSAGE(worst_error<float>(x, rounded, nullptr, plain) < tolerance, rows, " rows, ", outs, " x ", in);
+        CHECK((rounded - w).cwiseAbs().maxCoeff() > 0);  // the weight was rounded: the check above can tell
+        ++cases;
+      }
+  CHECK(cases == 20 * 2 * 2);
 }
