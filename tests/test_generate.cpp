@@ -30,6 +30,12 @@ TEST_CASE("generate: every step equals the full forward, and sampling is the sam
   for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [&](auto& world) { all_cases(world, alone); });
 }
 
+TEST_CASE(
+    "generate: with bf16_weights, every step equals the full forward of the weights rounded to bf16, at tp 1, 2 and "
+    "4 (threads)") {
+  for (int ranks : {1, 2, 4}) worlds::run_threads(ranks, [&](auto& world) { bf16_weights_cases(world); });
+}
+
 TEST_CASE("generate: a stop token ends its sequence, the others go on") {
   auto const p = prompts(61);
   Generated full, stopped;

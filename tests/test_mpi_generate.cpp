@@ -13,6 +13,10 @@ TEST_CASE("generate: every step equals the full forward, and sampling is the sam
   generate_cases::all_cases(world, alone);
 }
 
+TEST_CASE("generate: with bf16_weights, every step equals the full forward of the weights rounded to bf16 (MPI)") {
+  generate_cases::bf16_weights_cases(worlds::mpi());
+}
+
 TEST_CASE("generate: bad requests are refused on every rank with the same words (MPI)") {
   generate_cases::bad_requests(worlds::mpi());
 }

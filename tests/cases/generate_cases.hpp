@@ -299,6 +299,57 @@ void all_cases(World const& world, Generated const& sampled_alone) {
   check_same_tokens(llama<float>(world, llama_config(), sampled()), sampled_alone);
 }
 
+/// For full_logits: the unsharded Llama<float> built from `c` with every Linear's weight rounded to bf16 by
+/// Eigen::bfloat16 (the embedding's table as it was).
+inline auto llama_bf16_reference(models::LlamaConfig const& c) {
+  return [c](std::size_t length) {
+    auto model = llama_reference<float>(c)(length);
+    sw::for_each_parameter(model, [](std::string const& name, auto const& p) {
+      if (name.ends_with(".weight") && !name.starts_with("tok_embeddings") && p.value->cols() > 1 &&
+          !name.ends_with("norm.weight"))
+        *p.value = p.value->template cast<Eigen::bfloat16>().template cast<float>();
+    });
+    return model;
+  };
+}
+
+/// Under sw::bf16_weights, every step's logits equal the unsharded full forward of the Llama whose Linear weights
+/// were rounded to bf16 (the same tolerance as fp32: only the order of the sums differs) and differ from the fp32
+/// model's by far more; a backward is refused; after the scope, fp32 again.
+template <class World>
+void bf16_weights_cases(World const& world) {
+  constexpr double tolerance = 1e-5;
+  auto const c = llama_config();
+  auto const tp = tp_mesh(world);
+  auto const p = prompts(c.vocabulary);
+  int const n = greedy().max_new_tokens;
+  models::Llama<float, models::llama_plan<false>> model(c);
+  sw::parallelize(model, tp);
+  Generated bf16;
+  {
+    sw::bf16_weights const copies(model);
+    CHECK(copies.layers() == 7 * c.layers + 1);  // wq, wk, wv, wo, w1, w2, w3 per block, and the output
+    CHECK(copies.bytes() > 0);
+    bf16 = generate_logged(model, tp, p, greedy());
+    std::vector<std::int64_t> ids(c.sequence, 1);
+    auto const logits = model.forward(ids);
+    CHECK(error_of([&] { model.backward(logits); }).find("backward while it computes with bf16 weights") !=
+          std::string::npos);
+  }
+  INFO("Llama with bf16 weights, tp " << world.size());
+  check_against_full(bf16, p, n, tolerance, llama_bf16_reference(c));
+  Generated const fp32 = generate_logged(model, tp, p, greedy());
+  check_against_full(fp32, p, n, tolerance, llama_reference<float>(c));
+  double differs = 0, scale = 0;  // the first step of each prompt (the same tokens so far): bf16 against fp32
+  for (std::size_t i = 0; i < p.size(); ++i)
+    for (std::size_t j = 0; j < bf16.logits[i][0].size(); ++j) {
+      differs = std::max(differs, std::abs(bf16.logits[i][0][j] - fp32.logits[i][0][j]));
+      scale = std::max(scale, std::abs(fp32.logits[i][0][j]));
+    }
+  INFO("bf16 against fp32: " << differs / scale);
+  CHECK(differs / scale > 30 * tolerance);
+}
+
 /// A MoeLlama (2 blocks of 8 experts, top-2) with its experts placed over every rank, each rank generating the same
 /// prompts: every step's logits equal the unsharded model's full forward (fp64, 1e-12) and the greedy tokens its
 /// argmax, as unplaced; prompts that differ on one ep rank are refused on every rank with the same words.

@@ -14,6 +14,7 @@
 
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
+#include "shardwise/nn/layers/bf16_weight_copy.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
 #include "shardwise/nn/layers/linear_style.hpp"
 #include "shardwise/nn/layers/lora.hpp"
@@ -209,6 +210,15 @@ class linear_core : public layer_plumbing<T> {
   /// The gradient it accumulates into: its own, or its owner's.
   [[nodiscard]] matrix& current_weight_grad() { return tied() ? tie_.grad(this) : weight_grad; }
 
+  /// Used by sw::bf16_weights: forward multiplies with a bf16 copy of the weight while `hold`, as before after.
+  void shardwise_hold_bf16_weight(bool hold) {
+    hold ? bf16_.hold(current_weight(), static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_),
+                      path_)
+         : bf16_.drop();
+  }
+  /// The bytes of the bf16 copy (0 without one).
+  [[nodiscard]] std::size_t bf16_weight_bytes() const { return bf16_.bytes(); }
+
   /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
   void shardwise_tie(matrix& value, matrix& grad, std::string_view owner_path);
 
@@ -252,6 +262,7 @@ class linear_core : public layer_plumbing<T> {
   std::size_t local_in_, local_out_;         // this rank's shard of the weight
   matrix saved_input_;
   std::optional<lora_adapter<T>> lora_;  // sw::add_lora
+  bf16_weight_copy<T> bf16_;             // sw::bf16_weights
 };
 
 template <class T, class Rule>
@@ -270,48 +281,6 @@ linear_core<T, Rule>::linear_core(std::string_view path, std::size_t in, std::si
     bias.resize(static_cast<Eigen::Index>(out));
     fill_uniform(bias, bound, seed.seed() ^ 0x9e3779b97f4a7c15ull);
   }
-  zero_grad();
-}
-
-template <class T, class Rule>
-void linear_core<T, Rule>::pad_outputs(std::size_t out) {
-  if (out <= out_) return;
-  unpadded_out_ = out_;
-  if (lazy_ || tied()) {  // a tied weight is padded by its owner
-    out_ = local_out_ = out;
-    return;
-  }
-  matrix padded = matrix::Zero(static_cast<Eigen::Index>(out), weight.cols());
-  padded.topRows(weight.rows()) = weight;
-  weight = std::move(padded);
-  if (has_bias_) bias.conservativeResizeLike(vector::Zero(static_cast<Eigen::Index>(out)));
-  out_ = out;
-  zero_grad();
-}
-
-template <class T, class Rule>
-void linear_core<T, Rule>::replicate_output_blocks(std::size_t block, std::size_t copies) {
-  if (copies <= 1) return;
-  if (block == 0 || out_ % block != 0 || copies_ != 1 || tied())
-    fail("shardwise::Linear at \"", path_, "\": cannot repeat blocks of ", block, " output rows of ", out_,
-         " (once, before parallelize, with a block size that divides the rows, on a weight it owns)");
-  copies_ = copies;
-  copy_block_ = block;
-  if (lazy_) {
-    out_ = local_out_ = out_ * copies;
-    return;
-  }
-  auto const b = static_cast<Eigen::Index>(block), c = static_cast<Eigen::Index>(copies);
-  matrix repeated(weight.rows() * c, weight.cols());
-  vector repeated_bias(has_bias_ ? bias.size() * c : 0);
-  for (Eigen::Index i = 0; i < weight.rows() / b; ++i)
-    for (Eigen::Index k = 0; k < c; ++k) {
-      repeated.middleRows((i * c + k) * b, b) = weight.middleRows(i * b, b);
-      if (has_bias_) repeated_bias.segment((i * c + k) * b, b) = bias.segment(i * b, b);
-    }
-  weight = std::move(repeated);
-  bias = std::move(repeated_bias);
-  out_ = local_out_ = out_ * copies;
   zero_grad();
 }
 
@@ -359,6 +328,7 @@ void linear_core<T, Rule>::shardwise_materialize() {
 
 template <class T, class Rule>
 auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T, input_grad_layout> {
+  bf16_.refuse_backward(path_);
   matrix const& w = current_weight();
   matrix const* dy = &dy_whole;
   matrix dy_part;
@@ -466,7 +436,11 @@ auto linear_core<T, Rule>::forward_kept_input() -> Activation<T, output_layout> 
   matrix y(saved_input_.rows(), w.rows());
   // The bias goes in with the product, except where the product is a partial sum: there after it, once.
   bool const bias_now = has_bias_ && !layouts::bias_after_output;
-  nn::linear_forward<T>(saved_input_, w, bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt, y);
+  auto const bias_in = bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt;
+  if (bf16_.held())
+    bf16_.product(saved_input_, bias_in, y);
+  else
+    nn::linear_forward<T>(saved_input_, w, bias_in, y);
   if (lora_) lora_->add_to(saved_input_, y);  // a part of the product: moved with it
   if constexpr (!same_layout_v<typename layouts::product_out, output_layout>)
     y = moved<typename layouts::product_out, output_layout>(std::move(y));
@@ -474,22 +448,8 @@ auto linear_core<T, Rule>::forward_kept_input() -> Activation<T, output_layout> 
   return {std::move(y)};
 }
 
-// Replicated blocks whose gradients were summed: keep the sum in each block's first copy and zero the others, so
-// the next sum over copies counts it once.
-template <class T, class Rule>
-void linear_core<T, Rule>::unsum_copies() {
-  copies_summed_ = false;
-  std::size_t const first = group_ ? static_cast<std::size_t>(group_->rank()) * local_out_ : 0;
-  for (std::size_t i = 0; i < local_out_; ++i)
-    if (((first + i) / copy_block_) % copies_ != 0) {
-      auto const row = static_cast<Eigen::Index>(i);
-      if (weight_grad.rows() > row) weight_grad.row(row).setZero();  // a frozen weight has none
-      if (has_bias_) bias_grad(row) = T(0);
-      if (lora_) lora_->b_grad.row(row).setZero();
-    }
-}
-
 }  // namespace shardwise::detail
 
 #include "shardwise/nn/layers/linear_adapter.hpp"  // a Linear's LoRA adapter members
 #include "shardwise/nn/layers/linear_meta.hpp"     // the shape-only Linear (element type sw::meta<T>)
+#include "shardwise/nn/layers/linear_rows.hpp"     // a Linear's output rows padded and repeated
