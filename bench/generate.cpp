@@ -7,7 +7,11 @@
 // starts each), so each peak is its own. And the MFU: a decoded token's FLOPs at the decode rate over the fp32 FMA
 // peak of the ranks' cores (bench/core_peak.hpp), small by nature: decoding is bound by memory.
 //
-//   bench_generate [--folder DIR] [--tp N] [--batch B] [--prompt-tokens P] [--new N] [--window W] [--smoke]
+// With --weights bf16, every Linear multiplies with a bf16 copy of its weight (sw::bf16_weights): the roofline's
+// bytes are then the copies' and the other parameters', the memory formula counts the copies too.
+//
+//   bench_generate [--folder DIR] [--tp N] [--batch B] [--prompt-tokens P] [--new N] [--window W]
+//                  [--weights fp32|bf16] [--smoke]
 // DIR: a LlamaForCausalLM save_pretrained folder (torch_generate.py writes one); without it a random model of the
 // same default sizes is built. W: a sliding window on every layer (Mistral's), whose cache keeps only the window's
 // positions, and whose decode step reads only them.
@@ -17,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <shardwise/inference.hpp>
 #include <shardwise/models/llama_config_json.hpp>
 #include <shardwise/models/llama_names.hpp>
@@ -39,7 +44,7 @@ using clock_type = std::chrono::steady_clock;
 struct settings {
   std::filesystem::path folder;
   int tp = 1, batch = 1, prompt_tokens = 128, new_tokens = 32, window = 0;
-  bool smoke = false;
+  bool smoke = false, bf16 = false;
 };
 
 /// The default model: a Llama of 672 M parameters (2.7 GB in fp32), torch_generate.py's.
@@ -118,6 +123,9 @@ void measure(Model& model, Tp const& tp, settings const& s, double bandwidth, do
   auto const prompts = make_prompts(s.batch, s.prompt_tokens, model.config().vocabulary);
   sw::barrier(tp);  // every rank loaded: the peak from here on is generation's (a load maps the files)
   if (tp.rank() == 0 && !bench::reset_peak()) std::printf("# VmHWM cannot be reset here: the peak includes the load\n");
+  std::optional<sw::bf16_weights<Model>> copies;  // --weights bf16
+  if (s.bf16) copies.emplace(model);
+  double const copy_bytes = copies ? double(copies->bytes()) : 0.0;
   sw::barrier(tp);
   (void)sw::generate(model, tp, prompts, {.max_new_tokens = 2});  // warm: first touches of the weights
   auto const g = sw::generate(model, tp, prompts, {.max_new_tokens = s.new_tokens});
@@ -125,7 +133,9 @@ void measure(Model& model, Tp const& tp, settings const& s, double bandwidth, do
   // reads one row per token.
   double const table = model.config().tie_word_embeddings ? 0 : double(model.tok_embeddings.weight.size()) * 4;
   double const weights = sw::all_reduce(tp, parameter_bytes(model) - table, sw::Sum{});
-  double const all_weights = sw::all_reduce(tp, parameter_bytes(model), sw::Sum{});
+  double const all_weights = sw::all_reduce(tp, parameter_bytes(model) + copy_bytes, sw::Sum{});
+  // With bf16 copies, the step reads each copy instead of its fp32 weight, twice the copy's bytes.
+  double const weights_read = weights - sw::all_reduce(tp, copy_bytes, sw::Sum{});
   if (tp.rank() != 0) return;
   // A decode step reads every weight once (all ranks together) and, per running sequence, its cached keys and
   // values: at the middle step, prompt + new / 2 positions (a window's at most).
@@ -134,23 +144,25 @@ void measure(Model& model, Tp const& tp, settings const& s, double bandwidth, do
   double const read = s.window > 0 ? std::min(positions, double(s.window)) : positions;
   double const cached = 2.0 * double(shape.layers) * double(shape.columns) * double(tp.size()) * 4.0 * read * s.batch;
   double const steps = double(s.new_tokens - 1), step_seconds = g.decode_seconds / steps;
-  double const floor_seconds = (weights + cached) / bandwidth;
+  double const floor_seconds = (weights_read + cached) / bandwidth;
   double const formula_mib = (all_weights + double(g.cache_bytes) * tp.size()) / (1 << 20);  // every rank's
   // MFU: a decoded token's FLOPs (2 per weight that multiplies, 2 per cached key and value it attends over) at the
   // decode rate, over the fp32 FMA peak of the ranks' cores.
   double const token_flops = 2.0 * weights / 4.0 + 2.0 * cached / 4.0 / s.batch;
   double const mfu = core_peak > 0 ? token_flops * g.decode_tokens_per_second() / (tp.size() * core_peak) : 0.0;
   std::printf(
-      "tp %d batch %d window %d: cache %.1f MiB, first token %.3f s, decode %.2f tokens/s (%.1f ms a step); roofline "
+      "tp %d batch %d window %d weights %s: cache %.1f MiB, first token %.3f s, decode %.2f tokens/s (%.1f ms a step); "
+      "roofline "
       "%.1f ms a step "
       "(%.2f GB read at %.2f GB/s): %.2f of it; peak resident %.0f MiB (all ranks), their weights + caches %.0f "
       "MiB; MFU %.3f (fp32 peak %.1f GFLOP/s a core)\n",
-      tp.size(), s.batch, s.window, double(g.cache_bytes) * tp.size() / (1 << 20), g.first_token_seconds,
-      g.decode_tokens_per_second(), 1e3 * step_seconds, 1e3 * floor_seconds, (weights + cached) / 1e9, bandwidth / 1e9,
-      floor_seconds / step_seconds, bench::status_mib("VmHWM"), formula_mib, mfu, core_peak / 1e9);
-  std::printf("RESULT shardwise_tp%d_batch%d %.4f %.3f %.4f %.0f %.0f %.0f %.0f\n", tp.size(), s.batch,
-              g.first_token_seconds, g.decode_tokens_per_second(), floor_seconds / step_seconds,
-              bench::status_mib("VmHWM"), formula_mib, weights + cached, bandwidth);
+      tp.size(), s.batch, s.window, s.bf16 ? "bf16" : "fp32", double(g.cache_bytes) * tp.size() / (1 << 20),
+      g.first_token_seconds, g.decode_tokens_per_second(), 1e3 * step_seconds, 1e3 * floor_seconds,
+      (weights_read + cached) / 1e9, bandwidth / 1e9, floor_seconds / step_seconds, bench::status_mib("VmHWM"),
+      formula_mib, mfu, core_peak / 1e9);
+  std::printf("RESULT shardwise_tp%d_batch%d%s %.4f %.3f %.4f %.0f %.0f %.0f %.0f\n", tp.size(), s.batch,
+              s.bf16 ? "_bf16" : "", g.first_token_seconds, g.decode_tokens_per_second(), floor_seconds / step_seconds,
+              bench::status_mib("VmHWM"), formula_mib, weights_read + cached, bandwidth);
 }
 
 settings parse(int argc, char** argv) {
@@ -170,7 +182,11 @@ settings parse(int argc, char** argv) {
       s.new_tokens = std::stoi(next());
     else if (a == "--window")
       s.window = std::stoi(next());
-    else if (a == "--smoke")
+    else if (a == "--weights") {
+      std::string const w = next();
+      if (w != "bf16" && w != "fp32") throw std::invalid_argument("--weights takes fp32 or bf16, not " + w);
+      s.bf16 = w == "bf16";
+    } else if (a == "--smoke")
       s.smoke = true;
     else
       throw std::invalid_argument("unknown argument " + a);

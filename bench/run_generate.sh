@@ -5,7 +5,9 @@
 # at batch 1 and 8 and 1 and 2 threads; then the ratios. bench_generate prints each configuration's share of the
 # memory-bandwidth roofline it measured in the same process. Then the same at batch 1 on a small model (dim 256, 4
 # layers; DIR-small), where per-token overhead rather than memory decides; and shardwise alone at one thread over
-# batches 1 to 16 (decode tokens/s and roofline share as the batch grows).
+# batches 1 to 16 (decode tokens/s and roofline share as the batch grows); then bf16 weights at batch 1 and 8, 1 and 2
+# threads: shardwise's sw::bf16_weights (fp32 activations and sums) against transformers in torch_dtype=bfloat16,
+# and against shardwise's fp32 rows above, each beside the roofline of the bytes it reads.
 #   bench/run_generate.sh BUILD_DIR [DIR]
 # SHARDWISE_PYTHON overrides the interpreter (default: scripts/torch-venv.sh's).
 set -euo pipefail
@@ -19,12 +21,13 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A ours theirs
-run() {  # run KEY FOLDER THREADS BATCH
-  local out
-  out=$("$build/bench/bench_generate" --folder "$2" --tp "$3" --batch "$4")
+run() {  # run KEY FOLDER THREADS BATCH [WEIGHTS]: WEIGHTS fp32 (the default) or bf16
+  local out weights=${5:-fp32} dtype=float32
+  [[ $weights == bf16 ]] && dtype=bfloat16
+  out=$("$build/bench/bench_generate" --folder "$2" --tp "$3" --batch "$4" --weights "$weights")
   grep -v '^RESULT' <<<"$out"
   ours[$1]=$(grep '^RESULT' <<<"$out")
-  out=$("$python" "$here/torch_generate.py" run "$2" --threads "$3" --batch "$4" 2>/dev/null)
+  out=$("$python" "$here/torch_generate.py" run "$2" --threads "$3" --batch "$4" --dtype "$dtype" 2>/dev/null)
   grep -v '^RESULT' <<<"$out"
   theirs[$1]=$(grep '^RESULT' <<<"$out")
 }
@@ -35,6 +38,10 @@ for batch in 2 4 16; do  # the batch sweep: shardwise alone, one thread
   out=$("$build/bench/bench_generate" --folder "$dir" --tp 1 --batch "$batch")
   grep -v '^RESULT' <<<"$out"
   ours["1,$batch"]=$(grep '^RESULT' <<<"$out")
+done
+echo "# bf16 weights"
+for batch in 1 8; do
+  for n in 1 2; do run "bf16,$n,$batch" "$dir" "$n" "$batch" bf16; done
 done
 echo "# small model ($dir-small)"
 for n in 1 2; do run "small$n,1" "$dir-small" "$n" 1; done
@@ -51,6 +58,15 @@ ratio() {  # ratio KEY LABEL
 }
 for batch in 1 8; do
   for n in 1 2; do ratio "$n,$batch" "batch $batch, $n thread(s)"; done
+done
+for batch in 1 8; do
+  for n in 1 2; do
+    ratio "bf16,$n,$batch" "bf16 weights (transformers bf16), batch $batch, $n thread(s)"
+    read -r _ _ _ bf16_rate _ <<<"${ours[bf16,$n,$batch]}"
+    read -r _ _ _ fp32_rate _ <<<"${ours[$n,$batch]}"
+    awk -v b="$batch" -v n="$n" -v r16="$bf16_rate" -v r32="$fp32_rate" \
+      'BEGIN { printf "bf16 against fp32 weights, batch %s, %s thread(s): %.2fx tokens/s\n", b, n, r16 / r32 }'
+  done
 done
 for n in 1 2; do ratio "small$n,1" "small model, batch 1, $n thread(s)"; done
 for batch in 1 2 4 8 16; do  # RESULT name first rate share ...: tokens/s and roofline share as the batch grows

@@ -1,11 +1,11 @@
 """transformers' generate beside bench_generate (bench/run_generate.sh runs both): the same LlamaForCausalLM
-folder, the same prompts, greedy, fp32, on `--threads` threads (torch's intra-op threads). Time to first token:
+folder, the same prompts, greedy, fp32 (or --dtype bfloat16: weights and compute in bf16), on `--threads` threads (torch's intra-op threads). Time to first token:
 generate(max_new_tokens=1); decode tokens/s: the tokens after the first over the time generate(max_new_tokens=N)
 took beyond that. Peak resident set from getrusage.
 
   torch_generate.py prepare DIR [--small]       # writes a random model of bench_generate's default sizes
                                                 # (--small: dim 256, 4 layers, vocabulary 512, 3.1 M parameters)
-  torch_generate.py run DIR [--threads N] [--batch B] [--prompt-tokens P] [--new N]
+  torch_generate.py run DIR [--threads N] [--batch B] [--prompt-tokens P] [--new N] [--dtype float32|bfloat16]
 """
 import argparse
 import os
@@ -48,16 +48,17 @@ def timed_generate(model, ids, new_tokens):
 
 def run(args):
     torch.set_num_threads(args.threads)
-    model = LlamaForCausalLM.from_pretrained(args.directory, torch_dtype=torch.float32).eval()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = LlamaForCausalLM.from_pretrained(args.directory, torch_dtype=dtype).eval()
     ids = prompts(args.batch, args.prompt_tokens, model.config.vocab_size)
     timed_generate(model, ids, 2)  # warm
     first = timed_generate(model, ids, 1)
     whole = timed_generate(model, ids, args.new)
     rate = args.batch * (args.new - 1) / max(whole - first, 1e-9)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"transformers threads {args.threads} batch {args.batch}: first token {first:.3f} s, decode {rate:.2f} "
+    print(f"transformers threads {args.threads} batch {args.batch} {args.dtype}: first token {first:.3f} s, decode {rate:.2f} "
           f"tokens/s; peak resident {peak:.0f} MiB")
-    print(f"RESULT torch_threads{args.threads}_batch{args.batch} {first:.4f} {rate:.3f} {peak:.0f}")
+    print(f"RESULT torch_threads{args.threads}_batch{args.batch}_{args.dtype} {first:.4f} {rate:.3f} {peak:.0f}")
     return 0
 
 
@@ -71,6 +72,8 @@ def main():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the model's weights and compute (bfloat16: transformers' torch_dtype=torch.bfloat16)")
     return run(parser.parse_args())
 
 
