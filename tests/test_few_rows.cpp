@@ -2,8 +2,9 @@
 // 256 and 263 rows (every remainder of the weight rows a pass takes at once), in float and double, with and without a
 // bias, on slices of wider matrices, against sums in long double written here. The product with a bf16 weight
 // (nn/kernels/bf16_weights.hpp) the same way at 1 to 20 rows, against the weight rounded by Eigen::bfloat16, and its
-// rounding against Eigen's. Built twice (tests/CMakeLists.txt): for AVX2 and for the build machine, so that each
-// vector width the kernel has runs.
+// rounding against Eigen's. The bf16 GEMM (nn/kernels/bf16_gemm.hpp) in the three layouts of a Linear's step, against
+// long-double sums of the rounded operands. Built twice (tests/CMakeLists.txt): for AVX2 and for the build machine,
+// so that each vector width the kernel has runs; the second with oneDNN where it is installed, the first without.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -12,8 +13,10 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <shardwise/nn/kernels/bf16_gemm.hpp>
 #include <shardwise/nn/kernels/bf16_weights.hpp>
 #include <shardwise/nn/kernels/functional.hpp>
+#include <utility>
 #include <vector>
 
 namespace nn = shardwise::nn;
@@ -130,4 +133,61 @@ TEST_CASE(
         ++cases;
       }
   CHECK(cases == 20 * 2 * 2);
+}
+
+TEST_CASE(
+    "bf16 GEMM: a Linear's three products (y = x W^T, dx = dy W, dW += dy^T x) equal long-double sums of the "
+    "operands rounded to bf16") {
+  namespace detail = shardwise::detail;
+#if defined(SHARDWISE_WITH_ONEDNN)
+  MESSAGE("through oneDNN");
+#else
+  MESSAGE("as fp32 GEMMs of the widened operands");
+#endif
+  auto const rounded = [](nn::matrix<float> const& m) -> nn::matrix<float> {
+    return m.cast<Eigen::bfloat16>().cast<float>();
+  };
+  // The worst error of c against a b (+ c0) in long double, over the scale of each sum (sum of |a| |b|, |c0|).
+  auto const worst = [](nn::matrix<float> const& a, nn::matrix<float> const& b, nn::matrix<float> const& c0,
+                        nn::matrix<float> const& c) {
+    double w = 0;
+    for (Index i = 0; i < a.rows(); ++i)
+      for (Index j = 0; j < b.cols(); ++j) {
+        long double sum = c0(i, j), scale = std::abs(c0(i, j));
+        for (Index k = 0; k < a.cols(); ++k) {
+          sum += static_cast<long double>(a(i, k)) * b(k, j);
+          scale += std::abs(static_cast<long double>(a(i, k)) * b(k, j));
+        }
+        w = std::max(w, static_cast<double>(std::abs(c(i, j) - sum) / (scale + 1e-30L)));
+      }
+    return w;
+  };
+  for (Index tokens : {1, 5, 64})
+    for (auto [in, out] : {std::pair<Index, Index>{7, 3}, {48, 33}, {130, 257}}) {
+      INFO(tokens << " tokens, " << in << " -> " << out);
+      double const tolerance = static_cast<double>(std::max(in, tokens) + 1) * std::numeric_limits<float>::epsilon();
+      nn::matrix<float> const x = random_matrix<float>(tokens, in, 1), w = random_matrix<float>(out, in, 2);
+      nn::matrix<float> const dy = random_matrix<float>(tokens, out, 3), dw0 = random_matrix<float>(out, in, 4);
+      auto const x16 = detail::round_to_bf16(x), w16 = detail::round_to_bf16(w), dy16 = detail::round_to_bf16(dy);
+      nn::matrix<float> y(tokens, out), dx(tokens, in), dw = dw0;
+      detail::bf16_gemm(x16.view(), w16.view().transposed(), y.data(), y.outerStride(), false);
+      detail::bf16_gemm(dy16.view(), w16.view(), dx.data(), dx.outerStride(), false);
+      detail::bf16_gemm(dy16.view().transposed(), x16.view(), dw.data(), dw.outerStride(), true);
+      nn::matrix<float> const zero_y = nn::matrix<float>::Zero(tokens, out),
+                              zero_dx = nn::matrix<float>::Zero(tokens, in);
+      CHECK(worst(rounded(x), rounded(w).transpose(), zero_y, y) < tolerance);
+      CHECK(worst(rounded(dy), rounded(w), zero_dx, dx) < tolerance);
+      CHECK(worst(rounded(dy).transpose(), rounded(x), dw0, dw) < tolerance);
+      CHECK((rounded(x) - x).cwiseAbs().maxCoeff() > 0);  // the operands were rounded: the checks above can tell
+    }
+  // Into a slice of a wider output (rows 9 floats apart), the columns around it untouched.
+  nn::matrix<float> const x = random_matrix<float>(4, 6, 5), w = random_matrix<float>(7, 6, 6);
+  nn::matrix<float> wide = nn::matrix<float>::Constant(4, 9, 3.0f);
+  auto const x16 = detail::round_to_bf16(x), w16 = detail::round_to_bf16(w);
+  detail::bf16_gemm(x16.view(), w16.view().transposed(), wide.data() + 1, wide.outerStride(), false);
+  nn::matrix<float> const inside = wide.middleCols(1, 7);
+  CHECK(worst(rounded(x), rounded(w).transpose(), nn::matrix<float>::Zero(4, 7), inside) < 7 * 1.2e-7);
+  CHECK(((wide.col(0).array() == 3.0f).all() && (wide.col(8).array() == 3.0f).all()));
+  CHECK_THROWS_WITH(detail::bf16_gemm(x16.view(), w16.view(), wide.data(), 9, false),
+                    doctest::Contains("a is 4x6 and b 7x6; a's columns must be b's rows"));
 }

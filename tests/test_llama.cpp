@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/llama_accumulation_cases.hpp"
+#include "cases/llama_bf16_cases.hpp"
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
 #include "cases/llama_freeze_cases.hpp"
@@ -391,6 +392,20 @@ TEST_CASE(
     worlds::run_threads(ranks, [&](auto& world) { llama_freeze_cases::check_all(world); });
   }
   llama_freeze_cases::check_refusals();
+}
+
+TEST_CASE(
+    "bf16_autocast: a Linear's products are fp32 products of bf16-rounded operands; TP 2 and 4 (± SP), FSDP and "
+    "FSDP x TP equal the unsharded run under autocast, which differs from fp32's, thread mesh") {
+  llama_bf16_cases::check_linear();
+  using unsharded = shardwise::models::llama_plan<false>;
+  auto const alone = llama_bf16_cases::train<unsharded>(shardwise::serial_world(), true);
+  auto const fp32 = llama_bf16_cases::train<unsharded>(shardwise::serial_world(), false);
+  auto const bf16_against_fp32 = llama_bf16_cases::distance(alone, fp32);
+  INFO("bf16 against fp32: " << bf16_against_fp32);
+  CHECK(bf16_against_fp32.logits > 50 * llama_bf16_cases::kLogitsTolerance);
+  for (int ranks : {1, 2, 4})
+    worlds::run_threads(ranks, [&](auto& world) { llama_bf16_cases::check_all(world, alone); });
 }
 
 TEST_CASE(

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "cases/llama_accumulation_cases.hpp"
+#include "cases/llama_bf16_cases.hpp"
 #include "cases/llama_cases.hpp"
 #include "cases/llama_context_cases.hpp"
 #include "cases/llama_freeze_cases.hpp"
@@ -66,6 +67,11 @@ TEST_CASE("Gradient accumulation with the loss over the step's valid tokens equa
 
 TEST_CASE("Frozen parameters: a frozen run at TP 2 and 4 (± SP, ZeRO-1) equals the unsharded one, MPI mesh") {
   llama_freeze_cases::check_all(worlds::mpi());
+}
+
+TEST_CASE("bf16_autocast: TP (± SP), FSDP and FSDP x TP equal the unsharded run under autocast, MPI mesh") {
+  auto const alone = llama_bf16_cases::train<shardwise::models::llama_plan<false>>(shardwise::serial_world(), true);
+  llama_bf16_cases::check_all(worlds::mpi(), alone);
 }
 
 TEST_CASE("LoRA adapters: TP 2 and 4 (± SP, ZeRO-1) equal the unsharded run, MPI mesh") {

@@ -20,6 +20,7 @@
 #include "shardwise/nn/shapes.hpp"
 #include "shardwise/nn/tie.hpp"
 #include "shardwise/nn/training/activation_checkpoint.hpp"
+#include "shardwise/nn/training/bf16_autocast.hpp"
 #include "shardwise/nn/training/freeze.hpp"
 #include "shardwise/nn/training/lora.hpp"
 #include "shardwise/nn/training/loss.hpp"

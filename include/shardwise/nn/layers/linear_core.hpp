@@ -14,8 +14,8 @@
 
 #include "shardwise/cost/cost.hpp"
 #include "shardwise/nn/kernels/functional.hpp"
-#include "shardwise/nn/layers/bf16_weight_copy.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"
+#include "shardwise/nn/layers/linear_precision.hpp"
 #include "shardwise/nn/layers/linear_style.hpp"
 #include "shardwise/nn/layers/lora.hpp"
 #include "shardwise/nn/layers/parameter.hpp"
@@ -210,14 +210,16 @@ class linear_core : public layer_plumbing<T> {
   /// The gradient it accumulates into: its own, or its owner's.
   [[nodiscard]] matrix& current_weight_grad() { return tied() ? tie_.grad(this) : weight_grad; }
 
-  /// Used by sw::bf16_weights: forward multiplies with a bf16 copy of the weight while `hold`, as before after.
+  /// Used by sw::bf16_weights: forward multiplies with a bf16 copy of the weight while `hold`, in T after.
   void shardwise_hold_bf16_weight(bool hold) {
-    hold ? bf16_.hold(current_weight(), static_cast<Eigen::Index>(local_out_), static_cast<Eigen::Index>(local_in_),
-                      path_)
-         : bf16_.drop();
+    hold ? precision_.hold_bf16_weight(current_weight(), static_cast<Eigen::Index>(local_out_),
+                                       static_cast<Eigen::Index>(local_in_), path_)
+         : precision_.reset();
   }
   /// The bytes of the bf16 copy (0 without one).
-  [[nodiscard]] std::size_t bf16_weight_bytes() const { return bf16_.bytes(); }
+  [[nodiscard]] std::size_t bf16_weight_bytes() const { return precision_.bytes(); }
+  /// Used by sw::bf16_autocast: forward and backward multiply in bf16 while `on`, in T after.
+  void shardwise_autocast_bf16(bool on) { on ? precision_.autocast(path_) : precision_.reset(); }
 
   /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
   void shardwise_tie(matrix& value, matrix& grad, std::string_view owner_path);
@@ -262,7 +264,7 @@ class linear_core : public layer_plumbing<T> {
   std::size_t local_in_, local_out_;         // this rank's shard of the weight
   matrix saved_input_;
   std::optional<lora_adapter<T>> lora_;  // sw::add_lora
-  bf16_weight_copy<T> bf16_;             // sw::bf16_weights
+  linear_precision<T> precision_;        // sw::bf16_weights, sw::bf16_autocast
 };
 
 template <class T, class Rule>
@@ -328,7 +330,7 @@ void linear_core<T, Rule>::shardwise_materialize() {
 
 template <class T, class Rule>
 auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T, input_grad_layout> {
-  bf16_.refuse_backward(path_);
+  precision_.refuse_backward(path_);
   matrix const& w = current_weight();
   matrix const* dy = &dy_whole;
   matrix dy_part;
@@ -341,7 +343,7 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
          " on this rank after a forward of ", saved_input_.rows(), "x", w.rows(),
          "; pass the gradient of this layer's last output");
   matrix dx(dy->rows(), w.cols());
-  nn::linear_backward_input<T>(w, *dy, dx);
+  if (!precision_.backward_input(w, *dy, dx)) nn::linear_backward_input<T>(w, *dy, dx);
   if (lora_) {
     if (copies_summed_) unsum_copies();  // B's gradient too accumulates onto summed copies
     lora_->backward(saved_input_, *dy, dx);
@@ -372,7 +374,10 @@ void linear_core<T, Rule>::weight_gradient(matrix const& x, matrix const& dy) {
   }
   if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
   if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
-  nn::linear_backward_weight<T>(x, dy, wg, bias_trained ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
+  if (!precision_.backward_weight(x, dy, wg))
+    return nn::linear_backward_weight<T>(x, dy, wg,
+                                         bias_trained ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
+  if (bias_trained) bias_grad.noalias() += dy.colwise().sum().transpose();
 }
 
 template <class T, class Rule>
@@ -437,10 +442,7 @@ auto linear_core<T, Rule>::forward_kept_input() -> Activation<T, output_layout> 
   // The bias goes in with the product, except where the product is a partial sum: there after it, once.
   bool const bias_now = has_bias_ && !layouts::bias_after_output;
   auto const bias_in = bias_now ? std::optional<nn::const_vector_ref<T>>(bias) : std::nullopt;
-  if (bf16_.held())
-    bf16_.product(saved_input_, bias_in, y);
-  else
-    nn::linear_forward<T>(saved_input_, w, bias_in, y);
+  if (!precision_.forward(saved_input_, w, bias_in, y)) nn::linear_forward<T>(saved_input_, w, bias_in, y);
   if (lora_) lora_->add_to(saved_input_, y);  // a part of the product: moved with it
   if constexpr (!same_layout_v<typename layouts::product_out, output_layout>)
     y = moved<typename layouts::product_out, output_layout>(std::move(y));

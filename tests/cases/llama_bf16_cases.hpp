@@ -1,0 +1,187 @@
+#pragma once
+// bf16 products (sw::bf16_autocast) on the Qwen2-like config of llama_packed_cases, in float. A Linear's forward and
+// both backward products equal the fp32 products of its operands rounded to bf16 (Eigen::bfloat16), within float's
+// rounding of the sums. 5 AdamW steps under autocast at TP 2 and 4 (± SP), FSDP dp 2 and 4 and dp x tp 2 equal the
+// unsharded run under autocast within the tolerances below (measured: logits 0, gradients 6.1e-3 at TP 4, losses
+// 1.3e-4, parameters 7.9e-4), whose logits differ from the fp32 run's by 1.9e-3.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+#include <shardwise/fsdp.hpp>
+#include <shardwise/models/llama_plan.hpp>
+#include <shardwise/shardwise.hpp>
+#include <string>
+#include <vector>
+
+#include "llama_packed_cases.hpp"
+
+namespace llama_bf16_cases {
+
+namespace sw = shardwise;
+namespace models = shardwise::models;
+using fmatrix = sw::nn::matrix<float>;
+using llama_packed_cases::Result;
+
+/// Sharded against unsharded under autocast, each relative to the largest element of what it compares. The forward
+/// rounds the same values alike; the gradients, whose partial sums are added in another order, can round to the
+/// neighbouring bf16 value (2^-8 apart) and carry it back through a few layers.
+inline constexpr double kLogitsTolerance = 1e-5, kGradientTolerance = 1e-2, kLossTolerance = 1e-3,
+                        kParameterTolerance = 2e-3;
+
+/// AdamW with an epsilon of 1e-2, near the gradients' elements (their norm clipped to 1 over 30,000 of them): with
+/// torch's 1e-8, Adam's first steps move each element by the learning rate times the sign of its gradient, so the
+/// last bf16 rounding of a near-zero gradient moves a weight by twice the learning rate either way.
+inline sw::AdamWOptions<float> optimizer_options() {
+  return {.learning_rate = 1e-2f, .eps = 1e-2f, .weight_decay = 0.1f, .max_grad_norm = 1.0f};
+}
+
+/// The losses and parameters (whole, in double) of a run.
+template <class Model>
+void keep_parameters(Model& model, Result& r) {
+  sw::for_each_parameter(model, [&](std::string const& name, auto const& p) {
+    r.parameters.push_back(sw::full_tensor(p).template cast<double>()), r.names.push_back(name);
+  });
+}
+
+/// `steps` AdamW steps of a Llama<float> over packed rows at TP = world size with Plan, under sw::bf16_autocast when
+/// `bf16`.
+template <class Plan, class World>
+Result train(World const& world, bool bf16, int steps = 5) {
+  auto const c = llama_packed_cases::config();
+  auto const tp = sw::make_mesh<"tp">(world, {world.size()});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  models::Llama<float, Plan> model(c);
+  sw::parallelize(model, tp);
+  std::optional<sw::bf16_autocast<models::Llama<float, Plan>>> autocast;
+  if (bf16) autocast.emplace(model);
+  sw::AdamW<float> optimizer(optimizer_options());
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int64_t> ids, targets;
+    std::vector<std::size_t> lengths;
+    llama_packed_cases::packed_row(step, 0, ids, targets, lengths);
+    auto const logits = model.forward(ids, sw::sequence_lengths(lengths));
+    auto const loss = models::llama_loss(tp, logits, targets, c.vocabulary);
+    model.backward(loss.dlogits);
+    auto finished = sw::finish_gradients(model);
+    if (step == 0) {
+      fmatrix whole = logits.local;
+      if constexpr (!std::is_same_v<typename std::remove_cvref_t<decltype(logits)>::placement, sw::Replicate>)
+        sw::all_gather(tp, logits.local, whole, -1);  // vocabulary-sharded logits, whole
+      r.logits = whole.cast<double>();
+      sw::for_each_parameter(finished, [&](std::string const&, auto const& p) {
+        r.gradients.push_back(sw::full_gradient(p).template cast<double>());
+      });
+    }
+    optimizer.step(finished, dp);
+    sw::zero_grad(model);
+    r.losses.push_back(loss.loss);
+  }
+  keep_parameters(model, r);
+  return r;
+}
+
+/// The same steps under FSDP (full shard, a unit per block) on dp x tp = {world / tp_size, tp_size}, every dp rank
+/// on the same rows (so that the run equals the unsharded one), under sw::bf16_autocast.
+template <class World>
+Result train_fsdp(World const& world, int tp_size, int steps = 5) {
+  auto const c = llama_packed_cases::config();
+  auto const mesh = sw::make_mesh<"dp", "tp">(world, {world.size() / tp_size, tp_size});
+  auto const dp = sw::submesh<"dp">(mesh);
+  auto const tp = sw::submesh<"tp">(mesh);
+  using Model = models::Llama<float, models::llama_plan<false>>;
+  Model model(c);
+  sw::parallelize(model, tp);
+  auto sharded = sw::fully_shard<sw::fsdp_policy<sw::full_shard, sw::wrap_paths<"layers.*">>>(model, dp);
+  sw::bf16_autocast<Model> const autocast(model);
+  sw::AdamW<float> optimizer(optimizer_options());
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int64_t> ids, targets;
+    std::vector<std::size_t> lengths;
+    llama_packed_cases::packed_row(step, 0, ids, targets, lengths);
+    auto const loss =
+        models::llama_loss(tp, sharded.forward(ids, sw::sequence_lengths(lengths)), targets, c.vocabulary);
+    sharded.backward(loss.dlogits);
+    optimizer.step(sharded);
+    sw::zero_grad(sharded);
+    r.losses.push_back(sw::all_reduce(dp, loss.loss, sw::Avg{}));
+  }
+  sharded.unshard();
+  keep_parameters(sharded.model(), r);
+  sharded.reshard();
+  return r;
+}
+
+/// How far two runs are apart, each relative to the largest element of what it compares: the first step's logits and
+/// gradients (where both runs have them), the losses, the parameters after the steps.
+struct Distance {
+  double logits = 0, gradients = 0, losses = 0, parameters = 0;
+};
+
+inline Distance distance(Result const& got, Result const& expected) {
+  Distance d;
+  if (got.logits.size() != 0 && expected.logits.size() != 0) {
+    d.logits = llama_packed_cases::relative_error(got.logits, expected.logits);
+    for (std::size_t i = 0; i < got.gradients.size(); ++i)
+      d.gradients = std::max(d.gradients, llama_packed_cases::relative_error(got.gradients[i], expected.gradients[i]));
+  }
+  for (std::size_t i = 0; i < got.losses.size(); ++i)
+    d.losses = std::max(d.losses, std::abs(got.losses[i] - expected.losses[i]) / std::abs(expected.losses[i]));
+  for (std::size_t i = 0; i < got.parameters.size(); ++i)
+    d.parameters =
+        std::max(d.parameters, llama_packed_cases::relative_error(got.parameters[i], expected.parameters[i]));
+  return d;
+}
+
+inline std::ostream& operator<<(std::ostream& out, Distance const& d) {
+  return out << "logits " << d.logits << ", gradients " << d.gradients << ", losses " << d.losses << ", parameters "
+             << d.parameters;
+}
+
+/// A Linear under autocast: y = x W^T + b, dx = dy W and dW = dy^T x against the fp32 products of x, W and dy rounded
+/// to bf16; the bias's gradient is the column sums of dy, unrounded.
+inline void check_linear() {
+  auto const rounded = [](fmatrix const& m) -> fmatrix { return m.cast<Eigen::bfloat16>().cast<float>(); };
+  sw::Linear<float> plain(48, 33, 7, true), cast(48, 33, 7, true);
+  cast.shardwise_autocast_bf16(true);
+  fmatrix x(5, 48), dy(5, 33);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = float(std::sin(0.37 * double(i)));
+  for (Eigen::Index i = 0; i < dy.size(); ++i) dy.data()[i] = float(std::cos(0.11 * double(i)));
+  auto const y = cast(sw::Activation<float, sw::Replicate>{x});
+  auto const dx = cast.backward(sw::Activation<float, sw::Replicate>{dy});
+  fmatrix const w = rounded(plain.weight);
+  fmatrix const y_expected = (rounded(x) * w.transpose()).rowwise() + plain.bias.transpose();
+  CHECK(llama_packed_cases::relative_error(y.local.cast<double>(), y_expected.cast<double>()) <= 1e-6);
+  CHECK(llama_packed_cases::relative_error(dx.local.cast<double>(), (rounded(dy) * w).cast<double>()) <= 1e-6);
+  fmatrix const dw = rounded(dy).transpose() * rounded(x);
+  CHECK(llama_packed_cases::relative_error(cast.weight_grad.cast<double>(), dw.cast<double>()) <= 1e-6);
+  fmatrix const db = dy.colwise().sum().transpose();
+  CHECK(llama_packed_cases::relative_error(cast.bias_grad.cast<double>(), db.cast<double>()) <= 1e-6);
+  auto const y32 = plain(sw::Activation<float, sw::Replicate>{x});  // and not the fp32 product
+  CHECK(llama_packed_cases::relative_error(y.local.cast<double>(), y32.local.cast<double>()) > 1e-4);
+  cast.shardwise_autocast_bf16(false);  // the scope's end: fp32 again
+  auto const again = cast(sw::Activation<float, sw::Replicate>{x});
+  CHECK(llama_packed_cases::relative_error(again.local.cast<double>(), y32.local.cast<double>()) <= 1e-6);
+}
+
+/// Every parallel run under autocast against `alone` (the unsharded run under autocast).
+template <class World>
+void check_all(World const& world, Result const& alone) {
+  auto const check = [&](Result const& got, char const* what) {
+    Distance const d = distance(got, alone);
+    INFO(what << ", " << world.size() << " ranks: " << d);
+    CHECK(d.logits <= kLogitsTolerance);
+    CHECK(d.gradients <= kGradientTolerance);
+    CHECK(d.losses <= kLossTolerance);
+    CHECK(d.parameters <= kParameterTolerance);
+  };
+  check(train<models::llama_plan<false>>(world, true), "TP");
+  check(train<models::llama_plan<true>>(world, true), "TP + SP");
+  check(train_fsdp(world, 1), "FSDP");
+  if (world.size() % 2 == 0) check(train_fsdp(world, 2), "FSDP x TP 2");
+}
+
+}  // namespace llama_bf16_cases
