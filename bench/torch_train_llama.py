@@ -118,9 +118,10 @@ def run(rank, world, port, args, queue):
     for step in range(args.warmup + args.steps):
         dist.barrier()
         start = time.perf_counter()
-        logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False).logits
         with loss_parallel():
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0, foreach=True)
         optimizer.step()
@@ -156,6 +157,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--attention", choices=("eager", "sdpa"), default="eager")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--autocast", action="store_true",
+                        help="the forward under torch.autocast('cpu', torch.bfloat16): bf16 products, fp32 parameters")
     for name in SHAPE_FLAGS:  # the model and batch, as bench_train_llama takes them
         parser.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
     parser.add_argument("--no-header", action="store_true", help="the row without the table's header")
@@ -173,7 +176,7 @@ def main():
     how = (f"parallelize_module with torchtitan's plan (sequence + loss parallel), gloo, {args.tp} processes x 1 "
            f"thread" if args.tp > 1 else "not parallelized, 1 process x 1 thread")
     print(f"# PyTorch {torch.__version__.split('+')[0]} TP {args.tp}: transformers LlamaForCausalLM, {how}, "
-          f"attention {args.attention}, AdamW + clipping, median of {args.steps} steps after "
+          f"attention {args.attention}{', bf16 autocast' if args.autocast else ''}, AdamW + clipping, median of {args.steps} steps after "
           f"{args.warmup} warm-up (fastest {r0['fastest'] * 1e3:.0f} ms, slowest {r0['slowest'] * 1e3:.0f} ms); "
           f"loss {r0['first_loss']:.4f} -> {r0['last_loss']:.4f}")
     if not args.no_header:

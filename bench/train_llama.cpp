@@ -5,8 +5,10 @@
 // started again with --configuration N), so each peak is that configuration's alone.
 //
 //   bench_train_llama [--steps 10] [--configurations 0,1,2,3] [--vocabulary N] [--dim N] [--layers N] [--heads N]
-//                     [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--smoke]
-// Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list.
+//                     [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--compute fp32|bf16] [--smoke]
+// Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list. With
+// --compute bf16 the steps run under sw::bf16_autocast (bf16 products, through oneDNN where the build has it; the
+// GEMMs-alone column stays fp32's).
 //
 // Beside tokens/s, the machine's share: model FLOP/s (6 x tokens x the weights that multiply, plus the causal
 // attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, run right
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <sstream>
@@ -87,6 +90,9 @@ struct Result {
   double share = 0;         // median over the steps of (model FLOP/s) / (the GEMMs' FLOP/s right after that step)
 };
 
+/// --compute bf16: the steps under sw::bf16_autocast.
+bool bf16_compute = false;
+
 /// Steps of training: a warm-up, then `steps` timed, their median giving tokens/s and the process's peak RSS
 /// read after them; then `steps` more, each followed by the step's GEMMs alone on the same threads, which give
 /// the machine's share step by step (the machine's speed drifts within seconds here: pairs, not one ceiling
@@ -102,6 +108,8 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
     models::Llama<float, Plan> model(c);
     sw::AdamW<float> optimizer({.learning_rate = 1e-3f, .max_grad_norm = 1.0f, .zero1 = zero1});
     sw::parallelize(model, tp);
+    std::optional<sw::bf16_autocast<models::Llama<float, Plan>>> autocast;
+    if (bf16_compute) autocast.emplace(model);
     int const mine = sequences / dp_size;
     std::vector<std::int64_t> ids, targets;
     for (int b = 0; b < mine; ++b)
@@ -222,7 +230,14 @@ int main(int argc, char** argv) {
       *field = std::size_t(std::atol(argv[++i])), shape += " " + a + " " + argv[i];
     else if (a == "--sequences" && has_value)
       sequences = std::atoi(argv[++i]), shape += " " + a + " " + argv[i];
-    else if (a == "--smoke")
+    else if (a == "--compute" && has_value) {
+      std::string const how = argv[++i];
+      if (how != "fp32" && how != "bf16") {
+        std::fprintf(stderr, "bench_train_llama: --compute takes fp32 or bf16, not %s\n", how.c_str());
+        return 2;
+      }
+      bf16_compute = how == "bf16", shape += " --compute " + how;
+    } else if (a == "--smoke")
       smoke = true, steps = 1, c.vocabulary = 64, c.dim = 32, c.layers = 1, c.hidden = 64, c.sequence = 8,
       sequences = 4;
     else {
@@ -260,9 +275,10 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "# Llama training, fp32, vocabulary %zu, dim %zu, %zu layers, %zu heads (%zu kv), hidden %zu, %d x %zu "
+      "# Llama training, %s, vocabulary %zu, dim %zu, %zu layers, %zu heads (%zu kv), hidden %zu, %d x %zu "
       "tokens per step, median of %d steps, thread mesh on %d cores, each configuration in its own process\n",
-      c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads, c.hidden, sequences, c.sequence, steps, 2);
+      bf16_compute ? "bf16 products (sw::bf16_autocast)" : "fp32", c.vocabulary, c.dim, c.layers, c.heads, c.kv_heads,
+      c.hidden, sequences, c.sequence, steps, 2);
   auto const& serial = results[0];
   std::printf(
       "| mesh | tokens/s | vs TP 1 | parameters / rank | ideal | gradients / rank | optimizer state / rank | "
