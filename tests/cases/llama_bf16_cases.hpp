@@ -146,7 +146,7 @@ inline std::ostream& operator<<(std::ostream& out, Distance const& d) {
 inline void check_linear() {
   auto const rounded = [](fmatrix const& m) -> fmatrix { return m.cast<Eigen::bfloat16>().cast<float>(); };
   sw::Linear<float> plain(48, 33, 7, true), cast(48, 33, 7, true);
-  cast.shardwise_autocast_bf16(true);
+  cast.shardwise_autocast_bf16();
   fmatrix x(5, 48), dy(5, 33);
   for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = float(std::sin(0.37 * double(i)));
   for (Eigen::Index i = 0; i < dy.size(); ++i) dy.data()[i] = float(std::cos(0.11 * double(i)));
@@ -162,7 +162,7 @@ inline void check_linear() {
   CHECK(llama_packed_cases::relative_error(cast.bias_grad.cast<double>(), db.cast<double>()) <= 1e-6);
   auto const y32 = plain(sw::Activation<float, sw::Replicate>{x});  // and not the fp32 product
   CHECK(llama_packed_cases::relative_error(y.local.cast<double>(), y32.local.cast<double>()) > 1e-4);
-  cast.shardwise_autocast_bf16(false);  // the scope's end: fp32 again
+  cast.shardwise_reset_precision();  // the scope's end: fp32 again
   auto const again = cast(sw::Activation<float, sw::Replicate>{x});
   CHECK(llama_packed_cases::relative_error(again.local.cast<double>(), y32.local.cast<double>()) <= 1e-6);
 }

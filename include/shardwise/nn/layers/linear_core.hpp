@@ -210,16 +210,17 @@ class linear_core : public layer_plumbing<T> {
   /// The gradient it accumulates into: its own, or its owner's.
   [[nodiscard]] matrix& current_weight_grad() { return tied() ? tie_.grad(this) : weight_grad; }
 
-  /// Used by sw::bf16_weights: forward multiplies with a bf16 copy of the weight while `hold`, in T after.
-  void shardwise_hold_bf16_weight(bool hold) {
-    hold ? precision_.hold_bf16_weight(current_weight(), static_cast<Eigen::Index>(local_out_),
-                                       static_cast<Eigen::Index>(local_in_), path_)
-         : precision_.reset();
+  /// @{ Used by sw::bf16_weights and sw::bf16_autocast: forward multiplies with a bf16 copy of the weight, or forward
+  /// and backward multiply in bf16, until the precision is reset to T's.
+  void shardwise_hold_bf16_weight() {
+    precision_.hold_bf16_weight(current_weight(), static_cast<Eigen::Index>(local_out_),
+                                static_cast<Eigen::Index>(local_in_), path_);
   }
+  void shardwise_autocast_bf16() { precision_.autocast(path_); }
+  void shardwise_reset_precision() { precision_.reset(); }
+  /// @}
   /// The bytes of the bf16 copy (0 without one).
   [[nodiscard]] std::size_t bf16_weight_bytes() const { return precision_.bytes(); }
-  /// Used by sw::bf16_autocast: forward and backward multiply in bf16 while `on`, in T after.
-  void shardwise_autocast_bf16(bool on) { on ? precision_.autocast(path_) : precision_.reset(); }
 
   /// Used by sw::tie_weights: the weight is the matrices `value` and `grad` of a layer in the same model.
   void shardwise_tie(matrix& value, matrix& grad, std::string_view owner_path);
