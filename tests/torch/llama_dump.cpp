@@ -1,12 +1,15 @@
 // The C++ half of the outside check against Hugging Face transformers' LlamaForCausalLM: shardwise's Llama
 // (unsharded, and at TP 2 with sequence parallelism), its initial weights under the Hugging Face names, the
-// logits of one batch, and the losses of 5 AdamW steps. llama_reference.py builds LlamaForCausalLM from the
-// same config, loads the weights and compares; it shares no code with this file.
+// logits of one batch, and the losses of 5 AdamW steps; then 50 steps under sw::bf16_autocast. llama_reference.py
+// builds LlamaForCausalLM from the same config, loads the weights and compares (the bf16 steps against
+// torch.autocast's); it shares no code with this file.
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
 #include <string>
+#include <type_traits>
 
 #include "npy.hpp"
 
@@ -58,11 +61,13 @@ int main(int argc, char** argv) {
   auto const c = config();
   sw::AdamWOptions<float> const adamw{
       .learning_rate = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  auto train = [&](auto& model, auto const& tp, std::string const& tag) {
+  auto train = [&](auto& model, auto const& tp, std::string const& tag, int steps = 5, bool bf16 = false) {
     auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+    std::optional<sw::bf16_autocast<std::remove_cvref_t<decltype(model)>>> autocast;
+    if (bf16) autocast.emplace(model);
     sw::AdamW<float> optimizer(adamw);
-    Eigen::Matrix<double, Eigen::Dynamic, 1> losses(5);
-    for (int step = 0; step < 5; ++step) {
+    Eigen::Matrix<double, Eigen::Dynamic, 1> losses(steps);
+    for (int step = 0; step < steps; ++step) {
       auto const ids = ids_of(step, false), targets = ids_of(step, true);
       auto const logits = model.forward(ids);
       auto const result = models::llama_loss(tp, logits, targets, c.vocabulary);
@@ -99,6 +104,18 @@ int main(int argc, char** argv) {
     models::Llama<float, models::llama_plan<true>> model(c);
     sw::parallelize(model, tp);
     train(model, tp, "tp2_sp");
+  });
+  {
+    auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+    models::Llama<float> model(c);
+    sw::parallelize(model, tp);
+    train(model, tp, "bf16.unsharded", 50, true);
+  }
+  sw::run_threads(2, [&](auto& world) {
+    auto const tp = sw::make_mesh<"tp">(world, {2});
+    models::Llama<float, models::llama_plan<true>> model(c);
+    sw::parallelize(model, tp);
+    train(model, tp, "bf16.tp2_sp", 50, true);
   });
   std::puts("llama_dump: written");
   return 0;
