@@ -2,9 +2,12 @@
 // C (+)= A B with A and B in bf16 and C, the products' sums, in fp32: the products of sw::bf16_autocast. With
 // oneDNN (the program links shardwise::onednn, which defines SHARDWISE_WITH_ONEDNN) they run on the CPU's bf16
 // units (AMX tiles, or avx512_bf16 dot products); without it, as fp32 GEMMs of the widened operands: the same
-// numbers up to the order of the sums, since a product of two bf16 values is exact in fp32.
+// numbers up to the order of the sums, since a product of two bf16 values is exact in fp32. Where oneDNN has no bf16
+// kernel for the CPU, the products take that path too, with a message once.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
 #include <vector>
 
 #include "shardwise/nn/kernels/bf16.hpp"
@@ -49,17 +52,23 @@ inline dnnl::engine const& onednn_engine() {
   static dnnl::engine const engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
-#endif
 
-/// c [a.rows, b.cols] (row-major, rows `c_stride` apart) = a b, or += a b when `accumulate`.
-inline void bf16_gemm(bf16_view a, bf16_view b, float* c, Eigen::Index c_stride, bool accumulate) {
-  if (a.cols != b.rows)
-    fail("shardwise::bf16_gemm: a is ", a.rows, "x", a.cols, " and b ", b.rows, "x", b.cols,
-         "; a's columns must be b's rows");
-  if (a.rows == 0 || b.cols == 0) return;
-#if defined(SHARDWISE_WITH_ONEDNN)
-  if (a.cols > 0) {
-    using memory = dnnl::memory;
+/// Says once, on standard error, that oneDNN refused a bf16 product (a CPU it has no bf16 kernel for), which then
+/// runs as an fp32 GEMM of the rounded operands: the same numbers, at fp32's speed or below.
+inline void say_onednn_refused(char const* why) {
+  static std::once_flag once;
+  std::call_once(once, [why] {
+    std::fprintf(stderr,
+                 "shardwise: oneDNN has no bf16 matmul here (%s); bf16 products run as fp32 GEMMs of the rounded "
+                 "operands (the same numbers, slower)\n",
+                 why);
+  });
+}
+
+/// c = a b (+= with `accumulate`) through oneDNN; false where oneDNN refuses the product.
+inline bool onednn_gemm(bf16_view a, bf16_view b, float* c, Eigen::Index c_stride, bool accumulate) {
+  using memory = dnnl::memory;
+  try {
     memory::desc const a_md({a.rows, a.cols}, memory::data_type::bf16, {a.row_stride, a.col_stride});
     memory::desc const b_md({b.rows, b.cols}, memory::data_type::bf16, {b.row_stride, b.col_stride});
     memory::desc const c_md({a.rows, b.cols}, memory::data_type::f32, {c_stride, 1});
@@ -77,8 +86,22 @@ inline void bf16_gemm(bf16_view a, bf16_view b, float* c, Eigen::Index c_stride,
     memory c_mem(c_md, onednn_engine(), c);
     dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
     stream.wait();
-    return;
+    return true;
+  } catch (dnnl::error const& e) {
+    say_onednn_refused(e.what());
+    return false;
   }
+}
+#endif
+
+/// c [a.rows, b.cols] (row-major, rows `c_stride` apart) = a b, or += a b when `accumulate`.
+inline void bf16_gemm(bf16_view a, bf16_view b, float* c, Eigen::Index c_stride, bool accumulate) {
+  if (a.cols != b.rows)
+    fail("shardwise::bf16_gemm: a is ", a.rows, "x", a.cols, " and b ", b.rows, "x", b.cols,
+         "; a's columns must be b's rows");
+  if (a.rows == 0 || b.cols == 0) return;
+#if defined(SHARDWISE_WITH_ONEDNN)
+  if (a.cols > 0 && onednn_gemm(a, b, c, c_stride, accumulate)) return;
 #endif
   auto const widened = [](bf16_view v) {
     nn::matrix<float> m(v.rows, v.cols);
