@@ -11,6 +11,7 @@ b=${2:?usage: run_ab.sh BUILD_A BUILD_B [--rounds N]}
 rounds=3
 [ "${3:-}" = "--rounds" ] && rounds=${4:?--rounds needs a number}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # one thread per rank, BLAS included
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg); A = $a, B = $b"
 results() { grep '^RESULT' | cut -d' ' -f2- | tr '\n' ' '; }
 for round in $(seq "$rounds"); do

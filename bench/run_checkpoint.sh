@@ -8,6 +8,7 @@
 # BENCH_CHECKPOINT_MPIEXEC: the launcher (default: mpiexec -n 4 --oversubscribe --bind-to none), with the
 # sandbox's OpenMPI environment set below unless already set. WORK_DIR is removed at the end unless KEEP=1.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 binary=${1:?usage: run_checkpoint.sh BENCH_CHECKPOINT_BINARY WORK_DIR [--smoke]}
 dir=${2:?usage: run_checkpoint.sh BENCH_CHECKPOINT_BINARY WORK_DIR [--smoke]}
 shift 2

@@ -22,6 +22,7 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 python=${SHARDWISE_PYTHON:-$(bash "$here/../scripts/torch-venv.sh")}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 [ -f "$folder/config.json" ] || "$python" "$here/torch_finetune.py" --write-folder "$folder"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $steps steps after one of warm-up"

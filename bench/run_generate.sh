@@ -16,6 +16,7 @@ dir=${2:-/tmp/shardwise-bench-generate}
 here=$(cd "$(dirname "$0")" && pwd)
 python=${SHARDWISE_PYTHON:-$(bash "$here/../scripts/torch-venv.sh")}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 "$python" "$here/torch_generate.py" prepare "$dir"
 "$python" "$here/torch_generate.py" prepare "$dir-small" --small
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \

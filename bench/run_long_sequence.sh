@@ -24,6 +24,7 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 python=${SHARDWISE_PYTHON:-$(bash "$here/../scripts/torch-venv.sh")}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # one thread per rank, BLAS included
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 model="--vocabulary 8192 --dim 1024 --layers 2 --heads 16 --kv-heads 8 --hidden 2816"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $steps timed steps after 1-2 warm-up"

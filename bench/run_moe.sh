@@ -24,6 +24,7 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 python=${SHARDWISE_PYTHON:-$(bash "$here/../scripts/torch-venv.sh")}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 [ -f "$folders/moe/config.json" ] || "$python" "$here/torch_moe.py" --write-folder "$folders/moe"
 [ -f "$folders/dense/config.json" ] || "$python" "$here/torch_moe.py" --write-folder "$folders/dense" --dense
 bench="$build/bench/bench_moe"

@@ -4,6 +4,7 @@
 # with the test suite), test_mpi_llama_pipeline.mpi4 beside the same loads too (cut off at 120 s).
 #   bench/run_mpi_beside_load.sh BENCH_BUILD [TEST_BUILD]
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 bench=$1/bench/bench_mpi_beside_load
 tests=${2:-}
 [[ -x $bench ]] || { echo "run_mpi_beside_load.sh: build $bench first (target bench_mpi_beside_load)" >&2; exit 2; }

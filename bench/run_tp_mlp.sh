@@ -8,6 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=$(bash "$here/../scripts/torch-venv.sh")
 echo "# $(date -u +%Y-%m-%d), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # one thread per rank, BLAS included
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 shardwise_out=$("$build/bench/bench_tp_mlp" "$@")
 echo "$shardwise_out" | grep -v '^RESULT'
 torch_out=$("$python" "$here/torch_tp_mlp.py" "$@" | grep -v '^$')

@@ -20,6 +20,7 @@ python=${SHARDWISE_PYTHON:-$(bash "$here/../scripts/torch-venv.sh")}
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # one thread per rank, BLAS included
+source "$(dirname "${BASH_SOURCE[0]}")/openblas_env.sh"  # the kernels the CPU can run
 shardwise_out=$("$build/bench/bench_train_llama" --steps "$steps")
 echo "$shardwise_out" | grep -v '^RESULT'
 echo

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <shardwise/inference/cached_attention.hpp>
+#include <shardwise/nn/kernels/blas_check.hpp>
 #include <shardwise/nn/kernels/functional.hpp>
 #include <shardwise/nn/kernels/functional_attention.hpp>
 #include <string>
@@ -67,6 +68,20 @@ double weighted_sum(mat const& y, mat const& r) { return y.cwiseProduct(r).sum()
 constexpr double grad_tol = 1e-6;
 
 }  // namespace
+
+TEST_CASE("OpenBLAS's kernels below the CPU's: the advice names the kernels to ask for, and only then") {
+  using shardwise::detail::cpu_vectors;
+  using shardwise::detail::openblas_kernel_advice;
+  cpu_vectors const avx512{true, true}, avx2{true, false}, sse_only{false, false};
+  std::string const emerald = openblas_kernel_advice("Prescott", avx512);
+  CHECK(emerald.find("runs its Prescott kernels") != std::string::npos);
+  CHECK(emerald.find("OPENBLAS_CORETYPE=SkylakeX") != std::string::npos);
+  CHECK(openblas_kernel_advice("Sandybridge", avx2).find("OPENBLAS_CORETYPE=Haswell") != std::string::npos);
+  CHECK(openblas_kernel_advice("Nehalem", avx2).find("AVX2 and FMA") != std::string::npos);
+  for (char const* fast : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    CHECK(openblas_kernel_advice(fast, avx512).empty());
+  CHECK(openblas_kernel_advice("Prescott", sse_only).empty());  // nothing faster to ask for
+}
 
 TEST_CASE("linear: forward against loops, backward against finite differences, accumulation, slices") {
   Index const n = 5, in = 4, out = 3;

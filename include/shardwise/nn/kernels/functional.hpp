@@ -25,6 +25,7 @@
 #include <span>
 #include <type_traits>
 
+#include "shardwise/nn/kernels/blas_check.hpp"
 #include "shardwise/nn/kernels/few_rows.hpp"
 #include "shardwise/nn/kernels/functional_elementwise.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
@@ -63,6 +64,7 @@ template <std::floating_point T>
 void linear_forward(const_matrix_ref<T> x, const_matrix_ref<T> weight, std::optional<const_vector_ref<T>> bias,
                     matrix_ref<T> y) {
   constexpr char const* fn = "linear_forward";
+  if constexpr (detail::eigen_uses_blas) detail::check_blas_kernels_once();
   detail::nn_check_shape(fn, "weight [out, in]", weight, weight.rows(), x.cols());
   detail::nn_check_shape(fn, "y [N, out]", y, x.rows(), weight.rows());
   if (bias) {
