@@ -1,5 +1,6 @@
 #pragma once
 // A Linear's forward and backward GEMMs alone, as the benchmarks time the machine without the library around them.
+#include <shardwise/nn/kernels/bf16_gemm.hpp>
 #include <shardwise/nn/kernels/functional_types.hpp>
 
 namespace bench {
@@ -12,6 +13,19 @@ void linear_gemms(shardwise::nn::matrix<T> const& x, shardwise::nn::matrix<T> co
   y.noalias() = x * w.transpose();
   dx.noalias() = dy * w;
   dw.noalias() = dy.transpose() * x;
+}
+
+/// The same three products as sw::bf16_autocast runs them (shardwise's bf16 GEMM: oneDNN where the build links it),
+/// on operands already rounded to bf16, so that the rounding, which is the library's work, is not among them.
+struct bf16_linear_operands {
+  shardwise::detail::bf16_rows x, w, dy;
+};
+inline void linear_gemms_bf16(bf16_linear_operands const& o, shardwise::nn::matrix<float>& y,
+                              shardwise::nn::matrix<float>& dx, shardwise::nn::matrix<float>& dw) {
+  using shardwise::detail::bf16_gemm;
+  bf16_gemm(o.x.view(), o.w.view().transposed(), y.data(), y.cols(), false);
+  bf16_gemm(o.dy.view(), o.w.view(), dx.data(), dx.cols(), false);
+  bf16_gemm(o.dy.view().transposed(), o.x.view(), dw.data(), dw.cols(), true);
 }
 
 }  // namespace bench

@@ -7,8 +7,8 @@
 //  - each axis' link on the thread mesh at 2 ranks (wire bytes as the planner counts them): the latency of a
 //    4 KiB all-reduce; tp's bandwidth at the activations' size (a 1 MiB all-reduce), dp's at the parameters' (a
 //    64 MiB all-gather), pp's (a 1 MiB send and receive, as a pipeline stage's boundary);
-//  - on standard error, the core's peak: fp32 fused multiply-adds and, where the CPU has avx512_bf16, bf16 dot
-//    products, each a register-resident loop of independent chains (what MFU figures divide by).
+//  - on standard error, the core's peak: fp32 fused multiply-adds and, where the CPU has them, bf16 dot products
+//    (avx512_bf16) and bf16 tile products (AMX), each a register-resident loop (what MFU figures divide by).
 // Every figure is the best of several runs: the machine's rate, not its noise. The measurements are the planner's
 // own (shardwise/planner/calibrate.hpp, which `shardwise plan --machine calibrate` runs shorter).
 //
@@ -46,8 +46,10 @@ int main(int argc, char** argv) {
   long const iterations = smoke ? 1000 : 20'000'000;
   bench::core_peaks const peaks = bench::measure_core_peaks(iterations, runs);
   double const fp32_peak = peaks.fp32, bf16_peak = peaks.bf16;
-  std::fprintf(stderr, "peak per core: fp32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s (0: no such instructions)\n",
-               fp32_peak / 1e9, bf16_peak / 1e9);
+  std::fprintf(stderr,
+               "peak per core: fp32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s, bf16 AMX tiles %.1f GFLOP/s (0: no "
+               "such instructions)\n",
+               fp32_peak / 1e9, bf16_peak / 1e9, peaks.bf16_amx / 1e9);
   std::fprintf(
       stderr, "the Linear's best rate / the fp32 peak: %.2f\n",
       fp32_peak > 0

@@ -8,13 +8,14 @@
 //                     [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--compute fp32|bf16] [--smoke]
 // Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list. With
 // --compute bf16 the steps run under sw::bf16_autocast (bf16 products, through oneDNN where the build has it; the
-// GEMMs-alone column stays fp32's).
+// GEMMs alone then are the library's bf16 GEMMs of operands rounded beforehand).
 //
 // Beside tokens/s, the machine's share: model FLOP/s (6 x tokens x the weights that multiply, plus the causal
 // attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, run right
 // after each of a second set of steps on the same threads (each its rank's shapes, all at once): the median of
 // the step-by-step ratios; and the MFU: model FLOP/s over the fp32 FMA peak of the cores the ranks run on
-// (bench/core_peak.hpp, measured in the same run).
+// (bench/core_peak.hpp, measured in the same run), and with --compute bf16 over their bf16 peak too (AMX's tiles
+// where the CPU has them, else its bf16 dot products), beside the GEMMs alone over the same peak.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -45,7 +46,7 @@ namespace models = shardwise::models;
 /// layer, as the model's layers have the same shapes. The attention's own products are not among them.
 class StepGemms {
  public:
-  StepGemms(models::LlamaConfig const& c, int sequences, int tp) {
+  StepGemms(models::LlamaConfig const& c, int sequences, int tp, bool bf16) {
     auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
     auto const d = Eigen::Index(c.dim), h = Eigen::Index(c.hidden), q = Eigen::Index(c.heads * c.head_dim());
     // Each key-value head repeated where tp exceeds them (as the model does), the vocabulary padded to tp.
@@ -60,6 +61,9 @@ class StepGemms {
       x_.push_back(Matrix::Random(tokens, s.in)), w_.push_back(Matrix::Random(s.out, s.in));
       dy_.push_back(Matrix::Random(tokens, s.out)), y_.emplace_back(tokens, s.out), dx_.emplace_back(tokens, s.in);
       dw_.emplace_back(s.out, s.in);
+      if (bf16)
+        bf16_.push_back({sw::detail::round_to_bf16(x_.back()), sw::detail::round_to_bf16(w_.back()),
+                         sw::detail::round_to_bf16(dy_.back())});
     }
   }
   /// The FLOPs of one run on this rank.
@@ -68,7 +72,10 @@ class StepGemms {
   void run() {
     for (std::size_t k = 0; k < shapes_.size(); ++k)
       for (std::size_t time = 0; time < shapes_[k].times; ++time)
-        bench::linear_gemms(x_[k], w_[k], dy_[k], y_[k], dx_[k], dw_[k]);
+        if (bf16_.empty())
+          bench::linear_gemms(x_[k], w_[k], dy_[k], y_[k], dx_[k], dw_[k]);
+        else
+          bench::linear_gemms_bf16(bf16_[k], y_[k], dx_[k], dw_[k]);
   }
 
  private:
@@ -80,6 +87,7 @@ class StepGemms {
   std::vector<Shape> shapes_;
   double flops_ = 0;
   std::vector<Matrix> x_, w_, dy_, y_, dx_, dw_;
+  std::vector<bench::bf16_linear_operands> bf16_;  // with --compute bf16: the operands rounded
 };
 
 struct Result {
@@ -138,7 +146,7 @@ Result measure(int ranks, int dp_size, int steps, models::LlamaConfig const& c, 
     sw::barrier(mesh);
     if (world.rank() == 0) result.peak_rss_mib = bench::status_mib("VmHWM");
     sw::barrier(mesh);  // no rank allocates the GEMMs' matrices before the peak is read
-    StepGemms gemms(c, mine, tp.size());
+    StepGemms gemms(c, mine, tp.size(), bf16_compute);
     timed([&] { gemms.run(); });  // warm-up
     std::vector<double> ceilings, shares;
     for (int s = 0; s < steps; ++s) {
@@ -313,20 +321,27 @@ int main(int argc, char** argv) {
   // The machine's share: the model's FLOP/s against its own GEMMs' rate on the same threads, and against the cores'
   // fp32 FMA peak (MFU: the ranks' cores, at most the machine's).
   bench::core_peaks const peaks = bench::measure_core_peaks(smoke ? 1000 : 20'000'000);
-  std::printf("\ncore peak: fp32 FMA %.1f GFLOP/s per core\n", peaks.fp32 / 1e9);
+  std::printf("\ncore peak: fp32 FMA %.1f, bf16 dot %.1f, bf16 AMX tiles %.1f GFLOP/s per core (0: not here)\n",
+              peaks.fp32 / 1e9, peaks.bf16 / 1e9, peaks.bf16_amx / 1e9);
   std::printf(
-      "\n| mesh | model GFLOP / step | model GFLOP/s (the timed steps) | the step's GEMMs alone, same threads, GFLOP/s "
-      "(median of the pairs) | "
-      "model / GEMMs alone (median of step-by-step pairs) | MFU (model / the cores' fp32 peak) |\n"
-      "|---|---|---|---|---|---|\n");
+      "\n| mesh | model GFLOP / step | model GFLOP/s (the timed steps) | the step's GEMMs alone (%s), same threads, "
+      "GFLOP/s (median of the pairs) | model / GEMMs alone (median of step-by-step pairs) | MFU (model / the cores' "
+      "fp32 peak) |%s\n|---|---|---|---|---|---|%s\n",
+      bf16_compute ? "bf16" : "fp32",
+      bf16_compute ? " MFU bf16 (model / the cores' bf16 peak) | GEMMs alone / bf16 peak |" : "",
+      bf16_compute ? "---|---|" : "");
   double const step_flops = bench::llama_training_flops(c, sequences);
   for (int chosen_k : chosen) {
     auto const& conf = configurations[std::size_t(chosen_k)];
     double const achieved =
         step_flops * results[std::size_t(chosen_k)].tokens_per_second / (double(sequences) * double(c.sequence));
     auto const& r = results[std::size_t(chosen_k)];
-    std::printf("| %s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", conf.name, step_flops / 1e9, achieved / 1e9,
+    std::printf("| %s | %.1f | %.1f | %.1f | %.2f | %.2f |", conf.name, step_flops / 1e9, achieved / 1e9,
                 r.gemm_ceiling / 1e9, r.share, bench::mfu(achieved, 1.0, conf.ranks, peaks.fp32));
+    if (bf16_compute)
+      std::printf(" %.3f | %.3f |", bench::mfu(achieved, 1.0, conf.ranks, peaks.bf16_best()),
+                  bench::mfu(r.gemm_ceiling, 1.0, conf.ranks, peaks.bf16_best()));
+    std::printf("\n");
   }
   std::printf("RESULT shardwise_tp1 %.1f\n", results[0].tokens_per_second);
   std::printf("RESULT shardwise_tp2 %.1f\n", results[1].tokens_per_second);
