@@ -145,26 +145,36 @@ inline std::ostream& operator<<(std::ostream& out, Distance const& d) {
 /// to bf16; the bias's gradient is the column sums of dy, unrounded.
 inline void check_linear() {
   auto const rounded = [](fmatrix const& m) -> fmatrix { return m.cast<Eigen::bfloat16>().cast<float>(); };
+  auto const error = [](fmatrix const& got, fmatrix const& expected) {
+    return llama_packed_cases::relative_error(got.cast<double>(), expected.cast<double>());
+  };
   sw::Linear<float> plain(48, 33, 7, true), cast(48, 33, 7, true);
   cast.shardwise_autocast_bf16();
   fmatrix x(5, 48), dy(5, 33);
   for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = float(std::sin(0.37 * double(i)));
   for (Eigen::Index i = 0; i < dy.size(); ++i) dy.data()[i] = float(std::cos(0.11 * double(i)));
-  auto const y = cast(sw::Activation<float, sw::Replicate>{x});
-  auto const dx = cast.backward(sw::Activation<float, sw::Replicate>{dy});
-  fmatrix const w = rounded(plain.weight);
-  fmatrix const y_expected = (rounded(x) * w.transpose()).rowwise() + plain.bias.transpose();
-  CHECK(llama_packed_cases::relative_error(y.local.cast<double>(), y_expected.cast<double>()) <= 1e-6);
-  CHECK(llama_packed_cases::relative_error(dx.local.cast<double>(), (rounded(dy) * w).cast<double>()) <= 1e-6);
-  fmatrix const dw = rounded(dy).transpose() * rounded(x);
-  CHECK(llama_packed_cases::relative_error(cast.weight_grad.cast<double>(), dw.cast<double>()) <= 1e-6);
-  fmatrix const db = dy.colwise().sum().transpose();
-  CHECK(llama_packed_cases::relative_error(cast.bias_grad.cast<double>(), db.cast<double>()) <= 1e-6);
+  // Twice, the weight changed in between as an optimizer step changes it: the forward's rounded weight, which the
+  // backward reuses, is the weight's of that step.
+  fmatrix y;
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    if (step == 1) {
+      plain.weight.array() += 0.125f, cast.weight = plain.weight;
+      cast.weight_grad.setZero(), cast.bias_grad.setZero();
+    }
+    y = cast(sw::Activation<float, sw::Replicate>{x}).local;
+    auto const dx = cast.backward(sw::Activation<float, sw::Replicate>{dy});
+    fmatrix const w = rounded(plain.weight);
+    CHECK(error(y, (rounded(x) * w.transpose()).rowwise() + plain.bias.transpose()) <= 1e-6);
+    CHECK(error(dx.local, rounded(dy) * w) <= 1e-6);
+    CHECK(error(cast.weight_grad, rounded(dy).transpose() * rounded(x)) <= 1e-6);
+    CHECK(error(cast.bias_grad, dy.colwise().sum().transpose()) <= 1e-6);
+  }
   auto const y32 = plain(sw::Activation<float, sw::Replicate>{x});  // and not the fp32 product
-  CHECK(llama_packed_cases::relative_error(y.local.cast<double>(), y32.local.cast<double>()) > 1e-4);
+  CHECK(error(y, y32.local) > 1e-4);
   cast.shardwise_reset_precision();  // the scope's end: fp32 again
   auto const again = cast(sw::Activation<float, sw::Replicate>{x});
-  CHECK(llama_packed_cases::relative_error(again.local.cast<double>(), y32.local.cast<double>()) <= 1e-6);
+  CHECK(error(again.local, y32.local) <= 1e-6);
 }
 
 /// Every parallel run under autocast against `alone` (the unsharded run under autocast).

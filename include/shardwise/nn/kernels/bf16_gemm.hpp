@@ -35,15 +35,30 @@ struct bf16_rows {
   [[nodiscard]] bf16_view view() const { return {values.data(), rows, cols, cols, 1}; }
 };
 
-/// `m` rounded to bf16 (to nearest even), row-major.
-[[nodiscard]] inline bf16_rows round_to_bf16(nn::const_matrix_ref<float> m) {
-  bf16_rows out{std::vector<std::uint16_t>(static_cast<std::size_t>(m.size())), m.rows(), m.cols()};
+/// `m` rounded to bf16 (to nearest even) into `out`, row-major. `out` keeps what it holds beyond: a buffer
+/// rounded into every step is allocated (and its pages touched) once.
+inline void round_into(bf16_rows& out, nn::const_matrix_ref<float> m) {
+  if (out.values.size() < static_cast<std::size_t>(m.size())) out.values.resize(static_cast<std::size_t>(m.size()));
+  out.rows = m.rows(), out.cols = m.cols();
   std::uint16_t* to = out.values.data();
   for (Eigen::Index r = 0; r < m.rows(); ++r) {
     float const* from = m.data() + r * m.outerStride();
     for (Eigen::Index c = 0; c < m.cols(); ++c) to[r * m.cols() + c] = to_bf16(from[c]);
   }
+}
+
+/// `m` rounded to bf16 (to nearest even), row-major.
+[[nodiscard]] inline bf16_rows round_to_bf16(nn::const_matrix_ref<float> m) {
+  bf16_rows out;
+  round_into(out, m);
   return out;
+}
+
+/// This thread's two rounding buffers (`which` 0 or 1), shared by every layer its rank runs: a product rounds its
+/// operands into them and is done with them when it returns.
+inline bf16_rows& bf16_scratch(int which) {
+  thread_local bf16_rows buffers[2];
+  return buffers[which];
 }
 
 #if defined(SHARDWISE_WITH_ONEDNN)

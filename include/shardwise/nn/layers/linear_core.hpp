@@ -216,7 +216,11 @@ class linear_core : public layer_plumbing<T> {
     precision_.hold_bf16_weight(current_weight(), static_cast<Eigen::Index>(local_out_),
                                 static_cast<Eigen::Index>(local_in_), path_);
   }
-  void shardwise_autocast_bf16() { precision_.autocast(path_); }
+  void shardwise_autocast_bf16() {
+    matrix const& w = current_weight();
+    precision_.autocast(path_, !lazy_ && w.rows() == static_cast<Eigen::Index>(local_out_) &&
+                                   w.cols() == static_cast<Eigen::Index>(local_in_));
+  }
   void shardwise_reset_precision() { precision_.reset(); }
   /// @}
   /// The bytes of the bf16 copy (0 without one).
@@ -243,7 +247,7 @@ class linear_core : public layer_plumbing<T> {
 
   void keep_shard();  // parallelize, once the group is known
   Activation<T, input_grad_layout> backward_from(matrix const& dy_whole);
-  void weight_gradient(matrix const& x, matrix const& dy);
+  void weight_gradient(matrix const& x, matrix const& dy, bool dy_rounded = false);
   void check_width(Eigen::Index given_width) const;
   void keep_input(matrix const& given);
   Activation<T, output_layout> forward_kept_input();
@@ -356,7 +360,7 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
     later->defer([this, x = std::move(saved_input_), kept_dy = std::move(kept_dy)] { weight_gradient(x, kept_dy); });
     saved_input_ = matrix();
   } else {
-    weight_gradient(saved_input_, *dy);
+    weight_gradient(saved_input_, *dy, true);
   }
   if constexpr (!layouts::input_grad_left_partial && !same_layout_v<typename layouts::product_in_grad, input_layout>)
     dx = moved<typename layouts::product_in_grad, input_layout>(dx);  // the input move's conjugate
@@ -364,7 +368,7 @@ auto linear_core<T, Rule>::backward_from(matrix const& dy_whole) -> Activation<T
 }
 
 template <class T, class Rule>
-void linear_core<T, Rule>::weight_gradient(matrix const& x, matrix const& dy) {
+void linear_core<T, Rule>::weight_gradient(matrix const& x, matrix const& dy, bool dy_rounded) {
   matrix const& w = current_weight();
   matrix& wg = current_weight_grad();
   bool const bias_trained = has_bias_ && !frozen_[1];
@@ -375,7 +379,7 @@ void linear_core<T, Rule>::weight_gradient(matrix const& x, matrix const& dy) {
   }
   if (wg.size() != w.size()) wg.setZero(w.rows(), w.cols());  // a materialized layer's first backward
   if (copies_summed_) unsum_copies();  // accumulating onto summed copies: back to one sum, not `copies` of it
-  if (!precision_.backward_weight(x, dy, wg))
+  if (!precision_.backward_weight(x, dy, wg, dy_rounded))
     return nn::linear_backward_weight<T>(x, dy, wg,
                                          bias_trained ? std::optional<nn::vector_ref<T>>(bias_grad) : std::nullopt);
   if (bias_trained) bias_grad.noalias() += dy.colwise().sum().transpose();

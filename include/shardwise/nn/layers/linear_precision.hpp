@@ -23,7 +23,7 @@ class linear_precision {
 
  public:
   linear_precision() = default;
-  linear_precision(linear_precision const&) {}
+  linear_precision(linear_precision const&) {}  // nothing of the original's: see above
   linear_precision& operator=(linear_precision const&) { return *this; }
   ~linear_precision() = default;
 
@@ -38,44 +38,62 @@ class linear_precision {
     if constexpr (std::is_same_v<T, float>) copy_ = to_bf16(weight);
     held_ = true;
   }
-  /// Products in bf16 from now on (sw::bf16_autocast).
-  void autocast(std::string_view path) {
+  /// Products in bf16 from now on (sw::bf16_autocast). `weight_resident`: the layer's weight is its own between
+  /// its forward and its backward (not gathered for each, as under sw::fully_shard), so the forward's rounded copy is
+  /// kept for the backward's dx rather than rounded again (2 bytes a weight while the scope lives).
+  void autocast(std::string_view path, bool weight_resident) {
     require_float("bf16_autocast", path);
-    autocast_ = true;
+    autocast_ = true, keep_rounded_weight_ = weight_resident;
   }
   /// Back to products in T.
-  void reset() { copy_ = {}, held_ = autocast_ = false; }
+  void reset() { copy_ = {}, rounded_weight_ = {}, held_ = autocast_ = keep_rounded_weight_ = weight_rounded_ = false; }
 
   /// The bytes of a held copy (0 without one).
   [[nodiscard]] std::size_t bytes() const { return copy_.bytes(); }
 
   /// y = x W^T (+ bias) in this precision; false: the layer's own product in T is the one.
-  bool forward(matrix const& x, matrix const& w, std::optional<nn::const_vector_ref<T>> bias, matrix& y) const {
+  bool forward(matrix const& x, matrix const& w, std::optional<nn::const_vector_ref<T>> bias, matrix& y) {
     if constexpr (std::is_same_v<T, float>) {
       if (held_) return bf16_weight_product(x, copy_, bias, y), true;
       if (!autocast_) return false;
       if (bias) y.rowwise() = bias->transpose();
-      bf16_gemm(round_to_bf16(x).view(), round_to_bf16(w).view().transposed(), y.data(), y.outerStride(),
-                bias.has_value());
+      bf16_rows& rounded_x = bf16_scratch(0);
+      round_into(rounded_x, x);
+      // Every forward rounds the weight afresh (an optimizer step may have changed it); a backward uses the last.
+      bf16_rows& rounded_w = keep_rounded_weight_ ? rounded_weight_ : bf16_scratch(1);
+      round_into(rounded_w, w);
+      weight_rounded_ = keep_rounded_weight_;
+      bf16_gemm(rounded_x.view(), rounded_w.view().transposed(), y.data(), y.outerStride(), bias.has_value());
       return true;
     }
     return false;
   }
-  /// dx = dy W in this precision; false: in T.
-  bool backward_input(matrix const& w, matrix const& dy, matrix& dx) const {
+  /// dx = dy W in this precision; false: in T. Leaves dy rounded for a backward_weight that follows at once.
+  bool backward_input(matrix const& w, matrix const& dy, matrix& dx) {
     if constexpr (std::is_same_v<T, float>) {
       if (!autocast_) return false;
-      bf16_gemm(round_to_bf16(dy).view(), round_to_bf16(w).view(), dx.data(), dx.outerStride(), false);
+      bf16_rows& rounded_dy = bf16_scratch(0);
+      round_into(rounded_dy, dy);
+      bf16_rows const* rounded_w = &rounded_weight_;
+      if (!weight_rounded_ || rounded_weight_.rows != w.rows() || rounded_weight_.cols != w.cols()) {
+        round_into(bf16_scratch(1), w);
+        rounded_w = &bf16_scratch(1);
+      }
+      bf16_gemm(rounded_dy.view(), rounded_w->view(), dx.data(), dx.outerStride(), false);
       return true;
     }
     return false;
   }
-  /// weight_grad += dy^T x in this precision; false: in T.
-  bool backward_weight(matrix const& x, matrix const& dy, matrix& weight_grad) const {
+  /// weight_grad += dy^T x in this precision; false: in T. `dy_rounded`: backward_input has just rounded this dy
+  /// and no product has run since (the step's B and W together; a pipeline's later W rounds its own).
+  bool backward_weight(matrix const& x, matrix const& dy, matrix& weight_grad, bool dy_rounded) {
     if constexpr (std::is_same_v<T, float>) {
       if (!autocast_) return false;
-      bf16_gemm(round_to_bf16(dy).view().transposed(), round_to_bf16(x).view(), weight_grad.data(),
-                weight_grad.outerStride(), true);
+      bf16_rows& rounded_dy = bf16_scratch(0);
+      if (!dy_rounded) round_into(rounded_dy, dy);
+      bf16_rows& rounded_x = bf16_scratch(1);
+      round_into(rounded_x, x);
+      bf16_gemm(rounded_dy.view().transposed(), rounded_x.view(), weight_grad.data(), weight_grad.outerStride(), true);
       return true;
     }
     return false;
@@ -97,7 +115,8 @@ class linear_precision {
   }
 
   bf16_matrix copy_;
-  bool held_ = false, autocast_ = false;
+  bf16_rows rounded_weight_;  // under autocast, with a resident weight: the last forward's rounding, for dx
+  bool held_ = false, autocast_ = false, keep_rounded_weight_ = false, weight_rounded_ = false;
 };
 
 }  // namespace shardwise::detail
