@@ -395,8 +395,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "bf16_autocast: a Linear's products are fp32 products of bf16-rounded operands; TP 2 and 4 (± SP), FSDP and "
-    "FSDP x TP equal the unsharded run under autocast, which differs from fp32's, thread mesh") {
+    "bf16_autocast: a Linear's products are fp32 products of bf16-rounded operands; TP 2 and 4 (± SP), FSDP, "
+    "FSDP x TP, cp and pp equal the unsharded run under autocast, which differs from fp32's, thread mesh") {
   llama_bf16_cases::check_linear();
   using unsharded = shardwise::models::llama_plan<false>;
   auto const alone = llama_bf16_cases::train<unsharded>(shardwise::serial_world(), true);

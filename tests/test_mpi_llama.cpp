@@ -69,7 +69,7 @@ TEST_CASE("Frozen parameters: a frozen run at TP 2 and 4 (± SP, ZeRO-1) equals 
   llama_freeze_cases::check_all(worlds::mpi());
 }
 
-TEST_CASE("bf16_autocast: TP (± SP), FSDP and FSDP x TP equal the unsharded run under autocast, MPI mesh") {
+TEST_CASE("bf16_autocast: TP (± SP), FSDP, FSDP x TP, cp and pp equal the unsharded run under autocast, MPI mesh") {
   auto const alone = llama_bf16_cases::train<shardwise::models::llama_plan<false>>(shardwise::serial_world(), true);
   llama_bf16_cases::check_all(worlds::mpi(), alone);
 }

@@ -1,17 +1,22 @@
 #pragma once
 // bf16 products (sw::bf16_autocast) on the Qwen2-like config of llama_packed_cases, in float. A Linear's forward and
 // both backward products equal the fp32 products of its operands rounded to bf16 (Eigen::bfloat16), within float's
-// rounding of the sums. 5 AdamW steps under autocast at TP 2 and 4 (± SP), FSDP dp 2 and 4 and dp x tp 2 equal the
-// unsharded run under autocast within the tolerances below (measured: logits 0, gradients 6.1e-3 at TP 4, losses
-// 1.3e-4, parameters 7.9e-4), whose logits differ from the fp32 run's by 1.9e-3.
+// rounding of the sums, also after its weight changed. 5 AdamW steps under autocast at TP 2 and 4 (± SP), FSDP dp 2
+// and 4 and dp x tp 2, cp 2 and 4 (ring; all-to-all at 2) and pp 2 (1F1B and zero-bubble H1) equal the unsharded run
+// under autocast within the tolerances below (measured: logits 0, gradients 6.1e-3 at TP 4, losses 1.3e-4,
+// parameters 7.9e-4), whose logits differ from the fp32 run's by 1.9e-3; the cp and pp runs' parameters are more than
+// twice as near the autocast run's as the fp32 run's.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <ostream>
+#include <shardwise/context.hpp>
 #include <shardwise/fsdp.hpp>
 #include <shardwise/models/llama_plan.hpp>
+#include <shardwise/models/llama_stage.hpp>
 #include <shardwise/shardwise.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,11 +50,11 @@ void keep_parameters(Model& model, Result& r) {
   });
 }
 
-/// `steps` AdamW steps of a Llama<float> over packed rows at TP = world size with Plan, under sw::bf16_autocast when
-/// `bf16`.
+/// `steps` AdamW steps of a Llama<float> with config `c` at TP = world size with Plan, under sw::bf16_autocast when
+/// `bf16`, over `rows` packed rows at once (the mean over all their tokens).
 template <class Plan, class World>
-Result train(World const& world, bool bf16, int steps = 5) {
-  auto const c = llama_packed_cases::config();
+Result train(World const& world, bool bf16, int steps = 5, int rows = 1,
+             models::LlamaConfig const& c = llama_packed_cases::config()) {
   auto const tp = sw::make_mesh<"tp">(world, {world.size()});
   auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
   models::Llama<float, Plan> model(c);
@@ -61,7 +66,7 @@ Result train(World const& world, bool bf16, int steps = 5) {
   for (int step = 0; step < steps; ++step) {
     std::vector<std::int64_t> ids, targets;
     std::vector<std::size_t> lengths;
-    llama_packed_cases::packed_row(step, 0, ids, targets, lengths);
+    for (int row = 0; row < rows; ++row) llama_packed_cases::packed_row(step, row, ids, targets, lengths);
     auto const logits = model.forward(ids, sw::sequence_lengths(lengths));
     auto const loss = models::llama_loss(tp, logits, targets, c.vocabulary);
     model.backward(loss.dlogits);
@@ -112,6 +117,90 @@ Result train_fsdp(World const& world, int tp_size, int steps = 5) {
   sharded.unshard();
   keep_parameters(sharded.model(), r);
   sharded.reshard();
+  return r;
+}
+
+/// The same steps in pipeline stages under autocast (pp = the world's size, a stage each), two microbatches a step
+/// (packed rows 0 and 1, each loss weighted by a half), under 1F1B or zero-bubble H1, whose W runs apart from its B
+/// and rounds the output gradient again. The losses and this stage's parameters under their names.
+template <class World>
+Result train_pipeline(World const& world, bool zero_bubble, int steps = 5) {
+  auto const c = llama_packed_cases::config();
+  auto const pp = sw::make_mesh<"pp">(world, {world.size()});
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  auto const dp = sw::make_mesh<"dp">(sw::serial_world(), {1});
+  using Stage = models::LlamaStage<float>;
+  Stage stage(c, sw::stage_split(c.layers, world.size()), pp.rank());
+  sw::parallelize(stage, tp);
+  sw::bf16_autocast<Stage> const autocast(stage);
+  sw::AdamW<float> optimizer(optimizer_options());
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<std::int64_t>> ids(2), targets(2);
+    std::vector<sw::sequence_lengths> rows;
+    for (std::size_t m = 0; m < 2; ++m) {
+      std::vector<std::size_t> lengths;
+      llama_packed_cases::packed_row(step, int(m), ids[m], targets[m], lengths);
+      rows.emplace_back(lengths);
+    }
+    stage.microbatch_rows(rows);
+    double loss = 0;
+    auto const input = [&](int m) { return std::span<const std::int64_t>(ids[std::size_t(m)]); };
+    auto const loss_gradient = [&](int m, auto const& h) {
+      auto result = stage.head_loss(tp, h, targets[std::size_t(m)], 0.5);
+      loss += result.loss / 2;
+      return result.gradient;
+    };
+    if (zero_bubble)
+      sw::run_pipeline_step(sw::ZeroBubbleH1{}, pp, std::span(&stage, 1), 2, input, loss_gradient);
+    else
+      sw::run_pipeline_step(sw::OneFOneB{}, pp, std::span(&stage, 1), 2, input, loss_gradient);
+    optimizer.step(sw::finish_gradients(stage), dp, pp);
+    sw::zero_grad(stage);
+    r.losses.push_back(sw::all_reduce(pp, stage.is_last() ? loss : 0.0, sw::Sum{}));
+  }
+  sw::for_each_parameter(stage, [&](std::string const& name, auto const& p) {
+    if (p.mirror_of.empty())
+      r.parameters.push_back(sw::full_tensor(p).template cast<double>()), r.names.push_back(name);
+  });
+  return r;
+}
+
+/// The config of the context-parallel runs: its capacity is a packed row's 15 tokens, the length the cut splits.
+inline models::LlamaConfig row_config() {
+  auto c = llama_packed_cases::config();
+  c.sequence = 15;
+  return c;
+}
+
+/// The same steps with each packed row cut over cp = the world's size (balanced) by `method`, under autocast: each
+/// rank trains on its tokens of the row (the loss weighted by its share, the gradients averaged over cp).
+template <class World>
+Result train_cp(World const& world, sw::context_method method, int steps = 5) {
+  auto const c = row_config();
+  auto const cp = sw::submesh<"cp">(sw::make_mesh<"cp">(world, {world.size()}));
+  auto const data = sw::submesh<"data">(sw::make_mesh<"data", "tp">(world, {world.size(), 1}));
+  auto const tp = sw::make_mesh<"tp">(sw::serial_world(), {1});
+  models::Llama<float> model(c);
+  sw::parallelize(model, tp);
+  auto const context = sw::context_parallelize(model, cp, {c.sequence, world.size(), true}, method);
+  sw::bf16_autocast<models::Llama<float>> const autocast(model);
+  sw::AdamW<float> optimizer(optimizer_options());
+  double const weight = context->mean_weight();
+  Result r;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int64_t> ids, targets;
+    std::vector<std::size_t> lengths;
+    llama_packed_cases::packed_row(step, 0, ids, targets, lengths);
+    auto const logits = model.forward(context->my_tokens(ids), sw::sequence_lengths(lengths));
+    auto loss = models::llama_loss(tp, logits, context->my_tokens(targets), c.vocabulary);
+    loss.dlogits.local *= float(weight);
+    model.backward(loss.dlogits);
+    optimizer.step(sw::finish_gradients(model), data);
+    sw::zero_grad(model);
+    r.losses.push_back(sw::all_reduce(data, loss.loss * weight, sw::Avg{}));
+  }
+  keep_parameters(model, r);
   return r;
 }
 
@@ -177,6 +266,36 @@ inline void check_linear() {
   CHECK(error(again.local, y32.local) <= 1e-6);
 }
 
+/// The largest distance of a run's parameters from those of the same names in `expected`.
+inline double parameter_distance(Result const& got, Result const& expected) {
+  double worst = 0;
+  for (std::size_t i = 0; i < got.names.size(); ++i) {
+    auto const at = std::find(expected.names.begin(), expected.names.end(), got.names[i]);
+    REQUIRE(at != expected.names.end());
+    worst = std::max(worst, llama_packed_cases::relative_error(
+                                got.parameters[i], expected.parameters[std::size_t(at - expected.names.begin())]));
+  }
+  return worst;
+}
+
+/// A run's losses, and its parameters found by name in `expected`, within the tolerances above; and nearer to
+/// `expected` than to `fp32` (the same unsharded run without autocast) by more than twice: the run was in bf16.
+inline void check_by_name(Result const& got, Result const& expected, Result const& fp32, std::string const& what) {
+  INFO(what);
+  CHECK(2 * parameter_distance(got, expected) < parameter_distance(got, fp32));
+  REQUIRE(got.losses.size() == expected.losses.size());
+  for (std::size_t s = 0; s < got.losses.size(); ++s)
+    CHECK(std::abs(got.losses[s] - expected.losses[s]) <= kLossTolerance * std::abs(expected.losses[s]));
+  REQUIRE(!got.names.empty());
+  for (std::size_t i = 0; i < got.names.size(); ++i) {
+    INFO(got.names[i]);
+    auto const at = std::find(expected.names.begin(), expected.names.end(), got.names[i]);
+    REQUIRE(at != expected.names.end());
+    CHECK(llama_packed_cases::relative_error(
+              got.parameters[i], expected.parameters[std::size_t(at - expected.names.begin())]) <= kParameterTolerance);
+  }
+}
+
 /// Every parallel run under autocast against `alone` (the unsharded run under autocast).
 template <class World>
 void check_all(World const& world, Result const& alone) {
@@ -192,6 +311,20 @@ void check_all(World const& world, Result const& alone) {
   check(train<models::llama_plan<true>>(world, true), "TP + SP");
   check(train_fsdp(world, 1), "FSDP");
   if (world.size() % 2 == 0) check(train_fsdp(world, 2), "FSDP x TP 2");
+  if (world.size() > 1) {  // cp: against the unsharded run on the row as the cut's capacity
+    using unsharded = models::llama_plan<false>;
+    Result const row_alone = train<unsharded>(sw::serial_world(), true, 5, 1, row_config());
+    Result const row_fp32 = train<unsharded>(sw::serial_world(), false, 5, 1, row_config());
+    check_by_name(train_cp(world, sw::context_method::ring), row_alone, row_fp32, "cp, ring");
+    if (llama_packed_cases::config().kv_heads % std::size_t(world.size()) == 0)
+      check_by_name(train_cp(world, sw::context_method::all_to_all), row_alone, row_fp32, "cp, all-to-all");
+  }
+  if (world.size() == 2) {  // pp 2 (the config's two blocks): against the unsharded run over both rows at once
+    Result const two_rows = train<models::llama_plan<false>>(sw::serial_world(), true, 5, 2);
+    Result const two_rows_fp32 = train<models::llama_plan<false>>(sw::serial_world(), false, 5, 2);
+    check_by_name(train_pipeline(world, false), two_rows, two_rows_fp32, "pp 2, 1F1B");
+    check_by_name(train_pipeline(world, true), two_rows, two_rows_fp32, "pp 2, zero-bubble H1");
+  }
 }
 
 }  // namespace llama_bf16_cases
