@@ -1,7 +1,15 @@
 #pragma once
-// A Linear's forward and backward GEMMs alone, as the benchmarks time the machine without the library around them.
-#include <shardwise/nn/kernels/bf16_gemm.hpp>
+// A Linear's forward and backward GEMMs alone, as the benchmarks time the machine without the library around them:
+// in the element type through Eigen (and OpenBLAS where linked), or in bf16 through oneDNN, which sw::bf16_autocast
+// multiplies with, on operands already in bf16 (so that the library's rounding is not among them).
 #include <shardwise/nn/kernels/functional_types.hpp>
+
+#if defined(SHARDWISE_WITH_ONEDNN)
+#include <cstdint>
+#include <dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+#endif
 
 namespace bench {
 
@@ -15,17 +23,52 @@ void linear_gemms(shardwise::nn::matrix<T> const& x, shardwise::nn::matrix<T> co
   dw.noalias() = dy.transpose() * x;
 }
 
-/// The same three products as sw::bf16_autocast runs them (shardwise's bf16 GEMM: oneDNN where the build links it),
-/// on operands already rounded to bf16, so that the rounding, which is the library's work, is not among them.
-struct bf16_linear_operands {
-  shardwise::detail::bf16_rows x, w, dy;
+#if defined(SHARDWISE_WITH_ONEDNN)
+/// The same three products in bf16 with fp32 sums, through oneDNN (dw accumulated, as a Linear's gradient is).
+class onednn_bf16_linear_gemms {
+ public:
+  onednn_bf16_linear_gemms(long tokens, long in, long out) {
+    using md = dnnl::memory::desc;
+    auto const bf16 = dnnl::memory::data_type::bf16, f32 = dnnl::memory::data_type::f32;
+    auto const rows = dnnl::memory::format_tag::ab, transposed = dnnl::memory::format_tag::ba;
+    dnnl::memory x = filled(md({tokens, in}, bf16, rows)), dy = filled(md({tokens, out}, bf16, rows));
+    dnnl::memory w = filled(md({out, in}, bf16, rows));
+    dnnl::memory w_t(md({in, out}, bf16, transposed), engine_, w.get_data_handle());
+    dnnl::memory dy_t(md({out, tokens}, bf16, transposed), engine_, dy.get_data_handle());
+    add(x, w_t, dnnl::memory(md({tokens, out}, f32, rows), engine_), false);  // y = x w^T
+    add(dy, w, dnnl::memory(md({tokens, in}, f32, rows), engine_), false);    // dx = dy w
+    add(dy_t, x, dnnl::memory(md({out, in}, f32, rows), engine_), true);      // dw += dy^T x
+  }
+  /// Runs the three once.
+  void run() {
+    for (std::size_t k = 0; k < products_.size(); ++k) products_[k].execute(stream_, arguments_[k]);
+    stream_.wait();
+  }
+
+ private:
+  dnnl::memory filled(dnnl::memory::desc const& desc) {
+    dnnl::memory m(desc, engine_);
+    auto* values = static_cast<std::uint16_t*>(m.get_data_handle());
+    for (std::size_t i = 0; i < desc.get_size() / 2; ++i) values[i] = std::uint16_t(0x3c00 + i % 97);  // ~0.01
+    return m;
+  }
+  void add(dnnl::memory const& a, dnnl::memory const& b, dnnl::memory const& c, bool accumulate) {
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops sum;
+      sum.append_sum(1.0f);
+      attr.set_post_ops(sum);
+    }
+    dnnl::matmul::desc const desc(a.get_desc(), b.get_desc(), c.get_desc());
+    products_.emplace_back(dnnl::matmul::primitive_desc(desc, attr, engine_));
+    arguments_.push_back({{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  }
+
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  std::vector<dnnl::matmul> products_;
+  std::vector<std::unordered_map<int, dnnl::memory>> arguments_;
 };
-inline void linear_gemms_bf16(bf16_linear_operands const& o, shardwise::nn::matrix<float>& y,
-                              shardwise::nn::matrix<float>& dx, shardwise::nn::matrix<float>& dw) {
-  using shardwise::detail::bf16_gemm;
-  bf16_gemm(o.x.view(), o.w.view().transposed(), y.data(), y.cols(), false);
-  bf16_gemm(o.dy.view(), o.w.view(), dx.data(), dx.cols(), false);
-  bf16_gemm(o.dy.view().transposed(), o.x.view(), dw.data(), dw.cols(), true);
-}
+#endif
 
 }  // namespace bench

@@ -8,7 +8,7 @@
 //                     [--kv-heads N] [--hidden N] [--sequence N] [--sequences N] [--compute fp32|bf16] [--smoke]
 // Without a configuration list all four run. Ratios "vs TP 1" need configuration 0 (TP 1) in the list. With
 // --compute bf16 the steps run under sw::bf16_autocast (bf16 products, through oneDNN where the build has it; the
-// GEMMs alone then are the library's bf16 GEMMs of operands rounded beforehand).
+// GEMMs alone then are oneDNN's bf16 products of bf16 operands, or fp32's without oneDNN).
 //
 // Beside tokens/s, the machine's share: model FLOP/s (6 x tokens x the weights that multiply, plus the causal
 // attention's products, recomputation not counted) against the rate of the same step's GEMMs alone, run right
@@ -61,10 +61,11 @@ class StepGemms {
       x_.push_back(Matrix::Random(tokens, s.in)), w_.push_back(Matrix::Random(s.out, s.in));
       dy_.push_back(Matrix::Random(tokens, s.out)), y_.emplace_back(tokens, s.out), dx_.emplace_back(tokens, s.in);
       dw_.emplace_back(s.out, s.in);
-      if (bf16)
-        bf16_.push_back({sw::detail::round_to_bf16(x_.back()), sw::detail::round_to_bf16(w_.back()),
-                         sw::detail::round_to_bf16(dy_.back())});
+#if defined(SHARDWISE_WITH_ONEDNN)
+      if (bf16) bf16_.emplace_back(long(tokens), long(s.in), long(s.out));
+#endif
     }
+    (void)bf16;  // without oneDNN, bf16's products are fp32 GEMMs: the fp32 ones are their floor
   }
   /// The FLOPs of one run on this rank.
   [[nodiscard]] double flops() const { return flops_; }
@@ -72,10 +73,12 @@ class StepGemms {
   void run() {
     for (std::size_t k = 0; k < shapes_.size(); ++k)
       for (std::size_t time = 0; time < shapes_[k].times; ++time)
-        if (bf16_.empty())
-          bench::linear_gemms(x_[k], w_[k], dy_[k], y_[k], dx_[k], dw_[k]);
+#if defined(SHARDWISE_WITH_ONEDNN)
+        if (!bf16_.empty())
+          bf16_[k].run();
         else
-          bench::linear_gemms_bf16(bf16_[k], y_[k], dx_[k], dw_[k]);
+#endif
+          bench::linear_gemms(x_[k], w_[k], dy_[k], y_[k], dx_[k], dw_[k]);
   }
 
  private:
@@ -87,7 +90,9 @@ class StepGemms {
   std::vector<Shape> shapes_;
   double flops_ = 0;
   std::vector<Matrix> x_, w_, dy_, y_, dx_, dw_;
-  std::vector<bench::bf16_linear_operands> bf16_;  // with --compute bf16: the operands rounded
+#if defined(SHARDWISE_WITH_ONEDNN)
+  std::vector<bench::onednn_bf16_linear_gemms> bf16_;  // with --compute bf16: oneDNN's products of bf16 operands
+#endif
 };
 
 struct Result {
