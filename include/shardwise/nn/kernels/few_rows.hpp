@@ -59,6 +59,19 @@ Vector few_rows_load(W const* w) {
   return v;
 }
 
+/// One cache line of weights of type W (64 bytes) widened into `to`, a register's width at a time (a wider vector
+/// than the target's registers would be passed in memory, against its ABI).
+template <class T, class W>
+void few_rows_widen_line(W const* from, T* to) {
+  constexpr std::size_t bytes = few_rows_vector_bytes;
+  using piece = typename few_rows_vector<T, bytes>::type;
+  constexpr std::ptrdiff_t lanes = bytes / sizeof(T), line = 64 / sizeof(W);
+  for (std::ptrdiff_t k = 0; k < line; k += lanes) {
+    piece const wide = few_rows_load<piece, T>(from + k);
+    std::memcpy(to + k, &wide, sizeof(wide));
+  }
+}
+
 /// One weight element of type W as T (bf16 widened exactly).
 template <class T, class W>
 T few_rows_widen(W w) {
@@ -109,7 +122,6 @@ void few_rows_dots(T const* const* x, W const* w, std::ptrdiff_t stride, std::pt
 template <class T, class W, int Rows, int Outs>
 void few_rows_broadcasts(T const* xt, W const* w, std::ptrdiff_t stride, std::ptrdiff_t in, T* sums) {
   using vec = typename few_rows_vector<T, Rows * sizeof(T)>::type;
-  using line_vector = typename few_rows_vector<T, 64 / sizeof(W) * sizeof(T)>::type;
   constexpr std::ptrdiff_t line = 64 / sizeof(W);
   constexpr bool widened = !std::is_same_v<W, T>;
   vec acc[Outs] = {};
@@ -119,10 +131,7 @@ void few_rows_broadcasts(T const* xt, W const* w, std::ptrdiff_t stride, std::pt
 #pragma GCC unroll 16
     for (int o = 0; o < Outs; ++o) {
       __builtin_prefetch(w + o * stride + k + few_rows_ahead<W>, 0, 3);
-      if constexpr (widened) {
-        line_vector const wide = few_rows_load<line_vector, T>(w + o * stride + k);
-        std::memcpy(line_of[o], &wide, sizeof(wide));
-      }
+      if constexpr (widened) few_rows_widen_line<T>(w + o * stride + k, line_of[o]);
     }
 #pragma GCC unroll 16
     for (std::ptrdiff_t j = k; j < k + line; ++j) {
