@@ -304,10 +304,9 @@ void all_cases(World const& world, Generated const& sampled_alone) {
 inline auto llama_bf16_reference(models::LlamaConfig const& c) {
   return [c](std::size_t length) {
     auto model = llama_reference<float>(c)(length);
-    sw::for_each_parameter(model, [](std::string const& name, auto const& p) {
-      if (name.ends_with(".weight") && !name.starts_with("tok_embeddings") && p.value->cols() > 1 &&
-          !name.ends_with("norm.weight"))
-        *p.value = p.value->template cast<Eigen::bfloat16>().template cast<float>();
+    shardwise::detail::for_each_layer(model, [](auto& layer) {
+      if constexpr (requires { layer.shardwise_reset_precision(); })  // a Linear: what sw::bf16_weights sets
+        layer.weight = layer.weight.template cast<Eigen::bfloat16>().template cast<float>();
     });
     return model;
   };

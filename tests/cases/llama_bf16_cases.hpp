@@ -238,7 +238,8 @@ inline void check_linear() {
     return llama_packed_cases::relative_error(got.cast<double>(), expected.cast<double>());
   };
   sw::Linear<float> plain(48, 33, 7, true), cast(48, 33, 7, true);
-  cast.shardwise_autocast_bf16();
+  sw::detail::bf16_scratch scratch;  // what sw::bf16_autocast holds for its Linears
+  cast.shardwise_autocast_bf16(scratch);
   fmatrix x(5, 48), dy(5, 33);
   for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = float(std::sin(0.37 * double(i)));
   for (Eigen::Index i = 0; i < dy.size(); ++i) dy.data()[i] = float(std::cos(0.11 * double(i)));

@@ -22,7 +22,7 @@ class bf16_weights : public detail::linear_precision_scope<Model> {
  public:
   /// Rounds every Linear's weight of `model` into its copy; the copies are dropped when it ends.
   explicit bf16_weights(Model& model)
-      : detail::linear_precision_scope<Model>(model, [](auto& layer) {
+      : detail::linear_precision_scope<Model>(model, [](auto& layer, detail::bf16_scratch&) {
           layer.shardwise_hold_bf16_weight();
           return layer.bf16_weight_bytes();
         }) {}

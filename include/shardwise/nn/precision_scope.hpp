@@ -4,12 +4,13 @@
 #include <cstddef>
 #include <string>
 
+#include "shardwise/nn/kernels/bf16_gemm.hpp"
 #include "shardwise/plan/tree.hpp"
 
 namespace shardwise::detail {
 
-/// Sets every Linear of a model through `set(layer)`, which returns the bytes the layer now holds for it, and resets
-/// them all at its end.
+/// Sets every Linear of a model through `set(layer, scratch)`, which returns the bytes the layer now holds for it, and
+/// resets them all at its end. `scratch`: the scope's rounding buffers, which the Linears it sets may share.
 template <module Model>
 class linear_precision_scope {
  public:
@@ -22,12 +23,12 @@ class linear_precision_scope {
   [[nodiscard]] std::size_t bytes() const { return bytes_; }
 
  protected:
-  /// Calls set(layer) on every Linear of `model`; where one refuses, resets those set before and throws on.
+  /// Calls set(layer, scratch) on every Linear of `model`; where one refuses, resets those set before and throws on.
   template <class Set>
   linear_precision_scope(Model& model, Set&& set) : model_(model) {
     try {
       for_each_named_layer(model_, [&](auto& l, std::string const&) {
-        if constexpr (requires { l.shardwise_reset_precision(); }) bytes_ += set(l), ++layers_;
+        if constexpr (requires { l.shardwise_reset_precision(); }) bytes_ += set(l, scratch_), ++layers_;
       });
     } catch (...) {
       reset();
@@ -44,6 +45,7 @@ class linear_precision_scope {
   }
 
   Model& model_;
+  bf16_scratch scratch_;
   std::size_t layers_ = 0, bytes_ = 0;
 };
 

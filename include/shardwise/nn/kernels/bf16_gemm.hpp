@@ -54,12 +54,11 @@ inline void round_into(bf16_rows& out, nn::const_matrix_ref<float> m) {
   return out;
 }
 
-/// This thread's two rounding buffers (`which` 0 or 1), shared by every layer its rank runs: a product rounds its
-/// operands into them and is done with them when it returns.
-inline bf16_rows& bf16_scratch(int which) {
-  thread_local bf16_rows buffers[2];
-  return buffers[which];
-}
+/// The two buffers a model's Linears round their operands into under sw::bf16_autocast, owned by the scope and
+/// shared by every Linear it sets: a product rounds into them and is done with them when it returns.
+struct bf16_scratch {
+  bf16_rows operand[2];
+};
 
 #if defined(SHARDWISE_WITH_ONEDNN)
 /// The CPU engine every product runs on (oneDNN's engines are thread-safe; one is enough).

@@ -216,10 +216,11 @@ class linear_core : public layer_plumbing<T> {
     precision_.hold_bf16_weight(current_weight(), static_cast<Eigen::Index>(local_out_),
                                 static_cast<Eigen::Index>(local_in_), path_);
   }
-  void shardwise_autocast_bf16() {
+  void shardwise_autocast_bf16(bf16_scratch& scratch) {
     matrix const& w = current_weight();
-    precision_.autocast(path_, !lazy_ && w.rows() == static_cast<Eigen::Index>(local_out_) &&
-                                   w.cols() == static_cast<Eigen::Index>(local_in_));
+    bool const resident =
+        !lazy_ && w.rows() == static_cast<Eigen::Index>(local_out_) && w.cols() == static_cast<Eigen::Index>(local_in_);
+    precision_.autocast(path_, resident, scratch);
   }
   void shardwise_reset_precision() { precision_.reset(); }
   /// @}

@@ -41,12 +41,16 @@ class linear_precision {
   /// Products in bf16 from now on (sw::bf16_autocast). `weight_resident`: the layer's weight is its own between
   /// its forward and its backward (not gathered for each, as under sw::fully_shard), so the forward's rounded copy is
   /// kept for the backward's dx rather than rounded again (2 bytes a weight while the scope lives).
-  void autocast(std::string_view path, bool weight_resident) {
+  /// `scratch`: the scope's rounding buffers, which outlive this setting.
+  void autocast(std::string_view path, bool weight_resident, bf16_scratch& scratch) {
     require_float("bf16_autocast", path);
-    autocast_ = true, keep_rounded_weight_ = weight_resident;
+    autocast_ = true, keep_rounded_weight_ = weight_resident, scratch_ = &scratch;
   }
   /// Back to products in T.
-  void reset() { copy_ = {}, rounded_weight_ = {}, held_ = autocast_ = keep_rounded_weight_ = weight_rounded_ = false; }
+  void reset() {
+    copy_ = {}, rounded_weight_ = {}, scratch_ = nullptr;
+    held_ = autocast_ = keep_rounded_weight_ = weight_rounded_ = false;
+  }
 
   /// The bytes of a held copy (0 without one).
   [[nodiscard]] std::size_t bytes() const { return copy_.bytes(); }
@@ -57,10 +61,10 @@ class linear_precision {
       if (held_) return bf16_weight_product(x, copy_, bias, y), true;
       if (!autocast_) return false;
       if (bias) y.rowwise() = bias->transpose();
-      bf16_rows& rounded_x = bf16_scratch(0);
+      bf16_rows& rounded_x = scratch_->operand[0];
       round_into(rounded_x, x);
       // Every forward rounds the weight afresh (an optimizer step may have changed it); a backward uses the last.
-      bf16_rows& rounded_w = keep_rounded_weight_ ? rounded_weight_ : bf16_scratch(1);
+      bf16_rows& rounded_w = keep_rounded_weight_ ? rounded_weight_ : scratch_->operand[1];
       round_into(rounded_w, w);
       weight_rounded_ = keep_rounded_weight_;
       bf16_gemm(rounded_x.view(), rounded_w.view().transposed(), y.data(), y.outerStride(), bias.has_value());
@@ -72,12 +76,12 @@ class linear_precision {
   bool backward_input(matrix const& w, matrix const& dy, matrix& dx) {
     if constexpr (std::is_same_v<T, float>) {
       if (!autocast_) return false;
-      bf16_rows& rounded_dy = bf16_scratch(0);
+      bf16_rows& rounded_dy = scratch_->operand[0];
       round_into(rounded_dy, dy);
       bf16_rows const* rounded_w = &rounded_weight_;
       if (!weight_rounded_ || rounded_weight_.rows != w.rows() || rounded_weight_.cols != w.cols()) {
-        round_into(bf16_scratch(1), w);
-        rounded_w = &bf16_scratch(1);
+        round_into(scratch_->operand[1], w);
+        rounded_w = &scratch_->operand[1];
       }
       bf16_gemm(rounded_dy.view(), rounded_w->view(), dx.data(), dx.outerStride(), false);
       return true;
@@ -89,9 +93,9 @@ class linear_precision {
   bool backward_weight(matrix const& x, matrix const& dy, matrix& weight_grad, bool dy_rounded) {
     if constexpr (std::is_same_v<T, float>) {
       if (!autocast_) return false;
-      bf16_rows& rounded_dy = bf16_scratch(0);
+      bf16_rows& rounded_dy = scratch_->operand[0];
       if (!dy_rounded) round_into(rounded_dy, dy);
-      bf16_rows& rounded_x = bf16_scratch(1);
+      bf16_rows& rounded_x = scratch_->operand[1];
       round_into(rounded_x, x);
       bf16_gemm(rounded_dy.view().transposed(), rounded_x.view(), weight_grad.data(), weight_grad.outerStride(), true);
       return true;
@@ -115,7 +119,8 @@ class linear_precision {
   }
 
   bf16_matrix copy_;
-  bf16_rows rounded_weight_;  // under autocast, with a resident weight: the last forward's rounding, for dx
+  bf16_rows rounded_weight_;         // under autocast, with a resident weight: the last forward's rounding, for dx
+  bf16_scratch* scratch_ = nullptr;  // under autocast: the scope's buffers
   bool held_ = false, autocast_ = false, keep_rounded_weight_ = false, weight_rounded_ = false;
 };
 

@@ -21,8 +21,8 @@ class bf16_autocast : public detail::linear_precision_scope<Model> {
  public:
   /// Every Linear of `model` to bf16 products; fp32 again when it ends.
   explicit bf16_autocast(Model& model)
-      : detail::linear_precision_scope<Model>(model, [](auto& layer) {
-          layer.shardwise_autocast_bf16();
+      : detail::linear_precision_scope<Model>(model, [](auto& layer, detail::bf16_scratch& scratch) {
+          layer.shardwise_autocast_bf16(scratch);
           return std::size_t{0};
         }) {}
 };
