@@ -46,7 +46,7 @@ namespace models = shardwise::models;
 /// layer, as the model's layers have the same shapes. The attention's own products are not among them.
 class StepGemms {
  public:
-  StepGemms(models::LlamaConfig const& c, int sequences, int tp, bool bf16) {
+  StepGemms(models::LlamaConfig const& c, int sequences, int tp, [[maybe_unused]] bool bf16) {
     auto const tokens = Eigen::Index(sequences) * Eigen::Index(c.sequence), t = Eigen::Index(tp);
     auto const d = Eigen::Index(c.dim), h = Eigen::Index(c.hidden), q = Eigen::Index(c.heads * c.head_dim());
     // Each key-value head repeated where tp exceeds them (as the model does), the vocabulary padded to tp.
@@ -65,7 +65,6 @@ class StepGemms {
       if (bf16) bf16_.emplace_back(long(tokens), long(s.in), long(s.out));
 #endif
     }
-    (void)bf16;  // without oneDNN, bf16's products are fp32 GEMMs: the fp32 ones are their floor
   }
   /// The FLOPs of one run on this rank.
   [[nodiscard]] double flops() const { return flops_; }

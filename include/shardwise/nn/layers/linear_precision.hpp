@@ -49,7 +49,7 @@ class linear_precision {
   /// Back to products in T.
   void reset() {
     copy_ = {}, rounded_weight_ = {}, scratch_ = nullptr;
-    held_ = autocast_ = keep_rounded_weight_ = weight_rounded_ = false;
+    held_ = autocast_ = keep_rounded_weight_ = false;
   }
 
   /// The bytes of a held copy (0 without one).
@@ -66,7 +66,6 @@ class linear_precision {
       // Every forward rounds the weight afresh (an optimizer step may have changed it); a backward uses the last.
       bf16_rows& rounded_w = keep_rounded_weight_ ? rounded_weight_ : scratch_->operand[1];
       round_into(rounded_w, w);
-      weight_rounded_ = keep_rounded_weight_;
       bf16_gemm(rounded_x.view(), rounded_w.view().transposed(), y.data(), y.outerStride(), bias.has_value());
       return true;
     }
@@ -78,8 +77,8 @@ class linear_precision {
       if (!autocast_) return false;
       bf16_rows& rounded_dy = scratch_->operand[0];
       round_into(rounded_dy, dy);
-      bf16_rows const* rounded_w = &rounded_weight_;
-      if (!weight_rounded_ || rounded_weight_.rows != w.rows() || rounded_weight_.cols != w.cols()) {
+      bf16_rows const* rounded_w = &rounded_weight_;  // a forward's, where one kept it
+      if (!keep_rounded_weight_ || rounded_weight_.rows != w.rows() || rounded_weight_.cols != w.cols()) {
         round_into(scratch_->operand[1], w);
         rounded_w = &scratch_->operand[1];
       }
@@ -121,7 +120,7 @@ class linear_precision {
   bf16_matrix copy_;
   bf16_rows rounded_weight_;         // under autocast, with a resident weight: the last forward's rounding, for dx
   bf16_scratch* scratch_ = nullptr;  // under autocast: the scope's buffers
-  bool held_ = false, autocast_ = false, keep_rounded_weight_ = false, weight_rounded_ = false;
+  bool held_ = false, autocast_ = false, keep_rounded_weight_ = false;
 };
 
 }  // namespace shardwise::detail
