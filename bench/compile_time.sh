@@ -66,7 +66,7 @@ if [ -n "$before" ]; then
   mkdir -p "$work/before"
   git -C "$here" archive "$before" include | tar -x -C "$work/before"
 fi
-printf '#include <shardwise/nn/kernels/compile_kernels.hpp>\n' > "$work/kernels.cpp"
+printf '#include <shardwise/compile_kernels.hpp>\n' > "$work/kernels.cpp"
 printf '#include <shardwise/mesh/compile_runtime.hpp>\n' > "$work/runtime.cpp"
 printf '#include <shardwise/compile_checkpoint.hpp>\n' > "$work/checkpoint.cpp"
 

@@ -44,29 +44,11 @@ class rotary_embedding {
   /// this rank's global positions (from its document's start, when `rows` packs documents into the sequences).
   /// A dynamic (NTK) scaling rotates a sequence longer than its original length with the frequencies of its own
   /// length, as transformers rotates a call of that length.
-  void rotate(nn::matrix<T>& x, sequence_lengths const& rows, context_parallel const* context, bool inverse = false) {
-    if (context) return rotate_under(x, *context, rows, inverse);
-    reach(std::min(rows.longest(), static_cast<std::size_t>(x.rows())));
-    scratch first_half;
-    rows.for_each(static_cast<std::size_t>(x.rows()), [&](std::size_t first, std::size_t length) {
-      rotate_run(x.middleRows(static_cast<Eigen::Index>(first), static_cast<Eigen::Index>(length)), 0, length, inverse,
-                 first_half);
-    });
-  }
+  void rotate(nn::matrix<T>& x, sequence_lengths const& rows, context_parallel const* context, bool inverse = false);
 
   /// Rotates every head of a key-value cache step's rows, each entry's at its own positions; the tables grow to
   /// the cache's capacity (once) when it holds more positions than they do.
-  void rotate(nn::matrix<T>& x, cache_step const& step) {
-    reach(scaling_.type == rope_type::dynamic ? std::min(step.capacity, scaling_.original_max_positions)
-                                              : step.capacity);
-    Eigen::Index row = 0;
-    scratch first_half;
-    for (auto const& e : step.entries) {  // a dynamic scaling: each sequence at its own length so far
-      auto const n = static_cast<Eigen::Index>(e.count);
-      rotate_run(x.middleRows(row, n), static_cast<Eigen::Index>(e.start), e.start + e.count, false, first_half);
-      row += n;
-    }
-  }
+  void rotate(nn::matrix<T>& x, cache_step const& step);
 
  private:
   using scratch = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -174,6 +156,31 @@ class rotary_embedding {
   double attention_factor_;                  // cos and sin are multiplied by it (yarn's; 1 for the others)
 };
 
+// The two rotations out of the class (not inline), so that SHARDWISE_SEPARATE_KERNELS compiles them once.
+template <class T>
+void rotary_embedding<T>::rotate(nn::matrix<T>& x, sequence_lengths const& rows, context_parallel const* context,
+                                 bool inverse) {
+  if (context) return rotate_under(x, *context, rows, inverse);
+  reach(std::min(rows.longest(), static_cast<std::size_t>(x.rows())));
+  scratch first_half;
+  rows.for_each(static_cast<std::size_t>(x.rows()), [&](std::size_t first, std::size_t length) {
+    rotate_run(x.middleRows(static_cast<Eigen::Index>(first), static_cast<Eigen::Index>(length)), 0, length, inverse,
+               first_half);
+  });
+}
+
+template <class T>
+void rotary_embedding<T>::rotate(nn::matrix<T>& x, cache_step const& step) {
+  reach(scaling_.type == rope_type::dynamic ? std::min(step.capacity, scaling_.original_max_positions) : step.capacity);
+  Eigen::Index row = 0;
+  scratch first_half;
+  for (auto const& e : step.entries) {  // a dynamic scaling: each sequence at its own length so far
+    auto const n = static_cast<Eigen::Index>(e.count);
+    rotate_run(x.middleRows(row, n), static_cast<Eigen::Index>(e.start), e.start + e.count, false, first_half);
+    row += n;
+  }
+}
+
 /// The shape-only rotary embedding: rotation keeps every shape and holds nothing.
 template <class T>
 class rotary_embedding<meta<T>> {
@@ -185,3 +192,13 @@ class rotary_embedding<meta<T>> {
 };
 
 }  // namespace shardwise::models
+
+// With SHARDWISE_SEPARATE_KERNELS defined, the rotations for float and double are compiled once, by the file that
+// includes <shardwise/compile_kernels.hpp>, instead of in every file of a Llama.
+#define SHARDWISE_DETAIL_ROTARY_KERNELS(prefix, T) prefix template class rotary_embedding<T>;
+#if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
+namespace shardwise::models {
+SHARDWISE_DETAIL_ROTARY_KERNELS(extern, float)
+SHARDWISE_DETAIL_ROTARY_KERNELS(extern, double)
+}  // namespace shardwise::models
+#endif

@@ -176,29 +176,34 @@ void materialize_of(void* layer) {
   static_cast<L*>(layer)->shardwise_materialize();
 }
 
+/// Appends one layer and its present parameters to the list. Called with the layer's core (layer_core_t), so that
+/// it is compiled once per core, not once per layer of every plan and model.
+template <class T, class Core>
+void list_layer(model_list<T>& list, Core& l, list_path const& path) {
+  listed_layer entry;
+  entry.layer = &l;
+  if constexpr (requires { l.zero_grad(); }) entry.zero_grad = &zero_grad_of<Core>;
+  if constexpr (requires { l.materialized(); }) entry.materialized = &materialized_of<Core>;
+  if constexpr (requires { l.shardwise_materialize(); }) entry.materialize = &materialize_of<Core>;
+  if constexpr (requires {
+                  { l.tied() } -> std::convertible_to<bool>;
+                  { l.tied_to() } -> std::convertible_to<std::string_view>;
+                })
+    if (l.tied()) entry.tied_to = l.tied_to();
+  if (path.named) entry.path = path.text;
+  entry.first_parameter = list.parameters.size();
+  std::apply([&](auto const&... p) { ((p.present ? list.parameters.push_back(list_entry<T>(p, path)) : void()), ...); },
+             l.parameters());
+  entry.end_parameter = list.parameters.size();
+  list.layers.push_back(std::move(entry));
+}
+
 /// The model's list: one walk of its tree, the only one finish_gradients, zero_grad and the optimizers compile.
 template <class T, class Model>
 model_list<T> list_model(Model& model, list_options options) {
   model_list<T> list;
   auto on_layer = [&](auto& l, list_path const& path) {
-    using L = std::remove_cvref_t<decltype(l)>;
-    listed_layer entry;
-    entry.layer = &l;
-    if constexpr (requires { l.zero_grad(); }) entry.zero_grad = &zero_grad_of<L>;
-    if constexpr (requires { l.materialized(); }) entry.materialized = &materialized_of<L>;
-    if constexpr (requires { l.shardwise_materialize(); }) entry.materialize = &materialize_of<L>;
-    if constexpr (requires {
-                    { l.tied() } -> std::convertible_to<bool>;
-                    { l.tied_to() } -> std::convertible_to<std::string_view>;
-                  })
-      if (l.tied()) entry.tied_to = l.tied_to();
-    if (path.named) entry.path = path.text;
-    entry.first_parameter = list.parameters.size();
-    std::apply(
-        [&](auto const&... p) { ((p.present ? list.parameters.push_back(list_entry<T>(p, path)) : void()), ...); },
-        l.parameters());
-    entry.end_parameter = list.parameters.size();
-    list.layers.push_back(std::move(entry));
+    list_layer<T>(list, static_cast<layer_core_t<std::remove_cvref_t<decltype(l)>>&>(l), path);
   };
   auto on_module = skip_node;
   walk_tree(model, list_path{{}, options.names}, on_module, on_layer);

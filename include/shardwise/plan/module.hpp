@@ -303,7 +303,7 @@ void call_module_hook(void* m, Group const& tp) {
 }
 template <class L, class Group>
 void call_layer_parallelize(void* l, Group const& tp) {
-  if constexpr (member_layer<L>)
+  if constexpr (requires(L& layer) { layer.shardwise_parallelize(tp); })
     static_cast<L*>(l)->shardwise_parallelize(tp);
   else
     layer_traits<L>::parallelize(*static_cast<L*>(l), tp);
@@ -319,8 +319,8 @@ parallelize_list<Group> list_for_parallelize(Model& model) {
     list.modules.push_back(std::move(node));
   };
   auto on_layer = [&](auto& l, std::string const& path) {
-    using L = std::remove_cvref_t<decltype(l)>;
-    list.layers.push_back({&l, sizeof(l), path, &call_layer_parallelize<L, Group>, &l});
+    using Core = layer_core_t<std::remove_cvref_t<decltype(l)>>;  // its parallelize: compiled once per core
+    list.layers.push_back({&l, sizeof(l), path, &call_layer_parallelize<Core, Group>, static_cast<Core*>(&l)});
   };
   walk_tree(model, std::string(), on_module, on_layer);
   return list;

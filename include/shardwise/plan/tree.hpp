@@ -51,6 +51,23 @@ struct location_of<L> {
 };
 }  // namespace detail
 
+namespace detail {
+/// The class a layer keeps its parameters and state in: a library layer's core (`using shardwise_core`: one class per
+/// element type and style, whatever path the plan gives the layer), else the layer itself. Walks that need no more
+/// than that compile their per-layer code once per core instead of once per layer of every plan.
+template <class L>
+struct layer_core {
+  using type = L;
+};
+template <class L>
+  requires requires { typename L::shardwise_core; }
+struct layer_core<L> {
+  using type = typename L::shardwise_core;
+};
+template <class L>
+using layer_core_t = typename layer_core<L>::type;
+}  // namespace detail
+
 /// A layer: the leaves a plan styles. It knows its place in the plan and takes its group in parallelize,
 /// through its own members (shardwise's layers) or through layer_traits (anyone's).
 template <class L>

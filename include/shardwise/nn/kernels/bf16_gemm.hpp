@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardwise/nn/kernels/bf16.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 
 #if defined(SHARDWISE_WITH_ONEDNN)
@@ -123,11 +124,13 @@ inline void bf16_gemm(bf16_view a, bf16_view b, float* c, Eigen::Index c_stride,
       for (Eigen::Index j = 0; j < v.cols; ++j) m(i, j) = from_bf16(v.data[i * v.row_stride + j * v.col_stride]);
     return m;
   };
+  // Through the library's fp32 kernels, not a product written here: this function is not a template, so a product
+  // written here would be compiled in every file that includes it (SHARDWISE_SEPARATE_KERNELS compiles those once).
   Eigen::Map<nn::matrix<float>, 0, Eigen::OuterStride<>> out(c, a.rows, b.cols, Eigen::OuterStride<>(c_stride));
   if (accumulate)
-    out.noalias() += widened(a) * widened(b);
+    nn::linear_backward_weight<float>(widened(b), widened(a.transposed()), out, std::nullopt);  // out += a b
   else
-    out.noalias() = widened(a) * widened(b);
+    nn::linear_backward_input<float>(widened(b), widened(a), out);  // out = a b
 }
 
 }  // namespace shardwise::detail

@@ -12,6 +12,7 @@
 
 #include "shardwise/nn/kernels/bf16.hpp"
 #include "shardwise/nn/kernels/few_rows.hpp"
+#include "shardwise/nn/kernels/functional.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
 
 namespace shardwise::detail {
@@ -44,28 +45,27 @@ inline void bf16_weight_product(nn::const_matrix_ref<float> x, bf16_matrix const
   constexpr char const* fn = "bf16_weight_product";
   nn_check_shape(fn, "weight [out, in]", w.rows, w.cols, w.rows, x.cols());
   nn_check_shape(fn, "y [N, out]", y, x.rows(), w.rows);
-  if (bias) {
-    nn_check_size(fn, "bias [out]", *bias, w.rows);
-    y.rowwise() = bias->transpose();
-  }
-  std::vector<float> buffer;
+  if (bias) nn_check_size(fn, "bias [out]", *bias, w.rows);
 #if defined(__AVX__)  // few_rows_supported
   if (x.rows() >= 1 && x.rows() <= few_rows_most) {
+    if (bias) y.rowwise() = bias->transpose();
     few_rows_product<float>(x.data(), x.outerStride(), static_cast<int>(x.rows()), w.values.data(), w.cols, w.rows,
                             w.cols, y.data(), y.outerStride(), bias.has_value());
     return;
   }
 #endif
+  // Each block through the library's fp32 kernel, not a product written here: this function is not a template, so a
+  // product written here would be compiled in every file that includes it.
   constexpr Eigen::Index block = 128;  // weight rows widened at once: 128 x in floats, in the cache for the GEMM
+  std::vector<float> buffer;
   for (Eigen::Index first = 0; first < w.rows; first += block) {
     Eigen::Index const n = std::min(block, w.rows - first);
     buffer.resize(static_cast<std::size_t>(n * w.cols));
     widen_bf16_rows(w.values.data() + first * w.cols, w.cols, static_cast<int>(n), w.cols, buffer.data());
     Eigen::Map<nn::matrix<float> const> const wide(buffer.data(), n, w.cols);
-    if (bias)
-      y.middleCols(first, n).noalias() += x * wide.transpose();
-    else
-      y.middleCols(first, n).noalias() = x * wide.transpose();
+    std::optional<nn::const_vector_ref<float>> block_bias;
+    if (bias) block_bias.emplace(bias->segment(first, n));
+    nn::linear_forward<float>(x, wide, block_bias, y.middleCols(first, n));
   }
 }
 

@@ -1,11 +1,9 @@
 #pragma once
-// Compiles the nn kernels (functional.hpp, functional_elementwise.hpp, functional_attention.hpp) and the cores of
-// the library's Linear, Embedding and norm styles (linear.hpp, embedding.hpp, norm.hpp) and AdamW (optim.hpp) for float
-// and double. Include it in exactly one .cpp file of a program whose other files define SHARDWISE_SEPARATE_KERNELS:
-// they then call these instead of compiling their own copies, which is most of a model file's build time
-// (docs/build-time.md). CMake's shardwise::separate_kernels target does both.
+// The nn part of <shardwise/compile_kernels.hpp>, which a program includes: the nn kernels (functional.hpp,
+// functional_elementwise.hpp, functional_attention.hpp) and the cores of the library's Linear, Embedding and norm
+// styles (linear.hpp, embedding.hpp, norm.hpp) and AdamW (optim.hpp) for float and double.
 #if defined(SHARDWISE_DETAIL_FUNCTIONAL_KERNELS)
-#error "shardwise: include <shardwise/nn/kernels/compile_kernels.hpp> before any other shardwise header of its file"
+#error "shardwise: include <shardwise/compile_kernels.hpp> before any other shardwise header of its file"
 #endif
 #define SHARDWISE_DETAIL_COMPILING_KERNELS
 #include "shardwise/nn/kernels/functional.hpp"

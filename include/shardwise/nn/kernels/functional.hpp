@@ -368,7 +368,7 @@ T cross_entropy_forward_backward(const_matrix_ref<T> logits, std::span<const std
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, these kernels (and those of functional_elementwise.hpp) for float and double
-// are declared here and compiled once, by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake:
+// are declared here and compiled once, by the one file that includes <shardwise/compile_kernels.hpp> (CMake:
 // link shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
 #define SHARDWISE_DETAIL_FUNCTIONAL_KERNELS(prefix, T)                                                                 \
   prefix template void linear_forward<T>(const_matrix_ref<T>, const_matrix_ref<T>, std::optional<const_vector_ref<T>>, \

@@ -259,7 +259,7 @@ void causal_attention(const_matrix_ref<T> q, const_matrix_ref<T> k, const_matrix
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the attention kernels for float and double are declared here and compiled
-// once, by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake: link
+// once, by the one file that includes <shardwise/compile_kernels.hpp> (CMake: link
 // shardwise::separate_kernels), instead of in every file that calls them (docs/build-time.md).
 #define SHARDWISE_DETAIL_ATTENTION_KERNELS(prefix, T)                                                                \
   prefix template void causal_attention<T>(const_matrix_ref<T>, const_matrix_ref<T>, const_matrix_ref<T>,            \

@@ -89,7 +89,7 @@ void gelu_tanh_backward(const_matrix_ref<T> x, const_matrix_ref<T> dy, matrix_re
 }  // namespace shardwise::nn
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the activations for float and double are declared here and compiled once,
-// by the one file that includes <shardwise/nn/kernels/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
+// by the one file that includes <shardwise/compile_kernels.hpp> (CMake: link shardwise::separate_kernels),
 // instead of in every file that calls them (docs/build-time.md).
 #define SHARDWISE_DETAIL_ELEMENTWISE_KERNELS(prefix, T)                                           \
   prefix template void relu_forward<T>(const_matrix_ref<T>, matrix_ref<T>);                       \

@@ -263,6 +263,7 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
 
  public:
   using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
   using style = Style;                  ///< The parallel style the plan gives it.
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
@@ -284,7 +285,7 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the cores of the library's Embedding styles (unsharded, by vocabulary
 // into a whole or a sequence-cut output, by columns) for float and double are declared here and compiled once,
-// by the file that includes <shardwise/nn/kernels/compile_kernels.hpp> (docs/build-time.md).
+// by the file that includes <shardwise/compile_kernels.hpp> (docs/build-time.md).
 #define SHARDWISE_DETAIL_EMBEDDING_CORES(prefix, T)                               \
   prefix template class embedding_core<T, unsharded_linear>;                      \
   prefix template class embedding_core<T, RowwiseParallel<Replicate, Replicate>>; \

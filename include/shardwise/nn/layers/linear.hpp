@@ -44,6 +44,7 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
 
  public:
   using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
   using style = Style;                  ///< The parallel style the plan gives it.
   using typename core::input_layout;
   using typename core::matrix;
@@ -126,7 +127,7 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the cores of the library's own Linear styles (unsharded, and the
 // layouts its models' plans use) for float and double are declared here and compiled once, by the file that
-// includes <shardwise/nn/kernels/compile_kernels.hpp>: a plan's first sharded Linear then costs its file no second
+// includes <shardwise/compile_kernels.hpp>: a plan's first sharded Linear then costs its file no second
 // compile of them (docs/build-time.md). A style of one's own, or other layouts, compile where they are used, as before.
 #define SHARDWISE_DETAIL_LINEAR_CORES(prefix, T)                               \
   prefix template class linear_core<T, unsharded_linear>;                      \

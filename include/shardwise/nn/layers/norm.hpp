@@ -270,6 +270,7 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
 
  public:
   using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
+  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
   using style = Style;                  ///< The parallel style the plan gives it.
   using typename core::layout;
 
@@ -327,13 +328,14 @@ class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
 }  // namespace shardwise
 
 // With SHARDWISE_SEPARATE_KERNELS defined, the norms' cores in the layouts the library's styles give them
-// (whole, and cut along the sequence) for float and double are declared here and compiled once, by the file
-// that includes <shardwise/nn/kernels/compile_kernels.hpp> (docs/build-time.md).
+// (whole, cut along the sequence, and a head norm's heads cut over tp) for float and double are declared here and
+// compiled once, by the file that includes <shardwise/compile_kernels.hpp> (docs/build-time.md).
 #define SHARDWISE_DETAIL_NORM_CORES(prefix, T)                     \
   prefix template class norm_core<T, Replicate, norm_kind::layer>; \
   prefix template class norm_core<T, Replicate, norm_kind::rms>;   \
   prefix template class norm_core<T, Shard<0>, norm_kind::layer>;  \
-  prefix template class norm_core<T, Shard<0>, norm_kind::rms>;
+  prefix template class norm_core<T, Shard<0>, norm_kind::rms>;    \
+  prefix template class norm_core<T, Shard<1>, norm_kind::rms>;
 #if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
 namespace shardwise::detail {
 SHARDWISE_DETAIL_NORM_CORES(extern, float)

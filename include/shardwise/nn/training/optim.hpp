@@ -471,7 +471,7 @@ auto AdamW<T>::slice_of(std::size_t index, std::string const& name, std::size_t 
 
 // With SHARDWISE_SEPARATE_KERNELS defined, AdamW's working members and the gradients' finishing (nn/walk.hpp) for
 // float and double are declared here and compiled once, by the file that includes
-// <shardwise/nn/kernels/compile_kernels.hpp> (docs/build-time.md).
+// <shardwise/compile_kernels.hpp> (docs/build-time.md).
 #define SHARDWISE_DETAIL_OPTIMIZER(prefix, T)                                          \
   prefix template class AdamW<T>;                                                      \
   prefix template void detail::exact_square_roots<T>(T*, std::size_t);                 \
