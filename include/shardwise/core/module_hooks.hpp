@@ -45,8 +45,8 @@ template <class P>
 class attached {
  public:
   attached() = default;
-  attached(attached const&) {}
-  attached& operator=(attached const&) { return *this; }
+  attached(attached const&) noexcept {}
+  attached& operator=(attached const&) noexcept { return *this; }
   ~attached() = default;
   [[nodiscard]] P* get() const { return to_; }
   void set(P* to) { to_ = to; }

@@ -315,11 +315,18 @@ static_assert(communicator<RuntimeComm>);
   prefix template void runtime_collectives::all_gather<std::uint16_t, output_ref<std::uint16_t>>(        \
       comm const&, std::uint16_t const*, call_record const&, storage_order, output_ref<std::uint16_t>&&, \
       collective_site const&);
+// The sums of counts the library's agreements and checks take (sizes, flags).
+#define SHARDWISE_DETAIL_RUNTIME_COUNT_SUMS(prefix)                                                                \
+  prefix template void runtime_collectives::all_reduce<std::size_t>(comm const&, std::size_t*, call_record const&, \
+                                                                    collective_site const&);                       \
+  prefix template void runtime_collectives::all_reduce<int>(comm const&, int*, call_record const&,                 \
+                                                            collective_site const&);
 #if defined(SHARDWISE_SEPARATE_RUNTIME) && !defined(SHARDWISE_DETAIL_COMPILING_RUNTIME)
 namespace shardwise::detail {
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, float)
 SHARDWISE_DETAIL_RUNTIME_COLLECTIVES(extern, double)
 SHARDWISE_DETAIL_RUNTIME_BITS_GATHER(extern)
+SHARDWISE_DETAIL_RUNTIME_COUNT_SUMS(extern)
 }  // namespace shardwise::detail
 #else
 #include "shardwise/mesh/mpi/runtime.hpp"

@@ -23,8 +23,8 @@ class linear_precision {
 
  public:
   linear_precision() = default;
-  linear_precision(linear_precision const&) {}  // nothing of the original's: see above
-  linear_precision& operator=(linear_precision const&) { return *this; }
+  linear_precision(linear_precision const&) noexcept {}  // nothing of the original's: see above
+  linear_precision& operator=(linear_precision const&) noexcept { return *this; }
   ~linear_precision() = default;
 
   /// Rounds `weight` (this rank's, `rows` x `cols` expected) into a copy the forward multiplies with.

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <functional>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -98,15 +96,14 @@ class AdamW {
   /// Returns the global gradient norm before clipping.
   template <class Model, class DataMesh>
   T step(FinishedGradients<Model> ready, DataMesh const& dp) {
-    return step_summing_norm(ready, dp, [](nn::vector<T>&) {});
+    return step_summing_norm(ready, dp, no_other_stages{});
   }
 
   /// One step of a pipeline stage: as step(ready, dp), with the global norm taken over every stage of the
   /// pipeline axis `pp` (each parameter lives on one stage, so the clipping is the unsharded model's).
   template <class Model, class DataMesh, class PipelineMesh>
   T step(FinishedGradients<Model> ready, DataMesh const& dp, PipelineMesh const& pp) {
-    return step_summing_norm(
-        ready, dp, [&](nn::vector<T>& squares) { detail::all_reduce_on(pp.comm(0), squares, detail::op_kind::sum); });
+    return step_summing_norm(ready, dp, summed_over_stages<PipelineMesh>{pp});
   }
 
   /// A model whose gradients need no finishing (no Partial ones) may be passed directly.
@@ -270,11 +267,27 @@ class AdamW {
     return norm;
   }
 
-  /// One step, with the squared norm also summed by sum_over_stages (over the pipeline axis, or nothing).
+  /// What a step sums the squared norm over besides the model's ranks: nothing, or a pipeline's stages (not lambdas).
+  struct no_other_stages {
+    void operator()(nn::vector<T>&) const {}
+  };
+  template <class PipelineMesh>
+  struct summed_over_stages {
+    PipelineMesh const& pp;
+    void operator()(nn::vector<T>& squares) const { detail::all_reduce_on(pp.comm(0), squares, detail::op_kind::sum); }
+  };
+
+  /// One step, with the squared norm also summed by sum_over_stages (over the pipeline axis, or nothing). The work
+  /// after the model's list (step_listed) is compiled once per data mesh, not once per model.
   template <class Model, class DataMesh, class SumOverStages>
-  T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages&& sum_over_stages) {
+  T step_summing_norm(FinishedGradients<Model> ready, DataMesh const& dp, SumOverStages sum_over_stages) {
+    return step_listed(detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true}), dp,
+                       sum_over_stages);
+  }
+
+  template <class DataMesh, class SumOverStages>
+  T step_listed(detail::model_list<T> listed, DataMesh const& dp, SumOverStages& sum_over_stages) {
     ++steps_;
-    auto listed = detail::list_model<T>(ready.model, {.names = slices_.empty(), .allocate_gradients = true});
     placed_ = nullptr;  // from every parameter, frozen ones too: every ep rank then sums the experts' squares
     for (auto const& p : listed.parameters) placed_ = p.placed_over ? p.placed_over : placed_;
     if (placed_) detail::check_expert_placement(*placed_, dp.comm(0), dp.size(0), options_.zero1);
