@@ -8,6 +8,7 @@
 #include <shardwise/mesh/counting.hpp>
 #include <shardwise/models/llama_plan.hpp>
 #include <shardwise/shardwise.hpp>
+#include <type_traits>
 
 #include "../examples/blocks.hpp"
 
@@ -171,6 +172,38 @@ struct Tied {
   Tied(std::size_t out) : tok_embeddings(16, 8, 1), output(8, out, 2, false) {}
 };
 }  // namespace
+
+namespace {
+/// A Linear of the user's that adds to the library's: the walks must call its members, not its base's core's.
+template <class T, class Location>
+struct CountingLinear : sw::Linear<T, Location> {
+  using sw::Linear<T, Location>::Linear;
+  int zeroed = 0;
+  void zero_grad() {
+    ++zeroed;
+    sw::Linear<T, Location>::zero_grad();
+  }
+};
+template <class T, class Plan>
+struct WithCounting {
+  CountingLinear<T, sw::style_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::style_at<Plan, "w2">> w2;
+  SHARDWISE_CHILDREN(w1, w2)
+  WithCounting() : w1(8, 16, 1), w2(16, 8, 2) {}
+};
+}  // namespace
+
+TEST_CASE("the walks take a library layer by its core, and a class derived from one whole") {
+  using Model = WithCounting<float, sw::plan<>>;
+  static_assert(std::is_same_v<sw::detail::layer_core_t<decltype(Model::w1)>, decltype(Model::w1)>);
+  static_assert(std::is_same_v<sw::detail::layer_core_t<decltype(Model::w2)>,
+                               typename decltype(Model::w2)::shardwise_core::type>);
+  Model model;
+  sw::zero_grad(model);
+  CHECK(model.w1.zeroed == 1);
+  sw::zero_grad(model);
+  CHECK(model.w1.zeroed == 2);
+}
 
 // SHARDWISE_HOOKS takes every hook there is in one list.
 struct EveryHookListed {

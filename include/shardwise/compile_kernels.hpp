@@ -4,6 +4,7 @@
 // in exactly one .cpp file of a program whose other files define SHARDWISE_SEPARATE_KERNELS: they then call these
 // instead of compiling their own copies, which is most of a model file's build time (docs/build-time.md). CMake's
 // shardwise::separate_kernels target does both.
+#define SHARDWISE_DETAIL_COMPILING_ALL_KERNELS
 #include "shardwise/nn/kernels/compile_kernels.hpp"
 // (first: it refuses a file that included another shardwise header before it)
 #include "shardwise/models/rotary_embedding.hpp"

@@ -50,19 +50,18 @@ class registered_layer {
  private:
   friend class layer_registry;
   void add() noexcept {
-    auto& registry = layer_registry::instance();
-    std::lock_guard lock(registry.mutex_);
-    next_ = registry.first_;
+    std::lock_guard lock(registry_->mutex_);
+    next_ = registry_->first_;
     if (next_) next_->previous_ = this;
-    registry.first_ = this;
+    registry_->first_ = this;
   }
   void remove() noexcept {
-    auto& registry = layer_registry::instance();
-    std::lock_guard lock(registry.mutex_);
-    (previous_ ? previous_->next_ : registry.first_) = next_;
+    std::lock_guard lock(registry_->mutex_);
+    (previous_ ? previous_->next_ : registry_->first_) = next_;
     if (next_) next_->previous_ = previous_;
   }
   registered_layer_info info_;
+  layer_registry* registry_ = &layer_registry::instance();  // the list it joined (one per process, or per library)
   registered_layer* previous_ = nullptr;
   registered_layer* next_ = nullptr;
 };

@@ -52,17 +52,25 @@ struct location_of<L> {
 }  // namespace detail
 
 namespace detail {
-/// The class a layer keeps its parameters and state in: a library layer's core (`using shardwise_core`: one class per
-/// element type and style, whatever path the plan gives the layer), else the layer itself. Walks that need no more
-/// than that compile their per-layer code once per core instead of once per layer of every plan.
+/// What a library layer declares as its shardwise_core: the class that keeps its parameters and state (Core), and
+/// the layer that says so (Layer), so that a class derived from the layer, which may add to it, is not taken for it.
+template <class Layer, class Core>
+struct core_of {
+  using layer = Layer;
+  using type = Core;
+};
+
+/// The class a layer keeps its parameters and state in: a library layer's core (one class per element type and
+/// style, whatever path the plan gives the layer), else the layer itself. Walks that need no more than that compile
+/// their per-layer code once per core instead of once per layer of every plan.
 template <class L>
 struct layer_core {
   using type = L;
 };
 template <class L>
-  requires requires { typename L::shardwise_core; }
+  requires std::is_same_v<typename L::shardwise_core::layer, L>
 struct layer_core<L> {
-  using type = typename L::shardwise_core;
+  using type = typename L::shardwise_core::type;
 };
 template <class L>
 using layer_core_t = typename layer_core<L>::type;

@@ -5,6 +5,9 @@
 #if defined(SHARDWISE_DETAIL_FUNCTIONAL_KERNELS)
 #error "shardwise: include <shardwise/compile_kernels.hpp> before any other shardwise header of its file"
 #endif
+#if !defined(SHARDWISE_DETAIL_COMPILING_ALL_KERNELS)
+#error "shardwise: include <shardwise/compile_kernels.hpp>, which compiles the models' kernels too, not this nn part"
+#endif
 #define SHARDWISE_DETAIL_COMPILING_KERNELS
 #include "shardwise/nn/kernels/functional.hpp"
 #include "shardwise/nn/kernels/functional_attention.hpp"

@@ -262,9 +262,9 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
   static_assert(detail::embedding_layouts_allowed<Style>);  // a library style's own rules, with their messages
 
  public:
-  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
-  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
-  using style = Style;                  ///< The parallel style the plan gives it.
+  using shardwise_location = Location;                      ///< Its place in the plan (style, path, plan).
+  using shardwise_core = detail::core_of<Embedding, core>;  ///< The class that holds its parameters.
+  using style = Style;                                      ///< The parallel style the plan gives it.
 
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's.
   constexpr Embedding(std::size_t vocabulary, std::size_t dim, init seed)

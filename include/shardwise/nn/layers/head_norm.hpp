@@ -26,9 +26,9 @@ class HeadRMSNorm : public detail::norm_core<T, Layout, detail::norm_kind::rms> 
                 "cuts the heads; leave it out of the plan");
 
  public:
-  using shardwise_location = Location;  ///< Its place in the plan.
-  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
-  using style = NoParallel;             ///< It has no style of its own.
+  using shardwise_location = Location;                        ///< Its place in the plan.
+  using shardwise_core = detail::core_of<HeadRMSNorm, core>;  ///< The class that holds its parameters.
+  using style = NoParallel;                                   ///< It has no style of its own.
 
   /// A weight of `head_dim` ones; eps as the model's RMSNorm; `declared`: the module's sw::init (its mode only).
   constexpr HeadRMSNorm(std::size_t head_dim, T eps, init declared = {})

@@ -43,9 +43,9 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   static_assert(detail::linear_layouts_allowed<Style>);  // a library style's own rules, with their messages
 
  public:
-  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
-  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
-  using style = Style;                  ///< The parallel style the plan gives it.
+  using shardwise_location = Location;                   ///< Its place in the plan (style, path, plan).
+  using shardwise_core = detail::core_of<Linear, core>;  ///< The class that holds its parameters.
+  using style = Style;                                   ///< The parallel style the plan gives it.
   using typename core::input_layout;
   using typename core::matrix;
   using typename core::output_layout;

@@ -269,9 +269,9 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
                 "SequenceParallel, or leave it out of the plan");
 
  public:
-  using shardwise_location = Location;  ///< Its place in the plan (style, path, plan).
-  using shardwise_core = core;          ///< The class that holds its parameters: the same for every path.
-  using style = Style;                  ///< The parallel style the plan gives it.
+  using shardwise_location = Location;                       ///< Its place in the plan (style, path, plan).
+  using shardwise_core = detail::core_of<norm_layer, core>;  ///< The class that holds its parameters.
+  using style = Style;                                       ///< The parallel style the plan gives it.
   using typename core::layout;
 
   /// `features` weights set to one (LayerNorm: and biases to zero). `declared`: the module's sw::init, of which
@@ -310,12 +310,19 @@ template <class T, class Location = unplanned>
 class LayerNorm : public detail::norm_layer<T, Location, detail::norm_kind::layer> {
  public:
   using detail::norm_layer<T, Location, detail::norm_kind::layer>::norm_layer;
+  /// The class that holds its parameters.
+  using shardwise_core =
+      detail::core_of<LayerNorm,
+                      typename detail::norm_layer<T, Location, detail::norm_kind::layer>::shardwise_core::type>;
 };
 
 /// RMSNorm over the features (Llama's), with a weight; unsharded or under SequenceParallel.
 template <class T, class Location = unplanned>
 class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
  public:
+  /// The class that holds its parameters.
+  using shardwise_core =
+      detail::core_of<RMSNorm, typename detail::norm_layer<T, Location, detail::norm_kind::rms>::shardwise_core::type>;
   /// `features` weights set to one; eps 1e-6 unless given (Llama's configs give 1e-5 or 1e-6).
   /// `declared`: the module's sw::init, of which only the mode counts (sw::Lazy: nothing allocated yet).
   constexpr explicit RMSNorm(std::size_t features, T eps = T(1e-6), init declared = {})
