@@ -306,6 +306,7 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
 
 }  // namespace detail
 
+/// LayerNorm over the features (GPT-2's), with a weight and a bias; unsharded or under SequenceParallel.
 template <class T, class Location = unplanned>
 class LayerNorm : public detail::norm_layer<T, Location, detail::norm_kind::layer> {
  public:
