@@ -53,6 +53,15 @@ class embedding_core : public layer_plumbing<T> {
   /// Entries drawn from N(0, 1), as torch.nn.Embedding's; `path`: the layer's plan path (static storage).
   embedding_core(std::string_view path, std::size_t vocabulary, std::size_t dim, init seed);
 
+  /// @{ Copies, moves and destruction, compiled with the core's other code (once, in shardwise::separate_kernels)
+  /// rather than in every file that builds a model: a model's blocks copy and move their layers through them.
+  embedding_core(embedding_core const&);
+  embedding_core(embedding_core&&) noexcept;
+  embedding_core& operator=(embedding_core const&);
+  embedding_core& operator=(embedding_core&&) noexcept;
+  ~embedding_core();
+  /// @}
+
   /// @{ This rank's table (the whole of it before parallelize) and its gradient.
   matrix weight, weight_grad;
   /// @}
@@ -147,6 +156,19 @@ using embedding_core_for =
 
 // The members that do the work, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take the library's
 // styles' cores from shardwise::separate_kernels (see the end of this file).
+// Defaulted here, not in the class: an explicit instantiation declaration (SHARDWISE_SEPARATE_KERNELS) then
+// keeps them out of the files that use the core.
+template <class T, class Rule>
+embedding_core<T, Rule>::embedding_core(embedding_core const&) = default;
+template <class T, class Rule>
+embedding_core<T, Rule>::embedding_core(embedding_core&&) noexcept = default;
+template <class T, class Rule>
+embedding_core<T, Rule>& embedding_core<T, Rule>::operator=(embedding_core const&) = default;
+template <class T, class Rule>
+embedding_core<T, Rule>& embedding_core<T, Rule>::operator=(embedding_core&&) noexcept = default;
+template <class T, class Rule>
+embedding_core<T, Rule>::~embedding_core() = default;
+
 template <class T, class Rule>
 embedding_core<T, Rule>::embedding_core(std::string_view path, std::size_t vocabulary, std::size_t dim, init seed)
     : plumbing("Embedding", path, seed.declares_only()),

@@ -55,6 +55,15 @@ class linear_core : public layer_plumbing<T> {
   /// path, kept for messages (a string of static storage).
   linear_core(std::string_view path, std::size_t in, std::size_t out, init seed, bool with_bias);
 
+  /// @{ Copies, moves and destruction, compiled with the core's other code (once, in shardwise::separate_kernels)
+  /// rather than in every file that builds a model: a model's blocks copy and move their layers through them.
+  linear_core(linear_core const&);
+  linear_core(linear_core&&) noexcept;
+  linear_core& operator=(linear_core const&);
+  linear_core& operator=(linear_core&&) noexcept;
+  ~linear_core();
+  /// @}
+
   /// @{ This rank's parameters (the whole of them before parallelize) and their gradients.
   matrix weight, weight_grad;
   vector bias, bias_grad;
@@ -272,6 +281,19 @@ class linear_core : public layer_plumbing<T> {
   std::optional<lora_adapter<T>> lora_;  // sw::add_lora
   linear_precision<T> precision_;        // sw::bf16_weights, sw::bf16_autocast
 };
+
+// Defaulted here, not in the class: an explicit instantiation declaration (SHARDWISE_SEPARATE_KERNELS) then
+// keeps them out of the files that use the core.
+template <class T, class Rule>
+linear_core<T, Rule>::linear_core(linear_core const&) = default;
+template <class T, class Rule>
+linear_core<T, Rule>::linear_core(linear_core&&) noexcept = default;
+template <class T, class Rule>
+linear_core<T, Rule>& linear_core<T, Rule>::operator=(linear_core const&) = default;
+template <class T, class Rule>
+linear_core<T, Rule>& linear_core<T, Rule>::operator=(linear_core&&) noexcept = default;
+template <class T, class Rule>
+linear_core<T, Rule>::~linear_core() = default;
 
 template <class T, class Rule>
 linear_core<T, Rule>::linear_core(std::string_view path, std::size_t in, std::size_t out, init seed, bool with_bias)

@@ -118,6 +118,15 @@ class norm_core : public layer_plumbing<T> {
 
   norm_core(std::string_view path, std::size_t features, T eps, init declared);
 
+  /// @{ Copies, moves and destruction, compiled with the core's other code (once, in shardwise::separate_kernels)
+  /// rather than in every file that builds a model: a model's blocks copy and move their layers through them.
+  norm_core(norm_core const&);
+  norm_core(norm_core&&) noexcept;
+  norm_core& operator=(norm_core const&);
+  norm_core& operator=(norm_core&&) noexcept;
+  ~norm_core();
+  /// @}
+
   vector weight, weight_grad, bias, bias_grad;  // bias: LayerNorm only; gradients: finished (reduced) ones
 
   void zero_grad();
@@ -170,6 +179,19 @@ class norm_core : public layer_plumbing<T> {
 
 // The members that do the work, out of the class, so that SHARDWISE_SEPARATE_KERNELS can take the library's
 // layouts' cores from shardwise::separate_kernels (see the end of this file).
+// Defaulted here, not in the class: an explicit instantiation declaration (SHARDWISE_SEPARATE_KERNELS) then
+// keeps them out of the files that use the core.
+template <class T, class Layout, norm_kind Kind>
+norm_core<T, Layout, Kind>::norm_core(norm_core const&) = default;
+template <class T, class Layout, norm_kind Kind>
+norm_core<T, Layout, Kind>::norm_core(norm_core&&) noexcept = default;
+template <class T, class Layout, norm_kind Kind>
+norm_core<T, Layout, Kind>& norm_core<T, Layout, Kind>::operator=(norm_core const&) = default;
+template <class T, class Layout, norm_kind Kind>
+norm_core<T, Layout, Kind>& norm_core<T, Layout, Kind>::operator=(norm_core&&) noexcept = default;
+template <class T, class Layout, norm_kind Kind>
+norm_core<T, Layout, Kind>::~norm_core() = default;
+
 template <class T, class Layout, norm_kind Kind>
 norm_core<T, Layout, Kind>::norm_core(std::string_view path, std::size_t features, T eps, init declared)
     : plumbing(Kind == norm_kind::layer ? "LayerNorm" : "RMSNorm", path, declared.declares_only()),
