@@ -97,8 +97,8 @@ int turn_rank(TpMesh const& tp, load_options const& options) {
 /// rank reading for the node.
 enum class load_mode { each_rank, in_turns, rank0_sends, rank0_relays, node_reads };
 
-template <class Model, class TpMesh>
-load_mode load_mode_of(Model& model, TpMesh const& tp, load_options const& options) {
+template <class Axes, class TpMesh>
+load_mode load_mode_of(Axes const& axes, TpMesh const& tp, load_options const& options) {
   if (options.only_rank0_reads && options.turns && options.turns->size > 1) {
     if (!options.turns->send || !options.turns->receive)
       fail(
@@ -106,12 +106,11 @@ load_mode load_mode_of(Model& model, TpMesh const& tp, load_options const& optio
           "them with sw::node_turns(world)");
     return load_mode::node_reads;
   }
-  if constexpr (requires { model.data_mesh(); }) {  // a model under FSDP: its shards span dp x tp
-    bool const spread = with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); }) > 1;
-    if (options.only_rank0_reads && spread) return load_mode::rank0_relays;
+  if constexpr (Axes::fully_sharded) {  // a model under FSDP: its shards span dp x tp
+    if (options.only_rank0_reads && axes.ranks() > 1) return load_mode::rank0_relays;
+  } else if constexpr (requires { tp.comm(0); }) {
+    if (options.only_rank0_reads && tp.size() > 1) return load_mode::rank0_sends;
   }
-  if constexpr (requires { tp.comm(0); })
-    if (!requires { model.data_mesh(); } && options.only_rank0_reads && tp.size() > 1) return load_mode::rank0_sends;
   bool const in_turns = options.ranks_per_step > 0 && options.ranks_per_step < turn_size(tp, options);
   return in_turns ? load_mode::in_turns : load_mode::each_rank;
 }
@@ -201,26 +200,56 @@ SHARDWISE_DETAIL_CHECKPOINT_ENTRY void check_against_model(model_tensors const& 
 }
 #endif
 
-/// Raises `error` (if any, from any rank) on every rank of the axes a load's ranks share: FSDP's dp x tp, or tp.
+/// The ranks a load agrees over: tp's, for a model whose tensors lie whole or cut on them. The same for every such
+/// model, so that the loader below is compiled once per tp mesh, not once per model.
+template <class TpMesh>
+struct tp_load_axes {
+  static constexpr bool fully_sharded = false;
+  TpMesh const& tp;
+  /// Every rank passes its error (empty if none); if any failed, every rank throws the same one.
+  void agree(std::string const& error, std::string_view stage, std::filesystem::path const& dir,
+             std::string_view who) const {
+    if constexpr (requires { tp.comm(0); })
+      agree_on_errors(tp, error, stage, dir, who);
+    else
+      agree_on_errors_across(error, stage, dir, who);  // one rank: its own error
+  }
+};
+
+/// A model under FSDP: its shards span its data mesh and tp, and its first rank can relay them to the others.
 template <class Model, class TpMesh>
-void agree_over_load_axes(Model& model, TpMesh const& tp, std::string const& error, std::string_view stage,
-                          std::filesystem::path const& dir, std::string_view who) {
-  if constexpr (requires { model.data_mesh(); })
+struct fsdp_load_axes {
+  static constexpr bool fully_sharded = true;
+  Model& model;
+  TpMesh const& tp;
+  void agree(std::string const& error, std::string_view stage, std::filesystem::path const& dir,
+             std::string_view who) const {
     with_fsdp_axes(model, tp, [&](auto const&... axes) { agree_on_errors_across(error, stage, dir, who, axes...); });
-  else if constexpr (requires { tp.comm(0); })
-    agree_on_errors(tp, error, stage, dir, who);
+  }
+  [[nodiscard]] int ranks() const {
+    return with_fsdp_axes(model, tp, [](auto const&... axes) { return (1 * ... * axes.size()); });
+  }
+  /// The first rank reads every rank's block and relays it over dp x tp.
+  void relay(checkpoint_reader& reader, checkpoint_index const& index, std::filesystem::path const& dir,
+             std::string_view who) const;
+};
+
+/// The axes of a load into `model`.
+template <class Model, class TpMesh>
+auto load_axes_of(Model& model, TpMesh const& tp) {
+  if constexpr (requires { model.data_mesh(); })
+    return fsdp_load_axes<Model, TpMesh>{model, tp};
   else
-    agree_on_errors_across(error, stage, dir, who);  // one rank: its own error
+    return tp_load_axes<TpMesh>{tp};
 }
 
 /// Runs `check`; where the ranks go on to communicate, its error is agreed first (over the node too when its
 /// first rank reads for it), so that every rank raises it and none waits for a peer that will not come.
-template <class Model, class TpMesh, class Check>
-void check_agreed(Model& model, TpMesh const& tp, load_mode mode, load_options const& options,
-                  std::filesystem::path const& dir, std::string_view who, Check&& check) {
-  constexpr bool fsdp = requires { model.data_mesh(); };
-  bool const agreed =
-      mode == load_mode::rank0_relays || mode == load_mode::node_reads || (!fsdp && mode != load_mode::each_rank);
+template <class Axes, class Check>
+void check_agreed(Axes const& axes, load_mode mode, load_options const& options, std::filesystem::path const& dir,
+                  std::string_view who, Check&& check) {
+  bool const agreed = mode == load_mode::rank0_relays || mode == load_mode::node_reads ||
+                      (!Axes::fully_sharded && mode != load_mode::each_rank);
   if (!agreed) return check();
   std::string error;
   try {
@@ -229,7 +258,7 @@ void check_agreed(Model& model, TpMesh const& tp, load_mode mode, load_options c
     error = e.what();
   }
   if (mode == load_mode::node_reads) error = node_agreed_error(*options.turns, error);
-  agree_over_load_axes(model, tp, error, "checking the checkpoint against the model", dir, who);
+  axes.agree(error, "checking the checkpoint against the model", dir, who);
 }
 
 /// Each of the model's tensors that the checkpoint holds: zeroed, then its shard read.
@@ -286,10 +315,9 @@ void read_on_rank0_and_send(model_tensors const& model, TpMesh const& tp, checkp
   if (rank == 0 && checkpoint_load_hook) checkpoint_load_hook("read_end", rank);
 }
 
-/// Under FSDP, the first rank reads every rank's block and relays it over dp x tp.
 template <class Model, class TpMesh>
-void relay_from_first_rank(Model& model, TpMesh const& tp, checkpoint_reader& reader, checkpoint_index const& index,
-                           std::filesystem::path const& dir, std::string_view who) {
+void fsdp_load_axes<Model, TpMesh>::relay(checkpoint_reader& reader, checkpoint_index const& index,
+                                          std::filesystem::path const& dir, std::string_view who) const {
   relay_shards(
       model, tp, dir, who,
       [&](tensor_layout const& theirs, auto& block, std::string& error) {
@@ -305,8 +333,8 @@ void relay_from_first_rank(Model& model, TpMesh const& tp, checkpoint_reader& re
 }
 
 /// In turns of ranks_per_step ranks; an error is carried to the end so that no rank waits forever.
-template <class Model, class TpMesh>
-void read_in_turns(Model& model, model_tensors const& tensors, TpMesh const& tp, checkpoint_reader& reader,
+template <class Axes, class TpMesh>
+void read_in_turns(Axes const& axes, model_tensors const& tensors, TpMesh const& tp, checkpoint_reader& reader,
                    load_state const& s, std::filesystem::path const& dir) {
   int const size = turn_size(tp, s.options), rank = turn_rank(tp, s.options), per_step = s.options.ranks_per_step;
   std::string error;
@@ -323,30 +351,30 @@ void read_in_turns(Model& model, model_tensors const& tensors, TpMesh const& tp,
     else if constexpr (requires { tp.comm(0); })
       tp.comm(0).barrier();
   }
-  agree_over_load_axes(model, tp, error, "reading the rank's shard", dir, s.who);
+  axes.agree(error, "reading the rank's shard", dir, s.who);
 }
 
 /// The loader behind load_sharded, load_consolidated and load_pretrained: locate(source, index, label,
 /// unexpected) finds the checkpoint (the folder its pieces' files are relative to, the index, the file to name
 /// in errors, and the file's tensors it leaves unread); then the model and the index are compared and each rank
 /// reads the boxes its shard needs.
-template <class Model, class TpMesh>
-load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir, load_options const& options,
-                       std::string_view who, checkpoint_locator const& locate) {
+template <class Axes, class TpMesh>
+load_outcome load_tensors_into(model_tensors const& tensors, Axes const& axes, TpMesh const& tp,
+                               std::filesystem::path const& dir, load_options const& options, std::string_view who,
+                               checkpoint_locator const& locate) {
   int const size = tp.size(), rank = tp.rank();
-  load_mode const mode = load_mode_of(model, tp, options);
+  load_mode const mode = load_mode_of(axes, tp, options);
   load_state s{{}, {}, who, options, {}};
-  model_tensors const tensors = tensors_of(model);
-  check_agreed(model, tp, mode, options, dir, who, [&] { check_against_model(tensors, size, rank, s, locate); });
+  check_agreed(axes, mode, options, dir, who, [&] { check_against_model(tensors, size, rank, s, locate); });
   checkpoint_reader reader(s.source, s.outcome.index, who, options.verify_checksums);
   if (mode == load_mode::node_reads) {
     std::string const error = read_for_the_node(tensors, size, rank, reader, s.outcome.index, *options.turns);
-    agree_over_load_axes(model, tp, error, "reading on the node's first rank", dir, who);
+    axes.agree(error, "reading on the node's first rank", dir, who);
     return std::move(s.outcome);
   }
-  if constexpr (requires { model.data_mesh(); }) {
+  if constexpr (Axes::fully_sharded) {
     if (mode == load_mode::rank0_relays) {
-      relay_from_first_rank(model, tp, reader, s.outcome.index, dir, who);
+      axes.relay(reader, s.outcome.index, dir, who);
       return std::move(s.outcome);
     }
   }
@@ -357,11 +385,19 @@ load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path con
     }
   }
   if (mode == load_mode::in_turns) {
-    read_in_turns(model, tensors, tp, reader, s, dir);
+    read_in_turns(axes, tensors, tp, reader, s, dir);
     return std::move(s.outcome);
   }
   read_shard(tensors, size, rank, reader, s.outcome.index);
   return std::move(s.outcome);
+}
+
+/// load_tensors_into the model's table: the loader's body depends on the model's type only through its axes (FSDP's,
+/// or tp's alone), so that it is compiled once per tp mesh for every model that is not fully sharded.
+template <class Model, class TpMesh>
+load_outcome load_into(Model& model, TpMesh const& tp, std::filesystem::path const& dir, load_options const& options,
+                       std::string_view who, checkpoint_locator const& locate) {
+  return load_tensors_into(tensors_of(model), load_axes_of(model, tp), tp, dir, options, who, locate);
 }
 
 /// Runs `load_once` (one attempt at a load) until the ranks of the axes `agreeing` have loaded one and the same
