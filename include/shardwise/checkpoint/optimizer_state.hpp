@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -92,11 +94,11 @@ struct whole_moments {
   nn::matrix<T> m, v;
 };
 
-/// Zeroed moments for every parameter of the model, in the order of sw::for_each_parameter (AdamW's).
-template <class T, class Model>
-std::vector<whole_moments<T>> blank_moments(Model& model) {
+/// Zeroed moments for every parameter of the model's list, in the order of sw::for_each_parameter (AdamW's).
+template <class T>
+std::vector<whole_moments<T>> blank_moments(model_list<T> const& list) {
   std::vector<whole_moments<T>> moments;
-  for (listed_parameter<T> const& p : list_model<T>(model, {}).parameters) {
+  for (listed_parameter<T> const& p : list.parameters) {
     if (p.frozen) continue;  // no state (sw::freeze)
     auto const rows = p.value.rows(), cols = p.value.cols();
     moments.push_back({nn::matrix<T>::Zero(rows, cols), nn::matrix<T>::Zero(rows, cols)});
@@ -107,14 +109,14 @@ std::vector<whole_moments<T>> blank_moments(Model& model) {
 /// Collectively over dp: every parameter's moments whole on this rank's tp shard (under ZeRO-1 the dp ranks'
 /// slices, gathered in dp rank order, which is the flattened shard's), kept where `keep` (the writer) only. A
 /// state that does not fit the model is raised on every dp rank, after the gathers every rank makes.
-template <class Model, class T, class DpMesh>
-std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, bool keep,
-                                             std::filesystem::path const& dir) {
-  auto moments = keep ? blank_moments<T>(model) : std::vector<whole_moments<T>>{};
+template <class T, class DpMesh>
+std::vector<whole_moments<T>> gather_moments(model_list<T> const& list, AdamW<T>& optimizer, DpMesh const& dp,
+                                             bool keep, std::filesystem::path const& dir) {
+  auto moments = keep ? blank_moments<T>(list) : std::vector<whole_moments<T>>{};
   bool const sliced = optimizer.options().zero1 && dp.size() > 1;
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
   std::string error;
-  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t, std::span<T> m, std::span<T> v) {
+  optimizer.for_each_state(list, dp, [&](std::size_t index, std::size_t, std::span<T> m, std::span<T> v) {
     if (!keep && !sliced) return;  // nothing to send, nothing kept
     for (auto [moment, which] : {std::pair{m, &whole_moments<T>::m}, std::pair{v, &whole_moments<T>::v}}) {
       vector whole = Eigen::Map<vector const>(moment.data(), static_cast<Eigen::Index>(moment.size()));
@@ -136,9 +138,10 @@ std::vector<whole_moments<T>> gather_moments(Model& model, AdamW<T>& optimizer, 
 }
 
 /// Each rank's part of the whole moments into the optimizer: its ZeRO-1 slice, or all of them.
-template <class Model, class T, class DpMesh>
-void take_moments(Model& model, AdamW<T>& optimizer, DpMesh const& dp, std::vector<whole_moments<T>> const& whole) {
-  optimizer.for_each_state(model, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
+template <class T, class DpMesh>
+void take_moments(model_list<T> const& list, AdamW<T>& optimizer, DpMesh const& dp,
+                  std::vector<whole_moments<T>> const& whole) {
+  optimizer.for_each_state(list, dp, [&](std::size_t index, std::size_t start, std::span<T> m, std::span<T> v) {
     if (index >= whole.size() || start + m.size() > static_cast<std::size_t>(whole[index].m.size()))
       fail("shardwise::load_sharded: the optimizer's state of parameter ", index,
            " does not fit the model's; load into the optimizer that trains this model");
@@ -204,36 +207,41 @@ void for_each_tensor_with_moments(model_list<T> const& list, std::vector<whole_m
 
 /// A model (or pipeline stage) not under FSDP with its AdamW moments, walked as one checkpoint: the parameters,
 /// then their moments as tensors "optimizer.<parameter>.exp_avg" / ".exp_avg_sq" cut as the parameter is. A load
-/// (`loading`) materializes lazily declared layers and sizes the moments as it walks them.
-template <class Model, class T>
-struct model_with_state {
-  Model& model;
+/// (`loading`) materializes lazily declared layers and sizes the moments as it walks them. It holds the model's
+/// list, not the model, so that the checkpoints' walks of it are compiled once per element type (with_state).
+template <class T>
+struct listed_with_state {
+  model_list<T> list;                     ///< The model's parameters, named.
   std::vector<whole_moments<T>> moments;  ///< In the order of sw::for_each_parameter.
   bool loading = false;
+  std::optional<std::map<std::string, std::string>> config;  ///< The model's shardwise_config(), if it states one.
+  std::function<bool(std::string_view)> other_stage;         ///< A pipeline stage's: whether a tensor is another's.
 
   /// What the walk hands out lives as long as this: a save borrows it, as it borrows a model's parameters.
   static constexpr bool shardwise_values_outlive_walk = true;
 
   template <class Fn>
   void shardwise_for_each_parameter_shard(Fn&& fn) {
-    for_each_tensor_with_moments(list_model<T>(model, {.names = true}), moments, loading, fn);
+    for_each_tensor_with_moments(list, moments, loading, fn);
   }
   /// For loaders: a checkpoint saved without the optimizer is refused by name, not as a missing tensor.
   void shardwise_check_index(checkpoint_index const& index, std::string const& file) const {
     check_has_optimizer_state(index, file);
   }
-  [[nodiscard]] auto shardwise_config() const
-    requires requires(Model const& m) { m.shardwise_config(); }
-  {
-    return model.shardwise_config();
-  }
+  [[nodiscard]] std::optional<std::map<std::string, std::string>> shardwise_config() const { return config; }
   /// For pipeline stages: another stage's tensors are not this one's to read.
-  [[nodiscard]] bool shardwise_other_stage(std::string_view name) const
-    requires requires(Model const& m) { m.shardwise_other_stage(name); }
-  {
-    return model.shardwise_other_stage(name);
-  }
+  [[nodiscard]] bool shardwise_other_stage(std::string_view name) const { return other_stage && other_stage(name); }
 };
+
+/// The model's listed_with_state: its list, with what its checkpoints ask of it beside (configuration, stage).
+template <class T, class Model>
+listed_with_state<T> with_state(Model& model, bool loading) {
+  listed_with_state<T> walked{list_model<T>(model, {.names = true}), {}, loading, {}, {}};
+  if constexpr (requires { model.shardwise_config(); }) walked.config = model.shardwise_config();
+  if constexpr (requires { model.shardwise_other_stage(std::string_view()); })
+    walked.other_stage = [&model](std::string_view name) { return model.shardwise_other_stage(name); };
+  return walked;
+}
 
 }  // namespace detail
 
@@ -255,8 +263,8 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
         "shardwise::save_sharded: the model's experts are placed over ep ranks with replicas (sw::"
         "expert_parallelize(model, ep, replicas)), whose saves are not built yet; save a model placed over "
         "all its dp ranks, or unplaced");
-  detail::model_with_state<Model, T> walked{
-      model, detail::gather_moments(model, optimizer, dp, placed || dp.rank() == 0, dir)};
+  auto walked = detail::with_state<T>(model, false);
+  walked.moments = detail::gather_moments(walked.list, optimizer, dp, placed || dp.rank() == 0, dir);
   if (placed) return detail::save_placed_experts(walked, tp, dp, dir, step, detail::with_steps(metadata, optimizer));
   detail::on_dp_rank0(dp, dir, "saving the model and optimizer state",
                       [&] { save_sharded(walked, tp, dir, step, detail::with_steps(metadata, optimizer)); });
@@ -278,7 +286,8 @@ void save_sharded(Model& stage, AdamW<T>& optimizer, TpMesh const& tp, PpMesh co
         "shardwise::save_sharded(stage, optimizer, tp, pp, dp, ...): the stage's experts are placed over ep "
         "ranks (sw::expert_parallelize), whose saves of pipeline stages are not built yet; save the stages "
         "unplaced");
-  detail::model_with_state<Model, T> walked{stage, detail::gather_moments(stage, optimizer, dp, dp.rank() == 0, dir)};
+  auto walked = detail::with_state<T>(stage, false);
+  walked.moments = detail::gather_moments(walked.list, optimizer, dp, dp.rank() == 0, dir);
   detail::on_dp_rank0(dp, dir, "saving the stage and optimizer state",
                       [&] { save_sharded(walked, tp, pp, dir, step, detail::with_steps(metadata, optimizer)); });
 }
@@ -300,7 +309,8 @@ void save_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& tp, DpMesh co
     detail::fail(
         "shardwise::save_sharded(..., async_save): asynchronous saves of experts placed over ep ranks are "
         "not built yet; save them with save_sharded(model, optimizer, tp, dp, dir, step)");
-  detail::model_with_state<Model, T> walked{model, detail::gather_moments(model, optimizer, dp, dp.rank() == 0, dir)};
+  auto walked = detail::with_state<T>(model, false);
+  walked.moments = detail::gather_moments(walked.list, optimizer, dp, dp.rank() == 0, dir);
   detail::on_dp_rank0(dp, dir, "saving the model and optimizer state", [&] {
     auto group = detail::owning_save_group(tp);
     group.tp_size = tp.size(), group.tp_rank = tp.rank();
@@ -320,11 +330,11 @@ checkpoint_index load_sharded(Model& model, AdamW<T>& optimizer, TpMesh const& t
   static_assert(!detail::hands_out_parameter_shards<Model>,
                 "shardwise::load_sharded(model, optimizer, tp, dp, ...): a model under FSDP shards its optimizer "
                 "state itself; call load_sharded(sharded, optimizer, [tp,] dir)");
-  detail::model_with_state<Model, T> walked{model, {}, true};
+  auto walked = detail::with_state<T>(model, true);
   auto index = detail::load_sharded_agreed(walked, tp, dir, options, tp, dp);
   std::string error;
   try {
-    detail::take_moments(model, optimizer, dp, walked.moments);
+    detail::take_moments(walked.list, optimizer, dp, walked.moments);
     detail::resume_steps(optimizer, index, dir);
   } catch (std::exception const& e) {
     error = e.what();

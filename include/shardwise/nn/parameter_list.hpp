@@ -212,4 +212,11 @@ model_list<T> list_model(Model& model, list_options options) {
   return list;
 }
 
+/// A list already made is its own (a walk handed a model's list, such as the checkpoints' with_state, in place of
+/// the model); it was made with the options it has.
+template <class T>
+model_list<T> list_model(model_list<T> const& list, list_options) {
+  return list;
+}
+
 }  // namespace shardwise::detail
