@@ -308,11 +308,11 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
 // With SHARDWISE_SEPARATE_KERNELS defined, the cores of the library's Embedding styles (unsharded, by vocabulary
 // into a whole or a sequence-cut output, by columns) for float and double are declared here and compiled once,
 // by the file that includes <shardwise/compile_kernels.hpp> (docs/build-time.md).
-#define SHARDWISE_DETAIL_EMBEDDING_CORES(prefix, T)                               \
-  prefix template class embedding_core<T, unsharded_linear>;                      \
-  prefix template class embedding_core<T, RowwiseParallel<Replicate, Replicate>>; \
-  prefix template class embedding_core<T, RowwiseParallel<Replicate, Shard<0>>>;  \
-  prefix template class embedding_core<T, ColwiseParallel<Replicate, Shard<-1>>>;
+#define SHARDWISE_DETAIL_EMBEDDING_CORES(prefix, T)                                          \
+  SHARDWISE_DETAIL_CORE(prefix, T, embedding_core<T, unsharded_linear>)                      \
+  SHARDWISE_DETAIL_CORE(prefix, T, embedding_core<T, RowwiseParallel<Replicate, Replicate>>) \
+  SHARDWISE_DETAIL_CORE(prefix, T, embedding_core<T, RowwiseParallel<Replicate, Shard<0>>>)  \
+  SHARDWISE_DETAIL_CORE(prefix, T, embedding_core<T, ColwiseParallel<Replicate, Shard<-1>>>)
 #if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
 namespace shardwise::detail {
 SHARDWISE_DETAIL_EMBEDDING_CORES(extern, float)

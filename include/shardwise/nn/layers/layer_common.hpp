@@ -18,6 +18,7 @@
 #include "shardwise/nn/group.hpp"
 #include "shardwise/nn/layers/init.hpp"
 #include "shardwise/nn/layers/styles.hpp"
+#include "shardwise/nn/parameter_list.hpp"
 #include "shardwise/nn/training/deferred_weight_gradients.hpp"
 #include "shardwise/plan/members.hpp"
 #include "shardwise/plan/plan.hpp"
@@ -217,3 +218,9 @@ inline std::string config_number(double value) {
 }
 
 }  // namespace shardwise
+
+// One library layer core for shardwise::separate_kernels (prefix `extern` where it is declared, empty where it is
+// compiled): the class, and its entry in a model's list (list_layer), which every model's list walk calls.
+#define SHARDWISE_DETAIL_CORE(prefix, T, ...) \
+  prefix template class __VA_ARGS__;          \
+  prefix template void list_layer<T, __VA_ARGS__>(model_list<T>&, __VA_ARGS__&, list_path const&);

@@ -129,13 +129,13 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
 // layouts its models' plans use) for float and double are declared here and compiled once, by the file that
 // includes <shardwise/compile_kernels.hpp>: a plan's first sharded Linear then costs its file no second
 // compile of them (docs/build-time.md). A style of one's own, or other layouts, compile where they are used, as before.
-#define SHARDWISE_DETAIL_LINEAR_CORES(prefix, T)                               \
-  prefix template class linear_core<T, unsharded_linear>;                      \
-  prefix template class linear_core<T, ColwiseParallel<Replicate, Shard<-1>>>; \
-  prefix template class linear_core<T, ColwiseParallel<Shard<0>, Shard<-1>>>;  \
-  prefix template class linear_core<T, ColwiseParallel<Replicate, Replicate>>; \
-  prefix template class linear_core<T, RowwiseParallel<Shard<-1>, Replicate>>; \
-  prefix template class linear_core<T, RowwiseParallel<Shard<-1>, Shard<0>>>;
+#define SHARDWISE_DETAIL_LINEAR_CORES(prefix, T)                                          \
+  SHARDWISE_DETAIL_CORE(prefix, T, linear_core<T, unsharded_linear>)                      \
+  SHARDWISE_DETAIL_CORE(prefix, T, linear_core<T, ColwiseParallel<Replicate, Shard<-1>>>) \
+  SHARDWISE_DETAIL_CORE(prefix, T, linear_core<T, ColwiseParallel<Shard<0>, Shard<-1>>>)  \
+  SHARDWISE_DETAIL_CORE(prefix, T, linear_core<T, ColwiseParallel<Replicate, Replicate>>) \
+  SHARDWISE_DETAIL_CORE(prefix, T, linear_core<T, RowwiseParallel<Shard<-1>, Replicate>>) \
+  SHARDWISE_DETAIL_CORE(prefix, T, linear_core<T, RowwiseParallel<Shard<-1>, Shard<0>>>)
 #if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
 namespace shardwise::detail {
 SHARDWISE_DETAIL_LINEAR_CORES(extern, float)

@@ -360,12 +360,12 @@ class RMSNorm : public detail::norm_layer<T, Location, detail::norm_kind::rms> {
 // With SHARDWISE_SEPARATE_KERNELS defined, the norms' cores in the layouts the library's styles give them
 // (whole, cut along the sequence, and a head norm's heads cut over tp) for float and double are declared here and
 // compiled once, by the file that includes <shardwise/compile_kernels.hpp> (docs/build-time.md).
-#define SHARDWISE_DETAIL_NORM_CORES(prefix, T)                     \
-  prefix template class norm_core<T, Replicate, norm_kind::layer>; \
-  prefix template class norm_core<T, Replicate, norm_kind::rms>;   \
-  prefix template class norm_core<T, Shard<0>, norm_kind::layer>;  \
-  prefix template class norm_core<T, Shard<0>, norm_kind::rms>;    \
-  prefix template class norm_core<T, Shard<1>, norm_kind::rms>;
+#define SHARDWISE_DETAIL_NORM_CORES(prefix, T)                                \
+  SHARDWISE_DETAIL_CORE(prefix, T, norm_core<T, Replicate, norm_kind::layer>) \
+  SHARDWISE_DETAIL_CORE(prefix, T, norm_core<T, Replicate, norm_kind::rms>)   \
+  SHARDWISE_DETAIL_CORE(prefix, T, norm_core<T, Shard<0>, norm_kind::layer>)  \
+  SHARDWISE_DETAIL_CORE(prefix, T, norm_core<T, Shard<0>, norm_kind::rms>)    \
+  SHARDWISE_DETAIL_CORE(prefix, T, norm_core<T, Shard<1>, norm_kind::rms>)
 #if defined(SHARDWISE_SEPARATE_KERNELS) && !defined(SHARDWISE_DETAIL_COMPILING_KERNELS)
 namespace shardwise::detail {
 SHARDWISE_DETAIL_NORM_CORES(extern, float)
