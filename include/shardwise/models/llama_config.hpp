@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/models/moe_config.hpp"
 #include "shardwise/models/rope_scaling.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
@@ -93,28 +94,7 @@ struct LlamaConfig {
   /// The fields that decide what the weights mean, as text, saved beside them by save_sharded and compared by
   /// load_sharded (sequence, seed and kv_size_multiplier do not change a weight's meaning); a scaled rotary
   /// embedding adds its parameters.
-  [[nodiscard]] std::map<std::string, std::string> fields() const {
-    std::map<std::string, std::string> f{{"vocabulary", std::to_string(vocabulary)},
-                                         {"dim", std::to_string(dim)},
-                                         {"layers", std::to_string(layers)},
-                                         {"heads", std::to_string(heads)},
-                                         {"kv_heads", std::to_string(kv_heads)},
-                                         {"hidden", std::to_string(hidden)},
-                                         {"norm_eps", shardwise::config_number(norm_eps)},
-                                         {"rope_theta", shardwise::config_number(rope_theta)},
-                                         {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"},
-                                         {"attention_bias", attention_bias ? "true" : "false"},
-                                         {"attention_output_bias", attention_output_bias ? "true" : "false"},
-                                         {"mlp_bias", mlp_bias ? "true" : "false"}};
-    f.merge(rope_scaling.fields());
-    if (explicit_head_dim != 0 && explicit_head_dim * heads != dim) f["head_dim"] = std::to_string(explicit_head_dim);
-    if (moe) f.merge(moe->fields());
-    if (qk_norm) f["qk_norm"] = "true";  // new fields recorded only when set, as the window below
-    if (sliding_window != 0)             // recorded only when set, so checkpoints from before windows load as they did
-      f["sliding_window"] = std::to_string(sliding_window),
-      f["first_window_layer"] = std::to_string(first_window_layer);
-    return f;
-  }
+  [[nodiscard]] std::map<std::string, std::string> fields() const;
 
   /// Throws, naming the field and the fix, for sizes no model can have: zeros, head counts that do not divide,
   /// an odd head width (the rotary embedding rotates pairs), or tables too large to index.
@@ -169,5 +149,30 @@ constexpr std::size_t kv_size_multiplier(std::size_t heads, std::size_t kv_heads
     }
   return m;
 }
+
+// Compiled once with checkpoint IO where shardwise::separate_checkpoint is linked (checkpoint/compiled_once.hpp).
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::map<std::string, std::string> LlamaConfig::fields() const {
+  std::map<std::string, std::string> f{{"vocabulary", std::to_string(vocabulary)},
+                                       {"dim", std::to_string(dim)},
+                                       {"layers", std::to_string(layers)},
+                                       {"heads", std::to_string(heads)},
+                                       {"kv_heads", std::to_string(kv_heads)},
+                                       {"hidden", std::to_string(hidden)},
+                                       {"norm_eps", shardwise::config_number(norm_eps)},
+                                       {"rope_theta", shardwise::config_number(rope_theta)},
+                                       {"tie_word_embeddings", tie_word_embeddings ? "true" : "false"},
+                                       {"attention_bias", attention_bias ? "true" : "false"},
+                                       {"attention_output_bias", attention_output_bias ? "true" : "false"},
+                                       {"mlp_bias", mlp_bias ? "true" : "false"}};
+  f.merge(rope_scaling.fields());
+  if (explicit_head_dim != 0 && explicit_head_dim * heads != dim) f["head_dim"] = std::to_string(explicit_head_dim);
+  if (moe) f.merge(moe->fields());
+  if (qk_norm) f["qk_norm"] = "true";  // new fields recorded only when set, as the window below
+  if (sliding_window != 0)             // recorded only when set, so checkpoints from before windows load as they did
+    f["sliding_window"] = std::to_string(sliding_window), f["first_window_layer"] = std::to_string(first_window_layer);
+  return f;
+}
+#endif
 
 }  // namespace shardwise::models

@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/core/error.hpp"
 
 namespace shardwise::models {
@@ -79,14 +80,7 @@ struct MoeConfig {
 
   /// The fields that decide what the experts' weights mean, as text, for the checkpoints of a model that holds
   /// them (LlamaConfig::fields).
-  [[nodiscard]] std::map<std::string, std::string> fields() const {
-    std::map<std::string, std::string> f{{"experts", std::to_string(experts)},
-                                         {"expert_hidden", std::to_string(expert_hidden)}};
-    if (shared_expert_hidden != 0)
-      f["shared_expert_hidden"] = std::to_string(shared_expert_hidden),
-      f["shared_expert_gated"] = shared_expert_gated ? "true" : "false";
-    return f;
-  }
+  [[nodiscard]] std::map<std::string, std::string> fields() const;
 
  private:
   static constexpr bool finite_nonnegative(double v) { return v >= 0 && v <= std::numeric_limits<double>::max(); }
@@ -102,5 +96,17 @@ struct MoeConfig {
                        ") at most the experts of the top_groups groups");
   }
 };
+
+// Compiled once with checkpoint IO where shardwise::separate_checkpoint is linked (checkpoint/compiled_once.hpp).
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::map<std::string, std::string> MoeConfig::fields() const {
+  std::map<std::string, std::string> f{{"experts", std::to_string(experts)},
+                                       {"expert_hidden", std::to_string(expert_hidden)}};
+  if (shared_expert_hidden != 0)
+    f["shared_expert_hidden"] = std::to_string(shared_expert_hidden),
+    f["shared_expert_gated"] = shared_expert_gated ? "true" : "false";
+  return f;
+}
+#endif
 
 }  // namespace shardwise::models

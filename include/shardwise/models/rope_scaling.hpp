@@ -14,6 +14,7 @@
 #include <system_error>
 #include <vector>
 
+#include "shardwise/checkpoint/compiled_once.hpp"
 #include "shardwise/core/error.hpp"
 #include "shardwise/nn/layers/layer_common.hpp"  // config_number
 
@@ -93,22 +94,7 @@ struct RopeScaling {
 
   /// The scaling's type and the parameters that change its frequencies, as text (saved beside the weights and
   /// compared on load: a checkpoint is not loaded into a model scaled otherwise).
-  [[nodiscard]] std::map<std::string, std::string> fields() const {
-    if (!scaled()) return {{"rope_type", rope_type_name(type)}};
-    std::map<std::string, std::string> f{{"rope_type", rope_type_name(type)}, {"rope_factor", config_number(factor)}};
-    if (type == rope_type::llama3 || type == rope_type::yarn || type == rope_type::dynamic)
-      f["rope_original_max_positions"] = std::to_string(original_max_positions);
-    if (type == rope_type::llama3) {
-      f["rope_low_freq_factor"] = config_number(low_freq_factor);
-      f["rope_high_freq_factor"] = config_number(high_freq_factor);
-    }
-    if (type == rope_type::yarn) {
-      f["rope_beta_fast"] = config_number(beta_fast), f["rope_beta_slow"] = config_number(beta_slow);
-      f["rope_attention_factor"] = config_number(rope_attention_factor());
-      f["rope_truncate"] = truncate ? "true" : "false";
-    }
-    return f;
-  }
+  [[nodiscard]] std::map<std::string, std::string> fields() const;
 
   /// The scaling whose fields() are among `fields` (a checkpoint's recorded configuration): plain when they
   /// name none. Throws, naming the field, for a type or a number it cannot read.
@@ -218,5 +204,25 @@ struct RopeScaling {
     }
   }
 };
+
+// Compiled once with checkpoint IO where shardwise::separate_checkpoint is linked (checkpoint/compiled_once.hpp).
+#if SHARDWISE_DETAIL_CHECKPOINT_BODIES
+SHARDWISE_DETAIL_CHECKPOINT_ENTRY std::map<std::string, std::string> RopeScaling::fields() const {
+  if (!scaled()) return {{"rope_type", rope_type_name(type)}};
+  std::map<std::string, std::string> f{{"rope_type", rope_type_name(type)}, {"rope_factor", config_number(factor)}};
+  if (type == rope_type::llama3 || type == rope_type::yarn || type == rope_type::dynamic)
+    f["rope_original_max_positions"] = std::to_string(original_max_positions);
+  if (type == rope_type::llama3) {
+    f["rope_low_freq_factor"] = config_number(low_freq_factor);
+    f["rope_high_freq_factor"] = config_number(high_freq_factor);
+  }
+  if (type == rope_type::yarn) {
+    f["rope_beta_fast"] = config_number(beta_fast), f["rope_beta_slow"] = config_number(beta_slow);
+    f["rope_attention_factor"] = config_number(rope_attention_factor());
+    f["rope_truncate"] = truncate ? "true" : "false";
+  }
+  return f;
+}
+#endif
 
 }  // namespace shardwise::models
