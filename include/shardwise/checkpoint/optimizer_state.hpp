@@ -176,7 +176,7 @@ void on_dp_rank0(DpMesh const& dp, std::filesystem::path const& dir, std::string
   agree_on_errors(dp, error, stage, dir);
 }
 
-/// model_with_state's walk over the model's list: every parameter, then the moments of the trained ones (sized
+/// listed_with_state's walk over the model's list: every parameter, then the moments of the trained ones (sized
 /// first when `loading`), as fn(name, parameter, rows, cols, first row, value).
 template <class T, class Fn>
 void for_each_tensor_with_moments(model_list<T> const& list, std::vector<whole_moments<T>>& moments, bool loading,

@@ -198,8 +198,14 @@ void list_layer(model_list<T>& list, Core& l, list_path const& path) {
   list.layers.push_back(std::move(entry));
 }
 
+template <class M>
+inline constexpr bool is_model_list = false;
+template <class T>
+inline constexpr bool is_model_list<model_list<T>> = true;
+
 /// The model's list: one walk of its tree, the only one finish_gradients, zero_grad and the optimizers compile.
 template <class T, class Model>
+  requires(!is_model_list<std::remove_cv_t<Model>>)  // a list is its own (below)
 model_list<T> list_model(Model& model, list_options options) {
   model_list<T> list;
   auto on_layer = [&](auto& l, list_path const& path) {

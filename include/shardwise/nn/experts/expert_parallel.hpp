@@ -17,7 +17,6 @@
 #include "shardwise/core/error.hpp"
 #include "shardwise/mesh/collectives.hpp"
 #include "shardwise/nn/kernels/functional_types.hpp"
-#include "shardwise/nn/parameter_list.hpp"
 #include "shardwise/plan/hooks.hpp"
 #include "shardwise/plan/module.hpp"
 #include "shardwise/plan/tree.hpp"
@@ -158,13 +157,15 @@ class expert_parallel {
 };
 
 namespace detail {
-/// Where the model's experts are placed (sw::expert_parallelize), or null if nowhere: read from the model's list
-/// (an expert's parameters carry their placement, as the optimizers see it), whose walk each model compiles once.
+/// Where the model's experts are placed (sw::expert_parallelize), or null if nowhere.
 template <class Model>
 expert_parallel const* experts_placement(Model& model) {
-  for (auto const& p : list_model<model_element_t<Model>>(model, {}).parameters)
-    if (p.placed_over) return p.placed_over;
-  return nullptr;
+  expert_parallel const* placed = nullptr;
+  for_each_layer(model, [&](auto& layer) {
+    if constexpr (requires { layer.shardwise_placed_over(); })
+      if (!placed) placed = layer.shardwise_placed_over();
+  });
+  return placed;
 }
 
 /// Whether some of the model's experts are placed over ep ranks.
