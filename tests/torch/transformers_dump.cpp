@@ -505,7 +505,7 @@ void save_peft_and_merged(Model& model, Tp const& tp, fs::path const& out) {
   if (tp.rank() != 0) return;
   sw::consolidate(out / "merged_sharded", out / "merged" / "model.safetensors",
                   {.mapping = sw::transformers_llama_mapping(), .progress = {}});
-  std::ofstream(out / "merged" / "config.json") << models::llama_config_to_json(LlamaSpec::config()).dump(2);
+  models::write_llama_config(LlamaSpec::config(), out / "merged" / "config.json");
 }
 
 /// peft's LoraConfig(r=8, lora_alpha=16, q/k/v/o) on a parallelized model (or stage), with B set to small values

@@ -10,6 +10,9 @@
 add_executable(transformers_dump ${CMAKE_CURRENT_LIST_DIR}/transformers_dump.cpp)
 target_include_directories(transformers_dump PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(transformers_dump PRIVATE shardwise::eigen)
+if(TARGET shardwise::checkpoint)  # it saves, loads and consolidates checkpoints
+  target_link_libraries(transformers_dump PRIVATE shardwise::checkpoint)
+endif()
 if(TARGET shardwise::mpi)
   target_link_libraries(transformers_dump PRIVATE shardwise::mpi)
 else()
