@@ -9,7 +9,7 @@
 //    the rank computes): full shard, shard-grad-op and no-shard with and without forward and backward prefetch,
 //    alternating, medians over rounds.
 //
-//   bench_fsdp [--steps 5] [--rounds 3] [--small] [--smoke] [--machine FILE] [--only "full shard"]
+//   bench_fsdp [--steps 5] [--rounds 3] [--small] [--smoke] [--machine FILE|calibrate] [--only "full shard"]
 //   mpiexec -n 4 bench_fsdp memory [--small]
 //   mpiexec -n 2 bench_fsdp prefetch [--small] [--rounds 3]
 //   mpiexec -n 4 bench_fsdp load [--small] [--dir D] [--tp 2]
@@ -34,11 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "machine_flag.hpp"
 #include "median.hpp"
 #include "mfu.hpp"
 #include "proc_status.hpp"
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace sw = shardwise;
 namespace models = shardwise::models;
@@ -145,8 +144,9 @@ double time_plain(World const& world, models::LlamaConfig const& c, int steps) {
   });
 }
 
-/// The machine the predictions are for: the built-in one, or `--machine FILE` (bench_machine's output from the
-/// same session: this machine's speed moves between days by more than the predictions' target).
+/// The machine the predictions are for: the built-in one, `--machine FILE` (bench_machine's output from the
+/// same session: this machine's speed moves between days by more than the predictions' target), or `--machine
+/// calibrate` (measured in this process at its start: machine_flag.hpp).
 sw::planner::machine predicted_machine;
 
 /// The step time `shardwise plan` predicts for a mode (shardwise::planner, fp32, predicted_machine);
@@ -425,7 +425,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::max(1, std::atoi(argv[++i]));
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
+    if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = machine_from_flag(argv[++i]);
   }
   if (smoke) steps = 1;
   rounds = std::max(rounds, 1), steps = std::max(steps, 1);

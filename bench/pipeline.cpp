@@ -18,7 +18,7 @@
 //    Beside each, its MFU (bench/mfu.hpp), and the step time `shardwise plan` predicts for that layout
 //    (shardwise::planner, fp32, this machine's measured values, or --machine FILE) and measured / predicted;
 //
-//   bench_pipeline [--steps 3] [--rounds 3] [--small] [--smoke] [--compare-only] [--machine FILE]
+//   bench_pipeline [--steps 3] [--rounds 3] [--small] [--smoke] [--compare-only] [--machine FILE|calibrate]
 //   mpiexec -n 2 bench_pipeline memory gpipe|1f1b|1f1b-recompute|1f1b-blocks [--small]
 //   mpiexec -n 4 bench_pipeline memory fsdp-1f1b [--small]
 #include <malloc.h>
@@ -42,11 +42,10 @@
 #include <string>
 #include <vector>
 
+#include "machine_flag.hpp"
 #include "median.hpp"
 #include "mfu.hpp"
 #include "proc_status.hpp"
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace sw = shardwise;
 namespace models = shardwise::models;
@@ -54,8 +53,9 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-/// The machine the predictions are for: the built-in one, or `--machine FILE` (bench_machine's output from the
-/// same session: this machine's speed moves between days by more than the predictions' target).
+/// The machine the predictions are for: the built-in one, `--machine FILE` (bench_machine's output from the
+/// same session: this machine's speed moves between days by more than the predictions' target), or `--machine
+/// calibrate` (measured in this process at its start: machine_flag.hpp).
 sw::planner::machine predicted_machine;
 
 constexpr int batch_sequences = 8;
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--smoke")) smoke = true, small = true, steps = 1;
     if (!std::strcmp(argv[i], "--compare-only")) compare_only = true;
     if (!std::strcmp(argv[i], "memory") && i + 1 < argc) memory_mode = argv[++i];
-    if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = sw::planner::read_machine(argv[++i]);
+    if (!std::strcmp(argv[i], "--machine") && i + 1 < argc) predicted_machine = machine_from_flag(argv[++i]);
   }
   rounds = std::max(rounds, 1), steps = std::max(steps, 1);
   auto const c = config(small);
