@@ -48,3 +48,16 @@ function(shardwise_add_separate_checkpoint checkpoint_target eigen_target)
   shardwise_add_separate_part(checkpoint ${checkpoint_target})
   target_link_libraries(shardwise_separate_checkpoint PUBLIC ${eigen_target})
 endfunction()
+
+# shardwise_link_separate_runtime_and_checkpoint(target): links `target` to shardwise::separate_runtime where it
+# already links shardwise::mpi, and to shardwise::separate_checkpoint where it links shardwise::checkpoint (the
+# project's own benchmarks and outside-check programs, as a user's build would).
+function(shardwise_link_separate_runtime_and_checkpoint target)
+  get_target_property(links ${target} LINK_LIBRARIES)
+  if("shardwise::mpi" IN_LIST links AND TARGET shardwise::separate_runtime)
+    target_link_libraries(${target} PRIVATE shardwise::separate_runtime)
+  endif()
+  if("shardwise::checkpoint" IN_LIST links AND TARGET shardwise::separate_checkpoint)
+    target_link_libraries(${target} PRIVATE shardwise::separate_checkpoint)
+  endif()
+endfunction()
