@@ -205,6 +205,38 @@ TEST_CASE("the walks take a library layer by its core, and a class derived from 
   CHECK(model.w1.zeroed == 2);
 }
 
+// A module whose template takes a value before its plan: parallelize reads the plan off it all the same.
+template <std::size_t Hidden, class T, class Plan>
+struct ValueFirst {
+  blocks::FeedForward<T, sw::subplan<Plan, "ff">> ff;
+  SHARDWISE_CHILDREN(ff)
+  ValueFirst() : ff(8, Hidden, 1) {}
+};
+
+TEST_CASE("a layer's type holds its style, its path and the plan's entries around it, not the whole plan") {
+  using colwise_w1 = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>>;
+  using colwise_w1_w3 = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>, sw::at<"w3", sw::ColwiseParallel<>>>;
+  using one = blocks::FeedForward<float, colwise_w1>;
+  using two = blocks::FeedForward<float, colwise_w1_w3>;
+  static_assert(std::is_same_v<decltype(one::w1), decltype(two::w1)>);   // same style, same path
+  static_assert(!std::is_same_v<decltype(one::w3), decltype(two::w3)>);  // NoParallel against ColwiseParallel
+  using prepared = sw::plan<sw::at<"ff", sw::PrepareModuleInput<sw::Shard<0>, sw::Replicate>>,
+                            sw::at<"ff.w1", sw::ColwiseParallel<>>>;
+  using inner = decltype(ValueFirst<16, float, prepared>::ff);
+  static_assert(std::is_same_v<decltype(inner::w1)::shardwise_location::enclosing,
+                               sw::plan<sw::at<"ff", sw::PrepareModuleInput<sw::Shard<0>, sw::Replicate>>>>);
+  static_assert(std::is_same_v<sw::detail::plan_of_tree_t<ValueFirst<16, float, prepared>>, prepared>);
+  static_assert(std::is_same_v<sw::detail::plan_of_tree_t<inner>, prepared>);  // from a scoped plan
+  static_assert(std::is_same_v<sw::detail::module_style_t<inner>, sw::PrepareModuleInput<sw::Shard<0>, sw::Replicate>>);
+  sw::run_threads(2, [](auto& world) {
+    auto const tp = sw::make_mesh<"tp">(world, {2});
+    ValueFirst<16, float, sw::plan<sw::at<"ff.w1", sw::ColwiseParallel<>>>> model;
+    sw::parallelize(model, tp.template axis<"tp">());
+    CHECK(model.ff.w1.weight.rows() == 8);   // ColwiseParallel: 16 output features over 2 ranks
+    CHECK(model.ff.w2.weight.cols() == 16);  // no entry: whole
+  });
+}
+
 // SHARDWISE_HOOKS takes every hook there is in one list.
 struct EveryHookListed {
   SHARDWISE_HOOKS(static_check, on_parallelize, config, other_stage, after_pipeline_step, on_context_parallel,

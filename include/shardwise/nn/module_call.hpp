@@ -90,8 +90,9 @@ struct own_path_key {
 
 /// The plan entry at the module's own path (NoParallel if none, or if the module has no planned layers).
 template <class M>
-using module_style_t = std::conditional_t<own_path_key<M>::where.found,
-                                          typename style_in_plan<own_path_key<M>, plan_of_tree_t<M>>::type, NoParallel>;
+using module_style_t =
+    std::conditional_t<own_path_key<M>::where.found,
+                       typename style_in_plan<own_path_key<M>, enclosing_of_tree_t<M>>::type, NoParallel>;
 
 /// group_under's visitor: the first tensor-parallel group a layer has. A type of its own, so that a module's walk
 /// and its sub-modules' share their code (for_each_layer).
@@ -217,7 +218,7 @@ constexpr auto forward(Module& module, X const& x, Context&&... context) {
   using L = detail::prepare_layouts<S>;
   using Key = detail::own_path_key<Module>;
   using style_shown [[maybe_unused]] =  // names the module's path and the style (before the message: see mesh.hpp)
-      decltype(detail::style_allowed<located<S, Key::spelled, detail::plan_of_tree_t<Module>>, L::known>());
+      decltype(detail::style_allowed<located<S, Key::spelled>, L::known>());
   static_assert(L::known,
                 "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, "
                 "PrepareModuleOutput or PrepareModuleInputOutput; styles such as ColwiseParallel go on its layers "

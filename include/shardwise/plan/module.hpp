@@ -18,6 +18,7 @@
 #include "shardwise/mesh/mesh.hpp"
 #include "shardwise/plan/members.hpp"
 #include "shardwise/plan/plan.hpp"
+#include "shardwise/plan/plan_argument.hpp"
 #include "shardwise/plan/registration.hpp"
 #include "shardwise/plan/tree.hpp"
 
@@ -145,33 +146,46 @@ constexpr bool has_layer_at(std::string_view path) {
   });
 }
 
-/// The plan a layer was built with (serial_plan for a module).
+template <class List>
+struct first_plan_argument_in;
+template <class... Ns>
+struct first_plan_argument_in<type_list<Ns...>> : first_given<plan_argument, Ns...> {};
+
+/// The plan the model under Node was built with, read off the first node (the model itself, else a module or
+/// layer below it) that takes it as a template argument; void if none does. Layers carry only their own style
+/// and path, so this is where the whole plan is found for checking its entries against the model.
+template <class Node>
+using plan_of_tree_t = typename first_plan_argument_in<tree_nodes_t<Node>>::type;
+
+/// The plan's entries at the modules around the first layer under Node with a path (plan<> if there is none):
+/// what sw::forward reads a module's own entry from.
 template <class N>
-struct plan_of_node {
-  using type = serial_plan;
+struct enclosing_of_layer {
+  using type = void;
 };
 template <layer N>
-struct plan_of_node<N> {
-  using type = typename location_of<N>::type::plan;
-};
-
-template <class... Ns>
-struct first_plan {
-  using type = serial_plan;
-};
-template <class N, class... Rest>
-struct first_plan<N, Rest...> {
-  using type = std::conditional_t<std::is_same_v<typename plan_of_node<N>::type, serial_plan>,
-                                  typename first_plan<Rest...>::type, typename plan_of_node<N>::type>;
+  requires(!location_of<N>::type::path.view().empty())
+struct enclosing_of_layer<N> {
+  using type = typename location_of<N>::type::enclosing;
 };
 template <class List>
-struct first_plan_in;
+struct first_enclosing_in;
 template <class... Ns>
-struct first_plan_in<type_list<Ns...>> : first_plan<Ns...> {};
-
-/// The plan the layers under Node were built with (serial_plan if there are none).
+struct first_enclosing_in<type_list<Ns...>> : first_given<enclosing_of_layer, Ns...> {};
 template <class Node>
-using plan_of_tree_t = typename first_plan_in<tree_nodes_t<Node>>::type;
+using enclosing_of_tree_t = std::conditional_t<std::is_void_v<typename first_enclosing_in<tree_nodes_t<Node>>::type>,
+                                               plan<>, typename first_enclosing_in<tree_nodes_t<Node>>::type>;
+
+/// Whether some layer under Node has a style other than NoParallel: a plan styled it.
+template <class Node>
+constexpr bool has_styled_layer() {
+  return any_node<Node>([]<class N>() {
+    if constexpr (layer<N>)
+      return !std::is_same_v<typename location_of<N>::type::style, NoParallel>;
+    else
+      return false;
+  });
+}
 
 /// For a tp size known at compile time: every layer and module that can check its sizes does.
 template <class Node, std::size_t Ranks>
@@ -207,6 +221,40 @@ struct plan_check<Model, plan<Entries...>> {
   static_assert(all_found,
                 "shardwise::parallelize: a plan path matches no layer of the model; check its spelling against the "
                 "names in SHARDWISE_CHILDREN, and use \"*\" for the elements of a repeated child");
+};
+template <fixed_string Path, class Spelled = spelled_t<Path>>
+struct styled_layer_has_no_plan_argument;  // incomplete on purpose: the diagnostic spells the layer's path
+
+/// Named in decltype before plan_check's static_assert: the first layer under the model a plan styled.
+template <class N, class... Rest>
+constexpr auto show_first_styled_layer(type_list<N, Rest...>) {
+  constexpr bool styled = [] {
+    if constexpr (layer<N>)
+      return !std::is_same_v<typename location_of<N>::type::style, NoParallel>;
+    else
+      return false;
+  }();
+  if constexpr (styled) {
+    using offending_layer [[maybe_unused]] =
+        decltype(detail::show_incomplete<styled_layer_has_no_plan_argument<location_of<N>::type::path>>());
+    return true;
+  } else if constexpr (sizeof...(Rest) > 0) {
+    return show_first_styled_layer(type_list<Rest...>{});
+  } else {
+    return true;
+  }
+}
+
+/// No node takes a plan as a template argument: nothing to check, unless a plan styled a layer (its entries could
+/// then not be checked against the model).
+template <class Model>
+struct plan_check<Model, void> {
+  static constexpr bool all_found = true;
+  using styled_layer_shown = decltype(show_first_styled_layer(tree_nodes_t<Model>{}));
+  static_assert(!has_styled_layer<Model>(),
+                "shardwise::parallelize: a plan styles the model's layers, but no module of the model takes that "
+                "plan as a template argument, so its entries cannot be checked against the model; give the model "
+                "its plan as a type parameter (template <class T, class Plan>) before any value parameter");
 };
 
 /// Incomplete on purpose: the diagnostic spells the member's name and the plan path it was declared with.

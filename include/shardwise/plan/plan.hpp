@@ -95,12 +95,36 @@ struct lookup_style<plan<First, Rest...>, Path> {
 };
 }  // namespace detail
 
-/// The style the plan gives one layer, with the layer's full path and the whole plan.
-template <class Style, fixed_string Path, class Root>
+namespace detail {
+/// Whether `module` is a path around `path` (a proper prefix of it, ending where a component does).
+constexpr bool path_encloses(std::string_view module, std::string_view path) {
+  return path.size() > module.size() && path.starts_with(module) && path[module.size()] == '.';
+}
+
+/// The entries of a plan at modules around Path, in the plan's order, as a plan of their own.
+template <fixed_string Path, class Kept, class... Entries>
+struct entries_around {
+  using type = Kept;
+};
+template <fixed_string Path, class... Kept, class First, class... Rest>
+struct entries_around<Path, plan<Kept...>, First, Rest...>
+    : entries_around<
+          Path, std::conditional_t<path_encloses(First::path.view(), Path.view()), plan<Kept..., First>, plan<Kept...>>,
+          Rest...> {};
+template <class Root, fixed_string Path>
+struct enclosing_entries;
+template <class... Entries, fixed_string Path>
+struct enclosing_entries<plan<Entries...>, Path> : entries_around<Path, plan<>, Entries...> {};
+}  // namespace detail
+
+/// What the plan says of one layer: its style, its full path, and the plan's entries at the modules around it
+/// (PrepareModuleInput and the like, which sw::forward applies to those modules). Not the whole plan: two plans
+/// that give a layer the same style at the same path give it the same type.
+template <class Style, fixed_string Path, class Enclosing = plan<>>
 struct located {
   using style = Style;                ///< The layer's style.
   static constexpr auto path = Path;  ///< The layer's full path from the root of the plan.
-  using plan = Root;                  ///< The whole plan.
+  using enclosing = Enclosing;        ///< The plan's entries at modules around the layer, as a plan.
 };
 
 /// The plan as seen from inside the child `Name`: what a child module takes as its Plan.
@@ -108,11 +132,14 @@ template <class Plan, fixed_string Name>
 using subplan =
     scoped_plan<typename detail::plan_parts<Plan>::root, join_path<detail::plan_parts<Plan>::prefix, Name>()>;
 
-/// The style the plan gives the child `Name`, as a located (style, full path, whole plan): what a layer takes.
+/// The style the plan gives the child `Name`, as a located (style, full path, entries around it): what a layer
+/// takes.
 template <class Plan, fixed_string Name>
 using style_at = located<typename detail::lookup_style<typename detail::plan_parts<Plan>::root,
                                                        join_path<detail::plan_parts<Plan>::prefix, Name>()>::type,
-                         join_path<detail::plan_parts<Plan>::prefix, Name>(), typename detail::plan_parts<Plan>::root>;
+                         join_path<detail::plan_parts<Plan>::prefix, Name>(),
+                         typename detail::enclosing_entries<typename detail::plan_parts<Plan>::root,
+                                                            join_path<detail::plan_parts<Plan>::prefix, Name>()>::type>;
 
 /// The style at the module's own path (for PrepareModuleInput and friends on a whole module).
 template <class Plan>

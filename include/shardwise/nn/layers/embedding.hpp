@@ -284,7 +284,7 @@ class Embedding : public detail::embedding_core_for<T, typename Location::style>
   static_assert(detail::embedding_layouts_allowed<Style>);  // a library style's own rules, with their messages
 
  public:
-  using shardwise_location = Location;                      ///< Its place in the plan (style, path, plan).
+  using shardwise_location = Location;                      ///< Its place in the plan (style, path, entries around it).
   using shardwise_core = detail::core_of<Embedding, core>;  ///< The class that holds its parameters.
   using style = Style;                                      ///< The parallel style the plan gives it.
 

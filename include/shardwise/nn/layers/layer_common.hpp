@@ -29,7 +29,7 @@ namespace shardwise {
 class expert_parallel;  // nn/experts/expert_parallel.hpp: where an expert's layers are placed
 
 /// The location of a layer used outside any plan.
-using unplanned = located<NoParallel, "", serial_plan>;
+using unplanned = located<NoParallel, "">;
 
 namespace detail {
 
@@ -37,22 +37,15 @@ namespace detail {
 template <fixed_string Path, class Style, class Spelled = spelled_t<Path>>
 struct style_cannot_shard_layer_at;
 
-/// Whether the plan has a module style (PrepareModuleInput and the like) at a module above the layer at `path`:
+/// Whether the plan has a module style (PrepareModuleInput and the like) at a module around the layer (Location):
 /// then a layer's input in the wrong layout most likely means the module was called as module.forward(x), which
 /// skips that entry, instead of through sw::forward(module, x).
-template <class Plan>
-struct module_entries;
+template <class Enclosing>
+inline constexpr bool has_module_style = false;
 template <class... Entries>
-struct module_entries<plan<Entries...>> {
-  static constexpr bool above(std::string_view path) {
-    [[maybe_unused]] auto const encloses = [path](std::string_view module) {
-      return path.size() > module.size() && path.starts_with(module) && path[module.size()] == '.';
-    };
-    return ((module_style<typename Entries::style> && encloses(Entries::path.view())) || ... || false);
-  }
-};
+inline constexpr bool has_module_style<plan<Entries...>> = (module_style<typename Entries::style> || ... || false);
 template <class Location>
-inline constexpr bool module_entry_above = module_entries<typename Location::plan>::above(Location::path.view());
+inline constexpr bool module_entry_above = has_module_style<typename Location::enclosing>;
 
 /// Named in decltype before the layer's static_assert (see mesh.hpp's show_if_named_twice).
 template <class Location, bool Allowed>

@@ -28,7 +28,7 @@ using linear_core_for =
 
 }  // namespace detail
 
-/// A Linear at a place in the plan (Location: its style, path and the whole plan; sw::style_at<Plan, "w1">).
+/// A Linear at a place in the plan (Location: its style, path and the entries around it; sw::style_at<Plan, "w1">).
 /// StaticIn / StaticOut (optional): sizes known at compile time, so that with a tp axis of static size
 /// (sw::axis<"tp", 4>) a size the tp size does not divide is a compile error rather than a run-time one.
 template <class T, class Location = unplanned, std::size_t StaticIn = dynamic_size,
@@ -43,7 +43,7 @@ class Linear : public detail::linear_core_for<T, typename Location::style> {
   static_assert(detail::linear_layouts_allowed<Style>);  // a library style's own rules, with their messages
 
  public:
-  using shardwise_location = Location;                   ///< Its place in the plan (style, path, plan).
+  using shardwise_location = Location;                   ///< Its place in the plan (style, path, entries around it).
   using shardwise_core = detail::core_of<Linear, core>;  ///< The class that holds its parameters.
   using style = Style;                                   ///< The parallel style the plan gives it.
   using typename core::input_layout;

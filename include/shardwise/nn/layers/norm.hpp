@@ -279,7 +279,7 @@ void norm_core<T, Layout, Kind>::weight_gradient(matrix const& x, matrix const& 
     nn::rms_norm_backward_weight<T>(x, dy, rstd, dweight);
 }
 
-/// A norm at a place in the plan (Location: its style, path and the whole plan): the core of its layout, with
+/// A norm at a place in the plan (Location: its style, path and the entries around it): the core of its layout, with
 /// the compile-time checks that name the path.
 template <class T, class Location, norm_kind Kind>
 class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<typename Location::style>>::type, Kind> {
@@ -291,7 +291,7 @@ class norm_layer : public norm_core<T, typename norm_layout_of<norm_style_t<type
                 "SequenceParallel, or leave it out of the plan");
 
  public:
-  using shardwise_location = Location;                       ///< Its place in the plan (style, path, plan).
+  using shardwise_location = Location;  ///< Its place in the plan (style, path, entries around it).
   using shardwise_core = detail::core_of<norm_layer, core>;  ///< The class that holds its parameters.
   using style = Style;                                       ///< The parallel style the plan gives it.
   using typename core::layout;
