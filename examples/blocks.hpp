@@ -15,9 +15,9 @@ namespace sw = shardwise;
 /// SwiGLU feed-forward, as in Llama: w2(silu(w1(x)) * w3(x)).
 template <class T, class Plan = sw::serial_plan>
 struct FeedForward {
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
-  sw::Linear<T, sw::style_at<Plan, "w3">> w3;
-  sw::Linear<T, sw::style_at<Plan, "w2">> w2;
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w3">> w3;
+  sw::Linear<T, sw::layer_at<Plan, "w2">> w2;
   SHARDWISE_CHILDREN(w1, w3, w2)
   SHARDWISE_SAVED(h1_, h3_, a_)  // what forward keeps for backward: lets several microbatches be in flight
 
@@ -50,10 +50,10 @@ struct FeedForward {
 /// divide it does not compile.
 template <class T, class Plan = sw::serial_plan, std::size_t StaticHeads = sw::dynamic_size>
 struct Attention {
-  sw::Linear<T, sw::style_at<Plan, "wq">> wq;
-  sw::Linear<T, sw::style_at<Plan, "wk">> wk;
-  sw::Linear<T, sw::style_at<Plan, "wv">> wv;
-  sw::Linear<T, sw::style_at<Plan, "wo">> wo;
+  sw::Linear<T, sw::layer_at<Plan, "wq">> wq;
+  sw::Linear<T, sw::layer_at<Plan, "wk">> wk;
+  sw::Linear<T, sw::layer_at<Plan, "wv">> wv;
+  sw::Linear<T, sw::layer_at<Plan, "wo">> wo;
   sw::attention_heads<Plan, StaticHeads> heads;  // count, width, sequence: checked by sw::parallelize
   SHARDWISE_CHILDREN(wq, wk, wv, wo, heads)
   SHARDWISE_SAVED(q_, k_, v_, saved_)

@@ -41,14 +41,14 @@ constexpr std::size_t vocab = 16, dim = 8, hidden = 12, positions = 8;
 /// projection along its inputs (its bias replicated), an MLP input cut along its outputs.
 template <class Plan = sw::serial_plan>
 struct Mini {
-  sw::Embedding<float, sw::style_at<Plan, "wte">> wte;
-  sw::Embedding<float, sw::style_at<Plan, "wpe">> wpe;
-  sw::LayerNorm<float, sw::style_at<Plan, "ln">> ln;
-  sw::Linear<float, sw::style_at<Plan, "wq">> wq;
-  sw::Linear<float, sw::style_at<Plan, "wk">> wk;
-  sw::Linear<float, sw::style_at<Plan, "wv">> wv;
-  sw::Linear<float, sw::style_at<Plan, "proj">> proj;
-  sw::Linear<float, sw::style_at<Plan, "fc">> fc;
+  sw::Embedding<float, sw::layer_at<Plan, "wte">> wte;
+  sw::Embedding<float, sw::layer_at<Plan, "wpe">> wpe;
+  sw::LayerNorm<float, sw::layer_at<Plan, "ln">> ln;
+  sw::Linear<float, sw::layer_at<Plan, "wq">> wq;
+  sw::Linear<float, sw::layer_at<Plan, "wk">> wk;
+  sw::Linear<float, sw::layer_at<Plan, "wv">> wv;
+  sw::Linear<float, sw::layer_at<Plan, "proj">> proj;
+  sw::Linear<float, sw::layer_at<Plan, "fc">> fc;
   SHARDWISE_CHILDREN(wte, wpe, ln, wq, wk, wv, proj, fc)
 
   explicit Mini(sw::init seed = 0)  // an sw::init, so that sw::Lazy can declare it
@@ -71,15 +71,15 @@ using Model = Mini<mini_plan>;
 /// The same with one more layer: what a checkpoint of Mini lacks, and what Mini does not read of its own.
 template <class Plan = sw::serial_plan>
 struct MiniPlus {
-  sw::Embedding<float, sw::style_at<Plan, "wte">> wte{vocab, dim, 1};
-  sw::Embedding<float, sw::style_at<Plan, "wpe">> wpe{positions, dim, 2};
-  sw::LayerNorm<float, sw::style_at<Plan, "ln">> ln{dim};
-  sw::Linear<float, sw::style_at<Plan, "wq">> wq{dim, dim, 3};
-  sw::Linear<float, sw::style_at<Plan, "wk">> wk{dim, dim, 4};
-  sw::Linear<float, sw::style_at<Plan, "wv">> wv{dim, dim, 5};
-  sw::Linear<float, sw::style_at<Plan, "proj">> proj{dim, dim, 6};
-  sw::Linear<float, sw::style_at<Plan, "fc">> fc{dim, hidden, 7};
-  sw::Linear<float, sw::style_at<Plan, "head">> head{dim, vocab, 8};
+  sw::Embedding<float, sw::layer_at<Plan, "wte">> wte{vocab, dim, 1};
+  sw::Embedding<float, sw::layer_at<Plan, "wpe">> wpe{positions, dim, 2};
+  sw::LayerNorm<float, sw::layer_at<Plan, "ln">> ln{dim};
+  sw::Linear<float, sw::layer_at<Plan, "wq">> wq{dim, dim, 3};
+  sw::Linear<float, sw::layer_at<Plan, "wk">> wk{dim, dim, 4};
+  sw::Linear<float, sw::layer_at<Plan, "wv">> wv{dim, dim, 5};
+  sw::Linear<float, sw::layer_at<Plan, "proj">> proj{dim, dim, 6};
+  sw::Linear<float, sw::layer_at<Plan, "fc">> fc{dim, hidden, 7};
+  sw::Linear<float, sw::layer_at<Plan, "head">> head{dim, vocab, 8};
   SHARDWISE_CHILDREN(wte, wpe, ln, wq, wk, wv, proj, fc, head)
 };
 using PlusModel = MiniPlus<sw::plan<sw::at<"wte", sw::ColwiseParallel<sw::Replicate, sw::Shard<-1>>>,
@@ -678,9 +678,9 @@ namespace {
 /// An LM head tied to the token embedding (as GPT-2's): the table cut along the vocabulary on both.
 template <class Plan = sw::serial_plan>
 struct TiedMini {
-  sw::Embedding<float, sw::style_at<Plan, "wte">> wte{vocab, dim, 1};
-  sw::LayerNorm<float, sw::style_at<Plan, "ln_f">> ln_f{dim};
-  sw::Linear<float, sw::style_at<Plan, "lm_head">> lm_head{dim, vocab, 2, false};
+  sw::Embedding<float, sw::layer_at<Plan, "wte">> wte{vocab, dim, 1};
+  sw::LayerNorm<float, sw::layer_at<Plan, "ln_f">> ln_f{dim};
+  sw::Linear<float, sw::layer_at<Plan, "lm_head">> lm_head{dim, vocab, 2, false};
   SHARDWISE_CHILDREN(wte, ln_f, lm_head)
   TiedMini() { sw::tie_weights(lm_head, wte); }
 };

@@ -261,7 +261,7 @@ TEST_CASE("A module's cost comes from its own code: a user's feed-forward with n
 // it and the reduction of its Partial input gradient after it), as the hand-composed sw::call_cost states them.
 template <class T, class Plan>
 struct FeedForwardBranch {
-  sw::RMSNorm<T, sw::style_at<Plan, "ffn_norm">> ffn_norm;
+  sw::RMSNorm<T, sw::layer_at<Plan, "ffn_norm">> ffn_norm;
   models::LlamaFeedForward<T, sw::subplan<Plan, "feed_forward">> feed_forward;
   SHARDWISE_CHILDREN(ffn_norm, feed_forward)
   SHARDWISE_SAVED()

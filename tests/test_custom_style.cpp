@@ -56,12 +56,12 @@ static_assert(!sw::norm_style<sw::ColwiseParallel<>> &&
 TEST_CASE("a norm style written outside the library: its norm keeps tokens apart, with partial weight gradients") {
   namespace sw = shardwise;
   using Matrix = sw::nn::matrix<double>;
-  using Mine = sw::RMSNorm<double, sw::style_at<user_norm::Plan, "mine">>;
+  using Mine = sw::RMSNorm<double, sw::layer_at<user_norm::Plan, "mine">>;
   static_assert(std::is_same_v<Mine::layout, sw::Shard<0>>);
   static_assert(std::is_same_v<Mine::grad_placement, sw::Partial<sw::Sum>>);
   double const eps = 1e-6;
   Mine mine(6, eps);
-  sw::RMSNorm<double, sw::style_at<user_norm::Plan, "library">> library(6, eps);
+  sw::RMSNorm<double, sw::layer_at<user_norm::Plan, "library">> library(6, eps);
   Matrix const x = Matrix::Random(5, 6), dy = Matrix::Random(5, 6);
   Eigen::VectorXd const w = Eigen::VectorXd::Random(6);
   mine.weight = w, library.weight = w;

@@ -166,8 +166,8 @@ struct Throws {
 
 /// A block that hands one child a plain seed instead of the init it was given: that child would be allocated.
 struct DropsTheMode {
-  sw::Linear<float, sw::style_at<sw::serial_plan, "kept">> kept;
-  sw::Linear<float, sw::style_at<sw::serial_plan, "dropped">> dropped;
+  sw::Linear<float, sw::layer_at<sw::serial_plan, "kept">> kept;
+  sw::Linear<float, sw::layer_at<sw::serial_plan, "dropped">> dropped;
   SHARDWISE_CHILDREN(kept, dropped)
   explicit DropsTheMode(sw::init seed) : kept(4, 4, seed + 1), dropped(4, 4, seed.seed() + 2) {}
 };

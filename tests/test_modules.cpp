@@ -153,8 +153,8 @@ TEST_CASE("sw::forward / sw::backward apply a module's PrepareModuleInput; witho
 namespace {
 template <class T, class Plan>
 struct Forgetful {  // holds w3 but does not list it
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
-  sw::Linear<T, sw::style_at<Plan, "w3">> w3;
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w3">> w3;
   SHARDWISE_CHILDREN(w1)
   Forgetful() : w1(8, 16, 1), w3(8, 16, 2) {}
 };
@@ -166,8 +166,8 @@ struct Outer {
 };
 template <class T, class Plan>
 struct Tied {
-  sw::Embedding<T, sw::style_at<Plan, "tok_embeddings">> tok_embeddings;
-  sw::Linear<T, sw::style_at<Plan, "output">> output;
+  sw::Embedding<T, sw::layer_at<Plan, "tok_embeddings">> tok_embeddings;
+  sw::Linear<T, sw::layer_at<Plan, "output">> output;
   SHARDWISE_CHILDREN(tok_embeddings, output)
   Tied(std::size_t out) : tok_embeddings(16, 8, 1), output(8, out, 2, false) {}
 };
@@ -186,8 +186,8 @@ struct CountingLinear : sw::Linear<T, Location> {
 };
 template <class T, class Plan>
 struct WithCounting {
-  CountingLinear<T, sw::style_at<Plan, "w1">> w1;
-  sw::Linear<T, sw::style_at<Plan, "w2">> w2;
+  CountingLinear<T, sw::layer_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w2">> w2;
   SHARDWISE_CHILDREN(w1, w2)
   WithCounting() : w1(8, 16, 1), w2(16, 8, 2) {}
 };
@@ -204,6 +204,11 @@ TEST_CASE("the walks take a library layer by its core, and a class derived from 
   sw::zero_grad(model);
   CHECK(model.w1.zeroed == 2);
 }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static_assert(std::is_same_v<sw::style_at<sw::serial_plan, "w1">, sw::layer_at<sw::serial_plan, "w1">>);  // former name
+#pragma GCC diagnostic pop
 
 // A module whose template takes a value before its plan: parallelize reads the plan off it all the same.
 template <std::size_t Hidden, class T, class Plan>

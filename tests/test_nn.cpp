@@ -28,7 +28,7 @@ struct MyLinear {  // the user's own: a weight [out, in] and nothing shardwise-s
 };
 template <class Plan>
 struct Model {
-  MyLinear<shardwise::style_at<Plan, "proj">> proj;
+  MyLinear<shardwise::layer_at<Plan, "proj">> proj;
   SHARDWISE_CHILDREN(proj)
 };
 }  // namespace user
@@ -46,7 +46,7 @@ struct shardwise::layer_traits<user::MyLinear<Location>> {
 
 TEST_CASE("a user-defined layer joins through layer_traits, and its plan entry is checked like any other") {
   using plan = shardwise::plan<shardwise::at<"proj", shardwise::ColwiseParallel<>>>;
-  static_assert(shardwise::layer<user::MyLinear<shardwise::style_at<plan, "proj">>>);
+  static_assert(shardwise::layer<user::MyLinear<shardwise::layer_at<plan, "proj">>>);
   static_assert(shardwise::detail::has_layer_at<user::Model<plan>>("proj"));
   static_assert(!shardwise::detail::has_layer_at<user::Model<plan>>("projection"));
   Eigen::MatrixXd full(8, 4);
@@ -95,8 +95,8 @@ TEST_CASE("layers take xtensor inputs: the same results as from an Eigen matrix,
 namespace moved_input {
 template <class T, class Plan>
 struct Model {
-  shardwise::Linear<T, shardwise::style_at<Plan, "up">> up;
-  shardwise::Linear<T, shardwise::style_at<Plan, "down">> down;
+  shardwise::Linear<T, shardwise::layer_at<Plan, "up">> up;
+  shardwise::Linear<T, shardwise::layer_at<Plan, "down">> down;
   SHARDWISE_CHILDREN(up, down)
   Model() : up(8, 12, 40), down(12, 8, 41) {}
 };

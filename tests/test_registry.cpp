@@ -14,8 +14,8 @@ namespace models = shardwise::models;
 namespace user {
 template <class T, class Plan = sw::serial_plan>
 struct TinyMlp {
-  sw::Linear<T, sw::style_at<Plan, "up">> up;
-  sw::Linear<T, sw::style_at<Plan, "down">> down;
+  sw::Linear<T, sw::layer_at<Plan, "up">> up;
+  sw::Linear<T, sw::layer_at<Plan, "down">> down;
   SHARDWISE_CHILDREN(up, down)
   TinyMlp() : up(8, 16, 1), down(16, 8, 2) {}
 };

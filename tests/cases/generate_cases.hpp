@@ -173,9 +173,9 @@ struct TinyDecoder {
   struct settings {
     std::size_t vocabulary = 61, dim = 32, heads = 4, sequence = 8;
   };
-  sw::Embedding<T, sw::style_at<Plan, "embed">> embed;
+  sw::Embedding<T, sw::layer_at<Plan, "embed">> embed;
   blocks::Attention<T, sw::subplan<Plan, "attention">> attention;
-  sw::Linear<T, sw::style_at<Plan, "head">> head;
+  sw::Linear<T, sw::layer_at<Plan, "head">> head;
   SHARDWISE_CHILDREN(embed, attention, head)
   SHARDWISE_SAVED()
 

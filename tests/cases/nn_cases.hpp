@@ -84,7 +84,7 @@ sw::nn::vector<T> whole_of(Mesh const& tp, sw::nn::vector<T> const& local) {
 
 template <class T, class Plan>
 struct OneLinear {
-  sw::Linear<T, sw::style_at<Plan, "lin">> lin;
+  sw::Linear<T, sw::layer_at<Plan, "lin">> lin;
   SHARDWISE_CHILDREN(lin)
   OneLinear(std::size_t in, std::size_t out) : lin(in, out, 17) {}
 };
@@ -119,7 +119,7 @@ void check_linear_style(Mesh const& tp, char const* name) {
 
 template <class T, class Plan>
 struct OneEmbedding {
-  sw::Embedding<T, sw::style_at<Plan, "tok">> tok;
+  sw::Embedding<T, sw::layer_at<Plan, "tok">> tok;
   SHARDWISE_CHILDREN(tok)
   OneEmbedding() : tok(12, 8, 5) {}
 };
@@ -145,7 +145,7 @@ void check_embedding_style(Mesh const& tp, char const* name) {
 
 template <class T, class Plan, template <class, class> class Norm>
 struct OneNorm {
-  Norm<T, sw::style_at<Plan, "norm">> norm;
+  Norm<T, sw::layer_at<Plan, "norm">> norm;
   SHARDWISE_CHILDREN(norm)
   OneNorm() : norm(8) {
     for (Eigen::Index i = 0; i < norm.weight.size(); ++i) norm.weight(i) = T(1) + T(0.1) * T(i);
@@ -254,7 +254,7 @@ void check_loss_parallel(Mesh const& tp) {
 /// feed-forward's own plan entry (PrepareModuleInput) is applied by sw::forward / sw::backward.
 template <class T, class Plan>
 struct NormFeedForward {
-  sw::RMSNorm<T, sw::style_at<Plan, "norm">> norm;
+  sw::RMSNorm<T, sw::layer_at<Plan, "norm">> norm;
   blocks::FeedForward<T, sw::subplan<Plan, "feed_forward">> feed_forward;
   SHARDWISE_CHILDREN(norm, feed_forward)
   NormFeedForward() : norm(8), feed_forward(8, 16, 30) {}

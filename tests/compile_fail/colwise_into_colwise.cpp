@@ -2,8 +2,8 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct TwoLinears {
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
-  sw::Linear<T, sw::style_at<Plan, "w2">> w2;
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w2">> w2;
   SHARDWISE_CHILDREN(w1, w2)
   auto forward(sw::nn::matrix<T> const& x) { return w2(w1(x)); }
 };

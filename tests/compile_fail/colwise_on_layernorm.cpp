@@ -2,7 +2,7 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct Block {
-  sw::LayerNorm<T, sw::style_at<Plan, "norm">> norm;
+  sw::LayerNorm<T, sw::layer_at<Plan, "norm">> norm;
   SHARDWISE_CHILDREN(norm)
 };
 #ifdef SHARDWISE_SHOULD_FAIL
@@ -11,4 +11,4 @@ using plan = sw::plan<sw::at<"norm", sw::ColwiseParallel<>>>;
 using plan = sw::plan<sw::at<"norm", sw::SequenceParallel<>>>;
 #endif
 Block<float, plan>* use(Block<float, plan>* b) { return b; }
-template class sw::LayerNorm<float, sw::style_at<plan, "norm">>;
+template class sw::LayerNorm<float, sw::layer_at<plan, "norm">>;

@@ -8,7 +8,7 @@ namespace sw = shardwise;
 
 template <class Plan>
 struct Mixer {
-  sw::Linear<double, sw::style_at<Plan, "proj">> proj{{4, 4, false}, 1};
+  sw::Linear<double, sw::layer_at<Plan, "proj">> proj{{4, 4, false}, 1};
   SHARDWISE_CHILDREN(proj)
   SHARDWISE_SAVED()
 #ifndef SHARDWISE_SHOULD_FAIL

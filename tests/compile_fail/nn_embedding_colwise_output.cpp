@@ -5,4 +5,4 @@ using plan = sw::plan<sw::at<"tok", sw::ColwiseParallel<sw::Replicate, sw::Shard
 #else
 using plan = sw::plan<sw::at<"tok", sw::ColwiseParallel<sw::Replicate, sw::Replicate>>>;
 #endif
-template class sw::Embedding<float, sw::style_at<plan, "tok">>;
+template class sw::Embedding<float, sw::layer_at<plan, "tok">>;

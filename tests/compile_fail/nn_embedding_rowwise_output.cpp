@@ -5,4 +5,4 @@ using plan = sw::plan<sw::at<"tok", sw::RowwiseParallel<sw::Replicate, sw::Shard
 #else
 using plan = sw::plan<sw::at<"tok", sw::RowwiseParallel<sw::Replicate, sw::Shard<0>>>>;
 #endif
-template class sw::Embedding<float, sw::style_at<plan, "tok">>;
+template class sw::Embedding<float, sw::layer_at<plan, "tok">>;

@@ -5,4 +5,4 @@ using plan = sw::plan<sw::at<"w2", sw::RowwiseParallel<sw::Shard<0>>>>;
 #else
 using plan = sw::plan<sw::at<"w2", sw::RowwiseParallel<sw::Replicate>>>;
 #endif
-template class sw::Linear<float, sw::style_at<plan, "w2">>;
+template class sw::Linear<float, sw::layer_at<plan, "w2">>;

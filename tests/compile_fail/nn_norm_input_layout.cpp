@@ -6,6 +6,6 @@ using plan = sw::plan<sw::at<"norm", sw::SequenceParallel<>>>;
 using plan = sw::plan<sw::at<"norm", sw::NoParallel>>;
 #endif
 // A replicated activation given to a norm: fine unsharded; under SequenceParallel the norm expects Shard<0>.
-auto use(sw::LayerNorm<float, sw::style_at<plan, "norm">>& norm, sw::Activation<float, sw::Replicate> const& x) {
+auto use(sw::LayerNorm<float, sw::layer_at<plan, "norm">>& norm, sw::Activation<float, sw::Replicate> const& x) {
   return norm(x);
 }

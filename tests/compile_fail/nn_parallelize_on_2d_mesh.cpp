@@ -3,7 +3,7 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct Model {
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w1;
   SHARDWISE_CHILDREN(w1)
 };
 using plan = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>>;

@@ -5,4 +5,4 @@ using plan = sw::plan<sw::at<"tok", sw::SequenceParallel<>>>;
 #else
 using plan = sw::plan<sw::at<"tok", sw::RowwiseParallel<>>>;
 #endif
-template class sw::Embedding<float, sw::style_at<plan, "tok">>;
+template class sw::Embedding<float, sw::layer_at<plan, "tok">>;

@@ -5,4 +5,4 @@ using plan = sw::plan<sw::at<"w1", sw::SequenceParallel<>>>;
 #else
 using plan = sw::plan<sw::at<"w1", sw::ColwiseParallel<>>>;
 #endif
-template class sw::Linear<float, sw::style_at<plan, "w1">>;
+template class sw::Linear<float, sw::layer_at<plan, "w1">>;

@@ -2,8 +2,8 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct Model {
-  sw::Embedding<T, sw::style_at<Plan, "tok_embeddings">> tok_embeddings;
-  sw::Linear<T, sw::style_at<Plan, "output">> output;
+  sw::Embedding<T, sw::layer_at<Plan, "tok_embeddings">> tok_embeddings;
+  sw::Linear<T, sw::layer_at<Plan, "output">> output;
   SHARDWISE_CHILDREN(tok_embeddings, output)
   Model() : tok_embeddings(16, 8, 1), output(8, 16, 2, false) { sw::tie_weights(output, tok_embeddings); }
 };

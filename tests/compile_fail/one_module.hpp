@@ -7,7 +7,7 @@ namespace one_module {
 namespace sw = shardwise;
 template <class T, class Plan>
 struct FeedForward {
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w1;
   SHARDWISE_CHILDREN(w1)
   FeedForward() : w1(8, 8, 1) {}
   template <class X>

@@ -2,7 +2,7 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct Block {
-  sw::RMSNorm<T, sw::style_at<Plan, "norm">> norm;
+  sw::RMSNorm<T, sw::layer_at<Plan, "norm">> norm;
   SHARDWISE_CHILDREN(norm)
 };
 using plan = sw::plan<sw::at<"norm", sw::SequenceParallel<>>>;

@@ -3,11 +3,11 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct FeedForward {
-  sw::Linear<T, sw::style_at<Plan, "w1">> w1;
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w1;
 #ifdef SHARDWISE_SHOULD_FAIL
-  sw::Linear<T, sw::style_at<Plan, "w1">> w3;  // copied from w1: takes w1's style and would be saved as w3
+  sw::Linear<T, sw::layer_at<Plan, "w1">> w3;  // copied from w1: takes w1's style and would be saved as w3
 #else
-  sw::Linear<T, sw::style_at<Plan, "w3">> w3;
+  sw::Linear<T, sw::layer_at<Plan, "w3">> w3;
 #endif
   SHARDWISE_CHILDREN(w1, w3)
   FeedForward() : w1(8, 16, 1), w3(8, 16, 2) {}

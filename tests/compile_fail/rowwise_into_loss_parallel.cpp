@@ -2,7 +2,7 @@
 namespace sw = shardwise;
 template <class T, class Plan>
 struct Head {
-  sw::Linear<T, sw::style_at<Plan, "output">> output;
+  sw::Linear<T, sw::layer_at<Plan, "output">> output;
   SHARDWISE_CHILDREN(output)
 };
 #ifdef SHARDWISE_SHOULD_FAIL

@@ -3,9 +3,9 @@ namespace sw = shardwise;
 template <class T, class Plan>
 struct Head {
 #ifdef SHARDWISE_SHOULD_FAIL
-  sw::Linear<T, sw::style_at<Plan, "output">, 64, 1002> output;  // a vocabulary of 1002 over 4 ranks
+  sw::Linear<T, sw::layer_at<Plan, "output">, 64, 1002> output;  // a vocabulary of 1002 over 4 ranks
 #else
-  sw::Linear<T, sw::style_at<Plan, "output">, 64, 1000> output;
+  sw::Linear<T, sw::layer_at<Plan, "output">, 64, 1000> output;
 #endif
   SHARDWISE_CHILDREN(output)
 };

@@ -32,7 +32,7 @@ Matrix random_matrix(long rows, long cols, unsigned seed) {
 
 template <class T2, class Plan>
 struct NormFeedForward {
-  sw::RMSNorm<T2, sw::style_at<Plan, "norm">> norm;
+  sw::RMSNorm<T2, sw::layer_at<Plan, "norm">> norm;
   blocks::FeedForward<T2, sw::subplan<Plan, "feed_forward">> feed_forward;
   SHARDWISE_CHILDREN(norm, feed_forward)
   NormFeedForward(std::size_t dim, std::size_t hidden) : norm(dim, 1e-6), feed_forward(dim, hidden, 30) {

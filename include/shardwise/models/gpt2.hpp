@@ -66,10 +66,10 @@ struct GPT2Config {
 /// computes heads / tp whole heads; c_proj (RowwiseParallel) sums the heads' contributions.
 template <class T, class Plan = serial_plan>
 struct GPT2Attention {
-  Linear<T, style_at<Plan, "q_proj">> q_proj;  ///< Query projection, dim -> dim, with bias.
-  Linear<T, style_at<Plan, "k_proj">> k_proj;  ///< Key projection, dim -> dim, with bias.
-  Linear<T, style_at<Plan, "v_proj">> v_proj;  ///< Value projection, dim -> dim, with bias.
-  Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
+  Linear<T, layer_at<Plan, "q_proj">> q_proj;  ///< Query projection, dim -> dim, with bias.
+  Linear<T, layer_at<Plan, "k_proj">> k_proj;  ///< Key projection, dim -> dim, with bias.
+  Linear<T, layer_at<Plan, "v_proj">> v_proj;  ///< Value projection, dim -> dim, with bias.
+  Linear<T, layer_at<Plan, "c_proj">> c_proj;  ///< Output projection, dim -> dim, with bias.
   SHARDWISE_CHILDREN(q_proj, k_proj, v_proj, c_proj)
   SHARDWISE_HOOKS(on_parallelize, on_context_parallel)
   SHARDWISE_SAVED(q_, k_, v_, saved_)
@@ -149,8 +149,8 @@ struct GPT2Attention {
 /// The feed-forward: c_fc (dim -> 4 dim), gelu_new, c_proj (4 dim -> dim), both with bias.
 template <class T, class Plan = serial_plan>
 struct GPT2MLP {
-  Linear<T, style_at<Plan, "c_fc">> c_fc;      ///< dim -> 4 dim, with bias.
-  Linear<T, style_at<Plan, "c_proj">> c_proj;  ///< 4 dim -> dim, with bias.
+  Linear<T, layer_at<Plan, "c_fc">> c_fc;      ///< dim -> 4 dim, with bias.
+  Linear<T, layer_at<Plan, "c_proj">> c_proj;  ///< 4 dim -> dim, with bias.
   SHARDWISE_CHILDREN(c_fc, c_proj)
   SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED(h_)
@@ -191,9 +191,9 @@ struct GPT2MLP {
 /// One block, pre-norm with residuals: h = x + attn(ln_1(x)), h + mlp(ln_2(h)).
 template <class T, class Plan = serial_plan>
 struct GPT2Block {
-  LayerNorm<T, style_at<Plan, "ln_1">> ln_1;     ///< LayerNorm before attention.
+  LayerNorm<T, layer_at<Plan, "ln_1">> ln_1;     ///< LayerNorm before attention.
   GPT2Attention<T, subplan<Plan, "attn">> attn;  ///< The attention.
-  LayerNorm<T, style_at<Plan, "ln_2">> ln_2;     ///< LayerNorm before the MLP.
+  LayerNorm<T, layer_at<Plan, "ln_2">> ln_2;     ///< LayerNorm before the MLP.
   GPT2MLP<T, subplan<Plan, "mlp">> mlp;          ///< The MLP.
   SHARDWISE_CHILDREN(ln_1, attn, ln_2, mlp)
   SHARDWISE_HOOKS(token_wise)
@@ -245,11 +245,11 @@ struct GPT2Block {
 /// saved once, as "wte.weight".
 template <class T, class Plan = serial_plan>
 struct GPT2 {
-  Embedding<T, style_at<Plan, "wte">> wte;            ///< Token embedding [vocabulary, dim].
-  Embedding<T, style_at<Plan, "wpe">> wpe;            ///< Position embedding [sequence, dim].
+  Embedding<T, layer_at<Plan, "wte">> wte;            ///< Token embedding [vocabulary, dim].
+  Embedding<T, layer_at<Plan, "wpe">> wpe;            ///< Position embedding [sequence, dim].
   std::vector<GPT2Block<T, subplan<Plan, "h.*">>> h;  ///< The blocks.
-  LayerNorm<T, style_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
-  Linear<T, style_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
+  LayerNorm<T, layer_at<Plan, "ln_f">> ln_f;          ///< The final LayerNorm.
+  Linear<T, layer_at<Plan, "lm_head">> lm_head;       ///< The LM head, dim -> vocabulary, no bias, tied to wte.
   SHARDWISE_CHILDREN(wte, wpe, h, ln_f, lm_head)
   SHARDWISE_HOOKS(config, on_context_parallel, position_limit)
   SHARDWISE_SAVED()  // positions_ is a cache of position ids, not an activation

@@ -61,9 +61,9 @@ struct LlamaBlock {
   using FeedForward =
       std::conditional_t<StaticExperts == no_experts, LlamaFeedForward<T, subplan<Plan, "feed_forward">>,
                          MoeFeedForward<T, subplan<Plan, "feed_forward">, StaticExperts>>;
-  RMSNorm<T, style_at<Plan, "attention_norm">> attention_norm;                          ///< Norm before attention.
+  RMSNorm<T, layer_at<Plan, "attention_norm">> attention_norm;                          ///< Norm before attention.
   LlamaAttention<T, subplan<Plan, "attention">, StaticHeads, StaticKvHeads> attention;  ///< The attention.
-  RMSNorm<T, style_at<Plan, "ffn_norm">> ffn_norm;  ///< Norm before the feed-forward.
+  RMSNorm<T, layer_at<Plan, "ffn_norm">> ffn_norm;  ///< Norm before the feed-forward.
   FeedForward feed_forward;                         ///< The feed-forward.
   SHARDWISE_CHILDREN(attention_norm, attention, ffn_norm, feed_forward)
   SHARDWISE_HOOKS(token_wise)
@@ -128,10 +128,10 @@ struct Llama {
   using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads, StaticExperts>;
   /// Whether its blocks hold experts (a MoeLlama).
   static constexpr bool sparse = StaticExperts != no_experts;
-  Embedding<T, style_at<Plan, "tok_embeddings">> tok_embeddings;  ///< Token embedding.
+  Embedding<T, layer_at<Plan, "tok_embeddings">> tok_embeddings;  ///< Token embedding.
   std::vector<block_type> layers;                                 ///< The blocks.
-  RMSNorm<T, style_at<Plan, "norm">> norm;                        ///< The final norm.
-  Linear<T, style_at<Plan, "output">> output;                     ///< Output projection, dim -> vocabulary, no bias.
+  RMSNorm<T, layer_at<Plan, "norm">> norm;                        ///< The final norm.
+  Linear<T, layer_at<Plan, "output">> output;                     ///< Output projection, dim -> vocabulary, no bias.
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
   SHARDWISE_HOOKS(config, on_context_parallel, other_stage)
   SHARDWISE_SAVED(block_inputs_, rows_)

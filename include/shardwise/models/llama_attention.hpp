@@ -33,14 +33,14 @@ namespace shardwise::models {
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size>
 struct LlamaAttention {
-  Linear<T, style_at<Plan, "wq">> wq;  ///< Query projection, dim -> heads * head_dim (bias: attention_bias).
-  Linear<T, style_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim (bias: attention_bias).
-  Linear<T, style_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim (bias: attention_bias).
-  Linear<T, style_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim (attention_output_bias).
+  Linear<T, layer_at<Plan, "wq">> wq;  ///< Query projection, dim -> heads * head_dim (bias: attention_bias).
+  Linear<T, layer_at<Plan, "wk">> wk;  ///< Key projection, dim -> kv_heads * head_dim (bias: attention_bias).
+  Linear<T, layer_at<Plan, "wv">> wv;  ///< Value projection, dim -> kv_heads * head_dim (bias: attention_bias).
+  Linear<T, layer_at<Plan, "wo">> wo;  ///< Output projection, heads * head_dim -> dim (attention_output_bias).
   /// Per-head RMSNorm on the queries before the rotation (config qk_norm, Qwen3's), cut with wq's heads.
-  std::optional<HeadRMSNorm<T, style_at<Plan, "q_norm">, typename output_t<decltype(wq)>::placement>> q_norm;
+  std::optional<HeadRMSNorm<T, layer_at<Plan, "q_norm">, typename output_t<decltype(wq)>::placement>> q_norm;
   /// The same on the keys, cut with wk's heads.
-  std::optional<HeadRMSNorm<T, style_at<Plan, "k_norm">, typename output_t<decltype(wk)>::placement>> k_norm;
+  std::optional<HeadRMSNorm<T, layer_at<Plan, "k_norm">, typename output_t<decltype(wk)>::placement>> k_norm;
   SHARDWISE_CHILDREN(wq, wk, wv, wo, q_norm, k_norm)
   SHARDWISE_HOOKS(static_check, on_parallelize, on_context_parallel)
   SHARDWISE_SAVED(q_, k_, v_, saved_, rows_)
@@ -62,7 +62,7 @@ struct LlamaAttention {
 
   /// Whether the plan shards the heads (wk's weight cut by output rows: ColwiseParallel or a style like it).
   static constexpr bool sharded_heads =
-      std::is_same_v<typename Linear<T, style_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
+      std::is_same_v<typename Linear<T, layer_at<Plan, "wk">>::weight_grad_placement, Shard<0>>;
 
   /// The shapes of wq, wk, wv, wo, q_norm and k_norm (when qk_norm), which the constructor builds them from and
   /// sw::parameter_costs walks; at `tp` ranks wk and wv hold the key-value copies parallelize makes

@@ -12,9 +12,9 @@ namespace shardwise::models {
 /// SwiGLU feed-forward: w2(silu(w1 x) * w3 x).
 template <class T, class Plan = serial_plan>
 struct LlamaFeedForward {
-  Linear<T, style_at<Plan, "w1">> w1;  ///< Gate projection, dim -> hidden (bias: mlp_bias).
-  Linear<T, style_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden (bias: mlp_bias).
-  Linear<T, style_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim (bias: mlp_bias).
+  Linear<T, layer_at<Plan, "w1">> w1;  ///< Gate projection, dim -> hidden (bias: mlp_bias).
+  Linear<T, layer_at<Plan, "w3">> w3;  ///< Up projection, dim -> hidden (bias: mlp_bias).
+  Linear<T, layer_at<Plan, "w2">> w2;  ///< Down projection, hidden -> dim (bias: mlp_bias).
   SHARDWISE_CHILDREN(w1, w3, w2)
   SHARDWISE_HOOKS(token_wise)
   SHARDWISE_SAVED(h1_, h3_, a_)

@@ -28,7 +28,7 @@ namespace shardwise::models {
 template <class T, class Plan = serial_plan, std::size_t StaticHeads = dynamic_size,
           std::size_t StaticKvHeads = dynamic_size, std::size_t StaticExperts = no_experts>
 struct LlamaStage {
-  using embedding_type = Embedding<T, style_at<Plan, "tok_embeddings">>;  ///< The token embedding.
+  using embedding_type = Embedding<T, layer_at<Plan, "tok_embeddings">>;  ///< The token embedding.
   /// One decoder block.
   using block_type = LlamaBlock<T, subplan<Plan, "layers.*">, StaticHeads, StaticKvHeads, StaticExperts>;
   /// Whether its blocks hold experts (a MoeLlamaStage).
@@ -38,8 +38,8 @@ struct LlamaStage {
 
   std::optional<embedding_type> tok_embeddings;               ///< Token embedding (first stage only).
   layer_slice<block_type> layers;                             ///< The stage's blocks, named by model index.
-  std::optional<RMSNorm<T, style_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
-  std::optional<Linear<T, style_at<Plan, "output">>> output;  ///< Output projection (last stage only).
+  std::optional<RMSNorm<T, layer_at<Plan, "norm">>> norm;     ///< The final norm (last stage only).
+  std::optional<Linear<T, layer_at<Plan, "output">>> output;  ///< Output projection (last stage only).
   SHARDWISE_CHILDREN(tok_embeddings, layers, norm, output)
   SHARDWISE_HOOKS(config, other_stage, after_pipeline_step, on_context_parallel, pipeline_microbatch, pipeline_carry)
   SHARDWISE_SAVED(block_inputs_, rows_)

@@ -33,12 +33,12 @@ namespace shardwise::models {
 /// the expert count at compile time.
 template <class T, class Plan = serial_plan, std::size_t StaticExperts = dynamic_size>
 struct MoeFeedForward {
-  Linear<T, style_at<Plan, "gate">> gate;  ///< The router, dim -> experts, no bias.
+  Linear<T, layer_at<Plan, "gate">> gate;  ///< The router, dim -> experts, no bias.
   /// The experts (SwiGLU) this rank holds, named by their index among all of them: all, or under
   /// sw::expert_parallelize its rank's contiguous share (experts.first the first one's index).
   layer_slice<LlamaFeedForward<T, subplan<Plan, "experts.*">>> experts;
   std::optional<LlamaFeedForward<T, subplan<Plan, "shared_expert">>> shared_expert;   ///< Qwen2-MoE's, if any.
-  std::optional<Linear<T, style_at<Plan, "shared_expert_gate">>> shared_expert_gate;  ///< Its gate, dim -> 1.
+  std::optional<Linear<T, layer_at<Plan, "shared_expert_gate">>> shared_expert_gate;  ///< Its gate, dim -> 1.
   /// The sigmoid router's balancing bias (DeepSeek-V3's e_score_correction_bias), added to the scores when experts
   /// are chosen and nowhere else; not trained by gradients but by update_routing_bias, and not a parameter (not
   /// in checkpoints). Empty under the softmax router.
@@ -314,7 +314,7 @@ struct MoeFeedForward {
     constexpr bool whole =
         std::is_same_v<W1, NoParallel> && std::is_same_v<W3, NoParallel> && std::is_same_v<W2, NoParallel>;
     constexpr bool cut =
-        std::is_same_v<typename style_at<Plan, Name>::style, PrepareModuleInput<Replicate, Replicate>> &&
+        std::is_same_v<typename layer_at<Plan, Name>::style, PrepareModuleInput<Replicate, Replicate>> &&
         std::is_same_v<W1, ColwiseParallel<Replicate, Shard<-1>>> &&
         std::is_same_v<W3, ColwiseParallel<Replicate, Shard<-1>>> &&
         std::is_same_v<W2, RowwiseParallel<Shard<-1>, Replicate>>;

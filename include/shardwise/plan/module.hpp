@@ -422,7 +422,7 @@ Model& parallelize(Model& model, Group const& tp) {
   }
   static_assert(detail::children_named_as_declared<Model>(),
                 "shardwise::parallelize: a member's plan path does not end with its name in SHARDWISE_CHILDREN; "
-                "declare member m with style_at<Plan, \"m\"> (a module: subplan<Plan, \"m\">) so that its plan "
+                "declare member m with layer_at<Plan, \"m\"> (a module: subplan<Plan, \"m\">) so that its plan "
                 "entry and its checkpoint name agree");
   auto const list = detail::list_for_parallelize<Group>(model);
   detail::check_children_listed(list);

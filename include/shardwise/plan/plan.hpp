@@ -1,6 +1,6 @@
 #pragma once
 // A sharding plan is a type: a compile-time map from child paths ("layers.*.attention.wq") to parallel styles.
-// A module asks for its children's styles with style_at<Plan, "w1"> and passes subplan<Plan, "attention"> to
+// A module places its layers with layer_at<Plan, "w1"> and passes subplan<Plan, "attention"> to
 // a child module; every lookup carries its full path, so a layer can name itself in an error and parallelize
 // can check that every entry of the plan found a layer.
 #include <array>
@@ -132,17 +132,21 @@ template <class Plan, fixed_string Name>
 using subplan =
     scoped_plan<typename detail::plan_parts<Plan>::root, join_path<detail::plan_parts<Plan>::prefix, Name>()>;
 
-/// The style the plan gives the child `Name`, as a located (style, full path, entries around it): what a layer
-/// takes.
+/// The layer at the child `Name` of a module built with Plan, as the plan places it: a located (its style, full
+/// path and the entries around it), which is what a layer takes (`sw::Linear<T, sw::layer_at<Plan, "w1">>`).
 template <class Plan, fixed_string Name>
-using style_at = located<typename detail::lookup_style<typename detail::plan_parts<Plan>::root,
+using layer_at = located<typename detail::lookup_style<typename detail::plan_parts<Plan>::root,
                                                        join_path<detail::plan_parts<Plan>::prefix, Name>()>::type,
                          join_path<detail::plan_parts<Plan>::prefix, Name>(),
                          typename detail::enclosing_entries<typename detail::plan_parts<Plan>::root,
                                                             join_path<detail::plan_parts<Plan>::prefix, Name>()>::type>;
 
+/// The name layer_at had before it said what it gives; kept so that a model written against it still compiles.
+template <class Plan, fixed_string Name>
+using style_at [[deprecated("shardwise::style_at is now shardwise::layer_at")]] = layer_at<Plan, Name>;
+
 /// The style at the module's own path (for PrepareModuleInput and friends on a whole module).
 template <class Plan>
-using own_style = style_at<Plan, "">;
+using own_style = layer_at<Plan, "">;
 
 }  // namespace shardwise

@@ -28,7 +28,7 @@ concept module = requires(M& m) {
 /// How a layer type that is not shardwise's joins plans and parallelize, without changing the type:
 /// \code
 ///   template <> struct shardwise::layer_traits<MyLinear> {
-///     using location = ...;                                   // what style_at<Plan, "name"> gave it
+///     using location = ...;                                   // what layer_at<Plan, "name"> gave it
 ///     template <class Mesh> static void parallelize(MyLinear&, Mesh const& tp);  // keep this rank's shard
 ///   };
 /// \endcode

@@ -28,7 +28,7 @@ using linear_core_for =
 
 }  // namespace detail
 
-/// A Linear at a place in the plan (Location: its style, path and the entries around it; sw::style_at<Plan, "w1">).
+/// A Linear at a place in the plan (Location: its style, path and the entries around it; sw::layer_at<Plan, "w1">).
 /// StaticIn / StaticOut (optional): sizes known at compile time, so that with a tp axis of static size
 /// (sw::axis<"tp", 4>) a size the tp size does not divide is a compile error rather than a run-time one.
 template <class T, class Location = unplanned, std::size_t StaticIn = dynamic_size,
