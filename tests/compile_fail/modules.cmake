@@ -10,11 +10,6 @@ shardwise_add_compile_fail_test(plan_member_named_otherwise SOURCE compile_fail/
   LINK shardwise::eigen
   EXPECT "shardwise::parallelize: a member's plan path does not end with its name in SHARDWISE_CHILDREN"
          "member_declared_with_another_path<shardwise::fixed_string<3>{\"w3\"}, shardwise::fixed_string<3>{\"w1\"}>")
-shardwise_add_compile_fail_test(plan_not_a_template_argument SOURCE compile_fail/plan_not_a_template_argument.cpp
-  LINK shardwise::eigen
-  EXPECT "shardwise::parallelize: a plan styles the model's layers, but no module of the model takes that plan as a "
-         "template argument"
-         "styled_layer_has_no_plan_argument<shardwise::fixed_string<3>{\"w1\"}>")
 shardwise_add_compile_fail_test(module_entry_not_prepare SOURCE compile_fail/module_entry_not_prepare.cpp
   LINK shardwise::eigen
   EXPECT "shardwise::forward: the plan entry at a module's path must be PrepareModuleInput, PrepareModuleOutput"

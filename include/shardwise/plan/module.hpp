@@ -176,17 +176,6 @@ template <class Node>
 using enclosing_of_tree_t = std::conditional_t<std::is_void_v<typename first_enclosing_in<tree_nodes_t<Node>>::type>,
                                                plan<>, typename first_enclosing_in<tree_nodes_t<Node>>::type>;
 
-/// Whether some layer under Node has a style other than NoParallel: a plan styled it.
-template <class Node>
-constexpr bool has_styled_layer() {
-  return any_node<Node>([]<class N>() {
-    if constexpr (layer<N>)
-      return !std::is_same_v<typename location_of<N>::type::style, NoParallel>;
-    else
-      return false;
-  });
-}
-
 /// For a tp size known at compile time: every layer and module that can check its sizes does.
 template <class Node, std::size_t Ranks>
 constexpr bool static_sizes_divide() {
@@ -222,39 +211,12 @@ struct plan_check<Model, plan<Entries...>> {
                 "shardwise::parallelize: a plan path matches no layer of the model; check its spelling against the "
                 "names in SHARDWISE_CHILDREN, and use \"*\" for the elements of a repeated child");
 };
-template <fixed_string Path, class Spelled = spelled_t<Path>>
-struct styled_layer_has_no_plan_argument;  // incomplete on purpose: the diagnostic spells the layer's path
-
-/// Named in decltype before plan_check's static_assert: the first layer under the model a plan styled.
-template <class N, class... Rest>
-constexpr auto show_first_styled_layer(type_list<N, Rest...>) {
-  constexpr bool styled = [] {
-    if constexpr (layer<N>)
-      return !std::is_same_v<typename location_of<N>::type::style, NoParallel>;
-    else
-      return false;
-  }();
-  if constexpr (styled) {
-    using offending_layer [[maybe_unused]] =
-        decltype(detail::show_incomplete<styled_layer_has_no_plan_argument<location_of<N>::type::path>>());
-    return true;
-  } else if constexpr (sizeof...(Rest) > 0) {
-    return show_first_styled_layer(type_list<Rest...>{});
-  } else {
-    return true;
-  }
-}
-
-/// No node takes a plan as a template argument: nothing to check, unless a plan styled a layer (its entries could
-/// then not be checked against the model).
+/// No node takes the plan as a template argument in a shape plan_argument reads (a template template parameter,
+/// say, or a plan fixed inside a class): its entries are not checked against the model. The layers still take
+/// their styles from it; an entry that names no child leaves nothing sharded that it meant to shard.
 template <class Model>
 struct plan_check<Model, void> {
   static constexpr bool all_found = true;
-  using styled_layer_shown = decltype(show_first_styled_layer(tree_nodes_t<Model>{}));
-  static_assert(!has_styled_layer<Model>(),
-                "shardwise::parallelize: a plan styles the model's layers, but no module of the model takes that "
-                "plan as a template argument, so its entries cannot be checked against the model; give the model "
-                "its plan as a type parameter (template <class T, class Plan>) before any value parameter");
 };
 
 /// Incomplete on purpose: the diagnostic spells the member's name and the plan path it was declared with.
