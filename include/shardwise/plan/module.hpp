@@ -146,19 +146,19 @@ constexpr bool has_layer_at(std::string_view path) {
   });
 }
 
-template <class List>
-struct first_plan_argument_in;
-template <class... Ns>
-struct first_plan_argument_in<type_list<Ns...>> : first_given<plan_argument, Ns...> {};
+/// The first Trait<N>::type over the nodes of List (a type_list) that is not void, else void.
+template <template <class> class Trait, class List>
+struct first_given_in;
+template <template <class> class Trait, class... Ns>
+struct first_given_in<Trait, type_list<Ns...>> : first_given<Trait, Ns...> {};
 
-/// The plan the model under Node was built with, read off the first node (the model itself, else a module or
-/// layer below it) that takes it as a template argument; void if none does. Layers carry only their own style
-/// and path, so this is where the whole plan is found for checking its entries against the model.
+/// The plan the model under Node was built with, read off the first node (the model itself, else a module below
+/// it) that takes it as a template argument; void if none does. Layers carry only their own style, path and the
+/// entries around them, so this is where the whole plan is found for checking its entries against the model.
 template <class Node>
-using plan_of_tree_t = typename first_plan_argument_in<tree_nodes_t<Node>>::type;
+using plan_of_tree_t = typename first_given_in<plan_argument, tree_nodes_t<Node>>::type;
 
-/// The plan's entries at the modules around the first layer under Node with a path (plan<> if there is none):
-/// what sw::forward reads a module's own entry from.
+/// A layer's entries around it, if it has a path (void otherwise, and for a module).
 template <class N>
 struct enclosing_of_layer {
   using type = void;
@@ -168,13 +168,16 @@ template <layer N>
 struct enclosing_of_layer<N> {
   using type = typename location_of<N>::type::enclosing;
 };
-template <class List>
-struct first_enclosing_in;
-template <class... Ns>
-struct first_enclosing_in<type_list<Ns...>> : first_given<enclosing_of_layer, Ns...> {};
+
+/// The plan's entries at the modules around the first layer under Node with a path (plan<> if there is none):
+/// what sw::forward reads a module's own entry from.
 template <class Node>
-using enclosing_of_tree_t = std::conditional_t<std::is_void_v<typename first_enclosing_in<tree_nodes_t<Node>>::type>,
-                                               plan<>, typename first_enclosing_in<tree_nodes_t<Node>>::type>;
+struct enclosing_of_tree {
+  using found = typename first_given_in<enclosing_of_layer, tree_nodes_t<Node>>::type;
+  using type = std::conditional_t<std::is_void_v<found>, plan<>, found>;
+};
+template <class Node>
+using enclosing_of_tree_t = typename enclosing_of_tree<Node>::type;
 
 /// For a tp size known at compile time: every layer and module that can check its sizes does.
 template <class Node, std::size_t Ranks>
@@ -213,7 +216,7 @@ struct plan_check<Model, plan<Entries...>> {
 };
 /// No node takes the plan as a template argument in a shape plan_argument reads (a template template parameter,
 /// say, or a plan fixed inside a class): its entries are not checked against the model. The layers still take
-/// their styles from it; an entry that names no child leaves nothing sharded that it meant to shard.
+/// their styles from it; a misspelt entry there shards nothing and goes unreported.
 template <class Model>
 struct plan_check<Model, void> {
   static constexpr bool all_found = true;
